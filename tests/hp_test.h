@@ -1,0 +1,62 @@
+/* Minimal test harness shared by every test program: checks count failures instead of
+ * aborting, so one run reports every broken case. A program returns hp_test_finish(). */
+#ifndef HP_TEST_H
+#define HP_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int hp_test_failures_ = 0;
+static int hp_test_checks_ = 0;
+static int hp_test_rank_ = 0;
+
+#define HP_CHECK(cond, ...)                                                        \
+    do {                                                                           \
+        hp_test_checks_++;                                                         \
+        if (!(cond)) {                                                             \
+            hp_test_failures_++;                                                   \
+            fprintf(stderr, "[rank %d] FAIL %s:%d: %s: ", hp_test_rank_, __FILE__, \
+                    __LINE__, #cond);                                              \
+            fprintf(stderr, __VA_ARGS__);                                          \
+            fprintf(stderr, "\n");                                                 \
+        }                                                                          \
+    } while (0)
+
+#define HP_CHECK_OK(expr)                                                          \
+    do {                                                                           \
+        hp_status_t s_ = (expr);                                                   \
+        HP_CHECK(s_ == HP_OK, "%s -> %s: %s", #expr, hp_status_string(s_),       \
+                 hp_last_error());                                                 \
+    } while (0)
+
+/* Expects a failing status whose message contains `needle`. */
+#define HP_CHECK_ERR(expr, expected_status, needle)                                \
+    do {                                                                           \
+        hp_clear_error();                                                          \
+        hp_status_t s_ = (expr);                                                   \
+        HP_CHECK(s_ == (expected_status) && strstr(hp_last_error(), (needle)),    \
+                 "%s -> %s '%s', expected %s containing '%s'", #expr,             \
+                 hp_status_string(s_), hp_last_error(),                            \
+                 hp_status_string(expected_status), (needle));                     \
+    } while (0)
+
+#define HP_CHECK_CLOSE(a, b, rtol, atol)                                           \
+    do {                                                                           \
+        double a_ = (double)(a), b_ = (double)(b);                                 \
+        HP_CHECK(fabs(a_ - b_) <= (atol) + (rtol) * fabs(b_), "%s=%.9g vs %s=%.9g", \
+                 #a, a_, #b, b_);                                                  \
+    } while (0)
+
+static inline void hp_test_set_rank(int rank) { hp_test_rank_ = rank; }
+
+/* Prints a summary line and returns the exit code. */
+static inline int hp_test_finish(const char *name) {
+    if (hp_test_rank_ == 0 || hp_test_failures_)
+        printf("[rank %d] %s: %d checks, %d failed\n", hp_test_rank_, name, hp_test_checks_,
+               hp_test_failures_);
+    return hp_test_failures_ ? 1 : 0;
+}
+
+#endif
