@@ -1,0 +1,92 @@
+/* Llama-family decoder models (llama3, qwen3 dense) built from hp_module layers (nn.h):
+ * flavors with TorchTitan's shapes, parameter counts and FLOPs/token, TorchTitan init through
+ * the counter RNG, forward (summed cross-entropy / divisor) and split backward on one rank.
+ * Parameter names are TorchTitan's ("layers.3.attention.wq.weight"); see docs/nn.md. */
+#ifndef HYPERPARALLEL_MODEL_H
+#define HYPERPARALLEL_MODEL_H
+
+#include <stdint.h>
+#include "status.h"
+#include "param.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hp_model_config {
+    char name[32];          /* "llama3" or "qwen3" */
+    char flavor[32];        /* "debugmodel", "8B", ... */
+    int dim, n_layers, n_heads, n_kv_heads, head_dim;   /* head_dim = dim/n_heads unless set (qwen3) */
+    int vocab_size;
+    int hidden_dim;         /* ffn hidden size after TorchTitan's multiple_of / ffn_dim_multiplier
+                               rule (llama3) or explicit (qwen3) */
+    int multiple_of;
+    float ffn_dim_multiplier;   /* 0 = none */
+    float norm_eps, rope_theta;
+    int rope_scaling;       /* Llama 3.1 frequency scaling on/off */
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_pos;
+    int qk_norm;            /* qwen3: RMSNorm over head_dim on q and k before RoPE */
+    int tie_embeddings;     /* output projection uses tok_embeddings.weight */
+    int max_seq_len;
+} hp_model_config_t;
+
+/* Fills cfg with a named flavor. llama3: debugmodel, 1B, 8B, 70B, 405B; qwen3: debugmodel,
+ * 0.6B. An unknown name or flavor is HP_ERR_INVALID_ARG with a message listing the valid ones. */
+hp_status_t hp_model_flavor(const char *model_name, const char *flavor, hp_model_config_t *cfg);
+/* Recomputes derived fields (hidden_dim from multiple_of / ffn_dim_multiplier when hidden_dim
+ * is 0, head_dim when 0) and checks the config; the message names the bad field. */
+hp_status_t hp_model_config_validate(hp_model_config_t *cfg);
+
+/* Number of parameters; exclude_embedding drops tok_embeddings (when untied), as TorchTitan's
+ * get_nparams_and_flops. */
+int64_t hp_model_param_count(const hp_model_config_t *cfg, int exclude_embedding);
+/* TorchTitan's formula: 6 * (N - N_emb) + 6 * L * H * 2 * head_dim * seq_len
+ * (N_emb not subtracted when embeddings are tied). */
+double hp_model_flops_per_token(const hp_model_config_t *cfg, int seq_len);
+
+typedef struct hp_model *hp_model_t;
+
+/* Computes all sizes first, then creates one arena each for parameters, gradients,
+ * activations (max_batch x max_seq_len) and workspace. Weights are zero until
+ * hp_model_init_weights or a load writes them. */
+hp_status_t hp_model_create(const hp_model_config_t *cfg, int max_batch, int max_seq_len, hp_model_t *out);
+void hp_model_destroy(hp_model_t m);
+const hp_model_config_t *hp_model_config(hp_model_t m);
+
+/* TorchTitan init (embeddings N(0,1), linears trunc_normal std 0.02, wo/w2/w3 depth-scaled
+ * 0.02/sqrt(2*(layer+1)), output trunc_normal dim^-0.5 cut at +-3 sigma, norms ones),
+ * drawn from hp_rng keyed by (seed, parameter name, element index). */
+hp_status_t hp_model_init_weights(hp_model_t m, uint64_t seed);
+
+int hp_model_num_params(hp_model_t m);
+/* Array of hp_model_num_params entries in a fixed order (embedding, layers in order, norm,
+ * output). value/grad are non-distributed DTensors (mesh NULL) over contiguous f32 storage
+ * shaped as PyTorch's (Linear weights (out_features, in_features)). */
+hp_param_t *hp_model_params(hp_model_t m);
+hp_param_t *hp_model_find_param(hp_model_t m, const char *name);   /* NULL if absent */
+
+/* tokens/targets: (B, T) int32, B <= max_batch, T <= max_seq_len. targets may be NULL
+ * (logits only; loss = 0). loss_sum = sum over valid targets (target != -100) of the
+ * cross-entropy; *loss = loss_sum / loss_divisor (DESIGN invariant 7). */
+hp_status_t hp_model_forward(hp_model_t m, const int32_t *tokens, const int32_t *targets,
+                             int B, int T, float loss_divisor, float *loss);
+/* After a forward with targets: backward of loss; accumulates (+=) into every param grad. */
+hp_status_t hp_model_backward(hp_model_t m);
+hp_status_t hp_model_zero_grad(hp_model_t m);
+/* (B, T, V) logits of the last forward. */
+const float *hp_model_logits(hp_model_t m);
+/* Number of valid targets (!= -100) of the last forward. */
+int64_t hp_model_valid_tokens(hp_model_t m);
+
+/* Per-op timing of the last forward + backward: *names and *seconds receive arrays of the
+ * returned length, owned by the model. */
+int hp_model_profile(hp_model_t m, const char ***names, const double **seconds);
+/* Bytes of each arena (parameters, gradients, activations, workspace) for start-up reports. */
+void hp_model_memory(hp_model_t m, size_t *param_bytes, size_t *grad_bytes,
+                     size_t *act_bytes, size_t *work_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
