@@ -1,0 +1,196 @@
+/* hp_config: the training configuration. A schema table (section, key, type, default, doc)
+ * drives YAML parsing (libyaml), dotted command-line overrides (--training.steps=20 or
+ * --training.steps 20), printing the resolved config and the docs/config.md table.
+ * Precedence: schema defaults < YAML file < command line. Unknown keys and wrong types are
+ * errors naming the key (file:line for YAML) and suggesting the nearest valid key.
+ * Key names follow TorchTitan's (v0.2.2 TOML era); see docs/config.md. */
+#ifndef HYPERPARALLEL_CONFIG_H
+#define HYPERPARALLEL_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HP_CONFIG_STR_MAX 512   /* bytes of a string value, including the NUL */
+#define HP_CONFIG_LIST_MAX 16   /* items of a list value */
+
+typedef struct hp_config_list {
+    int n;
+    char items[HP_CONFIG_LIST_MAX][HP_CONFIG_STR_MAX];
+} hp_config_list_t;
+
+/* Enum values are stored as their canonical lower-case spelling (parsing is
+ * case-insensitive), so callers compare with strcmp(cfg->optimizer.name, "adamw"). */
+typedef struct hp_config {
+    struct {
+        char dump_folder[HP_CONFIG_STR_MAX];
+        char description[HP_CONFIG_STR_MAX];
+        bool print_config;
+        char config_file[HP_CONFIG_STR_MAX];   /* set by the loader: the YAML file read */
+    } job;
+    struct {
+        char name[HP_CONFIG_STR_MAX];
+        char flavor[HP_CONFIG_STR_MAX];
+    } model;
+    struct {
+        int64_t steps;
+        int64_t seq_len;
+        int64_t local_batch_size;
+        int64_t global_batch_size;   /* -1: local_batch_size * dp degree (no accumulation) */
+        double max_norm;
+        int64_t seed;
+        bool deterministic;
+        char dtype[HP_CONFIG_STR_MAX];
+        char mixed_precision_param[HP_CONFIG_STR_MAX];
+        char mixed_precision_reduce[HP_CONFIG_STR_MAX];
+    } training;
+    struct {
+        char name[HP_CONFIG_STR_MAX];
+        double lr;
+        double beta1;
+        double beta2;
+        double eps;
+        double weight_decay;
+        double momentum;
+    } optimizer;
+    struct {
+        int64_t warmup_steps;
+        double decay_ratio;   /* < 0: None (decay over every step after warm-up) */
+        char decay_type[HP_CONFIG_STR_MAX];
+        double min_lr_factor;
+    } lr_scheduler;
+    struct {
+        int64_t data_parallel_replicate_degree;
+        int64_t data_parallel_shard_degree;
+        int64_t tensor_parallel_degree;
+        int64_t pipeline_parallel_degree;
+        int64_t context_parallel_degree;
+        int64_t expert_parallel_degree;
+        int64_t expert_tensor_parallel_degree;
+        char fsdp_reshard_after_forward[HP_CONFIG_STR_MAX];
+        bool enable_loss_parallel;
+        bool enable_sequence_parallel;
+        char pipeline_parallel_schedule[HP_CONFIG_STR_MAX];
+        int64_t pipeline_parallel_microbatch_size;
+        int64_t pipeline_parallel_layers_per_stage;
+        int64_t pipeline_parallel_first_stage_less_layers;
+        int64_t pipeline_parallel_last_stage_less_layers;
+        char context_parallel_rotate_method[HP_CONFIG_STR_MAX];
+    } parallelism;
+    struct {
+        char mode[HP_CONFIG_STR_MAX];
+        int64_t selective_ac_option;
+    } activation_checkpoint;
+    struct {
+        bool enable;
+        char folder[HP_CONFIG_STR_MAX];
+        int64_t interval;
+        int64_t keep_latest_k;
+        char initial_load_path[HP_CONFIG_STR_MAX];
+        int64_t load_step;
+        bool last_save_model_only;
+        char export_dtype[HP_CONFIG_STR_MAX];
+        char async_mode[HP_CONFIG_STR_MAX];
+        hp_config_list_t exclude_from_loading;
+    } checkpoint;
+    struct {
+        int64_t log_freq;
+        bool enable_tensorboard;
+        char save_tb_folder[HP_CONFIG_STR_MAX];
+        char jsonl_file[HP_CONFIG_STR_MAX];
+        double peak_flops;
+        bool save_for_all_ranks;
+        bool enable_color;
+    } metrics;
+    struct {
+        bool enable;
+        int64_t freq;
+        int64_t steps;
+        int64_t local_batch_size;
+    } validation;
+    struct {
+        char path[HP_CONFIG_STR_MAX];
+        char format[HP_CONFIG_STR_MAX];
+        char text_separator[HP_CONFIG_STR_MAX];
+        char jsonl_field[HP_CONFIG_STR_MAX];
+        char bin_dtype[HP_CONFIG_STR_MAX];
+        double validation_fraction;
+        bool loop;
+    } data;
+    struct {
+        char path[HP_CONFIG_STR_MAX];
+        int64_t vocab_size;
+    } tokenizer;
+} hp_config_t;
+
+typedef enum hp_config_type {
+    HP_CONFIG_INT = 0,
+    HP_CONFIG_FLOAT,
+    HP_CONFIG_BOOL,
+    HP_CONFIG_STRING,
+    HP_CONFIG_ENUM,
+    HP_CONFIG_LIST,
+} hp_config_type_t;
+
+/* One schema row. */
+typedef struct hp_config_key {
+    const char *section;
+    const char *key;
+    hp_config_type_t type;
+    const char *default_value;   /* as it would be written in YAML ("" for empty string/list) */
+    const char *choices;         /* enum only: "a|b|c" (canonical spellings) */
+    const char *alias;           /* another accepted key name in the same section, or NULL */
+    const char *doc;
+    size_t offset;               /* of the field inside hp_config_t */
+} hp_config_key_t;
+
+/* The schema, in section order. */
+const hp_config_key_t *hp_config_schema(size_t *count);
+const char *hp_config_type_name(hp_config_type_t type);
+/* Row of "section.key" (an alias is accepted); NULL when unknown. */
+const hp_config_key_t *hp_config_find_key(const char *dotted);
+
+/* Every key set to its schema default. */
+void hp_config_defaults(hp_config_t *cfg);
+/* Applies a YAML file on top of *cfg. Errors: HP_ERR_IO (message names the path),
+ * HP_ERR_FORMAT (YAML syntax, "path:line: ..."), HP_ERR_INVALID_ARG (unknown key / wrong
+ * type, "path:line: unknown key 'a.b'; did you mean 'a.c'?"). */
+hp_status_t hp_config_load_file(hp_config_t *cfg, const char *path);
+/* Sets one key from its text form; `origin` prefixes the message ("command line"). */
+hp_status_t hp_config_set(hp_config_t *cfg, const char *dotted, const char *value,
+                          const char *origin);
+/* Full command-line handling: defaults, then the file of `--config FILE` (also
+ * --config=FILE or --job.config_file), then every `--section.key=value` or
+ * `--section.key value` in order. Arguments that are not dotted options (e.g. --nproc 4)
+ * are copied, in order, into rest[] (capacity argc) for the caller; *nrest their count.
+ * argv[0] is skipped. */
+hp_status_t hp_config_parse_args(hp_config_t *cfg, int argc, char **argv, char **rest,
+                                 int *nrest);
+/* Cross-key checks (positive steps/seq_len/batch, lr >= 0, ...). */
+hp_status_t hp_config_validate(const hp_config_t *cfg);
+/* Gradient accumulation steps = global_batch_size / (local_batch_size * dp_degree);
+ * global_batch_size = -1 gives 1. Error when it does not divide exactly. */
+hp_status_t hp_config_grad_accum_steps(const hp_config_t *cfg, int64_t dp_degree,
+                                       int64_t *out);
+
+/* Writes the resolved config as YAML (parseable by hp_config_load_file). */
+void hp_config_print(const hp_config_t *cfg, FILE *f);
+/* Writes the schema as Markdown tables, one per section (the docs/config.md body). */
+void hp_config_write_markdown(FILE *f);
+/* Value of one key as text (as hp_config_print writes it). */
+hp_status_t hp_config_get_string(const hp_config_t *cfg, const char *dotted, char *buf,
+                                 size_t n);
+
+/* Levenshtein distance (used for "did you mean" suggestions). */
+size_t hp_edit_distance(const char *a, const char *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,838 @@
+/* The training configuration: schema table, YAML loading (libyaml document API), dotted
+ * command-line overrides, validation, YAML printing and the Markdown reference table.
+ * Every value is parsed through one function (set_from_text), so the file, the command
+ * line and the defaults obey the same rules and produce the same messages. */
+#include "hyperparallel/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+#define OFF(field) offsetof(hp_config_t, field)
+#define K(sec, name, type, def, choices, alias, doc) \
+    {#sec, #name, HP_CONFIG_##type, def, choices, alias, doc, OFF(sec.name)}
+
+static const hp_config_key_t schema_[] = {
+    /* job */
+    K(job, dump_folder, STRING, "./outputs", NULL, NULL,
+      "Folder for run outputs; relative checkpoint, TensorBoard and JSONL paths are placed under it."),
+    K(job, description, STRING, "", NULL, NULL, "Free text describing the run (printed at start-up)."),
+    K(job, print_config, BOOL, "true", NULL, NULL, "Print the resolved config (YAML) on rank 0 at start-up."),
+    K(job, config_file, STRING, "", NULL, NULL,
+      "The YAML file this config was read from (set by `--config FILE`; informational)."),
+    /* model */
+    K(model, name, STRING, "llama3", NULL, NULL, "Model family in the model registry (llama3, qwen3)."),
+    K(model, flavor, STRING, "debugmodel", NULL, NULL, "Size preset of the model family (e.g. debugmodel)."),
+    /* training */
+    K(training, steps, INT, "10000", NULL, NULL, "Number of optimizer steps to train."),
+    K(training, seq_len, INT, "2048", NULL, NULL, "Tokens per sequence (context length of a training sample)."),
+    K(training, local_batch_size, INT, "8", NULL, NULL,
+      "Sequences per data-parallel rank per microbatch (one forward/backward)."),
+    K(training, global_batch_size, INT, "-1", NULL, NULL,
+      "Sequences per optimizer step over all data-parallel ranks; -1 = local_batch_size x dp degree. "
+      "Gradient accumulation steps = global_batch_size / (local_batch_size x dp degree), which must divide exactly."),
+    K(training, max_norm, FLOAT, "1.0", NULL, NULL,
+      "Clip the global gradient norm to this value; 0 disables clipping (the norm is still computed and logged)."),
+    K(training, seed, INT, "0", NULL, NULL,
+      "Seed of the counter-based RNG (parameter init, dropout-free sampling); the same on every rank."),
+    K(training, deterministic, BOOL, "false", NULL, NULL,
+      "Require bitwise run-to-run determinism (fixed reduction orders, fixed thread counts)."),
+    K(training, dtype, ENUM, "float32", "float32|bfloat16", NULL, "Dtype of the parameters and optimizer state."),
+    K(training, mixed_precision_param, ENUM, "bfloat16", "bfloat16|float32", NULL,
+      "Dtype FSDP all-gathers parameters in (compute dtype) when mixed precision is on."),
+    K(training, mixed_precision_reduce, ENUM, "float32", "float32|bfloat16", NULL,
+      "Dtype FSDP reduces gradients in."),
+    /* optimizer */
+    K(optimizer, name, ENUM, "adamw", "adamw|sgd|muon", NULL, "Optimizer."),
+    K(optimizer, lr, FLOAT, "0.0008", NULL, NULL, "Peak learning rate (the schedule multiplies it)."),
+    K(optimizer, beta1, FLOAT, "0.9", NULL, NULL, "AdamW first-moment decay."),
+    K(optimizer, beta2, FLOAT, "0.95", NULL, NULL, "AdamW second-moment decay."),
+    K(optimizer, eps, FLOAT, "1e-08", NULL, NULL, "AdamW denominator epsilon."),
+    K(optimizer, weight_decay, FLOAT, "0.1", NULL, NULL, "Decoupled weight decay (AdamW) or L2 decay (SGD)."),
+    K(optimizer, momentum, FLOAT, "0.9", NULL, NULL, "Momentum of SGD and Muon (ignored by AdamW)."),
+    /* lr_scheduler */
+    K(lr_scheduler, warmup_steps, INT, "200", NULL, NULL,
+      "Linear warm-up steps: factor (s+1)/warmup_steps for 0-based step s."),
+    K(lr_scheduler, decay_ratio, FLOAT, "-1", NULL, NULL,
+      "Fraction of the steps spent decaying at the end (warm-up, stable, decay: WSD); -1 = None: decay over "
+      "every step after warm-up."),
+    K(lr_scheduler, decay_type, ENUM, "linear", "linear|sqrt|cosine", NULL,
+      "Shape of the decay: 1-p, 1-sqrt(p) or (1+cos(pi p))/2 of progress p."),
+    K(lr_scheduler, min_lr_factor, FLOAT, "0.0", NULL, NULL,
+      "The decay ends at min_lr_factor x lr: factor = min_lr_factor + (1 - min_lr_factor) x decay."),
+    /* parallelism */
+    K(parallelism, data_parallel_replicate_degree, INT, "1", NULL, "dp_replicate",
+      "Replicas of the model (DDP, or the replicate dim of HSDP)."),
+    K(parallelism, data_parallel_shard_degree, INT, "-1", NULL, "dp_shard",
+      "FSDP shard degree; -1 takes the ranks left after the other degrees."),
+    K(parallelism, tensor_parallel_degree, INT, "1", NULL, "tp", "Tensor (and sequence) parallel degree."),
+    K(parallelism, pipeline_parallel_degree, INT, "1", NULL, "pp", "Pipeline stages (ranks along pp)."),
+    K(parallelism, context_parallel_degree, INT, "1", NULL, "cp", "Context (sequence) parallel degree."),
+    K(parallelism, expert_parallel_degree, INT, "1", NULL, "ep",
+      "Expert parallel degree; borrows ranks from dp_shard x cp x tp, which it must divide."),
+    K(parallelism, expert_tensor_parallel_degree, INT, "1", NULL, "etp",
+      "Tensor parallel degree inside experts; 1 or tensor_parallel_degree."),
+    K(parallelism, fsdp_reshard_after_forward, ENUM, "default", "default|always|never", NULL,
+      "Free gathered parameters after forward: default = always unless pipeline parallel."),
+    K(parallelism, enable_loss_parallel, BOOL, "true", NULL, NULL,
+      "Under TP, compute the cross-entropy on vocab-sharded logits instead of gathering them."),
+    K(parallelism, enable_sequence_parallel, BOOL, "true", NULL, NULL,
+      "Under TP, shard norms and residuals along the sequence (SP)."),
+    K(parallelism, pipeline_parallel_schedule, ENUM, "1f1b",
+      "gpipe|1f1b|interleaved1f1b|loopedbfs|interleavedzerobubble|zbvzerobubble|dualpipev", NULL,
+      "Pipeline schedule (names as TorchTitan's, case-insensitive)."),
+    K(parallelism, pipeline_parallel_microbatch_size, INT, "1", NULL, NULL,
+      "Sequences per pipeline microbatch; microbatches = local_batch_size / this."),
+    K(parallelism, pipeline_parallel_layers_per_stage, INT, "-1", NULL, NULL,
+      "Transformer layers per virtual stage; -1 = split evenly by the schedule's stage count."),
+    K(parallelism, pipeline_parallel_first_stage_less_layers, INT, "1", NULL, NULL,
+      "Layers the first stage gives up for the embedding."),
+    K(parallelism, pipeline_parallel_last_stage_less_layers, INT, "1", NULL, NULL,
+      "Layers the last stage gives up for the final norm and output head."),
+    K(parallelism, context_parallel_rotate_method, ENUM, "allgather", "allgather|alltoall", NULL,
+      "How context parallel exchanges keys and values."),
+    /* activation_checkpoint */
+    K(activation_checkpoint, mode, ENUM, "none", "none|full|selective", NULL,
+      "Recompute activations in backward: none, every block (full) or selected blocks/ops (selective)."),
+    K(activation_checkpoint, selective_ac_option, INT, "2", NULL, NULL,
+      "Selective mode: checkpoint every N-th transformer block."),
+    /* checkpoint */
+    K(checkpoint, enable, BOOL, "false", NULL, NULL, "Save (and resume from) checkpoints."),
+    K(checkpoint, folder, STRING, "checkpoint", NULL, NULL,
+      "Checkpoint folder (under job.dump_folder when relative); holds step-N/ directories."),
+    K(checkpoint, interval, INT, "500", NULL, NULL, "Save every this many steps (and at the last step)."),
+    K(checkpoint, keep_latest_k, INT, "10", NULL, NULL,
+      "Keep only the newest k checkpoints; 0 keeps all (1 is refused, as in TorchTitan)."),
+    K(checkpoint, initial_load_path, STRING, "", NULL, NULL,
+      "Checkpoint to start from when the folder has none (e.g. converted HF weights)."),
+    K(checkpoint, load_step, INT, "-1", NULL, NULL, "Step to resume from; -1 = the latest."),
+    K(checkpoint, last_save_model_only, BOOL, "true", NULL, NULL,
+      "The final checkpoint holds only the model weights."),
+    K(checkpoint, export_dtype, ENUM, "float32", "float32|bfloat16", NULL,
+      "Dtype of the model-only final checkpoint."),
+    K(checkpoint, async_mode, ENUM, "disabled", "disabled|async|async_with_pinned_mem", NULL,
+      "Write checkpoints in the background."),
+    K(checkpoint, exclude_from_loading, LIST, "", NULL, NULL,
+      "State keys not restored on load (model, optimizer, lr_scheduler, dataloader, train_state)."),
+    /* metrics */
+    K(metrics, log_freq, INT, "10", NULL, NULL, "Log at step 1 and every log_freq steps."),
+    K(metrics, enable_tensorboard, BOOL, "false", NULL, NULL, "Write TensorBoard event files."),
+    K(metrics, save_tb_folder, STRING, "tb", NULL, NULL,
+      "TensorBoard folder (under job.dump_folder when relative)."),
+    K(metrics, jsonl_file, STRING, "", NULL, NULL,
+      "Write one JSON object per log step to this file (under job.dump_folder when relative); empty = off."),
+    K(metrics, peak_flops, FLOAT, "0", NULL, NULL,
+      "Peak FLOP/s per rank for MFU; 0 = measure a float32 GEMM at start-up; -1 = do not report MFU."),
+    K(metrics, save_for_all_ranks, BOOL, "false", NULL, NULL,
+      "Every rank writes its own metrics files (default: rank 0 only)."),
+    K(metrics, enable_color, BOOL, "false", NULL, NULL, "Colour the console metrics line."),
+    /* validation */
+    K(validation, enable, BOOL, "false", NULL, NULL, "Evaluate the loss on the validation split."),
+    K(validation, freq, INT, "10", NULL, NULL, "Validate every this many steps."),
+    K(validation, steps, INT, "-1", NULL, NULL, "Validation batches per evaluation; -1 = the whole split."),
+    K(validation, local_batch_size, INT, "-1", NULL, NULL,
+      "Sequences per rank per validation batch; -1 = training.local_batch_size."),
+    /* data */
+    K(data, path, STRING, "", NULL, NULL, "Training data file (text, JSONL or pre-tokenized binary)."),
+    K(data, format, ENUM, "auto", "auto|text|jsonl|bin", NULL,
+      "File format; auto picks by extension (.jsonl/.json = jsonl, .bin = bin, otherwise text)."),
+    K(data, text_separator, ENUM, "blank_line", "blank_line|percent|line", NULL,
+      "Text format: documents are separated by blank lines, by lines holding only '%' (fortune files), "
+      "or each line is a document."),
+    K(data, jsonl_field, STRING, "text", NULL, NULL, "JSONL format: the string field holding the document."),
+    K(data, bin_dtype, ENUM, "uint16", "uint16|uint32", NULL,
+      "Binary format: little-endian token id width (the file is the concatenated token stream)."),
+    K(data, validation_fraction, FLOAT, "0.0", NULL, NULL,
+      "Fraction of documents (tokens for bin) at the end of the file held out as the validation split."),
+    K(data, loop, BOOL, "true", NULL, NULL,
+      "Restart from the beginning of the rank's shard when it is exhausted (infinite data)."),
+    /* tokenizer */
+    K(tokenizer, path, STRING, "", NULL, NULL,
+      "HF tokenizer.json file; empty = train one from the data at first run and cache it under job.dump_folder."),
+    K(tokenizer, vocab_size, INT, "2048", NULL, NULL,
+      "Vocabulary size of a tokenizer trained at first run (ignored when path is set)."),
+};
+
+#define SCHEMA_N (sizeof(schema_) / sizeof(schema_[0]))
+
+const hp_config_key_t *hp_config_schema(size_t *count) {
+    if (count) *count = SCHEMA_N;
+    return schema_;
+}
+
+const char *hp_config_type_name(hp_config_type_t type) {
+    switch (type) {
+    case HP_CONFIG_INT: return "int";
+    case HP_CONFIG_FLOAT: return "float";
+    case HP_CONFIG_BOOL: return "bool";
+    case HP_CONFIG_STRING: return "string";
+    case HP_CONFIG_ENUM: return "enum";
+    case HP_CONFIG_LIST: return "list";
+    }
+    return "?";
+}
+
+static const char *type_words(hp_config_type_t type) {
+    switch (type) {
+    case HP_CONFIG_INT: return "an integer";
+    case HP_CONFIG_FLOAT: return "a number";
+    case HP_CONFIG_BOOL: return "a boolean (true/false)";
+    case HP_CONFIG_STRING: return "a string";
+    case HP_CONFIG_ENUM: return "one of";
+    case HP_CONFIG_LIST: return "a list of strings";
+    }
+    return "?";
+}
+
+size_t hp_edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    size_t row[256];
+    if (lb >= 255) lb = 255;
+    for (size_t j = 0; j <= lb; j++) row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t cost = (tolower((unsigned char)a[i - 1]) == tolower((unsigned char)b[j - 1])) ? 0 : 1;
+            size_t best = diag + cost;
+            if (row[j] + 1 < best) best = row[j] + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+static bool key_matches(const hp_config_key_t *k, const char *section, size_t slen, const char *key) {
+    if (strlen(k->section) != slen || strncmp(k->section, section, slen) != 0) return false;
+    return strcmp(k->key, key) == 0 || (k->alias && strcmp(k->alias, key) == 0);
+}
+
+const hp_config_key_t *hp_config_find_key(const char *dotted) {
+    const char *dot = strchr(dotted, '.');
+    if (!dot) return NULL;
+    for (size_t i = 0; i < SCHEMA_N; i++)
+        if (key_matches(&schema_[i], dotted, (size_t)(dot - dotted), dot + 1)) return &schema_[i];
+    return NULL;
+}
+
+/* "unknown key 'x'; did you mean 'y'?" or a list of the section's keys. `prefix` is
+ * prepended to suggestions (the command line uses "--"). */
+static hp_status_t unknown_key_error(const char *origin, const char *dotted, const char *prefix) {
+    char best[160] = "";
+    size_t best_d = (size_t)-1;
+    char cand[160];
+    for (size_t i = 0; i < SCHEMA_N; i++) {
+        for (int a = 0; a < 2; a++) {
+            const char *name = a ? schema_[i].alias : schema_[i].key;
+            if (!name) continue;
+            snprintf(cand, sizeof cand, "%s.%s", schema_[i].section, name);
+            size_t d = hp_edit_distance(dotted, cand);
+            if (d < best_d) {
+                best_d = d;
+                snprintf(best, sizeof best, "%s", cand);
+            }
+        }
+    }
+    size_t len = strlen(dotted);
+    size_t limit = len / 3 > 3 ? len / 3 : 3;
+    if (best_d <= limit)
+        return hp_error(HP_ERR_INVALID_ARG, "%s: unknown key '%s%s'; did you mean '%s%s'?", origin,
+                        prefix, dotted, prefix, best);
+    /* No close key: list the section's keys when the section exists, else the sections. */
+    const char *dot = strchr(dotted, '.');
+    size_t slen = dot ? (size_t)(dot - dotted) : len;
+    char list[2048] = "";
+    size_t used = 0;
+    bool section_known = false;
+    for (size_t i = 0; i < SCHEMA_N; i++)
+        if (strlen(schema_[i].section) == slen && strncmp(schema_[i].section, dotted, slen) == 0) {
+            section_known = true;
+            used += (size_t)snprintf(list + used, used < sizeof list ? sizeof list - used : 0, "%s%s",
+                                     used ? ", " : "", schema_[i].key);
+            if (used >= sizeof list) break;
+        }
+    if (!section_known) {
+        used = 0;
+        for (size_t i = 0; i < SCHEMA_N; i++) {
+            if (i > 0 && strcmp(schema_[i].section, schema_[i - 1].section) == 0) continue;
+            used += (size_t)snprintf(list + used, used < sizeof list ? sizeof list - used : 0, "%s%s",
+                                     used ? ", " : "", schema_[i].section);
+            if (used >= sizeof list) break;
+        }
+        return hp_error(HP_ERR_INVALID_ARG,
+                        "%s: unknown key '%s%s' (keys are section.key; sections: %s)", origin, prefix,
+                        dotted, list);
+    }
+    return hp_error(HP_ERR_INVALID_ARG, "%s: unknown key '%s%s' (keys of section '%.*s': %s)", origin,
+                    prefix, dotted, (int)slen, dotted, list);
+}
+
+static bool parse_bool(const char *s, bool *out) {
+    static const char *yes[] = {"true", "yes", "on", "1"};
+    static const char *no[] = {"false", "no", "off", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(s, yes[i]) == 0) { *out = true; return true; }
+        if (strcasecmp(s, no[i]) == 0) { *out = false; return true; }
+    }
+    return false;
+}
+
+static bool parse_int(const char *s, int64_t *out) {
+    if (!*s) return false;
+    errno = 0;
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    while (*end == ' ') end++;
+    if (errno || *end) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_float(const char *s, double *out) {
+    if (!*s) return false;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    while (*end == ' ') end++;
+    if (errno || *end || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+/* Writes `s` into a string field, or fails when too long. */
+static hp_status_t copy_str(char *dst, const char *s, const char *origin, const hp_config_key_t *k) {
+    size_t n = strlen(s);
+    if (n >= HP_CONFIG_STR_MAX)
+        return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s.%s': value of %zu bytes is longer than the %d-byte limit",
+                        origin, k->section, k->key, n, HP_CONFIG_STR_MAX - 1);
+    memcpy(dst, s, n + 1);
+    return HP_OK;
+}
+
+/* Appends the items of a comma-separated list. */
+static hp_status_t list_append_csv(hp_config_list_t *l, const char *s, const char *origin,
+                                   const hp_config_key_t *k) {
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ') p++;
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        while (n > 0 && p[n - 1] == ' ') n--;
+        if (n > 0) {
+            if (l->n >= HP_CONFIG_LIST_MAX)
+                return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s.%s': more than %d items", origin, k->section,
+                                k->key, HP_CONFIG_LIST_MAX);
+            if (n >= HP_CONFIG_STR_MAX)
+                return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s.%s': item longer than %d bytes", origin,
+                                k->section, k->key, HP_CONFIG_STR_MAX - 1);
+            memcpy(l->items[l->n], p, n);
+            l->items[l->n][n] = '\0';
+            l->n++;
+        }
+        if (!e) break;
+        p = e + 1;
+    }
+    return HP_OK;
+}
+
+static hp_status_t set_from_text(hp_config_t *cfg, const hp_config_key_t *k, const char *text,
+                                 const char *origin) {
+    char *field = (char *)cfg + k->offset;
+    switch (k->type) {
+    case HP_CONFIG_INT: {
+        int64_t v;
+        if (!parse_int(text, &v))
+            return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s.%s' expects an integer, got '%s'", origin,
+                            k->section, k->key, text);
+        memcpy(field, &v, sizeof v);
+        return HP_OK;
+    }
+    case HP_CONFIG_FLOAT: {
+        double v;
+        if (!parse_float(text, &v))
+            return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s.%s' expects a finite number, got '%s'", origin,
+                            k->section, k->key, text);
+        memcpy(field, &v, sizeof v);
+        return HP_OK;
+    }
+    case HP_CONFIG_BOOL: {
+        bool v;
+        if (!parse_bool(text, &v))
+            return hp_error(HP_ERR_INVALID_ARG,
+                            "%s: key '%s.%s' expects a boolean (true/false, yes/no, on/off, 1/0), got '%s'",
+                            origin, k->section, k->key, text);
+        memcpy(field, &v, sizeof v);
+        return HP_OK;
+    }
+    case HP_CONFIG_STRING: return copy_str(field, text, origin, k);
+    case HP_CONFIG_ENUM: {
+        const char *p = k->choices;
+        char best[64] = "";
+        size_t best_d = (size_t)-1;
+        while (*p) {
+            const char *e = strchr(p, '|');
+            size_t n = e ? (size_t)(e - p) : strlen(p);
+            char choice[64];
+            snprintf(choice, sizeof choice, "%.*s", (int)n, p);
+            if (strcasecmp(choice, text) == 0) return copy_str(field, choice, origin, k);
+            size_t d = hp_edit_distance(text, choice);
+            if (d < best_d) {
+                best_d = d;
+                snprintf(best, sizeof best, "%s", choice);
+            }
+            if (!e) break;
+            p = e + 1;
+        }
+        if (best_d <= 3)
+            return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s.%s' expects one of %s, got '%s'; did you mean '%s'?",
+                            origin, k->section, k->key, k->choices, text, best);
+        return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s.%s' expects one of %s, got '%s'", origin, k->section,
+                        k->key, k->choices, text);
+    }
+    case HP_CONFIG_LIST: {
+        hp_config_list_t *l = (hp_config_list_t *)field;
+        l->n = 0;
+        /* "[a, b]" (flow style written on the command line) is accepted too. */
+        size_t n = strlen(text);
+        if (n >= 2 && text[0] == '[' && text[n - 1] == ']') {
+            char tmp[HP_CONFIG_STR_MAX * 2];
+            if (n - 2 >= sizeof tmp)
+                return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s.%s': list text too long", origin, k->section,
+                                k->key);
+            memcpy(tmp, text + 1, n - 2);
+            tmp[n - 2] = '\0';
+            return list_append_csv(l, tmp, origin, k);
+        }
+        return list_append_csv(l, text, origin, k);
+    }
+    }
+    return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s.%s': bad schema type", origin, k->section, k->key);
+}
+
+void hp_config_defaults(hp_config_t *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    for (size_t i = 0; i < SCHEMA_N; i++) {
+        hp_status_t s = set_from_text(cfg, &schema_[i], schema_[i].default_value, "schema default");
+        HP_ASSERT_MSG(s == HP_OK, "bad default for %s.%s: %s", schema_[i].section, schema_[i].key,
+                      hp_last_error());
+    }
+}
+
+hp_status_t hp_config_set(hp_config_t *cfg, const char *dotted, const char *value, const char *origin) {
+    if (!cfg || !dotted || !value)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_config_set: NULL argument");
+    const hp_config_key_t *k = hp_config_find_key(dotted);
+    if (!k) return unknown_key_error(origin ? origin : "config", dotted, "");
+    return set_from_text(cfg, k, value, origin ? origin : "config");
+}
+
+/* ---- YAML ------------------------------------------------------------------------------ */
+
+static const char *node_kind(const yaml_node_t *n) {
+    switch (n->type) {
+    case YAML_MAPPING_NODE: return "a mapping";
+    case YAML_SEQUENCE_NODE: return "a list";
+    default: return "a scalar";
+    }
+}
+
+static bool is_null_scalar(const yaml_node_t *n) {
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) return false;
+    const char *v = (const char *)n->data.scalar.value;
+    return !*v || strcmp(v, "~") == 0 || strcasecmp(v, "null") == 0;
+}
+
+/* Applies one `key: value` pair whose dotted name is known. */
+static hp_status_t apply_yaml_value(hp_config_t *cfg, yaml_document_t *doc, const char *path, const char *dotted,
+                                    const yaml_node_t *key_node, yaml_node_t *val) {
+    char origin[HP_CONFIG_STR_MAX + 32];
+    snprintf(origin, sizeof origin, "%s:%zu", path, key_node->start_mark.line + 1);
+    const hp_config_key_t *k = hp_config_find_key(dotted);
+    if (!k) return unknown_key_error(origin, dotted, "");
+    if (k->type == HP_CONFIG_LIST) {
+        hp_config_list_t *l = (hp_config_list_t *)((char *)cfg + k->offset);
+        if (val->type == YAML_SEQUENCE_NODE) {
+            l->n = 0;
+            for (yaml_node_item_t *it = val->data.sequence.items.start; it < val->data.sequence.items.top; it++) {
+                yaml_node_t *item = yaml_document_get_node(doc, *it);
+                if (!item || item->type != YAML_SCALAR_NODE)
+                    return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s' expects a list of strings, got an item that is %s",
+                                    origin, dotted, item ? node_kind(item) : "empty");
+                if (l->n >= HP_CONFIG_LIST_MAX)
+                    return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s': more than %d items", origin, dotted,
+                                    HP_CONFIG_LIST_MAX);
+                HP_TRY(copy_str(l->items[l->n], (const char *)item->data.scalar.value, origin, k));
+                l->n++;
+            }
+            return HP_OK;
+        }
+        if (is_null_scalar(val)) {
+            l->n = 0;
+            return HP_OK;
+        }
+    }
+    if (val->type != YAML_SCALAR_NODE) {
+        if (k->type == HP_CONFIG_ENUM)
+            return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s' expects one of %s, got %s", origin, dotted, k->choices,
+                            node_kind(val));
+        return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s' expects %s, got %s", origin, dotted, type_words(k->type),
+                        node_kind(val));
+    }
+    const char *text = (const char *)val->data.scalar.value;
+    if (k->type == HP_CONFIG_STRING && is_null_scalar(val)) text = "";
+    return set_from_text(cfg, k, text, origin);
+}
+
+static hp_status_t apply_yaml(hp_config_t *cfg, yaml_document_t *doc, const char *path) {
+    yaml_node_t *root = yaml_document_get_root_node(doc);
+    if (!root || is_null_scalar(root)) return HP_OK;   /* empty file: nothing to set */
+    if (root->type != YAML_MAPPING_NODE)
+        return hp_error(HP_ERR_FORMAT, "%s:%zu: expected a mapping of sections (e.g. 'training:'), got %s", path,
+                        root->start_mark.line + 1, node_kind(root));
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
+        yaml_node_t *kn = yaml_document_get_node(doc, p->key);
+        yaml_node_t *vn = yaml_document_get_node(doc, p->value);
+        if (kn->type != YAML_SCALAR_NODE)
+            return hp_error(HP_ERR_FORMAT, "%s:%zu: a section name must be a scalar", path, kn->start_mark.line + 1);
+        const char *section = (const char *)kn->data.scalar.value;
+        if (strchr(section, '.')) {   /* flat "training.steps: 20" is accepted too */
+            HP_TRY(apply_yaml_value(cfg, doc, path, section, kn, vn));
+            continue;
+        }
+        if (is_null_scalar(vn)) continue;   /* "training:" with nothing below */
+        bool known = false;
+        for (size_t i = 0; i < SCHEMA_N; i++) known |= strcmp(schema_[i].section, section) == 0;
+        if (!known && vn->type == YAML_MAPPING_NODE && vn->data.mapping.pairs.start < vn->data.mapping.pairs.top) {
+            /* Name the section's line and its first key: "trainig.steps" -> "training.steps". */
+            yaml_node_t *k2 = yaml_document_get_node(doc, vn->data.mapping.pairs.start->key);
+            char dotted[256], origin[HP_CONFIG_STR_MAX + 32];
+            snprintf(dotted, sizeof dotted, "%s.%s", section,
+                     k2->type == YAML_SCALAR_NODE ? (const char *)k2->data.scalar.value : "?");
+            snprintf(origin, sizeof origin, "%s:%zu", path, kn->start_mark.line + 1);
+            return unknown_key_error(origin, dotted, "");
+        }
+        if (vn->type != YAML_MAPPING_NODE) {
+            if (!known) {
+                char origin[HP_CONFIG_STR_MAX + 32];
+                snprintf(origin, sizeof origin, "%s:%zu", path, kn->start_mark.line + 1);
+                return unknown_key_error(origin, section, "");
+            }
+            return hp_error(HP_ERR_INVALID_ARG, "%s:%zu: section '%s' must be a mapping of keys, got %s", path,
+                            kn->start_mark.line + 1, section, node_kind(vn));
+        }
+        for (yaml_node_pair_t *q = vn->data.mapping.pairs.start; q < vn->data.mapping.pairs.top; q++) {
+            yaml_node_t *k2 = yaml_document_get_node(doc, q->key);
+            yaml_node_t *v2 = yaml_document_get_node(doc, q->value);
+            if (k2->type != YAML_SCALAR_NODE)
+                return hp_error(HP_ERR_FORMAT, "%s:%zu: a key must be a scalar", path, k2->start_mark.line + 1);
+            char dotted[256];
+            snprintf(dotted, sizeof dotted, "%s.%s", section, (const char *)k2->data.scalar.value);
+            HP_TRY(apply_yaml_value(cfg, doc, path, dotted, k2, v2));
+        }
+    }
+    return HP_OK;
+}
+
+hp_status_t hp_config_load_file(hp_config_t *cfg, const char *path) {
+    if (!cfg || !path) return hp_error(HP_ERR_INVALID_ARG, "hp_config_load_file: NULL argument");
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return hp_error(HP_ERR_IO, "config file '%s': cannot open (%s); hint: check the --config path", path,
+                        strerror(errno));
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    if (!yaml_parser_initialize(&parser)) {
+        fclose(f);
+        return hp_error(HP_ERR_OOM, "config file '%s': cannot initialise the YAML parser", path);
+    }
+    yaml_parser_set_input_file(&parser, f);
+    hp_status_t st = HP_OK;
+    if (!yaml_parser_load(&parser, &doc)) {
+        st = hp_error(HP_ERR_FORMAT, "%s:%zu:%zu: YAML syntax error: %s%s%s", path, parser.problem_mark.line + 1,
+                      parser.problem_mark.column + 1, parser.problem ? parser.problem : "unknown",
+                      parser.context ? " " : "", parser.context ? parser.context : "");
+    } else {
+        st = apply_yaml(cfg, &doc, path);
+        yaml_document_delete(&doc);
+        if (st == HP_OK) st = copy_str(cfg->job.config_file, path, path, hp_config_find_key("job.config_file"));
+    }
+    yaml_parser_delete(&parser);
+    fclose(f);
+    return st;
+}
+
+/* ---- command line -------------------------------------------------------------------- */
+
+hp_status_t hp_config_parse_args(hp_config_t *cfg, int argc, char **argv, char **rest, int *nrest) {
+    if (!cfg) return hp_error(HP_ERR_INVALID_ARG, "hp_config_parse_args: NULL config");
+    if (nrest) *nrest = 0;
+    hp_config_defaults(cfg);
+    /* The file first (wherever --config appears), so the command line overrides it. */
+    const char *file = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--config") == 0 || strcmp(a, "--job.config_file") == 0) {
+            if (i + 1 >= argc)
+                return hp_error(HP_ERR_INVALID_ARG, "command line: %s needs a file name (--config FILE.yaml)", a);
+            file = argv[++i];
+        } else if (strncmp(a, "--config=", 9) == 0) {
+            file = a + 9;
+        } else if (strncmp(a, "--job.config_file=", 18) == 0) {
+            file = a + 18;
+        }
+    }
+    if (file) HP_TRY(hp_config_load_file(cfg, file));
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--config") == 0 || strcmp(a, "--job.config_file") == 0) {
+            i++;
+            continue;
+        }
+        if (strncmp(a, "--config=", 9) == 0 || strncmp(a, "--job.config_file=", 18) == 0) continue;
+        const char *eq = strchr(a, '=');
+        size_t namelen = eq ? (size_t)(eq - a) : strlen(a);
+        bool dotted = strncmp(a, "--", 2) == 0 && memchr(a + 2, '.', namelen - 2) != NULL;
+        if (!dotted) {
+            if (rest) rest[*nrest] = argv[i];
+            if (nrest) (*nrest)++;
+            continue;
+        }
+        char name[256];
+        if (namelen - 2 >= sizeof name)
+            return hp_error(HP_ERR_INVALID_ARG, "command line: option '%.40s...' is too long", a);
+        memcpy(name, a + 2, namelen - 2);
+        name[namelen - 2] = '\0';
+        const hp_config_key_t *k = hp_config_find_key(name);
+        if (!k) return unknown_key_error("command line", name, "--");
+        const char *value;
+        if (eq) {
+            value = eq + 1;
+        } else if (k->type == HP_CONFIG_BOOL && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) {
+            value = "true";   /* a bare boolean flag: --checkpoint.enable */
+        } else {
+            if (i + 1 >= argc)
+                return hp_error(HP_ERR_INVALID_ARG, "command line: option '--%s' needs a value (--%s=VALUE)", name,
+                                name);
+            value = argv[++i];
+        }
+        HP_TRY(set_from_text(cfg, k, value, "command line"));
+    }
+    return HP_OK;
+}
+
+/* ---- checks ------------------------------------------------------------------------------ */
+
+hp_status_t hp_config_validate(const hp_config_t *c) {
+#define REQUIRE(cond, key, fmt, ...)                                                               \
+    do {                                                                                           \
+        if (!(cond)) return hp_error(HP_ERR_INVALID_ARG, "config key '" key "': " fmt, __VA_ARGS__); \
+    } while (0)
+    REQUIRE(c->training.steps >= 1, "training.steps", "must be >= 1, got %lld", (long long)c->training.steps);
+    REQUIRE(c->training.seq_len >= 1, "training.seq_len", "must be >= 1, got %lld", (long long)c->training.seq_len);
+    REQUIRE(c->training.local_batch_size >= 1, "training.local_batch_size", "must be >= 1, got %lld",
+            (long long)c->training.local_batch_size);
+    REQUIRE(c->training.global_batch_size == -1 || c->training.global_batch_size >= 1, "training.global_batch_size",
+            "must be -1 (= local x dp) or >= 1, got %lld", (long long)c->training.global_batch_size);
+    REQUIRE(c->training.max_norm >= 0, "training.max_norm", "must be >= 0 (0 disables clipping), got %g",
+            c->training.max_norm);
+    REQUIRE(c->optimizer.lr >= 0, "optimizer.lr", "must be >= 0, got %g", c->optimizer.lr);
+    REQUIRE(c->optimizer.beta1 >= 0 && c->optimizer.beta1 < 1, "optimizer.beta1", "must be in [0, 1), got %g",
+            c->optimizer.beta1);
+    REQUIRE(c->optimizer.beta2 >= 0 && c->optimizer.beta2 < 1, "optimizer.beta2", "must be in [0, 1), got %g",
+            c->optimizer.beta2);
+    REQUIRE(c->optimizer.eps > 0, "optimizer.eps", "must be > 0, got %g", c->optimizer.eps);
+    REQUIRE(c->optimizer.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0, got %g",
+            c->optimizer.weight_decay);
+    REQUIRE(c->optimizer.momentum >= 0 && c->optimizer.momentum < 1, "optimizer.momentum",
+            "must be in [0, 1), got %g", c->optimizer.momentum);
+    REQUIRE(c->lr_scheduler.warmup_steps >= 0, "lr_scheduler.warmup_steps", "must be >= 0, got %lld",
+            (long long)c->lr_scheduler.warmup_steps);
+    REQUIRE(c->lr_scheduler.decay_ratio == -1 || (c->lr_scheduler.decay_ratio >= 0 && c->lr_scheduler.decay_ratio <= 1),
+            "lr_scheduler.decay_ratio", "must be -1 (None) or in [0, 1], got %g", c->lr_scheduler.decay_ratio);
+    REQUIRE(c->lr_scheduler.min_lr_factor >= 0 && c->lr_scheduler.min_lr_factor <= 1, "lr_scheduler.min_lr_factor",
+            "must be in [0, 1], got %g", c->lr_scheduler.min_lr_factor);
+    REQUIRE(c->activation_checkpoint.selective_ac_option >= 1, "activation_checkpoint.selective_ac_option",
+            "must be >= 1, got %lld", (long long)c->activation_checkpoint.selective_ac_option);
+    REQUIRE(c->checkpoint.interval >= 1, "checkpoint.interval", "must be >= 1, got %lld",
+            (long long)c->checkpoint.interval);
+    REQUIRE(c->checkpoint.keep_latest_k == 0 || c->checkpoint.keep_latest_k >= 2, "checkpoint.keep_latest_k",
+            "must be 0 (keep all) or >= 2 (1 could delete the only good checkpoint mid-save), got %lld",
+            (long long)c->checkpoint.keep_latest_k);
+    REQUIRE(c->metrics.log_freq >= 1, "metrics.log_freq", "must be >= 1, got %lld", (long long)c->metrics.log_freq);
+    REQUIRE(c->metrics.peak_flops >= 0 || c->metrics.peak_flops == -1, "metrics.peak_flops",
+            "must be > 0, 0 (measure) or -1 (no MFU), got %g", c->metrics.peak_flops);
+    REQUIRE(c->validation.freq >= 1, "validation.freq", "must be >= 1, got %lld", (long long)c->validation.freq);
+    REQUIRE(c->validation.steps == -1 || c->validation.steps >= 1, "validation.steps",
+            "must be -1 (whole split) or >= 1, got %lld", (long long)c->validation.steps);
+    REQUIRE(c->validation.local_batch_size == -1 || c->validation.local_batch_size >= 1,
+            "validation.local_batch_size", "must be -1 or >= 1, got %lld", (long long)c->validation.local_batch_size);
+    REQUIRE(c->data.validation_fraction >= 0 && c->data.validation_fraction < 1, "data.validation_fraction",
+            "must be in [0, 1), got %g", c->data.validation_fraction);
+    REQUIRE(!c->validation.enable || c->data.validation_fraction > 0, "validation.enable",
+            "needs a validation split; set data.validation_fraction > 0 (e.g. %g)", 0.05);
+    REQUIRE(c->tokenizer.vocab_size >= 1, "tokenizer.vocab_size", "must be >= 1, got %lld",
+            (long long)c->tokenizer.vocab_size);
+#undef REQUIRE
+    return HP_OK;
+}
+
+hp_status_t hp_config_grad_accum_steps(const hp_config_t *cfg, int64_t dp_degree, int64_t *out) {
+    if (dp_degree < 1) return hp_error(HP_ERR_INVALID_ARG, "grad accumulation: dp degree must be >= 1, got %lld",
+                                       (long long)dp_degree);
+    int64_t per_step = cfg->training.local_batch_size * dp_degree;
+    int64_t global = cfg->training.global_batch_size;
+    if (global == -1) {
+        *out = 1;
+        return HP_OK;
+    }
+    if (global < per_step || global % per_step != 0)
+        return hp_error(HP_ERR_INVALID_ARG,
+                        "config key 'training.global_batch_size' = %lld is not a multiple of local_batch_size (%lld) "
+                        "x dp degree (%lld) = %lld; hint: use a multiple of %lld or -1",
+                        (long long)global, (long long)cfg->training.local_batch_size, (long long)dp_degree,
+                        (long long)per_step, (long long)per_step);
+    *out = global / per_step;
+    return HP_OK;
+}
+
+/* ---- printing ------------------------------------------------------------------------- */
+
+static void format_float(double v, char *buf, size_t n) {
+    for (int prec = 6; prec <= 17; prec++) {
+        snprintf(buf, n, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    /* Keep a float looking like a float in YAML ("1" -> "1.0"). */
+    if (!strpbrk(buf, ".eEn") && strlen(buf) + 3 < n) strcat(buf, ".0");
+}
+
+/* YAML-quotes a string when plain style would change its meaning. */
+static void format_string(const char *s, char *buf, size_t n) {
+    bool plain = *s != '\0';
+    bool b;
+    int64_t i;
+    double d;
+    if (plain && (parse_bool(s, &b) || parse_int(s, &i) || parse_float(s, &d) || strcasecmp(s, "null") == 0 ||
+                  strcmp(s, "~") == 0))
+        plain = false;
+    if (plain && (strchr("-?:,[]{}#&*!|>'\"%@` ", s[0]) || s[strlen(s) - 1] == ' ')) plain = false;
+    if (plain && (strstr(s, ": ") || strstr(s, " #"))) plain = false;
+    for (const char *p = s; plain && *p; p++)
+        if ((unsigned char)*p < 0x20) plain = false;
+    if (plain) {
+        snprintf(buf, n, "%s", s);
+        return;
+    }
+    size_t o = 0;
+    if (o + 1 < n) buf[o++] = '"';
+    for (const char *p = s; *p && o + 4 < n; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"' || c == '\\') {
+            buf[o++] = '\\';
+            buf[o++] = (char)c;
+        } else if (c == '\n') {
+            buf[o++] = '\\';
+            buf[o++] = 'n';
+        } else if (c == '\t') {
+            buf[o++] = '\\';
+            buf[o++] = 't';
+        } else if (c < 0x20) {
+            o += (size_t)snprintf(buf + o, n - o, "\\x%02x", c);
+        } else {
+            buf[o++] = (char)c;
+        }
+    }
+    if (o + 1 < n) buf[o++] = '"';
+    buf[o < n ? o : n - 1] = '\0';
+}
+
+static void format_value(const hp_config_t *cfg, const hp_config_key_t *k, char *buf, size_t n) {
+    const char *field = (const char *)cfg + k->offset;
+    switch (k->type) {
+    case HP_CONFIG_INT: {
+        int64_t v;
+        memcpy(&v, field, sizeof v);
+        snprintf(buf, n, "%lld", (long long)v);
+        break;
+    }
+    case HP_CONFIG_FLOAT: {
+        double v;
+        memcpy(&v, field, sizeof v);
+        format_float(v, buf, n);
+        break;
+    }
+    case HP_CONFIG_BOOL: {
+        bool v;
+        memcpy(&v, field, sizeof v);
+        snprintf(buf, n, "%s", v ? "true" : "false");
+        break;
+    }
+    case HP_CONFIG_STRING:
+    case HP_CONFIG_ENUM: format_string(field, buf, n); break;
+    case HP_CONFIG_LIST: {
+        const hp_config_list_t *l = (const hp_config_list_t *)field;
+        size_t o = (size_t)snprintf(buf, n, "[");
+        for (int i = 0; i < l->n && o < n; i++) {
+            char item[HP_CONFIG_STR_MAX * 2];
+            format_string(l->items[i], item, sizeof item);
+            o += (size_t)snprintf(buf + o, n - o, "%s%s", i ? ", " : "", item);
+        }
+        if (o < n) snprintf(buf + o, n - o, "]");
+        break;
+    }
+    }
+}
+
+hp_status_t hp_config_get_string(const hp_config_t *cfg, const char *dotted, char *buf, size_t n) {
+    const hp_config_key_t *k = hp_config_find_key(dotted);
+    if (!k) return unknown_key_error("hp_config_get_string", dotted, "");
+    format_value(cfg, k, buf, n);
+    return HP_OK;
+}
+
+void hp_config_print(const hp_config_t *cfg, FILE *f) {
+    char buf[HP_CONFIG_STR_MAX * HP_CONFIG_LIST_MAX * 2];
+    for (size_t i = 0; i < SCHEMA_N; i++) {
+        if (i == 0 || strcmp(schema_[i].section, schema_[i - 1].section) != 0)
+            fprintf(f, "%s:\n", schema_[i].section);
+        format_value(cfg, &schema_[i], buf, sizeof buf);
+        fprintf(f, "  %s: %s\n", schema_[i].key, buf);
+    }
+}
+
+void hp_config_write_markdown(FILE *f) {
+    for (size_t i = 0; i < SCHEMA_N; i++) {
+        const hp_config_key_t *k = &schema_[i];
+        if (i == 0 || strcmp(k->section, schema_[i - 1].section) != 0) {
+            fprintf(f, "%s### %s\n\n", i ? "\n" : "", k->section);
+            fprintf(f, "| key | type | default | meaning |\n|---|---|---|---|\n");
+        }
+        char type[512];
+        if (k->type == HP_CONFIG_ENUM) {
+            size_t o = (size_t)snprintf(type, sizeof type, "enum: ");
+            for (const char *p = k->choices; *p && o + 8 < sizeof type; p++) {
+                if (*p == '|') {
+                    type[o++] = ',';
+                    type[o++] = ' ';
+                } else {
+                    type[o++] = *p;
+                }
+            }
+            type[o] = '\0';
+        } else {
+            snprintf(type, sizeof type, "%s", hp_config_type_name(k->type));
+        }
+        const char *def = k->default_value;
+        fprintf(f, "| `%s.%s` | %s | %s%s%s | %s", k->section, k->key, type, *def ? "`" : "",
+                *def ? def : (k->type == HP_CONFIG_LIST ? "`[]`" : "`\"\"`"), *def ? "`" : "", k->doc);
+        if (k->alias) fprintf(f, " Alias: `%s.%s`.", k->section, k->alias);
+        fprintf(f, " |\n");
+    }
+}
