@@ -1,0 +1,234 @@
+/* Helpers of the tokenizer and its trainer: byte-level alphabet, UTF-8, a byte-string hash
+ * map and the PCRE2 wrapper (tokenizer-impl.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/tokenizer-impl.h"
+
+void hp_tok_byte_to_cp(uint32_t cp[256]) {
+    /* Printable bytes stand for themselves; the others get 256, 257, ... in byte order. */
+    uint32_t next = 256;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+        cp[b] = printable ? (uint32_t)b : next++;
+    }
+}
+
+int hp_tok_utf8_put(uint32_t cp, char *out) {
+    unsigned char *o = (unsigned char *)out;
+    if (cp < 0x80) {
+        o[0] = (unsigned char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = (unsigned char)(0xC0 | (cp >> 6));
+        o[1] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        o[0] = (unsigned char)(0xE0 | (cp >> 12));
+        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+        o[2] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    o[0] = (unsigned char)(0xF0 | (cp >> 18));
+    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
+    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+    o[3] = (unsigned char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+int hp_tok_utf8_get(const char *s, size_t n, uint32_t *cp) {
+    const unsigned char *u = (const unsigned char *)s;
+    if (n == 0) return 0;
+    unsigned c = u[0];
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    int len;
+    uint32_t v, min;
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2, v = c & 0x1F, min = 0x80;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3, v = c & 0x0F, min = 0x800;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4, v = c & 0x07, min = 0x10000;
+    } else {
+        return 0;
+    }
+    if ((size_t)len > n) return 0;
+    for (int i = 1; i < len; i++) {
+        if ((u[i] & 0xC0) != 0x80) return 0;
+        v = (v << 6) | (u[i] & 0x3F);
+    }
+    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+    *cp = v;
+    return len;
+}
+
+size_t hp_tok_utf8_check(const char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        if ((unsigned char)s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        int k = hp_tok_utf8_get(s + i, n - i, &cp);
+        if (k == 0) return i;
+        i += (size_t)k;
+    }
+    return n;
+}
+
+/* ---- byte-string hash map ----------------------------------------------------------- */
+
+static uint64_t hash_bytes(const char *s, size_t n) {
+    /* FNV-1a with a final mix; 0 is reserved for empty slots. */
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return h ? h : 1;
+}
+
+hp_status_t hp_tok_strmap_init(hp_tok_strmap_t *m, size_t cap_hint) {
+    memset(m, 0, sizeof(*m));
+    size_t cap = 64;
+    while (cap < cap_hint * 2) cap <<= 1;
+    m->e = hp_calloc(cap, sizeof(*m->e));
+    if (!m->e) return HP_ERR_OOM;
+    m->cap = cap;
+    return HP_OK;
+}
+
+void hp_tok_strmap_free(hp_tok_strmap_t *m) {
+    free(m->e);
+    free(m->pool);
+    memset(m, 0, sizeof(*m));
+}
+
+void hp_tok_strmap_clear(hp_tok_strmap_t *m) {
+    memset(m->e, 0, m->cap * sizeof(*m->e));
+    m->count = 0;
+    m->pool_len = 0;
+}
+
+static size_t find_slot(const hp_tok_strmap_t *m, const char *key, size_t len, uint64_t h) {
+    size_t mask = m->cap - 1, i = (size_t)h & mask;
+    for (;;) {
+        const hp_tok_strmap_entry_t *e = &m->e[i];
+        if (e->hash == 0) return i;
+        if (e->hash == h && e->len == len && memcmp(m->pool + e->off, key, len) == 0) return i;
+        i = (i + 1) & mask;
+    }
+}
+
+int64_t *hp_tok_strmap_get(const hp_tok_strmap_t *m, const char *key, size_t len) {
+    if (!m->e) return NULL;
+    uint64_t h = hash_bytes(key, len);
+    size_t i = find_slot(m, key, len, h);
+    return m->e[i].hash ? &m->e[i].val : NULL;
+}
+
+static hp_status_t grow(hp_tok_strmap_t *m) {
+    size_t cap = m->cap * 2;
+    hp_tok_strmap_entry_t *e = hp_calloc(cap, sizeof(*e));
+    if (!e) return HP_ERR_OOM;
+    for (size_t i = 0; i < m->cap; i++) {
+        if (!m->e[i].hash) continue;
+        size_t j = (size_t)m->e[i].hash & (cap - 1);
+        while (e[j].hash) j = (j + 1) & (cap - 1);
+        e[j] = m->e[i];
+    }
+    free(m->e);
+    m->e = e;
+    m->cap = cap;
+    return HP_OK;
+}
+
+hp_status_t hp_tok_strmap_put(hp_tok_strmap_t *m, const char *key, size_t len, int64_t init,
+                              int64_t **slot, int *inserted) {
+    if (len > UINT32_MAX) return hp_error(HP_ERR_INVALID_ARG, "tokenizer map: key too long");
+    if ((m->count + 1) * 2 > m->cap) HP_TRY(grow(m));
+    uint64_t h = hash_bytes(key, len);
+    size_t i = find_slot(m, key, len, h);
+    hp_tok_strmap_entry_t *e = &m->e[i];
+    if (e->hash) {
+        if (inserted) *inserted = 0;
+        if (slot) *slot = &e->val;
+        return HP_OK;
+    }
+    if (m->pool_len + len + 1 > m->pool_cap) {
+        size_t cap = m->pool_cap ? m->pool_cap : 4096;
+        while (cap < m->pool_len + len + 1) cap *= 2;
+        if (cap > UINT32_MAX) return hp_error(HP_ERR_OOM, "tokenizer map: key pool over 4 GiB");
+        char *p = realloc(m->pool, cap);
+        if (!p) return hp_error(HP_ERR_OOM, "tokenizer map: cannot grow key pool to %zu bytes", cap);
+        m->pool = p;
+        m->pool_cap = cap;
+    }
+    memcpy(m->pool + m->pool_len, key, len);
+    m->pool[m->pool_len + len] = 0;
+    e->hash = h;
+    e->off = (uint32_t)m->pool_len;
+    e->len = (uint32_t)len;
+    e->val = init;
+    m->pool_len += len + 1;
+    m->count++;
+    if (inserted) *inserted = 1;
+    if (slot) *slot = &e->val;
+    return HP_OK;
+}
+
+/* ---- PCRE2 ------------------------------------------------------------------------- */
+
+hp_status_t hp_tok_regex_compile(hp_tok_regex_t *re, const char *pattern, size_t len,
+                                 int literal, const char *what) {
+    memset(re, 0, sizeof(*re));
+    int err = 0;
+    PCRE2_SIZE erroff = 0;
+    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    re->code = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &erroff, NULL);
+    if (!re->code) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof(msg));
+        return hp_error(HP_ERR_FORMAT, "%s: regex does not compile at offset %zu: %s", what,
+                        (size_t)erroff, (const char *)msg);
+    }
+    re->jit = pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE) == 0;
+    re->md = pcre2_match_data_create_from_pattern(re->code, NULL);
+    if (!re->md) {
+        pcre2_code_free(re->code);
+        re->code = NULL;
+        return hp_error(HP_ERR_OOM, "%s: cannot allocate regex match data", what);
+    }
+    return HP_OK;
+}
+
+void hp_tok_regex_free(hp_tok_regex_t *re) {
+    if (re->md) pcre2_match_data_free(re->md);
+    if (re->code) pcre2_code_free(re->code);
+    memset(re, 0, sizeof(*re));
+}
+
+int hp_tok_regex_next(hp_tok_regex_t *re, const char *s, size_t n, size_t from, size_t *ms,
+                      size_t *me) {
+    int rc = re->jit ? pcre2_jit_match(re->code, (PCRE2_SPTR)s, n, from, 0, re->md, NULL)
+                     : pcre2_match(re->code, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK,
+                                   re->md, NULL);
+    if (rc == PCRE2_ERROR_NOMATCH) return 0;
+    if (rc < 0) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(rc, msg, sizeof(msg));
+        hp_error(HP_ERR_INVALID_ARG, "tokenizer regex: matching failed at offset %zu: %s",
+                 from, (const char *)msg);
+        return -1;
+    }
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(re->md);
+    *ms = ov[0];
+    *me = ov[1];
+    return 1;
+}

@@ -1,0 +1,253 @@
+/* hp-tokenizer: train a byte-level BPE tokenizer.json from text files, and encode / decode
+ * with any supported tokenizer.json. docs/tokenizer.md. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyperparallel/tokenizer.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage:\n"
+            "  hp-tokenizer train --vocab-size N --output tokenizer.json\n"
+            "                     [--special \"<|begin_of_text|>,<|end_of_text|>\"]\n"
+            "                     [--separator %%] [--min-frequency K] [--quiet] FILES...\n"
+            "      byte-level BPE (GPT-2 regex); with special tokens the first is BOS, the\n"
+            "      second EOS; --separator drops lines equal to it (fortune files: %%)\n"
+            "  hp-tokenizer encode --tokenizer tokenizer.json [--add-special] [--bos] [--eos]\n"
+            "                      [--text STRING | FILE]   prints ids separated by spaces\n"
+            "  hp-tokenizer decode --tokenizer tokenizer.json [--skip-special] [IDS...]\n"
+            "      ids from the arguments, or from stdin when none are given\n"
+            "  hp-tokenizer info --tokenizer tokenizer.json\n");
+}
+
+static int fail(const char *what, hp_status_t st) {
+    fprintf(stderr, "hp-tokenizer %s: %s: %s\n", what, hp_status_string(st), hp_last_error());
+    return 1;
+}
+
+static char *read_all(FILE *f, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t k = fread(buf + n, 1, cap - n, f);
+        n += k;
+        if (k == 0) break;
+        if (n == cap) {
+            char *p = realloc(buf, cap * 2);
+            if (!p) {
+                free(buf);
+                return NULL;
+            }
+            buf = p;
+            cap *= 2;
+        }
+    }
+    if (buf) *len = n;
+    return buf;
+}
+
+static int cmd_train(int argc, char **argv) {
+    hp_tokenizer_train_options_t o = {0};
+    const char *out = NULL, *special = NULL;
+    const char **files = calloc((size_t)argc + 1, sizeof(char *));
+    size_t nf = 0;
+    o.verbose = 1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (!strcmp(a, "--vocab-size") && has) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v <= 0 || v > (1 << 24)) {
+                fprintf(stderr, "hp-tokenizer train: --vocab-size '%s' is not a positive integer\n", argv[i]);
+                free(files);
+                return 2;
+            }
+            o.vocab_size = (int32_t)v;
+        } else if (!strcmp(a, "--output") && has) {
+            out = argv[++i];
+        } else if (!strcmp(a, "--special") && has) {
+            special = argv[++i];
+        } else if (!strcmp(a, "--separator") && has) {
+            o.separator_line = argv[++i];
+        } else if (!strcmp(a, "--min-frequency") && has) {
+            o.min_frequency = atoll(argv[++i]);
+        } else if (!strcmp(a, "--quiet")) {
+            o.verbose = 0;
+        } else if (a[0] == '-' && a[1] == '-') {
+            fprintf(stderr, "hp-tokenizer train: unknown or incomplete option '%s'\n", a);
+            usage(stderr);
+            free(files);
+            return 2;
+        } else {
+            files[nf++] = a;
+        }
+    }
+    if (!out || o.vocab_size == 0 || nf == 0) {
+        fprintf(stderr, "hp-tokenizer train: needs --vocab-size, --output and at least one file\n");
+        usage(stderr);
+        free(files);
+        return 2;
+    }
+    char *list = special ? strdup(special) : NULL;
+    const char *sp[256];
+    if (list) {
+        for (char *tok = strtok(list, ","); tok && o.n_special < 256; tok = strtok(NULL, ","))
+            if (*tok) sp[o.n_special++] = tok;
+        o.special = sp;
+    }
+    hp_status_t st = hp_tokenizer_train(&o, files, nf, out);
+    free(list);
+    free(files);
+    if (st != HP_OK) return fail("train", st);
+    return 0;
+}
+
+static int cmd_encode(int argc, char **argv) {
+    const char *path = NULL, *text = NULL, *file = NULL;
+    unsigned flags = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--tokenizer") && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(a, "--text") && i + 1 < argc) text = argv[++i];
+        else if (!strcmp(a, "--add-special")) flags |= HP_TOKENIZE_ADD_SPECIAL;
+        else if (!strcmp(a, "--bos")) flags |= HP_TOKENIZE_ADD_BOS;
+        else if (!strcmp(a, "--eos")) flags |= HP_TOKENIZE_ADD_EOS;
+        else if (a[0] != '-' && !file) file = a;
+        else {
+            fprintf(stderr, "hp-tokenizer encode: unexpected argument '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "hp-tokenizer encode: needs --tokenizer\n");
+        return 2;
+    }
+    hp_tokenizer_t *tok;
+    hp_status_t st = hp_tokenizer_load(&tok, path);
+    if (st != HP_OK) return fail("encode", st);
+    char *buf = NULL;
+    size_t len = 0;
+    if (text) {
+        len = strlen(text);
+    } else {
+        FILE *f = file ? fopen(file, "rb") : stdin;
+        if (!f) {
+            fprintf(stderr, "hp-tokenizer encode: %s: %s\n", file, strerror(errno));
+            hp_tokenizer_free(tok);
+            return 1;
+        }
+        buf = read_all(f, &len);
+        if (file) fclose(f);
+        if (!buf) {
+            hp_tokenizer_free(tok);
+            return fail("encode", HP_ERR_OOM);
+        }
+        text = buf;
+    }
+    hp_token_ids_t ids = {0};
+    st = hp_tokenizer_encode(tok, text, len, flags, &ids);
+    if (st == HP_OK) {
+        for (size_t i = 0; i < ids.len; i++) printf(i ? " %d" : "%d", ids.ids[i]);
+        printf("\n");
+    }
+    hp_token_ids_free(&ids);
+    free(buf);
+    hp_tokenizer_free(tok);
+    return st == HP_OK ? 0 : fail("encode", st);
+}
+
+static int cmd_decode(int argc, char **argv) {
+    const char *path = NULL;
+    unsigned flags = 0;
+    int32_t *ids = malloc(((size_t)argc + 1) * sizeof(int32_t));
+    size_t n = 0;
+    int from_args = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
+            path = argv[++i];
+        } else if (!strcmp(a, "--skip-special")) {
+            flags |= HP_DETOKENIZE_SKIP_SPECIAL;
+        } else {
+            char *end;
+            long v = strtol(a, &end, 10);
+            if (*end || end == a) {
+                fprintf(stderr, "hp-tokenizer decode: '%s' is not an id\n", a);
+                free(ids);
+                return 2;
+            }
+            ids[n++] = (int32_t)v;
+            from_args = 1;
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "hp-tokenizer decode: needs --tokenizer\n");
+        free(ids);
+        return 2;
+    }
+    if (!from_args) {
+        size_t cap = 1024;
+        free(ids);
+        ids = malloc(cap * sizeof(int32_t));
+        long v;
+        while (ids && scanf("%ld", &v) == 1) {
+            if (n == cap) {
+                int32_t *p = realloc(ids, cap * 2 * sizeof(int32_t));
+                if (!p) break;
+                ids = p;
+                cap *= 2;
+            }
+            ids[n++] = (int32_t)v;
+        }
+    }
+    hp_tokenizer_t *tok;
+    hp_status_t st = hp_tokenizer_load(&tok, path);
+    if (st != HP_OK) {
+        free(ids);
+        return fail("decode", st);
+    }
+    char *text;
+    size_t len;
+    st = hp_tokenizer_decode(tok, ids, n, flags, &text, &len);
+    if (st == HP_OK) {
+        fwrite(text, 1, len, stdout);
+        free(text);
+    }
+    free(ids);
+    hp_tokenizer_free(tok);
+    return st == HP_OK ? 0 : fail("decode", st);
+}
+
+static int cmd_info(int argc, char **argv) {
+    if (argc != 2 || strcmp(argv[0], "--tokenizer") != 0) {
+        usage(stderr);
+        return 2;
+    }
+    hp_tokenizer_t *tok;
+    hp_status_t st = hp_tokenizer_load(&tok, argv[1]);
+    if (st != HP_OK) return fail("info", st);
+    int32_t bos = hp_tokenizer_bos_id(tok), eos = hp_tokenizer_eos_id(tok);
+    printf("vocab_size %d\nbos %d %s\neos %d %s\n", hp_tokenizer_vocab_size(tok), bos,
+           bos >= 0 ? hp_tokenizer_id_to_token(tok, bos) : "-", eos,
+           eos >= 0 ? hp_tokenizer_id_to_token(tok, eos) : "-");
+    hp_tokenizer_free(tok);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "train")) return cmd_train(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "encode")) return cmd_encode(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "decode")) return cmd_decode(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "info")) return cmd_info(argc - 2, argv + 2);
+    fprintf(stderr, "hp-tokenizer: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
