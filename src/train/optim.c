@@ -1,0 +1,460 @@
+/* AdamW, SGD (momentum, dampening, nesterov) and Muon over hp_param_t local shards, and
+ * gradient clipping by global norm. Update formulas and their order follow torch.optim
+ * (single-tensor paths) so results match PyTorch to f32 rounding; state in one arena. */
+#include "hyperparallel/optim.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyperparallel/arena.h"
+#include "hyperparallel/mesh.h"
+
+typedef enum { UPD_ADAMW = 0, UPD_SGD, UPD_MUON } upd_t;
+
+typedef struct {
+    upd_t upd;
+    float *s0;          /* AdamW exp_avg | SGD/Muon momentum_buffer; (numel) */
+    float *s1;          /* AdamW exp_avg_sq; (numel) */
+    int sgd_started;    /* SGD: momentum buffer holds a value (first step copies the grad) */
+} pstate_t;
+
+struct hp_optim {
+    hp_optim_config_t cfg;
+    hp_param_t *params;
+    int n;
+    pstate_t *ps;
+    hp_arena_t arena;
+    int64_t step;
+    /* Muon Newton-Schulz workspace: X, Y (m, n) and A, B (m, m) with m <= n */
+    float *ns_x, *ns_y, *ns_a, *ns_b;
+    int n_states;
+};
+
+hp_optim_config_t hp_optim_default(hp_optim_kind_t kind) {
+    hp_optim_config_t c;
+    memset(&c, 0, sizeof c);
+    c.kind = kind;
+    c.lr = 1e-3;
+    c.weight_decay = kind == HP_OPTIM_ADAMW ? 0.01 : kind == HP_OPTIM_MUON ? 0.1 : 0.0;
+    c.beta1 = 0.9;
+    c.beta2 = 0.999;
+    c.eps = 1e-8;
+    c.muon_momentum = 0.95;
+    c.muon_nesterov = 1;
+    c.ns_steps = 5;
+    c.ns_a = 3.4445;
+    c.ns_b = -4.7750;
+    c.ns_c = 2.0315;
+    c.ns_eps = 1e-7;
+    c.adjust_lr = HP_MUON_ADJUST_ORIGINAL;
+    return c;
+}
+
+static const char *kind_names[HP_OPTIM_KIND_COUNT] = {"adamw", "sgd", "muon"};
+
+const char *hp_optim_kind_name(hp_optim_kind_t kind) {
+    return (kind >= 0 && kind < HP_OPTIM_KIND_COUNT) ? kind_names[kind] : "?";
+}
+
+hp_status_t hp_optim_kind_from_name(const char *name, hp_optim_kind_t *out) {
+    for (int i = 0; i < HP_OPTIM_KIND_COUNT; i++)
+        if (strcasecmp(name, kind_names[i]) == 0) {
+            *out = (hp_optim_kind_t)i;
+            return HP_OK;
+        }
+    return hp_error(HP_ERR_INVALID_ARG, "optimizer '%s' is unknown; expected adamw, sgd or muon", name);
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0 && (a == b || s[a - b - 1] == '.');
+}
+
+int hp_optim_muon_applies(const hp_param_t *p) {
+    if (p->value.local.ndim != 2) return 0;
+    static const char *excluded[] = {"tok_embeddings.weight", "embed_tokens.weight",
+                                     "output.weight", "lm_head.weight"};
+    for (size_t i = 0; i < sizeof excluded / sizeof excluded[0]; i++)
+        if (ends_with(p->name, excluded[i])) return 0;
+    return 1;
+}
+
+static int is_sharded(const hp_dtensor_t *t) {
+    if (!t->mesh) return 0;
+    for (int d = 0; d < t->mesh_ndim; d++)
+        if (t->placements[d].kind == HP_SHARD || t->placements[d].kind == HP_STRIDED_SHARD) return 1;
+    return 0;
+}
+
+static hp_status_t check_config(const hp_optim_config_t *c) {
+    if (c->kind < 0 || c->kind >= HP_OPTIM_KIND_COUNT)
+        return hp_error(HP_ERR_INVALID_ARG, "optimizer kind %d is not adamw/sgd/muon", (int)c->kind);
+    if (!(c->lr >= 0) || !(c->weight_decay >= 0))
+        return hp_error(HP_ERR_INVALID_ARG, "optimizer %s: lr (%g) and weight_decay (%g) must be >= 0",
+                        hp_optim_kind_name(c->kind), c->lr, c->weight_decay);
+    if (c->kind == HP_OPTIM_ADAMW || c->kind == HP_OPTIM_MUON) {
+        if (!(c->beta1 >= 0 && c->beta1 < 1) || !(c->beta2 >= 0 && c->beta2 < 1) || !(c->eps >= 0))
+            return hp_error(HP_ERR_INVALID_ARG, "AdamW: betas (%g, %g) must be in [0, 1) and eps "
+                            "(%g) >= 0", c->beta1, c->beta2, c->eps);
+    }
+    if (c->kind == HP_OPTIM_SGD) {
+        if (!(c->momentum >= 0) || !(c->dampening >= 0))
+            return hp_error(HP_ERR_INVALID_ARG, "SGD: momentum (%g) and dampening (%g) must be >= 0",
+                            c->momentum, c->dampening);
+        if (c->nesterov && (c->momentum <= 0 || c->dampening != 0))
+            return hp_error(HP_ERR_INVALID_ARG, "SGD: nesterov momentum requires a momentum > 0 "
+                            "and zero dampening (as PyTorch)");
+    }
+    if (c->kind == HP_OPTIM_MUON) {
+        if (!(c->muon_momentum >= 0 && c->muon_momentum < 1) || c->ns_steps < 0 || c->ns_steps >= 100)
+            return hp_error(HP_ERR_INVALID_ARG, "Muon: momentum %g must be in [0, 1) and ns_steps "
+                            "%d in [0, 100)", c->muon_momentum, c->ns_steps);
+        if (c->muon_adamw_lr < 0)
+            return hp_error(HP_ERR_INVALID_ARG, "Muon: muon_adamw_lr %g must be >= 0", c->muon_adamw_lr);
+    }
+    return HP_OK;
+}
+
+hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, int n_params,
+                            hp_optim_t **out) {
+    *out = NULL;
+    HP_TRY(check_config(cfg));
+    if (n_params < 0 || (n_params > 0 && !params))
+        return hp_error(HP_ERR_INVALID_ARG, "optimizer: %d parameters with params=%p", n_params,
+                        (void *)params);
+    hp_optim_t *o = calloc(1, sizeof *o);
+    if (!o) return hp_error(HP_ERR_OOM, "optimizer: no memory");
+    o->cfg = *cfg;
+    o->params = params;
+    o->n = n_params;
+    o->ps = calloc((size_t)n_params + 1, sizeof(pstate_t));
+    if (!o->ps) {
+        free(o);
+        return hp_error(HP_ERR_OOM, "optimizer: no memory for %d parameter states", n_params);
+    }
+    /* Size table first, then one arena. */
+    size_t bytes = 0;
+    int64_t ns_mn = 0, ns_mm = 0;
+    hp_status_t s = HP_OK;
+    for (int i = 0; i < n_params && s == HP_OK; i++) {
+        hp_param_t *p = &params[i];
+        const hp_tensor_t *v = &p->value.local, *g = &p->grad.local;
+        if (v->dtype != HP_F32 || g->dtype != HP_F32 || !hp_tensor_same_shape(v, g) ||
+            !hp_tensor_is_contiguous(v) || !hp_tensor_is_contiguous(g)) {
+            char b1[96], b2[96];
+            s = hp_error(HP_ERR_INVALID_ARG, "optimizer: parameter '%s' value %s and grad %s must "
+                         "be contiguous f32 of the same shape", p->name,
+                         hp_tensor_shape_str(v, b1, sizeof b1), hp_tensor_shape_str(g, b2, sizeof b2));
+            break;
+        }
+        size_t nb = hp_arena_round((size_t)hp_tensor_numel(v) * sizeof(float));
+        pstate_t *ps = &o->ps[i];
+        switch (cfg->kind) {
+        case HP_OPTIM_ADAMW: ps->upd = UPD_ADAMW; break;
+        case HP_OPTIM_SGD: ps->upd = UPD_SGD; break;
+        default: ps->upd = hp_optim_muon_applies(p) ? UPD_MUON : UPD_ADAMW; break;
+        }
+        if (ps->upd == UPD_MUON) {
+            if (is_sharded(&p->value)) {
+                s = hp_error(HP_ERR_UNSUPPORTED, "Muon: parameter '%s' is sharded over a mesh; "
+                             "Newton-Schulz needs the whole matrix (gather it, or use AdamW)", p->name);
+                break;
+            }
+            int64_t r = v->shape[0], c = v->shape[1];
+            int64_t m = r < c ? r : c, n = r < c ? c : r;
+            if (m * n > ns_mn) ns_mn = m * n;
+            if (m * m > ns_mm) ns_mm = m * m;
+        }
+        if (ps->upd == UPD_ADAMW) {
+            bytes += 2 * nb;
+            o->n_states += 2;
+        } else if (ps->upd == UPD_MUON || cfg->momentum != 0) {
+            bytes += nb;
+            o->n_states += 1;
+        }
+    }
+    if (s == HP_OK) {
+        bytes += 2 * hp_arena_round((size_t)ns_mn * sizeof(float)) +
+                 2 * hp_arena_round((size_t)ns_mm * sizeof(float));
+        s = hp_arena_init(&o->arena, "optimizer state", bytes + 64);
+    }
+    for (int i = 0; i < n_params && s == HP_OK; i++) {
+        pstate_t *ps = &o->ps[i];
+        size_t nb = (size_t)hp_tensor_numel(&params[i].value.local) * sizeof(float);
+        if (ps->upd == UPD_ADAMW) {
+            ps->s0 = hp_arena_alloc(&o->arena, nb);
+            ps->s1 = hp_arena_alloc(&o->arena, nb);
+        } else if (ps->upd == UPD_MUON || cfg->momentum != 0) {
+            ps->s0 = hp_arena_alloc(&o->arena, nb);
+        }
+    }
+    if (s == HP_OK && ns_mn > 0) {
+        o->ns_x = hp_arena_alloc(&o->arena, (size_t)ns_mn * sizeof(float));
+        o->ns_y = hp_arena_alloc(&o->arena, (size_t)ns_mn * sizeof(float));
+        o->ns_a = hp_arena_alloc(&o->arena, (size_t)ns_mm * sizeof(float));
+        o->ns_b = hp_arena_alloc(&o->arena, (size_t)ns_mm * sizeof(float));
+    }
+    if (s != HP_OK) {
+        hp_optim_free(o);
+        return s;
+    }
+    *out = o;
+    return HP_OK;
+}
+
+void hp_optim_free(hp_optim_t *o) {
+    if (!o) return;
+    if (o->arena.base) hp_arena_free(&o->arena);
+    free(o->ps);
+    free(o);
+}
+
+int64_t hp_optim_get_step(const hp_optim_t *o) { return o->step; }
+void hp_optim_set_step(hp_optim_t *o, int64_t step) {
+    o->step = step;
+    /* a loaded SGD momentum buffer is a real buffer from the first step on */
+    for (int i = 0; i < o->n; i++) o->ps[i].sgd_started = step > 0;
+}
+const hp_optim_config_t *hp_optim_config(const hp_optim_t *o) { return &o->cfg; }
+size_t hp_optim_state_bytes(const hp_optim_t *o) { return o->arena.capacity; }
+
+int hp_optim_num_states(const hp_optim_t *o) { return o->n_states; }
+
+void hp_optim_state_at(hp_optim_t *o, int idx, int *param_index, const char **slot,
+                       hp_tensor_t *state) {
+    HP_ASSERT(idx >= 0 && idx < o->n_states);
+    int k = 0;
+    for (int i = 0; i < o->n; i++) {
+        pstate_t *ps = &o->ps[i];
+        int ns = ps->s1 ? 2 : ps->s0 ? 1 : 0;
+        if (idx < k + ns) {
+            int j = idx - k;
+            *param_index = i;
+            *slot = ps->upd == UPD_ADAMW ? (j == 0 ? "exp_avg" : "exp_avg_sq") : "momentum_buffer";
+            const hp_tensor_t *v = &o->params[i].value.local;
+            hp_status_t s = hp_tensor_init(state, HP_F32, v->ndim, v->shape, j == 0 ? ps->s0 : ps->s1);
+            HP_ASSERT(s == HP_OK);
+            return;
+        }
+        k += ns;
+    }
+    HP_ASSERT_MSG(0, "optimizer state index %d not found", idx);
+}
+
+/* ---- updates ------------------------------------------------------------------------------ */
+
+/* torch.optim.adamw single-tensor path: p *= 1 - lr*wd; m = lerp(m, g, 1-b1);
+ * v = b2 v + (1-b2) g^2; p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). */
+static void adamw_update(float *p, float *m, float *v, const float *g, int64_t n, double lr,
+                         double b1, double b2, double eps, double wd, int64_t step) {
+    const float decay = (float)(1.0 - lr * wd);
+    const float w1 = (float)(1.0 - b1), fb2 = (float)b2, w2 = (float)(1.0 - b2);
+    const double bc1 = 1.0 - pow(b1, (double)step), bc2 = 1.0 - pow(b2, (double)step);
+    const float step_size = (float)(lr / bc1);
+    const float bc2_sqrt = (float)sqrt(bc2);
+    const float feps = (float)eps;
+#pragma omp parallel for schedule(static) if (n > 32768)
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i];
+        float pi = p[i] * decay;
+        float mi = m[i] + w1 * (gi - m[i]);
+        float vi = fb2 * v[i] + w2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + feps));
+    }
+}
+
+/* torch.optim.sgd: d = g + wd p; buf = d (first step) or momentum*buf + (1-dampening) d;
+ * d = nesterov ? d + momentum*buf : buf; p -= lr d. */
+static void sgd_update(float *p, float *buf, const float *g, int64_t n, double lr, double wd,
+                       double mom, double damp, int nesterov, int started) {
+    const float fwd = (float)wd, fmom = (float)mom, fdamp = (float)(1.0 - damp), flr = (float)lr;
+#pragma omp parallel for schedule(static) if (n > 32768)
+    for (int64_t i = 0; i < n; i++) {
+        float d = g[i];
+        if (fwd != 0.0f) d += fwd * p[i];
+        if (buf) {
+            float b = started ? fmom * buf[i] + fdamp * d : d;
+            buf[i] = b;
+            d = nesterov ? d + fmom * b : b;
+        }
+        p[i] -= flr * d;
+    }
+}
+
+/* Newton-Schulz quintic iteration on X (m, n), m <= n, in place:
+ * X /= max(||X||_F, eps); repeat k: A = X X^T; B = b A + c A A; X = a X + B X. */
+static void newton_schulz(float *x, float *y, float *a, float *b, int m, int n, const hp_optim_config_t *c) {
+    double ss = 0;
+    for (int64_t i = 0; i < (int64_t)m * n; i++) ss += (double)x[i] * x[i];
+    double nrm = sqrt(ss);
+    float inv = (float)(1.0 / (nrm > c->ns_eps ? nrm : c->ns_eps));
+    for (int64_t i = 0; i < (int64_t)m * n; i++) x[i] *= inv;
+    for (int k = 0; k < c->ns_steps; k++) {
+        // A (m, m) = X X^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, m, n, 1.0f, x, n, x, n, 0.0f, a, m);
+        // B (m, m) = b A + c A A
+        memcpy(b, a, sizeof(float) * (size_t)m * m);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, (float)c->ns_c, a, m, a, m,
+                    (float)c->ns_b, b, m);
+        // Y (m, n) = a X + B X
+        memcpy(y, x, sizeof(float) * (size_t)m * n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, m, 1.0f, b, m, x, n,
+                    (float)c->ns_a, y, n);
+        memcpy(x, y, sizeof(float) * (size_t)m * n);
+    }
+}
+
+static double muon_adjust(const hp_optim_config_t *c, double lr, int64_t rows, int64_t cols) {
+    double A = (double)rows, B = (double)cols;
+    switch (c->adjust_lr) {
+    case HP_MUON_ADJUST_ORIGINAL: return lr * sqrt(A / B > 1 ? A / B : 1);
+    case HP_MUON_ADJUST_MATCH_RMS_ADAMW: return lr * 0.2 * sqrt(A > B ? A : B);
+    case HP_MUON_ADJUST_SPECTRAL_UNCLAMPED: return lr * sqrt(A / B);
+    default: return lr;
+    }
+}
+
+/* torch.optim.Muon: buf = lerp(buf, g, 1-mu); u = nesterov ? lerp(g, buf, mu) : buf;
+ * O = NS(u) (transposed when rows > cols); p *= 1 - lr wd; p -= adjusted_lr O. */
+static void muon_update(hp_optim_t *o, hp_param_t *prm, pstate_t *ps, double lr) {
+    const hp_optim_config_t *c = &o->cfg;
+    float *p = prm->value.local.data, *buf = ps->s0;
+    const float *g = prm->grad.local.data;
+    int64_t rows = prm->value.local.shape[0], cols = prm->value.local.shape[1];
+    int64_t n = rows * cols;
+    const float mu = (float)c->muon_momentum, w = (float)(1.0 - c->muon_momentum);
+    int transpose = rows > cols;
+    float *x = o->ns_x;
+    for (int64_t i = 0; i < n; i++) buf[i] = buf[i] + w * (g[i] - buf[i]);
+    // x (m, n) with m = min(rows, cols): the update, transposed when rows > cols
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t k = 0; k < cols; k++) {
+            int64_t i = r * cols + k;
+            float u = c->muon_nesterov ? g[i] + mu * (buf[i] - g[i]) : buf[i];
+            if (transpose) x[k * rows + r] = u;
+            else x[i] = u;
+        }
+    }
+    int m = (int)(transpose ? cols : rows), nn = (int)(transpose ? rows : cols);
+    newton_schulz(x, o->ns_y, o->ns_a, o->ns_b, m, nn, c);
+    const float decay = (float)(1.0 - lr * c->weight_decay);
+    const float alr = (float)muon_adjust(c, lr, rows, cols);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t k = 0; k < cols; k++) {
+            int64_t i = r * cols + k;
+            float u = transpose ? x[k * rows + r] : x[i];
+            p[i] = p[i] * decay - alr * u;
+        }
+    }
+}
+
+hp_status_t hp_optim_step(hp_optim_t *o, double lr_factor) {
+    if (!(lr_factor >= 0) || !isfinite(lr_factor))
+        return hp_error(HP_ERR_INVALID_ARG, "optimizer step: lr factor %g must be finite and >= 0",
+                        lr_factor);
+    const hp_optim_config_t *c = &o->cfg;
+    o->step++;
+    const double lr = c->lr * lr_factor;
+    const double adam_lr = (c->kind == HP_OPTIM_MUON && c->muon_adamw_lr > 0 ? c->muon_adamw_lr : c->lr) *
+                           lr_factor;
+    for (int i = 0; i < o->n; i++) {
+        hp_param_t *p = &o->params[i];
+        pstate_t *ps = &o->ps[i];
+        int64_t n = hp_tensor_numel(&p->value.local);
+        float *v = p->value.local.data;
+        const float *g = p->grad.local.data;
+        switch (ps->upd) {
+        case UPD_ADAMW:
+            adamw_update(v, ps->s0, ps->s1, g, n, adam_lr, c->beta1, c->beta2, c->eps, c->weight_decay,
+                         o->step);
+            break;
+        case UPD_SGD:
+            sgd_update(v, ps->s0, g, n, lr, c->weight_decay, c->momentum, c->dampening, c->nesterov,
+                       ps->sgd_started);
+            ps->sgd_started = 1;
+            break;
+        case UPD_MUON:
+            muon_update(o, p, ps, lr);
+            break;
+        }
+    }
+    return HP_OK;
+}
+
+/* ---- gradient norm and clipping --------------------------------------------------------------- */
+
+/* Sum of squares in a fixed chunk order, independent of the thread count (deterministic). */
+#define NORM_CHUNKS 64
+static double sum_squares(const float *g, int64_t n) {
+    double part[NORM_CHUNKS];
+    int64_t chunk = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int c = 0; c < NORM_CHUNKS; c++) {
+        double s = 0;
+        int64_t lo = (int64_t)c * chunk, hi = lo + chunk < n ? lo + chunk : n;
+        for (int64_t i = lo; i < hi; i++) s += (double)g[i] * g[i];
+        part[c] = s;
+    }
+    double s = 0;
+    for (int c = 0; c < NORM_CHUNKS; c++) s += part[c];
+    return s;
+}
+
+/* 1 when this rank holds the counted copy of a parameter: local rank 0 on every mesh dim
+ * over which it is replicated. */
+static int counts_here(const hp_dtensor_t *t) {
+    if (!t->mesh) return 1;
+    for (int d = 0; d < t->mesh_ndim; d++)
+        if (t->placements[d].kind == HP_REPLICATE && hp_mesh_get_local_rank(t->mesh, d) != 0) return 0;
+    return 1;
+}
+
+hp_status_t hp_grad_norm(const hp_param_t *params, int n_params, const hp_comm_t *comms,
+                         int n_comms, double *total_norm) {
+    double ss = 0;
+    for (int i = 0; i < n_params; i++) {
+        const hp_dtensor_t *g = &params[i].grad;
+        if (g->local.dtype != HP_F32 || !hp_tensor_is_contiguous(&g->local))
+            return hp_error(HP_ERR_INVALID_ARG, "grad norm: gradient of '%s' must be contiguous f32",
+                            params[i].name);
+        for (int d = 0; g->mesh && d < g->mesh_ndim; d++)
+            if (g->placements[d].kind == HP_PARTIAL)
+                return hp_error(HP_ERR_STATE, "grad norm: gradient of '%s' is still Partial on mesh "
+                                "dim %d; reduce gradients before clipping", params[i].name, d);
+        if (counts_here(g)) ss += sum_squares(g->local.data, hp_tensor_numel(&g->local));
+    }
+    /* The comm layer has no f64, so the cross-rank sum is f32 (PyTorch also reduces the norm
+     * in the gradients' f32); the local sum above is f64. */
+    for (int k = 0; k < n_comms; k++) {
+        if (!comms[k]) continue;
+        float f = (float)ss;
+        HP_TRY(hp_all_reduce(&f, &f, 1, HP_F32, HP_SUM, comms[k], NULL));
+        ss = f;
+    }
+    *total_norm = sqrt(ss);
+    return HP_OK;
+}
+
+hp_status_t hp_clip_grad_norm(hp_param_t *params, int n_params, double max_norm,
+                              const hp_comm_t *comms, int n_comms, double *total_norm) {
+    if (!(max_norm > 0))
+        return hp_error(HP_ERR_INVALID_ARG, "clip_grad_norm: max_norm %g must be > 0", max_norm);
+    HP_TRY(hp_grad_norm(params, n_params, comms, n_comms, total_norm));
+    if (!isfinite(*total_norm))
+        return hp_error(HP_ERR_NUMERIC, "clip_grad_norm: total gradient norm is %g; gradients left "
+                        "unscaled (skip this step or lower the learning rate)", *total_norm);
+    double coef = max_norm / (*total_norm + 1e-6);
+    if (coef > 1.0) coef = 1.0;
+    const float fc = (float)coef;
+    for (int i = 0; i < n_params; i++) {
+        float *g = params[i].grad.local.data;
+        int64_t n = hp_tensor_numel(&params[i].grad.local);
+#pragma omp parallel for schedule(static) if (n > 32768)
+        for (int64_t j = 0; j < n; j++) g[j] *= fc;
+    }
+    return HP_OK;
+}
