@@ -1,0 +1,114 @@
+/* hp_dataset / hp_dataloader: training text as token windows, with TorchTitan's
+ * (v0.2.2 HuggingFaceTextDataset) semantics: every document is encoded with BOS and EOS and
+ * appended to a token buffer; windows of seq_len + 1 tokens are cut from its front (no
+ * overlap), giving input = w[:-1] and labels = w[1:]. Documents are split contiguously across
+ * data-parallel ranks (as HF split_dataset_by_node for map-style data); a rank's shard can
+ * loop forever. The state (position, epoch, leftover buffer) is a small blob that restores
+ * the exact next batches. Sources: plain text (documents separated by blank lines, '%' lines
+ * as in fortune files, or one per line), JSONL with a string field, and pre-tokenized
+ * little-endian uint16/uint32 files (memory-mapped). The tokenizer is reached through a
+ * callback (hp_text_encoder_t) so this module does not depend on its internals.
+ * Details and the file rules: docs/data.md. */
+#ifndef HYPERPARALLEL_DATA_H
+#define HYPERPARALLEL_DATA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "config.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Encodes `len` bytes of text into token ids (without BOS/EOS; the data layer adds them).
+ * Writes min(n, cap) ids to ids[] and sets *n_ids = n, the full count; when n > cap the
+ * caller grows the buffer and calls again with the same text. */
+typedef hp_status_t (*hp_encode_fn)(void *ctx, const char *text, size_t len, int32_t *ids, size_t cap,
+                                    size_t *n_ids);
+
+typedef struct hp_text_encoder {
+    hp_encode_fn encode;
+    void *ctx;
+    int32_t bos_id;   /* prepended to every document; -1 = none */
+    int32_t eos_id;   /* appended to every document; -1 = none */
+} hp_text_encoder_t;
+
+/* Trivial byte-level encoder: id = byte value (0..255), BOS = 256, EOS = 257 (vocab 258).
+ * For tests and for running without a trained tokenizer. */
+hp_text_encoder_t hp_text_encoder_bytes(void);
+
+typedef enum hp_data_split { HP_SPLIT_TRAIN = 0, HP_SPLIT_VALIDATION = 1 } hp_data_split_t;
+
+typedef struct hp_dataset_options {
+    const char *path;             /* a file, or (text/jsonl) a directory: see docs/data.md */
+    const char *format;           /* "auto" | "text" | "jsonl" | "bin"; NULL = auto */
+    const char *text_separator;   /* "blank_line" | "percent" | "line"; NULL = blank_line */
+    const char *jsonl_field;      /* NULL = "text" */
+    const char *bin_dtype;        /* "uint16" | "uint32"; NULL = uint16 */
+    double validation_fraction;   /* last fraction of documents (tokens for bin), [0, 1) */
+} hp_dataset_options_t;
+
+/* Options pointing into cfg->data (cfg must outlive the options). */
+hp_dataset_options_t hp_dataset_options_from_config(const hp_config_t *cfg);
+
+typedef struct hp_dataset hp_dataset_t;
+typedef struct hp_dataloader hp_dataloader_t;
+
+/* Opens, maps and indexes the data (and, for JSONL, checks every line). Errors name the
+ * file (and line for JSONL, byte offset for text): missing file, NUL bytes in a text file,
+ * invalid JSON, a missing or non-string field, a binary size that is not a multiple of the
+ * id width, no documents at all. */
+hp_status_t hp_dataset_open(const hp_dataset_options_t *opts, hp_dataset_t **out);
+void hp_dataset_close(hp_dataset_t *ds);
+/* Documents in a split (tokens for bin). */
+int64_t hp_dataset_num_documents(const hp_dataset_t *ds, hp_data_split_t split);
+/* Number of files read (a directory gives several). */
+int hp_dataset_num_files(const hp_dataset_t *ds);
+/* "text" | "jsonl" | "bin" (after auto detection). */
+const char *hp_dataset_format(const hp_dataset_t *ds);
+/* Text of document i of a split (text and jsonl only). The pointer stays valid until the
+ * next call on the same dataset or its close; JSON escapes are decoded. */
+hp_status_t hp_dataset_document(hp_dataset_t *ds, hp_data_split_t split, int64_t i, const char **text,
+                                size_t *len);
+
+typedef struct hp_dataloader_options {
+    hp_data_split_t split;
+    int64_t seq_len;      /* T: a window holds T + 1 tokens */
+    int64_t batch_size;   /* B rows per hp_dataloader_next */
+    int dp_rank;          /* this rank's coordinate on the batch mesh */
+    int dp_world;         /* size of the batch mesh */
+    bool loop;            /* restart the shard when exhausted (an epoch) */
+    int64_t vocab_size;   /* > 0: ids (bin files and encoder output) must be below it */
+} hp_dataloader_options_t;
+
+/* The dataset must outlive the loader; several loaders may share one dataset but the
+ * loaders of one dataset must be used from one thread. The encoder is copied; text and
+ * jsonl need one (bin files ignore it). */
+hp_status_t hp_dataloader_create(hp_dataset_t *ds, const hp_text_encoder_t *enc, const hp_dataloader_options_t *opts,
+                                 hp_dataloader_t **out);
+void hp_dataloader_destroy(hp_dataloader_t *dl);
+/* Fills the next batch: inputs (B, T) and labels (B, T), row-major, labels[b][t] =
+ * window[b][t+1]. *got = false when a non-looping loader has no further full batch (the
+ * partial batch is dropped); the buffers' contents are then unspecified. */
+hp_status_t hp_dataloader_next(hp_dataloader_t *dl, int32_t *inputs, int32_t *labels, bool *got);
+/* Back to the start of the shard with an empty buffer (e.g. before each validation pass). */
+void hp_dataloader_reset(hp_dataloader_t *dl);
+int64_t hp_dataloader_epoch(const hp_dataloader_t *dl);          /* completed passes over the shard */
+int64_t hp_dataloader_samples(const hp_dataloader_t *dl);        /* windows yielded so far */
+int64_t hp_dataloader_shard_documents(const hp_dataloader_t *dl);   /* documents (tokens for bin) of this rank */
+
+/* State: little-endian blob with magic "HPDL", version, split, dp rank and world, seq_len,
+ * document count of the split, position, epoch, samples and the leftover token buffer.
+ * hp_dataloader_state_size is the exact size of the blob save would write now. Loading
+ * refuses a blob from another dp rank or world (the dp degree cannot change across a
+ * resume, as in TorchTitan), another seq_len, split or dataset size. */
+size_t hp_dataloader_state_size(const hp_dataloader_t *dl);
+hp_status_t hp_dataloader_state_save(const hp_dataloader_t *dl, void *buf, size_t cap, size_t *n);
+hp_status_t hp_dataloader_state_load(hp_dataloader_t *dl, const void *buf, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
