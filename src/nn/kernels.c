@@ -1,0 +1,318 @@
+/* Optimised CPU kernels of the nn layer: every GEMM through cblas_sgemm, fused elementwise
+ * loops parallel over the index they write (OpenMP), no atomics, fixed reduction orders so
+ * results are bitwise reproducible for a given thread count. Reference twins: kernels_ref.c. */
+#include <math.h>
+#include <string.h>
+#include <cblas.h>
+#include <omp.h>
+#include "hyperparallel/nn.h"
+
+/* ---- linear ---------------------------------------------------------------------------- */
+
+static void add_bias_rows(float *out, const float *bias, int N, int OC) {
+    if (!bias) return;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * OC;
+#pragma omp simd
+        for (int c = 0; c < OC; c++) o[c] += bias[c];
+    }
+}
+
+void hp_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                       int N, int IC, int OC) {
+    // out (N, OC) = inp (N, IC) @ weight^T
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC,
+                0.0f, out, OC);
+    add_bias_rows(out, bias, N, OC);
+}
+
+void hp_linear_forward_acc(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int IC, int OC) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC,
+                1.0f, out, OC);
+    add_bias_rows(out, bias, N, OC);
+}
+
+void hp_linear_backward_input(float *dinp, const float *dout, const float *weight,
+                              int N, int IC, int OC, int accumulate) {
+    // dinp (N, IC) = dout (N, OC) @ weight (OC, IC)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC,
+                accumulate ? 1.0f : 0.0f, dinp, IC);
+}
+
+void hp_linear_backward_weight(float *dweight, float *dbias, const float *dout, const float *inp,
+                               int N, int IC, int OC) {
+    // dweight (OC, IC) += dout^T (OC, N) @ inp (N, IC)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC,
+                1.0f, dweight, IC);
+    if (dbias) {
+        // parallel over output channels; each sums its column over rows in order
+#pragma omp parallel for schedule(static)
+        for (int cb = 0; cb < OC; cb += 16) {
+            int ce = cb + 16 < OC ? cb + 16 : OC;
+            float acc[16] = {0};
+            for (int n = 0; n < N; n++) {
+                const float *d = dout + (size_t)n * OC;
+                for (int c = cb; c < ce; c++) acc[c - cb] += d[c];
+            }
+            for (int c = cb; c < ce; c++) dbias[c] += acc[c - cb];
+        }
+    }
+}
+
+/* ---- RMSNorm --------------------------------------------------------------------------- */
+
+void hp_rmsnorm_heads_forward(float *out, int ldo, float *rstd, const float *inp, int ldi,
+                              const float *weight, int N, int n_heads, int C, float eps) {
+    int64_t rows = (int64_t)N * n_heads;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t n = r / n_heads, h = r % n_heads;
+        const float *x = inp + n * ldi + h * C;
+        float *y = out + n * ldo + h * C;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++) ss += x[c] * x[c];
+        float s = 1.0f / sqrtf(ss / (float)C + eps);
+        rstd[r] = s;
+#pragma omp simd
+        for (int c = 0; c < C; c++) y[c] = x[c] * s * weight[c];
+    }
+}
+
+static void rmsnorm_heads_bwd_in(float *dinp, int ldo, const float *dout, int lddo,
+                                 const float *inp, int ldi, const float *weight,
+                                 const float *rstd, int N, int n_heads, int C, int accumulate) {
+    int64_t rows = (int64_t)N * n_heads;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t n = r / n_heads, h = r % n_heads;
+        const float *x = inp + n * ldi + h * C;
+        const float *dy = dout + n * lddo + h * C;
+        float *dx = dinp + n * ldo + h * C;
+        float s = rstd[r];
+        float dot = 0.0f;   // sum_c dy * w * x
+#pragma omp simd reduction(+ : dot)
+        for (int c = 0; c < C; c++) dot += dy[c] * weight[c] * x[c];
+        float k = s * s * s * dot / (float)C;
+        if (accumulate) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) dx[c] += s * weight[c] * dy[c] - k * x[c];
+        } else {
+#pragma omp simd
+            for (int c = 0; c < C; c++) dx[c] = s * weight[c] * dy[c] - k * x[c];
+        }
+    }
+}
+
+void hp_rmsnorm_heads_backward_input(float *dinp, int ldo, const float *dout, int lddo,
+                                     const float *inp, int ldi, const float *weight,
+                                     const float *rstd, int N, int n_heads, int C) {
+    rmsnorm_heads_bwd_in(dinp, ldo, dout, lddo, inp, ldi, weight, rstd, N, n_heads, C, 0);
+}
+
+void hp_rmsnorm_heads_backward_weight(float *dweight, const float *dout, int lddo,
+                                      const float *inp, int ldi, const float *rstd,
+                                      int N, int n_heads, int C) {
+    // parallel over channel blocks; each block sums rows in a fixed order (no atomics)
+    enum { CB = 16 };
+#pragma omp parallel for schedule(static)
+    for (int cb = 0; cb < C; cb += CB) {
+        int ce = cb + CB < C ? cb + CB : C;
+        float acc[CB] = {0};
+        for (int64_t n = 0; n < N; n++) {
+            for (int h = 0; h < n_heads; h++) {
+                const float *x = inp + n * ldi + (int64_t)h * C;
+                const float *dy = dout + n * lddo + (int64_t)h * C;
+                float s = rstd[n * n_heads + h];
+                for (int c = cb; c < ce; c++) acc[c - cb] += dy[c] * x[c] * s;
+            }
+        }
+        for (int c = cb; c < ce; c++) dweight[c] += acc[c - cb];
+    }
+}
+
+void hp_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                        int N, int C, float eps) {
+    hp_rmsnorm_heads_forward(out, C, rstd, inp, C, weight, N, 1, C, eps);
+}
+
+void hp_rmsnorm_backward_input(float *dinp, const float *dout, const float *inp,
+                               const float *weight, const float *rstd, int N, int C, int accumulate) {
+    rmsnorm_heads_bwd_in(dinp, C, dout, C, inp, C, weight, rstd, N, 1, C, accumulate);
+}
+
+void hp_rmsnorm_backward_weight(float *dweight, const float *dout, const float *inp,
+                                const float *rstd, int N, int C) {
+    hp_rmsnorm_heads_backward_weight(dweight, dout, C, inp, C, rstd, N, 1, C);
+}
+
+/* ---- RoPE ------------------------------------------------------------------------------ */
+
+void hp_rope_table(float *cos_t, float *sin_t, int T, int head_dim, float theta,
+                   const hp_rope_scaling_t *scaling) {
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        // as torch: 1 / theta ** (arange(0, hd, 2).float() / hd), in f32
+        float expo = (float)(2 * i) / (float)head_dim;
+        float freq = 1.0f / powf(theta, expo);
+        if (scaling && scaling->enabled) {
+            // Llama 3.1: long wavelengths divided by factor, a smooth blend in between
+            float lo_wl = (float)scaling->original_max_pos / scaling->low_freq_factor;
+            float hi_wl = (float)scaling->original_max_pos / scaling->high_freq_factor;
+            float wl = 2.0f * (float)M_PI / freq;
+            float nf = wl > lo_wl ? freq / scaling->factor : freq;
+            float smooth = ((float)scaling->original_max_pos / wl - scaling->low_freq_factor) /
+                           (scaling->high_freq_factor - scaling->low_freq_factor);
+            if (wl >= hi_wl && wl <= lo_wl)
+                freq = (1.0f - smooth) * nf / scaling->factor + smooth * nf;
+            else
+                freq = nf;
+        }
+        for (int t = 0; t < T; t++) {
+            float ang = (float)t * freq;   // f32 product as torch.outer
+            cos_t[(size_t)t * half + i] = (float)cos((double)ang);
+            sin_t[(size_t)t * half + i] = (float)sin((double)ang);
+        }
+    }
+}
+
+void hp_rope_apply(float *x, int ld, int B, int T, int n_heads, int head_dim,
+                   const float *cos_t, const float *sin_t, hp_rope_style_t style, int inverse) {
+    int half = head_dim / 2;
+    float sgn = inverse ? -1.0f : 1.0f;
+    int64_t rows = (int64_t)B * T;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int t = (int)(r % T);
+        const float *c = cos_t + (size_t)t * half;
+        const float *s = sin_t + (size_t)t * half;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + r * ld + (int64_t)h * head_dim;
+            if (style == HP_ROPE_INTERLEAVED) {
+#pragma omp simd
+                for (int i = 0; i < half; i++) {
+                    float a = v[2 * i], b = v[2 * i + 1], si = sgn * s[i];
+                    v[2 * i] = a * c[i] - b * si;
+                    v[2 * i + 1] = b * c[i] + a * si;
+                }
+            } else {
+#pragma omp simd
+                for (int i = 0; i < half; i++) {
+                    float a = v[i], b = v[i + half], si = sgn * s[i];
+                    v[i] = a * c[i] - b * si;
+                    v[i + half] = b * c[i] + a * si;
+                }
+            }
+        }
+    }
+}
+
+/* ---- SwiGLU ------------------------------------------------------------------------------ */
+
+void hp_swiglu_forward(float *out, const float *h13, int N, int H) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *a = h13 + (size_t)n * 2 * H, *b = a + H;
+        float *o = out + (size_t)n * H;
+        for (int j = 0; j < H; j++) {
+            float x = a[j];
+            o[j] = x / (1.0f + expf(-x)) * b[j];
+        }
+    }
+}
+
+void hp_swiglu_backward(float *dh13, const float *dout, const float *h13, int N, int H) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *a = h13 + (size_t)n * 2 * H, *b = a + H;
+        const float *d = dout + (size_t)n * H;
+        float *da = dh13 + (size_t)n * 2 * H, *db = da + H;
+        for (int j = 0; j < H; j++) {
+            float x = a[j];
+            float sg = 1.0f / (1.0f + expf(-x));
+            float silu = x * sg;
+            db[j] = d[j] * silu;
+            da[j] = d[j] * b[j] * (sg * (1.0f + x * (1.0f - sg)));
+        }
+    }
+}
+
+/* ---- embedding -------------------------------------------------------------------------- */
+
+void hp_embedding_forward(float *out, const int32_t *tokens, const float *weight, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        memcpy(out + (size_t)n * C, weight + (size_t)tokens[n] * C, sizeof(float) * (size_t)C);
+}
+
+void hp_embedding_backward(float *dweight, const float *dout, const int32_t *tokens, int N, int C, int V) {
+    // each thread owns a contiguous range of vocab rows and scans the tokens in order, so
+    // repeated tokens add in a fixed order without atomics
+#pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        int lo = (int)((int64_t)V * tid / nt), hi = (int)((int64_t)V * (tid + 1) / nt);
+        for (int n = 0; n < N; n++) {
+            int t = tokens[n];
+            if (t < lo || t >= hi) continue;
+            float *dw = dweight + (size_t)t * C;
+            const float *d = dout + (size_t)n * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) dw[c] += d[c];
+        }
+    }
+}
+
+/* ---- cross-entropy --------------------------------------------------------------------- */
+
+double hp_cross_entropy_forward(float *losses, float *lse, const float *logits, const int32_t *targets,
+                                int N, int V, int64_t *n_valid) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *z = logits + (size_t)n * V;
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        float s = 0.0f;
+        for (int v = 0; v < V; v++) s += expf(z[v] - mx);
+        float l = mx + logf(s);
+        lse[n] = l;
+        int t = targets[n];
+        losses[n] = (t == HP_IGNORE_INDEX) ? 0.0f : l - z[t];
+    }
+    double sum = 0.0;   // fixed order
+    int64_t cnt = 0;
+    for (int n = 0; n < N; n++) {
+        if (targets[n] == HP_IGNORE_INDEX) continue;
+        sum += losses[n];
+        cnt++;
+    }
+    if (n_valid) *n_valid = cnt;
+    return sum;
+}
+
+void hp_cross_entropy_backward(float *dlogits, const float *logits, const float *lse,
+                               const int32_t *targets, float dloss, int N, int V) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *d = dlogits + (size_t)n * V;
+        const float *z = logits + (size_t)n * V;
+        int t = targets[n];
+        if (t == HP_IGNORE_INDEX) {
+            memset(d, 0, sizeof(float) * (size_t)V);
+            continue;
+        }
+        float l = lse[n];
+        for (int v = 0; v < V; v++) d[v] = expf(z[v] - l) * dloss;
+        d[t] -= dloss;
+    }
+}
+
+/* ---- elementwise ------------------------------------------------------------------------- */
+
+void hp_add_inplace(float *y, const float *x, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}

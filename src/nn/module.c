@@ -1,0 +1,355 @@
+/* The module protocol (forward / backward_input / backward_weight over a per-microbatch
+ * activation context) and the parameter-owning leaf layers: linear, RMSNorm, embedding.
+ * Composite layers (attention, feed-forward, transformer block) live in src/nn/model.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include "hyperparallel/nn.h"
+#include "nn/nn-impl.h"
+
+hp_status_t hp_act_init(hp_act_t *act, int n_modules, size_t bytes) {
+    memset(act, 0, sizeof(*act));
+    if (n_modules <= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_act_init: n_modules=%d, expected > 0", n_modules);
+    act->slots = hp_calloc((size_t)n_modules, sizeof(void *));
+    if (!act->slots) return HP_ERR_OOM;
+    act->n_slots = n_modules;
+    hp_status_t st = hp_arena_init(&act->arena, "activations", bytes);
+    if (st != HP_OK) {
+        free(act->slots);
+        act->slots = NULL;
+    }
+    return st;
+}
+
+void hp_act_free(hp_act_t *act) {
+    if (!act) return;
+    hp_arena_free(&act->arena);
+    free(act->slots);
+    memset(act, 0, sizeof(*act));
+}
+
+void hp_act_reset(hp_act_t *act) {
+    hp_arena_reset(&act->arena);
+    memset(act->slots, 0, sizeof(void *) * (size_t)act->n_slots);
+}
+
+void *hp_act_alloc(hp_act_t *act, size_t bytes) {
+    void *p = hp_arena_alloc(&act->arena, bytes);
+    HP_ASSERT_MSG(p != NULL, "activation arena exhausted (%zu of %zu bytes used, %zu requested): "
+                  "the size table undercounts", act->arena.used, act->arena.capacity, bytes);
+    return p;
+}
+
+void *hp_act_slot_new(hp_act_t *act, const hp_module_t *m, size_t bytes) {
+    HP_ASSERT(m->id >= 0 && m->id < act->n_slots);
+    void *p = hp_act_alloc(act, bytes);
+    act->slots[m->id] = p;
+    return p;
+}
+
+void *hp_act_slot(hp_act_t *act, const hp_module_t *m) {
+    HP_ASSERT(m->id >= 0 && m->id < act->n_slots);
+    void *p = act->slots[m->id];
+    HP_ASSERT_MSG(p != NULL, "module '%s' (%s): backward without a saved forward in this "
+                  "activation context", m->name, m->ops->kind);
+    return p;
+}
+
+float *hp_act_scratch(hp_act_t *act, size_t *offset, size_t floats) {
+    HP_ASSERT_MSG(*offset + floats <= act->grad_scratch_floats,
+                  "gradient scratch too small (%zu + %zu > %zu floats)", *offset, floats,
+                  act->grad_scratch_floats);
+    float *p = act->grad_scratch + *offset;
+    *offset += floats;
+    return p;
+}
+
+static void prof_add(hp_act_t *act, int op, double t0) {
+    if (act->prof) act->prof[op] += omp_get_wtime() - t0;
+}
+
+hp_status_t hp_module_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    if (!m || !m->ops || !m->ops->forward)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_module_forward: module '%s' has no forward",
+                        m ? m->name : "(null)");
+    return m->ops->forward(m, act, in, out);
+}
+
+hp_status_t hp_module_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    if (!m || !m->ops || !m->ops->backward_input)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_module_backward_input: module '%s' has no backward_input",
+                        m ? m->name : "(null)");
+    return m->ops->backward_input(m, act, dout, din);
+}
+
+hp_status_t hp_module_backward_weight(hp_module_t *m, hp_act_t *act) {
+    if (!m || !m->ops)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_module_backward_weight: module is NULL");
+    if (!m->ops->backward_weight) return HP_OK;   // no parameters
+    return m->ops->backward_weight(m, act);
+}
+
+/* Rows of a (..., C) tensor. */
+static int64_t rows_of(const hp_tensor_t *t) {
+    int64_t r = 1;
+    for (int i = 0; i < t->ndim - 1; i++) r *= t->shape[i];
+    return r;
+}
+
+static hp_status_t check_last_dim(const hp_module_t *m, const char *what, const hp_tensor_t *t, int64_t C) {
+    if (!t || !t->data || t->ndim < 1 || t->shape[t->ndim - 1] != C || t->dtype != HP_F32)
+        return hp_error(HP_ERR_INVALID_ARG, "%s '%s': %s must be f32 (..., %lld), got ndim %d last dim %lld",
+                        m->ops->kind, m->name, what, (long long)C, t ? t->ndim : -1,
+                        t && t->ndim ? (long long)t->shape[t->ndim - 1] : -1LL);
+    return HP_OK;
+}
+
+/* ---- linear ------------------------------------------------------------------------- */
+
+typedef struct linear_saved {
+    const float *inp;    // (N, IC) the caller's input, which must outlive backward
+    const float *dout;   // (N, OC) recorded by backward_input for backward_weight
+    int64_t N;
+} linear_saved_t;
+
+static size_t linear_act_bytes(const hp_module_t *m, int B, int T) {
+    return hp_arena_round(sizeof(linear_saved_t));
+}
+
+static hp_status_t linear_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    hp_linear_impl_t *L = m->impl;
+    HP_TRY(check_last_dim(m, "input", in, L->in_features));
+    HP_TRY(check_last_dim(m, "output", out, L->out_features));
+    linear_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
+    s->inp = in->data;
+    s->N = rows_of(in);
+    double t0 = omp_get_wtime();
+    if (L->accumulate_output)
+        hp_linear_forward_acc(out->data, in->data, L->weight, L->bias, (int)s->N, L->in_features, L->out_features);
+    else
+        hp_linear_forward(out->data, in->data, L->weight, L->bias, (int)s->N, L->in_features, L->out_features);
+    prof_add(act, L->prof_op, t0);
+    return HP_OK;
+}
+
+static hp_status_t linear_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    hp_linear_impl_t *L = m->impl;
+    linear_saved_t *s = hp_act_slot(act, m);
+    HP_TRY(check_last_dim(m, "dout", dout, L->out_features));
+    s->dout = dout->data;
+    if (din) {
+        HP_TRY(check_last_dim(m, "din", din, L->in_features));
+        double t0 = omp_get_wtime();
+        hp_linear_backward_input(din->data, dout->data, L->weight, (int)s->N, L->in_features,
+                                 L->out_features, L->accumulate_input_grad);
+        prof_add(act, L->prof_op + 1, t0);
+    }
+    return HP_OK;
+}
+
+static hp_status_t linear_backward_weight(hp_module_t *m, hp_act_t *act) {
+    hp_linear_impl_t *L = m->impl;
+    linear_saved_t *s = hp_act_slot(act, m);
+    HP_ASSERT_MSG(s->dout != NULL, "linear '%s': backward_weight before backward_input", m->name);
+    double t0 = omp_get_wtime();
+    hp_linear_backward_weight(L->dweight, L->dbias, s->dout, s->inp, (int)s->N, L->in_features, L->out_features);
+    prof_add(act, L->prof_op + 2, t0);
+    s->dout = NULL;
+    return HP_OK;
+}
+
+static const hp_module_ops_t linear_ops = {
+    "linear", linear_act_bytes, NULL, linear_forward, linear_backward_input, linear_backward_weight,
+};
+
+static void module_base(hp_module_t *m, const hp_module_ops_t *ops, const char *name, void *impl) {
+    memset(m, 0, sizeof(*m));
+    snprintf(m->name, sizeof(m->name), "%s", name);
+    m->ops = ops;
+    m->impl = impl;
+    m->id = -1;
+}
+
+void hp_linear_module_init(hp_module_t *m, hp_linear_impl_t *impl, const char *name,
+                           hp_param_t **params, int n_params, hp_param_t *bias,
+                           int in_features, int out_features) {
+    HP_ASSERT(n_params >= 1 && n_params + (bias != NULL) <= HP_MODULE_MAX_PARAMS);
+    memset(impl, 0, sizeof(*impl));
+    module_base(m, &linear_ops, name, impl);
+    impl->in_features = in_features;
+    impl->out_features = out_features;
+    impl->weight = params[0]->value.local.data;
+    impl->dweight = params[0]->grad.local.data;
+    impl->prof_op = HP_NN_OP_LINEAR_FWD;
+    // stacked params must be adjacent in memory so that they form one (out, in) matrix
+    int64_t rows = 0;
+    for (int i = 0; i < n_params; i++) {
+        HP_ASSERT_MSG((float *)params[i]->value.local.data == impl->weight + rows * in_features &&
+                      (float *)params[i]->grad.local.data == impl->dweight + rows * in_features,
+                      "linear '%s': stacked parameter '%s' is not adjacent to the previous one",
+                      name, params[i]->name);
+        rows += params[i]->value.local.shape[0];
+        m->params[m->n_params++] = params[i];
+    }
+    HP_ASSERT_MSG(rows == out_features, "linear '%s': stacked rows %lld != out_features %d", name,
+                  (long long)rows, out_features);
+    if (bias) {
+        impl->bias = bias->value.local.data;
+        impl->dbias = bias->grad.local.data;
+        m->params[m->n_params++] = bias;
+    }
+}
+
+/* ---- RMSNorm ------------------------------------------------------------------------- */
+
+typedef struct rmsnorm_saved {
+    const float *inp;    // (N, C)
+    float *rstd;         // (N) in the activation arena
+    const float *dout;   // recorded by backward_input
+    int64_t N;
+} rmsnorm_saved_t;
+
+static size_t rmsnorm_act_bytes(const hp_module_t *m, int B, int T) {
+    return hp_arena_round(sizeof(rmsnorm_saved_t)) + hp_arena_round(sizeof(float) * (size_t)B * T);
+}
+
+static hp_status_t rmsnorm_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    hp_rmsnorm_impl_t *R = m->impl;
+    HP_TRY(check_last_dim(m, "input", in, R->dim));
+    HP_TRY(check_last_dim(m, "output", out, R->dim));
+    rmsnorm_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
+    s->inp = in->data;
+    s->N = rows_of(in);
+    s->rstd = hp_act_alloc(act, sizeof(float) * (size_t)s->N);
+    double t0 = omp_get_wtime();
+    hp_rmsnorm_forward(out->data, s->rstd, in->data, R->weight, (int)s->N, R->dim, R->eps);
+    prof_add(act, HP_NN_OP_RMSNORM_FWD, t0);
+    return HP_OK;
+}
+
+static hp_status_t rmsnorm_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    hp_rmsnorm_impl_t *R = m->impl;
+    rmsnorm_saved_t *s = hp_act_slot(act, m);
+    HP_TRY(check_last_dim(m, "dout", dout, R->dim));
+    s->dout = dout->data;
+    if (din) {
+        HP_TRY(check_last_dim(m, "din", din, R->dim));
+        double t0 = omp_get_wtime();
+        hp_rmsnorm_backward_input(din->data, dout->data, s->inp, R->weight, s->rstd, (int)s->N, R->dim,
+                                  R->accumulate_input_grad);
+        prof_add(act, HP_NN_OP_RMSNORM_BWD, t0);
+    }
+    return HP_OK;
+}
+
+static hp_status_t rmsnorm_backward_weight(hp_module_t *m, hp_act_t *act) {
+    hp_rmsnorm_impl_t *R = m->impl;
+    rmsnorm_saved_t *s = hp_act_slot(act, m);
+    HP_ASSERT_MSG(s->dout != NULL, "rmsnorm '%s': backward_weight before backward_input", m->name);
+    double t0 = omp_get_wtime();
+    hp_rmsnorm_backward_weight(R->dweight, s->dout, s->inp, s->rstd, (int)s->N, R->dim);
+    prof_add(act, HP_NN_OP_RMSNORM_BWD, t0);
+    s->dout = NULL;
+    return HP_OK;
+}
+
+static const hp_module_ops_t rmsnorm_ops = {
+    "rmsnorm", rmsnorm_act_bytes, NULL, rmsnorm_forward, rmsnorm_backward_input, rmsnorm_backward_weight,
+};
+
+void hp_rmsnorm_module_init(hp_module_t *m, hp_rmsnorm_impl_t *impl, const char *name,
+                            hp_param_t *weight, int dim, float eps) {
+    memset(impl, 0, sizeof(*impl));
+    module_base(m, &rmsnorm_ops, name, impl);
+    impl->dim = dim;
+    impl->eps = eps;
+    impl->weight = weight->value.local.data;
+    impl->dweight = weight->grad.local.data;
+    m->params[m->n_params++] = weight;
+}
+
+/* ---- embedding ------------------------------------------------------------------------- */
+
+typedef struct embedding_saved {
+    const int32_t *tokens;   // (N) the caller's token ids
+    const float *dout;       // (N, C)
+    int64_t N;
+} embedding_saved_t;
+
+static size_t embedding_act_bytes(const hp_module_t *m, int B, int T) {
+    return hp_arena_round(sizeof(embedding_saved_t));
+}
+
+static hp_status_t embedding_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    hp_embedding_impl_t *E = m->impl;
+    if (!in || in->dtype != HP_I32 || !in->data)
+        return hp_error(HP_ERR_INVALID_ARG, "embedding '%s': input must be i32 token ids", m->name);
+    HP_TRY(check_last_dim(m, "output", out, E->dim));
+    int64_t N = 1;
+    for (int i = 0; i < in->ndim; i++) N *= in->shape[i];
+    const int32_t *tok = in->data;
+    for (int64_t n = 0; n < N; n++)
+        if (tok[n] < 0 || tok[n] >= E->vocab)
+            return hp_error(HP_ERR_INVALID_ARG, "embedding '%s': token %d at position %lld is outside "
+                            "[0, %d); hint: does the tokenizer match the model's vocab_size?",
+                            m->name, tok[n], (long long)n, E->vocab);
+    embedding_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
+    s->tokens = tok;
+    s->N = N;
+    double t0 = omp_get_wtime();
+    hp_embedding_forward(out->data, tok, E->weight, (int)N, E->dim);
+    prof_add(act, HP_NN_OP_EMBEDDING, t0);
+    return HP_OK;
+}
+
+static hp_status_t embedding_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    hp_embedding_impl_t *E = m->impl;
+    embedding_saved_t *s = hp_act_slot(act, m);
+    HP_TRY(check_last_dim(m, "dout", dout, E->dim));
+    s->dout = dout->data;   // token ids have no gradient; din is ignored
+    return HP_OK;
+}
+
+static hp_status_t embedding_backward_weight(hp_module_t *m, hp_act_t *act) {
+    hp_embedding_impl_t *E = m->impl;
+    embedding_saved_t *s = hp_act_slot(act, m);
+    HP_ASSERT_MSG(s->dout != NULL, "embedding '%s': backward_weight before backward_input", m->name);
+    double t0 = omp_get_wtime();
+    hp_embedding_backward(E->dweight, s->dout, s->tokens, (int)s->N, E->dim, E->vocab);
+    prof_add(act, HP_NN_OP_EMBEDDING, t0);
+    s->dout = NULL;
+    return HP_OK;
+}
+
+static const hp_module_ops_t embedding_ops = {
+    "embedding", embedding_act_bytes, NULL, embedding_forward, embedding_backward_input,
+    embedding_backward_weight,
+};
+
+void hp_embedding_module_init(hp_module_t *m, hp_embedding_impl_t *impl, const char *name,
+                              hp_param_t *weight, int vocab, int dim) {
+    memset(impl, 0, sizeof(*impl));
+    module_base(m, &embedding_ops, name, impl);
+    impl->vocab = vocab;
+    impl->dim = dim;
+    impl->weight = weight->value.local.data;
+    impl->dweight = weight->grad.local.data;
+    m->params[m->n_params++] = weight;
+}
+
+void hp_module_base_init(hp_module_t *m, const hp_module_ops_t *ops, const char *name, void *impl) {
+    module_base(m, ops, name, impl);
+}
+
+const char *const hp_nn_op_names[HP_NN_OP_COUNT] = {
+    "embedding",
+    "rmsnorm.fwd", "rmsnorm.bwd",
+    "linear.fwd", "linear.bwd_input", "linear.bwd_weight",
+    "output.fwd", "output.bwd_input", "output.bwd_weight",
+    "rope", "qk_norm",
+    "attention.fwd", "attention.bwd",
+    "swiglu.fwd", "swiglu.bwd",
+    "cross_entropy", "elementwise",
+};
