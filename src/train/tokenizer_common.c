@@ -190,7 +190,7 @@ hp_status_t hp_tok_regex_compile(hp_tok_regex_t *re, const char *pattern, size_t
     memset(re, 0, sizeof(*re));
     int err = 0;
     PCRE2_SIZE erroff = 0;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
     re->code = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &erroff, NULL);
     if (!re->code) {
         PCRE2_UCHAR msg[256];

@@ -1,0 +1,319 @@
+/* Tokenizer against HF `tokenizers` golden ids (tests/data/tokenizer, made by
+ * tools/golden/make_tokenizer_golden.py): GPT-2-style and Llama-3-style tokenizer.json files
+ * trained by `tokenizers`, and one trained by our hp-tokenizer; decode and round trips,
+ * special tokens, training determinism, and error messages for bad files. */
+// hp-test: ranks 1 timeout 120
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hp_test.h"
+#include "hyperparallel/status.h"
+#include "hyperparallel/tokenizer.h"
+
+static char data_dir[1024];
+
+static const char *data_path(const char *name) {
+    static char buf[4][1200];
+    static int k = 0;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof(buf[k]), "%s/%s", data_dir, name);
+    return buf[k];
+}
+
+static int ids_equal(const hp_token_ids_t *got, json_object *want) {
+    size_t n = json_object_array_length(want);
+    if (got->len != n) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (got->ids[i] != json_object_get_int(json_object_array_get_idx(want, i))) return 0;
+    return 1;
+}
+
+static void print_ids(const char *what, const int32_t *ids, size_t n, json_object *want) {
+    fprintf(stderr, "  %s ours:", what);
+    for (size_t i = 0; i < n && i < 60; i++) fprintf(stderr, " %d", ids[i]);
+    fprintf(stderr, "\n  %s HF:  ", what);
+    for (size_t i = 0; i < json_object_array_length(want) && i < 60; i++)
+        fprintf(stderr, " %d", json_object_get_int(json_object_array_get_idx(want, i)));
+    fprintf(stderr, "\n");
+}
+
+static void check_golden(const char *golden_name) {
+    json_object *doc = json_object_from_file(data_path(golden_name));
+    HP_CHECK(doc != NULL, "cannot read %s", data_path(golden_name));
+    if (!doc) return;
+    json_object *v, *cases, *decodes;
+    json_object_object_get_ex(doc, "tokenizer", &v);
+    const char *tok_name = json_object_get_string(v);
+    json_object_object_get_ex(doc, "cases", &cases);
+    json_object_object_get_ex(doc, "decodes", &decodes);
+    hp_tokenizer_t *tok = NULL;
+    HP_CHECK_OK(hp_tokenizer_load(&tok, data_path(tok_name)));
+    if (!tok) {
+        json_object_put(doc);
+        return;
+    }
+    int n_ok = 0, n_cases = (int)json_object_array_length(cases);
+    size_t n_ids = 0;
+    for (int i = 0; i < n_cases; i++) {
+        json_object *c = json_object_array_get_idx(cases, (size_t)i), *text, *ids, *ids_sp, *dec, *dec_skip;
+        json_object_object_get_ex(c, "text", &text);
+        json_object_object_get_ex(c, "ids", &ids);
+        json_object_object_get_ex(c, "ids_special", &ids_sp);
+        json_object_object_get_ex(c, "decoded", &dec);
+        json_object_object_get_ex(c, "decoded_skip", &dec_skip);
+        int roundtrip = json_object_object_get_ex(c, "roundtrip", &v) && json_object_get_boolean(v);
+        const char *s = json_object_get_string(text);
+        size_t len = (size_t)json_object_get_string_len(text);
+        hp_token_ids_t got = {0}, got_sp = {0};
+        HP_CHECK_OK(hp_tokenizer_encode(tok, s, len, 0, &got));
+        HP_CHECK_OK(hp_tokenizer_encode(tok, s, len, HP_TOKENIZE_ADD_SPECIAL, &got_sp));
+        int ok1 = ids_equal(&got, ids), ok2 = ids_equal(&got_sp, ids_sp);
+        HP_CHECK(ok1, "%s case %d: ids differ from HF for \"%.60s\"", golden_name, i, s);
+        HP_CHECK(ok2, "%s case %d: ids with special tokens differ from HF", golden_name, i);
+        if (!ok1) print_ids("ids", got.ids, got.len, ids);
+        n_ids += got.len;
+        char *out = NULL;
+        size_t out_len = 0;
+        HP_CHECK_OK(hp_tokenizer_decode(tok, got_sp.ids, got_sp.len, 0, &out, &out_len));
+        HP_CHECK(out && strcmp(out, json_object_get_string(dec)) == 0,
+                 "%s case %d: decode \"%.60s\" != HF \"%.60s\"", golden_name, i, out ? out : "",
+                 json_object_get_string(dec));
+        free(out);
+        out = NULL;
+        HP_CHECK_OK(hp_tokenizer_decode(tok, got_sp.ids, got_sp.len, HP_DETOKENIZE_SKIP_SPECIAL,
+                                        &out, &out_len));
+        HP_CHECK(out && strcmp(out, json_object_get_string(dec_skip)) == 0,
+                 "%s case %d: decode(skip special) \"%.60s\" != HF \"%.60s\"", golden_name, i,
+                 out ? out : "", json_object_get_string(dec_skip));
+        free(out);
+        if (roundtrip) {
+            out = NULL;
+            HP_CHECK_OK(hp_tokenizer_decode(tok, got.ids, got.len, 0, &out, &out_len));
+            HP_CHECK(out && out_len == len && memcmp(out, s, len) == 0,
+                     "%s case %d: decode(encode(x)) != x for \"%.60s\"", golden_name, i, s);
+            free(out);
+        }
+        n_ok += ok1 && ok2;
+        hp_token_ids_free(&got);
+        hp_token_ids_free(&got_sp);
+    }
+    int n_dec = (int)json_object_array_length(decodes), dec_ok = 0;
+    for (int i = 0; i < n_dec; i++) {
+        json_object *c = json_object_array_get_idx(decodes, (size_t)i), *ids, *text;
+        json_object_object_get_ex(c, "ids", &ids);
+        json_object_object_get_ex(c, "text", &text);
+        size_t n = json_object_array_length(ids);
+        int32_t buf[64];
+        for (size_t k = 0; k < n && k < 64; k++) buf[k] = json_object_get_int(json_object_array_get_idx(ids, k));
+        char *out = NULL;
+        size_t out_len;
+        HP_CHECK_OK(hp_tokenizer_decode(tok, buf, n, 0, &out, &out_len));
+        int ok = out && strcmp(out, json_object_get_string(text)) == 0;
+        HP_CHECK(ok, "%s decode %d: \"%s\" != HF \"%s\"", golden_name, i, out ? out : "",
+                 json_object_get_string(text));
+        dec_ok += ok;
+        free(out);
+    }
+    printf("%-28s %-22s %d/%d cases equal HF (%zu ids), %d/%d lossy decodes\n", golden_name,
+           tok_name, n_ok, n_cases, n_ids, dec_ok, n_dec);
+    hp_tokenizer_free(tok);
+    json_object_put(doc);
+}
+
+static void check_special(void) {
+    hp_tokenizer_t *tok = NULL;
+    HP_CHECK_OK(hp_tokenizer_load(&tok, data_path("ours.json")));
+    if (!tok) return;
+    int32_t bos = hp_tokenizer_bos_id(tok), eos = hp_tokenizer_eos_id(tok);
+    HP_CHECK(bos == 0 && eos == 1, "ours.json: bos %d eos %d, expected 0 1", bos, eos);
+    HP_CHECK(hp_tokenizer_token_to_id(tok, "<|end_of_text|>") == 1, "token_to_id");
+    HP_CHECK(hp_tokenizer_is_special(tok, 0) && !hp_tokenizer_is_special(tok, 300), "is_special");
+    HP_CHECK(strcmp(hp_tokenizer_id_to_token(tok, 1), "<|end_of_text|>") == 0, "id_to_token");
+    hp_token_ids_t ids = {0};
+    /* ADD_BOS / ADD_EOS add once, even combined with the template. */
+    HP_CHECK_OK(hp_tokenizer_encode(tok, "Hi", 2, HP_TOKENIZE_ADD_SPECIAL | HP_TOKENIZE_ADD_BOS |
+                                                       HP_TOKENIZE_ADD_EOS, &ids));
+    HP_CHECK(ids.len >= 3 && ids.ids[0] == bos && ids.ids[ids.len - 1] == eos &&
+                 ids.ids[1] != bos && ids.ids[ids.len - 2] != eos,
+             "BOS/EOS added twice or missing");
+    size_t n1 = ids.len;
+    /* Appending: a second document goes after the first. */
+    HP_CHECK_OK(hp_tokenizer_encode(tok, "Hi", 2, HP_TOKENIZE_ADD_BOS | HP_TOKENIZE_ADD_EOS, &ids));
+    HP_CHECK(ids.len == 2 * n1 && ids.ids[n1] == bos, "encode appends");
+    /* Special tokens in the text are matched whole. */
+    ids.len = 0;
+    const char *t = "a<|end_of_text|>b";
+    HP_CHECK_OK(hp_tokenizer_encode(tok, t, strlen(t), 0, &ids));
+    HP_CHECK(ids.len == 3 && ids.ids[1] == eos, "special token in text -> %zu ids", ids.len);
+    /* Empty text. */
+    ids.len = 0;
+    HP_CHECK_OK(hp_tokenizer_encode(tok, "", 0, HP_TOKENIZE_ADD_BOS | HP_TOKENIZE_ADD_EOS, &ids));
+    HP_CHECK(ids.len == 2 && ids.ids[0] == bos && ids.ids[1] == eos, "empty text with BOS/EOS");
+    /* Invalid UTF-8 and unknown ids are errors. */
+    HP_CHECK_ERR(hp_tokenizer_encode(tok, "ab\xff", 3, 0, &ids), HP_ERR_INVALID_ARG, "byte 2");
+    int32_t bad[2] = {5, 999999};
+    char *out = NULL;
+    HP_CHECK_ERR(hp_tokenizer_decode(tok, bad, 2, 0, &out, NULL), HP_ERR_INVALID_ARG, "999999");
+    hp_token_ids_free(&ids);
+    hp_tokenizer_free(tok);
+
+    /* GPT-2 style: one special token, no template: BOS/EOS by name. */
+    HP_CHECK_OK(hp_tokenizer_load(&tok, data_path("gpt2_hf.json")));
+    if (tok) {
+        HP_CHECK(hp_tokenizer_eos_id(tok) == 0 && hp_tokenizer_bos_id(tok) == -1,
+                 "gpt2: eos %d bos %d", hp_tokenizer_eos_id(tok), hp_tokenizer_bos_id(tok));
+        hp_token_ids_t x = {0};
+        HP_CHECK_ERR(hp_tokenizer_encode(tok, "a", 1, HP_TOKENIZE_ADD_BOS, &x), HP_ERR_STATE, "no BOS");
+        HP_CHECK_OK(hp_tokenizer_set_bos_eos(tok, 0, 0));
+        HP_CHECK_OK(hp_tokenizer_encode(tok, "a", 1, HP_TOKENIZE_ADD_BOS, &x));
+        HP_CHECK(x.len == 2 && x.ids[0] == 0, "set_bos_eos");
+        hp_token_ids_free(&x);
+        hp_tokenizer_free(tok);
+    }
+}
+
+/* Training the committed corpus again reproduces the committed ours.json byte for byte. */
+static void check_training(void) {
+    char out[256];
+    snprintf(out, sizeof(out), "test_tokenizer_train_%ld.json", (long)getpid());
+    const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>"};
+    hp_tokenizer_train_options_t o = {.vocab_size = 1500, .special = special, .n_special = 2};
+    const char *files[] = {data_path("corpus.txt")};
+    HP_CHECK_OK(hp_tokenizer_train(&o, files, 1, out));
+    FILE *a = fopen(out, "rb"), *b = fopen(data_path("ours.json"), "rb");
+    HP_CHECK(a && b, "cannot open %s or ours.json", out);
+    if (a && b) {
+        int same = 1, ca, cb;
+        do {
+            ca = fgetc(a), cb = fgetc(b);
+            if (ca != cb) same = 0;
+        } while (same && ca != EOF);
+        HP_CHECK(same, "retraining corpus.txt does not reproduce tests/data/tokenizer/ours.json");
+    }
+    if (a) fclose(a);
+    if (b) fclose(b);
+    remove(out);
+    /* Option errors. */
+    o.vocab_size = 100;
+    HP_CHECK_ERR(hp_tokenizer_train(&o, files, 1, out), HP_ERR_INVALID_ARG, "vocab_size 100");
+    o.vocab_size = 400;
+    const char *missing[] = {"/nonexistent/corpus.txt"};
+    HP_CHECK_ERR(hp_tokenizer_train(&o, missing, 1, out), HP_ERR_IO, "/nonexistent/corpus.txt");
+}
+
+static void write_file(const char *path, const char *s) {
+    FILE *f = fopen(path, "wb");
+    HP_ASSERT(f);
+    fputs(s, f);
+    fclose(f);
+}
+
+/* A small valid document with one piece replaced. */
+static void check_bad(const char *name, const char *doc, hp_status_t want, const char *needle) {
+    char path[256];
+    snprintf(path, sizeof(path), "test_tokenizer_%s_%ld.json", name, (long)getpid());
+    write_file(path, doc);
+    hp_tokenizer_t *tok = (hp_tokenizer_t *)1;
+    hp_clear_error();
+    hp_status_t st = hp_tokenizer_load(&tok, path);
+    HP_CHECK(st == want && strstr(hp_last_error(), needle) && strstr(hp_last_error(), path) &&
+                 tok == NULL,
+             "%s: got %s '%s', expected %s containing '%s' and the file name", name,
+             hp_status_string(st), hp_last_error(), hp_status_string(want), needle);
+    remove(path);
+}
+
+#define PRE "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}"
+#define VOCAB "{\"a\": 0, \"b\": 1, \"ab\": 2}"
+#define DOC(norm, pre, model) \
+    "{\"normalizer\": " norm ", \"pre_tokenizer\": " pre ", \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": " model "}"
+
+static void check_errors(void) {
+    hp_tokenizer_t *tok = NULL;
+    HP_CHECK_ERR(hp_tokenizer_load(&tok, "/nonexistent/tokenizer.json"), HP_ERR_IO,
+                 "/nonexistent/tokenizer.json");
+    /* The valid skeleton loads and works. */
+    char path[256];
+    snprintf(path, sizeof(path), "test_tokenizer_ok_%ld.json", (long)getpid());
+    write_file(path, DOC("null", PRE, "{\"type\": \"BPE\", \"vocab\": " VOCAB ", \"merges\": [\"a b\"]}"));
+    HP_CHECK_OK(hp_tokenizer_load(&tok, path));
+    if (tok) {
+        hp_token_ids_t ids = {0};
+        HP_CHECK_OK(hp_tokenizer_encode(tok, "abba", 4, 0, &ids));
+        HP_CHECK(ids.len == 3 && ids.ids[0] == 2 && ids.ids[1] == 1 && ids.ids[2] == 0,
+                 "skeleton: abba -> %zu ids", ids.len);
+        hp_token_ids_free(&ids);
+        hp_tokenizer_free(tok);
+    }
+    remove(path);
+
+    check_bad("garbage", "this is not json", HP_ERR_FORMAT, "not valid JSON");
+    check_bad("truncated", "{\"model\": {\"vocab\": {\"a\": 0", HP_ERR_FORMAT, "not valid JSON");
+    check_bad("empty", "", HP_ERR_FORMAT, "not valid JSON");
+    check_bad("array", "[1, 2]", HP_ERR_FORMAT, "expected a tokenizer.json object");
+    check_bad("trailing", DOC("null", PRE, "{\"vocab\": " VOCAB ", \"merges\": []}") " x",
+              HP_ERR_FORMAT, "trailing data");
+    check_bad("nomodel", "{\"pre_tokenizer\": " PRE "}", HP_ERR_FORMAT, "missing member \"model\"");
+    check_bad("vocabtype", DOC("null", PRE, "{\"vocab\": [1], \"merges\": []}"), HP_ERR_FORMAT,
+              "model: member \"vocab\" is array, expected object");
+    check_bad("idtype", DOC("null", PRE, "{\"vocab\": {\"a\": \"0\"}, \"merges\": []}"),
+              HP_ERR_FORMAT, "model.vocab[\"a\"]: is string, expected an integer id");
+    check_bad("negid", DOC("null", PRE, "{\"vocab\": {\"a\": -3}, \"merges\": []}"),
+              HP_ERR_FORMAT, "id -3 is outside");
+    check_bad("mergeunknown", DOC("null", PRE, "{\"vocab\": " VOCAB ", \"merges\": [\"a b\", \"a zz\"]}"),
+              HP_ERR_FORMAT, "model.merges[1]: token \"zz\" is not in model.vocab");
+    check_bad("mergeresult", DOC("null", PRE, "{\"vocab\": " VOCAB ", \"merges\": [[\"b\", \"a\"]]}"),
+              HP_ERR_FORMAT, "model.merges[0]: the merged token \"ba\" is not in model.vocab");
+    check_bad("mergeform", DOC("null", PRE, "{\"vocab\": " VOCAB ", \"merges\": [\"a b c\"]}"),
+              HP_ERR_FORMAT, "model.merges[0]: \"a b c\" is not of the form");
+    check_bad("mergetype", DOC("null", PRE, "{\"vocab\": " VOCAB ", \"merges\": [7]}"),
+              HP_ERR_FORMAT, "model.merges[0]: is int");
+    check_bad("wordpiece", DOC("null", PRE, "{\"type\": \"WordPiece\", \"vocab\": " VOCAB "}"),
+              HP_ERR_UNSUPPORTED, "model.type: model \"WordPiece\" is not supported");
+    check_bad("normalizer", DOC("{\"type\": \"NFC\"}", PRE, "{\"vocab\": " VOCAB ", \"merges\": []}"),
+              HP_ERR_UNSUPPORTED, "normalizer: normalizer \"NFC\" is not supported (supported: null");
+    check_bad("pretok", DOC("null", "{\"type\": \"Whitespace\"}", "{\"vocab\": " VOCAB ", \"merges\": []}"),
+              HP_ERR_UNSUPPORTED, "pre_tokenizer: pre-tokenizer type \"Whitespace\" is not supported");
+    check_bad("pretokseq",
+              DOC("null", "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\"}]}",
+                  "{\"vocab\": " VOCAB ", \"merges\": []}"),
+              HP_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[0]: pre-tokenizer type \"Digits\"");
+    check_bad("badregex",
+              DOC("null", "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(a\"}, \"behavior\": \"Isolated\"}, " PRE "]}",
+                  "{\"vocab\": " VOCAB ", \"merges\": []}"),
+              HP_ERR_FORMAT, "pre_tokenizer.pretokenizers[0].pattern.Regex: regex does not compile");
+    check_bad("nobytelevel",
+              DOC("null", "{\"type\": \"Split\", \"pattern\": {\"String\": \" \"}, \"behavior\": \"Isolated\"}",
+                  "{\"vocab\": " VOCAB ", \"merges\": []}"),
+              HP_ERR_UNSUPPORTED, "has no ByteLevel step");
+    check_bad("addedtype",
+              "{\"added_tokens\": [{\"id\": \"x\", \"content\": \"<s>\"}], \"pre_tokenizer\": " PRE
+              ", \"model\": {\"vocab\": " VOCAB ", \"merges\": []}}",
+              HP_ERR_FORMAT, "added_tokens[0]: member \"id\" is string, expected int");
+    check_bad("bytefallback", DOC("null", PRE, "{\"vocab\": " VOCAB ", \"merges\": [], \"byte_fallback\": true}"),
+              HP_ERR_UNSUPPORTED, "byte_fallback");
+    check_bad("decoder",
+              "{\"pre_tokenizer\": " PRE ", \"decoder\": {\"type\": \"WordPiece\"}, \"model\": {\"vocab\": " VOCAB ", \"merges\": []}}",
+              HP_ERR_UNSUPPORTED, "decoder: decoder \"WordPiece\" is not supported");
+    check_bad("template",
+              "{\"pre_tokenizer\": " PRE ", \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": "
+              "[{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], "
+              "\"special_tokens\": {}}, \"model\": {\"vocab\": " VOCAB ", \"merges\": []}}",
+              HP_ERR_FORMAT, "post_processor.special_tokens: has no entry \"<s>\"");
+}
+
+int main(void) {
+    const char *src = getenv("HP_SOURCE_DIR");
+    snprintf(data_dir, sizeof(data_dir), "%s/tests/data/tokenizer", src ? src : "..");
+    check_golden("golden_gpt2_hf.json");
+    check_golden("golden_gpt2_hf_prefix.json");
+    check_golden("golden_llama3_hf.json");
+    check_golden("golden_ours.json");
+    check_special();
+    check_training();
+    check_errors();
+    return hp_test_finish("test_tokenizer");
+}

@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Golden ids for tests/test_tokenizer.c, made with the Hugging Face `tokenizers` library.
+
+Writes into tests/data/tokenizer/:
+  corpus.txt              small training text (fortune quotes + the multilingual sample)
+  gpt2_hf.json            GPT-2-style byte-level BPE trained by `tokenizers` itself
+                          (ByteLevel pre-tokenizer, add_prefix_space=false) plus added tokens
+  gpt2_hf_prefix.json     the same with add_prefix_space=true
+  llama3_hf.json          Llama-3-style: Split(Llama 3 regex, Isolated) + ByteLevel(use_regex=false),
+                          ignore_merges=true, TemplateProcessing "<|begin_of_text|> $A"
+  ours.json               trained by OUR `hp-tokenizer train` (vocab 1500) on corpus.txt
+  golden_<name>.json      for each tokenizer: texts, HF ids without / with special tokens,
+                          HF decode with / without skip_special_tokens, and lossy decodes
+
+Run (needs `tokenizers`, e.g. /opt/torchvenv/bin/python) after building hp-tokenizer:
+  /opt/torchvenv/bin/python tools/golden/make_tokenizer_golden.py --hp-tokenizer build/hp-tokenizer
+"""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+OUT = os.path.join(ROOT, "tests", "data", "tokenizer")
+
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+MULTILINGUAL = (
+    "Hello, world! This is a test of the tokenizer.\n"
+    "Don't panic; we'll see what they've done. I'm sure it's fine, isn't it? DON'T SHOUT, I'LL HEAR.\n"
+    "Über Größe und Maße: Fußgänger gehen über die Straße. Schöne Grüße aus Köln!\n"
+    "Le cœur a ses raisons que la raison ne connaît point. Ça va? Très bien, merci — à bientôt, élève!\n"
+    "中文测试：我爱自然语言处理。今天天气很好。\n"
+    "日本語のテキスト、カタカナとひらがな。東京は大きい都市です。\n"
+    "Русский текст: Привет, как дела? Всё хорошо.\n"
+    "النص العربي: مرحبا بالعالم، كيف حالك؟\n"
+    "Emoji: 😀🎉👍🏽 family 👨\u200d👩\u200d👧 flags 🇩🇪🇫🇷 hearts ❤️\n"
+    "Digits: 0 12 345 6789 1234567890 3.14159 1,000,000 2026-11-30\n"
+    "Code: def f(x):\n    return x**2 + 1  # comment\n\tif (a && b) { c[i] += 0x1F; }\n"
+    "Whitespace runs:   three spaces,\t\ttwo tabs,     five spaces.   \n"
+    "\n\n\nMultiple newlines above.\r\nWindows line ending.\r\n"
+    "Unicode spaces:\u00a0nbsp,\u3000ideographic,\u2028line sep, combining e\u0301 and ñ.\n"
+    "Trailing spaces   "
+)
+
+EXTRA_CASES = [
+    "",
+    " ",
+    "a",
+    "   leading spaces",
+    "trailing newlines\n\n\n",
+    "don't DON'T Don't we'd they'RE I'm",
+    "x  y   z\t\tw",
+    "1234567 89 0",
+    "ab" * 40,
+    "Hello  world",
+    "\n",
+    "naïve café résumé",
+    "say hello world  <tab>  done",
+    "hello worldhello world<tab><tab>",
+    "un café, s'il vous plaît",
+]
+
+
+def special_cases(specials):
+    a, b = specials[0], specials[-1]
+    return [
+        f"{a}Hello world{b}",
+        f"text {a} inside {b} text",
+        f"{a}{a}{b}",
+        f"no space{a}after",
+    ]
+
+
+def make_corpus():
+    path = os.path.join(OUT, "corpus.txt")
+    srcs = ["/usr/share/games/fortunes/" + n for n in ("fortunes", "goedel", "pets", "magic")]
+    if not all(os.path.exists(s) for s in srcs):
+        if not os.path.exists(path):
+            sys.exit(f"{srcs} missing (install the 'fortunes' package) and {path} does not exist")
+        return path
+    text = "".join(open(s, encoding="utf-8", errors="replace").read() for s in srcs)
+    text = text + MULTILINGUAL + "\n"
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    return path
+
+
+def train_gpt2(corpus):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=1000, min_frequency=2, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train([corpus], trainer)
+    # Non-special added tokens: one with a space inside, one with lstrip/rstrip, one that is
+    # not byte-level spelled (decodes through the raw-UTF-8 path).
+    tok.add_tokens(["hello world", AddedToken("<tab>", lstrip=True, rstrip=True), "café"])
+    tok.add_special_tokens(["<|pad|>"])
+    return tok
+
+
+def train_llama3(corpus):
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1200, min_frequency=2,
+                                  special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train([corpus], trainer)
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
+                                      special_tokens=[("<|begin_of_text|>", bos)]),
+    ])
+    return tok
+
+
+def save(tok, name):
+    path = os.path.join(OUT, name)
+    tok.save(path, pretty=True)
+    return path
+
+
+def golden(tok_path, name, specials):
+    tok = Tokenizer.from_file(tok_path)
+    texts = [MULTILINGUAL] + MULTILINGUAL.split("\n") + EXTRA_CASES + special_cases(specials)
+    cases = []
+    for t in texts:
+        ids = tok.encode(t, add_special_tokens=False).ids
+        ids_sp = tok.encode(t, add_special_tokens=True).ids
+        cases.append({
+            "text": t,
+            "ids": ids,
+            "ids_special": ids_sp,
+            "decoded": tok.decode(ids_sp, skip_special_tokens=False),
+            "decoded_skip": tok.decode(ids_sp, skip_special_tokens=True),
+            # decode(encode(x)) == x in HF; false where an added token is not byte-level
+            # spelled ("café") or strips whitespace ("<tab>"), or with add_prefix_space.
+            "roundtrip": tok.decode(ids, skip_special_tokens=False) == t,
+        })
+        if name in ("ours", "llama3_hf"):
+            assert cases[-1]["roundtrip"], (name, t)
+    # Decodes of id runs that cut multi-byte characters (HF replaces them by U+FFFD).
+    decodes = []
+    for t in ["日本語", "😀🎉", "Größe", "café"]:
+        ids = tok.encode(t, add_special_tokens=False).ids
+        for k in range(1, len(ids) + 1):
+            decodes.append({"ids": ids[:k], "text": tok.decode(ids[:k])})
+            decodes.append({"ids": ids[k - 1:], "text": tok.decode(ids[k - 1:])})
+    doc = {
+        "tokenizer": os.path.basename(tok_path),
+        "generator": "tokenizers " + __import__("tokenizers").__version__,
+        "cases": cases,
+        "decodes": decodes,
+    }
+    with open(os.path.join(OUT, f"golden_{name}.json"), "w", encoding="utf-8") as f:
+        # One case per line: small files and readable diffs.
+        head = {k: v for k, v in doc.items() if k not in ("cases", "decodes")}
+        f.write(json.dumps(head, ensure_ascii=False)[:-1])
+        for key in ("cases", "decodes"):
+            f.write(f',\n "{key}": [\n  ')
+            f.write(",\n  ".join(json.dumps(c, ensure_ascii=False) for c in doc[key]))
+            f.write("\n ]")
+        f.write("\n}\n")
+    print(f"golden_{name}.json: {len(cases)} cases, {sum(len(c['ids']) for c in cases)} ids")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hp-tokenizer", default=None, help="path of our hp-tokenizer binary (build dir)")
+    args = ap.parse_args()
+    os.makedirs(OUT, exist_ok=True)
+    corpus = make_corpus()
+
+    gpt2 = train_gpt2(corpus)
+    p = save(gpt2, "gpt2_hf.json")
+    golden(p, "gpt2_hf", ["<|endoftext|>", "<|pad|>"])
+
+    doc = json.load(open(p, encoding="utf-8"))
+    doc["pre_tokenizer"]["add_prefix_space"] = True
+    # Exercise the legacy "left right" merge spelling too.
+    doc["model"]["merges"] = [m if isinstance(m, str) else " ".join(m) for m in doc["model"]["merges"]]
+    p2 = os.path.join(OUT, "gpt2_hf_prefix.json")
+    with open(p2, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=0)
+    golden(p2, "gpt2_hf_prefix", ["<|endoftext|>", "<|pad|>"])
+
+    llama = train_llama3(corpus)
+    p = save(llama, "llama3_hf.json")
+    golden(p, "llama3_hf", ["<|begin_of_text|>", "<|end_of_text|>"])
+
+    exe = args.hp_tokenizer
+    if exe is None:
+        cands = sorted(glob.glob(os.path.join(ROOT, "build*", "hp-tokenizer")))
+        exe = cands[0] if cands else None
+    if exe is None:
+        sys.exit("hp-tokenizer not found: build it and pass --hp-tokenizer PATH")
+    ours = os.path.join(OUT, "ours.json")
+    subprocess.run([exe, "train", "--quiet", "--vocab-size", "1500", "--output", ours,
+                    "--special", "<|begin_of_text|>,<|end_of_text|>", corpus], check=True)
+    golden(ours, "ours", ["<|begin_of_text|>", "<|end_of_text|>"])
+
+
+if __name__ == "__main__":
+    main()
