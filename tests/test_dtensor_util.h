@@ -14,7 +14,7 @@
 static hp_comm_t W;
 static int R, N;
 
-static void tu_init(int *argc, char ***argv) {
+static inline void tu_init(int *argc, char ***argv) {
     if (hp_comm_init(argc, argv, &W) != HP_OK) {
         fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
         exit(1);
@@ -26,7 +26,7 @@ static void tu_init(int *argc, char ***argv) {
 
 /* f32 tensor of small integers; different seeds give different data. Heap; free with
  * hp_tensor_free_data. */
-static hp_tensor_t tu_global(int nd, const int64_t *shape, int seed) {
+static inline hp_tensor_t tu_global(int nd, const int64_t *shape, int seed) {
     hp_tensor_t t;
     HP_ASSERT(hp_tensor_malloc(&t, HP_F32, nd, shape) == HP_OK);
     float *p = t.data;
@@ -35,7 +35,7 @@ static hp_tensor_t tu_global(int nd, const int64_t *shape, int seed) {
     return t;
 }
 
-static hp_tensor_t tu_fill(int nd, const int64_t *shape, float v) {
+static inline hp_tensor_t tu_fill(int nd, const int64_t *shape, float v) {
     hp_tensor_t t;
     HP_ASSERT(hp_tensor_malloc(&t, HP_F32, nd, shape) == HP_OK);
     HP_ASSERT(hp_tensor_fill(&t, v) == HP_OK);
@@ -43,14 +43,14 @@ static hp_tensor_t tu_fill(int nd, const int64_t *shape, float v) {
 }
 
 /* Element of a contiguous f32 tensor at multi-index idx + off. */
-static float tu_at(const hp_tensor_t *g, const int64_t *idx, const int64_t *off) {
+static inline float tu_at(const hp_tensor_t *g, const int64_t *idx, const int64_t *off) {
     int64_t lin = 0;
     for (int d = 0; d < g->ndim; d++) lin = lin * g->shape[d] + idx[d] + (off ? off[d] : 0);
     return ((const float *)g->data)[lin];
 }
 
 /* This rank's local piece must equal scale * the slice of g at its global offset. */
-static int tu_check_local(const hp_dtensor_t *dt, const hp_tensor_t *g, float scale, const char *what) {
+static inline int tu_check_local(const hp_dtensor_t *dt, const hp_tensor_t *g, float scale, const char *what) {
     int64_t ls[HP_MAX_DIMS], off[HP_MAX_DIMS];
     HP_CHECK_OK(hp_dtensor_compute_local_shape_and_offset(ls, off, g->ndim, g->shape, dt->mesh,
                                                           dt->mesh_ndim, dt->placements));
@@ -77,7 +77,7 @@ static int tu_check_local(const hp_dtensor_t *dt, const hp_tensor_t *g, float sc
 }
 
 /* full_tensor must equal scale * g (ranks outside the mesh get an empty tensor). */
-static int tu_check_full(const hp_dtensor_t *dt, const hp_tensor_t *g, float scale, const char *what) {
+static inline int tu_check_full(const hp_dtensor_t *dt, const hp_tensor_t *g, float scale, const char *what) {
     hp_tensor_t full;
     void *owned = NULL;
     hp_status_t st = hp_dtensor_full_tensor(&full, &owned, NULL, dt);
@@ -103,7 +103,7 @@ static int tu_check_full(const hp_dtensor_t *dt, const hp_tensor_t *g, float sca
 /* DTensor whose pieces are cut from g by the layout (no comm); Partial mesh dims hold the
  * whole value on every rank (so the global value is g * prod of Partial dim sizes, as
  * PyTorch's test_multi_dim_mesh builds it). The result owns its local buffer. */
-static hp_dtensor_t tu_from_pieces(const hp_tensor_t *g, hp_mesh_t mesh, const hp_placement_t *pl) {
+static inline hp_dtensor_t tu_from_pieces(const hp_tensor_t *g, hp_mesh_t mesh, const hp_placement_t *pl) {
     int mnd = hp_mesh_ndim(mesh);
     int64_t ls[HP_MAX_DIMS], off[HP_MAX_DIMS];
     HP_ASSERT(hp_dtensor_compute_local_shape_and_offset(ls, off, g->ndim, g->shape, mesh, mnd, pl) == HP_OK);
@@ -125,7 +125,7 @@ static hp_dtensor_t tu_from_pieces(const hp_tensor_t *g, hp_mesh_t mesh, const h
 
 /* Exact collective counts since the last reset (CommDebugMode analog); ranks outside the
  * mesh must have made none. */
-static void tu_expect(hp_mesh_t mesh, const char *what, int all_gather, int all_to_all, int all_reduce,
+static inline void tu_expect(hp_mesh_t mesh, const char *what, int all_gather, int all_to_all, int all_reduce,
                       int reduce_scatter, int total) {
     if (!hp_mesh_contains_self(mesh)) all_gather = all_to_all = all_reduce = reduce_scatter = total = 0;
     int ag = (int)hp_comm_count(HP_COMM_ALL_GATHER), a2a = (int)hp_comm_count(HP_COMM_ALL_TO_ALL),
@@ -137,7 +137,7 @@ static void tu_expect(hp_mesh_t mesh, const char *what, int all_gather, int all_
              reduce_scatter, total);
 }
 
-static const char *tu_pl(int n, const hp_placement_t *p) {
+static inline const char *tu_pl(int n, const hp_placement_t *p) {
     static char buf[4][96];
     static int k = 0;
     k = (k + 1) % 4;
