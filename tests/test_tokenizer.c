@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hp_test.h"
@@ -305,6 +306,100 @@ static void check_errors(void) {
               HP_ERR_FORMAT, "post_processor.special_tokens: has no entry \"<s>\"");
 }
 
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) buf[n] = 0, *len = (size_t)n;
+    return buf;
+}
+
+/* Truncated and byte-flipped tokenizer.json files give an error or load, never crash. */
+static void check_fuzz(void) {
+    size_t len;
+    char *doc = slurp(data_path("llama3_hf.json"), &len);
+    HP_CHECK(doc != NULL, "cannot read llama3_hf.json");
+    if (!doc) return;
+    char *mut = malloc(len);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    int errors = 0, loaded = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        memcpy(mut, doc, len);
+        size_t n = len;
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        if (trial < 100) {
+            n = (size_t)(x % len); /* truncation */
+        } else {
+            for (int k = 0; k < 1 + trial % 4; k++) { /* a few byte changes */
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                static const char repl[] = "\"{}[],:0-9 x\\\x80\xff";
+                mut[x % len] = repl[(x >> 32) % (sizeof(repl) - 1)];
+            }
+        }
+        hp_tokenizer_t *tok = NULL;
+        hp_status_t st = hp_tokenizer_load_json(&tok, mut, n, "fuzz.json");
+        if (st == HP_OK) {
+            hp_token_ids_t ids = {0};
+            const char *t = "Fuzzing: don't crash 123 \xc3\xa9!";
+            if (hp_tokenizer_encode(tok, t, strlen(t), HP_TOKENIZE_ADD_SPECIAL, &ids) == HP_OK) {
+                char *out = NULL;
+                hp_tokenizer_decode(tok, ids.ids, ids.len, 0, &out, NULL);
+                free(out);
+            }
+            hp_token_ids_free(&ids);
+            hp_tokenizer_free(tok);
+            loaded++;
+        } else {
+            HP_CHECK(strstr(hp_last_error(), "fuzz.json") != NULL && tok == NULL,
+                     "fuzz %d: message without the file name: %s", trial, hp_last_error());
+            errors++;
+        }
+    }
+    printf("fuzz: 300 damaged files, %d rejected with a message, %d still valid\n", errors, loaded);
+    free(mut);
+    free(doc);
+}
+
+/* decode(encode(corpus)) == corpus, and throughput. */
+static void check_corpus(void) {
+    size_t len;
+    char *text = slurp(data_path("corpus.txt"), &len);
+    HP_CHECK(text != NULL, "cannot read corpus.txt");
+    if (!text) return;
+    hp_tokenizer_t *tok = NULL;
+    HP_CHECK_OK(hp_tokenizer_load(&tok, data_path("ours.json")));
+    if (tok) {
+        hp_token_ids_t ids = {0};
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int reps = 20;
+        for (int r = 0; r < reps; r++) {
+            ids.len = 0;
+            HP_CHECK_OK(hp_tokenizer_encode(tok, text, len, 0, &ids));
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        char *out = NULL;
+        size_t out_len = 0;
+        HP_CHECK_OK(hp_tokenizer_decode(tok, ids.ids, ids.len, 0, &out, &out_len));
+        HP_CHECK(out && out_len == len && memcmp(out, text, len) == 0, "corpus round trip");
+        printf("corpus.txt: %zu bytes -> %zu ids, encode %.1f MB/s (warm cache)\n", len, ids.len,
+               (double)len * reps / s / 1e6);
+        free(out);
+        hp_token_ids_free(&ids);
+        hp_tokenizer_free(tok);
+    }
+    free(text);
+}
+
 int main(void) {
     const char *src = getenv("HP_SOURCE_DIR");
     snprintf(data_dir, sizeof(data_dir), "%s/tests/data/tokenizer", src ? src : "..");
@@ -315,5 +410,7 @@ int main(void) {
     check_special();
     check_training();
     check_errors();
+    check_fuzz();
+    check_corpus();
     return hp_test_finish("test_tokenizer");
 }

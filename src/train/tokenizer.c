@@ -63,6 +63,7 @@ struct hp_tokenizer {
     added_t *added;
     size_t n_added;
     int decoder_bytelevel;
+    uint8_t added_first[2][256]; /* [normalized][byte]: some added token starts with it */
     int32_t *prefix, *suffix;
     int n_prefix, n_suffix;
     int32_t bos, eos;
@@ -534,6 +535,7 @@ static hp_status_t parse_model(ctx_t *c, json_object *model) {
         snprintf(path, sizeof(path), "added_tokens[%zu]", i);
         HP_TRY(set_spelling(c, a->id, a->content, a->len, path));
         t->special[a->id] |= (uint8_t)a->special;
+        t->added_first[a->normalized ? 1 : 0][(unsigned char)a->content[0]] = 1;
         int64_t *slot;
         HP_TRY(hp_tok_strmap_put(&t->spell_map, a->content, a->len, a->id, &slot, NULL));
     }
@@ -873,12 +875,14 @@ static int is_ws(uint32_t c) {
  * (normalized or not). Returns the token index or -1. */
 static long find_added(const hp_tokenizer_t *t, int normalized, const char *s, size_t n,
                        size_t from, size_t *ms) {
+    const uint8_t *first = t->added_first[normalized];
     for (size_t p = from; p < n; p++) {
+        if (!first[(unsigned char)s[p]]) continue;
         long best = -1;
         size_t best_len = 0;
         for (size_t i = 0; i < t->n_added; i++) {
             const added_t *a = &t->added[i];
-            if (a->normalized != normalized || a->len > n - p || a->len <= best_len) continue;
+            if ((a->normalized != 0) != normalized || a->len > n - p || a->len <= best_len) continue;
             if (a->content[0] == s[p] && memcmp(a->content, s + p, a->len) == 0) {
                 best = (long)i;
                 best_len = a->len;

@@ -212,6 +212,21 @@ def main():
                     "--special", "<|begin_of_text|>,<|end_of_text|>", corpus], check=True)
     golden(ours, "ours", ["<|begin_of_text|>", "<|end_of_text|>"])
 
+    # Our trainer is HF's BpeTrainer given the same sequence: train `tokenizers` on the whole
+    # corpus as one text (tok.train(files) would split it into lines) and compare.
+    ref = Tokenizer(models.BPE())
+    ref.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=1500, min_frequency=2,
+                                  special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    ref.train_from_iterator([open(corpus, encoding="utf-8").read()], trainer)
+    hf = json.loads(ref.to_str())["model"]
+    mine = json.load(open(ours, encoding="utf-8"))["model"]
+    same = hf["vocab"] == mine["vocab"] and [list(m) for m in hf["merges"]] == mine["merges"]
+    print(f"ours.json vocab and merges equal HF BpeTrainer's on the same text: {same}")
+    if not same:
+        sys.exit("our trainer diverged from HF BpeTrainer")
+
 
 if __name__ == "__main__":
     main()
