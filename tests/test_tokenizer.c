@@ -124,6 +124,49 @@ static void check_golden(const char *golden_name) {
     json_object_put(doc);
 }
 
+/* Split behaviours (Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous),
+ * invert, String / Regex patterns, empty matches, ByteLevel after Split with and without
+ * add_prefix_space: each variant's pre_tokenizer is put into gpt2_hf.json. */
+static void check_split(void) {
+    json_object *doc = json_object_from_file(data_path("golden_split.json"));
+    json_object *base = json_object_from_file(data_path("gpt2_hf.json"));
+    HP_CHECK(doc && base, "cannot read golden_split.json / gpt2_hf.json");
+    if (!doc || !base) return;
+    json_object *texts, *variants;
+    json_object_object_get_ex(doc, "texts", &texts);
+    json_object_object_get_ex(doc, "variants", &variants);
+    int nv = (int)json_object_array_length(variants), ok_v = 0;
+    for (int v = 0; v < nv; v++) {
+        json_object *var = json_object_array_get_idx(variants, (size_t)v), *pre, *ids;
+        json_object_object_get_ex(var, "pre_tokenizer", &pre);
+        json_object_object_get_ex(var, "ids", &ids);
+        json_object_object_add(base, "pre_tokenizer", json_object_get(pre));
+        size_t len;
+        const char *js = json_object_to_json_string_length(base, JSON_C_TO_STRING_PLAIN, &len);
+        hp_tokenizer_t *tok = NULL;
+        HP_CHECK_OK(hp_tokenizer_load_json(&tok, js, len, "split-variant"));
+        if (!tok) continue;
+        int all = 1;
+        for (size_t i = 0; i < json_object_array_length(texts); i++) {
+            json_object *t = json_object_array_get_idx(texts, i), *want = json_object_array_get_idx(ids, i);
+            hp_token_ids_t got = {0};
+            HP_CHECK_OK(hp_tokenizer_encode(tok, json_object_get_string(t),
+                                            (size_t)json_object_get_string_len(t), 0, &got));
+            int ok = ids_equal(&got, want);
+            HP_CHECK(ok, "split variant %d text %zu \"%s\": ids differ from HF; pre_tokenizer %s", v,
+                     i, json_object_get_string(t), json_object_to_json_string(pre));
+            if (!ok) print_ids("ids", got.ids, got.len, want);
+            all &= ok;
+            hp_token_ids_free(&got);
+        }
+        ok_v += all;
+        hp_tokenizer_free(tok);
+    }
+    printf("golden_split.json: %d/%d Split pre-tokenizer variants equal HF\n", ok_v, nv);
+    json_object_put(base);
+    json_object_put(doc);
+}
+
 static void check_special(void) {
     hp_tokenizer_t *tok = NULL;
     HP_CHECK_OK(hp_tokenizer_load(&tok, data_path("ours.json")));
@@ -407,6 +450,7 @@ int main(void) {
     check_golden("golden_gpt2_hf_prefix.json");
     check_golden("golden_llama3_hf.json");
     check_golden("golden_ours.json");
+    check_split();
     check_special();
     check_training();
     check_errors();

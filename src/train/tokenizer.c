@@ -962,19 +962,24 @@ static hp_status_t apply_stage(hp_tokenizer_t *t, stage_t *st, size_t na, size_t
         size_t nc = 0, prev = 0, pos = 0, ms, me;
         const char *s = t->pool + p.off;
         int rc;
+        int have_last = 0;
         while (pos <= p.len && (rc = hp_tok_regex_next(&st->re, s, p.len, pos, &ms, &me)) != 0) {
             if (rc < 0) return HP_ERR_INVALID_ARG;
+            if (me == ms) {
+                /* Empty match: step one character; like onig's find_iter (HF), an empty
+                 * match right at the end of the previous match is not reported. */
+                uint32_t cp;
+                int l = me < p.len ? hp_tok_utf8_get(s + me, p.len - me, &cp) : 1;
+                pos = me + (size_t)(l ? l : 1);
+                if (have_last && ms == prev) continue;
+            } else {
+                pos = me;
+            }
             HP_TRY(RESERVE(t->sc, t->sc_cap, nc + 2));
             if (prev != ms) t->sc[nc++] = (span_t){p.off + prev, ms - prev, 0};
             t->sc[nc++] = (span_t){p.off + ms, me - ms, 1};
             prev = me;
-            if (me > ms) {
-                pos = me;
-            } else { /* empty match: step one character */
-                uint32_t cp;
-                int l = me < p.len ? hp_tok_utf8_get(s + me, p.len - me, &cp) : 1;
-                pos = me + (size_t)(l ? l : 1);
-            }
+            have_last = 1;
         }
         if (prev != p.len) {
             HP_TRY(RESERVE(t->sc, t->sc_cap, nc + 1));

@@ -177,6 +177,37 @@ def golden(tok_path, name, specials):
     print(f"golden_{name}.json: {len(cases)} cases, {sum(len(c['ids']) for c in cases)} ids")
 
 
+SPLIT_TEXTS = ["the-final--countdown", "Hello,  world! don't  stop -- 12-34", "a\n\nb  c\t-d-",
+               "--x--", "Größe -- 中文 -- 😀", "", " ", "x y"]
+
+
+def split_variants(base_path):
+    """Split pre-tokenizer behaviours on top of gpt2_hf.json's vocab and merges: the C test
+    puts each `pre_tokenizer` into that file and compares ids."""
+    base = json.load(open(base_path, encoding="utf-8"))
+    variants = []
+    pats = [{"Regex": "-+"}, {"String": "-"}, {"Regex": "\\s+"}, {"Regex": "\\p{P}"}, {"Regex": "\\d*"}]
+    for pat in pats:
+        for beh in ["Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"]:
+            for inv in [False, True]:
+                for aps in [False, True]:
+                    variants.append({"type": "Sequence", "pretokenizers": [
+                        {"type": "Split", "pattern": pat, "behavior": beh, "invert": inv},
+                        {"type": "ByteLevel", "add_prefix_space": aps, "trim_offsets": True, "use_regex": aps}]})
+    out = []
+    for pre in variants:
+        doc = dict(base)
+        doc["pre_tokenizer"] = pre
+        tok = Tokenizer.from_str(json.dumps(doc))
+        out.append({"pre_tokenizer": pre, "ids": [tok.encode(t, add_special_tokens=False).ids for t in SPLIT_TEXTS]})
+    with open(os.path.join(OUT, "golden_split.json"), "w", encoding="utf-8") as f:
+        f.write('{"tokenizer": "gpt2_hf.json", "texts": ' + json.dumps(SPLIT_TEXTS, ensure_ascii=False))
+        f.write(',\n "variants": [\n  ')
+        f.write(",\n  ".join(json.dumps(v, ensure_ascii=False) for v in out))
+        f.write("\n ]\n}\n")
+    print(f"golden_split.json: {len(out)} pre-tokenizer variants x {len(SPLIT_TEXTS)} texts")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hp-tokenizer", default=None, help="path of our hp-tokenizer binary (build dir)")
@@ -187,6 +218,7 @@ def main():
     gpt2 = train_gpt2(corpus)
     p = save(gpt2, "gpt2_hf.json")
     golden(p, "gpt2_hf", ["<|endoftext|>", "<|pad|>"])
+    split_variants(p)
 
     doc = json.load(open(p, encoding="utf-8"))
     doc["pre_tokenizer"]["add_prefix_space"] = True
