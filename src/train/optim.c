@@ -5,6 +5,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,7 +31,36 @@ struct hp_optim {
     /* Muon Newton-Schulz workspace: X, Y (m, n) and A, B (m, m) with m <= n */
     float *ns_x, *ns_y, *ns_a, *ns_b;
     int n_states;
+    int64_t *offset;    /* (n + 1) element offsets of the parameters, concatenated */
 };
+
+/* Calls fn(i, lo, hi, ctx) for the pieces [lo, hi) of parameter i that fall in [glo, ghi) of the
+ * concatenation of all parameters (offset[] are the prefix sums of their sizes). */
+typedef void (*segment_fn)(int i, int64_t lo, int64_t hi, void *ctx);
+static void for_segments(const int64_t *offset, int n, int64_t glo, int64_t ghi, segment_fn fn, void *ctx) {
+    int a = 0, b = n;   /* first param whose range ends after glo */
+    while (a < b) {
+        int mid = (a + b) / 2;
+        if (offset[mid + 1] <= glo) a = mid + 1;
+        else b = mid;
+    }
+    for (int i = a; i < n && offset[i] < ghi; i++) {
+        int64_t lo = glo > offset[i] ? glo - offset[i] : 0;
+        int64_t hi = (ghi < offset[i + 1] ? ghi : offset[i + 1]) - offset[i];
+        if (hi > lo) fn(i, lo, hi, ctx);
+    }
+}
+
+/* One parallel region over every element of every parameter: thread t takes an equal
+ * contiguous slice of the concatenation (no per-parameter fork/join). */
+static void parallel_segments(const int64_t *offset, int n, segment_fn fn, void *ctx) {
+    int64_t total = offset[n];
+#pragma omp parallel if (total > 65536)
+    {
+        int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        for_segments(offset, n, total * t / nt, total * (t + 1) / nt, fn, ctx);
+    }
+}
 
 hp_optim_config_t hp_optim_default(hp_optim_kind_t kind) {
     hp_optim_config_t c;
@@ -130,7 +160,10 @@ hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, in
     o->params = params;
     o->n = n_params;
     o->ps = calloc((size_t)n_params + 1, sizeof(pstate_t));
-    if (!o->ps) {
+    o->offset = calloc((size_t)n_params + 1, sizeof(int64_t));
+    if (!o->ps || !o->offset) {
+        free(o->ps);
+        free(o->offset);
         free(o);
         return hp_error(HP_ERR_OOM, "optimizer: no memory for %d parameter states", n_params);
     }
@@ -150,6 +183,7 @@ hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, in
             break;
         }
         size_t nb = hp_arena_round((size_t)hp_tensor_numel(v) * sizeof(float));
+        o->offset[i + 1] = o->offset[i] + hp_tensor_numel(v);
         pstate_t *ps = &o->ps[i];
         switch (cfg->kind) {
         case HP_OPTIM_ADAMW: ps->upd = UPD_ADAMW; break;
@@ -208,6 +242,7 @@ void hp_optim_free(hp_optim_t *o) {
     if (!o) return;
     if (o->arena.base) hp_arena_free(&o->arena);
     free(o->ps);
+    free(o->offset);
     free(o);
 }
 
@@ -255,7 +290,6 @@ static void adamw_update(float *p, float *m, float *v, const float *g, int64_t n
     const float step_size = (float)(lr / bc1);
     const float bc2_sqrt = (float)sqrt(bc2);
     const float feps = (float)eps;
-#pragma omp parallel for schedule(static) if (n > 32768)
     for (int64_t i = 0; i < n; i++) {
         float gi = g[i];
         float pi = p[i] * decay;
@@ -272,7 +306,6 @@ static void adamw_update(float *p, float *m, float *v, const float *g, int64_t n
 static void sgd_update(float *p, float *buf, const float *g, int64_t n, double lr, double wd,
                        double mom, double damp, int nesterov, int started) {
     const float fwd = (float)wd, fmom = (float)mom, fdamp = (float)(1.0 - damp), flr = (float)lr;
-#pragma omp parallel for schedule(static) if (n > 32768)
     for (int64_t i = 0; i < n; i++) {
         float d = g[i];
         if (fwd != 0.0f) d += fwd * p[i];
@@ -352,57 +385,50 @@ static void muon_update(hp_optim_t *o, hp_param_t *prm, pstate_t *ps, double lr)
     }
 }
 
+typedef struct {
+    hp_optim_t *o;
+    double lr, adam_lr;
+} step_ctx_t;
+
+static void step_segment(int i, int64_t lo, int64_t hi, void *vctx) {
+    step_ctx_t *c = vctx;
+    hp_optim_t *o = c->o;
+    const hp_optim_config_t *cfg = &o->cfg;
+    hp_param_t *p = &o->params[i];
+    pstate_t *ps = &o->ps[i];
+    float *v = (float *)p->value.local.data + lo;
+    const float *g = (const float *)p->grad.local.data + lo;
+    switch (ps->upd) {
+    case UPD_ADAMW:
+        adamw_update(v, ps->s0 + lo, ps->s1 + lo, g, hi - lo, c->adam_lr, cfg->beta1, cfg->beta2, cfg->eps,
+                     cfg->weight_decay, o->step);
+        break;
+    case UPD_SGD:
+        sgd_update(v, ps->s0 ? ps->s0 + lo : NULL, g, hi - lo, c->lr, cfg->weight_decay, cfg->momentum,
+                   cfg->dampening, cfg->nesterov, ps->sgd_started);
+        break;
+    case UPD_MUON:
+        break;   /* whole-matrix update, done after the elementwise pass */
+    }
+}
+
 hp_status_t hp_optim_step(hp_optim_t *o, double lr_factor) {
     if (!(lr_factor >= 0) || !isfinite(lr_factor))
         return hp_error(HP_ERR_INVALID_ARG, "optimizer step: lr factor %g must be finite and >= 0",
                         lr_factor);
     const hp_optim_config_t *c = &o->cfg;
     o->step++;
-    const double lr = c->lr * lr_factor;
-    const double adam_lr = (c->kind == HP_OPTIM_MUON && c->muon_adamw_lr > 0 ? c->muon_adamw_lr : c->lr) *
-                           lr_factor;
+    step_ctx_t ctx = {o, c->lr * lr_factor,
+                      (c->kind == HP_OPTIM_MUON && c->muon_adamw_lr > 0 ? c->muon_adamw_lr : c->lr) * lr_factor};
+    parallel_segments(o->offset, o->n, step_segment, &ctx);
     for (int i = 0; i < o->n; i++) {
-        hp_param_t *p = &o->params[i];
-        pstate_t *ps = &o->ps[i];
-        int64_t n = hp_tensor_numel(&p->value.local);
-        float *v = p->value.local.data;
-        const float *g = p->grad.local.data;
-        switch (ps->upd) {
-        case UPD_ADAMW:
-            adamw_update(v, ps->s0, ps->s1, g, n, adam_lr, c->beta1, c->beta2, c->eps, c->weight_decay,
-                         o->step);
-            break;
-        case UPD_SGD:
-            sgd_update(v, ps->s0, g, n, lr, c->weight_decay, c->momentum, c->dampening, c->nesterov,
-                       ps->sgd_started);
-            ps->sgd_started = 1;
-            break;
-        case UPD_MUON:
-            muon_update(o, p, ps, lr);
-            break;
-        }
+        if (o->ps[i].upd == UPD_MUON) muon_update(o, &o->params[i], &o->ps[i], ctx.lr);
+        if (o->ps[i].upd == UPD_SGD) o->ps[i].sgd_started = 1;
     }
     return HP_OK;
 }
 
 /* ---- gradient norm and clipping --------------------------------------------------------------- */
-
-/* Sum of squares in a fixed chunk order, independent of the thread count (deterministic). */
-#define NORM_CHUNKS 64
-static double sum_squares(const float *g, int64_t n) {
-    double part[NORM_CHUNKS];
-    int64_t chunk = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int c = 0; c < NORM_CHUNKS; c++) {
-        double s = 0;
-        int64_t lo = (int64_t)c * chunk, hi = lo + chunk < n ? lo + chunk : n;
-        for (int64_t i = lo; i < hi; i++) s += (double)g[i] * g[i];
-        part[c] = s;
-    }
-    double s = 0;
-    for (int c = 0; c < NORM_CHUNKS; c++) s += part[c];
-    return s;
-}
 
 /* 1 when this rank holds the counted copy of a parameter: local rank 0 on every mesh dim
  * over which it is replicated. */
@@ -413,9 +439,35 @@ static int counts_here(const hp_dtensor_t *t) {
     return 1;
 }
 
+/* Elements [glo, ghi) of the concatenation of the gradients that count on this rank
+ * (counted[i]); walks the parameters with a running offset (no allocation). */
+static double sum_squares_range(const hp_param_t *params, int n, const unsigned char *counted, int64_t glo,
+                                int64_t ghi) {
+    double s = 0;
+    int64_t off = 0;
+    for (int i = 0; i < n && off < ghi; i++) {
+        if (!counted[i]) continue;
+        int64_t len = hp_tensor_numel(&params[i].grad.local);
+        int64_t lo = glo > off ? glo - off : 0, hi = (ghi < off + len ? ghi : off + len) - off;
+        const float *g = params[i].grad.local.data;
+        for (int64_t j = lo; j < hi; j++) s += (double)g[j] * g[j];
+        off += len;
+    }
+    return s;
+}
+
+/* Squares are summed in 64 fixed chunks of the concatenated gradients and the chunk sums are
+ * added in order: the result does not depend on the thread count (deterministic). */
+#define NORM_CHUNKS 64
+#define NORM_MAX_PARAMS 65536
+
 hp_status_t hp_grad_norm(const hp_param_t *params, int n_params, const hp_comm_t *comms,
                          int n_comms, double *total_norm) {
-    double ss = 0;
+    static _Thread_local unsigned char counted[NORM_MAX_PARAMS];
+    if (n_params > NORM_MAX_PARAMS)
+        return hp_error(HP_ERR_UNSUPPORTED, "grad norm: %d parameters; at most %d supported", n_params,
+                        NORM_MAX_PARAMS);
+    int64_t total = 0;
     for (int i = 0; i < n_params; i++) {
         const hp_dtensor_t *g = &params[i].grad;
         if (g->local.dtype != HP_F32 || !hp_tensor_is_contiguous(&g->local))
@@ -425,8 +477,16 @@ hp_status_t hp_grad_norm(const hp_param_t *params, int n_params, const hp_comm_t
             if (g->placements[d].kind == HP_PARTIAL)
                 return hp_error(HP_ERR_STATE, "grad norm: gradient of '%s' is still Partial on mesh "
                                 "dim %d; reduce gradients before clipping", params[i].name, d);
-        if (counts_here(g)) ss += sum_squares(g->local.data, hp_tensor_numel(&g->local));
+        counted[i] = (unsigned char)counts_here(g);
+        if (counted[i]) total += hp_tensor_numel(&g->local);
     }
+    double part[NORM_CHUNKS];
+#pragma omp parallel for schedule(static) if (total > 65536)
+    for (int c = 0; c < NORM_CHUNKS; c++)
+        part[c] = sum_squares_range(params, n_params, counted, total * c / NORM_CHUNKS,
+                                    total * (c + 1) / NORM_CHUNKS);
+    double ss = 0;
+    for (int c = 0; c < NORM_CHUNKS; c++) ss += part[c];
     /* The comm layer has no f64, so the cross-rank sum is f32 (PyTorch also reduces the norm
      * in the gradients' f32); the local sum above is f64. */
     for (int k = 0; k < n_comms; k++) {
@@ -439,6 +499,18 @@ hp_status_t hp_grad_norm(const hp_param_t *params, int n_params, const hp_comm_t
     return HP_OK;
 }
 
+/* g[lo, hi) *= coef for the slice [glo, ghi) of the concatenated gradients */
+static void scale_range(hp_param_t *params, int n, float coef, int64_t glo, int64_t ghi) {
+    int64_t off = 0;
+    for (int i = 0; i < n && off < ghi; i++) {
+        int64_t len = hp_tensor_numel(&params[i].grad.local);
+        int64_t lo = glo > off ? glo - off : 0, hi = (ghi < off + len ? ghi : off + len) - off;
+        float *g = params[i].grad.local.data;
+        for (int64_t j = lo; j < hi; j++) g[j] *= coef;
+        off += len;
+    }
+}
+
 hp_status_t hp_clip_grad_norm(hp_param_t *params, int n_params, double max_norm,
                               const hp_comm_t *comms, int n_comms, double *total_norm) {
     if (!(max_norm > 0))
@@ -448,13 +520,14 @@ hp_status_t hp_clip_grad_norm(hp_param_t *params, int n_params, double max_norm,
         return hp_error(HP_ERR_NUMERIC, "clip_grad_norm: total gradient norm is %g; gradients left "
                         "unscaled (skip this step or lower the learning rate)", *total_norm);
     double coef = max_norm / (*total_norm + 1e-6);
-    if (coef > 1.0) coef = 1.0;
+    if (coef >= 1.0) return HP_OK;   /* PyTorch multiplies by the clamped 1.0: a no-op */
     const float fc = (float)coef;
-    for (int i = 0; i < n_params; i++) {
-        float *g = params[i].grad.local.data;
-        int64_t n = hp_tensor_numel(&params[i].grad.local);
-#pragma omp parallel for schedule(static) if (n > 32768)
-        for (int64_t j = 0; j < n; j++) g[j] *= fc;
+    int64_t total = 0;
+    for (int i = 0; i < n_params; i++) total += hp_tensor_numel(&params[i].grad.local);
+#pragma omp parallel if (total > 65536)
+    {
+        int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        scale_range(params, n_params, fc, total * t / nt, total * (t + 1) / nt);
     }
     return HP_OK;
 }
