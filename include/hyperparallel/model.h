@@ -76,6 +76,9 @@ hp_status_t hp_model_backward(hp_model_t m);
 hp_status_t hp_model_zero_grad(hp_model_t m);
 /* (B, T, V) logits of the last forward. */
 const float *hp_model_logits(hp_model_t m);
+/* Cross-entropy summed over the valid targets of the last forward, in double (the loss
+ * before the divisor; for metrics and finite-difference checks). */
+double hp_model_loss_sum(hp_model_t m);
 /* Number of valid targets (!= -100) of the last forward. */
 int64_t hp_model_valid_tokens(hp_model_t m);
 

@@ -229,14 +229,15 @@ void hp_embedding_backward(float *dweight, const float *dout, const int32_t *tok
 void hp_ref_embedding_backward(float *dweight, const float *dout, const int32_t *tokens, int N, int C, int V);
 
 /* ---- kernels: cross-entropy ----------------------------------------------------------- */
-/* losses (N) = lse(logits[n]) - logits[n][target] for valid targets, 0 for ignored;
- * returns the sum over valid rows (fixed order, double) and *n_valid. */
-double hp_cross_entropy_forward(float *losses, float *lse, const float *logits, const int32_t *targets,
+/* losses (N, double) = lse(logits[n]) - logits[n][target] for valid targets, 0 for ignored;
+ * lse (N) saved for backward; returns the sum over valid rows (fixed order, double) and
+ * *n_valid. Row sums of exp and the logs are taken in double. */
+double hp_cross_entropy_forward(double *losses, float *lse, const float *logits, const int32_t *targets,
                                 int N, int V, int64_t *n_valid);
 // dlogits (N, V) (=) = (softmax - onehot) * dloss for valid rows, 0 for ignored rows
 void hp_cross_entropy_backward(float *dlogits, const float *logits, const float *lse,
                                const int32_t *targets, float dloss, int N, int V);
-double hp_ref_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets,
+double hp_ref_cross_entropy_forward(double *losses, const float *logits, const int32_t *targets,
                                     int N, int V, int64_t *n_valid);
 void hp_ref_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *targets,
                                    float dloss, int N, int V);

@@ -267,7 +267,7 @@ void hp_embedding_backward(float *dweight, const float *dout, const int32_t *tok
 
 /* ---- cross-entropy --------------------------------------------------------------------- */
 
-double hp_cross_entropy_forward(float *losses, float *lse, const float *logits, const int32_t *targets,
+double hp_cross_entropy_forward(double *losses, float *lse, const float *logits, const int32_t *targets,
                                 int N, int V, int64_t *n_valid) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -275,12 +275,12 @@ double hp_cross_entropy_forward(float *losses, float *lse, const float *logits, 
         float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
         for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-        float s = 0.0f;
-        for (int v = 0; v < V; v++) s += expf(z[v] - mx);
-        float l = mx + logf(s);
-        lse[n] = l;
+        double s = 0.0;
+        for (int v = 0; v < V; v++) s += (double)expf(z[v] - mx);
+        double l = (double)mx + log(s);
+        lse[n] = (float)l;
         int t = targets[n];
-        losses[n] = (t == HP_IGNORE_INDEX) ? 0.0f : l - z[t];
+        losses[n] = (t == HP_IGNORE_INDEX) ? 0.0 : l - (double)z[t];
     }
     double sum = 0.0;   // fixed order
     int64_t cnt = 0;

@@ -202,7 +202,7 @@ void hp_ref_embedding_backward(float *dweight, const float *dout, const int32_t 
         for (int c = 0; c < C; c++) dweight[(size_t)tokens[n] * C + c] += dout[(size_t)n * C + c];
 }
 
-double hp_ref_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets,
+double hp_ref_cross_entropy_forward(double *losses, const float *logits, const int32_t *targets,
                                     int N, int V, int64_t *n_valid) {
     double total = 0.0;
     int64_t cnt = 0;
@@ -211,9 +211,9 @@ double hp_ref_cross_entropy_forward(float *losses, const float *logits, const in
         double mx = -INFINITY, s = 0.0;
         for (int v = 0; v < V; v++) if (z[v] > mx) mx = z[v];
         for (int v = 0; v < V; v++) s += exp(z[v] - mx);
-        if (targets[n] == HP_IGNORE_INDEX) { losses[n] = 0.0f; continue; }
+        if (targets[n] == HP_IGNORE_INDEX) { losses[n] = 0.0; continue; }
         double l = mx + log(s) - z[targets[n]];
-        losses[n] = (float)l;
+        losses[n] = l;
         total += l;
         cnt++;
     }

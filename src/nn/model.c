@@ -498,7 +498,8 @@ typedef struct model_saved {
     float **xs;                  // per layer output (B, T, dim)
     float *hf;                   // (B, T, dim) final norm output
     float *logits;               // (B, T, V)
-    float *losses, *lse;         // (B*T)
+    double *losses;              // (B*T) per-row cross-entropy
+    float *lse;                  // (B*T)
 } model_saved_t;
 
 struct hp_model {
@@ -525,6 +526,7 @@ struct hp_model {
     int have_forward;       // a forward with targets whose backward has not run
     float loss_divisor;
     int64_t n_valid;
+    double loss_sum;
     double prof[HP_NN_OP_COUNT];
     double prof_seconds[HP_NN_OP_COUNT];
     const char *prof_names[HP_NN_OP_COUNT];
@@ -535,6 +537,7 @@ int hp_model_num_params(hp_model_t m) { return m->n_params; }
 hp_param_t *hp_model_params(hp_model_t m) { return m->params; }
 const float *hp_model_logits(hp_model_t m) { return m->logits; }
 int64_t hp_model_valid_tokens(hp_model_t m) { return m->n_valid; }
+double hp_model_loss_sum(hp_model_t m) { return m->loss_sum; }
 
 hp_param_t *hp_model_find_param(hp_model_t m, const char *name) {
     for (int i = 0; i < m->n_params; i++)
@@ -641,7 +644,7 @@ static size_t model_saved_bytes(const hp_model_config_t *c, int B, int T) {
     size_t N = (size_t)B * T;
     return hp_arena_round(sizeof(model_saved_t)) + hp_arena_round(sizeof(float *) * (size_t)c->n_layers) +
            2 * hp_arena_round(sizeof(int32_t) * N) + (size_t)(c->n_layers + 2) * hp_arena_round(sizeof(float) * N * c->dim) +
-           hp_arena_round(sizeof(float) * N * c->vocab_size) + 2 * hp_arena_round(sizeof(float) * N);
+           hp_arena_round(sizeof(float) * N * c->vocab_size) + hp_arena_round(sizeof(double) * N) + hp_arena_round(sizeof(float) * N);
 }
 
 void hp_model_destroy(hp_model_t m) {
@@ -923,14 +926,16 @@ hp_status_t hp_model_forward(hp_model_t m, const int32_t *tokens, const int32_t 
     if (!targets) {
         if (loss) *loss = 0.0f;
         m->n_valid = 0;
+        m->loss_sum = 0.0;
         return HP_OK;
     }
-    s->losses = hp_act_alloc(act, sizeof(float) * (size_t)N);
+    s->losses = hp_act_alloc(act, sizeof(double) * (size_t)N);
     s->lse = hp_act_alloc(act, sizeof(float) * (size_t)N);
     double t0 = omp_get_wtime();
     double sum = hp_cross_entropy_forward(s->losses, s->lse, s->logits, s->targets, N, V, &m->n_valid);
     m->prof[HP_NN_OP_CROSS_ENTROPY] += omp_get_wtime() - t0;
     m->loss_divisor = loss_divisor;
+    m->loss_sum = sum;
     m->have_forward = 1;
     float l = (float)(sum / (double)loss_divisor);
     if (loss) *loss = l;
