@@ -176,6 +176,20 @@ static void check_special(void) {
     HP_CHECK(hp_tokenizer_token_to_id(tok, "<|end_of_text|>") == 1, "token_to_id");
     HP_CHECK(hp_tokenizer_is_special(tok, 0) && !hp_tokenizer_is_special(tok, 300), "is_special");
     HP_CHECK(strcmp(hp_tokenizer_id_to_token(tok, 1), "<|end_of_text|>") == 0, "id_to_token");
+    {
+        /* token_bytes of the ids of "é" concatenate to its UTF-8. */
+        hp_token_ids_t e = {0};
+        HP_CHECK_OK(hp_tokenizer_encode(tok, "\xc3\xa9t\xc3\xa9", 5, 0, &e));
+        char buf[16];
+        size_t n = 0, l;
+        for (size_t i = 0; i < e.len; i++) {
+            const char *b = hp_tokenizer_token_bytes(tok, e.ids[i], &l);
+            if (b && n + l <= sizeof(buf)) memcpy(buf + n, b, l), n += l;
+        }
+        HP_CHECK(n == 5 && memcmp(buf, "\xc3\xa9t\xc3\xa9", 5) == 0, "token_bytes");
+        HP_CHECK(hp_tokenizer_token_bytes(tok, -1, &l) == NULL, "token_bytes(-1)");
+        hp_token_ids_free(&e);
+    }
     hp_token_ids_t ids = {0};
     /* ADD_BOS / ADD_EOS add once, even combined with the template. */
     HP_CHECK_OK(hp_tokenizer_encode(tok, "Hi", 2, HP_TOKENIZE_ADD_SPECIAL | HP_TOKENIZE_ADD_BOS |

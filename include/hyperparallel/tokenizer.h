@@ -73,6 +73,9 @@ hp_status_t hp_tokenizer_set_bos_eos(hp_tokenizer_t *tok, int32_t bos, int32_t e
 int32_t hp_tokenizer_token_to_id(const hp_tokenizer_t *tok, const char *token);
 /* tokenizer.json spelling of an id, NULL if absent. */
 const char *hp_tokenizer_id_to_token(const hp_tokenizer_t *tok, int32_t id);
+/* The bytes one id decodes to (not NUL-terminated, may be part of a UTF-8 character): for
+ * streaming output, buffer them until the UTF-8 is complete. NULL if the id is absent. */
+const char *hp_tokenizer_token_bytes(const hp_tokenizer_t *t, int32_t id, size_t *len);
 /* 1 when the id is an added token marked "special". */
 int hp_tokenizer_is_special(const hp_tokenizer_t *tok, int32_t id);
 

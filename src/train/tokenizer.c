@@ -70,8 +70,8 @@ struct hp_tokenizer {
     /* scratch, reused across encode calls */
     char *pool;
     size_t pool_len, pool_cap;
-    span_t *sa, *sb, *sc;
-    size_t sa_cap, sb_cap, sc_cap;
+    span_t *sa, *sb, *sc, *seg1, *seg2;
+    size_t sa_cap, sb_cap, sc_cap, seg1_cap, seg2_cap;
     int32_t *sym_id, *sym_prev, *sym_next, *sym_len;
     heap_item_t *heap;
     size_t sym_cap, heap_cap;
@@ -821,6 +821,8 @@ void hp_tokenizer_free(hp_tokenizer_t *t) {
     free(t->sa);
     free(t->sb);
     free(t->sc);
+    free(t->seg1);
+    free(t->seg2);
     free(t->sym_id);
     free(t->sym_prev);
     free(t->sym_next);
@@ -856,6 +858,12 @@ int32_t hp_tokenizer_token_to_id(const hp_tokenizer_t *t, const char *token) {
 
 const char *hp_tokenizer_id_to_token(const hp_tokenizer_t *t, int32_t id) {
     return id >= 0 && id < t->n_ids ? t->spelling[id] : NULL;
+}
+
+const char *hp_tokenizer_token_bytes(const hp_tokenizer_t *t, int32_t id, size_t *len) {
+    if (id < 0 || id >= t->n_ids || !t->spelling[id]) return NULL;
+    *len = t->dec_len[id];
+    return t->dec[id];
 }
 
 int hp_tokenizer_is_special(const hp_tokenizer_t *t, int32_t id) {
@@ -1200,22 +1208,20 @@ hp_status_t hp_tokenizer_encode(hp_tokenizer_t *t, const char *text, size_t len,
     /* Added tokens: the non-normalized ones on the raw text, then the normalized ones on
      * what is left (no normalizer, so both see the same bytes). */
     size_t n1 = 0, n2 = 0;
-    size_t cap1 = 0, cap2 = 0;
-    span_t *s1 = NULL, *s2 = NULL;
-    hp_status_t st = split_added(t, 0, text, 0, len, &s1, &cap1, &n1);
-    for (size_t i = 0; st == HP_OK && i < n1; i++) {
-        if (s1[i].id >= 0) {
-            st = RESERVE(s2, cap2, n2 + 1);
-            if (st == HP_OK) s2[n2++] = s1[i];
+    HP_TRY(split_added(t, 0, text, 0, len, &t->seg1, &t->seg1_cap, &n1));
+    for (size_t i = 0; i < n1; i++) {
+        if (t->seg1[i].id >= 0) {
+            HP_TRY(RESERVE(t->seg2, t->seg2_cap, n2 + 1));
+            t->seg2[n2++] = t->seg1[i];
         } else {
-            st = split_added(t, 1, text, s1[i].off, s1[i].len, &s2, &cap2, &n2);
+            HP_TRY(split_added(t, 1, text, t->seg1[i].off, t->seg1[i].len, &t->seg2,
+                               &t->seg2_cap, &n2));
         }
     }
-    for (size_t i = 0; st == HP_OK && i < n2; i++)
-        st = s2[i].id >= 0 ? ids_push(out, s2[i].id) : encode_text(t, text + s2[i].off, s2[i].len, out);
-    free(s1);
-    free(s2);
-    HP_TRY(st);
+    for (size_t i = 0; i < n2; i++) {
+        span_t g = t->seg2[i];
+        HP_TRY(g.id >= 0 ? ids_push(out, g.id) : encode_text(t, text + g.off, g.len, out));
+    }
     if (flags & HP_TOKENIZE_ADD_SPECIAL)
         for (int i = 0; i < t->n_suffix; i++) HP_TRY(ids_push(out, t->suffix[i]));
     if ((flags & HP_TOKENIZE_ADD_BOS) && (out->len == n0 || out->ids[n0] != t->bos)) {
