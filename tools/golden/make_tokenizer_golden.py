@@ -65,6 +65,12 @@ EXTRA_CASES = [
     "say hello world  <tab>  done",
     "hello worldhello world<tab><tab>",
     "un café, s'il vous plaît",
+    # Unicode classes: \\p{N} beyond ASCII (No, Nl, other scripts' digits), marks, format
+    # characters, NEL / Mongolian vowel separator / ZWSP / BOM / soft hyphen, title case,
+    # math letters, case folding under Llama 3's (?i:'s) (long s, Kelvin sign).
+    "\u00b2\u00b3 \u00bd \u216b \u0663\u0664 \u09e7\u09e8 x\u0085nel \u180emvs \u200bzwsp \ufeffbom a\u00adb",
+    "\u01c4 \u01c5 \u00df \u1e9e \ufb01 \U0001d518\U0001d52b\U0001d526 it'\u017f IT'S it\u2019s \u212a'll",
+    "\u0915\u094d\u0937 \u0e01\u0e34 \ud55c\uad6d\uc5b4 \u05e9\u05c1 \u0640\u0640 \u3005\u3006 \uff21\uff11",
 ]
 
 
