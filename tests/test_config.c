@@ -73,6 +73,8 @@ static void test_errors(void) {
                  "mapping_for_scalar.yaml:2: key 'training.seq_len' expects an integer, got a mapping");
     HP_CHECK_ERR(hp_config_load_file(&c, data_path("syntax_error.yaml", p, sizeof p)), HP_ERR_FORMAT,
                  "syntax_error.yaml:3:");
+    HP_CHECK_ERR(hp_config_load_file(&c, data_path("duplicate.yaml", p, sizeof p)), HP_ERR_INVALID_ARG,
+                 "duplicate.yaml:4: key 'parallelism.tensor_parallel_degree' is given twice (first at line 2)");
     HP_CHECK_ERR(hp_config_load_file(&c, "/nonexistent/dir/cfg.yaml"), HP_ERR_IO,
                  "config file '/nonexistent/dir/cfg.yaml': cannot open");
     /* hp_config_set and far-off names. */

@@ -451,11 +451,17 @@ static bool is_null_scalar(const yaml_node_t *n) {
 
 /* Applies one `key: value` pair whose dotted name is known. */
 static hp_status_t apply_yaml_value(hp_config_t *cfg, yaml_document_t *doc, const char *path, const char *dotted,
-                                    const yaml_node_t *key_node, yaml_node_t *val) {
+                                    const yaml_node_t *key_node, yaml_node_t *val, size_t *seen_line) {
     char origin[HP_CONFIG_STR_MAX + 32];
     snprintf(origin, sizeof origin, "%s:%zu", path, key_node->start_mark.line + 1);
     const hp_config_key_t *k = hp_config_find_key(dotted);
     if (!k) return unknown_key_error(origin, dotted, "");
+    /* A key given twice (also through an alias) is an error rather than "last one wins". */
+    size_t row = (size_t)(k - schema_);
+    if (seen_line[row])
+        return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s.%s' is given twice (first at line %zu)", origin, k->section,
+                        k->key, seen_line[row]);
+    seen_line[row] = key_node->start_mark.line + 1;
     if (k->type == HP_CONFIG_LIST) {
         hp_config_list_t *l = (hp_config_list_t *)((char *)cfg + k->offset);
         if (val->type == YAML_SEQUENCE_NODE) {
@@ -491,6 +497,7 @@ static hp_status_t apply_yaml_value(hp_config_t *cfg, yaml_document_t *doc, cons
 }
 
 static hp_status_t apply_yaml(hp_config_t *cfg, yaml_document_t *doc, const char *path) {
+    size_t seen_line[SCHEMA_N] = {0};
     yaml_node_t *root = yaml_document_get_root_node(doc);
     if (!root || is_null_scalar(root)) return HP_OK;   /* empty file: nothing to set */
     if (root->type != YAML_MAPPING_NODE)
@@ -503,7 +510,7 @@ static hp_status_t apply_yaml(hp_config_t *cfg, yaml_document_t *doc, const char
             return hp_error(HP_ERR_FORMAT, "%s:%zu: a section name must be a scalar", path, kn->start_mark.line + 1);
         const char *section = (const char *)kn->data.scalar.value;
         if (strchr(section, '.')) {   /* flat "training.steps: 20" is accepted too */
-            HP_TRY(apply_yaml_value(cfg, doc, path, section, kn, vn));
+            HP_TRY(apply_yaml_value(cfg, doc, path, section, kn, vn, seen_line));
             continue;
         }
         if (is_null_scalar(vn)) continue;   /* "training:" with nothing below */
@@ -534,7 +541,7 @@ static hp_status_t apply_yaml(hp_config_t *cfg, yaml_document_t *doc, const char
                 return hp_error(HP_ERR_FORMAT, "%s:%zu: a key must be a scalar", path, k2->start_mark.line + 1);
             char dotted[256];
             snprintf(dotted, sizeof dotted, "%s.%s", section, (const char *)k2->data.scalar.value);
-            HP_TRY(apply_yaml_value(cfg, doc, path, dotted, k2, v2));
+            HP_TRY(apply_yaml_value(cfg, doc, path, dotted, k2, v2, seen_line));
         }
     }
     return HP_OK;

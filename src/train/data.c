@@ -119,7 +119,7 @@ static hp_status_t list_dir(const char *dir, char ***names, int *count) {
     while ((e = readdir(d)) != NULL) {
         size_t len = strlen(e->d_name);
         if (e->d_name[0] == '.' || (len > 4 && strcmp(e->d_name + len - 4, ".dat") == 0)) continue;
-        char *full = malloc(strlen(dir) + len + 2);
+        char *full = hp_malloc(strlen(dir) + len + 2);
         if (!full) { st = hp_error(HP_ERR_OOM, "data: out of memory listing '%s'", dir); break; }
         sprintf(full, "%s/%s", dir, e->d_name);
         struct stat sb;
@@ -296,7 +296,7 @@ hp_status_t hp_dataset_open(const hp_dataset_options_t *o, hp_dataset_t **out) {
         return hp_error(HP_ERR_INVALID_ARG, "data: no data path given; hint: set data.path to a text, JSONL or .bin file");
     if (!(o->validation_fraction >= 0 && o->validation_fraction < 1))
         return hp_error(HP_ERR_INVALID_ARG, "data: validation_fraction must be in [0, 1), got %g", o->validation_fraction);
-    hp_dataset_t *ds = calloc(1, sizeof *ds);
+    hp_dataset_t *ds = hp_calloc(1, sizeof *ds);
     if (!ds) return hp_error(HP_ERR_OOM, "data: out of memory");
     hp_status_t st = HP_OK;
     const char *format = o->format && *o->format ? o->format : "auto";
@@ -343,7 +343,7 @@ hp_status_t hp_dataset_open(const hp_dataset_options_t *o, hp_dataset_t **out) {
         st = list_dir(o->path, &names, &nnames);
         if (st != HP_OK) goto fail;
     } else {
-        names = malloc(sizeof *names);
+        names = hp_malloc(sizeof *names);
         if (names) names[0] = strdup(o->path);
         if (!names || !names[0]) {
             free(names);
@@ -352,7 +352,7 @@ hp_status_t hp_dataset_open(const hp_dataset_options_t *o, hp_dataset_t **out) {
         }
         nnames = 1;
     }
-    ds->files = calloc((size_t)nnames, sizeof *ds->files);
+    ds->files = hp_calloc((size_t)nnames, sizeof *ds->files);
     if (!ds->files) st = hp_error(HP_ERR_OOM, "data: out of memory");
     for (int i = 0; i < nnames && st == HP_OK; i++) {
         st = map_file(names[i], &ds->files[i]);
@@ -483,7 +483,7 @@ hp_status_t hp_dataloader_create(hp_dataset_t *ds, const hp_text_encoder_t *enc,
                         "dataloader: the %s split has %lld %s, fewer than the %d data-parallel ranks%s", split,
                         (long long)n, unit, o->dp_world,
                         o->split == HP_SPLIT_VALIDATION ? "; hint: raise data.validation_fraction" : "");
-    hp_dataloader_t *dl = calloc(1, sizeof *dl);
+    hp_dataloader_t *dl = hp_calloc(1, sizeof *dl);
     if (!dl) return hp_error(HP_ERR_OOM, "dataloader: out of memory");
     dl->ds = ds;
     if (enc) dl->enc = *enc;
@@ -502,7 +502,7 @@ hp_status_t hp_dataloader_create(hp_dataset_t *ds, const hp_text_encoder_t *enc,
                         o->dp_rank, split, (long long)have, (long long)(o->seq_len + 1));
     }
     dl->cap = (size_t)(4 * (o->seq_len + 1) + 4096);
-    dl->buf = malloc(dl->cap * sizeof *dl->buf);
+    dl->buf = hp_malloc(dl->cap * sizeof *dl->buf);
     if (!dl->buf) {
         free(dl);
         return hp_error(HP_ERR_OOM, "dataloader: out of memory for the token buffer");

@@ -111,7 +111,7 @@ hp_status_t hp_metrics_create(const hp_metrics_options_t *o, hp_metrics_t **out)
     if (!o || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_metrics_create: NULL argument");
     *out = NULL;
     if (o->log_freq < 1) return hp_error(HP_ERR_INVALID_ARG, "metrics: log_freq must be >= 1, got %lld", (long long)o->log_freq);
-    hp_metrics_t *m = calloc(1, sizeof *m);
+    hp_metrics_t *m = hp_calloc(1, sizeof *m);
     if (!m) return hp_error(HP_ERR_OOM, "metrics: out of memory");
     m->o = *o;
     if (m->o.tokens_divisor < 1) m->o.tokens_divisor = 1;

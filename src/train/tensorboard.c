@@ -151,7 +151,7 @@ hp_status_t hp_tb_writer_open(const char *dir, const char *tag, hp_tb_writer_t *
     if (!dir || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_tb_writer_open: NULL argument");
     *out = NULL;
     HP_TRY(mkdir_p(dir));
-    hp_tb_writer_t *w = calloc(1, sizeof *w);
+    hp_tb_writer_t *w = hp_calloc(1, sizeof *w);
     if (!w) return hp_error(HP_ERR_OOM, "TensorBoard writer: out of memory");
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
