@@ -177,10 +177,12 @@ int main(void) {
         HP_CHECK(n == 3 && steps[0].logical_shape[0] == 5 && steps[1].logical_shape[0] == 9,
                  "logical shapes %lld %lld", (long long)steps[0].logical_shape[0],
                  (long long)steps[1].logical_shape[0]);
-        /* 1-D: one step even when equal */
-        hp_placement_t a1 = S(0), b1 = S(0);
+        /* 1-D: one direct step; none for equal placements */
+        hp_placement_t a1 = S(0), b1 = S(0), r1 = R();
         HP_CHECK_OK(hp_redistribute_plan(steps, 8, &n, 1, &s9, 1, ms, c, &a1, &b1));
-        HP_CHECK(n == 1, "1-D plan has one step");
+        HP_CHECK(n == 0, "1-D plan of equal placements is empty");
+        HP_CHECK_OK(hp_redistribute_plan(steps, 8, &n, 1, &s9, 1, ms, c, &a1, &r1));
+        HP_CHECK(n == 1 && steps[0].logical_shape[0] == 9, "1-D plan has one step");
         HP_CHECK_ERR(hp_redistribute_plan(steps, 1, &n, 1, &s9, 2, ms, c, src, dst), HP_ERR_INVALID_ARG,
                      "more than 1 steps");
     }

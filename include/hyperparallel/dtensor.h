@@ -117,7 +117,7 @@ typedef struct hp_transform {
     int64_t logical_shape[HP_MAX_DIMS];   /* tensor shape seen at this mesh dim */
 } hp_transform_t;
 /* PyTorch's greedy _gen_transform_infos for this rank (coord = its mesh coordinate). Writes
- * up to max_steps steps; *nsteps = the number. 1-D mesh: one step (possibly src == dst). */
+ * up to max_steps steps; *nsteps = the number. 1-D mesh: one step, none when src == dst. */
 hp_status_t hp_redistribute_plan(hp_transform_t *steps, int max_steps, int *nsteps, int ndim,
                                  const int64_t *global_shape, int mesh_ndim,
                                  const int64_t *mesh_shape, const int *coord,

@@ -259,8 +259,8 @@ hp_status_t hp_redistribute_plan(hp_transform_t *steps, int max_steps, int *nste
     int64_t logical[HP_MESH_MAX_DIMS][HP_MAX_DIMS];
     memset(logical, 0, sizeof(logical));
     for (int d = 0; d < ndim; d++) logical[0][d] = global_shape[d];
-    if (mesh_ndim == 1) {
-        EMIT(0, src[0], dst[0]);
+    if (mesh_ndim == 1) {   /* one direct step, none when the placements are equal */
+        if (!hp_placement_equal(src[0], dst[0])) EMIT(0, src[0], dst[0]);
         *nsteps = n;
         return HP_OK;
     }

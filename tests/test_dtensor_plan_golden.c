@@ -1,0 +1,73 @@
+/* The greedy redistribute planner against PyTorch itself: tests/data/dtensor/plan_golden.txt
+ * holds _gen_transform_infos_non_cached's plans (PyTorch 2.15, fake process group) for 320
+ * seeded random cases on 8 meshes, for every rank; hp_redistribute_plan must give exactly the
+ * same steps (mesh dim, source, target) and logical shapes. Regenerate with
+ * tests/data/dtensor/gen_plan_golden.py. */
+// hp-test: ranks 1
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hp_test.h"
+#include "hyperparallel/dtensor.h"
+
+static hp_placement_t parse_pl(const char *t) {
+    if (t[0] == 'R') return hp_replicate();
+    if (t[0] == 'P') return hp_partial(HP_SUM);
+    return hp_shard(atoi(t + 1));
+}
+
+int main(void) {
+    const char *src_dir = getenv("HP_SOURCE_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/dtensor/plan_golden.txt", src_dir ? src_dir : "..");
+    FILE *f = fopen(path, "r");
+    HP_CHECK(f != NULL, "cannot open %s (set HP_SOURCE_DIR to the source tree)", path);
+    if (!f) return hp_test_finish("test_dtensor_plan_golden");
+    char line[4096];
+    int lines = 0, steps_total = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#' || line[0] == '\n') continue;
+        char *tok[256];
+        int nt = 0;
+        for (char *p = strtok(line, " \n"); p && nt < 256; p = strtok(NULL, " \n")) tok[nt++] = p;
+        int k = 0;
+        int mnd = atoi(tok[k++]);
+        int64_t ms[HP_MESH_MAX_DIMS];
+        for (int i = 0; i < mnd; i++) ms[i] = atoll(tok[k++]);
+        int nd = atoi(tok[k++]);
+        int64_t shape[HP_MAX_DIMS];
+        for (int d = 0; d < nd; d++) shape[d] = atoll(tok[k++]);
+        hp_placement_t src[HP_MESH_MAX_DIMS], dst[HP_MESH_MAX_DIMS];
+        for (int i = 0; i < mnd; i++) src[i] = parse_pl(tok[k++]);
+        for (int i = 0; i < mnd; i++) dst[i] = parse_pl(tok[k++]);
+        int rank = atoi(tok[k++]);
+        int nexp = atoi(tok[k++]);
+        int coord[HP_MESH_MAX_DIMS];
+        for (int i = mnd - 1, q = rank; i >= 0; i--) {
+            coord[i] = q % (int)ms[i];
+            q /= (int)ms[i];
+        }
+        hp_transform_t steps[2 * HP_MESH_MAX_DIMS];
+        int n = -1;
+        HP_CHECK_OK(hp_redistribute_plan(steps, 2 * HP_MESH_MAX_DIMS, &n, nd, shape, mnd, ms, coord, src, dst));
+        char a[96], b[96];
+        hp_placements_str(mnd, src, a, sizeof a);
+        hp_placements_str(mnd, dst, b, sizeof b);
+        HP_CHECK(n == nexp, "line %d: %s -> %s rank %d: %d steps, PyTorch has %d", lines + 2, a, b, rank, n, nexp);
+        for (int s = 0; s < nexp && s < n; s++) {
+            int md = atoi(tok[k++]);
+            hp_placement_t es = parse_pl(tok[k++]), ed = parse_pl(tok[k++]);
+            int same = steps[s].mesh_dim == md && hp_placement_equal(steps[s].src, es) &&
+                       hp_placement_equal(steps[s].dst, ed);
+            for (int d = 0; d < nd; d++) same &= steps[s].logical_shape[d] == atoll(tok[k++]);
+            HP_CHECK(same, "line %d: %s -> %s rank %d: step %d differs from PyTorch's", lines + 2, a, b, rank, s);
+        }
+        steps_total += n;
+        lines++;
+    }
+    fclose(f);
+    HP_CHECK(lines == 2080, "read %d plans", lines);
+    printf("test_dtensor_plan_golden: %d plans, %d steps compared\n", lines, steps_total);
+    return hp_test_finish("test_dtensor_plan_golden");
+}
