@@ -4,6 +4,7 @@
  * clip_grad_norm_; TorchTitan LR factors; hand-computed single steps; config errors. */
 // hp-test: ranks 1 timeout 60
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,6 +279,50 @@ static void test_deterministic(void) {
     HP_CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "two runs differ");
 }
 
+/* Large parameters take the parallel paths (one region over all parameters): the norm equals
+ * a serial f64 sum, and norm, clipping and AdamW are bitwise equal with 1 and 3 threads. */
+static void test_threads(void) {
+    enum { NB = 5 };
+    const int64_t sizes[NB] = {70000, 3, 40000, 1, 123457};
+    float out[2][NB];
+    double norms[2];
+    for (int run = 0; run < 2; run++) {
+        omp_set_num_threads(run == 0 ? 1 : 3);
+        hp_param_t p[NB];
+        memset(p, 0, sizeof p);
+        double ss = 0;
+        for (int i = 0; i < NB; i++) {
+            snprintf(p[i].name, sizeof p[i].name, "p%d", i);
+            HP_ASSERT(hp_tensor_malloc(&p[i].value.local, HP_F32, 1, &sizes[i]) == HP_OK);
+            HP_ASSERT(hp_tensor_malloc(&p[i].grad.local, HP_F32, 1, &sizes[i]) == HP_OK);
+            float *g = p[i].grad.local.data, *v = p[i].value.local.data;
+            for (int64_t j = 0; j < sizes[i]; j++) {
+                g[j] = (float)((j * 31 + i * 7) % 97) / 97.0f - 0.5f;
+                v[j] = (float)((j * 17 + i) % 89) / 89.0f;
+                ss += (double)g[j] * g[j];
+            }
+        }
+        double norm;
+        HP_CHECK_OK(hp_clip_grad_norm(p, NB, 1.0, NULL, 0, &norm));
+        HP_CHECK_CLOSE(norm, sqrt(ss), 1e-12, 0);
+        norms[run] = norm;
+        hp_optim_t *o = NULL;
+        hp_optim_config_t c = hp_optim_default(HP_OPTIM_ADAMW);
+        HP_CHECK_OK(hp_optim_create(&c, p, NB, &o));
+        HP_CHECK_OK(hp_optim_step(o, 1.0));
+        HP_CHECK_OK(hp_optim_step(o, 0.5));
+        hp_optim_free(o);
+        for (int i = 0; i < NB; i++) {
+            out[run][i] = ((float *)p[i].value.local.data)[sizes[i] - 1] + ((float *)p[i].grad.local.data)[0];
+            hp_tensor_free_data(&p[i].value.local);
+            hp_tensor_free_data(&p[i].grad.local);
+        }
+    }
+    omp_set_num_threads(1);
+    HP_CHECK(norms[0] == norms[1], "norm differs with thread count: %.17g vs %.17g", norms[0], norms[1]);
+    HP_CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "clip/AdamW results differ with thread count");
+}
+
 int main(void) {
     const char *src = getenv("HP_SOURCE_DIR");
     char p[512];
@@ -291,6 +336,7 @@ int main(void) {
     test_schedules();
     test_by_hand();
     test_deterministic();
+    test_threads();
     free_params();
     hp_safetensors_close(gold);
     return hp_test_finish("test_optim");

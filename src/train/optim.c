@@ -481,9 +481,11 @@ hp_status_t hp_grad_norm(const hp_param_t *params, int n_params, const hp_comm_t
         if (counted[i]) total += hp_tensor_numel(&g->local);
     }
     double part[NORM_CHUNKS];
+    /* `counted` is per calling thread; the workers must read the caller's copy */
+    const unsigned char *cnt = counted;
 #pragma omp parallel for schedule(static) if (total > 65536)
     for (int c = 0; c < NORM_CHUNKS; c++)
-        part[c] = sum_squares_range(params, n_params, counted, total * c / NORM_CHUNKS,
+        part[c] = sum_squares_range(params, n_params, cnt, total * c / NORM_CHUNKS,
                                     total * (c + 1) / NORM_CHUNKS);
     double ss = 0;
     for (int c = 0; c < NORM_CHUNKS; c++) ss += part[c];

@@ -1,0 +1,190 @@
+/* Training-step benchmark: one full step (zero_grad, forward, backward, clip_grad_norm, AdamW)
+ * of a model.h model on one rank, reporting tokens/s, GFLOP/s by TorchTitan's FLOPs-per-token
+ * formula, and MFU against the cblas_sgemm peak measured in the same run with the same
+ * thread count; plus the per-op time breakdown of hp_model_profile. Run through
+ * tools/bench_train_step.sh, which also runs the PyTorch eager step (bench/train_step_torch.py).
+ *   bench_train_step [--model llama3] [--flavor debugmodel] [--batch 8] [--seq 256]
+ *                    [--steps 5] [--warmup 2] [--threads 2] */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "hyperparallel/model.h"
+#include "hyperparallel/optim.h"
+
+void openblas_set_num_threads(int n);   /* OpenBLAS extension (cblas.h of some versions lacks it) */
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Best GFLOP/s of C = A B on n x n f32 squares (the machine's attainable GEMM peak). */
+static double sgemm_peak(int n, int reps) {
+    float *a = malloc(sizeof(float) * (size_t)n * n), *b = malloc(sizeof(float) * (size_t)n * n),
+          *c = malloc(sizeof(float) * (size_t)n * n);
+    if (!a || !b || !c) {
+        fprintf(stderr, "sgemm_peak: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < (size_t)n * n; i++) {
+        a[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+        b[i] = (float)((i * 53) % 103) / 103.0f - 0.5f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        double g = 2.0 * n * (double)n * n / (now() - t0) / 1e9;
+        if (g > best) best = g;
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+#define CHECK(expr)                                                                     \
+    do {                                                                                \
+        hp_status_t s_ = (expr);                                                        \
+        if (s_ != HP_OK) {                                                              \
+            fprintf(stderr, "%s failed: %s: %s\n", #expr, hp_status_string(s_), hp_last_error()); \
+            exit(1);                                                                    \
+        }                                                                               \
+    } while (0)
+
+int main(int argc, char **argv) {
+    const char *model = "llama3", *flavor = "debugmodel";
+    int B = 8, T = 256, steps = 5, warmup = 2, threads = 2;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--model")) model = argv[i + 1];
+        else if (!strcmp(argv[i], "--flavor")) flavor = argv[i + 1];
+        else if (!strcmp(argv[i], "--batch")) B = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seq")) T = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--warmup")) warmup = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (steps < 1 || B < 1 || T < 1 || threads < 1) {
+        fprintf(stderr, "steps, batch, seq and threads must be >= 1\n");
+        return 2;
+    }
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+
+    double peak = fmax(sgemm_peak(1024, 5), sgemm_peak(2048, 3));
+
+    hp_model_config_t cfg;
+    CHECK(hp_model_flavor(model, flavor, &cfg));
+    cfg.max_seq_len = T;
+    hp_model_t m;
+    CHECK(hp_model_create(&cfg, B, T, &m));
+    CHECK(hp_model_init_weights(m, 0));
+    hp_optim_config_t oc = hp_optim_default(HP_OPTIM_ADAMW);   // TorchTitan's defaults
+    oc.lr = 8e-4;
+    oc.beta2 = 0.95;
+    oc.weight_decay = 0.1;
+    hp_optim_t *opt;
+    CHECK(hp_optim_create(&oc, hp_model_params(m), hp_model_num_params(m), &opt));
+
+    // a fixed batch: tokens from an LCG, targets = next token
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)B * T), *tgt = malloc(sizeof(int32_t) * (size_t)B * T);
+    uint64_t x = 12345;
+    for (int64_t i = 0; i < (int64_t)B * T; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((x >> 33) % (uint64_t)cfg.vocab_size);
+    }
+    for (int64_t i = 0; i < (int64_t)B * T; i++) tgt[i] = (i + 1) % T ? tok[i + 1] : -100;
+    int64_t valid = 0;
+    for (int64_t i = 0; i < (int64_t)B * T; i++) valid += tgt[i] != -100;
+
+    const char **names = NULL;
+    const double *secs = NULL;
+    int nops = hp_model_profile(m, &names, &secs);
+    double *op_total = calloc((size_t)nops + 1, sizeof(double));
+    double *step_t = calloc((size_t)steps, sizeof(double));
+    double t_fwd = 0, t_bwd = 0, t_clip = 0, t_opt = 0, t_zero = 0;
+    float loss = 0, first_loss = 0;
+    for (int s = 0; s < warmup + steps; s++) {
+        double t0 = now();
+        CHECK(hp_model_zero_grad(m));
+        double t1 = now();
+        CHECK(hp_model_forward(m, tok, tgt, B, T, (float)valid, &loss));
+        double t2 = now();
+        CHECK(hp_model_backward(m));
+        double t3 = now();
+        double norm;
+        CHECK(hp_clip_grad_norm(hp_model_params(m), hp_model_num_params(m), 1.0, NULL, 0, &norm));
+        double t4 = now();
+        CHECK(hp_optim_step(opt, 1.0));
+        double t5 = now();
+        if (s == 0) first_loss = loss;
+        if (s >= warmup) {
+            int k = s - warmup;
+            step_t[k] = t5 - t0;
+            t_zero += t1 - t0;
+            t_fwd += t2 - t1;
+            t_bwd += t3 - t2;
+            t_clip += t4 - t3;
+            t_opt += t5 - t4;
+            hp_model_profile(m, &names, &secs);
+            for (int i = 0; i < nops; i++) op_total[i] += secs[i];
+        }
+    }
+    double *sorted = malloc(sizeof(double) * (size_t)steps);
+    memcpy(sorted, step_t, sizeof(double) * (size_t)steps);
+    qsort(sorted, (size_t)steps, sizeof(double), cmp_double);
+    double med = sorted[steps / 2];
+    double mean = 0;
+    for (int i = 0; i < steps; i++) mean += step_t[i];
+    mean /= steps;
+    double tokens = (double)B * T;
+    double fpt = hp_model_flops_per_token(&cfg, T);
+    double tps = tokens / med;
+    double gflops = fpt * tps / 1e9;
+
+    printf("bench_train_step: %s %s, B=%d T=%d, %d threads, %lld params, %.1f MFLOP/token (TorchTitan formula)\n",
+           model, flavor, B, T, threads, (long long)hp_model_param_count(&cfg, 0), fpt / 1e6);
+    printf("sgemm peak (cblas_sgemm 1024^3/2048^3, best of reps): %.1f GFLOP/s\n", peak);
+    printf("loss: step 0 %.4f -> step %d %.4f (same batch)\n", first_loss, warmup + steps - 1, loss);
+    printf("step time: median %.1f ms, mean %.1f ms over %d steps (after %d warm-up)\n", med * 1e3, mean * 1e3,
+           steps, warmup);
+    printf("RESULT hp tokens_per_s %.1f gflops %.2f mfu_pct %.1f peak_gflops %.1f step_ms %.1f\n", tps, gflops,
+           100.0 * gflops / peak, peak, med * 1e3);
+    printf("phase breakdown (mean per step): zero_grad %.1f ms, forward %.1f ms, backward %.1f ms, "
+           "clip %.1f ms, adamw %.1f ms\n",
+           1e3 * t_zero / steps, 1e3 * t_fwd / steps, 1e3 * t_bwd / steps, 1e3 * t_clip / steps,
+           1e3 * t_opt / steps);
+    double prof_sum = 0;
+    for (int i = 0; i < nops; i++) prof_sum += op_total[i];
+    printf("per-op (hp_model_profile, mean per step; %% of forward+backward):\n");
+    for (int i = 0; i < nops; i++)
+        if (op_total[i] > 0)
+            printf("  %-22s %8.2f ms  %5.1f%%\n", names[i], 1e3 * op_total[i] / steps,
+                   100.0 * op_total[i] / (t_fwd + t_bwd));
+    printf("  %-22s %8.2f ms  %5.1f%%\n", "(unattributed)", 1e3 * (t_fwd + t_bwd - prof_sum) / steps,
+           100.0 * (t_fwd + t_bwd - prof_sum) / (t_fwd + t_bwd));
+    free(sorted);
+    free(step_t);
+    free(op_total);
+    free(tok);
+    free(tgt);
+    hp_optim_free(opt);
+    hp_model_destroy(m);
+    return 0;
+}

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""The PyTorch-eager peer of bench/train_step.c: TorchTitan's llama3 debugmodel (dim 256, 6
+layers, 16 heads, ffn 768, vocab 2048, RoPE theta 5e5 with Llama 3.1 scaling) re-implemented
+in plain torch (no torchtitan import), one full step = zero_grad, forward, sum cross-entropy /
+valid tokens, backward, clip_grad_norm_(1.0), AdamW(8e-4, (0.9, 0.95), wd 0.1), f32, with
+torch.set_num_threads(threads). Prints a RESULT line that tools/bench_train_step.sh reads.
+
+  /opt/torchvenv/bin/python bench/train_step_torch.py [--batch 8] [--seq 256] [--steps 5] [--warmup 2] [--threads 2]
+"""
+import argparse
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+DIM, LAYERS, HEADS, KV_HEADS, VOCAB, HIDDEN, EPS, THETA = 256, 6, 16, 16, 2048, 768, 1e-5, 500000.0
+
+
+def precompute_freqs_cis(hd, end, theta):
+    freqs = 1.0 / (theta ** (torch.arange(0, hd, 2)[: hd // 2].float() / hd))
+    factor, lo, hi, old = 8.0, 1.0, 4.0, 8192  # Llama 3.1 scaling as TorchTitan
+    lo_wl, hi_wl = old / lo, old / hi
+    wl = 2 * math.pi / freqs
+    smooth = (old / wl - lo) / (hi - lo)
+    scaled = torch.where(wl > lo_wl, freqs / factor, freqs)
+    mid = (wl >= hi_wl) & (wl <= lo_wl)
+    freqs = torch.where(mid, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    ang = torch.outer(torch.arange(end).float(), freqs)
+    return torch.polar(torch.ones_like(ang), ang)
+
+
+def apply_rope(x, fc):  # x (B, T, H, hd), TorchTitan's complex formulation
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * fc[None, :, None, :]).flatten(3).type_as(x)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        hd = DIM // HEADS
+        self.wq = nn.Linear(DIM, HEADS * hd, bias=False)
+        self.wk = nn.Linear(DIM, KV_HEADS * hd, bias=False)
+        self.wv = nn.Linear(DIM, KV_HEADS * hd, bias=False)
+        self.wo = nn.Linear(HEADS * hd, DIM, bias=False)
+        self.w1 = nn.Linear(DIM, HIDDEN, bias=False)
+        self.w2 = nn.Linear(HIDDEN, DIM, bias=False)
+        self.w3 = nn.Linear(DIM, HIDDEN, bias=False)
+        self.attention_norm = nn.RMSNorm(DIM, eps=EPS)
+        self.ffn_norm = nn.RMSNorm(DIM, eps=EPS)
+
+    def forward(self, h, fc):
+        B, T, _ = h.shape
+        hd = DIM // HEADS
+        x = self.attention_norm(h)
+        q = apply_rope(self.wq(x).view(B, T, HEADS, hd), fc)
+        k = apply_rope(self.wk(x).view(B, T, KV_HEADS, hd), fc)
+        v = self.wv(x).view(B, T, KV_HEADS, hd)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True, enable_gqa=KV_HEADS != HEADS)
+        h = h + self.wo(o.transpose(1, 2).reshape(B, T, DIM))
+        x = self.ffn_norm(h)
+        return h + self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, T):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.norm = nn.RMSNorm(DIM, eps=EPS)
+        self.output = nn.Linear(DIM, VOCAB, bias=False)
+        self.register_buffer("freqs_cis", precompute_freqs_cis(DIM // HEADS, T, THETA), persistent=False)
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, self.freqs_cis)
+        return self.output(self.norm(h))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    B, T = a.batch, a.seq
+    model = Llama(T)
+    for n, p in model.named_parameters():
+        if p.ndim == 2:
+            nn.init.normal_(p, std=0.02)
+    nparams = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    tokens = torch.randint(0, VOCAB, (B, T))
+    targets = torch.roll(tokens, -1, 1)
+    targets[:, -1] = -100
+    valid = int((targets != -100).sum())
+    times = []
+    for s in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1), ignore_index=-100, reduction="sum") / valid
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        dt = time.perf_counter() - t0
+        if s >= a.warmup:
+            times.append(dt)
+    med = statistics.median(times)
+    emb = VOCAB * DIM
+    fpt = 6 * (nparams - emb) + 6 * LAYERS * HEADS * 2 * (DIM // HEADS) * T  # TorchTitan formula
+    tps = B * T / med
+    print(f"torch {torch.__version__}: llama3 debugmodel B={B} T={T}, {a.threads} threads, {nparams} params, "
+          f"{fpt / 1e6:.1f} MFLOP/token; median step {med * 1e3:.1f} ms over {a.steps} steps; loss {loss.item():.4f}")
+    print(f"RESULT torch tokens_per_s {tps:.1f} gflops {fpt * tps / 1e9:.2f} step_ms {med * 1e3:.1f}")
+
+
+if __name__ == "__main__":
+    main()
