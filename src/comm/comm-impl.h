@@ -123,6 +123,7 @@ struct hp_work {
     hp_comm_t comm;
     hp_op_desc_t d;
     int async;                     /* started through the non-blocking path */
+    int started;                   /* backend request started (else queued for the thread) */
     volatile int done;             /* set (progress lock) when the backend finished */
     hp_status_t status;            /* of the backend part */
     char errmsg[512];              /* message of a failure in a helper thread */

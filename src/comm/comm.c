@@ -239,6 +239,7 @@ static hp_status_t work_get(hp_comm_t comm, hp_work_t *out) {
     w->next = NULL;
     w->comm = comm;
     w->async = 0;
+    w->started = 0;
     w->done = 0;
     w->status = HP_OK;
     w->errmsg[0] = '\0';
@@ -479,45 +480,55 @@ static void finish_in_helper(hp_work_t w, hp_status_t st) {   /* g.lock held */
     w->comm->pending--;
 }
 
+/* Tests every started request on the list; returns how many completed. g.lock held. */
+static int test_started(void) {
+    int completed = 0;
+    hp_work_t prev = NULL, w = g.active_head;
+    while (w) {
+        hp_work_t next = w->next;
+        int done = 0;
+        hp_status_t st = HP_OK;
+        if (w->started) st = w->comm->be->test(&w->req, &done);
+        if (w->started && (st != HP_OK || done)) {
+            if (prev) prev->next = next;
+            else g.active_head = next;
+            if (g.active_tail == w) g.active_tail = prev;
+            finish_in_helper(w, st);
+            completed++;
+        } else {
+            prev = w;
+        }
+        w = next;
+    }
+    return completed;
+}
+
 /* POLL: tests every started request, sleeping poll_interval between rounds.
- * THREAD: runs queued works one at a time with blocking backend calls. */
+ * THREAD: runs queued collectives one at a time with blocking backend calls, in call order;
+ * point-to-point (started non-blocking by the caller, so a pending receive cannot block a
+ * later send) is tested between them as in POLL. */
 static void *progress_main(void *arg) {
     pthread_mutex_lock(&g.lock);
     for (;;) {
         while (!g.progress_stop && !g.active_head) pthread_cond_wait(&g.work_cv, &g.lock);
         if (g.progress_stop) break;
-        if (g.progress == HP_PROGRESS_THREAD) {
-            hp_work_t w = g.active_head;
-            g.active_head = w->next;
-            if (!g.active_head) g.active_tail = NULL;
+        int completed = test_started();
+        hp_work_t prev = NULL, q = g.active_head;
+        while (q && q->started) prev = q, q = q->next;
+        if (q) {
+            if (prev) prev->next = q->next;
+            else g.active_head = q->next;
+            if (g.active_tail == q) g.active_tail = prev;
             pthread_mutex_unlock(&g.lock);
-            wd_begin(w->d.kind, w->comm->size);
-            hp_status_t st = run_op(w, 0);
+            wd_begin(q->d.kind, q->comm->size);
+            hp_status_t st = run_op(q, 0);
             wd_end();
             pthread_mutex_lock(&g.lock);
-            finish_in_helper(w, st);
-            pthread_cond_broadcast(&g.done_cv);
-            continue;
-        }
-        int completed = 0;
-        hp_work_t prev = NULL, w = g.active_head;
-        while (w) {
-            hp_work_t next = w->next;
-            int done = 0;
-            hp_status_t st = w->comm->be->test(&w->req, &done);
-            if (st != HP_OK || done) {
-                if (prev) prev->next = next;
-                else g.active_head = next;
-                if (g.active_tail == w) g.active_tail = prev;
-                finish_in_helper(w, st);
-                completed = 1;
-            } else {
-                prev = w;
-            }
-            w = next;
+            finish_in_helper(q, st);
+            completed++;
         }
         if (completed) pthread_cond_broadcast(&g.done_cv);
-        if (g.active_head) {
+        if (!q && g.active_head) {
             pthread_mutex_unlock(&g.lock);
             if (g.poll_interval_s > 0) {
                 struct timespec ts = {0, (long)(g.poll_interval_s * 1e9)};
@@ -569,7 +580,8 @@ static hp_status_t dispatch(hp_work_t w, hp_work_t *out) {
         work_put(w);
         return st;
     }
-    if (g.progress == HP_PROGRESS_THREAD) {
+    int is_p2p = w->d.kind == HP_COMM_SEND || w->d.kind == HP_COMM_RECV;
+    if (g.progress == HP_PROGRESS_THREAD && !is_p2p) {
         c->pending++;
         list_push(w);
         pthread_cond_signal(&g.work_cv);
@@ -581,7 +593,8 @@ static hp_status_t dispatch(hp_work_t w, hp_work_t *out) {
             work_put(w);
             return st;
         }
-        if (g.progress == HP_PROGRESS_POLL) {
+        w->started = 1;
+        if (g.progress != HP_PROGRESS_NONE) {
             pthread_mutex_lock(&g.lock);
             c->pending++;
             list_push(w);
