@@ -167,6 +167,41 @@ static void check_split(void) {
     json_object_put(doc);
 }
 
+/* Random mixes of scripts, Unicode spaces, marks and token spellings (golden_random.json). */
+static void check_random(void) {
+    json_object *doc = json_object_from_file(data_path("golden_random.json")), *cases;
+    HP_CHECK(doc != NULL, "cannot read golden_random.json");
+    if (!doc) return;
+    json_object_object_get_ex(doc, "cases", &cases);
+    int n = (int)json_object_array_length(cases), ok_n = 0;
+    hp_tokenizer_t *tok = NULL;
+    const char *loaded = "";
+    for (int i = 0; i < n; i++) {
+        json_object *c = json_object_array_get_idx(cases, (size_t)i), *name, *text, *ids;
+        json_object_object_get_ex(c, "tokenizer", &name);
+        json_object_object_get_ex(c, "text", &text);
+        json_object_object_get_ex(c, "ids", &ids);
+        if (strcmp(loaded, json_object_get_string(name)) != 0) {
+            hp_tokenizer_free(tok);
+            tok = NULL;
+            loaded = json_object_get_string(name);
+            HP_CHECK_OK(hp_tokenizer_load(&tok, data_path(loaded)));
+        }
+        if (!tok) continue;
+        hp_token_ids_t got = {0};
+        HP_CHECK_OK(hp_tokenizer_encode(tok, json_object_get_string(text),
+                                        (size_t)json_object_get_string_len(text), 0, &got));
+        int ok = ids_equal(&got, ids);
+        HP_CHECK(ok, "random case %d (%s): ids differ from HF", i, loaded);
+        if (!ok) print_ids("ids", got.ids, got.len, ids);
+        ok_n += ok;
+        hp_token_ids_free(&got);
+    }
+    hp_tokenizer_free(tok);
+    printf("golden_random.json: %d/%d random texts equal HF\n", ok_n, n);
+    json_object_put(doc);
+}
+
 static void check_special(void) {
     hp_tokenizer_t *tok = NULL;
     HP_CHECK_OK(hp_tokenizer_load(&tok, data_path("ours.json")));
@@ -465,6 +500,7 @@ int main(void) {
     check_golden("golden_llama3_hf.json");
     check_golden("golden_ours.json");
     check_split();
+    check_random();
     check_special();
     check_training();
     check_errors();

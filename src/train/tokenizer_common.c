@@ -185,13 +185,94 @@ hp_status_t hp_tok_strmap_put(hp_tok_strmap_t *m, const char *key, size_t len, i
 
 /* ---- PCRE2 ------------------------------------------------------------------------- */
 
+/* Oniguruma (HF's regex engine) and PCRE2 disagree on a few Unicode classes: PCRE2's \s
+ * includes U+180E (its \h list), Unicode White_Space (Oniguruma) does not; Oniguruma's \w
+ * is Letter | Mark | Decimal_Number | Connector_Punctuation, PCRE2's is [\p{L}\p{N}_].
+ * Rewrite \s \S \w \W into explicit classes (inside a class only \s and \w, which expand to
+ * a list; \S and \W inside a class are left as PCRE2 has them). */
+#define WS_LIST "\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+#define WORD_LIST "\\p{L}\\p{M}\\p{Nd}\\p{Pc}"
+
+static char *onig_compat(const char *p, size_t n, size_t *out_len) {
+    size_t cap = n * 4 + 64, o = 0;
+    char *out = malloc(cap);
+    if (!out) return NULL;
+    int in_class = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *ins = NULL;
+        if (p[i] == '\\' && i + 1 < n) {
+            char c = p[i + 1];
+            if (c == 's') ins = in_class ? WS_LIST : "[" WS_LIST "]";
+            else if (c == 'S' && !in_class) ins = "[^" WS_LIST "]";
+            else if (c == 'w') ins = in_class ? WORD_LIST : "[" WORD_LIST "]";
+            else if (c == 'W' && !in_class) ins = "[^" WORD_LIST "]";
+            if (!ins) {
+                if (o + 2 > cap) break;
+                out[o++] = p[i];
+                out[o++] = p[++i];
+                continue;
+            }
+            i++;
+        } else if (p[i] == '[' && !in_class) {
+            in_class = 1;
+            if (o + 3 > cap) break;
+            out[o++] = '[';
+            /* "[]" and "[^]" start with a literal ']' */
+            if (i + 1 < n && p[i + 1] == '^') out[o++] = p[++i];
+            if (i + 1 < n && p[i + 1] == ']') out[o++] = p[++i];
+            continue;
+        } else if (p[i] == '[' && in_class && i + 1 < n && p[i + 1] == ':') {
+            const char *end = memchr(p + i + 2, ']', n - i - 2); /* [:alpha:] */
+            size_t k = end ? (size_t)(end - p) + 1 - i : 1;
+            if (o + k > cap) break;
+            memcpy(out + o, p + i, k);
+            o += k;
+            i += k - 1;
+            continue;
+        } else if (p[i] == ']' && in_class) {
+            in_class = 0;
+        }
+        if (ins) {
+            size_t k = strlen(ins);
+            if (o + k > cap) {
+                cap = (o + k) * 2;
+                char *q = realloc(out, cap);
+                if (!q) {
+                    free(out);
+                    return NULL;
+                }
+                out = q;
+            }
+            memcpy(out + o, ins, k);
+            o += k;
+        } else {
+            if (o + 1 > cap) break;
+            out[o++] = p[i];
+        }
+    }
+    *out_len = o;
+    return out;
+}
+
 hp_status_t hp_tok_regex_compile(hp_tok_regex_t *re, const char *pattern, size_t len,
                                  int literal, const char *what) {
     memset(re, 0, sizeof(*re));
     int err = 0;
     PCRE2_SIZE erroff = 0;
     uint32_t opts = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
-    re->code = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &erroff, NULL);
+    if (len == PCRE2_ZERO_TERMINATED) len = strlen(pattern);
+    char *conv = NULL;
+    size_t conv_len = len;
+    if (!literal) {
+        conv = onig_compat(pattern, len, &conv_len);
+        if (!conv) return hp_error(HP_ERR_OOM, "%s: cannot translate the regex", what);
+    }
+    re->code = pcre2_compile((PCRE2_SPTR)(conv ? conv : pattern), conv_len, opts, &err, &erroff, NULL);
+    free(conv);
+    if (!re->code && conv) { /* report the error at its place in the pattern as written */
+        pcre2_code *c = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &erroff, NULL);
+        if (c) pcre2_code_free(c);
+    }
     if (!re->code) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof(msg));

@@ -70,6 +70,8 @@ EXTRA_CASES = [
     # math letters, case folding under Llama 3's (?i:'s) (long s, Kelvin sign).
     "\u00b2\u00b3 \u00bd \u216b \u0663\u0664 \u09e7\u09e8 x\u0085nel \u180emvs \u200bzwsp \ufeffbom a\u00adb",
     "\u01c4 \u01c5 \u00df \u1e9e \ufb01 \U0001d518\U0001d52b\U0001d526 it'\u017f IT'S it\u2019s \u212a'll",
+    # U+180E is \\s for PCRE2 but not for Oniguruma (the pattern translation handles it).
+    "a  \u180e \n  \u180e\ufeff x\u180e\u180ey",
     "\u0915\u094d\u0937 \u0e01\u0e34 \ud55c\uad6d\uc5b4 \u05e9\u05c1 \u0640\u0640 \u3005\u3006 \uff21\uff11",
 ]
 
@@ -184,7 +186,45 @@ def golden(tok_path, name, specials):
 
 
 SPLIT_TEXTS = ["the-final--countdown", "Hello,  world! don't  stop -- 12-34", "a\n\nb  c\t-d-",
+               "e\u0301t\u00e9 x\u00b2 \u00bd_y \u2160 \u0663 a\u180eb",
                "--x--", "Größe -- 中文 -- 😀", "", " ", "x y"]
+
+
+def random_texts(n, seed):
+    """Random mixes of scripts, digits, punctuation, whitespace (incl. Unicode spaces),
+    marks, contractions and added / special token spellings."""
+    import random
+    rng = random.Random(seed)
+    pools = ["abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", " \t\n\r", "'",
+             ".,;:!?-_()[]{}<>/\\\"@#$%^&*+=|~`", "äöüßéèêçñÀÉ", "中文日本語テキストひらがな", "Привет мир",
+             "مرحبا", "😀🎉👍🏽\u200d❤️🇩🇪", "\u00a0\u3000\u2028\u0085\u180e\u200b\ufeff", "²½Ⅻ٣১",
+             "\u0301\u0308", "sStTdDmMlLrReEvV'"]
+    whole = ["<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>", "<tab>", "hello world", "café"]
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(0, 30)):
+            if rng.random() < 0.08:
+                parts.append(rng.choice(whole))
+            else:
+                p = rng.choice(pools)
+                parts.append("".join(rng.choice(p) for _ in range(rng.randint(1, 4))))
+        out.append("".join(parts))
+    return out
+
+
+def random_golden(names):
+    """golden_random.json: HF ids of 25 random texts per tokenizer."""
+    cases = []
+    for k, name in enumerate(names):
+        tok = Tokenizer.from_file(os.path.join(OUT, name))
+        for t in random_texts(25, 1000 + k):
+            cases.append({"tokenizer": name, "text": t, "ids": tok.encode(t, add_special_tokens=False).ids})
+    with open(os.path.join(OUT, "golden_random.json"), "w", encoding="utf-8") as f:
+        f.write('{"cases": [\n  ')
+        f.write(",\n  ".join(json.dumps(c, ensure_ascii=False) for c in cases))
+        f.write("\n]}\n")
+    print(f"golden_random.json: {len(cases)} random texts")
 
 
 def split_variants(base_path):
@@ -200,6 +240,11 @@ def split_variants(base_path):
                     variants.append({"type": "Sequence", "pretokenizers": [
                         {"type": "Split", "pattern": pat, "behavior": beh, "invert": inv},
                         {"type": "ByteLevel", "add_prefix_space": aps, "trim_offsets": True, "use_regex": aps}]})
+    # \\w and \\W differ between Oniguruma and PCRE2 (marks, non-decimal numbers).
+    for pat in [{"Regex": "\\w+"}, {"Regex": "\\W"}, {"Regex": "[\\w']+"}, {"Regex": "[^\\s\\w]+"}]:
+        variants.append({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": pat, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]})
     out = []
     for pre in variants:
         doc = dict(base)
@@ -249,6 +294,8 @@ def main():
     subprocess.run([exe, "train", "--quiet", "--vocab-size", "1500", "--output", ours,
                     "--special", "<|begin_of_text|>,<|end_of_text|>", corpus], check=True)
     golden(ours, "ours", ["<|begin_of_text|>", "<|end_of_text|>"])
+
+    random_golden(["gpt2_hf.json", "gpt2_hf_prefix.json", "llama3_hf.json", "ours.json"])
 
     # Our trainer is HF's BpeTrainer given the same sequence: train `tokenizers` on the whole
     # corpus as one text (tok.train(files) would split it into lines) and compare.
