@@ -14,6 +14,8 @@ Writes into tests/data/tokenizer/:
 
 Run (needs `tokenizers`, e.g. /opt/torchvenv/bin/python) after building hp-tokenizer:
   /opt/torchvenv/bin/python tools/golden/make_tokenizer_golden.py --hp-tokenizer build/hp-tokenizer
+Add --diff-lib build/libhyperparallel.so [--diff-n 2000] for a random differential test of
+the library against HF (nothing is written for it).
 """
 import argparse
 import glob
@@ -259,9 +261,49 @@ def split_variants(base_path):
     print(f"golden_split.json: {len(out)} pre-tokenizer variants x {len(SPLIT_TEXTS)} texts")
 
 
+def diff_against_library(lib_path, n):
+    """Optional deeper check (not needed for the committed files): encode n random texts per
+    tokenizer with our library through ctypes and with HF, and report mismatches."""
+    import ctypes
+
+    class Ids(ctypes.Structure):
+        _fields_ = [("ids", ctypes.POINTER(ctypes.c_int32)), ("len", ctypes.c_size_t), ("cap", ctypes.c_size_t)]
+
+    lib = ctypes.CDLL(lib_path)
+    lib.hp_last_error.restype = ctypes.c_char_p
+    total_bad = 0
+    for k, name in enumerate(["gpt2_hf.json", "gpt2_hf_prefix.json", "llama3_hf.json", "ours.json"]):
+        path = os.path.join(OUT, name)
+        hf = Tokenizer.from_file(path)
+        tok = ctypes.c_void_p()
+        if lib.hp_tokenizer_load(ctypes.byref(tok), path.encode()) != 0:
+            sys.exit(f"{name}: {lib.hp_last_error().decode()}")
+        bad = 0
+        for text in random_texts(n, 5000 + k):
+            for flags, special in ((0, False), (1, True)):
+                b = text.encode("utf-8")
+                ids = Ids()
+                if lib.hp_tokenizer_encode(tok, b, ctypes.c_size_t(len(b)), flags, ctypes.byref(ids)) != 0:
+                    sys.exit(f"{name}: {lib.hp_last_error().decode()}")
+                ours = [ids.ids[i] for i in range(ids.len)]
+                lib.hp_token_ids_free(ctypes.byref(ids))
+                if ours != hf.encode(text, add_special_tokens=special).ids:
+                    bad += 1
+                    if bad <= 3:
+                        print(f"  {name}: MISMATCH for {text!r}")
+        lib.hp_tokenizer_free(tok)
+        print(f"diff {name}: {bad} mismatches in {2 * n} encodes")
+        total_bad += bad
+    if total_bad:
+        sys.exit("our library disagrees with HF")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hp-tokenizer", default=None, help="path of our hp-tokenizer binary (build dir)")
+    ap.add_argument("--diff-lib", default=None,
+                    help="also compare N random texts per tokenizer against this libhyperparallel.so")
+    ap.add_argument("--diff-n", type=int, default=2000)
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
     corpus = make_corpus()
@@ -311,6 +353,8 @@ def main():
     print(f"ours.json vocab and merges equal HF BpeTrainer's on the same text: {same}")
     if not same:
         sys.exit("our trainer diverged from HF BpeTrainer")
+    if args.diff_lib:
+        diff_against_library(args.diff_lib, args.diff_n)
 
 
 if __name__ == "__main__":
