@@ -1,0 +1,59 @@
+/* hp_trainer: TorchTitan's training loop in C. Builds ParallelDims and meshes, the model
+ * (registry by name/flavor), optimizer, LR schedule, tokenizer and data loaders from an
+ * hp_config_t; each step pulls grad_accum micro-batches, normalises the loss by the global
+ * number of valid target tokens (summed over the batch mesh), runs forward/backward, reduces
+ * gradients over the data-parallel ranks, clips, checks finiteness and steps the optimizer.
+ * A non-finite loss or gradient norm stops the run with HP_ERR_NUMERIC naming the step. */
+#ifndef HYPERPARALLEL_TRAINER_H
+#define HYPERPARALLEL_TRAINER_H
+
+#include <stdint.h>
+#include "comm.h"
+#include "config.h"
+#include "model.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hp_trainer hp_trainer_t;
+
+/* Collective over `world`. Validates the config against the world size and refuses any
+ * parallelism this build does not implement (see docs/config.md). */
+hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_trainer_t **out);
+void hp_trainer_destroy(hp_trainer_t *t);
+
+typedef struct hp_step_stats {
+    int64_t step;          /* 1-based, as TorchTitan */
+    double loss;           /* global mean loss over every valid target of the step */
+    double grad_norm;      /* before clipping */
+    double lr;
+    int64_t tokens;        /* input tokens this rank processed in the step */
+    int64_t valid_tokens;  /* global valid targets (the loss divisor) */
+    double seconds;        /* wall time of the step */
+} hp_step_stats_t;
+
+/* One optimizer step (all micro-batches). *stats may be NULL. */
+hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats);
+/* Runs the remaining training.steps steps with logging and validation; then writes the final
+ * weights (rank 0) to job.dump_folder/weights.safetensors when dump_folder is set. */
+hp_status_t hp_trainer_train(hp_trainer_t *t);
+/* Mean loss over validation.steps batches of the validation split (all ranks). */
+hp_status_t hp_trainer_validate(hp_trainer_t *t, double *loss);
+
+hp_model_t hp_trainer_model(hp_trainer_t *t);
+int64_t hp_trainer_current_step(const hp_trainer_t *t);
+/* Gradient accumulation steps in use. */
+int64_t hp_trainer_grad_accum(const hp_trainer_t *t);
+
+/* Writes the model weights (rank 0 of a replicated model) with the model config in the
+ * safetensors metadata, loadable by hp_model_load_weights / hp-generate. */
+hp_status_t hp_model_save_weights(hp_model_t m, const char *path);
+/* Creates a model from a file written by hp_model_save_weights (config from its metadata). */
+hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_len, hp_model_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,473 @@
+/* The training loop (TorchTitan's Trainer.train_step in C): global token normalisation,
+ * gradient accumulation, data-parallel gradient reduction, clipping, finiteness check,
+ * optimizer and LR schedule, validation, logging, final weights. */
+#define _GNU_SOURCE
+#include "hyperparallel/trainer.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <stddef.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "hyperparallel/data.h"
+#include "hyperparallel/metrics.h"
+#include "hyperparallel/optim.h"
+#include "hyperparallel/parallel_dims.h"
+#include "hyperparallel/safetensors.h"
+#include "hyperparallel/tokenizer.h"
+
+/* Parallelisms this build implements: replicated data parallel (one SUM all-reduce per
+ * gradient after backward). FSDP, TP, PP, CP and EP are refused by ParallelDims. */
+#define HP_TRAINER_IMPLEMENTED (HP_PAR_DP_REPLICATE)
+
+struct hp_trainer {
+    hp_config_t cfg;
+    hp_comm_t world;
+    int rank, world_size;
+    hp_parallel_dims_t pd;
+    hp_parallel_meshes_t meshes;
+    hp_comm_t dp_comm;          /* batch mesh: data-parallel ranks */
+    int dp_rank, dp_size;
+    hp_model_config_t mcfg;
+    hp_model_t model;
+    hp_optim_t *opt;
+    hp_lr_schedule_t lr;
+    hp_tokenizer_t *tok;
+    hp_token_ids_t scratch;     /* encoder scratch for the data loaders */
+    hp_dataset_t *ds;
+    hp_dataloader_t *dl, *val_dl;
+    int64_t accum;
+    int B, T, val_B;
+    int32_t *inputs, *labels;   /* (accum, B, T) */
+    hp_work_t *grad_work;       /* one handle per parameter for the gradient all-reduce */
+    int64_t step;
+    double flops_per_token;
+    hp_metrics_t *metrics;
+    hp_metrics_paths_t metric_paths;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* hp_encode_fn over the tokenizer (documents get BOS/EOS from the data layer). */
+static hp_status_t encode_cb(void *ctx, const char *text, size_t len, int32_t *ids, size_t cap, size_t *n_ids) {
+    hp_trainer_t *t = ctx;
+    t->scratch.len = 0;
+    HP_TRY(hp_tokenizer_encode(t->tok, text, len, 0, &t->scratch));
+    size_t n = t->scratch.len;
+    memcpy(ids, t->scratch.ids, (n < cap ? n : cap) * sizeof(int32_t));
+    *n_ids = n;
+    return HP_OK;
+}
+
+static hp_status_t refuse_unimplemented(const hp_config_t *c) {
+    if (strcmp(c->training.dtype, "float32") != 0)
+        return hp_error(HP_ERR_UNSUPPORTED,
+                        "training.dtype = %s is not implemented yet (parameters and optimizer state are float32); "
+                        "set --training.dtype=float32", c->training.dtype);
+    if (strcmp(c->activation_checkpoint.mode, "none") != 0)
+        return hp_error(HP_ERR_UNSUPPORTED,
+                        "activation_checkpoint.mode = %s is not implemented yet; set --activation_checkpoint.mode=none",
+                        c->activation_checkpoint.mode);
+    if (c->checkpoint.enable)
+        return hp_error(HP_ERR_UNSUPPORTED,
+                        "checkpoint.enable = true: distributed checkpointing is not implemented yet; set "
+                        "--checkpoint.enable=false (final weights are still written to job.dump_folder)");
+    return HP_OK;
+}
+
+static hp_status_t make_dirs(const char *path) {
+    char buf[HP_CONFIG_STR_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return hp_error(HP_ERR_IO, "cannot create folder '%s': %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return hp_error(HP_ERR_IO, "cannot create folder '%s': %s", buf, strerror(errno));
+    return HP_OK;
+}
+
+/* Collective status: every rank learns whether any rank failed, so no rank waits forever in
+ * a collective that a failed rank never enters. */
+static hp_status_t agree(hp_comm_t world, hp_status_t s) {
+    int32_t bad = s != HP_OK, any = 0;
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", hp_last_error());
+    hp_status_t cs = hp_all_reduce(&bad, &any, 1, HP_I32, HP_MAX, world, NULL);
+    if (cs != HP_OK) return cs;
+    if (s != HP_OK) return hp_error(s, "%s", msg);
+    if (any) return hp_error(HP_ERR_STATE, "another rank failed during start-up (see its message)");
+    return HP_OK;
+}
+
+static hp_status_t build(hp_trainer_t *t) {
+    const hp_config_t *c = &t->cfg;
+    HP_TRY(hp_config_validate(c));
+    HP_TRY(refuse_unimplemented(c));
+    HP_TRY(hp_parallel_dims_from_config(c, t->world_size, &t->pd));
+    HP_TRY(hp_parallel_dims_check_implemented(&t->pd, HP_TRAINER_IMPLEMENTED));
+    t->B = (int)c->training.local_batch_size;
+    t->T = (int)c->training.seq_len;
+    t->val_B = c->validation.local_batch_size > 0 ? (int)c->validation.local_batch_size : t->B;
+    HP_TRY(hp_config_grad_accum_steps(c, hp_parallel_dims_dp(&t->pd), &t->accum));
+
+    /* tokenizer: the model's vocabulary follows it (TorchTitan's update_from_config) */
+    if (!c->tokenizer.path[0])
+        return hp_error(HP_ERR_INVALID_ARG, "tokenizer.path is empty; expected a tokenizer.json (make one with "
+                                            "`hp-tokenizer train --vocab-size 2048 --output tokenizer.json FILES`)");
+    HP_TRY(hp_tokenizer_load(&t->tok, c->tokenizer.path));
+    HP_TRY(hp_model_flavor(c->model.name, c->model.flavor, &t->mcfg));
+    t->mcfg.vocab_size = hp_tokenizer_vocab_size(t->tok);
+    t->mcfg.max_seq_len = t->T;
+    HP_TRY(hp_model_config_validate(&t->mcfg));
+    HP_TRY(hp_model_create(&t->mcfg, t->B > t->val_B ? t->B : t->val_B, t->T, &t->model));
+    HP_TRY(hp_model_init_weights(t->model, (uint64_t)c->training.seed));
+    t->flops_per_token = hp_model_flops_per_token(&t->mcfg, t->T);
+
+    hp_optim_kind_t kind;
+    HP_TRY(hp_optim_kind_from_name(c->optimizer.name, &kind));
+    hp_optim_config_t oc = hp_optim_default(kind);
+    oc.lr = c->optimizer.lr;
+    oc.weight_decay = c->optimizer.weight_decay;
+    oc.beta1 = c->optimizer.beta1;
+    oc.beta2 = c->optimizer.beta2;
+    oc.eps = c->optimizer.eps;
+    if (kind == HP_OPTIM_SGD) oc.momentum = c->optimizer.momentum;
+    if (kind == HP_OPTIM_MUON) oc.muon_momentum = c->optimizer.momentum;
+    HP_TRY(hp_optim_create(&oc, hp_model_params(t->model), hp_model_num_params(t->model), &t->opt));
+    hp_lr_decay_t decay;
+    HP_TRY(hp_lr_decay_from_name(c->lr_scheduler.decay_type, &decay));
+    HP_TRY(hp_lr_schedule_init(&t->lr, c->training.steps, c->lr_scheduler.warmup_steps, c->lr_scheduler.decay_ratio,
+                               decay, c->lr_scheduler.min_lr_factor));
+
+    /* data */
+    hp_dataset_options_t dso = hp_dataset_options_from_config(c);
+    HP_TRY(hp_dataset_open(&dso, &t->ds));
+    hp_text_encoder_t enc = {encode_cb, t, hp_tokenizer_bos_id(t->tok), hp_tokenizer_eos_id(t->tok)};
+    hp_dataloader_options_t dlo = {HP_SPLIT_TRAIN, t->T, t->B, t->dp_rank, t->dp_size, c->data.loop,
+                                   t->mcfg.vocab_size};
+    HP_TRY(hp_dataloader_create(t->ds, &enc, &dlo, &t->dl));
+    if (c->validation.enable) {
+        if (hp_dataset_num_documents(t->ds, HP_SPLIT_VALIDATION) == 0)
+            return hp_error(HP_ERR_INVALID_ARG, "validation.enable = true but the validation split of '%s' is empty; "
+                                                "set data.validation_fraction > 0", c->data.path);
+        hp_dataloader_options_t vo = dlo;
+        vo.split = HP_SPLIT_VALIDATION;
+        vo.batch_size = t->val_B;
+        vo.loop = false;
+        HP_TRY(hp_dataloader_create(t->ds, &enc, &vo, &t->val_dl));
+    }
+
+    size_t n = (size_t)t->accum * (size_t)t->B * (size_t)t->T;
+    t->inputs = hp_malloc(n * sizeof(int32_t));
+    t->labels = hp_malloc(n * sizeof(int32_t));
+    t->grad_work = hp_calloc((size_t)hp_model_num_params(t->model), sizeof(hp_work_t));
+    if (!t->inputs || !t->labels || !t->grad_work) return HP_ERR_OOM;
+
+    if (c->job.dump_folder[0]) HP_TRY(make_dirs(c->job.dump_folder));
+    int metrics_rank = hp_parallel_dims_metrics_rank(&t->pd);
+    hp_metrics_options_t mo = hp_metrics_options_from_config(c, t->rank, t->rank == metrics_rank, t->flops_per_token,
+                                                             hp_parallel_dims_non_dp(&t->pd), &t->metric_paths);
+    mo.total_steps = c->training.steps;
+    HP_TRY(hp_metrics_create(&mo, &t->metrics));
+    return HP_OK;
+}
+
+hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_trainer_t **out) {
+    *out = NULL;
+    hp_trainer_t *t = hp_calloc(1, sizeof *t);
+    if (!t) return HP_ERR_OOM;
+    t->cfg = *cfg;
+    t->world = world;
+    t->rank = hp_comm_rank(world);
+    t->world_size = hp_comm_size(world);
+    /* ParallelDims first (pure arithmetic, identical on every rank), then the meshes. */
+    hp_status_t s = hp_parallel_dims_from_config(cfg, t->world_size, &t->pd);
+    if (s == HP_OK) s = hp_parallel_dims_check_implemented(&t->pd, HP_TRAINER_IMPLEMENTED);
+    if (s == HP_OK) s = hp_parallel_dims_build_mesh(&t->pd, world, &t->meshes);
+    if (s == HP_OK) {
+        t->dp_comm = hp_mesh_get_comm(t->meshes.batch, 0);
+        t->dp_rank = hp_comm_rank(t->dp_comm);
+        t->dp_size = hp_comm_size(t->dp_comm);
+        s = build(t);
+    }
+    s = agree(world, s);
+    if (s != HP_OK) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", hp_last_error());
+        hp_trainer_destroy(t);
+        return hp_error(s, "%s", msg);
+    }
+    if (t->rank == 0) {
+        size_t pb, gb, ab, wb;
+        hp_model_memory(t->model, &pb, &gb, &ab, &wb);
+        char dims[256];
+        hp_log(HP_LOG_INFO, "model %s %s: %lld parameters, vocab %d, %.3g FLOPs/token (seq %d)", t->mcfg.name,
+               t->mcfg.flavor, (long long)hp_model_param_count(&t->mcfg, 0), t->mcfg.vocab_size, t->flops_per_token,
+               t->T);
+        hp_log(HP_LOG_INFO, "parallel dims: %s; grad accumulation %lld; global batch %lld x %d tokens",
+               hp_parallel_dims_str(&t->pd, dims, sizeof dims), (long long)t->accum,
+               (long long)(t->accum * t->B * t->dp_size), t->T);
+        hp_log(HP_LOG_INFO, "memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, "
+                            "activations %.1f MiB, workspace %.1f MiB",
+               pb / 1048576.0, gb / 1048576.0, hp_optim_state_bytes(t->opt) / 1048576.0, ab / 1048576.0,
+               wb / 1048576.0);
+    }
+    *out = t;
+    return HP_OK;
+}
+
+void hp_trainer_destroy(hp_trainer_t *t) {
+    if (!t) return;
+    hp_metrics_destroy(t->metrics);
+    free(t->inputs);
+    free(t->labels);
+    free(t->grad_work);
+    hp_dataloader_destroy(t->val_dl);
+    hp_dataloader_destroy(t->dl);
+    hp_dataset_close(t->ds);
+    hp_token_ids_free(&t->scratch);
+    hp_tokenizer_free(t->tok);
+    hp_optim_free(t->opt);
+    hp_model_destroy(t->model);
+    if (t->meshes.world) hp_parallel_meshes_destroy(&t->meshes);
+    free(t);
+}
+
+hp_model_t hp_trainer_model(hp_trainer_t *t) { return t->model; }
+int64_t hp_trainer_current_step(const hp_trainer_t *t) { return t->step; }
+int64_t hp_trainer_grad_accum(const hp_trainer_t *t) { return t->accum; }
+
+hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats) {
+    double t0 = now_s();
+    const int64_t bt = (int64_t)t->B * t->T;
+    int64_t step = t->step + 1;
+    /* 1. pull every micro-batch first and count valid targets */
+    int64_t local[2] = {0, 0};   /* (valid targets, ranks whose data ran out) */
+    for (int64_t a = 0; a < t->accum && !local[1]; a++) {
+        bool got = false;
+        HP_TRY(hp_dataloader_next(t->dl, t->inputs + a * bt, t->labels + a * bt, &got));
+        if (!got) local[1] = 1;
+        for (int64_t i = 0; got && i < bt; i++) local[0] += t->labels[a * bt + i] != -100;
+    }
+    /* 2. global valid tokens over the batch mesh (DESIGN invariant 7); every rank learns
+     * whether any rank's data ran out, so all stop together */
+    int64_t global[2];
+    HP_TRY(hp_all_reduce(local, global, 2, HP_I64, HP_SUM, t->dp_comm, NULL));
+    if (global[1])
+        return hp_error(HP_ERR_STATE, "step %lld: the training data is exhausted (data.loop = false); "
+                                      "lower training.steps or set --data.loop=true", (long long)step);
+    int64_t global_valid = global[0];
+    hp_metrics_add_tokens(t->metrics, t->accum * bt);
+    /* 3. forward/backward per micro-batch; grads accumulate */
+    HP_TRY(hp_model_zero_grad(t->model));
+    double local_loss = 0.0;
+    for (int64_t a = 0; a < t->accum; a++) {
+        float loss = 0.0f;
+        HP_TRY(hp_model_forward(t->model, t->inputs + a * bt, t->labels + a * bt, t->B, t->T, (float)global_valid,
+                                &loss));
+        HP_TRY(hp_model_backward(t->model));
+        local_loss += loss;
+    }
+    /* 4. data parallel: gradients are sums over ranks (the loss is already globally
+     * normalised), reduced asynchronously per parameter, then waited for. */
+    int np = hp_model_num_params(t->model);
+    hp_param_t *params = hp_model_params(t->model);
+    if (t->dp_size > 1) {
+        for (int i = 0; i < np; i++) {
+            hp_tensor_t *g = &params[i].grad.local;
+            HP_TRY(hp_all_reduce(g->data, g->data, (size_t)hp_tensor_numel(g), HP_F32, HP_SUM, t->dp_comm,
+                                 &t->grad_work[i]));
+        }
+        for (int i = 0; i < np; i++) HP_TRY(hp_work_wait(&t->grad_work[i]));
+    }
+    /* 5. global loss and finiteness (every rank agrees) */
+    double global_loss;
+    {
+        float lf = (float)local_loss, gf = 0.0f;
+        HP_TRY(hp_all_reduce(&lf, &gf, 1, HP_F32, HP_SUM, t->dp_comm, NULL));
+        global_loss = gf;
+    }
+    double norm = 0.0;
+    hp_status_t cs = t->cfg.training.max_norm > 0
+                         ? hp_clip_grad_norm(params, np, t->cfg.training.max_norm, NULL, 0, &norm)
+                         : hp_grad_norm(params, np, NULL, 0, &norm);
+    if (!isfinite(global_loss))
+        return hp_error(HP_ERR_NUMERIC, "step %lld: the loss is %g; training stopped before the optimizer step "
+                                        "(lower optimizer.lr or check the data)", (long long)step, global_loss);
+    if (cs == HP_ERR_NUMERIC || !isfinite(norm))
+        return hp_error(HP_ERR_NUMERIC, "step %lld: the gradient norm is %g; training stopped before the optimizer "
+                                        "step (lower optimizer.lr or set training.max_norm)", (long long)step, norm);
+    HP_TRY(cs);
+    /* 6. optimizer and schedule */
+    double factor = hp_lr_schedule_factor(&t->lr, step - 1);
+    HP_TRY(hp_optim_step(t->opt, factor));
+    t->step = step;
+    if (stats) {
+        stats->step = step;
+        stats->loss = global_loss;
+        stats->grad_norm = norm;
+        stats->lr = t->cfg.optimizer.lr * factor;
+        stats->tokens = t->accum * bt;
+        stats->valid_tokens = global_valid;
+        stats->seconds = now_s() - t0;
+    }
+    return HP_OK;
+}
+
+hp_status_t hp_trainer_validate(hp_trainer_t *t, double *loss) {
+    *loss = NAN;
+    if (!t->val_dl)
+        return hp_error(HP_ERR_STATE, "validation is not enabled; set --validation.enable=true and "
+                                      "--data.validation_fraction > 0");
+    hp_dataloader_reset(t->val_dl);
+    const int64_t bt = (int64_t)t->val_B * t->T;
+    double sums[2] = {0.0, 0.0};   /* (loss sum, valid targets) on this rank */
+    for (int64_t i = 0; t->cfg.validation.steps < 0 || i < t->cfg.validation.steps; i++) {
+        bool got = false;
+        HP_TRY(hp_dataloader_next(t->val_dl, t->inputs, t->labels, &got));
+        /* every rank must run the same number of collectives: stop when any rank runs dry */
+        int32_t have = got, all = 0;
+        HP_TRY(hp_all_reduce(&have, &all, 1, HP_I32, HP_MIN, t->dp_comm, NULL));
+        if (!all) break;
+        float l = 0.0f;
+        HP_TRY(hp_model_forward(t->model, t->inputs, t->labels, t->val_B, t->T, 1.0f, &l));
+        sums[0] += l;
+        sums[1] += (double)hp_model_valid_tokens(t->model);
+        (void)bt;
+    }
+    float local[2] = {(float)sums[0], (float)sums[1]}, global[2];
+    HP_TRY(hp_all_reduce(local, global, 2, HP_F32, HP_SUM, t->dp_comm, NULL));
+    if (global[1] <= 0)
+        return hp_error(HP_ERR_STATE, "the validation split yields no full batch of %d x %d tokens; lower "
+                                      "validation.local_batch_size or raise data.validation_fraction", t->val_B, t->T);
+    *loss = global[0] / global[1];
+    return HP_OK;
+}
+
+/* ---- weights file ------------------------------------------------------------------- */
+
+#define META_INT(field) {#field, offsetof(hp_model_config_t, field), 'i'}
+#define META_FLT(field) {#field, offsetof(hp_model_config_t, field), 'f'}
+
+typedef struct { const char *key; size_t offset; char kind; } meta_field_t;
+
+static const meta_field_t meta_fields[] = {
+    META_INT(dim), META_INT(n_layers), META_INT(n_heads), META_INT(n_kv_heads), META_INT(head_dim),
+    META_INT(vocab_size), META_INT(hidden_dim), META_INT(multiple_of), META_FLT(ffn_dim_multiplier),
+    META_FLT(norm_eps), META_FLT(rope_theta), META_INT(rope_scaling), META_FLT(rope_factor),
+    META_FLT(rope_low_freq_factor), META_FLT(rope_high_freq_factor), META_INT(rope_original_max_pos),
+    META_INT(qk_norm), META_INT(tie_embeddings), META_INT(max_seq_len),
+};
+#define N_META_FIELDS ((int)(sizeof meta_fields / sizeof meta_fields[0]))
+
+hp_status_t hp_model_save_weights(hp_model_t m, const char *path) {
+    const hp_model_config_t *cfg = hp_model_config(m);
+    int np = hp_model_num_params(m);
+    hp_param_t *params = hp_model_params(m);
+    hp_st_entry_t *entries = hp_calloc((size_t)np, sizeof *entries);
+    char (*vals)[64] = hp_calloc(N_META_FIELDS, 64);
+    const char **meta = hp_calloc(2 * (N_META_FIELDS + 3), sizeof(char *));
+    if (!entries || !vals || !meta) {
+        free(entries); free(vals); free(meta);
+        return HP_ERR_OOM;
+    }
+    for (int i = 0; i < np; i++) {
+        entries[i].name = params[i].name;
+        entries[i].tensor = &params[i].value.local;
+        entries[i].dtype = hp_st_dtype_from_hp(HP_F32);
+    }
+    int k = 0;
+    meta[k++] = "format"; meta[k++] = "hyperparallel-weights";
+    meta[k++] = "model.name"; meta[k++] = cfg->name;
+    meta[k++] = "model.flavor"; meta[k++] = cfg->flavor;
+    for (int i = 0; i < N_META_FIELDS; i++) {
+        const char *base = (const char *)cfg + meta_fields[i].offset;
+        if (meta_fields[i].kind == 'i') snprintf(vals[i], 64, "%d", *(const int *)base);
+        else snprintf(vals[i], 64, "%.9g", *(const float *)base);
+        meta[k++] = meta_fields[i].key;
+        meta[k++] = vals[i];
+    }
+    hp_status_t s = hp_safetensors_write(path, entries, np, meta, k / 2);
+    free(entries); free(vals); free(meta);
+    return s;
+}
+
+hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_len, hp_model_t *out) {
+    *out = NULL;
+    hp_safetensors_t *st = NULL;
+    HP_TRY(hp_safetensors_open(path, &st));
+    hp_status_t s = HP_OK;
+    const char *fmt = hp_safetensors_metadata(st, "format");
+    const char *name = hp_safetensors_metadata(st, "model.name");
+    const char *flavor = hp_safetensors_metadata(st, "model.flavor");
+    if (!fmt || strcmp(fmt, "hyperparallel-weights") != 0 || !name || !flavor) {
+        hp_safetensors_close(st);
+        return hp_error(HP_ERR_FORMAT, "%s: not a weights file written by hp-train (its __metadata__ lacks "
+                                       "format=hyperparallel-weights and model.name/flavor)", path);
+    }
+    hp_model_config_t cfg;
+    s = hp_model_flavor(name, flavor, &cfg);
+    for (int i = 0; s == HP_OK && i < N_META_FIELDS; i++) {
+        const char *v = hp_safetensors_metadata(st, meta_fields[i].key);
+        if (!v) {
+            s = hp_error(HP_ERR_FORMAT, "%s: __metadata__ lacks '%s'", path, meta_fields[i].key);
+            break;
+        }
+        char *end = NULL;
+        char *base = (char *)&cfg + meta_fields[i].offset;
+        if (meta_fields[i].kind == 'i') *(int *)base = (int)strtol(v, &end, 10);
+        else *(float *)base = strtof(v, &end);
+        if (!end || *end)
+            s = hp_error(HP_ERR_FORMAT, "%s: __metadata__ '%s' = '%s' is not a number", path, meta_fields[i].key, v);
+    }
+    if (max_seq_len <= 0) max_seq_len = cfg.max_seq_len;   /* the training context */
+    if (s == HP_OK && max_seq_len > cfg.max_seq_len) cfg.max_seq_len = max_seq_len;
+    if (s == HP_OK) s = hp_model_config_validate(&cfg);
+    hp_model_t m = NULL;
+    if (s == HP_OK) s = hp_model_create(&cfg, max_batch, max_seq_len, &m);
+    hp_param_t *params = m ? hp_model_params(m) : NULL;
+    for (int i = 0; s == HP_OK && i < hp_model_num_params(m); i++)
+        s = hp_safetensors_read(st, params[i].name, &params[i].value.local, 1);
+    hp_safetensors_close(st);
+    if (s != HP_OK) {
+        hp_model_destroy(m);
+        return s;
+    }
+    *out = m;
+    return HP_OK;
+}
+
+hp_status_t hp_trainer_train(hp_trainer_t *t) {
+    const hp_config_t *c = &t->cfg;
+    while (t->step < c->training.steps) {
+        hp_step_stats_t st;
+        HP_TRY(hp_trainer_step(t, &st));
+        if (hp_metrics_should_log(t->metrics, st.step))
+            HP_TRY(hp_metrics_log(t->metrics, st.step, st.loss, NAN, st.grad_norm, st.lr, NULL));
+        if (t->val_dl && c->validation.freq > 0 && st.step % c->validation.freq == 0) {
+            double vl;
+            HP_TRY(hp_trainer_validate(t, &vl));
+            HP_TRY(hp_metrics_log_scalar(t->metrics, "validation_metrics/loss", st.step, vl));
+        }
+    }
+    if (c->job.dump_folder[0] && t->rank == 0) {
+        char path[2 * HP_CONFIG_STR_MAX];
+        snprintf(path, sizeof path, "%s/weights.safetensors", c->job.dump_folder);
+        HP_TRY(hp_model_save_weights(t->model, path));
+        hp_log(HP_LOG_INFO, "final weights written to %s", path);
+    }
+    return HP_OK;
+}

@@ -1,0 +1,151 @@
+/* hp-generate: sample text from weights written by hp-train.
+ *   hp-generate --weights W.safetensors --tokenizer tokenizer.json [--prompt TEXT]
+ *               [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
+ * Decoding recomputes the forward over the (sliding) context for every new token; the
+ * model has no incremental KV-cache path yet (see README status). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hyperparallel/model.h>
+#include <hyperparallel/rng.h>
+#include <hyperparallel/tokenizer.h>
+#include <hyperparallel/trainer.h>
+
+typedef struct { float p; int32_t id; } cand_t;
+
+static int by_prob_desc(const void *a, const void *b) {
+    const cand_t *x = a, *y = b;
+    if (x->p != y->p) return x->p < y->p ? 1 : -1;
+    return x->id - y->id;   /* deterministic order for ties */
+}
+
+/* Temperature, top-k, then top-p (nucleus) sampling with a uniform u in [0, 1). */
+static int32_t sample(const float *logits, int V, float temperature, int top_k, float top_p, float u, cand_t *c) {
+    if (temperature <= 0.0f) {   /* greedy */
+        int32_t best = 0;
+        for (int v = 1; v < V; v++)
+            if (logits[v] > logits[best]) best = v;
+        return best;
+    }
+    float mx = -INFINITY;
+    for (int v = 0; v < V; v++) mx = fmaxf(mx, logits[v]);
+    double z = 0.0;
+    for (int v = 0; v < V; v++) {
+        c[v].id = v;
+        c[v].p = expf((logits[v] - mx) / temperature);
+        z += c[v].p;
+    }
+    for (int v = 0; v < V; v++) c[v].p = (float)(c[v].p / z);
+    qsort(c, (size_t)V, sizeof *c, by_prob_desc);
+    int n = top_k > 0 && top_k < V ? top_k : V;
+    double cum = 0.0;
+    int keep = n;
+    for (int i = 0; i < n; i++) {
+        cum += c[i].p;
+        if (cum >= top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    double mass = 0.0;
+    for (int i = 0; i < keep; i++) mass += c[i].p;
+    double r = u * mass, acc = 0.0;
+    for (int i = 0; i < keep; i++) {
+        acc += c[i].p;
+        if (r < acc) return c[i].id;
+    }
+    return c[keep - 1].id;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: hp-generate --weights FILE --tokenizer FILE [--prompt TEXT] [--max-new-tokens N]\n"
+               "                   [--temperature T] [--top-k K] [--top-p P] [--seed S]\n");
+}
+
+int main(int argc, char **argv) {
+    const char *weights = NULL, *tokpath = NULL, *prompt = "";
+    int max_new = 64, top_k = 0;
+    float temperature = 0.8f, top_p = 1.0f;
+    unsigned long long seed = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) { usage(stdout); return 0; }
+        if (!v) { fprintf(stderr, "hp-generate: error: %s needs a value\n", a); usage(stderr); return 2; }
+        char *end = NULL;
+        if (!strcmp(a, "--weights")) weights = v;
+        else if (!strcmp(a, "--tokenizer")) tokpath = v;
+        else if (!strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "--max-new-tokens")) max_new = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--temperature")) temperature = strtof(v, &end);
+        else if (!strcmp(a, "--top-k")) top_k = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--top-p")) top_p = strtof(v, &end);
+        else if (!strcmp(a, "--seed")) seed = strtoull(v, &end, 10);
+        else { fprintf(stderr, "hp-generate: error: unknown option '%s'\n", a); usage(stderr); return 2; }
+        if (end && *end) { fprintf(stderr, "hp-generate: error: %s '%s' is not a number\n", a, v); return 2; }
+        i++;
+    }
+    if (!weights || !tokpath) { fprintf(stderr, "hp-generate: error: --weights and --tokenizer are required\n"); usage(stderr); return 2; }
+    if (max_new < 0 || top_k < 0 || !(top_p > 0.0f && top_p <= 1.0f) || temperature < 0.0f) {
+        fprintf(stderr, "hp-generate: error: expected --max-new-tokens >= 0, --top-k >= 0, 0 < --top-p <= 1, --temperature >= 0\n");
+        return 2;
+    }
+    hp_tokenizer_t *tok = NULL;
+    hp_model_t m = NULL;
+    if (hp_tokenizer_load(&tok, tokpath) != HP_OK) { fprintf(stderr, "hp-generate: error: %s\n", hp_last_error()); return 1; }
+    /* the context window is the training sequence length stored with the weights */
+    if (hp_model_load_weights(weights, 1, 0, &m) != HP_OK) {
+        fprintf(stderr, "hp-generate: error: %s\n", hp_last_error());
+        hp_tokenizer_free(tok);
+        return 1;
+    }
+    const hp_model_config_t *cfg = hp_model_config(m);
+    if (hp_tokenizer_vocab_size(tok) > cfg->vocab_size) {
+        fprintf(stderr, "hp-generate: error: tokenizer %s has %d ids but the model's vocabulary is %d; use the "
+                        "tokenizer the model was trained with\n", tokpath, hp_tokenizer_vocab_size(tok), cfg->vocab_size);
+        return 1;
+    }
+    int ctx = cfg->max_seq_len, V = cfg->vocab_size;
+    hp_token_ids_t ids = {0};
+    if (hp_tokenizer_encode(tok, prompt, strlen(prompt), HP_TOKENIZE_ADD_BOS, &ids) != HP_OK) {
+        fprintf(stderr, "hp-generate: error: %s\n", hp_last_error());
+        return 1;
+    }
+    size_t n_prompt = ids.len;
+    int32_t *all = malloc(sizeof(int32_t) * (n_prompt + (size_t)max_new + 1));
+    cand_t *cands = malloc(sizeof(cand_t) * (size_t)V);
+    if (!all || !cands) return 1;
+    memcpy(all, ids.ids, n_prompt * sizeof(int32_t));
+    size_t n = n_prompt;
+    hp_rng_key_t key = hp_rng_key(seed, "hp-generate");
+    int32_t eos = hp_tokenizer_eos_id(tok);
+    for (int k = 0; k < max_new; k++) {
+        size_t start = n > (size_t)ctx ? n - (size_t)ctx : 0;
+        int T = (int)(n - start);
+        float unused;
+        if (hp_model_forward(m, all + start, NULL, 1, T, 1.0f, &unused) != HP_OK) {
+            fprintf(stderr, "hp-generate: error: %s\n", hp_last_error());
+            return 1;
+        }
+        const float *logits = hp_model_logits(m) + (size_t)(T - 1) * (size_t)V;
+        int32_t next = sample(logits, V, temperature, top_k, top_p, hp_rng_uniform_at(key, (uint64_t)k), cands);
+        all[n++] = next;
+        if (next == eos) break;
+    }
+    char *text = NULL;
+    size_t tl = 0;
+    if (hp_tokenizer_decode(tok, all, n, HP_DETOKENIZE_SKIP_SPECIAL, &text, &tl) != HP_OK) {
+        fprintf(stderr, "hp-generate: error: %s\n", hp_last_error());
+        return 1;
+    }
+    printf("%s\n", text);
+    free(text);
+    free(all);
+    free(cands);
+    hp_token_ids_free(&ids);
+    hp_model_destroy(m);
+    hp_tokenizer_free(tok);
+    return 0;
+}
