@@ -686,6 +686,9 @@ hp_status_t hp_work_test(hp_work_t *work, int *done) {
 /* ---- lifetime ---------------------------------------------------------------------------- */
 
 static void abort_hook(const char *message, void *ctx) {
+    fprintf(stderr, "[rank %d] hp_comm: fatal error, ending every rank of the job with MPI_Abort\n",
+            hp_log_get_rank());
+    fflush(stderr);
     if (g.be) g.be->abort_job(NULL, 1);
 }
 
