@@ -93,6 +93,23 @@ static void test_distribute(void) {
     HP_CHECK_OK(hp_dtensor_distribute(&a, NULL, &g2, M2, 2, pnn, -1));
     tu_check_local(&a, &g2, 1, "2x2 [S0,S0] local split");
     hp_dtensor_free(&a);
+    /* a mesh dim of size 1 still issues its (one-rank) collective, as PyTorch's
+     * mesh_scatter / mesh_broadcast do */
+    {
+        hp_mesh_t m41;
+        HP_CHECK_OK(hp_mesh_create(W, 2, (int64_t[]){4, 1}, NULL, &m41));
+        hp_comm_counts_reset();
+        HP_CHECK_OK(hp_dtensor_distribute(&a, NULL, &g2, m41, 2, p01, 0));
+        expect_scatter_bcast(m41, "(4,1) [S0,S1]", 2, 0);
+        tu_check_full(&a, &g2, 1, "(4,1) [S0,S1]");
+        hp_dtensor_free(&a);
+        hp_placement_t rr[2] = {Rp(), Rp()};
+        hp_comm_counts_reset();
+        HP_CHECK_OK(hp_dtensor_distribute(&a, NULL, &g2, m41, 2, rr, 0));
+        expect_scatter_bcast(m41, "(4,1) [R,R]", 0, 2);
+        hp_dtensor_free(&a);
+        hp_mesh_destroy(m41);
+    }
     /* _StridedShard: the FSDP2 + TP layout; scatter and local split give the same pieces
      * and full_tensor (all_gather + permute) gives the input back */
     hp_placement_t st[2] = {hp_strided_shard(0, 2), S(0)};

@@ -127,8 +127,8 @@ hp_status_t hp_redistribute_plan(hp_transform_t *steps, int max_steps, int *nste
 /* distribute_tensor: `full` has the global shape on every rank; its data is read only on
  * the source rank (group rank src_data_rank on every mesh dim), or on every rank when
  * src_data_rank = -1 (PyTorch's None: local split, no communication). Per mesh dim: Shard
- * scatters padded torch.chunk pieces, Replicate broadcasts (mesh dims of size 1 are
- * skipped). Errors: placements count != mesh ndim, Partial placements, dims out of range,
+ * scatters padded torch.chunk pieces, Replicate broadcasts (also on mesh dims of size 1,
+ * as PyTorch). Errors: placements count != mesh ndim, Partial placements, dims out of range,
  * src_data_rank out of range. Ranks not in the mesh get an empty local tensor, no comm. */
 hp_status_t hp_dtensor_distribute(hp_dtensor_t *out, const hp_dtensor_mem_t *mem,
                                   const hp_tensor_t *full, hp_mesh_t mesh, int nplacements,

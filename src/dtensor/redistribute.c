@@ -578,8 +578,10 @@ hp_status_t hp_dtensor_distribute(hp_dtensor_t *out, const hp_dtensor_mem_t *mem
     step_ctx_t c = {&dm, full->dtype, es, nd, NULL, 0, 0};
     for (int i = 0; i < mnd; i++) {
         int k = (int)hp_mesh_size(mesh, i);
-        if (k == 1 || pl[i].kind == HP_REPLICATE) {
-            if (k == 1 || src_data_rank < 0) continue;
+        /* As PyTorch, mesh dims of size 1 still issue their (one-rank) scatter / broadcast,
+         * so counts match CommDebugMode's. */
+        if (pl[i].kind == HP_REPLICATE) {
+            if (src_data_rank < 0) continue;
             /* mesh_broadcast from group rank src_data_rank */
             int64_t n = hp_prod_(nd, s);
             void *b = hp_dmem_scratch(&dm, (size_t)n * es);
