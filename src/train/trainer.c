@@ -276,8 +276,12 @@ hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats) {
     double local_loss = 0.0;
     for (int64_t a = 0; a < t->accum; a++) {
         float loss = 0.0f;
-        HP_TRY(hp_model_forward(t->model, t->inputs + a * bt, t->labels + a * bt, t->B, t->T, (float)global_valid,
-                                &loss));
+        hp_status_t fs = hp_model_forward(t->model, t->inputs + a * bt, t->labels + a * bt, t->B, t->T,
+                                          (float)global_valid, &loss);
+        /* A non-finite local loss is not returned here: every rank must enter the same
+         * collectives, so it flows into the global loss below and all ranks stop together. */
+        if (fs == HP_ERR_NUMERIC) loss = NAN;
+        else HP_TRY(fs);
         HP_TRY(hp_model_backward(t->model));
         local_loss += loss;
     }
