@@ -52,6 +52,13 @@ hp_status_t hp_comm_destroy(hp_comm_t comm);
  * with a message naming the op and the communicator. Default 300; env HP_COMM_TIMEOUT. */
 void hp_comm_set_timeout(double seconds);
 double hp_comm_get_timeout(void);
+/* How asynchronous work advances while the caller computes (docs/comm.md): "poll" (default:
+ * non-blocking backend calls tested by a progress thread), "thread" (a communication thread
+ * runs queued collectives with blocking calls), "none" (advanced only inside hp_work_test /
+ * hp_work_wait). Env HP_COMM_PROGRESS sets it at init; changing it needs no async work in
+ * flight. */
+hp_status_t hp_comm_set_progress(const char *mode);
+const char *hp_comm_get_progress(void);
 /* Aborts the whole job (all ranks) with a message. */
 _Noreturn void hp_comm_abort(hp_comm_t comm, int code, const char *message);
 

@@ -34,6 +34,7 @@ static struct {
     int live_comms;                 /* communicators other than world not yet destroyed */
     double timeout;
     int progress;
+    int inflight;                   /* async works started, not yet finished */
     double poll_interval_s;
 
     pthread_mutex_t lock;           /* pool, progress list, pending counts */
@@ -477,7 +478,7 @@ static void finish_in_helper(hp_work_t w, hp_status_t st) {   /* g.lock held */
     w->status = st;
     if (st != HP_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", hp_last_error());
     w->done = 1;
-    w->comm->pending--;
+    w->comm->pending--, __atomic_fetch_sub(&g.inflight, 1, __ATOMIC_RELAXED);
 }
 
 /* Tests every started request on the list; returns how many completed. g.lock held. */
@@ -582,7 +583,7 @@ static hp_status_t dispatch(hp_work_t w, hp_work_t *out) {
     }
     int is_p2p = w->d.kind == HP_COMM_SEND || w->d.kind == HP_COMM_RECV;
     if (g.progress == HP_PROGRESS_THREAD && !is_p2p) {
-        c->pending++;
+        c->pending++, __atomic_fetch_add(&g.inflight, 1, __ATOMIC_RELAXED);
         list_push(w);
         pthread_cond_signal(&g.work_cv);
         pthread_mutex_unlock(&g.lock);
@@ -596,12 +597,12 @@ static hp_status_t dispatch(hp_work_t w, hp_work_t *out) {
         w->started = 1;
         if (g.progress != HP_PROGRESS_NONE) {
             pthread_mutex_lock(&g.lock);
-            c->pending++;
+            c->pending++, __atomic_fetch_add(&g.inflight, 1, __ATOMIC_RELAXED);
             list_push(w);
             pthread_cond_signal(&g.work_cv);
             pthread_mutex_unlock(&g.lock);
         } else {
-            c->pending++;
+            c->pending++, __atomic_fetch_add(&g.inflight, 1, __ATOMIC_RELAXED);
         }
     }
     if (out) {
@@ -621,7 +622,7 @@ static hp_status_t work_poll(hp_work_t w, int *done) {
                 w->done = 1;
                 w->status = st;
                 if (st != HP_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", hp_last_error());
-                w->comm->pending--;
+                w->comm->pending--, __atomic_fetch_sub(&g.inflight, 1, __ATOMIC_RELAXED);
             }
         }
         *done = w->done;
@@ -802,6 +803,25 @@ hp_status_t hp_comm_finalize(void) {
     g.initialised = 0;
     return st;
 }
+
+hp_status_t hp_comm_set_progress(const char *mode) {
+    int m = -1;
+    for (int i = 0; i < 3 && mode; i++)
+        if (!strcmp(mode, k_progress_names[i])) m = i;
+    if (m < 0)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_comm_set_progress('%s'): expected poll, thread or "
+                        "none", mode ? mode : "(null)");
+    pthread_mutex_lock(&g.lock);
+    int busy = g.active_head != NULL || __atomic_load_n(&g.inflight, __ATOMIC_RELAXED) > 0;
+    if (!busy) g.progress = m;
+    pthread_mutex_unlock(&g.lock);
+    if (busy)
+        return hp_error(HP_ERR_STATE, "hp_comm_set_progress('%s'): asynchronous work is in flight "
+                        "(hint: wait for it first)", mode);
+    return HP_OK;
+}
+
+const char *hp_comm_get_progress(void) { return k_progress_names[g.progress]; }
 
 static hp_status_t check_comm(hp_comm_t comm, const char *fn) {
     if (!comm) return hp_error(HP_ERR_INVALID_ARG, "%s: communicator is NULL (hint: a split with "
