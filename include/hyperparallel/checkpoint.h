@@ -1,0 +1,182 @@
+/* Distributed checkpoint (torch.distributed.checkpoint in C): save, async save and load of
+ * named DTensors and small byte blobs with resharding on load, atomic commit by rename, the
+ * TorchTitan-style checkpoint manager, and HF import/export. Layout of a checkpoint:
+ *   step-N/__{rank}_0.safetensors   one file per rank holding the chunks that rank owns
+ *   step-N/metadata.json            written last by rank 0: magic "hyperparallel-dcp",
+ *                                   version, per tensor dtype, global shape and chunk boxes
+ *                                   (offsets, sizes, file, key); per blob its chunks.
+ * See docs/checkpoint.md. */
+#ifndef HYPERPARALLEL_CHECKPOINT_H
+#define HYPERPARALLEL_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "comm.h"
+#include "dtensor.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HP_DCP_MAGIC "hyperparallel-dcp"
+#define HP_DCP_VERSION 1
+#define HP_DCP_METADATA_FILE "metadata.json"
+
+/* One tensor of a state: a DTensor (mesh NULL = a plain tensor held whole by every rank).
+ * Save: `store_dtype` >= 0 stores the values converted to that dtype (float only, e.g. the
+ * bf16 export); -1 stores the tensor's own dtype. Load: fills t->local in place. */
+typedef struct hp_dcp_tensor {
+    const char *name;
+    hp_dtensor_t *t;
+    int store_dtype;         /* hp_dtype_t or -1 */
+    int loaded;              /* load: set to 1 when the tensor was found and read */
+} hp_dcp_tensor_t;
+
+/* A small byte blob (dataloader state, train state, RNG). per_rank = 0: the same on every
+ * rank, written once by rank 0, loaded by every rank. per_rank = 1: every rank has its own;
+ * loading needs the same world size (as TorchTitan's dataloader state). Load: `data` has
+ * `capacity` bytes; `size` receives the stored size. */
+typedef struct hp_dcp_blob {
+    const char *name;
+    void *data;
+    size_t size;
+    size_t capacity;
+    int per_rank;
+    int loaded;
+} hp_dcp_blob_t;
+
+typedef struct hp_dcp_state {
+    hp_dcp_tensor_t *tensors;
+    int n_tensors;
+    hp_dcp_blob_t *blobs;
+    int n_blobs;
+} hp_dcp_state_t;
+
+/* --- save ------------------------------------------------------------------------------
+ * Collective over `comm` (NULL = a single process). `dir` is the final directory
+ * ("run/checkpoint/step-5"); data is written to "<dir>.tmp-<token>/", fsync'd, every rank
+ * agrees, rank 0 writes metadata.json last, fsyncs, renames the directory to `dir` and
+ * fsyncs the parent. A replicated chunk is written once, by the lowest rank holding it.
+ * Partial placements are refused (reduce first); StridedShard layouts that are not one box
+ * per rank are refused. The returned status is the same on every rank. */
+hp_status_t hp_dcp_save(const char *dir, const hp_dcp_state_t *st, hp_comm_t comm);
+
+/* Async save: hp_dcp_saver_save copies this rank's owned chunks into the saver's staging
+ * buffer (grown once, then reused) and writes them in a background thread; the caller
+ * continues. The background thread does only file I/O; the cross-rank agreement and the
+ * commit run on the calling thread in hp_dcp_saver_poll (commits when every rank has
+ * finished writing; call it at the same points on every rank, e.g. once per step) or
+ * hp_dcp_saver_wait (blocks). A second save first waits for the first. All collective. */
+typedef struct hp_dcp_saver hp_dcp_saver_t;
+hp_status_t hp_dcp_saver_create(hp_comm_t comm, hp_dcp_saver_t **out);
+hp_status_t hp_dcp_saver_save(hp_dcp_saver_t *s, const char *dir, const hp_dcp_state_t *st);
+/* *committed = 1 when a pending save was committed by this call (0 otherwise). */
+hp_status_t hp_dcp_saver_poll(hp_dcp_saver_t *s, int *committed);
+hp_status_t hp_dcp_saver_wait(hp_dcp_saver_t *s);
+int hp_dcp_saver_pending(const hp_dcp_saver_t *s);
+size_t hp_dcp_saver_staging_bytes(const hp_dcp_saver_t *s);
+/* Waits for a pending save (collective), then frees. */
+hp_status_t hp_dcp_saver_destroy(hp_dcp_saver_t *s);
+
+/* --- load ------------------------------------------------------------------------------
+ * Reads, for each rank's target box, only the saved chunks that intersect it (any change of
+ * mesh, placements or world size). strict: a requested name missing from the checkpoint or
+ * a checkpoint name not requested is an error listing the names; non-strict: missing
+ * entries are skipped (loaded = 0) and extra ones ignored. Global shapes must match; dtypes
+ * must match unless allow_convert (float <-> float with round-to-nearest-even). `exclude`
+ * (n_exclude prefixes) names entries neither loaded nor counted as unexpected. Collective
+ * over comm when comm != NULL (the status is agreed). */
+typedef struct hp_dcp_load_options {
+    int strict;
+    int allow_convert;
+    const char *const *exclude;
+    int n_exclude;
+} hp_dcp_load_options_t;
+hp_status_t hp_dcp_load(const char *dir, hp_dcp_state_t *st, hp_comm_t comm,
+                        const hp_dcp_load_options_t *opt);
+
+/* --- metadata --------------------------------------------------------------------------- */
+typedef struct hp_dcp_chunk {
+    int64_t offsets[HP_MAX_DIMS];
+    int64_t sizes[HP_MAX_DIMS];
+    const char *file;        /* relative file name inside the checkpoint directory */
+    const char *key;         /* tensor name inside that safetensors file */
+    int rank;                /* blobs: the saving rank; tensors: the writer rank */
+} hp_dcp_chunk_t;
+
+typedef struct hp_dcp_entry {
+    const char *name;
+    int is_blob;
+    int per_rank;            /* blobs */
+    hp_dtype_t dtype;        /* tensors */
+    int ndim;
+    int64_t shape[HP_MAX_DIMS];
+    int n_chunks;
+    const hp_dcp_chunk_t *chunks;
+} hp_dcp_entry_t;
+
+typedef struct hp_dcp_metadata hp_dcp_metadata_t;
+/* Parses and validates a metadata document (bounds, overlaps, coverage, safe file names);
+ * never crashes on hostile input (fuzz target tests/fuzz/fuzz_dcp_metadata.c). */
+hp_status_t hp_dcp_metadata_parse(const char *json, size_t len, const char *what,
+                                  hp_dcp_metadata_t **out);
+hp_status_t hp_dcp_metadata_read(const char *dir, hp_dcp_metadata_t **out);
+void hp_dcp_metadata_free(hp_dcp_metadata_t *md);
+int hp_dcp_metadata_count(const hp_dcp_metadata_t *md);
+const hp_dcp_entry_t *hp_dcp_metadata_entry(const hp_dcp_metadata_t *md, int i);
+const hp_dcp_entry_t *hp_dcp_metadata_find(const hp_dcp_metadata_t *md, const char *name);
+int hp_dcp_metadata_world_size(const hp_dcp_metadata_t *md);
+int64_t hp_dcp_metadata_step(const hp_dcp_metadata_t *md);   /* -1 when not recorded */
+
+/* Committed checkpoints step-N/ (with metadata.json) under `folder`, ascending; directories
+ * that look like checkpoints but are partial (step-N.tmp-*, step-N/ without metadata) are
+ * skipped with a warning. *n receives the count (up to cap written). A missing folder has
+ * none. */
+hp_status_t hp_dcp_list_steps(const char *folder, int64_t *steps, int cap, int *n);
+
+/* --- checkpoint manager (TorchTitan's CheckpointManager) -------------------------------- */
+struct hp_config;
+struct hp_optim;
+struct hp_dataloader;
+
+/* The training state the manager saves and loads. Any pointer may be NULL (not saved). */
+typedef struct hp_ckpt_train_state {
+    hp_dtensor_t **model;            /* model parameters (value DTensors) */
+    const char *const *model_names;  /* TorchTitan FQNs */
+    int n_model;
+    struct hp_optim *optim;          /* state tensors "optimizer.<fqn>.<slot>" + step */
+    struct hp_dataloader *dataloader;/* per-rank blob "dataloader" */
+    int64_t *step;                   /* "train_state": step (also the LR schedule position) */
+    uint64_t *seed;                  /* "train_state": RNG seed */
+} hp_ckpt_train_state_t;
+
+typedef struct hp_ckpt_manager hp_ckpt_manager_t;
+/* Collective over `world`. folder = cfg checkpoint.folder under job.dump_folder (when
+ * relative). Nothing is written until a save. */
+hp_status_t hp_ckpt_manager_create(const struct hp_config *cfg, hp_comm_t world,
+                                   hp_ckpt_manager_t **out);
+/* Call after every step on every rank: commits a finished async save, and saves when
+ * step % interval == 0 or step == last_step (model only, cast to export_dtype, when
+ * checkpoint.last_save_model_only). Purges all but keep_latest_k. */
+hp_status_t hp_ckpt_manager_maybe_save(hp_ckpt_manager_t *m, int64_t step, int64_t last_step,
+                                       const hp_ckpt_train_state_t *st);
+/* Saves now (e.g. the seed checkpoint step-0, model only when model_only). */
+hp_status_t hp_ckpt_manager_save(hp_ckpt_manager_t *m, int64_t step, int model_only,
+                                 const hp_ckpt_train_state_t *st);
+/* Resume: loads the latest step-N (or checkpoint.load_step) of the folder; otherwise the
+ * model from checkpoint.initial_load_path (a DCP step dir or an HF dir); otherwise nothing.
+ * *loaded_step = the step loaded (0 for initial weights or a fresh start); *loaded = 1 when
+ * anything was loaded. exclude_from_loading keys ("optimizer", "dataloader", "train_state",
+ * "lr_scheduler", "model" refused) are skipped. */
+hp_status_t hp_ckpt_manager_load(hp_ckpt_manager_t *m, const hp_ckpt_train_state_t *st,
+                                 int64_t *loaded_step, int *loaded);
+/* Waits for a pending async save and commits it. */
+hp_status_t hp_ckpt_manager_wait(hp_ckpt_manager_t *m);
+hp_status_t hp_ckpt_manager_destroy(hp_ckpt_manager_t *m);
+const char *hp_ckpt_manager_folder(const hp_ckpt_manager_t *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,15 @@
+/* Private helpers shared by the checkpoint files (dcp.c, dcp_load.c, manager.c, hf.c). */
+#ifndef HP_DCP_IMPL_H
+#define HP_DCP_IMPL_H
+#include <json-c/json.h>
+#include "hyperparallel/checkpoint.h"
+
+hp_status_t hp_dcp_agree(hp_comm_t comm, hp_status_t s, const char *what);
+hp_status_t hp_dcp_fsync_path(const char *path, int is_dir);
+hp_status_t hp_dcp_mkdirs(const char *path);
+hp_status_t hp_dcp_rmtree(const char *path);
+/* Copies box `len` starting at src_off inside a contiguous chunk (sizes csz, dtype sdt) to
+ * dst (any strides, dtype of dst) at dst_off. */
+void hp_dcp_copy_box(hp_tensor_t *dst, const int64_t *dst_off, const void *src, hp_dtype_t sdt,
+                     const int64_t *csz, const int64_t *src_off, const int64_t *len, int ndim);
+#endif
