@@ -368,12 +368,16 @@ static void check_errors(void) {
               HP_ERR_UNSUPPORTED, "model.type: model \"WordPiece\" is not supported");
     check_bad("normalizer", DOC("{\"type\": \"NFC\"}", PRE, "{\"vocab\": " VOCAB ", \"merges\": []}"),
               HP_ERR_UNSUPPORTED, "normalizer: normalizer \"NFC\" is not supported (supported: null");
-    check_bad("pretok", DOC("null", "{\"type\": \"Whitespace\"}", "{\"vocab\": " VOCAB ", \"merges\": []}"),
-              HP_ERR_UNSUPPORTED, "pre_tokenizer: pre-tokenizer type \"Whitespace\" is not supported");
+    check_bad("pretok", DOC("null", "{\"type\": \"BertPreTokenizer\"}", "{\"vocab\": " VOCAB ", \"merges\": []}"),
+              HP_ERR_UNSUPPORTED, "pre_tokenizer: pre-tokenizer type \"BertPreTokenizer\" is not supported");
     check_bad("pretokseq",
-              DOC("null", "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\"}]}",
+              DOC("null", "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Metaspace\"}]}",
                   "{\"vocab\": " VOCAB ", \"merges\": []}"),
-              HP_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[0]: pre-tokenizer type \"Digits\"");
+              HP_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[0]: pre-tokenizer type \"Metaspace\"");
+    check_bad("splitorder",
+              DOC("null", "{\"type\": \"Sequence\", \"pretokenizers\": [" PRE ", {\"type\": \"Digits\"}]}",
+                  "{\"vocab\": " VOCAB ", \"merges\": []}"),
+              HP_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[1]: a splitting step after a ByteLevel");
     check_bad("badregex",
               DOC("null", "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(a\"}, \"behavior\": \"Isolated\"}, " PRE "]}",
                   "{\"vocab\": " VOCAB ", \"merges\": []}"),

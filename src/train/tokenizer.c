@@ -261,6 +261,33 @@ static hp_status_t check_id(const ctx_t *c, json_object *v, const char *path, in
 
 static hp_status_t parse_stage(ctx_t *c, json_object *o, const char *path);
 
+/* A Split-like step must come before the ByteLevel step (it would see byte-mapped text). */
+static hp_status_t check_split_order(ctx_t *c, const char *path) {
+    for (int i = 0; i < c->t->n_stages; i++)
+        if (c->t->stages[i].kind == STAGE_BYTELEVEL)
+            return jerr(c, HP_ERR_UNSUPPORTED, path,
+                        "a splitting step after a ByteLevel pre-tokenizer is not supported (it "
+                        "would see byte-mapped text); put it first");
+    return HP_OK;
+}
+
+/* A Split behaviour name; NULL gives Isolated. */
+static hp_status_t parse_behavior(ctx_t *c, json_object *beh, const char *path, int *out) {
+    static const char *names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext",
+                                  "Contiguous"};
+    *out = SPLIT_ISOLATED;
+    if (!beh) return HP_OK;
+    for (int i = 0; i < 5; i++)
+        if (strcmp(json_object_get_string(beh), names[i]) == 0) {
+            *out = i;
+            return HP_OK;
+        }
+    return jerr(c, HP_ERR_FORMAT, path,
+                "behavior \"%s\" is not one of Removed, Isolated, MergedWithPrevious, "
+                "MergedWithNext, Contiguous",
+                json_object_get_string(beh));
+}
+
 static hp_status_t add_stage(ctx_t *c, stage_t **st, const char *path) {
     hp_tokenizer_t *t = c->t;
     stage_t *s = realloc(t->stages, (size_t)(t->n_stages + 1) * sizeof(stage_t));
@@ -275,7 +302,6 @@ static hp_status_t parse_stage(ctx_t *c, json_object *o, const char *path) {
     const char *type;
     char p2[512];
     HP_TRY(member_type(c, o, path, &type));
-    hp_tokenizer_t *t = c->t;
     if (strcmp(type, "Sequence") == 0) {
         json_object *arr;
         HP_TRY(member(c, o, path, "pretokenizers", json_type_array, 1, &arr));
@@ -301,11 +327,7 @@ static hp_status_t parse_stage(ctx_t *c, json_object *o, const char *path) {
         return HP_OK;
     }
     if (strcmp(type, "Split") == 0) {
-        for (int i = 0; i < t->n_stages; i++)
-            if (t->stages[i].kind == STAGE_BYTELEVEL)
-                return jerr(c, HP_ERR_UNSUPPORTED, path,
-                            "a Split after a ByteLevel pre-tokenizer is not supported (it would "
-                            "see byte-mapped text); put Split first");
+        HP_TRY(check_split_order(c, path));
         json_object *pat, *v, *beh;
         HP_TRY(member(c, o, path, "pattern", json_type_object, 1, &pat));
         snprintf(p2, sizeof(p2), "%s.pattern", path);
@@ -317,16 +339,8 @@ static hp_status_t parse_stage(ctx_t *c, json_object *o, const char *path) {
             literal = 1;
         }
         HP_TRY(member(c, o, path, "behavior", json_type_string, 1, &beh));
-        static const char *names[] = {"Removed", "Isolated", "MergedWithPrevious",
-                                      "MergedWithNext", "Contiguous"};
-        int behavior = -1;
-        for (int i = 0; i < 5; i++)
-            if (strcmp(json_object_get_string(beh), names[i]) == 0) behavior = i;
-        if (behavior < 0)
-            return jerr(c, HP_ERR_FORMAT, path,
-                        "behavior \"%s\" is not one of Removed, Isolated, MergedWithPrevious, "
-                        "MergedWithNext, Contiguous",
-                        json_object_get_string(beh));
+        int behavior;
+        HP_TRY(parse_behavior(c, beh, path, &behavior));
         int invert;
         HP_TRY(member_bool(c, o, path, "invert", 0, &invert));
         stage_t *s;
@@ -339,9 +353,40 @@ static hp_status_t parse_stage(ctx_t *c, json_object *o, const char *path) {
         return hp_tok_regex_compile(&s->re, json_object_get_string(v),
                                     (size_t)json_object_get_string_len(v), literal, what);
     }
+    /* HF's fixed splitters are Splits with a pattern matching one character (or, for
+     * Whitespace, its regex) and a behaviour. */
+    const char *pattern = NULL;
+    int behavior = SPLIT_ISOLATED, invert = 0;
+    if (strcmp(type, "Digits") == 0) {
+        int individual;
+        HP_TRY(member_bool(c, o, path, "individual_digits", 0, &individual));
+        pattern = "\\p{N}"; /* char::is_numeric */
+        behavior = individual ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS;
+    } else if (strcmp(type, "Punctuation") == 0) {
+        json_object *beh;
+        HP_TRY(member(c, o, path, "behavior", json_type_string, 0, &beh));
+        HP_TRY(parse_behavior(c, beh, path, &behavior));
+        pattern = "[\\p{P}!-\\/:-@\\[-\\x{60}{-~]"; /* Unicode P* or ASCII punctuation */
+    } else if (strcmp(type, "WhitespaceSplit") == 0) {
+        pattern = "\\s";
+        behavior = SPLIT_REMOVED;
+    } else if (strcmp(type, "Whitespace") == 0) {
+        pattern = "\\w+|[^\\w\\s]+";
+        behavior = SPLIT_REMOVED;
+        invert = 1;
+    }
+    if (pattern) {
+        HP_TRY(check_split_order(c, path));
+        stage_t *s;
+        HP_TRY(add_stage(c, &s, path));
+        s->kind = STAGE_SPLIT;
+        s->behavior = behavior;
+        s->invert = invert;
+        return hp_tok_regex_compile(&s->re, pattern, PCRE2_ZERO_TERMINATED, 0, type);
+    }
     return jerr(c, HP_ERR_UNSUPPORTED, path,
                 "pre-tokenizer type \"%s\" is not supported (supported: ByteLevel, Split, "
-                "Sequence of those)",
+                "Digits, Punctuation, Whitespace, WhitespaceSplit, Sequence of those)",
                 type);
 }
 

@@ -189,6 +189,7 @@ def golden(tok_path, name, specials):
 
 SPLIT_TEXTS = ["the-final--countdown", "Hello,  world! don't  stop -- 12-34", "a\n\nb  c\t-d-",
                "e\u0301t\u00e9 x\u00b2 \u00bd_y \u2160 \u0663 a\u180eb",
+               "\u00abBonjour\u00bb \u2014 \u00bfqu\u00e9? \u300c\u65e5\u672c\u300d $5+3=8 a_b 2026 \u00a0x",
                "--x--", "Größe -- 中文 -- 😀", "", " ", "x y"]
 
 
@@ -247,6 +248,14 @@ def split_variants(base_path):
         variants.append({"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": pat, "behavior": "Isolated", "invert": False},
             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]})
+    # HF's fixed splitters.
+    for fixed in [{"type": "Digits", "individual_digits": True}, {"type": "Digits", "individual_digits": False},
+                  {"type": "Punctuation", "behavior": "Isolated"}, {"type": "Punctuation", "behavior": "Contiguous"},
+                  {"type": "Punctuation", "behavior": "MergedWithPrevious"},
+                  {"type": "WhitespaceSplit"}, {"type": "Whitespace"}]:
+        for aps in [False, True]:
+            variants.append({"type": "Sequence", "pretokenizers": [
+                fixed, {"type": "ByteLevel", "add_prefix_space": aps, "trim_offsets": True, "use_regex": aps}]})
     out = []
     for pre in variants:
         doc = dict(base)
