@@ -137,7 +137,7 @@ hp_status_t hp_mesh_create_n(hp_comm_t comm, int ndim, const int64_t *shape, int
     m->in_mesh = r < numel;
     if (m->in_mesh) unravel(r, ndim, shape, m->coord);
     m->root.ndim = ndim;
-    memcpy(m->root.shape, shape, sizeof(m->root.shape));
+    memcpy(m->root.shape, shape, (size_t)ndim * sizeof(int64_t));
     m->root.in_mesh = m->in_mesh;
     memcpy(m->root.coord, m->coord, sizeof(m->coord));
     for (int d = 0; d < ndim; d++) {
