@@ -1,70 +1,165 @@
 /* Causal attention (MHA / GQA) as a tiled online-softmax kernel (FlashAttention-2 style):
  * forward keeps only the output and the per-row log-sum-exp; backward recomputes the
  * probabilities tile by tile. No (T, T) matrix is ever stored. Scratch is per task on the
- * stack (sized by head_dim), so nothing is allocated. Reference twin: kernels_ref.c. */
+ * stack (sized by head_dim), so nothing is allocated. Reference twin: kernels_ref.c.
+ *
+ * Inner products run on GCC vector types (16 floats) with accumulators held in registers:
+ * a score row against a transposed key tile, and probability-weighted sums of value/key
+ * rows. head_dim that is not a multiple of 16 takes plain loops. */
 #include <math.h>
 #include <string.h>
 #include "hyperparallel/nn.h"
+#include "nn/nn-math.h"
 
-enum { HP_ATT_BC = 64 };   /* keys per tile */
+enum { HP_ATT_BC = 64, HP_ATT_BR = 64 };   /* keys per tile, query rows per block */
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));   /* unaligned access allowed */
+
+/* s[0..64) = sum_d a[d] * kt[d][0..64): one score row against a (hd, 64) transposed tile. */
+static inline void row_dot_tile(float *s, const float *a, const float *kt, int hd) {
+    v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    for (int d = 0; d < hd; d++) {
+        const v16 *r = (const v16 *)(kt + (size_t)d * HP_ATT_BC);
+        const float ad = a[d];
+        s0 += ad * r[0];
+        s1 += ad * r[1];
+        s2 += ad * r[2];
+        s3 += ad * r[3];
+    }
+    v16 *o = (v16 *)s;
+    o[0] = s0; o[1] = s1; o[2] = s2; o[3] = s3;
+}
+
+/* Two score rows at once against two tiles (backward: q.k and dO.v). */
+static inline void row_dot_tile2(float *s, float *t, const float *a, const float *b, const float *kt,
+                                 const float *vt, int hd) {
+    v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, t0 = {0}, t1 = {0}, t2 = {0}, t3 = {0};
+    for (int d = 0; d < hd; d++) {
+        const v16 *r = (const v16 *)(kt + (size_t)d * HP_ATT_BC), *u = (const v16 *)(vt + (size_t)d * HP_ATT_BC);
+        const float ad = a[d], bd = b[d];
+        s0 += ad * r[0]; s1 += ad * r[1]; s2 += ad * r[2]; s3 += ad * r[3];
+        t0 += bd * u[0]; t1 += bd * u[1]; t2 += bd * u[2]; t3 += bd * u[3];
+    }
+    v16 *o = (v16 *)s, *p = (v16 *)t;
+    o[0] = s0; o[1] = s1; o[2] = s2; o[3] = s3;
+    p[0] = t0; p[1] = t1; p[2] = t2; p[3] = t3;
+}
+
+/* acc[0..hd) = acc * c + sum_{j<n} w[j*ws] * rows[j*ld + 0..hd), accumulators in registers
+ * (hd a multiple of 16), summed in j order. */
+static inline __attribute__((always_inline)) void rows_axpy(float *acc, float c, const float *w, int ws,
+                                                            const float *rows, size_t ld, int n, int hd) {
+    for (int c0 = 0; c0 < hd; c0 += 64) {
+        const int nv = hd - c0 >= 64 ? 4 : (hd - c0) / 16;
+        v16 *A = (v16 *)(acc + c0);
+        const float *R = rows + c0;
+        if (nv == 4) {
+            v16 a0 = A[0] * c, a1 = A[1] * c, a2 = A[2] * c, a3 = A[3] * c;
+            for (int j = 0; j < n; j++) {
+                const v16 *r = (const v16 *)(R + (size_t)j * ld);
+                const float wj = w[(size_t)j * ws];
+                a0 += wj * r[0]; a1 += wj * r[1]; a2 += wj * r[2]; a3 += wj * r[3];
+            }
+            A[0] = a0; A[1] = a1; A[2] = a2; A[3] = a3;
+        } else if (nv == 3) {
+            v16 a0 = A[0] * c, a1 = A[1] * c, a2 = A[2] * c;
+            for (int j = 0; j < n; j++) {
+                const v16 *r = (const v16 *)(R + (size_t)j * ld);
+                const float wj = w[(size_t)j * ws];
+                a0 += wj * r[0]; a1 += wj * r[1]; a2 += wj * r[2];
+            }
+            A[0] = a0; A[1] = a1; A[2] = a2;
+        } else if (nv == 2) {
+            v16 a0 = A[0] * c, a1 = A[1] * c;
+            for (int j = 0; j < n; j++) {
+                const v16 *r = (const v16 *)(R + (size_t)j * ld);
+                const float wj = w[(size_t)j * ws];
+                a0 += wj * r[0]; a1 += wj * r[1];
+            }
+            A[0] = a0; A[1] = a1;
+        } else {
+            v16 a0 = A[0] * c;
+            for (int j = 0; j < n; j++) a0 += w[(size_t)j * ws] * *(const v16 *)(R + (size_t)j * ld);
+            A[0] = a0;
+        }
+    }
+}
+
+/* Plain-loop versions for head_dim not a multiple of 16. */
+static void row_dot_tile_plain(float *s, const float *a, const float *kt, int hd) {
+    for (int j = 0; j < HP_ATT_BC; j++) s[j] = 0.0f;
+    for (int d = 0; d < hd; d++) {
+        const float ad = a[d];
+        const float *r = kt + (size_t)d * HP_ATT_BC;
+#pragma omp simd
+        for (int j = 0; j < HP_ATT_BC; j++) s[j] += ad * r[j];
+    }
+}
+static void rows_axpy_plain(float *acc, float c, const float *w, int ws, const float *rows, size_t ld, int n, int hd) {
+    for (int d = 0; d < hd; d++) acc[d] *= c;
+    for (int j = 0; j < n; j++) {
+        const float wj = w[(size_t)j * ws];
+        const float *r = rows + (size_t)j * ld;
+        for (int d = 0; d < hd; d++) acc[d] += wj * r[d];
+    }
+}
+
+/* (hd, 64) transposed copy of rows j0..j0+nc of a strided (T, ld) matrix; columns >= nc are
+ * zero so full-width dot products stay finite. */
+static void load_tile_t(float *dst, const float *src, size_t ld, int nc, int hd) {
+    for (int j = 0; j < nc; j++) {
+        const float *r = src + (size_t)j * ld;
+        for (int d = 0; d < hd; d++) dst[(size_t)d * HP_ATT_BC + j] = r[d];
+    }
+    if (nc < HP_ATT_BC)
+        for (int d = 0; d < hd; d++) memset(dst + (size_t)d * HP_ATT_BC + nc, 0, sizeof(float) * (size_t)(HP_ATT_BC - nc));
+}
 
 void hp_attention_forward(float *out, float *lse, const float *q, int ldq, const float *k, int ldk,
                           const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd) {
     const float scale = 1.0f / sqrtf((float)hd);
     const int rep = Hq / Hkv;
+    const int fast = hd % 16 == 0;
     // parallel over (b, query head): each task writes its own out rows and lse row
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < Hq; h++) {
             const int g = h / rep;
             float kt[hd * HP_ATT_BC];   // (hd, BC) key tile, transposed
-            float acc[hd];              // (hd) output accumulator of one row
-            float qs[hd];
+            float qblk[HP_ATT_BR * hd]; // (BR, hd) scaled query rows of the block
             float s[HP_ATT_BC];
-            // rows are processed in blocks sharing one key-tile transpose
-            enum { BR = 64 };
-            float m_run[BR], l_run[BR], o_run[BR * hd];
-            for (int i0 = 0; i0 < T; i0 += BR) {
-                const int nr = i0 + BR < T ? BR : T - i0;
+            float m_run[HP_ATT_BR], l_run[HP_ATT_BR], o_run[HP_ATT_BR * hd];
+            for (int i0 = 0; i0 < T; i0 += HP_ATT_BR) {
+                const int nr = i0 + HP_ATT_BR < T ? HP_ATT_BR : T - i0;
                 for (int i = 0; i < nr; i++) { m_run[i] = -INFINITY; l_run[i] = 0.0f; }
                 memset(o_run, 0, sizeof(float) * (size_t)nr * hd);
+                for (int i = 0; i < nr; i++) {
+                    const float *qi = q + ((size_t)b * T + i0 + i) * ldq + (size_t)h * hd;
+                    for (int d = 0; d < hd; d++) qblk[(size_t)i * hd + d] = qi[d] * scale;
+                }
                 for (int j0 = 0; j0 < i0 + nr; j0 += HP_ATT_BC) {
                     const int nc = j0 + HP_ATT_BC < T ? HP_ATT_BC : T - j0;
-                    for (int j = 0; j < nc; j++) {
-                        const float *kj = k + ((size_t)b * T + j0 + j) * ldk + (size_t)g * hd;
-                        for (int d = 0; d < hd; d++) kt[d * HP_ATT_BC + j] = kj[d];
-                    }
+                    load_tile_t(kt, k + ((size_t)b * T + j0) * ldk + (size_t)g * hd, (size_t)ldk, nc, hd);
+                    const float *vtile = v + ((size_t)b * T + j0) * ldv + (size_t)g * hd;
                     for (int i = 0; i < nr; i++) {
                         const int row = i0 + i;
-                        int jmax = row - j0 + 1;
+                        int jmax = row - j0 + 1;   // causal: keys j0 .. row
                         if (jmax <= 0) continue;
                         if (jmax > nc) jmax = nc;
-                        const float *qi = q + ((size_t)b * T + row) * ldq + (size_t)h * hd;
-                        for (int d = 0; d < hd; d++) qs[d] = qi[d] * scale;
-                        for (int j = 0; j < jmax; j++) s[j] = 0.0f;
-                        for (int d = 0; d < hd; d++) {
-                            const float qd = qs[d];
-                            const float *kr = kt + d * HP_ATT_BC;
-#pragma omp simd
-                            for (int j = 0; j < jmax; j++) s[j] += qd * kr[j];
-                        }
+                        const float *qs = qblk + (size_t)i * hd;
+                        if (fast) row_dot_tile(s, qs, kt, hd);
+                        else row_dot_tile_plain(s, qs, kt, hd);
                         float mx = m_run[i];
+#pragma omp simd reduction(max : mx)
                         for (int j = 0; j < jmax; j++) mx = s[j] > mx ? s[j] : mx;
-                        const float corr = expf(m_run[i] - mx);   // 0 on the first tile
+                        const float corr = hp_nn_expf(m_run[i] - mx);   // 0 on the first tile
                         float rs = 0.0f;
-                        for (int j = 0; j < jmax; j++) { s[j] = expf(s[j] - mx); rs += s[j]; }
+#pragma omp simd reduction(+ : rs)
+                        for (int j = 0; j < jmax; j++) { s[j] = hp_nn_expf(s[j] - mx); rs += s[j]; }
                         l_run[i] = l_run[i] * corr + rs;
                         m_run[i] = mx;
-                        float *o = o_run + (size_t)i * hd;
-#pragma omp simd
-                        for (int d = 0; d < hd; d++) acc[d] = o[d] * corr;
-                        for (int j = 0; j < jmax; j++) {
-                            const float p = s[j];
-                            const float *vj = v + ((size_t)b * T + j0 + j) * ldv + (size_t)g * hd;
-#pragma omp simd
-                            for (int d = 0; d < hd; d++) acc[d] += p * vj[d];
-                        }
-                        memcpy(o, acc, sizeof(float) * (size_t)hd);
+                        if (fast) rows_axpy(o_run + (size_t)i * hd, corr, s, 1, vtile, (size_t)ldv, jmax, hd);
+                        else rows_axpy_plain(o_run + (size_t)i * hd, corr, s, 1, vtile, (size_t)ldv, jmax, hd);
                     }
                 }
                 for (int i = 0; i < nr; i++) {
@@ -85,6 +180,7 @@ void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, 
                            const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd) {
     const float scale = 1.0f / sqrtf((float)hd);
     const int rep = Hq / Hkv;
+    const int fast = hd % 16 == 0;
     // parallel over (b, kv head): the task owns dK, dV of head g and dQ of heads g*rep.. so
     // every output element is written by exactly one task, in a fixed order
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -92,60 +188,63 @@ void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, 
         for (int g = 0; g < Hkv; g++) {
             float kt[hd * HP_ATT_BC], vt[hd * HP_ATT_BC];   // (hd, BC) transposed tiles
             float dk_acc[HP_ATT_BC * hd], dv_acc[HP_ATT_BC * hd];
-            float p[HP_ATT_BC], ds[HP_ATT_BC], dqa[hd];
+            float pb[HP_ATT_BR * HP_ATT_BC], dsb[HP_ATT_BR * HP_ATT_BC];   // (BR, BC) P and dS of a row block
             for (int t = 0; t < T; t++)
                 for (int h = g * rep; h < (g + 1) * rep; h++)
                     memset(dq + ((size_t)b * T + t) * lddq + (size_t)h * hd, 0, sizeof(float) * (size_t)hd);
             for (int j0 = 0; j0 < T; j0 += HP_ATT_BC) {
                 const int nc = j0 + HP_ATT_BC < T ? HP_ATT_BC : T - j0;
-                for (int j = 0; j < nc; j++) {
-                    const float *kj = k + ((size_t)b * T + j0 + j) * ldk + (size_t)g * hd;
-                    const float *vj = v + ((size_t)b * T + j0 + j) * ldv + (size_t)g * hd;
-                    for (int d = 0; d < hd; d++) {
-                        kt[d * HP_ATT_BC + j] = kj[d];
-                        vt[d * HP_ATT_BC + j] = vj[d];
-                    }
-                }
+                const float *ktile = k + ((size_t)b * T + j0) * ldk + (size_t)g * hd;
+                load_tile_t(kt, ktile, (size_t)ldk, nc, hd);
+                load_tile_t(vt, v + ((size_t)b * T + j0) * ldv + (size_t)g * hd, (size_t)ldv, nc, hd);
                 memset(dk_acc, 0, sizeof(float) * (size_t)nc * hd);
                 memset(dv_acc, 0, sizeof(float) * (size_t)nc * hd);
                 for (int h = g * rep; h < (g + 1) * rep; h++) {
-                    for (int row = j0; row < T; row++) {
-                        int jmax = row - j0 + 1;
-                        if (jmax > nc) jmax = nc;
-                        const size_t r = (size_t)b * T + row;
-                        const float *qi = q + r * ldq + (size_t)h * hd;
-                        const float *doi = dout + r * Hq * hd + (size_t)h * hd;
-                        const float *oi = out + r * Hq * hd + (size_t)h * hd;
-                        const float li = lse[((size_t)b * Hq + h) * T + row];
-                        float di = 0.0f;   // rowsum(dO * O)
+                    // query rows from j0 on (earlier rows see none of these keys), in blocks
+                    for (int i0 = j0; i0 < T; i0 += HP_ATT_BR) {
+                        const int nr = i0 + HP_ATT_BR < T ? HP_ATT_BR : T - i0;
+                        for (int i = 0; i < nr; i++) {
+                            const int row = i0 + i;
+                            int jmax = row - j0 + 1;
+                            if (jmax > nc) jmax = nc;
+                            const size_t r = (size_t)b * T + row;
+                            const float *qi = q + r * ldq + (size_t)h * hd;
+                            const float *doi = dout + r * Hq * hd + (size_t)h * hd;
+                            const float *oi = out + r * Hq * hd + (size_t)h * hd;
+                            const float li = lse[((size_t)b * Hq + h) * T + row];
+                            float di = 0.0f;   // rowsum(dO * O)
 #pragma omp simd reduction(+ : di)
-                        for (int d = 0; d < hd; d++) di += doi[d] * oi[d];
-                        for (int j = 0; j < jmax; j++) { p[j] = 0.0f; ds[j] = 0.0f; }
-                        for (int d = 0; d < hd; d++) {
-                            const float qd = qi[d], gd = doi[d];
-                            const float *kr = kt + d * HP_ATT_BC, *vr = vt + d * HP_ATT_BC;
+                            for (int d = 0; d < hd; d++) di += doi[d] * oi[d];
+                            float *p = pb + (size_t)i * HP_ATT_BC, *ds = dsb + (size_t)i * HP_ATT_BC;
+                            if (fast) {
+                                row_dot_tile2(p, ds, qi, doi, kt, vt, hd);
+                            } else {
+                                row_dot_tile_plain(p, qi, kt, hd);
+                                row_dot_tile_plain(ds, doi, vt, hd);
+                            }
 #pragma omp simd
-                            for (int j = 0; j < jmax; j++) { p[j] += qd * kr[j]; ds[j] += gd * vr[j]; }
+                            for (int j = 0; j < HP_ATT_BC; j++) {
+                                float pj = j < jmax ? hp_nn_expf(p[j] * scale - li) : 0.0f;   // causal mask
+                                p[j] = pj;
+                                ds[j] = pj * (ds[j] - di) * scale;
+                            }
+                            // dQ row += dS K (register accumulators, keys in order)
+                            float *dqi = dq + r * lddq + (size_t)h * hd;
+                            if (fast) rows_axpy(dqi, 1.0f, ds, 1, ktile, (size_t)ldk, jmax, hd);
+                            else rows_axpy_plain(dqi, 1.0f, ds, 1, ktile, (size_t)ldk, jmax, hd);
                         }
-                        for (int j = 0; j < jmax; j++) {
-                            p[j] = expf(p[j] * scale - li);
-                            ds[j] = p[j] * (ds[j] - di) * scale;
-                        }
-                        for (int d = 0; d < hd; d++) dqa[d] = 0.0f;
-                        for (int j = 0; j < jmax; j++) {
-                            const float pj = p[j], dsj = ds[j];
-                            const float *kj = k + ((size_t)b * T + j0 + j) * ldk + (size_t)g * hd;
-                            float *dka = dk_acc + (size_t)j * hd, *dva = dv_acc + (size_t)j * hd;
-#pragma omp simd
-                            for (int d = 0; d < hd; d++) {
-                                dva[d] += pj * doi[d];
-                                dka[d] += dsj * qi[d];
-                                dqa[d] += dsj * kj[d];
+                        // dV[j] += sum_i P[i][j] dO[i], dK[j] += sum_i dS[i][j] Q[i] (rows in order)
+                        const float *dob = dout + ((size_t)b * T + i0) * Hq * hd + (size_t)h * hd;
+                        const float *qb = q + ((size_t)b * T + i0) * ldq + (size_t)h * hd;
+                        for (int j = 0; j < nc; j++) {
+                            if (fast) {
+                                rows_axpy(dv_acc + (size_t)j * hd, 1.0f, pb + j, HP_ATT_BC, dob, (size_t)Hq * hd, nr, hd);
+                                rows_axpy(dk_acc + (size_t)j * hd, 1.0f, dsb + j, HP_ATT_BC, qb, (size_t)ldq, nr, hd);
+                            } else {
+                                rows_axpy_plain(dv_acc + (size_t)j * hd, 1.0f, pb + j, HP_ATT_BC, dob, (size_t)Hq * hd, nr, hd);
+                                rows_axpy_plain(dk_acc + (size_t)j * hd, 1.0f, dsb + j, HP_ATT_BC, qb, (size_t)ldq, nr, hd);
                             }
                         }
-                        float *dqi = dq + r * lddq + (size_t)h * hd;
-#pragma omp simd
-                        for (int d = 0; d < hd; d++) dqi[d] += dqa[d];
                     }
                 }
                 for (int j = 0; j < nc; j++) {

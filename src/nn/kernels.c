@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <omp.h>
 #include "hyperparallel/nn.h"
+#include "nn/nn-math.h"
 
 /* ---- linear ---------------------------------------------------------------------------- */
 
@@ -216,9 +217,10 @@ void hp_swiglu_forward(float *out, const float *h13, int N, int H) {
     for (int n = 0; n < N; n++) {
         const float *a = h13 + (size_t)n * 2 * H, *b = a + H;
         float *o = out + (size_t)n * H;
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             float x = a[j];
-            o[j] = x / (1.0f + expf(-x)) * b[j];
+            o[j] = x / (1.0f + hp_nn_expf(-x)) * b[j];
         }
     }
 }
@@ -229,9 +231,10 @@ void hp_swiglu_backward(float *dh13, const float *dout, const float *h13, int N,
         const float *a = h13 + (size_t)n * 2 * H, *b = a + H;
         const float *d = dout + (size_t)n * H;
         float *da = dh13 + (size_t)n * 2 * H, *db = da + H;
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             float x = a[j];
-            float sg = 1.0f / (1.0f + expf(-x));
+            float sg = 1.0f / (1.0f + hp_nn_expf(-x));
             float silu = x * sg;
             db[j] = d[j] * silu;
             da[j] = d[j] * b[j] * (sg * (1.0f + x * (1.0f - sg)));
@@ -275,8 +278,14 @@ double hp_cross_entropy_forward(double *losses, float *lse, const float *logits,
         float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
         for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-        double s = 0.0;
-        for (int v = 0; v < V; v++) s += (double)expf(z[v] - mx);
+        double s = 0.0;   // f32 exps summed in double, in index order
+        for (int v0 = 0; v0 < V; v0 += 256) {
+            float e[256];
+            int nv = V - v0 < 256 ? V - v0 : 256;
+#pragma omp simd
+            for (int v = 0; v < nv; v++) e[v] = hp_nn_expf(z[v0 + v] - mx);
+            for (int v = 0; v < nv; v++) s += (double)e[v];
+        }
         double l = (double)mx + log(s);
         lse[n] = (float)l;
         int t = targets[n];
@@ -305,7 +314,8 @@ void hp_cross_entropy_backward(float *dlogits, const float *logits, const float 
             continue;
         }
         float l = lse[n];
-        for (int v = 0; v < V; v++) d[v] = expf(z[v] - l) * dloss;
+#pragma omp simd
+        for (int v = 0; v < V; v++) d[v] = hp_nn_expf(z[v] - l) * dloss;
         d[t] -= dloss;
     }
 }
