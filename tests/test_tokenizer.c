@@ -268,6 +268,8 @@ static void check_special(void) {
     }
 }
 
+static char *slurp(const char *path, size_t *len);
+
 /* Training the committed corpus again reproduces the committed ours.json byte for byte. */
 static void check_training(void) {
     char out[256];
@@ -289,6 +291,44 @@ static void check_training(void) {
     if (a) fclose(a);
     if (b) fclose(b);
     remove(out);
+    /* JSONL input trains exactly like the same documents given in memory. */
+    {
+        char jl[256], o1[256], o2[256];
+        snprintf(jl, sizeof(jl), "test_tokenizer_%ld.jsonl", (long)getpid());
+        snprintf(o1, sizeof(o1), "test_tokenizer_j1_%ld.json", (long)getpid());
+        snprintf(o2, sizeof(o2), "test_tokenizer_j2_%ld.json", (long)getpid());
+        const char *docs[] = {"Hello world, hello there.\n", "caf\xc3\xa9 \"quoted\" hello\tworld",
+                              "don't stop hello"};
+        size_t lens[3];
+        FILE *f = fopen(jl, "wb");
+        HP_ASSERT(f);
+        fputs("{\"text\": \"Hello world, hello there.\\n\"}\n\n", f);
+        fputs("{\"id\": 2, \"text\": \"caf\\u00e9 \\\"quoted\\\" hello\\tworld\"}\r\n", f);
+        fputs("{\"text\": \"don't stop hello\"}", f);
+        fclose(f);
+        for (int i = 0; i < 3; i++) lens[i] = strlen(docs[i]);
+        hp_tokenizer_train_options_t oj = {.vocab_size = 300, .min_frequency = 1, .jsonl_field = "text"};
+        const char *jf[] = {jl};
+        HP_CHECK_OK(hp_tokenizer_train(&oj, jf, 1, o1));
+        oj.jsonl_field = NULL;
+        HP_CHECK_OK(hp_tokenizer_train_texts(&oj, docs, lens, 3, o2));
+        size_t l1 = 0, l2 = 0;
+        char *a1 = slurp(o1, &l1), *a2 = slurp(o2, &l2);
+        HP_CHECK(a1 && a2 && l1 == l2 && memcmp(a1, a2, l1) == 0, "JSONL training != in-memory training");
+        free(a1);
+        free(a2);
+        f = fopen(jl, "wb");
+        HP_ASSERT(f);
+        fputs("{\"text\": \"x\"}\n{\"body\": \"y\"}\n", f);
+        fclose(f);
+        oj.jsonl_field = "text";
+        char needle[400];
+        snprintf(needle, sizeof(needle), "%s:2: expected an object with a string field \"text\"", jl);
+        HP_CHECK_ERR(hp_tokenizer_train(&oj, jf, 1, o1), HP_ERR_FORMAT, needle);
+        remove(jl);
+        remove(o1);
+        remove(o2);
+    }
     /* Option errors. */
     o.vocab_size = 100;
     HP_CHECK_ERR(hp_tokenizer_train(&o, files, 1, out), HP_ERR_INVALID_ARG, "vocab_size 100");

@@ -12,9 +12,11 @@ static void usage(FILE *f) {
             "usage:\n"
             "  hp-tokenizer train --vocab-size N --output tokenizer.json\n"
             "                     [--special \"<|begin_of_text|>,<|end_of_text|>\"]\n"
-            "                     [--separator %%] [--min-frequency K] [--quiet] FILES...\n"
+            "                     [--separator %%] [--jsonl-field text] [--min-frequency K]\n"
+            "                     [--quiet] FILES...\n"
             "      byte-level BPE (GPT-2 regex); with special tokens the first is BOS, the\n"
-            "      second EOS; --separator drops lines equal to it (fortune files: %%)\n"
+            "      second EOS; --separator drops lines equal to it (fortune files: %%);\n"
+            "      --jsonl-field reads JSONL files and trains on that string field\n"
             "  hp-tokenizer encode --tokenizer tokenizer.json [--add-special] [--bos] [--eos]\n"
             "                      [--text STRING | FILE]   prints ids separated by spaces\n"
             "  hp-tokenizer decode --tokenizer tokenizer.json [--skip-special] [IDS...]\n"
@@ -72,6 +74,8 @@ static int cmd_train(int argc, char **argv) {
             special = argv[++i];
         } else if (!strcmp(a, "--separator") && has) {
             o.separator_line = argv[++i];
+        } else if (!strcmp(a, "--jsonl-field") && has) {
+            o.jsonl_field = argv[++i];
         } else if (!strcmp(a, "--min-frequency") && has) {
             o.min_frequency = atoll(argv[++i]);
         } else if (!strcmp(a, "--quiet")) {

@@ -88,6 +88,10 @@ typedef struct hp_tokenizer_train_options {
     /* Lines equal to this string are document separators and are not trained on (the
      * fortune files' "%"); NULL for none. */
     const char *separator_line;
+    /* When set, files are JSONL (one JSON object per line, C4 style) and this string field
+     * of each object is a document; a line that is not such an object is an error naming
+     * file:line. Empty lines are skipped. */
+    const char *jsonl_field;
     int64_t min_frequency;         /* a pair must occur at least this often (default 2) */
     int verbose;                   /* progress on hp_log INFO */
 } hp_tokenizer_train_options_t;

@@ -2,6 +2,7 @@
  * most frequent adjacent pair is merged (ties: smaller left id, then smaller right id), with
  * incremental pair counts. Writes a HF tokenizer.json. docs/tokenizer.md. */
 #include <errno.h>
+#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +125,47 @@ static hp_status_t count_doc(trainer_t *tr, const char *s, size_t n) {
     }
     if (n > start) HP_TRY(count_text(tr, s + start, n - start));
     return HP_OK;
+}
+
+/* JSONL: each non-empty line is an object whose `field` string is a document. */
+static hp_status_t count_jsonl(trainer_t *tr, const char *file, const char *s, size_t n) {
+    const char *field = tr->opts->jsonl_field;
+    json_tokener *tk = json_tokener_new();
+    if (!tk) return hp_error(HP_ERR_OOM, "%s: cannot create a JSON parser", file);
+    hp_status_t st = HP_OK;
+    size_t i = 0, line = 0;
+    while (st == HP_OK && i < n) {
+        const char *nl = memchr(s + i, '\n', n - i);
+        size_t end = nl ? (size_t)(nl - s) : n;
+        line++;
+        size_t a = i, b = end;
+        while (a < b && (s[a] == ' ' || s[a] == '\t' || s[a] == '\r')) a++;
+        while (b > a && (s[b - 1] == ' ' || s[b - 1] == '\t' || s[b - 1] == '\r')) b--;
+        if (b > a) {
+            if (b - a > INT32_MAX) {
+                st = hp_error(HP_ERR_FORMAT, "%s:%zu: line too long", file, line);
+                break;
+            }
+            json_tokener_reset(tk);
+            json_object *o = json_tokener_parse_ex(tk, s + a, (int)(b - a)), *v = NULL;
+            if (!o || json_tokener_get_error(tk) != json_tokener_success ||
+                json_tokener_get_parse_end(tk) != b - a) {
+                st = hp_error(HP_ERR_FORMAT, "%s:%zu: not a JSON object (JSONL expects one per line)",
+                              file, line);
+            } else if (!json_object_is_type(o, json_type_object) ||
+                       !json_object_object_get_ex(o, field, &v) ||
+                       !json_object_is_type(v, json_type_string)) {
+                st = hp_error(HP_ERR_FORMAT, "%s:%zu: expected an object with a string field \"%s\"",
+                              file, line, field);
+            } else {
+                st = count_doc(tr, json_object_get_string(v), (size_t)json_object_get_string_len(v));
+            }
+            if (o) json_object_put(o);
+        }
+        i = end + 1;
+    }
+    json_tokener_free(tk);
+    return st;
 }
 
 /* ---- pairs -------------------------------------------------------------------------- */
@@ -633,8 +675,8 @@ static hp_status_t finish(trainer_t *tr, const char *out_path, double t0) {
         hp_log(HP_LOG_WARN, "hp_tokenizer_train: %lld bytes were not UTF-8 and were counted as "
                "single-byte words", (long long)tr->invalid_bytes);
     if (tr->n_tok < tr->opts->vocab_size)
-        hp_log(HP_LOG_INFO, "hp_tokenizer_train: stopped at vocab %d < %d: no pair occurs %lld "
-               "times or more", tr->n_tok, tr->opts->vocab_size,
+        hp_log(HP_LOG_INFO, "hp_tokenizer_train: stopped at vocab %d < %d: no pair left that occurs "
+               "at least %lld times", tr->n_tok, tr->opts->vocab_size,
                (long long)(tr->opts->min_frequency > 0 ? tr->opts->min_frequency : 2));
     HP_TRY(write_json(tr, out_path));
     if (tr->opts->verbose)
@@ -682,7 +724,8 @@ hp_status_t hp_tokenizer_train(const hp_tokenizer_train_options_t *opts,
         }
         if (st == HP_OK && ferror(f)) st = hp_error(HP_ERR_IO, "%s: read error", files[i]);
         fclose(f);
-        if (st == HP_OK) st = count_doc(&tr, buf, len);
+        if (st == HP_OK)
+            st = opts->jsonl_field ? count_jsonl(&tr, files[i], buf, len) : count_doc(&tr, buf, len);
     }
     free(buf);
     if (st == HP_OK) st = finish(&tr, out_path, t0);
