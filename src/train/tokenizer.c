@@ -28,7 +28,7 @@ typedef struct added {
     char *content;
     size_t len;
     int32_t id;
-    int special, normalized, lstrip, rstrip;
+    int special, normalized, lstrip, rstrip, single_word;
 } added_t;
 
 typedef struct merge_entry {
@@ -64,6 +64,8 @@ struct hp_tokenizer {
     size_t n_added;
     int decoder_bytelevel;
     uint8_t added_first[2][256]; /* [normalized][byte]: some added token starts with it */
+    hp_tok_regex_t word_char;    /* Rust regex \w, for single_word added tokens */
+    int has_word_char;
     int32_t *prefix, *suffix;
     int n_prefix, n_suffix;
     int32_t bos, eos;
@@ -508,16 +510,18 @@ static hp_status_t parse_added(ctx_t *c, json_object *arr) {
         a->content = strndup(json_object_get_string(v), a->len);
         if (!a->content) return HP_ERR_OOM;
         t->n_added++;
-        int single_word;
         HP_TRY(member_bool(c, o, path, "special", 0, &a->special));
         HP_TRY(member_bool(c, o, path, "normalized", !a->special, &a->normalized));
         HP_TRY(member_bool(c, o, path, "lstrip", 0, &a->lstrip));
         HP_TRY(member_bool(c, o, path, "rstrip", 0, &a->rstrip));
-        HP_TRY(member_bool(c, o, path, "single_word", 0, &single_word));
-        if (single_word)
-            return jerr(c, HP_ERR_UNSUPPORTED, path,
-                        "single_word = true is not supported (token \"%s\"); set it to false",
-                        a->content);
+        HP_TRY(member_bool(c, o, path, "single_word", 0, &a->single_word));
+        if (a->single_word && !t->has_word_char) {
+            /* HF tests the neighbours with Rust's regex \w (Unicode). */
+            HP_TRY(hp_tok_regex_compile(&t->word_char,
+                                        "^(?:\\p{Alphabetic}|\\p{M}|\\p{Nd}|\\p{Pc}|\\p{Join_Control})",
+                                        PCRE2_ZERO_TERMINATED, 0, "single_word class"));
+            t->has_word_char = 1;
+        }
     }
     return HP_OK;
 }
@@ -857,6 +861,7 @@ void hp_tokenizer_free(hp_tokenizer_t *t) {
     hp_tok_strmap_free(&t->cache);
     free(t->merges);
     for (int i = 0; i < t->n_stages; i++) hp_tok_regex_free(&t->stages[i].re);
+    hp_tok_regex_free(&t->word_char);
     free(t->stages);
     for (size_t i = 0; i < t->n_added; i++) free(t->added[i].content);
     free(t->added);
@@ -949,6 +954,27 @@ static long find_added(const hp_tokenizer_t *t, int normalized, const char *s, s
     return -1;
 }
 
+/* Whether the character ending at `pos` (not before `lo`) / starting at `pos` (before `hi`)
+ * is a word character in Rust's regex sense (HF's single_word test). */
+static int is_word_at(hp_tokenizer_t *t, const char *s, size_t a, size_t b) {
+    size_t ms, me;
+    return hp_tok_regex_next(&t->word_char, s + a, b - a, 0, &ms, &me) == 1;
+}
+
+static int word_before(hp_tokenizer_t *t, const char *s, size_t lo, size_t pos) {
+    if (pos <= lo) return 0;
+    size_t q = pos - 1;
+    while (q > lo && ((unsigned char)s[q] & 0xC0) == 0x80) q--;
+    return is_word_at(t, s, q, pos);
+}
+
+static int word_after(hp_tokenizer_t *t, const char *s, size_t pos, size_t hi) {
+    if (pos >= hi) return 0;
+    uint32_t cp;
+    int l = hp_tok_utf8_get(s + pos, hi - pos, &cp);
+    return is_word_at(t, s, pos, pos + (size_t)(l ? l : 1));
+}
+
 /* Splits s[off..off+len) by added tokens of one pass into out spans (HF find_matches,
  * including lstrip / rstrip). */
 static hp_status_t split_added(hp_tokenizer_t *t, int normalized, const char *s, size_t off,
@@ -958,6 +984,10 @@ static hp_status_t split_added(hp_tokenizer_t *t, int normalized, const char *s,
     while (from < end && (k = find_added(t, normalized, s, end, from, &ms)) >= 0) {
         const added_t *a = &t->added[k];
         size_t start = ms, stop = ms + a->len;
+        if (a->single_word && (word_before(t, s, off, start) || word_after(t, s, stop, end))) {
+            from = stop; /* not a single word: skipped, the search goes on after it */
+            continue;
+        }
         if (a->lstrip) {
             size_t ns = start;
             while (ns > start_offset) {

@@ -674,7 +674,7 @@ static hp_status_t finish(trainer_t *tr, const char *out_path, double t0) {
     if (tr->invalid_bytes)
         hp_log(HP_LOG_WARN, "hp_tokenizer_train: %lld bytes were not UTF-8 and were counted as "
                "single-byte words", (long long)tr->invalid_bytes);
-    if (tr->n_tok < tr->opts->vocab_size)
+    if (tr->n_tok < tr->opts->vocab_size && tr->opts->verbose)
         hp_log(HP_LOG_INFO, "hp_tokenizer_train: stopped at vocab %d < %d: no pair left that occurs "
                "at least %lld times", tr->n_tok, tr->opts->vocab_size,
                (long long)(tr->opts->min_frequency > 0 ? tr->opts->min_frequency : 2));

@@ -67,6 +67,7 @@ EXTRA_CASES = [
     "say hello world  <tab>  done",
     "hello worldhello world<tab><tab>",
     "un café, s'il vous plaît",
+    "ony Anthony ony_ ony2 \u00e9ony ony. (ony) ony\u0301 \u2160ony onyony ony",
     # Unicode classes: \\p{N} beyond ASCII (No, Nl, other scripts' digits), marks, format
     # characters, NEL / Mongolian vowel separator / ZWSP / BOM / soft hyphen, title case,
     # math letters, case folding under Llama 3's (?i:'s) (long s, Kelvin sign).
@@ -112,7 +113,8 @@ def train_gpt2(corpus):
     tok.train([corpus], trainer)
     # Non-special added tokens: one with a space inside, one with lstrip/rstrip, one that is
     # not byte-level spelled (decodes through the raw-UTF-8 path).
-    tok.add_tokens(["hello world", AddedToken("<tab>", lstrip=True, rstrip=True), "café"])
+    tok.add_tokens(["hello world", AddedToken("<tab>", lstrip=True, rstrip=True), "café",
+                    AddedToken("ony", single_word=True)])
     tok.add_special_tokens(["<|pad|>"])
     return tok
 
@@ -202,7 +204,7 @@ def random_texts(n, seed):
              ".,;:!?-_()[]{}<>/\\\"@#$%^&*+=|~`", "äöüßéèêçñÀÉ", "中文日本語テキストひらがな", "Привет мир",
              "مرحبا", "😀🎉👍🏽\u200d❤️🇩🇪", "\u00a0\u3000\u2028\u0085\u180e\u200b\ufeff", "²½Ⅻ٣১",
              "\u0301\u0308", "sStTdDmMlLrReEvV'"]
-    whole = ["<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>", "<tab>", "hello world", "café"]
+    whole = ["<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>", "<tab>", "hello world", "café", "ony"]
     out = []
     for _ in range(n):
         parts = []
