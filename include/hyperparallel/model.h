@@ -82,6 +82,38 @@ double hp_model_loss_sum(hp_model_t m);
 /* Number of valid targets (!= -100) of the last forward. */
 int64_t hp_model_valid_tokens(hp_model_t m);
 
+/* ---- units and hooks (data-parallel wrappers: FSDP, DDP; docs/fsdp.md) ------------------
+ * Units: 0 = tok_embeddings, 1..n_layers = layers[u-1] (one transformer block), n_layers+1 =
+ * the root (norm + output), as TorchTitan's fully_shard groups. A unit's params are a
+ * contiguous range of the param table and a contiguous span of the flat storage layout
+ * (stacked params wq|wk|wv and w1|w3 adjacent, offsets rounded to 16 floats). */
+int hp_model_num_units(hp_model_t m);
+void hp_model_unit_params(hp_model_t m, int unit, int *first, int *count);
+/* Offset (floats) of param i in the flat storage layout. */
+size_t hp_model_param_offset(hp_model_t m, int i);
+/* [offset, offset + floats) of a unit in the flat storage layout. */
+void hp_model_unit_span(hp_model_t m, int unit, size_t *offset, size_t *floats);
+
+/* Called around each unit: forward (pre before its first module, post after its last) and
+ * backward (pre before backward_input of its last module, post after backward_weight of its
+ * first). An error stops the pass. After a hook returns the model re-reads the unit's
+ * weight/grad pointers from the param table (hp_model_bind_unit), so a hook may re-point
+ * value.local.data / grad.local.data of the unit's params (to gathered buffers). */
+typedef struct hp_model_hooks {
+    hp_status_t (*pre_forward)(void *ctx, int unit);
+    hp_status_t (*post_forward)(void *ctx, int unit);
+    hp_status_t (*pre_backward)(void *ctx, int unit);
+    hp_status_t (*post_backward)(void *ctx, int unit);
+} hp_model_hooks_t;
+/* hooks NULL removes them. The struct is copied. */
+void hp_model_set_hooks(hp_model_t m, const hp_model_hooks_t *hooks, void *ctx);
+/* Re-reads the weight and grad pointers of a unit's modules from the param table. */
+void hp_model_bind_unit(hp_model_t m, int unit);
+/* Frees the model's full-size parameter and gradient storage (after the external owner,
+ * FSDP, copied its shards out). Param data pointers become NULL until the owner points them
+ * at its buffers; hp_model_zero_grad becomes a no-op and hp_model_init_weights an error. */
+void hp_model_release_storage(hp_model_t m);
+
 /* Per-op timing of the last forward + backward: *names and *seconds receive arrays of the
  * returned length, owned by the model. */
 int hp_model_profile(hp_model_t m, const char ***names, const double **seconds);

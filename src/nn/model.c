@@ -530,6 +530,10 @@ struct hp_model {
     double prof[HP_NN_OP_COUNT];
     double prof_seconds[HP_NN_OP_COUNT];
     const char *prof_names[HP_NN_OP_COUNT];
+    size_t *param_off;      // per param: float offset in the flat layout (units contiguous)
+    hp_model_hooks_t hooks; // data-parallel wrappers (FSDP, DDP); all NULL = none
+    void *hooks_ctx;
+    int storage_released;   // param/grad storage belongs to an external owner
 };
 
 const hp_model_config_t *hp_model_config(hp_model_t m) { return &m->cfg; }
@@ -656,6 +660,7 @@ void hp_model_destroy(hp_model_t m) {
     free(m->cos_t);
     free(m->sin_t);
     free(m->params);
+    free(m->param_off);
     free(m->layers);
     free(m);
 }
@@ -685,10 +690,11 @@ hp_status_t hp_model_create(const hp_model_config_t *cfg_in, int max_batch, int 
     int np = build_specs(c, NULL, &total);
     pspec_t *sp = hp_calloc((size_t)np, sizeof(pspec_t));
     m->params = hp_calloc((size_t)np, sizeof(hp_param_t));
+    m->param_off = hp_calloc((size_t)np, sizeof(size_t));
     m->layers = hp_calloc((size_t)c->n_layers, sizeof(layer_mods_t));
     m->cos_t = hp_malloc(sizeof(float) * (size_t)max_seq_len * (hd / 2));
     m->sin_t = hp_malloc(sizeof(float) * (size_t)max_seq_len * (hd / 2));
-    if (!sp || !m->params || !m->layers || !m->cos_t || !m->sin_t) { st = HP_ERR_OOM; goto fail; }
+    if (!sp || !m->params || !m->param_off || !m->layers || !m->cos_t || !m->sin_t) { st = HP_ERR_OOM; goto fail; }
     build_specs(c, sp, &total);
     m->n_params = np;
     m->param_floats = total;
@@ -702,6 +708,7 @@ hp_status_t hp_model_create(const hp_model_config_t *cfg_in, int max_batch, int 
     }
     memset(m->param_data, 0, sizeof(float) * total);
     memset(m->grad_data, 0, sizeof(float) * total);
+    for (int i = 0; i < np; i++) m->param_off[i] = sp[i].offset;
     for (int i = 0; i < np; i++)
         param_desc(&m->params[i], sp[i].name, m->param_data + sp[i].offset, m->grad_data + sp[i].offset,
                    sp[i].ndim, sp[i].d0, sp[i].d1);
@@ -824,14 +831,18 @@ fail:
 }
 
 void hp_model_memory(hp_model_t m, size_t *param_bytes, size_t *grad_bytes, size_t *act_bytes, size_t *work_bytes) {
-    if (param_bytes) *param_bytes = sizeof(float) * m->param_floats;
-    if (grad_bytes) *grad_bytes = sizeof(float) * m->param_floats;
+    const size_t own = m->storage_released ? 0 : sizeof(float) * m->param_floats;
+    if (param_bytes) *param_bytes = own;
+    if (grad_bytes) *grad_bytes = own;
     if (act_bytes) *act_bytes = m->act.arena.capacity;
     if (work_bytes) *work_bytes = sizeof(float) * m->workspace_floats;
 }
 
 hp_status_t hp_model_init_weights(hp_model_t m, uint64_t seed) {
     const hp_model_config_t *c = &m->cfg;
+    if (m->storage_released)
+        return hp_error(HP_ERR_STATE, "hp_model_init_weights: the parameter storage was released to an "
+                        "external owner (FSDP); initialise before fully_shard");
     for (int i = 0; i < m->n_params; i++) {
         hp_param_t *p = &m->params[i];
         const char *n = p->name;
@@ -859,7 +870,96 @@ hp_status_t hp_model_init_weights(hp_model_t m, uint64_t seed) {
     return HP_OK;
 }
 
+/* ---- units and hooks (data-parallel wrappers) ------------------------------------------ */
+
+int hp_model_num_units(hp_model_t m) { return m->cfg.n_layers + 2; }
+
+void hp_model_unit_params(hp_model_t m, int unit, int *first, int *count) {
+    HP_ASSERT_MSG(unit >= 0 && unit < m->cfg.n_layers + 2, "hp_model_unit_params: unit %d outside [0, %d)",
+                  unit, m->cfg.n_layers + 2);
+    const int per_layer = m->cfg.qk_norm ? 11 : 9;
+    int f, n;
+    if (unit == 0) { f = 0; n = 1; }
+    else if (unit <= m->cfg.n_layers) { f = 1 + (unit - 1) * per_layer; n = per_layer; }
+    else { f = 1 + m->cfg.n_layers * per_layer; n = m->n_params - f; }
+    if (first) *first = f;
+    if (count) *count = n;
+}
+
+size_t hp_model_param_offset(hp_model_t m, int i) {
+    HP_ASSERT(i >= 0 && i < m->n_params);
+    return m->param_off[i];
+}
+
+void hp_model_unit_span(hp_model_t m, int unit, size_t *offset, size_t *floats) {
+    int f, n;
+    hp_model_unit_params(m, unit, &f, &n);
+    size_t end = f + n < m->n_params ? m->param_off[f + n] : m->param_floats;
+    if (offset) *offset = m->param_off[f];
+    if (floats) *floats = end - m->param_off[f];
+}
+
+void hp_model_set_hooks(hp_model_t m, const hp_model_hooks_t *hooks, void *ctx) {
+    if (hooks) m->hooks = *hooks;
+    else memset(&m->hooks, 0, sizeof(m->hooks));
+    m->hooks_ctx = ctx;
+}
+
+void hp_model_bind_unit(hp_model_t m, int unit) {
+    const hp_model_config_t *c = &m->cfg;
+    hp_param_t *P = m->params;
+#define BIND(impl, p) do { (impl).weight = (p)->value.local.data; (impl).dweight = (p)->grad.local.data; } while (0)
+    if (unit == 0) {
+        BIND(m->embedding_i, &P[0]);
+    } else if (unit <= c->n_layers) {
+        layer_mods_t *L = &m->layers[unit - 1];
+        int f;
+        hp_model_unit_params(m, unit, &f, NULL);
+        // list order: wq wk wv wo [q_norm k_norm] attention_norm w1 w2 w3 ffn_norm
+        BIND(L->wqkv_i, &P[f]);
+        BIND(L->wo_i, &P[f + 3]);
+        int k = f + 4;
+        if (c->qk_norm) {
+            L->attention_i.qn_w = P[k].value.local.data; L->attention_i.qn_dw = P[k].grad.local.data;
+            L->attention_i.kn_w = P[k + 1].value.local.data; L->attention_i.kn_dw = P[k + 1].grad.local.data;
+            k += 2;
+        }
+        BIND(L->attention_norm_i, &P[k]);
+        BIND(L->w13_i, &P[k + 1]);
+        BIND(L->w2_i, &P[k + 2]);
+        BIND(L->ffn_norm_i, &P[k + 4]);
+    } else {
+        int f;
+        hp_model_unit_params(m, unit, &f, NULL);
+        BIND(m->norm_i, &P[f]);
+        BIND(m->output_i, c->tie_embeddings ? &P[0] : &P[f + 1]);
+    }
+#undef BIND
+}
+
+void hp_model_release_storage(hp_model_t m) {
+    hp_free_aligned(m->param_data);
+    hp_free_aligned(m->grad_data);
+    m->param_data = m->grad_data = NULL;
+    m->storage_released = 1;
+    for (int i = 0; i < m->n_params; i++) {
+        m->params[i].value.local.data = NULL;
+        m->params[i].grad.local.data = NULL;
+    }
+    for (int u = 0; u < m->cfg.n_layers + 2; u++) hp_model_bind_unit(m, u);
+}
+
+/* Calls a hook (when set) and re-reads the unit's weight pointers, which the hook may have
+ * re-pointed (FSDP swaps in gathered buffers). */
+static hp_status_t unit_hook(hp_model_t m, hp_status_t (*fn)(void *, int), int unit) {
+    if (!fn) return HP_OK;
+    HP_TRY(fn(m->hooks_ctx, unit));
+    hp_model_bind_unit(m, unit);
+    return HP_OK;
+}
+
 hp_status_t hp_model_zero_grad(hp_model_t m) {
+    if (m->storage_released) return HP_OK;   // the external owner zeroes its gradients
     memset(m->grad_data, 0, sizeof(float) * m->param_floats);
     return HP_OK;
 }
@@ -903,23 +1003,30 @@ hp_status_t hp_model_forward(hp_model_t m, const int32_t *tokens, const int32_t 
     t_tok.dtype = HP_I32; t_tok.ndim = 2; t_tok.shape[0] = tshape[0]; t_tok.shape[1] = tshape[1];
     t_tok.stride[0] = T; t_tok.stride[1] = 1; t_tok.data = s->tokens;
     tensor2(&t_x, s->x0, N, d);
+    const int root = c->n_layers + 1;
+    HP_TRY(unit_hook(m, m->hooks.pre_forward, 0));
     HP_TRY(hp_module_forward(&m->embedding, act, &t_tok, &t_x));
+    HP_TRY(unit_hook(m, m->hooks.post_forward, 0));
     float *x = s->x0;
     for (int l = 0; l < c->n_layers; l++) {
         s->xs[l] = hp_act_alloc(act, sizeof(float) * (size_t)N * d);
         tensor2(&t_x, x, N, d);
         tensor2(&t_y, s->xs[l], N, d);
+        HP_TRY(unit_hook(m, m->hooks.pre_forward, l + 1));
         HP_TRY(hp_module_forward(&m->layers[l].block, act, &t_x, &t_y));
+        HP_TRY(unit_hook(m, m->hooks.post_forward, l + 1));
         x = s->xs[l];
     }
     s->hf = hp_act_alloc(act, sizeof(float) * (size_t)N * d);
     tensor2(&t_x, x, N, d);
     tensor2(&t_y, s->hf, N, d);
+    HP_TRY(unit_hook(m, m->hooks.pre_forward, root));
     HP_TRY(hp_module_forward(&m->norm, act, &t_x, &t_y));
     s->logits = hp_act_alloc(act, sizeof(float) * (size_t)N * V);
     tensor2(&t_x, s->hf, N, d);
     tensor2(&t_y, s->logits, N, V);
     HP_TRY(hp_module_forward(&m->output, act, &t_x, &t_y));
+    HP_TRY(unit_hook(m, m->hooks.post_forward, root));
     m->B = B;
     m->T = T;
     m->logits = s->logits;
@@ -961,22 +1068,29 @@ hp_status_t hp_model_backward(hp_model_t m) {
     hp_tensor_t t_dl, t_a, t_b;
     tensor2(&t_dl, m->dlogits, N, V);
     tensor2(&t_a, m->gbuf[0], N, d);
+    const int root = c->n_layers + 1;
+    HP_TRY(unit_hook(m, m->hooks.pre_backward, root));
     HP_TRY(hp_module_backward_input(&m->output, act, &t_dl, &t_a));
     HP_TRY(hp_module_backward_weight(&m->output, act));
     tensor2(&t_b, m->gbuf[1], N, d);
     HP_TRY(hp_module_backward_input(&m->norm, act, &t_a, &t_b));
     HP_TRY(hp_module_backward_weight(&m->norm, act));
+    HP_TRY(unit_hook(m, m->hooks.post_backward, root));
     int cur = 1;   // gbuf[cur] holds d(layer output)
     for (int l = c->n_layers - 1; l >= 0; l--) {
         tensor2(&t_a, m->gbuf[cur], N, d);
         tensor2(&t_b, m->gbuf[1 - cur], N, d);
+        HP_TRY(unit_hook(m, m->hooks.pre_backward, l + 1));
         HP_TRY(hp_module_backward_input(&m->layers[l].block, act, &t_a, &t_b));
         HP_TRY(hp_module_backward_weight(&m->layers[l].block, act));
+        HP_TRY(unit_hook(m, m->hooks.post_backward, l + 1));
         cur = 1 - cur;
     }
     tensor2(&t_a, m->gbuf[cur], N, d);
+    HP_TRY(unit_hook(m, m->hooks.pre_backward, 0));
     HP_TRY(hp_module_backward_input(&m->embedding, act, &t_a, NULL));
     HP_TRY(hp_module_backward_weight(&m->embedding, act));
+    HP_TRY(unit_hook(m, m->hooks.post_backward, 0));
     m->have_forward = 0;
     return HP_OK;
 }
