@@ -63,6 +63,8 @@ static void check_golden(const char *golden_name) {
         json_object_object_get_ex(c, "text", &text);
         json_object_object_get_ex(c, "ids", &ids);
         json_object_object_get_ex(c, "ids_special", &ids_sp);
+        json_object *ids_txt;
+        json_object_object_get_ex(c, "ids_special_as_text", &ids_txt);
         json_object_object_get_ex(c, "decoded", &dec);
         json_object_object_get_ex(c, "decoded_skip", &dec_skip);
         int roundtrip = json_object_object_get_ex(c, "roundtrip", &v) && json_object_get_boolean(v);
@@ -75,6 +77,11 @@ static void check_golden(const char *golden_name) {
         HP_CHECK(ok1, "%s case %d: ids differ from HF for \"%.60s\"", golden_name, i, s);
         HP_CHECK(ok2, "%s case %d: ids with special tokens differ from HF", golden_name, i);
         if (!ok1) print_ids("ids", got.ids, got.len, ids);
+        hp_token_ids_t got_txt = {0};
+        HP_CHECK_OK(hp_tokenizer_encode(tok, s, len, HP_TOKENIZE_SPECIAL_AS_TEXT, &got_txt));
+        HP_CHECK(ids_equal(&got_txt, ids_txt), "%s case %d: SPECIAL_AS_TEXT ids differ from HF "
+                 "encode_special_tokens=True", golden_name, i);
+        hp_token_ids_free(&got_txt);
         n_ids += got.len;
         char *out = NULL;
         size_t out_len = 0;

@@ -18,7 +18,9 @@ static void usage(FILE *f) {
             "      second EOS; --separator drops lines equal to it (fortune files: %%);\n"
             "      --jsonl-field reads JSONL files and trains on that string field\n"
             "  hp-tokenizer encode --tokenizer tokenizer.json [--add-special] [--bos] [--eos]\n"
-            "                      [--text STRING | FILE]   prints ids separated by spaces\n"
+            "                      [--special-as-text] [--text STRING | FILE]\n"
+            "      prints ids separated by spaces; --special-as-text encodes special tokens\n"
+            "      written in the text as ordinary text\n"
             "  hp-tokenizer decode --tokenizer tokenizer.json [--skip-special] [IDS...]\n"
             "      ids from the arguments, or from stdin when none are given\n"
             "  hp-tokenizer info --tokenizer tokenizer.json\n");
@@ -119,6 +121,7 @@ static int cmd_encode(int argc, char **argv) {
         else if (!strcmp(a, "--add-special")) flags |= HP_TOKENIZE_ADD_SPECIAL;
         else if (!strcmp(a, "--bos")) flags |= HP_TOKENIZE_ADD_BOS;
         else if (!strcmp(a, "--eos")) flags |= HP_TOKENIZE_ADD_EOS;
+        else if (!strcmp(a, "--special-as-text")) flags |= HP_TOKENIZE_SPECIAL_AS_TEXT;
         else if (a[0] != '-' && !file) file = a;
         else {
             fprintf(stderr, "hp-tokenizer encode: unexpected argument '%s'\n", a);

@@ -42,6 +42,9 @@ enum {
      * add_eos). Fails with HP_ERR_STATE when the tokenizer has no BOS / EOS. */
     HP_TOKENIZE_ADD_BOS = 1u << 1,
     HP_TOKENIZE_ADD_EOS = 1u << 2,
+    /* Special added tokens written in the text are encoded as ordinary text, as HF's
+     * encode_special_tokens = True (e.g. a corpus that quotes "<|endoftext|>"). */
+    HP_TOKENIZE_SPECIAL_AS_TEXT = 1u << 3,
 };
 /* Decode flags. */
 enum { HP_DETOKENIZE_SKIP_SPECIAL = 1u << 0 };

@@ -977,15 +977,17 @@ static int word_after(hp_tokenizer_t *t, const char *s, size_t pos, size_t hi) {
 
 /* Splits s[off..off+len) by added tokens of one pass into out spans (HF find_matches,
  * including lstrip / rstrip). */
-static hp_status_t split_added(hp_tokenizer_t *t, int normalized, const char *s, size_t off,
-                               size_t len, span_t **out, size_t *cap, size_t *n) {
+static hp_status_t split_added(hp_tokenizer_t *t, int normalized, int special_as_text,
+                               const char *s, size_t off, size_t len, span_t **out, size_t *cap,
+                               size_t *n) {
     size_t start_offset = off, end = off + len, from = off, ms;
     long k;
     while (from < end && (k = find_added(t, normalized, s, end, from, &ms)) >= 0) {
         const added_t *a = &t->added[k];
         size_t start = ms, stop = ms + a->len;
-        if (a->single_word && (word_before(t, s, off, start) || word_after(t, s, stop, end))) {
-            from = stop; /* not a single word: skipped, the search goes on after it */
+        if ((special_as_text && a->special) ||
+            (a->single_word && (word_before(t, s, off, start) || word_after(t, s, stop, end)))) {
+            from = stop; /* skipped (HF's `continue`): the search goes on after it */
             continue;
         }
         if (a->lstrip) {
@@ -1283,13 +1285,14 @@ hp_status_t hp_tokenizer_encode(hp_tokenizer_t *t, const char *text, size_t len,
     /* Added tokens: the non-normalized ones on the raw text, then the normalized ones on
      * what is left (no normalizer, so both see the same bytes). */
     size_t n1 = 0, n2 = 0;
-    HP_TRY(split_added(t, 0, text, 0, len, &t->seg1, &t->seg1_cap, &n1));
+    int as_text = (flags & HP_TOKENIZE_SPECIAL_AS_TEXT) != 0;
+    HP_TRY(split_added(t, 0, as_text, text, 0, len, &t->seg1, &t->seg1_cap, &n1));
     for (size_t i = 0; i < n1; i++) {
         if (t->seg1[i].id >= 0) {
             HP_TRY(RESERVE(t->seg2, t->seg2_cap, n2 + 1));
             t->seg2[n2++] = t->seg1[i];
         } else {
-            HP_TRY(split_added(t, 1, text, t->seg1[i].off, t->seg1[i].len, &t->seg2,
+            HP_TRY(split_added(t, 1, as_text, text, t->seg1[i].off, t->seg1[i].len, &t->seg2,
                                &t->seg2_cap, &n2));
         }
     }

@@ -152,10 +152,14 @@ def golden(tok_path, name, specials):
     for t in texts:
         ids = tok.encode(t, add_special_tokens=False).ids
         ids_sp = tok.encode(t, add_special_tokens=True).ids
+        tok.encode_special_tokens = True
+        ids_plain = tok.encode(t, add_special_tokens=False).ids
+        tok.encode_special_tokens = False
         cases.append({
             "text": t,
             "ids": ids,
             "ids_special": ids_sp,
+            "ids_special_as_text": ids_plain,
             "decoded": tok.decode(ids_sp, skip_special_tokens=False),
             "decoded_skip": tok.decode(ids_sp, skip_special_tokens=True),
             # decode(encode(x)) == x in HF; false where an added token is not byte-level
