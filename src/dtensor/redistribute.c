@@ -411,7 +411,7 @@ static hp_status_t contiguous_of(hp_dmem_t *dm, const hp_tensor_t *t, const void
 hp_status_t hp_dtensor_redistribute_(hp_dtensor_t *out, const hp_dtensor_mem_t *mem,
                                      const hp_dtensor_t *in, int nplacements,
                                      const hp_placement_t *placements, int internal) {
-    char x[32], y[32];
+    char x[96], y[96];
     if (!in || !in->mesh)
         return hp_error(HP_ERR_INVALID_ARG, "redistribute: input is not a DTensor (mesh is NULL)");
     if (!placements) return hp_error(HP_ERR_INVALID_ARG, "placements is needed for redistribute!");
@@ -424,6 +424,19 @@ hp_status_t hp_dtensor_redistribute_(hp_dtensor_t *out, const hp_dtensor_mem_t *
                             "to Partial is for internal use only! (mesh dim %d)",
                             hp_placement_str(in->placements[i], x, sizeof(x)),
                             hp_placement_str(tgt[i], y, sizeof(y)), i);
+    {   /* the input's piece must be the one its placements say (a hand-made descriptor may not be) */
+        int64_t ls[HP_MAX_DIMS], off[HP_MAX_DIMS];
+        HP_TRY(hp_dtensor_compute_local_shape_and_offset(ls, off, nd, in->global_shape, in->mesh, mnd,
+                                                         in->placements));
+        for (int d = 0; d < nd; d++)
+            if (ls[d] != in->local.shape[d])
+                return hp_error(HP_ERR_INVALID_ARG, "redistribute: input local dim %d is %lld but "
+                                "placements %s of global dim %lld give %lld on this rank; build the "
+                                "DTensor with hp_dtensor_from_local or hp_dtensor_distribute", d,
+                                (long long)in->local.shape[d],
+                                hp_placements_str(mnd, in->placements, x, sizeof(x)),
+                                (long long)in->global_shape[d], (long long)ls[d]);
+    }
     hp_dmem_t dm;
     hp_dmem_begin(&dm, mem);
     hp_dtensor_t res;
