@@ -141,7 +141,7 @@ def train_llama3(corpus):
 
 def save(tok, name):
     path = os.path.join(OUT, name)
-    tok.save(path, pretty=True)
+    tok.save(path, pretty=False)
     return path
 
 
@@ -245,10 +245,12 @@ def split_variants(base_path):
     for pat in pats:
         for beh in ["Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"]:
             for inv in [False, True]:
-                for aps in [False, True]:
-                    variants.append({"type": "Sequence", "pretokenizers": [
-                        {"type": "Split", "pattern": pat, "behavior": beh, "invert": inv},
-                        {"type": "ByteLevel", "add_prefix_space": aps, "trim_offsets": True, "use_regex": aps}]})
+                # ByteLevel after the Split alternates between (no prefix space, no regex) and
+                # (prefix space, GPT-2 regex) to keep the file small.
+                aps = (len(variants) % 2) == 1
+                variants.append({"type": "Sequence", "pretokenizers": [
+                    {"type": "Split", "pattern": pat, "behavior": beh, "invert": inv},
+                    {"type": "ByteLevel", "add_prefix_space": aps, "trim_offsets": True, "use_regex": aps}]})
     # \\w and \\W differ between Oniguruma and PCRE2 (marks, non-decimal numbers).
     for pat in [{"Regex": "\\w+"}, {"Regex": "\\W"}, {"Regex": "[\\w']+"}, {"Regex": "[^\\s\\w]+"}]:
         variants.append({"type": "Sequence", "pretokenizers": [
