@@ -1,8 +1,9 @@
-/* The greedy redistribute planner against PyTorch itself: tests/data/dtensor/plan_golden.txt
- * holds _gen_transform_infos_non_cached's plans (PyTorch 2.15, fake process group) for 320
- * seeded random cases on 8 meshes, for every rank; hp_redistribute_plan must give exactly the
- * same steps (mesh dim, source, target) and logical shapes. Regenerate with
- * tests/data/dtensor/gen_plan_golden.py. */
+/* Layout math and the greedy redistribute planner against PyTorch itself (2.15, fake process
+ * group): tests/data/dtensor/plan_golden.txt holds _gen_transform_infos_non_cached's plans for
+ * 320 seeded random cases on 8 meshes, for every rank; hp_redistribute_plan must give exactly
+ * the same steps (mesh dim, source, target) and logical shapes. layout_golden.txt holds
+ * compute_local_shape_and_global_offset for 150 cases x every rank, and _StridedShard's
+ * pieces of arange(n). Regenerate with tests/data/dtensor/gen_{plan,layout}_golden.py. */
 // hp-test: ranks 1
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,5 +70,53 @@ int main(void) {
     fclose(f);
     HP_CHECK(lines == 2080, "read %d plans", lines);
     printf("test_dtensor_plan_golden: %d plans, %d steps compared\n", lines, steps_total);
+
+    snprintf(path, sizeof path, "%s/tests/data/dtensor/layout_golden.txt", src_dir ? src_dir : "..");
+    f = fopen(path, "r");
+    HP_CHECK(f != NULL, "cannot open %s", path);
+    if (!f) return hp_test_finish("test_dtensor_plan_golden");
+    int nl = 0, nx = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#' || line[0] == '\n') continue;
+        char *tok[256];
+        int nt = 0;
+        for (char *p = strtok(line, " \n"); p && nt < 256; p = strtok(NULL, " \n")) tok[nt++] = p;
+        int k = 1;
+        if (tok[0][0] == 'L') {
+            int mnd = atoi(tok[k++]);
+            int64_t ms[HP_MESH_MAX_DIMS], shape[HP_MAX_DIMS], ls[HP_MAX_DIMS], off[HP_MAX_DIMS];
+            for (int i = 0; i < mnd; i++) ms[i] = atoll(tok[k++]);
+            int nd = atoi(tok[k++]);
+            for (int d = 0; d < nd; d++) shape[d] = atoll(tok[k++]);
+            hp_placement_t pl[HP_MESH_MAX_DIMS];
+            for (int i = 0; i < mnd; i++) pl[i] = parse_pl(tok[k++]);
+            int rank = atoi(tok[k++]), coord[HP_MESH_MAX_DIMS];
+            for (int i = mnd - 1, q = rank; i >= 0; i--) {
+                coord[i] = q % (int)ms[i];
+                q /= (int)ms[i];
+            }
+            hp_layout_local_shape_and_offset(nd, shape, mnd, ms, coord, pl, ls, off);
+            int same = 1;
+            for (int d = 0; d < nd; d++) same &= ls[d] == atoll(tok[k + d]) && off[d] == atoll(tok[k + nd + d]);
+            char a[96];
+            HP_CHECK(same, "layout line %d: %s rank %d: local shape / offset differ from PyTorch's", nl + nx + 2,
+                     hp_placements_str(mnd, pl, a, sizeof a), rank);
+            nl++;
+        } else {
+            int64_t n = atoll(tok[k++]), ms = atoll(tok[k++]);
+            int sf = atoi(tok[k++]), r = atoi(tok[k++]);
+            int64_t cnt = atoll(tok[k++]), idx[64];
+            hp_placement_t p = hp_strided_shard(0, sf);
+            int64_t got = hp_layout_dim_indices(n, 0, 1, &ms, &r, &p, idx);
+            int same = got == cnt;
+            for (int64_t i = 0; same && i < cnt; i++) same = idx[i] == atoll(tok[k + i]);
+            HP_CHECK(same, "strided n=%lld k=%lld sf=%d piece %d differs from PyTorch's", (long long)n,
+                     (long long)ms, sf, r);
+            nx++;
+        }
+    }
+    fclose(f);
+    HP_CHECK(nl == 900 && nx == 420, "read %d layouts and %d strided pieces", nl, nx);
+    printf("test_dtensor_plan_golden: %d layouts and %d strided pieces compared\n", nl, nx);
     return hp_test_finish("test_dtensor_plan_golden");
 }

@@ -83,8 +83,8 @@ void hp_shard_size_and_offset(int64_t size, int64_t k, int64_t r, int64_t *local
                               int64_t *offset);
 /* compute_local_shape_and_global_offset over an explicit mesh shape and coordinate (so it
  * can be evaluated for any rank): walks mesh dims 0..mesh_ndim-1; Shard(d) on mesh dim i
- * replaces local[d] by the chunk of the current local[d] at coord[i] and adds the offset.
- * StridedShard: local shape exact; the offset is the first global index owned (the piece
+ * replaces local[d] by the chunk of the current local[d] at coord[i] and adds the offset;
+ * an empty piece's offset is the global size of its dim (PyTorch 2.15). StridedShard: local shape exact; the offset is the first global index owned (the piece
  * is not one box then; use hp_layout_dim_indices). Placements must be normalised. */
 void hp_layout_local_shape_and_offset(int ndim, const int64_t *global_shape, int mesh_ndim,
                                       const int64_t *mesh_shape, const int *coord,

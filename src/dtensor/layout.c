@@ -118,7 +118,7 @@ void hp_layout_local_shape_and_offset(int ndim, const int64_t *global_shape, int
         local_shape[d] = global_shape[d];
         global_offset[d] = 0;
     }
-    int strided[HP_MAX_DIMS] = {0};
+    int strided[HP_MAX_DIMS] = {0}, sharded[HP_MAX_DIMS] = {0};
     for (int i = 0; i < mesh_ndim; i++) {
         hp_placement_t p = placements[i];
         if (p.kind == HP_SHARD) {
@@ -126,12 +126,17 @@ void hp_layout_local_shape_and_offset(int ndim, const int64_t *global_shape, int
             hp_shard_size_and_offset(local_shape[p.dim], mesh_shape[i], coord[i], &sz, &off);
             local_shape[p.dim] = sz;
             global_offset[p.dim] += off;
+            sharded[p.dim] = 1;
         } else if (p.kind == HP_STRIDED_SHARD) {
             local_shape[p.dim] = strided_size(local_shape[p.dim], p.split_factor, mesh_shape[i],
                                               coord[i]);
             strided[p.dim] = 1;
         }
     }
+    /* An empty piece starts at the global end of its dim (as PyTorch 2.15; one level of
+     * chunking already clamps to the end, this makes nested levels agree). */
+    for (int d = 0; d < ndim; d++)
+        if (sharded[d] && local_shape[d] == 0) global_offset[d] = global_shape[d];
     /* A strided dim is not one box: report its first owned index (size if none). */
     for (int d = 0; d < ndim; d++) {
         if (!strided[d]) continue;
