@@ -81,6 +81,19 @@ class Llama(nn.Module):
         return self.output(self.norm(h))
 
 
+def matmul_peak():
+    """Best GFLOP/s of torch.mm on 1024^2 and 2048^2 f32 squares (PyTorch's own GEMM, MKL here)."""
+    best = 0.0
+    for n, reps in ((1024, 5), (2048, 3)):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            a @ b
+            best = max(best, 2 * n ** 3 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=8)
@@ -91,6 +104,7 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
+    peak = matmul_peak()
     B, T = a.batch, a.seq
     model = Llama(T)
     for n, p in model.named_parameters():
@@ -120,7 +134,12 @@ def main():
     tps = B * T / med
     print(f"torch {torch.__version__}: llama3 debugmodel B={B} T={T}, {a.threads} threads, {nparams} params, "
           f"{fpt / 1e6:.1f} MFLOP/token; median step {med * 1e3:.1f} ms over {a.steps} steps; loss {loss.item():.4f}")
-    print(f"RESULT torch tokens_per_s {tps:.1f} gflops {fpt * tps / 1e9:.2f} step_ms {med * 1e3:.1f}")
+    best = min(times)
+    peak = max(peak, matmul_peak())
+    print(f"torch.mm peak (1024^3 and 2048^3, best before and after the steps): {peak:.1f} GFLOP/s")
+    print(f"RESULT torch tokens_per_s {tps:.1f} gflops {fpt * tps / 1e9:.2f} step_ms {med * 1e3:.1f} "
+          f"best_tokens_per_s {B * T / best:.1f} best_gflops {fpt * B * T / best / 1e9:.2f} best_step_ms {best * 1e3:.1f} "
+          f"mm_peak_gflops {peak:.1f}")
 
 
 if __name__ == "__main__":
