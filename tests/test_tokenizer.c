@@ -174,6 +174,43 @@ static void check_split(void) {
     json_object_put(doc);
 }
 
+/* unk_token / fuse_unk: a vocabulary without every byte (golden_unk.json). */
+static void check_unk(void) {
+    json_object *doc = json_object_from_file(data_path("golden_unk.json"));
+    json_object *base = json_object_from_file(data_path("gpt2_unk.json"));
+    HP_CHECK(doc && base, "cannot read golden_unk.json / gpt2_unk.json");
+    if (!doc || !base) return;
+    json_object *cases, *model;
+    json_object_object_get_ex(doc, "cases", &cases);
+    json_object_object_get_ex(base, "model", &model);
+    int ok_n = 0, n = (int)json_object_array_length(cases);
+    for (int fuse = 0; fuse < 2; fuse++) {
+        json_object_object_add(model, "fuse_unk", json_object_new_boolean(fuse));
+        size_t len;
+        const char *js = json_object_to_json_string_length(base, JSON_C_TO_STRING_PLAIN, &len);
+        hp_tokenizer_t *tok = NULL;
+        HP_CHECK_OK(hp_tokenizer_load_json(&tok, js, len, "gpt2_unk.json"));
+        if (!tok) continue;
+        for (int i = 0; i < n; i++) {
+            json_object *c = json_object_array_get_idx(cases, (size_t)i), *text, *ids;
+            json_object_object_get_ex(c, "text", &text);
+            json_object_object_get_ex(c, fuse ? "ids_fused" : "ids", &ids);
+            hp_token_ids_t got = {0};
+            HP_CHECK_OK(hp_tokenizer_encode(tok, json_object_get_string(text),
+                                            (size_t)json_object_get_string_len(text), 0, &got));
+            int ok = ids_equal(&got, ids);
+            HP_CHECK(ok, "unk case %d (fuse_unk %d): ids differ from HF", i, fuse);
+            if (!ok) print_ids("ids", got.ids, got.len, ids);
+            ok_n += ok;
+            hp_token_ids_free(&got);
+        }
+        hp_tokenizer_free(tok);
+    }
+    printf("golden_unk.json: %d/%d unk / fuse_unk cases equal HF\n", ok_n, 2 * n);
+    json_object_put(base);
+    json_object_put(doc);
+}
+
 /* Random mixes of scripts, Unicode spaces, marks and token spellings (golden_random.json). */
 static void check_random(void) {
     json_object *doc = json_object_from_file(data_path("golden_random.json")), *cases;
@@ -552,6 +589,7 @@ int main(void) {
     check_golden("golden_ours.json");
     check_split();
     check_random();
+    check_unk();
     check_special();
     check_training();
     check_errors();

@@ -58,6 +58,8 @@ struct hp_tokenizer {
     merge_entry_t *merges;       /* (merges_cap,) open addressing */
     size_t merges_cap;
     int ignore_merges;
+    int has_unk, fuse_unk; /* model.unk_token set; fuse runs of unknown bytes */
+    int32_t unk_id;        /* -1 when the unk token is not in the vocabulary */
     stage_t *stages;
     int n_stages;
     added_t *added;
@@ -555,8 +557,20 @@ static hp_status_t parse_model(ctx_t *c, json_object *model) {
     if (v && json_object_get_double(v) != 0.0)
         return jerr(c, HP_ERR_UNSUPPORTED, "model.dropout", "BPE dropout is not supported; set it to null");
     HP_TRY(member_bool(c, model, "model", "ignore_merges", 0, &t->ignore_merges));
+    HP_TRY(member_bool(c, model, "model", "fuse_unk", 0, &t->fuse_unk));
+    json_object *unk;
+    HP_TRY(member(c, model, "model", "unk_token", json_type_string, 0, &unk));
+    t->unk_id = -1;
     HP_TRY(member(c, model, "model", "vocab", json_type_object, 1, &vocab));
     HP_TRY(member(c, model, "model", "merges", json_type_array, 1, &merges));
+    if (unk) {
+        json_object *idv;
+        t->has_unk = 1;
+        /* HF only fails when an unknown byte needs it; so do we (in encode). */
+        if (json_object_object_get_ex(vocab, json_object_get_string(unk), &idv) &&
+            json_object_is_type(idv, json_type_int))
+            t->unk_id = (int32_t)json_object_get_int64(idv);
+    }
 
     /* Sizes first: ids of the vocabulary and of the added tokens. */
     int32_t max_id = -1;
@@ -1188,9 +1202,20 @@ static hp_status_t bpe_word(hp_tokenizer_t *t, const char *w, size_t n, hp_token
     }
     HP_TRY(RESERVE(t->heap, t->heap_cap, 3 * n + 4));
     int32_t ns = 0;
+    int pending_unk = 0; /* HF's `unk`: an unknown byte waiting to be added (or fused) */
     for (size_t i = 0; i < n; i++) {
         int32_t id = t->byte_id[(unsigned char)w[i]];
-        if (id < 0) continue; /* no unk token: HF drops the character */
+        if (id < 0) {
+            if (!t->has_unk) continue; /* no unk token: HF drops the character */
+            if (t->unk_id < 0)
+                return hp_error(HP_ERR_FORMAT, "%s: model.unk_token is not in model.vocab, but "
+                                "byte 0x%02x has no token", t->name, (unsigned char)w[i]);
+            if (pending_unk && t->fuse_unk) continue; /* fused into the previous unk */
+            pending_unk = 1;
+            id = t->unk_id;
+        } else {
+            pending_unk = 0;
+        }
         t->sym_id[ns] = id;
         t->sym_len[ns] = 1;
         t->sym_prev[ns] = ns - 1;

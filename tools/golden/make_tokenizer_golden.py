@@ -199,6 +199,29 @@ SPLIT_TEXTS = ["the-final--countdown", "Hello,  world! don't  stop -- 12-34", "a
                "--x--", "Größe -- 中文 -- 😀", "", " ", "x y"]
 
 
+def unk_golden(corpus):
+    """A byte-level BPE whose alphabet is only the bytes seen in 20 KB of the corpus, with
+    unk_token "<unk>": unknown bytes become <unk> (fuse_unk false), or one <unk> per run
+    (fuse_unk true; the C test flips the flag in the JSON)."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, min_frequency=2, special_tokens=["<unk>"], show_progress=False)
+    tok.train_from_iterator([open(corpus, encoding="utf-8").read()[:20000]], trainer)
+    path = save(tok, "gpt2_unk.json")
+    doc = json.loads(tok.to_str())
+    doc["model"]["fuse_unk"] = True
+    fused = Tokenizer.from_str(json.dumps(doc))
+    texts = MULTILINGUAL.split("\n") + ["hello 한국어 world 中", "\u00e9\u00e9\u00e9 x \U0001F600\U0001F600"]
+    cases = [{"text": t, "ids": tok.encode(t, add_special_tokens=False).ids,
+              "ids_fused": fused.encode(t, add_special_tokens=False).ids} for t in texts]
+    with open(os.path.join(OUT, "golden_unk.json"), "w", encoding="utf-8") as f:
+        f.write('{"tokenizer": "gpt2_unk.json", "cases": [\n  ')
+        f.write(",\n  ".join(json.dumps(c, ensure_ascii=False) for c in cases))
+        f.write("\n]}\n")
+    print(f"golden_unk.json: {len(cases)} cases")
+
+
 def random_texts(n, seed):
     """Random mixes of scripts, digits, punctuation, whitespace (incl. Unicode spaces),
     marks, contractions and added / special token spellings."""
@@ -329,6 +352,7 @@ def main():
     p = save(gpt2, "gpt2_hf.json")
     golden(p, "gpt2_hf", ["<|endoftext|>", "<|pad|>"])
     split_variants(p)
+    unk_golden(corpus)
 
     doc = json.load(open(p, encoding="utf-8"))
     doc["pre_tokenizer"]["add_prefix_space"] = True
