@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include "comm.h"
 #include "dtensor.h"
+#include "param.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -137,14 +138,15 @@ hp_status_t hp_dcp_list_steps(const char *folder, int64_t *steps, int cap, int *
 
 /* --- checkpoint manager (TorchTitan's CheckpointManager) -------------------------------- */
 struct hp_config;
+struct hp_model_config;
 struct hp_optim;
 struct hp_dataloader;
 
 /* The training state the manager saves and loads. Any pointer may be NULL (not saved). */
 typedef struct hp_ckpt_train_state {
-    hp_dtensor_t **model;            /* model parameters (value DTensors) */
-    const char *const *model_names;  /* TorchTitan FQNs */
-    int n_model;
+    hp_param_t *params;              /* model: value DTensors under their TorchTitan FQNs */
+    int n_params;
+    const struct hp_model_config *model_config;   /* for HF import via initial_load_path */
     struct hp_optim *optim;          /* state tensors "optimizer.<fqn>.<slot>" + step */
     struct hp_dataloader *dataloader;/* per-rank blob "dataloader" */
     int64_t *step;                   /* "train_state": step (also the LR schedule position) */
@@ -175,6 +177,25 @@ hp_status_t hp_ckpt_manager_load(hp_ckpt_manager_t *m, const hp_ckpt_train_state
 hp_status_t hp_ckpt_manager_wait(hp_ckpt_manager_t *m);
 hp_status_t hp_ckpt_manager_destroy(hp_ckpt_manager_t *m);
 const char *hp_ckpt_manager_folder(const hp_ckpt_manager_t *m);
+
+/* --- HF interop (hf.c) ---------------------------------------------------------------------
+ * Export writes model-0000i-of-0000n.safetensors shards (at most max_shard_bytes each; 0 =
+ * 5 GB), model.safetensors.index.json and config.json, with names mapped by the model's
+ * state-dict adapter (llama3 / qwen3) and Llama's q/k rotary permutation applied. Tensors are
+ * gathered to rank 0 (collective over comm; comm NULL = single process); dtype HP_F32 or
+ * HP_BF16. Import reads an HF directory (index json or one model.safetensors) into params,
+ * any layout (reads this rank's box of each tensor). */
+struct hp_model_config;
+hp_status_t hp_hf_export(const char *dir, const struct hp_model_config *mc, const hp_param_t *params, int n_params,
+                         hp_comm_t comm, hp_dtype_t dtype, size_t max_shard_bytes);
+hp_status_t hp_hf_import(const char *dir, const struct hp_model_config *mc, hp_param_t *params, int n_params,
+                         hp_comm_t comm);
+/* Name maps of the adapter: TorchTitan FQN <-> HF name. *permute = 1 for the q/k weights
+ * whose rows are permuted (llama3). HP_ERR_NOT_FOUND for names without a mapping. */
+hp_status_t hp_hf_name_to_hf(const struct hp_model_config *mc, const char *fqn, char *out, size_t n, int *permute);
+hp_status_t hp_hf_name_from_hf(const struct hp_model_config *mc, const char *hf, char *out, size_t n, int *permute);
+/* 1 when a directory holds an HF checkpoint (model.safetensors.index.json or model.safetensors). */
+int hp_hf_is_hf_dir(const char *dir);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,379 @@
+/* HF interop: the llama3 / qwen3 state-dict adapters (TorchTitan FQN <-> HF name), Llama's
+ * q/k row permutation between TorchTitan's interleaved RoPE and HF's rotate_half (qwen3 uses
+ * rotate_half in src/nn already, so it is not permuted), export to HF shards + index +
+ * config.json and import of HF weights into any layout. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hyperparallel/model.h"
+#include "hyperparallel/safetensors.h"
+#include "dcp-impl.h"
+
+static const struct { const char *tt, *hf; } layer_map[] = {
+    {"attention.wq.weight", "self_attn.q_proj.weight"},
+    {"attention.wk.weight", "self_attn.k_proj.weight"},
+    {"attention.wv.weight", "self_attn.v_proj.weight"},
+    {"attention.wo.weight", "self_attn.o_proj.weight"},
+    {"attention.q_norm.weight", "self_attn.q_norm.weight"},
+    {"attention.k_norm.weight", "self_attn.k_norm.weight"},
+    {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
+    {"feed_forward.w2.weight", "mlp.down_proj.weight"},
+    {"feed_forward.w3.weight", "mlp.up_proj.weight"},
+    {"attention_norm.weight", "input_layernorm.weight"},
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+};
+static const struct { const char *tt, *hf; } top_map[] = {
+    {"tok_embeddings.weight", "model.embed_tokens.weight"},
+    {"norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+};
+
+static int is_llama(const hp_model_config_t *mc) { return strcmp(mc->name, "qwen3") != 0; }
+
+hp_status_t hp_hf_name_to_hf(const hp_model_config_t *mc, const char *fqn, char *out, size_t n, int *permute) {
+    *permute = 0;
+    for (size_t i = 0; i < sizeof top_map / sizeof top_map[0]; i++)
+        if (!strcmp(fqn, top_map[i].tt)) {
+            snprintf(out, n, "%s", top_map[i].hf);
+            return HP_OK;
+        }
+    int layer, used = 0;
+    if (sscanf(fqn, "layers.%d.%n", &layer, &used) == 1 && used > 0) {
+        for (size_t i = 0; i < sizeof layer_map / sizeof layer_map[0]; i++)
+            if (!strcmp(fqn + used, layer_map[i].tt)) {
+                snprintf(out, n, "model.layers.%d.%s", layer, layer_map[i].hf);
+                *permute = is_llama(mc) && (i == 0 || i == 1);
+                return HP_OK;
+            }
+    }
+    return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: no HF name for '%s'", mc->name, fqn);
+}
+
+hp_status_t hp_hf_name_from_hf(const hp_model_config_t *mc, const char *hf, char *out, size_t n, int *permute) {
+    *permute = 0;
+    for (size_t i = 0; i < sizeof top_map / sizeof top_map[0]; i++)
+        if (!strcmp(hf, top_map[i].hf)) {
+            snprintf(out, n, "%s", top_map[i].tt);
+            return HP_OK;
+        }
+    int layer, used = 0;
+    if (sscanf(hf, "model.layers.%d.%n", &layer, &used) == 1 && used > 0) {
+        for (size_t i = 0; i < sizeof layer_map / sizeof layer_map[0]; i++)
+            if (!strcmp(hf + used, layer_map[i].hf)) {
+                snprintf(out, n, "layers.%d.%s", layer, layer_map[i].tt);
+                *permute = is_llama(mc) && (i == 0 || i == 1);
+                return HP_OK;
+            }
+    }
+    return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: no TorchTitan name for HF '%s'", mc->name, hf);
+}
+
+/* Rows of a (n_heads*hd, dim) q/k weight. to_hf: HF row h*hd + p*hd/2 + i = TorchTitan row
+ * h*hd + 2i + p (convert_llama_weights_to_hf's view(nh, hd/2, 2, dim).transpose(1, 2)). */
+static void permute_rows(float *dst, const float *src, int64_t rows, int64_t cols, int hd, int to_hf) {
+    int64_t nh = rows / hd, half = hd / 2;
+    for (int64_t h = 0; h < nh; h++)
+        for (int64_t i = 0; i < half; i++)
+            for (int p = 0; p < 2; p++) {
+                int64_t tt = h * hd + 2 * i + p, hfr = h * hd + p * half + i;
+                int64_t d = to_hf ? hfr : tt, s = to_hf ? tt : hfr;
+                memcpy(dst + d * cols, src + s * cols, sizeof(float) * (size_t)cols);
+            }
+}
+
+int hp_hf_is_hf_dir(const char *dir) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    if (access(p, R_OK) == 0) return 1;
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    return access(p, R_OK) == 0;
+}
+
+static hp_status_t write_text(const char *path, const char *text) {
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return hp_error(HP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    size_t n = strlen(text);
+    int ok = fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok) return hp_error(HP_ERR_IO, "%s: write failed (disk full?)", tmp);
+    if (rename(tmp, path) != 0) return hp_error(HP_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
+    return HP_OK;
+}
+
+static json_object *hf_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
+    json_object *c = json_object_new_object();
+    int llama = is_llama(mc);
+    json_object *arch = json_object_new_array();
+    json_object_array_add(arch, json_object_new_string(llama ? "LlamaForCausalLM" : "Qwen3ForCausalLM"));
+    json_object_object_add(c, "architectures", arch);
+    json_object_object_add(c, "model_type", json_object_new_string(llama ? "llama" : "qwen3"));
+    json_object_object_add(c, "hidden_size", json_object_new_int(mc->dim));
+    json_object_object_add(c, "intermediate_size", json_object_new_int(mc->hidden_dim));
+    json_object_object_add(c, "num_hidden_layers", json_object_new_int(mc->n_layers));
+    json_object_object_add(c, "num_attention_heads", json_object_new_int(mc->n_heads));
+    json_object_object_add(c, "num_key_value_heads", json_object_new_int(mc->n_kv_heads));
+    json_object_object_add(c, "head_dim", json_object_new_int(mc->head_dim));
+    json_object_object_add(c, "vocab_size", json_object_new_int(mc->vocab_size));
+    json_object_object_add(c, "rms_norm_eps", json_object_new_double(mc->norm_eps));
+    json_object_object_add(c, "rope_theta", json_object_new_double(mc->rope_theta));
+    json_object_object_add(c, "max_position_embeddings", json_object_new_int(mc->max_seq_len > 0 ? mc->max_seq_len : 2048));
+    json_object_object_add(c, "tie_word_embeddings", json_object_new_boolean(mc->tie_embeddings));
+    json_object_object_add(c, "hidden_act", json_object_new_string("silu"));
+    json_object_object_add(c, "attention_bias", json_object_new_boolean(0));
+    json_object_object_add(c, "attention_dropout", json_object_new_double(0.0));
+    json_object_object_add(c, "initializer_range", json_object_new_double(0.02));
+    json_object_object_add(c, "use_cache", json_object_new_boolean(1));
+    json_object_object_add(c, "torch_dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));
+    if (llama) {
+        json_object_object_add(c, "mlp_bias", json_object_new_boolean(0));
+        json_object_object_add(c, "pretraining_tp", json_object_new_int(1));
+        if (mc->rope_scaling) {
+            json_object *rs = json_object_new_object();
+            json_object_object_add(rs, "rope_type", json_object_new_string("llama3"));
+            json_object_object_add(rs, "factor", json_object_new_double(mc->rope_factor));
+            json_object_object_add(rs, "low_freq_factor", json_object_new_double(mc->rope_low_freq_factor));
+            json_object_object_add(rs, "high_freq_factor", json_object_new_double(mc->rope_high_freq_factor));
+            json_object_object_add(rs, "original_max_position_embeddings", json_object_new_int(mc->rope_original_max_pos));
+            json_object_object_add(c, "rope_scaling", rs);
+        }
+    } else {
+        json_object_object_add(c, "use_sliding_window", json_object_new_boolean(0));
+        json_object_object_add(c, "sliding_window", NULL);
+        json_object_object_add(c, "max_window_layers", json_object_new_int(mc->n_layers));
+    }
+    return c;
+}
+
+/* One parameter as a full f32 tensor (gathered when sharded; collective over the mesh). */
+static hp_status_t full_of(const hp_param_t *p, hp_tensor_t *out, void **owned) {
+    *owned = NULL;
+    if (!p->value.mesh) {
+        *out = p->value.local;
+        return HP_OK;
+    }
+    return hp_dtensor_full_tensor(out, owned, NULL, &p->value);
+}
+
+hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_param_t *params, int n_params,
+                         hp_comm_t comm, hp_dtype_t dtype, size_t max_shard_bytes) {
+    int rank = comm ? hp_comm_rank(comm) : 0;
+    if (dtype != HP_F32 && dtype != HP_BF16)
+        return hp_error(HP_ERR_INVALID_ARG, "HF export: dtype %s; expected f32 or bf16", hp_dtype_name(dtype));
+    if (!max_shard_bytes) max_shard_bytes = (size_t)5 << 30;
+    hp_status_t s = HP_OK;
+    if (rank == 0) s = hp_dcp_mkdirs(dir);
+    HP_TRY(hp_dcp_agree(comm, s, "HF export: creating the directory"));
+    /* every rank takes part in the gathers; rank 0 keeps the data */
+    hp_tensor_t *full = hp_calloc((size_t)n_params + 1, sizeof *full);
+    void **owned = hp_calloc((size_t)n_params + 1, sizeof *owned);
+    float **perm = hp_calloc((size_t)n_params + 1, sizeof *perm);
+    char (*names)[160] = hp_calloc((size_t)n_params + 1, sizeof *names);
+    int *file_of = hp_calloc((size_t)n_params + 1, sizeof *file_of);
+    if (!full || !owned || !perm || !names || !file_of) s = HP_ERR_OOM;
+    size_t esz = hp_dtype_size(dtype), cur = 0, total = 0;
+    int nfiles = 1;
+    for (int i = 0; s == HP_OK && i < n_params; i++) {
+        int pm;
+        s = hp_hf_name_to_hf(mc, params[i].name, names[i], sizeof names[i], &pm);
+        if (s == HP_OK) s = full_of(&params[i], &full[i], &owned[i]);
+        if (s == HP_OK && pm) {
+            int64_t rows = full[i].shape[0], cols = full[i].ndim > 1 ? full[i].shape[1] : 1;
+            if (full[i].ndim != 2 || rows % mc->head_dim || !hp_tensor_is_contiguous(&full[i])) {
+                s = hp_error(HP_ERR_INVALID_ARG, "HF export: '%s' is not a contiguous (heads*%d, dim) weight",
+                             params[i].name, mc->head_dim);
+                break;
+            }
+            perm[i] = hp_malloc(sizeof(float) * (size_t)(rows * cols));
+            if (!perm[i]) {
+                s = HP_ERR_OOM;
+                break;
+            }
+            permute_rows(perm[i], full[i].data, rows, cols, mc->head_dim, 1);
+            full[i].data = perm[i];
+        }
+        size_t nb = (size_t)hp_tensor_numel(&full[i]) * esz;
+        if (cur > 0 && cur + nb > max_shard_bytes) {
+            nfiles++;
+            cur = 0;
+        }
+        cur += nb;
+        total += nb;
+        file_of[i] = nfiles;
+    }
+    if (s == HP_OK && rank == 0) {
+        json_object *wm = json_object_new_object();
+        hp_st_entry_t *ents = hp_calloc((size_t)n_params + 1, sizeof *ents);
+        if (!ents) s = HP_ERR_OOM;
+        for (int f = 1; s == HP_OK && f <= nfiles; f++) {
+            char fn[64], path[4200];
+            snprintf(fn, sizeof fn, "model-%05d-of-%05d.safetensors", f, nfiles);
+            snprintf(path, sizeof path, "%s/%s", dir, fn);
+            int k = 0;
+            for (int i = 0; i < n_params; i++)
+                if (file_of[i] == f) {
+                    ents[k++] = (hp_st_entry_t){names[i], &full[i], hp_st_dtype_from_hp(dtype), NULL, 0, NULL};
+                    json_object_object_add(wm, names[i], json_object_new_string(fn));
+                }
+            const char *meta[2] = {"format", "pt"};
+            s = hp_safetensors_write(path, ents, k, meta, 1);
+        }
+        free(ents);
+        if (s == HP_OK) {
+            json_object *idx = json_object_new_object(), *md = json_object_new_object();
+            json_object_object_add(md, "total_size", json_object_new_int64((int64_t)total));
+            json_object_object_add(idx, "metadata", md);
+            json_object_object_add(idx, "weight_map", wm);
+            char path[4200];
+            snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+            s = write_text(path, json_object_to_json_string_ext(idx, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+                                                                         JSON_C_TO_STRING_NOSLASHESCAPE));
+            json_object_put(idx);
+            if (s == HP_OK) {
+                json_object *cj = hf_config_json(mc, dtype);
+                snprintf(path, sizeof path, "%s/config.json", dir);
+                s = write_text(path, json_object_to_json_string_ext(cj, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+                                                                            JSON_C_TO_STRING_NOSLASHESCAPE));
+                json_object_put(cj);
+            }
+            if (s == HP_OK) s = hp_dcp_fsync_path(dir, 1);
+        } else {
+            json_object_put(wm);
+        }
+    }
+    for (int i = 0; full && i < n_params; i++) {
+        free(owned[i]);
+        free(perm[i]);
+    }
+    free(full);
+    free(owned);
+    free(perm);
+    free(names);
+    free(file_of);
+    return hp_dcp_agree(comm, s, "HF export");
+}
+
+/* ---- import ------------------------------------------------------------------------------- */
+
+static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params) {
+    char path[4200];
+    json_object *idx = NULL, *wm = NULL;
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (access(path, R_OK) == 0) {
+        idx = json_object_from_file(path);
+        if (!idx || !json_object_object_get_ex(idx, "weight_map", &wm) || !json_object_is_type(wm, json_type_object)) {
+            json_object_put(idx);
+            return hp_error(HP_ERR_FORMAT, "%s: not valid JSON with a \"weight_map\" object", path);
+        }
+    }
+    hp_safetensors_t *open_st[32] = {0};
+    char open_name[32][256];
+    int n_open = 0;
+    hp_status_t s = HP_OK;
+    char missing[512] = "";
+    int nmiss = 0;
+    float *buf = NULL;
+    size_t buf_cap = 0;
+    for (int i = 0; s == HP_OK && i < n_params; i++) {
+        char hf[160];
+        int pm;
+        s = hp_hf_name_to_hf(mc, params[i].name, hf, sizeof hf, &pm);
+        if (s != HP_OK) break;
+        const char *fname = "model.safetensors";
+        if (wm) {
+            json_object *v = NULL;
+            if (!json_object_object_get_ex(wm, hf, &v) && !strcmp(hf, "lm_head.weight") &&
+                json_object_object_get_ex(wm, "model.embed_tokens.weight", &v))
+                snprintf(hf, sizeof hf, "model.embed_tokens.weight");   /* tied embeddings */
+            if (!v || !json_object_object_get_ex(wm, hf, &v) || !json_object_is_type(v, json_type_string)) {
+                if (nmiss < 6) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%s'", nmiss ? ", " : "", hf);
+                nmiss++;
+                continue;
+            }
+            fname = json_object_get_string(v);
+            if (!fname[0] || strchr(fname, '/') || fname[0] == '.') {
+                s = hp_error(HP_ERR_FORMAT, "%s: weight_map file '%s' is not a plain file name", path, fname);
+                break;
+            }
+        }
+        int k = 0;
+        for (; k < n_open; k++)
+            if (!strcmp(open_name[k], fname)) break;
+        if (k == n_open) {
+            if (n_open == 32) {
+                hp_safetensors_close(open_st[0]);
+                memmove(open_st, open_st + 1, sizeof open_st[0] * 31);
+                memmove(open_name, open_name + 1, sizeof open_name[0] * 31);
+                n_open--;
+                k = n_open;
+            }
+            char fp[4400];
+            snprintf(fp, sizeof fp, "%s/%s", dir, fname);
+            s = hp_safetensors_open(fp, &open_st[k]);
+            if (s != HP_OK) break;
+            snprintf(open_name[k], sizeof open_name[k], "%s", fname);
+            n_open++;
+        }
+        const hp_st_info_t *info;
+        if (hp_safetensors_find(open_st[k], hf, &info) != HP_OK) {
+            if (!strcmp(hf, "lm_head.weight") && hp_safetensors_find(open_st[k], "model.embed_tokens.weight", &info) == HP_OK) {
+                snprintf(hf, sizeof hf, "model.embed_tokens.weight");
+            } else {
+                if (nmiss < 6) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%s'", nmiss ? ", " : "", hf);
+                nmiss++;
+                continue;
+            }
+        }
+        hp_dtensor_t *v = &params[i].value;
+        const int64_t *gs = v->mesh ? v->global_shape : v->local.shape;
+        int nd = v->local.ndim, same = info->ndim == nd;
+        for (int d = 0; same && d < nd; d++) same = info->shape[d] == gs[d];
+        if (!same) {
+            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: '%s' has %d dims / shape[0] %lld, expected the shape of '%s' "
+                         "(a different model config or flavor?)", dir, hf, info->ndim,
+                         (long long)(info->ndim ? info->shape[0] : 0), params[i].name);
+            break;
+        }
+        int64_t numel = 1;
+        for (int d = 0; d < nd; d++) numel *= gs[d];
+        if ((size_t)numel * 2 > buf_cap) {
+            free(buf);
+            buf_cap = (size_t)numel * 2;
+            buf = hp_malloc(sizeof(float) * buf_cap);
+            if (!buf) {
+                s = HP_ERR_OOM;
+                break;
+            }
+        }
+        hp_tensor_t full;
+        hp_tensor_init(&full, HP_F32, nd, gs, buf);
+        s = hp_safetensors_read(open_st[k], hf, &full, 1);
+        if (s != HP_OK) break;
+        float *src = buf;
+        if (pm) {
+            permute_rows(buf + numel, buf, gs[0], nd > 1 ? gs[1] : 1, mc->head_dim, 0);
+            src = buf + numel;
+        }
+        if (v->mesh && !hp_mesh_contains_self(v->mesh)) continue;
+        int64_t off[HP_MAX_DIMS] = {0}, zero[HP_MAX_DIMS] = {0};
+        hp_dtensor_global_offset(v, off);
+        hp_dcp_copy_box(&v->local, zero, src, HP_F32, gs, off, v->local.shape, nd);
+    }
+    if (s == HP_OK && nmiss)
+        s = hp_error(HP_ERR_NOT_FOUND, "HF checkpoint %s lacks %d tensor(s) the %s model needs: %s%s", dir, nmiss, mc->name,
+                     missing, nmiss > 6 ? ", ..." : "");
+    for (int k = 0; k < n_open; k++) hp_safetensors_close(open_st[k]);
+    free(buf);
+    json_object_put(idx);
+    return s;
+}
+
+hp_status_t hp_hf_import(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params, hp_comm_t comm) {
+    return hp_dcp_agree(comm, import_local(dir, mc, params, n_params), "HF import");
+}
