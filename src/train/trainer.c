@@ -17,6 +17,7 @@
 #include "hyperparallel/data.h"
 #include "hyperparallel/metrics.h"
 #include "hyperparallel/optim.h"
+#include "hyperparallel/checkpoint.h"
 #include "hyperparallel/parallel_dims.h"
 #include "hyperparallel/safetensors.h"
 #include "hyperparallel/tokenizer.h"
@@ -49,6 +50,9 @@ struct hp_trainer {
     double flops_per_token;
     hp_metrics_t *metrics;
     hp_metrics_paths_t metric_paths;
+    /* --- checkpoint (src/checkpoint/manager.c, owner dcp) --- */
+    hp_ckpt_manager_t *ckpt;
+    uint64_t ckpt_seed;
 };
 
 static double now_s(void) {
@@ -77,10 +81,6 @@ static hp_status_t refuse_unimplemented(const hp_config_t *c) {
         return hp_error(HP_ERR_UNSUPPORTED,
                         "activation_checkpoint.mode = %s is not implemented yet; set --activation_checkpoint.mode=none",
                         c->activation_checkpoint.mode);
-    if (c->checkpoint.enable)
-        return hp_error(HP_ERR_UNSUPPORTED,
-                        "checkpoint.enable = true: distributed checkpointing is not implemented yet; set "
-                        "--checkpoint.enable=false (final weights are still written to job.dump_folder)");
     return HP_OK;
 }
 
@@ -185,6 +185,29 @@ static hp_status_t build(hp_trainer_t *t) {
     return HP_OK;
 }
 
+/* --- checkpoint (owner dcp): the state the manager saves and restores ---------------------- */
+static hp_ckpt_train_state_t ckpt_state(hp_trainer_t *t) {
+    hp_ckpt_train_state_t st = {hp_model_params(t->model), hp_model_num_params(t->model), hp_model_config(t->model),
+                                t->opt, t->dl, &t->step, &t->ckpt_seed};
+    return st;
+}
+
+/* Collective (after the start-up agreement): creates the manager and resumes. */
+static hp_status_t ckpt_setup(hp_trainer_t *t) {
+    if (!t->cfg.checkpoint.enable) return HP_OK;
+    t->ckpt_seed = (uint64_t)t->cfg.training.seed;
+    HP_TRY(hp_ckpt_manager_create(&t->cfg, t->world, &t->ckpt));
+    hp_ckpt_train_state_t st = ckpt_state(t);
+    int64_t step = 0;
+    int loaded = 0;
+    HP_TRY(hp_ckpt_manager_load(t->ckpt, &st, &step, &loaded));
+    if (loaded && t->ckpt_seed != (uint64_t)t->cfg.training.seed && t->rank == 0)
+        hp_log(HP_LOG_WARN, "checkpoint was trained with seed %llu, the config says %lld",
+               (unsigned long long)t->ckpt_seed, (long long)t->cfg.training.seed);
+    return HP_OK;
+}
+/* --- end checkpoint ------------------------------------------------------------------------ */
+
 hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_trainer_t **out) {
     *out = NULL;
     hp_trainer_t *t = hp_calloc(1, sizeof *t);
@@ -204,6 +227,7 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
         s = build(t);
     }
     s = agree(world, s);
+    if (s == HP_OK) s = ckpt_setup(t);   /* checkpoint (owner dcp): resume */
     if (s != HP_OK) {
         char msg[2048];
         snprintf(msg, sizeof msg, "%s", hp_last_error());
@@ -231,6 +255,8 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
 
 void hp_trainer_destroy(hp_trainer_t *t) {
     if (!t) return;
+    if (t->ckpt && hp_ckpt_manager_destroy(t->ckpt) != HP_OK)   /* checkpoint (owner dcp): finish an async save */
+        hp_log(HP_LOG_ERROR, "checkpoint: %s", hp_last_error());
     hp_metrics_destroy(t->metrics);
     free(t->inputs);
     free(t->labels);
@@ -327,6 +353,10 @@ hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats) {
         stats->tokens = t->accum * bt;
         stats->valid_tokens = global_valid;
         stats->seconds = now_s() - t0;
+    }
+    if (t->ckpt) {   /* checkpoint (owner dcp): interval / last-step save, async commit */
+        hp_ckpt_train_state_t st = ckpt_state(t);
+        HP_TRY(hp_ckpt_manager_maybe_save(t->ckpt, step, t->cfg.training.steps, &st));
     }
     return HP_OK;
 }
