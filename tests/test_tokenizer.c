@@ -377,6 +377,12 @@ static void check_training(void) {
     o.vocab_size = 100;
     HP_CHECK_ERR(hp_tokenizer_train(&o, files, 1, out), HP_ERR_INVALID_ARG, "vocab_size 100");
     o.vocab_size = 400;
+    const char *one_byte[] = {"<s>", "x"};
+    hp_tokenizer_train_options_t ob = {.vocab_size = 400, .special = one_byte, .n_special = 2};
+    HP_CHECK_ERR(hp_tokenizer_train(&ob, files, 1, out), HP_ERR_INVALID_ARG, "single byte");
+    const char *twice[] = {"<s>", "<s>"};
+    ob.special = twice;
+    HP_CHECK_ERR(hp_tokenizer_train(&ob, files, 1, out), HP_ERR_INVALID_ARG, "given twice");
     const char *missing[] = {"/nonexistent/corpus.txt"};
     HP_CHECK_ERR(hp_tokenizer_train(&o, missing, 1, out), HP_ERR_IO, "/nonexistent/corpus.txt");
 }

@@ -653,6 +653,11 @@ static hp_status_t check_opts(const hp_tokenizer_train_options_t *o) {
         if (n == 0 || hp_tok_utf8_check(o->special[i], n) != n)
             return hp_error(HP_ERR_INVALID_ARG,
                             "hp_tokenizer_train: special token %zu is empty or not UTF-8", i);
+        if (n == 1)
+            return hp_error(HP_ERR_INVALID_ARG,
+                            "hp_tokenizer_train: special token \"%s\" is a single byte, which is "
+                            "already a byte token; use a longer name such as \"<|%s|>\"",
+                            o->special[i], o->special[i]);
     }
     return HP_OK;
 }
