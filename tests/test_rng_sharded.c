@@ -2,7 +2,7 @@
  * the slice of the same tensor initialised whole. Part 1 (any rank count) walks every
  * coordinate of several virtual meshes and placements (uneven, empty, nested, _StridedShard)
  * in one process; part 2 (4 and 8 ranks) fills real DTensor shards from their global offsets
- * and checks full_tensor against the whole fill. */
+ * and checks full_tensor against the whole fill, also through hp_dtensor_rand. */
 // hp-test: ranks 1 4 8
 #include "test_dtensor_util.h"
 #include "hyperparallel/rng.h"
@@ -144,10 +144,56 @@ static void test_distributed(void) {
     hp_mesh_destroy(m);
 }
 
+/* hp_dtensor_rand on real meshes equals the whole draw (full_tensor), for box and strided
+ * layouts; hp_dtensor_full fills only the local piece. */
+static void test_factories(void) {
+    int64_t ms[2] = {2, N / 2};
+    hp_mesh_t m;
+    HP_CHECK_OK(hp_mesh_create(W, 2, ms, NULL, &m));
+    hp_placement_t pls[4][2] = {{hp_shard(0), hp_shard(1)}, {hp_shard(0), hp_shard(0)},
+                                {hp_replicate(), hp_replicate()}, {hp_strided_shard(0, 2), hp_shard(0)}};
+    int64_t shape[2] = {9, 5};
+    hp_rng_key_t key = hp_rng_key(99, "output.weight");
+    hp_tensor_t whole;
+    HP_CHECK_OK(hp_tensor_malloc(&whole, HP_F32, 2, shape));
+    HP_CHECK_OK(hp_rng_fill(&whole, key, &k_specs[2], NULL, NULL));
+    for (int p = 0; p < 4; p++) {
+        hp_dtensor_t dt;
+        HP_CHECK_OK(hp_dtensor_rand(&dt, NULL, HP_F32, 2, shape, m, 2, pls[p], key, &k_specs[2]));
+        hp_tensor_t full;
+        void *owned = NULL;
+        HP_CHECK_OK(hp_dtensor_full_tensor(&full, &owned, NULL, &dt));
+        HP_CHECK(hp_tensor_same_shape(&full, &whole) && memcmp(full.data, whole.data, hp_tensor_nbytes(&whole)) == 0,
+                 "hp_dtensor_rand %s differs from the whole draw", tu_pl(2, pls[p]));
+        free(owned);
+        hp_dtensor_free(&dt);
+    }
+    hp_placement_t pp[2] = {hp_partial(HP_SUM), hp_shard(0)};
+    hp_dtensor_t dt;
+    HP_CHECK_ERR(hp_dtensor_rand(&dt, NULL, HP_F32, 2, shape, m, 2, pp, key, &k_specs[0]), HP_ERR_INVALID_ARG,
+                 "cannot be Partial");
+    /* ones with [P, S0]: local pieces of ones, global value 2 (sum over the dp dim) */
+    HP_CHECK_OK(hp_dtensor_full(&dt, NULL, HP_F32, 2, shape, m, 2, pp, 1.0));
+    int64_t ls[2], off[2];
+    HP_CHECK_OK(hp_dtensor_compute_local_shape_and_offset(ls, off, 2, shape, m, 2, pp));
+    HP_CHECK(dt.local.shape[0] == ls[0] && dt.local.shape[1] == 5, "ones: local shape");
+    hp_tensor_t twos;
+    HP_CHECK_OK(hp_tensor_malloc(&twos, HP_F32, 2, shape));
+    HP_CHECK_OK(hp_tensor_fill(&twos, 2.0));
+    tu_check_full(&dt, &twos, 1, "ones with [P, S0]");
+    hp_dtensor_free(&dt);
+    hp_tensor_free_data(&twos);
+    hp_tensor_free_data(&whole);
+    hp_mesh_destroy(m);
+}
+
 int main(int argc, char **argv) {
     tu_init(&argc, &argv);
     test_virtual();
-    if (N >= 4 && N % 2 == 0) test_distributed();
+    if (N >= 4 && N % 2 == 0) {
+        test_distributed();
+        test_factories();
+    }
     int rc = hp_test_finish("test_rng_sharded");
     HP_CHECK_OK(hp_comm_finalize());
     return rc;

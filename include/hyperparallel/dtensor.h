@@ -8,6 +8,7 @@
 #include "tensor.h"
 #include "mesh.h"
 #include "arena.h"
+#include "rng.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -139,6 +140,20 @@ hp_status_t hp_dtensor_distribute(hp_dtensor_t *out, const hp_dtensor_mem_t *mem
 hp_status_t hp_dtensor_from_local(hp_dtensor_t *out, const hp_tensor_t *local, hp_mesh_t mesh,
                                   int nplacements, const hp_placement_t *placements,
                                   const int64_t *global_shape);
+/* Factories (torch.distributed.tensor.zeros/ones/full/rand/randn): allocate and fill only
+ * this rank's piece of a global_shape tensor; no communication. hp_dtensor_full sets every
+ * local element to `value` (so with a Partial(sum) placement the global value is value times
+ * the mesh dim size, as in PyTorch). hp_dtensor_rand draws from the counter-based RNG at the
+ * piece's global indices: the result equals the slice of the same tensor drawn whole on one
+ * rank, for every layout (DESIGN invariant 2; replicas hold identical values). Partial
+ * placements are refused by hp_dtensor_rand. */
+hp_status_t hp_dtensor_full(hp_dtensor_t *out, const hp_dtensor_mem_t *mem, hp_dtype_t dtype,
+                            int ndim, const int64_t *global_shape, hp_mesh_t mesh, int nplacements,
+                            const hp_placement_t *placements, double value);
+hp_status_t hp_dtensor_rand(hp_dtensor_t *out, const hp_dtensor_mem_t *mem, hp_dtype_t dtype,
+                            int ndim, const int64_t *global_shape, hp_mesh_t mesh, int nplacements,
+                            const hp_placement_t *placements, hp_rng_key_t key,
+                            const hp_rng_spec_t *spec);
 /* to_local: the local piece (a view). */
 static inline hp_tensor_t hp_dtensor_to_local(const hp_dtensor_t *t) { return t->local; }
 /* full_tensor: redistribute to all-Replicate and return the global tensor in `out`. Storage
