@@ -849,11 +849,11 @@ hp_status_t hp_tokenizer_load(hp_tokenizer_t **out, const char *path) {
         len += k;
         if (k == 0) break;
     }
-    int bad = ferror(f);
+    int bad = ferror(f), err = errno;
     fclose(f);
     if (bad) {
         free(buf);
-        return hp_error(HP_ERR_IO, "%s: read error", path);
+        return hp_error(HP_ERR_IO, "%s: cannot read the tokenizer file: %s", path, strerror(err));
     }
     hp_status_t st = hp_tokenizer_load_json(out, buf, len, path);
     free(buf);

@@ -727,7 +727,8 @@ hp_status_t hp_tokenizer_train(const hp_tokenizer_train_options_t *opts,
             len += k;
             if (k == 0) break;
         }
-        if (st == HP_OK && ferror(f)) st = hp_error(HP_ERR_IO, "%s: read error", files[i]);
+        if (st == HP_OK && ferror(f))
+            st = hp_error(HP_ERR_IO, "%s: cannot read training text: %s", files[i], strerror(errno));
         fclose(f);
         if (st == HP_OK)
             st = opts->jsonl_field ? count_jsonl(&tr, files[i], buf, len) : count_doc(&tr, buf, len);
