@@ -179,11 +179,31 @@ int main(int argc, char **argv) {
            1e3 * t_opt / steps);
     double prof_sum = 0;
     for (int i = 0; i < nops; i++) prof_sum += op_total[i];
-    printf("per-op (hp_model_profile, mean per step; %% of forward+backward):\n");
-    for (int i = 0; i < nops; i++)
-        if (op_total[i] > 0)
-            printf("  %-22s %8.2f ms  %5.1f%%\n", names[i], 1e3 * op_total[i] / steps,
-                   100.0 * op_total[i] / (t_fwd + t_bwd));
+    /* FLOPs per step of the GEMM-shaped ops, to show each kernel's efficiency: block linears
+     * 2 * tokens * (dim x (q + 2 kv) + q x dim + 3 dim x hidden) per layer, once per product
+     * (fwd, bwd_input, bwd_weight); output 2 * tokens * dim * vocab; attention (causal, exact
+     * count) fwd 2 * B * H * T * (T + 1) * hd per layer (QK^T and PV), bwd 2.5x fwd (S
+     * recomputed, then dV, dP, dQ, dK). */
+    const double qd = (double)cfg.n_heads * cfg.head_dim, kd = (double)cfg.n_kv_heads * cfg.head_dim;
+    const double lin = 2.0 * tokens * cfg.n_layers *
+                       (cfg.dim * (qd + 2 * kd) + qd * cfg.dim + 3.0 * cfg.dim * cfg.hidden_dim);
+    const double outp = 2.0 * tokens * cfg.dim * (double)cfg.vocab_size;
+    const double att = 2.0 * B * (double)cfg.n_heads * T * (T + 1.0) * cfg.head_dim * cfg.n_layers;
+    printf("per-op (hp_model_profile, mean per step; %% of forward+backward; GFLOP/s where GEMM-shaped):\n");
+    for (int i = 0; i < nops; i++) {
+        if (op_total[i] <= 0) continue;
+        double fl = 0;
+        if (!strcmp(names[i], "linear.fwd") || !strcmp(names[i], "linear.bwd_input") ||
+            !strcmp(names[i], "linear.bwd_weight"))
+            fl = lin;
+        else if (!strncmp(names[i], "output.", 7)) fl = outp;
+        else if (!strcmp(names[i], "attention.fwd")) fl = att;
+        else if (!strcmp(names[i], "attention.bwd")) fl = 2.5 * att;
+        printf("  %-22s %8.2f ms  %5.1f%%", names[i], 1e3 * op_total[i] / steps,
+               100.0 * op_total[i] / (t_fwd + t_bwd));
+        if (fl > 0) printf("  %7.1f GFLOP/s", fl * steps / op_total[i] / 1e9);
+        printf("\n");
+    }
     printf("  %-22s %8.2f ms  %5.1f%%\n", "(unattributed)", 1e3 * (t_fwd + t_bwd - prof_sum) / steps,
            100.0 * (t_fwd + t_bwd - prof_sum) / (t_fwd + t_bwd));
     free(sorted);
