@@ -127,6 +127,27 @@ static void test_distribute(void) {
                  "strided rows start at %d", first);
     }
     tu_check_full(&a, &g8, 1, "strided full_tensor");
+    {   /* arena sizing of the strided transitions is exact too */
+        hp_placement_t rr[2] = {Rp(), Rp()}, back[2] = {hp_strided_shard(0, 2), S(0)};
+        hp_arena_t ar;
+        HP_CHECK_OK(hp_arena_init(&ar, "strided", 1 << 16));
+        hp_dtensor_mem_t am = {&ar, NULL, 0};
+        hp_dtensor_t c, d;
+        size_t pred = 0;
+        HP_CHECK_OK(hp_dtensor_redistribute_scratch(&pred, &a, 2, rr));
+        HP_CHECK_OK(hp_dtensor_redistribute(&c, &am, &a, 2, rr));
+        size_t res = hp_arena_round(hp_tensor_nbytes(&c.local) ? hp_tensor_nbytes(&c.local) : 1);
+        HP_CHECK(ar.peak == res + pred, "strided -> R: arena peak %zu, predicted %zu + %zu", ar.peak, res, pred);
+        size_t mark = ar.used;
+        ar.peak = mark;
+        HP_CHECK_OK(hp_dtensor_redistribute_scratch(&pred, &c, 2, back));
+        HP_CHECK_OK(hp_dtensor_redistribute(&d, &am, &c, 2, back));
+        res = hp_arena_round(hp_tensor_nbytes(&d.local) ? hp_tensor_nbytes(&d.local) : 1);
+        HP_CHECK(ar.peak == mark + res + pred, "R -> strided: arena peak %zu, predicted %zu + %zu + %zu", ar.peak,
+                 mark, res, pred);
+        tu_check_local(&d, &g8, 1, "R -> strided local selection");
+        hp_arena_free(&ar);
+    }
     hp_dtensor_free(&a), hp_dtensor_free(&b);
     hp_tensor_free_data(&g8);
     /* errors */

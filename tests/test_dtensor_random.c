@@ -2,7 +2,8 @@
  * (1-3 dims, sizes 0..9 so uneven, empty and size-1 dims all occur), random 1-D, 2-D and 3-D
  * meshes over up to 8 ranks (some leave ranks outside the mesh), random source placements
  * including Partial(sum/avg/max/min) and random targets; full_tensor of the result must equal
- * the one-rank ground truth, and the local piece must be the layout's slice of it. */
+ * the one-rank ground truth, and the local piece must be the layout's slice of it. Each case
+ * also runs in arena mode, whose peak must equal hp_dtensor_redistribute_scratch's size. */
 // hp-test: ranks 8 timeout 240
 #include <math.h>
 
@@ -28,6 +29,8 @@ int main(int argc, char **argv) {
     hp_mesh_t meshes[NMESH];
     for (int i = 0; i < NMESH; i++) HP_CHECK_OK(hp_mesh_create(W, mesh_nd[i], mesh_sh[i], NULL, &meshes[i]));
     hp_redop_t pops[4] = {HP_SUM, HP_AVG, HP_MAX, HP_MIN};
+    hp_arena_t arena;
+    HP_CHECK_OK(hp_arena_init(&arena, "redistribute", 1 << 20));
     int ncases = 240, nfail_cases = 0;
     long long kinds[4] = {0};   /* counts of R, S, P sources and of Partial-keeping targets */
     for (int t = 0; t < ncases; t++) {
@@ -74,6 +77,21 @@ int main(int argc, char **argv) {
         snprintf(what, sizeof what, "case %d: shape %dd (%lld,%lld,%lld) mesh #%d %s -> %s", t, nd,
                  (long long)shape[0], (long long)(nd > 1 ? shape[1] : -1), (long long)(nd > 2 ? shape[2] : -1),
                  mi, tu_pl(mnd, src), tu_pl(mnd, dst));
+        /* arena mode first: the peak must be the result plus the predicted scratch, exactly */
+        {
+            size_t pred = 0;
+            hp_dtensor_t c;
+            HP_CHECK_OK(hp_dtensor_redistribute_scratch(&pred, &a, mnd, dst));
+            arena.used = 0;
+            arena.peak = 0;
+            hp_dtensor_mem_t am = {&arena, NULL, 0};
+            if (hp_dtensor_redistribute(&c, &am, &a, mnd, dst) == HP_OK) {
+                size_t res = hp_mesh_contains_self(m) ? hp_arena_round(hp_tensor_nbytes(&c.local) ? hp_tensor_nbytes(&c.local) : 1) : hp_arena_round(1);
+                HP_CHECK(arena.peak == res + pred && arena.used == res,
+                         "%s: arena peak %zu, predicted result %zu + scratch %zu; used after %zu", what,
+                         arena.peak, res, pred, arena.used);
+            }
+        }
         hp_status_t st = hp_dtensor_redistribute(&b, NULL, &a, mnd, dst);
         HP_CHECK(st == HP_OK, "%s: %s", what, hp_last_error());
         if (st == HP_OK) {
@@ -115,6 +133,7 @@ int main(int argc, char **argv) {
     if (R == 0)
         printf("test_dtensor_random: %d cases (%d failed); source placements R %lld, S %lld, P %lld; "
                "targets keeping Partial %lld\n", ncases, nfail_cases, kinds[0], kinds[1], kinds[2], kinds[3]);
+    hp_arena_free(&arena);
     for (int i = 0; i < NMESH; i++) hp_mesh_destroy(meshes[i]);
     int rc = hp_test_finish("test_dtensor_random");
     HP_CHECK_OK(hp_comm_finalize());

@@ -167,6 +167,11 @@ hp_status_t hp_dtensor_full_tensor(hp_tensor_t *out, void **out_owned, const hp_
 hp_status_t hp_dtensor_redistribute(hp_dtensor_t *out, const hp_dtensor_mem_t *mem,
                                     const hp_dtensor_t *in, int nplacements,
                                     const hp_placement_t *placements);
+/* Scratch bytes a redistribute of `in` to `placements` takes from an arena on this rank,
+ * beyond hp_arena_round(result bytes) (invariant 9: size arenas before the step loop). Exact:
+ * an arena-mode redistribute peaks at result + this many bytes. */
+hp_status_t hp_dtensor_redistribute_scratch(size_t *bytes, const hp_dtensor_t *in, int nplacements,
+                                            const hp_placement_t *placements);
 /* Internal Redistribute.apply: also allows X -> Partial (Replicate -> Partial(sum) divides
  * by the mesh dim size, avg/max/min keep the value; Shard -> Partial is unsupported). */
 hp_status_t hp_dtensor_redistribute_internal(hp_dtensor_t *out, const hp_dtensor_mem_t *mem,

@@ -370,6 +370,116 @@ static hp_status_t run_step(const step_ctx_t *c, const hp_transform_t *st, const
                     hp_placement_str(b, y, sizeof(y)), md);
 }
 
+/* ---- scratch sizing (mirrors the allocations of the step functions above) ----------------- */
+
+static size_t rnd_(size_t bytes) { return hp_arena_round(bytes ? bytes : 1); }
+
+static int64_t strided_max(int64_t L, hp_placement_t p, int k, int64_t *idx, int64_t *mine, int r) {
+    int64_t cmax = 0;
+    for (int j = 0; j < k; j++) {
+        int64_t n = strided_idx(L, p, k, j, idx);
+        if (n > cmax) cmax = n;
+        if (j == r) *mine = n;
+    }
+    return cmax;
+}
+
+/* Scratch bytes one step takes from an arena; updates the local shape s like the step. */
+static hp_status_t step_scratch(const step_ctx_t *c, const hp_transform_t *st, int64_t *s, size_t *bytes) {
+    hp_placement_t a = st->src, b = st->dst;
+    int nd = c->nd;
+    size_t es = c->es;
+    int64_t o[HP_MAX_DIMS], pb[HP_MAX_DIMS], tmp;
+    memcpy(o, s, sizeof(o));
+    memcpy(pb, s, sizeof(pb));
+    size_t sum = 0;
+    int64_t *idx = NULL;
+    int need_idx = a.kind == HP_STRIDED_SHARD || b.kind == HP_STRIDED_SHARD;
+    int64_t Lmax = 1;
+    for (int d = 0; d < nd; d++) Lmax = st->logical_shape[d] > Lmax ? st->logical_shape[d] : Lmax;
+    for (int d = 0; d < nd; d++) Lmax = s[d] > Lmax ? s[d] : Lmax;
+    if (need_idx && !(idx = hp_malloc((size_t)(Lmax + 1) * sizeof(int64_t)))) return HP_ERR_OOM;
+    if (a.kind == HP_SHARD && b.kind == HP_REPLICATE) {
+        int d = a.dim;
+        int64_t L = st->logical_shape[d];
+        pb[d] = ceil_div(L, c->k);
+        int64_t blk = hp_prod_(nd, pb);
+        o[d] = L;
+        sum = rnd_((size_t)blk * es) + rnd_((size_t)(blk * c->k) * es) + rnd_((size_t)hp_prod_(nd, o) * es);
+    } else if (a.kind == HP_STRIDED_SHARD && b.kind == HP_REPLICATE) {
+        int d = a.dim;
+        int64_t L = st->logical_shape[d];
+        pb[d] = strided_max(L, a, c->k, idx, &tmp, c->r);
+        int64_t blk = hp_prod_(nd, pb);
+        o[d] = L;
+        sum = rnd_((size_t)L * sizeof(int64_t)) + rnd_((size_t)blk * es) + rnd_((size_t)(blk * c->k) * es) +
+              rnd_((size_t)hp_prod_(nd, o) * es);
+    } else if (a.kind == HP_REPLICATE && b.kind == HP_SHARD) {
+        chunk(s[b.dim], c->k, c->r, &o[b.dim], &tmp);
+        sum = rnd_((size_t)hp_prod_(nd, o) * es);
+    } else if (a.kind == HP_REPLICATE && b.kind == HP_STRIDED_SHARD) {
+        o[b.dim] = strided_idx(s[b.dim], b, c->k, c->r, idx);
+        sum = rnd_((size_t)s[b.dim] * sizeof(int64_t)) + rnd_((size_t)hp_prod_(nd, o) * es);
+    } else if (a.kind == HP_PARTIAL && b.kind == HP_REPLICATE) {
+        sum = rnd_((size_t)hp_prod_(nd, s) * es);
+    } else if (a.kind == HP_PARTIAL && b.kind == HP_SHARD) {
+        int d = b.dim;
+        pb[d] = ceil_div(s[d], c->k);
+        int64_t blk = hp_prod_(nd, pb);
+        chunk(s[d], c->k, c->r, &o[d], &tmp);
+        sum = rnd_((size_t)(blk * c->k) * es) + rnd_((size_t)blk * es) + rnd_((size_t)hp_prod_(nd, o) * es);
+    } else if (a.kind == HP_SHARD && b.kind == HP_SHARD) {
+        int i = a.dim, j = b.dim;
+        pb[i] = ceil_div(st->logical_shape[i], c->k);
+        pb[j] = ceil_div(s[j], c->k);
+        int64_t blk = hp_prod_(nd, pb);
+        o[i] = st->logical_shape[i];
+        chunk(s[j], c->k, c->r, &o[j], &tmp);
+        sum = 2 * rnd_((size_t)(blk * c->k) * es) + rnd_((size_t)hp_prod_(nd, o) * es);
+    } else if (a.kind == HP_REPLICATE && b.kind == HP_PARTIAL) {
+        sum = rnd_((size_t)hp_prod_(nd, s) * es);
+    } else {
+        free(idx);
+        char x[32], y[32];
+        return hp_error(HP_ERR_UNSUPPORTED, "redistribute from %s to %s on mesh dim %d not supported",
+                        hp_placement_str(a, x, sizeof(x)), hp_placement_str(b, y, sizeof(y)), st->mesh_dim);
+    }
+    free(idx);
+    memcpy(s, o, sizeof(o));
+    *bytes += sum;
+    return HP_OK;
+}
+
+hp_status_t hp_dtensor_redistribute_scratch(size_t *bytes, const hp_dtensor_t *in, int nplacements,
+                                            const hp_placement_t *placements) {
+    *bytes = 0;
+    if (!in || !in->mesh || !placements)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_dtensor_redistribute_scratch: needs a DTensor and placements");
+    int nd = in->local.ndim, mnd = in->mesh_ndim;
+    hp_placement_t tgt[HP_MESH_MAX_DIMS];
+    HP_TRY(hp_dtensor_check_placements_(tgt, nd, in->mesh, nplacements, placements, "redistribute"));
+    int coord[HP_MESH_MAX_DIMS];
+    if (!hp_mesh_get_coordinate(in->mesh, coord)) return HP_OK;
+    int64_t ms[HP_MESH_MAX_DIMS];
+    for (int i = 0; i < mnd; i++) ms[i] = hp_mesh_size(in->mesh, i);
+    hp_transform_t steps[2 * HP_MESH_MAX_DIMS];
+    int nsteps = 0;
+    HP_TRY(hp_redistribute_plan(steps, 2 * HP_MESH_MAX_DIMS, &nsteps, nd, in->global_shape, mnd, ms, coord,
+                                in->placements, tgt));
+    if (!hp_tensor_is_contiguous(&in->local)) *bytes += rnd_(hp_tensor_nbytes(&in->local));
+    int64_t s[HP_MAX_DIMS] = {0};
+    memcpy(s, in->local.shape, (size_t)nd * sizeof(int64_t));
+    step_ctx_t c = {NULL, in->local.dtype, hp_dtype_size(in->local.dtype), nd, NULL, 0, 0};
+    for (int t = 0; t < nsteps; t++) {
+        int md = steps[t].mesh_dim;
+        if (hp_placement_equal(steps[t].src, steps[t].dst) || ms[md] == 1) continue;
+        c.k = (int)ms[md];
+        c.r = coord[md];
+        HP_TRY(step_scratch(&c, &steps[t], s, bytes));
+    }
+    return HP_OK;
+}
+
 /* ---- public entry points ------------------------------------------------------------------ */
 
 static void mesh_shape(hp_mesh_t mesh, int64_t *ms) {
