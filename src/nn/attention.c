@@ -70,17 +70,33 @@ static inline __attribute__((always_inline)) void rows_axpy(float *acc, float c,
             }
             A[0] = a0; A[1] = a1; A[2] = a2;
         } else if (nv == 2) {
-            v16 a0 = A[0] * c, a1 = A[1] * c;
-            for (int j = 0; j < n; j++) {
+            // two interleaved partial sums per vector: breaks the FMA latency chain
+            v16 a0 = A[0] * c, a1 = A[1] * c, b0 = {0}, b1 = {0};
+            int j = 0;
+            for (; j + 1 < n; j += 2) {
+                const v16 *r = (const v16 *)(R + (size_t)j * ld), *t = (const v16 *)(R + (size_t)(j + 1) * ld);
+                const float wj = w[(size_t)j * ws], wk = w[(size_t)(j + 1) * ws];
+                a0 += wj * r[0]; a1 += wj * r[1];
+                b0 += wk * t[0]; b1 += wk * t[1];
+            }
+            if (j < n) {
                 const v16 *r = (const v16 *)(R + (size_t)j * ld);
                 const float wj = w[(size_t)j * ws];
                 a0 += wj * r[0]; a1 += wj * r[1];
             }
-            A[0] = a0; A[1] = a1;
+            A[0] = a0 + b0; A[1] = a1 + b1;
         } else {
-            v16 a0 = A[0] * c;
-            for (int j = 0; j < n; j++) a0 += w[(size_t)j * ws] * *(const v16 *)(R + (size_t)j * ld);
-            A[0] = a0;
+            // hd 16: four interleaved partial sums (j mod 4), combined in a fixed order
+            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            int j = 0;
+            for (; j + 3 < n; j += 4) {
+                a0 += w[(size_t)j * ws] * *(const v16 *)(R + (size_t)j * ld);
+                a1 += w[(size_t)(j + 1) * ws] * *(const v16 *)(R + (size_t)(j + 1) * ld);
+                a2 += w[(size_t)(j + 2) * ws] * *(const v16 *)(R + (size_t)(j + 2) * ld);
+                a3 += w[(size_t)(j + 3) * ws] * *(const v16 *)(R + (size_t)(j + 3) * ld);
+            }
+            for (; j < n; j++) a0 += w[(size_t)j * ws] * *(const v16 *)(R + (size_t)j * ld);
+            A[0] = A[0] * c + ((a0 + a1) + (a2 + a3));
         }
     }
 }

@@ -10,6 +10,37 @@
 
 /* ---- linear ---------------------------------------------------------------------------- */
 
+/* OpenBLAS extensions (not in every cblas.h). */
+void openblas_set_num_threads(int num_threads);
+int openblas_get_num_threads(void);
+
+/* C (M, N) = op(A) (M, K) op(B) (K, N) + beta C, row-major, with the M rows split over the
+ * OpenMP threads: each thread calls a single-threaded cblas_sgemm on its block. One thread
+ * pool (OpenMP) is then active instead of two (OpenMP + OpenBLAS's pthreads) that would
+ * spin against each other on a small machine. Every element is computed by one call over the
+ * whole K, so the result does not depend on the split. */
+static void sgemm_rows(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc) {
+    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (nt <= 1 || M < 32) {
+        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    int chunk = (M + nt - 1) / nt;
+    chunk = (chunk + 15) / 16 * 16;   // whole micro-tiles per thread
+#pragma omp parallel num_threads(nt)
+    {
+        int m0 = omp_get_thread_num() * chunk;
+        int m1 = m0 + chunk < M ? m0 + chunk : M;
+        if (m0 < m1) {
+            const float *Am = ta == CblasNoTrans ? A + (size_t)m0 * lda : A + m0;
+            cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, N, K, 1.0f, Am, lda, B, ldb, beta,
+                        C + (size_t)m0 * ldc, ldc);
+        }
+    }
+}
+
 static void add_bias_rows(float *out, const float *bias, int N, int OC) {
     if (!bias) return;
 #pragma omp parallel for schedule(static)
@@ -23,30 +54,26 @@ static void add_bias_rows(float *out, const float *bias, int N, int OC) {
 void hp_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
                        int N, int IC, int OC) {
     // out (N, OC) = inp (N, IC) @ weight^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC,
-                0.0f, out, OC);
+    sgemm_rows(CblasNoTrans, CblasTrans, N, OC, IC, inp, IC, weight, IC, 0.0f, out, OC);
     add_bias_rows(out, bias, N, OC);
 }
 
 void hp_linear_forward_acc(float *out, const float *inp, const float *weight, const float *bias,
                            int N, int IC, int OC) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC,
-                1.0f, out, OC);
+    sgemm_rows(CblasNoTrans, CblasTrans, N, OC, IC, inp, IC, weight, IC, 1.0f, out, OC);
     add_bias_rows(out, bias, N, OC);
 }
 
 void hp_linear_backward_input(float *dinp, const float *dout, const float *weight,
                               int N, int IC, int OC, int accumulate) {
     // dinp (N, IC) = dout (N, OC) @ weight (OC, IC)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC,
-                accumulate ? 1.0f : 0.0f, dinp, IC);
+    sgemm_rows(CblasNoTrans, CblasNoTrans, N, IC, OC, dout, OC, weight, IC, accumulate ? 1.0f : 0.0f, dinp, IC);
 }
 
 void hp_linear_backward_weight(float *dweight, float *dbias, const float *dout, const float *inp,
                                int N, int IC, int OC) {
-    // dweight (OC, IC) += dout^T (OC, N) @ inp (N, IC)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC,
-                1.0f, dweight, IC);
+    // dweight (OC, IC) += dout^T (OC, N) @ inp (N, IC), output channels split over threads
+    sgemm_rows(CblasTrans, CblasNoTrans, OC, IC, N, dout, OC, inp, IC, 1.0f, dweight, IC);
     if (dbias) {
         // parallel over output channels; each sums its column over rows in order
 #pragma omp parallel for schedule(static)
