@@ -123,7 +123,13 @@ static json_object *hf_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
     json_object_object_add(c, "vocab_size", json_object_new_int(mc->vocab_size));
     json_object_object_add(c, "rms_norm_eps", json_object_new_double(mc->norm_eps));
     json_object_object_add(c, "rope_theta", json_object_new_double(mc->rope_theta));
-    json_object_object_add(c, "max_position_embeddings", json_object_new_int(mc->max_seq_len > 0 ? mc->max_seq_len : 2048));
+    /* with Llama 3 rope scaling HF wants max_position_embeddings above the original context */
+    int64_t maxpos = mc->max_seq_len > 0 ? mc->max_seq_len : 2048;
+    if (llama && mc->rope_scaling) {
+        int64_t scaled = (int64_t)((double)mc->rope_original_max_pos * mc->rope_factor);
+        if (scaled > maxpos) maxpos = scaled;
+    }
+    json_object_object_add(c, "max_position_embeddings", json_object_new_int64(maxpos));
     json_object_object_add(c, "tie_word_embeddings", json_object_new_boolean(mc->tie_embeddings));
     json_object_object_add(c, "hidden_act", json_object_new_string("silu"));
     json_object_object_add(c, "attention_bias", json_object_new_boolean(0));
