@@ -18,6 +18,11 @@ if [ ! -s "$OUT/tokenizer.json" ]; then
       --special "<|begin_of_text|>,<|end_of_text|>" --separator % --quiet $files
 fi
 
+echo "== DTensor at a glance: a 2x2 mesh and redistributes on 4 ranks"
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+"${MPIRUN[@]}" -np 4 "$BUILD/example_mesh_redistribute" | head -40
+
 echo "== hp-train: llama3 debugmodel, $NPROC data-parallel ranks, $STEPS steps"
 "$BUILD/hp-train" --nproc "$NPROC" --config examples/llama3_debug.yaml \
     --job.dump_folder="$OUT" --job.print_config=false \
