@@ -101,6 +101,65 @@ static inline __attribute__((always_inline)) void rows_axpy(float *acc, float c,
     }
 }
 
+/* Four rows at once (register blocking: each loaded tile vector feeds four rows).
+ * S[r][0..64) = sum_d a[r*lda + d] * kt[d][0..64), r < 4. */
+static inline __attribute__((always_inline)) void rows4_dot_tile(float *S, const float *a, size_t lda,
+                                                                 const float *kt, int hd) {
+    v16 s[4][4] = {{{0}}};
+    for (int d = 0; d < hd; d++) {
+        const v16 *r = (const v16 *)(kt + (size_t)d * HP_ATT_BC);
+        const v16 k0 = r[0], k1 = r[1], k2 = r[2], k3 = r[3];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const float ad = a[(size_t)i * lda + d];
+            s[i][0] += ad * k0; s[i][1] += ad * k1; s[i][2] += ad * k2; s[i][3] += ad * k3;
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        v16 *o = (v16 *)(S + (size_t)i * HP_ATT_BC);
+        o[0] = s[i][0]; o[1] = s[i][1]; o[2] = s[i][2]; o[3] = s[i][3];
+    }
+}
+
+/* For r < 4: acc[r*lda + 0..hd) = acc * c[r] + sum_{j<n} P[r*ps + j*is] * rows[j*ld + 0..hd)
+ * (c NULL: no scaling), hd a multiple of 16, j summed in order. */
+#define HP_ROWS4_AXPY_NV(NV)                                                                   \
+    static inline __attribute__((always_inline)) void rows4_axpy_##NV(                        \
+        float *acc, size_t lda, const float *c, const float *P, size_t ps, size_t is,           \
+        const float *rows, size_t ld, int n) {                                                 \
+        v16 a[4][NV];                                                                          \
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                  \
+            const float cr = c ? c[r] : 1.0f;                                                  \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                               \
+                a[r][v] = ((const v16 *)(acc + (size_t)r * lda))[v] * cr;                      \
+        }                                                                                      \
+        for (int j = 0; j < n; j++) {                                                          \
+            const v16 *x = (const v16 *)(rows + (size_t)j * ld);                               \
+            v16 xv[NV];                                                                        \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) xv[v] = x[v];                 \
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                              \
+                const float w = P[(size_t)r * ps + (size_t)j * is];                            \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) a[r][v] += w * xv[v];     \
+            }                                                                                  \
+        }                                                                                      \
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                    \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                               \
+                ((v16 *)(acc + (size_t)r * lda))[v] = a[r][v];                                 \
+    }
+HP_ROWS4_AXPY_NV(1)
+HP_ROWS4_AXPY_NV(2)
+HP_ROWS4_AXPY_NV(4)
+#undef HP_ROWS4_AXPY_NV
+
+static inline void rows4_axpy(float *acc, size_t lda, const float *c, const float *P, size_t ps, size_t is,
+                              const float *rows, size_t ld, int n, int hd) {
+    int c0 = 0;
+    for (; c0 + 64 <= hd; c0 += 64) rows4_axpy_4(acc + c0, lda, c, P, ps, is, rows + c0, ld, n);
+    if (c0 + 32 <= hd) { rows4_axpy_2(acc + c0, lda, c, P, ps, is, rows + c0, ld, n); c0 += 32; }
+    if (c0 + 16 <= hd) rows4_axpy_1(acc + c0, lda, c, P, ps, is, rows + c0, ld, n);
+}
+
 /* Plain-loop versions for head_dim not a multiple of 16. */
 static void row_dot_tile_plain(float *s, const float *a, const float *kt, int hd) {
     for (int j = 0; j < HP_ATT_BC; j++) s[j] = 0.0f;
@@ -157,7 +216,37 @@ void hp_attention_forward(float *out, float *lse, const float *q, int ldq, const
                     const int nc = j0 + HP_ATT_BC < T ? HP_ATT_BC : T - j0;
                     load_tile_t(kt, k + ((size_t)b * T + j0) * ldk + (size_t)g * hd, (size_t)ldk, nc, hd);
                     const float *vtile = v + ((size_t)b * T + j0) * ldv + (size_t)g * hd;
-                    for (int i = 0; i < nr; i++) {
+                    int i = 0;
+                    if (fast && j0 <= i0) {
+                        // groups of four rows; every row of the block sees key j0 (j0 <= i0)
+                        float S4[4 * HP_ATT_BC], corr4[4];
+                        for (; i + 4 <= nr; i += 4) {
+                            rows4_dot_tile(S4, qblk + (size_t)i * hd, (size_t)hd, kt, hd);
+                            int nmax = 0;
+                            for (int r = 0; r < 4; r++) {
+                                int jmax = i0 + i + r - j0 + 1;
+                                if (jmax > nc) jmax = nc;
+                                if (jmax > nmax) nmax = jmax;
+                                float *sr = S4 + (size_t)r * HP_ATT_BC;
+                                float mx = m_run[i + r];
+#pragma omp simd reduction(max : mx)
+                                for (int j = 0; j < jmax; j++) mx = sr[j] > mx ? sr[j] : mx;
+                                corr4[r] = hp_nn_expf(m_run[i + r] - mx);
+                                float rs = 0.0f;
+#pragma omp simd reduction(+ : rs)
+                                for (int j = 0; j < HP_ATT_BC; j++) {
+                                    float e = j < jmax ? hp_nn_expf(sr[j] - mx) : 0.0f;   // causal mask
+                                    sr[j] = e;
+                                    rs += e;
+                                }
+                                l_run[i + r] = l_run[i + r] * corr4[r] + rs;
+                                m_run[i + r] = mx;
+                            }
+                            rows4_axpy(o_run + (size_t)i * hd, (size_t)hd, corr4, S4, HP_ATT_BC, 1, vtile,
+                                       (size_t)ldv, nmax, hd);
+                        }
+                    }
+                    for (; i < nr; i++) {
                         const int row = i0 + i;
                         int jmax = row - j0 + 1;   // causal: keys j0 .. row
                         if (jmax <= 0) continue;
@@ -219,12 +308,28 @@ void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, 
                     // query rows from j0 on (earlier rows see none of these keys), in blocks
                     for (int i0 = j0; i0 < T; i0 += HP_ATT_BR) {
                         const int nr = i0 + HP_ATT_BR < T ? HP_ATT_BR : T - i0;
-                        for (int i = 0; i < nr; i++) {
+                        const float *qb = q + ((size_t)b * T + i0) * ldq + (size_t)h * hd;
+                        const float *dob = dout + ((size_t)b * T + i0) * Hq * hd + (size_t)h * hd;
+                        int i = 0;
+                        if (fast)   // scores and dO.V of four rows at a time
+                            for (; i + 4 <= nr; i += 4) {
+                                rows4_dot_tile(pb + (size_t)i * HP_ATT_BC, qb + (size_t)i * ldq, (size_t)ldq, kt, hd);
+                                rows4_dot_tile(dsb + (size_t)i * HP_ATT_BC, dob + (size_t)i * Hq * hd, (size_t)Hq * hd, vt, hd);
+                            }
+                        for (; i < nr; i++) {
+                            if (fast) {
+                                row_dot_tile2(pb + (size_t)i * HP_ATT_BC, dsb + (size_t)i * HP_ATT_BC, qb + (size_t)i * ldq,
+                                              dob + (size_t)i * Hq * hd, kt, vt, hd);
+                            } else {
+                                row_dot_tile_plain(pb + (size_t)i * HP_ATT_BC, qb + (size_t)i * ldq, kt, hd);
+                                row_dot_tile_plain(dsb + (size_t)i * HP_ATT_BC, dob + (size_t)i * Hq * hd, vt, hd);
+                            }
+                        }
+                        for (i = 0; i < nr; i++) {
                             const int row = i0 + i;
                             int jmax = row - j0 + 1;
                             if (jmax > nc) jmax = nc;
                             const size_t r = (size_t)b * T + row;
-                            const float *qi = q + r * ldq + (size_t)h * hd;
                             const float *doi = dout + r * Hq * hd + (size_t)h * hd;
                             const float *oi = out + r * Hq * hd + (size_t)h * hd;
                             const float li = lse[((size_t)b * Hq + h) * T + row];
@@ -232,27 +337,39 @@ void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, 
 #pragma omp simd reduction(+ : di)
                             for (int d = 0; d < hd; d++) di += doi[d] * oi[d];
                             float *p = pb + (size_t)i * HP_ATT_BC, *ds = dsb + (size_t)i * HP_ATT_BC;
-                            if (fast) {
-                                row_dot_tile2(p, ds, qi, doi, kt, vt, hd);
-                            } else {
-                                row_dot_tile_plain(p, qi, kt, hd);
-                                row_dot_tile_plain(ds, doi, vt, hd);
-                            }
 #pragma omp simd
                             for (int j = 0; j < HP_ATT_BC; j++) {
                                 float pj = j < jmax ? hp_nn_expf(p[j] * scale - li) : 0.0f;   // causal mask
                                 p[j] = pj;
                                 ds[j] = pj * (ds[j] - di) * scale;
                             }
-                            // dQ row += dS K (register accumulators, keys in order)
-                            float *dqi = dq + r * lddq + (size_t)h * hd;
-                            if (fast) rows_axpy(dqi, 1.0f, ds, 1, ktile, (size_t)ldk, jmax, hd);
-                            else rows_axpy_plain(dqi, 1.0f, ds, 1, ktile, (size_t)ldk, jmax, hd);
+                        }
+                        // dQ rows += dS K (keys in order; dS is 0 past each row's last key)
+                        i = 0;
+                        if (fast)
+                            for (; i + 4 <= nr; i += 4) {
+                                int n4 = i0 + i + 3 - j0 + 1;
+                                if (n4 > nc) n4 = nc;
+                                rows4_axpy(dq + ((size_t)b * T + i0 + i) * lddq + (size_t)h * hd, (size_t)lddq, NULL,
+                                           dsb + (size_t)i * HP_ATT_BC, HP_ATT_BC, 1, ktile, (size_t)ldk, n4, hd);
+                            }
+                        for (; i < nr; i++) {
+                            int jmax = i0 + i - j0 + 1;
+                            if (jmax > nc) jmax = nc;
+                            float *dqi = dq + ((size_t)b * T + i0 + i) * lddq + (size_t)h * hd;
+                            if (fast) rows_axpy(dqi, 1.0f, dsb + (size_t)i * HP_ATT_BC, 1, ktile, (size_t)ldk, jmax, hd);
+                            else rows_axpy_plain(dqi, 1.0f, dsb + (size_t)i * HP_ATT_BC, 1, ktile, (size_t)ldk, jmax, hd);
                         }
                         // dV[j] += sum_i P[i][j] dO[i], dK[j] += sum_i dS[i][j] Q[i] (rows in order)
-                        const float *dob = dout + ((size_t)b * T + i0) * Hq * hd + (size_t)h * hd;
-                        const float *qb = q + ((size_t)b * T + i0) * ldq + (size_t)h * hd;
-                        for (int j = 0; j < nc; j++) {
+                        int j = 0;
+                        if (fast)
+                            for (; j + 4 <= nc; j += 4) {
+                                rows4_axpy(dv_acc + (size_t)j * hd, (size_t)hd, NULL, pb + j, 1, HP_ATT_BC, dob,
+                                           (size_t)Hq * hd, nr, hd);
+                                rows4_axpy(dk_acc + (size_t)j * hd, (size_t)hd, NULL, dsb + j, 1, HP_ATT_BC, qb,
+                                           (size_t)ldq, nr, hd);
+                            }
+                        for (; j < nc; j++) {
                             if (fast) {
                                 rows_axpy(dv_acc + (size_t)j * hd, 1.0f, pb + j, HP_ATT_BC, dob, (size_t)Hq * hd, nr, hd);
                                 rows_axpy(dk_acc + (size_t)j * hd, 1.0f, dsb + j, HP_ATT_BC, qb, (size_t)ldq, nr, hd);
