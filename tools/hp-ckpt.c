@@ -1,0 +1,266 @@
+/* hp-ckpt: inspect and convert checkpoints (single process, no MPI needed).
+ *   hp-ckpt inspect DIR                       DCP step dir (tensors, shapes, chunks, sizes) or HF dir
+ *   hp-ckpt list FOLDER                       committed step-N dirs (partial ones are warned about)
+ *   hp-ckpt consolidate DIR OUT.safetensors   every tensor (and blob, as U8) of a DCP dir, whole
+ *   hp-ckpt to-hf DIR OUT --model M --flavor F [--dtype bf16] [--max-shard-bytes N]
+ *   hp-ckpt from-hf HFDIR OUT --model M --flavor F
+ * to-hf / from-hf take the model shape from the flavor and the vocabulary from the checkpoint. */
+#define _GNU_SOURCE
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hyperparallel/checkpoint.h>
+#include <hyperparallel/model.h>
+#include <hyperparallel/safetensors.h>
+
+static int usage(void) {
+    fprintf(stderr,
+            "usage: hp-ckpt inspect DIR\n"
+            "       hp-ckpt list FOLDER\n"
+            "       hp-ckpt consolidate DIR OUT.safetensors\n"
+            "       hp-ckpt to-hf DIR OUT --model llama3|qwen3 --flavor F [--dtype f32|bf16] [--max-shard-bytes N]\n"
+            "       hp-ckpt from-hf HFDIR OUT --model llama3|qwen3 --flavor F\n");
+    return 2;
+}
+
+static int fail(hp_status_t s) {
+    fprintf(stderr, "hp-ckpt: %s: %s\n", hp_status_string(s), hp_last_error());
+    return 1;
+}
+
+static const char *shape_str(int nd, const int64_t *s, char *buf, size_t n) {
+    size_t l = (size_t)snprintf(buf, n, "(");
+    for (int d = 0; d < nd && l < n; d++) l += (size_t)snprintf(buf + l, n - l, "%s%lld", d ? ", " : "", (long long)s[d]);
+    if (l < n) snprintf(buf + l, n - l, ")");
+    return buf;
+}
+
+static int inspect_hf(const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    json_object *idx = json_object_from_file(path), *wm = NULL;
+    const char *files[256];
+    int nf = 0;
+    if (idx && json_object_object_get_ex(idx, "weight_map", &wm)) {
+        json_object_object_foreach(wm, k, v) {
+            (void)k;
+            const char *f = json_object_get_string(v);
+            int seen = 0;
+            for (int i = 0; i < nf; i++) seen |= !strcmp(files[i], f);
+            if (!seen && nf < 256) files[nf++] = f;
+        }
+    } else {
+        files[nf++] = "model.safetensors";
+    }
+    printf("HF checkpoint %s: %d file(s)\n", dir, nf);
+    for (int i = 0; i < nf; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        hp_safetensors_t *st;
+        hp_status_t s = hp_safetensors_open(path, &st);
+        if (s != HP_OK) {
+            json_object_put(idx);
+            return fail(s);
+        }
+        printf("%s: %d tensors\n", files[i], hp_safetensors_count(st));
+        for (int t = 0; t < hp_safetensors_count(st); t++) {
+            const hp_st_info_t *in = hp_safetensors_info(st, t);
+            char sb[128];
+            printf("  %-56s %-5s %-18s %llu bytes\n", in->name, hp_st_dtype_name(in->dtype),
+                   shape_str(in->ndim, in->shape, sb, sizeof sb), (unsigned long long)(in->end - in->begin));
+        }
+        hp_safetensors_close(st);
+    }
+    json_object_put(idx);
+    return 0;
+}
+
+static int inspect(const char *dir) {
+    if (hp_hf_is_hf_dir(dir)) return inspect_hf(dir);
+    hp_dcp_metadata_t *md;
+    hp_status_t s = hp_dcp_metadata_read(dir, &md);
+    if (s != HP_OK) return fail(s);
+    int n = hp_dcp_metadata_count(md);
+    printf("DCP checkpoint %s: step %lld, saved by %d rank(s), %d entries\n", dir, (long long)hp_dcp_metadata_step(md),
+           hp_dcp_metadata_world_size(md), n);
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const hp_dcp_entry_t *e = hp_dcp_metadata_entry(md, i);
+        char sb[128];
+        if (e->is_blob) {
+            printf("  %-48s blob %s, %lld bytes\n", e->name, e->per_rank ? "per rank" : "shared", (long long)e->shape[0]);
+            total += (uint64_t)e->shape[0];
+            for (int c = 0; c < e->n_chunks; c++)
+                printf("      rank %d: %lld bytes in %s\n", e->chunks[c].rank, (long long)e->chunks[c].sizes[0],
+                       e->chunks[c].file);
+            continue;
+        }
+        int64_t numel = 1;
+        for (int d = 0; d < e->ndim; d++) numel *= e->shape[d];
+        uint64_t bytes = (uint64_t)numel * hp_dtype_size(e->dtype);
+        total += bytes;
+        printf("  %-48s %-5s %-18s %llu bytes, %d chunk(s)\n", e->name, hp_dtype_name(e->dtype),
+               shape_str(e->ndim, e->shape, sb, sizeof sb), (unsigned long long)bytes, e->n_chunks);
+        for (int c = 0; c < e->n_chunks; c++) {
+            char ob[128], zb[128];
+            printf("      offsets %s sizes %s in %s\n", shape_str(e->ndim, e->chunks[c].offsets, ob, sizeof ob),
+                   shape_str(e->ndim, e->chunks[c].sizes, zb, sizeof zb), e->chunks[c].file);
+        }
+    }
+    printf("total %llu bytes\n", (unsigned long long)total);
+    hp_dcp_metadata_free(md);
+    return 0;
+}
+
+static int consolidate(const char *dir, const char *out) {
+    hp_dcp_metadata_t *md;
+    hp_status_t s = hp_dcp_metadata_read(dir, &md);
+    if (s != HP_OK) return fail(s);
+    int n = hp_dcp_metadata_count(md), nt = 0, nb = 0;
+    hp_dcp_tensor_t *ts = calloc((size_t)n + 1, sizeof *ts);
+    hp_dtensor_t *dts = calloc((size_t)n + 1, sizeof *dts);
+    hp_dcp_blob_t *bl = calloc((size_t)n + 1, sizeof *bl);
+    hp_st_entry_t *ents = calloc((size_t)n + 1, sizeof *ents);
+    int64_t *bshape = calloc((size_t)n + 1, sizeof *bshape);
+    if (!ts || !dts || !bl || !ents || !bshape) return fail(HP_ERR_OOM);
+    for (int i = 0; s == HP_OK && i < n; i++) {
+        const hp_dcp_entry_t *e = hp_dcp_metadata_entry(md, i);
+        if (e->is_blob) {
+            if (e->per_rank) {
+                fprintf(stderr, "hp-ckpt: skipping per-rank blob '%s' (one per saving rank)\n", e->name);
+                continue;
+            }
+            bl[nb] = (hp_dcp_blob_t){e->name, malloc((size_t)e->shape[0] + 1), 0, (size_t)e->shape[0], 0, 0};
+            nb++;
+            continue;
+        }
+        s = hp_tensor_malloc(&dts[nt].local, e->dtype, e->ndim, e->shape);
+        ts[nt] = (hp_dcp_tensor_t){e->name, &dts[nt], -1, 0};
+        nt++;
+    }
+    hp_dcp_state_t st = {ts, nt, bl, nb};
+    hp_dcp_load_options_t o = {0, 0, NULL, 0};
+    if (s == HP_OK) s = hp_dcp_load(dir, &st, NULL, &o);
+    int k = 0;
+    for (int i = 0; i < nt; i++) ents[k++] = (hp_st_entry_t){ts[i].name, &dts[i].local, HP_ST_AUTO, NULL, 0, NULL};
+    for (int i = 0; i < nb; i++) {
+        bshape[i] = (int64_t)bl[i].size;
+        ents[k++] = (hp_st_entry_t){bl[i].name, NULL, HP_ST_U8, bl[i].data, 1, &bshape[i]};
+    }
+    const char *meta[2] = {"format", "pt"};
+    if (s == HP_OK) s = hp_safetensors_write(out, ents, k, meta, 1);
+    if (s == HP_OK) printf("wrote %s: %d tensors, %d blobs\n", out, nt, nb);
+    for (int i = 0; i < nt; i++) hp_tensor_free_data(&dts[i].local);
+    for (int i = 0; i < nb; i++) free(bl[i].data);
+    free(ts);
+    free(dts);
+    free(bl);
+    free(ents);
+    free(bshape);
+    hp_dcp_metadata_free(md);
+    return s == HP_OK ? 0 : fail(s);
+}
+
+/* The model of --model/--flavor with the checkpoint's vocabulary. */
+static hp_status_t make_model(const char *name, const char *flavor, int vocab, hp_model_config_t *mc, hp_model_t *m) {
+    HP_TRY(hp_model_flavor(name, flavor, mc));
+    mc->vocab_size = vocab;
+    HP_TRY(hp_model_config_validate(mc));
+    return hp_model_create(mc, 1, 1, m);
+}
+
+static int to_hf(const char *dir, const char *out, const char *model, const char *flavor, hp_dtype_t dt, size_t shard) {
+    hp_dcp_metadata_t *md;
+    hp_status_t s = hp_dcp_metadata_read(dir, &md);
+    if (s != HP_OK) return fail(s);
+    const hp_dcp_entry_t *emb = hp_dcp_metadata_find(md, "tok_embeddings.weight");
+    if (!emb || emb->ndim != 2) {
+        hp_dcp_metadata_free(md);
+        fprintf(stderr, "hp-ckpt: %s has no 2-d tok_embeddings.weight; not a model checkpoint\n", dir);
+        return 1;
+    }
+    int vocab = (int)emb->shape[0];
+    hp_dcp_metadata_free(md);
+    hp_model_config_t mc;
+    hp_model_t m = NULL;
+    s = make_model(model, flavor, vocab, &mc, &m);
+    int np = m ? hp_model_num_params(m) : 0;
+    hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
+    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
+    hp_dcp_state_t st = {ts, np, NULL, 0};
+    hp_dcp_load_options_t o = {0, 1, NULL, 0};
+    if (s == HP_OK) s = hp_dcp_load(dir, &st, NULL, &o);
+    for (int i = 0; s == HP_OK && i < np; i++)
+        if (!ts[i].loaded) s = hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", dir, ts[i].name);
+    if (s == HP_OK) s = hp_hf_export(out, &mc, hp_model_params(m), np, NULL, dt, shard);
+    if (s == HP_OK) printf("wrote HF checkpoint %s (%s %s, vocab %d, %s)\n", out, model, flavor, vocab, hp_dtype_name(dt));
+    free(ts);
+    hp_model_destroy(m);
+    return s == HP_OK ? 0 : fail(s);
+}
+
+static int from_hf(const char *dir, const char *out, const char *model, const char *flavor) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_object *cj = json_object_from_file(path), *v;
+    if (!cj || !json_object_object_get_ex(cj, "vocab_size", &v)) {
+        json_object_put(cj);
+        fprintf(stderr, "hp-ckpt: %s: missing or without vocab_size\n", path);
+        return 1;
+    }
+    int vocab = json_object_get_int(v);
+    json_object_put(cj);
+    hp_model_config_t mc;
+    hp_model_t m = NULL;
+    hp_status_t s = make_model(model, flavor, vocab, &mc, &m);
+    int np = m ? hp_model_num_params(m) : 0;
+    if (s == HP_OK) s = hp_hf_import(dir, &mc, hp_model_params(m), np, NULL);
+    hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
+    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
+    hp_dcp_state_t st = {ts, np, NULL, 0};
+    if (s == HP_OK) s = hp_dcp_save(out, &st, NULL);
+    if (s == HP_OK) printf("wrote DCP checkpoint %s (%d tensors; use it as checkpoint.initial_load_path)\n", out, np);
+    free(ts);
+    hp_model_destroy(m);
+    return s == HP_OK ? 0 : fail(s);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) return usage();
+    const char *cmd = argv[1];
+    const char *model = NULL, *flavor = NULL;
+    hp_dtype_t dt = HP_F32;
+    size_t shard = 0;
+    for (int i = 2; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "--model")) model = argv[++i];
+        else if (!strcmp(argv[i], "--flavor")) flavor = argv[++i];
+        else if (!strcmp(argv[i], "--dtype")) {
+            const char *d = argv[++i];
+            if (!strcmp(d, "bf16") || !strcmp(d, "bfloat16")) dt = HP_BF16;
+            else if (strcmp(d, "f32") && strcmp(d, "float32")) {
+                fprintf(stderr, "hp-ckpt: --dtype %s: expected f32 or bf16\n", d);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--max-shard-bytes")) shard = (size_t)strtoull(argv[++i], NULL, 10);
+    }
+    if (!strcmp(cmd, "inspect")) return inspect(argv[2]);
+    if (!strcmp(cmd, "list")) {
+        int64_t steps[1024];
+        int n = 0;
+        hp_status_t s = hp_dcp_list_steps(argv[2], steps, 1024, &n);
+        if (s != HP_OK) return fail(s);
+        for (int i = 0; i < n && i < 1024; i++) printf("step-%lld\n", (long long)steps[i]);
+        return 0;
+    }
+    if (argc < 4) return usage();
+    if (!strcmp(cmd, "consolidate")) return consolidate(argv[2], argv[3]);
+    if (!strcmp(cmd, "to-hf") || !strcmp(cmd, "from-hf")) {
+        if (!model || !flavor) {
+            fprintf(stderr, "hp-ckpt %s: --model and --flavor are required\n", cmd);
+            return 2;
+        }
+        return !strcmp(cmd, "to-hf") ? to_hf(argv[2], argv[3], model, flavor, dt, shard) : from_hf(argv[2], argv[3], model, flavor);
+    }
+    return usage();
+}
