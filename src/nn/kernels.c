@@ -17,8 +17,9 @@ int openblas_get_num_threads(void);
 /* C (M, N) = op(A) (M, K) op(B) (K, N) + beta C, row-major, with the M rows split over the
  * OpenMP threads: each thread calls a single-threaded cblas_sgemm on its block. One thread
  * pool (OpenMP) is then active instead of two (OpenMP + OpenBLAS's pthreads) that would
- * spin against each other on a small machine. Every element is computed by one call over the
- * whole K, so the result does not depend on the split. */
+ * spin against each other on a small machine; OpenBLAS's own thread count is restored after.
+ * Every element is computed by one call over the whole K, so the result does not depend on
+ * the split. */
 static void sgemm_rows(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A, int lda,
                        const float *B, int ldb, float beta, float *C, int ldc) {
     int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
@@ -26,7 +27,8 @@ static void sgemm_rows(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int
         cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    const int blas_threads = openblas_get_num_threads();
+    if (blas_threads != 1) openblas_set_num_threads(1);
     int chunk = (M + nt - 1) / nt;
     chunk = (chunk + 15) / 16 * 16;   // whole micro-tiles per thread
 #pragma omp parallel num_threads(nt)
@@ -39,6 +41,7 @@ static void sgemm_rows(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int
                         C + (size_t)m0 * ldc, ldc);
         }
     }
+    if (blas_threads != 1) openblas_set_num_threads(blas_threads);   // leave the caller's setting
 }
 
 static void add_bias_rows(float *out, const float *bias, int N, int OC) {
