@@ -1,7 +1,8 @@
 /* nccl-tests-style table for hp_comm next to the raw MPI call of the same size, measured in
- * the same run (interleaved; best of several iterations), plus the share of an async
+ * the same run (interleaved ABBA rounds; medians; ours/mpi is the median of the per-round
+ * paired ratios), plus the share of an async
  * 16 MiB all_gather hidden behind a GEMM for each progress mode.
- *   mpirun -np 2 bench_collectives [--max-bytes N] [--min-bytes N] */
+ *   mpirun -np 2 bench_collectives [--max-bytes N] [--min-bytes N] [--overlap-only] */
 #include <cblas.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -96,66 +97,71 @@ static double gemm_time(int m) {
     return tmax;
 }
 
+static double overlap_once(size_t cn, int m, int async) {
+    MPI_Barrier(RAW);
+    double t0 = MPI_Wtime();
+    hp_work_t wk = NULL;
+    if (async) OK(hp_all_gather(SB, RB, cn, HP_F32, W, &wk));
+    if (m > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.0f, GA, m, GB, m, 0.0f, GC, m);
+    if (async) OK(hp_work_wait(&wk));
+    else OK(hp_all_gather(SB, RB, cn, HP_F32, W, NULL));
+    double t = MPI_Wtime() - t0, tmax;
+    MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, RAW);
+    return tmax;
+}
+
+/* Communication alone, GEMM alone and GEMM with the async all_gather under each progress
+ * mode, measured in turn inside every iteration so that load changes hit all of them. */
 static void overlap(void) {
     const size_t S = (size_t)16 << 20;   /* all_gather output bytes */
     const size_t cn = S / 4 / (size_t)N;
-    const int iters = 7;
-    double v[16];
-    for (int i = 0; i < iters; i++) {
-        MPI_Barrier(RAW);
-        double t0 = MPI_Wtime();
-        OK(hp_all_gather(SB, RB, cn, HP_F32, W, NULL));
-        double t = MPI_Wtime() - t0;
-        MPI_Allreduce(&t, &v[i], 1, MPI_DOUBLE, MPI_MAX, RAW);
-    }
-    double t_comm = median(v, iters);
-    /* GEMM about as long as the communication, so up to 100% can be hidden */
+    enum { ITERS = 9, NMODES = 3 };
+    const char *modes[NMODES] = {"none", "poll", "thread"};
     const int mmax = 2048;
     GA = malloc(sizeof(float) * mmax * mmax);
     GB = malloc(sizeof(float) * mmax * mmax);
     GC = malloc(sizeof(float) * mmax * mmax);
     if (!GA || !GB || !GC) die("GEMM buffers");
     for (size_t i = 0; i < (size_t)mmax * mmax; i++) GA[i] = (float)(i % 7) * 0.25f, GB[i] = (float)(i % 5) * 0.5f;
+    double tc[ITERS], tg[ITERS], tov[NMODES][ITERS];
+    for (int i = 0; i < 3; i++) tc[i] = overlap_once(cn, 0, 0);
+    double t_comm0 = median(tc, 3);
+    /* GEMM about as long as the communication, so up to 100% can be hidden */
     int m = 128;
-    while (m < mmax && gemm_time(m) < t_comm) m = m * 5 / 4;
-    for (int i = 0; i < iters; i++) v[i] = gemm_time(m);
-    double t_gemm = median(v, iters);
+    while (m < mmax && gemm_time(m) < t_comm0) m = m * 5 / 4;
+    for (int i = 0; i < ITERS; i++) {
+        tc[i] = overlap_once(cn, 0, 0);
+        tg[i] = gemm_time(m);
+        for (int mi = 0; mi < NMODES; mi++) {
+            OK(hp_comm_set_progress(modes[mi]));
+            tov[mi][i] = overlap_once(cn, m, 1);
+        }
+    }
+    OK(hp_comm_set_progress("poll"));
+    double t_comm = median(tc, ITERS), t_gemm = median(tg, ITERS);
     if (R == 0) {
         printf("\n# overlap: async all_gather of %zu MiB (output) during cblas_sgemm %dx%dx%d, %d ranks,"
-               " median of %d\n", S >> 20, m, m, m, N, iters);
+               " median of %d rounds (each round measures all rows)\n", S >> 20, m, m, m, N, ITERS);
         printf("#  t_comm %.2f ms (blocking all_gather), t_gemm %.2f ms (GEMM alone)\n",
                t_comm * 1e3, t_gemm * 1e3);
         printf("# %-8s %14s %16s\n", "progress", "t_overlap(ms)", "hidden(%)");
-    }
-    const char *modes[3] = {"none", "poll", "thread"};
-    for (int mi = 0; mi < 3; mi++) {
-        OK(hp_comm_set_progress(modes[mi]));
-        for (int i = 0; i < iters; i++) {
-            MPI_Barrier(RAW);
-            double t0 = MPI_Wtime();
-            hp_work_t wk = NULL;
-            OK(hp_all_gather(SB, RB, cn, HP_F32, W, &wk));
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.0f, GA, m, GB, m, 0.0f,
-                        GC, m);
-            OK(hp_work_wait(&wk));
-            double t = MPI_Wtime() - t0;
-            MPI_Allreduce(&t, &v[i], 1, MPI_DOUBLE, MPI_MAX, RAW);
+        for (int mi = 0; mi < NMODES; mi++) {
+            double t_ov = median(tov[mi], ITERS);
+            printf("  %-8s %14.2f %16.1f\n", modes[mi], t_ov * 1e3, 100.0 * (t_comm + t_gemm - t_ov) / t_comm);
         }
-        double t_ov = median(v, iters);
-        if (R == 0)
-            printf("  %-8s %14.2f %16.1f\n", modes[mi], t_ov * 1e3,
-                   100.0 * (t_comm + t_gemm - t_ov) / t_comm);
     }
-    OK(hp_comm_set_progress("poll"));
     free(GA), free(GB), free(GC);
 }
 
 int main(int argc, char **argv) {
     size_t max_bytes = (size_t)64 << 20, min_bytes = 1024;
+    int overlap_only = 0;
     OK(hp_comm_init(&argc, &argv, &W));
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--max-bytes") && i + 1 < argc) max_bytes = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--min-bytes") && i + 1 < argc) min_bytes = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--overlap-only")) overlap_only = 1;
     }
     R = hp_comm_rank(W);
     N = hp_comm_size(W);
@@ -169,15 +175,15 @@ int main(int argc, char **argv) {
 
     if (R == 0) {
         printf("# bench_collectives: %d ranks, f32, sum; ours = hp_comm, mpi = the raw MPI call on a "
-               "duplicate of MPI_COMM_WORLD, interleaved; best of the iterations; time of the "
-               "slowest rank\n", N);
+               "duplicate of MPI_COMM_WORLD; each round times mpi, ours, ours, mpi (slowest rank); "
+               "times are medians over rounds, ours/mpi is the median of the per-round ratios\n", N);
         printf("# busbw factors: all_reduce 2(n-1)/n, all_gather/reduce_scatter/all_to_all (n-1)/n, "
                "broadcast 1\n");
     }
     double worst_ratio = 1e30;
     const char *worst = "";
     size_t worst_size = 0;
-    for (int k = 0; k < K_COUNT; k++) {
+    for (int k = 0; k < K_COUNT && !overlap_only; k++) {
         if (R == 0) {
             printf("\n# %s\n", k_names[k]);
             printf("# %9s %11s | %10s %9s %9s | %10s %9s %9s | %9s\n", "size", "count", "ours(us)",
@@ -189,24 +195,24 @@ int main(int argc, char **argv) {
             if (S / 4 % (size_t)N) continue;
             int reps = S < ((size_t)1 << 20) ? (int)(((size_t)1 << 20) / S) : 1;
             if (reps > 64) reps = 64;
-            int iters = S <= ((size_t)1 << 20) ? 21 : S <= ((size_t)16 << 20) ? 11 : 7;
-            double to[32], tm[32];
+            int iters = S <= ((size_t)16 << 20) ? 21 : 11;
+            double to[40], tm[40], rt[40];
             call((kind_t)k, 0, S), call((kind_t)k, 1, S);   /* warm up both paths */
             for (int it = 0; it < iters; it++) {
-                if (it % 2) {
-                    to[it] = timed((kind_t)k, 0, S, reps);
-                    tm[it] = timed((kind_t)k, 1, S, reps);
-                } else {
-                    tm[it] = timed((kind_t)k, 1, S, reps);
-                    to[it] = timed((kind_t)k, 0, S, reps);
-                }
+                /* ABBA order cancels a load that drifts linearly within the round */
+                double m1 = timed((kind_t)k, 1, S, reps);
+                double o1 = timed((kind_t)k, 0, S, reps);
+                double o2 = timed((kind_t)k, 0, S, reps);
+                double m2 = timed((kind_t)k, 1, S, reps);
+                to[it] = 0.5 * (o1 + o2);
+                tm[it] = 0.5 * (m1 + m2);
+                rt[it] = tm[it] / to[it];   /* ours/mpi busbw of this round */
             }
-            /* best of the iterations: ours and MPI run the same MPI algorithm, and on a shared
-             * machine the minimum is the least disturbed sample of each */
-            double o = to[0], m = tm[0];
-            for (int it = 1; it < iters; it++) o = to[it] < o ? to[it] : o, m = tm[it] < m ? tm[it] : m;
+            /* On a shared machine single samples swing by 2-5x; the paired per-round ratio
+             * compares calls made back to back, and the median discards disturbed rounds. */
+            double ratio = median(rt, iters);
+            double o = median(to, iters), m = median(tm, iters);
             double ao = S / o / 1e9, am = S / m / 1e9, f = bus_factor((kind_t)k);
-            double ratio = (ao * f) / (am * f);
             if (S >= ((size_t)1 << 20) && ratio < worst_ratio)
                 worst_ratio = ratio, worst = k_names[k], worst_size = S;
             if (R == 0) {

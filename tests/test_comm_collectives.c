@@ -8,11 +8,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "hp_test.h"
 #include "hyperparallel/comm.h"
 
 static hp_comm_t W;
+
+static double hp_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 static int R, N;
 
 static const hp_dtype_t k_dts[] = {HP_F32, HP_BF16, HP_F16, HP_I32, HP_I64, HP_U8};
@@ -163,7 +170,7 @@ static void test_all_reduce(int async) {
                     hp_dtype_t dt = k_dts[k];
                     size_t n = g_sizes[s];
                     if (!op_valid(op, dt)) continue;
-                    if (s == 3 && (op != OP_SUM && op != OP_AVG)) continue;   /* large: keep fast */
+                    if (s == 3 && (op != OP_SUM || inplace)) continue;   /* large: sum, out of place */
                     size_t es = hp_dtype_size(dt);
                     void *a = xalloc(n * es), *b = inplace ? a : xalloc(n * es);
                     for (size_t i = 0; i < n; i++) set_el(a, dt, i, in_val(op, R, i, dt));
@@ -183,11 +190,12 @@ static void test_reduce(int async) {
     int root = N - 1;
     for (int k = 0; k < NDT; k++)
         for (int op = 0; op < NOPS; op++)
-            for (int s = 0; s < 3; s++)
+            for (int s = 0; s < 4; s++)
                 for (int inplace = 0; inplace < 2; inplace++) {
                     hp_dtype_t dt = k_dts[k];
                     size_t n = g_sizes[s], es = hp_dtype_size(dt);
                     if (!op_valid(op, dt)) continue;
+                    if (s == 3 && (op != OP_SUM || inplace)) continue;   /* large: sum, out of place */
                     void *a = xalloc(n * es), *b = inplace ? a : xalloc(n * es);
                     for (size_t i = 0; i < n; i++) set_el(a, dt, i, in_val(op, R, i, dt));
                     hp_work_t wk = NULL;
@@ -214,7 +222,7 @@ static void test_reduce_scatter(int async) {
                     hp_dtype_t dt = k_dts[k];
                     size_t n = s == 3 ? g_sizes[3] / (size_t)N : g_sizes[s], es = hp_dtype_size(dt);
                     if (!op_valid(op, dt)) continue;
-                    if (s == 3 && op != OP_SUM) continue;
+                    if (s == 3 && (op != OP_SUM || inplace)) continue;
                     size_t total = n * (size_t)N;
                     void *a = xalloc(total * es);
                     for (size_t i = 0; i < total; i++) set_el(a, dt, i, in_val(op, R, i, dt));
@@ -249,6 +257,7 @@ static void test_movement(int async) {
         for (int s = 0; s < 4; s++)
             for (int inplace = 0; inplace < 2; inplace++) {
                 hp_dtype_t dt = k_dts[k];
+                if (s == 3 && inplace) continue;   /* large: out of place */
                 size_t n = s == 3 ? g_sizes[3] / (size_t)N : g_sizes[s], es = hp_dtype_size(dt);
                 size_t total = n * (size_t)N;
                 hp_work_t wk = NULL;
@@ -288,7 +297,6 @@ static void test_movement(int async) {
                     if (!inplace) free(r);
                     free(sb);
                 }
-                if (s == 3) continue;   /* rooted ops at sizes 0, 1, prime */
                 /* gather */
                 {
                     void *r = xalloc(total * es);
@@ -490,16 +498,35 @@ int main(int argc, char **argv) {
     HP_CHECK_OK(hp_redop_create_premul_sum(0.5, W, &PREMUL_HALF));
     test_counters();
     test_errors();
-    for (int async = 0; async < 3; async++) {
+    /* pass 0: blocking; then work handles completed by wait (1) and by test polling (2)
+     * under each progress mechanism */
+    const char *modes[3] = {"poll", "thread", "none"};
+    for (int pass = 0; pass < 7; pass++) {
+        int async = pass == 0 ? 0 : 1 + (pass - 1) % 2;
+        if (pass > 0) HP_CHECK_OK(hp_comm_set_progress(modes[(pass - 1) / 2]));
         /* large = 2^20 elements blocking; the async passes use 2^16 to keep 8 ranks fast */
         g_sizes[3] = async ? (size_t)1 << 16 : (size_t)1 << 20;
+        double t0 = hp_now_s();
         test_all_reduce(async);
+        double t1 = hp_now_s();
         test_reduce(async);
+        double t2 = hp_now_s();
         test_reduce_scatter(async);
+        double t3 = hp_now_s();
         test_movement(async);
+        double t4 = hp_now_s();
         test_all_to_all_v(async);
+        if (R == 0 && getenv("HP_TEST_VERBOSE"))
+            printf("pass %d (%s): all_reduce %.2f s, reduce %.2f s, reduce_scatter %.2f s, "
+                   "movement %.2f s, all_to_all_v %.2f s\n", pass, hp_comm_get_progress(),
+                   t1 - t0, t2 - t1, t3 - t2, t4 - t3, hp_now_s() - t4);
     }
-    test_p2p();
+    for (int m = 0; m < 3; m++) {   /* point-to-point under each progress mechanism */
+        HP_CHECK_OK(hp_comm_set_progress(modes[m]));
+        test_p2p();
+    }
+    HP_CHECK_OK(hp_comm_set_progress("poll"));
+    HP_CHECK_ERR(hp_comm_set_progress("fast"), HP_ERR_INVALID_ARG, "poll, thread or none");
     test_split_dup();
     HP_CHECK_OK(hp_redop_destroy(PREMUL2, W));
     HP_CHECK_OK(hp_redop_destroy(PREMUL_HALF, W));

@@ -612,6 +612,16 @@ static hp_status_t dispatch(hp_work_t w, hp_work_t *out) {
     return hp_work_wait(&w);
 }
 
+/* One progress round from the caller's thread: tests the started requests under the lock
+ * (so never concurrently with the progress thread) and reports whether w is done. */
+static int caller_round(hp_work_t w) {
+    pthread_mutex_lock(&g.lock);
+    if (!w->done && w->started && test_started() > 0) pthread_cond_broadcast(&g.done_cv);
+    int done = w->done;
+    pthread_mutex_unlock(&g.lock);
+    return done;
+}
+
 /* Checks completion without blocking; aborts the job past the timeout. */
 static hp_status_t work_poll(hp_work_t w, int *done) {
     if (g.progress == HP_PROGRESS_NONE) {
@@ -627,7 +637,10 @@ static hp_status_t work_poll(hp_work_t w, int *done) {
         }
         *done = w->done;
     } else {
-        *done = __atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
+        *done = caller_round(w);
+        /* A queued collective needs the communication thread: a caller spinning on
+         * hp_work_test must not starve it of the core. */
+        if (!*done && !w->started) sched_yield();
     }
     if (!*done) {
         double el = hp_comm_now() - w->t_start;
@@ -650,7 +663,8 @@ hp_status_t hp_work_wait(hp_work_t *work) {
     if (!work || !*work) return hp_error(HP_ERR_INVALID_ARG, "hp_work_wait: NULL work handle "
                                          "(hint: a handle is released by the wait that completes it)");
     hp_work_t w = *work;
-    if (g.progress == HP_PROGRESS_NONE) {
+    if (g.progress == HP_PROGRESS_NONE || w->started) {
+        /* Started requests: the waiter drives progress itself, as MPI_Wait would. */
         int done = 0;
         for (unsigned spins = 0;; spins++) {
             HP_TRY(work_poll(w, &done));
