@@ -9,7 +9,7 @@
 #include "hyperparallel/optim.h"
 #include "hp_test.h"
 
-enum { STEPS = 20, B = 2, T = 32 };
+enum { STEPS = 15, B = 2, T = 32 };
 
 typedef struct run {
     float losses[STEPS];
