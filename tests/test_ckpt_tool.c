@@ -1,0 +1,118 @@
+/* hp-ckpt (the built tool, found through HP_BUILD_DIR): inspect lists tensors, chunks and
+ * blobs; list skips a partial dir; consolidate writes one safetensors file with every
+ * value; to-hf then from-hf round-trips a llama3 model bitwise; errors exit non-zero with a
+ * message. */
+// hp-test: ranks 1 timeout 60
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hp_test.h"
+#include "hyperparallel/checkpoint.h"
+#include "hyperparallel/model.h"
+#include "hyperparallel/safetensors.h"
+
+static char ROOT[] = "/tmp/hp_test_ckpt_tool_XXXXXX";
+static char TOOL[1024];
+static char OUT[1 << 16];
+
+static int run(const char *fmt, const char *a, const char *b) {
+    char args[2048], cmd[4096];
+    snprintf(args, sizeof args, fmt, a, b);
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", TOOL, args);
+    FILE *p = popen(cmd, "r");
+    size_t len = 0;
+    char line[1024];
+    while (p && fgets(line, sizeof line, p))
+        if (len + strlen(line) + 1 < sizeof OUT) {
+            memcpy(OUT + len, line, strlen(line) + 1);
+            len += strlen(line);
+        }
+    OUT[len] = '\0';
+    int st = p ? pclose(p) : -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+int main(void) {
+    const char *bd = getenv("HP_BUILD_DIR");
+    snprintf(TOOL, sizeof TOOL, "%s/hp-ckpt", bd && *bd ? bd : ".");
+    if (access(TOOL, X_OK) != 0) {
+        printf("SKIP: %s not built (set HP_BUILD_DIR)\n", TOOL);
+        return 0;
+    }
+    HP_ASSERT(mkdtemp(ROOT));
+    /* a llama3 debug model (vocab 64) saved as a DCP checkpoint with one blob */
+    hp_model_config_t mc;
+    HP_CHECK_OK(hp_model_flavor("llama3", "debugmodel", &mc));
+    mc.vocab_size = 64;
+    HP_CHECK_OK(hp_model_config_validate(&mc));
+    hp_model_t m = NULL;
+    HP_CHECK_OK(hp_model_create(&mc, 1, 4, &m));
+    if (!m) return hp_test_finish("test_ckpt_tool");
+    HP_CHECK_OK(hp_model_init_weights(m, 5));
+    int np = hp_model_num_params(m);
+    hp_param_t *p = hp_model_params(m);
+    hp_dcp_tensor_t *ts = calloc((size_t)np, sizeof *ts);
+    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){p[i].name, &p[i].value, -1, 0};
+    int64_t ts_blob[3] = {1, 2, 3};
+    hp_dcp_blob_t bl[1] = {{"train_state", ts_blob, sizeof ts_blob, sizeof ts_blob, 0, 0}};
+    hp_dcp_state_t st = {ts, np, bl, 1};
+    char dir[400], folder[300], out[500];
+    snprintf(folder, sizeof folder, "%s/ck", ROOT);
+    snprintf(dir, sizeof dir, "%s/step-7", folder);
+    HP_CHECK_OK(hp_dcp_save(dir, &st, NULL));
+    HP_CHECK(run("inspect %s%s", dir, "") == 0 && strstr(OUT, "step 7, saved by 1 rank(s)") &&
+                 strstr(OUT, "layers.0.attention.wq.weight") && strstr(OUT, "offsets (0, 0) sizes (256, 256)") &&
+                 strstr(OUT, "train_state") && strstr(OUT, "blob shared, 24 bytes"),
+             "inspect:\n%.2000s", OUT);
+    snprintf(out, sizeof out, "%s/step-8.tmp-1", folder);
+    mkdir(out, 0755);
+    HP_CHECK(run("list %s%s", folder, "") == 0 && !strcmp(strstr(OUT, "step-7") ? strstr(OUT, "step-7") : "", "step-7\n") &&
+                 strstr(OUT, "ignoring partial checkpoint"), "list:\n%s", OUT);
+    /* consolidate: one file, same values */
+    snprintf(out, sizeof out, "%s/all.safetensors", ROOT);
+    HP_CHECK(run("consolidate %s %s", dir, out) == 0, "consolidate:\n%s", OUT);
+    hp_safetensors_t *sf = NULL;
+    HP_CHECK_OK(hp_safetensors_open(out, &sf));
+    if (sf) {
+        HP_CHECK(hp_safetensors_count(sf) == np + 1, "consolidated count %d", hp_safetensors_count(sf));
+        hp_tensor_t t;
+        hp_tensor_malloc(&t, HP_F32, p[3].value.local.ndim, p[3].value.local.shape);
+        HP_CHECK_OK(hp_safetensors_read(sf, p[3].name, &t, 0));
+        HP_CHECK(!memcmp(t.data, p[3].value.local.data, hp_tensor_nbytes(&t)), "consolidated values");
+        hp_tensor_free_data(&t);
+        hp_safetensors_close(sf);
+    }
+    /* to-hf, from-hf: bitwise round trip */
+    char hf[400], back[400];
+    snprintf(hf, sizeof hf, "%s/hf", ROOT);
+    snprintf(back, sizeof back, "%s/back/step-0", ROOT);
+    HP_CHECK(run("to-hf %s %s --model llama3 --flavor debugmodel", dir, hf) == 0 && hp_hf_is_hf_dir(hf), "to-hf:\n%s", OUT);
+    HP_CHECK(run("from-hf %s %s --model llama3 --flavor debugmodel", hf, back) == 0, "from-hf:\n%s", OUT);
+    hp_model_t m2 = NULL;
+    HP_CHECK_OK(hp_model_create(&mc, 1, 4, &m2));
+    if (m2) {
+        hp_dcp_tensor_t *t2 = calloc((size_t)np, sizeof *t2);
+        for (int i = 0; i < np; i++) t2[i] = (hp_dcp_tensor_t){hp_model_params(m2)[i].name, &hp_model_params(m2)[i].value, -1, 0};
+        hp_dcp_state_t s2 = {t2, np, NULL, 0};
+        HP_CHECK_OK(hp_dcp_load(back, &s2, NULL, NULL));
+        int bad = 0;
+        for (int i = 0; i < np; i++)
+            bad += memcmp(p[i].value.local.data, hp_model_params(m2)[i].value.local.data, hp_tensor_nbytes(&p[i].value.local)) != 0;
+        HP_CHECK(bad == 0, "to-hf/from-hf round trip: %d params differ", bad);
+        free(t2);
+        hp_model_destroy(m2);
+    }
+    /* errors */
+    HP_CHECK(run("inspect %s%s", ROOT, "") != 0 && strstr(OUT, "not a committed checkpoint"), "inspect error:\n%s", OUT);
+    HP_CHECK(run("to-hf %s %s/x --model qwen3 --flavor debugmodel", dir, ROOT) != 0 && strstr(OUT, "global shape"),
+             "to-hf wrong model:\n%s", OUT);
+    HP_CHECK(run("to-hf %s %s/x", dir, ROOT) == 2 && strstr(OUT, "--model and --flavor are required"), "usage:\n%s", OUT);
+    free(ts);
+    hp_model_destroy(m);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", ROOT);
+    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", ROOT);
+    return hp_test_finish("test_ckpt_tool");
+}
