@@ -3,7 +3,8 @@
  * long training is blocked by an async save (staging + commit polls) vs a sync save.
  *   mpirun -np 2 bench_checkpoint [--dir /tmp] [--mib 64] [--reps 3] [--step-ms 50]
  * Loads read files the save just wrote, so they come mostly from the page cache (said in the
- * output); the raw write and the save both fsync. */
+ * output); the raw write and the save both fsync. The "training" step is a busy loop
+ * followed by a barrier (standing in for the gradient all-reduce), then the commit poll. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
@@ -172,6 +173,7 @@ int main(int argc, char **argv) {
         while (!committed) {
             compute(step_ms);
             n++;
+            hp_barrier(w, NULL);   /* a real step ends with the gradient all-reduce: ranks are in step */
             t0 = now_s();
             hp_dcp_saver_poll(sv, &committed);
             last_poll = now_s() - t0;

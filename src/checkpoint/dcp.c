@@ -605,18 +605,13 @@ static hp_status_t saver_complete(hp_dcp_saver_t *s) {
 
 hp_status_t hp_dcp_saver_poll(hp_dcp_saver_t *s, int *committed) {
     if (committed) *committed = 0;
-    /* every rank must take the same decision: agree on whether all writers are done */
-    int64_t d = s->pending ? atomic_load(&s->done) : 1, all = d;
-    int64_t pend = s->pending, anyp = pend;
-    if (s->comm && csize(s->comm) > 1) {
-        HP_TRY(hp_all_reduce(&pend, &anyp, 1, HP_I64, HP_MAX, s->comm, NULL));
-        if (!anyp) return HP_OK;
-        HP_TRY(hp_all_reduce(&d, &all, 1, HP_I64, HP_MIN, s->comm, NULL));
-    }
-    if (!anyp || !all) return HP_OK;
-    hp_status_t r = saver_complete(s);
-    if (r == HP_OK && committed) *committed = 1;
-    return r;
+    /* every rank must take the same decision: one all-reduce (max) of (pending, not done) */
+    int64_t v[2] = {s->pending, s->pending && !atomic_load(&s->done)}, r[2] = {v[0], v[1]};
+    if (s->comm && csize(s->comm) > 1) HP_TRY(hp_all_reduce(v, r, 2, HP_I64, HP_MAX, s->comm, NULL));
+    if (!r[0] || r[1]) return HP_OK;
+    hp_status_t st = saver_complete(s);
+    if (st == HP_OK && committed) *committed = 1;
+    return st;
 }
 
 hp_status_t hp_dcp_saver_wait(hp_dcp_saver_t *s) {
