@@ -6,8 +6,14 @@ valid tokens, backward, clip_grad_norm_(1.0), AdamW(8e-4, (0.9, 0.95), wd 0.1), 
 torch.set_num_threads(threads). Prints a RESULT line that tools/bench_train_step.sh reads.
 
   /opt/torchvenv/bin/python bench/train_step_torch.py [--batch 8] [--seq 256] [--steps 5] [--warmup 2] [--threads 2]
+
+With --interleave BUILD/libhyperparallel.so the same process also builds hyperparallel's llama3
+debugmodel through ctypes (model.h / optim.h) and alternates one hyperparallel step and one
+PyTorch step, so both see the same machine load (the CI machine is shared); it prints a
+RESULT line for each.
 """
 import argparse
+import ctypes
 import math
 import statistics
 import time
@@ -94,6 +100,54 @@ def matmul_peak():
     return best
 
 
+class OptimConfig(ctypes.Structure):
+    """hp_optim_config_t (include/hyperparallel/optim.h), field for field."""
+    _fields_ = [("kind", ctypes.c_int), ("lr", ctypes.c_double), ("weight_decay", ctypes.c_double),
+                ("beta1", ctypes.c_double), ("beta2", ctypes.c_double), ("eps", ctypes.c_double),
+                ("momentum", ctypes.c_double), ("dampening", ctypes.c_double), ("nesterov", ctypes.c_int),
+                ("muon_momentum", ctypes.c_double), ("muon_nesterov", ctypes.c_int), ("ns_steps", ctypes.c_int),
+                ("ns_a", ctypes.c_double), ("ns_b", ctypes.c_double), ("ns_c", ctypes.c_double),
+                ("ns_eps", ctypes.c_double), ("adjust_lr", ctypes.c_int), ("muon_adamw_lr", ctypes.c_double)]
+
+
+class HpStep:
+    """hyperparallel's full step (zero_grad, forward, backward, clip 1.0, AdamW) through ctypes."""
+
+    def __init__(self, lib_path, B, T, tokens, targets):
+        L = self.L = ctypes.CDLL(lib_path)
+        L.hp_last_error.restype = ctypes.c_char_p
+        L.hp_model_params.restype = ctypes.c_void_p
+        L.hp_optim_default.restype = OptimConfig
+        self.cfg = ctypes.create_string_buffer(4096)  # hp_model_config_t, filled by the library
+        self.m, self.opt = ctypes.c_void_p(), ctypes.c_void_p()
+        self.check(L.hp_model_flavor(b"llama3", b"debugmodel", self.cfg))
+        self.check(L.hp_model_create(self.cfg, B, T, ctypes.byref(self.m)))
+        self.check(L.hp_model_init_weights(self.m, ctypes.c_uint64(0)))
+        oc = L.hp_optim_default(0)
+        oc.lr, oc.beta2, oc.weight_decay = 8e-4, 0.95, 0.1
+        self.params = ctypes.c_void_p(L.hp_model_params(self.m))
+        self.n = L.hp_model_num_params(self.m)
+        self.check(L.hp_optim_create(ctypes.byref(oc), self.params, self.n, ctypes.byref(self.opt)))
+        self.tok = (ctypes.c_int32 * (B * T))(*tokens.flatten().tolist())
+        self.tgt = (ctypes.c_int32 * (B * T))(*targets.flatten().tolist())
+        self.B, self.T = B, T
+        self.valid = float(int((targets != -100).sum()))
+
+    def check(self, status):
+        if status != 0:
+            raise RuntimeError(f"hyperparallel: status {status}: {self.L.hp_last_error().decode()}")
+
+    def step(self):
+        L, loss, norm = self.L, ctypes.c_float(), ctypes.c_double()
+        self.check(L.hp_model_zero_grad(self.m))
+        self.check(L.hp_model_forward(self.m, self.tok, self.tgt, self.B, self.T, ctypes.c_float(self.valid),
+                                      ctypes.byref(loss)))
+        self.check(L.hp_model_backward(self.m))
+        self.check(L.hp_clip_grad_norm(self.params, self.n, ctypes.c_double(1.0), None, 0, ctypes.byref(norm)))
+        self.check(L.hp_optim_step(self.opt, ctypes.c_double(1.0)))
+        return loss.value
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=8)
@@ -101,6 +155,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--interleave", default=None, help="path of libhyperparallel.so: alternate its steps with PyTorch's")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -116,8 +171,14 @@ def main():
     targets = torch.roll(tokens, -1, 1)
     targets[:, -1] = -100
     valid = int((targets != -100).sum())
-    times = []
+    hp = HpStep(a.interleave, B, T, tokens, targets) if a.interleave else None
+    times, hp_times = [], []
     for s in range(a.warmup + a.steps):
+        if hp:
+            t0 = time.perf_counter()
+            hp_loss = hp.step()
+            if s >= a.warmup:
+                hp_times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         opt.zero_grad()
         logits = model(tokens)
@@ -137,6 +198,12 @@ def main():
     best = min(times)
     peak = max(peak, matmul_peak())
     print(f"torch.mm peak (1024^3 and 2048^3, best before and after the steps): {peak:.1f} GFLOP/s")
+    if hp:
+        hmed, hbest = statistics.median(hp_times), min(hp_times)
+        print(f"interleaved in this process: hyperparallel median step {hmed * 1e3:.1f} ms, loss {hp_loss:.4f}")
+        print(f"RESULT hp_interleaved tokens_per_s {B * T / hmed:.1f} gflops {fpt * B * T / hmed / 1e9:.2f} "
+              f"step_ms {hmed * 1e3:.1f} best_tokens_per_s {B * T / hbest:.1f} best_gflops "
+              f"{fpt * B * T / hbest / 1e9:.2f} best_step_ms {hbest * 1e3:.1f}")
     print(f"RESULT torch tokens_per_s {tps:.1f} gflops {fpt * tps / 1e9:.2f} step_ms {med * 1e3:.1f} "
           f"best_tokens_per_s {B * T / best:.1f} best_gflops {fpt * B * T / best / 1e9:.2f} best_step_ms {best * 1e3:.1f} "
           f"mm_peak_gflops {peak:.1f}")

@@ -2,7 +2,9 @@
 # Runs the training-step benchmark of hyperparallel (bench/train_step.c) and the same model and
 # step in PyTorch eager (bench/train_step_torch.py) on the same machine, both with 2 threads,
 # alternating for ROUNDS rounds (default 2), and prints them side by side: the median step of
-# the last round, and the best step over all rounds (least disturbed by other load).
+# the last round, and the best step over all rounds (least disturbed by other load). Then, when
+# BUILD_DIR has libhyperparallel.so, one more run in a single Python process that alternates a
+# hyperparallel step (through ctypes) with a PyTorch step, so both see the same load.
 #   tools/bench_train_step.sh [BUILD_DIR] [extra args, e.g. --steps 5 --batch 8 --seq 256]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,3 +51,21 @@ printf '%-30s %14s %14s\n' "  GFLOP/s" "$hp_bgf" "$pt_bgf"
 printf '%-30s %14s %14s\n' "  MFU vs sgemm peak (%)" "$(pct "$hp_bgf")" "$(pct "$pt_bgf")"
 echo "sgemm peak (OpenBLAS cblas_sgemm, $THREADS threads, best seen in the rounds): $peak GFLOP/s; PyTorch's own torch.mm peak: $pt_peak GFLOP/s"
 echo "speed-up over PyTorch: median $(awk -v a="$hp_tps" -v b="$pt_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$hp_btps" -v b="$pt_btps" 'BEGIN{printf "%.2fx", a/b}') (goal >= 3x); MFU goal >= 50%"
+
+if [ -f "$BUILD/libhyperparallel.so" ]; then
+    echo
+    echo "== interleaved (one process, alternating steps): $PY $ROOT/bench/train_step_torch.py ${ARGS[*]} --interleave $BUILD/libhyperparallel.so"
+    IL_OUT=$("$PY" "$ROOT/bench/train_step_torch.py" "${ARGS[@]}" --interleave "$BUILD/libhyperparallel.so")
+    echo "$IL_OUT"
+    read -r i_hp_tps i_hp_gf i_hp_ms i_hp_btps i_hp_bgf i_hp_bms <<<"$(echo "$IL_OUT" | awk '/^RESULT hp_interleaved/ {print $4, $6, $8, $10, $12, $14}')"
+    read -r i_pt_tps i_pt_gf i_pt_ms i_pt_btps i_pt_bgf i_pt_bms <<<"$(echo "$IL_OUT" | awk '/^RESULT torch/ {print $4, $6, $8, $10, $12, $14}')"
+    printf '%-30s %14s %14s\n' "interleaved" "hyperparallel" "PyTorch eager"
+    printf '%-30s %14s %14s\n' "median step (ms)" "$i_hp_ms" "$i_pt_ms"
+    printf '%-30s %14s %14s\n' "  tokens/s" "$i_hp_tps" "$i_pt_tps"
+    printf '%-30s %14s %14s\n' "  MFU vs sgemm peak (%)" "$(pct "$i_hp_gf")" "$(pct "$i_pt_gf")"
+    printf '%-30s %14s %14s\n' "best step (ms)" "$i_hp_bms" "$i_pt_bms"
+    printf '%-30s %14s %14s\n' "  tokens/s" "$i_hp_btps" "$i_pt_btps"
+    printf '%-30s %14s %14s\n' "  MFU vs sgemm peak (%)" "$(pct "$i_hp_bgf")" "$(pct "$i_pt_bgf")"
+    echo "speed-up over PyTorch (interleaved): median $(awk -v a="$i_hp_tps" -v b="$i_pt_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$i_hp_btps" -v b="$i_pt_btps" 'BEGIN{printf "%.2fx", a/b}')"
+    echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+fi
