@@ -92,7 +92,7 @@ struct hp_safetensors {
     uint64_t data_size;     /* bytes of the data section */
     int n;
     hp_st_info_t *infos;    /* sorted by begin */
-    int *by_name;           /* indices into infos, sorted by name */
+    const hp_st_info_t **by_name;   /* into infos, sorted by name */
     int n_meta;
     char **meta;            /* 2 * n_meta strings */
     char *names;            /* storage for every name */
@@ -118,9 +118,8 @@ static int cmp_begin(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
-static const hp_st_info_t *sort_infos_ctx;
-static int cmp_name_idx(const void *a, const void *b) {
-    return strcmp(sort_infos_ctx[*(const int *)a].name, sort_infos_ctx[*(const int *)b].name);
+static int cmp_name_ptr(const void *a, const void *b) {
+    return strcmp((*(const hp_st_info_t *const *)a)->name, (*(const hp_st_info_t *const *)b)->name);
 }
 
 /* Reads an integer JSON value that must be in [0, max]. */
@@ -315,15 +314,13 @@ static hp_status_t parse_header(hp_safetensors_t *st, const char *hdr, uint64_t 
                         "%llu (trailing garbage or a truncated header)", w,
                         (unsigned long long)pos, (unsigned long long)st->data_size);
 
-    st->by_name = malloc(sizeof(int) * ((size_t)st->n + 1));
+    st->by_name = malloc(sizeof(*st->by_name) * ((size_t)st->n + 1));
     if (!st->by_name) return hp_error(HP_ERR_OOM, "%s: no memory for the name index", w);
-    for (int i = 0; i < st->n; i++) st->by_name[i] = i;
-    sort_infos_ctx = st->infos;   /* qsort has no context argument; setup code, not threaded */
-    qsort(st->by_name, (size_t)st->n, sizeof(int), cmp_name_idx);
+    for (int i = 0; i < st->n; i++) st->by_name[i] = &st->infos[i];
+    qsort(st->by_name, (size_t)st->n, sizeof(*st->by_name), cmp_name_ptr);
     for (int i = 1; i < st->n; i++) {
-        if (strcmp(st->infos[st->by_name[i]].name, st->infos[st->by_name[i - 1]].name) == 0)
-            return hp_error(HP_ERR_FORMAT, "%s: tensor '%s' appears twice", w,
-                            st->infos[st->by_name[i]].name);
+        if (strcmp(st->by_name[i]->name, st->by_name[i - 1]->name) == 0)
+            return hp_error(HP_ERR_FORMAT, "%s: tensor '%s' appears twice", w, st->by_name[i]->name);
     }
     return HP_OK;
 }
@@ -470,17 +467,17 @@ hp_status_t hp_safetensors_find(const hp_safetensors_t *st, const char *name,
     int lo = 0, hi = st->n - 1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
-        int c = strcmp(name, st->infos[st->by_name[mid]].name);
+        int c = strcmp(name, st->by_name[mid]->name);
         if (c == 0) {
-            *info = &st->infos[st->by_name[mid]];
+            *info = st->by_name[mid];
             return HP_OK;
         }
         if (c < 0) hi = mid - 1;
         else lo = mid + 1;
     }
     /* Hint: the names that sort next to the missing one. */
-    const char *a = lo - 1 >= 0 && lo - 1 < st->n ? st->infos[st->by_name[lo - 1]].name : "";
-    const char *b = lo < st->n ? st->infos[st->by_name[lo]].name : "";
+    const char *a = lo - 1 >= 0 && lo - 1 < st->n ? st->by_name[lo - 1]->name : "";
+    const char *b = lo < st->n ? st->by_name[lo]->name : "";
     return hp_error(HP_ERR_NOT_FOUND, "%s: no tensor named '%s' among %d (nearest names: '%s', "
                     "'%s')", st->what, name, st->n, a, b);
 }
