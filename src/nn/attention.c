@@ -182,12 +182,22 @@ static void rows_axpy_plain(float *acc, float c, const float *w, int ws, const f
 /* (hd, 64) transposed copy of rows j0..j0+nc of a strided (T, ld) matrix; columns >= nc are
  * zero so full-width dot products stay finite. */
 static void load_tile_t(float *dst, const float *src, size_t ld, int nc, int hd) {
+    if (nc == HP_ATT_BC) {
+        // blocks of 16 keys: 16 rows are read once, then written as contiguous 16-float runs
+        for (int j0 = 0; j0 < HP_ATT_BC; j0 += 16)
+            for (int d = 0; d < hd; d++) {
+                float *o = dst + (size_t)d * HP_ATT_BC + j0;
+                const float *r = src + (size_t)j0 * ld + d;
+#pragma GCC unroll 16
+                for (int j = 0; j < 16; j++) o[j] = r[(size_t)j * ld];
+            }
+        return;
+    }
     for (int j = 0; j < nc; j++) {
         const float *r = src + (size_t)j * ld;
         for (int d = 0; d < hd; d++) dst[(size_t)d * HP_ATT_BC + j] = r[d];
     }
-    if (nc < HP_ATT_BC)
-        for (int d = 0; d < hd; d++) memset(dst + (size_t)d * HP_ATT_BC + nc, 0, sizeof(float) * (size_t)(HP_ATT_BC - nc));
+    for (int d = 0; d < hd; d++) memset(dst + (size_t)d * HP_ATT_BC + nc, 0, sizeof(float) * (size_t)(HP_ATT_BC - nc));
 }
 
 void hp_attention_forward(float *out, float *lse, const float *q, int ldq, const float *k, int ldk,
