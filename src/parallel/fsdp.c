@@ -1,0 +1,790 @@
+/* fully_shard (FSDP2) and HSDP over the model's units, driven by the model hooks.
+ * Layout as PyTorch's FSDPParam / foreach_all_gather / foreach_reduce (docs/fsdp.md):
+ *   shard size W; per param chunk c = ceil(d0 / W) rows, padded shard c * rest floats;
+ *   group shard S = sum of padded shards (param order); all-gather output (W, S), row r =
+ *   rank r's padded shards concatenated; copy-out row r, param j -> rows [r c, r c + rows_r)
+ *   of the unsharded param; reduce-scatter input (W, S) built the same way from the
+ *   unsharded gradients (padding rows zero), output S = this rank's padded sharded grads. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "hyperparallel/fsdp.h"
+#include "parallel/dp-impl.h"
+
+/* ---- registry of wrapped models (fully_shard twice, DDP over FSDP) ---------------------- */
+
+#define DP_MAX_WRAPPED 64
+static struct { hp_model_t model; const char *what; } g_wrapped[DP_MAX_WRAPPED];
+
+hp_status_t hp_dp_register(hp_model_t model, const char *what) {
+    for (int i = 0; i < DP_MAX_WRAPPED; i++)
+        if (g_wrapped[i].model == model)
+            return hp_error(HP_ERR_STATE, "%s: the model is already wrapped by %s; hint: apply one "
+                            "data-parallel wrapper once per model (fully_shard each unit once)", what,
+                            g_wrapped[i].what);
+    for (int i = 0; i < DP_MAX_WRAPPED; i++)
+        if (!g_wrapped[i].model) {
+            g_wrapped[i].model = model;
+            g_wrapped[i].what = what;
+            return HP_OK;
+        }
+    return hp_error(HP_ERR_OOM, "%s: more than %d wrapped models in one process", what, DP_MAX_WRAPPED);
+}
+
+void hp_dp_unregister(hp_model_t model) {
+    for (int i = 0; i < DP_MAX_WRAPPED; i++)
+        if (g_wrapped[i].model == model) g_wrapped[i].model = NULL;
+}
+
+double hp_dp_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- state --------------------------------------------------------------------------- */
+
+enum { SHARDED = 0, UNSHARDED, SHARDED_POST_FORWARD };
+
+typedef struct fparam {
+    int index;               /* model param index */
+    int64_t d0, rest;        /* global rows, floats per row */
+    size_t unit_off;         /* offset in the unit's unsharded span */
+    int64_t chunk, rows;     /* layout W: ceil(d0/W), this rank's rows */
+    size_t shard_off;        /* offset in the group's flat shard (layout W) */
+    int64_t pf_chunk;        /* layout k (reshard_after_forward = k) */
+    size_t pf_off;
+} fparam_t;
+
+typedef struct group {
+    int unit;
+    char name[24];
+    int first, n;
+    fparam_t *p;
+    size_t span_off, span;   /* unit span in the model's flat layout */
+    size_t S, S_pf;          /* per-rank flat shard floats (layout W, layout k) */
+    float *shard, *gshard;   /* (S) padded sharded params / grads: persistent */
+    float *pf_shard;         /* (S_pf) SHARDED_POST_FORWARD copy */
+    float *accum;            /* (span) unsharded grads kept by backwards without sync */
+    int accum_pending;
+    float *partial;          /* (S) HSDP reduce-scatter outputs kept without all-reduce */
+    int partial_pending;
+    int raf;                 /* 1 reshard, 0 keep, k >= 2 reshard to k */
+    int state;
+    int slot;                /* param slot while unsharded or gathering, else -1 */
+    int ag_pending;          /* all-gather issued, copy-out not done */
+    int ag_pf;               /* the pending all-gather is over the k group */
+    hp_work_t ag_work;
+} group_t;
+
+typedef struct pslot {
+    float *full;   /* (max span) unsharded params */
+    void *ag;      /* all-gather output */
+    void *send;    /* param_dtype send buffer */
+    int busy;
+} pslot_t;
+
+typedef struct red {
+    group_t *g;
+    int stage;     /* 0 free, 1 reduce-scatter in flight, 2 all-reduce in flight */
+    void *in, *out;
+    hp_work_t work;
+} red_t;
+
+#define FSDP_MAX_EVENTS 4096
+#define FSDP_EVENT_LEN 40
+
+struct hp_fsdp {
+    hp_model_t model;
+    hp_mesh_t mesh;
+    hp_fsdp_options_t o;
+    hp_comm_t shard_comm, rep_comm, pf_comm;
+    int W, rank, R, k;
+    int n_groups, n_params;
+    group_t *g;
+    hp_param_t *params;      /* sharded params (model order) */
+    hp_param_t *mparams;     /* the model's param table */
+    pslot_t *slots;
+    int n_slots;
+    float *gfull;            /* (max span) unsharded grads of the unit in backward */
+    red_t red[2];
+    int red_last;            /* index of the newest in-flight reduction, -1 none */
+    size_t max_span, max_S, max_S_pf;
+    hp_dtype_t pdt, rdt;     /* all-gather dtype, reduce dtype */
+    hp_redop_t rs_op, ar_op;
+    int rs_premul, ar_premul;
+    double pre_div, post_div;
+    int sync, all_reduce;
+    size_t ws_bytes;
+    int rec;
+    int n_events;
+    char (*events)[FSDP_EVENT_LEN];
+    double wait_s;
+};
+
+static size_t esize(hp_dtype_t dt) { return dt == HP_F32 ? 4 : 2; }
+
+static void event(hp_fsdp_t *f, const char *what, const group_t *g) {
+    if (!f->rec || f->n_events >= FSDP_MAX_EVENTS) return;
+    snprintf(f->events[f->n_events++], FSDP_EVENT_LEN, "%s %s", what, g->name);
+}
+
+static hp_status_t wait_work(hp_fsdp_t *f, hp_work_t *w) {
+    if (!*w) return HP_OK;
+    double t0 = hp_dp_now();
+    hp_status_t s = hp_work_wait(w);
+    f->wait_s += hp_dp_now() - t0;
+    return s;
+}
+
+/* Blocking collectives count as exposed communication too. */
+#define TIMED(f, work, call)                                 \
+    do {                                                     \
+        double t0_ = hp_dp_now();                            \
+        HP_TRY(call);                                        \
+        if (!(work)) (f)->wait_s += hp_dp_now() - t0_;       \
+    } while (0)
+
+hp_fsdp_options_t hp_fsdp_default_options(void) {
+    hp_fsdp_options_t o;
+    memset(&o, 0, sizeof(o));
+    o.reshard_after_forward = HP_FSDP_RESHARD_DEFAULT;
+    o.mp.param_dtype = o.mp.reduce_dtype = o.mp.output_dtype = HP_F32;
+    o.mp.cast_forward_inputs = 1;
+    o.overlap = 1;
+    return o;
+}
+
+hp_status_t hp_fsdp_validate_param(const hp_param_t *p) {
+    const hp_tensor_t *t = &p->value.local;
+    if (t->ndim == 0)
+        return hp_error(HP_ERR_INVALID_ARG, "fully_shard: parameter '%s' is a scalar; Change %s to a 1D "
+                        "tensor with numel equal to 1.", p->name, p->name);
+    if (t->dtype != HP_F32)
+        return hp_error(HP_ERR_UNSUPPORTED, "fully_shard: parameter '%s' has dtype %s; sharded parameters "
+                        "are f32 (use mp.param_dtype for bf16 compute)", p->name, hp_dtype_name(t->dtype));
+    int64_t expect = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] > 1 && t->stride[d] != expect)
+            return hp_error(HP_ERR_UNSUPPORTED, "fully_shard: parameter '%s' is not contiguous; FSDP does not "
+                            "support non-contiguous parameters yet", p->name);
+        expect *= t->shape[d];
+    }
+    return HP_OK;
+}
+
+/* ---- slots --------------------------------------------------------------------------- */
+
+static hp_status_t slot_get(hp_fsdp_t *f, group_t *g) {
+    for (int i = 0; i < f->n_slots; i++)
+        if (!f->slots[i].busy) {
+            f->slots[i].busy = 1;
+            g->slot = i;
+            return HP_OK;
+        }
+    return hp_error(HP_ERR_STATE, "fully_shard: no free workspace slot for '%s' (%d slots); this is a "
+                    "scheduling bug", g->name, f->n_slots);
+}
+
+static void slot_put(hp_fsdp_t *f, group_t *g) {
+    if (g->slot >= 0) f->slots[g->slot].busy = 0;
+    g->slot = -1;
+}
+
+/* ---- all-gather --------------------------------------------------------------------- */
+
+/* Issues the all-gather of a sharded (or post-forward sharded) group; no-op when it is
+ * unsharded or already gathering. */
+static hp_status_t unshard(hp_fsdp_t *f, group_t *g) {
+    if (g->state == UNSHARDED || g->ag_pending) return HP_OK;
+    HP_TRY(slot_get(f, g));
+    pslot_t *s = &f->slots[g->slot];
+    const int pf = g->state == SHARDED_POST_FORWARD;
+    const float *src = pf ? g->pf_shard : g->shard;
+    size_t n = pf ? g->S_pf : g->S;
+    hp_comm_t comm = pf ? f->pf_comm : f->shard_comm;
+    const void *send = src;
+    if (f->pdt == HP_BF16) {
+        uint16_t *b = s->send;
+        for (size_t i = 0; i < n; i++) b[i] = hp_f32_to_bf16(src[i]);
+        send = b;
+    }
+    event(f, "unshard", g);
+    hp_work_t *w = f->o.overlap ? &g->ag_work : NULL;
+    TIMED(f, w, hp_all_gather(send, s->ag, n, f->pdt, comm, w));
+    g->ag_pending = 1;
+    g->ag_pf = pf;
+    return HP_OK;
+}
+
+/* Waits for the group's all-gather and copies out (W, S) -> unsharded params. */
+static hp_status_t wait_unshard(hp_fsdp_t *f, group_t *g) {
+    if (!g->ag_pending) return HP_OK;
+    HP_TRY(wait_work(f, &g->ag_work));
+    pslot_t *s = &f->slots[g->slot];
+    const int pf = g->ag_pf;
+    const int W = pf ? f->k : f->W;
+    const size_t S = pf ? g->S_pf : g->S;
+    for (int r = 0; r < W; r++)
+        for (int j = 0; j < g->n; j++) {
+            const fparam_t *p = &g->p[j];
+            int64_t chunk = pf ? p->pf_chunk : p->chunk, rows, row0;
+            hp_shard_size_and_offset(p->d0, W, r, &rows, &row0);
+            size_t off = (size_t)r * S + (pf ? p->pf_off : p->shard_off), cnt = (size_t)(rows * p->rest);
+            float *dst = s->full + p->unit_off + (size_t)(row0 * p->rest);
+            (void)chunk;
+            if (f->pdt == HP_BF16) {
+                const uint16_t *b = (const uint16_t *)s->ag + off;
+                for (size_t i = 0; i < cnt; i++) dst[i] = hp_bf16_to_f32(b[i]);
+            } else {
+                memcpy(dst, (const float *)s->ag + off, sizeof(float) * cnt);
+            }
+        }
+    g->ag_pending = 0;
+    g->state = UNSHARDED;
+    return HP_OK;
+}
+
+static void point_model(hp_fsdp_t *f, group_t *g, float *values, float *grads) {
+    for (int j = 0; j < g->n; j++) {
+        hp_param_t *mp = &f->mparams[g->p[j].index];
+        mp->value.local.data = values ? values + g->p[j].unit_off : NULL;
+        mp->grad.local.data = grads ? grads + g->p[j].unit_off : NULL;
+    }
+}
+
+/* Frees the unsharded params: to SHARDED, or to SHARDED_POST_FORWARD keeping this rank's
+ * rows of the k-group layout (to_pf). */
+static void reshard(hp_fsdp_t *f, group_t *g, int to_pf) {
+    if (g->state != UNSHARDED) return;
+    pslot_t *s = &f->slots[g->slot];
+    if (to_pf) {
+        const int kr = f->rank % f->k;
+        memset(g->pf_shard, 0, sizeof(float) * g->S_pf);
+        for (int j = 0; j < g->n; j++) {
+            const fparam_t *p = &g->p[j];
+            int64_t rows, row0;
+            hp_shard_size_and_offset(p->d0, f->k, kr, &rows, &row0);
+            memcpy(g->pf_shard + p->pf_off, s->full + p->unit_off + (size_t)(row0 * p->rest),
+                   sizeof(float) * (size_t)(rows * p->rest));
+        }
+    }
+    event(f, "reshard", g);
+    slot_put(f, g);
+    g->state = to_pf ? SHARDED_POST_FORWARD : SHARDED;
+    point_model(f, g, NULL, NULL);
+}
+
+/* ---- reduce-scatter / all-reduce ------------------------------------------------------ */
+
+static hp_status_t red_finish(hp_fsdp_t *f, red_t *e) {
+    group_t *g = e->g;
+    const int hsdp_partial = f->R > 1 && !f->all_reduce;
+    float *dst = hsdp_partial ? g->partial : g->gshard;
+    const float post = (float)f->post_div;
+    for (size_t i = 0; i < g->S; i++) {
+        float v = f->rdt == HP_BF16 ? hp_bf16_to_f32(((const uint16_t *)e->out)[i]) : ((const float *)e->out)[i];
+        if (f->post_div != 1.0) v /= post;
+        dst[i] += v;
+    }
+    if (hsdp_partial) g->partial_pending = 1;
+    e->stage = 0;
+    e->g = NULL;
+    return HP_OK;
+}
+
+/* Moves a reduction one stage on (waiting for its current collective). */
+static hp_status_t red_advance(hp_fsdp_t *f, red_t *e) {
+    if (e->stage == 1) {
+        HP_TRY(wait_work(f, &e->work));
+        if (f->R > 1 && f->all_reduce) {
+            group_t *g = e->g;
+            if (g->partial_pending) {   // set_requires_all_reduce(False) outputs join this one
+                for (size_t i = 0; i < g->S; i++) {
+                    if (f->rdt == HP_BF16) {
+                        uint16_t *o = e->out;
+                        o[i] = hp_f32_to_bf16(hp_bf16_to_f32(o[i]) + g->partial[i]);
+                    } else {
+                        ((float *)e->out)[i] += g->partial[i];
+                    }
+                    g->partial[i] = 0.0f;
+                }
+                g->partial_pending = 0;
+            }
+            hp_work_t *w = f->o.overlap ? &e->work : NULL;
+            TIMED(f, w, hp_all_reduce(e->out, e->out, g->S, f->rdt, f->ar_op, f->rep_comm, w));
+            e->stage = 2;
+            if (!w) return red_finish(f, e);
+            return HP_OK;
+        }
+        return red_finish(f, e);
+    }
+    if (e->stage == 2) {
+        HP_TRY(wait_work(f, &e->work));
+        return red_finish(f, e);
+    }
+    return HP_OK;
+}
+
+static hp_status_t red_drain(hp_fsdp_t *f) {
+    // oldest first: the entry that is not the newest
+    for (int pass = 0; pass < 2; pass++) {
+        int i = f->red_last < 0 ? pass : (pass == 0 ? 1 - f->red_last : f->red_last);
+        while (f->red[i].stage) HP_TRY(red_advance(f, &f->red[i]));
+    }
+    f->red_last = -1;
+    return HP_OK;
+}
+
+/* Reduce-scatter of a group's unsharded gradients `grads` (span floats). */
+static hp_status_t reduce_grads(hp_fsdp_t *f, group_t *g, const float *grads) {
+    // the previous reduction moves on (its reduce-scatter is waited here, one unit later)
+    int prev = f->red_last;
+    if (prev >= 0) HP_TRY(red_advance(f, &f->red[prev]));
+    int e_i = prev < 0 ? 0 : 1 - prev;
+    red_t *e = &f->red[e_i];
+    while (e->stage) HP_TRY(red_advance(f, e));   // older one: finish its all-reduce
+    e->g = g;
+    const float pre = (float)f->pre_div;
+    for (int r = 0; r < f->W; r++)
+        for (int j = 0; j < g->n; j++) {
+            const fparam_t *p = &g->p[j];
+            int64_t rows, row0;
+            hp_shard_size_and_offset(p->d0, f->W, r, &rows, &row0);
+            size_t off = (size_t)r * g->S + p->shard_off, cnt = (size_t)(rows * p->rest),
+                   pad = (size_t)(p->chunk * p->rest) - cnt;
+            const float *src = grads + p->unit_off + (size_t)(row0 * p->rest);
+            if (f->rdt == HP_BF16) {
+                uint16_t *b = (uint16_t *)e->in + off;
+                for (size_t i = 0; i < cnt; i++) b[i] = hp_f32_to_bf16(f->pre_div != 1.0 ? src[i] / pre : src[i]);
+                memset(b + cnt, 0, 2 * pad);
+            } else {
+                float *b = (float *)e->in + off;
+                if (f->pre_div != 1.0)
+                    for (size_t i = 0; i < cnt; i++) b[i] = src[i] / pre;
+                else
+                    memcpy(b, src, sizeof(float) * cnt);
+                memset(b + cnt, 0, 4 * pad);
+            }
+        }
+    hp_work_t *w = f->o.overlap ? &e->work : NULL;
+    TIMED(f, w, hp_reduce_scatter(e->in, e->out, g->S, f->rdt, f->rs_op, f->shard_comm, w));
+    e->stage = 1;
+    f->red_last = e_i;
+    if (!w) {   // blocking: finish now (same arithmetic as the overlapped order)
+        HP_TRY(red_advance(f, e));
+        while (e->stage) HP_TRY(red_advance(f, e));
+        f->red_last = -1;
+    }
+    return HP_OK;
+}
+
+/* ---- hooks ---------------------------------------------------------------------------- */
+
+static hp_status_t pre_forward(void *ctx, int unit) {
+    hp_fsdp_t *f = ctx;
+    group_t *g = &f->g[unit];
+    HP_TRY(unshard(f, g));
+    HP_TRY(wait_unshard(f, g));
+    // implicit forward prefetch: the next unit's all-gather runs while this one computes
+    if (f->o.overlap && unit + 1 < f->n_groups) HP_TRY(unshard(f, &f->g[unit + 1]));
+    point_model(f, g, f->slots[g->slot].full, NULL);
+    return HP_OK;
+}
+
+static hp_status_t post_forward(void *ctx, int unit) {
+    hp_fsdp_t *f = ctx;
+    group_t *g = &f->g[unit];
+    if (g->raf == 1) reshard(f, g, 0);
+    else if (g->raf >= 2) reshard(f, g, 1);
+    else point_model(f, g, NULL, NULL);
+    return HP_OK;
+}
+
+static hp_status_t pre_backward(void *ctx, int unit) {
+    hp_fsdp_t *f = ctx;
+    group_t *g = &f->g[unit];
+    HP_TRY(unshard(f, g));
+    HP_TRY(wait_unshard(f, g));
+    // backward prefetch: the previous unit in post-forward order
+    if (f->o.overlap && unit > 0) HP_TRY(unshard(f, &f->g[unit - 1]));
+    float *grads;
+    if (!f->sync || g->accum_pending) {
+        if (!g->accum) {
+            g->accum = hp_aligned_alloc(sizeof(float) * g->span);
+            if (!g->accum) return HP_ERR_OOM;
+            f->ws_bytes += sizeof(float) * g->span;
+        }
+        if (!g->accum_pending) memset(g->accum, 0, sizeof(float) * g->span);
+        grads = g->accum;
+    } else {
+        memset(f->gfull, 0, sizeof(float) * g->span);
+        grads = f->gfull;
+    }
+    point_model(f, g, f->slots[g->slot].full, grads);
+    return HP_OK;
+}
+
+static hp_status_t post_backward(void *ctx, int unit) {
+    hp_fsdp_t *f = ctx;
+    group_t *g = &f->g[unit];
+    const float *grads = (!f->sync || g->accum_pending) ? g->accum : f->gfull;
+    reshard(f, g, 0);
+    event(f, "post_backward", g);
+    if (!f->sync) {
+        g->accum_pending = 1;
+    } else {
+        HP_TRY(reduce_grads(f, g, grads));
+        g->accum_pending = 0;
+    }
+    if (unit == 0) HP_TRY(red_drain(f));   // the root's final callback: wait every reduction
+    return HP_OK;
+}
+
+/* ---- creation ------------------------------------------------------------------------ */
+
+static const char *unit_name(hp_model_t m, int u, char *buf, size_t n) {
+    int L = hp_model_num_units(m) - 2;
+    if (u == 0) snprintf(buf, n, "tok_embeddings");
+    else if (u <= L) snprintf(buf, n, "layers.%d", u - 1);
+    else snprintf(buf, n, "root");
+    return buf;
+}
+
+hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_options_t *opts, hp_fsdp_t **out) {
+    if (!model || !mesh || !out)
+        return hp_error(HP_ERR_INVALID_ARG, "fully_shard: model, mesh and out must be non-NULL");
+    *out = NULL;
+    hp_fsdp_options_t o = opts ? *opts : hp_fsdp_default_options();
+    const int nd = hp_mesh_ndim(mesh);
+    if (nd != 1 && nd != 2)
+        return hp_error(HP_ERR_INVALID_ARG, "fully_shard expects a 1D or 2D DeviceMesh but got a %d-D mesh; "
+                        "hint: slice the data-parallel dims (mesh[\"dp_replicate\", \"dp_shard\"])", nd);
+    if (nd == 2 && (!hp_mesh_dim_name(mesh, 0) || !hp_mesh_dim_name(mesh, 1)))
+        return hp_error(HP_ERR_INVALID_ARG, "fully_shard: Please init the 2D mesh for HSDP with "
+                        "mesh_dim_names specified (dims are (replicate, shard))");
+    if (!hp_mesh_contains_self(mesh))
+        return hp_error(HP_ERR_INVALID_ARG, "fully_shard: this rank is not in the mesh");
+    if (o.mp.param_dtype != HP_F32 && o.mp.param_dtype != HP_BF16)
+        return hp_error(HP_ERR_UNSUPPORTED, "fully_shard: mp.param_dtype %s; expected f32 or bf16",
+                        hp_dtype_name(o.mp.param_dtype));
+    if (o.mp.reduce_dtype != HP_F32 && o.mp.reduce_dtype != HP_BF16)
+        return hp_error(HP_ERR_UNSUPPORTED, "fully_shard: mp.reduce_dtype %s; expected f32 or bf16",
+                        hp_dtype_name(o.mp.reduce_dtype));
+    if (o.mp.output_dtype != HP_F32)
+        return hp_error(HP_ERR_UNSUPPORTED, "fully_shard: mp.output_dtype %s: the model's outputs (logits, "
+                        "loss) stay f32 in this build", hp_dtype_name(o.mp.output_dtype));
+    const hp_model_config_t *mc = hp_model_config(model);
+    if (mc->tie_embeddings)
+        return hp_error(HP_ERR_UNSUPPORTED, "fully_shard: model %s/%s ties tok_embeddings and output, which "
+                        "would put one parameter in two groups; untied models only", mc->name, mc->flavor);
+    const int sd = nd - 1;
+    const int W = (int)hp_mesh_size(mesh, sd), R = nd == 2 ? (int)hp_mesh_size(mesh, 0) : 1;
+    int raf = o.reshard_after_forward;
+    if (raf < -1 || (raf >= 2 && (W % raf != 0 || raf == W)))
+        return hp_error(HP_ERR_INVALID_ARG, "fully_shard: reshard_after_forward = %d; expected Default (-1), "
+                        "0, 1, or a non-trivial divisor of the shard size %d", raf, W);
+    if (raf >= 2 && raf >= W) raf = 1;
+    if (o.gradient_divide_factor < 0)
+        return hp_error(HP_ERR_INVALID_ARG, "fully_shard: gradient_divide_factor %g must be > 0 (or 0 = unset)",
+                        o.gradient_divide_factor);
+    hp_param_t *mp = hp_model_params(model);
+    const int np = hp_model_num_params(model);
+    for (int i = 0; i < np; i++) HP_TRY(hp_fsdp_validate_param(&mp[i]));
+    HP_TRY(hp_dp_register(model, "fully_shard"));
+
+    hp_status_t st = HP_OK;
+    hp_fsdp_t *f = hp_calloc(1, sizeof(*f));
+    if (!f) { hp_dp_unregister(model); return HP_ERR_OOM; }
+    f->model = model;
+    f->mesh = mesh;
+    f->o = o;
+    f->W = W;
+    f->R = R;
+    f->shard_comm = hp_mesh_get_comm(mesh, sd);
+    f->rep_comm = nd == 2 ? hp_mesh_get_comm(mesh, 0) : NULL;
+    f->rank = hp_comm_rank(f->shard_comm);
+    f->k = raf >= 2 ? raf : 0;
+    f->n_groups = hp_model_num_units(model);
+    f->n_params = np;
+    f->mparams = mp;
+    f->pdt = o.mp.param_dtype;
+    f->rdt = o.mp.reduce_dtype;
+    f->sync = 1;
+    f->all_reduce = 1;
+    f->red_last = -1;
+    f->g = hp_calloc((size_t)f->n_groups, sizeof(group_t));
+    f->params = hp_calloc((size_t)np, sizeof(hp_param_t));
+    f->events = hp_calloc(FSDP_MAX_EVENTS, FSDP_EVENT_LEN);
+    if (!f->g || !f->params || !f->events) { st = HP_ERR_OOM; goto fail; }
+    if (f->k) {
+        st = hp_comm_split(f->shard_comm, f->rank / f->k, f->rank, &f->pf_comm);
+        if (st != HP_OK) goto fail;
+    }
+
+    // divide factors (PyTorch _get_gradient_divide_factors)
+    {
+        const int N = W * R;
+        const double fac = o.gradient_divide_factor;
+        f->pre_div = f->post_div = 1.0;
+        f->rs_op = f->ar_op = HP_SUM;
+        if (o.force_sum_reduction) {
+            double ff = fac > 0 ? fac : (double)N;
+            int64_t fi = (int64_t)ff, pre = 1;
+            if ((double)fi == ff && fi >= 1) {
+                while (fi % pre == 0 && fi / pre > pre) pre *= 2;
+                f->pre_div = (double)pre;
+                f->post_div = ff / (double)pre;
+            } else {
+                f->post_div = ff;
+            }
+        } else if (N == 1) {
+            if (fac > 0) f->post_div = fac;
+        } else if (fac > 0) {
+            if (fac == (double)W) f->rs_op = HP_AVG;
+            else if (fac != 1.0) {   // PREMUL_SUM(1/1) == SUM exactly
+                st = hp_redop_create_premul_sum(1.0 / fac, f->shard_comm, &f->rs_op);
+                if (st != HP_OK) goto fail;
+                f->rs_premul = 1;
+            }
+            f->ar_op = HP_SUM;
+        } else {
+            f->rs_op = HP_AVG;
+            f->ar_op = HP_AVG;
+        }
+    }
+
+    // groups and layouts
+    for (int u = 0; u < f->n_groups; u++) {
+        group_t *g = &f->g[u];
+        g->unit = u;
+        unit_name(model, u, g->name, sizeof(g->name));
+        hp_model_unit_params(model, u, &g->first, &g->n);
+        hp_model_unit_span(model, u, &g->span_off, &g->span);
+        g->p = hp_calloc((size_t)g->n, sizeof(fparam_t));
+        if (!g->p) { st = HP_ERR_OOM; goto fail; }
+        g->slot = -1;
+        const int is_root = u == f->n_groups - 1;
+        g->raf = raf == HP_FSDP_RESHARD_DEFAULT ? (is_root ? 0 : 1) : raf;
+        size_t S = 0, S_pf = 0;
+        for (int j = 0; j < g->n; j++) {
+            fparam_t *p = &g->p[j];
+            const hp_param_t *q = &mp[g->first + j];
+            p->index = g->first + j;
+            p->d0 = q->value.local.shape[0];
+            p->rest = hp_tensor_numel(&q->value.local) / (p->d0 > 0 ? p->d0 : 1);
+            p->unit_off = hp_model_param_offset(model, p->index) - g->span_off;
+            p->chunk = (p->d0 + W - 1) / W;
+            int64_t row0;
+            hp_shard_size_and_offset(p->d0, W, f->rank, &p->rows, &row0);
+            p->shard_off = S;
+            S += (size_t)(p->chunk * p->rest);
+            if (f->k) {
+                p->pf_chunk = (p->d0 + f->k - 1) / f->k;
+                p->pf_off = S_pf;
+                S_pf += (size_t)(p->pf_chunk * p->rest);
+            }
+        }
+        g->S = S;
+        g->S_pf = S_pf;
+        g->shard = hp_aligned_alloc(sizeof(float) * (S ? S : 1));
+        g->gshard = hp_aligned_alloc(sizeof(float) * (S ? S : 1));
+        if (!g->shard || !g->gshard) { st = HP_ERR_OOM; goto fail; }
+        memset(g->shard, 0, sizeof(float) * S);
+        memset(g->gshard, 0, sizeof(float) * S);
+        if (f->k && g->raf >= 2) {
+            g->pf_shard = hp_aligned_alloc(sizeof(float) * (S_pf ? S_pf : 1));
+            if (!g->pf_shard) { st = HP_ERR_OOM; goto fail; }
+            f->ws_bytes += sizeof(float) * S_pf;
+        }
+        if (R > 1) {
+            g->partial = hp_aligned_alloc(sizeof(float) * (S ? S : 1));
+            if (!g->partial) { st = HP_ERR_OOM; goto fail; }
+            memset(g->partial, 0, sizeof(float) * S);
+        }
+        // copy this rank's rows from the model's weights; sharded DTensor descriptors
+        for (int j = 0; j < g->n; j++) {
+            fparam_t *p = &g->p[j];
+            const hp_param_t *q = &mp[p->index];
+            int64_t rows, row0;
+            hp_shard_size_and_offset(p->d0, W, f->rank, &rows, &row0);
+            memcpy(g->shard + p->shard_off, (const float *)q->value.local.data + row0 * p->rest,
+                   sizeof(float) * (size_t)(rows * p->rest));
+            hp_param_t *s = &f->params[p->index];
+            snprintf(s->name, sizeof(s->name), "%s", q->name);
+            hp_dtensor_t *dts[2] = {&s->value, &s->grad};
+            float *data[2] = {g->shard + p->shard_off, g->gshard + p->shard_off};
+            for (int k = 0; k < 2; k++) {
+                hp_dtensor_t *d = dts[k];
+                d->local = q->value.local;
+                d->local.shape[0] = rows;
+                d->local.data = data[k];
+                d->mesh = mesh;
+                d->mesh_ndim = nd;
+                if (nd == 2) { d->placements[0] = hp_replicate(); d->placements[1] = hp_shard(0); }
+                else d->placements[0] = hp_shard(0);
+                for (int a = 0; a < q->value.local.ndim; a++) d->global_shape[a] = q->value.local.shape[a];
+                d->owned = NULL;
+            }
+        }
+        if (g->span > f->max_span) f->max_span = g->span;
+        if (S > f->max_S) f->max_S = S;
+        if (S_pf > f->max_S_pf) f->max_S_pf = S_pf;
+    }
+
+    // workspace: param slots (current + prefetched + the root kept after forward; every
+    // group when some group is kept), one unsharded grad buffer, two reduction buffers
+    {
+        int keep = 0;
+        for (int u = 0; u < f->n_groups; u++) keep += f->g[u].raf == 0;
+        f->n_slots = keep > 1 ? f->n_groups : (f->n_groups < 3 ? f->n_groups : 3);
+        if (keep == 1 && f->n_slots < 3 && f->n_groups >= 3) f->n_slots = 3;
+        f->slots = hp_calloc((size_t)f->n_slots, sizeof(pslot_t));
+        if (!f->slots) { st = HP_ERR_OOM; goto fail; }
+        size_t ag_elems = (size_t)W * f->max_S;
+        if (f->k && (size_t)f->k * f->max_S_pf > ag_elems) ag_elems = (size_t)f->k * f->max_S_pf;
+        size_t send_elems = f->max_S > f->max_S_pf ? f->max_S : f->max_S_pf;
+        for (int i = 0; i < f->n_slots; i++) {
+            pslot_t *s = &f->slots[i];
+            s->full = hp_aligned_alloc(sizeof(float) * (f->max_span + 1));
+            s->ag = hp_aligned_alloc(esize(f->pdt) * (ag_elems + 1));
+            s->send = f->pdt == HP_F32 ? NULL : hp_aligned_alloc(esize(f->pdt) * (send_elems + 1));
+            if (!s->full || !s->ag || (f->pdt != HP_F32 && !s->send)) { st = HP_ERR_OOM; goto fail; }
+            memset(s->full, 0, sizeof(float) * (f->max_span + 1));
+            f->ws_bytes += sizeof(float) * f->max_span + esize(f->pdt) * (ag_elems + (s->send ? send_elems : 0));
+        }
+        f->gfull = hp_aligned_alloc(sizeof(float) * (f->max_span + 1));
+        if (!f->gfull) { st = HP_ERR_OOM; goto fail; }
+        memset(f->gfull, 0, sizeof(float) * (f->max_span + 1));
+        f->ws_bytes += sizeof(float) * f->max_span;
+        for (int i = 0; i < 2; i++) {
+            f->red[i].in = hp_aligned_alloc(esize(f->rdt) * ((size_t)W * f->max_S + 1));
+            f->red[i].out = hp_aligned_alloc(esize(f->rdt) * (f->max_S + 1));
+            if (!f->red[i].in || !f->red[i].out) { st = HP_ERR_OOM; goto fail; }
+            f->ws_bytes += esize(f->rdt) * ((size_t)W * f->max_S + f->max_S);
+        }
+    }
+
+    // the model's full-size storage is no longer needed: its params point at our buffers
+    hp_model_release_storage(model);
+    {
+        hp_model_hooks_t h = {pre_forward, post_forward, pre_backward, post_backward};
+        hp_model_set_hooks(model, &h, f);
+    }
+    *out = f;
+    return HP_OK;
+fail:
+    hp_fsdp_destroy(f);
+    return st;
+}
+
+void hp_fsdp_destroy(hp_fsdp_t *f) {
+    if (!f) return;
+    for (int i = 0; i < 2; i++) {
+        if (f->red[i].work) (void)hp_work_wait(&f->red[i].work);
+        hp_free_aligned(f->red[i].in);
+        hp_free_aligned(f->red[i].out);
+    }
+    if (f->g)
+        for (int u = 0; u < f->n_groups; u++) {
+            group_t *g = &f->g[u];
+            if (g->ag_work) (void)hp_work_wait(&g->ag_work);
+            hp_free_aligned(g->shard);
+            hp_free_aligned(g->gshard);
+            hp_free_aligned(g->pf_shard);
+            hp_free_aligned(g->accum);
+            hp_free_aligned(g->partial);
+            free(g->p);
+        }
+    if (f->slots)
+        for (int i = 0; i < f->n_slots; i++) {
+            hp_free_aligned(f->slots[i].full);
+            hp_free_aligned(f->slots[i].ag);
+            hp_free_aligned(f->slots[i].send);
+        }
+    hp_free_aligned(f->gfull);
+    if (f->rs_premul) (void)hp_redop_destroy(f->rs_op, f->shard_comm);
+    if (f->pf_comm) (void)hp_comm_destroy(f->pf_comm);
+    if (f->model) {
+        hp_model_set_hooks(f->model, NULL, NULL);
+        hp_dp_unregister(f->model);
+    }
+    free(f->slots);
+    free(f->g);
+    free(f->params);
+    free(f->events);
+    free(f);
+}
+
+/* ---- accessors ----------------------------------------------------------------------- */
+
+hp_param_t *hp_fsdp_params(hp_fsdp_t *f) { return f->params; }
+int hp_fsdp_num_params(const hp_fsdp_t *f) { return f->n_params; }
+
+hp_status_t hp_fsdp_zero_grad(hp_fsdp_t *f) {
+    for (int u = 0; u < f->n_groups; u++) {
+        group_t *g = &f->g[u];
+        if (g->accum_pending || g->partial_pending)
+            return hp_error(HP_ERR_STATE, "fsdp zero_grad: unit '%s' holds gradients of backwards run with "
+                            "%s that were never reduced; hint: run the last micro-batch with gradient sync "
+                            "(and all-reduce) on before zeroing", g->name,
+                            g->accum_pending ? "set_requires_gradient_sync(false)" : "set_requires_all_reduce(false)");
+        memset(g->gshard, 0, sizeof(float) * g->S);
+    }
+    return HP_OK;
+}
+
+void hp_fsdp_set_requires_gradient_sync(hp_fsdp_t *f, int sync) { f->sync = sync != 0; }
+
+hp_status_t hp_fsdp_set_requires_all_reduce(hp_fsdp_t *f, int all_reduce) {
+    if (f->R == 1)
+        return hp_error(HP_ERR_INVALID_ARG, "fsdp set_requires_all_reduce(%d): the mesh is 1-D (no replicate "
+                        "dim, nothing to all-reduce); hint: use set_requires_gradient_sync for accumulation",
+                        all_reduce);
+    f->all_reduce = all_reduce != 0;
+    return HP_OK;
+}
+
+int hp_fsdp_grad_comms(const hp_fsdp_t *f, hp_comm_t *comms) {
+    comms[0] = f->shard_comm;
+    if (f->R > 1) { comms[1] = f->rep_comm; return 2; }
+    return 1;
+}
+
+static hp_status_t full_of(hp_fsdp_t *f, int i, int grad, float *out) {
+    if (i < 0 || i >= f->n_params)
+        return hp_error(HP_ERR_INVALID_ARG, "fsdp full tensor: param index %d outside [0, %d)", i, f->n_params);
+    group_t *g = NULL;
+    const fparam_t *p = NULL;
+    for (int u = 0; u < f->n_groups && !p; u++)
+        if (i >= f->g[u].first && i < f->g[u].first + f->g[u].n) { g = &f->g[u]; p = &g->p[i - g->first]; }
+    size_t pad = (size_t)(p->chunk * p->rest);
+    float *buf = hp_malloc(sizeof(float) * (size_t)f->W * (pad ? pad : 1));
+    if (!buf) return HP_ERR_OOM;
+    const float *src = (grad ? g->gshard : g->shard) + p->shard_off;
+    hp_status_t s = hp_all_gather(src, buf, pad, HP_F32, f->shard_comm, NULL);
+    if (s == HP_OK) memcpy(out, buf, sizeof(float) * (size_t)(p->d0 * p->rest));   // (W*chunk, rest)[:d0]
+    free(buf);
+    return s;
+}
+
+hp_status_t hp_fsdp_full_value(hp_fsdp_t *f, int i, float *out) { return full_of(f, i, 0, out); }
+hp_status_t hp_fsdp_full_grad(hp_fsdp_t *f, int i, float *out) { return full_of(f, i, 1, out); }
+
+void hp_fsdp_memory(const hp_fsdp_t *f, size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes) {
+    size_t s = 0;
+    for (int u = 0; u < f->n_groups; u++) s += sizeof(float) * f->g[u].S;
+    if (param_bytes) *param_bytes = s;
+    if (grad_bytes) *grad_bytes = s;
+    if (workspace_bytes) *workspace_bytes = f->ws_bytes;
+}
+
+void hp_fsdp_record_events(hp_fsdp_t *f, int on) { f->rec = on; }
+int hp_fsdp_num_events(const hp_fsdp_t *f) { return f->n_events; }
+const char *hp_fsdp_event(const hp_fsdp_t *f, int i) { return (i >= 0 && i < f->n_events) ? f->events[i] : NULL; }
+void hp_fsdp_clear_events(hp_fsdp_t *f) { f->n_events = 0; }
+double hp_fsdp_comm_wait_seconds(const hp_fsdp_t *f) { return f->wait_s; }
+void hp_fsdp_reset_timers(hp_fsdp_t *f) { f->wait_s = 0.0; }

@@ -1,0 +1,33 @@
+/* fully_shard with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32 or bf16) on 2 and
+ * 4 ranks against fully_shard over a 1-rank mesh under the same policy (the single-rank run
+ * with bf16-rounded weights); reshard_after_forward True and False with f32 give identical
+ * numbers to the default. */
+// hp-test: ranks 2 4 timeout 240
+#include "test_fsdp_util.h"
+
+int main(int argc, char **argv) {
+    hp_comm_t world;
+    if (hp_comm_init(&argc, &argv, &world) != HP_OK) {
+        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
+        return 1;
+    }
+    g_rank = hp_comm_rank(world);
+    g_world = hp_comm_size(world);
+    hp_test_set_rank(g_rank);
+    double l0[10], l1[10];
+    const pcase_t base = {"fsdp bf16 params, f32 reduce (vs 1-rank)", 3, 1, 0, HP_FSDP_RESHARD_DEFAULT, 1, 1,
+                          HP_BF16, HP_F32};
+    run_case(world, &base, l0);
+    pcase_t c = base;
+    c.what = "fsdp bf16 params, bf16 reduce (vs 1-rank)"; c.rdt = HP_BF16;
+    run_case(world, &c, l0);
+    c = base; c.what = "fsdp f32 reshard_after_forward False"; c.pdt = HP_F32; c.raf = 0; c.steps = 2;
+    run_case(world, &c, l0);
+    c.what = "fsdp f32 reshard_after_forward True"; c.raf = 1;
+    run_case(world, &c, l1);
+    for (int s = 0; s < 2; s++)
+        HP_CHECK(l0[s] == l1[s], "step %d: reshard_after_forward False %.17g != True %.17g", s, l0[s], l1[s]);
+    int rc = hp_test_finish("test_fsdp_mp");
+    hp_comm_finalize();
+    return rc;
+}
