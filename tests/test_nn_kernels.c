@@ -96,6 +96,22 @@ static void test_rmsnorm(int N, int C) {
             if (rr2 > worst) worst = rr2;
         }
     HP_CHECK(worst <= 1.0, "rmsnorm heads forward ratio %g", worst);
+    // head-wise backward (strided in and out) against the reference row by row
+    float *dys = rnd((size_t)N * ld, 1), *dxs = zeros((size_t)N * ld), *dws = zeros(C), *dwr2 = zeros(C);
+    float *drow = zeros(C);
+    hp_rmsnorm_heads_backward_input(dxs, ld, dys, ld, xs, ld, w, rs, N, H, C);
+    hp_rmsnorm_heads_backward_weight(dws, dys, ld, xs, ld, rs, N, H, C);
+    worst = 0;
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < H; h++) {
+            hp_ref_rmsnorm_backward(drow, dwr2, dys + (size_t)n * ld + h * C, xs + (size_t)n * ld + h * C, w,
+                                    rs + (size_t)n * H + h, 1, C);
+            double rr2 = close_ratio(dxs + (size_t)n * ld + h * C, drow, C, 1e-4, 1e-5);
+            if (rr2 > worst) worst = rr2;
+        }
+    HP_CHECK(worst <= 1.0, "rmsnorm heads backward_input ratio %g", worst);
+    CHECK_ARR(dws, dwr2, C, 2e-4, 2e-5, "rmsnorm heads backward_weight");
+    free(dys); free(dxs); free(dws); free(dwr2); free(drow);
     free(x); free(w); free(y); free(yr); free(r); free(rr); free(dy); free(dx); free(dxr); free(dw);
     free(dwr); free(xs); free(ys); free(rs); free(row); free(rrow);
 }
