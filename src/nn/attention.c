@@ -374,10 +374,15 @@ void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, 
                         int j = 0;
                         if (fast)
                             for (; j + 4 <= nc; j += 4) {
-                                rows4_axpy(dv_acc + (size_t)j * hd, (size_t)hd, NULL, pb + j, 1, HP_ATT_BC, dob,
-                                           (size_t)Hq * hd, nr, hd);
-                                rows4_axpy(dk_acc + (size_t)j * hd, (size_t)hd, NULL, dsb + j, 1, HP_ATT_BC, qb,
-                                           (size_t)ldq, nr, hd);
+                                // rows before the first that sees key j0 + j have P = dS = 0 for all
+                                // four keys; skipping them drops only exact zeros
+                                int r0 = j0 + j - i0;
+                                if (r0 < 0) r0 = 0;
+                                if (r0 >= nr) continue;
+                                rows4_axpy(dv_acc + (size_t)j * hd, (size_t)hd, NULL, pb + (size_t)r0 * HP_ATT_BC + j, 1,
+                                           HP_ATT_BC, dob + (size_t)r0 * Hq * hd, (size_t)Hq * hd, nr - r0, hd);
+                                rows4_axpy(dk_acc + (size_t)j * hd, (size_t)hd, NULL, dsb + (size_t)r0 * HP_ATT_BC + j, 1,
+                                           HP_ATT_BC, qb + (size_t)r0 * ldq, (size_t)ldq, nr - r0, hd);
                             }
                         for (; j < nc; j++) {
                             if (fast) {
