@@ -534,6 +534,12 @@ struct hp_model {
     hp_model_hooks_t hooks; // data-parallel wrappers (FSDP, DDP); all NULL = none
     void *hooks_ctx;
     int storage_released;   // param/grad storage belongs to an external owner
+    /* tensor parallel (src/parallel/tp.c): the residual stream holds T/seq_shard positions
+     * per rank (sequence parallel), the output module writes logits_cols columns (the
+     * local vocab under loss_parallel), and loss_fn replaces the cross-entropy kernels. */
+    int seq_shard, logits_cols;
+    hp_model_loss_fn_t loss_fn;
+    void *loss_ctx;
 };
 
 const hp_model_config_t *hp_model_config(hp_model_t m) { return &m->cfg; }
@@ -865,6 +871,12 @@ hp_status_t hp_model_init_weights(hp_model_t m, uint64_t seed) {
         } else if (strstr(n, "attention.wo.") || strstr(n, "feed_forward.w2.") || strstr(n, "feed_forward.w3.")) {
             spec.p1 = 0.02f / sqrtf(2.0f * (float)(layer + 1));   // depth init
         }
+        if (p->value.mesh) {   // a shard (tensor parallel): drawn at its global indices
+            int64_t goff[HP_MAX_DIMS];
+            hp_dtensor_global_offset(&p->value, goff);
+            HP_TRY(hp_rng_fill(&p->value.local, hp_rng_key(seed, n), &spec, p->value.global_shape, goff));
+            continue;
+        }
         HP_TRY(hp_rng_fill(&p->value.local, hp_rng_key(seed, n), &spec, NULL, NULL));
     }
     return HP_OK;
@@ -976,6 +988,11 @@ hp_status_t hp_model_forward(hp_model_t m, const int32_t *tokens, const int32_t 
         return hp_error(HP_ERR_INVALID_ARG, "hp_model_forward: loss_divisor %g must be > 0 (the global "
                         "number of valid target tokens)", loss_divisor);
     const int N = B * T, d = c->dim, V = c->vocab_size;
+    // tensor parallel: residual-stream rows per rank (sequence parallel) and logits columns
+    const int ks = m->seq_shard > 1 ? m->seq_shard : 1, Nr = N / ks, Vc = m->logits_cols > 0 ? m->logits_cols : V;
+    if (T % ks != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_model_forward: sequence length %d is not divisible by the "
+                        "sequence-parallel degree %d; hint: use a multiple of %d", T, ks, ks);
     if (targets)
         for (int n = 0; n < N; n++)
             if (targets[n] != HP_IGNORE_INDEX && (targets[n] < 0 || targets[n] >= V))
@@ -984,7 +1001,7 @@ hp_status_t hp_model_forward(hp_model_t m, const int32_t *tokens, const int32_t 
     hp_act_t *act = &m->act;
     hp_act_reset(act);
     act->B = B;
-    act->T = T;
+    act->T = T / ks;
     memset(m->prof, 0, sizeof(m->prof));
     act->prof = m->prof;
     m->have_forward = 0;
@@ -1002,7 +1019,7 @@ hp_status_t hp_model_forward(hp_model_t m, const int32_t *tokens, const int32_t 
     memset(&t_tok, 0, sizeof(t_tok));
     t_tok.dtype = HP_I32; t_tok.ndim = 2; t_tok.shape[0] = tshape[0]; t_tok.shape[1] = tshape[1];
     t_tok.stride[0] = T; t_tok.stride[1] = 1; t_tok.data = s->tokens;
-    tensor2(&t_x, s->x0, N, d);
+    tensor2(&t_x, s->x0, Nr, d);
     const int root = c->n_layers + 1;
     HP_TRY(unit_hook(m, m->hooks.pre_forward, 0));
     HP_TRY(hp_module_forward(&m->embedding, act, &t_tok, &t_x));
@@ -1010,21 +1027,21 @@ hp_status_t hp_model_forward(hp_model_t m, const int32_t *tokens, const int32_t 
     float *x = s->x0;
     for (int l = 0; l < c->n_layers; l++) {
         s->xs[l] = hp_act_alloc(act, sizeof(float) * (size_t)N * d);
-        tensor2(&t_x, x, N, d);
-        tensor2(&t_y, s->xs[l], N, d);
+        tensor2(&t_x, x, Nr, d);
+        tensor2(&t_y, s->xs[l], Nr, d);
         HP_TRY(unit_hook(m, m->hooks.pre_forward, l + 1));
         HP_TRY(hp_module_forward(&m->layers[l].block, act, &t_x, &t_y));
         HP_TRY(unit_hook(m, m->hooks.post_forward, l + 1));
         x = s->xs[l];
     }
     s->hf = hp_act_alloc(act, sizeof(float) * (size_t)N * d);
-    tensor2(&t_x, x, N, d);
-    tensor2(&t_y, s->hf, N, d);
+    tensor2(&t_x, x, Nr, d);
+    tensor2(&t_y, s->hf, Nr, d);
     HP_TRY(unit_hook(m, m->hooks.pre_forward, root));
     HP_TRY(hp_module_forward(&m->norm, act, &t_x, &t_y));
     s->logits = hp_act_alloc(act, sizeof(float) * (size_t)N * V);
-    tensor2(&t_x, s->hf, N, d);
-    tensor2(&t_y, s->logits, N, V);
+    tensor2(&t_x, s->hf, Nr, d);
+    tensor2(&t_y, s->logits, N, Vc);
     HP_TRY(hp_module_forward(&m->output, act, &t_x, &t_y));
     HP_TRY(unit_hook(m, m->hooks.post_forward, root));
     m->B = B;
@@ -1039,7 +1056,11 @@ hp_status_t hp_model_forward(hp_model_t m, const int32_t *tokens, const int32_t 
     s->losses = hp_act_alloc(act, sizeof(double) * (size_t)N);
     s->lse = hp_act_alloc(act, sizeof(float) * (size_t)N);
     double t0 = omp_get_wtime();
-    double sum = hp_cross_entropy_forward(s->losses, s->lse, s->logits, s->targets, N, V, &m->n_valid);
+    double sum;
+    if (m->loss_fn.forward)
+        HP_TRY(m->loss_fn.forward(m->loss_ctx, &sum, s->losses, s->lse, s->logits, s->targets, N, Vc, &m->n_valid));
+    else
+        sum = hp_cross_entropy_forward(s->losses, s->lse, s->logits, s->targets, N, V, &m->n_valid);
     m->prof[HP_NN_OP_CROSS_ENTROPY] += omp_get_wtime() - t0;
     m->loss_divisor = loss_divisor;
     m->loss_sum = sum;
@@ -1060,33 +1081,37 @@ hp_status_t hp_model_backward(hp_model_t m) {
     hp_act_t *act = &m->act;
     model_saved_t *s = act->slots[m->n_modules - 1];
     const int B = m->B, T = m->T, N = B * T, d = c->dim, V = c->vocab_size;
+    const int Nr = N / (m->seq_shard > 1 ? m->seq_shard : 1), Vc = m->logits_cols > 0 ? m->logits_cols : V;
     act->grad_scratch = m->scratch;
     act->grad_scratch_floats = m->scratch_floats;
     double t0 = omp_get_wtime();
-    hp_cross_entropy_backward(m->dlogits, s->logits, s->lse, s->targets, 1.0f / m->loss_divisor, N, V);
+    if (m->loss_fn.backward)
+        HP_TRY(m->loss_fn.backward(m->loss_ctx, m->dlogits, s->logits, s->lse, s->targets, 1.0f / m->loss_divisor, N, Vc));
+    else
+        hp_cross_entropy_backward(m->dlogits, s->logits, s->lse, s->targets, 1.0f / m->loss_divisor, N, V);
     m->prof[HP_NN_OP_CROSS_ENTROPY] += omp_get_wtime() - t0;
     hp_tensor_t t_dl, t_a, t_b;
-    tensor2(&t_dl, m->dlogits, N, V);
-    tensor2(&t_a, m->gbuf[0], N, d);
+    tensor2(&t_dl, m->dlogits, N, Vc);
+    tensor2(&t_a, m->gbuf[0], Nr, d);
     const int root = c->n_layers + 1;
     HP_TRY(unit_hook(m, m->hooks.pre_backward, root));
     HP_TRY(hp_module_backward_input(&m->output, act, &t_dl, &t_a));
     HP_TRY(hp_module_backward_weight(&m->output, act));
-    tensor2(&t_b, m->gbuf[1], N, d);
+    tensor2(&t_b, m->gbuf[1], Nr, d);
     HP_TRY(hp_module_backward_input(&m->norm, act, &t_a, &t_b));
     HP_TRY(hp_module_backward_weight(&m->norm, act));
     HP_TRY(unit_hook(m, m->hooks.post_backward, root));
     int cur = 1;   // gbuf[cur] holds d(layer output)
     for (int l = c->n_layers - 1; l >= 0; l--) {
-        tensor2(&t_a, m->gbuf[cur], N, d);
-        tensor2(&t_b, m->gbuf[1 - cur], N, d);
+        tensor2(&t_a, m->gbuf[cur], Nr, d);
+        tensor2(&t_b, m->gbuf[1 - cur], Nr, d);
         HP_TRY(unit_hook(m, m->hooks.pre_backward, l + 1));
         HP_TRY(hp_module_backward_input(&m->layers[l].block, act, &t_a, &t_b));
         HP_TRY(hp_module_backward_weight(&m->layers[l].block, act));
         HP_TRY(unit_hook(m, m->hooks.post_backward, l + 1));
         cur = 1 - cur;
     }
-    tensor2(&t_a, m->gbuf[cur], N, d);
+    tensor2(&t_a, m->gbuf[cur], Nr, d);
     HP_TRY(unit_hook(m, m->hooks.pre_backward, 0));
     HP_TRY(hp_module_backward_input(&m->embedding, act, &t_a, NULL));
     HP_TRY(hp_module_backward_weight(&m->embedding, act));
@@ -1101,3 +1126,54 @@ int hp_model_profile(hp_model_t m, const char ***names, const double **seconds) 
     if (seconds) *seconds = m->prof_seconds;
     return HP_NN_OP_COUNT;
 }
+
+/* ---- tensor parallel support (src/parallel/tp.c; declared in nn-impl.h) ----------------- */
+
+int hp_model_modules(hp_model_t m, hp_module_t **out, int cap) {
+    int n = 0;
+#define PUT(x) do { if (out && n < cap) out[n] = (x); n++; } while (0)
+    PUT(&m->embedding);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        layer_mods_t *L = &m->layers[l];
+        PUT(&L->block); PUT(&L->attention_norm); PUT(&L->attention); PUT(&L->wqkv); PUT(&L->wo);
+        PUT(&L->ffn_norm); PUT(&L->feed_forward); PUT(&L->w13); PUT(&L->w2);
+    }
+    PUT(&m->norm);
+    PUT(&m->output);
+#undef PUT
+    return n;
+}
+
+hp_status_t hp_model_tp_localize(hp_model_t m, int tp, int ffn_tp) {
+    const hp_model_config_t *c = &m->cfg;
+    if (tp < 1 || ffn_tp < 1)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_model_tp_localize: degrees %d, %d, expected >= 1", tp, ffn_tp);
+    if (c->n_heads % tp != 0 || c->n_kv_heads % tp != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: model '%s/%s' has n_heads %d and n_kv_heads %d; "
+                        "both must be divisible by the TP degree %d; hint: choose a TP degree dividing %d",
+                        c->name, c->flavor, c->n_heads, c->n_kv_heads, tp, c->n_kv_heads);
+    if (c->hidden_dim % ffn_tp != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: model '%s/%s' hidden_dim %d is not divisible by "
+                        "the TP degree %d", c->name, c->flavor, c->hidden_dim, ffn_tp);
+    for (int l = 0; l < c->n_layers; l++) {
+        attn_impl_t *A = &m->layers[l].attention_i;
+        A->n_heads = c->n_heads / tp;
+        A->n_kv = c->n_kv_heads / tp;
+        A->qd = A->n_heads * A->hd;
+        A->kd = A->n_kv * A->hd;
+        A->qkvd = A->qd + 2 * A->kd;
+        m->layers[l].ffn_i.hidden = c->hidden_dim / ffn_tp;
+    }
+    return HP_OK;
+}
+
+void hp_model_tp_set(hp_model_t m, int seq_shard, int logits_cols, const hp_model_loss_fn_t *loss_fn,
+                     void *loss_ctx) {
+    m->seq_shard = seq_shard;
+    m->logits_cols = logits_cols;
+    if (loss_fn) m->loss_fn = *loss_fn;
+    else memset(&m->loss_fn, 0, sizeof(m->loss_fn));
+    m->loss_ctx = loss_ctx;
+}
+
+int hp_model_max_tokens(hp_model_t m) { return m->max_batch * m->max_seq_len; }
