@@ -1,0 +1,1308 @@
+/* Tensor and sequence parallel: parallelize_module and the parallel styles (PyTorch
+ * torch.distributed.tensor.parallel.style semantics, docs/tp.md). A parallelized module keeps
+ * its hp_module_t; its ops become a wrapper that redistributes around a shadow copy holding the
+ * original ops and impl. Activation layouts on the 1-D TP mesh:
+ *   Replicate: every rank holds the whole (N, C) tensor;
+ *   Shard(-1): columns (features) chunked, (N, C/k);
+ *   Shard(0): rows chunked ((N/k, C)); Shard(1): the sequence of (B, T, C) chunked, each rank
+ *   holding rows (b, t) with t in its chunk, B = hp_act_t.B.
+ * Gathered inputs and output gradients that backward reuses are kept in per-module buffers
+ * sized at parallelize time (no allocation in the step loop); one microbatch in flight. */
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "hyperparallel/tp.h"
+#include "hyperparallel/comm.h"
+#include "nn/nn-impl.h"
+
+/* ---- styles ------------------------------------------------------------------------------ */
+
+static hp_tp_style_t style_base(hp_tp_style_kind_t kind) {
+    hp_tp_style_t s;
+    memset(&s, 0, sizeof(s));
+    s.kind = kind;
+    s.use_local_output = 1;
+    s.sequence_dim = 1;
+    return s;
+}
+
+hp_tp_style_t hp_tp_colwise(void) { return style_base(HP_TP_COLWISE); }
+hp_tp_style_t hp_tp_rowwise(void) { return style_base(HP_TP_ROWWISE); }
+hp_tp_style_t hp_tp_sequence_parallel(void) {
+    hp_tp_style_t s = style_base(HP_TP_SEQUENCE_PARALLEL);
+    s.use_local_output = 0;
+    return s;
+}
+hp_tp_style_t hp_tp_no_parallel(void) { return style_base(HP_TP_NO_PARALLEL); }
+
+hp_tp_style_t hp_tp_prepare_input(hp_placement_t input_layout, hp_placement_t desired_input_layout) {
+    hp_tp_style_t s = style_base(HP_TP_PREPARE_INPUT);
+    s.use_local_output = 0;
+    s.has_input_layout = s.has_desired_input = 1;
+    s.input_layout = input_layout;
+    s.desired_input_layout = desired_input_layout;
+    return s;
+}
+
+hp_tp_style_t hp_tp_prepare_output(hp_placement_t output_layout, hp_placement_t desired_output_layout) {
+    hp_tp_style_t s = style_base(HP_TP_PREPARE_OUTPUT);
+    s.has_output_layout = s.has_desired_output = 1;
+    s.output_layout = output_layout;
+    s.desired_output_layout = desired_output_layout;
+    return s;
+}
+
+hp_tp_style_t hp_tp_prepare_input_output(hp_placement_t input_layout, hp_placement_t desired_input_layout,
+                                         hp_placement_t output_layout, hp_placement_t desired_output_layout) {
+    hp_tp_style_t s = style_base(HP_TP_PREPARE_INPUT_OUTPUT);
+    s.use_local_output = 0;
+    s.has_input_layout = s.has_desired_input = s.has_output_layout = s.has_desired_output = 1;
+    s.input_layout = input_layout;
+    s.desired_input_layout = desired_input_layout;
+    s.output_layout = output_layout;
+    s.desired_output_layout = desired_output_layout;
+    return s;
+}
+
+hp_tp_style_t hp_tp_with_input(hp_tp_style_t s, hp_placement_t input_layout) {
+    s.has_input_layout = 1;
+    s.input_layout = input_layout;
+    return s;
+}
+
+hp_tp_style_t hp_tp_with_output(hp_tp_style_t s, hp_placement_t output_layout, int use_local_output) {
+    s.has_output_layout = 1;
+    s.output_layout = output_layout;
+    s.use_local_output = use_local_output;
+    return s;
+}
+
+const char *hp_tp_style_name(hp_tp_style_kind_t kind) {
+    switch (kind) {
+    case HP_TP_COLWISE: return "ColwiseParallel";
+    case HP_TP_ROWWISE: return "RowwiseParallel";
+    case HP_TP_SEQUENCE_PARALLEL: return "SequenceParallel";
+    case HP_TP_PREPARE_INPUT: return "PrepareModuleInput";
+    case HP_TP_PREPARE_OUTPUT: return "PrepareModuleOutput";
+    case HP_TP_PREPARE_INPUT_OUTPUT: return "PrepareModuleInputOutput";
+    case HP_TP_NO_PARALLEL: return "NoParallel";
+    }
+    return "?";
+}
+
+static int style_equal(const hp_tp_style_t *a, const hp_tp_style_t *b) {
+    return memcmp(a, b, sizeof(*a)) == 0;
+}
+
+/* ---- plans ------------------------------------------------------------------------------- */
+
+static int plan_add(hp_tp_plan_entry_t *plan, int cap, int n, const char *pattern, hp_tp_style_t s) {
+    if (plan && n < cap) {
+        snprintf(plan[n].pattern, sizeof(plan[n].pattern), "%s", pattern);
+        plan[n].style = s;
+    }
+    return n + 1;
+}
+
+int hp_tp_llama3_plan(hp_tp_plan_entry_t *plan, int cap, int sp, int loss_parallel) {
+    // torchtitan apply_tp (llama3): rowwise embedding, colwise output, per block prepare
+    // inputs, colwise wq/wk/wv/w1/w3, rowwise wo/w2; with SP the norms are SequenceParallel
+    // and the residual stream is Shard(1)
+    hp_placement_t seq = sp ? hp_shard(1) : hp_replicate(), R = hp_replicate();
+    int n = 0;
+    n = plan_add(plan, cap, n, "tok_embeddings", hp_tp_with_output(hp_tp_with_input(hp_tp_rowwise(), R), seq, 1));
+    if (sp) n = plan_add(plan, cap, n, "norm", hp_tp_sequence_parallel());
+    n = plan_add(plan, cap, n, "output",
+                 hp_tp_with_output(hp_tp_with_input(hp_tp_colwise(), seq), loss_parallel ? hp_shard(-1) : R,
+                                   !loss_parallel));
+    if (sp) n = plan_add(plan, cap, n, "layers.*.attention_norm", hp_tp_sequence_parallel());
+    n = plan_add(plan, cap, n, "layers.*.attention", hp_tp_prepare_input(seq, R));
+    n = plan_add(plan, cap, n, "layers.*.attention.wq", hp_tp_colwise());
+    n = plan_add(plan, cap, n, "layers.*.attention.wk", hp_tp_colwise());
+    n = plan_add(plan, cap, n, "layers.*.attention.wv", hp_tp_colwise());
+    n = plan_add(plan, cap, n, "layers.*.attention.wo", hp_tp_with_output(hp_tp_rowwise(), seq, 1));
+    if (sp) n = plan_add(plan, cap, n, "layers.*.ffn_norm", hp_tp_sequence_parallel());
+    n = plan_add(plan, cap, n, "layers.*.feed_forward", hp_tp_prepare_input(seq, R));
+    n = plan_add(plan, cap, n, "layers.*.feed_forward.w1", hp_tp_colwise());
+    n = plan_add(plan, cap, n, "layers.*.feed_forward.w2", hp_tp_with_output(hp_tp_rowwise(), seq, 1));
+    n = plan_add(plan, cap, n, "layers.*.feed_forward.w3", hp_tp_colwise());
+    return n;
+}
+
+int hp_tp_qwen3_plan(hp_tp_plan_entry_t *plan, int cap, int sp, int loss_parallel) {
+    // torchtitan qwen3 uses the llama plan; its q_norm/k_norm (SequenceParallel over the head
+    // dim there) are parameters of the attention module here, reduced by its wrapper
+    return hp_tp_llama3_plan(plan, cap, sp, loss_parallel);
+}
+
+/* ---- state ------------------------------------------------------------------------------- */
+
+enum { MK_LINEAR, MK_EMBEDDING, MK_RMSNORM, MK_OTHER };
+
+typedef struct tp_mod {
+    hp_module_t *m;         /* the wrapped module (its ops now point at a wrapper) */
+    hp_module_t inner;      /* shadow: original ops and impl, same id and children */
+    hp_tp_style_t style;
+    int mk;
+    struct hp_tp *tp;
+    int acc_out;            /* rowwise linear: the residual add the original fused (out +=) */
+    int din_by_parent;      /* colwise: input grad left Partial for a PrepareModuleInput parent */
+    int din_partial;        /* PrepareModuleInput: colwise children leave the input grad Partial */
+    int reduce_own_grads;   /* the module's own params are Replicate over sharded work: reduce */
+    int64_t in_f, out_f;    /* global features of a linear (in, out) / embedding (vocab, dim) */
+    int64_t vocab_lo;       /* rowwise embedding: first owned row */
+    float *in_buf, *dout_buf, *tmp, *tmp2, *gsave;
+    size_t in_buf_n, dout_buf_n, tmp_n, tmp2_n, gsave_n;
+    const int32_t *tok;     /* rowwise embedding: saved token ids */
+    const float *edout;     /* rowwise embedding: output gradient (rows N) */
+    int64_t ntok;
+    hp_module_ops_t *inner_ops_owned;   /* per-module wrapper table (keeps the kind string) */
+} tp_mod_t;
+
+struct hp_tp {
+    hp_mesh_t mesh;
+    hp_comm_t comm;
+    int k, rank;
+    int n_mods;
+    tp_mod_t *mods;
+    int64_t max_rows;
+    size_t buf_bytes;
+    hp_model_t model;
+    int64_t vocab_offset;   /* loss_parallel: first vocab column of this rank */
+};
+
+int hp_tp_degree(hp_tp_t tp) { return tp ? tp->k : 1; }
+size_t hp_tp_buffer_bytes(hp_tp_t tp) { return tp ? tp->buf_bytes : 0; }
+
+void hp_tp_destroy(hp_tp_t tp) {
+    if (!tp) return;
+    for (int i = 0; i < tp->n_mods; i++) {
+        tp_mod_t *t = &tp->mods[i];
+        // restore the original ops so the module stays usable as it was sharded (local sizes)
+        t->m->ops = t->inner.ops;
+        t->m->impl = t->inner.impl;
+        hp_free_aligned(t->in_buf);
+        hp_free_aligned(t->dout_buf);
+        hp_free_aligned(t->tmp);
+        hp_free_aligned(t->tmp2);
+        hp_free_aligned(t->gsave);
+        free(t->inner_ops_owned);
+    }
+    if (tp->model) hp_model_tp_set(tp->model, 0, 0, NULL, NULL);
+    free(tp->mods);
+    free(tp);
+}
+
+/* ---- layout helpers ------------------------------------------------------------------------ */
+
+/* Outer count of a sequence-sharded activation: Shard(0) of (N, C) = 1 block; Shard(1) of
+ * (B, T, C) = B blocks. */
+static int64_t outer_of(const hp_placement_t *p, const hp_act_t *act) {
+    return p->dim == 0 ? 1 : (act && act->B > 0 ? act->B : 1);
+}
+
+/* dst (outer, k*S, C) = all-gather of src (outer, S, C) over the sequence dim. scratch holds
+ * k*outer*S*C floats (unused when outer == 1). */
+static hp_status_t gather_seq(hp_tp_t tp, float *dst, const float *src, int64_t outer, int64_t S, int64_t C,
+                              float *scratch) {
+    const size_t blk = (size_t)outer * S * C;
+    if (outer == 1) return hp_all_gather(src, dst, blk, HP_F32, tp->comm, NULL);
+    HP_TRY(hp_all_gather(src, scratch, blk, HP_F32, tp->comm, NULL));
+    for (int r = 0; r < tp->k; r++)
+        for (int64_t o = 0; o < outer; o++)
+            memcpy(dst + ((size_t)o * tp->k * S + (size_t)r * S) * C, scratch + r * blk + (size_t)o * S * C,
+                   sizeof(float) * (size_t)(S * C));
+    return HP_OK;
+}
+
+/* dst (outer, S, C) = reduce-scatter (sum) of src (outer, k*S, C) over the sequence dim;
+ * scratch holds k*outer*S*C floats (unused when outer == 1). */
+static hp_status_t scatter_seq(hp_tp_t tp, float *dst, const float *src, int64_t outer, int64_t S, int64_t C,
+                               float *scratch) {
+    const size_t blk = (size_t)outer * S * C;
+    if (outer == 1) return hp_reduce_scatter(src, dst, blk, HP_F32, HP_SUM, tp->comm, NULL);
+    for (int r = 0; r < tp->k; r++)
+        for (int64_t o = 0; o < outer; o++)
+            memcpy(scratch + r * blk + (size_t)o * S * C, src + ((size_t)o * tp->k * S + (size_t)r * S) * C,
+                   sizeof(float) * (size_t)(S * C));
+    return hp_reduce_scatter(scratch, dst, blk, HP_F32, HP_SUM, tp->comm, NULL);
+}
+
+/* dst (N, k*Cl) = all-gather of the column shards src (N, Cl); scratch k*N*Cl floats. */
+static hp_status_t gather_cols(hp_tp_t tp, float *dst, const float *src, int64_t N, int64_t Cl, float *scratch) {
+    HP_TRY(hp_all_gather(src, scratch, (size_t)(N * Cl), HP_F32, tp->comm, NULL));
+    for (int r = 0; r < tp->k; r++)
+        for (int64_t n = 0; n < N; n++)
+            memcpy(dst + (size_t)n * tp->k * Cl + (size_t)r * Cl, scratch + ((size_t)r * N + n) * Cl,
+                   sizeof(float) * (size_t)Cl);
+    return HP_OK;
+}
+
+/* dst (N, Cl) = this rank's columns of src (N, k*Cl); no communication. */
+static void slice_cols(hp_tp_t tp, float *dst, const float *src, int64_t N, int64_t Cl) {
+    for (int64_t n = 0; n < N; n++)
+        memcpy(dst + (size_t)n * Cl, src + (size_t)n * tp->k * Cl + (size_t)tp->rank * Cl, sizeof(float) * (size_t)Cl);
+}
+
+/* dst (outer, S, C) = this rank's sequence chunk of src (outer, k*S, C); no communication. */
+static void slice_seq(hp_tp_t tp, float *dst, const float *src, int64_t outer, int64_t S, int64_t C) {
+    for (int64_t o = 0; o < outer; o++)
+        memcpy(dst + (size_t)o * S * C, src + ((size_t)o * tp->k * S + (size_t)tp->rank * S) * C,
+               sizeof(float) * (size_t)(S * C));
+}
+
+static int64_t rows_of(const hp_tensor_t *t) {
+    int64_t r = 1;
+    for (int i = 0; i < t->ndim - 1; i++) r *= t->shape[i];
+    return r;
+}
+
+static void view2(hp_tensor_t *t, float *data, int64_t rows, int64_t cols) {
+    memset(t, 0, sizeof(*t));
+    t->dtype = HP_F32;
+    t->ndim = 2;
+    t->shape[0] = rows;
+    t->shape[1] = cols;
+    t->stride[0] = cols;
+    t->stride[1] = 1;
+    t->data = data;
+}
+
+static int is_shard_seq(const hp_placement_t *p) { return p->kind == HP_SHARD && (p->dim == 0 || p->dim == 1); }
+static int is_shard_last(const hp_placement_t *p) { return p->kind == HP_SHARD && p->dim == -1; }
+static int is_rep(const hp_placement_t *p) { return p->kind == HP_REPLICATE; }
+
+static hp_status_t need_buf(size_t have, size_t want, const tp_mod_t *t, const char *what) {
+    if (want > have)
+        return hp_error(HP_ERR_INVALID_ARG, "tensor parallel '%s': %s needs %zu floats, the buffer sized at "
+                        "parallelize time holds %zu; hint: pass a larger max_rows", t->m->name, what, want, have);
+    return HP_OK;
+}
+
+/* Parameter grads of module m: all-reduced over TP (Replicate params whose work is sharded).
+ * The accumulated value from earlier microbatches is kept aside so only this backward's
+ * contribution is summed. */
+static hp_status_t reduce_own_grads(tp_mod_t *t, hp_status_t (*bw)(hp_module_t *, hp_act_t *), hp_act_t *act) {
+    hp_module_t *m = t->m;
+    size_t off = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        hp_tensor_t *g = &m->params[i]->grad.local;
+        size_t n = (size_t)hp_tensor_numel(g);
+        memcpy(t->gsave + off, g->data, sizeof(float) * n);
+        memset(g->data, 0, sizeof(float) * n);
+        off += n;
+    }
+    HP_TRY(bw(&t->inner, act));
+    off = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        hp_tensor_t *g = &m->params[i]->grad.local;
+        size_t n = (size_t)hp_tensor_numel(g);
+        float *gd = g->data;
+        HP_TRY(hp_all_reduce(gd, gd, n, HP_F32, HP_SUM, t->tp->comm, NULL));
+        for (size_t j = 0; j < n; j++) gd[j] += t->gsave[off + j];
+        off += n;
+    }
+    return HP_OK;
+}
+
+static tp_mod_t *mod_of(hp_module_t *m) { return (tp_mod_t *)m->impl; }
+static int is_wrapped(const hp_module_t *m);
+/* The layer's own impl (a wrapped module's impl is its tp_mod). */
+static void *orig_impl(const hp_module_t *m) {
+    return is_wrapped(m) ? ((const tp_mod_t *)m->impl)->inner.impl : m->impl;
+}
+
+/* ---- wrapper ops ------------------------------------------------------------------------------ */
+
+static size_t w_act_bytes(const hp_module_t *m, int B, int T) {
+    const tp_mod_t *t = (const tp_mod_t *)m->impl;
+    return t->inner.ops->act_bytes ? t->inner.ops->act_bytes(&t->inner, B, T) : 0;
+}
+
+static size_t w_scratch(const hp_module_t *m, int B, int T) {
+    const tp_mod_t *t = (const tp_mod_t *)m->impl;
+    int gathers = (t->style.kind == HP_TP_PREPARE_INPUT || t->style.kind == HP_TP_PREPARE_INPUT_OUTPUT) &&
+                  t->style.input_layout.kind == HP_SHARD && t->style.input_layout.dim == 1;
+    if (!t->inner.ops->grad_scratch_floats) return 0;
+    return t->inner.ops->grad_scratch_floats(&t->inner, B, gathers ? T * t->tp->k : T);
+}
+
+static hp_status_t w_backward_weight(hp_module_t *m, hp_act_t *act) {
+    tp_mod_t *t = mod_of(m);
+    if (t->reduce_own_grads && m->n_params > 0) return reduce_own_grads(t, hp_module_backward_weight, act);
+    return hp_module_backward_weight(&t->inner, act);
+}
+
+/* Linear, ColwiseParallel: weight Shard(0) (each stacked param by its own rows). */
+static hp_status_t col_linear_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    tp_mod_t *t = mod_of(m);
+    hp_tp_t tp = t->tp;
+    const hp_linear_impl_t *L = t->inner.impl;
+    hp_tensor_t x = *in, y;
+    int64_t rows = rows_of(in);
+    if (is_shard_seq(&t->style.input_layout)) {   // all-gather the input rows
+        int64_t outer = outer_of(&t->style.input_layout, act);
+        HP_TRY(need_buf(t->in_buf_n, (size_t)(rows * tp->k * L->in_features), t, "the gathered input"));
+        HP_TRY(gather_seq(tp, t->in_buf, in->data, outer, rows / outer, L->in_features, t->tmp));
+        rows *= tp->k;
+        view2(&x, t->in_buf, rows, L->in_features);
+    }
+    if (is_rep(&t->style.output_layout)) {   // all-gather the output columns
+        HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * L->out_features), t, "the local output"));
+        view2(&y, t->tmp2, rows, L->out_features);
+        HP_TRY(hp_module_forward(&t->inner, act, &x, &y));
+        return gather_cols(tp, out->data, t->tmp2, rows, L->out_features, t->tmp);
+    }
+    return hp_module_forward(&t->inner, act, &x, out);
+}
+
+static hp_status_t col_linear_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    tp_mod_t *t = mod_of(m);
+    hp_tp_t tp = t->tp;
+    const hp_linear_impl_t *L = t->inner.impl;
+    int64_t rows = rows_of(dout);
+    hp_tensor_t dy = *dout, dx;
+    if (is_rep(&t->style.output_layout)) {   // this rank's columns of the replicated gradient
+        HP_TRY(need_buf(t->dout_buf_n, (size_t)(rows * L->out_features), t, "the output gradient"));
+        slice_cols(tp, t->dout_buf, dout->data, rows, L->out_features);
+        view2(&dy, t->dout_buf, rows, L->out_features);
+    }
+    if (!din) return hp_module_backward_input(&t->inner, act, &dy, NULL);
+    if (is_shard_seq(&t->style.input_layout)) {   // Partial (rows*k... ) -> reduce-scatter
+        int64_t outer = outer_of(&t->style.input_layout, act);
+        view2(&dx, t->tmp2, rows, L->in_features);
+        HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * L->in_features), t, "the input gradient"));
+        HP_TRY(hp_module_backward_input(&t->inner, act, &dy, &dx));
+        return scatter_seq(tp, din->data, t->tmp2, outer, rows / tp->k / outer, L->in_features, t->tmp);
+    }
+    if (t->din_by_parent) return hp_module_backward_input(&t->inner, act, &dy, din);
+    if (L->accumulate_input_grad) {   // din += allreduce(partial)
+        HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * L->in_features), t, "the input gradient"));
+        view2(&dx, t->tmp2, rows, L->in_features);
+        hp_linear_impl_t *Lm = t->inner.impl;
+        Lm->accumulate_input_grad = 0;
+        hp_status_t st = hp_module_backward_input(&t->inner, act, &dy, &dx);
+        Lm->accumulate_input_grad = 1;
+        HP_TRY(st);
+        HP_TRY(hp_all_reduce(t->tmp2, t->tmp2, (size_t)(rows * L->in_features), HP_F32, HP_SUM, tp->comm, NULL));
+        hp_add_inplace(din->data, t->tmp2, rows * L->in_features);
+        return HP_OK;
+    }
+    HP_TRY(hp_module_backward_input(&t->inner, act, &dy, din));
+    return hp_all_reduce(din->data, din->data, (size_t)(rows * L->in_features), HP_F32, HP_SUM, tp->comm, NULL);
+}
+
+static const hp_module_ops_t col_linear_ops = {
+    "linear", w_act_bytes, w_scratch, col_linear_forward, col_linear_backward_input, w_backward_weight,
+};
+
+/* Linear, RowwiseParallel: weight Shard(1), input Shard(-1), output Partial -> Replicate
+ * (all-reduce) or Shard(seq) (reduce-scatter). */
+static hp_status_t row_linear_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    tp_mod_t *t = mod_of(m);
+    hp_tp_t tp = t->tp;
+    const hp_linear_impl_t *L = t->inner.impl;
+    const int64_t rows = rows_of(in), OC = L->out_features;
+    hp_tensor_t y;
+    if (is_rep(&t->style.output_layout)) {
+        if (!t->acc_out) {
+            HP_TRY(hp_module_forward(&t->inner, act, in, out));
+            return hp_all_reduce(out->data, out->data, (size_t)(rows * OC), HP_F32, HP_SUM, tp->comm, NULL);
+        }
+        HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * OC), t, "the partial output"));
+        view2(&y, t->tmp2, rows, OC);
+        HP_TRY(hp_module_forward(&t->inner, act, in, &y));
+        HP_TRY(hp_all_reduce(t->tmp2, t->tmp2, (size_t)(rows * OC), HP_F32, HP_SUM, tp->comm, NULL));
+        hp_add_inplace(out->data, t->tmp2, rows * OC);
+        return HP_OK;
+    }
+    // Shard(seq): reduce-scatter rows
+    const int64_t outer = outer_of(&t->style.output_layout, act), lrows = rows / tp->k;
+    HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * OC), t, "the partial output"));
+    view2(&y, t->tmp2, rows, OC);
+    HP_TRY(hp_module_forward(&t->inner, act, in, &y));
+    if (!t->acc_out) return scatter_seq(tp, out->data, t->tmp2, outer, lrows / outer, OC, t->tmp);
+    HP_TRY(scatter_seq(tp, t->dout_buf, t->tmp2, outer, lrows / outer, OC, t->tmp));
+    hp_add_inplace(out->data, t->dout_buf, lrows * OC);
+    return HP_OK;
+}
+
+static hp_status_t row_linear_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    tp_mod_t *t = mod_of(m);
+    hp_tp_t tp = t->tp;
+    const hp_linear_impl_t *L = t->inner.impl;
+    if (is_rep(&t->style.output_layout)) return hp_module_backward_input(&t->inner, act, dout, din);
+    // Shard(seq) output: all-gather the gradient rows (kept for backward_weight)
+    const int64_t lrows = rows_of(dout), outer = outer_of(&t->style.output_layout, act);
+    HP_TRY(need_buf(t->dout_buf_n, (size_t)(lrows * tp->k * L->out_features), t, "the gathered output gradient"));
+    HP_TRY(gather_seq(tp, t->dout_buf, dout->data, outer, lrows / outer, L->out_features, t->tmp));
+    hp_tensor_t dy;
+    view2(&dy, t->dout_buf, lrows * tp->k, L->out_features);
+    return hp_module_backward_input(&t->inner, act, &dy, din);
+}
+
+static const hp_module_ops_t row_linear_ops = {
+    "linear", w_act_bytes, w_scratch, row_linear_forward, row_linear_backward_input, w_backward_weight,
+};
+
+/* Embedding, RowwiseParallel: weight Shard(0) (vocab rows [lo, lo + V/k)), input Replicate
+ * token ids, output Partial -> Replicate (all-reduce) or Shard(seq) (reduce-scatter). */
+static hp_status_t row_emb_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    tp_mod_t *t = mod_of(m);
+    hp_tp_t tp = t->tp;
+    const hp_embedding_impl_t *E = t->inner.impl;
+    if (!in || in->dtype != HP_I32 || !in->data)
+        return hp_error(HP_ERR_INVALID_ARG, "embedding '%s': input must be i32 token ids", m->name);
+    int64_t N = 1;
+    for (int i = 0; i < in->ndim; i++) N *= in->shape[i];
+    const int32_t *tok = in->data;
+    const int64_t V = t->in_f, C = E->dim, lo = t->vocab_lo, hi = lo + E->vocab;
+    for (int64_t n = 0; n < N; n++)
+        if (tok[n] < 0 || tok[n] >= V)
+            return hp_error(HP_ERR_INVALID_ARG, "embedding '%s': token %d at position %lld is outside [0, %lld); "
+                            "hint: does the tokenizer match the model's vocab_size?", m->name, tok[n],
+                            (long long)n, (long long)V);
+    t->tok = tok;
+    t->ntok = N;
+    const int seq = is_shard_seq(&t->style.output_layout);
+    HP_TRY(need_buf(t->tmp2_n, (size_t)(N * C), t, "the partial embedding"));
+    float *y = seq ? t->tmp2 : out->data;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        float *dst = y + (size_t)n * C;
+        if (tok[n] >= lo && tok[n] < hi) memcpy(dst, E->weight + (size_t)(tok[n] - lo) * C, sizeof(float) * (size_t)C);
+        else memset(dst, 0, sizeof(float) * (size_t)C);
+    }
+    if (!seq) return hp_all_reduce(y, y, (size_t)(N * C), HP_F32, HP_SUM, tp->comm, NULL);
+    const int64_t outer = outer_of(&t->style.output_layout, act);
+    return scatter_seq(tp, out->data, y, outer, N / tp->k / outer, C, t->tmp);
+}
+
+static hp_status_t row_emb_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    tp_mod_t *t = mod_of(m);
+    const hp_embedding_impl_t *E = t->inner.impl;
+    if (!is_shard_seq(&t->style.output_layout)) {
+        t->edout = dout->data;
+        return HP_OK;
+    }
+    const int64_t lrows = rows_of(dout), outer = outer_of(&t->style.output_layout, act);
+    HP_TRY(need_buf(t->dout_buf_n, (size_t)(lrows * t->tp->k * E->dim), t, "the gathered output gradient"));
+    HP_TRY(gather_seq(t->tp, t->dout_buf, dout->data, outer, lrows / outer, E->dim, t->tmp));
+    t->edout = t->dout_buf;
+    return HP_OK;
+}
+
+static hp_status_t row_emb_backward_weight(hp_module_t *m, hp_act_t *act) {
+    tp_mod_t *t = mod_of(m);
+    const hp_embedding_impl_t *E = t->inner.impl;
+    HP_ASSERT_MSG(t->edout != NULL, "embedding '%s': backward_weight before backward_input", m->name);
+    const int64_t C = E->dim, lo = t->vocab_lo, hi = lo + E->vocab;
+    // in token order per row (as the single-rank kernel: each vocab row sums its tokens in order)
+    for (int64_t n = 0; n < t->ntok; n++) {
+        int32_t v = t->tok[n];
+        if (v < lo || v >= hi) continue;
+        float *dw = E->dweight + (size_t)(v - lo) * C;
+        const float *g = t->edout + (size_t)n * C;
+        for (int64_t c = 0; c < C; c++) dw[c] += g[c];
+    }
+    t->edout = NULL;
+    return HP_OK;
+}
+
+static const hp_module_ops_t row_emb_ops = {
+    "embedding", w_act_bytes, w_scratch, row_emb_forward, row_emb_backward_input, row_emb_backward_weight,
+};
+
+/* Embedding, ColwiseParallel: weight Shard(1), output Shard(-1) (default) or Replicate. */
+static hp_status_t col_emb_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    tp_mod_t *t = mod_of(m);
+    const hp_embedding_impl_t *E = t->inner.impl;
+    if (!is_rep(&t->style.output_layout)) return hp_module_forward(&t->inner, act, in, out);
+    int64_t N = 1;
+    for (int i = 0; i < in->ndim; i++) N *= in->shape[i];
+    HP_TRY(need_buf(t->tmp2_n, (size_t)(N * E->dim), t, "the local embedding"));
+    hp_tensor_t y;
+    view2(&y, t->tmp2, N, E->dim);
+    HP_TRY(hp_module_forward(&t->inner, act, in, &y));
+    return gather_cols(t->tp, out->data, t->tmp2, N, E->dim, t->tmp);
+}
+
+static hp_status_t col_emb_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    tp_mod_t *t = mod_of(m);
+    const hp_embedding_impl_t *E = t->inner.impl;
+    if (!is_rep(&t->style.output_layout)) return hp_module_backward_input(&t->inner, act, dout, din);
+    const int64_t N = rows_of(dout);
+    HP_TRY(need_buf(t->dout_buf_n, (size_t)(N * E->dim), t, "the output gradient"));
+    slice_cols(t->tp, t->dout_buf, dout->data, N, E->dim);
+    hp_tensor_t dy;
+    view2(&dy, t->dout_buf, N, E->dim);
+    return hp_module_backward_input(&t->inner, act, &dy, din);
+}
+
+static const hp_module_ops_t col_emb_ops = {
+    "embedding", w_act_bytes, w_scratch, col_emb_forward, col_emb_backward_input, w_backward_weight,
+};
+
+/* SequenceParallel: runs on the local sequence shard; Replicate params whose grads are
+ * Partial over TP are all-reduced in backward_weight. NoParallel: replicated work. */
+static hp_status_t pass_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    return hp_module_forward(&mod_of(m)->inner, act, in, out);
+}
+static hp_status_t pass_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    return hp_module_backward_input(&mod_of(m)->inner, act, dout, din);
+}
+static hp_status_t pass_backward_weight_inner(hp_module_t *inner, hp_act_t *act) {
+    return inner->ops->backward_weight ? inner->ops->backward_weight(inner, act) : HP_OK;
+}
+static hp_status_t sp_backward_weight(hp_module_t *m, hp_act_t *act) {
+    tp_mod_t *t = mod_of(m);
+    if (m->n_params == 0) return hp_module_backward_weight(&t->inner, act);
+    return reduce_own_grads(t, pass_backward_weight_inner, act);
+}
+static const hp_module_ops_t sp_ops_proto = {
+    NULL, w_act_bytes, w_scratch, pass_forward, pass_backward_input, sp_backward_weight,
+};
+static const hp_module_ops_t np_ops_proto = {
+    NULL, w_act_bytes, w_scratch, pass_forward, pass_backward_input, w_backward_weight,
+};
+
+/* PrepareModuleInput / Output / InputOutput around any module (the model's attention and
+ * feed_forward). Input Shard(1) -> Replicate: all-gather (the module then runs on the full
+ * sequence: hp_act_t.T is multiplied by k during the call); backward: the input gradient,
+ * Partial from the colwise children, is reduce-scattered. Input Replicate -> Replicate: no
+ * forward comm; the Partial input gradient is all-reduced. Output layout changes: Shard(seq)
+ * -> Replicate all-gathers (backward slices), Replicate -> Shard(seq) slices (backward
+ * all-gathers). */
+static int prep_in(const tp_mod_t *t) {
+    return t->style.kind == HP_TP_PREPARE_INPUT || t->style.kind == HP_TP_PREPARE_INPUT_OUTPUT;
+}
+static int prep_out(const tp_mod_t *t) {
+    return t->style.kind == HP_TP_PREPARE_OUTPUT || t->style.kind == HP_TP_PREPARE_INPUT_OUTPUT;
+}
+
+static hp_status_t prep_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    tp_mod_t *t = mod_of(m);
+    hp_tp_t tp = t->tp;
+    hp_tensor_t x = *in, y = *out;
+    int saved_T = act->T, seq_gather = 0;
+    if (prep_in(t) && is_shard_seq(&t->style.input_layout) && is_rep(&t->style.desired_input_layout)) {
+        const int64_t rows = rows_of(in), C = in->shape[in->ndim - 1], outer = outer_of(&t->style.input_layout, act);
+        HP_TRY(need_buf(t->in_buf_n, (size_t)(rows * tp->k * C), t, "the gathered input"));
+        HP_TRY(gather_seq(tp, t->in_buf, in->data, outer, rows / outer, C, t->tmp));
+        view2(&x, t->in_buf, rows * tp->k, C);
+        if (t->style.input_layout.dim == 1) {
+            act->T = saved_T * tp->k;
+            seq_gather = 1;
+        }
+    }
+    const int out_change = prep_out(t) && !(t->style.output_layout.kind == t->style.desired_output_layout.kind &&
+                                            t->style.output_layout.dim == t->style.desired_output_layout.dim);
+    if (out_change) {
+        // the module writes its natural layout into tmp2, converted into out
+        const int64_t C = out->shape[out->ndim - 1];
+        int64_t orows = rows_of(out);
+        if (is_rep(&t->style.output_layout)) orows *= tp->k;        // R -> Shard: module writes full rows
+        else orows /= tp->k;                                          // Shard -> R
+        HP_TRY(need_buf(t->tmp2_n, (size_t)(orows * C), t, "the module output"));
+        view2(&y, t->tmp2, orows, C);
+    }
+    hp_status_t st = hp_module_forward(&t->inner, act, &x, &y);
+    if (seq_gather) act->T = saved_T;
+    HP_TRY(st);
+    if (out_change) {
+        const int64_t C = out->shape[out->ndim - 1], rows = rows_of(&y);
+        const hp_placement_t *sp = is_rep(&t->style.output_layout) ? &t->style.desired_output_layout
+                                                                    : &t->style.output_layout;
+        const int64_t outer = outer_of(sp, act);
+        if (is_rep(&t->style.output_layout))
+            slice_seq(tp, out->data, t->tmp2, outer, rows / tp->k / outer, C);
+        else
+            HP_TRY(gather_seq(tp, out->data, t->tmp2, outer, rows / outer, C, t->tmp));
+    }
+    return HP_OK;
+}
+
+static hp_status_t prep_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    tp_mod_t *t = mod_of(m);
+    hp_tp_t tp = t->tp;
+    hp_tensor_t dy = *dout, dx;
+    const int out_change = prep_out(t) && !(t->style.output_layout.kind == t->style.desired_output_layout.kind &&
+                                            t->style.output_layout.dim == t->style.desired_output_layout.dim);
+    if (out_change) {
+        const int64_t C = dout->shape[dout->ndim - 1], rows = rows_of(dout);
+        const hp_placement_t *sp = is_rep(&t->style.output_layout) ? &t->style.desired_output_layout
+                                                                    : &t->style.output_layout;
+        const int64_t outer = outer_of(sp, act);
+        if (is_rep(&t->style.output_layout)) {   // module output was full: gather the grad
+            HP_TRY(need_buf(t->dout_buf_n, (size_t)(rows * tp->k * C), t, "the output gradient"));
+            HP_TRY(gather_seq(tp, t->dout_buf, dout->data, outer, rows / outer, C, t->tmp));
+            view2(&dy, t->dout_buf, rows * tp->k, C);
+        } else {                                  // module output was a shard: slice
+            HP_TRY(need_buf(t->dout_buf_n, (size_t)(rows / tp->k * C), t, "the output gradient"));
+            slice_seq(tp, t->dout_buf, dout->data, outer, rows / tp->k / outer, C);
+            view2(&dy, t->dout_buf, rows / tp->k, C);
+        }
+    }
+    const int gathered = prep_in(t) && is_shard_seq(&t->style.input_layout) && is_rep(&t->style.desired_input_layout);
+    if (!din) return hp_module_backward_input(&t->inner, act, &dy, din);
+    const int64_t rows = rows_of(din), C = din->shape[din->ndim - 1];
+    if (!t->din_partial) {
+        // a Replicate input gradient: Shard(seq) input takes its local chunk (no comm)
+        if (!gathered) return hp_module_backward_input(&t->inner, act, &dy, din);
+        const int64_t outer = outer_of(&t->style.input_layout, act);
+        HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * tp->k * C), t, "the input gradient"));
+        view2(&dx, t->tmp2, rows * tp->k, C);
+        HP_TRY(hp_module_backward_input(&t->inner, act, &dy, &dx));
+        slice_seq(tp, din->data, t->tmp2, outer, rows / outer, C);
+        return HP_OK;
+    }
+    // the input stayed a DTensor for the colwise children: their input grads are Partial
+    if (is_shard_seq(&t->style.input_layout)) {
+        const int64_t outer = outer_of(&t->style.input_layout, act);
+        HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * tp->k * C), t, "the input gradient"));
+        view2(&dx, t->tmp2, rows * tp->k, C);
+        HP_TRY(hp_module_backward_input(&t->inner, act, &dy, &dx));
+        return scatter_seq(tp, din->data, t->tmp2, outer, rows / outer, C, t->tmp);
+    }
+    HP_TRY(hp_module_backward_input(&t->inner, act, &dy, din));
+    return hp_all_reduce(din->data, din->data, (size_t)(rows * C), HP_F32, HP_SUM, tp->comm, NULL);
+}
+
+static const hp_module_ops_t prep_ops_proto = {
+    NULL, w_act_bytes, w_scratch, prep_forward, prep_backward_input, w_backward_weight,
+};
+
+
+/* ---- parallelize ---------------------------------------------------------------------------- */
+
+static int module_kind(const hp_module_t *m) {
+    const char *k = m->ops && m->ops->kind ? m->ops->kind : "";
+    if (strcmp(k, "linear") == 0) return MK_LINEAR;
+    if (strcmp(k, "embedding") == 0) return MK_EMBEDDING;
+    if (strcmp(k, "rmsnorm") == 0) return MK_RMSNORM;
+    return MK_OTHER;
+}
+
+/* Names a module answers to: its own, and for a stacked linear its params' module names. */
+static int module_names(const hp_module_t *m, char names[][HP_PARAM_NAME_MAX], int cap) {
+    int n = 0;
+    snprintf(names[n++], HP_PARAM_NAME_MAX, "%s", m->name);
+    if (module_kind(m) == MK_LINEAR && m->n_params > 1) {
+        for (int i = 0; i < m->n_params && n < cap; i++) {
+            const char *pn = m->params[i]->name;
+            size_t len = strlen(pn);
+            if (len > 7 && strcmp(pn + len - 7, ".weight") == 0) len -= 7;
+            snprintf(names[n++], HP_PARAM_NAME_MAX, "%.*s", (int)len, pn);
+        }
+    }
+    return n;
+}
+
+static void collect(hp_module_t *m, hp_module_t **list, int *n, int cap) {
+    for (int i = 0; i < *n && i < cap; i++)
+        if (list[i] == m) return;
+    if (*n < cap) list[*n] = m;
+    (*n)++;
+    for (int c = 0; c < m->n_children; c++) collect(m->children[c], list, n, cap);
+}
+
+static void set_param_layout(hp_param_t *p, hp_tp_t tp, hp_placement_t pl, const int64_t *lshape, float *v, float *g) {
+    hp_dtensor_t *ts[2] = {&p->value, &p->grad};
+    float *data[2] = {v, g};
+    for (int k = 0; k < 2; k++) {
+        hp_dtensor_t *d = ts[k];
+        d->mesh = tp->mesh;
+        d->mesh_ndim = 1;
+        d->placements[0] = pl;
+        if (lshape) {
+            int nd = d->local.ndim;
+            for (int i = 0; i < nd; i++) d->local.shape[i] = lshape[i];
+            int64_t st = 1;
+            for (int i = nd - 1; i >= 0; i--) { d->local.stride[i] = st; st *= lshape[i]; }
+            d->local.data = data[k];
+        }
+    }
+}
+
+/* Validates one (module, style) pair; fills the linear/embedding sizes. */
+static hp_status_t check_pair(hp_tp_t tp, hp_module_t *m, const hp_tp_style_t *s, const char *pattern) {
+    const int mk = module_kind(m), k = tp->k;
+    const char *sn = hp_tp_style_name(s->kind);
+    switch (s->kind) {
+    case HP_TP_COLWISE:
+    case HP_TP_ROWWISE:
+        if (mk != MK_LINEAR && mk != MK_EMBEDDING)
+            return hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: pattern '%s' applies %s to module '%s' of "
+                            "kind '%s'; %s supports only linear and embedding modules (NotImplementedError in "
+                            "PyTorch); hint: use PrepareModuleInput/Output for composite modules",
+                            pattern, sn, m->name, m->ops->kind, sn);
+        break;
+    case HP_TP_SEQUENCE_PARALLEL:
+        if (mk != MK_RMSNORM)
+            return hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: pattern '%s' applies SequenceParallel to "
+                            "module '%s' of kind '%s'; here it supports rmsnorm modules (rowwise ops over the "
+                            "sequence)", pattern, m->name, m->ops->kind);
+        break;
+    case HP_TP_PREPARE_INPUT:
+    case HP_TP_PREPARE_OUTPUT:
+    case HP_TP_PREPARE_INPUT_OUTPUT:
+        if (mk == MK_EMBEDDING && prep_in(&(tp_mod_t){.style = *s}))
+            return hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: pattern '%s': %s on embedding '%s' (token "
+                            "ids cannot be redistributed here)", pattern, sn, m->name);
+        break;
+    case HP_TP_NO_PARALLEL:
+        break;
+    }
+    // layouts
+    if (s->kind == HP_TP_COLWISE) {
+        if (s->has_input_layout && !is_rep(&s->input_layout) && !is_shard_seq(&s->input_layout))
+            return hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: pattern '%s' (module '%s'): ColwiseParallel "
+                            "input_layouts must be Replicate, Shard(0) or Shard(1)", pattern, m->name);
+        if (s->has_output_layout && !is_rep(&s->output_layout) && !is_shard_last(&s->output_layout))
+            return hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: pattern '%s' (module '%s'): ColwiseParallel "
+                            "output_layouts must be Shard(-1) or Replicate", pattern, m->name);
+        if (mk == MK_EMBEDDING && s->has_input_layout && !is_rep(&s->input_layout))
+            return hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: pattern '%s' (embedding '%s'): input must be "
+                            "Replicate token ids", pattern, m->name);
+    }
+    if (s->kind == HP_TP_ROWWISE) {
+        if (mk == MK_LINEAR && s->has_input_layout && !is_shard_last(&s->input_layout))
+            return hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: pattern '%s' (linear '%s'): RowwiseParallel "
+                            "input_layouts other than Shard(-1) are not supported; hint: put the colwise "
+                            "producer before it", pattern, m->name);
+        if (mk == MK_EMBEDDING && s->has_input_layout && !is_rep(&s->input_layout))
+            return hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: pattern '%s' (embedding '%s'): input must be "
+                            "Replicate token ids", pattern, m->name);
+        if (s->has_output_layout && !is_rep(&s->output_layout) && !is_shard_seq(&s->output_layout))
+            return hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: pattern '%s' (module '%s'): RowwiseParallel "
+                            "output_layouts must be Replicate, Shard(0) or Shard(1)", pattern, m->name);
+    }
+    if (prep_in(&(tp_mod_t){.style = *s})) {
+        const hp_placement_t *a = &s->input_layout, *b = &s->desired_input_layout;
+        int ok = (is_rep(a) && is_rep(b)) || (is_shard_seq(a) && is_rep(b)) || (is_shard_seq(a) && is_shard_seq(b) && a->dim == b->dim);
+        if (!ok)
+            return hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: pattern '%s' (module '%s'): PrepareModuleInput "
+                            "supports Replicate->Replicate and Shard(0|1)->Replicate", pattern, m->name);
+    }
+    if (prep_out(&(tp_mod_t){.style = *s})) {
+        const hp_placement_t *a = &s->output_layout, *b = &s->desired_output_layout;
+        int ok = (is_rep(a) && is_rep(b)) || (is_shard_seq(a) && is_rep(b)) || (is_rep(a) && is_shard_seq(b)) ||
+                 (is_shard_seq(a) && is_shard_seq(b) && a->dim == b->dim);
+        if (!ok)
+            return hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: pattern '%s' (module '%s'): PrepareModuleOutput "
+                            "supports Replicate<->Shard(0|1)", pattern, m->name);
+    }
+    // divisibility
+    if (mk == MK_LINEAR && (s->kind == HP_TP_COLWISE || s->kind == HP_TP_ROWWISE)) {
+        const hp_linear_impl_t *L = m->impl;
+        if (s->kind == HP_TP_COLWISE) {
+            for (int i = 0; i < m->n_params; i++) {
+                const hp_param_t *p = m->params[i];
+                if (L->bias && p->value.local.data == (void *)L->bias) continue;
+                if (p->value.local.shape[0] % k != 0)
+                    return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: ColwiseParallel on '%s': parameter '%s' has "
+                                    "%lld rows, not divisible by the TP degree %d; hint: choose a degree dividing "
+                                    "it", m->name, p->name, (long long)p->value.local.shape[0], k);
+            }
+            if (L->bias)
+                return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: linear '%s' has a bias; sharded biases are "
+                                "not implemented (the llama/qwen models have none)", m->name);
+        } else if (L->in_features % k != 0) {
+            return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: RowwiseParallel on '%s': in_features %d is not "
+                            "divisible by the TP degree %d", m->name, L->in_features, k);
+        }
+    }
+    if (mk == MK_EMBEDDING && (s->kind == HP_TP_COLWISE || s->kind == HP_TP_ROWWISE)) {
+        const hp_embedding_impl_t *E = m->impl;
+        int64_t n = s->kind == HP_TP_ROWWISE ? E->vocab : E->dim;
+        if (n % k != 0)
+            return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: %s on embedding '%s': %s %lld is not divisible by "
+                            "the TP degree %d", sn, m->name, s->kind == HP_TP_ROWWISE ? "vocab" : "dim",
+                            (long long)n, k);
+    }
+    return HP_OK;
+}
+
+static hp_status_t alloc_buf(hp_tp_t tp, float **p, size_t *cap, size_t n) {
+    if (n == 0) return HP_OK;
+    *p = hp_aligned_alloc(sizeof(float) * n);
+    if (!*p) return hp_error(HP_ERR_OOM, "tensor parallel: %zu bytes of buffers", sizeof(float) * n);
+    memset(*p, 0, sizeof(float) * n);
+    *cap = n;
+    tp->buf_bytes += sizeof(float) * n;
+    return HP_OK;
+}
+
+/* Shards the parameters in place and switches the module to its wrapper. */
+static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
+    hp_module_t *m = t->m;
+    const int k = tp->k, r = tp->rank;
+    const hp_tp_style_t *s = &t->style;
+    t->inner = *m;
+    t->tp = tp;
+    const int64_t R = tp->max_rows;
+    if (t->mk == MK_LINEAR && (s->kind == HP_TP_COLWISE || s->kind == HP_TP_ROWWISE)) {
+        hp_linear_impl_t *L = m->impl;
+        const int64_t IC = L->in_features, OC = L->out_features;
+        t->in_f = IC;
+        t->out_f = OC;
+        float *w = L->weight, *g = L->dweight;
+        if (s->kind == HP_TP_COLWISE) {
+            // each stacked param: its rows [r*rows/k, (r+1)*rows/k) packed after the previous
+            float *wd = w, *gd = g;
+            const float *ws = w, *gs = g;
+            hp_param_t *p0 = m->params[0];
+            if (m->n_params == 1 && p0->value.mesh == tp->mesh) {
+                // a tied weight already sharded by the embedding (qwen3): same rows
+                if (!hp_placement_equal(p0->value.placements[0], hp_shard(0)))
+                    return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: tied parameter '%s' would get two "
+                                    "placements (linear '%s' needs Shard(0)); hint: shard the embedding rowwise",
+                                    p0->name, m->name);
+            } else
+            for (int i = 0; i < m->n_params; i++) {
+                hp_param_t *p = m->params[i];
+                const int64_t rows = p->value.global_shape[0], lr = rows / k;
+                memmove(wd, ws + (size_t)(r * lr) * IC, sizeof(float) * (size_t)(lr * IC));
+                memmove(gd, gs + (size_t)(r * lr) * IC, sizeof(float) * (size_t)(lr * IC));
+                int64_t ls[2] = {lr, IC};
+                set_param_layout(p, tp, hp_shard(0), ls, wd, gd);
+                wd += lr * IC;
+                gd += lr * IC;
+                ws += rows * IC;
+                gs += rows * IC;
+            }
+            L->out_features = (int)(OC / k);
+            HP_TRY(alloc_buf(tp, &t->in_buf, &t->in_buf_n, is_shard_seq(&s->input_layout) ? (size_t)(R * IC) : 0));
+            HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, is_rep(&s->output_layout) ? (size_t)(R * OC / k) : 0));
+            size_t t2 = 0, t1 = 0;
+            if (is_rep(&s->output_layout)) { t2 = (size_t)(R * OC / k); t1 = (size_t)(R * OC); }
+            if (is_shard_seq(&s->input_layout)) {
+                t2 = t2 > (size_t)(R * IC) ? t2 : (size_t)(R * IC);
+                t1 = t1 > (size_t)(R * IC) ? t1 : (size_t)(R * IC);
+            }
+            if (L->accumulate_input_grad) t2 = t2 > (size_t)(R * IC) ? t2 : (size_t)(R * IC);
+            HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, t2));
+            HP_TRY(alloc_buf(tp, &t->tmp, &t->tmp_n, t1));
+        } else {
+            // columns [r*IC/k, ...) of every row (stacked params share the column split)
+            const int64_t lc = IC / k;
+            for (int64_t o = 0; o < OC; o++) {
+                memmove(w + (size_t)o * lc, w + (size_t)o * IC + (size_t)(r * lc), sizeof(float) * (size_t)lc);
+                memmove(g + (size_t)o * lc, g + (size_t)o * IC + (size_t)(r * lc), sizeof(float) * (size_t)lc);
+            }
+            int64_t row0 = 0;
+            for (int i = 0; i < m->n_params; i++) {
+                hp_param_t *p = m->params[i];
+                int64_t ls[2] = {p->value.global_shape[0], lc};
+                set_param_layout(p, tp, hp_shard(1), ls, w + row0 * lc, g + row0 * lc);
+                row0 += ls[0];
+            }
+            L->in_features = (int)lc;
+            t->acc_out = L->accumulate_output;
+            L->accumulate_output = 0;
+            const int seq = is_shard_seq(&s->output_layout);
+            HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, (seq || t->acc_out) ? (size_t)(R * OC) : 0));
+            HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, seq ? (size_t)(R * OC) : 0));
+            HP_TRY(alloc_buf(tp, &t->tmp, &t->tmp_n, seq ? (size_t)(R * OC) : 0));
+        }
+        m->ops = s->kind == HP_TP_COLWISE ? &col_linear_ops : &row_linear_ops;
+    } else if (t->mk == MK_EMBEDDING && (s->kind == HP_TP_COLWISE || s->kind == HP_TP_ROWWISE)) {
+        hp_embedding_impl_t *E = m->impl;
+        hp_param_t *p = m->params[0];
+        const int64_t V = E->vocab, C = E->dim;
+        t->in_f = V;
+        t->out_f = C;
+        if (p->value.mesh == tp->mesh) {
+            // a tied weight already sharded by the other module (qwen3 output / tok_embeddings)
+            hp_placement_t want = s->kind == HP_TP_ROWWISE ? hp_shard(0) : hp_shard(1);
+            if (!hp_placement_equal(p->value.placements[0], want))
+                return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: tied parameter '%s' would get two placements "
+                                "(embedding '%s' needs %s); hint: shard both users the same way", p->name, m->name,
+                                s->kind == HP_TP_ROWWISE ? "Shard(0)" : "Shard(1)");
+        } else if (s->kind == HP_TP_ROWWISE) {
+            const int64_t lv = V / k;
+            memmove(E->weight, E->weight + (size_t)(r * lv) * C, sizeof(float) * (size_t)(lv * C));
+            memmove(E->dweight, E->dweight + (size_t)(r * lv) * C, sizeof(float) * (size_t)(lv * C));
+            int64_t ls[2] = {lv, C};
+            set_param_layout(p, tp, hp_shard(0), ls, E->weight, E->dweight);
+        } else {
+            const int64_t lc = C / k;
+            for (int64_t v = 0; v < V; v++) {
+                memmove(E->weight + (size_t)v * lc, E->weight + (size_t)v * C + (size_t)(r * lc), sizeof(float) * (size_t)lc);
+                memmove(E->dweight + (size_t)v * lc, E->dweight + (size_t)v * C + (size_t)(r * lc), sizeof(float) * (size_t)lc);
+            }
+            int64_t ls[2] = {V, lc};
+            set_param_layout(p, tp, hp_shard(1), ls, E->weight, E->dweight);
+        }
+        if (s->kind == HP_TP_ROWWISE) {
+            E->vocab = (int)(V / k);
+            t->vocab_lo = (int64_t)r * (V / k);
+            const int seq = is_shard_seq(&s->output_layout);
+            HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, (size_t)(R * C)));
+            HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, seq ? (size_t)(R * C) : 0));
+            HP_TRY(alloc_buf(tp, &t->tmp, &t->tmp_n, seq ? (size_t)(R * C) : 0));
+            m->ops = &row_emb_ops;
+        } else {
+            E->dim = (int)(C / k);
+            const int rep = is_rep(&s->output_layout);
+            HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, rep ? (size_t)(R * C / k) : 0));
+            HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, rep ? (size_t)(R * C / k) : 0));
+            HP_TRY(alloc_buf(tp, &t->tmp, &t->tmp_n, rep ? (size_t)(R * C) : 0));
+            m->ops = &col_emb_ops;
+        }
+    } else {
+        // SequenceParallel, NoParallel, PrepareModule*: params Replicate; wrapper ops carry the
+        // module's own kind string (ops tables per module, in the tp_mod)
+        for (int i = 0; i < m->n_params; i++)
+            if (!m->params[i]->value.mesh) set_param_layout(m->params[i], tp, hp_replicate(), NULL, NULL, NULL);
+        if (s->kind == HP_TP_SEQUENCE_PARALLEL || t->reduce_own_grads) {
+            size_t n = 0;
+            for (int i = 0; i < m->n_params; i++) n += (size_t)hp_tensor_numel(&m->params[i]->grad.local);
+            HP_TRY(alloc_buf(tp, &t->gsave, &t->gsave_n, n));
+        }
+        if (prep_in(t) && is_shard_seq(&s->input_layout) && is_rep(&s->desired_input_layout)) {
+            // input rows (R, C): C from the module's first child linear, else its params
+            int64_t C = 0;
+            for (int c = 0; c < m->n_children && !C; c++)
+                if (module_kind(m->children[c]) == MK_LINEAR) C = ((hp_linear_impl_t *)orig_impl(m->children[c]))->in_features;
+            if (!C && module_kind(m) == MK_LINEAR) C = ((hp_linear_impl_t *)m->impl)->in_features;
+            if (!C && m->n_params) C = m->params[0]->value.global_shape[m->params[0]->value.local.ndim - 1];
+            if (!C)
+                return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: PrepareModuleInput on '%s': cannot size the "
+                                "gathered input (no linear child)", m->name);
+            // children linears may already be colwise-sharded: in_features of colwise is unchanged
+            HP_TRY(alloc_buf(tp, &t->in_buf, &t->in_buf_n, (size_t)(R * C)));
+            HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, (size_t)(R * C)));
+            HP_TRY(alloc_buf(tp, &t->tmp, &t->tmp_n, (size_t)(R * C)));
+        }
+        if (prep_out(t)) {
+            int64_t C = 0;
+            // output features: a linear's out_features, else the input size (same-size modules)
+            if (module_kind(m) == MK_LINEAR) C = ((hp_linear_impl_t *)m->impl)->out_features;
+            else if (module_kind(m) == MK_RMSNORM) C = ((hp_rmsnorm_impl_t *)m->impl)->dim;
+            if (!C)
+                return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: PrepareModuleOutput on '%s' (kind '%s'): "
+                                "supported on linear and rmsnorm modules", m->name, m->ops->kind);
+            size_t need = (size_t)(R * C);
+            if (t->tmp2_n < need) { hp_free_aligned(t->tmp2); t->tmp2 = NULL; HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, need)); }
+            if (t->tmp_n < need) { hp_free_aligned(t->tmp); t->tmp = NULL; HP_TRY(alloc_buf(tp, &t->tmp, &t->tmp_n, need)); }
+            HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, need));
+        }
+        hp_module_ops_t *ops = hp_calloc(1, sizeof(*ops));
+        if (!ops) return HP_ERR_OOM;
+        *ops = s->kind == HP_TP_SEQUENCE_PARALLEL ? sp_ops_proto
+             : s->kind == HP_TP_NO_PARALLEL       ? np_ops_proto
+                                                  : prep_ops_proto;
+        ops->kind = m->ops->kind;
+        t->inner_ops_owned = ops;
+        m->ops = ops;
+    }
+    m->impl = t;
+    return HP_OK;
+}
+
+static int is_wrapped(const hp_module_t *m) {
+    if (!m->ops) return 0;
+    if (m->ops == &col_linear_ops || m->ops == &row_linear_ops || m->ops == &row_emb_ops || m->ops == &col_emb_ops)
+        return 1;
+    return m->ops->forward == pass_forward || m->ops->forward == prep_forward;
+}
+
+/* Resolves the plan over the modules: style per module (NULL = none). */
+static hp_status_t resolve(hp_module_t **mods, int n, const hp_tp_plan_entry_t *plan, int n_plan,
+                           const hp_tp_style_t **styles, int *entry_of) {
+    int *hits = hp_calloc((size_t)(n_plan > 0 ? n_plan : 1), sizeof(int));
+    if (!hits) return HP_ERR_OOM;
+    hp_status_t st = HP_OK;
+    for (int i = 0; i < n && st == HP_OK; i++) {
+        char names[HP_MODULE_MAX_PARAMS + 1][HP_PARAM_NAME_MAX];
+        int nn = module_names(mods[i], names, HP_MODULE_MAX_PARAMS + 1);
+        const hp_tp_style_t *got[HP_MODULE_MAX_PARAMS + 1] = {0};
+        int got_e[HP_MODULE_MAX_PARAMS + 1];
+        for (int j = 0; j < nn && st == HP_OK; j++) {
+            got_e[j] = -1;
+            for (int e = 0; e < n_plan; e++) {
+                if (fnmatch(plan[e].pattern, names[j], 0) != 0) continue;
+                hits[e]++;
+                if (got[j] && !style_equal(got[j], &plan[e].style)) {
+                    st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: module '%s' matches pattern '%s' (%s) "
+                                  "and pattern '%s' (%s) with different styles; hint: make the patterns disjoint",
+                                  names[j], plan[got_e[j]].pattern, hp_tp_style_name(got[j]->kind), plan[e].pattern,
+                                  hp_tp_style_name(plan[e].style.kind));
+                    break;
+                }
+                got[j] = &plan[e].style;
+                got_e[j] = e;
+            }
+        }
+        if (st != HP_OK) break;
+        styles[i] = got[0];
+        entry_of[i] = got_e[0];
+        if (nn > 1) {   // a fused linear: its stacked parts must agree
+            for (int j = 1; j < nn; j++) {
+                int same = (got[j] == NULL && got[1] == NULL) ||
+                           (got[j] && got[1] && style_equal(got[j], got[1]));
+                if (!same) {
+                    st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: '%s' and '%s' are one fused GEMM ('%s') "
+                                  "and need the same style, got %s and %s", names[1], names[j], mods[i]->name,
+                                  got[1] ? hp_tp_style_name(got[1]->kind) : "none",
+                                  got[j] ? hp_tp_style_name(got[j]->kind) : "none");
+                    break;
+                }
+            }
+            if (st != HP_OK) break;
+            if (got[1]) {
+                if (got[0] && !style_equal(got[0], got[1])) {
+                    st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: fused module '%s' gets %s by its own name "
+                                  "and %s by its parts", mods[i]->name, hp_tp_style_name(got[0]->kind),
+                                  hp_tp_style_name(got[1]->kind));
+                    break;
+                }
+                styles[i] = got[1];
+                entry_of[i] = got_e[1];
+            }
+        }
+        if (styles[i] && is_wrapped(mods[i])) {
+            st = hp_error(HP_ERR_STATE, "tensor parallel: module '%s' is already parallelized; hint: call "
+                          "parallelize once per module", mods[i]->name);
+            break;
+        }
+    }
+    for (int e = 0; st == HP_OK && e < n_plan; e++)
+        if (hits[e] == 0) {
+            char ex[HP_PARAM_NAME_MAX * 3] = "";
+            int shown = 0;
+            for (int i = 0; i < n && shown < 3; i++) {
+                if (!mods[i]->name[0]) continue;
+                size_t len = strlen(ex);
+                snprintf(ex + len, sizeof(ex) - len, "%s'%s'", shown ? ", " : "", mods[i]->name);
+                shown++;
+            }
+            st = hp_error(HP_ERR_NOT_FOUND, "tensor parallel plan: pattern '%s' (%s) matches no module; module "
+                          "names look like %s (fnmatch over dotted names)", plan[e].pattern,
+                          hp_tp_style_name(plan[e].style.kind), ex);
+        }
+    free(hits);
+    return st;
+}
+
+static hp_status_t tp_new(hp_tp_t *out, hp_mesh_t mesh, int64_t max_rows) {
+    if (!mesh || hp_mesh_ndim(mesh) != 1)
+        return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: the TP mesh must be 1-D (got %d dims); hint: pass "
+                        "mesh[\"tp\"] (hp_mesh_slice)", mesh ? hp_mesh_ndim(mesh) : 0);
+    if (!hp_mesh_contains_self(mesh))
+        return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: this rank is not in the TP mesh");
+    if (max_rows <= 0) return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: max_rows %lld must be > 0", (long long)max_rows);
+    hp_tp_t tp = hp_calloc(1, sizeof(*tp));
+    if (!tp) return HP_ERR_OOM;
+    tp->mesh = mesh;
+    tp->comm = hp_mesh_get_comm(mesh, 0);
+    tp->k = (int)hp_mesh_size(mesh, 0);
+    tp->rank = hp_mesh_get_local_rank(mesh, 0);
+    tp->max_rows = max_rows;
+    *out = tp;
+    return HP_OK;
+}
+
+static int mark_children(hp_module_t *m, const hp_tp_style_t **styles, hp_module_t **mods, int n, tp_mod_t *tms) {
+    int marked = 0;
+    for (int c = 0; c < m->n_children; c++) {
+        hp_module_t *ch = m->children[c];
+        for (int i = 0; i < n; i++)
+            if (mods[i] == ch && styles[i] && styles[i]->kind == HP_TP_COLWISE) {
+                tms[i].din_by_parent = 1;
+                marked++;
+            }
+        marked += mark_children(ch, styles, mods, n, tms);
+    }
+    return marked;
+}
+
+/* Core: validate everything, then (model: localize) apply. extra_reduce: modules (by index)
+ * wrapped NoParallel with reduce_own_grads although the plan does not name them. */
+static hp_status_t parallelize(hp_tp_t tp, hp_module_t **mods, int n, const hp_tp_plan_entry_t *plan, int n_plan,
+                               const int *reduce_own, hp_status_t (*localize)(void *, int, int), void *lctx,
+                               const char *attn_kind) {
+    const hp_tp_style_t **styles = hp_calloc((size_t)n, sizeof(*styles));
+    int *entry_of = hp_calloc((size_t)n, sizeof(int));
+    tp_mod_t *tms = hp_calloc((size_t)n, sizeof(tp_mod_t));
+    hp_status_t st = (!styles || !entry_of || !tms) ? HP_ERR_OOM : HP_OK;
+    if (st == HP_OK) st = resolve(mods, n, plan, n_plan, styles, entry_of);
+    static const hp_tp_style_t np_style = {HP_TP_NO_PARALLEL, 0, 0, 0, 0, {0}, {0}, {0}, {0}, 1, 1};
+    for (int i = 0; st == HP_OK && i < n; i++) {
+        if (!styles[i]) continue;
+        tms[i].m = mods[i];
+        tms[i].style = *styles[i];
+        tms[i].mk = module_kind(mods[i]);
+        hp_tp_style_t *s = &tms[i].style;
+        // PyTorch defaults
+        if (s->kind == HP_TP_COLWISE) {
+            if (!s->has_input_layout) s->input_layout = hp_replicate();
+            if (!s->has_output_layout) s->output_layout = hp_shard(-1);
+        } else if (s->kind == HP_TP_ROWWISE) {
+            if (!s->has_input_layout) s->input_layout = tms[i].mk == MK_EMBEDDING ? hp_replicate() : hp_shard(-1);
+            if (!s->has_output_layout) s->output_layout = hp_replicate();
+        }
+        st = check_pair(tp, mods[i], s, entry_of[i] >= 0 ? plan[entry_of[i]].pattern : "(implicit)");
+    }
+    // attention / feed-forward with a colwise child run local heads / features
+    int attn_k = 1, ffn_k = 1;
+    for (int i = 0; st == HP_OK && i < n; i++) {
+        if (!attn_kind) break;
+        const char *kind = mods[i]->ops->kind;
+        int is_attn = strcmp(kind, "attention") == 0, is_ffn = strcmp(kind, "feed_forward") == 0;
+        if (!is_attn && !is_ffn) continue;
+        int col = 0, row = 0;
+        for (int c = 0; c < mods[i]->n_children; c++)
+            for (int j = 0; j < n; j++)
+                if (mods[j] == mods[i]->children[c] && styles[j]) {
+                    col += styles[j]->kind == HP_TP_COLWISE;
+                    row += styles[j]->kind == HP_TP_ROWWISE;
+                }
+        if (col + row == 0) continue;
+        if (col != 1 || row != 1)
+            st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: module '%s' needs its input projection(s) "
+                          "ColwiseParallel and its output projection RowwiseParallel (got %d colwise, %d rowwise); "
+                          "hint: shard wq, wk, wv / w1, w3 colwise and wo / w2 rowwise", mods[i]->name, col, row);
+        if (is_attn) attn_k = tp->k; else ffn_k = tp->k;
+    }
+    if (st == HP_OK && localize && (attn_k > 1 || ffn_k > 1)) st = localize(lctx, attn_k, ffn_k);
+    // own params of modules whose work is sharded (qk-norm weights over local heads)
+    for (int i = 0; st == HP_OK && attn_k > 1 && reduce_own && i < n; i++) {
+        if (!reduce_own[i]) continue;
+        if (!styles[i]) {
+            styles[i] = &np_style;
+            tms[i].m = mods[i];
+            tms[i].style = np_style;
+            tms[i].mk = module_kind(mods[i]);
+        }
+        tms[i].reduce_own_grads = 1;
+    }
+    if (st == HP_OK) {
+        for (int i = 0; i < n; i++)
+            if (styles[i] && prep_in(&tms[i]) && !tms[i].style.use_local_output)
+                tms[i].din_partial = mark_children(mods[i], styles, mods, n, tms) > 0;
+        int count = 0;
+        for (int i = 0; i < n; i++) count += styles[i] != NULL;
+        tp->mods = hp_calloc((size_t)(count ? count : 1), sizeof(tp_mod_t));
+        if (!tp->mods) st = HP_ERR_OOM;
+        // leaves first (a parent's buffers read its children's original impls), each once
+        for (int pass = 0; st == HP_OK && pass < 2; pass++)
+            for (int i = 0; st == HP_OK && i < n; i++) {
+                if (!styles[i]) continue;
+                int leaf = tms[i].mk != MK_OTHER;
+                if ((pass == 0) != leaf) continue;
+                tp->mods[tp->n_mods] = tms[i];
+                st = apply(tp, &tp->mods[tp->n_mods]);
+                tp->n_mods++;
+            }
+        // the tp_mod moved into tp->mods: re-point the module impls at the final copies
+        for (int i = 0; st == HP_OK && i < tp->n_mods; i++) tp->mods[i].m->impl = &tp->mods[i];
+    }
+    free(styles);
+    free(entry_of);
+    free(tms);
+    return st;
+}
+
+hp_status_t hp_tp_parallelize_modules(hp_tp_t *out, hp_module_t *const *modules, int n_modules, hp_mesh_t tp_mesh,
+                                      const hp_tp_plan_entry_t *plan, int n_plan, int64_t max_rows) {
+    if (!out || (!modules && n_modules > 0) || (!plan && n_plan > 0))
+        return hp_error(HP_ERR_INVALID_ARG, "hp_tp_parallelize_modules: NULL argument");
+    *out = NULL;
+    hp_tp_t tp;
+    HP_TRY(tp_new(&tp, tp_mesh, max_rows));
+    int n = 0;
+    for (int i = 0; i < n_modules; i++) collect(modules[i], NULL, &n, 0);
+    hp_module_t **mods = hp_calloc((size_t)(n ? n : 1), sizeof(*mods));
+    if (!mods) { free(tp); return HP_ERR_OOM; }
+    int n2 = 0;
+    for (int i = 0; i < n_modules; i++) collect(modules[i], mods, &n2, n);
+    hp_status_t st = parallelize(tp, mods, n2 < n ? n2 : n, plan, n_plan, NULL, NULL, NULL, NULL);
+    free(mods);
+    if (st != HP_OK) { hp_tp_destroy(tp); return st; }
+    *out = tp;
+    return HP_OK;
+}
+
+/* ---- the model ------------------------------------------------------------------------------- */
+
+static hp_status_t model_localize(void *ctx, int attn_k, int ffn_k) {
+    return hp_model_tp_localize((hp_model_t)ctx, attn_k, ffn_k);
+}
+
+static hp_status_t lp_forward(void *ctx, double *sum, double *losses, float *lse, const float *logits,
+                              const int32_t *targets, int N, int V, int64_t *n_valid) {
+    hp_tp_t tp = ctx;
+    return hp_loss_parallel_forward(sum, losses, lse, logits, targets, N, V, tp->vocab_offset, tp->comm, n_valid);
+}
+
+static hp_status_t lp_backward(void *ctx, float *dlogits, const float *logits, const float *lse,
+                               const int32_t *targets, float dloss, int N, int V) {
+    hp_tp_t tp = ctx;
+    hp_loss_parallel_backward(dlogits, logits, lse, targets, dloss, N, V, tp->vocab_offset);
+    return HP_OK;
+}
+
+hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp_mesh,
+                                    const hp_tp_plan_entry_t *plan, int n_plan) {
+    if (!out || !model || (!plan && n_plan > 0))
+        return hp_error(HP_ERR_INVALID_ARG, "hp_tp_parallelize_model: NULL argument");
+    *out = NULL;
+    hp_tp_t tp;
+    HP_TRY(tp_new(&tp, tp_mesh, hp_model_max_tokens(model)));
+    const hp_model_config_t *c = hp_model_config(model);
+    int n = hp_model_modules(model, NULL, 0);
+    hp_module_t **mods = hp_calloc((size_t)n, sizeof(*mods));
+    int *reduce_own = hp_calloc((size_t)n, sizeof(int));
+    if (!mods || !reduce_own) { free(mods); free(reduce_own); free(tp); return HP_ERR_OOM; }
+    hp_model_modules(model, mods, n);
+    // attention modules own the qk-norm weights: Replicate params over sharded heads
+    for (int i = 0; i < n; i++)
+        if (strcmp(mods[i]->ops->kind, "attention") == 0 && mods[i]->n_params > 0) reduce_own[i] = 1;
+    if (tp->k > 1 && (c->n_heads % tp->k != 0 || c->n_kv_heads % tp->k != 0)) {
+        // named up front so that the message is the heads one whatever the plan says
+        hp_status_t st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel: model '%s/%s' has n_heads %d and n_kv_heads "
+                                  "%d; attention heads and KV heads must both be divisible by the TP degree %d; "
+                                  "hint: choose a TP degree dividing %d", c->name, c->flavor, c->n_heads,
+                                  c->n_kv_heads, tp->k, c->n_kv_heads);
+        free(mods); free(reduce_own); free(tp);
+        return st;
+    }
+    hp_status_t st = parallelize(tp, mods, n, plan, n_plan, reduce_own, model_localize, model, "model");
+    // qk-norm reduction only when heads are sharded
+    if (st == HP_OK) {
+        tp->model = model;
+        // every other parameter: a Replicate DTensor on the TP mesh
+        hp_param_t *P = hp_model_params(model);
+        for (int i = 0; i < hp_model_num_params(model); i++)
+            if (!P[i].value.mesh) set_param_layout(&P[i], tp, hp_replicate(), NULL, NULL, NULL);
+        // sequence parallel: the embedding's output layout; loss_parallel: the output's
+        int seq = 0, cols = 0;
+        for (int i = 0; i < tp->n_mods; i++) {
+            tp_mod_t *t = &tp->mods[i];
+            if (strcmp(t->m->name, "tok_embeddings") == 0 && is_shard_seq(&t->style.output_layout)) {
+                if (t->style.output_layout.dim != 1 || t->style.kind != HP_TP_ROWWISE) {
+                    st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: tok_embeddings output %s; sequence "
+                                  "parallel needs RowwiseParallel with output_layouts Shard(1)",
+                                  hp_tp_style_name(t->style.kind));
+                    break;
+                }
+                seq = tp->k;
+            }
+            if (strcmp(t->m->name, "output") == 0 && t->style.kind == HP_TP_COLWISE &&
+                is_shard_last(&t->style.output_layout)) {
+                cols = c->vocab_size / tp->k;
+                tp->vocab_offset = (int64_t)tp->rank * cols;
+            }
+        }
+        static const hp_model_loss_fn_t lp = {lp_forward, lp_backward};
+        if (st == HP_OK) hp_model_tp_set(model, seq, cols, cols ? &lp : NULL, tp);
+    }
+    free(mods);
+    free(reduce_own);
+    if (st != HP_OK) { hp_tp_destroy(tp); return st; }
+    *out = tp;
+    return HP_OK;
+}
