@@ -1,7 +1,7 @@
 /* Distributed checkpoint: save on 4 ranks (Shard(0), Replicate, 2x2 [S(0),S(1)]), load on 2
  * ranks (sub-communicator), on a 2x2 mesh and on 1 rank with identical values; dedup of
  * replicated chunks; blobs (shared and per rank); strict / non-strict keys; wrong shape and
- * dtype; Partial refused; async save stages a snapshot while the tensors change; listing
+ * dtype; Partial refused; a StridedShard (FSDP x TP) layout saved and loaded across layouts; async save stages a snapshot while the tensors change; listing
  * skips partial directories; crafted corrupted checkpoints give errors, never a crash. */
 // hp-test: ranks 1 4 timeout 120
 #define _GNU_SOURCE
@@ -182,6 +182,108 @@ static void test_reshard(void) {
             hp_comm_destroy(c2);
         }
     }
+    hp_mesh_destroy(m2);
+    hp_mesh_destroy(m1);
+}
+
+
+/* A 2-d DTensor with any placements (StridedShard too) built from the layout's index lists. */
+static hp_dtensor_t make_idx(const char *name, const int64_t *sh, hp_mesh_t m, int np, const hp_placement_t *pl,
+                             int fill) {
+    int64_t ms[HP_MESH_MAX_DIMS], *idx[2], cnt[2];
+    int coord[HP_MESH_MAX_DIMS] = {0};
+    for (int i = 0; i < np; i++) ms[i] = hp_mesh_size(m, i);
+    hp_mesh_get_coordinate(m, coord);
+    for (int d = 0; d < 2; d++) {
+        idx[d] = malloc(sizeof(int64_t) * (size_t)sh[d]);
+        cnt[d] = hp_layout_dim_indices(sh[d], d, np, ms, coord, pl, idx[d]);
+    }
+    hp_tensor_t loc;
+    HP_ASSERT(hp_tensor_malloc(&loc, HP_F32, 2, cnt) == HP_OK);
+    float *p = loc.data;
+    for (int64_t i = 0; i < cnt[0]; i++)
+        for (int64_t j = 0; j < cnt[1]; j++) p[i * cnt[1] + j] = fill ? val(name, idx[0][i] * sh[1] + idx[1][j]) : 0.0f;
+    hp_dtensor_t d;
+    HP_ASSERT(hp_dtensor_from_local(&d, &loc, m, np, pl, sh) == HP_OK);
+    d.owned = loc.data;
+    free(idx[0]);
+    free(idx[1]);
+    return d;
+}
+
+static void check_idx(const char *name, const hp_dtensor_t *d, const char *what) {
+    int64_t ms[HP_MESH_MAX_DIMS], *idx[2];
+    int coord[HP_MESH_MAX_DIMS] = {0};
+    for (int i = 0; i < d->mesh_ndim; i++) ms[i] = hp_mesh_size(d->mesh, i);
+    hp_mesh_get_coordinate(d->mesh, coord);
+    for (int k = 0; k < 2; k++) {
+        idx[k] = malloc(sizeof(int64_t) * (size_t)d->global_shape[k]);
+        hp_layout_dim_indices(d->global_shape[k], k, d->mesh_ndim, ms, coord, d->placements, idx[k]);
+    }
+    int bad = 0;
+    const float *p = d->local.data;
+    for (int64_t i = 0; i < d->local.shape[0]; i++)
+        for (int64_t j = 0; j < d->local.shape[1]; j++)
+            bad += p[i * d->local.shape[1] + j] != val(name, idx[0][i] * d->global_shape[1] + idx[1][j]);
+    HP_CHECK(bad == 0, "%s: %s: %d wrong elements", what, name, bad);
+    free(idx[0]);
+    free(idx[1]);
+}
+
+/* StridedShard layouts on a 2x2 mesh, saved and loaded across layouts (several boxes per
+ * rank). */
+static void test_strided(void) {
+    if (N < 4) return;
+    hp_mesh_t m1, m2;
+    int64_t s4 = N, s22[2] = {2, N / 2};
+    HP_CHECK_OK(hp_mesh_create(W, 1, &s4, NULL, &m1));
+    HP_CHECK_OK(hp_mesh_create(W, 2, s22, NULL, &m2));
+    /* [SS(0,2), S(1)]: dp rank 0 holds rows 0-2 and 6-8 (two boxes); [SS(0,2), S(0)] is
+     * TorchTitan's FSDP-over-TP layout (one box: rows tp*6 + dp*3 ...) */
+    hp_placement_t ss1[2] = {hp_strided_shard(0, 2), hp_shard(1)};
+    hp_placement_t ss[2] = {hp_strided_shard(0, 2), hp_shard(0)}, s0 = hp_shard(0);
+    int64_t sh[2] = {12, 6};
+    hp_dtensor_t a = make_idx("s", sh, m2, 2, ss1, 1);
+    hp_dcp_tensor_t ts[1] = {{"s", &a, -1, 0}};
+    hp_dcp_state_t st = {ts, 1, NULL, 0};
+    char dir[512], dir10[512];
+    path(dir, sizeof dir, "step-20");
+    path(dir10, sizeof dir10, "step-10");
+    HP_CHECK_OK(hp_dcp_save(dir, &st, W));
+    hp_dcp_metadata_t *md = NULL;
+    HP_CHECK_OK(hp_dcp_metadata_read(dir, &md));
+    if (md) {
+        const hp_dcp_entry_t *e = hp_dcp_metadata_find(md, "s");
+        HP_CHECK(e && e->n_chunks == 8, "strided: %d chunks, expected 8 (two row runs per rank)", e ? e->n_chunks : -1);
+        hp_dcp_metadata_free(md);
+    }
+    /* into Shard(0) on 4 ranks and into a plain tensor on every rank */
+    hp_dtensor_t b = make("s", 2, sh, m1, 1, &s0, 0), c = make("s", 2, sh, NULL, 0, NULL, 0);
+    hp_dcp_tensor_t tb[1] = {{"s", &b, -1, 0}}, tc[1] = {{"s", &c, -1, 0}};
+    hp_dcp_state_t sb = {tb, 1, NULL, 0}, sc = {tc, 1, NULL, 0};
+    HP_CHECK_OK(hp_dcp_load(dir, &sb, W, NULL));
+    check_values("s", &b, "strided -> S(0)");
+    HP_CHECK_OK(hp_dcp_load(dir, &sc, W, NULL));
+    check_values("s", &c, "strided -> whole");
+    /* Shard(0)-saved "a" (10 rows, uneven) into the strided layout */
+    int64_t sa[2] = {10, 6};
+    hp_dtensor_t d = make_idx("a", sa, m2, 2, ss, 0);
+    hp_dcp_tensor_t td[1] = {{"a", &d, -1, 0}};
+    hp_dcp_state_t sd = {td, 1, NULL, 0};
+    hp_dcp_load_options_t ns = {0, 0, NULL, 0};
+    HP_CHECK_OK(hp_dcp_load(dir10, &sd, W, &ns));
+    check_idx("a", &d, "S(0) -> [SS(0,2), S(0)]");
+    /* and the two-box layout back from the two-box save */
+    hp_dtensor_t e2 = make_idx("s", sh, m2, 2, ss1, 0);
+    hp_dcp_tensor_t te[1] = {{"s", &e2, -1, 0}};
+    hp_dcp_state_t se = {te, 1, NULL, 0};
+    HP_CHECK_OK(hp_dcp_load(dir, &se, W, NULL));
+    check_idx("s", &e2, "[SS(0,2), S(1)] round trip");
+    hp_dtensor_free(&e2);
+    hp_dtensor_free(&a);
+    hp_dtensor_free(&b);
+    hp_dtensor_free(&c);
+    hp_dtensor_free(&d);
     hp_mesh_destroy(m2);
     hp_mesh_destroy(m1);
 }
@@ -402,6 +504,7 @@ int main(int argc, char **argv) {
     }
     HP_ASSERT(hp_broadcast(ROOT, sizeof ROOT, HP_U8, 0, W, NULL) == HP_OK);
     test_reshard();
+    test_strided();
     test_errors();
     test_async();
     test_corrupt();

@@ -12,4 +12,11 @@ hp_status_t hp_dcp_rmtree(const char *path);
  * dst (any strides, dtype of dst) at dst_off. */
 void hp_dcp_copy_box(hp_tensor_t *dst, const int64_t *dst_off, const void *src, hp_dtype_t sdt,
                      const int64_t *csz, const int64_t *src_off, const int64_t *len, int ndim);
+/* This rank's piece of a DTensor as boxes: global offset g, size s, local offset l per dim
+ * (one box for Shard/Replicate layouts, several for StridedShard). *boxes is heap (free);
+ * none when the rank is outside the mesh or holds nothing. */
+typedef struct hp_dcp_box {
+    int64_t g[HP_MAX_DIMS], s[HP_MAX_DIMS], l[HP_MAX_DIMS];
+} hp_dcp_box_t;
+hp_status_t hp_dcp_local_boxes(const hp_dtensor_t *t, hp_dcp_box_t **boxes, int *n);
 #endif

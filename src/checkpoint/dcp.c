@@ -104,11 +104,7 @@ static void parent_of(const char *path, char *out, size_t n) {
     else *slash = '\0';
 }
 
-/* ---- the save plan ------------------------------------------------------------------------
- * Each rank describes, per tensor, the box it holds (flag, offsets, sizes) and, per blob, its
- * size. The vectors have the same length on every rank (checked), so one all-gather gives
- * every rank every plan; the dedup rule (lowest rank holding an identical box writes it) is
- * then evaluated identically everywhere and rank 0 has the whole metadata. */
+/* ---- state helpers ------------------------------------------------------------------------ */
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
     const unsigned char *b = p;
@@ -139,14 +135,6 @@ static hp_status_t check_state(const hp_dcp_state_t *st) {
                                 "tensor '%s': a DTensor with a Partial placement (mesh dim %d) cannot be "
                                 "checkpointed; redistribute it to Replicate or Shard first", x->name, d);
         }
-        if (x->t->mesh) {
-            int64_t ms[HP_MESH_MAX_DIMS];
-            for (int d = 0; d < x->t->mesh_ndim; d++) ms[d] = hp_mesh_size(x->t->mesh, d);
-            if (!hp_layout_is_box(x->t->mesh_ndim, ms, x->t->placements))
-                return hp_error(HP_ERR_UNSUPPORTED,
-                                "tensor '%s': its layout (StridedShard with split factor > 1) is not one box "
-                                "per rank; redistribute to Shard/Replicate placements before saving", x->name);
-        }
         int sdt = x->store_dtype;
         if (sdt >= 0 && sdt != (int)x->t->local.dtype &&
             !(hp_dtype_is_float((hp_dtype_t)sdt) && hp_dtype_is_float(x->t->local.dtype)))
@@ -170,11 +158,87 @@ static hp_status_t check_state(const hp_dcp_state_t *st) {
     return HP_OK;
 }
 
-static size_t plan_len(const hp_dcp_state_t *st) {
-    size_t n = 1;
-    for (int i = 0; i < st->n_tensors; i++) n += 1 + 2 * (size_t)tensor_ndim(&st->tensors[i]);
-    return n + (size_t)st->n_blobs;
+/* ---- boxes -------------------------------------------------------------------------------
+ * A rank's piece of a tensor is the product over dims of the global indices it holds on each
+ * dim (hp_layout_dim_indices); each dim's list splits into contiguous runs, so the piece is a
+ * set of boxes (one for Shard/Replicate layouts, several for StridedShard). */
+
+hp_status_t hp_dcp_local_boxes(const hp_dtensor_t *t, hp_dcp_box_t **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    int nd = t->local.ndim;
+    if (t->mesh && !hp_mesh_contains_self(t->mesh)) return HP_OK;
+    if (hp_tensor_numel(&t->local) == 0) return HP_OK;
+    const int64_t *gs = t->mesh ? t->global_shape : t->local.shape;
+    int64_t *runs[HP_MAX_DIMS] = {0};   /* per dim: (global start, local start, length) triples */
+    int nruns[HP_MAX_DIMS];
+    int64_t total = 1;
+    hp_status_t s = HP_OK;
+    int64_t ms[HP_MESH_MAX_DIMS];
+    int coord[HP_MESH_MAX_DIMS];
+    if (t->mesh) {
+        for (int m = 0; m < t->mesh_ndim; m++) ms[m] = hp_mesh_size(t->mesh, m);
+        hp_mesh_get_coordinate(t->mesh, coord);
+    }
+    for (int d = 0; d < nd && s == HP_OK; d++) {
+        int64_t *idx = hp_malloc(sizeof(int64_t) * (size_t)(gs[d] ? gs[d] : 1));
+        runs[d] = hp_malloc(sizeof(int64_t) * 3 * (size_t)(gs[d] ? gs[d] : 1));
+        if (!idx || !runs[d]) {
+            free(idx);
+            s = HP_ERR_OOM;
+            break;
+        }
+        int64_t cnt = gs[d];
+        if (t->mesh) cnt = hp_layout_dim_indices(gs[d], d, t->mesh_ndim, ms, coord, t->placements, idx);
+        else
+            for (int64_t i = 0; i < cnt; i++) idx[i] = i;
+        if (cnt != t->local.shape[d])
+            s = hp_error(HP_ERR_INVALID_ARG, "DTensor: local size %lld on dim %d does not match its layout (%lld)",
+                         (long long)t->local.shape[d], d, (long long)cnt);
+        nruns[d] = 0;
+        for (int64_t i = 0; i < cnt && s == HP_OK; i++) {
+            int64_t *r = runs[d] + 3 * nruns[d];
+            if (i > 0 && idx[i] == idx[i - 1] + 1) {
+                runs[d][3 * (nruns[d] - 1) + 2]++;
+            } else {
+                r[0] = idx[i];
+                r[1] = i;
+                r[2] = 1;
+                nruns[d]++;
+            }
+        }
+        total *= nruns[d];
+        free(idx);
+    }
+    if (s == HP_OK && total > (1 << 20))
+        s = hp_error(HP_ERR_UNSUPPORTED, "DTensor layout splits into %lld boxes (at most 2^20 supported)", (long long)total);
+    hp_dcp_box_t *b = s == HP_OK ? hp_calloc((size_t)total, sizeof *b) : NULL;
+    if (s == HP_OK && !b) s = HP_ERR_OOM;
+    for (int64_t k = 0; s == HP_OK && k < total; k++) {
+        int64_t rem = k;
+        for (int d = nd - 1; d >= 0; d--) {
+            int64_t j = rem % nruns[d];
+            rem /= nruns[d];
+            b[k].g[d] = runs[d][3 * j];
+            b[k].l[d] = runs[d][3 * j + 1];
+            b[k].s[d] = runs[d][3 * j + 2];
+        }
+    }
+    for (int d = 0; d < nd; d++) free(runs[d]);
+    if (s != HP_OK) {
+        free(b);
+        return s;
+    }
+    *out = b;
+    *n = (int)total;
+    return HP_OK;
 }
+
+/* ---- the save plan ------------------------------------------------------------------------
+ * Each rank describes, per tensor, the boxes it holds (count, then offsets and sizes) and, per
+ * blob, its size. The vectors are padded to the longest and all-gathered, so every rank has
+ * every plan; the dedup rule (a box is written by the lowest rank holding an identical box) is
+ * then evaluated identically everywhere and rank 0 has the whole metadata. */
 
 static uint64_t state_hash(const hp_dcp_state_t *st) {
     uint64_t h = 1469598103934665603ull;
@@ -194,55 +258,50 @@ static uint64_t state_hash(const hp_dcp_state_t *st) {
     return h;
 }
 
-static void local_plan(const hp_dcp_state_t *st, int64_t *v) {
-    size_t k = 0;
-    v[k++] = (int64_t)(state_hash(st) & 0x7fffffffffffffffull);
-    for (int i = 0; i < st->n_tensors; i++) {
-        const hp_dcp_tensor_t *x = &st->tensors[i];
-        int nd = tensor_ndim(x);
-        int64_t off[HP_MAX_DIMS];
-        int in = 1;
-        if (x->t->mesh) {
-            in = hp_mesh_contains_self(x->t->mesh);
-            if (in) hp_dtensor_global_offset(x->t, off);
-        } else {
-            for (int d = 0; d < nd; d++) off[d] = 0;
-        }
-        int64_t numel = hp_tensor_numel(&x->t->local);
-        v[k++] = (in && numel > 0) ? 1 : 0;
-        for (int d = 0; d < nd; d++) v[k++] = in ? off[d] : 0;
-        for (int d = 0; d < nd; d++) v[k++] = in ? x->t->local.shape[d] : 0;
-    }
-    for (int i = 0; i < st->n_blobs; i++) v[k++] = (int64_t)st->blobs[i].size;
-}
-
 typedef struct plan {
-    int world, rank;
-    size_t len;
-    int64_t *all;     /* world * len */
-    /* per tensor: owner of this rank's box (1 = this rank writes it) */
-    unsigned char *write_tensor;
+    int world, rank, nt;
+    size_t len;          /* padded per-rank length */
+    int64_t *all;        /* world * len */
+    size_t *pos;         /* world * nt: index of tensor i's block in rank r's plan */
+    hp_dcp_box_t **mine; /* per tensor: this rank's boxes (with local offsets) */
+    int *n_mine;
 } plan_t;
 
 static void plan_free(plan_t *p) {
+    for (int i = 0; p->mine && i < p->nt; i++) free(p->mine[i]);
+    free(p->mine);
+    free(p->n_mine);
     free(p->all);
-    free(p->write_tensor);
+    free(p->pos);
     memset(p, 0, sizeof *p);
 }
 
-static const int64_t *plan_tensor(const plan_t *p, const hp_dcp_state_t *st, int r, int i) {
-    const int64_t *v = p->all + (size_t)r * p->len + 1;
-    for (int j = 0; j < i; j++) v += 1 + 2 * tensor_ndim(&st->tensors[j]);
-    return v;
+/* Rank r's boxes of tensor i: *n boxes of 2*nd int64 (offsets then sizes). */
+static const int64_t *plan_boxes(const plan_t *p, int r, int i, int *n) {
+    const int64_t *v = p->all + (size_t)r * p->len + p->pos[(size_t)r * (size_t)p->nt + (size_t)i];
+    *n = (int)v[0];
+    return v + 1;
 }
 
-/* The lowest rank whose box for tensor i equals rank r's. */
-static int box_owner(const plan_t *p, const hp_dcp_state_t *st, int i, int r) {
-    int nd = tensor_ndim(&st->tensors[i]);
-    const int64_t *b = plan_tensor(p, st, r, i);
+static int64_t plan_blob_size(const plan_t *p, const hp_dcp_state_t *st, int r, int b) {
+    size_t k = 2;
+    if (st->n_tensors > 0) {
+        int last = st->n_tensors - 1, nb;
+        plan_boxes(p, r, last, &nb);
+        k = p->pos[(size_t)r * (size_t)p->nt + (size_t)last] + 1 + (size_t)nb * 2 * (size_t)tensor_ndim(&st->tensors[last]);
+    }
+    return p->all[(size_t)r * p->len + k + (size_t)b];
+}
+
+/* The lowest rank holding a box identical to rank r's box b of tensor i. */
+static int box_owner(const plan_t *p, int nd, int i, int r, int b) {
+    int n;
+    const int64_t *mine = plan_boxes(p, r, i, &n) + (size_t)b * 2 * (size_t)nd;
     for (int q = 0; q < r; q++) {
-        const int64_t *c = plan_tensor(p, st, q, i);
-        if (c[0] && !memcmp(b, c, sizeof(int64_t) * (size_t)(1 + 2 * nd))) return q;
+        int m;
+        const int64_t *o = plan_boxes(p, q, i, &m);
+        for (int k = 0; k < m; k++)
+            if (!memcmp(o + (size_t)k * 2 * (size_t)nd, mine, sizeof(int64_t) * 2 * (size_t)nd)) return q;
     }
     return r;
 }
@@ -251,41 +310,83 @@ static hp_status_t make_plan(const hp_dcp_state_t *st, hp_comm_t comm, plan_t *p
     memset(p, 0, sizeof *p);
     p->world = csize(comm);
     p->rank = crank(comm);
-    p->len = plan_len(st);
-    int64_t *mine = hp_malloc(sizeof(int64_t) * p->len);
-    p->all = hp_malloc(sizeof(int64_t) * p->len * (size_t)p->world);
-    p->write_tensor = hp_calloc((size_t)st->n_tensors + 1, 1);
-    if (!mine || !p->all || !p->write_tensor) {
-        free(mine);
+    p->nt = st->n_tensors;
+    p->mine = hp_calloc((size_t)p->nt + 1, sizeof *p->mine);
+    p->n_mine = hp_calloc((size_t)p->nt + 1, sizeof *p->n_mine);
+    if (!p->mine || !p->n_mine) {
         plan_free(p);
         return HP_ERR_OOM;
     }
-    local_plan(st, mine);
-    if (comm && p->world > 1) {
-        int64_t chk[2] = {mine[0], (int64_t)p->len}, mn[2], mx[2];
-        hp_status_t s = hp_all_reduce(chk, mn, 2, HP_I64, HP_MIN, comm, NULL);
-        if (s == HP_OK) s = hp_all_reduce(chk, mx, 2, HP_I64, HP_MAX, comm, NULL);
-        if (s == HP_OK && (mn[0] != mx[0] || mn[1] != mx[1]))
+    hp_status_t s = HP_OK;
+    size_t len = 2;
+    for (int i = 0; i < p->nt && s == HP_OK; i++) {
+        s = hp_dcp_local_boxes(st->tensors[i].t, &p->mine[i], &p->n_mine[i]);
+        if (s != HP_OK) s = hp_error(s, "tensor '%s': %s", st->tensors[i].name, hp_last_error());
+        len += 1 + (size_t)p->n_mine[i] * 2 * (size_t)tensor_ndim(&st->tensors[i]);
+    }
+    len += (size_t)st->n_blobs;
+    s = hp_dcp_agree(comm, s, "checkpoint save: computing the boxes");
+    int64_t *mine = NULL;
+    if (s == HP_OK) {
+        mine = hp_calloc(len, sizeof *mine);
+        if (!mine) s = HP_ERR_OOM;
+    }
+    if (s == HP_OK) {
+        size_t k = 0;
+        mine[k++] = (int64_t)(state_hash(st) & 0x7fffffffffffffffull);
+        mine[k++] = (int64_t)len;
+        for (int i = 0; i < p->nt; i++) {
+            int nd = tensor_ndim(&st->tensors[i]);
+            mine[k++] = p->n_mine[i];
+            for (int b = 0; b < p->n_mine[i]; b++) {
+                for (int d = 0; d < nd; d++) mine[k++] = p->mine[i][b].g[d];
+                for (int d = 0; d < nd; d++) mine[k++] = p->mine[i][b].s[d];
+            }
+        }
+        for (int i = 0; i < st->n_blobs; i++) mine[k++] = (int64_t)st->blobs[i].size;
+    }
+    int64_t maxlen = (int64_t)len;
+    if (s == HP_OK && comm && p->world > 1) {
+        int64_t chk[2] = {mine[0], -mine[0]}, mx[2];
+        s = hp_all_reduce(chk, mx, 2, HP_I64, HP_MAX, comm, NULL);
+        if (s == HP_OK && mx[0] != -mx[1])
             s = hp_error(HP_ERR_INVALID_ARG, "checkpoint save: the state (names, global shapes, dtypes, blob "
                          "names) differs between ranks; every rank must pass the same entries in the same order");
-        if (s == HP_OK) s = hp_all_gather(mine, p->all, p->len, HP_I64, comm, NULL);
-        free(mine);
-        if (s != HP_OK) {
-            plan_free(p);
-            return s;
+        if (s == HP_OK) s = hp_all_reduce(&maxlen, &maxlen, 1, HP_I64, HP_MAX, comm, NULL);
+    }
+    if (s == HP_OK) {
+        p->len = (size_t)maxlen;
+        p->all = hp_calloc(p->len * (size_t)p->world, sizeof *p->all);
+        p->pos = hp_calloc((size_t)p->world * (size_t)p->nt + 1, sizeof *p->pos);
+        int64_t *padded = hp_calloc(p->len, sizeof *padded);
+        if (!p->all || !p->pos || !padded) s = HP_ERR_OOM;
+        if (s == HP_OK) {
+            memcpy(padded, mine, len * sizeof *mine);
+            if (comm && p->world > 1) s = hp_all_gather(padded, p->all, p->len, HP_I64, comm, NULL);
+            else memcpy(p->all, padded, p->len * sizeof *padded);
         }
-    } else {
-        memcpy(p->all, mine, sizeof(int64_t) * p->len);
-        free(mine);
+        free(padded);
     }
-    for (int i = 0; i < st->n_tensors; i++) {
-        const int64_t *b = plan_tensor(p, st, p->rank, i);
-        p->write_tensor[i] = b[0] && box_owner(p, st, i, p->rank) == p->rank;
+    free(mine);
+    for (int r = 0; s == HP_OK && r < p->world; r++) {
+        size_t k = 2;
+        for (int i = 0; i < p->nt; i++) {
+            p->pos[(size_t)r * (size_t)p->nt + (size_t)i] = k;
+            int64_t nb = p->all[(size_t)r * p->len + k];
+            k += 1 + (size_t)nb * 2 * (size_t)tensor_ndim(&st->tensors[i]);
+            if (nb < 0 || k > p->len) s = hp_error(HP_ERR_COMM, "checkpoint save: rank %d sent a malformed plan", r);
+        }
     }
-    return HP_OK;
+    if (s != HP_OK) plan_free(p);
+    return s;
 }
 
 static void rank_file(char *buf, size_t n, int r) { snprintf(buf, n, "__%d_0.safetensors", r); }
+/* Key of a rank's box b of `nbox` in its file: the name, or name#b when it holds several. */
+static void box_key(char *buf, size_t n, const char *name, int b, int nbox) {
+    if (nbox == 1) snprintf(buf, n, "%s", name);
+    else snprintf(buf, n, "%s#%d", name, b);
+}
 
 /* Metadata JSON built on rank 0 from the gathered plans. */
 static hp_status_t build_metadata(const hp_dcp_state_t *st, const plan_t *p, int64_t step, char **out) {
@@ -305,22 +406,27 @@ static hp_status_t build_metadata(const hp_dcp_state_t *st, const plan_t *p, int
         json_object_object_add(e, "shape", shape);
         json_object *chunks = json_object_new_array();
         for (int r = 0; r < p->world; r++) {
-            const int64_t *b = plan_tensor(p, st, r, i);
-            if (!b[0] || box_owner(p, st, i, r) != r) continue;
-            json_object *c = json_object_new_object();
-            json_object *o = json_object_new_array(), *s = json_object_new_array();
-            for (int d = 0; d < nd; d++) {
-                json_object_array_add(o, json_object_new_int64(b[1 + d]));
-                json_object_array_add(s, json_object_new_int64(b[1 + nd + d]));
+            int nb;
+            const int64_t *bx = plan_boxes(p, r, i, &nb);
+            for (int b = 0; b < nb; b++) {
+                if (box_owner(p, nd, i, r, b) != r) continue;
+                const int64_t *v = bx + (size_t)b * 2 * (size_t)nd;
+                json_object *c = json_object_new_object();
+                json_object *o = json_object_new_array(), *s = json_object_new_array();
+                for (int d = 0; d < nd; d++) {
+                    json_object_array_add(o, json_object_new_int64(v[d]));
+                    json_object_array_add(s, json_object_new_int64(v[nd + d]));
+                }
+                json_object_object_add(c, "offsets", o);
+                json_object_object_add(c, "sizes", s);
+                char fn[64], key[HP_ST_MAX_NAME + 16];
+                rank_file(fn, sizeof fn, r);
+                box_key(key, sizeof key, x->name, b, nb);
+                json_object_object_add(c, "file", json_object_new_string(fn));
+                json_object_object_add(c, "key", json_object_new_string(key));
+                json_object_object_add(c, "rank", json_object_new_int(r));
+                json_object_array_add(chunks, c);
             }
-            json_object_object_add(c, "offsets", o);
-            json_object_object_add(c, "sizes", s);
-            char fn[64];
-            rank_file(fn, sizeof fn, r);
-            json_object_object_add(c, "file", json_object_new_string(fn));
-            json_object_object_add(c, "key", json_object_new_string(x->name));
-            json_object_object_add(c, "rank", json_object_new_int(r));
-            json_object_array_add(chunks, c);
         }
         json_object_object_add(e, "chunks", chunks);
         json_object_object_add(tens, x->name, e);
@@ -339,7 +445,7 @@ static hp_status_t build_metadata(const hp_dcp_state_t *st, const plan_t *p, int
             json_object_object_add(c, "rank", json_object_new_int(r));
             json_object_object_add(c, "file", json_object_new_string(fn));
             json_object_object_add(c, "key", json_object_new_string(b->name));
-            json_object_object_add(c, "size", json_object_new_int64(p->all[(size_t)r * p->len + p->len - (size_t)st->n_blobs + (size_t)i]));
+            json_object_object_add(c, "size", json_object_new_int64(plan_blob_size(p, st, r, i)));
             json_object_array_add(chunks, c);
         }
         json_object_object_add(e, "chunks", chunks);
@@ -357,13 +463,15 @@ static hp_status_t build_metadata(const hp_dcp_state_t *st, const plan_t *p, int
 typedef struct write_job {
     char path[4096];
     hp_st_entry_t *entries;
-    int n;
+    hp_tensor_t *views;
+    int n, cap;
     int64_t (*shapes)[HP_MAX_DIMS];
     char **names;
 } write_job_t;
 
 static void job_free(write_job_t *j) {
     free(j->entries);
+    free(j->views);
     free(j->shapes);
     if (j->names)
         for (int i = 0; i < j->n; i++) free(j->names[i]);
@@ -371,70 +479,85 @@ static void job_free(write_job_t *j) {
     memset(j, 0, sizeof *j);
 }
 
-/* Entries for the chunks this rank owns. staging == NULL: entries point at the live tensors
- * (sync save); otherwise the data is copied (and cast) into staging, which must hold
- * staged_bytes(). */
+/* Whether this rank writes its box b of tensor i. */
+static int owns(const plan_t *p, const hp_dcp_state_t *st, int i, int b) {
+    return box_owner(p, tensor_ndim(&st->tensors[i]), i, p->rank, b) == p->rank;
+}
+
 static size_t staged_bytes(const hp_dcp_state_t *st, const plan_t *p) {
     size_t n = 0;
     for (int i = 0; i < st->n_tensors; i++)
-        if (p->write_tensor[i])
-            n += (size_t)hp_tensor_numel(&st->tensors[i].t->local) * hp_dtype_size(tensor_store_dtype(&st->tensors[i])) + 64;
+        for (int b = 0; b < p->n_mine[i]; b++) {
+            if (!owns(p, st, i, b)) continue;
+            int64_t v = 1;
+            for (int d = 0; d < tensor_ndim(&st->tensors[i]); d++) v *= p->mine[i][b].s[d];
+            n += (size_t)v * hp_dtype_size(tensor_store_dtype(&st->tensors[i])) + 64;
+        }
     for (int i = 0; i < st->n_blobs; i++)
         if (st->blobs[i].per_rank || p->rank == 0) n += st->blobs[i].size + 64;
     return n;
 }
 
+/* Entries for the boxes this rank owns. staging == NULL: entries are views of the live tensors
+ * (sync save; the safetensors writer handles strides and the float cast); otherwise the data
+ * is copied (and cast) into staging, which must hold staged_bytes(). */
 static hp_status_t build_job(const hp_dcp_state_t *st, const plan_t *p, const char *tmpdir, unsigned char *staging,
                              write_job_t *j) {
     memset(j, 0, sizeof *j);
     char fn[64];
     rank_file(fn, sizeof fn, p->rank);
     snprintf(j->path, sizeof j->path, "%s/%s", tmpdir, fn);
-    int cap = st->n_tensors + st->n_blobs + 1;
+    int cap = st->n_blobs + 1;
+    for (int i = 0; i < st->n_tensors; i++) cap += p->n_mine[i];
+    j->cap = cap;
     j->entries = hp_calloc((size_t)cap, sizeof *j->entries);
+    j->views = hp_calloc((size_t)cap, sizeof *j->views);
     j->shapes = hp_calloc((size_t)cap, sizeof *j->shapes);
     j->names = hp_calloc((size_t)cap, sizeof *j->names);
-    if (!j->entries || !j->shapes || !j->names) {
+    if (!j->entries || !j->views || !j->shapes || !j->names) {
         job_free(j);
         return HP_ERR_OOM;
     }
     size_t off = 0;
     for (int i = 0; i < st->n_tensors; i++) {
-        if (!p->write_tensor[i]) continue;
         const hp_dcp_tensor_t *x = &st->tensors[i];
-        hp_st_entry_t *e = &j->entries[j->n];
-        j->names[j->n] = strdup(x->name);
-        e->name = j->names[j->n];
-        hp_dtype_t sdt = tensor_store_dtype(x);
-        if (!staging) {
-            e->tensor = &x->t->local;
+        int nd = tensor_ndim(x);
+        for (int b = 0; b < p->n_mine[i]; b++) {
+            if (!owns(p, st, i, b)) continue;
+            const hp_dcp_box_t *bx = &p->mine[i][b];
+            hp_tensor_t *v = &j->views[j->n];
+            *v = x->t->local;
+            for (int d = 0; d < nd; d++) HP_TRY(hp_tensor_narrow(v, v, d, bx->l[d], bx->s[d]));
+            hp_st_entry_t *e = &j->entries[j->n];
+            char key[HP_ST_MAX_NAME + 16];
+            box_key(key, sizeof key, x->name, b, p->n_mine[i]);
+            j->names[j->n] = strdup(key);
+            if (!j->names[j->n]) return HP_ERR_OOM;
+            e->name = j->names[j->n];
+            hp_dtype_t sdt = tensor_store_dtype(x);
             e->dtype = hp_st_dtype_from_hp(sdt);
-        } else {
-            hp_tensor_t dst;
-            HP_TRY(hp_tensor_init(&dst, sdt, x->t->local.ndim, x->t->local.shape, staging + off));
-            if (sdt == x->t->local.dtype) {
-                HP_TRY(hp_tensor_copy(&dst, &x->t->local));
+            if (!staging) {
+                e->tensor = v;
             } else {
-                /* cast through a contiguous view when possible (the master weights are) */
-                HP_ASSERT_MSG(hp_tensor_is_contiguous(&x->t->local), "tensor '%s': casting save needs a contiguous "
-                              "local tensor", x->name);
-                hp_convert(dst.data, sdt, x->t->local.data, x->t->local.dtype, (size_t)hp_tensor_numel(&dst));
+                hp_tensor_t dst;
+                HP_TRY(hp_tensor_init(&dst, sdt, nd, v->shape, staging + off));
+                HP_TRY(hp_tensor_copy(&dst, v));   /* copies and casts, any strides */
+                e->tensor = NULL;
+                e->raw = staging + off;
+                e->ndim = nd;
+                memcpy(j->shapes[j->n], v->shape, sizeof(int64_t) * (size_t)nd);
+                e->shape = j->shapes[j->n];
+                off += ((size_t)hp_tensor_numel(&dst) * hp_dtype_size(sdt) + 63) & ~(size_t)63;
             }
-            e->tensor = NULL;
-            e->raw = staging + off;
-            e->dtype = hp_st_dtype_from_hp(sdt);
-            e->ndim = x->t->local.ndim;
-            memcpy(j->shapes[j->n], x->t->local.shape, sizeof(int64_t) * (size_t)e->ndim);
-            e->shape = j->shapes[j->n];
-            off += ((size_t)hp_tensor_numel(&dst) * hp_dtype_size(sdt) + 63) & ~(size_t)63;
+            j->n++;
         }
-        j->n++;
     }
     for (int i = 0; i < st->n_blobs; i++) {
         const hp_dcp_blob_t *b = &st->blobs[i];
         if (!b->per_rank && p->rank != 0) continue;
         hp_st_entry_t *e = &j->entries[j->n];
         j->names[j->n] = strdup(b->name);
+        if (!j->names[j->n]) return HP_ERR_OOM;
         e->name = j->names[j->n];
         e->dtype = HP_ST_U8;
         e->ndim = 1;
@@ -449,11 +572,6 @@ static hp_status_t build_job(const hp_dcp_state_t *st, const plan_t *p, const ch
         }
         j->n++;
     }
-    for (int i = 0; i < j->n; i++)
-        if (!j->names[i]) {
-            job_free(j);
-            return HP_ERR_OOM;
-        }
     return HP_OK;
 }
 

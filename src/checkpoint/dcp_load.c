@@ -158,64 +158,67 @@ static hp_status_t load_tensor(loader_t *L, const hp_dcp_entry_t *e, hp_dcp_tens
         return hp_error(HP_ERR_INVALID_ARG, "checkpoint %s: tensor '%s' is %s in the checkpoint but %s in the model%s",
                         L->dir, x->name, hp_dtype_name(e->dtype), hp_dtype_name(lt->dtype),
                         hp_dtype_is_float(e->dtype) && hp_dtype_is_float(lt->dtype) ? " (enable dtype conversion to cast)" : "");
-    if (x->t->mesh && !hp_mesh_contains_self(x->t->mesh)) return HP_OK;
-    if (x->t->mesh) {
-        int64_t ms[HP_MESH_MAX_DIMS];
-        for (int d = 0; d < x->t->mesh_ndim; d++) ms[d] = hp_mesh_size(x->t->mesh, d);
-        if (!hp_layout_is_box(x->t->mesh_ndim, ms, x->t->placements))
-            return hp_error(HP_ERR_UNSUPPORTED, "tensor '%s': loading into a StridedShard layout is not supported; load "
-                            "into Shard/Replicate placements and redistribute", x->name);
-    }
-    int64_t off[HP_MAX_DIMS] = {0};
-    hp_dtensor_global_offset(x->t, off);
+    hp_dcp_box_t *boxes = NULL;
+    int nbox = 0;
+    HP_TRY(hp_dcp_local_boxes(x->t, &boxes, &nbox));
     int64_t need = hp_tensor_numel(lt), got = 0;
-    if (need == 0) return HP_OK;
     size_t es = hp_dtype_size(e->dtype);
-    for (int c = 0; c < e->n_chunks; c++) {
-        const hp_dcp_chunk_t *ch = &e->chunks[c];
-        int64_t lo[HP_MAX_DIMS], len[HP_MAX_DIMS], vol = 1;
-        for (int d = 0; d < nd; d++) {
-            int64_t a = off[d] > ch->offsets[d] ? off[d] : ch->offsets[d];
-            int64_t b0 = off[d] + lt->shape[d], b1 = ch->offsets[d] + ch->sizes[d];
-            int64_t b = b0 < b1 ? b0 : b1;
-            lo[d] = a;
-            len[d] = b > a ? b - a : 0;
-            vol *= len[d];
+    hp_status_t s = HP_OK;
+    for (int t = 0; t < nbox && s == HP_OK; t++) {
+        const hp_dcp_box_t *tb = &boxes[t];
+        for (int c = 0; c < e->n_chunks && s == HP_OK; c++) {
+            const hp_dcp_chunk_t *ch = &e->chunks[c];
+            int64_t lo[HP_MAX_DIMS], len[HP_MAX_DIMS], vol = 1;
+            for (int d = 0; d < nd; d++) {
+                int64_t a = tb->g[d] > ch->offsets[d] ? tb->g[d] : ch->offsets[d];
+                int64_t b0 = tb->g[d] + tb->s[d], b1 = ch->offsets[d] + ch->sizes[d];
+                int64_t b = b0 < b1 ? b0 : b1;
+                lo[d] = a;
+                len[d] = b > a ? b - a : 0;
+                vol *= len[d];
+            }
+            if (vol == 0) continue;
+            open_file_t *f;
+            s = loader_file(L, ch->file, &f);
+            if (s != HP_OK) break;
+            const hp_st_info_t *info;
+            if (hp_safetensors_find(f->st, ch->key, &info) != HP_OK) {
+                s = hp_error(HP_ERR_FORMAT, "checkpoint %s: metadata lists '%s' in %s but the file does not hold it "
+                             "(mismatched or corrupted checkpoint)", L->dir, ch->key, ch->file);
+                break;
+            }
+            int ok = info->ndim == nd && hp_st_dtype_size(info->dtype) == es &&
+                     hp_st_dtype_from_hp(e->dtype) == info->dtype;
+            for (int d = 0; ok && d < nd; d++) ok = info->shape[d] == ch->sizes[d];
+            if (!ok) {
+                s = hp_error(HP_ERR_FORMAT, "checkpoint %s: '%s' in %s has dtype %s / %d dims, which does not match the "
+                             "metadata chunk (%s); the checkpoint is corrupted or mixed from different saves",
+                             L->dir, ch->key, ch->file, hp_st_dtype_name(info->dtype), info->ndim,
+                             hp_dtype_name(e->dtype));
+                break;
+            }
+            /* read only the dim-0 rows of the chunk that intersect */
+            int64_t row = 1;
+            for (int d = 1; d < nd; d++) row *= ch->sizes[d];
+            int64_t r0 = nd ? lo[0] - ch->offsets[0] : 0, nr = nd ? len[0] : 1;
+            s = read_rows(L, f, info, (uint64_t)(r0 * row) * es, (size_t)(nr * row) * es);
+            if (s != HP_OK) break;
+            int64_t csz[HP_MAX_DIMS], soff[HP_MAX_DIMS], doff[HP_MAX_DIMS];
+            for (int d = 0; d < nd; d++) {
+                csz[d] = ch->sizes[d];
+                soff[d] = lo[d] - ch->offsets[d];
+                doff[d] = lo[d] - tb->g[d] + tb->l[d];
+            }
+            if (nd) {
+                csz[0] = nr;
+                soff[0] = 0;
+            }
+            hp_dcp_copy_box(lt, doff, L->scratch, e->dtype, csz, soff, len, nd);
+            got += vol;
         }
-        if (vol == 0) continue;
-        open_file_t *f;
-        HP_TRY(loader_file(L, ch->file, &f));
-        const hp_st_info_t *info;
-        hp_status_t s = hp_safetensors_find(f->st, ch->key, &info);
-        if (s != HP_OK)
-            return hp_error(HP_ERR_FORMAT, "checkpoint %s: metadata lists '%s' in %s but the file does not hold it "
-                            "(mismatched or corrupted checkpoint)", L->dir, ch->key, ch->file);
-        int ok = info->ndim == nd && hp_st_dtype_size(info->dtype) == es &&
-                 hp_st_dtype_from_hp(e->dtype) == info->dtype;
-        for (int d = 0; ok && d < nd; d++) ok = info->shape[d] == ch->sizes[d];
-        if (!ok)
-            return hp_error(HP_ERR_FORMAT, "checkpoint %s: '%s' in %s has dtype %s / %d dims, which does not match the "
-                            "metadata chunk (%s); the checkpoint is corrupted or mixed from different saves",
-                            L->dir, ch->key, ch->file, hp_st_dtype_name(info->dtype), info->ndim,
-                            hp_dtype_name(e->dtype));
-        /* read only the dim-0 rows of the chunk that intersect */
-        int64_t row = 1;
-        for (int d = 1; d < nd; d++) row *= ch->sizes[d];
-        int64_t r0 = nd ? lo[0] - ch->offsets[0] : 0, nr = nd ? len[0] : 1;
-        HP_TRY(read_rows(L, f, info, (uint64_t)(r0 * row) * es, (size_t)(nr * row) * es));
-        int64_t csz[HP_MAX_DIMS], soff[HP_MAX_DIMS], doff[HP_MAX_DIMS];
-        for (int d = 0; d < nd; d++) {
-            csz[d] = ch->sizes[d];
-            soff[d] = lo[d] - ch->offsets[d];
-            doff[d] = lo[d] - off[d];
-        }
-        if (nd) {
-            csz[0] = nr;
-            soff[0] = 0;
-        }
-        hp_dcp_copy_box(lt, doff, L->scratch, e->dtype, csz, soff, len, nd);
-        got += vol;
     }
+    free(boxes);
+    HP_TRY(s);
     if (got != need)
         return hp_error(HP_ERR_FORMAT, "checkpoint %s: tensor '%s': the saved chunks cover %lld of the %lld elements this "
                         "rank needs (incomplete checkpoint)", L->dir, x->name, (long long)got, (long long)need);

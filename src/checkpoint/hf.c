@@ -366,10 +366,12 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
             permute_rows(buf + numel, buf, gs[0], nd > 1 ? gs[1] : 1, mc->head_dim, 0);
             src = buf + numel;
         }
-        if (v->mesh && !hp_mesh_contains_self(v->mesh)) continue;
-        int64_t off[HP_MAX_DIMS] = {0}, zero[HP_MAX_DIMS] = {0};
-        hp_dtensor_global_offset(v, off);
-        hp_dcp_copy_box(&v->local, zero, src, HP_F32, gs, off, v->local.shape, nd);
+        hp_dcp_box_t *boxes = NULL;
+        int nbox = 0;
+        s = hp_dcp_local_boxes(v, &boxes, &nbox);   /* this rank's piece, any layout */
+        for (int b = 0; s == HP_OK && b < nbox; b++)
+            hp_dcp_copy_box(&v->local, boxes[b].l, src, HP_F32, gs, boxes[b].g, boxes[b].s, nd);
+        free(boxes);
     }
     if (s == HP_OK && nmiss)
         s = hp_error(HP_ERR_NOT_FOUND, "HF checkpoint %s lacks %d tensor(s) the %s model needs: %s%s", dir, nmiss, mc->name,
