@@ -104,6 +104,26 @@ int main(void) {
         free(t2);
         hp_model_destroy(m2);
     }
+    /* seed checkpoint: the model hp_model_init_weights(seed 5) draws, model only */
+    char seedd[400];
+    snprintf(seedd, sizeof seedd, "%s/seed/step-0", ROOT);
+    HP_CHECK(run("seed %s --model llama3 --flavor debugmodel --vocab 64 --seed 5%s", seedd, "") == 0, "seed:\n%s", OUT);
+    {
+        hp_model_t m3 = NULL;
+        HP_CHECK_OK(hp_model_create(&mc, 1, 4, &m3));
+        if (m3) {
+            hp_dcp_tensor_t *t3 = calloc((size_t)np, sizeof *t3);
+            for (int i = 0; i < np; i++) t3[i] = (hp_dcp_tensor_t){hp_model_params(m3)[i].name, &hp_model_params(m3)[i].value, -1, 0};
+            hp_dcp_state_t s3 = {t3, np, NULL, 0};
+            HP_CHECK_OK(hp_dcp_load(seedd, &s3, NULL, NULL));
+            int bad = 0;
+            for (int i = 0; i < np; i++)
+                bad += memcmp(p[i].value.local.data, hp_model_params(m3)[i].value.local.data, hp_tensor_nbytes(&p[i].value.local)) != 0;
+            HP_CHECK(bad == 0, "seed checkpoint: %d params differ from init(seed 5)", bad);
+            free(t3);
+            hp_model_destroy(m3);
+        }
+    }
     /* errors */
     HP_CHECK(run("inspect %s%s", ROOT, "") != 0 && strstr(OUT, "not a committed checkpoint"), "inspect error:\n%s", OUT);
     HP_CHECK(run("to-hf %s %s/x --model qwen3 --flavor debugmodel", dir, ROOT) != 0 && strstr(OUT, "global shape"),

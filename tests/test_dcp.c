@@ -466,6 +466,18 @@ static void test_corrupt(void) {
             HP_CHECK_ERR(hp_dcp_load(dir, &st, NULL, NULL), HP_ERR_FORMAT, "incomplete checkpoint");
         }
     }
+    /* metadata dtype that disagrees with the rank file (a mixed-up checkpoint) */
+    {
+        char *at = strstr(good, "\"F32\"");
+        if (at) {
+            char buf[4200];
+            snprintf(buf, sizeof buf, "%.*s\"F16\"%s", (int)(at - good), good, at + 5);
+            write_file(mp, buf, strlen(buf));
+            HP_CHECK_ERR(hp_dcp_load(dir, &st, NULL, NULL), HP_ERR_INVALID_ARG, "is f16 in the checkpoint but f32");
+            hp_dcp_load_options_t cv = {1, 1, NULL, 0};
+            HP_CHECK_ERR(hp_dcp_load(dir, &st, NULL, &cv), HP_ERR_FORMAT, "does not match the metadata chunk");
+        }
+    }
     write_file(mp, good, gl);
     /* truncated rank file */
     struct stat sb;

@@ -4,6 +4,7 @@
  *   hp-ckpt consolidate DIR OUT.safetensors   every tensor (and blob, as U8) of a DCP dir, whole
  *   hp-ckpt to-hf DIR OUT --model M --flavor F [--dtype bf16] [--max-shard-bytes N]
  *   hp-ckpt from-hf HFDIR OUT --model M --flavor F
+ *   hp-ckpt seed OUT --model M --flavor F --vocab V [--seed S]   TorchTitan's seed checkpoint
  * to-hf / from-hf take the model shape from the flavor and the vocabulary from the checkpoint. */
 #define _GNU_SOURCE
 #include <json-c/json.h>
@@ -21,7 +22,8 @@ static int usage(void) {
             "       hp-ckpt list FOLDER\n"
             "       hp-ckpt consolidate DIR OUT.safetensors\n"
             "       hp-ckpt to-hf DIR OUT --model llama3|qwen3 --flavor F [--dtype f32|bf16] [--max-shard-bytes N]\n"
-            "       hp-ckpt from-hf HFDIR OUT --model llama3|qwen3 --flavor F\n");
+            "       hp-ckpt from-hf HFDIR OUT --model llama3|qwen3 --flavor F\n"
+            "       hp-ckpt seed OUT --model llama3|qwen3 --flavor F --vocab V [--seed S]\n");
     return 2;
 }
 
@@ -226,12 +228,32 @@ static int from_hf(const char *dir, const char *out, const char *model, const ch
     return s == HP_OK ? 0 : fail(s);
 }
 
+/* TorchTitan's seed checkpoint: the initialised model (counter RNG keyed by seed, name and
+ * element index, so identical to what any layout would draw), saved model-only as step-0. */
+static int seed(const char *out, const char *model, const char *flavor, int vocab, unsigned long long sd) {
+    hp_model_config_t mc;
+    hp_model_t m = NULL;
+    hp_status_t s = make_model(model, flavor, vocab, &mc, &m);
+    if (s == HP_OK) s = hp_model_init_weights(m, (uint64_t)sd);
+    int np = m ? hp_model_num_params(m) : 0;
+    hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
+    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
+    hp_dcp_state_t st = {ts, np, NULL, 0};
+    if (s == HP_OK) s = hp_dcp_save(out, &st, NULL);
+    if (s == HP_OK) printf("wrote seed checkpoint %s (%s %s, vocab %d, seed %llu)\n", out, model, flavor, vocab, sd);
+    free(ts);
+    hp_model_destroy(m);
+    return s == HP_OK ? 0 : fail(s);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return usage();
     const char *cmd = argv[1];
     const char *model = NULL, *flavor = NULL;
     hp_dtype_t dt = HP_F32;
     size_t shard = 0;
+    int vocab = 0;
+    unsigned long long sd = 0;
     for (int i = 2; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--model")) model = argv[++i];
         else if (!strcmp(argv[i], "--flavor")) flavor = argv[++i];
@@ -243,6 +265,8 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(argv[i], "--max-shard-bytes")) shard = (size_t)strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--vocab")) vocab = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seed")) sd = strtoull(argv[++i], NULL, 10);
     }
     if (!strcmp(cmd, "inspect")) return inspect(argv[2]);
     if (!strcmp(cmd, "list")) {
@@ -252,6 +276,13 @@ int main(int argc, char **argv) {
         if (s != HP_OK) return fail(s);
         for (int i = 0; i < n && i < 1024; i++) printf("step-%lld\n", (long long)steps[i]);
         return 0;
+    }
+    if (!strcmp(cmd, "seed")) {
+        if (!model || !flavor || vocab <= 0) {
+            fprintf(stderr, "hp-ckpt seed: --model, --flavor and --vocab (> 0) are required\n");
+            return 2;
+        }
+        return seed(argv[2], model, flavor, vocab, sd);
     }
     if (argc < 4) return usage();
     if (!strcmp(cmd, "consolidate")) return consolidate(argv[2], argv[3]);
