@@ -3,7 +3,7 @@
  * point-to-point; exact counters; argument errors. Inputs are small integers so every
  * expected value is exact (bf16 holds integers up to 256 exactly).
  * hp-test line below: */
-// hp-test: ranks 2 4 8 timeout 240
+// hp-test: ranks 1 2 4 8 timeout 240
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

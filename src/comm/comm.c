@@ -22,9 +22,11 @@ static const char *const k_progress_names[] = {"poll", "thread", "none"};
 
 typedef struct wd_slot {
     volatile int in_use;
-    int64_t t_start_ns;             /* 0 when idle; atomic access */
+    uint64_t seq;                   /* odd while a call is in flight; atomic access */
     volatile int kind;
     volatile int comm_size;
+    uint64_t seen_seq;              /* watchdog thread only: last odd seq observed ... */
+    double seen_at;                 /* ... and when it was first observed */
 } wd_slot_t;
 
 static struct {
@@ -160,24 +162,26 @@ static wd_slot_t *my_slot(void) {
     return NULL;   /* more threads than slots: those calls run unwatched (documented) */
 }
 
+/* Two stores per call and no clock read: the watchdog notices a sequence number that stays
+ * odd (in flight) across ticks and measures from when it first saw it. */
 static void wd_begin(int kind, int comm_size) {
     wd_slot_t *s = my_slot();
     if (!s) return;
     s->kind = kind;
     s->comm_size = comm_size;
-    __atomic_store_n(&s->t_start_ns, (int64_t)(hp_comm_now() * 1e9) + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
 }
 
 static void wd_end(void) {
-    if (t_slot) __atomic_store_n(&t_slot->t_start_ns, 0, __ATOMIC_RELEASE);
+    if (t_slot) __atomic_store_n(&t_slot->seq, t_slot->seq + 1, __ATOMIC_RELEASE);
 }
 
 static void *wd_main(void *arg) {
     pthread_mutex_lock(&g.wd_lock);
     while (!g.wd_stop) {
-        double interval = g.timeout / 10;
-        if (interval > 0.5) interval = 0.5;
-        if (interval < 0.02) interval = 0.02;
+        double interval = g.timeout / 20;
+        if (interval > 0.25) interval = 0.25;
+        if (interval < 0.01) interval = 0.01;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + interval;
@@ -187,10 +191,15 @@ static void *wd_main(void *arg) {
         if (g.wd_stop) break;
         double now = hp_comm_now();
         for (int i = 0; i < HP_WD_SLOTS; i++) {
-            int64_t ns = __atomic_load_n(&g.slots[i].t_start_ns, __ATOMIC_ACQUIRE);
-            double t0 = 1e-9 * (double)ns;
-            if (ns > 0 && now - t0 > g.timeout)
-                timeout_abort(g.slots[i].kind, g.slots[i].comm_size, now - t0);
+            wd_slot_t *s = &g.slots[i];
+            uint64_t seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
+            if (!(seq & 1)) continue;
+            if (seq != s->seen_seq) {
+                s->seen_seq = seq;
+                s->seen_at = now;
+            } else if (now - s->seen_at > g.timeout) {
+                timeout_abort(s->kind, s->comm_size, now - s->seen_at);
+            }
         }
     }
     pthread_mutex_unlock(&g.wd_lock);
@@ -225,11 +234,20 @@ static hp_status_t ws_reserve(hp_work_t w, size_t bytes) {
     return HP_OK;
 }
 
+/* One-slot per-thread cache in front of the pool: a thread issuing blocking calls reuses
+ * the same work (and its workspace) without taking the pool lock. */
+static __thread hp_work_t t_cached_work;
+
 static hp_status_t work_get(hp_comm_t comm, hp_work_t *out) {
-    pthread_mutex_lock(&g.lock);
-    hp_work_t w = g.free_list;
-    if (w) g.free_list = w->next;
-    pthread_mutex_unlock(&g.lock);
+    hp_work_t w = t_cached_work;
+    if (w) {
+        t_cached_work = NULL;
+    } else {
+        pthread_mutex_lock(&g.lock);
+        w = g.free_list;
+        if (w) g.free_list = w->next;
+        pthread_mutex_unlock(&g.lock);
+    }
     if (!w) {
         w = hp_calloc(1, sizeof *w);
         if (!w) return HP_ERR_OOM;
@@ -247,12 +265,15 @@ static hp_status_t work_get(hp_comm_t comm, hp_work_t *out) {
     w->req.n = 0;
     w->post = 0;
     w->p2p_n = 0;
-    w->t_start = hp_comm_now();
     *out = w;
     return HP_OK;
 }
 
 static void work_put(hp_work_t w) {
+    if (!t_cached_work) {
+        t_cached_work = w;
+        return;
+    }
     pthread_mutex_lock(&g.lock);
     w->next = g.free_list;
     g.free_list = w;
@@ -574,6 +595,7 @@ static hp_status_t dispatch(hp_work_t w, hp_work_t *out) {
         return st;
     }
     w->async = 1;
+    w->t_start = hp_comm_now();   /* deadline of hp_work_wait / hp_work_test */
     pthread_mutex_lock(&g.lock);
     hp_status_t st = progress_ensure();
     if (st != HP_OK) {
@@ -800,6 +822,11 @@ hp_status_t hp_comm_finalize(void) {
     if (g.wd_started) pthread_join(g.wd_thread, NULL);
     g.wd_started = 0;
     pthread_mutex_lock(&g.lock);
+    if (t_cached_work) {   /* this thread's cached work goes back to be freed */
+        t_cached_work->next = g.free_list;
+        g.free_list = t_cached_work;
+        t_cached_work = NULL;
+    }
     while (g.free_list) {
         hp_work_t w = g.free_list;
         g.free_list = w->next;
