@@ -23,6 +23,7 @@ struct hp_ckpt_manager {
     hp_dtype_t export_dtype;
     int async;
     hp_dcp_saver_t *saver;
+    char pending_dir[2 * HP_CONFIG_STR_MAX + 32];   /* the async save in flight (for the log) */
     char initial[HP_CONFIG_STR_MAX];
     int n_exclude;
     const char *exclude[HP_CONFIG_LIST_MAX];
@@ -204,6 +205,7 @@ hp_status_t hp_ckpt_manager_save(hp_ckpt_manager_t *m, int64_t step, int model_o
                         "checkpoint: collecting the state"));
     if (m->saver && !model_only) {
         s = hp_dcp_saver_save(m->saver, dir, &b.st);   /* staged: b can go now */
+        if (s == HP_OK) snprintf(m->pending_dir, sizeof m->pending_dir, "%s", dir);
     } else {
         if (m->saver) s = hp_dcp_saver_wait(m->saver);
         if (s == HP_OK) s = hp_dcp_save(dir, &b.st, m->comm);
@@ -219,7 +221,10 @@ hp_status_t hp_ckpt_manager_maybe_save(hp_ckpt_manager_t *m, int64_t step, int64
     if (m->saver) {
         int committed = 0;
         HP_TRY(hp_dcp_saver_poll(m->saver, &committed));
-        if (committed) purge(m);
+        if (committed) {
+            if (m->rank == 0) hp_log(HP_LOG_INFO, "checkpoint: saved %s (async)", m->pending_dir);
+            purge(m);
+        }
     }
     int last = step == last_step;
     if (!(last || (m->interval > 0 && step % m->interval == 0))) return HP_OK;
@@ -232,7 +237,10 @@ hp_status_t hp_ckpt_manager_wait(hp_ckpt_manager_t *m) {
     if (!m->saver) return HP_OK;
     int was = hp_dcp_saver_pending(m->saver);
     HP_TRY(hp_dcp_saver_wait(m->saver));
-    if (was) purge(m);
+    if (was) {
+        if (m->rank == 0) hp_log(HP_LOG_INFO, "checkpoint: saved %s (async)", m->pending_dir);
+        purge(m);
+    }
     return HP_OK;
 }
 
