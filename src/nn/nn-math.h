@@ -25,7 +25,8 @@ static inline float hp_nn_expf(float x) {
     p = p * r + 1.0f;
     p = p * r + 1.0f;
     union { int32_t i; float f; } scale;
-    scale.i = ((int32_t)n + 127) << 23;
+    // unsigned shift: n is in [-126, 127] for finite x; a NaN input must not be UB here
+    scale.i = (int32_t)((uint32_t)((int32_t)n + 127) << 23);
     return x < -87.0f ? 0.0f : p * scale.f;   // exp(-inf) = 0 (masked scores)
 }
 
