@@ -139,6 +139,16 @@ static void resume_case(const hp_config_t *base, hp_comm_t world, const double *
                  hp_dcp_metadata_find(md, "tok_embeddings.weight"), "%s: step-%d is model only", mode, STEPS);
         hp_dcp_metadata_free(md);
     }
+    if (!strcmp(mode, "disabled")) {
+        /* a longer run over the same folder continues from the model-only step */
+        c->training.steps = STEPS + 2;
+        t = NULL;
+        HP_CHECK_OK(hp_trainer_create(c, world, &t));
+        if (t) {
+            HP_CHECK(hp_trainer_current_step(t) == STEPS, "model-only resume at step %lld", (long long)hp_trainer_current_step(t));
+            hp_trainer_destroy(t);
+        }
+    }
     free(c);
 }
 

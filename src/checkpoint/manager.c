@@ -305,6 +305,14 @@ static hp_status_t load_dir(hp_ckpt_manager_t *m, const char *dir, const hp_ckpt
         s = hp_dcp_agree(m->comm, s, "checkpoint: restoring the train state");
     }
     *loaded_step = full ? (st->step ? *st->step : md_step) : (initial ? 0 : (md_step > 0 ? md_step : 0));
+    if (s == HP_OK && !full && !initial && md_step > 0) {
+        /* a model-only checkpoint (the last-step export) in the run folder: continue at its step
+         * with fresh optimizer and data state */
+        if (st->step) *st->step = md_step;
+        if (m->rank == 0)
+            hp_log(HP_LOG_WARN, "checkpoint %s holds only the model (last_save_model_only); the optimizer state "
+                   "and the data loader restart fresh at step %lld", dir, (long long)md_step);
+    }
     built_free(&b);
     return s;
 }
