@@ -1177,3 +1177,12 @@ void hp_model_tp_set(hp_model_t m, int seq_shard, int logits_cols, const hp_mode
 }
 
 int hp_model_max_tokens(hp_model_t m) { return m->max_batch * m->max_seq_len; }
+
+void hp_model_tp_adopt_storage(hp_model_t m, float *param_data, float *grad_data, size_t floats) {
+    hp_free_aligned(m->param_data);
+    hp_free_aligned(m->grad_data);
+    m->param_data = param_data;
+    m->grad_data = grad_data;
+    m->param_floats = floats;
+    for (int u = 0; u < m->cfg.n_layers + 2; u++) hp_model_bind_unit(m, u);
+}

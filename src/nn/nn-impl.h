@@ -33,5 +33,10 @@ hp_status_t hp_model_tp_localize(hp_model_t m, int attn_tp, int ffn_tp);
 void hp_model_tp_set(hp_model_t m, int seq_shard, int logits_cols, const hp_model_loss_fn_t *loss_fn,
                      void *loss_ctx);
 int hp_model_max_tokens(hp_model_t m);   /* max_batch * max_seq_len */
+/* The model takes ownership of new parameter / gradient storage (aligned, `floats` each) that
+ * the caller's param entries already point into (tensor parallel: the compacted local shards);
+ * the old storage is freed and every unit re-bound. The flat unit spans (hp_model_unit_span,
+ * hp_model_param_offset) then no longer describe the storage. */
+void hp_model_tp_adopt_storage(hp_model_t m, float *param_data, float *grad_data, size_t floats);
 
 #endif
