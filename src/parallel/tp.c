@@ -1245,6 +1245,67 @@ static hp_status_t lp_backward(void *ctx, float *dlogits, const float *logits, c
     return HP_OK;
 }
 
+/* Moves the local shards (packed in place inside the full-size storage) into storage of the
+ * local size, keeping params that are adjacent (stacked GEMMs) adjacent; 16-float alignment
+ * between the others, as the model's layout. */
+static const hp_param_t *g_sort_params;
+static int by_ptr(const void *a, const void *b) {
+    const float *x = g_sort_params[*(const int *)a].value.local.data, *y = g_sort_params[*(const int *)b].value.local.data;
+    return x < y ? -1 : x > y;
+}
+
+static hp_status_t compact_storage(hp_model_t model) {
+    const int np = hp_model_num_params(model);
+    hp_param_t *P = hp_model_params(model);
+    int *order = hp_calloc((size_t)np, sizeof(int));
+    size_t *off = hp_calloc((size_t)np, sizeof(size_t));
+    if (!order || !off) { free(order); free(off); return HP_ERR_OOM; }
+    int n = 0;
+    for (int i = 0; i < np; i++) {
+        int dup = 0;   // a tied weight appears once
+        for (int j = 0; j < n; j++) dup |= P[order[j]].value.local.data == P[i].value.local.data;
+        if (!dup) order[n++] = i;
+    }
+    g_sort_params = P;
+    qsort(order, (size_t)n, sizeof(int), by_ptr);
+    size_t cur = 0;
+    const float *prev_end = NULL;
+    for (int k = 0; k < n; k++) {
+        const hp_param_t *p = &P[order[k]];
+        const float *d = p->value.local.data;
+        size_t o = d == prev_end ? cur : ((cur + 15) & ~(size_t)15);
+        off[order[k]] = o;
+        cur = o + (size_t)hp_tensor_numel(&p->value.local);
+        prev_end = d + hp_tensor_numel(&p->value.local);
+    }
+    size_t total = (cur + 15) & ~(size_t)15;
+    float *nv = hp_aligned_alloc(sizeof(float) * (total ? total : 16));
+    float *ng = hp_aligned_alloc(sizeof(float) * (total ? total : 16));
+    if (!nv || !ng) {
+        hp_free_aligned(nv); hp_free_aligned(ng); free(order); free(off);
+        return hp_error(HP_ERR_OOM, "tensor parallel: %zu bytes for the local parameter shards", 2 * sizeof(float) * total);
+    }
+    memset(nv, 0, sizeof(float) * total);
+    memset(ng, 0, sizeof(float) * total);
+    for (int k = 0; k < n; k++) {
+        const hp_param_t *p = &P[order[k]];
+        size_t cnt = (size_t)hp_tensor_numel(&p->value.local);
+        memcpy(nv + off[order[k]], p->value.local.data, sizeof(float) * cnt);
+        memcpy(ng + off[order[k]], p->grad.local.data, sizeof(float) * cnt);
+    }
+    for (int i = 0; i < np; i++) {   // tied duplicates follow their first occurrence
+        int src = i;
+        for (int k = 0; k < n; k++)
+            if (P[order[k]].value.local.data == P[i].value.local.data) src = order[k];
+        P[i].value.local.data = nv + off[src];
+        P[i].grad.local.data = ng + off[src];
+    }
+    hp_model_tp_adopt_storage(model, nv, ng, total);
+    free(order);
+    free(off);
+    return HP_OK;
+}
+
 hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp_mesh,
                                     const hp_tp_plan_entry_t *plan, int n_plan) {
     if (!out || !model || (!plan && n_plan > 0))
@@ -1297,6 +1358,7 @@ hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp
                 tp->vocab_offset = (int64_t)tp->rank * cols;
             }
         }
+        if (st == HP_OK) st = compact_storage(model);
         static const hp_model_loss_fn_t lp = {lp_forward, lp_backward};
         if (st == HP_OK) hp_model_tp_set(model, seq, cols, cols ? &lp : NULL, tp);
     }
