@@ -171,9 +171,11 @@ int main(int argc, char **argv) {
         e.parallelism.tensor_parallel_degree = 3;
         HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_INVALID_ARG, "must equal the world size");
         e = *c;
+        /* dp_shard (FSDP) is implemented (tests/test_trainer_fsdp.c); context parallel is not */
         e.parallelism.data_parallel_replicate_degree = 1;
-        e.parallelism.data_parallel_shard_degree = -1;
-        if (ws > 1) HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_UNSUPPORTED, "data_parallel_shard_degree");
+        e.parallelism.data_parallel_shard_degree = 1;
+        e.parallelism.context_parallel_degree = ws;
+        if (ws > 1) HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_UNSUPPORTED, "context_parallel_degree");
         e = *c;
         snprintf(e.activation_checkpoint.mode, sizeof e.activation_checkpoint.mode, "full");
         HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_UNSUPPORTED, "activation_checkpoint.mode");

@@ -18,13 +18,17 @@
 #include "hyperparallel/metrics.h"
 #include "hyperparallel/optim.h"
 #include "hyperparallel/checkpoint.h"
+#include "hyperparallel/fsdp.h"
+#include "hyperparallel/tp.h"
 #include "hyperparallel/parallel_dims.h"
 #include "hyperparallel/safetensors.h"
 #include "hyperparallel/tokenizer.h"
 
 /* Parallelisms this build implements: replicated data parallel (one SUM all-reduce per
- * gradient after backward). FSDP, TP, PP, CP and EP are refused by ParallelDims. */
-#define HP_TRAINER_IMPLEMENTED (HP_PAR_DP_REPLICATE)
+ * gradient after backward), FSDP (dp_shard > 1) and HSDP (both > 1) through fully_shard
+ * (src/parallel/fsdp.c), tensor / sequence parallel (src/parallel/tp.c; not yet combined
+ * with FSDP). PP, CP and EP are refused by ParallelDims. */
+#define HP_TRAINER_IMPLEMENTED (HP_PAR_DP_REPLICATE | HP_PAR_DP_SHARD | HP_PAR_TP)
 
 struct hp_trainer {
     hp_config_t cfg;
@@ -53,6 +57,16 @@ struct hp_trainer {
     /* --- checkpoint (src/checkpoint/manager.c, owner dcp) --- */
     hp_ckpt_manager_t *ckpt;
     uint64_t ckpt_seed;
+    /* --- data parallel (owner fsdp): fully_shard when dp_shard > 1 --- */
+    hp_mesh_t dp_mesh;          /* (dp_shard) or (dp_replicate, dp_shard): a slice of world */
+    hp_fsdp_t *fsdp;
+    hp_param_t *params;         /* what the optimizer, clipping and checkpoints see */
+    int np;
+    hp_comm_t clip_comms[3];
+    int n_clip_comms;
+    /* --- tensor parallel (owner tp) --- */
+    hp_mesh_t tp_mesh;          /* the world mesh's tp dim */
+    hp_tp_t tp;
 };
 
 static double now_s(void) {
@@ -133,8 +147,51 @@ static hp_status_t build(hp_trainer_t *t) {
     t->mcfg.max_seq_len = t->T;
     HP_TRY(hp_model_config_validate(&t->mcfg));
     HP_TRY(hp_model_create(&t->mcfg, t->B > t->val_B ? t->B : t->val_B, t->T, &t->model));
+    /* --- tensor parallel (owner tp): TorchTitan's plan on the tp mesh, before the weights
+     * are drawn (each rank draws its shards at their global indices) --- */
+    if (t->pd.tp > 1) {
+        if (t->pd.dp_shard > 1)
+            return hp_error(HP_ERR_UNSUPPORTED, "parallelism.tensor_parallel_degree=%d with data_parallel_shard_degree="
+                            "%d: TP x FSDP (2-D, the _StridedShard layout) is not implemented yet; use TP alone or "
+                            "with data_parallel_replicate_degree (DDP), or set --parallelism.tensor_parallel_degree=1",
+                            t->pd.tp, t->pd.dp_shard);
+        const char *tpn[1] = {"tp"};
+        HP_TRY(hp_mesh_slice(t->meshes.world, 1, tpn, &t->tp_mesh));
+        hp_tp_plan_entry_t plan[32];
+        const int sp = c->parallelism.enable_sequence_parallel, lp = c->parallelism.enable_loss_parallel;
+        int n = strcmp(t->mcfg.name, "qwen3") == 0 ? hp_tp_qwen3_plan(plan, 32, sp, lp) : hp_tp_llama3_plan(plan, 32, sp, lp);
+        if (sp && t->T % t->pd.tp != 0)
+            return hp_error(HP_ERR_INVALID_ARG, "training.seq_len %d is not divisible by tensor_parallel_degree %d "
+                            "(sequence parallel shards the sequence); hint: use a multiple of %d or "
+                            "--parallelism.enable_sequence_parallel=false", t->T, t->pd.tp, t->pd.tp);
+        HP_TRY(hp_tp_parallelize_model(&t->tp, t->model, t->tp_mesh, plan, n));
+        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->tp_mesh, 0);
+    }
+    /* --- end tensor parallel --- */
     HP_TRY(hp_model_init_weights(t->model, (uint64_t)c->training.seed));
     t->flops_per_token = hp_model_flops_per_token(&t->mcfg, t->T);
+    /* --- data parallel (owner fsdp) --- */
+    t->params = hp_model_params(t->model);
+    t->np = hp_model_num_params(t->model);
+    if (t->pd.dp_shard > 1) {
+        /* fully_shard every unit (embedding, blocks, norm + output) over (dp_shard) or, with
+         * dp_replicate > 1, HSDP over (dp_replicate, dp_shard); reductions are sums since the
+         * loss is globally normalised (gradient divide factor 1, docs/fsdp.md) */
+        const char *names[2] = {"dp_replicate", "dp_shard"};
+        const int two = t->pd.dp_replicate > 1;
+        HP_TRY(hp_mesh_slice(t->meshes.world, two ? 2 : 1, two ? names : names + 1, &t->dp_mesh));
+        hp_fsdp_options_t fo = hp_fsdp_default_options();
+        fo.gradient_divide_factor = 1.0;
+        fo.mp.param_dtype = strcmp(c->training.mixed_precision_param, "bfloat16") == 0 ? HP_BF16 : HP_F32;
+        fo.mp.reduce_dtype = strcmp(c->training.mixed_precision_reduce, "bfloat16") == 0 ? HP_BF16 : HP_F32;
+        const char *raf = c->parallelism.fsdp_reshard_after_forward;
+        fo.reshard_after_forward = strcmp(raf, "always") == 0 ? 1 : strcmp(raf, "never") == 0 ? 0
+                                                                                              : HP_FSDP_RESHARD_DEFAULT;
+        HP_TRY(hp_fully_shard(t->model, t->dp_mesh, &fo, &t->fsdp));
+        t->params = hp_fsdp_params(t->fsdp);
+        t->n_clip_comms = hp_fsdp_grad_comms(t->fsdp, t->clip_comms);   /* (tp > 1 is refused above) */
+    }
+    /* --- end data parallel --- */
 
     hp_optim_kind_t kind;
     HP_TRY(hp_optim_kind_from_name(c->optimizer.name, &kind));
@@ -146,7 +203,7 @@ static hp_status_t build(hp_trainer_t *t) {
     oc.eps = c->optimizer.eps;
     if (kind == HP_OPTIM_SGD) oc.momentum = c->optimizer.momentum;
     if (kind == HP_OPTIM_MUON) oc.muon_momentum = c->optimizer.momentum;
-    HP_TRY(hp_optim_create(&oc, hp_model_params(t->model), hp_model_num_params(t->model), &t->opt));
+    HP_TRY(hp_optim_create(&oc, t->params, t->np, &t->opt));
     hp_lr_decay_t decay;
     HP_TRY(hp_lr_decay_from_name(c->lr_scheduler.decay_type, &decay));
     HP_TRY(hp_lr_schedule_init(&t->lr, c->training.steps, c->lr_scheduler.warmup_steps, c->lr_scheduler.decay_ratio,
@@ -187,7 +244,7 @@ static hp_status_t build(hp_trainer_t *t) {
 
 /* --- checkpoint (owner dcp): the state the manager saves and restores ---------------------- */
 static hp_ckpt_train_state_t ckpt_state(hp_trainer_t *t) {
-    hp_ckpt_train_state_t st = {hp_model_params(t->model), hp_model_num_params(t->model), hp_model_config(t->model),
+    hp_ckpt_train_state_t st = {t->params, t->np, hp_model_config(t->model),
                                 t->opt, t->dl, &t->step, &t->ckpt_seed};
     return st;
 }
@@ -237,6 +294,11 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
     if (t->rank == 0) {
         size_t pb, gb, ab, wb;
         hp_model_memory(t->model, &pb, &gb, &ab, &wb);
+        if (t->fsdp) {   /* data parallel (owner fsdp): sharded params/grads, gather workspace */
+            size_t fw = 0;
+            hp_fsdp_memory(t->fsdp, &pb, &gb, &fw);
+            wb += fw;
+        }
         char dims[256];
         hp_log(HP_LOG_INFO, "model %s %s: %lld parameters, vocab %d, %.3g FLOPs/token (seq %d)", t->mcfg.name,
                t->mcfg.flavor, (long long)hp_model_param_count(&t->mcfg, 0), t->mcfg.vocab_size, t->flops_per_token,
@@ -267,6 +329,10 @@ void hp_trainer_destroy(hp_trainer_t *t) {
     hp_token_ids_free(&t->scratch);
     hp_tokenizer_free(t->tok);
     hp_optim_free(t->opt);
+    hp_fsdp_destroy(t->fsdp);   /* data parallel (owner fsdp) */
+    hp_mesh_destroy(t->dp_mesh);
+    hp_tp_destroy(t->tp);       /* tensor parallel (owner tp) */
+    hp_mesh_destroy(t->tp_mesh);
     hp_model_destroy(t->model);
     if (t->meshes.world) hp_parallel_meshes_destroy(&t->meshes);
     free(t);
@@ -299,6 +365,7 @@ hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats) {
     hp_metrics_add_tokens(t->metrics, t->accum * bt);
     /* 3. forward/backward per micro-batch; grads accumulate */
     HP_TRY(hp_model_zero_grad(t->model));
+    if (t->fsdp) HP_TRY(hp_fsdp_zero_grad(t->fsdp));   /* data parallel (owner fsdp) */
     double local_loss = 0.0;
     for (int64_t a = 0; a < t->accum; a++) {
         float loss = 0.0f;
@@ -313,9 +380,10 @@ hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats) {
     }
     /* 4. data parallel: gradients are sums over ranks (the loss is already globally
      * normalised), reduced asynchronously per parameter, then waited for. */
-    int np = hp_model_num_params(t->model);
-    hp_param_t *params = hp_model_params(t->model);
-    if (t->dp_size > 1) {
+    int np = t->np;
+    hp_param_t *params = t->params;
+    /* FSDP / HSDP reduce-scatter (and all-reduce) inside backward, per unit */
+    if (t->dp_size > 1 && !t->fsdp) {
         for (int i = 0; i < np; i++) {
             hp_tensor_t *g = &params[i].grad.local;
             HP_TRY(hp_all_reduce(g->data, g->data, (size_t)hp_tensor_numel(g), HP_F32, HP_SUM, t->dp_comm,
@@ -332,8 +400,8 @@ hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats) {
     }
     double norm = 0.0;
     hp_status_t cs = t->cfg.training.max_norm > 0
-                         ? hp_clip_grad_norm(params, np, t->cfg.training.max_norm, NULL, 0, &norm)
-                         : hp_grad_norm(params, np, NULL, 0, &norm);
+                         ? hp_clip_grad_norm(params, np, t->cfg.training.max_norm, t->clip_comms, t->n_clip_comms, &norm)
+                         : hp_grad_norm(params, np, t->clip_comms, t->n_clip_comms, &norm);
     if (!isfinite(global_loss))
         return hp_error(HP_ERR_NUMERIC, "step %lld: the loss is %g; training stopped before the optimizer step "
                                         "(lower optimizer.lr or check the data)", (long long)step, global_loss);
@@ -496,6 +564,42 @@ hp_status_t hp_trainer_train(hp_trainer_t *t) {
             HP_TRY(hp_trainer_validate(t, &vl));
             HP_TRY(hp_metrics_log_scalar(t->metrics, "validation_metrics/loss", st.step, vl));
         }
+    }
+    if (c->job.dump_folder[0] && t->fsdp) {
+        /* data parallel (owner fsdp): all-gather the sharded weights into a full model on
+         * every rank (collective), rank 0 writes it */
+        hp_model_t full = NULL;
+        hp_status_t s = hp_model_create(&t->mcfg, 1, t->T, &full);
+        for (int i = 0; s == HP_OK && i < t->np; i++)
+            s = hp_fsdp_full_value(t->fsdp, i, hp_model_params(full)[i].value.local.data);
+        if (s == HP_OK && t->rank == 0) {
+            char path[2 * HP_CONFIG_STR_MAX];
+            snprintf(path, sizeof path, "%s/weights.safetensors", c->job.dump_folder);
+            s = hp_model_save_weights(full, path);
+            if (s == HP_OK) hp_log(HP_LOG_INFO, "final weights written to %s", path);
+        }
+        hp_model_destroy(full);
+        return s;
+    }
+    if (c->job.dump_folder[0] && t->tp) {
+        /* tensor parallel (owner tp): full_tensor of every sharded weight (collective over
+         * the tp mesh) into a full model, rank 0 writes it */
+        hp_model_t full = NULL;
+        hp_status_t s = hp_model_create(&t->mcfg, 1, t->T, &full);
+        for (int i = 0; s == HP_OK && i < t->np; i++) {
+            hp_param_t *fp = &hp_model_params(full)[i];
+            hp_dtensor_mem_t mem = {NULL, fp->value.local.data, sizeof(float) * (size_t)hp_tensor_numel(&fp->value.local)};
+            hp_tensor_t out;
+            s = hp_dtensor_full_tensor(&out, NULL, &mem, &t->params[i].value);
+        }
+        if (s == HP_OK && t->rank == 0) {
+            char path[2 * HP_CONFIG_STR_MAX];
+            snprintf(path, sizeof path, "%s/weights.safetensors", c->job.dump_folder);
+            s = hp_model_save_weights(full, path);
+            if (s == HP_OK) hp_log(HP_LOG_INFO, "final weights written to %s", path);
+        }
+        hp_model_destroy(full);
+        return s;
     }
     if (c->job.dump_folder[0] && t->rank == 0) {
         char path[2 * HP_CONFIG_STR_MAX];

@@ -1,0 +1,166 @@
+/* Trainer with fully_shard: on 2 ranks FSDP (dp_shard 2) and on 4 ranks FSDP 4 and HSDP 2 x 2
+ * give the losses and gradient norms of the replicated data-parallel run of the same config
+ * (mixed_precision_param float32; fp32 reduction order: 1e-5 relative) for 4 steps; the
+ * default bf16 all-gather trains with finite, falling losses; validation and the final
+ * weights file work with sharded parameters. */
+// hp-test: ranks 2 4 timeout 300
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hp_test.h"
+#include "hyperparallel/comm.h"
+#include "hyperparallel/config.h"
+#include "hyperparallel/model.h"
+#include "hyperparallel/tokenizer.h"
+#include "hyperparallel/trainer.h"
+
+static char dir_[256], corpus_[300], tok_[300];
+
+static const char *const sentences[] = {
+    "the quick brown fox jumps over the lazy dog",
+    "a journey of a thousand miles begins with a single step",
+    "all that glitters is not gold",
+    "the early bird catches the worm",
+    "where there is a will there is a way",
+    "actions speak louder than words",
+};
+
+static void make_corpus(hp_comm_t world) {
+    snprintf(dir_, sizeof dir_, "/tmp/hp_test_trainer_fsdp_%d", (int)getppid());
+    snprintf(corpus_, sizeof corpus_, "%s/corpus.txt", dir_);
+    snprintf(tok_, sizeof tok_, "%s/tokenizer.json", dir_);
+    if (hp_comm_rank(world) == 0) {
+        mkdir(dir_, 0755);
+        FILE *f = fopen(corpus_, "w");
+        for (int d = 0; d < 400; d++) {
+            for (int s = 0; s < 3; s++) fprintf(f, "%s%s", s ? " " : "", sentences[(d + s * 5) % 6]);
+            fprintf(f, ".\n%%\n");
+        }
+        fclose(f);
+        const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>"};
+        hp_tokenizer_train_options_t o = {0};
+        o.vocab_size = 320;
+        o.special = special;
+        o.n_special = 2;
+        o.separator_line = "%";
+        o.min_frequency = 2;
+        char *text = NULL;
+        size_t len = 0;
+        FILE *r = fopen(corpus_, "r");
+        fseek(r, 0, SEEK_END);
+        len = (size_t)ftell(r);
+        fseek(r, 0, SEEK_SET);
+        text = malloc(len);
+        HP_CHECK(fread(text, 1, len, r) == len, "read corpus");
+        fclose(r);
+        const char *texts[1] = {text};
+        HP_CHECK_OK(hp_tokenizer_train_texts(&o, texts, &len, 1, tok_));
+        free(text);
+    }
+    hp_barrier(world, NULL);
+}
+
+static void base_config(hp_config_t *c, int world) {
+    hp_config_defaults(c);
+    snprintf(c->model.name, sizeof c->model.name, "llama3");
+    snprintf(c->model.flavor, sizeof c->model.flavor, "debugmodel");
+    c->training.steps = 12;
+    c->training.seq_len = 32;
+    c->training.local_batch_size = 2;
+    c->training.seed = 3;
+    c->optimizer.lr = 3e-3;
+    c->lr_scheduler.warmup_steps = 2;
+    c->parallelism.data_parallel_replicate_degree = world;
+    c->parallelism.data_parallel_shard_degree = 1;
+    c->metrics.log_freq = 1000;
+    c->metrics.peak_flops = -1;
+    c->job.dump_folder[0] = '\0';
+    snprintf(c->data.path, sizeof c->data.path, "%s", corpus_);
+    snprintf(c->data.format, sizeof c->data.format, "text");
+    snprintf(c->data.text_separator, sizeof c->data.text_separator, "percent");
+    c->data.validation_fraction = 0.1;
+    c->validation.enable = true;
+    c->validation.steps = 2;
+    c->data.loop = true;
+    snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s", tok_);
+}
+
+
+enum { N = 4 };
+
+static void run(const hp_config_t *c, hp_comm_t world, double *losses, double *norms) {
+    hp_trainer_t *t = NULL;
+    HP_CHECK_OK(hp_trainer_create(c, world, &t));
+    if (!t) return;
+    for (int i = 0; i < N; i++) {
+        hp_step_stats_t st;
+        HP_CHECK_OK(hp_trainer_step(t, &st));
+        losses[i] = st.loss;
+        norms[i] = st.grad_norm;
+    }
+    double vl = NAN;
+    HP_CHECK_OK(hp_trainer_validate(t, &vl));
+    HP_CHECK(isfinite(vl) && vl > 0, "validation loss %g", vl);
+    hp_trainer_destroy(t);
+}
+
+int main(int argc, char **argv) {
+    hp_comm_t world;
+    if (hp_comm_init(&argc, &argv, &world) != HP_OK) return 1;
+    int rank = hp_comm_rank(world), ws = hp_comm_size(world);
+    hp_test_set_rank(rank);
+    make_corpus(world);
+    hp_config_t *c = calloc(1, sizeof *c);
+    base_config(c, ws);
+    c->training.steps = N;
+    c->validation.steps = 1;
+    double dl[N], dn[N], fl[N], fn[N];
+    run(c, world, dl, dn);   /* replicated data parallel */
+    hp_config_t *f = calloc(1, sizeof *f);
+    int shapes[2][2] = {{1, ws}, {2, ws / 2}};
+    for (int k = 0; k < (ws >= 4 ? 2 : 1); k++) {
+        *f = *c;
+        f->parallelism.data_parallel_replicate_degree = shapes[k][0];
+        f->parallelism.data_parallel_shard_degree = shapes[k][1];
+        snprintf(f->training.mixed_precision_param, sizeof f->training.mixed_precision_param, "float32");
+        run(f, world, fl, fn);
+        for (int i = 0; i < N; i++) {
+            HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
+            HP_CHECK_CLOSE(fn[i], dn[i], 1e-4, 0.0);
+        }
+        if (rank == 0)
+            printf("replicate %d x shard %d: losses %.6f %.6f %.6f %.6f (replicated DP %.6f %.6f %.6f %.6f)\n",
+                   shapes[k][0], shapes[k][1], fl[0], fl[1], fl[2], fl[3], dl[0], dl[1], dl[2], dl[3]);
+    }
+    /* default MixedPrecisionPolicy of the config: bf16 all-gather, f32 reduce; final weights */
+    *f = *c;
+    f->parallelism.data_parallel_replicate_degree = 1;
+    f->parallelism.data_parallel_shard_degree = ws;
+    snprintf(f->job.dump_folder, sizeof f->job.dump_folder, "%s/out", dir_);
+    hp_trainer_t *t = NULL;
+    HP_CHECK_OK(hp_trainer_create(f, world, &t));
+    if (t) {
+        HP_CHECK_OK(hp_trainer_train(t));
+        hp_trainer_destroy(t);
+    }
+    if (rank == 0) {
+        char path[400];
+        snprintf(path, sizeof path, "%s/out/weights.safetensors", dir_);
+        hp_model_t m = NULL;
+        HP_CHECK_OK(hp_model_load_weights(path, 1, 0, &m));
+        if (m) {
+            const hp_param_t *p = hp_model_find_param(m, "norm.weight");
+            HP_CHECK(p && ((const float *)p->value.local.data)[0] != 1.0f, "final norm.weight was not trained");
+            hp_model_destroy(m);
+        }
+    }
+    free(f);
+    free(c);
+    int rc = hp_test_finish("test_trainer_fsdp");
+    hp_comm_finalize();
+    return rc;
+}
