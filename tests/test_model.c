@@ -1,12 +1,26 @@
 // Model flavors against TorchTitan's numbers (parameter counts, FLOPs/token), config errors,
 // parameter names and shapes, init statistics, forward/backward sanity (initial loss near
-// ln V, ignore index, loss divisor), no growth of the arenas, bitwise determinism.
+// ln V, ignore index, loss divisor), no heap allocation in a step, bitwise determinism.
 // hp-test: ranks 1 timeout 120
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/model.h"
 #include "hp_test.h"
+
+/* Counts heap allocations while `count_allocs` is set: this program's malloc/calloc/realloc
+ * interpose glibc's (not under AddressSanitizer, which interposes them itself). */
+#if !defined(__SANITIZE_ADDRESS__)
+#define HP_COUNT_ALLOCS 1
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+static volatile int count_allocs = 0;
+static volatile long n_allocs = 0;
+void *malloc(size_t n) { if (count_allocs) __atomic_add_fetch(&n_allocs, 1, __ATOMIC_RELAXED); return __libc_malloc(n); }
+void *calloc(size_t a, size_t b) { if (count_allocs) __atomic_add_fetch(&n_allocs, 1, __ATOMIC_RELAXED); return __libc_calloc(a, b); }
+void *realloc(void *p, size_t n) { if (count_allocs) __atomic_add_fetch(&n_allocs, 1, __ATOMIC_RELAXED); return __libc_realloc(p, n); }
+#endif
 
 static void test_flavors(void) {
     hp_model_config_t c;
@@ -170,7 +184,34 @@ static void test_model_basics(const char *name) {
     hp_model_destroy(m);
 }
 
+/* No heap allocation in forward / backward (DESIGN invariant 9), after a warm-up step, on the
+ * llama3 debugmodel at (1, 64). (OpenBLAS's small-matrix sgemm path, taken when
+ * M*N*K <= 1e6, mallocs internally; at these sizes every GEMM is above it.) */
+static void test_no_alloc(void) {
+#ifdef HP_COUNT_ALLOCS
+    hp_model_config_t c;
+    HP_ASSERT(hp_model_flavor("llama3", "debugmodel", &c) == HP_OK);
+    hp_model_t m = NULL;
+    HP_CHECK_OK(hp_model_create(&c, 1, 64, &m));
+    if (!m) return;
+    HP_CHECK_OK(hp_model_init_weights(m, 3));
+    int32_t tok[64], tgt[64];
+    for (int i = 0; i < 64; i++) { tok[i] = (i * 131) % 2048; tgt[i] = (i * 17 + 1) % 2048; }
+    float loss;
+    for (int warm = 0; warm < 2; warm++) {
+        if (warm == 1) { n_allocs = 0; count_allocs = 1; }
+        hp_status_t sf = hp_model_forward(m, tok, tgt, 1, 64, 64.0f, &loss);
+        hp_status_t sb = hp_model_backward(m);
+        count_allocs = 0;
+        HP_CHECK(sf == HP_OK && sb == HP_OK, "forward/backward failed");
+    }
+    HP_CHECK(n_allocs == 0, "forward + backward made %ld heap allocations", (long)n_allocs);
+    hp_model_destroy(m);
+#endif
+}
+
 int main(void) {
+    test_no_alloc();
     test_flavors();
     test_model_basics("llama3");
     test_model_basics("qwen3");
