@@ -19,14 +19,14 @@
 #define DP_B 1        /* sequences per rank per micro-batch */
 #define DP_SEED 1234
 
-static uint32_t dp_hash(uint32_t x) {
+static inline uint32_t dp_hash(uint32_t x) {
     x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
     return x;
 }
 
 /* Tokens and targets of global sequence `seq` of micro-batch `a` of step `step`; every 5th
  * target is ignored (-100) so the valid count differs per rank. */
-static void dp_sequence(int step, int a, int seq, int V, int32_t *tok, int32_t *tgt) {
+static inline void dp_sequence(int step, int a, int seq, int V, int32_t *tok, int32_t *tgt) {
     for (int t = 0; t < DP_T; t++) {
         uint32_t h = dp_hash((uint32_t)(step * 1000003 + a * 10007 + seq * 101 + t));
         tok[t] = (int32_t)(h % (uint32_t)V);
@@ -34,7 +34,7 @@ static void dp_sequence(int step, int a, int seq, int V, int32_t *tok, int32_t *
     }
 }
 
-static int64_t dp_valid(int step, int accum, int n_seqs, int V) {
+static inline int64_t dp_valid(int step, int accum, int n_seqs, int V) {
     int32_t tok[DP_T], tgt[DP_T];
     int64_t n = 0;
     for (int a = 0; a < accum; a++)
@@ -45,7 +45,7 @@ static int64_t dp_valid(int step, int accum, int n_seqs, int V) {
     return n;
 }
 
-static hp_model_config_t dp_config(int n_layers) {
+static inline hp_model_config_t dp_config(int n_layers) {
     hp_model_config_t c;
     hp_status_t s = hp_model_flavor("llama3", "debugmodel", &c);
     HP_ASSERT(s == HP_OK);
@@ -54,14 +54,14 @@ static hp_model_config_t dp_config(int n_layers) {
     return c;
 }
 
-static hp_optim_config_t dp_optim(void) {
+static inline hp_optim_config_t dp_optim(void) {
     hp_optim_config_t o = hp_optim_default(HP_OPTIM_ADAMW);
     o.lr = 1e-3; o.beta1 = 0.9; o.beta2 = 0.95; o.weight_decay = 0.1;
     return o;
 }
 
 /* max |a - b| / max |b| */
-static double dp_rel_err(const float *a, const float *b, int64_t n) {
+static inline double dp_rel_err(const float *a, const float *b, int64_t n) {
     double d = 0.0, m = 0.0;
     for (int64_t i = 0; i < n; i++) {
         double e = fabs((double)a[i] - (double)b[i]);
@@ -72,7 +72,7 @@ static double dp_rel_err(const float *a, const float *b, int64_t n) {
 }
 
 /* One forward + backward of the reference model over `n_seqs` global sequences of micro-batch a. */
-static float dp_ref_microbatch(hp_model_t ref, int step, int a, int n_seqs, float divisor, int32_t *tok, int32_t *tgt) {
+static inline float dp_ref_microbatch(hp_model_t ref, int step, int a, int n_seqs, float divisor, int32_t *tok, int32_t *tgt) {
     const int V = hp_model_config(ref)->vocab_size;
     for (int s = 0; s < n_seqs; s++) dp_sequence(step, a, s, V, tok + s * DP_T, tgt + s * DP_T);
     float loss = 0.0f;

@@ -23,7 +23,7 @@ typedef struct pcase {
     hp_dtype_t pdt, rdt;
 } pcase_t;
 
-static hp_mesh_t make_mesh(hp_comm_t world, int R) {
+static inline hp_mesh_t make_mesh(hp_comm_t world, int R) {
     hp_mesh_t mesh = NULL;
     if (R > 1) {
         int64_t shape[2] = {R, g_world / R};
@@ -38,7 +38,7 @@ static hp_mesh_t make_mesh(hp_comm_t world, int R) {
 }
 
 /* Runs one case; returns the per-step global losses in `losses` (steps entries). */
-static void run_case(hp_comm_t world, const pcase_t *pc, double *losses) {
+static inline void run_case(hp_comm_t world, const pcase_t *pc, double *losses) {
     const hp_model_config_t cfg = dp_config(0);
     const int V = cfg.vocab_size, G = g_world * DP_B;
     hp_mesh_t mesh = make_mesh(world, pc->R);
