@@ -2,8 +2,10 @@
  * the same run (interleaved ABBA rounds; medians; ours/mpi is the median of the per-round
  * paired ratios), plus the share of an async
  * 16 MiB all_gather hidden behind a GEMM for each progress mode.
- *   mpirun -np 2 bench_collectives [--max-bytes N] [--min-bytes N] [--overlap-only] */
+ *   mpirun -np 2 bench_collectives [--max-bytes N] [--min-bytes N] [--overlap-only] [--control]
+ * --control runs raw MPI in both columns, to show the noise floor of the ratio. */
 #include <cblas.h>
+#include <math.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +20,7 @@ static const char *k_names[K_COUNT] = {"all_reduce", "all_gather", "reduce_scatt
 static hp_comm_t W;
 static MPI_Comm RAW;
 static int R, N;
+static int CONTROL;   /* --control: the "ours" column runs the raw MPI call too (noise floor) */
 static float *SB, *RB;   // (max_bytes/4) send and receive buffers
 
 static void die(const char *what) {
@@ -38,7 +41,7 @@ static double bus_factor(kind_t k) {
  * input, A2A total per rank). */
 static void call(kind_t k, int raw, size_t S) {
     size_t c = S / 4, cn = c / (size_t)N;
-    if (raw) {
+    if (raw || CONTROL) {
         switch (k) {
         case K_AR: MPI_Allreduce(SB, RB, (int)c, MPI_FLOAT, MPI_SUM, RAW); break;
         case K_AG: MPI_Allgather(SB, (int)cn, MPI_FLOAT, RB, (int)cn, MPI_FLOAT, RAW); break;
@@ -127,9 +130,14 @@ static void overlap(void) {
     double tc[ITERS], tg[ITERS], tov[NMODES][ITERS];
     for (int i = 0; i < 3; i++) tc[i] = overlap_once(cn, 0, 0);
     double t_comm0 = median(tc, 3);
-    /* GEMM about as long as the communication, so up to 100% can be hidden */
-    int m = 128;
-    while (m < mmax && gemm_time(m) < t_comm0) m = m * 5 / 4;
+    /* GEMM about as long as the communication, so up to 100% can be hidden: size it from
+     * the rate of a 512^3 GEMM (median of 3; every rank gets the same slowest-rank times) */
+    double tg3[3];
+    for (int i = 0; i < 3; i++) tg3[i] = gemm_time(512);
+    double rate = 2.0 * 512 * 512 * 512 / median(tg3, 3);
+    int m = (int)cbrt(t_comm0 * rate / 2.0);
+    if (m < 64) m = 64;
+    if (m > mmax) m = mmax;
     for (int i = 0; i < ITERS; i++) {
         tc[i] = overlap_once(cn, 0, 0);
         tg[i] = gemm_time(m);
@@ -162,6 +170,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--max-bytes") && i + 1 < argc) max_bytes = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--min-bytes") && i + 1 < argc) min_bytes = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--overlap-only")) overlap_only = 1;
+        else if (!strcmp(argv[i], "--control")) CONTROL = 1;
     }
     R = hp_comm_rank(W);
     N = hp_comm_size(W);
@@ -173,6 +182,9 @@ int main(int argc, char **argv) {
     if (!SB || !RB) die("buffers");
     for (size_t i = 0; i < cap / 4; i++) SB[i] = (float)(i % 13), RB[i] = 0;
 
+    if (R == 0 && CONTROL)
+        printf("# CONTROL RUN: the 'ours' columns call raw MPI as well; the ratio column shows the "
+               "measurement noise of this machine\n");
     if (R == 0) {
         printf("# bench_collectives: %d ranks, f32, sum; ours = hp_comm, mpi = the raw MPI call on a "
                "duplicate of MPI_COMM_WORLD; each round times mpi, ours, ours, mpi (slowest rank); "
@@ -195,7 +207,7 @@ int main(int argc, char **argv) {
             if (S / 4 % (size_t)N) continue;
             int reps = S < ((size_t)1 << 20) ? (int)(((size_t)1 << 20) / S) : 1;
             if (reps > 64) reps = 64;
-            int iters = S <= ((size_t)16 << 20) ? 21 : 11;
+            int iters = S <= ((size_t)16 << 20) ? 31 : 15;
             double to[40], tm[40], rt[40];
             call((kind_t)k, 0, S), call((kind_t)k, 1, S);   /* warm up both paths */
             for (int it = 0; it < iters; it++) {
@@ -230,7 +242,7 @@ int main(int argc, char **argv) {
                worst_ratio, worst, sz);
     }
     fflush(stdout);
-    overlap();
+    if (!CONTROL) overlap();
     free(SB);
     free(RB);
     MPI_Comm_free(&RAW);
