@@ -168,6 +168,8 @@ struct hp_tp {
     tp_mod_t *mods;
     int64_t max_rows;
     size_t buf_bytes;
+    float *scratch;         /* shared gather / scatter scratch (tp_mod.tmp) */
+    size_t scratch_n;
     hp_model_t model;
     int64_t vocab_offset;   /* loss_parallel: first vocab column of this rank */
 };
@@ -184,12 +186,12 @@ void hp_tp_destroy(hp_tp_t tp) {
         t->m->impl = t->inner.impl;
         hp_free_aligned(t->in_buf);
         hp_free_aligned(t->dout_buf);
-        hp_free_aligned(t->tmp);
         hp_free_aligned(t->tmp2);
         hp_free_aligned(t->gsave);
         free(t->inner_ops_owned);
     }
     if (tp->model) hp_model_tp_set(tp->model, 0, 0, NULL, NULL);
+    hp_free_aligned(tp->scratch);
     free(tp->mods);
     free(tp);
 }
@@ -834,6 +836,12 @@ static hp_status_t alloc_buf(hp_tp_t tp, float **p, size_t *cap, size_t n) {
     return HP_OK;
 }
 
+/* The gather / scatter scratch (`tmp`) is only used inside one helper call, so all modules
+ * share one buffer of the largest size any of them asks for. */
+static void want_scratch(hp_tp_t tp, size_t n) {
+    if (n > tp->scratch_n) tp->scratch_n = n;
+}
+
 /* Shards the parameters in place and switches the module to its wrapper. */
 static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
     hp_module_t *m = t->m;
@@ -883,7 +891,7 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
             }
             if (L->accumulate_input_grad) t2 = t2 > (size_t)(R * IC) ? t2 : (size_t)(R * IC);
             HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, t2));
-            HP_TRY(alloc_buf(tp, &t->tmp, &t->tmp_n, t1));
+            want_scratch(tp, t1);
         } else {
             // columns [r*IC/k, ...) of every row (stacked params share the column split)
             const int64_t lc = IC / k;
@@ -904,7 +912,7 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
             const int seq = is_shard_seq(&s->output_layout);
             HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, (seq || t->acc_out) ? (size_t)(R * OC) : 0));
             HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, seq ? (size_t)(R * OC) : 0));
-            HP_TRY(alloc_buf(tp, &t->tmp, &t->tmp_n, seq ? (size_t)(R * OC) : 0));
+            want_scratch(tp, seq ? (size_t)(R * OC) : 0);
         }
         m->ops = s->kind == HP_TP_COLWISE ? &col_linear_ops : &row_linear_ops;
     } else if (t->mk == MK_EMBEDDING && (s->kind == HP_TP_COLWISE || s->kind == HP_TP_ROWWISE)) {
@@ -941,14 +949,14 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
             const int seq = is_shard_seq(&s->output_layout);
             HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, (size_t)(R * C)));
             HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, seq ? (size_t)(R * C) : 0));
-            HP_TRY(alloc_buf(tp, &t->tmp, &t->tmp_n, seq ? (size_t)(R * C) : 0));
+            want_scratch(tp, seq ? (size_t)(R * C) : 0);
             m->ops = &row_emb_ops;
         } else {
             E->dim = (int)(C / k);
             const int rep = is_rep(&s->output_layout);
             HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, rep ? (size_t)(R * C / k) : 0));
             HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, rep ? (size_t)(R * C / k) : 0));
-            HP_TRY(alloc_buf(tp, &t->tmp, &t->tmp_n, rep ? (size_t)(R * C) : 0));
+            want_scratch(tp, rep ? (size_t)(R * C) : 0);
             m->ops = &col_emb_ops;
         }
     } else {
@@ -974,7 +982,7 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
             // children linears may already be colwise-sharded: in_features of colwise is unchanged
             HP_TRY(alloc_buf(tp, &t->in_buf, &t->in_buf_n, (size_t)(R * C)));
             HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, (size_t)(R * C)));
-            HP_TRY(alloc_buf(tp, &t->tmp, &t->tmp_n, (size_t)(R * C)));
+            want_scratch(tp, (size_t)(R * C));
         }
         if (prep_out(t)) {
             int64_t C = 0;
@@ -986,7 +994,7 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
                                 "supported on linear and rmsnorm modules", m->name, m->ops->kind);
             size_t need = (size_t)(R * C);
             if (t->tmp2_n < need) { hp_free_aligned(t->tmp2); t->tmp2 = NULL; HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, need)); }
-            if (t->tmp_n < need) { hp_free_aligned(t->tmp); t->tmp = NULL; HP_TRY(alloc_buf(tp, &t->tmp, &t->tmp_n, need)); }
+            want_scratch(tp, need);
             HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, need));
         }
         hp_module_ops_t *ops = hp_calloc(1, sizeof(*ops));
@@ -1199,6 +1207,11 @@ static hp_status_t parallelize(hp_tp_t tp, hp_module_t **mods, int n, const hp_t
             }
         // the tp_mod moved into tp->mods: re-point the module impls at the final copies
         for (int i = 0; st == HP_OK && i < tp->n_mods; i++) tp->mods[i].m->impl = &tp->mods[i];
+        if (st == HP_OK) st = alloc_buf(tp, &tp->scratch, &tp->scratch_n, tp->scratch_n);
+        for (int i = 0; st == HP_OK && i < tp->n_mods; i++) {
+            tp->mods[i].tmp = tp->scratch;
+            tp->mods[i].tmp_n = tp->scratch_n;
+        }
     }
     free(styles);
     free(entry_of);
