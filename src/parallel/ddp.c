@@ -1,0 +1,320 @@
+/* DistributedDataParallel (gradient buckets reduced asynchronously during backward, no_sync)
+ * and ZeroRedundancyOptimizer (greedy partition, local step, parameter broadcast). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyperparallel/ddp.h"
+#include "parallel/dp-impl.h"
+
+/* ---- bucket assignment ----------------------------------------------------------------- */
+
+#define DDP_MAX_KEYS 8
+
+int hp_ddp_bucket_assignment(const size_t *bytes, const int *keys, int n, const size_t *limits, int n_limits,
+                             int *bucket_of, size_t *bucket_limit) {
+    HP_ASSERT(n_limits >= 1);
+    // per key: open bucket (raw id), its bytes, the limit index
+    int key_of[DDP_MAX_KEYS], nk = 0;
+    int open[DDP_MAX_KEYS];
+    size_t open_bytes[DDP_MAX_KEYS];
+    int lim_i[DDP_MAX_KEYS];
+    int *raw = malloc(sizeof(int) * (size_t)(n ? n : 1));       // raw bucket id per tensor
+    int *first = malloc(sizeof(int) * (size_t)(n ? n : 1));     // smallest tensor index per raw bucket
+    size_t *rlim = malloc(sizeof(size_t) * (size_t)(n ? n : 1));
+    HP_ASSERT(raw && first && rlim);
+    int nraw = 0;
+    for (int i = 0; i < n; i++) {
+        int key = keys ? keys[i] : 0, k;
+        for (k = 0; k < nk && key_of[k] != key; k++) {}
+        if (k == nk) {
+            HP_ASSERT(nk < DDP_MAX_KEYS);
+            key_of[nk] = key; open[nk] = -1; open_bytes[nk] = 0; lim_i[nk] = 0;
+            nk++;
+        }
+        if (open[k] < 0) {
+            open[k] = nraw;
+            first[nraw] = i;
+            rlim[nraw] = limits[lim_i[k]];
+            nraw++;
+        }
+        raw[i] = open[k];
+        open_bytes[k] += bytes[i];
+        if (open_bytes[k] >= limits[lim_i[k]]) {   // close; the next limit (the last one repeats)
+            open[k] = -1;
+            open_bytes[k] = 0;
+            if (lim_i[k] + 1 < n_limits) lim_i[k]++;
+        }
+    }
+    // raw ids are already in order of their smallest tensor index (a bucket is opened by its
+    // first tensor), so sorting by minimum index keeps the raw order
+    for (int i = 0; i < n; i++) bucket_of[i] = raw[i];
+    if (bucket_limit)
+        for (int b = 0; b < nraw; b++) bucket_limit[b] = rlim[b];
+    free(raw);
+    free(first);
+    free(rlim);
+    return nraw;
+}
+
+/* ---- DDP ------------------------------------------------------------------------------- */
+
+typedef struct bucket {
+    int n;
+    int *idx;          /* model param indices */
+    size_t floats;
+    float *buf;
+    int ready;         /* params whose gradient is ready this backward */
+    int launched;
+    hp_work_t work;
+} bucket_t;
+
+struct hp_ddp {
+    hp_model_t model;
+    hp_comm_t comm;
+    hp_ddp_options_t o;
+    int W;
+    int nb;
+    bucket_t *b;
+    int *bucket_of;    /* per param */
+    int next_launch;   /* buckets launch in index order */
+    int sync;
+    double wait_s;
+};
+
+hp_ddp_options_t hp_ddp_default_options(void) {
+    hp_ddp_options_t o = {(size_t)1 << 20, (size_t)25 << 20, 1, 1};
+    return o;
+}
+
+static hp_status_t launch_ready(hp_ddp_t *d) {
+    hp_param_t *P = hp_model_params(d->model);
+    while (d->next_launch < d->nb && d->b[d->next_launch].ready == d->b[d->next_launch].n) {
+        bucket_t *b = &d->b[d->next_launch];
+        size_t off = 0;
+        const float scale = d->o.average ? 1.0f / (float)d->W : 1.0f;
+        for (int j = 0; j < b->n; j++) {
+            const hp_tensor_t *g = &P[b->idx[j]].grad.local;
+            size_t n = (size_t)hp_tensor_numel(g);
+            const float *src = g->data;
+            if (d->o.average)
+                for (size_t k = 0; k < n; k++) b->buf[off + k] = src[k] * scale;
+            else
+                memcpy(b->buf + off, src, sizeof(float) * n);
+            off += n;
+        }
+        double t0 = hp_dp_now();
+        HP_TRY(hp_all_reduce(b->buf, b->buf, b->floats, HP_F32, HP_SUM, d->comm, d->o.overlap ? &b->work : NULL));
+        if (!d->o.overlap) d->wait_s += hp_dp_now() - t0;
+        b->launched = 1;
+        d->next_launch++;
+    }
+    return HP_OK;
+}
+
+static hp_status_t ddp_post_backward(void *ctx, int unit) {
+    hp_ddp_t *d = ctx;
+    if (!d->sync) return HP_OK;
+    int first, count;
+    hp_model_unit_params(d->model, unit, &first, &count);
+    for (int i = first; i < first + count; i++) d->b[d->bucket_of[i]].ready++;
+    HP_TRY(launch_ready(d));
+    if (unit == 0) {   // the final callback: wait every bucket, copy the results back
+        HP_ASSERT_MSG(d->next_launch == d->nb, "DDP: %d of %d buckets launched at the end of backward",
+                      d->next_launch, d->nb);
+        hp_param_t *P = hp_model_params(d->model);
+        for (int k = 0; k < d->nb; k++) {
+            bucket_t *b = &d->b[k];
+            double t0 = hp_dp_now();
+            if (b->work) HP_TRY(hp_work_wait(&b->work));
+            d->wait_s += hp_dp_now() - t0;
+            size_t off = 0;
+            for (int j = 0; j < b->n; j++) {
+                hp_tensor_t *g = &P[b->idx[j]].grad.local;
+                size_t n = (size_t)hp_tensor_numel(g);
+                memcpy(g->data, b->buf + off, sizeof(float) * n);
+                off += n;
+            }
+            b->ready = 0;
+            b->launched = 0;
+        }
+        d->next_launch = 0;
+    }
+    return HP_OK;
+}
+
+hp_status_t hp_ddp_create(hp_model_t model, hp_comm_t comm, const hp_ddp_options_t *opts, hp_ddp_t **out) {
+    if (!model || !comm || !out) return hp_error(HP_ERR_INVALID_ARG, "DDP: model, comm and out must be non-NULL");
+    *out = NULL;
+    hp_ddp_options_t o = opts ? *opts : hp_ddp_default_options();
+    if (o.first_bucket_bytes == 0 || o.bucket_cap_bytes == 0)
+        return hp_error(HP_ERR_INVALID_ARG, "DDP: bucket sizes must be > 0 (first %zu, cap %zu)",
+                        o.first_bucket_bytes, o.bucket_cap_bytes);
+    const hp_model_config_t *mc = hp_model_config(model);
+    if (mc->tie_embeddings)
+        return hp_error(HP_ERR_UNSUPPORTED, "DDP: model %s/%s ties tok_embeddings and output (the gradient is "
+                        "ready only after both units); untied models only", mc->name, mc->flavor);
+    HP_TRY(hp_dp_register(model, "DDP"));
+    hp_ddp_t *d = hp_calloc(1, sizeof(*d));
+    const int np = hp_model_num_params(model);
+    hp_param_t *P = hp_model_params(model);
+    size_t *bytes = hp_malloc(sizeof(size_t) * (size_t)np);
+    if (d) d->bucket_of = hp_malloc(sizeof(int) * (size_t)np);
+    if (!d || !bytes || !d->bucket_of) {
+        free(bytes);
+        if (d) free(d->bucket_of);
+        free(d);
+        hp_dp_unregister(model);
+        return HP_ERR_OOM;
+    }
+    d->model = model;
+    d->comm = comm;
+    d->o = o;
+    d->W = hp_comm_size(comm);
+    d->sync = 1;
+    for (int i = 0; i < np; i++) bytes[i] = sizeof(float) * (size_t)hp_tensor_numel(&P[i].value.local);
+    size_t limits[2] = {o.first_bucket_bytes, o.bucket_cap_bytes};
+    int nb = hp_ddp_bucket_assignment(bytes, NULL, np, limits, 2, d->bucket_of, NULL);
+    free(bytes);
+    // reverse the bucket order: gradients arrive roughly in reverse parameter order
+    for (int i = 0; i < np; i++) d->bucket_of[i] = nb - 1 - d->bucket_of[i];
+    d->nb = nb;
+    d->b = hp_calloc((size_t)nb, sizeof(bucket_t));
+    hp_status_t st = d->b ? HP_OK : HP_ERR_OOM;
+    for (int k = 0; st == HP_OK && k < nb; k++) {
+        bucket_t *b = &d->b[k];
+        for (int i = 0; i < np; i++)
+            if (d->bucket_of[i] == k) { b->n++; b->floats += (size_t)hp_tensor_numel(&P[i].value.local); }
+        b->idx = hp_malloc(sizeof(int) * (size_t)b->n);
+        b->buf = hp_aligned_alloc(sizeof(float) * (b->floats + 1));
+        if (!b->idx || !b->buf) { st = HP_ERR_OOM; break; }
+        int j = 0;
+        for (int i = 0; i < np; i++)
+            if (d->bucket_of[i] == k) b->idx[j++] = i;
+    }
+    // init_sync: every rank starts from rank 0's weights
+    for (int i = 0; st == HP_OK && i < np; i++)
+        st = hp_broadcast(P[i].value.local.data, (size_t)hp_tensor_numel(&P[i].value.local), HP_F32, 0, comm, NULL);
+    if (st != HP_OK) {
+        hp_ddp_destroy(d);
+        return st;
+    }
+    hp_model_hooks_t h = {NULL, NULL, NULL, ddp_post_backward};
+    hp_model_set_hooks(model, &h, d);
+    *out = d;
+    return HP_OK;
+}
+
+void hp_ddp_destroy(hp_ddp_t *d) {
+    if (!d) return;
+    for (int k = 0; d->b && k < d->nb; k++) {
+        if (d->b[k].work) (void)hp_work_wait(&d->b[k].work);
+        free(d->b[k].idx);
+        hp_free_aligned(d->b[k].buf);
+    }
+    hp_model_set_hooks(d->model, NULL, NULL);
+    hp_dp_unregister(d->model);
+    free(d->b);
+    free(d->bucket_of);
+    free(d);
+}
+
+void hp_ddp_set_requires_gradient_sync(hp_ddp_t *d, int sync) { d->sync = sync != 0; }
+int hp_ddp_num_buckets(const hp_ddp_t *d) { return d->nb; }
+int hp_ddp_bucket_params(const hp_ddp_t *d, int b, int *indices, int cap) {
+    if (b < 0 || b >= d->nb) return 0;
+    for (int j = 0; j < d->b[b].n && j < cap; j++) indices[j] = d->b[b].idx[j];
+    return d->b[b].n;
+}
+double hp_ddp_comm_wait_seconds(const hp_ddp_t *d) { return d->wait_s; }
+
+/* ---- ZeRO-1 ---------------------------------------------------------------------------- */
+
+struct hp_zero {
+    hp_comm_t comm;
+    int n, rank;
+    hp_param_t *params;
+    int *owner;
+    hp_param_t *mine;   /* copies of the owned params' descriptors (same storage) */
+    int n_mine;
+    hp_optim_t *opt;
+    hp_work_t *work;
+};
+
+void hp_zero_partition(const int64_t *numel, int n, int world, int *owner) {
+    int *order = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    int64_t *total = calloc((size_t)world, sizeof(int64_t));
+    HP_ASSERT(order && total);
+    for (int i = 0; i < n; i++) order[i] = i;
+    // stable sort by numel descending (insertion sort keeps equal sizes in index order)
+    for (int i = 1; i < n; i++) {
+        int v = order[i], j = i - 1;
+        while (j >= 0 && numel[order[j]] < numel[v]) { order[j + 1] = order[j]; j--; }
+        order[j + 1] = v;
+    }
+    for (int k = 0; k < n; k++) {
+        int best = 0;
+        for (int r = 1; r < world; r++)
+            if (total[r] < total[best]) best = r;
+        owner[order[k]] = best;
+        total[best] += numel[order[k]];
+    }
+    free(order);
+    free(total);
+}
+
+hp_status_t hp_zero_create(const hp_optim_config_t *cfg, hp_param_t *params, int n_params, hp_comm_t comm,
+                           hp_zero_t **out) {
+    if (!cfg || !params || n_params <= 0 || !comm || !out)
+        return hp_error(HP_ERR_INVALID_ARG, "ZeroRedundancyOptimizer: cfg, params (n > 0), comm and out are required");
+    *out = NULL;
+    hp_zero_t *z = hp_calloc(1, sizeof(*z));
+    if (!z) return HP_ERR_OOM;
+    z->comm = comm;
+    z->n = n_params;
+    z->rank = hp_comm_rank(comm);
+    z->params = params;
+    z->owner = hp_malloc(sizeof(int) * (size_t)n_params);
+    z->mine = hp_calloc((size_t)n_params, sizeof(hp_param_t));
+    z->work = hp_calloc((size_t)n_params, sizeof(hp_work_t));
+    int64_t *numel = hp_malloc(sizeof(int64_t) * (size_t)n_params);
+    if (!z->owner || !z->mine || !z->work || !numel) {
+        free(numel);
+        hp_zero_free(z);
+        return HP_ERR_OOM;
+    }
+    for (int i = 0; i < n_params; i++) numel[i] = hp_tensor_numel(&params[i].value.local);
+    hp_zero_partition(numel, n_params, hp_comm_size(comm), z->owner);
+    free(numel);
+    for (int i = 0; i < n_params; i++)
+        if (z->owner[i] == z->rank) z->mine[z->n_mine++] = params[i];
+    hp_status_t st = HP_OK;
+    if (z->n_mine > 0) st = hp_optim_create(cfg, z->mine, z->n_mine, &z->opt);
+    if (st != HP_OK) {
+        hp_zero_free(z);
+        return st;
+    }
+    *out = z;
+    return HP_OK;
+}
+
+void hp_zero_free(hp_zero_t *z) {
+    if (!z) return;
+    hp_optim_free(z->opt);
+    free(z->owner);
+    free(z->mine);
+    free(z->work);
+    free(z);
+}
+
+hp_status_t hp_zero_step(hp_zero_t *z, double lr_factor) {
+    if (z->opt) HP_TRY(hp_optim_step(z->opt, lr_factor));
+    for (int i = 0; i < z->n; i++) {
+        hp_tensor_t *v = &z->params[i].value.local;
+        HP_TRY(hp_broadcast(v->data, (size_t)hp_tensor_numel(v), HP_F32, z->owner[i], z->comm, &z->work[i]));
+    }
+    for (int i = 0; i < z->n; i++) HP_TRY(hp_work_wait(&z->work[i]));
+    return HP_OK;
+}
+
+int hp_zero_owner(const hp_zero_t *z, int i) { return (i >= 0 && i < z->n) ? z->owner[i] : -1; }
+size_t hp_zero_state_bytes(const hp_zero_t *z) { return z->opt ? hp_optim_state_bytes(z->opt) : 0; }

@@ -1,0 +1,33 @@
+/* ZeroRedundancyOptimizer (ZeRO-1): PyTorch's greedy partition (numel descending, to the rank
+ * with the smallest running total, ties to the lowest rank); DDP + ZeRO-1 AdamW parity with
+ * the single-rank run for 10 steps, with and without gradient accumulation; optimizer state
+ * per rank about 1/W. */
+// hp-test: ranks 2 4 timeout 240
+#include "test_ddp_util.h"
+
+int main(int argc, char **argv) {
+    hp_comm_t world;
+    if (hp_comm_init(&argc, &argv, &world) != HP_OK) {
+        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
+        return 1;
+    }
+    g_rank = hp_comm_rank(world);
+    g_world = hp_comm_size(world);
+    hp_test_set_rank(g_rank);
+    {   // sizes 9, 7, 7, 5, 3, 1 over 3 ranks: 9 -> r0, 7 -> r1, 7 -> r2, 5 -> r1 (7 < 9, tie r1 < r2)...
+        int64_t numel[6] = {3, 7, 9, 1, 7, 5};
+        int owner[6], expect[6] = {2, 1, 0, 0, 2, 1};
+        // order: 9 (i2) r0; 7 (i1) r1; 7 (i4) r2; 5 (i5) r1 (totals 9,7,7 -> r1); 3 (i0) r2 (9,12,7);
+        // 1 (i3) r0 (9,12,10)
+        hp_zero_partition(numel, 6, 3, owner);
+        int ok = 1;
+        for (int i = 0; i < 6; i++) ok &= owner[i] == expect[i];
+        HP_CHECK(ok, "partition %d %d %d %d %d %d", owner[0], owner[1], owner[2], owner[3], owner[4], owner[5]);
+    }
+    double l[10];
+    ddp_parity(world, "ddp + zero-1", 10, 1, 1, 0, 1, l);
+    ddp_parity(world, "ddp + zero-1 accum 2", 3, 2, 1, 0, 1, l);
+    int rc = hp_test_finish("test_zero");
+    hp_comm_finalize();
+    return rc;
+}
