@@ -388,6 +388,7 @@ hp_status_t hp_safetensors_open_memory(const void *bytes, size_t len, const char
 
 /* pread until n bytes or error. */
 static hp_status_t read_at(hp_safetensors_t *st, void *buf, size_t n, uint64_t off) {
+    if (n == 0) return HP_OK;   /* empty tensors may have a NULL buffer */
     if (st->fd < 0) {
         memcpy(buf, st->mem + off, n);
         return HP_OK;
