@@ -46,6 +46,7 @@ static int cmp_double(const void *a, const void *b) {
 
 typedef struct result {
     double step_s, loss;
+    uint64_t colls;   /* collectives of one step (barrier excluded) */
     double param_mib, grad_mib, optim_mib, act_mib, work_mib;
 } result_t;
 
@@ -90,6 +91,7 @@ static result_t run(int mode, hp_mesh_t mesh, const hp_model_config_t *cfg, int 
     const int global_ranks = mode == 2 ? (int)hp_mesh_size(mesh, 0) : 1;
     for (int s = 0; s < warmup + steps; s++) {
         if (mesh) CHECK(hp_barrier(hp_mesh_get_comm(mesh, 0), NULL));
+        hp_comm_counts_reset();
         double t0 = now();
         CHECK(hp_model_zero_grad(m));
         if (fsdp) CHECK(hp_fsdp_zero_grad(fsdp));
@@ -99,6 +101,7 @@ static result_t run(int mode, hp_mesh_t mesh, const hp_model_config_t *cfg, int 
         CHECK(hp_optim_step(opt, 1.0));
         double dt = now() - t0;
         if (s >= warmup) times[s - warmup] = dt;
+        r.colls = hp_comm_count_total() - hp_comm_count(HP_COMM_BARRIER);
         r.loss = loss;
     }
     qsort(times, (size_t)steps, sizeof(double), cmp_double);
@@ -163,7 +166,13 @@ int main(int argc, char **argv) {
     CHECK(hp_comm_split(world, rank == 0 ? 0 : -1, 0, &solo));
     if (rank == 0) res[0] = run(0, NULL, &cfg, B, T, steps, warmup, sp, 0);
     if (solo) hp_comm_destroy(solo);
-    CHECK(hp_barrier(world, NULL));
+    // the other ranks wait sleeping (a spinning MPI barrier would take a core from rank 0)
+    hp_work_t bw = NULL;
+    CHECK(hp_barrier(world, &bw));
+    for (int done = 0; !done;) {
+        CHECK(hp_work_test(&bw, &done));
+        if (!done) nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
     if (W > 1) {
         res[1] = run(1, mesh, &cfg, B, T, steps, warmup, sp, 0);
         res[2] = run(2, mesh, &cfg, B, T, steps, warmup, sp, rank);
@@ -171,8 +180,8 @@ int main(int argc, char **argv) {
     if (rank == 0) {
         printf("bench_tp: %s/%s B=%d T=%d, %d ranks, %d OpenMP thread(s) per rank, median of %d steps "
                "(zero_grad + forward + backward + AdamW)\n", model, flavor, B, T, W, threads, steps);
-        printf("%-22s %9s %11s %8s %8s %8s %8s %8s %8s\n", "layout", "step ms", "tokens/s", "params", "grads",
-               "adamw", "activ", "work", "total");
+        printf("%-22s %9s %11s %8s %8s %8s %8s %8s %8s %6s\n", "layout", "step ms", "tokens/s", "params", "grads",
+               "adamw", "activ", "work", "total", "colls");
         const char *label[3] = {"single rank", "TP", "FSDP"};
         char lab[64];
         for (int k = 0; k < (W > 1 ? 3 : 1); k++) {
@@ -181,12 +190,12 @@ int main(int argc, char **argv) {
             if (k == 1) snprintf(lab, sizeof lab, "TP%d%s", W, sp ? " (SP, loss_par)" : "");
             else if (k == 2) snprintf(lab, sizeof lab, "FSDP%d", W);
             else snprintf(lab, sizeof lab, "%s", label[k]);
-            printf("%-22s %9.1f %11.0f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", lab, 1e3 * r->step_s,
+            printf("%-22s %9.1f %11.0f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %6llu\n", lab, 1e3 * r->step_s,
                    (double)gb * T / r->step_s, r->param_mib, r->grad_mib, r->optim_mib, r->act_mib, r->work_mib,
-                   r->param_mib + r->grad_mib + r->optim_mib + r->act_mib + r->work_mib);
+                   r->param_mib + r->grad_mib + r->optim_mib + r->act_mib + r->work_mib, (unsigned long long)r->colls);
         }
-        printf("(memory in MiB per rank; tokens/s over the global batch: TP %d x %d, FSDP %d x %d x %d)\n", B, T,
-               W, B, T);
+        printf("(memory in MiB per rank; tokens/s over the global batch: TP %d x %d, FSDP %d x %d x %d; colls: "
+               "collectives per step on this rank)\n", B, T, W, B, T);
     }
     hp_mesh_destroy(mesh);
     hp_comm_finalize();
