@@ -18,6 +18,7 @@
 #include "hyperparallel/metrics.h"
 #include "hyperparallel/optim.h"
 #include "hyperparallel/checkpoint.h"
+#include "hyperparallel/ddp.h"
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/tp.h"
 #include "hyperparallel/parallel_dims.h"
@@ -60,6 +61,7 @@ struct hp_trainer {
     /* --- data parallel (owner fsdp): fully_shard when dp_shard > 1 --- */
     hp_mesh_t dp_mesh;          /* (dp_shard) or (dp_replicate, dp_shard): a slice of world */
     hp_fsdp_t *fsdp;
+    hp_ddp_t *ddp;              /* dp_replicate only: bucketed async all-reduce in backward */
     hp_param_t *params;         /* what the optimizer, clipping and checkpoints see */
     int np;
     hp_comm_t clip_comms[3];
@@ -190,6 +192,13 @@ static hp_status_t build(hp_trainer_t *t) {
         HP_TRY(hp_fully_shard(t->model, t->dp_mesh, &fo, &t->fsdp));
         t->params = hp_fsdp_params(t->fsdp);
         t->n_clip_comms = hp_fsdp_grad_comms(t->fsdp, t->clip_comms);   /* (tp > 1 is refused above) */
+    } else if (t->dp_size > 1 && !t->mcfg.tie_embeddings) {
+        /* DDP: gradient buckets (1 MiB first, 25 MiB cap) all-reduced (SUM) asynchronously as
+         * they fill during backward; no_sync on all micro-batches but the last. Tied
+         * embeddings keep the per-parameter all-reduce after backward (step 4). */
+        hp_ddp_options_t dop = hp_ddp_default_options();
+        dop.average = 0;
+        HP_TRY(hp_ddp_create(t->model, t->dp_comm, &dop, &t->ddp));
     }
     /* --- end data parallel --- */
 
@@ -330,6 +339,7 @@ void hp_trainer_destroy(hp_trainer_t *t) {
     hp_tokenizer_free(t->tok);
     hp_optim_free(t->opt);
     hp_fsdp_destroy(t->fsdp);   /* data parallel (owner fsdp) */
+    hp_ddp_destroy(t->ddp);
     hp_mesh_destroy(t->dp_mesh);
     hp_tp_destroy(t->tp);       /* tensor parallel (owner tp) */
     hp_mesh_destroy(t->tp_mesh);
@@ -369,6 +379,7 @@ hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats) {
     double local_loss = 0.0;
     for (int64_t a = 0; a < t->accum; a++) {
         float loss = 0.0f;
+        if (t->ddp) hp_ddp_set_requires_gradient_sync(t->ddp, a == t->accum - 1);   /* owner fsdp */
         hp_status_t fs = hp_model_forward(t->model, t->inputs + a * bt, t->labels + a * bt, t->B, t->T,
                                           (float)global_valid, &loss);
         /* A non-finite local loss is not returned here: every rank must enter the same
@@ -383,7 +394,7 @@ hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats) {
     int np = t->np;
     hp_param_t *params = t->params;
     /* FSDP / HSDP reduce-scatter (and all-reduce) inside backward, per unit */
-    if (t->dp_size > 1 && !t->fsdp) {
+    if (t->dp_size > 1 && !t->fsdp && !t->ddp) {
         for (int i = 0; i < np; i++) {
             hp_tensor_t *g = &params[i].grad.local;
             HP_TRY(hp_all_reduce(g->data, g->data, (size_t)hp_tensor_numel(g), HP_F32, HP_SUM, t->dp_comm,
