@@ -5,8 +5,10 @@
  * weights. With and without gradient accumulation (sync every micro-batch, and no-sync until
  * the last), reshard_after_forward True/False/2, overlap on and off (bitwise equal losses).
  * bf16 mixed precision is compared against fully_shard over a 1-rank mesh under the same
- * policy. Tolerances (fp32 reduction order): loss 2e-5 relative, gradients 1e-4 of the
- * tensor's max, weights after the steps 1e-4 of max; bf16 reduce: 3e-2. */
+ * policy. Tolerances: f32 (reduction order ~1e-6): loss 2e-5 relative, gradients 1e-4 of
+ * the tensor's max |g|, weights after the steps max |dw| <= 1e-2 x lr*steps (Adam amplifies
+ * differences of near-zero gradients); bf16 params with f32 reduce: loss 1e-3, gradients
+ * 1e-3, weights 0.5 x lr*steps; bf16 reduce: gradients 3e-2, weights RMS <= 0.25 x lr*steps. */
 #ifndef HP_TEST_FSDP_UTIL_H
 #define HP_TEST_FSDP_UTIL_H
 #include "test_dp_util.h"
@@ -153,7 +155,7 @@ static inline void run_case(hp_comm_t world, const pcase_t *pc, double *losses) 
             e = fmax(e, dk);
             ss += dk * dk;
         }
-        if (pc->rdt == HP_BF16) e = sqrt(ss / (double)n) / 0.2;   // RMS <= 0.1 lr*steps
+        if (pc->rdt == HP_BF16) e = sqrt(ss / (double)n) / 0.5;   // RMS <= 0.25 lr*steps
         e /= oc.lr * pc->steps;
         if (e > worst_w) worst_w = e;
         HP_CHECK(e * oc.lr * pc->steps <= wtol, "%s: weights of %s after %d steps differ by %.3g of lr*steps",
