@@ -1178,7 +1178,9 @@ void hp_model_tp_set(hp_model_t m, int seq_shard, int logits_cols, const hp_mode
 
 int hp_model_max_tokens(hp_model_t m) { return m->max_batch * m->max_seq_len; }
 
-void hp_model_tp_adopt_storage(hp_model_t m, float *param_data, float *grad_data, size_t floats) {
+void hp_model_tp_adopt_storage(hp_model_t m, float *param_data, float *grad_data, size_t floats,
+                               const size_t *param_off) {
+    for (int i = 0; i < m->n_params; i++) m->param_off[i] = param_off[i];
     hp_free_aligned(m->param_data);
     hp_free_aligned(m->grad_data);
     m->param_data = param_data;

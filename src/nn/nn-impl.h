@@ -34,9 +34,10 @@ void hp_model_tp_set(hp_model_t m, int seq_shard, int logits_cols, const hp_mode
                      void *loss_ctx);
 int hp_model_max_tokens(hp_model_t m);   /* max_batch * max_seq_len */
 /* The model takes ownership of new parameter / gradient storage (aligned, `floats` each) that
- * the caller's param entries already point into (tensor parallel: the compacted local shards);
- * the old storage is freed and every unit re-bound. The flat unit spans (hp_model_unit_span,
- * hp_model_param_offset) then no longer describe the storage. */
-void hp_model_tp_adopt_storage(hp_model_t m, float *param_data, float *grad_data, size_t floats);
+ * the caller's param entries already point into (tensor parallel: the compacted local shards)
+ * at param_off[i] floats (units stay contiguous, so hp_model_unit_span / param_offset describe
+ * the new layout); the old storage is freed and every unit re-bound. */
+void hp_model_tp_adopt_storage(hp_model_t m, float *param_data, float *grad_data, size_t floats,
+                               const size_t *param_off);
 
 #endif
