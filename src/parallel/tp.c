@@ -1310,10 +1310,13 @@ static hp_status_t compact_storage(hp_model_t model) {
         int src = i;
         for (int k = 0; k < n; k++)
             if (P[order[k]].value.local.data == P[i].value.local.data) src = order[k];
-        P[i].value.local.data = nv + off[src];
-        P[i].grad.local.data = ng + off[src];
+        off[i] = off[src];
     }
-    hp_model_tp_adopt_storage(model, nv, ng, total);
+    for (int i = 0; i < np; i++) {
+        P[i].value.local.data = nv + off[i];
+        P[i].grad.local.data = ng + off[i];
+    }
+    hp_model_tp_adopt_storage(model, nv, ng, total, off);
     free(order);
     free(off);
     return HP_OK;
