@@ -143,6 +143,10 @@ struct hp_work {
     int p2p_n, p2p_cap;
 };
 
+/* Allocations the front end made for collectives since start (work pool, workspaces,
+ * request storage); tests assert it stays flat in steady state. */
+uint64_t hp_comm_debug_allocs(void);
+
 /* Seconds since an arbitrary epoch (monotonic). */
 double hp_comm_now(void);
 

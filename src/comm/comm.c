@@ -62,6 +62,11 @@ static struct {
     .timeout = 300.0,
 };
 
+static uint64_t g_allocs;   /* allocations made for collectives (pool, workspaces, storage) */
+
+uint64_t hp_comm_debug_allocs(void) { return __atomic_load_n(&g_allocs, __ATOMIC_RELAXED); }
+#define COUNT_ALLOC() __atomic_fetch_add(&g_allocs, 1, __ATOMIC_RELAXED)
+
 static uint64_t g_calls[HP_COMM_OP_COUNT];
 static uint64_t g_bytes[HP_COMM_OP_COUNT];
 
@@ -210,12 +215,14 @@ static void *wd_main(void *arg) {
 
 hp_status_t hp_breq_reserve(hp_breq_t *req, size_t bytes, size_t scratch_bytes) {
     if (bytes > req->h_cap) {
+        COUNT_ALLOC();
         void *p = realloc(req->h, bytes);
         if (!p) return hp_error(HP_ERR_OOM, "hp_comm: cannot grow request storage to %zu bytes", bytes);
         req->h = p;
         req->h_cap = bytes;
     }
     if (scratch_bytes > req->scratch_cap) {
+        COUNT_ALLOC();
         void *p = realloc(req->scratch, scratch_bytes);
         if (!p) return hp_error(HP_ERR_OOM, "hp_comm: cannot grow request scratch to %zu bytes",
                                 scratch_bytes);
@@ -228,18 +235,22 @@ hp_status_t hp_breq_reserve(hp_breq_t *req, size_t bytes, size_t scratch_bytes) 
 static hp_status_t ws_reserve(hp_work_t w, size_t bytes) {
     if (bytes <= w->ws_cap) return HP_OK;
     hp_free_aligned(w->ws);
+    COUNT_ALLOC();
     w->ws = hp_aligned_alloc(bytes);
     w->ws_cap = w->ws ? bytes : 0;
     if (!w->ws) return hp_error(HP_ERR_OOM, "hp_comm: cannot allocate a %zu-byte workspace", bytes);
     return HP_OK;
 }
 
-/* One-slot per-thread cache in front of the pool: a thread issuing blocking calls reuses
- * the same work (and its workspace) without taking the pool lock. */
+/* One-slot per-thread cache in front of the pool, for blocking calls only: a thread issuing
+ * blocking calls reuses the same work (and its workspace) without taking the pool lock, and
+ * asynchronous calls take pool works in LIFO order, so a program that repeats the same
+ * sequence of calls gets the same work objects every step and stops allocating after the
+ * first step. */
 static __thread hp_work_t t_cached_work;
 
-static hp_status_t work_get(hp_comm_t comm, hp_work_t *out) {
-    hp_work_t w = t_cached_work;
+static hp_status_t work_get(hp_comm_t comm, int blocking, hp_work_t *out) {
+    hp_work_t w = blocking ? t_cached_work : NULL;
     if (w) {
         t_cached_work = NULL;
     } else {
@@ -249,6 +260,7 @@ static hp_status_t work_get(hp_comm_t comm, hp_work_t *out) {
         pthread_mutex_unlock(&g.lock);
     }
     if (!w) {
+        COUNT_ALLOC();
         w = hp_calloc(1, sizeof *w);
         if (!w) return HP_ERR_OOM;
         pthread_mutex_lock(&g.lock);
@@ -270,7 +282,7 @@ static hp_status_t work_get(hp_comm_t comm, hp_work_t *out) {
 }
 
 static void work_put(hp_work_t w) {
-    if (!t_cached_work) {
+    if (!w->async && !t_cached_work) {
         t_cached_work = w;
         return;
     }
@@ -1016,7 +1028,7 @@ static hp_status_t check_group(hp_work_t *work, const char *fn) {
 
 static hp_status_t launch(hp_comm_t comm, const hp_op_desc_t *d, size_t bytes, hp_work_t *work) {
     hp_work_t w;
-    HP_TRY(work_get(comm, &w));
+    HP_TRY(work_get(comm, work == NULL, &w));
     w->d = *d;
     count_op(d->kind, bytes);
     return dispatch(w, work);
@@ -1111,9 +1123,10 @@ hp_status_t hp_all_to_all_v(const void *sendbuf, const size_t *sendcounts, const
     HP_TRY(check_buf(sendbuf, sent, "sendbuf", "hp_all_to_all_v"));
     HP_TRY(check_buf(recvbuf, recvd, "recvbuf", "hp_all_to_all_v"));
     hp_work_t w;
-    HP_TRY(work_get(comm, &w));
+    HP_TRY(work_get(comm, work == NULL, &w));
     size_t need = 4 * (size_t)comm->size;
     if (need > w->vcap) {   /* grows only when a larger communicator is first seen */
+        COUNT_ALLOC();
         size_t *p = realloc(w->vcounts, need * sizeof *p);
         if (!p) {
             work_put(w);
@@ -1166,6 +1179,7 @@ static hp_status_t p2p_push(hp_work_t w, int is_send, void *buf, size_t count, h
                             int peer, hp_comm_t comm) {
     if (w->p2p_n == w->p2p_cap) {
         int cap = w->p2p_cap ? 2 * w->p2p_cap : 8;
+        COUNT_ALLOC();
         hp_p2p_t *p = realloc(w->p2p, (size_t)cap * sizeof *p);
         if (!p) return hp_error(HP_ERR_OOM, "hp_comm: cannot grow the point-to-point group");
         w->p2p = p;
@@ -1195,7 +1209,7 @@ static hp_status_t p2p_call(int is_send, void *buf, size_t count, hp_dtype_t dt,
         return HP_OK;
     }
     hp_work_t w;
-    HP_TRY(work_get(comm, &w));
+    HP_TRY(work_get(comm, work == NULL, &w));
     hp_status_t st = p2p_push(w, is_send, buf, count, dt, peer, comm);
     if (st != HP_OK) {
         work_put(w);
@@ -1219,7 +1233,7 @@ hp_status_t hp_recv(void *buf, size_t count, hp_dtype_t dt, int peer, hp_comm_t 
 hp_status_t hp_group_start(void) {
     if (!g.initialised) return hp_error(HP_ERR_STATE, "hp_group_start: hp_comm is not initialised");
     if (t_group_depth++ == 0) {
-        hp_status_t st = work_get(g.world, &t_group_work);
+        hp_status_t st = work_get(g.world, 1, &t_group_work);
         if (st != HP_OK) {
             t_group_depth = 0;
             return st;
