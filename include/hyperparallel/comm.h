@@ -35,7 +35,7 @@ hp_status_t hp_redop_destroy(hp_redop_t op, hp_comm_t comm);
 /* --- lifetime ---------------------------------------------------------------------- */
 /* Initialises the distributed runtime (MPI_Init_thread under the MPI backend) if needed and
  * returns the world communicator. Installs the abort hook and sets the log rank. Safe to
- * call without mpirun (a world of one rank). */
+ * call without mpirun (a world of one rank). A second call returns the same world. */
 hp_status_t hp_comm_init(int *argc, char ***argv, hp_comm_t *world);
 /* Finalises the runtime; every communicator must be destroyed first. */
 hp_status_t hp_comm_finalize(void);
@@ -47,6 +47,8 @@ int hp_comm_world_rank(hp_comm_t comm);
  * returns *out = NULL (the caller is in no group). Collective over `comm`. */
 hp_status_t hp_comm_split(hp_comm_t comm, int color, int key, hp_comm_t *out);
 hp_status_t hp_comm_dup(hp_comm_t comm, hp_comm_t *out);
+/* Frees a split/dup result (NULL is fine). The world communicator belongs to the runtime:
+ * destroying it is a no-op and hp_comm_finalize frees it. */
 hp_status_t hp_comm_destroy(hp_comm_t comm);
 /* Timeout (seconds) for every blocking call and hp_work_wait; on expiry the job is aborted
  * with a message naming the op and the communicator. Default 300; env HP_COMM_TIMEOUT. */
