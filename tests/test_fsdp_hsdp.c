@@ -2,7 +2,7 @@
  * shard dim then all-reduce over the replicate dim, 10 AdamW steps against the single-rank
  * run; with gradient accumulation (no sync until the last micro-batch); and
  * reshard_after_forward = 2 on the 1-D mesh (post-forward copy sharded over groups of 2). */
-// hp-test: ranks 4 8 timeout 240
+// hp-test: ranks 4 8 timeout 900
 #include "test_fsdp_util.h"
 
 int main(int argc, char **argv) {
@@ -18,9 +18,9 @@ int main(int argc, char **argv) {
     const pcase_t base = {"hsdp 2 x W/2", 10, 1, 0, HP_FSDP_RESHARD_DEFAULT, 2, 1, HP_F32, HP_F32};
     run_case(world, &base, l);
     pcase_t c = base;
-    c.what = "hsdp 2 x W/2 accum 2 (no sync until last)"; c.accum = 2; c.nosync = 1; c.steps = 3;
+    c.what = "hsdp 2 x W/2 accum 2 (no sync until last)"; c.accum = 2; c.nosync = 1; c.steps = 2;
     run_case(world, &c, l);
-    c = base; c.what = "fsdp reshard_after_forward 2"; c.R = 1; c.raf = 2; c.steps = 3;
+    c = base; c.what = "fsdp reshard_after_forward 2"; c.R = 1; c.raf = 2; c.steps = 2;
     run_case(world, &c, l);
     int rc = hp_test_finish("test_fsdp_hsdp");
     hp_comm_finalize();
