@@ -1,12 +1,13 @@
 /* 2-D: TP inside (TorchTitan's llama3 plan on the mesh's tp dim), FSDP outside (fully_shard
- * over dp_shard) on a (dp_shard 2, tp 2) mesh: 10 SGD steps on llama3 debugmodel shapes (2
- * layers), each dp rank its own sequence (B = 1, T = 16), equal the single-rank run of the
- * global batch (B = 2) computed on rank 0: global losses rel 2e-5 at every step; gradients at
+ * over dp_shard) on a (dp_shard 2, tp 2) mesh (4 ranks); 3-D: HSDP over (dp_replicate 2,
+ * dp_shard 2) outside TP 2 (8 ranks). 10 SGD steps on llama3 debugmodel shapes (2 layers),
+ * each dp rank its own sequence (B = 1, T = 16), equal the single-rank run of the global
+ * batch (B = 2 or 4) computed on rank 0: global losses rel 2e-5 at every step; gradients at
  * steps 1 and 10 (FSDP full_grad over dp, then full_tensor over tp) within 2e-5 of each
  * parameter's largest |g|; with and without sequence parallel + loss_parallel.
  * Known gap (docs/tp.md): FSDP's DTensor descriptors describe the TP-local tensor on the dp
  * mesh only (not a 2-D (dp_shard, tp) layout), so this test checks the arithmetic. */
-// hp-test: ranks 4 timeout 240
+// hp-test: ranks 4 8 timeout 240
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -25,13 +26,15 @@
 static hp_comm_t g_world;
 static int g_rank;
 
-static void batch(int step, int V, int32_t *tok, int32_t *tgt) {   /* 2 sequences */
+static int NB;   /* sequences in the global batch = dp ranks */
+
+static void batch(int step, int V, int32_t *tok, int32_t *tgt) {
     uint32_t s = 4242u + 131u * (uint32_t)step;
-    for (int i = 0; i < 2 * T; i++) {
+    for (int i = 0; i < NB * T; i++) {
         s = s * 1664525u + 1013904223u;
         tok[i] = (int32_t)((s >> 8) % (uint32_t)V);
     }
-    for (int i = 0; i < 2 * T; i++) tgt[i] = (i % T == T - 1) ? tok[(i + 1) % (2 * T)] : tok[i + 1];
+    for (int i = 0; i < NB * T; i++) tgt[i] = (i % T == T - 1) ? tok[(i + 1) % (NB * T)] : tok[i + 1];
     tgt[3] = HP_IGNORE_INDEX;
 }
 
@@ -44,15 +47,15 @@ static void sgd(hp_param_t *P, int n, float lr) {
     }
 }
 
-static void run(hp_mesh_t world_mesh, hp_mesh_t dp, hp_mesh_t tpm, int sp) {
+static void run(hp_mesh_t dp, hp_comm_t loss_comm, int dpr, hp_mesh_t tpm, int sp) {
     char what[64];
-    snprintf(what, sizeof(what), "tp2 x fsdp2 sp%d lp%d", sp, sp);
+    snprintf(what, sizeof(what), "tp2 x %s sp%d lp%d", NB == 2 ? "fsdp2" : "hsdp2x2", sp, sp);
     hp_model_config_t c;
     HP_ASSERT(hp_model_flavor("llama3", "debugmodel", &c) == HP_OK);
     c.n_layers = 2;
     hp_model_t ref = NULL, m = NULL;
     if (g_rank == 0) {
-        HP_CHECK_OK(hp_model_create(&c, 2, T, &ref));
+        HP_CHECK_OK(hp_model_create(&c, NB, T, &ref));
         HP_CHECK_OK(hp_model_init_weights(ref, 11));
     }
     HP_CHECK_OK(hp_model_create(&c, 1, T, &m));
@@ -71,22 +74,21 @@ static void run(hp_mesh_t world_mesh, hp_mesh_t dp, hp_mesh_t tpm, int sp) {
     HP_CHECK_OK(hp_fully_shard(m, dp, &fo, &f));
     if (!f || !tp) return;
     hp_param_t *fp = hp_fsdp_params(f);
-    const int dpr = hp_mesh_get_local_rank(dp, 0);
-    int32_t tok[2 * T], tgt[2 * T];
+    int32_t tok[4 * T], tgt[4 * T];
     for (int step = 1; step <= STEPS; step++) {
         batch(step, c.vocab_size, tok, tgt);
         int valid = 0;
-        for (int i = 0; i < 2 * T; i++) valid += tgt[i] != HP_IGNORE_INDEX;
+        for (int i = 0; i < NB * T; i++) valid += tgt[i] != HP_IGNORE_INDEX;
         float lref = 0, l = 0, lg = 0;
         if (ref) {
             HP_CHECK_OK(hp_model_zero_grad(ref));
-            HP_CHECK_OK(hp_model_forward(ref, tok, tgt, 2, T, (float)valid, &lref));
+            HP_CHECK_OK(hp_model_forward(ref, tok, tgt, NB, T, (float)valid, &lref));
             HP_CHECK_OK(hp_model_backward(ref));
         }
         HP_CHECK_OK(hp_fsdp_zero_grad(f));
         HP_CHECK_OK(hp_model_forward(m, tok + dpr * T, tgt + dpr * T, 1, T, (float)valid, &l));
         HP_CHECK_OK(hp_model_backward(m));
-        HP_CHECK_OK(hp_all_reduce(&l, &lg, 1, HP_F32, HP_SUM, hp_mesh_get_comm(dp, 0), NULL));
+        HP_CHECK_OK(hp_all_reduce(&l, &lg, 1, HP_F32, HP_SUM, loss_comm, NULL));
         HP_CHECK_OK(hp_broadcast(&lref, 1, HP_F32, 0, g_world, NULL));
         HP_CHECK_CLOSE(lg, lref, 2e-5, 0);
         if (step == 1 || step == STEPS) {
@@ -122,7 +124,6 @@ static void run(hp_mesh_t world_mesh, hp_mesh_t dp, hp_mesh_t tpm, int sp) {
         if (ref) sgd(hp_model_params(ref), hp_model_num_params(ref), 0.05f);
         sgd(fp, hp_fsdp_num_params(f), 0.05f);
     }
-    (void)world_mesh;
     hp_fsdp_destroy(f);
     hp_tp_destroy(tp);
     hp_model_destroy(m);
@@ -135,19 +136,27 @@ int main(int argc, char **argv) {
     g_rank = hp_comm_rank(g_world);
     hp_test_set_rank(g_rank);
     omp_set_num_threads(1);
-    if (hp_comm_size(g_world) != 4) {
-        printf("SKIP: test_tp_fsdp needs 4 ranks\n");
+    const int W = hp_comm_size(g_world);
+    if (W != 4 && W != 8) {
+        printf("SKIP: test_tp_fsdp needs 4 or 8 ranks\n");
         hp_comm_finalize();
         return 0;
     }
-    int64_t shape[2] = {2, 2};
-    const char *names[2] = {"dp_shard", "tp"};
-    hp_mesh_t mesh = NULL, dp = NULL, tpm = NULL;
-    HP_ASSERT(hp_mesh_create(g_world, 2, shape, names, &mesh) == HP_OK);
-    HP_ASSERT(hp_mesh_slice(mesh, 1, names, &dp) == HP_OK);
-    HP_ASSERT(hp_mesh_slice(mesh, 1, names + 1, &tpm) == HP_OK);
-    run(mesh, dp, tpm, 0);
-    run(mesh, dp, tpm, 1);
+    NB = W / 2;
+    int64_t shape[3] = {2, 2, 2};
+    const char *names[3] = {"dp_replicate", "dp_shard", "tp"};
+    const int nd = W == 8 ? 3 : 2;
+    const char *const *nm = W == 8 ? names : names + 1;
+    hp_mesh_t mesh = NULL, dp = NULL, tpm = NULL, batch_mesh = NULL;
+    HP_ASSERT(hp_mesh_create(g_world, nd, shape, nm, &mesh) == HP_OK);
+    HP_ASSERT(hp_mesh_slice(mesh, nd - 1, nm, &dp) == HP_OK);            // FSDP (dp_shard) or HSDP (rep, shard)
+    HP_ASSERT(hp_mesh_slice(mesh, 1, nm + nd - 1, &tpm) == HP_OK);
+    HP_ASSERT(hp_mesh_flatten(mesh, nd - 1, nm, "batch", &batch_mesh) == HP_OK);
+    const int dpr = hp_mesh_get_local_rank(batch_mesh, 0);
+    hp_comm_t loss_comm = hp_mesh_get_comm(batch_mesh, 0);
+    run(dp, loss_comm, dpr, tpm, 0);
+    run(dp, loss_comm, dpr, tpm, 1);
+    hp_mesh_destroy(batch_mesh);
     hp_mesh_destroy(tpm);
     hp_mesh_destroy(dp);
     hp_mesh_destroy(mesh);
