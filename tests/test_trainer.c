@@ -30,11 +30,17 @@ static const char *const sentences[] = {
 };
 
 static void make_corpus(hp_comm_t world) {
-    snprintf(dir_, sizeof dir_, "/tmp/hp_test_trainer_%d", (int)getppid());
+    /* a fresh directory per run (rank 0 creates it, every rank learns its name), so
+     * concurrent runs of this test never share files */
+    memset(dir_, 0, sizeof dir_);
+    if (hp_comm_rank(world) == 0) {
+        snprintf(dir_, sizeof dir_, "/tmp/hp_test_trainer_XXXXXX");
+        HP_CHECK(mkdtemp(dir_) != NULL, "mkdtemp %s", dir_);
+    }
+    hp_broadcast(dir_, sizeof dir_, HP_U8, 0, world, NULL);
     snprintf(corpus_, sizeof corpus_, "%s/corpus.txt", dir_);
     snprintf(tok_, sizeof tok_, "%s/tokenizer.json", dir_);
     if (hp_comm_rank(world) == 0) {
-        mkdir(dir_, 0755);
         FILE *f = fopen(corpus_, "w");
         for (int d = 0; d < 400; d++) {
             for (int s = 0; s < 3; s++) fprintf(f, "%s%s", s ? " " : "", sentences[(d + s * 5) % 6]);
@@ -188,6 +194,12 @@ int main(int argc, char **argv) {
         HP_CHECK(x == NULL, "no trainer on failure");
     }
     free(c);
+    hp_barrier(world, NULL);
+    if (rank == 0 && !getenv("HP_KEEP")) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir_);
+        if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir_);
+    }
     hp_comm_destroy(world);
     hp_comm_finalize();
     return hp_test_finish("test_trainer");
