@@ -1,7 +1,8 @@
 /* The parallel styles on single modules, as PyTorch's test_tp_style.py: collective counts in
  * forward and backward (CommDebugMode analog: hp_comm_counts) and the local results against
  * the single-rank computation of the same module (outputs, input and weight gradients).
- * Linear(16, 16) on input (8, 16); embedding (16 x 16) on token ids (2, 8). */
+ * Linear(16, 16) on input (8, 16); embedding (16 x 16) on token ids (2, 8); loss_parallel
+ * against the full cross-entropy. */
 // hp-test: ranks 2 4 timeout 60
 #include <math.h>
 #include <stdio.h>
@@ -323,6 +324,40 @@ static void test_norm_styles(void) {
     }
 }
 
+/* loss_parallel over vocab-sharded logits (N = 6, V = 32) equals the full cross-entropy:
+ * losses, lse, the sum and valid count (one ignored row), and the local columns of dlogits;
+ * 3 all-reduces forward (max, sum of exp, target logit), none backward. */
+static void test_loss_parallel(hp_comm_t comm) {
+    enum { N = 6, VV = 32 };
+    float logits[N * VV], lse_ref[N], lse[N], dref[N * VV];
+    double losses_ref[N], losses[N];
+    int32_t tgt[N] = {3, 31, HP_IGNORE_INDEX, 0, 17, 16};
+    for (int i = 0; i < N * VV; i++) logits[i] = 3.0f * val(i, 4);
+    int64_t nv_ref = 0, nv = 0;
+    double sum_ref = hp_cross_entropy_forward(losses_ref, lse_ref, logits, tgt, N, VV, &nv_ref);
+    hp_cross_entropy_backward(dref, logits, lse_ref, tgt, 0.25f, N, VV);
+    const int vl = VV / W;
+    float loc[N * VV], dl[N * VV];
+    for (int n = 0; n < N; n++) memcpy(loc + n * vl, logits + n * VV + R * vl, sizeof(float) * vl);
+    double sum = 0;
+    hp_comm_counts_reset();
+    HP_CHECK_OK(hp_loss_parallel_forward(&sum, losses, lse, loc, tgt, N, vl, (int64_t)R * vl, comm, &nv));
+    counts_t c = take();
+    CHECK_COUNTS(c, 3, 0, 0, "loss_parallel forward");
+    hp_loss_parallel_backward(dl, loc, lse, tgt, 0.25f, N, vl, (int64_t)R * vl);
+    c = take();
+    CHECK_COUNTS(c, 0, 0, 0, "loss_parallel backward");
+    HP_CHECK(nv == nv_ref && nv == N - 1, "valid %lld vs %lld", (long long)nv, (long long)nv_ref);
+    HP_CHECK_CLOSE(sum, sum_ref, 1e-6, 0);
+    double dmax = 0, lmax = 0;
+    for (int n = 0; n < N; n++) {
+        lmax = fmax(lmax, fabs(losses[n] - losses_ref[n]) + fabs(lse[n] - lse_ref[n]));
+        dmax = fmax(dmax, maxdiff(dl + n * vl, dref + n * VV + R * vl, vl));
+    }
+    HP_CHECK(lmax < 1e-5 && dmax < 1e-6, "loss_parallel: losses/lse differ by %g, dlogits by %g", lmax, dmax);
+    HP_CHECK(losses[2] == 0.0, "ignored row loss %g", losses[2]);
+}
+
 int main(int argc, char **argv) {
     hp_comm_t world;
     HP_ASSERT(hp_comm_init(&argc, &argv, &world) == HP_OK);
@@ -340,6 +375,7 @@ int main(int argc, char **argv) {
     test_embedding(1, 0);
     test_embedding(1, 1);
     test_norm_styles();
+    test_loss_parallel(world);
     hp_mesh_destroy(g_mesh);
     int rc = hp_test_finish("test_tp_style");
     hp_comm_finalize();
