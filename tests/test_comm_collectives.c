@@ -405,6 +405,35 @@ static void test_p2p(void) {
     free(sr), free(sl), free(rr), free(rl);
 }
 
+/* A reduction's bits do not depend on blocking vs asynchronous or on the progress mode:
+ * non-integer inputs whose float sums depend on the order of additions. */
+static void test_determinism(void) {
+    enum { M = 3001 };
+    size_t total = (size_t)M * (size_t)N;
+    float *x = xalloc(total * 4), *ref = xalloc(total * 4), *got = xalloc(total * 4);
+    for (size_t i = 0; i < total; i++)
+        x[i] = (float)(1.0 / (1.0 + (double)((R * 7919 + i * 104729) % 1000003))) * (float)(1 + R % 3);
+    const char *modes[3] = {"poll", "thread", "none"};
+    for (int kind = 0; kind < 3; kind++) {
+        const char *kn = kind == 0 ? "all_reduce" : kind == 1 ? "reduce" : "reduce_scatter";
+        for (int m = -1; m < 3; m++) {   /* -1: blocking reference */
+            float *out = m < 0 ? ref : got;
+            memset(out, 0, total * 4);
+            hp_work_t wk = NULL, *wp = m < 0 ? NULL : &wk;
+            if (m >= 0) HP_CHECK_OK(hp_comm_set_progress(modes[m]));
+            if (kind == 0) HP_CHECK_OK(hp_all_reduce(x, out, M, HP_F32, HP_SUM, W, wp));
+            else if (kind == 1) HP_CHECK_OK(hp_reduce(x, out, M, HP_F32, HP_SUM, 0, W, wp));
+            else HP_CHECK_OK(hp_reduce_scatter(x, out, M, HP_F32, HP_SUM, W, wp));
+            if (wk) HP_CHECK_OK(hp_work_wait(&wk));
+            if (m >= 0)
+                HP_CHECK(!memcmp(ref, got, (size_t)M * 4), "%s: async under %s differs in bits from "
+                         "the blocking call", kn, modes[m]);
+        }
+    }
+    HP_CHECK_OK(hp_comm_set_progress("poll"));
+    free(x), free(ref), free(got);
+}
+
 static void test_split_dup(void) {
     hp_comm_t half = NULL, dup = NULL, none = (hp_comm_t)1;
     /* even/odd groups, ordered by descending world rank */
@@ -527,6 +556,7 @@ int main(int argc, char **argv) {
     }
     HP_CHECK_OK(hp_comm_set_progress("poll"));
     HP_CHECK_ERR(hp_comm_set_progress("fast"), HP_ERR_INVALID_ARG, "poll, thread or none");
+    test_determinism();
     test_split_dup();
     HP_CHECK_OK(hp_redop_destroy(PREMUL2, W));
     HP_CHECK_OK(hp_redop_destroy(PREMUL_HALF, W));

@@ -498,6 +498,24 @@ static hp_status_t run_op(hp_work_t w, int async) {
     }
 }
 
+/* Runs w to completion in the calling thread. Reductions always use the backend's
+ * non-blocking algorithm (start, then test until done), also on the blocking path: MPI's
+ * blocking and non-blocking collectives pick different algorithms, so their float sums can
+ * differ in the last bits, and a result must not depend on whether the caller passed a work
+ * handle or on the progress mode. Data movement is exact either way and uses the blocking call. */
+static hp_status_t run_to_completion(hp_work_t w) {
+    hp_comm_op_t k = w->d.kind;
+    if (k != HP_COMM_ALL_REDUCE && k != HP_COMM_REDUCE && k != HP_COMM_REDUCE_SCATTER)
+        return run_op(w, 0);
+    HP_TRY(run_op(w, 1));
+    for (unsigned spins = 0;; spins++) {
+        int done = 0;
+        HP_TRY(w->comm->be->test(&w->req, &done));
+        if (done) return HP_OK;
+        if (spins > 1000) sched_yield();
+    }
+}
+
 /* ---- progress ---------------------------------------------------------------------------- */
 
 static void list_push(hp_work_t w) {   /* g.lock held */
@@ -555,7 +573,7 @@ static void *progress_main(void *arg) {
             if (g.active_tail == q) g.active_tail = prev;
             pthread_mutex_unlock(&g.lock);
             wd_begin(q->d.kind, q->comm->size);
-            hp_status_t st = run_op(q, 0);
+            hp_status_t st = run_to_completion(q);
             wd_end();
             pthread_mutex_lock(&g.lock);
             finish_in_helper(q, st);
@@ -600,7 +618,7 @@ static hp_status_t dispatch(hp_work_t w, hp_work_t *out) {
     }
     if (!out && !must_queue) {
         wd_begin(w->d.kind, c->size);
-        hp_status_t st = run_op(w, 0);
+        hp_status_t st = run_to_completion(w);
         wd_end();
         if (st == HP_OK) post_process(w);
         work_put(w);
