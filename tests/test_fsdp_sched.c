@@ -12,7 +12,7 @@
  * - misuse: fully_shard twice, a 3-D mesh, a 2-D mesh without names, a scalar parameter,
  *   tied embeddings, set_requires_all_reduce on a 1-D mesh, zero_grad with unreduced no-sync
  *   gradients, a bad reshard_after_forward. */
-// hp-test: ranks 2 4 timeout 240
+// hp-test: ranks 2 4 timeout 900
 #include "test_fsdp_util.h"
 
 static void fwd_bwd(hp_model_t m, int step) {

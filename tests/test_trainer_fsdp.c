@@ -3,7 +3,7 @@
  * (mixed_precision_param float32; fp32 reduction order: 1e-5 relative) for 4 steps; the
  * default bf16 all-gather trains with finite, falling losses; validation and the final
  * weights file work with sharded parameters. */
-// hp-test: ranks 2 4 timeout 300
+// hp-test: ranks 2 4 timeout 900
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
