@@ -80,6 +80,8 @@ typedef struct hp_comm_backend {
 
     /* Completion check of a started request; *done = 1 when every handle finished. */
     hp_status_t (*test)(hp_breq_t *req, int *done);
+    /* Blocks until a started request finished (the blocking path of reductions). */
+    hp_status_t (*wait)(hp_breq_t *req);
 } hp_comm_backend_t;
 
 extern const hp_comm_backend_t hp_comm_backend_mpi;

@@ -365,6 +365,11 @@ static hp_status_t mpi_test(hp_breq_t *req, int *done) {
     return HP_OK;
 }
 
+static hp_status_t mpi_wait(hp_breq_t *req) {
+    if (req->n > 0) MPI_CHECK(MPI_Waitall(req->n, (MPI_Request *)req->h, MPI_STATUSES_IGNORE));
+    return HP_OK;
+}
+
 const hp_comm_backend_t hp_comm_backend_mpi = {
     .name = "mpi",
     .native_half_reduce = 0,
@@ -387,4 +392,5 @@ const hp_comm_backend_t hp_comm_backend_mpi = {
     .barrier = mpi_barrier,
     .p2p = mpi_p2p,
     .test = mpi_test,
+    .wait = mpi_wait,
 };
