@@ -519,7 +519,10 @@ static int reduction_class(const hp_work_t w) {
  * non-blocking call (blocking = start, then the backend's wait), small ones always the
  * blocking call (libnbc costs 2-3x there). Data movement is exact either way. */
 static hp_status_t run_to_completion(hp_work_t w) {
-    if (reduction_class(w) != 2) return run_op(w, 0);
+    /* Two ranks: every element is a op b on both sides and IEEE +, *, max, min are
+     * commutative, so the blocking algorithm gives the same bits as the non-blocking one
+     * while being faster at 1-16 MiB (bench/collectives, docs/performance.md). */
+    if (reduction_class(w) != 2 || w->comm->size <= 2) return run_op(w, 0);
     HP_TRY(run_op(w, 1));
     return w->comm->be->wait(&w->req);   /* the watchdog slot of the caller covers this */
 }
