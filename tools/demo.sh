@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # `make demo`: train TorchTitan's llama3 debugmodel on the bundled English corpus (Debian's
-# fortunes) with data parallelism on 2 MPI ranks, then sample text from the trained weights.
+# fortunes) with FSDP (fully_shard) on 2 MPI ranks, then sample text from the trained weights.
 # The tokenizer is trained from the same corpus on first run and cached in outputs/.
 set -euo pipefail
 BUILD=${1:-build}
 NPROC=${HP_DEMO_NPROC:-2}
-STEPS=${HP_DEMO_STEPS:-200}
+STEPS=${HP_DEMO_STEPS:-300}
 OUT=outputs/demo
 CORPUS=/usr/share/games/fortunes
 mkdir -p "$OUT"
@@ -23,13 +23,13 @@ MPIRUN=(mpirun --oversubscribe --bind-to none)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 "${MPIRUN[@]}" -np 4 "$BUILD/example_mesh_redistribute" | head -40
 
-echo "== hp-train: llama3 debugmodel, $NPROC data-parallel ranks, $STEPS steps"
+echo "== hp-train: llama3 debugmodel, FSDP over $NPROC ranks, $STEPS steps"
 "$BUILD/hp-train" --nproc "$NPROC" --config examples/llama3_debug.yaml \
     --job.dump_folder="$OUT" --job.print_config=false \
     --tokenizer.path="$OUT/tokenizer.json" \
     --training.steps="$STEPS" --training.local_batch_size=4 \
-    --parallelism.data_parallel_replicate_degree="$NPROC" --parallelism.data_parallel_shard_degree=1 \
-    --validation.freq=50
+    --parallelism.data_parallel_replicate_degree=1 --parallelism.data_parallel_shard_degree="$NPROC" \
+    --validation.freq=50 --metrics.log_freq=20
 
 echo "== hp-generate: a sample from the trained model"
 for prompt in "The computer" "Love is"; do
