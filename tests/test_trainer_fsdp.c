@@ -12,57 +12,13 @@
 #include <unistd.h>
 
 #include "hp_test.h"
+#include "hp_test_corpus.h"
 #include "hyperparallel/comm.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
 #include "hyperparallel/tokenizer.h"
 #include "hyperparallel/trainer.h"
 
-static char dir_[256], corpus_[300], tok_[300];
-
-static const char *const sentences[] = {
-    "the quick brown fox jumps over the lazy dog",
-    "a journey of a thousand miles begins with a single step",
-    "all that glitters is not gold",
-    "the early bird catches the worm",
-    "where there is a will there is a way",
-    "actions speak louder than words",
-};
-
-static void make_corpus(hp_comm_t world) {
-    snprintf(dir_, sizeof dir_, "/tmp/hp_test_trainer_fsdp_%d", (int)getppid());
-    snprintf(corpus_, sizeof corpus_, "%s/corpus.txt", dir_);
-    snprintf(tok_, sizeof tok_, "%s/tokenizer.json", dir_);
-    if (hp_comm_rank(world) == 0) {
-        mkdir(dir_, 0755);
-        FILE *f = fopen(corpus_, "w");
-        for (int d = 0; d < 400; d++) {
-            for (int s = 0; s < 3; s++) fprintf(f, "%s%s", s ? " " : "", sentences[(d + s * 5) % 6]);
-            fprintf(f, ".\n%%\n");
-        }
-        fclose(f);
-        const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>"};
-        hp_tokenizer_train_options_t o = {0};
-        o.vocab_size = 320;
-        o.special = special;
-        o.n_special = 2;
-        o.separator_line = "%";
-        o.min_frequency = 2;
-        char *text = NULL;
-        size_t len = 0;
-        FILE *r = fopen(corpus_, "r");
-        fseek(r, 0, SEEK_END);
-        len = (size_t)ftell(r);
-        fseek(r, 0, SEEK_SET);
-        text = malloc(len);
-        HP_CHECK(fread(text, 1, len, r) == len, "read corpus");
-        fclose(r);
-        const char *texts[1] = {text};
-        HP_CHECK_OK(hp_tokenizer_train_texts(&o, texts, &len, 1, tok_));
-        free(text);
-    }
-    hp_barrier(world, NULL);
-}
 
 static void base_config(hp_config_t *c, int world) {
     hp_config_defaults(c);
@@ -113,7 +69,7 @@ int main(int argc, char **argv) {
     if (hp_comm_init(&argc, &argv, &world) != HP_OK) return 1;
     int rank = hp_comm_rank(world), ws = hp_comm_size(world);
     hp_test_set_rank(rank);
-    make_corpus(world);
+    hp_test_make_corpus(world, "hp_test_trainer_fsdp");
     hp_config_t *c = calloc(1, sizeof *c);
     base_config(c, ws);
     c->training.steps = N;
@@ -161,6 +117,7 @@ int main(int argc, char **argv) {
     free(f);
     free(c);
     int rc = hp_test_finish("test_trainer_fsdp");
+    hp_test_remove_corpus(world);
     hp_comm_finalize();
     return rc;
 }

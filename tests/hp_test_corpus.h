@@ -1,0 +1,75 @@
+/* Trainer-level tests share one small English corpus (400 '%'-separated documents) and a
+ * 320-token byte-level BPE tokenizer trained on it, written into a fresh directory that rank 0
+ * creates with mkdtemp and every rank learns by broadcast, so concurrent test runs never share
+ * files. Include after hp_test.h; defines dir_, corpus_ and tok_. */
+#ifndef HP_TEST_CORPUS_H
+#define HP_TEST_CORPUS_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyperparallel/comm.h"
+#include "hyperparallel/tokenizer.h"
+
+static char dir_[256], corpus_[300], tok_[300];
+
+static const char *const hp_test_sentences_[] = {
+    "the quick brown fox jumps over the lazy dog",
+    "a journey of a thousand miles begins with a single step",
+    "all that glitters is not gold",
+    "the early bird catches the worm",
+    "where there is a will there is a way",
+    "actions speak louder than words",
+};
+
+/* prefix: the directory name under /tmp ("hp_test_trainer"). Collective over world. */
+static void hp_test_make_corpus(hp_comm_t world, const char *prefix) {
+    memset(dir_, 0, sizeof dir_);
+    if (hp_comm_rank(world) == 0) {
+        snprintf(dir_, sizeof dir_, "/tmp/%s_XXXXXX", prefix);
+        HP_CHECK(mkdtemp(dir_) != NULL, "mkdtemp %s", dir_);
+    }
+    hp_broadcast(dir_, sizeof dir_, HP_U8, 0, world, NULL);
+    snprintf(corpus_, sizeof corpus_, "%s/corpus.txt", dir_);
+    snprintf(tok_, sizeof tok_, "%s/tokenizer.json", dir_);
+    if (hp_comm_rank(world) == 0) {
+        FILE *f = fopen(corpus_, "w");
+        HP_CHECK(f != NULL, "cannot write %s", corpus_);
+        if (!f) return;
+        for (int d = 0; d < 400; d++) {
+            for (int s = 0; s < 3; s++) fprintf(f, "%s%s", s ? " " : "", hp_test_sentences_[(d + s * 5) % 6]);
+            fprintf(f, ".\n%%\n");
+        }
+        long len = ftell(f);
+        fclose(f);
+        char *text = malloc((size_t)len);
+        FILE *r = fopen(corpus_, "r");
+        HP_CHECK(r && text && fread(text, 1, (size_t)len, r) == (size_t)len, "read %s", corpus_);
+        if (r) fclose(r);
+        const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>"};
+        hp_tokenizer_train_options_t o = {0};
+        o.vocab_size = 320;
+        o.special = special;
+        o.n_special = 2;
+        o.separator_line = "%";
+        o.min_frequency = 2;
+        const char *texts[1] = {text};
+        size_t n = (size_t)len;
+        HP_CHECK_OK(hp_tokenizer_train_texts(&o, texts, &n, 1, tok_));
+        free(text);
+    }
+    hp_barrier(world, NULL);
+}
+
+/* Removes the directory (rank 0, after every rank is done) unless HP_KEEP is set. */
+static void hp_test_remove_corpus(hp_comm_t world) {
+    hp_barrier(world, NULL);
+    if (hp_comm_rank(world) == 0 && !getenv("HP_KEEP") && dir_[0]) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir_);
+        if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir_);
+    }
+}
+
+#endif
