@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "hyperparallel/comm.h"
+#include "hyperparallel/config.h"
 #include "hyperparallel/tokenizer.h"
 
 static char dir_[256], corpus_[300], tok_[300];
@@ -60,6 +61,33 @@ static void hp_test_make_corpus(hp_comm_t world, const char *prefix) {
         free(text);
     }
     hp_barrier(world, NULL);
+}
+
+/* The small llama3 debugmodel run these tests share: 12 steps of 2 x 32 tokens on the corpus,
+ * replicated data parallel over `world` ranks, validation on. */
+static void hp_test_base_config(hp_config_t *c, int world) {
+    hp_config_defaults(c);
+    snprintf(c->model.name, sizeof c->model.name, "llama3");
+    snprintf(c->model.flavor, sizeof c->model.flavor, "debugmodel");
+    c->training.steps = 12;
+    c->training.seq_len = 32;
+    c->training.local_batch_size = 2;
+    c->training.seed = 3;
+    c->optimizer.lr = 3e-3;
+    c->lr_scheduler.warmup_steps = 2;
+    c->parallelism.data_parallel_replicate_degree = world;
+    c->parallelism.data_parallel_shard_degree = 1;
+    c->metrics.log_freq = 1000;
+    c->metrics.peak_flops = -1;
+    c->job.dump_folder[0] = '\0';
+    snprintf(c->data.path, sizeof c->data.path, "%s", corpus_);
+    snprintf(c->data.format, sizeof c->data.format, "text");
+    snprintf(c->data.text_separator, sizeof c->data.text_separator, "percent");
+    c->data.validation_fraction = 0.1;
+    c->validation.enable = true;
+    c->validation.steps = 2;
+    c->data.loop = true;
+    snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s", tok_);
 }
 
 /* Removes the directory (rank 0, after every rank is done) unless HP_KEEP is set. */

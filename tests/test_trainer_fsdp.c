@@ -20,32 +20,6 @@
 #include "hyperparallel/trainer.h"
 
 
-static void base_config(hp_config_t *c, int world) {
-    hp_config_defaults(c);
-    snprintf(c->model.name, sizeof c->model.name, "llama3");
-    snprintf(c->model.flavor, sizeof c->model.flavor, "debugmodel");
-    c->training.steps = 12;
-    c->training.seq_len = 32;
-    c->training.local_batch_size = 2;
-    c->training.seed = 3;
-    c->optimizer.lr = 3e-3;
-    c->lr_scheduler.warmup_steps = 2;
-    c->parallelism.data_parallel_replicate_degree = world;
-    c->parallelism.data_parallel_shard_degree = 1;
-    c->metrics.log_freq = 1000;
-    c->metrics.peak_flops = -1;
-    c->job.dump_folder[0] = '\0';
-    snprintf(c->data.path, sizeof c->data.path, "%s", corpus_);
-    snprintf(c->data.format, sizeof c->data.format, "text");
-    snprintf(c->data.text_separator, sizeof c->data.text_separator, "percent");
-    c->data.validation_fraction = 0.1;
-    c->validation.enable = true;
-    c->validation.steps = 2;
-    c->data.loop = true;
-    snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s", tok_);
-}
-
-
 enum { N = 4 };
 
 static void run(const hp_config_t *c, hp_comm_t world, double *losses, double *norms) {
@@ -71,7 +45,7 @@ int main(int argc, char **argv) {
     hp_test_set_rank(rank);
     hp_test_make_corpus(world, "hp_test_trainer_fsdp");
     hp_config_t *c = calloc(1, sizeof *c);
-    base_config(c, ws);
+    hp_test_base_config(c, ws);
     c->training.steps = N;
     c->validation.steps = 1;
     double dl[N], dn[N], fl[N], fn[N];
