@@ -446,7 +446,6 @@ hp_status_t hp_trainer_validate(hp_trainer_t *t, double *loss) {
         return hp_error(HP_ERR_STATE, "validation is not enabled; set --validation.enable=true and "
                                       "--data.validation_fraction > 0");
     hp_dataloader_reset(t->val_dl);
-    const int64_t bt = (int64_t)t->val_B * t->T;
     double sums[2] = {0.0, 0.0};   /* (loss sum, valid targets) on this rank */
     for (int64_t i = 0; t->cfg.validation.steps < 0 || i < t->cfg.validation.steps; i++) {
         bool got = false;
@@ -459,7 +458,6 @@ hp_status_t hp_trainer_validate(hp_trainer_t *t, double *loss) {
         HP_TRY(hp_model_forward(t->model, t->inputs, t->labels, t->val_B, t->T, 1.0f, &l));
         sums[0] += l;
         sums[1] += (double)hp_model_valid_tokens(t->model);
-        (void)bt;
     }
     float local[2] = {(float)sums[0], (float)sums[1]}, global[2];
     HP_TRY(hp_all_reduce(local, global, 2, HP_F32, HP_SUM, t->dp_comm, NULL));
