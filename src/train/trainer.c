@@ -236,7 +236,11 @@ static hp_status_t build(hp_trainer_t *t) {
         HP_TRY(hp_dataloader_create(t->ds, &enc, &vo, &t->val_dl));
     }
 
-    size_t n = (size_t)t->accum * (size_t)t->B * (size_t)t->T;
+    /* one buffer serves the training micro-batches (accum x B rows) and a validation batch
+     * (val_B rows, which validation.local_batch_size may make larger) */
+    size_t rows = (size_t)t->accum * (size_t)t->B;
+    if ((size_t)t->val_B > rows) rows = (size_t)t->val_B;
+    size_t n = rows * (size_t)t->T;
     t->inputs = hp_malloc(n * sizeof(int32_t));
     t->labels = hp_malloc(n * sizeof(int32_t));
     t->grad_work = hp_calloc((size_t)hp_model_num_params(t->model), sizeof(hp_work_t));
