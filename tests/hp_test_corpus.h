@@ -5,12 +5,14 @@
 #ifndef HP_TEST_CORPUS_H
 #define HP_TEST_CORPUS_H
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "hyperparallel/comm.h"
 #include "hyperparallel/config.h"
+#include "hyperparallel/trainer.h"
 #include "hyperparallel/tokenizer.h"
 
 static char dir_[256], corpus_[300], tok_[300];
@@ -88,6 +90,27 @@ static void hp_test_base_config(hp_config_t *c, int world) {
     c->validation.steps = 2;
     c->data.loop = true;
     snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s", tok_);
+}
+
+/* Runs n trainer steps of config c on comm, recording each step's loss and gradient norm;
+ * with validate, also checks that validation gives a finite positive loss. */
+static inline void hp_test_train_steps(const hp_config_t *c, hp_comm_t comm, int n, double *losses, double *norms,
+                                       int validate) {
+    hp_trainer_t *t = NULL;
+    HP_CHECK_OK(hp_trainer_create(c, comm, &t));
+    if (!t) return;
+    for (int i = 0; i < n; i++) {
+        hp_step_stats_t st;
+        HP_CHECK_OK(hp_trainer_step(t, &st));
+        losses[i] = st.loss;
+        norms[i] = st.grad_norm;
+    }
+    if (validate) {
+        double vl = NAN;
+        HP_CHECK_OK(hp_trainer_validate(t, &vl));
+        HP_CHECK(isfinite(vl) && vl > 0, "validation loss %g", vl);
+    }
+    hp_trainer_destroy(t);
 }
 
 /* Removes the directory (rank 0, after every rank is done) unless HP_KEEP is set. */

@@ -21,19 +21,6 @@
 
 enum { N = 6 };
 
-static void run(const hp_config_t *c, hp_comm_t comm, double *losses, double *norms) {
-    hp_trainer_t *t = NULL;
-    HP_CHECK_OK(hp_trainer_create(c, comm, &t));
-    if (!t) return;
-    for (int i = 0; i < N; i++) {
-        hp_step_stats_t st;
-        HP_CHECK_OK(hp_trainer_step(t, &st));
-        losses[i] = st.loss;
-        norms[i] = st.grad_norm;
-    }
-    hp_trainer_destroy(t);
-}
-
 int main(int argc, char **argv) {
     hp_comm_t world;
     if (hp_comm_init(&argc, &argv, &world) != HP_OK) return 1;
@@ -50,7 +37,7 @@ int main(int argc, char **argv) {
     double ref_l[N] = {0}, ref_n[N] = {0};
     hp_comm_t solo = NULL;
     HP_CHECK_OK(hp_comm_split(world, rank == 0 ? 0 : -1, 0, &solo));
-    if (rank == 0) run(c, solo, ref_l, ref_n);
+    if (rank == 0) hp_test_train_steps(c, solo, N, ref_l, ref_n, 0);
     if (solo) hp_comm_destroy(solo);
     HP_CHECK_OK(hp_broadcast(ref_l, N, HP_I64, 0, world, NULL));
     HP_CHECK_OK(hp_broadcast(ref_n, N, HP_I64, 0, world, NULL));
@@ -60,7 +47,7 @@ int main(int argc, char **argv) {
         c->parallelism.enable_sequence_parallel = v;
         c->parallelism.enable_loss_parallel = v;
         double l[N], n[N];
-        run(c, world, l, n);
+        hp_test_train_steps(c, world, N, l, n, 0);
         for (int i = 0; i < N; i++) {
             HP_CHECK_CLOSE(l[i], ref_l[i], 1e-4, 0);
             HP_CHECK_CLOSE(n[i], ref_n[i], 1e-3, 0);

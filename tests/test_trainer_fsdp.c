@@ -22,22 +22,6 @@
 
 enum { N = 4 };
 
-static void run(const hp_config_t *c, hp_comm_t world, double *losses, double *norms) {
-    hp_trainer_t *t = NULL;
-    HP_CHECK_OK(hp_trainer_create(c, world, &t));
-    if (!t) return;
-    for (int i = 0; i < N; i++) {
-        hp_step_stats_t st;
-        HP_CHECK_OK(hp_trainer_step(t, &st));
-        losses[i] = st.loss;
-        norms[i] = st.grad_norm;
-    }
-    double vl = NAN;
-    HP_CHECK_OK(hp_trainer_validate(t, &vl));
-    HP_CHECK(isfinite(vl) && vl > 0, "validation loss %g", vl);
-    hp_trainer_destroy(t);
-}
-
 int main(int argc, char **argv) {
     hp_comm_t world;
     if (hp_comm_init(&argc, &argv, &world) != HP_OK) return 1;
@@ -49,7 +33,7 @@ int main(int argc, char **argv) {
     c->training.steps = N;
     c->validation.steps = 1;
     double dl[N], dn[N], fl[N], fn[N];
-    run(c, world, dl, dn);   /* replicated data parallel */
+    hp_test_train_steps(c, world, N, dl, dn, 1);   /* replicated data parallel */
     hp_config_t *f = calloc(1, sizeof *f);
     int shapes[2][2] = {{1, ws}, {2, ws / 2}};
     for (int k = 0; k < (ws >= 4 ? 2 : 1); k++) {
@@ -57,7 +41,7 @@ int main(int argc, char **argv) {
         f->parallelism.data_parallel_replicate_degree = shapes[k][0];
         f->parallelism.data_parallel_shard_degree = shapes[k][1];
         snprintf(f->training.mixed_precision_param, sizeof f->training.mixed_precision_param, "float32");
-        run(f, world, fl, fn);
+        hp_test_train_steps(f, world, N, fl, fn, 1);
         for (int i = 0; i < N; i++) {
             HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
             HP_CHECK_CLOSE(fn[i], dn[i], 1e-4, 0.0);
