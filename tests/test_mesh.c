@@ -1,6 +1,6 @@
 /* DeviceMesh conformance (reference section 1, test_device_mesh.py): row-major layout, per-dim
  * groups (checked against the real communicators), coordinates and local ranks, slicing by
- * names sharing the parent's groups, flatten, from_comm, str, equality, ranks outside the
+ * names sharing the parent's groups, flatten, concatenation of slices, from_comm, str, equality, ranks outside the
  * mesh, and PyTorch's errors. */
 // hp-test: ranks 4 8
 #include <stdio.h>
@@ -185,6 +185,49 @@ static void test_8(void) {
     HP_CHECK_OK(hp_mesh_flatten(sub, 2, dptp, "x", &flat3));   /* flatten of a slice */
     expect_group(flat3, 0, 4, gf, "flatten of slice");
     check_groups(flat3, "flatten of slice");
+    /* _concatenate (FSDP over TP's SPMD mesh): m["dp"] + m["tp"] == m["dp", "tp"], in either
+     * order, with the slices' communicators; m["pp"] + flatten("dp_tp") covers all 8 ranks */
+    hp_mesh_t sdp, stp, spp, cat, cat2, cat3;
+    const char *ndp1[1] = {"dp"}, *ntp1[1] = {"tp"}, *npp1[1] = {"pp"};
+    HP_CHECK_OK(hp_mesh_slice(m, 1, ndp1, &sdp));
+    HP_CHECK_OK(hp_mesh_slice(m, 1, ntp1, &stp));
+    HP_CHECK_OK(hp_mesh_slice(m, 1, npp1, &spp));
+    HP_CHECK_OK(hp_mesh_concat(sdp, stp, &cat));
+    HP_CHECK(cat && hp_mesh_equal(cat, sub), "concat dp + tp equals the (dp, tp) slice: %s",
+             cat ? hp_mesh_str(cat, got, sizeof got) : "NULL");
+    HP_CHECK(cat && hp_mesh_get_comm(cat, 1) == hp_mesh_get_comm(m, 2), "concat shares the tp communicator");
+    HP_CHECK_OK(hp_mesh_concat(stp, sdp, &cat2));
+    HP_CHECK(cat2 && hp_mesh_equal(cat2, rev), "concat tp + dp equals the (tp, dp) slice");
+    HP_CHECK_OK(hp_mesh_concat(spp, flat, &cat3));
+    int full8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    if (cat3) {
+        HP_CHECK(hp_mesh_size(cat3, -1) == 8 && hp_mesh_size(cat3, 1) == 4, "concat pp + dp_tp shape");
+        int c[2] = {0, 0}, ok = 1;
+        for (int i = 0; i < 8; i++) {
+            c[0] = i / 4, c[1] = i % 4;
+            ok &= hp_mesh_rank_at(cat3, c) == full8[i];
+        }
+        HP_CHECK(ok, "concat pp + dp_tp layout is arange(8)");
+        check_groups(cat3, "concat pp + dp_tp");
+    }
+    hp_mesh_t bad = NULL, other = NULL, ow = NULL;
+    HP_CHECK_ERR(hp_mesh_concat(sdp, sub, &bad), HP_ERR_INVALID_ARG, "share a dim");
+    HP_CHECK_ERR(hp_mesh_concat(sdp, flat, &bad), HP_ERR_INVALID_ARG, "share a dim");
+    HP_CHECK_OK(hp_mesh_from_comm(W, "world", &ow));
+    int64_t s2[2] = {4, 2};
+    const char *n2[2] = {"a", "b"};
+    HP_CHECK_OK(hp_mesh_create(W, 2, s2, n2, &other));
+    HP_CHECK_ERR(hp_mesh_concat(sdp, ow, &bad), HP_ERR_INVALID_ARG, "not slices of one DeviceMesh");
+    HP_CHECK_ERR(hp_mesh_concat(other, stp, &bad), HP_ERR_INVALID_ARG, "not slices of one DeviceMesh");
+    HP_CHECK(bad == NULL, "failed concat leaves out NULL");
+    hp_mesh_destroy(other);
+    hp_mesh_destroy(ow);
+    hp_mesh_destroy(cat3);
+    hp_mesh_destroy(cat2);
+    hp_mesh_destroy(cat);
+    hp_mesh_destroy(spp);
+    hp_mesh_destroy(stp);
+    hp_mesh_destroy(sdp);
     hp_mesh_destroy(flat3);
     hp_mesh_destroy(flat2);
     hp_mesh_destroy(flat);

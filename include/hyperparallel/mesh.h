@@ -70,6 +70,11 @@ hp_status_t hp_mesh_slice(hp_mesh_t mesh, int n, const char *const *names, hp_me
  * every rank of the base communicator, including ranks outside this slice or mesh. */
 hp_status_t hp_mesh_flatten(hp_mesh_t mesh, int n, const char *const *names,
                             const char *new_name, hp_mesh_t *out);
+/* The dims of `a` followed by the dims of `b` as one mesh (DeviceMesh._concatenate, the SPMD
+ * mesh of an FSDP-over-TP parameter: mesh["dp_shard"] + mesh["tp"]), sharing their
+ * communicators. Both must be slices of one mesh (same base communicator and root shape)
+ * over disjoint root dims, both named or both unnamed. No communication. */
+hp_status_t hp_mesh_concat(hp_mesh_t a, hp_mesh_t b, hp_mesh_t *out);
 /* Writes the mesh as text ("DeviceMesh((dp=2, tp=2), ranks [[0,1],[2,3]])"); returns buf
  * (truncated to n bytes). */
 const char *hp_mesh_str(hp_mesh_t mesh, char *buf, size_t n);

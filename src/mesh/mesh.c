@@ -435,6 +435,80 @@ static size_t put_ranks(hp_mesh_t m, int d, int64_t base, char *buf, size_t used
     return used;
 }
 
+hp_status_t hp_mesh_concat(hp_mesh_t a, hp_mesh_t b, hp_mesh_t *out) {
+    *out = NULL;
+    if (!a || !b) return hp_error(HP_ERR_INVALID_ARG, "hp_mesh_concat: a mesh is NULL");
+    char sa[256], sb[256];
+    int same_root = a->base == b->base && a->root.ndim == b->root.ndim;
+    for (int i = 0; same_root && i < a->root.ndim; i++) same_root = a->root.shape[i] == b->root.shape[i];
+    if (!same_root)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_mesh_concat: %s and %s are not slices of one DeviceMesh; hint: "
+                        "slice both from the same mesh (mesh[\"dp_shard\"] and mesh[\"tp\"])",
+                        hp_mesh_str(a, sa, sizeof sa), hp_mesh_str(b, sb, sizeof sb));
+    const int nd = a->ndim + b->ndim;
+    if (nd > MAXD)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_mesh_concat: %d dims; at most %d", nd, MAXD);
+    if (a->named != b->named)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_mesh_concat: %s and %s: one is named, the other not; name "
+                        "both or neither", hp_mesh_str(a, sa, sizeof sa), hp_mesh_str(b, sb, sizeof sb));
+    int used[MAXD] = {0};
+    hp_mesh_t parts[2] = {a, b};
+    for (int k = 0; k < 2; k++)
+        for (int d = 0; d < parts[k]->ndim; d++)
+            for (int i = 0; i < parts[k]->nroot[d]; i++) {
+                int rd = parts[k]->rootdim[d][i];
+                if (used[rd]++)
+                    return hp_error(HP_ERR_INVALID_ARG, "hp_mesh_concat: %s and %s share a dim of their root "
+                                    "mesh; the dims must be disjoint", hp_mesh_str(a, sa, sizeof sa),
+                                    hp_mesh_str(b, sb, sizeof sb));
+            }
+    if (a->named)
+        for (int i = 0; i < a->ndim; i++)
+            for (int j = 0; j < b->ndim; j++)
+                if (strcmp(a->names[i], b->names[j]) == 0)
+                    return hp_error(HP_ERR_INVALID_ARG, "hp_mesh_concat: dim name '%s' is in both meshes",
+                                    a->names[i]);
+    hp_mesh_t m = mesh_alloc();
+    if (!m) return HP_ERR_OOM;
+    m->ndim = nd;
+    m->named = a->named;
+    m->numel = a->numel * b->numel;
+    m->base = a->base;
+    m->root = a->root;
+    m->in_mesh = a->in_mesh && b->in_mesh && a->root.in_mesh;
+    for (int g = 0, k = 0; k < 2; k++)
+        for (int d = 0; d < parts[k]->ndim; d++, g++) {
+            hp_mesh_t p = parts[k];
+            m->shape[g] = p->shape[d];
+            m->nroot[g] = p->nroot[d];
+            memcpy(m->rootdim[g], p->rootdim[d], sizeof(m->rootdim[g]));
+            if (m->named) snprintf(m->names[g], HP_MESH_NAME_MAX, "%s", p->names[d]);
+            m->coord[g] = p->coord[d];
+            m->comms[g] = p->comms[d];
+            m->owns_comm[g] = 0;
+        }
+    m->ranks = hp_malloc((size_t)m->numel * sizeof(int));
+    if (!m->ranks) { free(m); return HP_ERR_OOM; }
+    /* root coordinate: this rank's, with the concatenated dims' root dims replaced; the
+     * root's rank layout is arange(prod(shape)) over the base communicator */
+    int rc[MAXD], sc[MAXD];
+    for (int64_t lin = 0; lin < m->numel; lin++) {
+        for (int i = 0; i < m->root.ndim; i++) rc[i] = m->root.in_mesh ? m->root.coord[i] : 0;
+        unravel(lin, nd, m->shape, sc);
+        for (int g = 0; g < nd; g++) {
+            int64_t c = sc[g];
+            for (int i = m->nroot[g] - 1; i >= 0; i--) {
+                int rd = m->rootdim[g][i];
+                rc[rd] = (int)(c % m->root.shape[rd]);
+                c /= m->root.shape[rd];
+            }
+        }
+        m->ranks[lin] = (int)ravel(m->root.ndim, m->root.shape, rc);
+    }
+    *out = m;
+    return HP_OK;
+}
+
 const char *hp_mesh_str(hp_mesh_t m, char *buf, size_t n) {
     if (n == 0) return buf;
     size_t used = (size_t)snprintf(buf, n, "DeviceMesh((");
