@@ -1,12 +1,16 @@
 /* 2-D: TP inside (TorchTitan's llama3 plan on the mesh's tp dim), FSDP outside (fully_shard
  * over dp_shard) on a (dp_shard 2, tp 2) mesh (4 ranks); 3-D: HSDP over (dp_replicate 2,
- * dp_shard 2) outside TP 2 (8 ranks). 10 SGD steps on llama3 debugmodel shapes (2 layers),
- * each dp rank its own sequence (B = 1, T = 16), equal the single-rank run of the global
- * batch (B = 2 or 4) computed on rank 0: global losses rel 2e-5 at every step; gradients at
- * steps 1 and 10 (FSDP full_grad over dp, then full_tensor over tp) within 2e-5 of each
- * parameter's largest |g|; with and without sequence parallel + loss_parallel.
- * Known gap (docs/tp.md): FSDP's DTensor descriptors describe the TP-local tensor on the dp
- * mesh only (not a 2-D (dp_shard, tp) layout), so this test checks the arithmetic. */
+ * dp_shard 2) outside TP 2 (8 ranks). 10 SGD steps on llama3 debugmodel shapes (2 layers,
+ * vocabulary 302 so the FSDP chunks of TP shards are uneven), each dp rank its own sequence (B = 1,
+ * T = 16), equal the single-rank run of the global batch (B = 2 or 4) computed on rank 0:
+ * global losses rel 2e-5 at every step; gradients at steps 1 and 10 within 2e-5 of each
+ * parameter's largest |g|, taken as full_tensor of FSDP's sharded gradient DTensor on the
+ * (dp..., tp) mesh; the gradient norm over hp_fsdp_grad_comms equals the reference's (rel
+ * 1e-5). The sharded layout is PyTorch's: placements (_StridedShard(0, 2), Shard(0)) for TP
+ * Shard(0) weights, (Shard(0), Shard(1)) for TP Shard(1), (Shard(0), Replicate()) for the
+ * rest (HSDP: Replicate() first), global shape the full parameter's, local shape the layout's;
+ * full_tensor of the initial values equals the reference weights bitwise. With and without
+ * sequence parallel + loss_parallel. */
 // hp-test: ranks 4 8 timeout 240
 #include <math.h>
 #include <omp.h>
@@ -18,6 +22,7 @@
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/optim.h"
 #include "hyperparallel/tp.h"
 
 #define T 16
@@ -47,12 +52,51 @@ static void sgd(hp_param_t *P, int n, float lr) {
     }
 }
 
+/* PyTorch's FSDP-over-TP placements, shapes, and full_tensor of the initial weights. */
+static void check_layout(const hp_param_t *fp, const hp_param_t *tpp, int n, hp_model_t ref, hp_mesh_t dp,
+                         const char *what) {
+    const int nd = hp_mesh_ndim(dp);
+    for (int i = 0; i < n; i++) {
+        const hp_dtensor_t *v = &fp[i].value, *t = &tpp[i].value;
+        char b1[128], b2[128];
+        HP_CHECK(v->mesh_ndim == nd + 1, "%s %s: mesh of %d dims", what, fp[i].name, v->mesh_ndim);
+        hp_placement_t want[3];
+        want[0] = hp_replicate();
+        want[nd - 1] = hp_shard(0);
+        want[nd] = t->placements[0];
+        if (t->placements[0].kind == HP_SHARD && t->placements[0].dim == 0) want[nd - 1] = hp_strided_shard(0, 2);
+        int same = v->mesh_ndim == nd + 1;
+        for (int d = 0; same && d <= nd; d++) same = hp_placement_equal(v->placements[d], want[d]);
+        HP_CHECK(same, "%s %s: placements %s, expected %s", what, fp[i].name,
+                 hp_placements_str(v->mesh_ndim, v->placements, b1, sizeof b1),
+                 hp_placements_str(nd + 1, want, b2, sizeof b2));
+        int64_t ls[HP_MAX_DIMS], off[HP_MAX_DIMS];
+        HP_CHECK_OK(hp_dtensor_compute_local_shape_and_offset(ls, off, v->local.ndim, v->global_shape, v->mesh,
+                                                             v->mesh_ndim, v->placements));
+        for (int a = 0; a < v->local.ndim; a++) {
+            HP_CHECK(v->global_shape[a] == t->global_shape[a], "%s %s: global shape[%d] %lld, expected %lld", what,
+                     fp[i].name, a, (long long)v->global_shape[a], (long long)t->global_shape[a]);
+            HP_CHECK(ls[a] == v->local.shape[a], "%s %s: local shape[%d] %lld, layout says %lld", what, fp[i].name,
+                     a, (long long)v->local.shape[a], (long long)ls[a]);
+        }
+        hp_tensor_t full;
+        void *owned = NULL;
+        HP_CHECK_OK(hp_dtensor_full_tensor(&full, &owned, NULL, v));
+        hp_param_t *r = ref ? hp_model_find_param(ref, fp[i].name) : NULL;
+        if (r && owned)
+            HP_CHECK(memcmp(full.data, r->value.local.data, sizeof(float) * (size_t)hp_tensor_numel(&r->value.local)) == 0,
+                     "%s %s: full_tensor of the sharded value differs from the reference weights", what, fp[i].name);
+        free(owned);
+    }
+}
+
 static void run(hp_mesh_t dp, hp_comm_t loss_comm, int dpr, hp_mesh_t tpm, int sp) {
     char what[64];
     snprintf(what, sizeof(what), "tp2 x %s sp%d lp%d", NB == 2 ? "fsdp2" : "hsdp2x2", sp, sp);
     hp_model_config_t c;
     HP_ASSERT(hp_model_flavor("llama3", "debugmodel", &c) == HP_OK);
     c.n_layers = 2;
+    c.vocab_size = 302;   // 151 rows per TP rank: uneven FSDP chunks (76 + 75) of the embedding and output
     hp_model_t ref = NULL, m = NULL;
     if (g_rank == 0) {
         HP_CHECK_OK(hp_model_create(&c, NB, T, &ref));
@@ -74,6 +118,7 @@ static void run(hp_mesh_t dp, hp_comm_t loss_comm, int dpr, hp_mesh_t tpm, int s
     HP_CHECK_OK(hp_fully_shard(m, dp, &fo, &f));
     if (!f || !tp) return;
     hp_param_t *fp = hp_fsdp_params(f);
+    check_layout(fp, tpp, n, ref, dp, what);
     int32_t tok[4 * T], tgt[4 * T];
     for (int step = 1; step <= STEPS; step++) {
         batch(step, c.vocab_size, tok, tgt);
@@ -95,14 +140,9 @@ static void run(hp_mesh_t dp, hp_comm_t loss_comm, int dpr, hp_mesh_t tpm, int s
             double worst = 0;
             const char *wn = "";
             for (int i = 0; i < n; i++) {
-                int64_t ln = hp_tensor_numel(&tpp[i].grad.local);
-                float *loc = malloc(sizeof(float) * (size_t)ln);
-                HP_CHECK_OK(hp_fsdp_full_grad(f, i, loc));   // the TP-local gradient (over dp)
-                hp_dtensor_t d = tpp[i].grad;
-                d.local.data = loc;
                 hp_tensor_t full;
                 void *owned = NULL;
-                HP_CHECK_OK(hp_dtensor_full_tensor(&full, &owned, NULL, &d));
+                HP_CHECK_OK(hp_dtensor_full_tensor(&full, &owned, NULL, &fp[i].grad));   // over (dp..., tp)
                 hp_param_t *r = ref ? hp_model_find_param(ref, tpp[i].name) : NULL;
                 if (r && owned) {
                     const float *a = full.data, *b = r->grad.local.data;
@@ -114,11 +154,19 @@ static void run(hp_mesh_t dp, hp_comm_t loss_comm, int dpr, hp_mesh_t tpm, int s
                     if (df / (mx > 0 ? mx : 1) > worst) { worst = df / (mx > 0 ? mx : 1); wn = tpp[i].name; }
                 }
                 free(owned);
-                free(loc);
             }
+            hp_comm_t comms[3];
+            int ncomm = hp_fsdp_grad_comms(f, comms);
+            HP_CHECK(ncomm == (NB == 2 ? 2 : 3), "%s: %d gradient-norm communicators", what, ncomm);
+            double norm = 0, rnorm = 0;
+            HP_CHECK_OK(hp_grad_norm(fp, n, comms, ncomm, &norm));
+            if (ref) HP_CHECK_OK(hp_grad_norm(hp_model_params(ref), hp_model_num_params(ref), NULL, 0, &rnorm));
+            HP_CHECK_OK(hp_broadcast(&rnorm, 1, HP_I64, 0, g_world, NULL));
+            HP_CHECK_CLOSE(norm, rnorm, 1e-5, 0);
             if (ref) {
                 HP_CHECK(worst <= 2e-5, "%s step %d: worst gradient error %.3g at %s", what, step, worst, wn);
-                printf("%s step %d: loss %.7f ref %.7f, worst grad rel err %.3g (%s)\n", what, step, lg, lref, worst, wn);
+                printf("%s step %d: loss %.7f ref %.7f, worst grad rel err %.3g (%s), norm %.6f ref %.6f\n", what,
+                       step, lg, lref, worst, wn, norm, rnorm);
             }
         }
         if (ref) sgd(hp_model_params(ref), hp_model_num_params(ref), 0.05f);

@@ -61,7 +61,12 @@ hp_fsdp_options_t hp_fsdp_default_options(void);
 typedef struct hp_fsdp hp_fsdp_t;
 
 /* fully_shard every unit of `model` over `mesh`: 1-D (Shard(0)) or 2-D HSDP (dims
- * (replicate, shard), names required, placements (Replicate(), Shard(0))). Copies this rank's
+ * (replicate, shard), names required, placements (Replicate(), Shard(0))). After
+ * tensor-parallel parallelize (parameters are DTensors on a 1-D tp mesh that is a slice of the
+ * same mesh as `mesh`), FSDP shards each TP-local tensor's dim 0 and the sharded parameters
+ * are DTensors on the SPMD mesh (mesh dims..., tp) with the full global shape: placements
+ * (_StridedShard(0, tp), Shard(0)) for TP Shard(0), (Shard(0), Shard(1)) for TP Shard(1),
+ * (Shard(0), Replicate()) for replicated ones (HSDP: Replicate() first). Copies this rank's
  * rows of the model's current weights into the sharded buffers, then releases the model's
  * full-size storage and installs the hooks. Collective over the mesh (none at creation, but
  * every rank must call it). Errors: a model already wrapped (fully_shard twice, or DDP), a
@@ -90,11 +95,13 @@ void hp_fsdp_set_requires_gradient_sync(hp_fsdp_t *f, int sync);
  * (partial), the first backward with 1 all-reduces the accumulated sharded gradient. On a
  * 1-D mesh this is an error (there is no replicate dim). */
 hp_status_t hp_fsdp_set_requires_all_reduce(hp_fsdp_t *f, int all_reduce);
-/* Communicators over which gradient norms must be summed (shard, then replicate): pass to
- * hp_clip_grad_norm. Returns the count (1 or 2). */
+/* Communicators over which gradient norms must be summed (shard, then replicate, then the
+ * TP mesh's when the parameters are TP DTensors): pass to hp_clip_grad_norm. Returns the
+ * count (1 to 3). */
 int hp_fsdp_grad_comms(const hp_fsdp_t *f, hp_comm_t *comms);
-/* full_tensor of parameter i's value or gradient into out (global numel floats). Collective
- * over the shard group. */
+/* The unsharded (over the FSDP shard dim) value or gradient of parameter i into out: the full
+ * tensor, or with TP the TP-local tensor (numel of the model's parameter i before
+ * fully_shard). Collective over the shard group. */
 hp_status_t hp_fsdp_full_value(hp_fsdp_t *f, int i, float *out);
 hp_status_t hp_fsdp_full_grad(hp_fsdp_t *f, int i, float *out);
 

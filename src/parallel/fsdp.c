@@ -100,6 +100,8 @@ typedef struct red {
 struct hp_fsdp {
     hp_model_t model;
     hp_mesh_t mesh;
+    hp_mesh_t spmd_mesh;     /* FSDP over TP: mesh dims + the TP mesh dim (owned), else NULL */
+    hp_mesh_t tp_mesh;       /* the TP mesh of the model's DTensor parameters, else NULL */
     hp_fsdp_options_t o;
     hp_comm_t shard_comm, rep_comm, pf_comm;
     int W, rank, R, k;
@@ -454,6 +456,56 @@ static const char *unit_name(hp_model_t m, int u, char *buf, size_t n) {
     return buf;
 }
 
+/* The TP mesh of the model's DTensor parameters (parallelize_module ran first), or NULL when
+ * every parameter is a plain tensor. FSDP then shards the TP-local tensor's dim 0 over the
+ * data-parallel dims and records the 2-D layout (see sharded_layout). */
+static hp_status_t tp_mesh_of(const hp_param_t *mp, int np, hp_mesh_t mesh, hp_mesh_t *tpm) {
+    *tpm = NULL;
+    char b1[256], b2[256];
+    for (int i = 0; i < np; i++) {
+        const hp_dtensor_t *v = &mp[i].value;
+        if (!v->mesh) continue;
+        if (v->mesh_ndim != 1)
+            return hp_error(HP_ERR_UNSUPPORTED, "fully_shard: parameter '%s' is a DTensor on a %d-D mesh; expected "
+                            "plain tensors or tensor-parallel DTensors on a 1-D mesh", mp[i].name, v->mesh_ndim);
+        if (hp_mesh_equal(v->mesh, mesh))
+            return hp_error(HP_ERR_INVALID_ARG, "fully_shard: parameter '%s' is already a DTensor on the FSDP mesh "
+                            "%s; hint: parallelize (TP) over a different mesh dim than the one given to fully_shard",
+                            mp[i].name, hp_mesh_str(mesh, b1, sizeof b1));
+        hp_placement_t p = v->placements[0];
+        if (p.kind != HP_SHARD && p.kind != HP_REPLICATE)
+            return hp_error(HP_ERR_UNSUPPORTED, "fully_shard: parameter '%s' has placement %s on its TP mesh; "
+                            "expected Shard or Replicate", mp[i].name, hp_placement_str(p, b1, sizeof b1));
+        if (*tpm && !hp_mesh_equal(*tpm, v->mesh))
+            return hp_error(HP_ERR_UNSUPPORTED, "fully_shard: parameters are DTensors on two meshes (%s and %s); "
+                            "expected one tensor-parallel mesh", hp_mesh_str(*tpm, b1, sizeof b1),
+                            hp_mesh_str(v->mesh, b2, sizeof b2));
+        if (!*tpm) *tpm = v->mesh;
+    }
+    return HP_OK;
+}
+
+/* Placements of a sharded parameter (PyTorch FSDPParam._init_sharded_param): on the FSDP mesh
+ * (Shard(0)) or HSDP (Replicate(), Shard(0)); over TP, the SPMD mesh (FSDP dims..., tp) with
+ * the TP placement last, and the dp_shard placement _StridedShard(0, tp) when TP also shards
+ * dim 0 (FSDP splits each TP chunk's rows: ColwiseParallel, RowwiseParallel embeddings),
+ * Shard(0) otherwise ([Shard(0), Shard(1)] rowwise, [Shard(0), Replicate()] norms). The
+ * global shape is the full parameter's. */
+static void sharded_layout(const hp_fsdp_t *f, int nd, const hp_dtensor_t *tpv, hp_dtensor_t *d) {
+    const int tp = tpv->mesh != NULL;
+    d->mesh = tp ? f->spmd_mesh : f->mesh;
+    d->mesh_ndim = nd + tp;
+    if (nd == 2) d->placements[0] = hp_replicate();
+    d->placements[nd - 1] = hp_shard(0);
+    if (tp) {
+        hp_placement_t p = tpv->placements[0];
+        d->placements[nd] = p;
+        if (p.kind == HP_SHARD && p.dim == 0)
+            d->placements[nd - 1] = hp_strided_shard(0, (int)hp_mesh_size(tpv->mesh, 0));
+    }
+    for (int a = 0; a < tpv->local.ndim; a++) d->global_shape[a] = tp ? tpv->global_shape[a] : tpv->local.shape[a];
+}
+
 hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_options_t *opts, hp_fsdp_t **out) {
     if (!model || !mesh || !out)
         return hp_error(HP_ERR_INVALID_ARG, "fully_shard: model, mesh and out must be non-NULL");
@@ -494,6 +546,8 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
     hp_param_t *mp = hp_model_params(model);
     const int np = hp_model_num_params(model);
     for (int i = 0; i < np; i++) HP_TRY(hp_fsdp_validate_param(&mp[i]));
+    hp_mesh_t tpm = NULL;
+    HP_TRY(tp_mesh_of(mp, np, mesh, &tpm));
     HP_TRY(hp_dp_register(model, "fully_shard"));
 
     hp_status_t st = HP_OK;
@@ -501,7 +555,12 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
     if (!f) { hp_dp_unregister(model); return HP_ERR_OOM; }
     f->model = model;
     f->mesh = mesh;
+    f->tp_mesh = tpm;
     f->o = o;
+    if (tpm) {
+        st = hp_mesh_concat(mesh, tpm, &f->spmd_mesh);
+        if (st != HP_OK) goto fail;
+    }
     f->W = W;
     f->R = R;
     f->shard_comm = hp_mesh_get_comm(mesh, sd);
@@ -622,11 +681,7 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
                 d->local = q->value.local;
                 d->local.shape[0] = rows;
                 d->local.data = data[k];
-                d->mesh = mesh;
-                d->mesh_ndim = nd;
-                if (nd == 2) { d->placements[0] = hp_replicate(); d->placements[1] = hp_shard(0); }
-                else d->placements[0] = hp_shard(0);
-                for (int a = 0; a < q->value.local.ndim; a++) d->global_shape[a] = q->value.local.shape[a];
+                sharded_layout(f, nd, &q->value, d);
                 d->owned = NULL;
             }
         }
@@ -716,6 +771,7 @@ void hp_fsdp_destroy(hp_fsdp_t *f) {
     free(f->g);
     free(f->params);
     free(f->events);
+    hp_mesh_destroy(f->spmd_mesh);
     free(f);
 }
 
@@ -749,9 +805,11 @@ hp_status_t hp_fsdp_set_requires_all_reduce(hp_fsdp_t *f, int all_reduce) {
 }
 
 int hp_fsdp_grad_comms(const hp_fsdp_t *f, hp_comm_t *comms) {
-    comms[0] = f->shard_comm;
-    if (f->R > 1) { comms[1] = f->rep_comm; return 2; }
-    return 1;
+    int n = 0;
+    comms[n++] = f->shard_comm;
+    if (f->R > 1) comms[n++] = f->rep_comm;
+    if (f->tp_mesh) comms[n++] = hp_mesh_get_comm(f->tp_mesh, 0);
+    return n;
 }
 
 static hp_status_t full_of(hp_fsdp_t *f, int i, int grad, float *out) {
