@@ -19,6 +19,9 @@ typedef struct hp_breq {
     size_t h_cap;         /* bytes */
     void *scratch;
     size_t scratch_cap;   /* bytes */
+    int machine;          /* nonzero: scratch holds a backend state machine (the ring
+                             reductions) that test advances and wait drives; the front end
+                             clears it before every start */
 } hp_breq_t;
 /* Ensures req->h holds `bytes` and req->scratch holds `scratch_bytes`. */
 hp_status_t hp_breq_reserve(hp_breq_t *req, size_t bytes, size_t scratch_bytes);
@@ -41,7 +44,9 @@ typedef struct hp_p2p {
  * set (otherwise the front end widens to an F32 workspace). AVG and PREMUL_SUM are always
  * lowered by the front end to SUM plus a scale. In-place calls arrive in the public header's
  * in-place positions except all_to_all, which the front end always makes out-of-place.
- * Optional slots: none in this version; a future NCCL backend sets native_half_reduce. */
+ * Optional slots: all_reduce_ring and reduce_scatter_ring (NULL: the front end uses
+ * all_reduce and reduce_scatter for every size); a future NCCL backend sets
+ * native_half_reduce. */
 typedef struct hp_comm_backend {
     const char *name;
     int native_half_reduce;
@@ -75,6 +80,17 @@ typedef struct hp_comm_backend {
     hp_status_t (*scatter)(void *ctx, const void *s, void *r, size_t n, hp_dtype_t dt, int root,
                            hp_breq_t *req, int async);
     hp_status_t (*barrier)(void *ctx, hp_breq_t *req, int async);
+    /* Optional. Deterministic ring reductions (reduce-scatter; all_reduce adds an
+     * all-gather) over point-to-point: the reduction order of every element depends only on
+     * (n, communicator size), never on timing or on how the request is completed, so start +
+     * wait, start + repeated test, and async = 0 all give the same bits. reduce_scatter_ring
+     * writes an in-place result (r == s + rank*n) at r itself, not at the start of the
+     * buffer, and may overwrite the other blocks of an in-place s. Same ops and dtypes as
+     * all_reduce / reduce_scatter. */
+    hp_status_t (*all_reduce_ring)(void *ctx, const void *s, void *r, size_t n, hp_dtype_t dt,
+                                   hp_redop_t op, hp_breq_t *req, int async);
+    hp_status_t (*reduce_scatter_ring)(void *ctx, const void *s, void *r, size_t n,
+                                       hp_dtype_t dt, hp_redop_t op, hp_breq_t *req, int async);
     /* Posts all of ops[n] together (they may span communicators). */
     hp_status_t (*p2p)(const hp_p2p_t *ops, int n, hp_breq_t *req, int async);
 
@@ -148,6 +164,15 @@ struct hp_work {
 /* Allocations the front end made for collectives since start (work pool, workspaces,
  * request storage); tests assert it stays flat in steady state. */
 uint64_t hp_comm_debug_allocs(void);
+
+/* Tests only: nonzero makes every all_reduce and reduce_scatter take the large-reduction
+ * path (the ring on 3 or more ranks) whatever its size, so small and odd counts exercise it.
+ * Call it on every rank at the same point, with no asynchronous work in flight. */
+void hp_comm_debug_force_ring(int on);
+
+/* Tests and tuning: bytes per chunk of the MPI backend's ring reductions (default 128 KiB,
+ * or HP_COMM_RING_CHUNK_KB). Same value on every rank, no ring in flight. */
+void hp_comm_mpi_set_ring_chunk(size_t bytes);
 
 /* Seconds since an arbitrary epoch (monotonic). */
 double hp_comm_now(void);

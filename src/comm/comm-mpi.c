@@ -11,6 +11,7 @@
 #include "comm/comm-impl.h"
 
 static int g_we_initialised = 0;
+static size_t g_ring_chunk = (size_t)128 << 10;   /* bytes per ring chunk (HP_COMM_RING_CHUNK_KB) */
 
 /* Every MPI call goes through this: failure becomes a status naming the call and site. */
 #define MPI_CHECK(call)                                                                  \
@@ -27,7 +28,14 @@ static hp_status_t mpi_fail(int rc, const char *call, const char *file, int line
                     "same collectives in the same order with matching counts)", call, file, line, msg);
 }
 
-static MPI_Comm C(void *ctx) { return *(MPI_Comm *)ctx; }
+/* A communicator context: the MPI communicator and the sequence number of the ring
+ * reductions started on it (their tags). */
+typedef struct hp_mpi_ctx {
+    MPI_Comm comm;
+    unsigned ring_seq;
+} hp_mpi_ctx_t;
+
+static MPI_Comm C(void *ctx) { return ((hp_mpi_ctx_t *)ctx)->comm; }
 
 static MPI_Datatype mpi_type(hp_dtype_t dt) {
     switch (dt) {
@@ -72,8 +80,8 @@ static hp_status_t req_one(hp_breq_t *req, int async, MPI_Request **out) {
 }
 
 static void *wrap_comm(MPI_Comm c) {
-    MPI_Comm *p = hp_malloc(sizeof *p);
-    if (p) *p = c;
+    hp_mpi_ctx_t *p = hp_malloc(sizeof *p);
+    if (p) p->comm = c, p->ring_seq = 0;
     return p;
 }
 
@@ -87,6 +95,14 @@ static hp_status_t mpi_init(int *argc, char ***argv, void **world_ctx, int *rank
         if (provided < MPI_THREAD_MULTIPLE)
             hp_log(HP_LOG_WARN, "MPI provides thread level %d < MPI_THREAD_MULTIPLE; the "
                    "progress and watchdog threads may be unsafe", provided);
+    }
+    const char *env = getenv("HP_COMM_RING_CHUNK_KB");   /* tuning; same on every rank */
+    if (env && *env) {
+        long kb = atol(env);
+        if (kb < 1 || kb > (1L << 20))
+            return hp_error(HP_ERR_INVALID_ARG, "HP_COMM_RING_CHUNK_KB='%s': expected 1..1048576 "
+                            "(KiB per ring chunk; default 128)", env);
+        g_ring_chunk = (size_t)kb << 10;
     }
     MPI_Comm w;
     MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &w));
@@ -358,7 +374,329 @@ static hp_status_t mpi_p2p(const hp_p2p_t *ops, int n, hp_breq_t *req, int async
     return status;
 }
 
+/* ---- deterministic ring reductions ------------------------------------------------------
+ *
+ * Ring reduce-scatter over P ranks, block b of the result on rank b. In step g (0..P-2) rank
+ * r sends block (r-g-1) to its right neighbour and receives block (r-g-2) from its left one,
+ * reducing it with its own contribution; so block b is folded in the fixed order
+ * ((x[b+1] op x[b+2]) op ...) op x[b], whatever the timing. all_reduce appends the ring
+ * all-gather: in step P-1+t rank r forwards block (r-t) and receives block (r-t-1) straight
+ * into recvbuf. Each block is cut into K chunks of ring_chunk bytes so that the receive of
+ * chunk c+1 overlaps the reduction of chunk c; a unit u = g*K + c is one chunk of one step.
+ * At most RING_WINDOW receives and sends are in flight. The state lives in the request
+ * scratch; test() advances it without blocking, wait() drives it with MPI_Waitany, and both
+ * run the same per-unit code, so results are bitwise equal either way. */
+
+#define RING_TAG 10000          /* tags RING_TAG + (sequence % RING_TAGS); p2p uses 7001 */
+#define RING_TAGS 16384
+#define RING_WINDOW 4           /* receive slots and sends in flight */
+
+
+typedef struct ring {
+    MPI_Comm comm;
+    MPI_Datatype type;
+    int tag, P, rank, left, right;
+    int is_ar;                  /* all_reduce: reduce-scatter then all-gather */
+    hp_dtype_t dt;
+    hp_redop_t op;
+    size_t es;
+    const char *src;            /* the caller's send buffer */
+    char *dst;                  /* recvbuf */
+    char *mut;                  /* in-place reduce_scatter: src, written */
+    char *acc;                  /* out-of-place reduce_scatter: (n) intermediate block */
+    char *tmp;                  /* RING_WINDOW receive slots of `chunk` elements */
+    size_t n;                   /* all_reduce: total elements; reduce_scatter: per block */
+    size_t chunk;               /* elements per chunk */
+    long K, U, ag0;             /* chunks per block, units, first all-gather unit */
+    long recv_posted, recv_done, send_posted, send_done;
+    int arrived;                /* oldest posted receive completed, not yet reduced */
+    MPI_Request rr[RING_WINDOW], sr[RING_WINDOW];
+} ring_t;
+
+/* Element range of block b: all_reduce splits n as torch.chunk-like even blocks (the first
+ * n % P one longer); reduce_scatter blocks are n each. */
+static void ring_block(const ring_t *g, int b, size_t *off, size_t *len) {
+    if (!g->is_ar) {
+        *off = (size_t)b * g->n, *len = g->n;
+        return;
+    }
+    size_t base = g->n / (size_t)g->P, rem = g->n % (size_t)g->P, ub = (size_t)b;
+    *off = ub * base + (ub < rem ? ub : rem);
+    *len = base + (ub < rem);
+}
+
+static int ring_mod(const ring_t *g, long x) { return (int)(((x % g->P) + g->P) % g->P); }
+
+/* Block received (is_send = 0) or sent in step s. */
+static int ring_blk(const ring_t *g, long s, int is_send) {
+    if (s < g->P - 1) return ring_mod(g, (long)g->rank - s - (is_send ? 1 : 2));
+    long t = s - (g->P - 1);
+    return ring_mod(g, (long)g->rank - t - (is_send ? 0 : 1));
+}
+
+/* Elements of chunk c in a block of len elements, and its offset in the block. */
+static size_t ring_clen(const ring_t *g, size_t len, long c, size_t *coff) {
+    *coff = (size_t)c * g->chunk;
+    return len > *coff ? (len - *coff < g->chunk ? len - *coff : g->chunk) : 0;
+}
+
+/* Where reduce-scatter step s leaves its partial result for chunk c of block b. */
+static char *ring_acc(const ring_t *g, long s, int b, size_t boff, size_t coff) {
+    if (g->is_ar) return g->dst + (boff + coff) * g->es;
+    if (g->mut) return g->mut + (boff + coff) * g->es;
+    /* out of place: steps alternate between recvbuf and one workspace block, the last one
+     * (s = P-2) landing in recvbuf */
+    return ((g->P - 2 - s) % 2 == 0 ? g->dst : g->acc) + coff * g->es;
+}
+
+/* d = a op b elementwise, a the partial from the left neighbour, b this rank's block; d may
+ * be b (in place). Integer sums and products wrap like MPI's. */
+#define RING_KERNEL(NAME, T, EXPR)                                                      \
+    static void NAME##_3(T *restrict d, const T *restrict a, const T *restrict b,       \
+                         size_t n) {                                                    \
+        for (size_t i = 0; i < n; i++) {                                                \
+            T x = a[i], y = b[i];                                                       \
+            d[i] = (EXPR);                                                              \
+        }                                                                               \
+    }                                                                                   \
+    static void NAME##_2(T *restrict d, const T *restrict a, size_t n) {                \
+        for (size_t i = 0; i < n; i++) {                                                \
+            T x = a[i], y = d[i];                                                       \
+            d[i] = (EXPR);                                                              \
+        }                                                                               \
+    }
+
+#define RING_KERNELS(P, T, U)                                                           \
+    RING_KERNEL(P##_sum, T, (T)((U)x + (U)y))                                           \
+    RING_KERNEL(P##_prod, T, (T)((U)x * (U)y))                                          \
+    RING_KERNEL(P##_max, T, x > y ? x : y)                                              \
+    RING_KERNEL(P##_min, T, x < y ? x : y)
+
+RING_KERNEL(f32_sum, float, x + y)
+RING_KERNEL(f32_prod, float, x * y)
+RING_KERNEL(f32_max, float, x > y ? x : y)
+RING_KERNEL(f32_min, float, x < y ? x : y)
+RING_KERNELS(i32, int32_t, uint32_t)
+RING_KERNELS(i64, int64_t, uint64_t)
+RING_KERNELS(u8, uint8_t, unsigned)
+
+typedef void (*ring_k3_t)(void *restrict, const void *restrict, const void *restrict, size_t);
+typedef void (*ring_k2_t)(void *restrict, const void *restrict, size_t);
+
+#define RING_CASE(P)                                                                    \
+    switch (op) {                                                                       \
+    case HP_SUM: *k3 = (ring_k3_t)P##_sum_3, *k2 = (ring_k2_t)P##_sum_2; return 1;      \
+    case HP_PROD: *k3 = (ring_k3_t)P##_prod_3, *k2 = (ring_k2_t)P##_prod_2; return 1;   \
+    case HP_MAX: *k3 = (ring_k3_t)P##_max_3, *k2 = (ring_k2_t)P##_max_2; return 1;      \
+    case HP_MIN: *k3 = (ring_k3_t)P##_min_3, *k2 = (ring_k2_t)P##_min_2; return 1;      \
+    default: return 0;                                                                  \
+    }
+
+static int ring_kernel(hp_dtype_t dt, hp_redop_t op, ring_k3_t *k3, ring_k2_t *k2) {
+    switch (dt) {
+    case HP_F32: RING_CASE(f32)
+    case HP_I32: RING_CASE(i32)
+    case HP_I64: RING_CASE(i64)
+    case HP_U8: RING_CASE(u8)
+    default: return 0;
+    }
+}
+
+static void ring_reduce(const ring_t *g, void *d, const void *a, const void *b, size_t n) {
+    ring_k3_t k3 = NULL;
+    ring_k2_t k2 = NULL;
+    ring_kernel(g->dt, g->op, &k3, &k2);   /* checked at start */
+    if (d == b) k2(d, a, n);
+    else k3(d, a, b, n);
+}
+
+static hp_status_t ring_post_recv(ring_t *g, long u) {
+    long s = u / g->K, c = u % g->K;
+    size_t boff, blen, coff;
+    ring_block(g, ring_blk(g, s, 0), &boff, &blen);
+    size_t cl = ring_clen(g, blen, c, &coff);
+    char *buf = s < g->P - 1 ? g->tmp + (size_t)(u % RING_WINDOW) * g->chunk * g->es
+                             : g->dst + (boff + coff) * g->es;
+    MPI_CHECK(MPI_Irecv(buf, (int)cl, g->type, g->left, g->tag, g->comm, &g->rr[u % RING_WINDOW]));
+    return HP_OK;
+}
+
+static hp_status_t ring_post_send(ring_t *g, long u) {
+    long s = u / g->K, c = u % g->K;
+    int b = ring_blk(g, s, 1);
+    size_t boff, blen, coff;
+    ring_block(g, b, &boff, &blen);
+    size_t cl = ring_clen(g, blen, c, &coff);
+    const char *buf;
+    if (s == 0) buf = g->src + (boff + coff) * g->es;                /* own data */
+    else if (s < g->P - 1) buf = ring_acc(g, s - 1, b, boff, coff);  /* partial of step s-1 */
+    else buf = g->dst + (boff + coff) * g->es;                       /* reduced block */
+    MPI_CHECK(MPI_Isend(buf, (int)cl, g->type, g->right, g->tag, g->comm, &g->sr[u % RING_WINDOW]));
+    return HP_OK;
+}
+
+/* Reduces the received chunk of unit u (reduce-scatter steps only). */
+static void ring_process(ring_t *g, long u) {
+    long s = u / g->K, c = u % g->K;
+    if (s >= g->P - 1) return;
+    int b = ring_blk(g, s, 0);
+    size_t boff, blen, coff;
+    ring_block(g, b, &boff, &blen);
+    size_t cl = ring_clen(g, blen, c, &coff);
+    if (!cl) return;
+    const char *own = g->src + (boff + coff) * g->es;
+    ring_reduce(g, ring_acc(g, s, b, boff, coff), g->tmp + (size_t)(u % RING_WINDOW) * g->chunk * g->es,
+                own, cl);
+}
+
+/* Dependencies (all on units of this rank):
+ * - receive u: its slot is free (u < recv_done + W); an all-gather receive overwrites a block
+ *   of recvbuf that the send of unit u - (P-1)K read, so that send must be done;
+ * - reduce u: out-of-place reduce_scatter reuses the accumulation block of unit u - 2K, sent
+ *   as unit u - K;
+ * - send u (step >= 1): unit u - K is reduced (or received, in the all-gather). */
+static int ring_recv_ready(const ring_t *g, long u) {
+    if (u >= g->recv_done + RING_WINDOW) return 0;
+    if (u >= g->ag0 && g->send_done <= u - (long)(g->P - 1) * g->K) return 0;
+    return 1;
+}
+
+static int ring_process_ready(const ring_t *g, long u) {
+    if (g->is_ar || g->mut || u < 2 * g->K) return 1;
+    return g->send_done > u - g->K;
+}
+
+static int ring_send_ready(const ring_t *g, long u) {
+    if (u >= g->send_done + RING_WINDOW) return 0;
+    return u < g->K || g->recv_done > u - g->K;
+}
+
+/* Posts and completes everything possible without blocking. */
+static hp_status_t ring_advance(ring_t *g, int *done) {
+    for (;;) {
+        int moved = 0;
+        while (g->recv_posted < g->U && ring_recv_ready(g, g->recv_posted)) {
+            HP_TRY(ring_post_recv(g, g->recv_posted));
+            g->recv_posted++, moved = 1;
+        }
+        while (g->send_posted < g->U && ring_send_ready(g, g->send_posted)) {
+            HP_TRY(ring_post_send(g, g->send_posted));
+            g->send_posted++, moved = 1;
+        }
+        while (g->recv_done < g->recv_posted) {
+            long u = g->recv_done;
+            if (!g->arrived) {
+                int f = 0;
+                MPI_CHECK(MPI_Test(&g->rr[u % RING_WINDOW], &f, MPI_STATUS_IGNORE));
+                if (!f) break;
+                g->arrived = 1;
+            }
+            if (!ring_process_ready(g, u)) break;
+            ring_process(g, u);
+            g->arrived = 0, g->recv_done++, moved = 1;
+        }
+        while (g->send_done < g->send_posted) {
+            int f = 0;
+            MPI_CHECK(MPI_Test(&g->sr[g->send_done % RING_WINDOW], &f, MPI_STATUS_IGNORE));
+            if (!f) break;
+            g->send_done++, moved = 1;
+        }
+        if (!moved) break;
+    }
+    *done = g->recv_done == g->U && g->send_done == g->U;
+    return HP_OK;
+}
+
+/* Advances, then blocks in MPI_Waitany on the oldest pending receive and send (every stall
+ * waits on one of them) until the ring is done. */
+static hp_status_t ring_wait(ring_t *g) {
+    for (;;) {
+        int done = 0;
+        HP_TRY(ring_advance(g, &done));
+        if (done) return HP_OK;
+        MPI_Request q[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+        MPI_Request *src[2] = {NULL, NULL};
+        if (g->recv_done < g->recv_posted && !g->arrived)
+            src[0] = &g->rr[g->recv_done % RING_WINDOW], q[0] = *src[0];
+        if (g->send_done < g->send_posted)
+            src[1] = &g->sr[g->send_done % RING_WINDOW], q[1] = *src[1];
+        if (!src[0] && !src[1])
+            return hp_error(HP_ERR_STATE, "hp_comm ring: no request to wait on (recv %ld/%ld, "
+                            "send %ld/%ld of %ld units)", g->recv_done, g->recv_posted,
+                            g->send_done, g->send_posted, g->U);
+        int idx = MPI_UNDEFINED;
+        MPI_CHECK(MPI_Waitany(2, q, &idx, MPI_STATUS_IGNORE));
+        if (idx == 0) *src[0] = MPI_REQUEST_NULL, g->arrived = 1;
+        else if (idx == 1) *src[1] = MPI_REQUEST_NULL, g->send_done++;
+    }
+}
+
+static hp_status_t ring_start(void *ctx, const void *s, void *r, size_t n, hp_dtype_t dt,
+                              hp_redop_t op, hp_breq_t *req, int async, int is_ar) {
+    hp_mpi_ctx_t *cx = ctx;
+    ring_k3_t k3;
+    ring_k2_t k2;
+    if (!ring_kernel(dt, op, &k3, &k2))
+        return hp_error(HP_ERR_UNSUPPORTED, "hp_comm ring reduction: dtype %s with op %d is not "
+                        "reduced natively (hint: the front end widens bf16/f16 and lowers "
+                        "avg/premul first)", hp_dtype_name(dt), (int)op);
+    int rank, size;
+    MPI_CHECK(MPI_Comm_rank(cx->comm, &rank));
+    MPI_CHECK(MPI_Comm_size(cx->comm, &size));
+    size_t es = hp_dtype_size(dt);
+    size_t chunk = g_ring_chunk / es;
+    if (chunk < 1) chunk = 1;
+    if (chunk > (size_t)INT_MAX) chunk = (size_t)INT_MAX;
+    int inplace_rs = !is_ar && r == (const char *)s + (size_t)rank * n * es;
+    size_t acc_bytes = (!is_ar && !inplace_rs && size > 2) ? n * es : 0;
+    size_t head = (sizeof(ring_t) + 63) & ~(size_t)63;
+    size_t tmp_bytes = ((RING_WINDOW * chunk * es) + 63) & ~(size_t)63;
+    HP_TRY(icount(is_ar ? n : n * (size_t)size, &(int){0}));
+    HP_TRY(hp_breq_reserve(req, sizeof(MPI_Request), head + tmp_bytes + acc_bytes));
+    ring_t *g = req->scratch;
+    memset(g, 0, sizeof *g);
+    g->comm = cx->comm;
+    g->type = mpi_type(dt);
+    /* Every rank starts the collectives of a communicator in the same order, so the sequence
+     * numbers agree; distinct tags keep two rings in flight on one communicator apart. */
+    g->tag = RING_TAG + (int)(__atomic_fetch_add(&cx->ring_seq, 1, __ATOMIC_RELAXED) % RING_TAGS);
+    g->P = size, g->rank = rank;
+    g->left = (rank + size - 1) % size, g->right = (rank + 1) % size;
+    g->is_ar = is_ar, g->dt = dt, g->op = op, g->es = es;
+    g->src = s, g->dst = r;
+    g->mut = inplace_rs ? (char *)s : NULL;
+    g->tmp = (char *)req->scratch + head;
+    g->acc = acc_bytes ? g->tmp + tmp_bytes : NULL;
+    g->n = n, g->chunk = chunk;
+    size_t maxlen = is_ar ? (n + (size_t)size - 1) / (size_t)size : n;
+    g->K = (long)((maxlen + chunk - 1) / chunk);
+    long steps = is_ar ? 2L * (size - 1) : (long)(size - 1);
+    g->U = steps * g->K;
+    g->ag0 = (long)(size - 1) * g->K;
+    if (!is_ar && !inplace_rs && size == 1 && n > 0) memcpy(r, s, n * es);   /* no steps */
+    if (is_ar && s != r && size == 1 && n > 0) memcpy(r, s, n * es);
+    req->n = 0;
+    req->machine = 1;
+    if (!async) return ring_wait(g);
+    int done;
+    return ring_advance(g, &done);
+}
+
+void hp_comm_mpi_set_ring_chunk(size_t bytes) { g_ring_chunk = bytes ? bytes : 1; }
+
+static hp_status_t mpi_all_reduce_ring(void *ctx, const void *s, void *r, size_t n,
+                                       hp_dtype_t dt, hp_redop_t op, hp_breq_t *req, int async) {
+    return ring_start(ctx, s, r, n, dt, op, req, async, 1);
+}
+
+static hp_status_t mpi_reduce_scatter_ring(void *ctx, const void *s, void *r, size_t n,
+                                           hp_dtype_t dt, hp_redop_t op, hp_breq_t *req,
+                                           int async) {
+    return ring_start(ctx, s, r, n, dt, op, req, async, 0);
+}
+
 static hp_status_t mpi_test(hp_breq_t *req, int *done) {
+    if (req->machine) return ring_advance(req->scratch, done);
     int flag = 1;
     if (req->n > 0) MPI_CHECK(MPI_Testall(req->n, (MPI_Request *)req->h, &flag, MPI_STATUSES_IGNORE));
     *done = flag;
@@ -366,6 +704,7 @@ static hp_status_t mpi_test(hp_breq_t *req, int *done) {
 }
 
 static hp_status_t mpi_wait(hp_breq_t *req) {
+    if (req->machine) return ring_wait(req->scratch);
     if (req->n > 0) MPI_CHECK(MPI_Waitall(req->n, (MPI_Request *)req->h, MPI_STATUSES_IGNORE));
     return HP_OK;
 }
@@ -390,6 +729,8 @@ const hp_comm_backend_t hp_comm_backend_mpi = {
     .gather = mpi_gather,
     .scatter = mpi_scatter,
     .barrier = mpi_barrier,
+    .all_reduce_ring = mpi_all_reduce_ring,
+    .reduce_scatter_ring = mpi_reduce_scatter_ring,
     .p2p = mpi_p2p,
     .test = mpi_test,
     .wait = mpi_wait,

@@ -275,6 +275,7 @@ static hp_status_t work_get(hp_comm_t comm, int blocking, hp_work_t *out) {
     w->status = HP_OK;
     w->errmsg[0] = '\0';
     w->req.n = 0;
+    w->req.machine = 0;
     w->post = 0;
     w->p2p_n = 0;
     *out = w;
@@ -364,6 +365,8 @@ static void post_process(hp_work_t w) {
     w->post = 0;
 }
 
+static int use_ring(const hp_work_t w);
+
 /* Starts (async = 1) or runs to completion (async = 0) the backend part of w. */
 static hp_status_t run_op(hp_work_t w, int async) {
     const hp_op_desc_t *d = &w->d;
@@ -373,7 +376,9 @@ static hp_status_t run_op(hp_work_t w, int async) {
     int avg = d->op == HP_AVG;
     hp_redop_t op = (avg || d->is_premul) ? HP_SUM : d->op;
     int widen = is_half(d->dt) && !be->native_half_reduce;
+    int ring = use_ring(w);   /* large all_reduce / reduce_scatter on >= 3 ranks */
     w->req.n = 0;
+    w->req.machine = 0;
     w->post = 0;
     w->post_n = n;
     switch (d->kind) {
@@ -385,6 +390,7 @@ static hp_status_t run_op(hp_work_t w, int async) {
             if (d->is_premul) HP_TRY(scale_into(ws, ws, n, HP_F32, d->premul));
             w->post = HP_POST_NARROW | (avg ? HP_POST_DIV : 0);
             w->post_buf = ws, w->post_src = ws, w->post_dst = d->recvbuf, w->post_dt = HP_F32;
+            if (ring) return be->all_reduce_ring(c->ctx, ws, ws, n, HP_F32, op, &w->req, async);
             return be->all_reduce(c->ctx, ws, ws, n, HP_F32, op, &w->req, async);
         } else {
             const void *s = d->sendbuf;
@@ -393,6 +399,7 @@ static hp_status_t run_op(hp_work_t w, int async) {
                 s = d->recvbuf;
             }
             if (avg) w->post = HP_POST_DIV, w->post_buf = d->recvbuf, w->post_dt = d->dt;
+            if (ring) return be->all_reduce_ring(c->ctx, s, d->recvbuf, n, d->dt, op, &w->req, async);
             return be->all_reduce(c->ctx, s, d->recvbuf, n, d->dt, op, &w->req, async);
         }
     case HP_COMM_REDUCE: {
@@ -428,11 +435,14 @@ static hp_status_t run_op(hp_work_t w, int async) {
         if (widen) {
             HP_TRY(ws_reserve(w, (total + n) * sizeof(float)));
             float *ws = w->ws;          // (size*n) f32 input
-            float *out = ws + total;    // (n) f32 result
+            /* (n) f32 result; the ring reduces in place in the widened copy (no
+             * accumulation workspace), leaving it in this rank's block */
+            float *out = ring ? ws + (size_t)c->rank * n : ws + total;
             hp_convert(ws, HP_F32, d->sendbuf, d->dt, total);
             if (d->is_premul) HP_TRY(scale_into(ws, ws, total, HP_F32, d->premul));
             w->post = HP_POST_NARROW | (avg ? HP_POST_DIV : 0);
             w->post_buf = out, w->post_src = out, w->post_dst = d->recvbuf, w->post_dt = HP_F32;
+            if (ring) return be->reduce_scatter_ring(c->ctx, ws, out, n, HP_F32, op, &w->req, async);
             return be->reduce_scatter(c->ctx, ws, out, n, HP_F32, op, &w->req, async);
         }
         int inplace = (const char *)d->recvbuf == (const char *)d->sendbuf + (size_t)c->rank * n * es;
@@ -447,14 +457,16 @@ static hp_status_t run_op(hp_work_t w, int async) {
                 s = w->ws;
             }
         }
-        if (inplace && n > 0) {
-            /* The backend leaves an in-place result at the start of the buffer. */
+        if (inplace && n > 0 && !ring) {
+            /* The backend leaves an in-place result at the start of the buffer (the ring
+             * writes it at recvbuf). */
             if (c->rank != 0) {
                 w->post |= HP_POST_MOVE;
                 w->post_src = s, w->post_dst = r, w->post_dt = d->dt;
             }
         }
         if (avg) w->post |= HP_POST_DIV, w->post_buf = r, w->post_dt = d->dt;
+        if (ring) return be->reduce_scatter_ring(c->ctx, s, r, n, d->dt, op, &w->req, async);
         return be->reduce_scatter(c->ctx, s, r, n, d->dt, op, &w->req, async);
     }
     case HP_COMM_BROADCAST:
@@ -503,21 +515,41 @@ static hp_status_t run_op(hp_work_t w, int async) {
  * everywhere. See run_to_completion. */
 #define HP_SMALL_REDUCTION_BYTES ((size_t)256 << 10)
 
-/* 0: not a reduction; 1: small reduction (blocking algorithm); 2: large (non-blocking). */
+static int g_force_ring;   /* tests: every all_reduce / reduce_scatter is "large" */
+
+void hp_comm_debug_force_ring(int on) { g_force_ring = on; }
+
+/* 0: not a reduction; 1: small reduction (blocking algorithm); 2: large (the ring on 3 or
+ * more ranks, else the non-blocking MPI call). */
 static int reduction_class(const hp_work_t w) {
     hp_comm_op_t k = w->d.kind;
     if (k != HP_COMM_ALL_REDUCE && k != HP_COMM_REDUCE && k != HP_COMM_REDUCE_SCATTER) return 0;
+    if (g_force_ring && k != HP_COMM_REDUCE) return 2;
     size_t bytes = w->d.count * hp_dtype_size(w->d.dt);
     if (k == HP_COMM_REDUCE_SCATTER) bytes *= (size_t)w->comm->size;
     return bytes <= HP_SMALL_REDUCTION_BYTES ? 1 : 2;
+}
+
+/* Large all_reduce and reduce_scatter on 3 or more ranks run the backend's ring (a
+ * deterministic reduce-scatter over point-to-point, plus an all-gather for all_reduce):
+ * bandwidth-optimal, the same bits however it is completed, and faster than Open MPI's
+ * non-blocking algorithms (docs/comm.md "Determinism", docs/performance.md). reduce (to a
+ * root) keeps the non-blocking MPI call. */
+static int use_ring(const hp_work_t w) {
+    const hp_comm_backend_t *be = w->comm->be;
+    hp_comm_op_t k = w->d.kind;
+    if (w->comm->size < 3 || reduction_class(w) != 2) return 0;
+    return (k == HP_COMM_ALL_REDUCE && be->all_reduce_ring) ||
+           (k == HP_COMM_REDUCE_SCATTER && be->reduce_scatter_ring);
 }
 
 /* Runs w to completion in the calling thread. Open MPI's blocking and non-blocking
  * collectives pick different algorithms, so their float sums can differ in the last bits; a
  * result must not depend on whether the caller passed a work handle or on the progress
  * mode. So the algorithm is a function of the size only: large reductions always run the
- * non-blocking call (blocking = start, then the backend's wait), small ones always the
- * blocking call (libnbc costs 2-3x there). Data movement is exact either way. */
+ * started form (the ring, or for reduce the non-blocking call; blocking = start, then the
+ * backend's wait), small ones always the blocking call (libnbc costs 2-3x there). Data
+ * movement is exact either way. */
 static hp_status_t run_to_completion(hp_work_t w) {
     /* Two ranks: every element is a op b on both sides and IEEE +, *, max, min are
      * commutative, so the blocking algorithm gives the same bits as the non-blocking one
