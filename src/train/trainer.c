@@ -27,8 +27,8 @@
 
 /* Parallelisms this build implements: replicated data parallel (one SUM all-reduce per
  * gradient after backward), FSDP (dp_shard > 1) and HSDP (both > 1) through fully_shard
- * (src/parallel/fsdp.c), tensor / sequence parallel (src/parallel/tp.c; not yet combined
- * with FSDP). PP, CP and EP are refused by ParallelDims. */
+ * (src/parallel/fsdp.c), tensor / sequence parallel (src/parallel/tp.c), alone or inside
+ * any of those. PP, CP and EP are refused by ParallelDims. */
 #define HP_TRAINER_IMPLEMENTED (HP_PAR_DP_REPLICATE | HP_PAR_DP_SHARD | HP_PAR_TP)
 
 struct hp_trainer {
@@ -152,11 +152,6 @@ static hp_status_t build(hp_trainer_t *t) {
     /* --- tensor parallel (owner tp): TorchTitan's plan on the tp mesh, before the weights
      * are drawn (each rank draws its shards at their global indices) --- */
     if (t->pd.tp > 1) {
-        if (t->pd.dp_shard > 1)
-            return hp_error(HP_ERR_UNSUPPORTED, "parallelism.tensor_parallel_degree=%d with data_parallel_shard_degree="
-                            "%d: TP x FSDP (2-D, the _StridedShard layout) is not implemented yet; use TP alone or "
-                            "with data_parallel_replicate_degree (DDP), or set --parallelism.tensor_parallel_degree=1",
-                            t->pd.tp, t->pd.dp_shard);
         const char *tpn[1] = {"tp"};
         HP_TRY(hp_mesh_slice(t->meshes.world, 1, tpn, &t->tp_mesh));
         hp_tp_plan_entry_t plan[32];
@@ -191,7 +186,7 @@ static hp_status_t build(hp_trainer_t *t) {
                                                                                               : HP_FSDP_RESHARD_DEFAULT;
         HP_TRY(hp_fully_shard(t->model, t->dp_mesh, &fo, &t->fsdp));
         t->params = hp_fsdp_params(t->fsdp);
-        t->n_clip_comms = hp_fsdp_grad_comms(t->fsdp, t->clip_comms);   /* (tp > 1 is refused above) */
+        t->n_clip_comms = hp_fsdp_grad_comms(t->fsdp, t->clip_comms);   /* shard, replicate, tp */
     } else if (t->dp_size > 1 && !t->mcfg.tie_embeddings) {
         /* DDP: gradient buckets (1 MiB first, 25 MiB cap) all-reduced (SUM) asynchronously as
          * they fill during backward; no_sync on all micro-batches but the last. Tied
@@ -578,13 +573,17 @@ hp_status_t hp_trainer_train(hp_trainer_t *t) {
             HP_TRY(hp_metrics_log_scalar(t->metrics, "validation_metrics/loss", st.step, vl));
         }
     }
-    if (c->job.dump_folder[0] && t->fsdp) {
-        /* data parallel (owner fsdp): all-gather the sharded weights into a full model on
-         * every rank (collective), rank 0 writes it */
+    if (c->job.dump_folder[0] && t->tp) {
+        /* tensor parallel (owner tp): full_tensor of every sharded weight (collective over
+         * the tp mesh, or the (dp..., tp) mesh under FSDP) into a full model, rank 0 writes it */
         hp_model_t full = NULL;
         hp_status_t s = hp_model_create(&t->mcfg, 1, t->T, &full);
-        for (int i = 0; s == HP_OK && i < t->np; i++)
-            s = hp_fsdp_full_value(t->fsdp, i, hp_model_params(full)[i].value.local.data);
+        for (int i = 0; s == HP_OK && i < t->np; i++) {
+            hp_param_t *fp = &hp_model_params(full)[i];
+            hp_dtensor_mem_t mem = {NULL, fp->value.local.data, sizeof(float) * (size_t)hp_tensor_numel(&fp->value.local)};
+            hp_tensor_t out;
+            s = hp_dtensor_full_tensor(&out, NULL, &mem, &t->params[i].value);
+        }
         if (s == HP_OK && t->rank == 0) {
             char path[2 * HP_CONFIG_STR_MAX];
             snprintf(path, sizeof path, "%s/weights.safetensors", c->job.dump_folder);
@@ -594,17 +593,13 @@ hp_status_t hp_trainer_train(hp_trainer_t *t) {
         hp_model_destroy(full);
         return s;
     }
-    if (c->job.dump_folder[0] && t->tp) {
-        /* tensor parallel (owner tp): full_tensor of every sharded weight (collective over
-         * the tp mesh) into a full model, rank 0 writes it */
+    if (c->job.dump_folder[0] && t->fsdp) {
+        /* data parallel (owner fsdp): all-gather the sharded weights into a full model on
+         * every rank (collective), rank 0 writes it */
         hp_model_t full = NULL;
         hp_status_t s = hp_model_create(&t->mcfg, 1, t->T, &full);
-        for (int i = 0; s == HP_OK && i < t->np; i++) {
-            hp_param_t *fp = &hp_model_params(full)[i];
-            hp_dtensor_mem_t mem = {NULL, fp->value.local.data, sizeof(float) * (size_t)hp_tensor_numel(&fp->value.local)};
-            hp_tensor_t out;
-            s = hp_dtensor_full_tensor(&out, NULL, &mem, &t->params[i].value);
-        }
+        for (int i = 0; s == HP_OK && i < t->np; i++)
+            s = hp_fsdp_full_value(t->fsdp, i, hp_model_params(full)[i].value.local.data);
         if (s == HP_OK && t->rank == 0) {
             char path[2 * HP_CONFIG_STR_MAX];
             snprintf(path, sizeof path, "%s/weights.safetensors", c->job.dump_folder);
