@@ -55,6 +55,61 @@ static double sgemm_peak(int n, int reps) {
     return best;
 }
 
+/* Register-only arithmetic peaks of this CPU (no memory traffic): 16 independent
+ * accumulators per thread, every thread of the OpenMP team busy; GFLOP/s over the team.
+ * f32: vfmadd231ps zmm (32 FLOP each). bf16: vdpbf16ps zmm (AVX512_BF16: 32 bf16 pairs
+ * multiplied and added into 16 f32 lanes, 64 FLOP each), the fastest arithmetic a bf16
+ * GEMM on this CPU could use. They bound what any kernel on these threads can reach. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define PEAK_ITERS 4000000L
+__attribute__((target("avx512f"))) static double f32_fma_peak_kernel(long iters, float *sink) {
+    __m512 acc[16], x = _mm512_set1_ps(1.0000001f), y = _mm512_set1_ps(0.9999999f);
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
+    }
+    __m512 s = acc[0];
+    for (int i = 1; i < 16; i++) s = _mm512_add_ps(s, acc[i]);
+    *sink = _mm512_reduce_add_ps(s);
+    return 32.0 * 16.0 * (double)iters;
+}
+__attribute__((target("avx512f,avx512bf16"))) static double bf16_dot_peak_kernel(long iters, float *sink) {
+    __m512 acc[16];
+    __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3f80);   // 1.0
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+    }
+    __m512 s = acc[0];
+    for (int i = 1; i < 16; i++) s = _mm512_add_ps(s, acc[i]);
+    *sink = _mm512_reduce_add_ps(s);
+    return 64.0 * 16.0 * (double)iters;
+}
+/* kind 0: f32 FMA, 1: bf16 dot product. Best of 3; 0 when the CPU lacks the instructions. */
+static double arith_peak(int kind) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || (kind == 1 && !__builtin_cpu_supports("avx512bf16"))) return 0.0;
+    double best = 0;
+    for (int r = 0; r < 3; r++) {
+        double flops = 0, t0 = now();
+#pragma omp parallel reduction(+ : flops)
+        {
+            float sink;
+            flops += kind ? bf16_dot_peak_kernel(PEAK_ITERS, &sink) : f32_fma_peak_kernel(PEAK_ITERS, &sink);
+            if (sink == 1234.5f) printf(" ");   /* keeps the loop alive */
+        }
+        double g = flops / (now() - t0) / 1e9;
+        if (g > best) best = g;
+    }
+    return best;
+}
+#else
+static double arith_peak(int kind) { (void)kind; return 0.0; }
+#endif
+
 #define CHECK(expr)                                                                     \
     do {                                                                                \
         hp_status_t s_ = (expr);                                                        \
@@ -164,6 +219,14 @@ int main(int argc, char **argv) {
     printf("bench_train_step: %s %s, B=%d T=%d, %d threads, %lld params, %.1f MFLOP/token (TorchTitan formula)\n",
            model, flavor, B, T, threads, (long long)hp_model_param_count(&cfg, 0), fpt / 1e6);
     printf("sgemm peak (cblas_sgemm 1024^3 and 2048^3, best of reps before and after the steps): %.1f GFLOP/s\n", peak);
+    {
+        double pf = arith_peak(0), pb = arith_peak(1);
+        printf("register peaks (%d threads, no memory traffic): f32 FMA %.1f GFLOP/s, bf16 dot product "
+               "(vdpbf16ps) %.1f GFLOP/s%s\n", threads, pf, pb, pb > 0 ? "" : " (no AVX512_BF16 on this CPU)");
+        printf("tokens/s ceilings at %.1f MFLOP/token (every FLOP at the peak): sgemm %.0f, f32 FMA %.0f, "
+               "bf16 dot %.0f\n", fpt / 1e6, peak * 1e9 / fpt, pf * 1e9 / fpt, pb * 1e9 / fpt);
+        printf("RESULT peaks f32_fma_gflops %.1f bf16_dot_gflops %.1f mflop_per_token %.3f\n", pf, pb, fpt / 1e6);
+    }
     printf("loss: step 0 %.4f -> step %d %.4f (same batch)\n", first_loss, warmup + steps - 1, loss);
     printf("step time: median %.1f ms, mean %.1f ms over %d steps (after %d warm-up)\n", med * 1e3, mean * 1e3,
            steps, warmup);

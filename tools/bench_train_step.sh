@@ -26,6 +26,7 @@ for r in $(seq 1 "$ROUNDS"); do
     HP_OUT=$("$BUILD/bench_train_step" "${ARGS[@]}")
     echo "$HP_OUT"
     HP_ALL="$HP_ALL"$'\n'"$(echo "$HP_OUT" | grep '^RESULT hp')"
+    PK_ALL="${PK_ALL:-}"$'\n'"$(echo "$HP_OUT" | grep '^RESULT peaks' || true)"
     echo "== round $r/$ROUNDS PyTorch eager: $PY $ROOT/bench/train_step_torch.py ${ARGS[*]}"
     PT_OUT=$("$PY" "$ROOT/bench/train_step_torch.py" "${ARGS[@]}")
     echo "$PT_OUT"
@@ -51,6 +52,15 @@ printf '%-30s %14s %14s\n' "  GFLOP/s" "$hp_bgf" "$pt_bgf"
 printf '%-30s %14s %14s\n' "  MFU vs sgemm peak (%)" "$(pct "$hp_bgf")" "$(pct "$pt_bgf")"
 echo "sgemm peak (OpenBLAS cblas_sgemm, $THREADS threads, best seen in the rounds): $peak GFLOP/s; PyTorch's own torch.mm peak: $pt_peak GFLOP/s"
 echo "speed-up over PyTorch: median $(awk -v a="$hp_tps" -v b="$pt_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$hp_btps" -v b="$pt_btps" 'BEGIN{printf "%.2fx", a/b}') (goal >= 3x); MFU goal >= 50%"
+# what 3x PyTorch's best step would need, against the highest register peaks seen
+read -r pk_f32 pk_bf16 mfpt <<<"$(echo "$PK_ALL" | awk '/RESULT peaks/ {if ($4>f) f=$4; if ($6>b) b=$6; m=$8} END {print f+0, b+0, m+0}')"
+if awk -v b="$pk_bf16" 'BEGIN{exit !(b > 0)}'; then
+    need=$(awk -v t="$pt_btps" -v m="$mfpt" 'BEGIN{printf "%.1f", 3*t*m/1e3}')
+    echo "3x PyTorch's best step = $(awk -v t="$pt_btps" 'BEGIN{printf "%.0f", 3*t}') tokens/s = $need GFLOP/s at $mfpt MFLOP/token:" \
+         "$(awk -v n="$need" -v p="$peak" 'BEGIN{printf "%.0f%%", 100*n/p}') of the sgemm peak," \
+         "$(awk -v n="$need" -v p="$pk_f32" 'BEGIN{printf "%.0f%%", 100*n/p}') of the f32 FMA register peak ($pk_f32)," \
+         "$(awk -v n="$need" -v p="$pk_bf16" 'BEGIN{printf "%.0f%%", 100*n/p}') of the bf16 dot-product register peak ($pk_bf16 GFLOP/s)"
+fi
 
 if [ -f "$BUILD/libhyperparallel.so" ]; then
     echo
