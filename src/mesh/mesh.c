@@ -385,7 +385,7 @@ hp_status_t hp_mesh_flatten(hp_mesh_t mesh, int n, const char *const *names,
     hp_mesh_t m;
     HP_TRY(make_sub(mesh, 1, gn, gd, &m));
     m->named = 1;
-    snprintf(m->names[0], HP_MESH_NAME_MAX, "%s", new_name);
+    memcpy(m->names[0], new_name, strlen(new_name) + 1);   /* length checked above */
     if (n == 1) {
         m->comms[0] = mesh->comms[dims[0]];
         m->owns_comm[0] = 0;
