@@ -18,6 +18,10 @@
 #include "hyperparallel/mesh.h"
 
 static int g_rank, g_world;
+/* The model of run_case: the llama3 debug model unless a test sets g_cfg (test_fsdp_tied:
+ * qwen3 with tied embeddings). */
+static hp_model_config_t g_cfg;
+static int g_cfg_set;
 
 typedef struct pcase {
     const char *what;
@@ -41,7 +45,7 @@ static inline hp_mesh_t make_mesh(hp_comm_t world, int R) {
 
 /* Runs one case; returns the per-step global losses in `losses` (steps entries). */
 static inline void run_case(hp_comm_t world, const pcase_t *pc, double *losses) {
-    const hp_model_config_t cfg = dp_config(0);
+    const hp_model_config_t cfg = g_cfg_set ? g_cfg : dp_config(0);
     const int V = cfg.vocab_size, G = g_world * DP_B;
     hp_mesh_t mesh = make_mesh(world, pc->R);
     hp_fsdp_options_t o = hp_fsdp_default_options();

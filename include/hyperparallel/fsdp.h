@@ -1,7 +1,8 @@
 /* fully_shard (FSDP2 / HSDP) over the model's units (docs/fsdp.md): every unit (the
  * embedding, each transformer block, the root = norm + output, as TorchTitan groups them) is
  * one parameter group with one flat all-gather and one flat reduce-scatter laid out as
- * PyTorch's foreach_all_gather / foreach_reduce. Parameters become DTensors Shard(0) on the
+ * PyTorch's foreach_all_gather / foreach_reduce; with tied embeddings (qwen3) the embedding and
+ * the root are one group (fully_shard([tok_embeddings, norm, output])). Parameters become DTensors Shard(0) on the
  * mesh (torch.chunk rows, zero-padded local buffers); the hp_param_t array of the FSDP object
  * points at the LOCAL shards, so the optimizer, clipping and checkpoints see sharded params.
  * Full-size parameters and gradients exist only transiently in a workspace sized for the
@@ -60,7 +61,11 @@ hp_fsdp_options_t hp_fsdp_default_options(void);
 
 typedef struct hp_fsdp hp_fsdp_t;
 
-/* fully_shard every unit of `model` over `mesh`: 1-D (Shard(0)) or 2-D HSDP (dims
+/* fully_shard every unit of `model` over `mesh` (tied embeddings: the embedding and the root
+ * are one group, unsharded at the embedding's pre-forward, resharded after the root's forward
+ * as reshard_after_forward says (Default: kept, as the root), unsharded for backward at the
+ * root's pre-backward, reduced once after the embedding's backward with the gradient of both
+ * uses): 1-D (Shard(0)) or 2-D HSDP (dims
  * (replicate, shard), names required, placements (Replicate(), Shard(0))). After
  * tensor-parallel parallelize (parameters are DTensors on a 1-D tp mesh that is a slice of the
  * same mesh as `mesh`), FSDP shards each TP-local tensor's dim 0 and the sharded parameters
@@ -70,8 +75,8 @@ typedef struct hp_fsdp hp_fsdp_t;
  * rows of the model's current weights into the sharded buffers, then releases the model's
  * full-size storage and installs the hooks. Collective over the mesh (none at creation, but
  * every rank must call it). Errors: a model already wrapped (fully_shard twice, or DDP), a
- * mesh of other than 1 or 2 dims, a 2-D mesh without names, tied embeddings, a scalar
- * parameter, a rank outside the mesh. */
+ * mesh of other than 1 or 2 dims, a 2-D mesh without names, a scalar parameter, a rank
+ * outside the mesh. */
 hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_options_t *opts,
                            hp_fsdp_t **out);
 /* Removes the hooks and frees the shards (the model's weights are gone with them). */
@@ -111,8 +116,9 @@ void hp_fsdp_memory(const hp_fsdp_t *f, size_t *param_bytes, size_t *grad_bytes,
 
 /* Event log (PyTorch's patched unshard / reshard / post_backward in its FSDP tests):
  * "unshard <unit>", "reshard <unit>", "post_backward <unit>" where <unit> is
- * "tok_embeddings", "layers.<i>" or "root". Only unshards that start an all-gather and
- * reshards that free parameters are logged (no-ops are not). Off by default. */
+ * "tok_embeddings", "layers.<i>", "root", or "tok_embeddings+root" (the group of a tied
+ * model). Only unshards that start an all-gather and reshards that free parameters are logged
+ * (no-ops are not). Off by default. */
 void hp_fsdp_record_events(hp_fsdp_t *f, int on);
 int hp_fsdp_num_events(const hp_fsdp_t *f);
 const char *hp_fsdp_event(const hp_fsdp_t *f, int i);

@@ -1,4 +1,6 @@
-/* fully_shard (FSDP2) and HSDP over the model's units, driven by the model hooks.
+/* fully_shard (FSDP2) and HSDP over the model's units, driven by the model hooks. A tied model
+ * (qwen3) puts the embedding and the root into one group, fully_shard([tok_embeddings, norm,
+ * output]): unsharded at the first of its units to run, resharded / reduced after the last.
  * Layout as PyTorch's FSDPParam / foreach_all_gather / foreach_reduce (docs/fsdp.md):
  *   shard size W; per param chunk c = ceil(d0 / W) rows, padded shard c * rest floats;
  *   group shard S = sum of padded shards (param order); all-gather output (W, S), row r =
@@ -60,15 +62,20 @@ typedef struct fparam {
 } fparam_t;
 
 typedef struct group {
-    int unit;
+    int u_lo, u_hi;          /* its units: u_lo runs first in forward, u_hi first in backward
+                                (equal except the tied group: tok_embeddings and the root) */
     char name[24];
-    int first, n;
+    int n;
     fparam_t *p;
-    size_t span_off, span;   /* unit span in the model's flat layout */
+    size_t span;             /* floats of the unsharded group (the unit's span in the model's
+                                flat layout; the tied group: both spans, concatenated) */
     size_t S, S_pf;          /* per-rank flat shard floats (layout W, layout k) */
     float *shard, *gshard;   /* (S) padded sharded params / grads: persistent */
     float *pf_shard;         /* (S_pf) SHARDED_POST_FORWARD copy */
     float *accum;            /* (span) unsharded grads kept by backwards without sync */
+    float *gown;             /* (span) unsharded grads of a group whose backward spans other
+                                units (the tied group), else NULL: f->gfull is used */
+    float *gcur;             /* the unsharded grads of the backward in progress */
     int accum_pending;
     float *partial;          /* (S) HSDP reduce-scatter outputs kept without all-reduce */
     int partial_pending;
@@ -105,8 +112,10 @@ struct hp_fsdp {
     hp_fsdp_options_t o;
     hp_comm_t shard_comm, rep_comm, pf_comm;
     int W, rank, R, k;
-    int n_groups, n_params;
+    int n_groups, n_params, n_units;
     group_t *g;
+    int *ug;                 /* (n_units) unit -> group */
+    int *pg, *pj;            /* (n_params) param -> group, index in the group */
     hp_param_t *params;      /* sharded params (model order) */
     hp_param_t *mparams;     /* the model's param table */
     pslot_t *slots;
@@ -385,21 +394,25 @@ static hp_status_t reduce_grads(hp_fsdp_t *f, group_t *g, const float *grads) {
 }
 
 /* ---- hooks ---------------------------------------------------------------------------- */
+/* Hooks come per unit; a group's state changes at its first unit (unshard, gradient buffer)
+ * and its last (reshard, reduce) in each pass. For a one-unit group both are the unit. */
 
 static hp_status_t pre_forward(void *ctx, int unit) {
     hp_fsdp_t *f = ctx;
-    group_t *g = &f->g[unit];
+    group_t *g = &f->g[f->ug[unit]];
     HP_TRY(unshard(f, g));
     HP_TRY(wait_unshard(f, g));
-    // implicit forward prefetch: the next unit's all-gather runs while this one computes
-    if (f->o.overlap && unit + 1 < f->n_groups) HP_TRY(unshard(f, &f->g[unit + 1]));
+    // implicit forward prefetch: the next unit's all-gather runs while this one computes (a
+    // no-op when its group is already unsharded: the tied group before the root)
+    if (f->o.overlap && unit + 1 < f->n_units) HP_TRY(unshard(f, &f->g[f->ug[unit + 1]]));
     point_model(f, g, f->slots[g->slot].full, NULL);
     return HP_OK;
 }
 
 static hp_status_t post_forward(void *ctx, int unit) {
     hp_fsdp_t *f = ctx;
-    group_t *g = &f->g[unit];
+    group_t *g = &f->g[f->ug[unit]];
+    if (unit != g->u_hi) return HP_OK;   // another unit of the group runs later in forward
     if (g->raf == 1) reshard(f, g, 0);
     else if (g->raf >= 2) reshard(f, g, 1);
     else point_model(f, g, NULL, NULL);
@@ -408,39 +421,44 @@ static hp_status_t post_forward(void *ctx, int unit) {
 
 static hp_status_t pre_backward(void *ctx, int unit) {
     hp_fsdp_t *f = ctx;
-    group_t *g = &f->g[unit];
+    group_t *g = &f->g[f->ug[unit]];
     HP_TRY(unshard(f, g));
     HP_TRY(wait_unshard(f, g));
     // backward prefetch: the previous unit in post-forward order
-    if (f->o.overlap && unit > 0) HP_TRY(unshard(f, &f->g[unit - 1]));
-    float *grads;
-    if (!f->sync || g->accum_pending) {
-        if (!g->accum) {
-            g->accum = hp_aligned_alloc(sizeof(float) * g->span);
-            if (!g->accum) return HP_ERR_OOM;
-            f->ws_bytes += sizeof(float) * g->span;
+    if (f->o.overlap && unit > 0) HP_TRY(unshard(f, &f->g[f->ug[unit - 1]]));
+    if (unit == g->u_hi) {   // the group's first unit in backward: its gradient buffer
+        if (!f->sync || g->accum_pending) {
+            if (!g->accum) {
+                g->accum = hp_aligned_alloc(sizeof(float) * g->span);
+                if (!g->accum) return HP_ERR_OOM;
+                f->ws_bytes += sizeof(float) * g->span;
+            }
+            if (!g->accum_pending) memset(g->accum, 0, sizeof(float) * g->span);
+            g->gcur = g->accum;
+        } else {
+            g->gcur = g->gown ? g->gown : f->gfull;
+            memset(g->gcur, 0, sizeof(float) * g->span);
         }
-        if (!g->accum_pending) memset(g->accum, 0, sizeof(float) * g->span);
-        grads = g->accum;
-    } else {
-        memset(f->gfull, 0, sizeof(float) * g->span);
-        grads = f->gfull;
     }
-    point_model(f, g, f->slots[g->slot].full, grads);
+    // a later unit of the group (the embedding of the tied group) accumulates (+=) into the
+    // same buffer: both uses of the shared weight add to one gradient
+    point_model(f, g, f->slots[g->slot].full, g->gcur);
     return HP_OK;
 }
 
 static hp_status_t post_backward(void *ctx, int unit) {
     hp_fsdp_t *f = ctx;
-    group_t *g = &f->g[unit];
-    const float *grads = (!f->sync || g->accum_pending) ? g->accum : f->gfull;
-    reshard(f, g, 0);
-    event(f, "post_backward", g);
-    if (!f->sync) {
-        g->accum_pending = 1;
-    } else {
-        HP_TRY(reduce_grads(f, g, grads));
-        g->accum_pending = 0;
+    group_t *g = &f->g[f->ug[unit]];
+    if (unit == g->u_lo) {   // the group's last unit in backward: reshard and reduce
+        reshard(f, g, 0);
+        event(f, "post_backward", g);
+        if (!f->sync) {
+            g->accum_pending = 1;
+        } else {
+            HP_TRY(reduce_grads(f, g, g->gcur));
+            g->accum_pending = 0;
+        }
+        g->gcur = NULL;
     }
     if (unit == 0) HP_TRY(red_drain(f));   // the root's final callback: wait every reduction
     return HP_OK;
@@ -529,10 +547,9 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
     if (o.mp.output_dtype != HP_F32)
         return hp_error(HP_ERR_UNSUPPORTED, "fully_shard: mp.output_dtype %s: the model's outputs (logits, "
                         "loss) stay f32 in this build", hp_dtype_name(o.mp.output_dtype));
-    const hp_model_config_t *mc = hp_model_config(model);
-    if (mc->tie_embeddings)
-        return hp_error(HP_ERR_UNSUPPORTED, "fully_shard: model %s/%s ties tok_embeddings and output, which "
-                        "would put one parameter in two groups; untied models only", mc->name, mc->flavor);
+    // tied embeddings (qwen3: output uses tok_embeddings.weight): the embedding and the root
+    // form one group, as fully_shard([tok_embeddings, norm, output]) in TorchTitan
+    const int tied = hp_model_config(model)->tie_embeddings != 0;
     const int sd = nd - 1;
     const int W = (int)hp_mesh_size(mesh, sd), R = nd == 2 ? (int)hp_mesh_size(mesh, 0) : 1;
     int raf = o.reshard_after_forward;
@@ -567,7 +584,8 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
     f->rep_comm = nd == 2 ? hp_mesh_get_comm(mesh, 0) : NULL;
     f->rank = hp_comm_rank(f->shard_comm);
     f->k = raf >= 2 ? raf : 0;
-    f->n_groups = hp_model_num_units(model);
+    f->n_units = hp_model_num_units(model);
+    f->n_groups = f->n_units - tied;
     f->n_params = np;
     f->mparams = mp;
     f->pdt = o.mp.param_dtype;
@@ -578,7 +596,10 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
     f->g = hp_calloc((size_t)f->n_groups, sizeof(group_t));
     f->params = hp_calloc((size_t)np, sizeof(hp_param_t));
     f->events = hp_calloc(FSDP_MAX_EVENTS, FSDP_EVENT_LEN);
-    if (!f->g || !f->params || !f->events) { st = HP_ERR_OOM; goto fail; }
+    f->ug = hp_calloc((size_t)f->n_units, sizeof(int));
+    f->pg = hp_calloc((size_t)np, sizeof(int));
+    f->pj = hp_calloc((size_t)np, sizeof(int));
+    if (!f->g || !f->params || !f->events || !f->ug || !f->pg || !f->pj) { st = HP_ERR_OOM; goto fail; }
     if (f->k) {
         st = hp_comm_split(f->shard_comm, f->rank / f->k, f->rank, &f->pf_comm);
         if (st != HP_OK) goto fail;
@@ -616,26 +637,50 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
         }
     }
 
-    // groups and layouts
-    for (int u = 0; u < f->n_groups; u++) {
-        group_t *g = &f->g[u];
-        g->unit = u;
-        unit_name(model, u, g->name, sizeof(g->name));
-        hp_model_unit_params(model, u, &g->first, &g->n);
-        hp_model_unit_span(model, u, &g->span_off, &g->span);
+    // groups and layouts: group u = unit u; tied: group 0 = units 0 and root, the root's
+    // parameters (norm) follow the embedding's in the group's flat shard and unsharded span
+    const int root_u = f->n_units - 1;
+    for (int u = 0; u < f->n_units; u++) f->ug[u] = u == root_u && tied ? 0 : u;
+    for (int gi = 0; gi < f->n_groups; gi++) {
+        group_t *g = &f->g[gi];
+        int units[2] = {gi, root_u}, nu = tied && gi == 0 ? 2 : 1;
+        g->u_lo = gi;
+        g->u_hi = units[nu - 1];
+        unit_name(model, gi, g->name, sizeof(g->name));
+        if (nu == 2) snprintf(g->name, sizeof(g->name), "tok_embeddings+root");
+        int first[2], cnt[2];
+        size_t uoff[2], uspan[2], base[2];
+        g->n = 0;
+        g->span = 0;
+        for (int k = 0; k < nu; k++) {
+            hp_model_unit_params(model, units[k], &first[k], &cnt[k]);
+            hp_model_unit_span(model, units[k], &uoff[k], &uspan[k]);
+            base[k] = (g->span + 15) / 16 * 16;   // 16-float aligned, as the model's layout
+            g->span = base[k] + uspan[k];
+            g->n += cnt[k];
+        }
         g->p = hp_calloc((size_t)g->n, sizeof(fparam_t));
         if (!g->p) { st = HP_ERR_OOM; goto fail; }
+        if (nu == 2) {
+            g->gown = hp_aligned_alloc(sizeof(float) * (g->span + 1));
+            if (!g->gown) { st = HP_ERR_OOM; goto fail; }
+            memset(g->gown, 0, sizeof(float) * (g->span + 1));
+            f->ws_bytes += sizeof(float) * g->span;
+        }
         g->slot = -1;
-        const int is_root = u == f->n_groups - 1;
+        const int is_root = g->u_hi == root_u;
         g->raf = raf == HP_FSDP_RESHARD_DEFAULT ? (is_root ? 0 : 1) : raf;
         size_t S = 0, S_pf = 0;
-        for (int j = 0; j < g->n; j++) {
+        for (int j = 0, k = 0, jk = 0; j < g->n; j++, jk++) {
+            if (jk == cnt[k]) { k++; jk = 0; }
             fparam_t *p = &g->p[j];
-            const hp_param_t *q = &mp[g->first + j];
-            p->index = g->first + j;
+            p->index = first[k] + jk;
+            const hp_param_t *q = &mp[p->index];
+            f->pg[p->index] = gi;
+            f->pj[p->index] = j;
             p->d0 = q->value.local.shape[0];
             p->rest = hp_tensor_numel(&q->value.local) / (p->d0 > 0 ? p->d0 : 1);
-            p->unit_off = hp_model_param_offset(model, p->index) - g->span_off;
+            p->unit_off = base[k] + (hp_model_param_offset(model, p->index) - uoff[k]);
             p->chunk = (p->d0 + W - 1) / W;
             int64_t row0;
             hp_shard_size_and_offset(p->d0, W, f->rank, &p->rows, &row0);
@@ -690,8 +735,10 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
         if (S_pf > f->max_S_pf) f->max_S_pf = S_pf;
     }
 
-    // workspace: param slots (current + prefetched + the root kept after forward; every
-    // group when some group is kept), one unsharded grad buffer, two reduction buffers
+    // workspace: param slots (current + prefetched + the root kept after forward, or the
+    // tied group kept from the embedding to the root in each pass; every group when some
+    // group is kept), one unsharded grad buffer (plus the tied group's own), two reduction
+    // buffers
     {
         int keep = 0;
         for (int u = 0; u < f->n_groups; u++) keep += f->g[u].raf == 0;
@@ -751,6 +798,7 @@ void hp_fsdp_destroy(hp_fsdp_t *f) {
             hp_free_aligned(g->gshard);
             hp_free_aligned(g->pf_shard);
             hp_free_aligned(g->accum);
+            hp_free_aligned(g->gown);
             hp_free_aligned(g->partial);
             free(g->p);
         }
@@ -769,6 +817,9 @@ void hp_fsdp_destroy(hp_fsdp_t *f) {
     }
     free(f->slots);
     free(f->g);
+    free(f->ug);
+    free(f->pg);
+    free(f->pj);
     free(f->params);
     free(f->events);
     hp_mesh_destroy(f->spmd_mesh);
@@ -815,10 +866,8 @@ int hp_fsdp_grad_comms(const hp_fsdp_t *f, hp_comm_t *comms) {
 static hp_status_t full_of(hp_fsdp_t *f, int i, int grad, float *out) {
     if (i < 0 || i >= f->n_params)
         return hp_error(HP_ERR_INVALID_ARG, "fsdp full tensor: param index %d outside [0, %d)", i, f->n_params);
-    group_t *g = NULL;
-    const fparam_t *p = NULL;
-    for (int u = 0; u < f->n_groups && !p; u++)
-        if (i >= f->g[u].first && i < f->g[u].first + f->g[u].n) { g = &f->g[u]; p = &g->p[i - g->first]; }
+    const group_t *g = &f->g[f->pg[i]];
+    const fparam_t *p = &g->p[f->pj[i]];
     size_t pad = (size_t)(p->chunk * p->rest);
     float *buf = hp_malloc(sizeof(float) * (size_t)f->W * (pad ? pad : 1));
     if (!buf) return HP_ERR_OOM;
