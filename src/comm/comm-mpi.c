@@ -403,7 +403,7 @@ typedef struct ring {
     const char *src;            /* the caller's send buffer */
     char *dst;                  /* recvbuf */
     char *mut;                  /* in-place reduce_scatter: src, written */
-    char *acc;                  /* out-of-place reduce_scatter: (n) intermediate block */
+    char *acc;                  /* out-of-place reduce_scatter: (2, n) intermediate blocks */
     char *tmp;                  /* RING_WINDOW receive slots of `chunk` elements */
     size_t n;                   /* all_reduce: total elements; reduce_scatter: per block */
     size_t chunk;               /* elements per chunk */
@@ -444,22 +444,27 @@ static size_t ring_clen(const ring_t *g, size_t len, long c, size_t *coff) {
 static char *ring_acc(const ring_t *g, long s, int b, size_t boff, size_t coff) {
     if (g->is_ar) return g->dst + (boff + coff) * g->es;
     if (g->mut) return g->mut + (boff + coff) * g->es;
-    /* out of place: steps alternate between recvbuf and one workspace block, the last one
-     * (s = P-2) landing in recvbuf */
-    return ((g->P - 2 - s) % 2 == 0 ? g->dst : g->acc) + coff * g->es;
+    /* out of place: the last step (s = P-2) lands in recvbuf, earlier ones alternate between
+     * two workspace blocks (one block would make step s wait for the send of step s-2's
+     * result, a stall visible at 1 MiB on 4 ranks) */
+    if (s == g->P - 2) return g->dst + coff * g->es;
+    return g->acc + ((size_t)(s % 2) * g->n + coff) * g->es;
 }
 
 /* d = a op b elementwise, a the partial from the left neighbour, b this rank's block; d may
- * be b (in place). Integer sums and products wrap like MPI's. */
+ * be b (in place). Integer sums and products wrap like MPI's. `omp simd` because -O2 does not
+ * vectorise loops of unknown length (elementwise, so the bits do not change). */
 #define RING_KERNEL(NAME, T, EXPR)                                                      \
     static void NAME##_3(T *restrict d, const T *restrict a, const T *restrict b,       \
                          size_t n) {                                                    \
+        _Pragma("omp simd")                                                             \
         for (size_t i = 0; i < n; i++) {                                                \
             T x = a[i], y = b[i];                                                       \
             d[i] = (EXPR);                                                              \
         }                                                                               \
     }                                                                                   \
     static void NAME##_2(T *restrict d, const T *restrict a, size_t n) {                \
+        _Pragma("omp simd")                                                             \
         for (size_t i = 0; i < n; i++) {                                                \
             T x = a[i], y = d[i];                                                       \
             d[i] = (EXPR);                                                              \
@@ -552,8 +557,8 @@ static void ring_process(ring_t *g, long u) {
 /* Dependencies (all on units of this rank):
  * - receive u: its slot is free (u < recv_done + W); an all-gather receive overwrites a block
  *   of recvbuf that the send of unit u - (P-1)K read, so that send must be done;
- * - reduce u: out-of-place reduce_scatter reuses the accumulation block of unit u - 2K, sent
- *   as unit u - K;
+ * - reduce u: out-of-place reduce_scatter, steps 2..P-3, reuses the workspace block of unit
+ *   u - 2K, sent as unit u - K;
  * - send u (step >= 1): unit u - K is reduced (or received, in the all-gather). */
 static int ring_recv_ready(const ring_t *g, long u) {
     if (u >= g->recv_done + RING_WINDOW) return 0;
@@ -562,7 +567,8 @@ static int ring_recv_ready(const ring_t *g, long u) {
 }
 
 static int ring_process_ready(const ring_t *g, long u) {
-    if (g->is_ar || g->mut || u < 2 * g->K) return 1;
+    long s = u / g->K;
+    if (g->is_ar || g->mut || s < 2 || s >= g->P - 2) return 1;
     return g->send_done > u - g->K;
 }
 
@@ -648,7 +654,7 @@ static hp_status_t ring_start(void *ctx, const void *s, void *r, size_t n, hp_dt
     if (chunk < 1) chunk = 1;
     if (chunk > (size_t)INT_MAX) chunk = (size_t)INT_MAX;
     int inplace_rs = !is_ar && r == (const char *)s + (size_t)rank * n * es;
-    size_t acc_bytes = (!is_ar && !inplace_rs && size > 2) ? n * es : 0;
+    size_t acc_bytes = (!is_ar && !inplace_rs && size > 2) ? 2 * n * es : 0;
     size_t head = (sizeof(ring_t) + 63) & ~(size_t)63;
     size_t tmp_bytes = ((RING_WINDOW * chunk * es) + 63) & ~(size_t)63;
     HP_TRY(icount(is_ar ? n : n * (size_t)size, &(int){0}));
