@@ -1,8 +1,11 @@
 /* hp-generate: sample text from weights written by hp-train.
  *   hp-generate --weights W.safetensors --tokenizer tokenizer.json [--prompt TEXT]
  *               [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
- * Decoding recomputes the forward over the (sliding) context for every new token; the
- * model has no incremental KV-cache path yet (see README status). */
+ * The prompt is prefilled into a KV cache (model.h) and each new token is one decode step.
+ * The context window is the training sequence length stored with the weights; once prompt
+ * plus output exceed it, every further token sees exactly the last window: the cache is
+ * reset and the last window re-prefilled per token (a full-window forward, as before the
+ * cache), so the output is the same as recomputing the window each step. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,15 +124,25 @@ int main(int argc, char **argv) {
     size_t n = n_prompt;
     hp_rng_key_t key = hp_rng_key(seed, "hp-generate");
     int32_t eos = hp_tokenizer_eos_id(tok);
+    hp_model_kv_cache_t kc = NULL;
+    if (hp_model_kv_cache_create(m, ctx, &kc) != HP_OK) {
+        fprintf(stderr, "hp-generate: error: %s\n", hp_last_error());
+        return 1;
+    }
     for (int k = 0; k < max_new; k++) {
-        size_t start = n > (size_t)ctx ? n - (size_t)ctx : 0;
-        int T = (int)(n - start);
-        float unused;
-        if (hp_model_forward(m, all + start, NULL, 1, T, 1.0f, &unused) != HP_OK) {
+        const float *logits = NULL;
+        hp_status_t st;
+        if (k > 0 && n <= (size_t)ctx && (size_t)hp_model_kv_cache_pos(kc) + 1 == n) {
+            st = hp_model_decode(m, kc, all[n - 1], &logits);   /* the token sampled last */
+        } else {   /* the prompt, or a slid window: (re)prefill the last ctx tokens */
+            size_t start = n > (size_t)ctx ? n - (size_t)ctx : 0;
+            hp_model_kv_cache_reset(kc);
+            st = hp_model_prefill(m, kc, all + start, (int)(n - start), &logits);
+        }
+        if (st != HP_OK) {
             fprintf(stderr, "hp-generate: error: %s\n", hp_last_error());
             return 1;
         }
-        const float *logits = hp_model_logits(m) + (size_t)(T - 1) * (size_t)V;
         int32_t next = sample(logits, V, temperature, top_k, top_p, hp_rng_uniform_at(key, (uint64_t)k), cands);
         all[n++] = next;
         if (next == eos) break;
@@ -144,6 +157,7 @@ int main(int argc, char **argv) {
     free(text);
     free(all);
     free(cands);
+    hp_model_kv_cache_destroy(kc);
     hp_token_ids_free(&ids);
     hp_model_destroy(m);
     hp_tokenizer_free(tok);

@@ -82,6 +82,38 @@ double hp_model_loss_sum(hp_model_t m);
 /* Number of valid targets (!= -100) of the last forward. */
 int64_t hp_model_valid_tokens(hp_model_t m);
 
+/* ---- inference: KV cache, prefill and decode (one rank; docs/nn.md) -----------------------
+ * A cache holds one sequence: per layer the keys (after qk-norm for qwen3, and RoPE) and the
+ * values of positions [0, pos), at most max_len positions, fixed at creation. Prefill and
+ * decode append tokens at positions pos, pos + 1, ... and compute only those positions:
+ * each layer's new queries attend causally to the cached keys (GQA: kv head h / (H/KV)).
+ * Every buffer is allocated by hp_model_kv_cache_create; prefill and decode allocate nothing.
+ * The logits of the token at position p equal row p of hp_model_forward over the same
+ * tokens up to float rounding (tests/test_model_decode.c); the model's own forward state
+ * (hp_model_logits, backward) is left untouched. A tensor-parallel or FSDP-wrapped model is
+ * refused (its weights are shards); DDP-wrapped models hold full weights and work. */
+typedef struct hp_model_kv_cache *hp_model_kv_cache_t;
+
+/* max_len in [1, the max_seq_len the model was created with] (the RoPE table's length).
+ * The cache belongs to m: pass the same model to prefill/decode. */
+hp_status_t hp_model_kv_cache_create(hp_model_t m, int max_len, hp_model_kv_cache_t *out);
+void hp_model_kv_cache_destroy(hp_model_kv_cache_t c);
+/* Forgets every position (pos = 0); keeps the memory. */
+void hp_model_kv_cache_reset(hp_model_kv_cache_t c);
+/* Positions held (the position the next token gets) and the capacity. */
+int hp_model_kv_cache_pos(hp_model_kv_cache_t c);
+int hp_model_kv_cache_max_len(hp_model_kv_cache_t c);
+
+/* Appends tokens[0..n) (n >= 1) at positions [pos, pos + n), processed in chunks of up to 64
+ * rows, and sets *logits (if non-NULL) to the (vocab_size) logits of the last of them: the
+ * prediction for position pos + n. The array belongs to the cache and stays valid until the
+ * next prefill, decode, reset or destroy. Errors (cache and logits unchanged): pos + n >
+ * max_len (cache full), a token outside [0, vocab_size), a tensor-parallel or FSDP model. */
+hp_status_t hp_model_prefill(hp_model_t m, hp_model_kv_cache_t c, const int32_t *tokens, int n,
+                             const float **logits);
+/* hp_model_prefill of one token: one position, causal attention over the cached keys. */
+hp_status_t hp_model_decode(hp_model_t m, hp_model_kv_cache_t c, int32_t token, const float **logits);
+
 /* ---- units and hooks (data-parallel wrappers: FSDP, DDP; docs/fsdp.md) ------------------
  * Units: 0 = tok_embeddings, 1..n_layers = layers[u-1] (one transformer block), n_layers+1 =
  * the root (norm + output), as TorchTitan's fully_shard groups. A unit's params are a

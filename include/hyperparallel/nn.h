@@ -205,6 +205,15 @@ void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, 
                            const float *dout, const float *out,
                            const float *lse, const float *q, int ldq, const float *k, int ldk,
                            const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd);
+/* Inference (KV cache): n new query rows at positions [p0, p0 + n) against a cache holding
+ * keys/values of positions [0, p0 + n) (the new rows' own keys already written). q (n, Hq, hd)
+ * at row stride ldq; k/v (p0 + n, Hkv, hd) at row strides ldk/ldv; out (n, Hq, hd) contiguous.
+ * scratch: n_threads rows of (p0 + n) floats (one score row per thread); the loop runs on at
+ * most n_threads threads (and at most omp_get_max_threads()). Causal, softmax scale 1/sqrt(hd), GQA (head h reads kv head
+ * h / (Hq/Hkv)). Row i equals row p0 + i of hp_attention_forward up to float rounding. */
+void hp_attention_decode_forward(float *out, float *scratch, const float *q, int ldq, const float *k, int ldk,
+                                 const float *v, int ldv, int p0, int n, int Hq, int Hkv, int hd,
+                                 int n_threads);
 /* Reference: full (T, T) softmax per head, in double. */
 void hp_ref_attention_forward(float *out, float *lse, const float *q, int ldq, const float *k, int ldk,
                               const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd);

@@ -5,9 +5,13 @@
  *
  * Inner products run on GCC vector types (16 floats) with accumulators held in registers:
  * a score row against a transposed key tile, and probability-weighted sums of value/key
- * rows. head_dim that is not a multiple of 16 takes plain loops. */
+ * rows. head_dim that is not a multiple of 16 takes plain loops.
+ *
+ * hp_attention_decode_forward serves inference (KV cache, model.h): a few new query rows
+ * against cached keys/values, one plain score row per (row, head). */
 #include <math.h>
 #include <string.h>
+#include <omp.h>
 #include "hyperparallel/nn.h"
 #include "nn/nn-math.h"
 
@@ -402,6 +406,48 @@ void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, 
                            sizeof(float) * (size_t)hd);
                 }
             }
+        }
+    }
+}
+
+void hp_attention_decode_forward(float *out, float *scratch, const float *q, int ldq, const float *k, int ldk,
+                                 const float *v, int ldv, int p0, int n, int Hq, int Hkv, int hd,
+                                 int n_threads) {
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int rep = Hq / Hkv, len = p0 + n, max_t = omp_get_max_threads();
+    const int nt = n_threads < max_t ? n_threads : max_t;
+    // parallel over (new row, query head); each task writes its own out row and uses the
+    // score row of its thread (scratch holds n_threads rows of p0 + n floats)
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int i = 0; i < n; i++) {
+        for (int h = 0; h < Hq; h++) {
+            const int g = h / rep, nk = p0 + i + 1;   // causal: keys 0 .. p0 + i
+            float *s = scratch + (size_t)omp_get_thread_num() * len;
+            float qs[hd], acc[hd];
+            const float *qi = q + (size_t)i * ldq + (size_t)h * hd;
+            for (int d = 0; d < hd; d++) qs[d] = qi[d] * scale;   // scaled first, as the tiled kernel
+            float mx = -INFINITY;
+            for (int j = 0; j < nk; j++) {
+                const float *kj = k + (size_t)j * ldk + (size_t)g * hd;
+                float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                for (int d = 0; d < hd; d++) dot += qs[d] * kj[d];
+                s[j] = dot;
+                mx = dot > mx ? dot : mx;
+            }
+            float l = 0.0f;
+#pragma omp simd reduction(+ : l)
+            for (int j = 0; j < nk; j++) { s[j] = hp_nn_expf(s[j] - mx); l += s[j]; }
+            memset(acc, 0, sizeof(float) * (size_t)hd);
+            for (int j = 0; j < nk; j++) {
+                const float *vj = v + (size_t)j * ldv + (size_t)g * hd;
+                const float pj = s[j];
+#pragma omp simd
+                for (int d = 0; d < hd; d++) acc[d] += pj * vj[d];
+            }
+            float *oi = out + (size_t)i * Hq * hd + (size_t)h * hd;
+            const float inv = 1.0f / l;
+            for (int d = 0; d < hd; d++) oi[d] = acc[d] * inv;
         }
     }
 }

@@ -2,7 +2,8 @@
  * (attention_norm, attention [fused wq|wk|wv GEMM, qk-norm, RoPE, flash attention, wo],
  * ffn_norm, feed_forward [fused w1|w3 GEMM, SwiGLU, w2]) -> norm -> output -> summed
  * cross-entropy / divisor. Flavors, parameter counts and FLOPs/token follow TorchTitan.
- * Memory: arenas for params, grads, activations and workspace sized before allocation. */
+ * Memory: arenas for params, grads, activations and workspace sized before allocation.
+ * Inference: a KV cache (one allocation) with prefill/decode of new positions only. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1187,4 +1188,176 @@ void hp_model_tp_adopt_storage(hp_model_t m, float *param_data, float *grad_data
     m->grad_data = grad_data;
     m->param_floats = floats;
     for (int u = 0; u < m->cfg.n_layers + 2; u++) hp_model_bind_unit(m, u);
+}
+
+/* ---- inference: KV cache, prefill and decode -------------------------------------------- */
+
+enum { HP_KV_CHUNK = 64 };   // rows per prefill chunk: bounds the per-row buffers
+
+struct hp_model_kv_cache {
+    hp_model_t m;
+    int max_len, pos, chunk, n_threads;
+    float *k, *v;     // per layer l at l * max_len * kd: (max_len, KV, hd) keys after qk-norm + RoPE, values
+    float *x, *xn;    // (chunk, dim) residual stream, normed input
+    float *qkv;       // (chunk, qkvd) wq|wk|wv output
+    float *q;         // (chunk, qd) queries after qk-norm + RoPE
+    float *o;         // (chunk, qd) attention output
+    float *h13;       // (chunk, 2 * hidden) w1|w3 output
+    float *a;         // (chunk, hidden) silu(h1) * h3
+    float *rstd;      // (chunk, n_heads) RMSNorm scratch
+    float *hf;        // (dim) final norm of the last row
+    float *logits;    // (V) logits of the last row
+    float *scores;    // (n_threads, max_len) one attention score row per thread
+    float *mem;       // the one allocation all of the above point into
+};
+
+/* The cache computes with the full weights of one rank: a tensor-parallel model holds head
+ * and vocab shards, an FSDP model gathers its weights only inside hp_model_forward. */
+static hp_status_t kv_check_model(hp_model_t m, const char *who) {
+    const hp_model_config_t *c = &m->cfg;
+    if (m->storage_released || m->hooks.pre_forward || m->hooks.post_forward)
+        return hp_error(HP_ERR_STATE, "%s: model '%s/%s' is FSDP-wrapped (its parameters are shards, gathered "
+                        "only inside hp_model_forward); expected an unwrapped single-rank model; hint: save the "
+                        "full weights (hp_model_save_weights) and load them with hp_model_load_weights for "
+                        "inference", who, c->name, c->flavor);
+    int tp = m->seq_shard > 1 || m->logits_cols > 0;
+    for (int l = 0; l < c->n_layers && !tp; l++)
+        tp = m->layers[l].attention_i.n_heads != c->n_heads || m->layers[l].ffn_i.hidden != c->hidden_dim;
+    for (int i = 0; i < m->n_params && !tp; i++) tp = m->params[i].value.mesh != NULL;
+    if (tp)
+        return hp_error(HP_ERR_STATE, "%s: model '%s/%s' is tensor-parallel (its heads, FFN and vocab are "
+                        "sharded across ranks); expected an unwrapped single-rank model; hint: save the full "
+                        "weights (hp_model_save_weights) and load them with hp_model_load_weights for inference",
+                        who, c->name, c->flavor);
+    return HP_OK;
+}
+
+hp_status_t hp_model_kv_cache_create(hp_model_t m, int max_len, hp_model_kv_cache_t *out) {
+    if (!m || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_model_kv_cache_create: model and out must be non-NULL");
+    *out = NULL;
+    HP_TRY(kv_check_model(m, "hp_model_kv_cache_create"));
+    if (max_len <= 0 || max_len > m->max_seq_len)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_model_kv_cache_create: max_len %d, expected 1 .. %d (the "
+                        "max_seq_len the model was created with: its RoPE table); hint: create or load the "
+                        "model with a larger max_seq_len", max_len, m->max_seq_len);
+    const hp_model_config_t *c = &m->cfg;
+    const size_t d = c->dim, qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim,
+                 hid = c->hidden_dim, V = c->vocab_size, L = c->n_layers;
+    const int chunk = max_len < HP_KV_CHUNK ? max_len : HP_KV_CHUNK, n_threads = omp_get_max_threads();
+    const size_t C = (size_t)chunk;
+    // sizes first (16-float aligned), then one allocation
+    const size_t sizes[] = {L * max_len * kd, L * max_len * kd, C * d, C * d, C * (qd + 2 * kd), C * qd, C * qd,
+                            C * 2 * hid, C * hid, C * c->n_heads, d, V, (size_t)n_threads * max_len};
+    enum { NB = sizeof(sizes) / sizeof(sizes[0]) };
+    size_t off[NB], total = 0;
+    for (int i = 0; i < NB; i++) { off[i] = total; total += (sizes[i] + 15) & ~(size_t)15; }
+    hp_model_kv_cache_t kc = hp_calloc(1, sizeof(*kc));
+    if (!kc) return HP_ERR_OOM;
+    kc->mem = hp_aligned_alloc(sizeof(float) * total);
+    if (!kc->mem) {
+        free(kc);
+        return hp_error(HP_ERR_OOM, "hp_model_kv_cache_create: %.2f MiB for max_len %d; hint: use a smaller "
+                        "max_len", (double)total * 4 / (1 << 20), max_len);
+    }
+    memset(kc->mem, 0, sizeof(float) * total);
+    float **ptr[NB] = {&kc->k, &kc->v, &kc->x, &kc->xn, &kc->qkv, &kc->q, &kc->o, &kc->h13, &kc->a, &kc->rstd,
+                       &kc->hf, &kc->logits, &kc->scores};
+    for (int i = 0; i < NB; i++) *ptr[i] = kc->mem + off[i];
+    kc->m = m;
+    kc->max_len = max_len;
+    kc->chunk = chunk;
+    kc->n_threads = n_threads;
+    *out = kc;
+    return HP_OK;
+}
+
+void hp_model_kv_cache_destroy(hp_model_kv_cache_t c) {
+    if (!c) return;
+    hp_free_aligned(c->mem);
+    free(c);
+}
+
+void hp_model_kv_cache_reset(hp_model_kv_cache_t c) { if (c) c->pos = 0; }
+int hp_model_kv_cache_pos(hp_model_kv_cache_t c) { return c ? c->pos : 0; }
+int hp_model_kv_cache_max_len(hp_model_kv_cache_t c) { return c ? c->max_len : 0; }
+
+/* n <= chunk tokens at positions [pos, pos + n): the forward of hp_model_forward restricted
+ * to these rows (same kernels, same weights), keys/values appended to the cache; the final
+ * norm and output projection only for the last row when `last`. */
+static void kv_forward_rows(hp_model_t m, hp_model_kv_cache_t c, const int32_t *tokens, int n, int last) {
+    const hp_model_config_t *cf = &m->cfg;
+    const int d = cf->dim, H = cf->n_heads, KV = cf->n_kv_heads, hd = cf->head_dim, hid = cf->hidden_dim;
+    const int qd = H * hd, kd = KV * hd, qkvd = qd + 2 * kd, p0 = c->pos;
+    hp_embedding_forward(c->x, tokens, m->embedding_i.weight, n, d);
+    for (int l = 0; l < cf->n_layers; l++) {
+        layer_mods_t *L = &m->layers[l];
+        const attn_impl_t *A = &L->attention_i;
+        float *K = c->k + (size_t)l * c->max_len * kd, *Vc = c->v + (size_t)l * c->max_len * kd;
+        float *kn = K + (size_t)p0 * kd, *vn = Vc + (size_t)p0 * kd;   // (n, kd) rows of the new positions
+        hp_rmsnorm_forward(c->xn, c->rstd, c->x, L->attention_norm_i.weight, n, d, L->attention_norm_i.eps);
+        hp_linear_forward(c->qkv, c->xn, L->wqkv_i.weight, L->wqkv_i.bias, n, d, qkvd);
+        if (A->qk_norm) {
+            hp_rmsnorm_heads_forward(c->q, qd, c->rstd, c->qkv, qkvd, A->qn_w, n, H, hd, A->eps);
+            hp_rmsnorm_heads_forward(kn, kd, c->rstd, c->qkv + qd, qkvd, A->kn_w, n, KV, hd, A->eps);
+        } else {
+            for (int i = 0; i < n; i++) {   // serial: n <= 64 row copies
+                memcpy(c->q + (size_t)i * qd, c->qkv + (size_t)i * qkvd, sizeof(float) * (size_t)qd);
+                memcpy(kn + (size_t)i * kd, c->qkv + (size_t)i * qkvd + qd, sizeof(float) * (size_t)kd);
+            }
+        }
+        for (int i = 0; i < n; i++)
+            memcpy(vn + (size_t)i * kd, c->qkv + (size_t)i * qkvd + qd + kd, sizeof(float) * (size_t)kd);
+        // RoPE at absolute positions p0 + i: the table from row p0 on
+        const float *cs = A->cos_t + (size_t)p0 * (hd / 2), *sn = A->sin_t + (size_t)p0 * (hd / 2);
+        hp_rope_apply(c->q, qd, 1, n, H, hd, cs, sn, A->style, 0);
+        hp_rope_apply(kn, kd, 1, n, KV, hd, cs, sn, A->style, 0);
+        hp_attention_decode_forward(c->o, c->scores, c->q, qd, K, kd, Vc, kd, p0, n, H, KV, hd, c->n_threads);
+        hp_linear_forward_acc(c->x, c->o, L->wo_i.weight, L->wo_i.bias, n, qd, d);       // x = x + attn
+        hp_rmsnorm_forward(c->xn, c->rstd, c->x, L->ffn_norm_i.weight, n, d, L->ffn_norm_i.eps);
+        hp_linear_forward(c->h13, c->xn, L->w13_i.weight, L->w13_i.bias, n, d, 2 * hid);
+        hp_swiglu_forward(c->a, c->h13, n, hid);
+        hp_linear_forward_acc(c->x, c->a, L->w2_i.weight, L->w2_i.bias, n, hid, d);     // x = x + ffn
+    }
+    c->pos += n;
+    if (!last) return;
+    hp_rmsnorm_forward(c->hf, c->rstd, c->x + (size_t)(n - 1) * d, m->norm_i.weight, 1, d, m->norm_i.eps);
+    hp_linear_forward(c->logits, c->hf, m->output_i.weight, m->output_i.bias, 1, d, cf->vocab_size);
+}
+
+static hp_status_t kv_append(hp_model_t m, hp_model_kv_cache_t c, const int32_t *tokens, int n,
+                             const float **logits, const char *who) {
+    if (!m || !c) return hp_error(HP_ERR_INVALID_ARG, "%s: model and cache must be non-NULL", who);
+    if (c->m != m)
+        return hp_error(HP_ERR_INVALID_ARG, "%s: the KV cache was created for another model; hint: create "
+                        "one cache per model (hp_model_kv_cache_create)", who);
+    HP_TRY(kv_check_model(m, who));
+    if (!tokens || n <= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "%s: n = %d tokens (%s), expected n >= 1 and a non-NULL token "
+                        "array", who, n, tokens ? "non-NULL" : "NULL");
+    if (n > c->max_len - c->pos)
+        return hp_error(HP_ERR_INVALID_ARG, "%s: KV cache full: %d token(s) at position %d need positions up "
+                        "to %d, the cache's max_len is %d; hint: create the cache with a larger max_len (up "
+                        "to the model's max_seq_len %d), or reset it and prefill the last window", who, n,
+                        c->pos, c->pos + n, c->max_len, m->max_seq_len);
+    const int V = m->cfg.vocab_size;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return hp_error(HP_ERR_INVALID_ARG, "%s: token id %d at index %d is outside [0, %d) (vocab_size "
+                            "of '%s/%s'); hint: use the tokenizer the model was trained with", who,
+                            (int)tokens[i], i, V, m->cfg.name, m->cfg.flavor);
+    for (int i = 0; i < n; i += c->chunk) {
+        const int k = n - i < c->chunk ? n - i : c->chunk;
+        kv_forward_rows(m, c, tokens + i, k, i + k == n);
+    }
+    if (logits) *logits = c->logits;
+    return HP_OK;
+}
+
+hp_status_t hp_model_prefill(hp_model_t m, hp_model_kv_cache_t c, const int32_t *tokens, int n,
+                             const float **logits) {
+    return kv_append(m, c, tokens, n, logits, "hp_model_prefill");
+}
+
+hp_status_t hp_model_decode(hp_model_t m, hp_model_kv_cache_t c, int32_t token, const float **logits) {
+    return kv_append(m, c, &token, 1, logits, "hp_model_decode");
 }
