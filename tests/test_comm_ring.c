@@ -2,7 +2,8 @@
  * ranks): results equal a reference folded in a fixed order, for every native dtype and op,
  * in place and out of place, at counts 0, 1, below the rank count, uneven and multi-chunk
  * (tiny chunks exercise the pipeline's windows); blocking and asynchronous calls under every
- * progress mode give the same bits; repeating them allocates nothing. */
+ * progress mode give the same bits, and all_reduce gives every rank the same bits; repeating
+ * them allocates nothing. */
 // hp-test: ranks 3 4 5 timeout 300
 #include <stdint.h>
 #include <stdio.h>
@@ -132,7 +133,7 @@ static void test_exact(void) {
                     check_reduce_scatter(dts[di], ops[oi], counts[ci], ip, async);
                 }
         }
-    hp_comm_mpi_set_ring_chunk((size_t)128 << 10);
+    hp_comm_mpi_set_ring_chunk((size_t)256 << 10);
     hp_comm_debug_force_ring(0);
 }
 
@@ -178,6 +179,12 @@ static void test_bitwise(void) {
             }
             HP_CHECK(bad == 0, "%s (%s): %zu of %zu elements off the double reference", kn,
                      ip ? "in place" : "out of place", bad, out_n);
+            if (kind == 0) {   /* every rank holds the same bits */
+                if (R == 0) memcpy(got, ref_, M * 4);
+                HP_CHECK_OK(hp_broadcast(got, M, HP_F32, 0, W, NULL));
+                HP_CHECK(!memcmp(got, ref_, M * 4), "all_reduce (%s): rank %d's bits differ from "
+                         "rank 0's", ip ? "in place" : "out of place", R);
+            }
         }
     free(x), free(ref_), free(got);
 }

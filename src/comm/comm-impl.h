@@ -170,7 +170,7 @@ uint64_t hp_comm_debug_allocs(void);
  * Call it on every rank at the same point, with no asynchronous work in flight. */
 void hp_comm_debug_force_ring(int on);
 
-/* Tests and tuning: bytes per chunk of the MPI backend's ring reductions (default 128 KiB,
+/* Tests and tuning: bytes per chunk of the MPI backend's ring reductions (default 256 KiB,
  * or HP_COMM_RING_CHUNK_KB). Same value on every rank, no ring in flight. */
 void hp_comm_mpi_set_ring_chunk(size_t bytes);
 

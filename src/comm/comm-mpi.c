@@ -11,7 +11,7 @@
 #include "comm/comm-impl.h"
 
 static int g_we_initialised = 0;
-static size_t g_ring_chunk = (size_t)128 << 10;   /* bytes per ring chunk (HP_COMM_RING_CHUNK_KB) */
+static size_t g_ring_chunk = (size_t)256 << 10;   /* bytes per ring chunk (HP_COMM_RING_CHUNK_KB) */
 
 /* Every MPI call goes through this: failure becomes a status naming the call and site. */
 #define MPI_CHECK(call)                                                                  \
@@ -101,7 +101,7 @@ static hp_status_t mpi_init(int *argc, char ***argv, void **world_ctx, int *rank
         long kb = atol(env);
         if (kb < 1 || kb > (1L << 20))
             return hp_error(HP_ERR_INVALID_ARG, "HP_COMM_RING_CHUNK_KB='%s': expected 1..1048576 "
-                            "(KiB per ring chunk; default 128)", env);
+                            "(KiB per ring chunk; default 256)", env);
         g_ring_chunk = (size_t)kb << 10;
     }
     MPI_Comm w;
