@@ -577,8 +577,10 @@ static int ring_send_ready(const ring_t *g, long u) {
     return u < g->K || g->recv_done > u - g->K;
 }
 
-/* Posts and completes everything possible without blocking. */
-static hp_status_t ring_advance(ring_t *g, int *done) {
+/* Posts and completes everything possible without blocking. With test = 0 it only posts and
+ * reduces what earlier completions allow (ring_wait learns completions from MPI_Waitany;
+ * each MPI_Test runs MPI's progress engine, which yields the core when oversubscribed). */
+static hp_status_t ring_advance(ring_t *g, int *done, int test) {
     for (;;) {
         int moved = 0;
         while (g->recv_posted < g->U && ring_recv_ready(g, g->recv_posted)) {
@@ -593,7 +595,7 @@ static hp_status_t ring_advance(ring_t *g, int *done) {
             long u = g->recv_done;
             if (!g->arrived) {
                 int f = 0;
-                MPI_CHECK(MPI_Test(&g->rr[u % RING_WINDOW], &f, MPI_STATUS_IGNORE));
+                if (test) MPI_CHECK(MPI_Test(&g->rr[u % RING_WINDOW], &f, MPI_STATUS_IGNORE));
                 if (!f) break;
                 g->arrived = 1;
             }
@@ -603,7 +605,7 @@ static hp_status_t ring_advance(ring_t *g, int *done) {
         }
         while (g->send_done < g->send_posted) {
             int f = 0;
-            MPI_CHECK(MPI_Test(&g->sr[g->send_done % RING_WINDOW], &f, MPI_STATUS_IGNORE));
+            if (test) MPI_CHECK(MPI_Test(&g->sr[g->send_done % RING_WINDOW], &f, MPI_STATUS_IGNORE));
             if (!f) break;
             g->send_done++, moved = 1;
         }
@@ -618,7 +620,7 @@ static hp_status_t ring_advance(ring_t *g, int *done) {
 static hp_status_t ring_wait(ring_t *g) {
     for (;;) {
         int done = 0;
-        HP_TRY(ring_advance(g, &done));
+        HP_TRY(ring_advance(g, &done, 0));
         if (done) return HP_OK;
         MPI_Request q[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
         MPI_Request *src[2] = {NULL, NULL};
@@ -685,7 +687,7 @@ static hp_status_t ring_start(void *ctx, const void *s, void *r, size_t n, hp_dt
     req->machine = 1;
     if (!async) return ring_wait(g);
     int done;
-    return ring_advance(g, &done);
+    return ring_advance(g, &done, 1);
 }
 
 void hp_comm_mpi_set_ring_chunk(size_t bytes) { g_ring_chunk = bytes ? bytes : 1; }
@@ -702,7 +704,7 @@ static hp_status_t mpi_reduce_scatter_ring(void *ctx, const void *s, void *r, si
 }
 
 static hp_status_t mpi_test(hp_breq_t *req, int *done) {
-    if (req->machine) return ring_advance(req->scratch, done);
+    if (req->machine) return ring_advance(req->scratch, done, 1);
     int flag = 1;
     if (req->n > 0) MPI_CHECK(MPI_Testall(req->n, (MPI_Request *)req->h, &flag, MPI_STATUSES_IGNORE));
     *done = flag;
