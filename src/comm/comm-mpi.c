@@ -391,7 +391,6 @@ static hp_status_t mpi_p2p(const hp_p2p_t *ops, int n, hp_breq_t *req, int async
 #define RING_TAGS 16384
 #define RING_WINDOW 4           /* receive slots and sends in flight */
 
-
 typedef struct ring {
     MPI_Comm comm;
     MPI_Datatype type;
