@@ -1,10 +1,11 @@
 /* The ring reductions of the MPI backend (large all_reduce and reduce_scatter on 3 or more
  * ranks): results equal a reference folded in a fixed order, for every native dtype and op,
  * in place and out of place, at counts 0, 1, below the rank count, uneven and multi-chunk
- * (tiny chunks exercise the pipeline's windows); blocking and asynchronous calls under every
+ * (tiny chunks exercise the pipeline's windows), with halving-doubling (power-of-two rank
+ * counts, all_reduce) and without; blocking and asynchronous calls under every
  * progress mode give the same bits, and all_reduce gives every rank the same bits; repeating
  * them allocates nothing. */
-// hp-test: ranks 3 4 5 timeout 300
+// hp-test: ranks 3 4 5 8 timeout 300
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,8 +117,10 @@ static void check_reduce_scatter(hp_dtype_t dt, hp_redop_t op, size_t n, int inp
 }
 
 /* Every dtype and op at small and odd counts, forced onto the ring with 64-byte chunks
- * (16 floats), so blocks span many chunks and the windows wrap many times. */
-static void test_exact(void) {
+ * (16 floats), so blocks span many chunks and the windows wrap many times. On power-of-two
+ * rank counts all_reduce runs halving-doubling (hd = 1) or, with it disabled, the ring. */
+static void test_exact(int hd) {
+    hp_comm_mpi_set_hd_max(hd ? (size_t)4 << 20 : 0);
     hp_comm_debug_force_ring(1);
     hp_comm_mpi_set_ring_chunk(64);
     const hp_dtype_t dts[5] = {HP_F32, HP_I32, HP_I64, HP_U8, HP_BF16};
@@ -135,6 +138,7 @@ static void test_exact(void) {
         }
     hp_comm_mpi_set_ring_chunk((size_t)256 << 10);
     hp_comm_debug_force_ring(0);
+    hp_comm_mpi_set_hd_max((size_t)4 << 20);
 }
 
 /* Inputs whose sums depend on the order of additions. */
@@ -146,7 +150,8 @@ static float fval(int rank, size_t i) {
 /* Large f32 sums (above the 256 KiB threshold, the real path, default chunks): within float
  * tolerance of a double reference, and blocking == asynchronous under poll, thread and none,
  * bit for bit, in place and out of place. */
-static void test_bitwise(void) {
+static void test_bitwise(int hd) {
+    hp_comm_mpi_set_hd_max(hd ? (size_t)4 << 20 : 0);
     const size_t M = 300007;   /* per-rank block of reduce_scatter; all_reduce count */
     size_t total = M * (size_t)N;
     float *x = xalloc(total * 4), *ref_ = xalloc(total * 4), *got = xalloc(total * 4);
@@ -187,6 +192,7 @@ static void test_bitwise(void) {
             }
         }
     free(x), free(ref_), free(got);
+    hp_comm_mpi_set_hd_max((size_t)4 << 20);
 }
 
 /* After warm-up, repeated ring reductions (blocking, two asynchronous ones in flight, in
@@ -223,8 +229,11 @@ int main(int argc, char **argv) {
     R = hp_comm_rank(W);
     N = hp_comm_size(W);
     hp_test_set_rank(R);
-    test_exact();
-    test_bitwise();
+    int pow2 = (N & (N - 1)) == 0;
+    test_exact(1);
+    if (pow2) test_exact(0);
+    test_bitwise(1);
+    if (pow2) test_bitwise(0);
     test_steady();
     int rc = hp_test_finish("test_comm_ring");
     HP_CHECK_OK(hp_comm_finalize());

@@ -12,6 +12,9 @@
 
 static int g_we_initialised = 0;
 static size_t g_ring_chunk = (size_t)256 << 10;   /* bytes per ring chunk (HP_COMM_RING_CHUNK_KB) */
+/* all_reduce up to this size on power-of-two communicators: halving-doubling
+ * (HP_COMM_HD_MAX_KB); measured ahead of the ring at 1-2 MiB, even from 4 MiB up */
+static size_t g_hd_max_bytes = (size_t)4 << 20;
 
 /* Every MPI call goes through this: failure becomes a status naming the call and site. */
 #define MPI_CHECK(call)                                                                  \
@@ -103,6 +106,15 @@ static hp_status_t mpi_init(int *argc, char ***argv, void **world_ctx, int *rank
             return hp_error(HP_ERR_INVALID_ARG, "HP_COMM_RING_CHUNK_KB='%s': expected 1..1048576 "
                             "(KiB per ring chunk; default 256)", env);
         g_ring_chunk = (size_t)kb << 10;
+    }
+    env = getenv("HP_COMM_HD_MAX_KB");   /* tuning; same on every rank */
+    if (env && *env) {
+        long kb = atol(env);
+        if (kb < 0 || kb > (1L << 30))
+            return hp_error(HP_ERR_INVALID_ARG, "HP_COMM_HD_MAX_KB='%s': expected 0..2^30 (KiB; "
+                            "all_reduce up to this size on power-of-two communicators uses "
+                            "halving-doubling; default 4096)", env);
+        g_hd_max_bytes = (size_t)kb << 10;
     }
     MPI_Comm w;
     MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &w));
@@ -385,11 +397,14 @@ static hp_status_t mpi_p2p(const hp_p2p_t *ops, int n, hp_breq_t *req, int async
  * chunk c+1 overlaps the reduction of chunk c; a unit u = g*K + c is one chunk of one step.
  * At most RING_WINDOW receives and sends are in flight. The state lives in the request
  * scratch; test() advances it without blocking, wait() drives it with MPI_Waitany, and both
- * run the same per-unit code, so results are bitwise equal either way. */
+ * run the same per-unit code, so results are bitwise equal either way. all_reduce up to
+ * g_hd_max_bytes on a power-of-two communicator of 4+ ranks runs halving-doubling instead
+ * (fewer steps; see hd_plan), through the same machinery. */
 
 #define RING_TAG 10000          /* tags RING_TAG + (sequence % RING_TAGS); p2p uses 7001 */
 #define RING_TAGS 16384
 #define RING_WINDOW 4           /* receive slots and sends in flight */
+#define HD_MAX_STEPS 62         /* 2 log2(P) steps of halving-doubling */
 
 typedef struct ring {
     MPI_Comm comm;
@@ -410,6 +425,13 @@ typedef struct ring {
     long recv_posted, recv_done, send_posted, send_done;
     int arrived;                /* oldest posted receive completed, not yet reduced */
     MPI_Request rr[RING_WINDOW], sr[RING_WINDOW];
+    /* halving-doubling all_reduce (hd = 1): per step the partner, the element ranges sent
+     * and received, and the first unit; steps 0..L-1 halve (reduce), L..2L-1 double */
+    int hd, hd_steps, hd_L;
+    int hd_peer[HD_MAX_STEPS];
+    size_t hd_soff[HD_MAX_STEPS], hd_slen[HD_MAX_STEPS];
+    size_t hd_roff[HD_MAX_STEPS], hd_rlen[HD_MAX_STEPS];
+    long hd_u0[HD_MAX_STEPS + 1];
 } ring_t;
 
 /* Element range of block b: all_reduce splits n as torch.chunk-like even blocks (the first
@@ -514,7 +536,14 @@ static void ring_reduce(const ring_t *g, void *d, const void *a, const void *b, 
     else k3(d, a, b, n);
 }
 
+static hp_status_t hd_post_recv(ring_t *g, long u);
+static hp_status_t hd_post_send(ring_t *g, long u);
+static void hd_process(ring_t *g, long u);
+static int hd_recv_ready(const ring_t *g, long u);
+static int hd_send_ready(const ring_t *g, long u);
+
 static hp_status_t ring_post_recv(ring_t *g, long u) {
+    if (g->hd) return hd_post_recv(g, u);
     long s = u / g->K, c = u % g->K;
     size_t boff, blen, coff;
     ring_block(g, ring_blk(g, s, 0), &boff, &blen);
@@ -526,6 +555,7 @@ static hp_status_t ring_post_recv(ring_t *g, long u) {
 }
 
 static hp_status_t ring_post_send(ring_t *g, long u) {
+    if (g->hd) return hd_post_send(g, u);
     long s = u / g->K, c = u % g->K;
     int b = ring_blk(g, s, 1);
     size_t boff, blen, coff;
@@ -541,6 +571,10 @@ static hp_status_t ring_post_send(ring_t *g, long u) {
 
 /* Reduces the received chunk of unit u (reduce-scatter steps only). */
 static void ring_process(ring_t *g, long u) {
+    if (g->hd) {
+        hd_process(g, u);
+        return;
+    }
     long s = u / g->K, c = u % g->K;
     if (s >= g->P - 1) return;
     int b = ring_blk(g, s, 0);
@@ -561,19 +595,119 @@ static void ring_process(ring_t *g, long u) {
  * - send u (step >= 1): unit u - K is reduced (or received, in the all-gather). */
 static int ring_recv_ready(const ring_t *g, long u) {
     if (u >= g->recv_done + RING_WINDOW) return 0;
+    if (g->hd) return hd_recv_ready(g, u);
     if (u >= g->ag0 && g->send_done <= u - (long)(g->P - 1) * g->K) return 0;
     return 1;
 }
 
 static int ring_process_ready(const ring_t *g, long u) {
     long s = u / g->K;
+    if (g->hd) return 1;   /* its reductions write ranges no pending send reads */
     if (g->is_ar || g->mut || s < 2 || s >= g->P - 2) return 1;
     return g->send_done > u - g->K;
 }
 
 static int ring_send_ready(const ring_t *g, long u) {
     if (u >= g->send_done + RING_WINDOW) return 0;
+    if (g->hd) return hd_send_ready(g, u);
     return u < g->K || g->recv_done > u - g->K;
+}
+
+/* Halving-doubling all_reduce (Rabenseifner's; power-of-two P): recursive-halving
+ * reduce-scatter, in step j exchanging half of the current block range with rank r ^ P/2^(j+1)
+ * and reducing the half kept (the one holding block r), then recursive-doubling all-gather in
+ * the reverse order. 2 log2(P) steps instead of the ring's 2(P-1), the same bytes per rank;
+ * each element is reduced on one rank only (fixed tree order) and copied to the rest, so
+ * every rank gets the same bits for any op. Steps are not pipelined into each other: a step's
+ * sends wait for every receive of the step before; within a step chunks are. */
+static int hd_step(const ring_t *g, long u) {
+    int j = 0;
+    while (u >= g->hd_u0[j + 1]) j++;
+    return j;
+}
+
+static size_t hd_chunk(const ring_t *g, size_t len, long c, size_t *coff) {
+    return ring_clen(g, len, c, coff);
+}
+
+static hp_status_t hd_post_recv(ring_t *g, long u) {
+    int j = hd_step(g, u);
+    long c = u - g->hd_u0[j];
+    size_t coff, cl = hd_chunk(g, g->hd_rlen[j], c, &coff);
+    char *buf = j < g->hd_L ? g->tmp + (size_t)(u % RING_WINDOW) * g->chunk * g->es
+                            : g->dst + (g->hd_roff[j] + coff) * g->es;
+    MPI_CHECK(MPI_Irecv(buf, (int)cl, g->type, g->hd_peer[j], g->tag, g->comm, &g->rr[u % RING_WINDOW]));
+    return HP_OK;
+}
+
+static hp_status_t hd_post_send(ring_t *g, long u) {
+    int j = hd_step(g, u);
+    long c = u - g->hd_u0[j];
+    size_t coff, cl = hd_chunk(g, g->hd_slen[j], c, &coff);
+    const char *buf = (j == 0 ? g->src : g->dst) + (g->hd_soff[j] + coff) * g->es;
+    MPI_CHECK(MPI_Isend(buf, (int)cl, g->type, g->hd_peer[j], g->tag, g->comm, &g->sr[u % RING_WINDOW]));
+    return HP_OK;
+}
+
+static void hd_process(ring_t *g, long u) {
+    int j = hd_step(g, u);
+    if (j >= g->hd_L) return;
+    long c = u - g->hd_u0[j];
+    size_t coff, cl = hd_chunk(g, g->hd_rlen[j], c, &coff);
+    if (!cl) return;
+    size_t e = g->hd_roff[j] + coff;
+    ring_reduce(g, g->dst + e * g->es, g->tmp + (size_t)(u % RING_WINDOW) * g->chunk * g->es,
+                (j == 0 ? g->src : g->dst) + e * g->es, cl);
+}
+
+/* All-gather receives overwrite recvbuf ranges that reduce-scatter sends read: they wait for
+ * every reduce-scatter send. */
+static int hd_recv_ready(const ring_t *g, long u) {
+    return u < g->hd_u0[g->hd_L] || g->send_done >= g->hd_u0[g->hd_L];
+}
+
+/* A step's sends read what the previous steps reduced or received. */
+static int hd_send_ready(const ring_t *g, long u) {
+    return g->recv_done >= g->hd_u0[hd_step(g, u)];
+}
+
+/* Lays out the steps; block ranges [lo, hi) map to elements through ring_block. */
+static void hd_plan(ring_t *g) {
+    int L = 0;
+    while ((1 << L) < g->P) L++;
+    g->hd_L = L, g->hd_steps = 2 * L;
+    int lo = 0, hi = g->P, r = g->rank;
+    size_t o1, l1, o2, l2;
+#define HD_RANGE(a, b, off, len)                                       \
+    do {                                                               \
+        ring_block(g, (a), &o1, &l1);                                  \
+        ring_block(g, (b) - 1, &o2, &l2);                              \
+        (off) = o1, (len) = o2 + l2 - o1;                              \
+    } while (0)
+    g->hd_u0[0] = 0;
+    for (int j = 0; j < 2 * L; j++) {
+        int slo, shi, rlo, rhi;
+        if (j < L) {   /* halve: keep the half holding block r */
+            int d = g->P >> (j + 1), mid = lo + (hi - lo) / 2;
+            g->hd_peer[j] = r ^ d;
+            if (!(r & d)) rlo = lo, rhi = mid, slo = mid, shi = hi;
+            else rlo = mid, rhi = hi, slo = lo, shi = mid;
+            lo = rlo, hi = rhi;
+        } else {       /* double: swap ranges with the partner, in reverse order */
+            int d = 1 << (j - L), w = hi - lo;
+            g->hd_peer[j] = r ^ d;
+            slo = lo, shi = hi;
+            if (!(r & d)) rlo = hi, rhi = hi + w, hi += w;
+            else rlo = lo - w, rhi = lo, lo -= w;
+        }
+        HD_RANGE(slo, shi, g->hd_soff[j], g->hd_slen[j]);
+        HD_RANGE(rlo, rhi, g->hd_roff[j], g->hd_rlen[j]);
+        size_t m = g->hd_slen[j] > g->hd_rlen[j] ? g->hd_slen[j] : g->hd_rlen[j];
+        g->hd_u0[j + 1] = g->hd_u0[j] + (long)((m + g->chunk - 1) / g->chunk);
+    }
+#undef HD_RANGE
+    g->U = g->hd_u0[2 * L];
+    g->ag0 = g->hd_u0[L];
 }
 
 /* Posts and completes everything possible without blocking. With test = 0 it only posts and
@@ -680,6 +814,8 @@ static hp_status_t ring_start(void *ctx, const void *s, void *r, size_t n, hp_dt
     long steps = is_ar ? 2L * (size - 1) : (long)(size - 1);
     g->U = steps * g->K;
     g->ag0 = (long)(size - 1) * g->K;
+    g->hd = is_ar && size >= 4 && !(size & (size - 1)) && n * es <= g_hd_max_bytes;
+    if (g->hd) hd_plan(g);
     if (!is_ar && !inplace_rs && size == 1 && n > 0) memcpy(r, s, n * es);   /* no steps */
     if (is_ar && s != r && size == 1 && n > 0) memcpy(r, s, n * es);
     req->n = 0;
@@ -690,6 +826,7 @@ static hp_status_t ring_start(void *ctx, const void *s, void *r, size_t n, hp_dt
 }
 
 void hp_comm_mpi_set_ring_chunk(size_t bytes) { g_ring_chunk = bytes ? bytes : 1; }
+void hp_comm_mpi_set_hd_max(size_t bytes) { g_hd_max_bytes = bytes; }
 
 static hp_status_t mpi_all_reduce_ring(void *ctx, const void *s, void *r, size_t n,
                                        hp_dtype_t dt, hp_redop_t op, hp_breq_t *req, int async) {
