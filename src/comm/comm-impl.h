@@ -173,8 +173,8 @@ void hp_comm_debug_force_ring(int on);
 /* Tests and tuning: bytes per chunk of the MPI backend's ring reductions (default 256 KiB,
  * or HP_COMM_RING_CHUNK_KB). Same value on every rank, no ring in flight. */
 void hp_comm_mpi_set_ring_chunk(size_t bytes);
-/* Tests and tuning: all_reduce_ring of at most this many bytes on a power-of-two
- * communicator of 4 or more ranks runs halving-doubling (default 4 MiB, or
+/* Tests and tuning: all_reduce_ring / reduce_scatter_ring of at most this many bytes (send
+ * side) on a power-of-two communicator of 4 or more ranks run halving-doubling (default 4 MiB, or
  * HP_COMM_HD_MAX_KB; 0 = never). Same value on every rank, no ring in flight. */
 void hp_comm_mpi_set_hd_max(size_t bytes);
 

@@ -12,8 +12,9 @@
 
 static int g_we_initialised = 0;
 static size_t g_ring_chunk = (size_t)256 << 10;   /* bytes per ring chunk (HP_COMM_RING_CHUNK_KB) */
-/* all_reduce up to this size on power-of-two communicators: halving-doubling
- * (HP_COMM_HD_MAX_KB); measured ahead of the ring at 1-2 MiB, even from 4 MiB up */
+/* all_reduce / reduce_scatter (send side) up to this size on power-of-two communicators:
+ * halving-doubling (HP_COMM_HD_MAX_KB); all_reduce measured ahead of the ring at 1-2 MiB,
+ * even from 4 MiB up */
 static size_t g_hd_max_bytes = (size_t)4 << 20;
 
 /* Every MPI call goes through this: failure becomes a status naming the call and site. */
@@ -112,8 +113,8 @@ static hp_status_t mpi_init(int *argc, char ***argv, void **world_ctx, int *rank
         long kb = atol(env);
         if (kb < 0 || kb > (1L << 30))
             return hp_error(HP_ERR_INVALID_ARG, "HP_COMM_HD_MAX_KB='%s': expected 0..2^30 (KiB; "
-                            "all_reduce up to this size on power-of-two communicators uses "
-                            "halving-doubling; default 4096)", env);
+                            "all_reduce and reduce_scatter up to this size on power-of-two "
+                            "communicators use halving-doubling; default 4096)", env);
         g_hd_max_bytes = (size_t)kb << 10;
     }
     MPI_Comm w;
@@ -397,9 +398,9 @@ static hp_status_t mpi_p2p(const hp_p2p_t *ops, int n, hp_breq_t *req, int async
  * chunk c+1 overlaps the reduction of chunk c; a unit u = g*K + c is one chunk of one step.
  * At most RING_WINDOW receives and sends are in flight. The state lives in the request
  * scratch; test() advances it without blocking, wait() drives it with MPI_Waitany, and both
- * run the same per-unit code, so results are bitwise equal either way. all_reduce up to
- * g_hd_max_bytes on a power-of-two communicator of 4+ ranks runs halving-doubling instead
- * (fewer steps; see hd_plan), through the same machinery. */
+ * run the same per-unit code, so results are bitwise equal either way. all_reduce and
+ * reduce_scatter up to g_hd_max_bytes on a power-of-two communicator of 4+ ranks run
+ * halving-doubling instead (fewer steps; see hd_plan), through the same machinery. */
 
 #define RING_TAG 10000          /* tags RING_TAG + (sequence % RING_TAGS); p2p uses 7001 */
 #define RING_TAGS 16384
@@ -613,10 +614,11 @@ static int ring_send_ready(const ring_t *g, long u) {
     return u < g->K || g->recv_done > u - g->K;
 }
 
-/* Halving-doubling all_reduce (Rabenseifner's; power-of-two P): recursive-halving
- * reduce-scatter, in step j exchanging half of the current block range with rank r ^ P/2^(j+1)
- * and reducing the half kept (the one holding block r), then recursive-doubling all-gather in
- * the reverse order. 2 log2(P) steps instead of the ring's 2(P-1), the same bytes per rank;
+/* Halving-doubling (Rabenseifner's; power-of-two P): recursive-halving reduce-scatter, in
+ * step j exchanging half of the current block range with rank r ^ P/2^(j+1) and reducing the
+ * half kept (the one holding block r); all_reduce then runs the recursive-doubling
+ * all-gather in the reverse order. reduce_scatter uses the halving steps alone (the pattern
+ * of Open MPI's own reduce_scatter_block at these sizes). 2 log2(P) steps instead of the ring's 2(P-1), the same bytes per rank;
  * each element is reduced on one rank only (fixed tree order) and copied to the rest, so
  * every rank gets the same bits for any op. Steps are not pipelined into each other: a step's
  * sends wait for every receive of the step before; within a step chunks are. */
@@ -640,11 +642,23 @@ static hp_status_t hd_post_recv(ring_t *g, long u) {
     return HP_OK;
 }
 
+/* Where halving step j leaves its reduced value of element e (an index into the full
+ * vector): all_reduce in recvbuf, in-place reduce_scatter in the send buffer, out-of-place
+ * reduce_scatter in the workspace (laid out as step 0's kept range) and, at the last step,
+ * in recvbuf. */
+static char *hd_acc(const ring_t *g, int j, size_t e) {
+    if (g->is_ar) return g->dst + e * g->es;
+    if (g->mut) return g->mut + e * g->es;
+    if (j == g->hd_L - 1) return g->dst + (e - (size_t)g->rank * g->n) * g->es;
+    return g->acc + (e - g->hd_roff[0]) * g->es;
+}
+
 static hp_status_t hd_post_send(ring_t *g, long u) {
     int j = hd_step(g, u);
     long c = u - g->hd_u0[j];
-    size_t coff, cl = hd_chunk(g, g->hd_slen[j], c, &coff);
-    const char *buf = (j == 0 ? g->src : g->dst) + (g->hd_soff[j] + coff) * g->es;
+    size_t coff, cl = hd_chunk(g, g->hd_slen[j], c, &coff), e = g->hd_soff[j] + coff;
+    const char *buf = j == 0 ? g->src + e * g->es : j < g->hd_L ? hd_acc(g, j - 1, e)
+                                                               : g->dst + e * g->es;
     MPI_CHECK(MPI_Isend(buf, (int)cl, g->type, g->hd_peer[j], g->tag, g->comm, &g->sr[u % RING_WINDOW]));
     return HP_OK;
 }
@@ -656,8 +670,8 @@ static void hd_process(ring_t *g, long u) {
     size_t coff, cl = hd_chunk(g, g->hd_rlen[j], c, &coff);
     if (!cl) return;
     size_t e = g->hd_roff[j] + coff;
-    ring_reduce(g, g->dst + e * g->es, g->tmp + (size_t)(u % RING_WINDOW) * g->chunk * g->es,
-                (j == 0 ? g->src : g->dst) + e * g->es, cl);
+    ring_reduce(g, hd_acc(g, j, e), g->tmp + (size_t)(u % RING_WINDOW) * g->chunk * g->es,
+                j == 0 ? g->src + e * g->es : hd_acc(g, j - 1, e), cl);
 }
 
 /* All-gather receives overwrite recvbuf ranges that reduce-scatter sends read: they wait for
@@ -675,7 +689,7 @@ static int hd_send_ready(const ring_t *g, long u) {
 static void hd_plan(ring_t *g) {
     int L = 0;
     while ((1 << L) < g->P) L++;
-    g->hd_L = L, g->hd_steps = 2 * L;
+    g->hd_L = L, g->hd_steps = g->is_ar ? 2 * L : L;   /* reduce_scatter: halving only */
     int lo = 0, hi = g->P, r = g->rank;
     size_t o1, l1, o2, l2;
 #define HD_RANGE(a, b, off, len)                                       \
@@ -685,7 +699,7 @@ static void hd_plan(ring_t *g) {
         (off) = o1, (len) = o2 + l2 - o1;                              \
     } while (0)
     g->hd_u0[0] = 0;
-    for (int j = 0; j < 2 * L; j++) {
+    for (int j = 0; j < g->hd_steps; j++) {
         int slo, shi, rlo, rhi;
         if (j < L) {   /* halve: keep the half holding block r */
             int d = g->P >> (j + 1), mid = lo + (hi - lo) / 2;
@@ -706,7 +720,7 @@ static void hd_plan(ring_t *g) {
         g->hd_u0[j + 1] = g->hd_u0[j] + (long)((m + g->chunk - 1) / g->chunk);
     }
 #undef HD_RANGE
-    g->U = g->hd_u0[2 * L];
+    g->U = g->hd_u0[g->hd_steps];
     g->ag0 = g->hd_u0[L];
 }
 
@@ -789,7 +803,11 @@ static hp_status_t ring_start(void *ctx, const void *s, void *r, size_t n, hp_dt
     if (chunk < 1) chunk = 1;
     if (chunk > (size_t)INT_MAX) chunk = (size_t)INT_MAX;
     int inplace_rs = !is_ar && r == (const char *)s + (size_t)rank * n * es;
-    size_t acc_bytes = (!is_ar && !inplace_rs && size > 2) ? 2 * n * es : 0;
+    int pow2 = size >= 4 && !(size & (size - 1));
+    int hd = pow2 && (is_ar ? n : n * (size_t)size) * es <= g_hd_max_bytes;
+    /* out-of-place reduce_scatter: the ring alternates two blocks, halving keeps P/2 */
+    size_t acc_blocks = hd ? (size_t)size / 2 : 2;
+    size_t acc_bytes = (!is_ar && !inplace_rs && size > 2) ? acc_blocks * n * es : 0;
     size_t head = (sizeof(ring_t) + 63) & ~(size_t)63;
     size_t tmp_bytes = ((RING_WINDOW * chunk * es) + 63) & ~(size_t)63;
     HP_TRY(icount(is_ar ? n : n * (size_t)size, &(int){0}));
@@ -814,7 +832,7 @@ static hp_status_t ring_start(void *ctx, const void *s, void *r, size_t n, hp_dt
     long steps = is_ar ? 2L * (size - 1) : (long)(size - 1);
     g->U = steps * g->K;
     g->ag0 = (long)(size - 1) * g->K;
-    g->hd = is_ar && size >= 4 && !(size & (size - 1)) && n * es <= g_hd_max_bytes;
+    g->hd = hd;
     if (g->hd) hd_plan(g);
     if (!is_ar && !inplace_rs && size == 1 && n > 0) memcpy(r, s, n * es);   /* no steps */
     if (is_ar && s != r && size == 1 && n > 0) memcpy(r, s, n * es);
