@@ -80,8 +80,8 @@ typedef struct hp_comm_backend {
     hp_status_t (*scatter)(void *ctx, const void *s, void *r, size_t n, hp_dtype_t dt, int root,
                            hp_breq_t *req, int async);
     hp_status_t (*barrier)(void *ctx, hp_breq_t *req, int async);
-    /* Optional. Deterministic ring reductions (reduce-scatter; all_reduce adds an
-     * all-gather) over point-to-point: the reduction order of every element depends only on
+    /* Optional. Deterministic reductions over point-to-point (a ring reduce-scatter, or
+     * halving-doubling where the backend picks it; all_reduce adds the all-gather): the reduction order of every element depends only on
      * (n, communicator size), never on timing or on how the request is completed, so start +
      * wait, start + repeated test, and async = 0 all give the same bits. reduce_scatter_ring
      * writes an in-place result (r == s + rank*n) at r itself, not at the start of the
