@@ -108,8 +108,19 @@ int main(int argc, char **argv) {
         e.parallelism.context_parallel_degree = ws;
         if (ws > 1) HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_UNSUPPORTED, "context_parallel_degree");
         e = *c;
-        snprintf(e.activation_checkpoint.mode, sizeof e.activation_checkpoint.mode, "full");
-        HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_UNSUPPORTED, "activation_checkpoint.mode");
+        /* activation checkpointing: op-level SAC is refused, bad values name the key */
+        snprintf(e.activation_checkpoint.mode, sizeof e.activation_checkpoint.mode, "selective");
+        snprintf(e.activation_checkpoint.selective_ac_option, sizeof e.activation_checkpoint.selective_ac_option, "op");
+        HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_UNSUPPORTED, "activation_checkpoint.selective_ac_option");
+        HP_CHECK(strstr(hp_last_error(), "full") != NULL, "op refusal hints at full: %s", hp_last_error());
+        snprintf(e.activation_checkpoint.selective_ac_option, sizeof e.activation_checkpoint.selective_ac_option, "-1");
+        HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_INVALID_ARG, "activation_checkpoint.selective_ac_option");
+        snprintf(e.activation_checkpoint.selective_ac_option, sizeof e.activation_checkpoint.selective_ac_option, "2x");
+        HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_INVALID_ARG, "activation_checkpoint.selective_ac_option");
+        snprintf(e.activation_checkpoint.mode, sizeof e.activation_checkpoint.mode, "sometimes");
+        HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_INVALID_ARG, "activation_checkpoint.mode");
+        HP_CHECK(strstr(hp_last_error(), "none, full or selective") != NULL, "allowed values: %s", hp_last_error());
+        e = *c;
         e = *c;
         snprintf(e.tokenizer.path, sizeof e.tokenizer.path, "%s/missing.json", dir_);
         HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_IO, "missing.json");

@@ -85,7 +85,7 @@ typedef struct hp_config {
     } parallelism;
     struct {
         char mode[HP_CONFIG_STR_MAX];
-        int64_t selective_ac_option;
+        char selective_ac_option[HP_CONFIG_STR_MAX];   /* integer k, or "op" */
     } activation_checkpoint;
     struct {
         bool enable;

@@ -149,6 +149,16 @@ void hp_model_release_storage(hp_model_t m);
 /* Per-op timing of the last forward + backward: *names and *seconds receive arrays of the
  * returned length, owned by the model. */
 int hp_model_profile(hp_model_t m, const char ***names, const double **seconds);
+/* Activation checkpointing of the transformer blocks (TorchTitan semantics, docs/nn.md):
+ * every_k = 0 off, 1 every block (mode full), k > 1 the blocks l (0-based) with
+ * (l + 1) % k == 0 (TorchTitan's layer-level selective AC). A checkpointed block keeps only
+ * its input (x0 or the previous block's output) through forward; its backward first
+ * recomputes its forward (bitwise the same activations; after the unit's pre_backward hook,
+ * without calling the forward hooks again), then runs the block's backward and releases the
+ * recomputed state. Reallocates the activation arena to the smaller size (hp_model_memory
+ * reports it); refused between a forward and its backward. */
+hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k);
+int hp_model_activation_checkpoint(hp_model_t m);
 /* Bytes of each arena (parameters, gradients, activations, workspace) for start-up reports. */
 void hp_model_memory(hp_model_t m, size_t *param_bytes, size_t *grad_bytes,
                      size_t *act_bytes, size_t *work_bytes);

@@ -535,6 +535,11 @@ struct hp_model {
     hp_model_hooks_t hooks; // data-parallel wrappers (FSDP, DDP); all NULL = none
     void *hooks_ctx;
     int storage_released;   // param/grad storage belongs to an external owner
+    /* activation checkpointing: ac_every = 0 off, k >= 1 checkpoints block l when
+     * (l + 1) % k == 0 (TorchTitan's layer-level rule); ac_base_bytes and
+     * ac_block_bytes[l] are the arena sizes computed at create (before any wrapper) */
+    int ac_every;
+    size_t ac_base_bytes, *ac_block_bytes;
     /* tensor parallel (src/parallel/tp.c): the residual stream holds T/seq_shard positions
      * per rank (sequence parallel), the output module writes logits_cols columns (the
      * local vocab under loss_parallel), and loss_fn replaces the cross-entropy kernels. */
@@ -669,6 +674,7 @@ void hp_model_destroy(hp_model_t m) {
     free(m->params);
     free(m->param_off);
     free(m->layers);
+    free(m->ac_block_bytes);
     free(m);
 }
 
@@ -811,8 +817,12 @@ hp_status_t hp_model_create(const hp_model_config_t *cfg_in, int max_batch, int 
     size_t act_bytes = model_saved_bytes(c, B, T) + m->embedding.ops->act_bytes(&m->embedding, B, T) +
                        m->norm.ops->act_bytes(&m->norm, B, T) + m->output.ops->act_bytes(&m->output, B, T);
     size_t scratch = 0;
+    m->ac_base_bytes = act_bytes;
+    m->ac_block_bytes = calloc((size_t)c->n_layers, sizeof(size_t));
+    if (!m->ac_block_bytes) { st = HP_ERR_OOM; goto fail; }
     for (int l = 0; l < c->n_layers; l++) {
-        act_bytes += block_ops.act_bytes(&m->layers[l].block, B, T);
+        m->ac_block_bytes[l] = block_ops.act_bytes(&m->layers[l].block, B, T);
+        act_bytes += m->ac_block_bytes[l];
         size_t s = block_ops.grad_scratch_floats(&m->layers[l].block, B, T);
         if (s > scratch) scratch = s;
     }
@@ -844,6 +854,35 @@ void hp_model_memory(hp_model_t m, size_t *param_bytes, size_t *grad_bytes, size
     if (act_bytes) *act_bytes = m->act.arena.capacity;
     if (work_bytes) *work_bytes = sizeof(float) * m->workspace_floats;
 }
+
+static int ac_block(const hp_model_t m, int l) { return m->ac_every > 0 && (l + 1) % m->ac_every == 0; }
+
+hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k) {
+    if (every_k < 0)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_activation_checkpoint: every_k = %d, expected 0 (off), "
+                        "1 (every block) or k > 1 (every k-th block)", every_k);
+    if (m->have_forward)
+        return hp_error(HP_ERR_STATE, "hp_model_set_activation_checkpoint: a forward is waiting for its "
+                        "backward; hint: change checkpointing between steps");
+    const int L = m->cfg.n_layers;
+    size_t bytes = m->ac_base_bytes, region = 0;
+    for (int l = 0; l < L; l++) {
+        int ck = every_k > 0 && (l + 1) % every_k == 0;
+        if (!ck) bytes += m->ac_block_bytes[l];
+        else if (m->ac_block_bytes[l] > region) region = m->ac_block_bytes[l];
+    }
+    bytes += region;   // one checkpointed block's state at a time (forward, then recompute)
+    hp_act_t fresh;
+    HP_TRY(hp_act_init(&fresh, m->n_modules, bytes));
+    fresh.prof = m->act.prof;
+    hp_act_free(&m->act);
+    m->act = fresh;
+    m->ac_every = every_k;
+    m->logits = NULL;   // lived in the old arena
+    return HP_OK;
+}
+
+int hp_model_activation_checkpoint(hp_model_t m) { return m->ac_every; }
 
 hp_status_t hp_model_init_weights(hp_model_t m, uint64_t seed) {
     const hp_model_config_t *c = &m->cfg;
@@ -1031,7 +1070,11 @@ hp_status_t hp_model_forward(hp_model_t m, const int32_t *tokens, const int32_t 
         tensor2(&t_x, x, Nr, d);
         tensor2(&t_y, s->xs[l], Nr, d);
         HP_TRY(unit_hook(m, m->hooks.pre_forward, l + 1));
+        // checkpointed block: its saved state lives in a region rewound right after; backward
+        // recomputes it from the block input (x0 or the previous block's output)
+        const size_t mark = hp_arena_mark(&act->arena);
         HP_TRY(hp_module_forward(&m->layers[l].block, act, &t_x, &t_y));
+        if (ac_block(m, l)) hp_arena_reset_to(&act->arena, mark);
         HP_TRY(unit_hook(m, m->hooks.post_forward, l + 1));
         x = s->xs[l];
     }
@@ -1107,8 +1150,20 @@ hp_status_t hp_model_backward(hp_model_t m) {
         tensor2(&t_a, m->gbuf[cur], Nr, d);
         tensor2(&t_b, m->gbuf[1 - cur], Nr, d);
         HP_TRY(unit_hook(m, m->hooks.pre_backward, l + 1));
+        const size_t mark = hp_arena_mark(&act->arena);
+        if (ac_block(m, l)) {
+            /* recompute: the same block forward (same kernels and threads, so bitwise the same
+             * saved state and the same TP collectives in the same order), after the unit's
+             * pre_backward hook (FSDP has gathered the block's params) and without the
+             * forward hooks; the output rewrites s->xs[l] with the same values */
+            hp_tensor_t t_x, t_y;
+            tensor2(&t_x, l == 0 ? s->x0 : s->xs[l - 1], Nr, d);
+            tensor2(&t_y, s->xs[l], Nr, d);
+            HP_TRY(hp_module_forward(&m->layers[l].block, act, &t_x, &t_y));
+        }
         HP_TRY(hp_module_backward_input(&m->layers[l].block, act, &t_a, &t_b));
         HP_TRY(hp_module_backward_weight(&m->layers[l].block, act));
+        if (ac_block(m, l)) hp_arena_reset_to(&act->arena, mark);
         HP_TRY(unit_hook(m, m->hooks.post_backward, l + 1));
         cur = 1 - cur;
     }

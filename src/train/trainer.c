@@ -93,10 +93,34 @@ static hp_status_t refuse_unimplemented(const hp_config_t *c) {
         return hp_error(HP_ERR_UNSUPPORTED,
                         "training.dtype = %s is not implemented yet (parameters and optimizer state are float32); "
                         "set --training.dtype=float32", c->training.dtype);
-    if (strcmp(c->activation_checkpoint.mode, "none") != 0)
+    return HP_OK;
+}
+
+/* activation_checkpoint -> hp_model_set_activation_checkpoint's every_k (TorchTitan: full =
+ * every block; selective with an integer k = every k-th block; selective "op" = op-level SAC,
+ * not implemented). */
+static hp_status_t ac_every_k(const hp_config_t *c, int *every_k) {
+    const char *mode = c->activation_checkpoint.mode, *opt = c->activation_checkpoint.selective_ac_option;
+    *every_k = 0;
+    if (strcmp(mode, "none") == 0) return HP_OK;
+    if (strcmp(mode, "full") == 0) { *every_k = 1; return HP_OK; }
+    if (strcmp(mode, "selective") != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "activation_checkpoint.mode = %s, expected none, full or selective",
+                        mode);
+    if (strcmp(opt, "op") == 0)
         return hp_error(HP_ERR_UNSUPPORTED,
-                        "activation_checkpoint.mode = %s is not implemented yet; set --activation_checkpoint.mode=none",
-                        c->activation_checkpoint.mode);
+                        "activation_checkpoint.selective_ac_option = op (op-level selective AC) is not implemented "
+                        "yet; hint: use an integer k (checkpoint every k-th block) or "
+                        "--activation_checkpoint.mode=full");
+    char *end = NULL;
+    errno = 0;
+    long k = strtol(opt, &end, 10);
+    if (end == opt || *end != '\0' || errno != 0 || k < 0 || k > 1000000 || opt[0] == '-' || opt[0] == '+')
+        return hp_error(HP_ERR_INVALID_ARG,
+                        "activation_checkpoint.selective_ac_option = '%s', expected a non-negative integer k "
+                        "(checkpoint every k-th transformer block; 0 = every block, as TorchTitan) or op; hint: e.g. --activation_checkpoint.selective_ac_option=2",
+                        opt);
+    *every_k = k == 0 ? 1 : (int)k;   // TorchTitan: `not ac_freq` wraps every block
     return HP_OK;
 }
 
@@ -132,6 +156,8 @@ static hp_status_t build(hp_trainer_t *t) {
     const hp_config_t *c = &t->cfg;
     HP_TRY(hp_config_validate(c));
     HP_TRY(refuse_unimplemented(c));
+    int ac_k = 0;
+    HP_TRY(ac_every_k(c, &ac_k));
     HP_TRY(hp_parallel_dims_from_config(c, t->world_size, &t->pd));
     HP_TRY(hp_parallel_dims_check_implemented(&t->pd, HP_TRAINER_IMPLEMENTED));
     t->B = (int)c->training.local_batch_size;
@@ -149,6 +175,7 @@ static hp_status_t build(hp_trainer_t *t) {
     t->mcfg.max_seq_len = t->T;
     HP_TRY(hp_model_config_validate(&t->mcfg));
     HP_TRY(hp_model_create(&t->mcfg, t->B > t->val_B ? t->B : t->val_B, t->T, &t->model));
+    if (ac_k > 0) HP_TRY(hp_model_set_activation_checkpoint(t->model, ac_k));
     /* --- tensor parallel (owner tp): TorchTitan's plan on the tp mesh, before the weights
      * are drawn (each rank draws its shards at their global indices) --- */
     if (t->pd.tp > 1) {
