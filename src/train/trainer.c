@@ -587,6 +587,31 @@ hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_l
     return HP_OK;
 }
 
+/* job.dump_folder/weights.safetensors: rank 0 writes the full model. Sharded parameters (TP,
+ * FSDP, both: DTensors on their meshes) are first gathered with full_tensor into a full model
+ * on every rank (collective). */
+static hp_status_t save_final_weights(hp_trainer_t *t) {
+    char path[2 * HP_CONFIG_STR_MAX];
+    snprintf(path, sizeof path, "%s/weights.safetensors", t->cfg.job.dump_folder);
+    hp_model_t full = NULL;
+    hp_status_t s = HP_OK;
+    if (t->tp || t->fsdp) {
+        s = hp_model_create(&t->mcfg, 1, t->T, &full);
+        for (int i = 0; s == HP_OK && i < t->np; i++) {
+            hp_param_t *fp = &hp_model_params(full)[i];
+            hp_dtensor_mem_t mem = {NULL, fp->value.local.data, sizeof(float) * (size_t)hp_tensor_numel(&fp->value.local)};
+            hp_tensor_t out;
+            s = hp_dtensor_full_tensor(&out, NULL, &mem, &t->params[i].value);
+        }
+    }
+    if (s == HP_OK && t->rank == 0) {
+        s = hp_model_save_weights(full ? full : t->model, path);
+        if (s == HP_OK) hp_log(HP_LOG_INFO, "final weights written to %s", path);
+    }
+    hp_model_destroy(full);
+    return s;
+}
+
 hp_status_t hp_trainer_train(hp_trainer_t *t) {
     const hp_config_t *c = &t->cfg;
     while (t->step < c->training.steps) {
@@ -600,47 +625,5 @@ hp_status_t hp_trainer_train(hp_trainer_t *t) {
             HP_TRY(hp_metrics_log_scalar(t->metrics, "validation_metrics/loss", st.step, vl));
         }
     }
-    if (c->job.dump_folder[0] && t->tp) {
-        /* tensor parallel (owner tp): full_tensor of every sharded weight (collective over
-         * the tp mesh, or the (dp..., tp) mesh under FSDP) into a full model, rank 0 writes it */
-        hp_model_t full = NULL;
-        hp_status_t s = hp_model_create(&t->mcfg, 1, t->T, &full);
-        for (int i = 0; s == HP_OK && i < t->np; i++) {
-            hp_param_t *fp = &hp_model_params(full)[i];
-            hp_dtensor_mem_t mem = {NULL, fp->value.local.data, sizeof(float) * (size_t)hp_tensor_numel(&fp->value.local)};
-            hp_tensor_t out;
-            s = hp_dtensor_full_tensor(&out, NULL, &mem, &t->params[i].value);
-        }
-        if (s == HP_OK && t->rank == 0) {
-            char path[2 * HP_CONFIG_STR_MAX];
-            snprintf(path, sizeof path, "%s/weights.safetensors", c->job.dump_folder);
-            s = hp_model_save_weights(full, path);
-            if (s == HP_OK) hp_log(HP_LOG_INFO, "final weights written to %s", path);
-        }
-        hp_model_destroy(full);
-        return s;
-    }
-    if (c->job.dump_folder[0] && t->fsdp) {
-        /* data parallel (owner fsdp): all-gather the sharded weights into a full model on
-         * every rank (collective), rank 0 writes it */
-        hp_model_t full = NULL;
-        hp_status_t s = hp_model_create(&t->mcfg, 1, t->T, &full);
-        for (int i = 0; s == HP_OK && i < t->np; i++)
-            s = hp_fsdp_full_value(t->fsdp, i, hp_model_params(full)[i].value.local.data);
-        if (s == HP_OK && t->rank == 0) {
-            char path[2 * HP_CONFIG_STR_MAX];
-            snprintf(path, sizeof path, "%s/weights.safetensors", c->job.dump_folder);
-            s = hp_model_save_weights(full, path);
-            if (s == HP_OK) hp_log(HP_LOG_INFO, "final weights written to %s", path);
-        }
-        hp_model_destroy(full);
-        return s;
-    }
-    if (c->job.dump_folder[0] && t->rank == 0) {
-        char path[2 * HP_CONFIG_STR_MAX];
-        snprintf(path, sizeof path, "%s/weights.safetensors", c->job.dump_folder);
-        HP_TRY(hp_model_save_weights(t->model, path));
-        hp_log(HP_LOG_INFO, "final weights written to %s", path);
-    }
-    return HP_OK;
+    return c->job.dump_folder[0] ? save_final_weights(t) : HP_OK;
 }
