@@ -855,7 +855,9 @@ void hp_model_memory(hp_model_t m, size_t *param_bytes, size_t *grad_bytes, size
     if (work_bytes) *work_bytes = sizeof(float) * m->workspace_floats;
 }
 
-static int ac_block(const hp_model_t m, int l) { return m->ac_every > 0 && (l + 1) % m->ac_every == 0; }
+/* TorchTitan's layer-level rule: with every_k = k, block l is checkpointed when (l + 1) % k == 0. */
+static int ac_checkpointed(int every_k, int l) { return every_k > 0 && (l + 1) % every_k == 0; }
+static int ac_block(const hp_model_t m, int l) { return ac_checkpointed(m->ac_every, l); }
 
 hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k) {
     if (every_k < 0)
@@ -867,8 +869,7 @@ hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k) {
     const int L = m->cfg.n_layers;
     size_t bytes = m->ac_base_bytes, region = 0;
     for (int l = 0; l < L; l++) {
-        int ck = every_k > 0 && (l + 1) % every_k == 0;
-        if (!ck) bytes += m->ac_block_bytes[l];
+        if (!ac_checkpointed(every_k, l)) bytes += m->ac_block_bytes[l];
         else if (m->ac_block_bytes[l] > region) region = m->ac_block_bytes[l];
     }
     bytes += region;   // one checkpointed block's state at a time (forward, then recompute)
