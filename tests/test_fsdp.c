@@ -17,7 +17,7 @@ int main(int argc, char **argv) {
     g_world = hp_comm_size(world);
     hp_test_set_rank(g_rank);
     double l_on[10], l_off[10];
-    const pcase_t base = {"fsdp f32", 10, 1, 0, HP_FSDP_RESHARD_DEFAULT, 1, 1, HP_F32, HP_F32};
+    const pcase_t base = {"fsdp f32", 10, 1, 0, HP_FSDP_RESHARD_DEFAULT, 1, 1, HP_F32, HP_F32, DP_INJECT_NONE};
     run_case(world, &base, l_on);
     pcase_t c = base;
     c.what = "fsdp f32 overlap off";
@@ -30,6 +30,14 @@ int main(int argc, char **argv) {
     c = base; c.what = "fsdp accum 2 (sync every micro-batch)"; c.accum = 2; c.steps = 2;
     run_case(world, &c, l_off);
     c = base; c.what = "fsdp accum 2 (no sync until last)"; c.accum = 2; c.nosync = 1; c.steps = 10;
+    run_case(world, &c, l_off);
+    // negative tests: each injected error must be reported by the harness
+    c = base; c.steps = 2;
+    c.what = "fsdp negative: rank 1 divisor x 1.001"; c.inject = DP_INJECT_DIVISOR;
+    run_case(world, &c, l_off);
+    c.what = "fsdp negative: one gradient row off"; c.inject = DP_INJECT_ROW;
+    run_case(world, &c, l_off);
+    c.what = "fsdp negative: rank 1 lr x (1 + 1e-3)"; c.inject = DP_INJECT_LR;
     run_case(world, &c, l_off);
     int rc = hp_test_finish("test_fsdp");
     hp_comm_finalize();

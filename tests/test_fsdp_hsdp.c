@@ -15,7 +15,7 @@ int main(int argc, char **argv) {
     g_world = hp_comm_size(world);
     hp_test_set_rank(g_rank);
     double l[10];
-    const pcase_t base = {"hsdp 2 x W/2", 10, 1, 0, HP_FSDP_RESHARD_DEFAULT, 2, 1, HP_F32, HP_F32};
+    const pcase_t base = {"hsdp 2 x W/2", 10, 1, 0, HP_FSDP_RESHARD_DEFAULT, 2, 1, HP_F32, HP_F32, DP_INJECT_NONE};
     run_case(world, &base, l);
     pcase_t c = base;
     c.what = "hsdp 2 x W/2 accum 2 (no sync until last)"; c.accum = 2; c.nosync = 1; c.steps = 2;

@@ -16,7 +16,7 @@ int main(int argc, char **argv) {
     hp_test_set_rank(g_rank);
     double l0[10], l1[10];
     const pcase_t base = {"fsdp bf16 params, f32 reduce (vs 1-rank)", 3, 1, 0, HP_FSDP_RESHARD_DEFAULT, 1, 1,
-                          HP_BF16, HP_F32};
+                          HP_BF16, HP_F32, DP_INJECT_NONE};
     run_case(world, &base, l0);
     pcase_t c = base;
     c.what = "fsdp bf16 params, bf16 reduce (vs 1-rank)"; c.rdt = HP_BF16;

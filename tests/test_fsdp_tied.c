@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
     g_cfg_set = 1;
 
     double l_on[10], l_off[10];
-    const pcase_t base = {"tied fsdp f32", 10, 1, 0, HP_FSDP_RESHARD_DEFAULT, 1, 1, HP_F32, HP_F32};
+    const pcase_t base = {"tied fsdp f32", 10, 1, 0, HP_FSDP_RESHARD_DEFAULT, 1, 1, HP_F32, HP_F32, DP_INJECT_NONE};
     run_case(world, &base, l_on);
     pcase_t c = base;
     c.what = "tied fsdp f32 overlap off";

@@ -25,8 +25,10 @@ int main(int argc, char **argv) {
         HP_CHECK(ok, "partition %d %d %d %d %d %d", owner[0], owner[1], owner[2], owner[3], owner[4], owner[5]);
     }
     double l[10];
-    ddp_parity(world, "ddp + zero-1", 10, 1, 1, 0, 1, l);
-    ddp_parity(world, "ddp + zero-1 accum 2", 2, 2, 1, 0, 1, l);
+    ddp_parity(world, "ddp + zero-1", 10, 1, 1, 0, 1, DP_INJECT_NONE, l);
+    ddp_parity(world, "ddp + zero-1 accum 2", 2, 2, 1, 0, 1, DP_INJECT_NONE, l);
+    // negative test: a sharded optimizer step that is slightly off must be reported
+    ddp_parity(world, "ddp + zero-1 negative: rank 1 lr x (1 + 1e-3)", 2, 1, 1, 0, 1, DP_INJECT_LR, l);
     int rc = hp_test_finish("test_zero");
     hp_comm_finalize();
     return rc;
