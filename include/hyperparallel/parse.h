@@ -51,6 +51,12 @@ const char *hp_nearest_name(const char *s, const char *const *candidates, size_t
  * compared. Returns HP_ERR_INVALID_ARG. */
 hp_status_t hp_flag_unknown_error(const char *tool, const char *arg, const char *const *known, size_t n);
 
+/* Matches argv[*i] against a flag that takes a value, "--name VALUE" or "--name=VALUE":
+ * returns 1 and sets *value (advancing *i past a separate value) on a match, 0 when argv[*i]
+ * is another argument, and -1 with an hp_error naming the tool and the flag when the value is
+ * missing. */
+int hp_flag_value(const char *tool, int argc, char **argv, int *i, const char *name, const char **value);
+
 #ifdef __cplusplus
 }
 #endif

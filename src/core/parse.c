@@ -163,3 +163,20 @@ hp_status_t hp_flag_unknown_error(const char *tool, const char *arg, const char 
                         near, list);
     return hp_error(HP_ERR_INVALID_ARG, "%s: unknown option '%s' (options: %s)", tool, name, list);
 }
+
+int hp_flag_value(const char *tool, int argc, char **argv, int *i, const char *name, const char **value) {
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) != 0) return 0;
+    if (a[n] == '=') {
+        *value = a + n + 1;
+        return 1;
+    }
+    if (a[n] != '\0') return 0;
+    if (*i + 1 >= argc) {
+        hp_error(HP_ERR_INVALID_ARG, "%s: option '%s' needs a value (%s VALUE or %s=VALUE)", tool, name, name, name);
+        return -1;
+    }
+    *value = argv[++*i];
+    return 1;
+}
