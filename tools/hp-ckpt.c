@@ -165,12 +165,21 @@ static int consolidate(const char *dir, const char *out) {
     return s == HP_OK ? 0 : fail(s);
 }
 
-/* The model of --model/--flavor with the checkpoint's vocabulary. */
-static hp_status_t make_model(const char *name, const char *flavor, int vocab, hp_model_config_t *mc, hp_model_t *m) {
+/* The model of --model/--flavor with the checkpoint's vocabulary; `vocab_from` names where
+ * the vocabulary came from, so a model too large for memory names that input. */
+static hp_status_t make_model(const char *name, const char *flavor, int vocab, const char *vocab_from,
+                              hp_model_config_t *mc, hp_model_t *m) {
     HP_TRY(hp_model_flavor(name, flavor, mc));
     mc->vocab_size = vocab;
-    HP_TRY(hp_model_config_validate(mc));
-    return hp_model_create(mc, 1, 1, m);
+    hp_status_t s = hp_model_config_validate(mc);
+    if (s == HP_OK) s = hp_model_create(mc, 1, 1, m);
+    if (s != HP_OK) {
+        char msg[1536];
+        snprintf(msg, sizeof msg, "%s", hp_last_error());
+        return hp_error(s, "%s (vocabulary %d from %s, model %s/%s); hint: check %s", msg, vocab, vocab_from, name,
+                        flavor, vocab_from);
+    }
+    return HP_OK;
 }
 
 static int to_hf(const char *dir, const char *out, const char *model, const char *flavor, hp_dtype_t dt, size_t shard) {
@@ -191,7 +200,7 @@ static int to_hf(const char *dir, const char *out, const char *model, const char
     if (s != HP_OK) return fail(s);
     hp_model_config_t mc;
     hp_model_t m = NULL;
-    s = make_model(model, flavor, vocab, &mc, &m);
+    s = make_model(model, flavor, vocab, "the checkpoint's tok_embeddings.weight", &mc, &m);
     int np = m ? hp_model_num_params(m) : 0;
     hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
     for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
@@ -232,7 +241,7 @@ static int from_hf(const char *dir, const char *out, const char *model, const ch
     int vocab = (int)vocab64;
     hp_model_config_t mc;
     hp_model_t m = NULL;
-    hp_status_t s = make_model(model, flavor, vocab, &mc, &m);
+    hp_status_t s = make_model(model, flavor, vocab, what, &mc, &m);
     int np = m ? hp_model_num_params(m) : 0;
     if (s == HP_OK) s = hp_hf_import(dir, &mc, hp_model_params(m), np, NULL);
     hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
@@ -250,7 +259,7 @@ static int from_hf(const char *dir, const char *out, const char *model, const ch
 static int seed(const char *out, const char *model, const char *flavor, int vocab, unsigned long long sd) {
     hp_model_config_t mc;
     hp_model_t m = NULL;
-    hp_status_t s = make_model(model, flavor, vocab, &mc, &m);
+    hp_status_t s = make_model(model, flavor, vocab, "--vocab", &mc, &m);
     if (s == HP_OK) s = hp_model_init_weights(m, (uint64_t)sd);
     int np = m ? hp_model_num_params(m) : 0;
     hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
