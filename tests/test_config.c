@@ -1,6 +1,8 @@
 /* Config: defaults, YAML loading, command-line overrides, the error messages of issue 4
  * acceptance 3 (unknown key with a suggestion and file:line, wrong type, missing file),
  * print/parse round trip, gradient accumulation, and docs/config.md in sync with the schema.
+ * Numbers enter range-checked (parse.h): narrowing, float32 underflow, a second YAML
+ * document, model dimension bounds.
  * `test_config --write-doc` prints the generated docs/config.md table. */
 // hp-test: ranks 1 timeout 60
 #include <stdio.h>
@@ -10,6 +12,8 @@
 
 #include "hp_test.h"
 #include "hyperparallel/config.h"
+#include "hyperparallel/model.h"
+#include "hyperparallel/parse.h"
 #include "hyperparallel/status.h"
 
 static char src_dir_[1024];
@@ -237,6 +241,125 @@ static void test_docs(void) {
     free(gen);
 }
 
+/* The parse helpers themselves. */
+static void test_parse_helpers(void) {
+    int64_t i64 = 7;
+    int32_t i32 = 7;
+    uint64_t u64 = 7;
+    double f64 = 7;
+    float f32 = 7;
+    HP_CHECK_OK(hp_parse_i64("x", " 42 ", 0, 100, NULL, &i64));
+    HP_CHECK(i64 == 42, "spaces around digits: %lld", (long long)i64);
+    HP_CHECK_ERR(hp_parse_i64("--n", "12abc", 0, 100, NULL, &i64), HP_ERR_INVALID_ARG, "--n expects an integer, got '12abc'");
+    HP_CHECK_ERR(hp_parse_i64("--n", "", 0, 100, NULL, &i64), HP_ERR_INVALID_ARG, "expects an integer, got ''");
+    HP_CHECK_ERR(hp_parse_i64("--n", "99999999999999999999", INT64_MIN, INT64_MAX, NULL, &i64), HP_ERR_INVALID_ARG,
+                 "--n expects an integer in [-9223372036854775808, 9223372036854775807], got '99999999999999999999'");
+    HP_CHECK(i64 == 42, "a refused value leaves the output alone");
+    HP_CHECK_ERR(hp_parse_i32("--n", "4294967312", 1, INT32_MAX, "why", &i32), HP_ERR_INVALID_ARG,
+                 "--n expects an integer in [1, 2147483647], got '4294967312'; hint: why");
+    HP_CHECK(i32 == 7, "not narrowed to 16");
+    HP_CHECK_ERR(hp_parse_u64("--seed", "-1", UINT64_MAX, NULL, &u64), HP_ERR_INVALID_ARG,
+                 "--seed expects a non-negative integer, got '-1'");
+    HP_CHECK_OK(hp_parse_u64("--seed", "18446744073709551615", UINT64_MAX, NULL, &u64));
+    HP_CHECK(u64 == UINT64_MAX, "u64 max");
+    HP_CHECK_ERR(hp_parse_f64("--t", "1e-400", 0, 1, NULL, &f64), HP_ERR_INVALID_ARG, "underflows a double");
+    HP_CHECK_ERR(hp_parse_f64("--t", "inf", -HUGE_VAL, HUGE_VAL, NULL, &f64), HP_ERR_INVALID_ARG, "finite");
+    HP_CHECK_ERR(hp_parse_f64("--t", "2", 0, 1, NULL, &f64), HP_ERR_INVALID_ARG, "--t expects a number in [0, 1], got '2'");
+    HP_CHECK_ERR(hp_parse_f32("--eps", "1e-300", 0, 1, NULL, &f32), HP_ERR_INVALID_ARG, "--eps = 1e-300 underflows float32");
+    HP_CHECK_ERR(hp_parse_f32("--big", "1e39", -HUGE_VAL, HUGE_VAL, NULL, &f32), HP_ERR_INVALID_ARG,
+                 "not representable in float32");
+    HP_CHECK_OK(hp_parse_f32("--eps", "0", 0, 1, NULL, &f32));
+    HP_CHECK(f32 == 0.0f, "0 is representable");
+    HP_CHECK_OK(hp_check_f32("x", 1.2e-38));
+    const char *flags[] = {"--model", "--flavor", "--dtype"};
+    HP_CHECK(hp_nearest_name("--dtyp", flags, 3) == flags[2], "nearest");
+    HP_CHECK(hp_nearest_name("--zzzzzzzzzzzz", flags, 3) == NULL, "nothing near");
+    HP_CHECK_ERR(hp_flag_unknown_error("tool", "--flavour=x", flags, 3), HP_ERR_INVALID_ARG,
+                 "tool: unknown option '--flavour'; did you mean '--flavor'? (options: --model, --flavor, --dtype)");
+    char *argv[] = {"tool", "--dtype=bf16", "--model", "m", "--flavor"};
+    const char *v = NULL;
+    int i = 1;
+    HP_CHECK(hp_flag_value("tool", 5, argv, &i, "--dtype", &v) == 1 && !strcmp(v, "bf16") && i == 1, "=form");
+    i = 1;
+    HP_CHECK(hp_flag_value("tool", 5, argv, &i, "--dtyp", &v) == 0, "a prefix is not the flag");
+    i = 2;
+    HP_CHECK(hp_flag_value("tool", 5, argv, &i, "--model", &v) == 1 && !strcmp(v, "m") && i == 3, "space form");
+    i = 4;
+    HP_CHECK(hp_flag_value("tool", 5, argv, &i, "--flavor", &v) == -1, "missing value");
+    HP_CHECK(strstr(hp_last_error(), "tool: option '--flavor' needs a value") != NULL, "%s", hp_last_error());
+}
+
+/* Config values are range-checked where they enter: nothing is narrowed, nothing underflows. */
+static void test_ranges(void) {
+    hp_config_t c;
+    char p[1200];
+    hp_config_defaults(&c);
+    HP_CHECK_ERR(hp_config_set(&c, "training.seq_len", "4294967312", "command line"), HP_ERR_INVALID_ARG,
+                 "command line: key 'training.seq_len' expects an integer in [1, 1048576], got '4294967312'; hint:");
+    HP_CHECK(c.training.seq_len == 2048, "refused value left the default: %lld", (long long)c.training.seq_len);
+    HP_CHECK_ERR(hp_config_set(&c, "training.local_batch_size", "4294967304", "cli"), HP_ERR_INVALID_ARG,
+                 "expects an integer in [1, 2147483647], got '4294967304'; hint: the value is held in a 32-bit int");
+    HP_CHECK_ERR(hp_config_set(&c, "parallelism.tp", "4294967298", "cli"), HP_ERR_INVALID_ARG,
+                 "key 'parallelism.tensor_parallel_degree' expects an integer in [-1, 16777216]");
+    HP_CHECK_ERR(hp_config_set(&c, "tokenizer.vocab_size", "4294967360", "cli"), HP_ERR_INVALID_ARG,
+                 "key 'tokenizer.vocab_size' expects an integer in [1, 16777216]");
+    HP_CHECK_ERR(hp_config_set(&c, "training.steps", "99999999999999999999", "cli"), HP_ERR_INVALID_ARG,
+                 "key 'training.steps' expects an integer in [1, 9223372036854775807]");
+    HP_CHECK_OK(hp_config_set(&c, "training.seed", "-5", "cli"));   /* int64 keys keep their full range */
+    HP_CHECK_OK(hp_config_set(&c, "training.seq_len", "1048576", "cli"));
+    /* floats used in float32 */
+    HP_CHECK_ERR(hp_config_set(&c, "optimizer.eps", "1e-300", "command line"), HP_ERR_INVALID_ARG,
+                 "command line: key 'optimizer.eps' = 1e-300 underflows float32");
+    HP_CHECK_CLOSE(c.optimizer.eps, 1e-8, 0, 0);
+    HP_CHECK_ERR(hp_config_set(&c, "optimizer.lr", "1e39", "cli"), HP_ERR_INVALID_ARG, "not representable in float32");
+    HP_CHECK_OK(hp_config_set(&c, "optimizer.weight_decay", "0", "cli"));   /* 0 is exact in float32 */
+    HP_CHECK_OK(hp_config_set(&c, "metrics.peak_flops", "1e300", "cli"));   /* a double key: no f32 check */
+    /* from a file: file:line named */
+    hp_config_defaults(&c);
+    HP_CHECK_ERR(hp_config_load_file(&c, data_path("out_of_range.yaml", p, sizeof p)), HP_ERR_INVALID_ARG,
+                 "out_of_range.yaml:2: key 'training.seq_len' expects an integer in [1, 1048576], got '4294967312'");
+    HP_CHECK_ERR(hp_config_load_file(&c, data_path("eps_underflow.yaml", p, sizeof p)), HP_ERR_INVALID_ARG,
+                 "eps_underflow.yaml:3: key 'optimizer.eps' = 1e-300 underflows float32");
+    /* values set directly in the struct: validate repeats the checks */
+    hp_config_defaults(&c);
+    c.optimizer.eps = 1e-300;
+    HP_CHECK_ERR(hp_config_validate(&c), HP_ERR_INVALID_ARG, "config key 'optimizer.eps' = 1e-300 underflows float32");
+    hp_config_defaults(&c);
+    c.training.seq_len = 4294967312LL;
+    HP_CHECK_ERR(hp_config_validate(&c), HP_ERR_INVALID_ARG,
+                 "config key 'training.seq_len' = 4294967312 is out of range: expected an integer in [1, 1048576]");
+    hp_config_defaults(&c);
+    c.optimizer.lr = 0;
+    HP_CHECK_ERR(hp_config_validate(&c), HP_ERR_INVALID_ARG, "'optimizer.lr': must be > 0");
+}
+
+/* A second YAML document is refused with the file and the line; a leading '---' is fine. */
+static void test_multi_document(void) {
+    hp_config_t c;
+    char p[1200];
+    hp_config_defaults(&c);
+    HP_CHECK_ERR(hp_config_load_file(&c, data_path("multi_doc.yaml", p, sizeof p)), HP_ERR_FORMAT,
+                 "multi_doc.yaml:3: a second YAML document starts here ('---')");
+    hp_config_defaults(&c);
+    HP_CHECK_OK(hp_config_load_file(&c, data_path("leading_marker.yaml", p, sizeof p)));
+    HP_CHECK(c.training.steps == 21, "one document with a leading ---: %lld", (long long)c.training.steps);
+}
+
+/* Model dimensions: bounded where they are validated, the bad field named. */
+static void test_model_bounds(void) {
+    hp_model_config_t mc;
+    HP_CHECK_OK(hp_model_flavor("llama3", "debugmodel", &mc));
+    mc.vocab_size = HP_MODEL_MAX_VOCAB + 1;
+    HP_CHECK_ERR(hp_model_config_validate(&mc), HP_ERR_INVALID_ARG,
+                 "'llama3/debugmodel': vocab_size = 16777217 exceeds the limit 16777216");
+    HP_CHECK_OK(hp_model_flavor("llama3", "debugmodel", &mc));
+    mc.max_seq_len = 1000000000;
+    HP_CHECK_ERR(hp_model_config_validate(&mc), HP_ERR_INVALID_ARG, "max_seq_len = 1000000000 exceeds the limit 1048576");
+    HP_CHECK_OK(hp_model_flavor("llama3", "405B", &mc));   /* the largest real flavor passes */
+    mc.n_layers = HP_MODEL_MAX_LAYERS;
+    HP_CHECK_ERR(hp_model_config_validate(&mc), HP_ERR_INVALID_ARG, "parameters (vocab_size 128256 x dim 16384, 4096 layers");
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--write-doc") == 0) {
         hp_config_write_markdown(stdout);
@@ -250,5 +373,9 @@ int main(int argc, char **argv) {
     test_examples();
     test_cli();
     test_docs();
+    test_parse_helpers();
+    test_ranges();
+    test_multi_document();
+    test_model_bounds();
     return hp_test_finish("test_config");
 }

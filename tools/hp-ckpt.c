@@ -14,6 +14,7 @@
 
 #include <hyperparallel/checkpoint.h>
 #include <hyperparallel/model.h>
+#include <hyperparallel/parse.h>
 #include <hyperparallel/safetensors.h>
 
 static int usage(void) {
@@ -164,12 +165,21 @@ static int consolidate(const char *dir, const char *out) {
     return s == HP_OK ? 0 : fail(s);
 }
 
-/* The model of --model/--flavor with the checkpoint's vocabulary. */
-static hp_status_t make_model(const char *name, const char *flavor, int vocab, hp_model_config_t *mc, hp_model_t *m) {
+/* The model of --model/--flavor with the checkpoint's vocabulary; `vocab_from` names where
+ * the vocabulary came from, so a model too large for memory names that input. */
+static hp_status_t make_model(const char *name, const char *flavor, int vocab, const char *vocab_from,
+                              hp_model_config_t *mc, hp_model_t *m) {
     HP_TRY(hp_model_flavor(name, flavor, mc));
     mc->vocab_size = vocab;
-    HP_TRY(hp_model_config_validate(mc));
-    return hp_model_create(mc, 1, 1, m);
+    hp_status_t s = hp_model_config_validate(mc);
+    if (s == HP_OK) s = hp_model_create(mc, 1, 1, m);
+    if (s != HP_OK) {
+        char msg[1536];
+        snprintf(msg, sizeof msg, "%s", hp_last_error());
+        return hp_error(s, "%s (vocabulary %d from %s, model %s/%s); hint: check %s", msg, vocab, vocab_from, name,
+                        flavor, vocab_from);
+    }
+    return HP_OK;
 }
 
 static int to_hf(const char *dir, const char *out, const char *model, const char *flavor, hp_dtype_t dt, size_t shard) {
@@ -182,11 +192,15 @@ static int to_hf(const char *dir, const char *out, const char *model, const char
         fprintf(stderr, "hp-ckpt: %s has no 2-d tok_embeddings.weight; not a model checkpoint\n", dir);
         return 1;
     }
+    char what[4300];
+    snprintf(what, sizeof what, "%s: tok_embeddings.weight rows (the vocabulary)", dir);
+    s = hp_check_i64(what, emb->shape[0], 1, HP_MODEL_MAX_VOCAB, "at most HP_MODEL_MAX_VOCAB = 2^24 token ids");
     int vocab = (int)emb->shape[0];
     hp_dcp_metadata_free(md);
+    if (s != HP_OK) return fail(s);
     hp_model_config_t mc;
     hp_model_t m = NULL;
-    s = make_model(model, flavor, vocab, &mc, &m);
+    s = make_model(model, flavor, vocab, "the checkpoint's tok_embeddings.weight", &mc, &m);
     int np = m ? hp_model_num_params(m) : 0;
     hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
     for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
@@ -211,11 +225,23 @@ static int from_hf(const char *dir, const char *out, const char *model, const ch
         fprintf(stderr, "hp-ckpt: %s: missing or without vocab_size\n", path);
         return 1;
     }
-    int vocab = json_object_get_int(v);
+    /* json_object_get_int would clamp 1e12 to INT32_MAX and turn 1e9 or "2048" into a number */
+    char what[4300];
+    snprintf(what, sizeof what, "%s: 'vocab_size'", path);
+    hp_status_t vs = HP_OK;
+    int64_t vocab64 = 0;
+    if (!json_object_is_type(v, json_type_int))
+        vs = hp_error(HP_ERR_FORMAT, "%s expects an integer, got %s '%s'; hint: write e.g. \"vocab_size\": 128256", what,
+                      json_type_to_name(json_object_get_type(v)), json_object_to_json_string(v));
+    else
+        vs = hp_check_i64(what, (vocab64 = json_object_get_int64(v)), 1, HP_MODEL_MAX_VOCAB,
+                          "at most HP_MODEL_MAX_VOCAB = 2^24 token ids; is this the model's config.json?");
     json_object_put(cj);
+    if (vs != HP_OK) return fail(vs);
+    int vocab = (int)vocab64;
     hp_model_config_t mc;
     hp_model_t m = NULL;
-    hp_status_t s = make_model(model, flavor, vocab, &mc, &m);
+    hp_status_t s = make_model(model, flavor, vocab, what, &mc, &m);
     int np = m ? hp_model_num_params(m) : 0;
     if (s == HP_OK) s = hp_hf_import(dir, &mc, hp_model_params(m), np, NULL);
     hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
@@ -233,7 +259,7 @@ static int from_hf(const char *dir, const char *out, const char *model, const ch
 static int seed(const char *out, const char *model, const char *flavor, int vocab, unsigned long long sd) {
     hp_model_config_t mc;
     hp_model_t m = NULL;
-    hp_status_t s = make_model(model, flavor, vocab, &mc, &m);
+    hp_status_t s = make_model(model, flavor, vocab, "--vocab", &mc, &m);
     if (s == HP_OK) s = hp_model_init_weights(m, (uint64_t)sd);
     int np = m ? hp_model_num_params(m) : 0;
     hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
@@ -246,6 +272,15 @@ static int seed(const char *out, const char *model, const char *flavor, int voca
     return s == HP_OK ? 0 : fail(s);
 }
 
+static const char *const ckpt_flags[] = {"--model", "--flavor", "--dtype", "--max-shard-bytes", "--vocab", "--seed"};
+#define N_CKPT_FLAGS (sizeof ckpt_flags / sizeof ckpt_flags[0])
+
+static int bad_args(void) {
+    fprintf(stderr, "%s\n", hp_last_error());
+    usage();
+    return 2;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return usage();
     const char *cmd = argv[1];
@@ -254,25 +289,63 @@ int main(int argc, char **argv) {
     size_t shard = 0;
     int vocab = 0;
     unsigned long long sd = 0;
-    for (int i = 2; i + 1 < argc; i++) {
-        if (!strcmp(argv[i], "--model")) model = argv[++i];
-        else if (!strcmp(argv[i], "--flavor")) flavor = argv[++i];
-        else if (!strcmp(argv[i], "--dtype")) {
-            const char *d = argv[++i];
-            if (!strcmp(d, "bf16") || !strcmp(d, "bfloat16")) dt = HP_BF16;
-            else if (strcmp(d, "f32") && strcmp(d, "float32")) {
-                fprintf(stderr, "hp-ckpt: --dtype %s: expected f32 or bf16\n", d);
+    const char *pos[2];
+    int npos = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        int r;
+        if ((r = hp_flag_value("hp-ckpt", argc, argv, &i, "--model", &v))) {
+            if (r < 0) return bad_args();
+            model = v;
+        } else if ((r = hp_flag_value("hp-ckpt", argc, argv, &i, "--flavor", &v))) {
+            if (r < 0) return bad_args();
+            flavor = v;
+        } else if ((r = hp_flag_value("hp-ckpt", argc, argv, &i, "--dtype", &v))) {
+            if (r < 0) return bad_args();
+            if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) dt = HP_BF16;
+            else if (!strcmp(v, "f32") || !strcmp(v, "float32")) dt = HP_F32;
+            else {
+                fprintf(stderr, "hp-ckpt: --dtype '%s': expected f32 (float32) or bf16 (bfloat16)\n", v);
                 return 2;
             }
-        } else if (!strcmp(argv[i], "--max-shard-bytes")) shard = (size_t)strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--vocab")) vocab = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--seed")) sd = strtoull(argv[++i], NULL, 10);
+        } else if ((r = hp_flag_value("hp-ckpt", argc, argv, &i, "--max-shard-bytes", &v))) {
+            uint64_t b = 0;
+            if (r < 0 || hp_parse_u64("hp-ckpt: --max-shard-bytes", v, (uint64_t)INT64_MAX,
+                                      "bytes per safetensors shard, e.g. 5368709120; 0 = the 5 GiB default",
+                                      &b) != HP_OK)
+                return bad_args();
+            shard = (size_t)b;
+        } else if ((r = hp_flag_value("hp-ckpt", argc, argv, &i, "--vocab", &v))) {
+            int32_t x = 0;
+            if (r < 0 || hp_parse_i32("hp-ckpt: --vocab", v, 1, HP_MODEL_MAX_VOCAB,
+                                      "the tokenizer's vocabulary size (hp-tokenizer info); at most "
+                                      "HP_MODEL_MAX_VOCAB = 2^24", &x) != HP_OK)
+                return bad_args();
+            vocab = x;
+        } else if ((r = hp_flag_value("hp-ckpt", argc, argv, &i, "--seed", &v))) {
+            uint64_t x = 0;
+            if (r < 0 || hp_parse_u64("hp-ckpt: --seed", v, UINT64_MAX, NULL, &x) != HP_OK) return bad_args();
+            sd = (unsigned long long)x;
+        } else if (a[0] == '-' && a[1] == '-') {
+            hp_flag_unknown_error("hp-ckpt", a, ckpt_flags, N_CKPT_FLAGS);
+            return bad_args();
+        } else if (npos < 2) {
+            pos[npos++] = a;
+        } else {
+            fprintf(stderr, "hp-ckpt %s: unexpected argument '%s'\n", cmd, a);
+            return usage();
+        }
     }
-    if (!strcmp(cmd, "inspect")) return inspect(argv[2]);
+    int want = !strcmp(cmd, "consolidate") || !strcmp(cmd, "to-hf") || !strcmp(cmd, "from-hf") ? 2 : 1;
+    if (npos != want) {
+        fprintf(stderr, "hp-ckpt %s: expected %d path argument(s), got %d\n", cmd, want, npos);
+        return usage();
+    }
+    if (!strcmp(cmd, "inspect")) return inspect(pos[0]);
     if (!strcmp(cmd, "list")) {
         int64_t steps[1024];
         int n = 0;
-        hp_status_t s = hp_dcp_list_steps(argv[2], steps, 1024, &n);
+        hp_status_t s = hp_dcp_list_steps(pos[0], steps, 1024, &n);
         if (s != HP_OK) return fail(s);
         for (int i = 0; i < n && i < 1024; i++) printf("step-%lld\n", (long long)steps[i]);
         return 0;
@@ -282,16 +355,15 @@ int main(int argc, char **argv) {
             fprintf(stderr, "hp-ckpt seed: --model, --flavor and --vocab (> 0) are required\n");
             return 2;
         }
-        return seed(argv[2], model, flavor, vocab, sd);
+        return seed(pos[0], model, flavor, vocab, sd);
     }
-    if (argc < 4) return usage();
-    if (!strcmp(cmd, "consolidate")) return consolidate(argv[2], argv[3]);
+    if (!strcmp(cmd, "consolidate")) return consolidate(pos[0], pos[1]);
     if (!strcmp(cmd, "to-hf") || !strcmp(cmd, "from-hf")) {
         if (!model || !flavor) {
             fprintf(stderr, "hp-ckpt %s: --model and --flavor are required\n", cmd);
             return 2;
         }
-        return !strcmp(cmd, "to-hf") ? to_hf(argv[2], argv[3], model, flavor, dt, shard) : from_hf(argv[2], argv[3], model, flavor);
+        return !strcmp(cmd, "to-hf") ? to_hf(pos[0], pos[1], model, flavor, dt, shard) : from_hf(pos[0], pos[1], model, flavor);
     }
     return usage();
 }

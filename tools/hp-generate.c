@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include <hyperparallel/model.h>
+#include <hyperparallel/parse.h>
 #include <hyperparallel/rng.h>
 #include <hyperparallel/tokenizer.h>
 #include <hyperparallel/trainer.h>
@@ -69,26 +70,41 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     const char *weights = NULL, *tokpath = NULL, *prompt = "";
-    int max_new = 64, top_k = 0;
+    int32_t max_new = 64, top_k = 0;
     float temperature = 0.8f, top_p = 1.0f;
     unsigned long long seed = 0;
+    static const char *const flags[] = {"--weights", "--tokenizer", "--prompt", "--max-new-tokens", "--temperature",
+                                        "--top-k", "--top-p", "--seed", "--help"};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *v = NULL;
+        hp_status_t s = HP_OK;
+        int r;
         if (!strcmp(a, "--help")) { usage(stdout); return 0; }
-        if (!v) { fprintf(stderr, "hp-generate: error: %s needs a value\n", a); usage(stderr); return 2; }
-        char *end = NULL;
-        if (!strcmp(a, "--weights")) weights = v;
-        else if (!strcmp(a, "--tokenizer")) tokpath = v;
-        else if (!strcmp(a, "--prompt")) prompt = v;
-        else if (!strcmp(a, "--max-new-tokens")) max_new = (int)strtol(v, &end, 10);
-        else if (!strcmp(a, "--temperature")) temperature = strtof(v, &end);
-        else if (!strcmp(a, "--top-k")) top_k = (int)strtol(v, &end, 10);
-        else if (!strcmp(a, "--top-p")) top_p = strtof(v, &end);
-        else if (!strcmp(a, "--seed")) seed = strtoull(v, &end, 10);
-        else { fprintf(stderr, "hp-generate: error: unknown option '%s'\n", a); usage(stderr); return 2; }
-        if (end && *end) { fprintf(stderr, "hp-generate: error: %s '%s' is not a number\n", a, v); return 2; }
-        i++;
+        if ((r = hp_flag_value("hp-generate", argc, argv, &i, "--weights", &v)) > 0) weights = v;
+        else if (!r && (r = hp_flag_value("hp-generate", argc, argv, &i, "--tokenizer", &v)) > 0) tokpath = v;
+        else if (!r && (r = hp_flag_value("hp-generate", argc, argv, &i, "--prompt", &v)) > 0) prompt = v;
+        else if (!r && (r = hp_flag_value("hp-generate", argc, argv, &i, "--max-new-tokens", &v)) > 0)
+            s = hp_parse_i32("hp-generate: --max-new-tokens", v, 0, 1 << 24, "tokens to generate, e.g. 64", &max_new);
+        else if (!r && (r = hp_flag_value("hp-generate", argc, argv, &i, "--temperature", &v)) > 0)
+            s = hp_parse_f32("hp-generate: --temperature", v, 0.0, 1e6, "0 = greedy, e.g. 0.8", &temperature);
+        else if (!r && (r = hp_flag_value("hp-generate", argc, argv, &i, "--top-k", &v)) > 0)
+            s = hp_parse_i32("hp-generate: --top-k", v, 0, HP_MODEL_MAX_VOCAB, "0 = no top-k cut", &top_k);
+        else if (!r && (r = hp_flag_value("hp-generate", argc, argv, &i, "--top-p", &v)) > 0) {
+            s = hp_parse_f32("hp-generate: --top-p", v, 0.0, 1.0, "0 < p <= 1, 1 = no nucleus cut", &top_p);
+            if (s == HP_OK && !(top_p > 0.0f))
+                s = hp_error(HP_ERR_INVALID_ARG, "hp-generate: --top-p expects a number in (0, 1], got '%s'", v);
+        } else if (!r && (r = hp_flag_value("hp-generate", argc, argv, &i, "--seed", &v)) > 0) {
+            uint64_t x = 0;
+            s = hp_parse_u64("hp-generate: --seed", v, UINT64_MAX, NULL, &x);
+            seed = (unsigned long long)x;
+        } else if (!r) {
+            s = hp_flag_unknown_error("hp-generate", a, flags, sizeof flags / sizeof flags[0]);
+        }
+        if (r < 0 || s != HP_OK) {
+            fprintf(stderr, "%s\n", hp_last_error());
+            usage(stderr);
+            return 2;
+        }
     }
     if (!weights || !tokpath) { fprintf(stderr, "hp-generate: error: --weights and --tokenizer are required\n"); usage(stderr); return 2; }
     if (max_new < 0 || top_k < 0 || !(top_p > 0.0f && top_p <= 1.0f) || temperature < 0.0f) {

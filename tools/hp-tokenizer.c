@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyperparallel/model.h"
+#include "hyperparallel/parse.h"
 #include "hyperparallel/tokenizer.h"
 
 static void usage(FILE *f) {
@@ -58,37 +60,36 @@ static int cmd_train(int argc, char **argv) {
     const char **files = calloc((size_t)argc + 1, sizeof(char *));
     size_t nf = 0;
     o.verbose = 1;
+    static const char *const flags[] = {"--vocab-size", "--output", "--special", "--separator", "--jsonl-field",
+                                        "--min-frequency", "--quiet"};
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        int has = i + 1 < argc;
-        if (!strcmp(a, "--vocab-size") && has) {
-            char *end;
-            long v = strtol(argv[++i], &end, 10);
-            if (*end || v <= 0 || v > (1 << 24)) {
-                fprintf(stderr, "hp-tokenizer train: --vocab-size '%s' is not a positive integer\n", argv[i]);
-                free(files);
-                return 2;
-            }
-            o.vocab_size = (int32_t)v;
-        } else if (!strcmp(a, "--output") && has) {
-            out = argv[++i];
-        } else if (!strcmp(a, "--special") && has) {
-            special = argv[++i];
-        } else if (!strcmp(a, "--separator") && has) {
-            o.separator_line = argv[++i];
-        } else if (!strcmp(a, "--jsonl-field") && has) {
-            o.jsonl_field = argv[++i];
-        } else if (!strcmp(a, "--min-frequency") && has) {
-            o.min_frequency = atoll(argv[++i]);
-        } else if (!strcmp(a, "--quiet")) {
+        const char *a = argv[i], *v = NULL;
+        hp_status_t s = HP_OK;
+        int r;
+        if ((r = hp_flag_value("hp-tokenizer train", argc, argv, &i, "--vocab-size", &v)) > 0)
+            s = hp_parse_i32("hp-tokenizer train: --vocab-size", v, 1, HP_MODEL_MAX_VOCAB,
+                             "ids including the 256 bytes and the special tokens, e.g. 2048; at most 2^24",
+                             &o.vocab_size);
+        else if (!r && (r = hp_flag_value("hp-tokenizer train", argc, argv, &i, "--output", &v)) > 0) out = v;
+        else if (!r && (r = hp_flag_value("hp-tokenizer train", argc, argv, &i, "--special", &v)) > 0) special = v;
+        else if (!r && (r = hp_flag_value("hp-tokenizer train", argc, argv, &i, "--separator", &v)) > 0)
+            o.separator_line = v;
+        else if (!r && (r = hp_flag_value("hp-tokenizer train", argc, argv, &i, "--jsonl-field", &v)) > 0)
+            o.jsonl_field = v;
+        else if (!r && (r = hp_flag_value("hp-tokenizer train", argc, argv, &i, "--min-frequency", &v)) > 0)
+            s = hp_parse_i64("hp-tokenizer train: --min-frequency", v, 0, INT64_MAX,
+                             "how often a pair must occur to be merged, e.g. 2", &o.min_frequency);
+        else if (!r && !strcmp(a, "--quiet"))
             o.verbose = 0;
-        } else if (a[0] == '-' && a[1] == '-') {
-            fprintf(stderr, "hp-tokenizer train: unknown or incomplete option '%s'\n", a);
+        else if (!r && a[0] == '-' && a[1] == '-')
+            s = hp_flag_unknown_error("hp-tokenizer train", a, flags, sizeof flags / sizeof flags[0]);
+        else if (!r)
+            files[nf++] = a;
+        if (r < 0 || s != HP_OK) {
+            fprintf(stderr, "%s\n", hp_last_error());
             usage(stderr);
             free(files);
             return 2;
-        } else {
-            files[nf++] = a;
         }
     }
     if (!out || o.vocab_size == 0 || nf == 0) {
@@ -123,7 +124,14 @@ static int cmd_encode(int argc, char **argv) {
         else if (!strcmp(a, "--eos")) flags |= HP_TOKENIZE_ADD_EOS;
         else if (!strcmp(a, "--special-as-text")) flags |= HP_TOKENIZE_SPECIAL_AS_TEXT;
         else if (a[0] != '-' && !file) file = a;
-        else {
+        else if (a[0] == '-' && a[1] == '-') {
+            static const char *const flags[] = {"--tokenizer", "--text", "--add-special", "--bos", "--eos",
+                                                "--special-as-text"};
+            hp_flag_unknown_error("hp-tokenizer encode", a, flags, sizeof flags / sizeof flags[0]);
+            fprintf(stderr, "%s\n", hp_last_error());
+            usage(stderr);
+            return 2;
+        } else {
             fprintf(stderr, "hp-tokenizer encode: unexpected argument '%s'\n", a);
             usage(stderr);
             return 2;
@@ -179,6 +187,12 @@ static int cmd_decode(int argc, char **argv) {
             path = argv[++i];
         } else if (!strcmp(a, "--skip-special")) {
             flags |= HP_DETOKENIZE_SKIP_SPECIAL;
+        } else if (a[0] == '-' && a[1] == '-') {
+            static const char *const known[] = {"--tokenizer", "--skip-special"};
+            hp_flag_unknown_error("hp-tokenizer decode", a, known, sizeof known / sizeof known[0]);
+            fprintf(stderr, "%s\n", hp_last_error());
+            free(ids);
+            return 2;
         } else {
             char *end;
             long v = strtol(a, &end, 10);
@@ -231,6 +245,13 @@ static int cmd_decode(int argc, char **argv) {
 
 static int cmd_info(int argc, char **argv) {
     if (argc != 2 || strcmp(argv[0], "--tokenizer") != 0) {
+        static const char *const known[] = {"--tokenizer"};
+        for (int i = 0; i < argc; i++)
+            if (!strncmp(argv[i], "--", 2) && strcmp(argv[i], "--tokenizer") != 0) {
+                hp_flag_unknown_error("hp-tokenizer info", argv[i], known, 1);
+                fprintf(stderr, "%s\n", hp_last_error());
+                break;
+            }
         usage(stderr);
         return 2;
     }

@@ -9,6 +9,7 @@
 #include <hyperparallel/comm.h>
 #include <hyperparallel/config.h>
 #include <hyperparallel/launch.h>
+#include <hyperparallel/parse.h>
 #include <hyperparallel/trainer.h>
 
 static void usage(FILE *f) {
@@ -34,12 +35,13 @@ int main(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         if (i > 0 && (!strcmp(argv[i], "--nproc") || !strncmp(argv[i], "--nproc=", 8))) {
             const char *v = argv[i][7] == '=' ? argv[i] + 8 : (i + 1 < argc ? argv[++i] : "");
-            char *end = NULL;
-            nproc = (int)strtol(v, &end, 10);
-            if (!*v || *end || nproc < 1) {
-                fprintf(stderr, "hp-train: error: --nproc '%s': expected a rank count >= 1\n", v);
+            int32_t np = 0;
+            if (hp_parse_i32("--nproc", v, 1, 1 << 24, "the number of MPI ranks to start, e.g. 4", &np) !=
+                HP_OK) {
+                fprintf(stderr, "hp-train: error: %s\n", hp_last_error());
                 return 2;
             }
+            nproc = np;
             continue;
         }
         args[nargs++] = argv[i];
@@ -66,9 +68,16 @@ int main(int argc, char **argv) {
     char **rest = calloc((size_t)nargs + 1, sizeof(char *));
     int nrest = 0, rc = 0;
     hp_status_t s = cfg && rest ? hp_config_parse_args(cfg, nargs, args, rest, &nrest) : HP_ERR_OOM;
-    if (s == HP_OK && nrest > 0)
+    if (s == HP_OK && nrest > 0 && strncmp(rest[0], "--", 2) == 0) {
+        static const char *const flags[] = {"--config", "--nproc", "--help"};
+        char msg[1024];
+        hp_flag_unknown_error("command line", rest[0], flags, sizeof flags / sizeof flags[0]);
+        snprintf(msg, sizeof msg, "%s", hp_last_error());
+        s = hp_error(HP_ERR_INVALID_ARG, "%s; config keys are --section.key=value (see --help)", msg);
+    } else if (s == HP_OK && nrest > 0) {
         s = hp_error(HP_ERR_INVALID_ARG, "unknown argument '%s'; expected --config FILE, --section.key=value or "
                                          "--nproc N (see --help)", rest[0]);
+    }
     if (s == HP_OK) s = hp_config_validate(cfg);
     if (s != HP_OK) {
         if (rank == 0) fprintf(stderr, "hp-train: error: %s\n", hp_last_error());

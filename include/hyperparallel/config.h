@@ -2,7 +2,9 @@
  * drives YAML parsing (libyaml), dotted command-line overrides (--training.steps=20 or
  * --training.steps 20), printing the resolved config and the docs/config.md table.
  * Precedence: schema defaults < YAML file < command line. Unknown keys and wrong types are
- * errors naming the key (file:line for YAML) and suggesting the nearest valid key.
+ * errors naming the key (file:line for YAML) and suggesting the nearest valid key. Integers
+ * are range-checked against the type that uses them and floats used in float32 must be
+ * representable there (parse.h), when they enter. A file holds one YAML document.
  * Key names follow TorchTitan's (v0.2.2 TOML era); see docs/config.md. */
 #ifndef HYPERPARALLEL_CONFIG_H
 #define HYPERPARALLEL_CONFIG_H
@@ -11,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include "parse.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -148,6 +151,8 @@ typedef struct hp_config_key {
     const char *alias;           /* another accepted key name in the same section, or NULL */
     const char *doc;
     size_t offset;               /* of the field inside hp_config_t */
+    int64_t int_min, int_max;    /* int only: accepted range, that of the type that uses the value */
+    bool f32;                    /* float only: used in float32, so it must be representable there */
 } hp_config_key_t;
 
 /* The schema, in section order. */
@@ -186,9 +191,6 @@ void hp_config_write_markdown(FILE *f);
 /* Value of one key as text (as hp_config_print writes it). */
 hp_status_t hp_config_get_string(const hp_config_t *cfg, const char *dotted, char *buf,
                                  size_t n);
-
-/* Levenshtein distance (used for "did you mean" suggestions). */
-size_t hp_edit_distance(const char *a, const char *b);
 
 #ifdef __cplusplus
 }

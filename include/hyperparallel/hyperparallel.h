@@ -3,6 +3,7 @@
 #define HYPERPARALLEL_H
 
 #include "status.h"
+#include "parse.h"
 #include "dtype.h"
 #include "arena.h"
 #include "tensor.h"

@@ -13,6 +13,17 @@
 extern "C" {
 #endif
 
+/* Bounds on model dimensions. They are checked where a dimension enters (config keys, tool
+ * flags, an HF config.json, weights metadata; the message names that input) and again by
+ * hp_model_config_validate. Real models sit far below them (Llama 3 405B: dim 16384, 126
+ * layers, vocab 128256); beyond them products of dims overflow or the allocation is absurd. */
+#define HP_MODEL_MAX_VOCAB (1 << 24)        /* token ids; also the tokenizer's limit */
+#define HP_MODEL_MAX_SEQ_LEN (1 << 20)      /* RoPE tables and activations grow with it */
+#define HP_MODEL_MAX_DIM (1 << 20)          /* dim, hidden_dim, head_dim x heads */
+#define HP_MODEL_MAX_LAYERS 4096
+#define HP_MODEL_MAX_HEADS 4096
+#define HP_MODEL_MAX_PARAMS ((int64_t)1 << 40)   /* 4 TiB of float32 parameters */
+
 typedef struct hp_model_config {
     char name[32];          /* "llama3" or "qwen3" */
     char flavor[32];        /* "debugmodel", "8B", ... */
@@ -35,7 +46,8 @@ typedef struct hp_model_config {
  * 0.6B. An unknown name or flavor is HP_ERR_INVALID_ARG with a message listing the valid ones. */
 hp_status_t hp_model_flavor(const char *model_name, const char *flavor, hp_model_config_t *cfg);
 /* Recomputes derived fields (hidden_dim from multiple_of / ffn_dim_multiplier when hidden_dim
- * is 0, head_dim when 0) and checks the config; the message names the bad field. */
+ * is 0, head_dim when 0) and checks the config, including the HP_MODEL_MAX_* bounds and the
+ * total parameter count; the message names the bad field. */
 hp_status_t hp_model_config_validate(hp_model_config_t *cfg);
 
 /* Number of parameters; exclude_embedding drops tok_embeddings (when untied), as TorchTitan's

@@ -35,6 +35,21 @@ static const struct { const char *tt, *hf; } top_map[] = {
 
 static int is_llama(const hp_model_config_t *mc) { return strcmp(mc->name, "qwen3") != 0; }
 
+/* "<prefix><layer>." with a decimal layer below HP_MODEL_MAX_LAYERS (names come from files:
+ * sscanf's %d would overflow on a long digit string and accept a sign). *used = bytes consumed. */
+static int parse_layer(const char *name, const char *prefix, int *layer, int *used) {
+    size_t n = strlen(prefix);
+    if (strncmp(name, prefix, n) != 0) return 0;
+    const char *p = name + n;
+    long v = 0;
+    int digits = 0;
+    while (*p >= '0' && *p <= '9' && digits < 8) v = v * 10 + (*p++ - '0'), digits++;
+    if (digits == 0 || *p != '.' || v >= HP_MODEL_MAX_LAYERS) return 0;
+    *layer = (int)v;
+    *used = (int)(p + 1 - name);
+    return 1;
+}
+
 hp_status_t hp_hf_name_to_hf(const hp_model_config_t *mc, const char *fqn, char *out, size_t n, int *permute) {
     *permute = 0;
     for (size_t i = 0; i < sizeof top_map / sizeof top_map[0]; i++)
@@ -43,7 +58,7 @@ hp_status_t hp_hf_name_to_hf(const hp_model_config_t *mc, const char *fqn, char 
             return HP_OK;
         }
     int layer, used = 0;
-    if (sscanf(fqn, "layers.%d.%n", &layer, &used) == 1 && used > 0) {
+    if (parse_layer(fqn, "layers.", &layer, &used)) {
         for (size_t i = 0; i < sizeof layer_map / sizeof layer_map[0]; i++)
             if (!strcmp(fqn + used, layer_map[i].tt)) {
                 snprintf(out, n, "model.layers.%d.%s", layer, layer_map[i].hf);
@@ -62,7 +77,7 @@ hp_status_t hp_hf_name_from_hf(const hp_model_config_t *mc, const char *hf, char
             return HP_OK;
         }
     int layer, used = 0;
-    if (sscanf(hf, "model.layers.%d.%n", &layer, &used) == 1 && used > 0) {
+    if (parse_layer(hf, "model.layers.", &layer, &used)) {
         for (size_t i = 0; i < sizeof layer_map / sizeof layer_map[0]; i++)
             if (!strcmp(hf + used, layer_map[i].hf)) {
                 snprintf(out, n, "layers.%d.%s", layer, layer_map[i].tt);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hyperparallel/parse.h"
 #include "comm/comm-impl.h"
 
 static int g_we_initialised = 0;
@@ -102,19 +103,17 @@ static hp_status_t mpi_init(int *argc, char ***argv, void **world_ctx, int *rank
     }
     const char *env = getenv("HP_COMM_RING_CHUNK_KB");   /* tuning; same on every rank */
     if (env && *env) {
-        long kb = atol(env);
-        if (kb < 1 || kb > (1L << 20))
-            return hp_error(HP_ERR_INVALID_ARG, "HP_COMM_RING_CHUNK_KB='%s': expected 1..1048576 "
-                            "(KiB per ring chunk; default 256)", env);
+        int64_t kb;
+        HP_TRY(hp_parse_i64("environment variable HP_COMM_RING_CHUNK_KB", env, 1, 1 << 20,
+                            "KiB per ring chunk; default 256", &kb));
         g_ring_chunk = (size_t)kb << 10;
     }
     env = getenv("HP_COMM_HD_MAX_KB");   /* tuning; same on every rank */
     if (env && *env) {
-        long kb = atol(env);
-        if (kb < 0 || kb > (1L << 30))
-            return hp_error(HP_ERR_INVALID_ARG, "HP_COMM_HD_MAX_KB='%s': expected 0..2^30 (KiB; "
-                            "all_reduce and reduce_scatter up to this size on power-of-two "
-                            "communicators use halving-doubling; default 4096)", env);
+        int64_t kb;
+        HP_TRY(hp_parse_i64("environment variable HP_COMM_HD_MAX_KB", env, 0, 1 << 30,
+                            "KiB; all_reduce and reduce_scatter up to this size on power-of-two "
+                            "communicators use halving-doubling; default 4096", &kb));
         g_hd_max_bytes = (size_t)kb << 10;
     }
     MPI_Comm w;

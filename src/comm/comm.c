@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "hyperparallel/parse.h"
 #include "comm/comm-impl.h"
 
 /* ---- process-wide state ---------------------------------------------------------------- */
@@ -856,7 +857,12 @@ hp_status_t hp_comm_init(int *argc, char ***argv, hp_comm_t *world) {
     }
     g.poll_interval_s = 20e-6;
     env = getenv("HP_COMM_POLL_US");
-    if (env && *env) g.poll_interval_s = atof(env) * 1e-6;
+    if (env && *env) {
+        double us;
+        HP_TRY(hp_parse_f64("environment variable HP_COMM_POLL_US", env, 0.0, 1e6,
+                            "microseconds between progress polls; default 20", &us));
+        g.poll_interval_s = us * 1e-6;
+    }
 
     const hp_comm_backend_t *be = &hp_comm_backend_mpi;
     void *ctx = NULL;

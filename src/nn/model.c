@@ -134,6 +134,29 @@ hp_status_t hp_model_config_validate(hp_model_config_t *c) {
         return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': rope scaling needs factor > 0, "
                         "original_max_pos > 0 and high_freq_factor > low_freq_factor", c->name, c->flavor);
     if (c->max_seq_len <= 0) c->max_seq_len = 4096;
+    /* Upper bounds: a dimension from a file or flag beyond them would overflow a product of
+     * dims or ask for an absurd allocation instead of failing with a message. */
+#define HP_CFG_MAX(field, lim, why)                                                                          \
+    if ((int64_t)c->field > (int64_t)(lim))                                                                  \
+        return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': " #field " = %d exceeds the limit %lld (%s)", \
+                        c->name, c->flavor, (int)c->field, (long long)(lim), why);
+    HP_CFG_MAX(vocab_size, HP_MODEL_MAX_VOCAB, "HP_MODEL_MAX_VOCAB; token ids are at most 2^24")
+    HP_CFG_MAX(max_seq_len, HP_MODEL_MAX_SEQ_LEN, "HP_MODEL_MAX_SEQ_LEN; RoPE tables and activations grow with it")
+    HP_CFG_MAX(dim, HP_MODEL_MAX_DIM, "HP_MODEL_MAX_DIM")
+    HP_CFG_MAX(hidden_dim, HP_MODEL_MAX_DIM, "HP_MODEL_MAX_DIM")
+    HP_CFG_MAX(n_layers, HP_MODEL_MAX_LAYERS, "HP_MODEL_MAX_LAYERS")
+    HP_CFG_MAX(n_heads, HP_MODEL_MAX_HEADS, "HP_MODEL_MAX_HEADS")
+#undef HP_CFG_MAX
+    if ((int64_t)c->n_heads * c->head_dim > HP_MODEL_MAX_DIM)
+        return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': n_heads x head_dim = %d x %d exceeds the limit %d "
+                        "(HP_MODEL_MAX_DIM)", c->name, c->flavor, c->n_heads, c->head_dim, HP_MODEL_MAX_DIM);
+    /* Each factor is bounded above, so the count fits int64; compare before any allocation. */
+    int64_t nparams = hp_model_param_count(c, 0);
+    if (nparams > HP_MODEL_MAX_PARAMS)
+        return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': %lld parameters (vocab_size %d x dim %d, %d layers "
+                        "of dim %d / hidden %d) exceed the limit 2^40 = %lld (HP_MODEL_MAX_PARAMS, 4 TiB of float32); "
+                        "hint: check vocab_size and the flavor", c->name, c->flavor, (long long)nparams, c->vocab_size,
+                        c->dim, c->n_layers, c->dim, c->hidden_dim, (long long)HP_MODEL_MAX_PARAMS);
     return HP_OK;
 }
 

@@ -3,6 +3,7 @@
  * Every value is parsed through one function (set_from_text), so the file, the command
  * line and the defaults obey the same rules and produce the same messages. */
 #include "hyperparallel/config.h"
+#include "hyperparallel/model.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -13,8 +14,17 @@
 #include <yaml.h>
 
 #define OFF(field) offsetof(hp_config_t, field)
-#define K(sec, name, type, def, choices, alias, doc) \
-    {#sec, #name, HP_CONFIG_##type, def, choices, alias, doc, OFF(sec.name)}
+#define KR(sec, name, type_, def, choices_, alias_, doc_, lo, hi, f32_)                                  \
+    {.section = #sec, .key = #name, .type = HP_CONFIG_##type_, .default_value = def, .choices = choices_,     \
+     .alias = alias_, .doc = doc_, .offset = OFF(sec.name), .int_min = lo, .int_max = hi, .f32 = f32_}
+#define K(sec, name, type_, def, choices_, alias_, doc_) \
+    KR(sec, name, type_, def, choices_, alias_, doc_, INT64_MIN, INT64_MAX, false)
+/* An integer key with the range of the type that uses it; a float key used in float32. */
+#define KI(sec, name, def, lo, hi, alias_, doc_) KR(sec, name, INT, def, NULL, alias_, doc_, lo, hi, false)
+#define KF32(sec, name, def, alias_, doc_) KR(sec, name, FLOAT, def, NULL, alias_, doc_, INT64_MIN, INT64_MAX, true)
+#define I32 INT32_MAX
+#define I64 INT64_MAX
+#define DEG (1 << 24)   /* parallel degrees (parallel_dims.c narrows them to int) */
 
 static const hp_config_key_t schema_[] = {
     /* job */
@@ -28,16 +38,16 @@ static const hp_config_key_t schema_[] = {
     K(model, name, STRING, "llama3", NULL, NULL, "Model family in the model registry (llama3, qwen3)."),
     K(model, flavor, STRING, "debugmodel", NULL, NULL, "Size preset of the model family (e.g. debugmodel)."),
     /* training */
-    K(training, steps, INT, "10000", NULL, NULL, "Number of optimizer steps to train."),
-    K(training, seq_len, INT, "2048", NULL, NULL, "Tokens per sequence (context length of a training sample)."),
-    K(training, local_batch_size, INT, "8", NULL, NULL,
+    KI(training, steps, "10000", 1, I64, NULL, "Number of optimizer steps to train."),
+    KI(training, seq_len, "2048", 1, HP_MODEL_MAX_SEQ_LEN, NULL, "Tokens per sequence (context length of a training sample)."),
+    KI(training, local_batch_size, "8", 1, I32, NULL,
       "Sequences per data-parallel rank per microbatch (one forward/backward)."),
-    K(training, global_batch_size, INT, "-1", NULL, NULL,
+    KI(training, global_batch_size, "-1", -1, I32, NULL,
       "Sequences per optimizer step over all data-parallel ranks; -1 = local_batch_size x dp degree. "
       "Gradient accumulation steps = global_batch_size / (local_batch_size x dp degree), which must divide exactly."),
-    K(training, max_norm, FLOAT, "1.0", NULL, NULL,
+    KF32(training, max_norm, "1.0", NULL,
       "Clip the global gradient norm to this value; 0 disables clipping (the norm is still computed and logged)."),
-    K(training, seed, INT, "0", NULL, NULL,
+    KI(training, seed, "0", INT64_MIN, I64, NULL,
       "Seed of the counter-based RNG (parameter init, dropout-free sampling); the same on every rank."),
     K(training, deterministic, BOOL, "false", NULL, NULL,
       "Require bitwise run-to-run determinism (fixed reduction orders, fixed thread counts)."),
@@ -48,14 +58,14 @@ static const hp_config_key_t schema_[] = {
       "Dtype FSDP reduces gradients in."),
     /* optimizer */
     K(optimizer, name, ENUM, "adamw", "adamw|sgd|muon", NULL, "Optimizer."),
-    K(optimizer, lr, FLOAT, "0.0008", NULL, NULL, "Peak learning rate (the schedule multiplies it)."),
-    K(optimizer, beta1, FLOAT, "0.9", NULL, NULL, "AdamW first-moment decay."),
-    K(optimizer, beta2, FLOAT, "0.95", NULL, NULL, "AdamW second-moment decay."),
-    K(optimizer, eps, FLOAT, "1e-08", NULL, NULL, "AdamW denominator epsilon."),
-    K(optimizer, weight_decay, FLOAT, "0.1", NULL, NULL, "Decoupled weight decay (AdamW) or L2 decay (SGD)."),
-    K(optimizer, momentum, FLOAT, "0.9", NULL, NULL, "Momentum of SGD and Muon (ignored by AdamW)."),
+    KF32(optimizer, lr, "0.0008", NULL, "Peak learning rate (the schedule multiplies it)."),
+    KF32(optimizer, beta1, "0.9", NULL, "AdamW first-moment decay."),
+    KF32(optimizer, beta2, "0.95", NULL, "AdamW second-moment decay."),
+    KF32(optimizer, eps, "1e-08", NULL, "AdamW denominator epsilon."),
+    KF32(optimizer, weight_decay, "0.1", NULL, "Decoupled weight decay (AdamW) or L2 decay (SGD)."),
+    KF32(optimizer, momentum, "0.9", NULL, "Momentum of SGD and Muon (ignored by AdamW)."),
     /* lr_scheduler */
-    K(lr_scheduler, warmup_steps, INT, "200", NULL, NULL,
+    KI(lr_scheduler, warmup_steps, "200", 0, I64, NULL,
       "Linear warm-up steps: factor (s+1)/warmup_steps for 0-based step s."),
     K(lr_scheduler, decay_ratio, FLOAT, "-1", NULL, NULL,
       "Fraction of the steps spent decaying at the end (warm-up, stable, decay: WSD); -1 = None: decay over "
@@ -65,16 +75,16 @@ static const hp_config_key_t schema_[] = {
     K(lr_scheduler, min_lr_factor, FLOAT, "0.0", NULL, NULL,
       "The decay ends at min_lr_factor x lr: factor = min_lr_factor + (1 - min_lr_factor) x decay."),
     /* parallelism */
-    K(parallelism, data_parallel_replicate_degree, INT, "1", NULL, "dp_replicate",
+    KI(parallelism, data_parallel_replicate_degree, "1", -1, DEG, "dp_replicate",
       "Replicas of the model (DDP, or the replicate dim of HSDP)."),
-    K(parallelism, data_parallel_shard_degree, INT, "-1", NULL, "dp_shard",
+    KI(parallelism, data_parallel_shard_degree, "-1", -1, DEG, "dp_shard",
       "FSDP shard degree; -1 takes the ranks left after the other degrees."),
-    K(parallelism, tensor_parallel_degree, INT, "1", NULL, "tp", "Tensor (and sequence) parallel degree."),
-    K(parallelism, pipeline_parallel_degree, INT, "1", NULL, "pp", "Pipeline stages (ranks along pp)."),
-    K(parallelism, context_parallel_degree, INT, "1", NULL, "cp", "Context (sequence) parallel degree."),
-    K(parallelism, expert_parallel_degree, INT, "1", NULL, "ep",
+    KI(parallelism, tensor_parallel_degree, "1", -1, DEG, "tp", "Tensor (and sequence) parallel degree."),
+    KI(parallelism, pipeline_parallel_degree, "1", -1, DEG, "pp", "Pipeline stages (ranks along pp)."),
+    KI(parallelism, context_parallel_degree, "1", -1, DEG, "cp", "Context (sequence) parallel degree."),
+    KI(parallelism, expert_parallel_degree, "1", -1, DEG, "ep",
       "Expert parallel degree; borrows ranks from dp_shard x cp x tp, which it must divide."),
-    K(parallelism, expert_tensor_parallel_degree, INT, "1", NULL, "etp",
+    KI(parallelism, expert_tensor_parallel_degree, "1", -1, DEG, "etp",
       "Tensor parallel degree inside experts; 1 or tensor_parallel_degree."),
     K(parallelism, fsdp_reshard_after_forward, ENUM, "default", "default|always|never", NULL,
       "Free gathered parameters after forward: default = always unless pipeline parallel."),
@@ -85,13 +95,13 @@ static const hp_config_key_t schema_[] = {
     K(parallelism, pipeline_parallel_schedule, ENUM, "1f1b",
       "gpipe|1f1b|interleaved1f1b|loopedbfs|interleavedzerobubble|zbvzerobubble|dualpipev", NULL,
       "Pipeline schedule (names as TorchTitan's, case-insensitive)."),
-    K(parallelism, pipeline_parallel_microbatch_size, INT, "1", NULL, NULL,
+    KI(parallelism, pipeline_parallel_microbatch_size, "1", 1, I32, NULL,
       "Sequences per pipeline microbatch; microbatches = local_batch_size / this."),
-    K(parallelism, pipeline_parallel_layers_per_stage, INT, "-1", NULL, NULL,
+    KI(parallelism, pipeline_parallel_layers_per_stage, "-1", -1, I32, NULL,
       "Transformer layers per virtual stage; -1 = split evenly by the schedule's stage count."),
-    K(parallelism, pipeline_parallel_first_stage_less_layers, INT, "1", NULL, NULL,
+    KI(parallelism, pipeline_parallel_first_stage_less_layers, "1", 0, I32, NULL,
       "Layers the first stage gives up for the embedding."),
-    K(parallelism, pipeline_parallel_last_stage_less_layers, INT, "1", NULL, NULL,
+    KI(parallelism, pipeline_parallel_last_stage_less_layers, "1", 0, I32, NULL,
       "Layers the last stage gives up for the final norm and output head."),
     K(parallelism, context_parallel_rotate_method, ENUM, "allgather", "allgather|alltoall", NULL,
       "How context parallel exchanges keys and values."),
@@ -104,12 +114,12 @@ static const hp_config_key_t schema_[] = {
     K(checkpoint, enable, BOOL, "false", NULL, NULL, "Save (and resume from) checkpoints."),
     K(checkpoint, folder, STRING, "checkpoint", NULL, NULL,
       "Checkpoint folder (under job.dump_folder when relative); holds step-N/ directories."),
-    K(checkpoint, interval, INT, "500", NULL, NULL, "Save every this many steps (and at the last step)."),
-    K(checkpoint, keep_latest_k, INT, "10", NULL, NULL,
+    KI(checkpoint, interval, "500", 1, I64, NULL, "Save every this many steps (and at the last step)."),
+    KI(checkpoint, keep_latest_k, "10", 0, I32, NULL,
       "Keep only the newest k checkpoints; 0 keeps all (1 is refused, as in TorchTitan)."),
     K(checkpoint, initial_load_path, STRING, "", NULL, NULL,
       "Checkpoint to start from when the folder has none (e.g. converted HF weights)."),
-    K(checkpoint, load_step, INT, "-1", NULL, NULL, "Step to resume from; -1 = the latest."),
+    KI(checkpoint, load_step, "-1", -1, I64, NULL, "Step to resume from; -1 = the latest."),
     K(checkpoint, last_save_model_only, BOOL, "true", NULL, NULL,
       "The final checkpoint holds only the model weights."),
     K(checkpoint, export_dtype, ENUM, "float32", "float32|bfloat16", NULL,
@@ -119,7 +129,7 @@ static const hp_config_key_t schema_[] = {
     K(checkpoint, exclude_from_loading, LIST, "", NULL, NULL,
       "State keys not restored on load (model, optimizer, lr_scheduler, dataloader, train_state)."),
     /* metrics */
-    K(metrics, log_freq, INT, "10", NULL, NULL, "Log at step 1 and every log_freq steps."),
+    KI(metrics, log_freq, "10", 1, I64, NULL, "Log at step 1 and every log_freq steps."),
     K(metrics, enable_tensorboard, BOOL, "false", NULL, NULL, "Write TensorBoard event files."),
     K(metrics, save_tb_folder, STRING, "tb", NULL, NULL,
       "TensorBoard folder (under job.dump_folder when relative)."),
@@ -132,9 +142,9 @@ static const hp_config_key_t schema_[] = {
     K(metrics, enable_color, BOOL, "false", NULL, NULL, "Colour the console metrics line."),
     /* validation */
     K(validation, enable, BOOL, "false", NULL, NULL, "Evaluate the loss on the validation split."),
-    K(validation, freq, INT, "10", NULL, NULL, "Validate every this many steps."),
-    K(validation, steps, INT, "-1", NULL, NULL, "Validation batches per evaluation; -1 = the whole split."),
-    K(validation, local_batch_size, INT, "-1", NULL, NULL,
+    KI(validation, freq, "10", 1, I64, NULL, "Validate every this many steps."),
+    KI(validation, steps, "-1", -1, I64, NULL, "Validation batches per evaluation; -1 = the whole split."),
+    KI(validation, local_batch_size, "-1", -1, I32, NULL,
       "Sequences per rank per validation batch; -1 = training.local_batch_size."),
     /* data */
     K(data, path, STRING, "", NULL, NULL, "Training data file (text, JSONL or pre-tokenized binary)."),
@@ -153,7 +163,7 @@ static const hp_config_key_t schema_[] = {
     /* tokenizer */
     K(tokenizer, path, STRING, "", NULL, NULL,
       "HF tokenizer.json file; empty = train one from the data at first run and cache it under job.dump_folder."),
-    K(tokenizer, vocab_size, INT, "2048", NULL, NULL,
+    KI(tokenizer, vocab_size, "2048", 1, HP_MODEL_MAX_VOCAB, NULL,
       "Vocabulary size of a tokenizer trained at first run (ignored when path is set)."),
 };
 
@@ -186,27 +196,6 @@ static const char *type_words(hp_config_type_t type) {
     case HP_CONFIG_LIST: return "a list of strings";
     }
     return "?";
-}
-
-size_t hp_edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    size_t row[256];
-    if (lb >= 255) lb = 255;
-    for (size_t j = 0; j <= lb; j++) row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t cost = (tolower((unsigned char)a[i - 1]) == tolower((unsigned char)b[j - 1])) ? 0 : 1;
-            size_t best = diag + cost;
-            if (row[j] + 1 < best) best = row[j] + 1;
-            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
 }
 
 static bool key_matches(const hp_config_key_t *k, const char *section, size_t slen, const char *key) {
@@ -342,23 +331,35 @@ static hp_status_t list_append_csv(hp_config_list_t *l, const char *s, const cha
     return HP_OK;
 }
 
+/* Why an integer key has its range, for the error message. */
+static const char *range_hint(const hp_config_key_t *k) {
+    if (k->int_max == HP_MODEL_MAX_SEQ_LEN && strcmp(k->key, "seq_len") == 0)
+        return "contexts longer than HP_MODEL_MAX_SEQ_LEN = 1048576 tokens are refused (the RoPE tables and "
+               "activation arenas grow with it)";
+    if (k->int_max == HP_MODEL_MAX_VOCAB) return "vocabularies above HP_MODEL_MAX_VOCAB = 2^24 ids are refused";
+    if (k->int_max == DEG) return "parallel degrees are rank counts, at most 2^24";
+    if (k->int_max == I32) return "the value is held in a 32-bit int";
+    return NULL;
+}
+
 static hp_status_t set_from_text(hp_config_t *cfg, const hp_config_key_t *k, const char *text,
                                  const char *origin) {
     char *field = (char *)cfg + k->offset;
     switch (k->type) {
     case HP_CONFIG_INT: {
         int64_t v;
-        if (!parse_int(text, &v))
-            return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s.%s' expects an integer, got '%s'", origin,
-                            k->section, k->key, text);
+        char what[HP_CONFIG_STR_MAX + 160];
+        snprintf(what, sizeof what, "%s: key '%s.%s'", origin, k->section, k->key);
+        HP_TRY(hp_parse_i64(what, text, k->int_min, k->int_max, range_hint(k), &v));
         memcpy(field, &v, sizeof v);
         return HP_OK;
     }
     case HP_CONFIG_FLOAT: {
         double v;
-        if (!parse_float(text, &v))
-            return hp_error(HP_ERR_INVALID_ARG, "%s: key '%s.%s' expects a finite number, got '%s'", origin,
-                            k->section, k->key, text);
+        char what[HP_CONFIG_STR_MAX + 160];
+        snprintf(what, sizeof what, "%s: key '%s.%s'", origin, k->section, k->key);
+        HP_TRY(hp_parse_f64(what, text, -HUGE_VAL, HUGE_VAL, NULL, &v));
+        if (k->f32) HP_TRY(hp_check_f32(what, v));
         memcpy(field, &v, sizeof v);
         return HP_OK;
     }
@@ -568,6 +569,20 @@ hp_status_t hp_config_load_file(hp_config_t *cfg, const char *path) {
     } else {
         st = apply_yaml(cfg, &doc, path);
         yaml_document_delete(&doc);
+        /* A second document after '---' would be silently ignored: refuse it. */
+        yaml_document_t doc2;
+        if (st == HP_OK && !yaml_parser_load(&parser, &doc2)) {
+            st = hp_error(HP_ERR_FORMAT, "%s:%zu:%zu: YAML syntax error: %s%s%s", path, parser.problem_mark.line + 1,
+                          parser.problem_mark.column + 1, parser.problem ? parser.problem : "unknown",
+                          parser.context ? " " : "", parser.context ? parser.context : "");
+        } else if (st == HP_OK) {
+            if (yaml_document_get_root_node(&doc2))
+                st = hp_error(HP_ERR_FORMAT,
+                              "%s:%zu: a second YAML document starts here ('---'); a config file holds one "
+                              "document; hint: merge it into the first or pass it as its own --config file",
+                              path, doc2.start_mark.line + 1);
+            yaml_document_delete(&doc2);
+        }
         if (st == HP_OK) st = copy_str(cfg->job.config_file, path, path, hp_config_find_key("job.config_file"));
     }
     yaml_parser_delete(&parser);
@@ -684,7 +699,24 @@ hp_status_t hp_config_validate(const hp_config_t *c) {
             "needs a validation split; set data.validation_fraction > 0 (e.g. %g)", 0.05);
     REQUIRE(c->tokenizer.vocab_size >= 1, "tokenizer.vocab_size", "must be >= 1, got %lld",
             (long long)c->tokenizer.vocab_size);
+    REQUIRE(c->optimizer.lr > 0, "optimizer.lr", "must be > 0 (0 trains nothing), got %g", c->optimizer.lr);
 #undef REQUIRE
+    /* The schema's ranges and float32 checks once more, for values set directly in the struct. */
+    for (size_t i = 0; i < SCHEMA_N; i++) {
+        const hp_config_key_t *k = &schema_[i];
+        const char *field = (const char *)c + k->offset;
+        char what[160];
+        snprintf(what, sizeof what, "config key '%s.%s'", k->section, k->key);
+        if (k->type == HP_CONFIG_INT) {
+            int64_t v;
+            memcpy(&v, field, sizeof v);
+            HP_TRY(hp_check_i64(what, v, k->int_min, k->int_max, range_hint(k)));
+        } else if (k->type == HP_CONFIG_FLOAT && k->f32) {
+            double v;
+            memcpy(&v, field, sizeof v);
+            HP_TRY(hp_check_f32(what, v));
+        }
+    }
     return HP_OK;
 }
 
@@ -831,6 +863,17 @@ void hp_config_write_markdown(FILE *f) {
                 }
             }
             type[o] = '\0';
+        } else if (k->type == HP_CONFIG_INT && (k->int_min != INT64_MIN || k->int_max != INT64_MAX)) {
+            char lo[32], hi[32];
+            snprintf(lo, sizeof lo, "%lld", (long long)k->int_min);
+            if (k->int_max == I64) snprintf(hi, sizeof hi, "2^63-1");
+            else if (k->int_max == I32) snprintf(hi, sizeof hi, "2^31-1");
+            else if (k->int_max == HP_MODEL_MAX_SEQ_LEN) snprintf(hi, sizeof hi, "2^20");
+            else if (k->int_max == HP_MODEL_MAX_VOCAB || k->int_max == DEG) snprintf(hi, sizeof hi, "2^24");
+            else snprintf(hi, sizeof hi, "%lld", (long long)k->int_max);
+            snprintf(type, sizeof type, "int in [%s, %s]", lo, hi);
+        } else if (k->type == HP_CONFIG_FLOAT && k->f32) {
+            snprintf(type, sizeof type, "float (used in float32)");
         } else {
             snprintf(type, sizeof type, "%s", hp_config_type_name(k->type));
         }

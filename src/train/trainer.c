@@ -22,6 +22,7 @@
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/tp.h"
 #include "hyperparallel/parallel_dims.h"
+#include "hyperparallel/parse.h"
 #include "hyperparallel/safetensors.h"
 #include "hyperparallel/tokenizer.h"
 
@@ -496,17 +497,21 @@ hp_status_t hp_trainer_validate(hp_trainer_t *t, double *loss) {
 
 /* ---- weights file ------------------------------------------------------------------- */
 
-#define META_INT(field) {#field, offsetof(hp_model_config_t, field), 'i'}
-#define META_FLT(field) {#field, offsetof(hp_model_config_t, field), 'f'}
+/* Integer fields carry the range hp_model_config_validate accepts, so a file's metadata is
+ * refused by name before any allocation (max_seq_len 1e9 would fail in malloc). */
+#define META_INT(field, lo, hi) {#field, offsetof(hp_model_config_t, field), 'i', lo, hi}
+#define META_FLT(field) {#field, offsetof(hp_model_config_t, field), 'f', 0, 0}
 
-typedef struct { const char *key; size_t offset; char kind; } meta_field_t;
+typedef struct { const char *key; size_t offset; char kind; int32_t min, max; } meta_field_t;
 
 static const meta_field_t meta_fields[] = {
-    META_INT(dim), META_INT(n_layers), META_INT(n_heads), META_INT(n_kv_heads), META_INT(head_dim),
-    META_INT(vocab_size), META_INT(hidden_dim), META_INT(multiple_of), META_FLT(ffn_dim_multiplier),
-    META_FLT(norm_eps), META_FLT(rope_theta), META_INT(rope_scaling), META_FLT(rope_factor),
-    META_FLT(rope_low_freq_factor), META_FLT(rope_high_freq_factor), META_INT(rope_original_max_pos),
-    META_INT(qk_norm), META_INT(tie_embeddings), META_INT(max_seq_len),
+    META_INT(dim, 1, HP_MODEL_MAX_DIM), META_INT(n_layers, 1, HP_MODEL_MAX_LAYERS),
+    META_INT(n_heads, 1, HP_MODEL_MAX_HEADS), META_INT(n_kv_heads, 0, HP_MODEL_MAX_HEADS),
+    META_INT(head_dim, 0, HP_MODEL_MAX_DIM), META_INT(vocab_size, 1, HP_MODEL_MAX_VOCAB),
+    META_INT(hidden_dim, 0, HP_MODEL_MAX_DIM), META_INT(multiple_of, 0, HP_MODEL_MAX_DIM), META_FLT(ffn_dim_multiplier),
+    META_FLT(norm_eps), META_FLT(rope_theta), META_INT(rope_scaling, 0, 1), META_FLT(rope_factor),
+    META_FLT(rope_low_freq_factor), META_FLT(rope_high_freq_factor), META_INT(rope_original_max_pos, 0, INT32_MAX),
+    META_INT(qk_norm, 0, 1), META_INT(tie_embeddings, 0, 1), META_INT(max_seq_len, 1, HP_MODEL_MAX_SEQ_LEN),
 };
 #define N_META_FIELDS ((int)(sizeof meta_fields / sizeof meta_fields[0]))
 
@@ -563,12 +568,18 @@ hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_l
             s = hp_error(HP_ERR_FORMAT, "%s: __metadata__ lacks '%s'", path, meta_fields[i].key);
             break;
         }
-        char *end = NULL;
         char *base = (char *)&cfg + meta_fields[i].offset;
-        if (meta_fields[i].kind == 'i') *(int *)base = (int)strtol(v, &end, 10);
-        else *(float *)base = strtof(v, &end);
-        if (!end || *end)
-            s = hp_error(HP_ERR_FORMAT, "%s: __metadata__ '%s' = '%s' is not a number", path, meta_fields[i].key, v);
+        char what[4200];
+        snprintf(what, sizeof what, "%s: __metadata__ '%s'", path, meta_fields[i].key);
+        int32_t iv;
+        if (meta_fields[i].kind == 'i') {
+            s = hp_parse_i32(what, v, meta_fields[i].min, meta_fields[i].max,
+                             "the model dimension limits are HP_MODEL_MAX_* in model.h; is the file damaged?", &iv);
+            if (s == HP_OK) *(int *)base = iv;
+        } else {
+            s = hp_parse_f32(what, v, -HUGE_VAL, HUGE_VAL, NULL, (float *)base);
+        }
+        if (s != HP_OK) s = HP_ERR_FORMAT;   /* the message stays; a bad file is a format error */
     }
     if (max_seq_len <= 0) max_seq_len = cfg.max_seq_len;   /* the training context */
     if (s == HP_OK && max_seq_len > cfg.max_seq_len) cfg.max_seq_len = max_seq_len;
