@@ -576,8 +576,24 @@ hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_l
     hp_model_t m = NULL;
     if (s == HP_OK) s = hp_model_create(&cfg, max_batch, max_seq_len, &m);
     hp_param_t *params = m ? hp_model_params(m) : NULL;
-    for (int i = 0; s == HP_OK && i < hp_model_num_params(m); i++)
+    for (int i = 0; s == HP_OK && i < hp_model_num_params(m); i++) {
         s = hp_safetensors_read(st, params[i].name, &params[i].value.local, 1);
+        int64_t first, bad = s == HP_OK ? hp_tensor_count_nonfinite(&params[i].value.local, &first) : 0;
+        if (bad) /* damaged weights would generate garbage with exit 0 */
+            s = hp_error(HP_ERR_FORMAT, "%s: tensor '%s' has %lld non-finite value(s) (NaN or inf) of %lld, "
+                         "the first at flat index %lld; expected finite weights (the file is damaged or "
+                         "training diverged: use an earlier checkpoint)", path, params[i].name, (long long)bad,
+                         (long long)hp_tensor_numel(&params[i].value.local), (long long)first);
+    }
+    /* A tensor the model does not have is ignored, but not silently. */
+    for (int k = 0; s == HP_OK && k < hp_safetensors_count(st); k++) {
+        const char *tn = hp_safetensors_info(st, k)->name;
+        int known = 0;
+        for (int i = 0; !known && i < hp_model_num_params(m); i++) known = !strcmp(tn, params[i].name);
+        if (!known)
+            hp_log(HP_LOG_WARN, "%s: tensor '%s' is not a parameter of the %s/%s model; ignored", path, tn,
+                   name, flavor);
+    }
     hp_safetensors_close(st);
     if (s != HP_OK) {
         hp_model_destroy(m);
