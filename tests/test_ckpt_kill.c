@@ -22,7 +22,7 @@ static float value(int64_t i, int version) { return (float)(i % 1000) + 0.5f * (
 
 static void fill(hp_dtensor_t *d, int version) {
     int64_t off[2];
-    hp_dtensor_global_offset(d, off);
+    HP_CHECK_OK(hp_dtensor_global_offset(d, off));
     float *p = d->local.data;
     for (int64_t r = 0; r < d->local.shape[0]; r++)
         for (int64_t c = 0; c < COLS; c++) p[r * COLS + c] = value((off[0] + r) * COLS + c, version);

@@ -232,11 +232,39 @@ static void test_rng(void) {
     hp_tensor_free_data(&wb);
 }
 
+/* I64 elements above 2^53 read and write exactly; allclose compares them exactly; the
+ * non-finite counter finds NaN / inf. */
+static void test_tensor_i64(void) {
+    int64_t n = 3, big = (INT64_C(1) << 53) + 1, vals[3] = {INT64_C(1) << 53, 0, -7};
+    vals[1] = big;
+    hp_tensor_t t, u;
+    HP_CHECK_OK(hp_tensor_init(&t, HP_I64, 1, &n, vals));
+    HP_CHECK(hp_tensor_get_flat_i64(&t, 1) == big && hp_tensor_get_flat_i64(&t, 2) == -7,
+             "get_flat_i64: %lld", (long long)hp_tensor_get_flat_i64(&t, 1));
+    int64_t other[3];
+    memcpy(other, vals, sizeof other);
+    HP_CHECK_OK(hp_tensor_init(&u, HP_I64, 1, &n, other));
+    hp_tensor_set_flat_i64(&u, 0, INT64_MAX);
+    HP_CHECK(other[0] == INT64_MAX, "set_flat_i64");
+    hp_tensor_set_flat_i64(&u, 0, vals[0]);
+    HP_CHECK(hp_tensor_allclose(&t, &u, 0, 0, NULL), "equal i64 tensors");
+    other[1] = big - 1; /* equal as doubles, not as integers */
+    HP_CHECK(!hp_tensor_allclose(&t, &u, 0, 0, NULL), "2^53+1 vs 2^53 must differ");
+    float f[5] = {1, NAN, 2, INFINITY, -INFINITY};
+    int64_t n5 = 5, first = 0;
+    hp_tensor_t ft;
+    HP_CHECK_OK(hp_tensor_init(&ft, HP_F32, 1, &n5, f));
+    HP_CHECK(hp_tensor_count_nonfinite(&ft, &first) == 3 && first == 1, "nonfinite: first %lld",
+             (long long)first);
+    HP_CHECK(hp_tensor_count_nonfinite(&t, &first) == 0 && first == -1, "nonfinite of i64");
+}
+
 int main(void) {
     test_status();
     test_dtype();
     test_arena();
     test_tensor();
+    test_tensor_i64();
     test_rng();
     return hp_test_finish("test_core");
 }

@@ -53,7 +53,7 @@ static int check_values(const char *name, const hp_dtensor_t *d, const char *wha
     if (d->mesh && !hp_mesh_contains_self(d->mesh)) return 1;
     int nd = d->local.ndim;
     int64_t off[HP_MAX_DIMS] = {0}, idx[HP_MAX_DIMS] = {0};
-    hp_dtensor_global_offset(d, off);
+    HP_CHECK_OK(hp_dtensor_global_offset(d, off));
     const int64_t *gs = d->mesh ? d->global_shape : d->local.shape;
     int64_t n = hp_tensor_numel(&d->local);
     int bad = 0;

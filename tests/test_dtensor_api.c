@@ -136,13 +136,13 @@ static void test_distribute(void) {
         size_t pred = 0;
         HP_CHECK_OK(hp_dtensor_redistribute_scratch(&pred, &a, 2, rr));
         HP_CHECK_OK(hp_dtensor_redistribute(&c, &am, &a, 2, rr));
-        size_t res = hp_arena_round(hp_tensor_nbytes(&c.local) ? hp_tensor_nbytes(&c.local) : 1);
+        size_t res = hp_arena_round(hp_tensor_nbytes(&c.local))   /* as dtensor.h says: 0 when empty */;
         HP_CHECK(ar.peak == res + pred, "strided -> R: arena peak %zu, predicted %zu + %zu", ar.peak, res, pred);
         size_t mark = ar.used;
         ar.peak = mark;
         HP_CHECK_OK(hp_dtensor_redistribute_scratch(&pred, &c, 2, back));
         HP_CHECK_OK(hp_dtensor_redistribute(&d, &am, &c, 2, back));
-        res = hp_arena_round(hp_tensor_nbytes(&d.local) ? hp_tensor_nbytes(&d.local) : 1);
+        res = hp_arena_round(hp_tensor_nbytes(&d.local));
         HP_CHECK(ar.peak == mark + res + pred, "R -> strided: arena peak %zu, predicted %zu + %zu + %zu", ar.peak,
                  mark, res, pred);
         tu_check_local(&d, &g8, 1, "R -> strided local selection");
@@ -397,8 +397,34 @@ static void test_dtypes(void) {
         hp_dtensor_t bad = d;
         bad.placements[0] = s0;
         if (ls[0] != 7) HP_CHECK_ERR(hp_dtensor_redistribute(&e, NULL, &bad, 1, &r), HP_ERR_INVALID_ARG, "give");
+        /* global_offset reports a bad descriptor as a status (it used to abort the job) */
+        int64_t goff[2] = {-1, -1};
+        HP_CHECK_OK(hp_dtensor_global_offset(&d, goff));
+        HP_CHECK(goff[0] == 0 && goff[1] == 0, "global_offset of a Partial piece: %lld %lld", (long long)goff[0],
+                 (long long)goff[1]);
+        bad.placements[0] = S(5);
+        HP_CHECK_ERR(hp_dtensor_global_offset(&bad, goff), HP_ERR_INVALID_ARG,
+                     "hp_dtensor_global_offset: invalid DTensor");
+        bad = d;
+        bad.local.ndim = 99;
+        HP_CHECK_ERR(hp_dtensor_global_offset(&bad, goff), HP_ERR_INVALID_ARG, "has 99 dims");
         hp_tensor_free_data(&g);
     }
+    /* I64 values above 2^53 survive a redistribute exactly (read with get_flat_i64; a double
+     * would round 2^53 + 1 to 2^53) */
+    hp_tensor_t g;
+    HP_CHECK_OK(hp_tensor_malloc(&g, HP_I64, 2, sh));
+    for (int64_t i = 0; i < 35; i++) hp_tensor_set_flat_i64(&g, i, (INT64_C(1) << 53) + 1 + 2 * i);
+    hp_dtensor_t a, c;
+    hp_placement_t s0 = S(0), r = Rp();
+    HP_CHECK_OK(hp_dtensor_distribute(&a, NULL, &g, M1, 1, &s0, 0));
+    HP_CHECK_OK(hp_dtensor_redistribute(&c, NULL, &a, 1, &r));
+    int ok = hp_tensor_same_shape(&c.local, &g);
+    for (int64_t i = 0; ok && i < 35; i++) ok = hp_tensor_get_flat_i64(&c.local, i) == hp_tensor_get_flat_i64(&g, i);
+    HP_CHECK(ok && hp_tensor_get_flat_i64(&c.local, 0) == (INT64_C(1) << 53) + 1, "i64 S0 -> R exact");
+    HP_CHECK(hp_tensor_allclose(&c.local, &g, 0, 0, NULL), "i64 allclose exact");
+    hp_dtensor_free(&a), hp_dtensor_free(&c);
+    hp_tensor_free_data(&g);
 }
 
 int main(int argc, char **argv) {

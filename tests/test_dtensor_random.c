@@ -29,8 +29,6 @@ int main(int argc, char **argv) {
     hp_mesh_t meshes[NMESH];
     for (int i = 0; i < NMESH; i++) HP_CHECK_OK(hp_mesh_create(W, mesh_nd[i], mesh_sh[i], NULL, &meshes[i]));
     hp_redop_t pops[4] = {HP_SUM, HP_AVG, HP_MAX, HP_MIN};
-    hp_arena_t arena;
-    HP_CHECK_OK(hp_arena_init(&arena, "redistribute", 1 << 20));
     int ncases = 240, nfail_cases = 0;
     long long kinds[4] = {0};   /* counts of R, S, P sources and of Partial-keeping targets */
     for (int t = 0; t < ncases; t++) {
@@ -77,20 +75,30 @@ int main(int argc, char **argv) {
         snprintf(what, sizeof what, "case %d: shape %dd (%lld,%lld,%lld) mesh #%d %s -> %s", t, nd,
                  (long long)shape[0], (long long)(nd > 1 ? shape[1] : -1), (long long)(nd > 2 ? shape[2] : -1),
                  mi, tu_pl(mnd, src), tu_pl(mnd, dst));
-        /* arena mode first: the peak must be the result plus the predicted scratch, exactly */
+        /* arena mode first, in an arena sized exactly as dtensor.h promises: result =
+         * hp_arena_round(bytes of the target local shape) plus the predicted scratch. Every
+         * rank must succeed (an empty piece or a rank outside the mesh included: they used to
+         * take 64 uncounted bytes and fail with OOM alone) and peak at exactly that size. */
         {
             size_t pred = 0;
             hp_dtensor_t c;
             HP_CHECK_OK(hp_dtensor_redistribute_scratch(&pred, &a, mnd, dst));
-            arena.used = 0;
-            arena.peak = 0;
-            hp_dtensor_mem_t am = {&arena, NULL, 0};
-            if (hp_dtensor_redistribute(&c, &am, &a, mnd, dst) == HP_OK) {
-                size_t res = hp_mesh_contains_self(m) ? hp_arena_round(hp_tensor_nbytes(&c.local) ? hp_tensor_nbytes(&c.local) : 1) : hp_arena_round(1);
-                HP_CHECK(arena.peak == res + pred && arena.used == res,
-                         "%s: arena peak %zu, predicted result %zu + scratch %zu; used after %zu", what,
-                         arena.peak, res, pred, arena.used);
-            }
+            int64_t ls[3], off[3], numel = 1;
+            HP_CHECK_OK(hp_dtensor_compute_local_shape_and_offset(ls, off, nd, shape, m, mnd, dst));
+            for (int d = 0; d < nd; d++) numel *= ls[d];
+            size_t res = hp_arena_round((size_t)numel * hp_dtype_size(a.local.dtype));
+            hp_arena_t exact;
+            HP_CHECK_OK(hp_arena_init(&exact, "redistribute-exact", res + pred));
+            hp_dtensor_mem_t am = {&exact, NULL, 0};
+            hp_clear_error();
+            hp_status_t ast = hp_dtensor_redistribute(&c, &am, &a, mnd, dst);
+            HP_CHECK(ast == HP_OK && exact.peak == res + pred && exact.used == res,
+                     "%s: arena of result %zu + scratch %zu: %s '%s', peak %zu, used after %zu", what, res,
+                     pred, hp_status_string(ast), hp_last_error(), exact.peak, exact.used);
+            int32_t mine = ast == HP_OK, all = 0;
+            HP_CHECK_OK(hp_all_reduce(&mine, &all, 1, HP_I32, HP_MIN, W, NULL));
+            HP_CHECK(all == 1, "%s: some rank's exactly sized arena-mode redistribute failed", what);
+            hp_arena_free(&exact);
         }
         hp_status_t st = hp_dtensor_redistribute(&b, NULL, &a, mnd, dst);
         HP_CHECK(st == HP_OK, "%s: %s", what, hp_last_error());
@@ -133,7 +141,6 @@ int main(int argc, char **argv) {
     if (R == 0)
         printf("test_dtensor_random: %d cases (%d failed); source placements R %lld, S %lld, P %lld; "
                "targets keeping Partial %lld\n", ncases, nfail_cases, kinds[0], kinds[1], kinds[2], kinds[3]);
-    hp_arena_free(&arena);
     for (int i = 0; i < NMESH; i++) hp_mesh_destroy(meshes[i]);
     int rc = hp_test_finish("test_dtensor_random");
     HP_CHECK_OK(hp_comm_finalize());

@@ -31,17 +31,20 @@ static void test_validation(void) {
     HP_CHECK(hp_parallel_dims_efsdp(&pd) == 2, "efsdp 2");
 
     HP_CHECK_ERR(hp_parallel_dims_init(&pd, 1, 3, 1, 1, 1, 1, 1, 8), HP_ERR_INVALID_ARG,
-                 "dp_replicate*dp_shard*cp*tp*pp = 1*3*1*1*1 = 3 must equal the world size 8");
+                 "parallelism.data_parallel_replicate_degree * data_parallel_shard_degree * context_parallel_degree * "
+                 "tensor_parallel_degree * pipeline_parallel_degree = 1*3*1*1*1 = 3 must equal the world size 8");
     HP_CHECK_ERR(hp_parallel_dims_init(&pd, 1, -1, 1, 3, 1, 1, 1, 8), HP_ERR_INVALID_ARG,
-                 "needs the world size (8) to be a multiple of dp_replicate*cp*tp*pp");
+                 "parallelism.data_parallel_shard_degree=-1 needs the world size (8) to be a multiple of "
+                 "parallelism.data_parallel_replicate_degree * context_parallel_degree * tensor_parallel_degree");
     HP_CHECK_ERR(hp_parallel_dims_init(&pd, 0, -1, 1, 1, 1, 1, 1, 8), HP_ERR_INVALID_ARG,
                  "'parallelism.data_parallel_replicate_degree' must be >= 1, got 0");
     HP_CHECK_ERR(hp_parallel_dims_init(&pd, 1, -2, 1, 1, 1, 1, 1, 8), HP_ERR_INVALID_ARG,
                  "'parallelism.data_parallel_shard_degree' must be -1");
     HP_CHECK_ERR(hp_parallel_dims_init(&pd, 1, 2, 1, 2, 2, 3, 1, 8), HP_ERR_INVALID_ARG,
-                 "'parallelism.expert_parallel_degree' = 3 must divide dp_shard*cp*tp = 2*1*2 = 4");
+                 "'parallelism.expert_parallel_degree' = 3 must divide parallelism.data_parallel_shard_degree * "
+                 "context_parallel_degree * tensor_parallel_degree = 2*1*2 = 4");
     HP_CHECK_ERR(hp_parallel_dims_init(&pd, 1, 2, 1, 4, 1, 1, 2, 8), HP_ERR_INVALID_ARG,
-                 "'parallelism.expert_tensor_parallel_degree' = 2 must be 1 or tensor_parallel_degree (4)");
+                 "'parallelism.expert_tensor_parallel_degree' = 2 must be 1 or parallelism.tensor_parallel_degree (4)");
 
     /* From a config, aliases included. */
     hp_config_t c;

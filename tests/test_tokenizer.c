@@ -211,6 +211,46 @@ static void check_unk(void) {
     json_object_put(doc);
 }
 
+/* A vocab that lacks some bytes and has no unk_token (HF's BpeTrainer default): HF drops the
+ * unknown characters. A word made only of such bytes gives no ids, and must not hand NULL
+ * to memcpy (test_tokenizer_ubsan runs this under -fsanitize=undefined). */
+static void check_no_unk(void) {
+    json_object *base = json_object_from_file(data_path("gpt2_unk.json")), *model;
+    HP_CHECK(base != NULL, "cannot read gpt2_unk.json");
+    if (!base) return;
+    json_object_object_get_ex(base, "model", &model);
+    json_object_object_del(model, "unk_token");
+    size_t len;
+    const char *js = json_object_to_json_string_length(base, JSON_C_TO_STRING_PLAIN, &len);
+    hp_tokenizer_t *tok = NULL;
+    HP_CHECK_OK(hp_tokenizer_load_json(&tok, js, len, "gpt2_no_unk.json"));
+    if (tok) {
+        /* '#' (0x23) and 0x01 have no token in gpt2_unk.json. The first encode of a fresh
+         * tokenizer (empty id list, empty cache), then the same word from the cache. */
+        for (int rep = 0; rep < 2; rep++) {
+            hp_token_ids_t ids = {0};
+            HP_CHECK_OK(hp_tokenizer_encode(tok, "#\x01#", 3, 0, &ids));
+            HP_CHECK(ids.len == 0, "no unk, rep %d: '#\\x01#' gave %zu ids, expected none", rep,
+                     ids.len);
+            hp_token_ids_free(&ids);
+        }
+        /* Between known words the unknown piece vanishes: a#b == a then b. */
+        hp_token_ids_t ab = {0}, a = {0}, b = {0};
+        HP_CHECK_OK(hp_tokenizer_encode(tok, "a#b", 3, 0, &ab));
+        HP_CHECK_OK(hp_tokenizer_encode(tok, "a", 1, 0, &a));
+        HP_CHECK_OK(hp_tokenizer_encode(tok, "b", 1, 0, &b));
+        HP_CHECK(ab.len == a.len + b.len && a.len > 0 && b.len > 0 &&
+                     !memcmp(ab.ids, a.ids, a.len * sizeof(int32_t)) &&
+                     !memcmp(ab.ids + a.len, b.ids, b.len * sizeof(int32_t)),
+                 "no unk: a#b gave %zu ids, expected a (%zu) then b (%zu)", ab.len, a.len, b.len);
+        hp_token_ids_free(&ab);
+        hp_token_ids_free(&a);
+        hp_token_ids_free(&b);
+        hp_tokenizer_free(tok);
+    }
+    json_object_put(base);
+}
+
 /* Random mixes of scripts, Unicode spaces, marks and token spellings (golden_random.json). */
 static void check_random(void) {
     json_object *doc = json_object_from_file(data_path("golden_random.json")), *cases;
@@ -486,6 +526,16 @@ static void check_errors(void) {
     check_bad("decoder",
               "{\"pre_tokenizer\": " PRE ", \"decoder\": {\"type\": \"WordPiece\"}, \"model\": {\"vocab\": " VOCAB ", \"merges\": []}}",
               HP_ERR_UNSUPPORTED, "decoder: decoder \"WordPiece\" is not supported");
+    /* Only added tokens: text would encode to nothing, training would see BOS/EOS only. */
+    check_bad("onlyadded",
+              "{\"added_tokens\": [{\"id\": 0, \"content\": \"<s>\", \"special\": true}, "
+              "{\"id\": 1, \"content\": \"</s>\", \"special\": true}], \"pre_tokenizer\": " PRE
+              ", \"model\": {\"vocab\": {}, \"merges\": []}}",
+              HP_ERR_FORMAT, "model.vocab: has no tokens besides the 2 added tokens");
+    check_bad("onlyaddedinvocab",
+              "{\"added_tokens\": [{\"id\": 0, \"content\": \"<s>\", \"special\": true}], "
+              "\"pre_tokenizer\": " PRE ", \"model\": {\"vocab\": {\"<s>\": 0}, \"merges\": []}}",
+              HP_ERR_FORMAT, "model.vocab: has no tokens besides the 1 added tokens");
     check_bad("template",
               "{\"pre_tokenizer\": " PRE ", \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": "
               "[{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], "
@@ -597,6 +647,7 @@ int main(void) {
     check_split();
     check_random();
     check_unk();
+    check_no_unk();
     check_special();
     check_training();
     check_errors();

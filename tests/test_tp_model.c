@@ -175,6 +175,8 @@ static void test_errors(hp_mesh_t mesh) {
     np = hp_tp_llama3_plan(plan, 32, 0, 0);
     HP_CHECK_ERR(hp_tp_parallelize_model(&tp, m, mesh, plan, np), HP_ERR_INVALID_ARG,
                  "must both be divisible by the TP degree");
+    HP_CHECK(strstr(hp_last_error(), g_size == 4 ? "hint: degrees dividing both: 1, 2" : "hint: degrees dividing both: 1"),
+             "heads error lists the valid degrees: %s", hp_last_error());
     hp_model_destroy(m);
     // sequence length not divisible by the SP degree
     c = cfg_of("llama3");

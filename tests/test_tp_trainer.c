@@ -64,7 +64,44 @@ int main(int argc, char **argv) {
     d->training.seq_len = 15;   /* not divisible by 2 under sequence parallel */
     d->parallelism.enable_sequence_parallel = true;
     hp_trainer_t *t = NULL;
-    HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_INVALID_ARG, "not divisible by tensor_parallel_degree");
+    HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_INVALID_ARG,
+                 "not divisible by parallelism.tensor_parallel_degree");
+    /* a vocabulary the TP degree does not divide: refused naming the key, the tokenizer file
+     * and the valid degrees (the library alone would say "vocab 321 is not divisible by the
+     * TP degree 2" without the key) */
+    char odd[300];
+    snprintf(odd, sizeof odd, "%s/tokenizer_odd.json", dir_);
+    int32_t vs = 0;
+    if (rank == 0) {
+        size_t len = 0;
+        FILE *f = fopen(corpus_, "rb");
+        char *text = f ? malloc(1 << 20) : NULL;
+        if (text) len = fread(text, 1, 1 << 20, f);
+        if (f) fclose(f);
+        const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>"};
+        for (int v = 321; v < 331 && text && !(vs & 1); v += 2) {   /* training may stop short of v */
+            hp_tokenizer_train_options_t o = {.vocab_size = v, .special = special, .n_special = 2,
+                                              .separator_line = "%", .min_frequency = 2};
+            const char *texts[1] = {text};
+            HP_CHECK_OK(hp_tokenizer_train_texts(&o, texts, &len, 1, odd));
+            hp_tokenizer_t *tk = NULL;
+            HP_CHECK_OK(hp_tokenizer_load(&tk, odd));
+            vs = tk ? hp_tokenizer_vocab_size(tk) : 0;
+            hp_tokenizer_free(tk);
+        }
+        free(text);
+    }
+    HP_CHECK_OK(hp_broadcast(&vs, 1, HP_I32, 0, world, NULL));
+    HP_CHECK(vs & 1, "could not train a tokenizer with an odd vocabulary (got %d)", vs);
+    d->training.seq_len = 16;
+    snprintf(d->tokenizer.path, sizeof d->tokenizer.path, "%s", odd);
+    char want[128];
+    snprintf(want, sizeof want, "parallelism.tensor_parallel_degree %d does not divide the vocabulary size %d", ws, vs);
+    HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_INVALID_ARG, want);
+    HP_CHECK(strstr(hp_last_error(), "tokenizer_odd.json") &&
+                 strstr(hp_last_error(), "hint: valid parallelism.tensor_parallel_degree values for this model and "
+                                         "tokenizer: 1"),
+             "vocab error names the tokenizer and the valid degrees: %s", hp_last_error());
     free(d);
     free(c);
     int rc = hp_test_finish("test_tp_trainer");

@@ -175,12 +175,53 @@ static int cmd_encode(int argc, char **argv) {
     return st == HP_OK ? 0 : fail("encode", st);
 }
 
+/* One id of the decode input: strtoll with full checks (the whole text is a base-10 number
+ * that fits in 64 bits); the vocabulary range is checked once the tokenizer is loaded. */
+static int parse_id(const char *text, const char *where, long long *v) {
+    char *end;
+    errno = 0;
+    *v = strtoll(text, &end, 10);
+    if (end == text || *end) {
+        fprintf(stderr, "hp-tokenizer decode: %s: '%s' is not an id (expected a non-negative "
+                "integer token id; ids are separated by spaces or newlines)\n", where, text);
+        return 0;
+    }
+    if (errno == ERANGE) {
+        fprintf(stderr, "hp-tokenizer decode: %s: id '%s' is out of range (expected 0 <= id < "
+                "the vocabulary size)\n", where, text);
+        return 0;
+    }
+    return 1;
+}
+
+/* Appends an id and where it came from (for the range error after loading). */
+static int push_id(long long **ids, long **pos, size_t *n, size_t *cap, long long v, long p) {
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 1024;
+        long long *a = realloc(*ids, c * sizeof(**ids));
+        if (!a) return 0;
+        *ids = a;
+        long *b = realloc(*pos, c * sizeof(**pos));
+        if (!b) return 0;
+        *pos = b;
+        *cap = c;
+    }
+    (*ids)[*n] = v;
+    (*pos)[(*n)++] = p;
+    return 1;
+}
+
 static int cmd_decode(int argc, char **argv) {
     const char *path = NULL;
     unsigned flags = 0;
-    int32_t *ids = malloc(((size_t)argc + 1) * sizeof(int32_t));
-    size_t n = 0;
-    int from_args = 0;
+    long long *ids = NULL; /* as parsed: range-checked below */
+    long *pos = NULL;      /* argument index (from_args) or stdin line of each id */
+    size_t n = 0, cap = 0;
+    int from_args = 0, rc = 2;
+    char where[64];
+    char *input = NULL;
+    int32_t *ids32 = NULL;
+    hp_tokenizer_t *tok = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
@@ -194,53 +235,81 @@ static int cmd_decode(int argc, char **argv) {
             free(ids);
             return 2;
         } else {
-            char *end;
-            long v = strtol(a, &end, 10);
-            if (*end || end == a) {
-                fprintf(stderr, "hp-tokenizer decode: '%s' is not an id\n", a);
-                free(ids);
-                return 2;
-            }
-            ids[n++] = (int32_t)v;
+            long long v;
+            /* numbered as on the command line: 0 is the program, 1 is "decode" */
+            snprintf(where, sizeof(where), "argument %d", i + 2);
+            if (!parse_id(a, where, &v)) goto done;
+            if (!push_id(&ids, &pos, &n, &cap, v, i + 2)) goto oom;
             from_args = 1;
         }
     }
     if (!path) {
         fprintf(stderr, "hp-tokenizer decode: needs --tokenizer\n");
-        free(ids);
-        return 2;
+        goto done;
     }
     if (!from_args) {
-        size_t cap = 1024;
-        free(ids);
-        ids = malloc(cap * sizeof(int32_t));
-        long v;
-        while (ids && scanf("%ld", &v) == 1) {
-            if (n == cap) {
-                int32_t *p = realloc(ids, cap * 2 * sizeof(int32_t));
-                if (!p) break;
-                ids = p;
-                cap *= 2;
+        size_t len;
+        input = read_all(stdin, &len);
+        if (!input) goto oom;
+        input[len] = 0; /* read_all leaves room: its buffer is always larger than len */
+        long line = 1;
+        for (size_t i = 0; i < len;) {
+            if (input[i] && strchr(" \t\r\n", input[i])) {
+                line += input[i++] == '\n';
+                continue;
             }
-            ids[n++] = (int32_t)v;
+            size_t j = i;
+            while (j < len && !(input[j] && strchr(" \t\r\n", input[j]))) j++;
+            char c = input[j];
+            input[j] = 0;
+            /* a NUL byte inside the item makes it bad text, not a shorter number */
+            for (size_t k = i; k < j; k++) input[k] = input[k] ? input[k] : '?';
+            snprintf(where, sizeof(where), "stdin line %ld", line);
+            long long v;
+            if (!parse_id(input + i, where, &v)) goto done;
+            if (!push_id(&ids, &pos, &n, &cap, v, line)) goto oom;
+            input[j] = c;
+            i = j;
         }
     }
-    hp_tokenizer_t *tok;
     hp_status_t st = hp_tokenizer_load(&tok, path);
     if (st != HP_OK) {
-        free(ids);
-        return fail("decode", st);
+        rc = fail("decode", st);
+        goto done;
+    }
+    int32_t vocab = hp_tokenizer_vocab_size(tok);
+    ids32 = malloc((n + 1) * sizeof(int32_t));
+    if (!ids32) goto oom;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= vocab) {
+            fprintf(stderr, "hp-tokenizer decode: %s %ld: id %lld is outside the vocabulary of "
+                    "%s (expected 0 <= id < %d)\n", from_args ? "argument" : "stdin line",
+                    pos[i], ids[i], path, vocab);
+            goto done;
+        }
+        ids32[i] = (int32_t)ids[i];
     }
     char *text;
     size_t len;
-    st = hp_tokenizer_decode(tok, ids, n, flags, &text, &len);
+    st = hp_tokenizer_decode(tok, ids32, n, flags, &text, &len);
     if (st == HP_OK) {
         fwrite(text, 1, len, stdout);
         free(text);
+        rc = 0;
+    } else {
+        rc = fail("decode", st);
     }
+    goto done;
+oom:
+    fprintf(stderr, "hp-tokenizer decode: out of memory reading the ids\n");
+    rc = 1;
+done:
     free(ids);
-    hp_tokenizer_free(tok);
-    return st == HP_OK ? 0 : fail("decode", st);
+    free(pos);
+    free(ids32);
+    free(input);
+    if (tok) hp_tokenizer_free(tok);
+    return rc;
 }
 
 static int cmd_info(int argc, char **argv) {

@@ -108,8 +108,10 @@ hp_status_t hp_dtensor_compute_local_shape_and_offset(int64_t *local_shape, int6
                                                       hp_mesh_t mesh, int nplacements,
                                                       const hp_placement_t *placements);
 int64_t hp_dtensor_local_numel(const hp_dtensor_t *t);
-/* Global offset of this rank's piece (box layouts). */
-void hp_dtensor_global_offset(const hp_dtensor_t *t, int64_t *offset);
+/* Global offset of this rank's piece (box layouts); zeros for a plain tensor (no mesh) and on
+ * a rank outside the mesh. A descriptor whose placements do not fit its mesh or dims is
+ * HP_ERR_INVALID_ARG with the reason. */
+hp_status_t hp_dtensor_global_offset(const hp_dtensor_t *t, int64_t *offset);
 
 /* --- the redistribute planner ---------------------------------------------------------- */
 typedef struct hp_transform {
@@ -169,7 +171,9 @@ hp_status_t hp_dtensor_redistribute(hp_dtensor_t *out, const hp_dtensor_mem_t *m
                                     const hp_placement_t *placements);
 /* Scratch bytes a redistribute of `in` to `placements` takes from an arena on this rank,
  * beyond hp_arena_round(result bytes) (invariant 9: size arenas before the step loop). Exact:
- * an arena-mode redistribute peaks at result + this many bytes. */
+ * an arena-mode redistribute peaks at result + this many bytes. An empty result (an empty
+ * piece, a rank outside the mesh) takes 0 arena bytes; its data then points at a static
+ * placeholder, so an arena sized this way suffices on every rank. */
 hp_status_t hp_dtensor_redistribute_scratch(size_t *bytes, const hp_dtensor_t *in, int nplacements,
                                             const hp_placement_t *placements);
 /* Internal Redistribute.apply: also allows X -> Partial (Replicate -> Partial(sum) divides

@@ -49,9 +49,16 @@ hp_status_t hp_tensor_reshape(hp_tensor_t *out, const hp_tensor_t *t, int ndim, 
 hp_status_t hp_tensor_copy(hp_tensor_t *dst, const hp_tensor_t *src);
 /* Sets every element to `value` (converted to the tensor's dtype). */
 hp_status_t hp_tensor_fill(hp_tensor_t *t, double value);
-/* Reads element i of the row-major flattening as double (tests and debugging). */
+/* Reads element i of the row-major flattening as double (tests and debugging). A double
+ * holds integers exactly only up to 2^53: for I64 use the _i64 pair below. */
 double hp_tensor_get_flat(const hp_tensor_t *t, int64_t i);
 void hp_tensor_set_flat(hp_tensor_t *t, int64_t i, double v);
+/* Element i as int64_t, exact for I64, I32 and U8 (float dtypes: truncated, non-finite -> 0). */
+int64_t hp_tensor_get_flat_i64(const hp_tensor_t *t, int64_t i);
+void hp_tensor_set_flat_i64(hp_tensor_t *t, int64_t i, int64_t v);
+/* Number of NaN / +-inf elements of a float tensor (0 for integer dtypes); *first (may be
+ * NULL) gets the flat index of the first one, or -1. */
+int64_t hp_tensor_count_nonfinite(const hp_tensor_t *t, int64_t *first);
 /* Max |a-b| over all elements of same-shape tensors; also whether all are within
  * atol + rtol*|b|. Returns 1 if close. */
 int hp_tensor_allclose(const hp_tensor_t *a, const hp_tensor_t *b, double rtol, double atol, double *max_abs_diff);

@@ -282,7 +282,50 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
 
 /* ---- import ------------------------------------------------------------------------------- */
 
-static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params) {
+static int is_extra(const char *tn, char (*want)[160], int nw, int tied) {
+    if (tied && !strcmp(tn, "model.embed_tokens.weight")) return 0;
+    for (int i = 0; i < nw; i++)
+        if (!strcmp(tn, want[i])) return 0;
+    return 1;
+}
+
+/* Warns about each tensor of the checkpoint that no parameter maps to (it is ignored):
+ * the names of the index's weight_map, or of the single file's tensors. */
+static void warn_extra_tensors(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params,
+                               json_object *wm, const hp_safetensors_t *single) {
+    char (*want)[160] = hp_calloc((size_t)n_params + 1, sizeof *want);
+    if (!want) return;
+    int nw = 0;
+    for (int i = 0; i < n_params; i++) {
+        int pm;
+        if (hp_hf_name_to_hf(mc, params[i].name, want[nw], sizeof want[nw], &pm) == HP_OK) nw++;
+    }
+    int tied = 1;   /* tied embeddings: lm_head.weight is read from model.embed_tokens.weight */
+    for (int i = 0; i < nw; i++) tied &= strcmp(want[i], "lm_head.weight") != 0;
+    int extra = 0;
+    if (wm) {
+        json_object_object_foreach(wm, key, val) {
+            (void)val;
+            if (is_extra(key, want, nw, tied) && extra++ < 20)
+                hp_log(HP_LOG_WARN, "HF checkpoint %s: tensor '%s' is not a parameter of the %s model; ignored", dir,
+                       key, mc->name);
+        }
+    } else if (single) {
+        for (int k = 0; k < hp_safetensors_count(single); k++) {
+            const char *tn = hp_safetensors_info(single, k)->name;
+            if (is_extra(tn, want, nw, tied) && extra++ < 20)
+                hp_log(HP_LOG_WARN, "HF checkpoint %s: tensor '%s' is not a parameter of the %s model; ignored", dir,
+                       tn, mc->name);
+        }
+    }
+    if (extra > 20)
+        hp_log(HP_LOG_WARN, "HF checkpoint %s: %d more tensors the %s model does not have; ignored", dir, extra - 20,
+               mc->name);
+    free(want);
+}
+
+static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params,
+                                int warn) {
     char path[4200];
     json_object *idx = NULL, *wm = NULL;
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
@@ -376,6 +419,13 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
         hp_tensor_init(&full, HP_F32, nd, gs, buf);
         s = hp_safetensors_read(open_st[k], hf, &full, 1);
         if (s != HP_OK) break;
+        int64_t first, bad = hp_tensor_count_nonfinite(&full, &first);
+        if (bad) {   /* damaged weights would convert and generate garbage with exit 0 */
+            s = hp_error(HP_ERR_FORMAT, "HF checkpoint %s: %s: tensor '%s' has %lld non-finite value(s) (NaN or inf) "
+                         "of %lld, the first at flat index %lld; expected finite weights (re-download or re-export "
+                         "the checkpoint)", dir, open_name[k], hf, (long long)bad, (long long)numel, (long long)first);
+            break;
+        }
         float *src = buf;
         if (pm) {
             permute_rows(buf + numel, buf, gs[0], nd > 1 ? gs[1] : 1, mc->head_dim, 0);
@@ -391,6 +441,7 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
     if (s == HP_OK && nmiss)
         s = hp_error(HP_ERR_NOT_FOUND, "HF checkpoint %s lacks %d tensor(s) the %s model needs: %s%s", dir, nmiss, mc->name,
                      missing, nmiss > 6 ? ", ..." : "");
+    if (s == HP_OK && warn) warn_extra_tensors(dir, mc, params, n_params, wm, wm ? NULL : open_st[0]);
     for (int k = 0; k < n_open; k++) hp_safetensors_close(open_st[k]);
     free(buf);
     json_object_put(idx);
@@ -398,5 +449,6 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
 }
 
 hp_status_t hp_hf_import(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params, hp_comm_t comm) {
-    return hp_dcp_agree(comm, import_local(dir, mc, params, n_params), "HF import");
+    int warn = !comm || hp_comm_rank(comm) == 0;   /* one warning per job, not per rank */
+    return hp_dcp_agree(comm, import_local(dir, mc, params, n_params, warn), "HF import");
 }

@@ -270,6 +270,37 @@ double hp_tensor_get_flat(const hp_tensor_t *t, int64_t i) {
     return v;
 }
 
+int64_t hp_tensor_get_flat_i64(const hp_tensor_t *t, int64_t i) {
+    const char *p = (const char *)t->data + flat_offset(t, i) * (int64_t)hp_dtype_size(t->dtype);
+    switch (t->dtype) {
+    case HP_I64: { int64_t x; memcpy(&x, p, 8); return x; }
+    case HP_I32: { int32_t x; memcpy(&x, p, 4); return x; }
+    case HP_U8: return *(const uint8_t *)p;
+    default: { double v = hp_tensor_get_flat(t, i); return (int64_t)(isfinite(v) ? trunc(v) : 0); }
+    }
+}
+
+void hp_tensor_set_flat_i64(hp_tensor_t *t, int64_t i, int64_t v) {
+    char *p = (char *)t->data + flat_offset(t, i) * (int64_t)hp_dtype_size(t->dtype);
+    switch (t->dtype) {
+    case HP_I64: memcpy(p, &v, 8); break;
+    case HP_I32: { int32_t x = (int32_t)v; memcpy(p, &x, 4); break; }
+    case HP_U8: *(uint8_t *)p = (uint8_t)v; break;
+    default: hp_tensor_set_flat(t, i, (double)v);
+    }
+}
+
+int64_t hp_tensor_count_nonfinite(const hp_tensor_t *t, int64_t *first) {
+    int64_t n = hp_tensor_numel(t), bad = 0;
+    if (first) *first = -1;
+    if (!hp_dtype_is_float(t->dtype)) return 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isfinite(hp_tensor_get_flat(t, i))) continue;
+        if (bad++ == 0 && first) *first = i;
+    }
+    return bad;
+}
+
 void hp_tensor_set_flat(hp_tensor_t *t, int64_t i, double v) {
     char *p = (char *)t->data + flat_offset(t, i) * (int64_t)hp_dtype_size(t->dtype);
     switch (t->dtype) {
@@ -287,6 +318,10 @@ int hp_tensor_allclose(const hp_tensor_t *a, const hp_tensor_t *b, double rtol, 
         for (int64_t i = 0; i < n; i++) {
             double x = hp_tensor_get_flat(a, i), y = hp_tensor_get_flat(b, i);
             double d = fabs(x - y);
+            if (a->dtype == HP_I64 && b->dtype == HP_I64) { /* exact: doubles lose bits above 2^53 */
+                int64_t xi = hp_tensor_get_flat_i64(a, i), yi = hp_tensor_get_flat_i64(b, i);
+                d = xi == yi ? 0.0 : fmax(fabs((double)xi - (double)yi), 1.0);
+            }
             if (isnan(x) != isnan(y)) d = INFINITY;
             else if (isnan(x)) d = 0.0;
             if (d > worst) worst = d;

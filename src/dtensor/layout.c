@@ -226,16 +226,26 @@ hp_status_t hp_dtensor_compute_local_shape_and_offset(int64_t *local_shape, int6
 
 int64_t hp_dtensor_local_numel(const hp_dtensor_t *t) { return hp_tensor_numel(&t->local); }
 
-void hp_dtensor_global_offset(const hp_dtensor_t *t, int64_t *offset) {
+hp_status_t hp_dtensor_global_offset(const hp_dtensor_t *t, int64_t *offset) {
+    if (!t || !offset)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_dtensor_global_offset: needs a DTensor and an offset array");
     int nd = t->local.ndim;
     int64_t ls[HP_MAX_DIMS];
+    if (nd < 0 || nd > HP_MAX_DIMS)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_dtensor_global_offset: the DTensor has %d dims, expected 0..%d "
+                        "(an uninitialised descriptor?)", nd, HP_MAX_DIMS);
     if (!t->mesh) {
         for (int d = 0; d < nd; d++) offset[d] = 0;
-        return;
+        return HP_OK;
     }
     hp_status_t st = hp_dtensor_compute_local_shape_and_offset(ls, offset, nd, t->global_shape,
                                                                t->mesh, t->mesh_ndim, t->placements);
-    HP_ASSERT_MSG(st == HP_OK, "hp_dtensor_global_offset: invalid DTensor: %s", hp_last_error());
+    if (st != HP_OK) {   /* a bad descriptor is the caller's input, not an invariant: report it */
+        char why[512];
+        snprintf(why, sizeof why, "%s", hp_last_error());
+        return hp_error(st, "hp_dtensor_global_offset: invalid DTensor: %s", why);
+    }
+    return HP_OK;
 }
 
 /* ---- planner --------------------------------------------------------------------------- */

@@ -2,6 +2,7 @@
  * from_local, full_tensor and redistribute (planner steps run one mesh dim at a time with
  * PyTorch's transitions: S->R all_gather, S(i)->S(j) all_to_all, R->S local chunk, P->R
  * all_reduce, P->S reduce_scatter, R->P local; uneven shards are padded to ceil(n/k)). */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +26,11 @@ hp_status_t hp_dmem_result(hp_dmem_t *d, size_t bytes, void **data, void **owned
                             m->out_bytes, bytes);
         *data = m->out_data;
     } else if (m && m->arena) {
-        *data = hp_arena_alloc(m->arena, bytes ? bytes : 1);
+        /* An empty result (ranks outside the mesh, empty pieces) takes no arena bytes, as
+         * dtensor.h promises (result = hp_arena_round(bytes) = 0): a non-NULL address that
+         * nothing reads or writes. */
+        static max_align_t empty_result;
+        *data = bytes ? hp_arena_alloc(m->arena, bytes) : (void *)&empty_result;
         if (!*data) return HP_ERR_OOM;
     } else {
         *data = hp_calloc(1, bytes ? bytes : 1);

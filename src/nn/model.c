@@ -937,7 +937,7 @@ hp_status_t hp_model_init_weights(hp_model_t m, uint64_t seed) {
         }
         if (p->value.mesh) {   // a shard (tensor parallel): drawn at its global indices
             int64_t goff[HP_MAX_DIMS];
-            hp_dtensor_global_offset(&p->value, goff);
+            HP_TRY(hp_dtensor_global_offset(&p->value, goff));
             HP_TRY(hp_rng_fill(&p->value.local, hp_rng_key(seed, n), &spec, p->value.global_shape, goff));
             continue;
         }

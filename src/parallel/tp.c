@@ -727,6 +727,16 @@ static void set_param_layout(hp_param_t *p, hp_tp_t tp, hp_placement_t pl, const
     }
 }
 
+/* "1, 2, 4, 8": the TP degrees that divide n (for the hint of a divisibility error); the
+ * library does not know config keys, the trainer names them (src/train/trainer.c). */
+static const char *tp_divisors(int64_t n, char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int64_t d = 1; d <= n && o + 24 < cap; d++)
+        if (n % d == 0) o += (size_t)snprintf(buf + o, cap - o, "%s%lld", o ? ", " : "", (long long)d);
+    return buf;
+}
+
 /* Validates one (module, style) pair; fills the linear/embedding sizes. */
 static hp_status_t check_pair(hp_tp_t tp, hp_module_t *m, const hp_tp_style_t *s, const char *pattern) {
     const int mk = module_kind(m), k = tp->k;
@@ -796,6 +806,7 @@ static hp_status_t check_pair(hp_tp_t tp, hp_module_t *m, const hp_tp_style_t *s
                             "supports Replicate<->Shard(0|1)", pattern, m->name);
     }
     // divisibility
+    char dv[256];
     if (mk == MK_LINEAR && (s->kind == HP_TP_COLWISE || s->kind == HP_TP_ROWWISE)) {
         const hp_linear_impl_t *L = m->impl;
         if (s->kind == HP_TP_COLWISE) {
@@ -804,15 +815,17 @@ static hp_status_t check_pair(hp_tp_t tp, hp_module_t *m, const hp_tp_style_t *s
                 if (L->bias && p->value.local.data == (void *)L->bias) continue;
                 if (p->value.local.shape[0] % k != 0)
                     return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: ColwiseParallel on '%s': parameter '%s' has "
-                                    "%lld rows, not divisible by the TP degree %d; hint: choose a degree dividing "
-                                    "it", m->name, p->name, (long long)p->value.local.shape[0], k);
+                                    "%lld rows, not divisible by the TP degree %d; hint: degrees dividing it: %s",
+                                    m->name, p->name, (long long)p->value.local.shape[0], k,
+                                    tp_divisors(p->value.local.shape[0], dv, sizeof dv));
             }
             if (L->bias)
                 return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: linear '%s' has a bias; sharded biases are "
                                 "not implemented (the llama/qwen models have none)", m->name);
         } else if (L->in_features % k != 0) {
             return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: RowwiseParallel on '%s': in_features %d is not "
-                            "divisible by the TP degree %d", m->name, L->in_features, k);
+                            "divisible by the TP degree %d; hint: degrees dividing it: %s", m->name, L->in_features, k,
+                            tp_divisors(L->in_features, dv, sizeof dv));
         }
     }
     if (mk == MK_EMBEDDING && (s->kind == HP_TP_COLWISE || s->kind == HP_TP_ROWWISE)) {
@@ -820,8 +833,8 @@ static hp_status_t check_pair(hp_tp_t tp, hp_module_t *m, const hp_tp_style_t *s
         int64_t n = s->kind == HP_TP_ROWWISE ? E->vocab : E->dim;
         if (n % k != 0)
             return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: %s on embedding '%s': %s %lld is not divisible by "
-                            "the TP degree %d", sn, m->name, s->kind == HP_TP_ROWWISE ? "vocab" : "dim",
-                            (long long)n, k);
+                            "the TP degree %d; hint: degrees dividing it: %s", sn, m->name,
+                            s->kind == HP_TP_ROWWISE ? "vocab" : "dim", (long long)n, k, tp_divisors(n, dv, sizeof dv));
     }
     return HP_OK;
 }
@@ -1340,10 +1353,13 @@ hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp
         if (strcmp(mods[i]->ops->kind, "attention") == 0 && mods[i]->n_params > 0) reduce_own[i] = 1;
     if (tp->k > 1 && (c->n_heads % tp->k != 0 || c->n_kv_heads % tp->k != 0)) {
         // named up front so that the message is the heads one whatever the plan says
+        int g = c->n_heads, b = c->n_kv_heads;   /* gcd: degrees dividing both */
+        while (b) { int r = g % b; g = b; b = r; }
+        char dv[256];
         hp_status_t st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel: model '%s/%s' has n_heads %d and n_kv_heads "
                                   "%d; attention heads and KV heads must both be divisible by the TP degree %d; "
-                                  "hint: choose a TP degree dividing %d", c->name, c->flavor, c->n_heads,
-                                  c->n_kv_heads, tp->k, c->n_kv_heads);
+                                  "hint: degrees dividing both: %s", c->name, c->flavor, c->n_heads,
+                                  c->n_kv_heads, tp->k, tp_divisors(g, dv, sizeof dv));
         free(mods); free(reduce_own); free(tp);
         return st;
     }

@@ -29,27 +29,32 @@ hp_status_t hp_parallel_dims_init(hp_parallel_dims_t *pd, int dp_replicate, int 
     if (dp_shard == -1) {
         if (world_size % others != 0)
             return hp_error(HP_ERR_INVALID_ARG,
-                            "parallel dims: data_parallel_shard_degree=-1 needs the world size (%d) to be a multiple of "
-                            "dp_replicate*cp*tp*pp = %d*%d*%d*%d = %lld; hint: change the degrees or the rank count",
+                            "parallel dims: parallelism.data_parallel_shard_degree=-1 needs the world size (%d) to be a "
+                            "multiple of parallelism.data_parallel_replicate_degree * context_parallel_degree * "
+                            "tensor_parallel_degree * pipeline_parallel_degree = %d*%d*%d*%d = %lld; hint: change "
+                            "those degrees or the rank count",
                             world_size, dp_replicate, cp, tp, pp, (long long)others);
         dp_shard = (int)(world_size / others);
     }
     int64_t prod = others * dp_shard;
     if (prod != world_size)
         return hp_error(HP_ERR_INVALID_ARG,
-                        "parallel dims: dp_replicate*dp_shard*cp*tp*pp = %d*%d*%d*%d*%d = %lld must equal the world "
-                        "size %d; hint: set parallelism.data_parallel_shard_degree=-1 to use the remaining ranks",
+                        "parallel dims: parallelism.data_parallel_replicate_degree * data_parallel_shard_degree * "
+                        "context_parallel_degree * tensor_parallel_degree * pipeline_parallel_degree = "
+                        "%d*%d*%d*%d*%d = %lld must equal the world size %d; hint: set "
+                        "parallelism.data_parallel_shard_degree=-1 to use the remaining ranks",
                         dp_replicate, dp_shard, cp, tp, pp, (long long)prod, world_size);
     int64_t ep_pool = (int64_t)dp_shard * cp * tp;
     if (ep_pool % ep != 0)
         return hp_error(HP_ERR_INVALID_ARG,
-                        "config key 'parallelism.expert_parallel_degree' = %d must divide dp_shard*cp*tp = %d*%d*%d = "
-                        "%lld (expert parallelism borrows those ranks)",
+                        "config key 'parallelism.expert_parallel_degree' = %d must divide "
+                        "parallelism.data_parallel_shard_degree * context_parallel_degree * tensor_parallel_degree "
+                        "= %d*%d*%d = %lld (expert parallelism borrows those ranks)",
                         ep, dp_shard, cp, tp, (long long)ep_pool);
     if (etp != 1 && etp != tp)
         return hp_error(HP_ERR_INVALID_ARG,
                         "config key 'parallelism.expert_tensor_parallel_degree' = %d must be 1 or "
-                        "tensor_parallel_degree (%d)",
+                        "parallelism.tensor_parallel_degree (%d)",
                         etp, tp);
     *pd = (hp_parallel_dims_t){dp_replicate, dp_shard, cp, tp, pp, ep, etp, world_size};
     return HP_OK;

@@ -633,6 +633,20 @@ static hp_status_t parse_model(ctx_t *c, json_object *model) {
     }
     free(buf);
     HP_TRY(st);
+    /* A vocab of added tokens only (HF allows it) encodes every text to nothing: a trainer
+     * would see BOS/EOS only. Refuse it here, where the file is named. */
+    size_t n_plain = 0;
+    for (int32_t id = 0; id < t->n_ids; id++) n_plain += t->spelling[id] != NULL;
+    for (size_t i = 0; i < t->n_added; i++) {
+        int first = 1; /* an id listed twice in added_tokens counts once */
+        for (size_t k = 0; k < i; k++) first &= t->added[k].id != t->added[i].id;
+        n_plain -= first;
+    }
+    if (n_plain == 0)
+        return jerr(c, HP_ERR_FORMAT, "model.vocab",
+                    "has no tokens besides the %zu added tokens; expected the BPE vocabulary "
+                    "(the byte tokens and the merged tokens) so that text encodes to ids",
+                    t->n_added);
 
     size_t nm = json_object_array_length(merges);
     size_t cap = 64;
@@ -1184,7 +1198,9 @@ static hp_status_t bpe_word(hp_tokenizer_t *t, const char *w, size_t n, hp_token
         if (v) {
             size_t off = (size_t)(*v >> 16), cnt = (size_t)(*v & 0xFFFF);
             HP_TRY(ids_reserve(out, cnt));
-            memcpy(out->ids + out->len, t->cache_ids + off, cnt * sizeof(int32_t));
+            /* cnt is 0 for a word whose bytes all have no token (no unk: HF drops them);
+             * then both arrays may still be NULL, and memcpy(NULL, .., 0) is undefined. */
+            if (cnt) memcpy(out->ids + out->len, t->cache_ids + off, cnt * sizeof(int32_t));
             out->len += cnt;
             return HP_OK;
         }
@@ -1262,7 +1278,8 @@ static hp_status_t bpe_word(hp_tokenizer_t *t, const char *w, size_t n, hp_token
             t->cache_ids_len = 0;
         }
         HP_TRY(RESERVE(t->cache_ids, t->cache_ids_cap, t->cache_ids_len + cnt));
-        memcpy(t->cache_ids + t->cache_ids_len, out->ids + start, cnt * sizeof(int32_t));
+        if (cnt) /* see above: an all-dropped word leaves out->ids and cache_ids NULL */
+            memcpy(t->cache_ids + t->cache_ids_len, out->ids + start, cnt * sizeof(int32_t));
         HP_TRY(hp_tok_strmap_put(&t->cache, w, n, (int64_t)((t->cache_ids_len << 16) | cnt),
                                  NULL, NULL));
         t->cache_ids_len += cnt;

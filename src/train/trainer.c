@@ -153,6 +153,37 @@ static hp_status_t agree(hp_comm_t world, hp_status_t s) {
     return HP_OK;
 }
 
+/* TP shards attention heads and KV heads (wq/wk/wv/wo), the FFN hidden dim (w1/w3/w2) and the
+ * vocabulary (tok_embeddings, output): the degree must divide each. Checked here, where the
+ * config keys are known, before the library's generic layout errors. */
+static hp_status_t check_tp_layout(const hp_config_t *c, const hp_model_config_t *mc, int tp) {
+    struct { const char *what; int n; } dims[] = {
+        {"the model's n_heads", mc->n_heads}, {"the model's n_kv_heads", mc->n_kv_heads},
+        {"the model's FFN hidden dim", mc->hidden_dim}, {"the vocabulary size", mc->vocab_size}};
+    int g = 0;
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        int a = g, b = dims[i].n;
+        while (b) { int r = a % b; a = b; b = r; }
+        g = a;
+    }
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        if (dims[i].n % tp == 0) continue;
+        char ok[256];
+        size_t o = 0;
+        for (int d = 1; d <= g && o + 16 < sizeof ok; d++)
+            if (g % d == 0) o += (size_t)snprintf(ok + o, sizeof ok - o, "%s%d", o ? ", " : "", d);
+        char from[HP_CONFIG_STR_MAX + 64] = "";
+        if (i == 3) snprintf(from, sizeof from, " (of tokenizer.path '%.480s')", c->tokenizer.path);
+        else snprintf(from, sizeof from, " (model.name %.200s, model.flavor %.200s)", c->model.name, c->model.flavor);
+        return hp_error(HP_ERR_INVALID_ARG, "parallelism.tensor_parallel_degree %d does not divide %s %d%s; tensor "
+                        "parallel shards n_heads %d, n_kv_heads %d, the FFN hidden dim %d and the vocabulary %d; "
+                        "hint: valid parallelism.tensor_parallel_degree values for this model and tokenizer: %s",
+                        tp, dims[i].what, dims[i].n, from, mc->n_heads, mc->n_kv_heads, mc->hidden_dim,
+                        mc->vocab_size, ok);
+    }
+    return HP_OK;
+}
+
 static hp_status_t build(hp_trainer_t *t) {
     const hp_config_t *c = &t->cfg;
     HP_TRY(hp_config_validate(c));
@@ -186,9 +217,10 @@ static hp_status_t build(hp_trainer_t *t) {
         const int sp = c->parallelism.enable_sequence_parallel, lp = c->parallelism.enable_loss_parallel;
         int n = strcmp(t->mcfg.name, "qwen3") == 0 ? hp_tp_qwen3_plan(plan, 32, sp, lp) : hp_tp_llama3_plan(plan, 32, sp, lp);
         if (sp && t->T % t->pd.tp != 0)
-            return hp_error(HP_ERR_INVALID_ARG, "training.seq_len %d is not divisible by tensor_parallel_degree %d "
+            return hp_error(HP_ERR_INVALID_ARG, "training.seq_len %d is not divisible by parallelism.tensor_parallel_degree %d "
                             "(sequence parallel shards the sequence); hint: use a multiple of %d or "
                             "--parallelism.enable_sequence_parallel=false", t->T, t->pd.tp, t->pd.tp);
+        HP_TRY(check_tp_layout(c, &t->mcfg, t->pd.tp));
         HP_TRY(hp_tp_parallelize_model(&t->tp, t->model, t->tp_mesh, plan, n));
         t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->tp_mesh, 0);
     }
@@ -587,8 +619,24 @@ hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_l
     hp_model_t m = NULL;
     if (s == HP_OK) s = hp_model_create(&cfg, max_batch, max_seq_len, &m);
     hp_param_t *params = m ? hp_model_params(m) : NULL;
-    for (int i = 0; s == HP_OK && i < hp_model_num_params(m); i++)
+    for (int i = 0; s == HP_OK && i < hp_model_num_params(m); i++) {
         s = hp_safetensors_read(st, params[i].name, &params[i].value.local, 1);
+        int64_t first, bad = s == HP_OK ? hp_tensor_count_nonfinite(&params[i].value.local, &first) : 0;
+        if (bad) /* damaged weights would generate garbage with exit 0 */
+            s = hp_error(HP_ERR_FORMAT, "%s: tensor '%s' has %lld non-finite value(s) (NaN or inf) of %lld, "
+                         "the first at flat index %lld; expected finite weights (the file is damaged or "
+                         "training diverged: use an earlier checkpoint)", path, params[i].name, (long long)bad,
+                         (long long)hp_tensor_numel(&params[i].value.local), (long long)first);
+    }
+    /* A tensor the model does not have is ignored, but not silently. */
+    for (int k = 0; s == HP_OK && k < hp_safetensors_count(st); k++) {
+        const char *tn = hp_safetensors_info(st, k)->name;
+        int known = 0;
+        for (int i = 0; !known && i < hp_model_num_params(m); i++) known = !strcmp(tn, params[i].name);
+        if (!known)
+            hp_log(HP_LOG_WARN, "%s: tensor '%s' is not a parameter of the %s/%s model; ignored", path, tn,
+                   name, flavor);
+    }
     hp_safetensors_close(st);
     if (s != HP_OK) {
         hp_model_destroy(m);
