@@ -141,26 +141,27 @@ static hp_status_t make_dirs(const char *path) {
     return HP_OK;
 }
 
-/* An output folder of the run (`key` names its config key): created with its parents, then
- * probed by creating and removing a file, so an unusable path stops the run at start-up
- * instead of losing the trained weights after the last step. */
-static hp_status_t probe_folder(const char *key, const char *path, int rank) {
+/* An output folder of the run: `key` = `value` in the config, `dir` the folder it needs
+ * (value itself, or a file's folder). Created with its parents, then probed by creating and
+ * removing a file, so an unusable path stops the run at start-up instead of losing the
+ * trained weights after the last step. */
+static hp_status_t probe_folder(const char *key, const char *value, const char *dir, int rank) {
     struct stat sb;
-    if (stat(path, &sb) == 0 && !S_ISDIR(sb.st_mode))
-        return hp_error(HP_ERR_IO, "%s = '%s' exists and is not a folder; expected a writable folder for the run's "
-                        "outputs; hint: remove that file or set --%s to another path", key, path, key);
-    if (make_dirs(path) != HP_OK) {
+    if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return hp_error(HP_ERR_IO, "%s = '%s': '%s' exists and is not a folder; expected a writable folder for the "
+                        "run's outputs; hint: remove that file or set --%s to another path", key, value, dir, key);
+    if (make_dirs(dir) != HP_OK) {
         char why[1024];
         snprintf(why, sizeof why, "%s", hp_last_error());
         return hp_error(HP_ERR_IO, "%s = '%s': %s; expected a writable folder; hint: set --%s to a path you can "
-                        "write", key, path, why, key);
+                        "write", key, value, why, key);
     }
     char probe[4096 + 64];
-    snprintf(probe, sizeof probe, "%s/.hp-write-probe.%ld.%d", path, (long)getpid(), rank);
+    snprintf(probe, sizeof probe, "%s/.hp-write-probe.%ld.%d", dir, (long)getpid(), rank);
     int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
     if (fd < 0)
-        return hp_error(HP_ERR_IO, "%s = '%s': cannot create a file in this folder (%s); expected a writable "
-                        "folder; hint: fix its permissions or set --%s to another path", key, path, strerror(errno), key);
+        return hp_error(HP_ERR_IO, "%s = '%s': cannot create a file in '%s' (%s); expected a writable folder; hint: "
+                        "fix its permissions or set --%s to another path", key, value, dir, strerror(errno), key);
     close(fd);
     unlink(probe);
     return HP_OK;
@@ -170,7 +171,7 @@ static hp_status_t probe_folder(const char *key, const char *path, int rank) {
 static hp_status_t probe_file(const char *key, const char *path, int rank) {
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return hp_error(HP_ERR_IO, "%s: '%s' is a folder; expected a file path the run can write; hint: set --%s "
+        return hp_error(HP_ERR_IO, "%s = '%s' is a folder; expected a file path the run can write; hint: set --%s "
                         "to a file name", key, path, key);
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
@@ -178,7 +179,7 @@ static hp_status_t probe_file(const char *key, const char *path, int rank) {
     if (!slash) snprintf(dir, sizeof dir, ".");
     else if (slash == dir) dir[1] = '\0';
     else *slash = '\0';
-    return probe_folder(key, dir, rank);
+    return probe_folder(key, path, dir, rank);
 }
 
 /* Every output path this rank will write, checked before the first step (docs/config.md):
@@ -188,7 +189,7 @@ static hp_status_t probe_outputs(const hp_trainer_t *t) {
     const hp_config_t *c = &t->cfg;
     char path[2 * HP_CONFIG_STR_MAX + 32];
     if (c->job.dump_folder[0]) {
-        HP_TRY(probe_folder("job.dump_folder", c->job.dump_folder, t->rank));
+        HP_TRY(probe_folder("job.dump_folder", c->job.dump_folder, c->job.dump_folder, t->rank));
         snprintf(path, sizeof path, "%s/weights.safetensors", c->job.dump_folder);
         struct stat sb;
         if (t->rank == 0 && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
@@ -199,9 +200,10 @@ static hp_status_t probe_outputs(const hp_trainer_t *t) {
         const char *f = c->checkpoint.folder;
         if (f[0] == '/' || !c->job.dump_folder[0]) snprintf(path, sizeof path, "%s", f);
         else snprintf(path, sizeof path, "%s/%s", c->job.dump_folder, f);
-        HP_TRY(probe_folder("checkpoint.folder", path, t->rank));
+        HP_TRY(probe_folder("checkpoint.folder", path, path, t->rank));
     }
-    if (t->metric_paths.tb_dir[0]) HP_TRY(probe_folder("metrics.save_tb_folder", t->metric_paths.tb_dir, t->rank));
+    if (t->metric_paths.tb_dir[0])
+        HP_TRY(probe_folder("metrics.save_tb_folder", t->metric_paths.tb_dir, t->metric_paths.tb_dir, t->rank));
     if (t->metric_paths.jsonl[0]) HP_TRY(probe_file("metrics.jsonl_file", t->metric_paths.jsonl, t->rank));
     return HP_OK;
 }
