@@ -217,6 +217,10 @@ static void test_mfu_figure(void) {
     rc = train(1, extra, &secs);
     HP_CHECK(rc == 0 && strstr(out_, "FLOP/s per rank, measured (fastest float32 sgemm at start-up)"),
              "measured peak: exit %d:\n%s", rc, out_);
+    q = strstr(out_, "mfu: ");
+    while (q && !strchr("0123456789", q[5])) q = strstr(q + 1, "mfu: ");
+    mfu = q ? atof(q + 5) : -1;
+    HP_CHECK(q && mfu >= 0 && mfu <= 100, "measured peak: the step line prints mfu %g%%:\n%s", mfu, out_);
 }
 
 int main(void) {
