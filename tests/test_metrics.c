@@ -4,11 +4,13 @@
  * metrics processor's console line, JSONL file (every line parsed with json-c; NaN written
  * as null) and TensorBoard scalars agree; throughput/MFU arithmetic; RSS from /proc. */
 // hp-test: ranks 1 timeout 60
+#include <cblas.h>
 #include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hp_test.h"
@@ -206,6 +208,41 @@ static void test_processor(void) {
     free(c);
 }
 
+/* Best of `reps` single calls of an (m x k) x (k x n) sgemm, FLOP/s. */
+static double sgemm_rate(int m, int n, int k, int reps) {
+    float *a = calloc((size_t)m * k + (size_t)k * n + (size_t)m * n, sizeof(float));
+    if (!a) return 0;
+    float *b = a + (size_t)m * k, *c = b + (size_t)k * n;
+    for (size_t i = 0; i < (size_t)m * k; i++) a[i] = (float)(i % 7) * 0.1f;
+    for (size_t i = 0; i < (size_t)k * n; i++) b[i] = (float)(i % 5) * 0.1f;
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (r > 0 && dt > 0 && 2.0 * m * n * (double)k / dt > best) best = 2.0 * m * n * (double)k / dt;
+    }
+    free(a);
+    return best;
+}
+
+/* The MFU denominator bounds what the model's own GEMMs reach: the measured peak is at least
+ * the best rate of the linear-layer products of the trainer's models (debugmodel: B*T = 64
+ * rows, dim 256, hidden 768; a 1024-row batch), or MFU could print above 100%. Slack 25%
+ * for a shared machine: the two measurements run at different moments. */
+static void test_peak_bounds_model_gemms(void) {
+    double peak = 0;
+    HP_CHECK_OK(hp_measure_peak_flops(0.3, &peak));
+    const int shapes[][3] = {{64, 256, 256}, {64, 768, 256}, {64, 256, 768}, {1024, 768, 256}, {1024, 1024, 1024}};
+    for (int i = 0; i < 5; i++) {
+        double r = sgemm_rate(shapes[i][0], shapes[i][1], shapes[i][2], 6);
+        HP_CHECK(peak >= 0.75 * r, "measured peak %.2f GFLOP/s below a %dx%dx%d sgemm's %.2f GFLOP/s", peak / 1e9,
+                 shapes[i][0], shapes[i][1], shapes[i][2], r / 1e9);
+    }
+}
+
 static void test_from_config_and_peak(void) {
     hp_config_t cfg;
     hp_config_defaults(&cfg);
@@ -256,6 +293,7 @@ int main(void) {
     test_writer_reader();
     test_processor();
     test_from_config_and_peak();
+    test_peak_bounds_model_gemms();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir_);

@@ -79,6 +79,8 @@ int main(int argc, char **argv) {
                                          "--nproc N (see --help)", rest[0]);
     }
     if (s == HP_OK) s = hp_config_validate(cfg);
+    /* every rank parsed its own copy: all go on or all stop, with the failing rank's message */
+    s = hp_comm_agree(world, s, NULL);
     if (s != HP_OK) {
         if (rank == 0) fprintf(stderr, "hp-train: error: %s\n", hp_last_error());
         rc = 2;

@@ -61,6 +61,15 @@ double hp_comm_get_timeout(void);
  * flight. */
 hp_status_t hp_comm_set_progress(const char *mode);
 const char *hp_comm_get_progress(void);
+/* Agreement on failure, collective over `comm`: every rank passes its local status and
+ * returns the same agreed one. If any rank failed, the lowest failing rank's status and its
+ * hp_last_error() text reach every rank, whose message becomes "rank R: <that message>" (R
+ * its world rank), so rank 0 can print what another rank found. Call it before a collective
+ * that a failed rank would skip. One MIN all-reduce when every rank is fine, plus one
+ * broadcast when one failed. A message that came out of an earlier agreement is kept as is
+ * (no second prefix). *failed_rank (may be NULL): that world rank, or -1. A world of one
+ * rank returns `status` unchanged. */
+hp_status_t hp_comm_agree(hp_comm_t comm, hp_status_t status, int *failed_rank);
 /* Aborts the whole job (all ranks) with a message. */
 _Noreturn void hp_comm_abort(hp_comm_t comm, int code, const char *message);
 

@@ -57,8 +57,9 @@ hp_status_t hp_tb_read_file(const char *path, hp_tb_event_fn fn, void *ctx);
 
 /* Resident set size and its peak (VmRSS, VmHWM of /proc/self/status), bytes. */
 hp_status_t hp_memory_rss(int64_t *rss, int64_t *peak_rss);
-/* This rank's float32 GEMM throughput (FLOP/s), measured for about `seconds` with BLAS
- * (n = 512 sgemm), the MFU denominator when no peak is configured. */
+/* This rank's float32 GEMM peak (FLOP/s): after a warm-up product, the fastest single BLAS
+ * sgemm of n = 512, 768, 1024 over about `seconds` in all; the MFU denominator when no peak
+ * is configured. */
 hp_status_t hp_measure_peak_flops(double seconds, double *flops);
 
 /* ---- the metrics processor ------------------------------------------------------------ */
@@ -67,7 +68,7 @@ typedef struct hp_metrics_options {
     int64_t log_freq;          /* log at step 1 and every log_freq steps */
     int64_t total_steps;       /* for the ETA */
     double flops_per_token;    /* model training FLOPs per token (6N + attention); 0: no TFLOP/s, MFU */
-    double peak_flops;         /* per rank; 0 = measure at create (0.2 s GEMM); < 0 = no MFU */
+    double peak_flops;         /* per rank; 0 = measure at create (0.5 s GEMM); < 0 = no MFU */
     int64_t tokens_divisor;    /* ranks sharing one stream of tokens (cp*tp*pp); 0 = 1 */
     const char *tb_dir;        /* NULL or "" = no TensorBoard */
     const char *tb_tag;        /* suffix of the event file name (e.g. "rank0"); may be NULL */

@@ -25,19 +25,13 @@
 static int crank(hp_comm_t c) { return c ? hp_comm_rank(c) : 0; }
 static int csize(hp_comm_t c) { return c ? hp_comm_size(c) : 1; }
 
-/* Every rank returns the worst status; a failing rank's message is kept there, the others
- * get a message saying which rank failed. */
+/* Every rank returns the same status: a failing rank's own message, naming its file, reaches
+ * every rank as "rank R: <message>" (hp_comm_agree), so rank 0 prints it. `what` stands in
+ * for a failure that recorded no message. */
 hp_status_t hp_dcp_agree(hp_comm_t comm, hp_status_t s, const char *what) {
-    if (!comm || csize(comm) == 1) return s;
-    int64_t v[2] = {(int64_t)s, s != HP_OK ? (int64_t)crank(comm) : INT64_MAX};
-    int64_t mx = v[0], mn = v[1];
-    hp_status_t cs = hp_all_reduce(&v[0], &mx, 1, HP_I64, HP_MAX, comm, NULL);
-    if (cs == HP_OK) cs = hp_all_reduce(&v[1], &mn, 1, HP_I64, HP_MIN, comm, NULL);
-    if (cs != HP_OK) return cs;
-    if (s != HP_OK) return s;
-    if (mx != HP_OK)
-        return hp_error((hp_status_t)mx, "%s failed on rank %lld (see that rank's log)", what, (long long)mn);
-    return HP_OK;
+    if (s != HP_OK && !hp_last_error()[0]) hp_error(s, "%s failed (%s)", what, hp_status_string(s));
+    if (!comm) return s;
+    return hp_comm_agree(comm, s, NULL);
 }
 
 hp_status_t hp_dcp_fsync_path(const char *path, int is_dir) {

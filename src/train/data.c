@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tokenizer-impl.h"   /* hp_tok_utf8_check: name the data file and line of bad text */
+
 enum fmt { FMT_TEXT = 0, FMT_JSONL, FMT_BIN };
 enum sep { SEP_BLANK = 0, SEP_PERCENT, SEP_LINE };
 static const char *fmt_names_[] = {"text", "jsonl", "bin"};
@@ -560,6 +562,32 @@ static hp_status_t check_ids(const hp_dataloader_t *dl, const int32_t *ids, size
     return HP_OK;
 }
 
+/* An encoder failure on document `doc`, blamed on the data file and line (not the tokenizer
+ * file): invalid UTF-8 is located to its own line and column; any other failure keeps the
+ * encoder's words after the document's place. */
+static hp_status_t encode_error(const hp_dataloader_t *dl, hp_status_t st, int64_t doc, const char *text, size_t len) {
+    const doc_t *d = &dl->ds->docs[doc];
+    const char *path = dl->ds->files[d->file].path;
+    size_t bad = hp_tok_utf8_check(text, len);
+    if (bad < len) {
+        int64_t line = d->line;
+        size_t col = 1;
+        if (dl->ds->fmt == FMT_TEXT)   /* a JSONL document is one line; text documents span several */
+            for (size_t i = 0; i < bad; i++) {
+                if (text[i] == '\n') line++, col = 1;
+                else col++;
+            }
+        return hp_error(st == HP_OK ? HP_ERR_FORMAT : st,
+                        "data file '%s': line %lld: invalid UTF-8 (byte 0x%02x%s%zu); expected UTF-8 text; hint: "
+                        "re-encode the file (e.g. iconv -t UTF-8) or drop that line",
+                        path, (long long)line, (unsigned char)text[bad],
+                        dl->ds->fmt == FMT_TEXT ? " at column " : " at byte ", dl->ds->fmt == FMT_TEXT ? col : bad + 1);
+    }
+    char why[1536];
+    snprintf(why, sizeof why, "%s", hp_last_error());
+    return hp_error(st, "data file '%s': line %lld: cannot encode the document: %s", path, (long long)d->line, why);
+}
+
 /* Appends BOS + encode(document pos) + EOS to the buffer. */
 static hp_status_t append_document(hp_dataloader_t *dl) {
     const char *text;
@@ -570,11 +598,13 @@ static hp_status_t append_document(hp_dataloader_t *dl) {
     size_t n0 = dl->end_;
     if (dl->enc.bos_id >= 0) dl->buf[dl->end_++] = dl->enc.bos_id;
     size_t n_ids = 0, room = dl->cap - dl->end_ - 1;
-    HP_TRY(dl->enc.encode(dl->enc.ctx, text, len, dl->buf + dl->end_, room, &n_ids));
+    hp_status_t es = dl->enc.encode(dl->enc.ctx, text, len, dl->buf + dl->end_, room, &n_ids);
+    if (es != HP_OK) return encode_error(dl, es, dl->pos, text, len);
     if (n_ids > room) {
         HP_TRY(reserve(dl, n_ids + 2 + (dl->end_ - n0)));
         room = dl->cap - dl->end_ - 1;
-        HP_TRY(dl->enc.encode(dl->enc.ctx, text, len, dl->buf + dl->end_, room, &n_ids));
+        es = dl->enc.encode(dl->enc.ctx, text, len, dl->buf + dl->end_, room, &n_ids);
+        if (es != HP_OK) return encode_error(dl, es, dl->pos, text, len);
         if (n_ids > room)
             return hp_error(HP_ERR_STATE, "dataloader: the encoder returned %zu ids, then more on a second call", n_ids);
     }

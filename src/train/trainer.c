@@ -6,6 +6,7 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "hyperparallel/data.h"
 #include "hyperparallel/metrics.h"
@@ -140,16 +142,70 @@ static hp_status_t make_dirs(const char *path) {
     return HP_OK;
 }
 
-/* Collective status: every rank learns whether any rank failed, so no rank waits forever in
- * a collective that a failed rank never enters. */
-static hp_status_t agree(hp_comm_t world, hp_status_t s) {
-    int32_t bad = s != HP_OK, any = 0;
-    char msg[2048];
-    snprintf(msg, sizeof msg, "%s", hp_last_error());
-    hp_status_t cs = hp_all_reduce(&bad, &any, 1, HP_I32, HP_MAX, world, NULL);
-    if (cs != HP_OK) return cs;
-    if (s != HP_OK) return hp_error(s, "%s", msg);
-    if (any) return hp_error(HP_ERR_STATE, "another rank failed during start-up (see its message)");
+/* An output folder of the run: `key` = `value` in the config, `dir` the folder it needs
+ * (value itself, or a file's folder). Created with its parents, then probed by creating and
+ * removing a file, so an unusable path stops the run at start-up instead of losing the
+ * trained weights after the last step. */
+static hp_status_t probe_folder(const char *key, const char *value, const char *dir, int rank) {
+    struct stat sb;
+    if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return hp_error(HP_ERR_IO, "%s = '%s': '%s' exists and is not a folder; expected a writable folder for the "
+                        "run's outputs; hint: remove that file or set --%s to another path", key, value, dir, key);
+    if (make_dirs(dir) != HP_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", hp_last_error());
+        return hp_error(HP_ERR_IO, "%s = '%s': %s; expected a writable folder; hint: set --%s to a path you can "
+                        "write", key, value, why, key);
+    }
+    char probe[4096 + 64];
+    snprintf(probe, sizeof probe, "%s/.hp-write-probe.%ld.%d", dir, (long)getpid(), rank);
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        return hp_error(HP_ERR_IO, "%s = '%s': cannot create a file in '%s' (%s); expected a writable folder; hint: "
+                        "fix its permissions or set --%s to another path", key, value, dir, strerror(errno), key);
+    close(fd);
+    unlink(probe);
+    return HP_OK;
+}
+
+/* An output file: not a folder, and its folder passes probe_folder. */
+static hp_status_t probe_file(const char *key, const char *path, int rank) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return hp_error(HP_ERR_IO, "%s = '%s' is a folder; expected a file path the run can write; hint: set --%s "
+                        "to a file name", key, path, key);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    return probe_folder(key, path, dir, rank);
+}
+
+/* Every output path this rank will write, checked before the first step (docs/config.md):
+ * job.dump_folder (and its weights file), checkpoint.folder, the TensorBoard folder and the
+ * JSONL file. */
+static hp_status_t probe_outputs(const hp_trainer_t *t) {
+    const hp_config_t *c = &t->cfg;
+    char path[2 * HP_CONFIG_STR_MAX + 32];
+    if (c->job.dump_folder[0]) {
+        HP_TRY(probe_folder("job.dump_folder", c->job.dump_folder, c->job.dump_folder, t->rank));
+        snprintf(path, sizeof path, "%s/weights.safetensors", c->job.dump_folder);
+        struct stat sb;
+        if (t->rank == 0 && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+            return hp_error(HP_ERR_IO, "job.dump_folder: the final weights file '%s' is a folder; hint: remove it "
+                            "or set --job.dump_folder to another path", path);
+    }
+    if (c->checkpoint.enable) {
+        const char *f = c->checkpoint.folder;
+        if (f[0] == '/' || !c->job.dump_folder[0]) snprintf(path, sizeof path, "%s", f);
+        else snprintf(path, sizeof path, "%s/%s", c->job.dump_folder, f);
+        HP_TRY(probe_folder("checkpoint.folder", path, path, t->rank));
+    }
+    if (t->metric_paths.tb_dir[0])
+        HP_TRY(probe_folder("metrics.save_tb_folder", t->metric_paths.tb_dir, t->metric_paths.tb_dir, t->rank));
+    if (t->metric_paths.jsonl[0]) HP_TRY(probe_file("metrics.jsonl_file", t->metric_paths.jsonl, t->rank));
     return HP_OK;
 }
 
@@ -301,10 +357,10 @@ static hp_status_t build(hp_trainer_t *t) {
     t->grad_work = hp_calloc((size_t)hp_model_num_params(t->model), sizeof(hp_work_t));
     if (!t->inputs || !t->labels || !t->grad_work) return HP_ERR_OOM;
 
-    if (c->job.dump_folder[0]) HP_TRY(make_dirs(c->job.dump_folder));
     int metrics_rank = hp_parallel_dims_metrics_rank(&t->pd);
     hp_metrics_options_t mo = hp_metrics_options_from_config(c, t->rank, t->rank == metrics_rank, t->flops_per_token,
                                                              hp_parallel_dims_non_dp(&t->pd), &t->metric_paths);
+    HP_TRY(probe_outputs(t));
     mo.total_steps = c->training.steps;
     HP_TRY(hp_metrics_create(&mo, &t->metrics));
     return HP_OK;
@@ -351,8 +407,9 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
         t->dp_size = hp_comm_size(t->dp_comm);
         s = build(t);
     }
-    s = agree(world, s);
-    if (s == HP_OK) s = ckpt_setup(t);   /* checkpoint (owner dcp): resume */
+    /* every rank learns whether any failed, with the failing rank's message (rank 0 prints it) */
+    s = hp_comm_agree(world, s, NULL);
+    if (s == HP_OK) s = hp_comm_agree(world, ckpt_setup(t), NULL);   /* checkpoint (owner dcp): resume */
     if (s != HP_OK) {
         char msg[2048];
         snprintf(msg, sizeof msg, "%s", hp_last_error());
@@ -378,6 +435,15 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
                             "activations %.1f MiB, workspace %.1f MiB",
                pb / 1048576.0, gb / 1048576.0, hp_optim_state_bytes(t->opt) / 1048576.0, ab / 1048576.0,
                wb / 1048576.0);
+        /* which figure MFU divides by */
+        double peak = hp_metrics_peak_flops(t->metrics);
+        if (peak > 0 && cfg->metrics.peak_flops > 0)
+            hp_log(HP_LOG_INFO, "mfu: peak %.4g FLOP/s per rank, as configured (metrics.peak_flops)", peak);
+        else if (peak > 0)
+            hp_log(HP_LOG_INFO, "mfu: peak %.4g FLOP/s per rank, measured (fastest float32 sgemm at start-up); set "
+                                "metrics.peak_flops to state the figure", peak);
+        else
+            hp_log(HP_LOG_INFO, "mfu: not reported (metrics.peak_flops = %g)", cfg->metrics.peak_flops);
     }
     *out = t;
     return HP_OK;
@@ -416,17 +482,22 @@ hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats) {
     const int64_t bt = (int64_t)t->B * t->T;
     int64_t step = t->step + 1;
     /* 1. pull every micro-batch first and count valid targets */
-    int64_t local[2] = {0, 0};   /* (valid targets, ranks whose data ran out) */
-    for (int64_t a = 0; a < t->accum && !local[1]; a++) {
+    int64_t local[3] = {0, 0, 0};   /* (valid targets, ranks whose data ran out, ranks whose data failed) */
+    hp_status_t ds = HP_OK;
+    for (int64_t a = 0; a < t->accum && !local[1] && ds == HP_OK; a++) {
         bool got = false;
-        HP_TRY(hp_dataloader_next(t->dl, t->inputs + a * bt, t->labels + a * bt, &got));
+        ds = hp_dataloader_next(t->dl, t->inputs + a * bt, t->labels + a * bt, &got);
+        if (ds != HP_OK) break;
         if (!got) local[1] = 1;
         for (int64_t i = 0; got && i < bt; i++) local[0] += t->labels[a * bt + i] != -100;
     }
+    local[2] = ds != HP_OK;
     /* 2. global valid tokens over the batch mesh (DESIGN invariant 7); every rank learns
-     * whether any rank's data ran out, so all stop together */
-    int64_t global[2];
-    HP_TRY(hp_all_reduce(local, global, 2, HP_I64, HP_SUM, t->dp_comm, NULL));
+     * whether any rank's data ran out or failed (a bad token or document in its shard), so
+     * all stop together; a failure is then agreed, which brings that rank's message to all */
+    int64_t global[3];
+    HP_TRY(hp_all_reduce(local, global, 3, HP_I64, HP_SUM, t->dp_comm, NULL));
+    if (global[2]) return hp_comm_agree(t->dp_comm, ds, NULL);
     if (global[1])
         return hp_error(HP_ERR_STATE, "step %lld: the training data is exhausted (data.loop = false); "
                                       "lower training.steps or set --data.loop=true", (long long)step);
@@ -508,10 +579,12 @@ hp_status_t hp_trainer_validate(hp_trainer_t *t, double *loss) {
     double sums[2] = {0.0, 0.0};   /* (loss sum, valid targets) on this rank */
     for (int64_t i = 0; t->cfg.validation.steps < 0 || i < t->cfg.validation.steps; i++) {
         bool got = false;
-        HP_TRY(hp_dataloader_next(t->val_dl, t->inputs, t->labels, &got));
-        /* every rank must run the same number of collectives: stop when any rank runs dry */
-        int32_t have = got, all = 0;
+        hp_status_t ds = hp_dataloader_next(t->val_dl, t->inputs, t->labels, &got);
+        /* every rank must run the same number of collectives: stop when any rank runs dry;
+         * -1 = this rank's data failed (agreed below, with its message) */
+        int32_t have = ds != HP_OK ? -1 : got, all = 0;
         HP_TRY(hp_all_reduce(&have, &all, 1, HP_I32, HP_MIN, t->dp_comm, NULL));
+        if (all < 0) return hp_comm_agree(t->dp_comm, ds, NULL);
         if (!all) break;
         float l = 0.0f;
         HP_TRY(hp_model_forward(t->model, t->inputs, t->labels, t->val_B, t->T, 1.0f, &l));
