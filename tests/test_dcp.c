@@ -139,7 +139,7 @@ static void test_reshard(void) {
                      c = make("c", 2, SC, m2, 2, pc, 0);
         hp_dcp_tensor_t ts[3] = {{"a", &a, -1, 0}, {"b", &b, -1, 0}, {"c", &c, -1, 0}};
         hp_dcp_state_t st = {ts, 3, NULL, 0};
-        hp_dcp_load_options_t o = {0, 0, NULL, 0};   /* non-strict: blobs not requested */
+        hp_dcp_load_options_t o = {0, 0, NULL, 0, 0};   /* non-strict: blobs not requested */
         HP_CHECK_OK(hp_dcp_load(dir, &st, W, &o));
         check_values("a", &a, "load on 2x2 [S0,S1]");
         check_values("b", &b, "load on 2x2 [R,S0]");
@@ -165,7 +165,7 @@ static void test_reshard(void) {
             char what[64];
             snprintf(what, sizeof what, "load on %d rank(s)", sub);
             const char *exd[1] = {"dataloader"};
-            hp_dcp_load_options_t so = {1, 0, exd, 1};
+            hp_dcp_load_options_t so = {1, 0, exd, 1, 0};
             HP_CHECK_OK(hp_dcp_load(dir, &st, c2, &so));
             check_values("a", &a, what);
             check_values("b", &b, what);
@@ -270,7 +270,7 @@ static void test_strided(void) {
     hp_dtensor_t d = make_idx("a", sa, m2, 2, ss, 0);
     hp_dcp_tensor_t td[1] = {{"a", &d, -1, 0}};
     hp_dcp_state_t sd = {td, 1, NULL, 0};
-    hp_dcp_load_options_t ns = {0, 0, NULL, 0};
+    hp_dcp_load_options_t ns = {0, 0, NULL, 0, 0};
     HP_CHECK_OK(hp_dcp_load(dir10, &sd, W, &ns));
     check_idx("a", &d, "S(0) -> [SS(0,2), S(0)]");
     /* and the two-box layout back from the two-box save */
@@ -303,12 +303,12 @@ static void test_errors(void) {
     hp_dcp_state_t st = {t1, 3, NULL, 0};
     HP_CHECK_ERR(hp_dcp_load(dir, &st, W, NULL), HP_ERR_NOT_FOUND, "1 missing key(s): 'x'");
     HP_CHECK_ERR(hp_dcp_load(dir, &st, W, NULL), HP_ERR_NOT_FOUND, "'c', 'train_state', 'dataloader'");
-    hp_dcp_load_options_t ns = {0, 0, NULL, 0};
+    hp_dcp_load_options_t ns = {0, 0, NULL, 0, 0};
     HP_CHECK_OK(hp_dcp_load(dir, &st, W, &ns));
     HP_CHECK(t1[0].loaded && t1[1].loaded && !t1[2].loaded, "non-strict: a, b loaded, x skipped");
     check_values("a", &a, "non-strict");
     const char *ex[3] = {"c", "train_state", "dataloader"};
-    hp_dcp_load_options_t exo = {1, 0, ex, 3};
+    hp_dcp_load_options_t exo = {1, 0, ex, 3, 0};
     st.n_tensors = 2;
     HP_CHECK_OK(hp_dcp_load(dir, &st, W, &exo));
     /* wrong shape */
@@ -324,7 +324,7 @@ static void test_errors(void) {
     hp_dcp_tensor_t t3[1] = {{"b", &bd, -1, 0}};
     hp_dcp_state_t st3 = {t3, 1, NULL, 0};
     HP_CHECK_ERR(hp_dcp_load(dir, &st3, W, &ns), HP_ERR_INVALID_ARG, "is f32 in the checkpoint but bf16");
-    hp_dcp_load_options_t cv = {0, 1, NULL, 0};
+    hp_dcp_load_options_t cv = {0, 1, NULL, 0, 0};
     HP_CHECK_OK(hp_dcp_load(dir, &st3, W, &cv));
     HP_CHECK(hp_bf16_to_f32(((hp_bf16_t *)bf.data)[3]) == hp_bf16_to_f32(hp_f32_to_bf16(val("b", 3))), "bf16 converted value");
     hp_tensor_free_data(&bf);
@@ -474,7 +474,7 @@ static void test_corrupt(void) {
             snprintf(buf, sizeof buf, "%.*s\"F16\"%s", (int)(at - good), good, at + 5);
             write_file(mp, buf, strlen(buf));
             HP_CHECK_ERR(hp_dcp_load(dir, &st, NULL, NULL), HP_ERR_INVALID_ARG, "is f16 in the checkpoint but f32");
-            hp_dcp_load_options_t cv = {1, 1, NULL, 0};
+            hp_dcp_load_options_t cv = {1, 1, NULL, 0, 0};
             HP_CHECK_ERR(hp_dcp_load(dir, &st, NULL, &cv), HP_ERR_FORMAT, "does not match the metadata chunk");
         }
     }

@@ -142,7 +142,7 @@ static int consolidate(const char *dir, const char *out) {
         nt++;
     }
     hp_dcp_state_t st = {ts, nt, bl, nb};
-    hp_dcp_load_options_t o = {0, 0, NULL, 0};
+    hp_dcp_load_options_t o = {0, 0, NULL, 0, 0};
     if (s == HP_OK) s = hp_dcp_load(dir, &st, NULL, &o);
     int k = 0;
     for (int i = 0; i < nt; i++) ents[k++] = (hp_st_entry_t){ts[i].name, &dts[i].local, HP_ST_AUTO, NULL, 0, NULL};
@@ -191,7 +191,7 @@ static int to_hf(const char *dir, const char *out, const char *model, const char
     hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
     for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
     hp_dcp_state_t st = {ts, np, NULL, 0};
-    hp_dcp_load_options_t o = {0, 1, NULL, 0};
+    hp_dcp_load_options_t o = {0, 1, NULL, 0, 0};
     if (s == HP_OK) s = hp_dcp_load(dir, &st, NULL, &o);
     for (int i = 0; s == HP_OK && i < np; i++)
         if (!ts[i].loaded) s = hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", dir, ts[i].name);
