@@ -225,6 +225,19 @@ hp_status_t hp_hf_import(const char *dir, const struct hp_model_config *mc, hp_p
  * whose rows are permuted (llama3). HP_ERR_NOT_FOUND for names without a mapping. */
 hp_status_t hp_hf_name_to_hf(const struct hp_model_config *mc, const char *fqn, char *out, size_t n, int *permute);
 hp_status_t hp_hf_name_from_hf(const struct hp_model_config *mc, const char *hf, char *out, size_t n, int *permute);
+/* The HF shard index (model.safetensors.index.json, hf_index.c): an object whose
+ * "weight_map" is an object of tensor name -> plain shard file name ("metadata", when
+ * present, an object). Hostile input never crashes it (fuzz target
+ * tests/fuzz/fuzz_hf_index.c); an error names `what` (the file) and the key at fault. */
+typedef struct hp_hf_index hp_hf_index_t;
+hp_status_t hp_hf_index_parse(const char *json, size_t len, const char *what, hp_hf_index_t **out);
+hp_status_t hp_hf_index_read(const char *path, hp_hf_index_t **out);
+void hp_hf_index_free(hp_hf_index_t *ix);
+int hp_hf_index_count(const hp_hf_index_t *ix);                  /* weight_map entries */
+void hp_hf_index_at(const hp_hf_index_t *ix, int i, const char **name, const char **file);
+int hp_hf_index_n_files(const hp_hf_index_t *ix);                /* distinct shard files */
+const char *hp_hf_index_file(const hp_hf_index_t *ix, int i);
+const char *hp_hf_index_find(const hp_hf_index_t *ix, const char *name);   /* NULL: absent */
 /* 1 when a directory holds an HF checkpoint (model.safetensors.index.json or model.safetensors). */
 int hp_hf_is_hf_dir(const char *dir);
 
