@@ -206,6 +206,8 @@ hp_status_t hp_ckpt_manager_load(hp_ckpt_manager_t *m, const hp_ckpt_train_state
                                  int64_t *loaded_step, int *loaded);
 /* Waits for a pending async save and commits it. */
 hp_status_t hp_ckpt_manager_wait(hp_ckpt_manager_t *m);
+/* 1 while an async save is in flight (not yet committed). */
+int hp_ckpt_manager_pending(const hp_ckpt_manager_t *m);
 hp_status_t hp_ckpt_manager_destroy(hp_ckpt_manager_t *m);
 const char *hp_ckpt_manager_folder(const hp_ckpt_manager_t *m);
 

@@ -723,6 +723,7 @@ static hp_status_t finish_save(const char *tmpdir, const char *dir, const meta_d
     if (comm && csize(comm) > 1) cs = hp_all_reduce(v, mx, 2, HP_I64, HP_MAX, comm, NULL);
     if (cs != HP_OK) return cs;
     if (mx[0] != 0) {
+        hp_dcp_interrupt((int)mx[0]);   /* every rank learns it, also those the signal has not reached yet */
         if (crank(comm) == 0) {
             hp_status_t r = hp_dcp_rmtree(tmpdir);
             hp_log(HP_LOG_WARN, "checkpoint %s abandoned: interrupted by signal %lld before the commit; %s %s", dir,
@@ -756,6 +757,13 @@ static hp_status_t finish_save(const char *tmpdir, const char *dir, const meta_d
     return hp_dcp_agree(comm, c, "checkpoint: committing the metadata");
 }
 
+/* Test hook: HP_DCP_TEST_SIGNAL_STEP=N makes rank 0 raise SIGTERM after writing its file of
+ * step-N, so a test can interrupt a save deterministically (tests/test_train_signal.c). */
+static void test_signal_hook(const char *dir, int rank) {
+    const char *e = getenv("HP_DCP_TEST_SIGNAL_STEP");
+    if (e && *e && rank == 0 && atoll(e) == step_of_dir(dir)) raise(SIGTERM);
+}
+
 hp_status_t hp_dcp_save(const char *dir, const hp_dcp_state_t *st, hp_comm_t comm) {
     hp_status_t s = hp_dcp_agree(comm, check_state(st), "checkpoint save: checking the state");
     HP_TRY(s);
@@ -771,6 +779,7 @@ hp_status_t hp_dcp_save(const char *dir, const hp_dcp_state_t *st, hp_comm_t com
         memset(&j, 0, sizeof j);
         if (w == HP_OK) w = build_job(st, &p, tmpdir, NULL, &j);
         if (w == HP_OK) w = run_job(&j);
+        if (w == HP_OK) test_signal_hook(dir, p.rank);
         s = finish_save(tmpdir, dir, meta, comm, w, j.hashes, w == HP_OK ? j.n : 0);
         job_free(&j);
     }

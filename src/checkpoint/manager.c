@@ -246,6 +246,8 @@ hp_status_t hp_ckpt_manager_wait(hp_ckpt_manager_t *m) {
     return HP_OK;
 }
 
+int hp_ckpt_manager_pending(const hp_ckpt_manager_t *m) { return m->saver && hp_dcp_saver_pending(m->saver); }
+
 hp_status_t hp_ckpt_manager_destroy(hp_ckpt_manager_t *m) {
     if (!m) return HP_OK;
     hp_status_t s = hp_ckpt_manager_wait(m);
