@@ -60,7 +60,10 @@ static int run(char *const argv[], const char *trigger, int sig, int to_children
                     if (!fgets(kids, sizeof kids, k)) kids[0] = '\0';
                     fclose(k);
                 }
-                for (char *tok = strtok(kids, " \n"); tok; tok = strtok(NULL, " \n")) kill((pid_t)atoi(tok), sig);
+                int nk = 0;
+                for (char *tok = strtok(kids, " \n"); tok; tok = strtok(NULL, " \n"), nk++) kill((pid_t)atoi(tok), sig);
+                HP_CHECK(nk > 0, "no child processes of %d found in %s", (int)pid, p);
+                if (nk == 0) kill(pid, SIGKILL);   /* do not leave the run going */
             }
         }
     }
