@@ -1,9 +1,12 @@
 /* hp-ckpt (the built tool, found through HP_BUILD_DIR): inspect lists tensors, chunks and
- * blobs; list skips a partial dir; consolidate writes one safetensors file with every
+ * blobs and verifies shard sizes and checksums (a flipped byte, a truncated shard fail);
+ * list skips a partial dir and marks a step with a truncated or missing shard; malformed HF
+ * indexes give a clear error naming the file and key; consolidate writes one safetensors file with every
  * value; to-hf then from-hf round-trips a llama3 model bitwise; errors exit non-zero with a
  * message. */
 // hp-test: ranks 1 timeout 60
 #define _GNU_SOURCE
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -122,6 +125,62 @@ int main(void) {
             HP_CHECK(bad == 0, "seed checkpoint: %d params differ from init(seed 5)", bad);
             free(t3);
             hp_model_destroy(m3);
+        }
+    }
+    HP_CHECK(run("inspect %s%s", dir, "") == 0 && strstr(OUT, "integrity: OK (shard sizes and"), "inspect ok:\n%.3000s",
+             OUT + (strlen(OUT) > 3000 ? strlen(OUT) - 3000 : 0));
+    /* a bad step: inspect and list flag it (a copy of step-7 as step-9, then damaged) */
+    {
+        char cmd[1400], bad[400], shard[500];
+        snprintf(bad, sizeof bad, "%s/step-9", folder);
+        snprintf(cmd, sizeof cmd, "cp -r %s %s", dir, bad);
+        HP_ASSERT(system(cmd) == 0);
+        snprintf(shard, sizeof shard, "%s/__0_0.safetensors", bad);
+        /* flipped byte in the data area: sizes fine, the checksum names the tensor */
+        FILE *f = fopen(shard, "r+b");
+        HP_ASSERT(f && fseek(f, -1000, SEEK_END) == 0);
+        int ch = fgetc(f);
+        fseek(f, -1000, SEEK_END);
+        fputc(ch ^ 0xff, f);
+        fclose(f);
+        HP_CHECK(run("inspect %s%s", bad, "") == 1 && strstr(OUT, "integrity: FAILED") && strstr(OUT, "__0_0.safetensors") &&
+                     strstr(OUT, "fails its checksum") && strstr(OUT, "verify_checksums"), "inspect flipped:\n%.1500s",
+                 strstr(OUT, "integrity") ? strstr(OUT, "integrity") : OUT);
+        struct stat sb;
+        HP_ASSERT(stat(shard, &sb) == 0 && truncate(shard, sb.st_size - 10) == 0);
+        HP_CHECK(run("inspect %s%s", bad, "") == 1 && strstr(OUT, "__0_0.safetensors is truncated") &&
+                     strstr(OUT, "expected"), "inspect truncated:\n%.1500s", strstr(OUT, "integrity") ? strstr(OUT, "integrity") : OUT);
+        HP_CHECK(run("list %s%s", folder, "") == 1 && strstr(OUT, "step-7\n") && strstr(OUT, "step-9 INCOMPLETE") &&
+                     strstr(OUT, "truncated"), "list with a truncated step:\n%s", OUT);
+        unlink(shard);
+        HP_CHECK(run("list %s%s", folder, "") == 1 && strstr(OUT, "step-9 INCOMPLETE") && strstr(OUT, "is missing"),
+                 "list with a missing shard:\n%s", OUT);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", bad);
+        HP_ASSERT(system(cmd) == 0);
+    }
+    /* malformed HF indexes: a clear error naming the file and key, never a crash */
+    {
+        static const char *const idx[][2] = {
+            {"{\"weight_map\": [1]}", "\"weight_map\" is a JSON array"},
+            {"{\"weight_map\": {\"model.norm.weight\": null}}", "weight_map[\"model.norm.weight\"] is a JSON null"},
+            {"{\"weight_map\": {\"model.norm.weight\": 7}}", "weight_map[\"model.norm.weight\"] is a JSON int"},
+            {"{\"weight_map\": {\"model.norm.weight\": \"/etc/passwd\"}}", "not a plain file name"},
+            {"not json", "not valid JSON"},
+        };
+        char hd[400], ip[500];
+        snprintf(hd, sizeof hd, "%s/badhf", ROOT);
+        mkdir(hd, 0755);
+        snprintf(ip, sizeof ip, "%s/model.safetensors.index.json", hd);
+        for (size_t i = 0; i < sizeof idx / sizeof idx[0]; i++) {
+            FILE *f = fopen(ip, "wb");
+            HP_ASSERT(f);
+            fputs(idx[i][0], f);
+            fclose(f);
+            int rc = run("inspect %s%s", hd, "");
+            HP_CHECK(rc == 1 && strstr(OUT, "model.safetensors.index.json") && strstr(OUT, idx[i][1]),
+                     "inspect HF index %s: exit %d\n%s", idx[i][0], rc, OUT);
+            rc = run("from-hf %s %s/y --model llama3 --flavor debugmodel", hd, ROOT);
+            HP_CHECK(rc != 0 && rc < 128, "from-hf HF index %s: exit %d\n%s", idx[i][0], rc, OUT);
         }
     }
     /* errors */

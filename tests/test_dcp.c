@@ -139,7 +139,7 @@ static void test_reshard(void) {
                      c = make("c", 2, SC, m2, 2, pc, 0);
         hp_dcp_tensor_t ts[3] = {{"a", &a, -1, 0}, {"b", &b, -1, 0}, {"c", &c, -1, 0}};
         hp_dcp_state_t st = {ts, 3, NULL, 0};
-        hp_dcp_load_options_t o = {0, 0, NULL, 0};   /* non-strict: blobs not requested */
+        hp_dcp_load_options_t o = {0, 0, NULL, 0, 0};   /* non-strict: blobs not requested */
         HP_CHECK_OK(hp_dcp_load(dir, &st, W, &o));
         check_values("a", &a, "load on 2x2 [S0,S1]");
         check_values("b", &b, "load on 2x2 [R,S0]");
@@ -165,7 +165,7 @@ static void test_reshard(void) {
             char what[64];
             snprintf(what, sizeof what, "load on %d rank(s)", sub);
             const char *exd[1] = {"dataloader"};
-            hp_dcp_load_options_t so = {1, 0, exd, 1};
+            hp_dcp_load_options_t so = {1, 0, exd, 1, 0};
             HP_CHECK_OK(hp_dcp_load(dir, &st, c2, &so));
             check_values("a", &a, what);
             check_values("b", &b, what);
@@ -270,7 +270,7 @@ static void test_strided(void) {
     hp_dtensor_t d = make_idx("a", sa, m2, 2, ss, 0);
     hp_dcp_tensor_t td[1] = {{"a", &d, -1, 0}};
     hp_dcp_state_t sd = {td, 1, NULL, 0};
-    hp_dcp_load_options_t ns = {0, 0, NULL, 0};
+    hp_dcp_load_options_t ns = {0, 0, NULL, 0, 0};
     HP_CHECK_OK(hp_dcp_load(dir10, &sd, W, &ns));
     check_idx("a", &d, "S(0) -> [SS(0,2), S(0)]");
     /* and the two-box layout back from the two-box save */
@@ -303,12 +303,12 @@ static void test_errors(void) {
     hp_dcp_state_t st = {t1, 3, NULL, 0};
     HP_CHECK_ERR(hp_dcp_load(dir, &st, W, NULL), HP_ERR_NOT_FOUND, "1 missing key(s): 'x'");
     HP_CHECK_ERR(hp_dcp_load(dir, &st, W, NULL), HP_ERR_NOT_FOUND, "'c', 'train_state', 'dataloader'");
-    hp_dcp_load_options_t ns = {0, 0, NULL, 0};
+    hp_dcp_load_options_t ns = {0, 0, NULL, 0, 0};
     HP_CHECK_OK(hp_dcp_load(dir, &st, W, &ns));
     HP_CHECK(t1[0].loaded && t1[1].loaded && !t1[2].loaded, "non-strict: a, b loaded, x skipped");
     check_values("a", &a, "non-strict");
     const char *ex[3] = {"c", "train_state", "dataloader"};
-    hp_dcp_load_options_t exo = {1, 0, ex, 3};
+    hp_dcp_load_options_t exo = {1, 0, ex, 3, 0};
     st.n_tensors = 2;
     HP_CHECK_OK(hp_dcp_load(dir, &st, W, &exo));
     /* wrong shape */
@@ -324,7 +324,7 @@ static void test_errors(void) {
     hp_dcp_tensor_t t3[1] = {{"b", &bd, -1, 0}};
     hp_dcp_state_t st3 = {t3, 1, NULL, 0};
     HP_CHECK_ERR(hp_dcp_load(dir, &st3, W, &ns), HP_ERR_INVALID_ARG, "is f32 in the checkpoint but bf16");
-    hp_dcp_load_options_t cv = {0, 1, NULL, 0};
+    hp_dcp_load_options_t cv = {0, 1, NULL, 0, 0};
     HP_CHECK_OK(hp_dcp_load(dir, &st3, W, &cv));
     HP_CHECK(hp_bf16_to_f32(((hp_bf16_t *)bf.data)[3]) == hp_bf16_to_f32(hp_f32_to_bf16(val("b", 3))), "bf16 converted value");
     hp_tensor_free_data(&bf);
@@ -403,6 +403,60 @@ static void test_async(void) {
 
 /* ---- crafted bad checkpoints (rank 0, single process) ------------------------------------ */
 
+/* Checksums across ranks: every rank's chunks get the checksum of what that rank wrote (the
+ * gather maps them right, so a clean N-rank save verifies); a byte flipped in the last rank's
+ * file is caught by hp_dcp_verify naming that file, and by a load on every rank. */
+static void test_checksums(void) {
+    hp_mesh_t m1, m2;
+    int64_t s4 = N, s22[2] = {N >= 4 ? 2 : 1, N >= 4 ? N / 2 : N};
+    HP_CHECK_OK(hp_mesh_create(W, 1, &s4, NULL, &m1));
+    HP_CHECK_OK(hp_mesh_create(W, 2, s22, NULL, &m2));
+    save_four(m1, m2, "sums");
+    char dir[512], fp[600], fn[64];
+    path(dir, sizeof dir, "sums");
+    snprintf(fn, sizeof fn, "__%d_0.safetensors", N - 1);
+    snprintf(fp, sizeof fp, "%s/%s", dir, fn);
+    if (R == 0) {
+        HP_CHECK_OK(hp_dcp_verify(dir, 1));
+        hp_dcp_metadata_t *md = NULL;
+        HP_CHECK_OK(hp_dcp_metadata_read(dir, &md));
+        int with = 0, all = 0;
+        for (int i = 0; md && i < hp_dcp_metadata_count(md); i++)
+            for (int c = 0; c < hp_dcp_metadata_entry(md, i)->n_chunks; c++)
+                with += hp_dcp_metadata_entry(md, i)->chunks[c].has_xxh3, all++;
+        HP_CHECK(all > 0 && with == all, "%d of %d chunks have a checksum", with, all);
+        hp_dcp_metadata_free(md);
+        /* flip the first data byte of the last rank's file (its first chunk) */
+        FILE *f = fopen(fp, "r+b");
+        unsigned char h[8];
+        HP_ASSERT(f && fread(h, 1, 8, f) == 8);
+        uint64_t hl = 0;
+        for (int i = 7; i >= 0; i--) hl = (hl << 8) | h[i];
+        fseek(f, (long)(8 + hl), SEEK_SET);
+        int ch = fgetc(f);
+        fseek(f, (long)(8 + hl), SEEK_SET);
+        fputc(ch ^ 0x01, f);
+        fclose(f);
+        hp_status_t s = hp_dcp_verify(dir, 1);
+        HP_CHECK(s == HP_ERR_FORMAT && strstr(hp_last_error(), fn) && strstr(hp_last_error(), "fails its checksum"),
+                 "verify after a flip in %s: %s", fn, hp_last_error());
+    }
+    hp_barrier(W, NULL);
+    hp_placement_t r = hp_replicate();
+    hp_dtensor_t a = make("a", 2, SA, m1, 1, &r, 0), b = make("b", 1, SB, m1, 1, &r, 0), c = make("c", 2, SC, m1, 1, &r, 0);
+    hp_dcp_tensor_t ts[3] = {{"a", &a, -1, 0}, {"b", &b, -1, 0}, {"c", &c, -1, 0}};
+    hp_dcp_state_t st = {ts, 3, NULL, 0};
+    hp_dcp_load_options_t ns = {0, 0, NULL, 0, 0};
+    HP_CHECK(hp_dcp_load(dir, &st, W, &ns) == HP_ERR_FORMAT, "load of a corrupted %d-rank save: %s", N, hp_last_error());
+    ns.skip_checksums = 1;
+    HP_CHECK_OK(hp_dcp_load(dir, &st, W, &ns));
+    hp_dtensor_free(&a);
+    hp_dtensor_free(&b);
+    hp_dtensor_free(&c);
+    hp_mesh_destroy(m1);
+    hp_mesh_destroy(m2);
+}
+
 static void write_file(const char *p, const void *data, size_t n) {
     FILE *f = fopen(p, "wb");
     HP_ASSERT(f);
@@ -474,7 +528,7 @@ static void test_corrupt(void) {
             snprintf(buf, sizeof buf, "%.*s\"F16\"%s", (int)(at - good), good, at + 5);
             write_file(mp, buf, strlen(buf));
             HP_CHECK_ERR(hp_dcp_load(dir, &st, NULL, NULL), HP_ERR_INVALID_ARG, "is f16 in the checkpoint but f32");
-            hp_dcp_load_options_t cv = {1, 1, NULL, 0};
+            hp_dcp_load_options_t cv = {1, 1, NULL, 0, 0};
             HP_CHECK_ERR(hp_dcp_load(dir, &st, NULL, &cv), HP_ERR_FORMAT, "does not match the metadata chunk");
         }
     }
@@ -519,6 +573,7 @@ int main(int argc, char **argv) {
     test_strided();
     test_errors();
     test_async();
+    test_checksums();
     test_corrupt();
     hp_barrier(W, NULL);
     if (R == 0 && !getenv("HP_KEEP")) {

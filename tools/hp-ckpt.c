@@ -1,6 +1,8 @@
 /* hp-ckpt: inspect and convert checkpoints (single process, no MPI needed).
- *   hp-ckpt inspect DIR                       DCP step dir (tensors, shapes, chunks, sizes) or HF dir
- *   hp-ckpt list FOLDER                       committed step-N dirs (partial ones are warned about)
+ *   hp-ckpt inspect DIR                       DCP step dir (tensors, shapes, chunks, sizes; verifies shard
+ *                                             sizes and checksums, exit 1 when bad) or HF dir
+ *   hp-ckpt list FOLDER                       committed step-N dirs; a step with a missing or truncated
+ *                                             shard is marked INCOMPLETE (exit 1)
  *   hp-ckpt consolidate DIR OUT.safetensors   every tensor (and blob, as U8) of a DCP dir, whole
  *   hp-ckpt to-hf DIR OUT --model M --flavor F [--dtype bf16] [--max-shard-bytes N]
  *   hp-ckpt from-hf HFDIR OUT --model M --flavor F
@@ -11,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <hyperparallel/checkpoint.h>
 #include <hyperparallel/model.h>
@@ -40,43 +43,47 @@ static const char *shape_str(int nd, const int64_t *s, char *buf, size_t n) {
     return buf;
 }
 
+/* HF dir: the index through the hardened parser (every type checked), then each shard's
+ * header; every weight_map name must be in the shard the index names. */
 static int inspect_hf(const char *dir) {
     char path[4200];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    json_object *idx = json_object_from_file(path), *wm = NULL;
-    const char *files[256];
-    int nf = 0;
-    if (idx && json_object_object_get_ex(idx, "weight_map", &wm)) {
-        json_object_object_foreach(wm, k, v) {
-            (void)k;
-            const char *f = json_object_get_string(v);
-            int seen = 0;
-            for (int i = 0; i < nf; i++) seen |= !strcmp(files[i], f);
-            if (!seen && nf < 256) files[nf++] = f;
-        }
-    } else {
-        files[nf++] = "model.safetensors";
+    hp_hf_index_t *ix = NULL;
+    if (access(path, F_OK) == 0) {
+        hp_status_t s = hp_hf_index_read(path, &ix);
+        if (s != HP_OK) return fail(s);
     }
+    int nf = ix ? hp_hf_index_n_files(ix) : 1;
     printf("HF checkpoint %s: %d file(s)\n", dir, nf);
-    for (int i = 0; i < nf; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    int rc = 0;
+    for (int i = 0; i < nf && rc == 0; i++) {
+        const char *fn = ix ? hp_hf_index_file(ix, i) : "model.safetensors";
+        snprintf(path, sizeof path, "%s/%s", dir, fn);
         hp_safetensors_t *st;
         hp_status_t s = hp_safetensors_open(path, &st);
         if (s != HP_OK) {
-            json_object_put(idx);
-            return fail(s);
+            rc = fail(s);
+            break;
         }
-        printf("%s: %d tensors\n", files[i], hp_safetensors_count(st));
+        printf("%s: %d tensors\n", fn, hp_safetensors_count(st));
         for (int t = 0; t < hp_safetensors_count(st); t++) {
             const hp_st_info_t *in = hp_safetensors_info(st, t);
             char sb[128];
             printf("  %-56s %-5s %-18s %llu bytes\n", in->name, hp_st_dtype_name(in->dtype),
                    shape_str(in->ndim, in->shape, sb, sizeof sb), (unsigned long long)(in->end - in->begin));
         }
+        for (int k = 0; ix && k < hp_hf_index_count(ix) && rc == 0; k++) {
+            const char *name, *file;
+            const hp_st_info_t *info;
+            hp_hf_index_at(ix, k, &name, &file);
+            if (!strcmp(file, fn) && hp_safetensors_find(st, name, &info) != HP_OK)
+                rc = fail(hp_error(HP_ERR_FORMAT, "%s/model.safetensors.index.json: weight_map[\"%s\"] names %s, which "
+                                   "does not hold that tensor", dir, name, fn));
+        }
         hp_safetensors_close(st);
     }
-    json_object_put(idx);
-    return 0;
+    hp_hf_index_free(ix);
+    return rc;
 }
 
 static int inspect(const char *dir) {
@@ -112,7 +119,21 @@ static int inspect(const char *dir) {
         }
     }
     printf("total %llu bytes\n", (unsigned long long)total);
+    int with = 0, chunks = 0;
+    for (int i = 0; i < n; i++) {
+        const hp_dcp_entry_t *e = hp_dcp_metadata_entry(md, i);
+        for (int c = 0; c < e->n_chunks; c++) with += e->chunks[c].has_xxh3, chunks++;
+    }
     hp_dcp_metadata_free(md);
+    /* integrity: every shard present and as long as its header says; checksums when recorded */
+    s = hp_dcp_verify(dir, 1);
+    if (s != HP_OK) {
+        printf("integrity: FAILED\n");
+        return fail(s);
+    }
+    if (with == chunks) printf("integrity: OK (shard sizes and %d chunk checksums verified)\n", with);
+    else printf("integrity: OK (shard sizes verified; %d of %d chunks have no checksum: written before checksums)\n",
+                chunks - with, chunks);
     return 0;
 }
 
@@ -143,7 +164,7 @@ static int consolidate(const char *dir, const char *out) {
         nt++;
     }
     hp_dcp_state_t st = {ts, nt, bl, nb};
-    hp_dcp_load_options_t o = {0, 0, NULL, 0};
+    hp_dcp_load_options_t o = {0, 0, NULL, 0, 0};
     if (s == HP_OK) s = hp_dcp_load(dir, &st, NULL, &o);
     int k = 0;
     for (int i = 0; i < nt; i++) ents[k++] = (hp_st_entry_t){ts[i].name, &dts[i].local, HP_ST_AUTO, NULL, 0, NULL};
@@ -205,7 +226,7 @@ static int to_hf(const char *dir, const char *out, const char *model, const char
     hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
     for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
     hp_dcp_state_t st = {ts, np, NULL, 0};
-    hp_dcp_load_options_t o = {0, 1, NULL, 0};
+    hp_dcp_load_options_t o = {0, 1, NULL, 0, 0};
     if (s == HP_OK) s = hp_dcp_load(dir, &st, NULL, &o);
     for (int i = 0; s == HP_OK && i < np; i++)
         if (!ts[i].loaded) s = hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", dir, ts[i].name);
@@ -219,10 +240,10 @@ static int to_hf(const char *dir, const char *out, const char *model, const char
 static int from_hf(const char *dir, const char *out, const char *model, const char *flavor) {
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    json_object *cj = json_object_from_file(path), *v;
-    if (!cj || !json_object_object_get_ex(cj, "vocab_size", &v)) {
+    json_object *cj = json_object_from_file(path), *v = NULL;
+    if (!cj || !json_object_is_type(cj, json_type_object) || !json_object_object_get_ex(cj, "vocab_size", &v)) {
         json_object_put(cj);
-        fprintf(stderr, "hp-ckpt: %s: missing or without vocab_size\n", path);
+        fprintf(stderr, "hp-ckpt: %s: missing, not a JSON object, or without vocab_size\n", path);
         return 1;
     }
     /* json_object_get_int would clamp 1e12 to INT32_MAX and turn 1e9 or "2048" into a number */
@@ -347,8 +368,18 @@ int main(int argc, char **argv) {
         int n = 0;
         hp_status_t s = hp_dcp_list_steps(pos[0], steps, 1024, &n);
         if (s != HP_OK) return fail(s);
-        for (int i = 0; i < n && i < 1024; i++) printf("step-%lld\n", (long long)steps[i]);
-        return 0;
+        int bad = 0;
+        for (int i = 0; i < n && i < 1024; i++) {
+            char d[4200];
+            snprintf(d, sizeof d, "%s/step-%lld", pos[0], (long long)steps[i]);
+            if (hp_dcp_verify(d, 0) == HP_OK) {   /* sizes only; inspect verifies checksums */
+                printf("step-%lld\n", (long long)steps[i]);
+            } else {
+                printf("step-%lld INCOMPLETE: %s\n", (long long)steps[i], hp_last_error());
+                bad++;
+            }
+        }
+        return bad ? 1 : 0;
     }
     if (!strcmp(cmd, "seed")) {
         if (!model || !flavor || vocab <= 0) {

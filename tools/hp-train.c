@@ -1,11 +1,14 @@
 /* hp-train: train a model from a YAML config with dotted command-line overrides.
  *   hp-train --config FILE.yaml [--section.key=value ...] [--nproc N]
  * Run it under mpirun/srun, or give --nproc N to start N ranks on this machine. */
+#define _GNU_SOURCE
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <hyperparallel/checkpoint.h>
 #include <hyperparallel/comm.h>
 #include <hyperparallel/config.h>
 #include <hyperparallel/launch.h>
@@ -19,6 +22,21 @@ static void usage(FILE *f) {
             "  --section.key=V   override one key, e.g. --training.steps=20 (also '--training.steps 20')\n"
             "  --nproc N         start N MPI ranks on this machine (otherwise run under mpirun/srun)\n"
             "  --help            this text\n");
+}
+
+/* SIGTERM / SIGINT: only record the signal (async-signal-safe); the trainer stops after the
+ * current step, abandons an unfinished save and says what the last complete checkpoint is.
+ * SA_RESETHAND: a second signal ends the process at once. */
+static void on_signal(int sig) { hp_dcp_interrupt(sig); }
+
+static void install_signal_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
 }
 
 int main(int argc, char **argv) {
@@ -64,6 +82,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     int rank = hp_comm_rank(world);
+    install_signal_handlers();
     hp_config_t *cfg = calloc(1, sizeof *cfg);
     char **rest = calloc((size_t)nargs + 1, sizeof(char *));
     int nrest = 0, rc = 0;
@@ -96,6 +115,7 @@ int main(int argc, char **argv) {
         if (s != HP_OK) {
             if (rank == 0 || s == HP_ERR_NUMERIC) fprintf(stderr, "hp-train: error: %s\n", hp_last_error());
             rc = 1;
+            if (hp_dcp_interrupted() > 0) rc = 128 + hp_dcp_interrupted();   /* 143 SIGTERM, 130 SIGINT */
         }
         hp_trainer_destroy(t);
     }

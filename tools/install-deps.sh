@@ -8,6 +8,7 @@ PKGS=(gcc make cmake pkg-config
       libyaml-dev                     # YAML configs
       libpcre2-dev                    # tokenizer pre-tokenizer regexes
       libjson-c-dev                   # tokenizer.json, safetensors headers, checkpoint metadata
+      libxxhash-dev                   # XXH3 checksums of checkpoint tensors
       fortunes)                       # the bundled English demo corpus
 missing=()
 for p in "${PKGS[@]}"; do

@@ -93,6 +93,10 @@ typedef struct hp_dcp_load_options {
     int allow_convert;
     const char *const *exclude;
     int n_exclude;
+    /* 0 (default): every chunk that has a recorded checksum is read whole and verified
+     * (XXH3-64); a mismatch is HP_ERR_FORMAT naming the file and tensor. 1: skip the check
+     * (checkpoint.verify_checksums = false). Chunks without a checksum load unverified. */
+    int skip_checksums;
 } hp_dcp_load_options_t;
 hp_status_t hp_dcp_load(const char *dir, hp_dcp_state_t *st, hp_comm_t comm,
                         const hp_dcp_load_options_t *opt);
@@ -104,6 +108,9 @@ typedef struct hp_dcp_chunk {
     const char *file;        /* relative file name inside the checkpoint directory */
     const char *key;         /* tensor name inside that safetensors file */
     int rank;                /* blobs: the saving rank; tensors: the writer rank */
+    int has_xxh3;            /* 1 when the metadata records the chunk's checksum ("xxh3");
+                              * checkpoints written before checksums have none */
+    uint64_t xxh3;           /* XXH3-64 of the chunk's stored bytes (its safetensors data) */
 } hp_dcp_chunk_t;
 
 typedef struct hp_dcp_entry {
@@ -136,6 +143,27 @@ int64_t hp_dcp_metadata_step(const hp_dcp_metadata_t *md);   /* -1 when not reco
  * none. */
 hp_status_t hp_dcp_list_steps(const char *folder, int64_t *steps, int cap, int *n);
 
+/* Integrity of a committed step directory (dcp_verify.c): metadata.json parses; every file
+ * it names exists and is at least as long as its safetensors header says (8 + header
+ * length + the end of its data section); it holds every chunk key with the byte size the
+ * metadata implies; and, when `checksums`, every recorded chunk checksum matches (this reads
+ * all data; otherwise only headers are read). HP_OK, or HP_ERR_FORMAT / HP_ERR_IO with a
+ * message naming the file (and tensor) with the expected and actual size or checksum. */
+hp_status_t hp_dcp_verify(const char *dir, int checksums);
+/* The newest step-N under `folder` that passes hp_dcp_verify (sizes only). Each newer step
+ * that fails is reported with a warning naming what is wrong (and left in place: nothing
+ * saved is deleted). *step = -1 when no step is complete (*n_bad counts the failing ones;
+ * may be NULL). Local (no communication). */
+hp_status_t hp_dcp_latest_complete(const char *folder, int64_t *step, int *n_bad);
+
+/* Interruption (SIGTERM / SIGINT). A program's signal handler calls hp_dcp_interrupt(sig),
+ * which only stores the number (async-signal-safe). A save that finds any rank interrupted
+ * at its commit point is abandoned on every rank: rank 0 removes its temporary directory
+ * step-N.tmp-* and the save returns HP_ERR_STATE naming the signal, so the previous
+ * checkpoint stays the latest complete one. hp_dcp_interrupted() = the signal (0 = none). */
+void hp_dcp_interrupt(int sig);
+int hp_dcp_interrupted(void);
+
 /* --- checkpoint manager (TorchTitan's CheckpointManager) -------------------------------- */
 struct hp_config;
 struct hp_model_config;
@@ -166,7 +194,10 @@ hp_status_t hp_ckpt_manager_maybe_save(hp_ckpt_manager_t *m, int64_t step, int64
 /* Saves now (e.g. the seed checkpoint step-0, model only when model_only). */
 hp_status_t hp_ckpt_manager_save(hp_ckpt_manager_t *m, int64_t step, int model_only,
                                  const hp_ckpt_train_state_t *st);
-/* Resume: loads the latest step-N (or checkpoint.load_step) of the folder; otherwise the
+/* Resume: loads the latest complete step-N (or checkpoint.load_step) of the folder: a newer
+ * step with a missing or truncated shard, or whose data fails its checksums, is skipped with
+ * a warning naming the file (never deleted) and the previous complete step is loaded; when
+ * steps exist but none is complete, a clear error. Otherwise the
  * model from checkpoint.initial_load_path (a DCP step dir or an HF dir); otherwise nothing.
  * *loaded_step = the step loaded (0 for initial weights or a fresh start); *loaded = 1 when
  * anything was loaded. exclude_from_loading keys ("optimizer", "dataloader", "train_state",
@@ -175,6 +206,8 @@ hp_status_t hp_ckpt_manager_load(hp_ckpt_manager_t *m, const hp_ckpt_train_state
                                  int64_t *loaded_step, int *loaded);
 /* Waits for a pending async save and commits it. */
 hp_status_t hp_ckpt_manager_wait(hp_ckpt_manager_t *m);
+/* 1 while an async save is in flight (not yet committed). */
+int hp_ckpt_manager_pending(const hp_ckpt_manager_t *m);
 hp_status_t hp_ckpt_manager_destroy(hp_ckpt_manager_t *m);
 const char *hp_ckpt_manager_folder(const hp_ckpt_manager_t *m);
 
@@ -194,6 +227,19 @@ hp_status_t hp_hf_import(const char *dir, const struct hp_model_config *mc, hp_p
  * whose rows are permuted (llama3). HP_ERR_NOT_FOUND for names without a mapping. */
 hp_status_t hp_hf_name_to_hf(const struct hp_model_config *mc, const char *fqn, char *out, size_t n, int *permute);
 hp_status_t hp_hf_name_from_hf(const struct hp_model_config *mc, const char *hf, char *out, size_t n, int *permute);
+/* The HF shard index (model.safetensors.index.json, hf_index.c): an object whose
+ * "weight_map" is an object of tensor name -> plain shard file name ("metadata", when
+ * present, an object). Hostile input never crashes it (fuzz target
+ * tests/fuzz/fuzz_hf_index.c); an error names `what` (the file) and the key at fault. */
+typedef struct hp_hf_index hp_hf_index_t;
+hp_status_t hp_hf_index_parse(const char *json, size_t len, const char *what, hp_hf_index_t **out);
+hp_status_t hp_hf_index_read(const char *path, hp_hf_index_t **out);
+void hp_hf_index_free(hp_hf_index_t *ix);
+int hp_hf_index_count(const hp_hf_index_t *ix);                  /* weight_map entries */
+void hp_hf_index_at(const hp_hf_index_t *ix, int i, const char **name, const char **file);
+int hp_hf_index_n_files(const hp_hf_index_t *ix);                /* distinct shard files */
+const char *hp_hf_index_file(const hp_hf_index_t *ix, int i);
+const char *hp_hf_index_find(const hp_hf_index_t *ix, const char *name);   /* NULL: absent */
 /* 1 when a directory holds an HF checkpoint (model.safetensors.index.json or model.safetensors). */
 int hp_hf_is_hf_dir(const char *dir);
 

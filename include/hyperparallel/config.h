@@ -101,6 +101,7 @@ typedef struct hp_config {
         char export_dtype[HP_CONFIG_STR_MAX];
         char async_mode[HP_CONFIG_STR_MAX];
         hp_config_list_t exclude_from_loading;
+        bool verify_checksums;
     } checkpoint;
     struct {
         int64_t log_freq;

@@ -112,6 +112,10 @@ typedef struct hp_st_entry {
  * order; the header is padded with spaces to a multiple of 8 bytes. */
 hp_status_t hp_safetensors_write(const char *path, const hp_st_entry_t *entries, int n,
                                  const char *const *meta, int n_meta);
+/* As hp_safetensors_write; also stores in xxh3[i] the XXH3-64 checksum of entry i's stored
+ * bytes (after any dtype conversion), as the checkpoint metadata records it. */
+hp_status_t hp_safetensors_write_hashed(const char *path, const hp_st_entry_t *entries, int n,
+                                        const char *const *meta, int n_meta, uint64_t *xxh3);
 
 #ifdef __cplusplus
 }

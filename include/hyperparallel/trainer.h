@@ -37,7 +37,12 @@ typedef struct hp_step_stats {
 /* One optimizer step (all micro-batches). *stats may be NULL. */
 hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats);
 /* Runs the remaining training.steps steps with logging and validation; then writes the final
- * weights (rank 0) to job.dump_folder/weights.safetensors when dump_folder is set. */
+ * weights (rank 0) to job.dump_folder/weights.safetensors when dump_folder is set.
+ * Interruption: after every step the ranks agree (one all-reduce) on whether any got a
+ * signal through hp_dcp_interrupt (hp-train's SIGTERM / SIGINT handler); then a pending or
+ * cut-short checkpoint save is abandoned (its step-N.tmp-* directory removed) and the call
+ * returns HP_ERR_STATE with a message saying at which step, whether during a save, and
+ * which checkpoint is the last complete one; hp_dcp_interrupted() gives the signal. */
 hp_status_t hp_trainer_train(hp_trainer_t *t);
 /* Mean loss over validation.steps batches of the validation split (all ranks). */
 hp_status_t hp_trainer_validate(hp_trainer_t *t, double *loss);

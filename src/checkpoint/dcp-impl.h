@@ -19,4 +19,7 @@ typedef struct hp_dcp_box {
     int64_t g[HP_MAX_DIMS], s[HP_MAX_DIMS], l[HP_MAX_DIMS];
 } hp_dcp_box_t;
 hp_status_t hp_dcp_local_boxes(const hp_dtensor_t *t, hp_dcp_box_t **boxes, int *n);
+/* The message of a chunk whose XXH3-64 does not match metadata.json (file, tensor, how to skip). */
+hp_status_t hp_dcp_checksum_error(const char *dir, const char *file, const char *name, const char *key,
+                                  uint64_t stored, uint64_t computed);
 #endif

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -382,8 +383,68 @@ static void box_key(char *buf, size_t n, const char *name, int b, int nbox) {
     else snprintf(buf, n, "%s#%d", name, b);
 }
 
+/* The metadata document on rank 0: the JSON tree plus, per chunk, which rank's file entry it
+ * is (rank, index in that rank's entry order), so the checksums the writers compute can be
+ * filled in at the commit, after every rank has written. */
+typedef struct meta_ref {
+    json_object *chunk;
+    int rank, idx;
+} meta_ref_t;
+typedef struct meta_doc {
+    json_object *root;
+    meta_ref_t *refs;
+    int n_refs;
+} meta_doc_t;
+
+static void meta_doc_free(meta_doc_t *d) {
+    if (!d) return;
+    json_object_put(d->root);
+    free(d->refs);
+    free(d);
+}
+
+/* Adds "xxh3" (16 hex digits) to every chunk from the gathered hashes (world x len) and
+ * serialises the document. */
+static hp_status_t meta_doc_finish(const meta_doc_t *d, const int64_t *all, size_t len, int world, char **out) {
+    for (int i = 0; i < d->n_refs; i++) {
+        const meta_ref_t *r = &d->refs[i];
+        if (r->rank >= world || (size_t)r->idx >= len)
+            return hp_error(HP_ERR_COMM, "checkpoint commit: rank %d sent %zu checksums, chunk %d needs entry %d",
+                            r->rank, len, i, r->idx);
+        char hex[24];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)(uint64_t)all[(size_t)r->rank * len + (size_t)r->idx]);
+        json_object_object_add(r->chunk, "xxh3", json_object_new_string(hex));
+    }
+    const char *txt = json_object_to_json_string_ext(d->root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+                                                                 JSON_C_TO_STRING_NOSLASHESCAPE);
+    *out = txt ? strdup(txt) : NULL;
+    return *out ? HP_OK : hp_error(HP_ERR_OOM, "checkpoint metadata: out of memory");
+}
+
+static void meta_ref_add(meta_doc_t *d, int cap, json_object *c, int rank, int *counter) {
+    HP_ASSERT(d->n_refs < cap);
+    d->refs[d->n_refs++] = (meta_ref_t){c, rank, counter[rank]++};
+}
+
 /* Metadata JSON built on rank 0 from the gathered plans. */
-static hp_status_t build_metadata(const hp_dcp_state_t *st, const plan_t *p, int64_t step, char **out) {
+static hp_status_t build_metadata(const hp_dcp_state_t *st, const plan_t *p, int64_t step, meta_doc_t **out) {
+    *out = NULL;
+    int cap = st->n_blobs * p->world + 1;
+    for (int i = 0; i < st->n_tensors; i++)
+        for (int r = 0; r < p->world; r++) {
+            int nb;
+            plan_boxes(p, r, i, &nb);
+            cap += nb;
+        }
+    meta_doc_t *doc = hp_calloc(1, sizeof *doc);
+    int *counter = hp_calloc((size_t)p->world, sizeof *counter);
+    if (doc) doc->refs = hp_calloc((size_t)cap, sizeof *doc->refs);
+    if (!doc || !counter || !doc->refs) {
+        if (doc) free(doc->refs);
+        free(doc);
+        free(counter);
+        return hp_error(HP_ERR_OOM, "checkpoint metadata: out of memory");
+    }
     json_object *root = json_object_new_object();
     json_object_object_add(root, "magic", json_object_new_string(HP_DCP_MAGIC));
     json_object_object_add(root, "version", json_object_new_int(HP_DCP_VERSION));
@@ -420,6 +481,7 @@ static hp_status_t build_metadata(const hp_dcp_state_t *st, const plan_t *p, int
                 json_object_object_add(c, "key", json_object_new_string(key));
                 json_object_object_add(c, "rank", json_object_new_int(r));
                 json_object_array_add(chunks, c);
+                meta_ref_add(doc, cap, c, r, counter);
             }
         }
         json_object_object_add(e, "chunks", chunks);
@@ -441,15 +503,16 @@ static hp_status_t build_metadata(const hp_dcp_state_t *st, const plan_t *p, int
             json_object_object_add(c, "key", json_object_new_string(b->name));
             json_object_object_add(c, "size", json_object_new_int64(plan_blob_size(p, st, r, i)));
             json_object_array_add(chunks, c);
+            meta_ref_add(doc, cap, c, r, counter);
         }
         json_object_object_add(e, "chunks", chunks);
         json_object_object_add(blobs, b->name, e);
     }
     json_object_object_add(root, "blobs", blobs);
-    const char *txt = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED | JSON_C_TO_STRING_NOSLASHESCAPE);
-    *out = txt ? strdup(txt) : NULL;
-    json_object_put(root);
-    return *out ? HP_OK : hp_error(HP_ERR_OOM, "checkpoint metadata: out of memory");
+    free(counter);
+    doc->root = root;
+    *out = doc;
+    return HP_OK;
 }
 
 /* ---- writing one rank's file ------------------------------------------------------------- */
@@ -461,12 +524,14 @@ typedef struct write_job {
     int n, cap;
     int64_t (*shapes)[HP_MAX_DIMS];
     char **names;
+    uint64_t *hashes;    /* XXH3-64 of each entry's stored bytes, set by run_job */
 } write_job_t;
 
 static void job_free(write_job_t *j) {
     free(j->entries);
     free(j->views);
     free(j->shapes);
+    free(j->hashes);
     if (j->names)
         for (int i = 0; i < j->n; i++) free(j->names[i]);
     free(j->names);
@@ -508,7 +573,8 @@ static hp_status_t build_job(const hp_dcp_state_t *st, const plan_t *p, const ch
     j->views = hp_calloc((size_t)cap, sizeof *j->views);
     j->shapes = hp_calloc((size_t)cap, sizeof *j->shapes);
     j->names = hp_calloc((size_t)cap, sizeof *j->names);
-    if (!j->entries || !j->views || !j->shapes || !j->names) {
+    j->hashes = hp_calloc((size_t)cap, sizeof *j->hashes);
+    if (!j->entries || !j->views || !j->shapes || !j->names || !j->hashes) {
         job_free(j);
         return HP_ERR_OOM;
     }
@@ -571,7 +637,7 @@ static hp_status_t build_job(const hp_dcp_state_t *st, const plan_t *p, const ch
 
 static hp_status_t run_job(const write_job_t *j) {
     const char *meta[4] = {"format", "hyperparallel-dcp", "dcp_version", "1"};
-    return hp_safetensors_write(j->path, j->entries, j->n, meta, 2);
+    return hp_safetensors_write_hashed(j->path, j->entries, j->n, meta, 2, j->hashes);
 }
 
 /* ---- commit ------------------------------------------------------------------------------- */
@@ -632,16 +698,64 @@ static hp_status_t prepare_tmpdir(const char *dir, hp_comm_t comm, char *tmpdir,
     return s;
 }
 
-/* Collective after every rank has written (local status s): agree, commit on rank 0, agree. */
-static hp_status_t finish_save(const char *tmpdir, const char *dir, const char *meta, hp_comm_t comm, hp_status_t s) {
+/* ---- interruption ------------------------------------------------------------------------ */
+
+static volatile sig_atomic_t interrupt_sig;
+
+void hp_dcp_interrupt(int sig) { interrupt_sig = sig ? sig : -1; }
+int hp_dcp_interrupted(void) { return (int)interrupt_sig; }
+
+/* Collective after every rank has written (local status s, this rank's entry checksums):
+ * agree; learn whether any rank was interrupted and the longest checksum list (one
+ * all-reduce); gather the checksums; rank 0 completes the metadata and commits; agree. An
+ * interrupted save is abandoned and its temporary directory removed. */
+static hp_status_t finish_save(const char *tmpdir, const char *dir, const meta_doc_t *meta, hp_comm_t comm,
+                               hp_status_t s, const uint64_t *hashes, int nh) {
     s = hp_dcp_agree(comm, s, "checkpoint: writing the rank files");
+    int64_t v[2] = {hp_dcp_interrupted(), nh}, mx[2] = {v[0], v[1]};
+    hp_status_t cs = HP_OK;
+    if (comm && csize(comm) > 1) cs = hp_all_reduce(v, mx, 2, HP_I64, HP_MAX, comm, NULL);
+    if (cs != HP_OK) return cs;
+    if (mx[0] != 0) {
+        hp_dcp_interrupt((int)mx[0]);   /* every rank learns it, also those the signal has not reached yet */
+        if (crank(comm) == 0) {
+            hp_status_t r = hp_dcp_rmtree(tmpdir);
+            hp_log(HP_LOG_WARN, "checkpoint %s abandoned: interrupted by signal %lld before the commit; %s %s", dir,
+                   (long long)mx[0], r == HP_OK ? "removed the partial" : "could not remove the partial", tmpdir);
+        }
+        return hp_error(HP_ERR_STATE, "checkpoint %s: interrupted by signal %lld during the save; not committed "
+                        "(the previous checkpoint is unchanged)", dir, (long long)mx[0]);
+    }
     if (s != HP_OK) {
         if (crank(comm) == 0) hp_log(HP_LOG_WARN, "checkpoint %s not committed; leaving partial %s", dir, tmpdir);
         return s;
     }
-    hp_status_t c = HP_OK;
-    if (crank(comm) == 0) c = commit_rank0(tmpdir, dir, meta);
+    size_t len = (size_t)(mx[1] > 0 ? mx[1] : 1);
+    int world = csize(comm);
+    int64_t *mine = hp_calloc(len, sizeof *mine), *all = hp_calloc(len * (size_t)world, sizeof *all);
+    hp_status_t c = mine && all ? HP_OK : hp_error(HP_ERR_OOM, "checkpoint commit: no memory for the checksums");
+    if (c == HP_OK) {
+        for (int i = 0; i < nh; i++) mine[i] = (int64_t)hashes[i];
+        if (comm && world > 1) c = hp_all_gather(mine, all, len, HP_I64, comm, NULL);
+        else memcpy(all, mine, len * sizeof *mine);
+    }
+    c = hp_dcp_agree(comm, c, "checkpoint: gathering the checksums");
+    char *txt = NULL;
+    if (c == HP_OK && crank(comm) == 0) {
+        c = meta_doc_finish(meta, all, len, world, &txt);
+        if (c == HP_OK) c = commit_rank0(tmpdir, dir, txt);
+    }
+    free(txt);
+    free(mine);
+    free(all);
     return hp_dcp_agree(comm, c, "checkpoint: committing the metadata");
+}
+
+/* Test hook: HP_DCP_TEST_SIGNAL_STEP=N makes rank 0 raise SIGTERM after writing its file of
+ * step-N, so a test can interrupt a save deterministically (tests/test_train_signal.c). */
+static void test_signal_hook(const char *dir, int rank) {
+    const char *e = getenv("HP_DCP_TEST_SIGNAL_STEP");
+    if (e && *e && rank == 0 && atoll(e) == step_of_dir(dir)) raise(SIGTERM);
 }
 
 hp_status_t hp_dcp_save(const char *dir, const hp_dcp_state_t *st, hp_comm_t comm) {
@@ -651,19 +765,19 @@ hp_status_t hp_dcp_save(const char *dir, const hp_dcp_state_t *st, hp_comm_t com
     HP_TRY(make_plan(st, comm, &p));
     char tmpdir[4200];
     s = prepare_tmpdir(dir, comm, tmpdir, sizeof tmpdir);
-    char *meta = NULL;
+    meta_doc_t *meta = NULL;
     if (s == HP_OK) {
         hp_status_t w = HP_OK;
         if (p.rank == 0) w = build_metadata(st, &p, step_of_dir(dir), &meta);
         write_job_t j;
+        memset(&j, 0, sizeof j);
         if (w == HP_OK) w = build_job(st, &p, tmpdir, NULL, &j);
-        if (w == HP_OK) {
-            w = run_job(&j);
-            job_free(&j);
-        }
-        s = finish_save(tmpdir, dir, meta, comm, w);
+        if (w == HP_OK) w = run_job(&j);
+        if (w == HP_OK) test_signal_hook(dir, p.rank);
+        s = finish_save(tmpdir, dir, meta, comm, w, j.hashes, w == HP_OK ? j.n : 0);
+        job_free(&j);
     }
-    free(meta);
+    meta_doc_free(meta);
     plan_free(&p);
     return s;
 }
@@ -681,7 +795,7 @@ struct hp_dcp_saver {
     char message[1024];
     write_job_t job;
     char dir[4096], tmpdir[4200];
-    char *meta;
+    meta_doc_t *meta;
 };
 
 hp_status_t hp_dcp_saver_create(hp_comm_t comm, hp_dcp_saver_t **out) {
@@ -707,9 +821,9 @@ static hp_status_t saver_complete(hp_dcp_saver_t *s) {
     if (s->threaded) pthread_join(s->thread, NULL);
     hp_status_t w = s->status;
     if (w != HP_OK) w = hp_error(w, "async checkpoint %s: %s", s->dir, s->message);
-    hp_status_t r = finish_save(s->tmpdir, s->dir, s->meta, s->comm, w);
+    hp_status_t r = finish_save(s->tmpdir, s->dir, s->meta, s->comm, w, s->job.hashes, w == HP_OK ? s->job.n : 0);
     job_free(&s->job);
-    free(s->meta);
+    meta_doc_free(s->meta);
     s->meta = NULL;
     s->pending = 0;
     return r;
@@ -762,7 +876,7 @@ hp_status_t hp_dcp_saver_save(hp_dcp_saver_t *s, const char *dir, const hp_dcp_s
             s->pending = 1;
         } else {
             job_free(&s->job);
-            free(s->meta);
+            meta_doc_free(s->meta);
             s->meta = NULL;
         }
         r = w;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "hyperparallel/safetensors.h"
 #include "dcp-impl.h"
@@ -64,6 +65,7 @@ typedef struct open_file {
 
 typedef struct loader {
     const char *dir;
+    int verify;          /* check each chunk's recorded XXH3-64 (reads the chunk whole) */
     open_file_t files[64];
     int n_files, next_evict;
     unsigned char *scratch;
@@ -141,6 +143,16 @@ static int excluded(const hp_dcp_load_options_t *o, const char *name) {
     return 0;
 }
 
+/* Reads a whole chunk into L->scratch and checks it against its recorded checksum. */
+static hp_status_t read_verified(loader_t *L, open_file_t *f, const hp_st_info_t *info, const hp_dcp_chunk_t *ch,
+                                 const char *name) {
+    size_t n = (size_t)(info->end - info->begin);
+    HP_TRY(read_rows(L, f, info, 0, n));
+    uint64_t h = XXH3_64bits(n ? (const void *)L->scratch : "", n);
+    if (h != ch->xxh3) return hp_dcp_checksum_error(L->dir, f->name, name, ch->key, ch->xxh3, h);
+    return HP_OK;
+}
+
 static hp_status_t load_tensor(loader_t *L, const hp_dcp_entry_t *e, hp_dcp_tensor_t *x, int allow_convert) {
     hp_tensor_t *lt = &x->t->local;
     const int64_t *gshape = x->t->mesh ? x->t->global_shape : lt->shape;
@@ -201,7 +213,9 @@ static hp_status_t load_tensor(loader_t *L, const hp_dcp_entry_t *e, hp_dcp_tens
             int64_t row = 1;
             for (int d = 1; d < nd; d++) row *= ch->sizes[d];
             int64_t r0 = nd ? lo[0] - ch->offsets[0] : 0, nr = nd ? len[0] : 1;
-            s = read_rows(L, f, info, (uint64_t)(r0 * row) * es, (size_t)(nr * row) * es);
+            int whole = L->verify && ch->has_xxh3;   /* verified: the chunk is read whole */
+            if (whole) s = read_verified(L, f, info, ch, x->name);
+            else s = read_rows(L, f, info, (uint64_t)(r0 * row) * es, (size_t)(nr * row) * es);
             if (s != HP_OK) break;
             int64_t csz[HP_MAX_DIMS], soff[HP_MAX_DIMS], doff[HP_MAX_DIMS];
             for (int d = 0; d < nd; d++) {
@@ -209,7 +223,7 @@ static hp_status_t load_tensor(loader_t *L, const hp_dcp_entry_t *e, hp_dcp_tens
                 soff[d] = lo[d] - ch->offsets[d];
                 doff[d] = lo[d] - tb->g[d] + tb->l[d];
             }
-            if (nd) {
+            if (nd && !whole) {
                 csz[0] = nr;
                 soff[0] = 0;
             }
@@ -245,7 +259,8 @@ static hp_status_t load_blob(loader_t *L, const hp_dcp_metadata_t *md, const hp_
     if (hp_safetensors_find(f->st, ch->key, &info) != HP_OK || info->dtype != HP_ST_U8 || info->end - info->begin != n)
         return hp_error(HP_ERR_FORMAT, "checkpoint %s: blob '%s' is missing from %s or has the wrong size", L->dir,
                         b->name, ch->file);
-    HP_TRY(read_rows(L, f, info, 0, n));
+    if (L->verify && ch->has_xxh3) HP_TRY(read_verified(L, f, info, ch, b->name));
+    else HP_TRY(read_rows(L, f, info, 0, n));
     if (n) memcpy(b->data, L->scratch, n);
     b->size = n;
     b->loaded = 1;
@@ -294,6 +309,7 @@ static hp_status_t load_local(const char *dir, hp_dcp_state_t *st, int rank, int
     loader_t L;
     memset(&L, 0, sizeof L);
     L.dir = dir;
+    L.verify = !(o && o->skip_checksums);
     for (int i = 0; s == HP_OK && i < st->n_tensors; i++) {
         hp_dcp_tensor_t *x = &st->tensors[i];
         if (excluded(o, x->name)) continue;

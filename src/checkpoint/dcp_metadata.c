@@ -150,6 +150,23 @@ static hp_status_t parse_chunks(json_object *e, hp_dcp_entry_t *out, const char 
                                     what, cctx, (long long)ch[i].offsets[d], (long long)(ch[i].offsets[d] + ch[i].sizes[d]),
                                     d, (long long)out->shape[d]);
         }
+        json_object *xv;
+        if (json_object_object_get_ex(c, "xxh3", &xv)) {   /* optional: older checkpoints have none */
+            const char *hx = json_object_is_type(xv, json_type_string) ? json_object_get_string(xv) : NULL;
+            int okx = hx && strlen(hx) == 16;
+            uint64_t h = 0;
+            for (int k = 0; okx && k < 16; k++) {
+                char ch_ = hx[k];
+                int dv = ch_ >= '0' && ch_ <= '9' ? ch_ - '0' : ch_ >= 'a' && ch_ <= 'f' ? ch_ - 'a' + 10 : -1;
+                if (dv < 0) okx = 0;
+                h = (h << 4) | (uint64_t)(dv < 0 ? 0 : dv);
+            }
+            if (!okx)
+                return hp_error(HP_ERR_FORMAT, "%s: %s: \"xxh3\" is not a string of 16 lowercase hex digits", what,
+                                cctx);
+            ch[i].has_xxh3 = 1;
+            ch[i].xxh3 = h;
+        }
         ch[i].rank = (int)rank;
         ch[i].file = strdup(file);
         ch[i].key = strdup(key);

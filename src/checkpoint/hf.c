@@ -327,15 +327,9 @@ static void warn_extra_tensors(const char *dir, const hp_model_config_t *mc, hp_
 static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params,
                                 int warn) {
     char path[4200];
-    json_object *idx = NULL, *wm = NULL;
+    hp_hf_index_t *wm = NULL;   /* hardened parser: every type checked, plain file names */
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    if (access(path, R_OK) == 0) {
-        idx = json_object_from_file(path);
-        if (!idx || !json_object_object_get_ex(idx, "weight_map", &wm) || !json_object_is_type(wm, json_type_object)) {
-            json_object_put(idx);
-            return hp_error(HP_ERR_FORMAT, "%s: not valid JSON with a \"weight_map\" object", path);
-        }
-    }
+    if (access(path, R_OK) == 0) HP_TRY(hp_hf_index_read(path, &wm));
     hp_safetensors_t *open_st[32] = {0};
     char open_name[32][256];
     int n_open = 0;
@@ -351,20 +345,15 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
         if (s != HP_OK) break;
         const char *fname = "model.safetensors";
         if (wm) {
-            json_object *v = NULL;
-            if (!json_object_object_get_ex(wm, hf, &v) && !strcmp(hf, "lm_head.weight") &&
-                json_object_object_get_ex(wm, "model.embed_tokens.weight", &v))
+            const char *v = hp_hf_index_find(wm, hf);
+            if (!v && !strcmp(hf, "lm_head.weight") && (v = hp_hf_index_find(wm, "model.embed_tokens.weight")))
                 snprintf(hf, sizeof hf, "model.embed_tokens.weight");   /* tied embeddings */
-            if (!v || !json_object_object_get_ex(wm, hf, &v) || !json_object_is_type(v, json_type_string)) {
+            if (!v) {
                 if (nmiss < 6) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%s'", nmiss ? ", " : "", hf);
                 nmiss++;
                 continue;
             }
-            fname = json_object_get_string(v);
-            if (!fname[0] || strchr(fname, '/') || fname[0] == '.') {
-                s = hp_error(HP_ERR_FORMAT, "%s: weight_map file '%s' is not a plain file name", path, fname);
-                break;
-            }
+            fname = v;
         }
         int k = 0;
         for (; k < n_open; k++)
@@ -444,7 +433,7 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
     if (s == HP_OK && warn) warn_extra_tensors(dir, mc, params, n_params, wm, wm ? NULL : open_st[0]);
     for (int k = 0; k < n_open; k++) hp_safetensors_close(open_st[k]);
     free(buf);
-    json_object_put(idx);
+    hp_hf_index_free(wm);
     return s;
 }
 

@@ -22,6 +22,7 @@ struct hp_ckpt_manager {
     int last_model_only;
     hp_dtype_t export_dtype;
     int async;
+    int skip_checksums;      /* !checkpoint.verify_checksums */
     hp_dcp_saver_t *saver;
     char pending_dir[2 * HP_CONFIG_STR_MAX + 32];   /* the async save in flight (for the log) */
     char initial[HP_CONFIG_STR_MAX];
@@ -65,6 +66,7 @@ hp_status_t hp_ckpt_manager_create(const hp_config_t *cfg, hp_comm_t world, hp_c
     m->last_model_only = cfg->checkpoint.last_save_model_only;
     m->export_dtype = !strcmp(cfg->checkpoint.export_dtype, "bfloat16") ? HP_BF16 : HP_F32;
     m->async = strcmp(cfg->checkpoint.async_mode, "disabled") != 0;
+    m->skip_checksums = !cfg->checkpoint.verify_checksums;
     snprintf(m->initial, sizeof m->initial, "%s", cfg->checkpoint.initial_load_path);
     m->exclude_store = *ex;
     m->n_exclude = ex->n;
@@ -244,6 +246,8 @@ hp_status_t hp_ckpt_manager_wait(hp_ckpt_manager_t *m) {
     return HP_OK;
 }
 
+int hp_ckpt_manager_pending(const hp_ckpt_manager_t *m) { return m->saver && hp_dcp_saver_pending(m->saver); }
+
 hp_status_t hp_ckpt_manager_destroy(hp_ckpt_manager_t *m) {
     if (!m) return HP_OK;
     hp_status_t s = hp_ckpt_manager_wait(m);
@@ -270,7 +274,7 @@ static hp_status_t load_dir(hp_ckpt_manager_t *m, const char *dir, const hp_ckpt
     hp_dcp_metadata_free(md);
     built_t b;
     HP_TRY(build_state(st, !full, -1, dl_cap ? dl_cap : 1, &b));
-    hp_dcp_load_options_t o = {full, 1, m->exclude, full ? m->n_exclude : 0};
+    hp_dcp_load_options_t o = {full, 1, m->exclude, full ? m->n_exclude : 0, m->skip_checksums};
     s = hp_dcp_load(dir, &b.st, m->comm, &o);
     if (s == HP_OK && !full) {
         /* model-only: every parameter must be there */
@@ -317,6 +321,19 @@ static hp_status_t load_dir(hp_ckpt_manager_t *m, const char *dir, const hp_ckpt
     return s;
 }
 
+/* Rank 0 checks a step's files (sizes, keys) and tells every rank; the failure text stays
+ * in `why` on rank 0. */
+static hp_status_t step_complete(hp_ckpt_manager_t *m, const char *dir, int *ok, char *why, size_t n) {
+    int64_t v = 1;
+    if (m->rank == 0 && hp_dcp_verify(dir, 0) != HP_OK) {
+        v = 0;
+        snprintf(why, n, "%s", hp_last_error());
+    }
+    if (m->comm && hp_comm_size(m->comm) > 1) HP_TRY(hp_broadcast(&v, 1, HP_I64, 0, m->comm, NULL));
+    *ok = (int)v;
+    return HP_OK;
+}
+
 hp_status_t hp_ckpt_manager_load(hp_ckpt_manager_t *m, const hp_ckpt_train_state_t *st, int64_t *loaded_step,
                                  int *loaded) {
     *loaded_step = 0;
@@ -327,7 +344,6 @@ hp_status_t hp_ckpt_manager_load(hp_ckpt_manager_t *m, const hp_ckpt_train_state
     HP_TRY(hp_dcp_agree(m->comm, s, "checkpoint: listing the folder"));
     if (n > 4096) n = 4096;
     if (n > 0) {
-        int64_t want = steps[n - 1];
         if (m->load_step >= 0) {
             int found = 0;
             for (int i = 0; i < n; i++) found |= steps[i] == m->load_step;
@@ -338,14 +354,47 @@ hp_status_t hp_ckpt_manager_load(hp_ckpt_manager_t *m, const hp_ckpt_train_state
                 return hp_error(HP_ERR_NOT_FOUND, "checkpoint.load_step = %lld but %s holds steps %s", (long long)m->load_step,
                                 m->folder, list);
             }
-            want = m->load_step;
         }
-        char dir[2 * HP_CONFIG_STR_MAX + 32];
-        snprintf(dir, sizeof dir, "%s/step-%lld", m->folder, (long long)want);
-        HP_TRY(load_dir(m, dir, st, 0, loaded_step));
-        if (m->rank == 0) hp_log(HP_LOG_INFO, "checkpoint: resumed from %s (step %lld)", dir, (long long)*loaded_step);
-        *loaded = 1;
-        return HP_OK;
+        /* newest first; an incomplete or corrupt step is skipped with a warning and kept on disk
+         * (nothing saved is deleted); an explicit load_step does not fall back */
+        char why[1024] = "";
+        int n_bad = 0;
+        int64_t newest_bad = -1;
+        for (int i = n - 1; i >= 0; i--) {
+            if (m->load_step >= 0 && steps[i] != m->load_step) continue;
+            char dir[2 * HP_CONFIG_STR_MAX + 32];
+            snprintf(dir, sizeof dir, "%s/step-%lld", m->folder, (long long)steps[i]);
+            int ok = 0;
+            HP_TRY(step_complete(m, dir, &ok, why, sizeof why));
+            if (ok) {
+                s = load_dir(m, dir, st, 0, loaded_step);
+                if (s == HP_OK) {
+                    if (m->rank == 0) {
+                        hp_log(HP_LOG_INFO, "checkpoint: resumed from %s (step %lld)", dir, (long long)*loaded_step);
+                        if (n_bad)
+                            hp_log(HP_LOG_WARN, "checkpoint: resumed from step %lld, not from the newer step %lld, "
+                                   "which is incomplete or corrupt (kept on disk; see the warning above)",
+                                   (long long)steps[i], (long long)newest_bad);
+                    }
+                    *loaded = 1;
+                    return HP_OK;
+                }
+                /* a corrupt shard (bad checksum, bad header) falls back; anything else (a
+                 * different model, missing keys) is a real error */
+                if (s != HP_ERR_FORMAT || m->load_step >= 0) return s;
+                snprintf(why, sizeof why, "%s", hp_last_error());
+            } else if (m->load_step >= 0) {
+                return hp_error(HP_ERR_FORMAT, "checkpoint.load_step = %lld: %s is incomplete: %s", (long long)m->load_step,
+                                dir, m->rank == 0 ? why : "see rank 0's log");
+            }
+            if (m->rank == 0)
+                hp_log(HP_LOG_WARN, "checkpoint: skipping %s (kept on disk): %s", dir, why);
+            if (newest_bad < 0) newest_bad = steps[i];
+            n_bad++;
+        }
+        return hp_error(HP_ERR_FORMAT, "checkpoint folder %s holds %d step(s) but none is complete (newest problem: %s). "
+                        "Hint: restore the files, set checkpoint.load_step, or move the folder aside to start fresh",
+                        m->folder, n_bad, m->rank == 0 ? why : "see rank 0's log");
     }
     if (m->initial[0]) {
         if (hp_hf_is_hf_dir(m->initial)) {

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c assumes a little-endian host (the format stores little-endian data)"
@@ -692,22 +693,33 @@ static hp_status_t write_all(FILE *f, const void *p, size_t n, const char *path)
     return HP_OK;
 }
 
+/* Writes the bytes and, when hash != NULL, stores their XXH3-64 (the checkpoint checksum). */
+static hp_status_t write_bytes(FILE *f, const void *p, size_t n, const char *path, uint64_t *hash) {
+    if (hash) *hash = XXH3_64bits(n ? p : "", n);
+    return write_all(f, p, n, path);
+}
+
 static hp_status_t write_entry_data(FILE *f, const hp_st_entry_t *e, const entry_plan_t *p,
-                                    const char *path) {
-    if (!e->tensor) return write_all(f, e->raw, (size_t)p->nbytes, path);
+                                    const char *path, uint64_t *hash) {
+    if (!e->tensor) return write_bytes(f, e->raw, (size_t)p->nbytes, path, hash);
     const hp_tensor_t *t = e->tensor;
     if (st_to_hp(p->dtype) == (int)t->dtype && hp_tensor_is_contiguous(t))
-        return write_all(f, t->data, (size_t)p->nbytes, path);
+        return write_bytes(f, t->data, (size_t)p->nbytes, path, hash);
     hp_tensor_t tmp;
     HP_TRY(hp_tensor_malloc(&tmp, (hp_dtype_t)st_to_hp(p->dtype), t->ndim, t->shape));
     hp_status_t s = hp_tensor_copy(&tmp, t);
-    if (s == HP_OK) s = write_all(f, tmp.data, (size_t)p->nbytes, path);
+    if (s == HP_OK) s = write_bytes(f, tmp.data, (size_t)p->nbytes, path, hash);
     hp_tensor_free_data(&tmp);
     return s;
 }
 
 hp_status_t hp_safetensors_write(const char *path, const hp_st_entry_t *entries, int n,
                                  const char *const *meta, int n_meta) {
+    return hp_safetensors_write_hashed(path, entries, n, meta, n_meta, NULL);
+}
+
+hp_status_t hp_safetensors_write_hashed(const char *path, const hp_st_entry_t *entries, int n,
+                                        const char *const *meta, int n_meta, uint64_t *xxh3) {
     if (n < 0 || n_meta < 0 || (n > 0 && !entries) || (n_meta > 0 && !meta))
         return hp_error(HP_ERR_INVALID_ARG, "%s: bad entry or metadata count", path);
     for (int i = 0; i < n; i++)
@@ -777,7 +789,7 @@ hp_status_t hp_safetensors_write(const char *path, const hp_st_entry_t *entries,
             if (s == HP_OK) s = write_all(f, js, jl, path);
             for (size_t i = jl; s == HP_OK && i < padded; i++) s = write_all(f, " ", 1, path);
         }
-        for (int i = 0; s == HP_OK && i < n; i++) s = write_entry_data(f, &entries[i], &plan[i], path);
+        for (int i = 0; s == HP_OK && i < n; i++) s = write_entry_data(f, &entries[i], &plan[i], path, xxh3 ? &xxh3[i] : NULL);
         if (s == HP_OK && fflush(f) != 0)
             s = hp_error(HP_ERR_IO, "%s: flush failed: %s", path, strerror(errno));
         if (s == HP_OK && fsync(fileno(f)) != 0)

@@ -128,6 +128,9 @@ static const hp_config_key_t schema_[] = {
       "Write checkpoints in the background."),
     K(checkpoint, exclude_from_loading, LIST, "", NULL, NULL,
       "State keys not restored on load (model, optimizer, lr_scheduler, dataloader, train_state)."),
+    K(checkpoint, verify_checksums, BOOL, "true", NULL, NULL,
+      "Verify each tensor's XXH3 checksum (recorded in metadata.json) when loading; false skips the check. "
+      "Checkpoints without checksums load unverified."),
     /* metrics */
     KI(metrics, log_freq, "10", 1, I64, NULL, "Log at step 1 and every log_freq steps."),
     K(metrics, enable_tensorboard, BOOL, "false", NULL, NULL, "Write TensorBoard event files."),

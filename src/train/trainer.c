@@ -7,6 +7,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stddef.h>
 #include <math.h>
 #include <stdio.h>
@@ -744,13 +745,60 @@ static hp_status_t save_final_weights(hp_trainer_t *t) {
     return s;
 }
 
+static const char *signal_name(int sig) {
+    return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a signal";
+}
+
+/* Every rank: whether any rank was interrupted (a signal reaches ranks at different times). */
+static hp_status_t agree_interrupt(hp_trainer_t *t, int *sig) {
+    int64_t v = hp_dcp_interrupted(), g = v;
+    if (t->world && t->world_size > 1) HP_TRY(hp_all_reduce(&v, &g, 1, HP_I64, HP_MAX, t->world, NULL));
+    if (g && !hp_dcp_interrupted()) hp_dcp_interrupt((int)g);
+    *sig = (int)g;
+    return HP_OK;
+}
+
+/* After an interruption (every rank): abandon a pending async save (its temporary directory
+ * is removed), find the last complete checkpoint, and say it all in one error. */
+static hp_status_t interrupted(hp_trainer_t *t, int sig, int save_cut) {
+    char what[256] = "";
+    if (t->ckpt && hp_ckpt_manager_pending(t->ckpt)) {
+        save_cut = 1;
+        (void)hp_ckpt_manager_wait(t->ckpt);   /* sees the interrupt: abandons, removes the tmp dir */
+    }
+    if (save_cut)
+        snprintf(what, sizeof what, "during the checkpoint save of step %lld (abandoned: not committed, its "
+                 "temporary directory removed)", (long long)t->step);
+    else
+        snprintf(what, sizeof what, "after step %lld of %lld", (long long)t->step, (long long)t->cfg.training.steps);
+    char last[2 * HP_CONFIG_STR_MAX + 200] = "checkpointing is off (checkpoint.enable = false): nothing was saved";
+    if (t->ckpt) {
+        int64_t ls = -1;
+        if (t->rank == 0 && hp_dcp_latest_complete(hp_ckpt_manager_folder(t->ckpt), &ls, NULL) != HP_OK) ls = -1;
+        if (ls >= 0)
+            snprintf(last, sizeof last, "the last complete checkpoint is step-%lld in %s (rerun the same command to "
+                     "resume from it)", (long long)ls, hp_ckpt_manager_folder(t->ckpt));
+        else
+            snprintf(last, sizeof last, "no complete checkpoint exists in %s", hp_ckpt_manager_folder(t->ckpt));
+    }
+    return hp_error(HP_ERR_STATE, "interrupted by %s (signal %d) %s; %s", signal_name(sig), sig, what, last);
+}
+
 hp_status_t hp_trainer_train(hp_trainer_t *t) {
     const hp_config_t *c = &t->cfg;
     while (t->step < c->training.steps) {
         hp_step_stats_t st;
-        HP_TRY(hp_trainer_step(t, &st));
+        hp_status_t ss = hp_trainer_step(t, &st);
+        int sig = 0;
+        if (ss != HP_OK) {
+            /* a save cut short by a signal fails on every rank and sets the flag everywhere */
+            if (hp_dcp_interrupted()) return interrupted(t, hp_dcp_interrupted(), 1);
+            return ss;
+        }
         if (hp_metrics_should_log(t->metrics, st.step))
             HP_TRY(hp_metrics_log(t->metrics, st.step, st.loss, NAN, st.grad_norm, st.lr, NULL));
+        HP_TRY(agree_interrupt(t, &sig));
+        if (sig) return interrupted(t, sig, 0);
         if (t->val_dl && c->validation.freq > 0 && st.step % c->validation.freq == 0) {
             double vl;
             HP_TRY(hp_trainer_validate(t, &vl));
