@@ -292,7 +292,7 @@ static int is_extra(const char *tn, char (*want)[160], int nw, int tied) {
 /* Warns about each tensor of the checkpoint that no parameter maps to (it is ignored):
  * the names of the index's weight_map, or of the single file's tensors. */
 static void warn_extra_tensors(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params,
-                               json_object *wm, const hp_safetensors_t *single) {
+                               const hp_hf_index_t *wm, const hp_safetensors_t *single) {
     char (*want)[160] = hp_calloc((size_t)n_params + 1, sizeof *want);
     if (!want) return;
     int nw = 0;
@@ -304,8 +304,9 @@ static void warn_extra_tensors(const char *dir, const hp_model_config_t *mc, hp_
     for (int i = 0; i < nw; i++) tied &= strcmp(want[i], "lm_head.weight") != 0;
     int extra = 0;
     if (wm) {
-        json_object_object_foreach(wm, key, val) {
-            (void)val;
+        for (int k = 0; k < hp_hf_index_count(wm); k++) {
+            const char *key = NULL, *file = NULL;
+            hp_hf_index_at(wm, k, &key, &file);
             if (is_extra(key, want, nw, tied) && extra++ < 20)
                 hp_log(HP_LOG_WARN, "HF checkpoint %s: tensor '%s' is not a parameter of the %s model; ignored", dir,
                        key, mc->name);
