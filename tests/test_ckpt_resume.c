@@ -4,7 +4,7 @@
  * load_step picks a step; exclude_from_loading is validated; on 2 ranks a run saved under FSDP
  * resumes under DDP within tolerance; HF export of the trained model
  * and import through checkpoint.initial_load_path restore the weights bitwise. */
-// hp-test: ranks 1 2 timeout 300
+// hp-test: ranks 1 2 timeout 300 coretype 2
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

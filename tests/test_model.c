@@ -1,7 +1,7 @@
 // Model flavors against TorchTitan's numbers (parameter counts, FLOPs/token), config errors,
 // parameter names and shapes, init statistics, forward/backward sanity (initial loss near
 // ln V, ignore index, loss divisor), no heap allocation in a step, bitwise determinism.
-// hp-test: ranks 1 timeout 120
+// hp-test: ranks 1 timeout 120 coretype 1
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

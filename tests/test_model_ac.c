@@ -4,7 +4,7 @@
 // llama3 debugmodel (4 layers, T 32) are bitwise equal to AC off, the activation arena is
 // strictly smaller with AC full and k = 2 (k = 3 checkpoints one block: no saving), and bad arguments and a change between forward and backward are
 // refused.
-// hp-test: ranks 1 timeout 120
+// hp-test: ranks 1 timeout 120 coretype 1
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/model.h"

@@ -2,7 +2,7 @@
 // (tails of tiles and SIMD lanes), MHA and GQA, both RoPE styles, ignored targets.
 // Tolerances: f32 kernels vs double references, |a - b| <= 1e-5 + 1e-4 |b| (GEMM-backed
 // kernels: 2e-5 + 2e-4 |b|, sums over up to 300 terms).
-// hp-test: ranks 1 timeout 120
+// hp-test: ranks 1 timeout 120 coretype 1
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

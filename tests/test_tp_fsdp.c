@@ -11,7 +11,7 @@
  * rest (HSDP: Replicate() first), global shape the full parameter's, local shape the layout's;
  * full_tensor of the initial values equals the reference weights bitwise. With and without
  * sequence parallel + loss_parallel. */
-// hp-test: ranks 4 8 timeout 240
+// hp-test: ranks 4 8 timeout 240 coretype 4
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * the single-rank computation of the same module (outputs, input and weight gradients).
  * Linear(16, 16) on input (8, 16); embedding (16 x 16) on token ids (2, 8); loss_parallel
  * against the full cross-entropy. */
-// hp-test: ranks 2 4 timeout 60
+// hp-test: ranks 2 4 timeout 60 coretype 2
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * 6 AdamW steps equal the single-rank run of the same config computed in the same program
  * (rank 0 alone on a split communicator), relative 1e-4 (norms 1e-3); an indivisible
  * sequence length under sequence parallel is refused by name. */
-// hp-test: ranks 2 timeout 240
+// hp-test: ranks 2 timeout 240 coretype 2
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
