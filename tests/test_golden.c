@@ -4,7 +4,7 @@
  * loss and every parameter gradient of one forward/backward, then 10 AdamW steps with the
  * TorchTitan warmup-stable-decay schedule and clipping: per-step loss, grad norm, learning rate,
  * and the final weights. Tolerances (relative to each tensor's max |ref|) are stated below. */
-// hp-test: ranks 1 timeout 120
+// hp-test: ranks 1 timeout 120 coretype 1
 #include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
@@ -155,6 +155,17 @@ static void run_model(const char *model) {
             worst_grad = e;
             worst_name = p->name;
         }
+    }
+    {   /* negative test (STYLE rule 17): a gradient 1e-3 too large must be out of tolerance */
+        hp_param_t *p = &hp_model_params(m)[1];
+        const int64_t n = hp_tensor_numel(&p->grad.local);
+        float *bad = malloc(sizeof(float) * (size_t)n);
+        for (int64_t k = 0; k < n; k++) bad[k] = ((const float *)p->grad.local.data)[k] * (1.0f + 1e-3f);
+        snprintf(key, sizeof key, "grad.%s", p->name);
+        double e = rel_err(st, key, bad, n, NULL);
+        HP_CHECK(e > TOL_GRAD, "%s negative test: grad %s scaled by 1 + 1e-3 has rel err %.3g <= %g", model, p->name, e,
+                 TOL_GRAD);
+        free(bad);
     }
     printf("%s: loss %.7f (torch f64 %.7f); logits rel err %.2e; worst grad rel err %.2e (%s)\n", model, loss,
            ref_loss, e_logits, worst_grad, worst_name);

@@ -4,7 +4,7 @@
  * step; gradients gathered with full_tensor at steps 1 and 10 within 2e-5 of the largest
  * gradient of each parameter); shard initialisation equals the slice of the whole; bad plans
  * and non-divisible heads are clear errors. */
-// hp-test: ranks 2 4 timeout 240
+// hp-test: ranks 2 4 timeout 240 coretype 4
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +22,9 @@
 
 static hp_comm_t g_world;
 static int g_rank, g_size;
+/* Negative test (STYLE rule 17): rank 1 scales its shard of layers.0.attention.wq's gradient
+ * by 1 + 1e-4 after backward; the comparison must report it. */
+static int g_inject, g_caught;
 
 static hp_model_config_t cfg_of(const char *name) {
     hp_model_config_t c;
@@ -76,7 +79,8 @@ static void compare_grads(hp_model_t tpm, hp_model_t ref, const char *what, int 
         if (rel > worst) { worst = rel; worst_name = P[i].name; }
         free(owned);
     }
-    if (ref) HP_CHECK(worst <= 2e-5, "%s step %d: worst gradient error %.3g (relative to max |g|) at %s", what, step,
+    if (ref && g_inject) g_caught |= worst > 2e-5;
+    else if (ref) HP_CHECK(worst <= 2e-5, "%s step %d: worst gradient error %.3g (relative to max |g|) at %s", what, step,
              worst, worst_name);
     if (g_rank == 0) printf("%s step %d: worst grad rel err %.3g (%s)\n", what, step, worst, worst_name);
 }
@@ -129,7 +133,12 @@ static void run_parity(const char *name, hp_mesh_t mesh, int sp, int lp) {
         HP_CHECK_OK(hp_broadcast(&lr_, 1, HP_F32, 0, g_world, NULL));
         HP_CHECK_OK(hp_model_forward(tpm, tok, tgt, B, T, (float)valid, &lt));
         HP_CHECK_OK(hp_model_backward(tpm));
-        HP_CHECK_CLOSE(lt, lr_, 2e-5, 0);
+        if (g_inject && g_rank == 1) {
+            hp_param_t *q = hp_model_find_param(tpm, "layers.0.attention.wq.weight");
+            float *g = q->grad.local.data;
+            for (int64_t j = 0; j < hp_tensor_numel(&q->grad.local); j++) g[j] *= 1.0f + 1e-4f;
+        }
+        if (!g_inject) HP_CHECK_CLOSE(lt, lr_, 2e-5, 0);
         if (g_rank == 0 && (step == 1 || step == STEPS)) printf("%s step %d: loss %.7f ref %.7f\n", what, step, lt, lr_);
         if (step == 1 || step == STEPS) compare_grads(tpm, ref, what, step);
         if (ref) sgd(ref, lr);
@@ -211,6 +220,12 @@ int main(int argc, char **argv) {
         for (int lp = 0; lp <= 1; lp++) run_parity("llama3", mesh, sp, lp);
     run_parity("qwen3", mesh, 1, 1);
     run_parity("qwen3", mesh, 0, 0);
+    // negative test: the injected 1e-4 error in one rank's gradient shard must be reported
+    g_inject = 1;
+    run_parity("llama3", mesh, 0, 0);
+    g_inject = 0;
+    HP_CHECK_OK(hp_broadcast(&g_caught, 1, HP_I32, 0, g_world, NULL));
+    HP_CHECK(g_caught, "negative test: a gradient shard scaled by 1 + 1e-4 on rank 1 was not reported");
     hp_mesh_destroy(mesh);
     int rc = hp_test_finish("test_tp_model");
     hp_comm_finalize();

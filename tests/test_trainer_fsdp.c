@@ -3,7 +3,7 @@
  * (mixed_precision_param float32; fp32 reduction order: 1e-5 relative) for 4 steps; the
  * default bf16 all-gather trains with finite, falling losses; validation and the final
  * weights file work with sharded parameters. */
-// hp-test: ranks 2 4 timeout 900
+// hp-test: ranks 2 4 timeout 900 coretype 2
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +49,19 @@ int main(int argc, char **argv) {
         if (rank == 0)
             printf("replicate %d x shard %d: losses %.6f %.6f %.6f %.6f (replicated DP %.6f %.6f %.6f %.6f)\n",
                    shapes[k][0], shapes[k][1], fl[0], fl[1], fl[2], fl[3], dl[0], dl[1], dl[2], dl[3]);
+    }
+    /* negative test (STYLE rule 17): an FSDP run whose optimizer is 1e-3 off (lr x 1.001) must
+     * fall outside the loss tolerance on some step */
+    {
+        *f = *c;
+        f->parallelism.data_parallel_shard_degree = ws;
+        snprintf(f->training.mixed_precision_param, sizeof f->training.mixed_precision_param, "float32");
+        f->optimizer.lr *= 1.001;
+        hp_test_train_steps(f, world, N, fl, fn, 1);
+        int caught = 0;
+        for (int i = 0; i < N; i++) caught |= fabs(fl[i] - dl[i]) > 1e-5 * fabs(dl[i]);
+        HP_CHECK(caught, "negative test: lr x 1.001 under FSDP stays within the 1e-5 loss tolerance "
+                 "(last loss %.9g vs %.9g)", fl[N - 1], dl[N - 1]);
     }
     /* default MixedPrecisionPolicy of the config: bf16 all-gather, f32 reduce; final weights */
     *f = *c;
