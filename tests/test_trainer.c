@@ -3,8 +3,9 @@
  * diverging run stops cleanly naming the step; impossible or unimplemented layouts and a
  * missing tokenizer are refused with messages naming the key. Runs on 1 and 2 ranks (2 ranks:
  * replicated data parallel). */
-// hp-test: ranks 1 2 timeout 300
+// hp-test: ranks 1 2 timeout 300 coretype 2
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,23 @@ int main(int argc, char **argv) {
     run(c, world, b, N, NULL);
     HP_CHECK(a[N - 1] < a[0] - 1.0, "loss did not fall: %.4f -> %.4f", a[0], a[N - 1]);
     HP_CHECK(memcmp(a, b, sizeof a) == 0, "two runs differ: %.9g vs %.9g", a[N - 1], b[N - 1]);
+
+    /* 2b. training.deterministic pins the thread counts: OpenMP's dynamic adjustment (which
+     * would change the partition of reductions from run to run) is switched off */
+    {
+        hp_config_t d = *c;
+        d.training.deterministic = true;
+        omp_set_dynamic(1);
+        double e[2];
+        run(&d, world, e, 2, NULL);
+        HP_CHECK(omp_get_dynamic() == 0, "training.deterministic left OpenMP dynamic threads on");
+        HP_CHECK(memcmp(e, a, sizeof e) == 0, "deterministic run differs: %.9g vs %.9g", e[0], a[0]);
+        d.training.deterministic = false;
+        omp_set_dynamic(1);
+        run(&d, world, e, 1, NULL);
+        HP_CHECK(omp_get_dynamic() == 1, "training.deterministic false changed OpenMP's dynamic setting");
+        omp_set_dynamic(0);
+    }
 
     /* 3. validation */
     if (t) {

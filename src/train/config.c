@@ -50,7 +50,7 @@ static const hp_config_key_t schema_[] = {
     KI(training, seed, "0", INT64_MIN, I64, NULL,
       "Seed of the counter-based RNG (parameter init, dropout-free sampling); the same on every rank."),
     K(training, deterministic, BOOL, "false", NULL, NULL,
-      "Require bitwise run-to-run determinism (fixed reduction orders, fixed thread counts)."),
+      "Pin thread counts: OpenMP dynamic adjustment off, OpenBLAS threads = OpenMP threads (reduction orders are always fixed)."),
     K(training, dtype, ENUM, "float32", "float32|bfloat16", NULL, "Dtype of the parameters and optimizer state."),
     K(training, mixed_precision_param, ENUM, "bfloat16", "bfloat16|float32", NULL,
       "Dtype FSDP all-gathers parameters in (compute dtype) when mixed precision is on."),

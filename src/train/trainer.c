@@ -7,6 +7,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <omp.h>
 #include <signal.h>
 #include <stddef.h>
 #include <math.h>
@@ -241,9 +242,24 @@ static hp_status_t check_tp_layout(const hp_config_t *c, const hp_model_config_t
     return HP_OK;
 }
 
+/* training.deterministic: no run-time choice of thread counts. Reduction orders are fixed by
+ * construction (the comm layer's deterministic algorithms, static OpenMP partitions, chunked
+ * norms); what can still vary between runs is the number of threads a region gets when
+ * OpenMP's dynamic adjustment is on (OMP_DYNAMIC=true) and OpenBLAS's own thread count, which
+ * change how GEMMs and reductions are partitioned. */
+static void pin_threads(const hp_config_t *c) {
+    if (!c->training.deterministic) return;
+    omp_set_dynamic(0);
+    const int n = omp_get_max_threads();
+    openblas_set_num_threads(n);
+    hp_log(HP_LOG_INFO, "training.deterministic: OpenMP dynamic threads off, %d OpenMP and %d OpenBLAS thread(s) "
+           "per rank", n, n);
+}
+
 static hp_status_t build(hp_trainer_t *t) {
     const hp_config_t *c = &t->cfg;
     HP_TRY(hp_config_validate(c));
+    pin_threads(c);
     HP_TRY(refuse_unimplemented(c));
     int ac_k = 0;
     HP_TRY(ac_every_k(c, &ac_k));
