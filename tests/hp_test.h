@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 static int hp_test_failures_ = 0;
 static int hp_test_checks_ = 0;
@@ -50,6 +51,29 @@ static int hp_test_rank_ = 0;
     } while (0)
 
 static inline void hp_test_set_rank(int rank) { hp_test_rank_ = rank; }
+
+/* Runs a shell command, its output (as the command redirects it) into out (cut at cap);
+ * returns its exit code, 128 + N for a command killed by signal N, -1 when it cannot start. */
+static inline int hp_test_run_capture(const char *cmd, char *out, size_t cap) {
+    out[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        snprintf(out, cap, "popen failed");
+        return -1;
+    }
+    size_t len = 0;
+    char line[2048];
+    while (fgets(line, sizeof line, p)) {
+        size_t l = strlen(line);
+        if (len + l + 1 < cap) {
+            memcpy(out + len, line, l);
+            len += l;
+        }
+    }
+    out[len] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
 
 /* Prints a summary line and returns the exit code. */
 static inline int hp_test_finish(const char *name) {

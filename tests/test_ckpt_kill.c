@@ -59,20 +59,8 @@ static int helper(const char *folder, int argc, char **argv) {
 }
 
 static int run(const char *cmd, char *out, size_t cap) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t len = 0;
-    char line[1024];
-    while (fgets(line, sizeof line, p)) {
-        size_t l = strlen(line);
-        if (len + l + 1 < cap) {
-            memcpy(out + len, line, l);
-            len += l;
-        }
-    }
-    out[len] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    const int rc = hp_test_run_capture(cmd, out, cap);
+    return rc > 128 ? 128 : rc;
 }
 
 int main(int argc, char **argv) {

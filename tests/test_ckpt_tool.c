@@ -24,17 +24,8 @@ static int run(const char *fmt, const char *a, const char *b) {
     char args[2048], cmd[4096];
     snprintf(args, sizeof args, fmt, a, b);
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", TOOL, args);
-    FILE *p = popen(cmd, "r");
-    size_t len = 0;
-    char line[1024];
-    while (p && fgets(line, sizeof line, p))
-        if (len + strlen(line) + 1 < sizeof OUT) {
-            memcpy(OUT + len, line, strlen(line) + 1);
-            len += strlen(line);
-        }
-    OUT[len] = '\0';
-    int st = p ? pclose(p) : -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    const int rc = hp_test_run_capture(cmd, OUT, sizeof OUT);
+    return rc > 128 ? 128 : rc;
 }
 
 int main(void) {

@@ -74,25 +74,9 @@ static int run_scenario(const char *self, const char *scenario, char *out, size_
     snprintf(cmd, sizeof cmd, "%s --oversubscribe %s -np 2 '%s' %s 2>&1", mpirun_path(),
              geteuid() == 0 ? "--allow-run-as-root" : "", self, scenario);
     double t0 = now_s();
-    FILE *p = popen(cmd, "r");
-    if (!p) {
-        snprintf(out, cap, "popen failed");
-        *secs = 0;
-        return -1;
-    }
-    size_t len = 0;
-    char line[1024];
-    while (fgets(line, sizeof line, p)) {
-        size_t l = strlen(line);
-        if (len + l + 1 < cap) {
-            memcpy(out + len, line, l);
-            len += l;
-        }
-    }
-    out[len] = '\0';
-    int st = pclose(p);
+    const int rc = hp_test_run_capture(cmd, out, cap);
     *secs = now_s() - t0;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    return rc;
 }
 
 static void expect(const char *self, const char *scenario, const char *needle1, const char *needle2,

@@ -24,17 +24,8 @@ static char OUT[1 << 16];
 static int run(const char *tool, const char *args) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "cd '%s' && '%s/%s' %s 2>&1 </dev/null", ROOT, BUILD, tool, args);
-    FILE *p = popen(cmd, "r");
-    size_t len = 0;
-    char line[2048];
-    while (p && fgets(line, sizeof line, p))
-        if (len + strlen(line) + 1 < sizeof OUT) {
-            memcpy(OUT + len, line, strlen(line) + 1);
-            len += strlen(line);
-        }
-    OUT[len] = '\0';
-    int st = p ? pclose(p) : -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    const int rc = hp_test_run_capture(cmd, OUT, sizeof OUT);
+    return rc > 128 ? 128 : rc;
 }
 
 #define EXPECT(tool, args, rc_want, needle)                                                                  \

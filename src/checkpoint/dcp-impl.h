@@ -19,6 +19,11 @@ typedef struct hp_dcp_box {
     int64_t g[HP_MAX_DIMS], s[HP_MAX_DIMS], l[HP_MAX_DIMS];
 } hp_dcp_box_t;
 hp_status_t hp_dcp_local_boxes(const hp_dtensor_t *t, hp_dcp_box_t **boxes, int *n);
+/* Strict JSON (UTF-8 checked, one value, only white space after it) of at most max_bytes;
+ * `kind` names the document in messages, `hint` ends a parse error's message. */
+hp_status_t hp_dcp_json_parse(const char *json, size_t len, size_t max_bytes, const char *what, const char *kind,
+                              const char *hint, json_object **out);
+
 /* The message of a chunk whose XXH3-64 does not match metadata.json (file, tensor, how to skip). */
 hp_status_t hp_dcp_checksum_error(const char *dir, const char *file, const char *name, const char *key,
                                   uint64_t stored, uint64_t computed);

@@ -281,10 +281,13 @@ static hp_status_t parse_root(json_object *root, hp_dcp_metadata_t *md, const ch
     return HP_OK;
 }
 
-hp_status_t hp_dcp_metadata_parse(const char *json, size_t len, const char *what, hp_dcp_metadata_t **out) {
+/* Strict JSON (UTF-8 checked, one value, only white space after it) of at most max_bytes;
+ * `kind` names the document in messages, `hint` ends a parse error's message. */
+hp_status_t hp_dcp_json_parse(const char *json, size_t len, size_t max_bytes, const char *what, const char *kind,
+                              const char *hint, json_object **out) {
     *out = NULL;
-    if (len > (size_t)256 << 20)
-        return hp_error(HP_ERR_FORMAT, "%s: metadata of %zu bytes is larger than 256 MiB", what, len);
+    if (len > max_bytes)
+        return hp_error(HP_ERR_FORMAT, "%s: %s of %zu bytes is larger than %zu MiB", what, kind, len, max_bytes >> 20);
     struct json_tokener *tok = json_tokener_new_ex(64);
     if (!tok) return HP_ERR_OOM;
     json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
@@ -294,15 +297,24 @@ hp_status_t hp_dcp_metadata_parse(const char *json, size_t len, const char *what
     json_tokener_free(tok);
     if (!root || jerr != json_tokener_success) {
         json_object_put(root);
-        return hp_error(HP_ERR_FORMAT, "%s: metadata is not valid JSON (%s near byte %zu of %zu); the checkpoint is "
-                        "corrupted or truncated", what,
-                        jerr == json_tokener_continue ? "unexpected end" : json_tokener_error_desc(jerr), end, len);
+        return hp_error(HP_ERR_FORMAT, "%s: %s is not valid JSON (%s near byte %zu of %zu)%s", what, kind,
+                        jerr == json_tokener_continue ? "unexpected end" : json_tokener_error_desc(jerr), end, len,
+                        hint);
     }
     for (size_t i = end; i < len; i++)
         if (json[i] != ' ' && json[i] != '\n' && json[i] != '\t' && json[i] != '\r') {
             json_object_put(root);
-            return hp_error(HP_ERR_FORMAT, "%s: trailing bytes after the metadata JSON at byte %zu", what, i);
+            return hp_error(HP_ERR_FORMAT, "%s: trailing bytes after the %s JSON at byte %zu", what, kind, i);
         }
+    *out = root;
+    return HP_OK;
+}
+
+hp_status_t hp_dcp_metadata_parse(const char *json, size_t len, const char *what, hp_dcp_metadata_t **out) {
+    *out = NULL;
+    json_object *root = NULL;
+    HP_TRY(hp_dcp_json_parse(json, len, (size_t)256 << 20, what, "metadata",
+                             "; the checkpoint is corrupted or truncated", &root));
     hp_dcp_metadata_t *md = hp_calloc(1, sizeof *md);
     if (!md) {
         json_object_put(root);

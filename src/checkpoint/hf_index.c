@@ -94,25 +94,8 @@ static hp_status_t parse_root(json_object *root, const char *what, hp_hf_index_t
 
 hp_status_t hp_hf_index_parse(const char *json, size_t len, const char *what, hp_hf_index_t **out) {
     *out = NULL;
-    if (len > (size_t)64 << 20)
-        return hp_error(HP_ERR_FORMAT, "%s: index of %zu bytes is larger than 64 MiB", what, len);
-    struct json_tokener *tok = json_tokener_new_ex(64);
-    if (!tok) return HP_ERR_OOM;
-    json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
-    json_object *root = json_tokener_parse_ex(tok, json, (int)len);
-    enum json_tokener_error jerr = json_tokener_get_error(tok);
-    size_t end = json_tokener_get_parse_end(tok);
-    json_tokener_free(tok);
-    if (jerr != json_tokener_success) {
-        json_object_put(root);
-        return hp_error(HP_ERR_FORMAT, "%s: not valid JSON (%s near byte %zu of %zu)", what,
-                        jerr == json_tokener_continue ? "unexpected end" : json_tokener_error_desc(jerr), end, len);
-    }
-    for (size_t i = end; i < len; i++)
-        if (json[i] != ' ' && json[i] != '\n' && json[i] != '\t' && json[i] != '\r') {
-            json_object_put(root);
-            return hp_error(HP_ERR_FORMAT, "%s: trailing bytes after the JSON at byte %zu", what, i);
-        }
+    json_object *root = NULL;
+    HP_TRY(hp_dcp_json_parse(json, len, (size_t)64 << 20, what, "index", "", &root));
     hp_hf_index_t *ix = hp_calloc(1, sizeof *ix);
     hp_status_t s = ix ? parse_root(root, what, ix) : HP_ERR_OOM;
     json_object_put(root);
