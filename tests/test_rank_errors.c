@@ -39,21 +39,9 @@ static double now_s(void) {
 /* Runs cmd (stdout and stderr together) into out_; returns the exit code, *secs the time. */
 static int run(const char *cmd, double *secs) {
     double t0 = now_s();
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t len = 0;
-    char line[2048];
-    while (fgets(line, sizeof line, p)) {
-        size_t l = strlen(line);
-        if (len + l + 1 < sizeof out_) {
-            memcpy(out_ + len, line, l);
-            len += l;
-        }
-    }
-    out_[len] = '\0';
-    int st = pclose(p);
+    int rc = hp_test_run_capture(cmd, out_, sizeof out_);
     if (secs) *secs = now_s() - t0;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    return rc > 128 ? 128 : rc;
 }
 
 /* hp-train on np ranks with the shared small-model flags plus `extra`. */
@@ -95,9 +83,11 @@ static size_t make_corpus(const char *path, int bad_doc, int64_t *bad_line) {
     return n;
 }
 
-/* 1. rank 1's checkpoint shard truncated: the resume fails with rank 1's message naming the file */
+/* 1. rank 1's checkpoint shard truncated or missing: an explicit checkpoint.load_step fails
+ * at once with a message naming the file, and nothing saved is touched; the default resume
+ * falls back to the newest complete step with a warning naming the file */
 static void test_checkpoint_shard(void) {
-    char dump[400], extra[2048], shard[600];
+    char dump[400], extra[2048], shard[600], again[2200];
     snprintf(dump, sizeof dump, "%s/ckpt_run", dir_);
     snprintf(extra, sizeof extra, "--data.path=%s --data.format=text --data.text_separator=percent "
              "--metrics.peak_flops=-1 --job.dump_folder=%s --checkpoint.enable --checkpoint.interval=1 "
@@ -109,19 +99,24 @@ static void test_checkpoint_shard(void) {
     struct stat sb;
     HP_CHECK(stat(shard, &sb) == 0 && sb.st_size > 64, "no shard %s", shard);
     HP_CHECK(truncate(shard, sb.st_size / 2) == 0, "truncate %s", shard);
-    snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " --training.steps=3");
-    rc = train(2, extra, &secs);
-    HP_CHECK(rc != 0 && strstr(out_, "hp-train: error: rank 1: ") && strstr(out_, shard) && secs < 18,
-             "truncated shard: exit %d after %.1f s, expected rank 1's message naming %s:\n%s", rc, secs, shard, out_);
+    snprintf(again, sizeof again, "%s --training.steps=3 --checkpoint.load_step=2", extra);
+    rc = train(2, again, &secs);
+    HP_CHECK(rc != 0 && strstr(out_, "hp-train: error: rank ") && strstr(out_, shard) && secs < 18,
+             "truncated shard: exit %d after %.1f s, expected a message naming %s:\n%s", rc, secs, shard, out_);
     HP_CHECK(!strstr(out_, "timeout"), "truncated shard: the ranks waited for a timeout:\n%s", out_);
     /* nothing else lost: rank 0's shard and the metadata are still there */
-    snprintf(shard, sizeof shard, "%s/checkpoint/step-2/__0_0.safetensors", dump);
-    HP_CHECK(stat(shard, &sb) == 0 && sb.st_size > 64, "rank 0's shard %s is gone", shard);
-    snprintf(shard, sizeof shard, "%s/checkpoint/step-2/__1_0.safetensors", dump);
+    char other[600];
+    snprintf(other, sizeof other, "%s/checkpoint/step-2/__0_0.safetensors", dump);
+    HP_CHECK(stat(other, &sb) == 0 && sb.st_size > 64, "rank 0's shard %s is gone", other);
     unlink(shard);
-    rc = train(2, extra, &secs);
-    HP_CHECK(rc != 0 && strstr(out_, "hp-train: error: rank 1: ") && strstr(out_, "__1_0.safetensors") && secs < 18,
+    rc = train(2, again, &secs);
+    HP_CHECK(rc != 0 && strstr(out_, "hp-train: error: rank ") && strstr(out_, "__1_0.safetensors") && secs < 18,
              "missing shard: exit %d after %.1f s:\n%s", rc, secs, out_);
+    /* the default resume: step-2 is incomplete, so it resumes from step-1 and says why */
+    snprintf(again, sizeof again, "%s --training.steps=3", extra);
+    rc = train(2, again, &secs);
+    HP_CHECK(rc == 0 && strstr(out_, "__1_0.safetensors") && strstr(out_, "step-1"),
+             "fallback: exit %d, expected a warning naming the missing shard and a resume from step-1:\n%s", rc, out_);
 }
 
 /* 2. a token id >= vocab in rank 1's half of a .bin file: found in the first step, agreed */
