@@ -54,6 +54,7 @@ int main(int argc, char **argv) {
      * fall outside the loss tolerance on some step */
     {
         *f = *c;
+        f->parallelism.data_parallel_replicate_degree = 1;
         f->parallelism.data_parallel_shard_degree = ws;
         snprintf(f->training.mixed_precision_param, sizeof f->training.mixed_precision_param, "float32");
         f->optimizer.lr *= 1.001;
