@@ -39,7 +39,7 @@ static inline void ddp_parity(hp_comm_t world, const char *what, int steps, int 
     if (zero) HP_CHECK_OK(hp_zero_create(&moc, P, np, world, &z));
     else HP_ASSERT(hp_optim_create(&moc, P, np, &opt) == HP_OK);
     dp_par_t par;
-    dp_par_init(&par, RP, np, (int64_t)G * accum * DP_B * DP_T, 0, 0.0, 0);
+    dp_par_init(&par, RP, np, g_world, 0, 0.0, 0);   // one reduction per step (no_sync before the last)
     par.negative = inject != DP_INJECT_NONE;
     for (int i = 0; i < np; i++)   // the broadcast gave every rank rank 0's (the reference's) init
         HP_CHECK(memcmp(P[i].value.local.data, RP[i].value.local.data, sizeof(float) * (size_t)dp_numel(&RP[i])) == 0,
@@ -49,16 +49,20 @@ static inline void ddp_parity(hp_comm_t world, const char *what, int steps, int 
         const float divisor = (float)dp_valid(step, accum, G, V);
         HP_CHECK_OK(hp_model_zero_grad(m));
         dp_par_begin_step(&par);
-        double local = 0.0;
-        for (int a = 0; a < accum; a++) {
-            for (int r = 0; r < G / DP_B; r++) {   // reference: each rank's micro-batch from zero grads
-                HP_CHECK_OK(hp_model_zero_grad(ref));
+        for (int r = 0; r < g_world; r++) {   // reference: rank r's accumulated micro-batches, from zero
+            HP_CHECK_OK(hp_model_zero_grad(ref));
+            double lr_ = 0.0;
+            for (int a = 0; a < accum; a++) {
                 for (int b = 0; b < DP_B; b++) dp_sequence(step, a, r * DP_B + b, V, tok + b * DP_T, tgt + b * DP_T);
                 float l = 0.0f;
                 HP_CHECK_OK(hp_model_forward(ref, tok, tgt, DP_B, DP_T, divisor, &l));
                 HP_CHECK_OK(hp_model_backward(ref));
-                dp_par_add_partial(&par, l);
+                lr_ += l;
             }
+            dp_par_add_partial(&par, (float)lr_);
+        }
+        double local = 0.0;
+        for (int a = 0; a < accum; a++) {
             hp_ddp_set_requires_gradient_sync(d, a == accum - 1);
             for (int b = 0; b < DP_B; b++) dp_sequence(step, a, g_rank * DP_B + b, V, tok + b * DP_T, tgt + b * DP_T);
             const float div = inject == DP_INJECT_DIVISOR && g_rank == 1 && a == 0 ? divisor * 1.001f : divisor;

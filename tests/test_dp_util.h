@@ -72,19 +72,19 @@ static inline double dp_rel_err(const float *a, const float *b, int64_t n) {
 }
 
 /* ---- The parity engine (docs/testing.md, "Data-parallel parity") ------------------------
- * The reference is the single-rank model run on the same shapes as one rank: each rank's
- * sequences of each micro-batch are one reference micro-batch, from zero gradients, so the
- * reference computes bitwise the same per-micro-batch losses and partial gradients as the
- * rank that owns them (same weights, same (B, T), same kernels, one thread). Their exact sum
- * S (in double) and the sum of their magnitudes A are kept per element. A layout may only
- * differ in the order in which it adds those partials (ring, tree, reduce-scatter, local
- * accumulation), so for every element
- *     |g_layout - S| <= gamma * A + u * |S|,   gamma = n*u / (1 - n*u)
+ * The reference is the single-rank model run on the same shapes as one rank, doing what
+ * that rank does before its gradients are reduced: from zero gradients, rank r's
+ * micro-batches accumulated in order (or one micro-batch, where the layout reduces after
+ * each). Same weights, same (B, T), the same kernels adding into the gradient buffer in the
+ * same order, one thread: the reference's partial is bitwise the gradient that rank r hands
+ * to its reduction, whatever the CPU, the BLAS kernel or the compiler's FMA contraction. Their
+ * exact sum S (in double) and the sum of their magnitudes A are kept per element. A layout
+ * may only add those n partials in another order (ring, tree, reduce-scatter), so for every
+ * element
+ *     |g_layout - S| <= gamma_n * A + u * |S|,   gamma_n = n*u / (1 - n*u)
  * (Higham, Accuracy and Stability of Numerical Algorithms, eq. 4.4: any order of summing n
- * terms), with n counting every row (B*T per micro-batch, two uses per row for a tied weight)
- * since kernels that add row by row into the gradient (rmsnorm, embedding) associate those
- * rows with the earlier micro-batches differently; a bf16 reduction adds its own rounding
- * per step and conversion with u = 2^-8. The step then goes on at identical weights: the
+ * terms; the last term for the final rounding of S); a bf16 reduction adds u = 2^-8 for each
+ * of its additions and conversions. The step then goes on at identical weights: the
  * layout's clipped gradients are gathered into the reference's gradients and the reference's
  * optimizer (the same replicated AdamW) must give bitwise the layout's new weights, which are
  * then the weights of the next step on both sides. So every step is compared at identical
@@ -114,9 +114,9 @@ static inline int64_t dp_numel(const hp_param_t *q) {
     return n;
 }
 
-/* rows: B*T rows of every micro-batch of every rank that reach one element (x2 for tied);
+/* terms: partials added per element (ranks, x micro-batches where each is reduced);
  * reduce_steps/u_reduce: additions and conversions done in a narrower reduce dtype (0 for f32). */
-static inline void dp_par_init(dp_par_t *p, hp_param_t *rp, int np, int64_t rows, int reduce_steps, double u_reduce,
+static inline void dp_par_init(dp_par_t *p, hp_param_t *rp, int np, int64_t terms, int reduce_steps, double u_reduce,
                                int nsum) {
     memset(p, 0, sizeof *p);
     p->rp = rp;
@@ -130,7 +130,7 @@ static inline void dp_par_init(dp_par_t *p, hp_param_t *rp, int np, int64_t rows
     p->total = p->off[np];
     p->S = hp_malloc(sizeof(double) * (size_t)p->total);
     p->A = hp_malloc(sizeof(double) * (size_t)p->total);
-    p->gamma = (double)rows * DP_U32 / (1.0 - (double)rows * DP_U32) + reduce_steps * u_reduce;
+    p->gamma = (double)terms * DP_U32 / (1.0 - (double)terms * DP_U32) + reduce_steps * u_reduce;
     p->nsum = nsum;
 }
 
@@ -151,7 +151,7 @@ static inline void dp_par_begin_step(dp_par_t *p) {
     p->lsum = p->labs = 0.0;
 }
 
-/* After one reference micro-batch run from zero gradients: adds its loss and partials. */
+/* After one reference partial (run from zero gradients): adds its loss and gradients. */
 static inline void dp_par_add_partial(dp_par_t *p, float loss) {
     p->lsum += loss;
     p->labs += fabs(loss);
@@ -239,7 +239,8 @@ static inline void dp_par_check_weights(dp_par_t *p, const char *what, int step,
 /* Negative tests (STYLE rule 17): an injected small error that the harness must catch. */
 typedef enum {
     DP_INJECT_NONE = 0,
-    DP_INJECT_DIVISOR,   /* rank 1's first micro-batch uses a loss divisor 1.001 x too large */
+    DP_INJECT_DIVISOR,   /* rank 1's first micro-batch uses a loss divisor 1.001 x too large (1.05 x
+                          * under a bf16 reduction, whose own rounding is 2^-8) */
     DP_INJECT_ROW,       /* rank 1's gradient of one param has one row replaced by its neighbour */
     DP_INJECT_LR,        /* rank 1's optimizer runs with lr x (1 + 1e-3) */
 } dp_inject_t;

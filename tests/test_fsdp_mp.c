@@ -21,6 +21,9 @@ int main(int argc, char **argv) {
     pcase_t c = base;
     c.what = "fsdp bf16 params, bf16 reduce (vs 1-rank)"; c.rdt = HP_BF16;
     run_case(world, &c, l0);
+    // negative test: a 5% error in one rank's gradients must show through the bf16 reduction
+    c.what = "fsdp bf16 reduce negative: rank 1 divisor x 1.05"; c.inject = DP_INJECT_DIVISOR; c.steps = 1;
+    run_case(world, &c, l0);
     c = base; c.what = "fsdp f32 reshard_after_forward False"; c.pdt = HP_F32; c.raf = 0; c.steps = 2;
     run_case(world, &c, l0);
     c.what = "fsdp f32 reshard_after_forward True"; c.raf = 1;

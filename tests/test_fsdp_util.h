@@ -85,8 +85,11 @@ static inline void run_case(hp_comm_t world, const pcase_t *pc, double *losses) 
     hp_comm_t comms[2];
     int nc = hp_fsdp_grad_comms(f, comms);
     dp_par_t par;
-    const int64_t rows = (int64_t)G * pc->accum * DP_B * DP_T * (cfg.tie_embeddings ? 2 : 1);
-    dp_par_init(&par, RP, np, rows, pc->rdt == HP_BF16 ? G * pc->accum + 2 : 0, DP_UBF16, g_world);
+    // a rank reduces once per step (no sync until the last micro-batch, or one micro-batch),
+    // or after every micro-batch
+    const int local_accum = pc->nosync || pc->accum == 1;
+    const int64_t terms = (int64_t)g_world * (local_accum ? 1 : pc->accum);
+    dp_par_init(&par, RP, np, terms, pc->rdt == HP_BF16 ? (int)terms + 2 : 0, DP_UBF16, g_world);
     par.negative = pc->inject != DP_INJECT_NONE;
 
     int32_t *tok = hp_malloc(sizeof(int32_t) * DP_B * DP_T), *tgt = hp_malloc(sizeof(int32_t) * DP_B * DP_T);
@@ -104,21 +107,31 @@ static inline void run_case(hp_comm_t world, const pcase_t *pc, double *losses) 
         const float divisor = (float)dp_valid(step, pc->accum, G, V);
         HP_CHECK_OK(hp_fsdp_zero_grad(f));
         dp_par_begin_step(&par);
-        double local = 0.0;
-        for (int a = 0; a < pc->accum; a++) {
-            for (int r = 0; r < G / DP_B; r++) {   // reference: each rank's micro-batch from zero grads
-                if (rf) HP_CHECK_OK(hp_fsdp_zero_grad(rf));
-                else HP_CHECK_OK(hp_model_zero_grad(ref));
+        // reference: what each rank hands to its reduction, from zero gradients
+        for (int r = 0; r < g_world; r++) {
+            double lr_ = 0.0;
+            for (int a = 0; a < pc->accum; a++) {
+                if (!local_accum || a == 0) {
+                    if (rf) HP_CHECK_OK(hp_fsdp_zero_grad(rf));
+                    else HP_CHECK_OK(hp_model_zero_grad(ref));
+                }
+                if (rf) hp_fsdp_set_requires_gradient_sync(rf, !local_accum || a == pc->accum - 1);
                 for (int b = 0; b < DP_B; b++) dp_sequence(step, a, r * DP_B + b, V, tok + b * DP_T, tgt + b * DP_T);
                 float l = 0.0f;
                 HP_CHECK_OK(hp_model_forward(ref, tok, tgt, DP_B, DP_T, divisor, &l));
                 HP_CHECK_OK(hp_model_backward(ref));
-                dp_par_add_partial(&par, l);
+                lr_ += l;
+                if (!local_accum) dp_par_add_partial(&par, l);
             }
+            if (local_accum) dp_par_add_partial(&par, (float)lr_);
+        }
+        double local = 0.0;
+        for (int a = 0; a < pc->accum; a++) {
             hp_fsdp_set_requires_gradient_sync(f, pc->nosync ? a == pc->accum - 1 : 1);
             for (int b = 0; b < DP_B; b++)
                 dp_sequence(step, a, g_rank * DP_B + b, V, tok + b * DP_T, tgt + b * DP_T);
-            const float div = pc->inject == DP_INJECT_DIVISOR && g_rank == 1 && a == 0 ? divisor * 1.001f : divisor;
+            const float off = pc->rdt == HP_BF16 ? 1.05f : 1.001f;
+            const float div = pc->inject == DP_INJECT_DIVISOR && g_rank == 1 && a == 0 ? divisor * off : divisor;
             float l = 0.0f;
             HP_CHECK_OK(hp_model_forward(fm, tok, tgt, DP_B, DP_T, div, &l));
             HP_CHECK_OK(hp_model_backward(fm));
