@@ -256,7 +256,9 @@ static void pin_threads(const hp_config_t *c) {
            "per rank", n, n);
 }
 
-static hp_status_t build(hp_trainer_t *t) {
+/* The rank-local part of the set-up (config rules, tokenizer, model allocation): no
+ * collective runs here, so a rank that fails is agreed on before the first one. */
+static hp_status_t build_local(hp_trainer_t *t, int *ac_k_out) {
     const hp_config_t *c = &t->cfg;
     HP_TRY(hp_config_validate(c));
     pin_threads(c);
@@ -280,6 +282,15 @@ static hp_status_t build(hp_trainer_t *t) {
     t->mcfg.max_seq_len = t->T;
     HP_TRY(hp_model_config_validate(&t->mcfg));
     HP_TRY(hp_model_create(&t->mcfg, t->B > t->val_B ? t->B : t->val_B, t->T, &t->model));
+    *ac_k_out = ac_k;
+    return HP_OK;
+}
+
+static hp_status_t build(hp_trainer_t *t) {
+    const hp_config_t *c = &t->cfg;
+    int ac_k = 0;
+    hp_status_t local = build_local(t, &ac_k);
+    HP_TRY(t->world ? hp_comm_agree(t->world, local, NULL) : local);
     if (ac_k > 0) HP_TRY(hp_model_set_activation_checkpoint(t->model, ac_k));
     /* --- tensor parallel (owner tp): TorchTitan's plan on the tp mesh, before the weights
      * are drawn (each rank draws its shards at their global indices) --- */
@@ -774,19 +785,18 @@ static hp_status_t agree_interrupt(hp_trainer_t *t, int *sig) {
     return HP_OK;
 }
 
-/* After an interruption (every rank): abandon a pending async save (its temporary directory
- * is removed), find the last complete checkpoint, and say it all in one error. */
-static hp_status_t interrupted(hp_trainer_t *t, int sig, int save_cut) {
-    char what[256] = "";
+/* After an interruption (every rank, after the same step): finish a pending async save
+ * (committed when its files are complete), find the last complete checkpoint, and say it all
+ * in one error. */
+static hp_status_t interrupted(hp_trainer_t *t, int sig) {
+    char what[2 * HP_CONFIG_STR_MAX + 300] = "";
+    int n = snprintf(what, sizeof what, "after step %lld of %lld", (long long)t->step,
+                     (long long)t->cfg.training.steps);
     if (t->ckpt && hp_ckpt_manager_pending(t->ckpt)) {
-        save_cut = 1;
-        (void)hp_ckpt_manager_wait(t->ckpt);   /* sees the interrupt: abandons, removes the tmp dir */
+        hp_status_t w = hp_ckpt_manager_wait(t->ckpt);
+        snprintf(what + n, sizeof what - (size_t)n, w == HP_OK ? " (the async checkpoint save in flight was completed)"
+                 : " (the async checkpoint save in flight failed and was not committed: %s)", hp_last_error());
     }
-    if (save_cut)
-        snprintf(what, sizeof what, "during the checkpoint save of step %lld (abandoned: not committed, its "
-                 "temporary directory removed)", (long long)t->step);
-    else
-        snprintf(what, sizeof what, "after step %lld of %lld", (long long)t->step, (long long)t->cfg.training.steps);
     char last[2 * HP_CONFIG_STR_MAX + 200] = "checkpointing is off (checkpoint.enable = false): nothing was saved";
     if (t->ckpt) {
         int64_t ls = -1;
@@ -806,15 +816,11 @@ hp_status_t hp_trainer_train(hp_trainer_t *t) {
         hp_step_stats_t st;
         hp_status_t ss = hp_trainer_step(t, &st);
         int sig = 0;
-        if (ss != HP_OK) {
-            /* a save cut short by a signal fails on every rank and sets the flag everywhere */
-            if (hp_dcp_interrupted()) return interrupted(t, hp_dcp_interrupted(), 1);
-            return ss;
-        }
+        if (ss != HP_OK) return ss;   /* agreed inside the step (a failed save says if a signal came) */
         if (hp_metrics_should_log(t->metrics, st.step))
             HP_TRY(hp_metrics_log(t->metrics, st.step, st.loss, NAN, st.grad_norm, st.lr, NULL));
         HP_TRY(agree_interrupt(t, &sig));
-        if (sig) return interrupted(t, sig, 0);
+        if (sig) return interrupted(t, sig);
         if (t->val_dl && c->validation.freq > 0 && st.step % c->validation.freq == 0) {
             double vl;
             HP_TRY(hp_trainer_validate(t, &vl));
