@@ -403,16 +403,18 @@ static void meta_doc_free(meta_doc_t *d) {
     free(d);
 }
 
-/* Adds "xxh3" (16 hex digits) to every chunk from the gathered hashes (world x len) and
- * serialises the document. */
+/* Adds "xxh3" (16 hex digits) to every chunk from the gathered hashes (world rows of len:
+ * the rank's count, then its hashes) and serialises the document. */
 static hp_status_t meta_doc_finish(const meta_doc_t *d, const int64_t *all, size_t len, int world, char **out) {
     for (int i = 0; i < d->n_refs; i++) {
         const meta_ref_t *r = &d->refs[i];
-        if (r->rank >= world || (size_t)r->idx >= len)
-            return hp_error(HP_ERR_COMM, "checkpoint commit: rank %d sent %zu checksums, chunk %d needs entry %d",
-                            r->rank, len, i, r->idx);
+        const int64_t sent = r->rank < world ? all[(size_t)r->rank * len] : 0;
+        if (r->rank >= world || r->idx < 0 || r->idx >= sent)
+            return hp_error(HP_ERR_COMM, "checkpoint commit: rank %d sent %lld checksums, chunk %d needs entry %d",
+                            r->rank, (long long)sent, i, r->idx);
         char hex[24];
-        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)(uint64_t)all[(size_t)r->rank * len + (size_t)r->idx]);
+        snprintf(hex, sizeof hex, "%016llx",
+                 (unsigned long long)(uint64_t)all[(size_t)r->rank * len + 1 + (size_t)r->idx]);
         json_object_object_add(r->chunk, "xxh3", json_object_new_string(hex));
     }
     const char *txt = json_object_to_json_string_ext(d->root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
@@ -707,8 +709,10 @@ int hp_dcp_interrupted(void) { return (int)interrupt_sig; }
 
 /* Collective after every rank has written (local status s, this rank's entry checksums):
  * agree; learn whether any rank was interrupted and the longest checksum list (one
- * all-reduce); gather the checksums; rank 0 completes the metadata and commits; agree. An
- * interrupted save is abandoned and its temporary directory removed. */
+ * all-reduce); gather the checksums; rank 0 completes the metadata and commits; agree. A
+ * signal does not cost a save whose files are all written: the commit (a rename) still
+ * runs, and every rank learns of the signal so the trainer stops after this step. A save
+ * that failed while a signal was pending is abandoned and its temporary directory removed. */
 static hp_status_t finish_save(const char *tmpdir, const char *dir, const meta_doc_t *meta, hp_comm_t comm,
                                hp_status_t s, const uint64_t *hashes, int nh) {
     s = hp_dcp_agree(comm, s, "checkpoint: writing the rank files");
@@ -716,26 +720,27 @@ static hp_status_t finish_save(const char *tmpdir, const char *dir, const meta_d
     hp_status_t cs = HP_OK;
     if (comm && csize(comm) > 1) cs = hp_all_reduce(v, mx, 2, HP_I64, HP_MAX, comm, NULL);
     if (cs != HP_OK) return cs;
-    if (mx[0] != 0) {
-        hp_dcp_interrupt((int)mx[0]);   /* every rank learns it, also those the signal has not reached yet */
+    if (mx[0] != 0) hp_dcp_interrupt((int)mx[0]);   /* every rank learns it, also those the signal has not reached yet */
+    if (s != HP_OK && mx[0] != 0) {
         if (crank(comm) == 0) {
             hp_status_t r = hp_dcp_rmtree(tmpdir);
-            hp_log(HP_LOG_WARN, "checkpoint %s abandoned: interrupted by signal %lld before the commit; %s %s", dir,
-                   (long long)mx[0], r == HP_OK ? "removed the partial" : "could not remove the partial", tmpdir);
+            hp_log(HP_LOG_WARN, "checkpoint %s abandoned after signal %lld; %s %s", dir, (long long)mx[0],
+                   r == HP_OK ? "removed the partial" : "could not remove the partial", tmpdir);
         }
-        return hp_error(HP_ERR_STATE, "checkpoint %s: interrupted by signal %lld during the save; not committed "
-                        "(the previous checkpoint is unchanged)", dir, (long long)mx[0]);
+        return hp_error(s, "checkpoint %s: interrupted by signal %lld during a failed save; not committed (the "
+                        "previous checkpoint is unchanged): %s", dir, (long long)mx[0], hp_last_error());
     }
     if (s != HP_OK) {
         if (crank(comm) == 0) hp_log(HP_LOG_WARN, "checkpoint %s not committed; leaving partial %s", dir, tmpdir);
         return s;
     }
-    size_t len = (size_t)(mx[1] > 0 ? mx[1] : 1);
+    size_t len = (size_t)(mx[1] > 0 ? mx[1] : 0) + 1;   /* the count, then the hashes */
     int world = csize(comm);
     int64_t *mine = hp_calloc(len, sizeof *mine), *all = hp_calloc(len * (size_t)world, sizeof *all);
     hp_status_t c = mine && all ? HP_OK : hp_error(HP_ERR_OOM, "checkpoint commit: no memory for the checksums");
     if (c == HP_OK) {
-        for (int i = 0; i < nh; i++) mine[i] = (int64_t)hashes[i];
+        mine[0] = nh;
+        for (int i = 0; i < nh; i++) mine[1 + i] = (int64_t)hashes[i];
         if (comm && world > 1) c = hp_all_gather(mine, all, len, HP_I64, comm, NULL);
         else memcpy(all, mine, len * sizeof *mine);
     }
