@@ -347,7 +347,7 @@ int main(int argc, char **argv) {
             uint64_t x = 0;
             if (r < 0 || hp_parse_u64("hp-ckpt: --seed", v, UINT64_MAX, NULL, &x) != HP_OK) return bad_args();
             sd = (unsigned long long)x;
-        } else if (a[0] == '-' && a[1] == '-') {
+        } else if (a[0] == '-' && a[1]) {   /* -x or --x: a flag, never a path */
             hp_flag_unknown_error("hp-ckpt", a, ckpt_flags, N_CKPT_FLAGS);
             return bad_args();
         } else if (npos < 2) {

@@ -139,7 +139,7 @@ int64_t hp_dcp_metadata_step(const hp_dcp_metadata_t *md);   /* -1 when not reco
 
 /* Committed checkpoints step-N/ (with metadata.json) under `folder`, ascending; directories
  * that look like checkpoints but are partial (step-N.tmp-*, step-N/ without metadata) are
- * skipped with a warning. *n receives the count (up to cap written). A missing folder has
+ * skipped with a warning. *n receives the count; steps gets up to cap of them, the newest when there are more. A missing folder has
  * none. */
 hp_status_t hp_dcp_list_steps(const char *folder, int64_t *steps, int cap, int *n);
 

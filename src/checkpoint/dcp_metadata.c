@@ -407,7 +407,8 @@ hp_status_t hp_dcp_list_steps(const char *folder, int64_t *steps, int cap, int *
     }
     closedir(d);
     if (cnt) qsort(tmp, (size_t)cnt, sizeof *tmp, cmp_i64);
-    for (int i = 0; i < cnt && i < cap; i++) steps[i] = tmp[i];
+    const int skip = cnt > cap ? cnt - cap : 0;   /* more than cap: the newest cap steps */
+    for (int i = 0; i + skip < cnt; i++) steps[i] = tmp[skip + i];
     *n = cnt;
     free(tmp);
     return HP_OK;

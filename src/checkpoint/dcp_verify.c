@@ -22,19 +22,6 @@ static uint64_t le64(const unsigned char *b) {
     return v;
 }
 
-/* A JSON document of n bytes (NULL when it is not valid JSON). */
-static json_object *parse_json(const char *txt, uint64_t n) {
-    struct json_tokener *tok = json_tokener_new_ex(64);
-    if (!tok) return NULL;
-    json_object *root = json_tokener_parse_ex(tok, txt, (int)n);
-    if (json_tokener_get_error(tok) != json_tokener_success) {
-        json_object_put(root);
-        root = NULL;
-    }
-    json_tokener_free(tok);
-    return root;
-}
-
 /* Bytes a chunk occupies in its file, from the metadata. */
 static uint64_t chunk_bytes(const hp_dcp_entry_t *e, const hp_dcp_chunk_t *c) {
     if (e->is_blob) return (uint64_t)c->sizes[0];
@@ -91,8 +78,9 @@ static hp_status_t check_size(const char *dir, const char *file, const hp_dcp_me
     close(fd);
     uint64_t data_end = 0;
     if (s == HP_OK) {
-        json_object *root = parse_json(hdr, hlen);
-        if (!root || !json_object_is_type(root, json_type_object)) {
+        json_object *root = NULL;
+        if (hp_dcp_json_parse(hdr, hlen, hlen, file, "safetensors header", "", &root) != HP_OK ||
+            !json_object_is_type(root, json_type_object)) {
             s = hp_error(HP_ERR_FORMAT, "checkpoint %s: shard %s: the header is not a JSON object (corrupted)", dir, file);
         } else {
             json_object_object_foreach(root, k, v) {

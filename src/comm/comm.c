@@ -1345,6 +1345,7 @@ hp_status_t hp_group_end(void) {
  * (a caller agrees on what a callee already agreed) keeps its text instead of growing a
  * second "rank R: " prefix. */
 static _Thread_local char t_agreed[2048];
+static _Thread_local int32_t t_agreed_rank;   /* the world rank that t_agreed names */
 
 hp_status_t hp_comm_agree(hp_comm_t comm, hp_status_t status, int *failed_rank) {
     if (failed_rank) *failed_rank = -1;
@@ -1363,7 +1364,8 @@ hp_status_t hp_comm_agree(hp_comm_t comm, hp_status_t status, int *failed_rank) 
     unsigned char buf[HDR + sizeof t_agreed];
     if (comm->rank == lowest) {
         const char *msg = hp_last_error();
-        int32_t h[3] = {(int32_t)status, comm->world_rank, t_agreed[0] && strcmp(msg, t_agreed) == 0};
+        const int32_t again = t_agreed[0] && strcmp(msg, t_agreed) == 0;   /* keep the first failing rank */
+        int32_t h[3] = {(int32_t)status, again ? t_agreed_rank : comm->world_rank, again};
         memcpy(buf, h, HDR);
         if (msg[0]) snprintf((char *)buf + HDR, sizeof t_agreed, "%s", msg);
         else snprintf((char *)buf + HDR, sizeof t_agreed, "%s (no message recorded)", hp_status_string(status));
@@ -1376,6 +1378,7 @@ hp_status_t hp_comm_agree(hp_comm_t comm, hp_status_t status, int *failed_rank) 
     if (h[2]) hp_error(agreed, "%s", (const char *)buf + HDR);
     else hp_error(agreed, "rank %d: %s", (int)h[1], (const char *)buf + HDR);
     snprintf(t_agreed, sizeof t_agreed, "%s", hp_last_error());
+    t_agreed_rank = h[1];
     if (failed_rank) *failed_rank = h[1];
     return agreed;
 }

@@ -48,7 +48,7 @@ hp_status_t hp_parse_i32(const char *what, const char *text, int32_t min, int32_
 hp_status_t hp_parse_u64(const char *what, const char *text, uint64_t max, const char *hint, uint64_t *out) {
     if (!text) text = "";
     const char *p = text;
-    while (*p == ' ' || *p == '\t') p++;
+    while (isspace((unsigned char)*p)) p++;   /* strtoull would skip them too, and then accept a '-' */
     errno = 0;
     char *end = NULL;
     unsigned long long v = strtoull(p, &end, 10);
