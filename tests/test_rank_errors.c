@@ -206,7 +206,10 @@ static void test_mfu_figure(void) {
     const char *p = strstr(out_, "tflops:"), *q = strstr(out_, "mfu: ");
     while (q && !strchr("0123456789", q[5])) q = strstr(q + 1, "mfu: ");
     double tf = p ? atof(p + 7) : -1, mfu = q ? atof(q + 5) : -1;
-    HP_CHECK(p && q && mfu >= 0 && fabs(mfu - 100.0 * tf * 1e12 / 2e12) <= 0.01 + 0.01 * mfu,
+    /* the line prints tflops to 3 decimals (+-0.0005, i.e. +-0.025 points of mfu against 2e12)
+     * and mfu to 2 (+-0.005): the bound is their printing error, so a slow (sanitized) build
+     * whose tflops has one significant digit passes too */
+    HP_CHECK(p && q && mfu >= 0 && fabs(mfu - 100.0 * tf * 1e12 / 2e12) <= 100.0 * 0.0005e12 / 2e12 + 0.005 + 1e-9,
              "step line tflops %g, mfu %g%%: not divided by 2e12:\n%s", tf, mfu, out_);
     snprintf(extra, sizeof extra, "--data.path=%s --data.format=text --data.text_separator=percent "
              "--job.dump_folder= --training.steps=1 --metrics.peak_flops=0", corpus_);
