@@ -10,7 +10,7 @@
 #include <omp.h>
 #include "hyperparallel/model.h"
 #include "hyperparallel/nn.h"
-#include "nn/nn-impl.h"
+#include "hyperparallel/nn.h"
 #include "hp_test.h"
 
 /* Counts heap allocations while `count_allocs` is set (as test_model.c; not under ASan). */
@@ -167,7 +167,7 @@ static void test_model_decode(const char *name) {
     // tensor-parallel (heads localised for TP 2): refused
     m = NULL;
     HP_CHECK_OK(hp_model_create(&c, 1, 16, &m));
-    HP_CHECK_OK(hp_model_tp_localize(m, 2, 2));
+    HP_CHECK_OK(hp_model_set_local_heads(m, 2, 2));
     kc = NULL;
     HP_CHECK_ERR(hp_model_kv_cache_create(m, 8, &kc), HP_ERR_STATE, "tensor-parallel");
     hp_model_destroy(m);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include "status.h"
 #include "param.h"
+#include "nn.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -126,49 +127,112 @@ hp_status_t hp_model_prefill(hp_model_t m, hp_model_kv_cache_t c, const int32_t 
 /* hp_model_prefill of one token: one position, causal attention over the cached keys. */
 hp_status_t hp_model_decode(hp_model_t m, hp_model_kv_cache_t c, int32_t token, const float **logits);
 
-/* ---- units and hooks (data-parallel wrappers: FSDP, DDP; docs/fsdp.md) ------------------
- * Units: 0 = tok_embeddings, 1..n_layers = layers[u-1] (one transformer block), n_layers+1 =
- * the root (norm + output), as TorchTitan's fully_shard groups. A unit's params are a
- * contiguous range of the param table and a contiguous span of the flat storage layout
- * (stacked params wq|wk|wv and w1|w3 adjacent, offsets rounded to 16 floats). */
-int hp_model_num_units(hp_model_t m);
+/* ---- units, micro-batch contexts and the range driver (docs/nn.md) ------------------------
+ * The model is an ordered list of units, each a module tree built by the model's ModelSpec:
+ * 0 = tok_embeddings, 1..n_layers = layers[u-1] (one transformer block), n_layers+1 = the
+ * head (norm, output; the loss), as TorchTitan's fully_shard groups and pipeline split
+ * units. A unit's params are a contiguous range of the param table and a contiguous span of
+ * the flat storage layout (stacked params wq|wk|wv and w1|w3 adjacent, offsets rounded to
+ * 16 floats). A model may hold a unit range [u0, u1) only (a pipeline stage): it allocates
+ * parameters for those units alone; unit numbers stay global. */
+int hp_model_num_units(hp_model_t m);                 /* of the full model */
+void hp_model_unit_range(hp_model_t m, int *u0, int *u1);
+/* Local parameter-table range of a unit (count 0 for a unit this model does not hold). */
 void hp_model_unit_params(hp_model_t m, int unit, int *first, int *count);
 /* Offset (floats) of param i in the flat storage layout. */
 size_t hp_model_param_offset(hp_model_t m, int i);
 /* [offset, offset + floats) of a unit in the flat storage layout. */
 void hp_model_unit_span(hp_model_t m, int unit, size_t *offset, size_t *floats);
+/* The unit's outer module (hooks on it run around the unit; its `unit` field is the unit). */
+hp_module_t *hp_model_unit_module(hp_model_t m, int unit);
+/* Every module of the model, creation order; returns the count (writes at most cap). */
+int hp_model_modules(hp_model_t m, hp_module_t **out, int cap);
+/* Creates the model for units [u0, u1) of cfg's model (0 <= u0 < u1 <= n_layers + 2). */
+hp_status_t hp_model_create_range(const hp_model_config_t *cfg, int u0, int u1, int max_batch, int max_seq_len,
+                                  hp_model_t *out);
 
-/* Called around each unit: forward (pre before its first module, post after its last) and
- * backward (pre before backward_input of its last module, post after backward_weight of its
- * first). An error stops the pass. After a hook returns the model re-reads the unit's
- * weight/grad pointers from the param table (hp_model_bind_unit), so a hook may re-point
- * value.local.data / grad.local.data of the unit's params (to gathered buffers). */
-typedef struct hp_model_hooks {
-    hp_status_t (*pre_forward)(void *ctx, int unit);
-    hp_status_t (*post_forward)(void *ctx, int unit);
-    hp_status_t (*pre_backward)(void *ctx, int unit);
-    hp_status_t (*post_backward)(void *ctx, int unit);
-} hp_model_hooks_t;
-/* hooks NULL removes them. The struct is copied. */
-void hp_model_set_hooks(hp_model_t m, const hp_model_hooks_t *hooks, void *ctx);
-/* Re-reads the weight and grad pointers of a unit's modules from the param table. */
-void hp_model_bind_unit(hp_model_t m, int unit);
+/* A micro-batch context: the saved activations, unit boundaries, logits, loss sums and
+ * activation-gradient buffers of one micro-batch, sized once from (max_B, max_T) for the
+ * model's units (and its activation checkpointing at creation). Any number can be alive;
+ * nothing is allocated per step. HP_MODEL_CTX_SPLIT_BACKWARD keeps every unit's output
+ * gradient and backward scratch until its backward_weight, so weight passes can run after
+ * later micro-batches' input passes (zero-bubble schedules); without it backward_input and
+ * backward_weight of a range run together (hp_model_backward_range). */
+typedef struct hp_model_ctx *hp_model_ctx_t;
+#define HP_MODEL_CTX_SPLIT_BACKWARD 1u
+hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned flags, hp_model_ctx_t *out);
+void hp_model_ctx_destroy(hp_model_ctx_t c);
+/* Bytes the context holds (arena + workspace). */
+size_t hp_model_ctx_bytes(hp_model_ctx_t c);
+/* Starts a micro-batch in the context (drops what it held): tokens (B, T) are needed when
+ * the range includes unit 0, targets when it includes the head (NULL: logits only); the
+ * loss is sum / loss_divisor (DESIGN invariant 7). pos0: global position of t = 0. */
+hp_status_t hp_model_ctx_begin(hp_model_ctx_t c, const int32_t *tokens, const int32_t *targets, int B, int T,
+                               float loss_divisor);
+/* Forward of units [u0, u1) (inside the model's range). in: unit u0's input (B, T/sp, dim)
+ * f32 when u0 > 0 (copied into the context; NULL when u0 == 0: the tokens). out: when
+ * u1 < n_units and out is non-NULL, unit u1-1's output (B, T/sp, dim) is copied there. */
+hp_status_t hp_model_forward_range(hp_model_t m, hp_model_ctx_t c, int u0, int u1, const float *in, float *out);
+/* Backward of units [u0, u1) after their forward: dout = gradient of unit u1-1's output
+ * (NULL when u1 is the head: the loss); din (may be NULL) receives unit u0's input gradient
+ * (u0 > 0). backward_range runs backward_input then backward_weight per unit;
+ * backward_input_range / backward_weight_range split them (a SPLIT_BACKWARD context). */
+hp_status_t hp_model_backward_range(hp_model_t m, hp_model_ctx_t c, int u0, int u1, const float *dout, float *din);
+hp_status_t hp_model_backward_input_range(hp_model_t m, hp_model_ctx_t c, int u0, int u1, const float *dout,
+                                          float *din);
+hp_status_t hp_model_backward_weight_range(hp_model_t m, hp_model_ctx_t c, int u0, int u1);
+/* Whole model through a context: ctx_begin + forward_range(0, n) / backward_range(0, n). */
+hp_status_t hp_model_forward_ctx(hp_model_t m, hp_model_ctx_t c, const int32_t *tokens, const int32_t *targets,
+                                 int B, int T, float loss_divisor, float *loss);
+hp_status_t hp_model_backward_ctx(hp_model_t m, hp_model_ctx_t c);
+const float *hp_model_ctx_logits(hp_model_ctx_t c);      /* (B, T, V) after the head's forward */
+double hp_model_ctx_loss_sum(hp_model_ctx_t c);
+int64_t hp_model_ctx_valid_tokens(hp_model_ctx_t c);
+/* The context's activation context (module protocol; its `be` is the kernel table). */
+hp_act_t *hp_model_ctx_act(hp_model_ctx_t c);
+
 /* Frees the model's full-size parameter and gradient storage (after the external owner,
  * FSDP, copied its shards out). Param data pointers become NULL until the owner points them
- * at its buffers; hp_model_zero_grad becomes a no-op and hp_model_init_weights an error. */
+ * at its buffers (modules read them at every call); hp_model_zero_grad becomes a no-op and
+ * hp_model_init_weights an error. */
 void hp_model_release_storage(hp_model_t m);
+/* The model takes ownership of new parameter / gradient storage (aligned, `floats` each)
+ * that its param entries already point into (tensor parallel: the compacted local shards),
+ * param i at param_off[i] floats (units stay contiguous, so hp_model_unit_span and
+ * hp_model_param_offset describe the new layout); the old storage is freed. */
+void hp_model_adopt_storage(hp_model_t m, float *param_data, float *grad_data, size_t floats,
+                            const size_t *param_off);
+int hp_model_max_tokens(hp_model_t m);   /* max_batch * max_seq_len */
+/* Every attention module runs n_heads/attn_tp heads and n_kv_heads/attn_tp KV heads, every
+ * feed-forward hidden_dim/ffn_tp features (tensor parallel; hp_attention_set_local_heads,
+ * hp_feed_forward_set_local_hidden); errors name the sizes. */
+hp_status_t hp_model_set_local_heads(hp_model_t m, int attn_tp, int ffn_tp);
 
-/* Per-op timing of the last forward + backward: *names and *seconds receive arrays of the
- * returned length, owned by the model. */
+/* Replaceable loss (tensor parallel's loss_parallel over vocab-sharded logits (N, V local)). */
+typedef struct hp_model_loss_fn {
+    hp_status_t (*forward)(void *ctx, double *sum, double *losses, float *lse, const float *logits,
+                           const int32_t *targets, int N, int V, int64_t *n_valid);
+    hp_status_t (*backward)(void *ctx, float *dlogits, const float *logits, const float *lse,
+                            const int32_t *targets, float dloss, int N, int V);
+} hp_model_loss_fn_t;
+/* Sequence parallel: the residual stream holds T/seq_shard positions per rank (0 or 1: all);
+ * logits_cols: columns the output module writes (0: vocab); loss_fn NULL: the cross-entropy
+ * kernels. */
+void hp_model_set_sharding(hp_model_t m, int seq_shard, int logits_cols, const hp_model_loss_fn_t *loss_fn,
+                           void *loss_ctx);
+
+/* Per-op timing of the last forward + backward of the whole-model calls: *names and
+ * *seconds receive arrays of the returned length, owned by the model. */
 int hp_model_profile(hp_model_t m, const char ***names, const double **seconds);
 /* Activation checkpointing of the transformer blocks (TorchTitan semantics, docs/nn.md):
  * every_k = 0 off, 1 every block (mode full), k > 1 the blocks l (0-based) with
- * (l + 1) % k == 0 (TorchTitan's layer-level selective AC). A checkpointed block keeps only
- * its input (x0 or the previous block's output) through forward; its backward first
- * recomputes its forward (bitwise the same activations; after the unit's pre_backward hook,
- * without calling the forward hooks again), then runs the block's backward and releases the
- * recomputed state. Reallocates the activation arena to the smaller size (hp_model_memory
- * reports it); refused between a forward and its backward. */
+ * (l + 1) % k == 0 (TorchTitan's layer-level selective AC). A checkpointed block is wrapped
+ * by a checkpoint module that becomes the unit's outer module (its hooks move with it): it
+ * keeps only the block's input through forward; its backward first recomputes the block's
+ * forward (bitwise the same activations; after the unit's pre_backward hooks, without the
+ * forward hooks), then runs the block's backward and releases the recomputed state.
+ * Re-sizes the model's own context (hp_model_memory reports it); contexts created before
+ * are refused afterwards (re-create them); refused between a forward and its backward. */
 hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k);
 int hp_model_activation_checkpoint(hp_model_t m);
 /* Bytes of each arena (parameters, gradients, activations, workspace) for start-up reports. */

@@ -12,6 +12,7 @@
 #include "arena.h"
 #include "tensor.h"
 #include "param.h"
+#include "backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,18 +24,29 @@ extern "C" {
 
 /* Per-microbatch activation context: what forward saved for backward lives in `arena`
  * (one microbatch's lifetime) and is found again through `slots[module id]`. Several
- * contexts can be in flight at once (pipelining), dropped and rebuilt (checkpointing). */
+ * contexts can be in flight at once (pipelining), dropped and rebuilt (checkpointing). The
+ * model's micro-batch context (model.h, hp_model_ctx_t) embeds one. */
 typedef struct hp_act {
     hp_arena_t arena;     /* saved tensors of this microbatch */
-    int B, T;             /* microbatch shape of the last forward */
+    int B, T;             /* microbatch shape: rows are (b, t), t < T local positions */
     int n_slots;
     void **slots;         /* per module id: the module's saved state (in arena) */
-    /* Scratch for activation gradients inside a module's backward (set by the caller; the
-     * model points it at its shared workspace, so backward_weight of a module must run
-     * before the next backward_input that shares it). */
+    /* Scratch for activation gradients inside a module's backward (set by the caller). A
+     * module carves disjoint regions for its children, so a backward_weight may run after
+     * later backward_input calls as long as the caller gives each unit its own scratch. */
     float *grad_scratch;
     size_t grad_scratch_floats;
     double *prof;         /* optional: seconds per kernel kind (HP_NN_OP_*), accumulated */
+    const hp_backend_t *be;   /* the kernel table (hp_act_init: hp_backend_default()) */
+    /* Global position of local row t = 0 (RoPE angle and causal mask use pos0 + t): 0 for a
+     * whole sequence, the cache position under KV-cache decode, a shard's offset under
+     * context parallelism. */
+    int pos0;
+    /* Inference: the KV cache the attention modules append to and read (NULL: training). */
+    struct hp_model_kv_cache *kv;
+    /* Weight passes may be deferred past later input passes (a split-backward context):
+     * checkpoint wrappers keep their recomputed state until the context is reset. */
+    int keep_recompute;
 } hp_act_t;
 
 typedef struct hp_module hp_module_t;
@@ -54,19 +66,51 @@ typedef struct hp_module_ops {
 } hp_module_ops_t;
 
 #define HP_MODULE_MAX_CHILDREN 8
-#define HP_MODULE_MAX_PARAMS 4
+#define HP_MODULE_MAX_PARAMS 8
+#define HP_MODULE_MAX_HOOKS 4   /* per kind */
+
+/* Module hooks (torch.nn.Module register_forward_pre_hook / ..._hook /
+ * register_full_backward_pre_hook / ..._hook): called by hp_module_forward (pre before,
+ * post after), hp_module_backward_input (pre_backward before) and hp_module_backward_weight
+ * (post_backward after: the module's weight gradients are complete). Several per module,
+ * called in registration order; an error stops the call. A hook may re-point its module's
+ * parameter data (value.local.data / grad.local.data): modules read them at every call.
+ * FSDP, DDP and the pipeline attach here; activation checkpointing is a wrapper module. */
+typedef enum hp_hook_kind {
+    HP_HOOK_PRE_FORWARD = 0, HP_HOOK_POST_FORWARD, HP_HOOK_PRE_BACKWARD, HP_HOOK_POST_BACKWARD,
+    HP_HOOK_KINDS
+} hp_hook_kind_t;
+typedef hp_status_t (*hp_module_hook_fn)(void *user, hp_module_t *m, hp_act_t *act);
+typedef struct hp_module_hook {
+    hp_module_hook_fn fn;
+    void *user;
+    int handle;
+} hp_module_hook_t;
 
 struct hp_module {
     char name[HP_PARAM_NAME_MAX];   /* fully qualified ("layers.3.attention"); "" for the root */
     const hp_module_ops_t *ops;
     int id;                         /* index into hp_act_t.slots */
+    int unit;                       /* the model unit this module is the outer module of, else -1 */
     int n_children;
     hp_module_t *children[HP_MODULE_MAX_CHILDREN];
     int n_params;
     hp_param_t *params[HP_MODULE_MAX_PARAMS];   /* owned by the model's parameter table */
-    void *impl;                     /* layer configuration (sizes, weight pointers) */
+    void *impl;                     /* layer configuration (sizes, flags) */
     double *timer;                  /* optional: seconds accumulated by forward + backward */
+    int n_hooks[HP_HOOK_KINDS];
+    hp_module_hook_t hooks[HP_HOOK_KINDS][HP_MODULE_MAX_HOOKS];
 };
+
+/* Registers a hook; *handle (may be NULL) identifies it for removal. HP_ERR_INVALID_ARG when
+ * the module already has HP_MODULE_MAX_HOOKS of that kind. */
+hp_status_t hp_module_add_hook(hp_module_t *m, hp_hook_kind_t kind, hp_module_hook_fn fn, void *user, int *handle);
+/* Removes the hook with that handle (any kind); unknown handles are ignored. */
+void hp_module_remove_hook(hp_module_t *m, int handle);
+/* Removes every hook whose user pointer is `user` (a wrapper detaching itself). */
+void hp_module_remove_hooks_of(hp_module_t *m, void *user);
+/* Moves m's hooks to `to` (an outer wrapper taking m's place), appended after to's own. */
+hp_status_t hp_module_move_hooks(hp_module_t *to, hp_module_t *m);
 
 /* Kernel kinds of the per-op profile (hp_act_t.prof, hp_model_profile). */
 enum {
@@ -82,11 +126,23 @@ enum {
 };
 extern const char *const hp_nn_op_names[HP_NN_OP_COUNT];
 
-/* Reserves the activation context for modules 0..n_modules-1 with an arena of `bytes`. */
+/* Reserves the activation context for modules 0..n_modules-1 with an arena of `bytes`;
+ * be = hp_backend_default(), pos0 = 0, no KV cache. */
 hp_status_t hp_act_init(hp_act_t *act, int n_modules, size_t bytes);
 void hp_act_free(hp_act_t *act);
 /* Drops the saved state of a microbatch (start of forward, or after checkpointing). */
 void hp_act_reset(hp_act_t *act);
+
+/* For module authors (nn's layers, the parallel wrappers): allocation from the activation
+ * arena (asserts (a size-table bug) when it runs out), a module's saved-state struct
+ * registered under its id, that state again in backward (asserts it exists), gradient
+ * scratch carved from act->grad_scratch at *offset (advanced), and the base set-up of a
+ * module struct (zeroes it; id and unit -1). */
+void *hp_act_alloc(hp_act_t *act, size_t bytes);
+void *hp_act_slot_new(hp_act_t *act, const hp_module_t *m, size_t bytes);
+void *hp_act_slot(hp_act_t *act, const hp_module_t *m);
+float *hp_act_scratch(hp_act_t *act, size_t *offset, size_t floats);
+void hp_module_base_init(hp_module_t *m, const hp_module_ops_t *ops, const char *name, void *impl);
 
 /* Calls through a module's ops table with checks (named errors instead of NULL calls). */
 hp_status_t hp_module_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out);
@@ -95,12 +151,15 @@ hp_status_t hp_module_backward_weight(hp_module_t *m, hp_act_t *act);
 
 /* ---- layers (modules) ------------------------------------------------------------------ */
 /* Layer modules are created into caller-owned storage; parameter storage (value and grad)
- * is owned by the caller's hp_param_t entries, which must be contiguous f32. */
+ * is owned by the caller's hp_param_t entries, which must be contiguous f32. Modules read
+ * the data pointers of their params at every call (hooks may re-point them). */
+static inline float *hp_param_w(const hp_param_t *p) { return (float *)p->value.local.data; }
+static inline float *hp_param_g(const hp_param_t *p) { return (float *)p->grad.local.data; }
 
 typedef struct hp_linear_impl {
     int in_features, out_features;
-    float *weight, *dweight;   /* (out, in) : possibly several params stacked along out */
-    float *bias, *dbias;       /* (out) or NULL */
+    int n_weights;             /* params[0 .. n_weights): (out_i, in) stacked along out, adjacent */
+    int has_bias;              /* params[n_weights]: (out) */
     int accumulate_output;     /* forward: out += x W^T (residual add fused into the GEMM) */
     int accumulate_input_grad; /* backward_input: din += instead of = */
     int prof_op;               /* first of three profile slots (fwd, bwd_input, bwd_weight) */
@@ -113,20 +172,33 @@ void hp_linear_module_init(hp_module_t *m, hp_linear_impl_t *impl, const char *n
 
 typedef struct hp_rmsnorm_impl {
     int dim;
-    float eps;
-    float *weight, *dweight;   /* (dim) */
+    float eps;                 /* weight: params[0] (dim) */
     int accumulate_input_grad; /* backward_input: din += instead of = */
 } hp_rmsnorm_impl_t;
 void hp_rmsnorm_module_init(hp_module_t *m, hp_rmsnorm_impl_t *impl, const char *name,
                             hp_param_t *weight, int dim, float eps);
 
 typedef struct hp_embedding_impl {
-    int vocab, dim;
-    float *weight, *dweight;   /* (vocab, dim) */
+    int vocab, dim;            /* weight: params[0] (vocab, dim) */
 } hp_embedding_impl_t;
 /* in: (B, T) i32 token ids; out: (B, T, dim). */
 void hp_embedding_module_init(hp_module_t *m, hp_embedding_impl_t *impl, const char *name,
                               hp_param_t *weight, int vocab, int dim);
+
+/* ---- composite modules (built by the model's ModelSpec; docs/nn.md) --------------------
+ * attention: children wqkv (fused linear), core (causal SDPA: a replaceable child, e.g. ring
+ * or Ulysses attention under context parallelism), wo; params q_norm, k_norm (qk-norm).
+ * feed_forward: children w13 (fused linear), w2. Tensor parallelism runs them on local
+ * heads / hidden features through these setters. */
+hp_status_t hp_attention_set_local_heads(hp_module_t *attention, int n_heads, int n_kv_heads);
+void hp_attention_local_heads(const hp_module_t *attention, int *n_heads, int *n_kv_heads);
+/* The attention's core child, and its replacement: the new core takes the (N, qd + 2 kd)
+ * rows [q | k | v] (after qk-norm and RoPE) and writes (N, qd); its backward_input writes
+ * [dq | dk | dv] in the same layout. */
+hp_module_t *hp_attention_core(hp_module_t *attention);
+hp_status_t hp_attention_set_core(hp_module_t *attention, hp_module_t *core);
+hp_status_t hp_feed_forward_set_local_hidden(hp_module_t *feed_forward, int hidden);
+int hp_feed_forward_local_hidden(const hp_module_t *feed_forward);
 
 /* ---- kernels: linear (every GEMM through cblas_sgemm) ---------------------------------- */
 

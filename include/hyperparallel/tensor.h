@@ -14,13 +14,30 @@ extern "C" {
 
 #define HP_MAX_DIMS 8
 
+/* Where a tensor's bytes live. Only host memory exists today; a CUDA backend adds its
+ * devices here, and kernels reached through hp_backend_t (backend.h) take tensors on theirs. */
+typedef enum hp_device { HP_DEVICE_HOST = 0 } hp_device_t;
+
 typedef struct hp_tensor {
     hp_dtype_t dtype;
     int ndim;                       /* 0 = scalar (one element) */
     int64_t shape[HP_MAX_DIMS];
     int64_t stride[HP_MAX_DIMS];    /* in elements */
     void *data;                     /* points at element [0,...,0] */
+    hp_device_t device;             /* HP_DEVICE_HOST (zero-initialised descriptors are host) */
 } hp_tensor_t;
+
+/* A contiguous (rows, cols) f32 host view over data (kernels' 2-D operands). */
+static inline void hp_tensor_view2(hp_tensor_t *t, float *data, int64_t rows, int64_t cols) {
+    *t = (hp_tensor_t){0};
+    t->dtype = HP_F32;
+    t->ndim = 2;
+    t->shape[0] = rows;
+    t->shape[1] = cols;
+    t->stride[0] = cols;
+    t->stride[1] = 1;
+    t->data = data;
+}
 
 /* Contiguous descriptor over `data` (may be NULL when numel == 0). */
 hp_status_t hp_tensor_init(hp_tensor_t *t, hp_dtype_t dt, int ndim, const int64_t *shape, void *data);

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <omp.h>
 #include "hyperparallel/nn.h"
-#include "nn/nn-impl.h"
+#include "hyperparallel/nn.h"
 
 hp_status_t hp_act_init(hp_act_t *act, int n_modules, size_t bytes) {
     memset(act, 0, sizeof(*act));
@@ -15,6 +15,7 @@ hp_status_t hp_act_init(hp_act_t *act, int n_modules, size_t bytes) {
     act->slots = hp_calloc((size_t)n_modules, sizeof(void *));
     if (!act->slots) return HP_ERR_OOM;
     act->n_slots = n_modules;
+    act->be = hp_backend_default();
     hp_status_t st = hp_arena_init(&act->arena, "activations", bytes);
     if (st != HP_OK) {
         free(act->slots);
@@ -70,25 +71,76 @@ static void prof_add(hp_act_t *act, int op, double t0) {
     if (act->prof) act->prof[op] += omp_get_wtime() - t0;
 }
 
+static hp_status_t run_hooks(hp_module_t *m, hp_hook_kind_t k, hp_act_t *act) {
+    for (int i = 0; i < m->n_hooks[k]; i++) HP_TRY(m->hooks[k][i].fn(m->hooks[k][i].user, m, act));
+    return HP_OK;
+}
+
 hp_status_t hp_module_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     if (!m || !m->ops || !m->ops->forward)
         return hp_error(HP_ERR_INVALID_ARG, "hp_module_forward: module '%s' has no forward",
                         m ? m->name : "(null)");
-    return m->ops->forward(m, act, in, out);
+    HP_TRY(run_hooks(m, HP_HOOK_PRE_FORWARD, act));
+    HP_TRY(m->ops->forward(m, act, in, out));
+    return run_hooks(m, HP_HOOK_POST_FORWARD, act);
 }
 
 hp_status_t hp_module_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     if (!m || !m->ops || !m->ops->backward_input)
         return hp_error(HP_ERR_INVALID_ARG, "hp_module_backward_input: module '%s' has no backward_input",
                         m ? m->name : "(null)");
+    HP_TRY(run_hooks(m, HP_HOOK_PRE_BACKWARD, act));
     return m->ops->backward_input(m, act, dout, din);
 }
 
 hp_status_t hp_module_backward_weight(hp_module_t *m, hp_act_t *act) {
     if (!m || !m->ops)
         return hp_error(HP_ERR_INVALID_ARG, "hp_module_backward_weight: module is NULL");
-    if (!m->ops->backward_weight) return HP_OK;   // no parameters
-    return m->ops->backward_weight(m, act);
+    if (m->ops->backward_weight) HP_TRY(m->ops->backward_weight(m, act));
+    return run_hooks(m, HP_HOOK_POST_BACKWARD, act);
+}
+
+static int g_hook_handle = 0;
+
+hp_status_t hp_module_add_hook(hp_module_t *m, hp_hook_kind_t kind, hp_module_hook_fn fn, void *user, int *handle) {
+    if (!m || !fn || (unsigned)kind >= HP_HOOK_KINDS)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_module_add_hook: module, hook function and a kind in "
+                        "[0, %d) are required", HP_HOOK_KINDS);
+    if (m->n_hooks[kind] >= HP_MODULE_MAX_HOOKS)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_module_add_hook: module '%s' already has %d hooks of kind %d "
+                        "(HP_MODULE_MAX_HOOKS)", m->name, HP_MODULE_MAX_HOOKS, (int)kind);
+    hp_module_hook_t *h = &m->hooks[kind][m->n_hooks[kind]++];
+    h->fn = fn;
+    h->user = user;
+    h->handle = ++g_hook_handle;   // set-up time only (single-threaded)
+    if (handle) *handle = h->handle;
+    return HP_OK;
+}
+
+static void remove_if(hp_module_t *m, int handle, void *user, int by_user) {
+    for (int k = 0; k < HP_HOOK_KINDS; k++) {
+        int w = 0;
+        for (int i = 0; i < m->n_hooks[k]; i++) {
+            const hp_module_hook_t *h = &m->hooks[k][i];
+            if (by_user ? h->user == user : h->handle == handle) continue;
+            m->hooks[k][w++] = *h;
+        }
+        m->n_hooks[k] = w;
+    }
+}
+
+void hp_module_remove_hook(hp_module_t *m, int handle) { if (m) remove_if(m, handle, NULL, 0); }
+void hp_module_remove_hooks_of(hp_module_t *m, void *user) { if (m) remove_if(m, 0, user, 1); }
+
+hp_status_t hp_module_move_hooks(hp_module_t *to, hp_module_t *m) {
+    for (int k = 0; k < HP_HOOK_KINDS; k++) {
+        if (to->n_hooks[k] + m->n_hooks[k] > HP_MODULE_MAX_HOOKS)
+            return hp_error(HP_ERR_INVALID_ARG, "hp_module_move_hooks: '%s' would exceed %d hooks of kind %d",
+                            to->name, HP_MODULE_MAX_HOOKS, k);
+        for (int i = 0; i < m->n_hooks[k]; i++) to->hooks[k][to->n_hooks[k]++] = m->hooks[k][i];
+        m->n_hooks[k] = 0;
+    }
+    return HP_OK;
 }
 
 /* Rows of a (..., C) tensor. */
@@ -126,10 +178,9 @@ static hp_status_t linear_forward(hp_module_t *m, hp_act_t *act, const hp_tensor
     s->inp = in->data;
     s->N = rows_of(in);
     double t0 = omp_get_wtime();
-    if (L->accumulate_output)
-        hp_linear_forward_acc(out->data, in->data, L->weight, L->bias, (int)s->N, L->in_features, L->out_features);
-    else
-        hp_linear_forward(out->data, in->data, L->weight, L->bias, (int)s->N, L->in_features, L->out_features);
+    const float *bias = L->has_bias ? hp_param_w(m->params[L->n_weights]) : NULL;
+    act->be->linear_forward(act->be->ctx, out->data, in->data, hp_param_w(m->params[0]), bias, (int)s->N,
+                            L->in_features, L->out_features, L->accumulate_output);
     prof_add(act, L->prof_op, t0);
     return HP_OK;
 }
@@ -142,8 +193,8 @@ static hp_status_t linear_backward_input(hp_module_t *m, hp_act_t *act, const hp
     if (din) {
         HP_TRY(check_last_dim(m, "din", din, L->in_features));
         double t0 = omp_get_wtime();
-        hp_linear_backward_input(din->data, dout->data, L->weight, (int)s->N, L->in_features,
-                                 L->out_features, L->accumulate_input_grad);
+        act->be->linear_backward_input(act->be->ctx, din->data, dout->data, hp_param_w(m->params[0]), (int)s->N,
+                                       L->in_features, L->out_features, L->accumulate_input_grad);
         prof_add(act, L->prof_op + 1, t0);
     }
     return HP_OK;
@@ -154,7 +205,9 @@ static hp_status_t linear_backward_weight(hp_module_t *m, hp_act_t *act) {
     linear_saved_t *s = hp_act_slot(act, m);
     HP_ASSERT_MSG(s->dout != NULL, "linear '%s': backward_weight before backward_input", m->name);
     double t0 = omp_get_wtime();
-    hp_linear_backward_weight(L->dweight, L->dbias, s->dout, s->inp, (int)s->N, L->in_features, L->out_features);
+    float *dbias = L->has_bias ? hp_param_g(m->params[L->n_weights]) : NULL;
+    act->be->linear_backward_weight(act->be->ctx, hp_param_g(m->params[0]), dbias, s->dout, s->inp, (int)s->N,
+                                    L->in_features, L->out_features);
     prof_add(act, L->prof_op + 2, t0);
     s->dout = NULL;
     return HP_OK;
@@ -170,6 +223,7 @@ static void module_base(hp_module_t *m, const hp_module_ops_t *ops, const char *
     m->ops = ops;
     m->impl = impl;
     m->id = -1;
+    m->unit = -1;
 }
 
 void hp_linear_module_init(hp_module_t *m, hp_linear_impl_t *impl, const char *name,
@@ -180,14 +234,14 @@ void hp_linear_module_init(hp_module_t *m, hp_linear_impl_t *impl, const char *n
     module_base(m, &linear_ops, name, impl);
     impl->in_features = in_features;
     impl->out_features = out_features;
-    impl->weight = params[0]->value.local.data;
-    impl->dweight = params[0]->grad.local.data;
     impl->prof_op = HP_NN_OP_LINEAR_FWD;
+    impl->n_weights = n_params;
     // stacked params must be adjacent in memory so that they form one (out, in) matrix
     int64_t rows = 0;
+    const float *w0 = hp_param_w(params[0]), *g0 = hp_param_g(params[0]);
     for (int i = 0; i < n_params; i++) {
-        HP_ASSERT_MSG((float *)params[i]->value.local.data == impl->weight + rows * in_features &&
-                      (float *)params[i]->grad.local.data == impl->dweight + rows * in_features,
+        HP_ASSERT_MSG(hp_param_w(params[i]) == w0 + rows * in_features &&
+                      hp_param_g(params[i]) == g0 + rows * in_features,
                       "linear '%s': stacked parameter '%s' is not adjacent to the previous one",
                       name, params[i]->name);
         rows += params[i]->value.local.shape[0];
@@ -196,8 +250,7 @@ void hp_linear_module_init(hp_module_t *m, hp_linear_impl_t *impl, const char *n
     HP_ASSERT_MSG(rows == out_features, "linear '%s': stacked rows %lld != out_features %d", name,
                   (long long)rows, out_features);
     if (bias) {
-        impl->bias = bias->value.local.data;
-        impl->dbias = bias->grad.local.data;
+        impl->has_bias = 1;
         m->params[m->n_params++] = bias;
     }
 }
@@ -224,7 +277,8 @@ static hp_status_t rmsnorm_forward(hp_module_t *m, hp_act_t *act, const hp_tenso
     s->N = rows_of(in);
     s->rstd = hp_act_alloc(act, sizeof(float) * (size_t)s->N);
     double t0 = omp_get_wtime();
-    hp_rmsnorm_forward(out->data, s->rstd, in->data, R->weight, (int)s->N, R->dim, R->eps);
+    act->be->rmsnorm_forward(act->be->ctx, out->data, s->rstd, in->data, hp_param_w(m->params[0]), (int)s->N,
+                             R->dim, R->eps);
     prof_add(act, HP_NN_OP_RMSNORM_FWD, t0);
     return HP_OK;
 }
@@ -237,8 +291,8 @@ static hp_status_t rmsnorm_backward_input(hp_module_t *m, hp_act_t *act, const h
     if (din) {
         HP_TRY(check_last_dim(m, "din", din, R->dim));
         double t0 = omp_get_wtime();
-        hp_rmsnorm_backward_input(din->data, dout->data, s->inp, R->weight, s->rstd, (int)s->N, R->dim,
-                                  R->accumulate_input_grad);
+        act->be->rmsnorm_backward_input(act->be->ctx, din->data, dout->data, s->inp, hp_param_w(m->params[0]),
+                                        s->rstd, (int)s->N, R->dim, R->accumulate_input_grad);
         prof_add(act, HP_NN_OP_RMSNORM_BWD, t0);
     }
     return HP_OK;
@@ -249,7 +303,8 @@ static hp_status_t rmsnorm_backward_weight(hp_module_t *m, hp_act_t *act) {
     rmsnorm_saved_t *s = hp_act_slot(act, m);
     HP_ASSERT_MSG(s->dout != NULL, "rmsnorm '%s': backward_weight before backward_input", m->name);
     double t0 = omp_get_wtime();
-    hp_rmsnorm_backward_weight(R->dweight, s->dout, s->inp, s->rstd, (int)s->N, R->dim);
+    act->be->rmsnorm_backward_weight(act->be->ctx, hp_param_g(m->params[0]), s->dout, s->inp, s->rstd,
+                                     (int)s->N, R->dim);
     prof_add(act, HP_NN_OP_RMSNORM_BWD, t0);
     s->dout = NULL;
     return HP_OK;
@@ -265,8 +320,6 @@ void hp_rmsnorm_module_init(hp_module_t *m, hp_rmsnorm_impl_t *impl, const char 
     module_base(m, &rmsnorm_ops, name, impl);
     impl->dim = dim;
     impl->eps = eps;
-    impl->weight = weight->value.local.data;
-    impl->dweight = weight->grad.local.data;
     m->params[m->n_params++] = weight;
 }
 
@@ -299,7 +352,7 @@ static hp_status_t embedding_forward(hp_module_t *m, hp_act_t *act, const hp_ten
     s->tokens = tok;
     s->N = N;
     double t0 = omp_get_wtime();
-    hp_embedding_forward(out->data, tok, E->weight, (int)N, E->dim);
+    act->be->embedding_forward(act->be->ctx, out->data, tok, hp_param_w(m->params[0]), (int)N, E->dim);
     prof_add(act, HP_NN_OP_EMBEDDING, t0);
     return HP_OK;
 }
@@ -317,7 +370,8 @@ static hp_status_t embedding_backward_weight(hp_module_t *m, hp_act_t *act) {
     embedding_saved_t *s = hp_act_slot(act, m);
     HP_ASSERT_MSG(s->dout != NULL, "embedding '%s': backward_weight before backward_input", m->name);
     double t0 = omp_get_wtime();
-    hp_embedding_backward(E->dweight, s->dout, s->tokens, (int)s->N, E->dim, E->vocab);
+    act->be->embedding_backward(act->be->ctx, hp_param_g(m->params[0]), s->dout, s->tokens, (int)s->N, E->dim,
+                                E->vocab);
     prof_add(act, HP_NN_OP_EMBEDDING, t0);
     s->dout = NULL;
     return HP_OK;
@@ -334,8 +388,6 @@ void hp_embedding_module_init(hp_module_t *m, hp_embedding_impl_t *impl, const c
     module_base(m, &embedding_ops, name, impl);
     impl->vocab = vocab;
     impl->dim = dim;
-    impl->weight = weight->value.local.data;
-    impl->dweight = weight->grad.local.data;
     m->params[m->n_params++] = weight;
 }
 

@@ -111,8 +111,10 @@ static hp_status_t launch_ready(hp_ddp_t *d) {
     return HP_OK;
 }
 
-static hp_status_t ddp_post_backward(void *ctx, int unit) {
+static hp_status_t ddp_post_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
     hp_ddp_t *d = ctx;
+    const int unit = mod->unit;
+    (void)act;
     if (!d->sync) return HP_OK;
     int first, count;
     hp_model_unit_params(d->model, unit, &first, &count);
@@ -198,8 +200,12 @@ hp_status_t hp_ddp_create(hp_model_t model, hp_comm_t comm, const hp_ddp_options
         hp_ddp_destroy(d);
         return st;
     }
-    hp_model_hooks_t h = {NULL, NULL, NULL, ddp_post_backward};
-    hp_model_set_hooks(model, &h, d);
+    const hp_module_hook_fn h[HP_HOOK_KINDS] = {NULL, NULL, NULL, ddp_post_backward};
+    st = hp_dp_attach_hooks(model, d, h);
+    if (st != HP_OK) {
+        hp_ddp_destroy(d);
+        return st;
+    }
     *out = d;
     return HP_OK;
 }
@@ -211,7 +217,7 @@ void hp_ddp_destroy(hp_ddp_t *d) {
         free(d->b[k].idx);
         hp_free_aligned(d->b[k].buf);
     }
-    hp_model_set_hooks(d->model, NULL, NULL);
+    hp_dp_detach_hooks(d->model, d);
     hp_dp_unregister(d->model);
     free(d->b);
     free(d->bucket_of);

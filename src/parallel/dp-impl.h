@@ -9,6 +9,10 @@
  * wrapper when it already is (fully_shard twice, DDP over FSDP). */
 hp_status_t hp_dp_register(hp_model_t model, const char *what);
 void hp_dp_unregister(hp_model_t model);
+/* Registers the wrapper's unit hooks (NULL slots skipped) on every unit's outer module, user
+ * as their context; detach removes them again. */
+hp_status_t hp_dp_attach_hooks(hp_model_t model, void *user, const hp_module_hook_fn fns[HP_HOOK_KINDS]);
+void hp_dp_detach_hooks(hp_model_t model, void *user);
 double hp_dp_now(void);
 
 #endif

@@ -41,6 +41,23 @@ void hp_dp_unregister(hp_model_t model) {
         if (g_wrapped[i].model == model) g_wrapped[i].model = NULL;
 }
 
+hp_status_t hp_dp_attach_hooks(hp_model_t model, void *user, const hp_module_hook_fn fns[HP_HOOK_KINDS]) {
+    for (int u = 0; u < hp_model_num_units(model); u++)
+        for (int k = 0; k < HP_HOOK_KINDS; k++) {
+            if (!fns[k]) continue;
+            hp_status_t st = hp_module_add_hook(hp_model_unit_module(model, u), (hp_hook_kind_t)k, fns[k], user, NULL);
+            if (st != HP_OK) {
+                hp_dp_detach_hooks(model, user);
+                return st;
+            }
+        }
+    return HP_OK;
+}
+
+void hp_dp_detach_hooks(hp_model_t model, void *user) {
+    for (int u = 0; u < hp_model_num_units(model); u++) hp_module_remove_hooks_of(hp_model_unit_module(model, u), user);
+}
+
 double hp_dp_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -397,8 +414,10 @@ static hp_status_t reduce_grads(hp_fsdp_t *f, group_t *g, const float *grads) {
 /* Hooks come per unit; a group's state changes at its first unit (unshard, gradient buffer)
  * and its last (reshard, reduce) in each pass. For a one-unit group both are the unit. */
 
-static hp_status_t pre_forward(void *ctx, int unit) {
+static hp_status_t pre_forward(void *ctx, hp_module_t *mod, hp_act_t *act) {
     hp_fsdp_t *f = ctx;
+    const int unit = mod->unit;
+    (void)act;
     group_t *g = &f->g[f->ug[unit]];
     HP_TRY(unshard(f, g));
     HP_TRY(wait_unshard(f, g));
@@ -409,8 +428,10 @@ static hp_status_t pre_forward(void *ctx, int unit) {
     return HP_OK;
 }
 
-static hp_status_t post_forward(void *ctx, int unit) {
+static hp_status_t post_forward(void *ctx, hp_module_t *mod, hp_act_t *act) {
     hp_fsdp_t *f = ctx;
+    const int unit = mod->unit;
+    (void)act;
     group_t *g = &f->g[f->ug[unit]];
     if (unit != g->u_hi) return HP_OK;   // another unit of the group runs later in forward
     if (g->raf == 1) reshard(f, g, 0);
@@ -419,8 +440,10 @@ static hp_status_t post_forward(void *ctx, int unit) {
     return HP_OK;
 }
 
-static hp_status_t pre_backward(void *ctx, int unit) {
+static hp_status_t pre_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
     hp_fsdp_t *f = ctx;
+    const int unit = mod->unit;
+    (void)act;
     group_t *g = &f->g[f->ug[unit]];
     HP_TRY(unshard(f, g));
     HP_TRY(wait_unshard(f, g));
@@ -446,8 +469,10 @@ static hp_status_t pre_backward(void *ctx, int unit) {
     return HP_OK;
 }
 
-static hp_status_t post_backward(void *ctx, int unit) {
+static hp_status_t post_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
     hp_fsdp_t *f = ctx;
+    const int unit = mod->unit;
+    (void)act;
     group_t *g = &f->g[f->ug[unit]];
     if (unit == g->u_lo) {   // the group's last unit in backward: reshard and reduce
         reshard(f, g, 0);
@@ -773,8 +798,9 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
     // the model's full-size storage is no longer needed: its params point at our buffers
     hp_model_release_storage(model);
     {
-        hp_model_hooks_t h = {pre_forward, post_forward, pre_backward, post_backward};
-        hp_model_set_hooks(model, &h, f);
+        const hp_module_hook_fn h[HP_HOOK_KINDS] = {pre_forward, post_forward, pre_backward, post_backward};
+        st = hp_dp_attach_hooks(model, f, h);
+        if (st != HP_OK) goto fail;
     }
     *out = f;
     return HP_OK;
@@ -812,7 +838,7 @@ void hp_fsdp_destroy(hp_fsdp_t *f) {
     if (f->rs_premul) (void)hp_redop_destroy(f->rs_op, f->shard_comm);
     if (f->pf_comm) (void)hp_comm_destroy(f->pf_comm);
     if (f->model) {
-        hp_model_set_hooks(f->model, NULL, NULL);
+        hp_dp_detach_hooks(f->model, f);
         hp_dp_unregister(f->model);
     }
     free(f->slots);

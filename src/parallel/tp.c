@@ -14,7 +14,7 @@
 #include <string.h>
 #include "hyperparallel/tp.h"
 #include "hyperparallel/comm.h"
-#include "nn/nn-impl.h"
+#include "hyperparallel/nn.h"
 
 /* ---- styles ------------------------------------------------------------------------------ */
 
@@ -190,7 +190,7 @@ void hp_tp_destroy(hp_tp_t tp) {
         hp_free_aligned(t->gsave);
         free(t->inner_ops_owned);
     }
-    if (tp->model) hp_model_tp_set(tp->model, 0, 0, NULL, NULL);
+    if (tp->model) hp_model_set_sharding(tp->model, 0, 0, NULL, NULL);
     hp_free_aligned(tp->scratch);
     free(tp->mods);
     free(tp);
@@ -473,7 +473,7 @@ static hp_status_t row_emb_forward(hp_module_t *m, hp_act_t *act, const hp_tenso
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         float *dst = y + (size_t)n * C;
-        if (tok[n] >= lo && tok[n] < hi) memcpy(dst, E->weight + (size_t)(tok[n] - lo) * C, sizeof(float) * (size_t)C);
+        if (tok[n] >= lo && tok[n] < hi) memcpy(dst, hp_param_w(m->params[0]) + (size_t)(tok[n] - lo) * C, sizeof(float) * (size_t)C);
         else memset(dst, 0, sizeof(float) * (size_t)C);
     }
     if (!seq) return hp_all_reduce(y, y, (size_t)(N * C), HP_F32, HP_SUM, tp->comm, NULL);
@@ -504,7 +504,7 @@ static hp_status_t row_emb_backward_weight(hp_module_t *m, hp_act_t *act) {
     for (int64_t n = 0; n < t->ntok; n++) {
         int32_t v = t->tok[n];
         if (v < lo || v >= hi) continue;
-        float *dw = E->dweight + (size_t)(v - lo) * C;
+        float *dw = hp_param_g(m->params[0]) + (size_t)(v - lo) * C;
         const float *g = t->edout + (size_t)n * C;
         for (int64_t c = 0; c < C; c++) dw[c] += g[c];
     }
@@ -812,14 +812,14 @@ static hp_status_t check_pair(hp_tp_t tp, hp_module_t *m, const hp_tp_style_t *s
         if (s->kind == HP_TP_COLWISE) {
             for (int i = 0; i < m->n_params; i++) {
                 const hp_param_t *p = m->params[i];
-                if (L->bias && p->value.local.data == (void *)L->bias) continue;
+                if (L->has_bias && i == L->n_weights) continue;
                 if (p->value.local.shape[0] % k != 0)
                     return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: ColwiseParallel on '%s': parameter '%s' has "
                                     "%lld rows, not divisible by the TP degree %d; hint: degrees dividing it: %s",
                                     m->name, p->name, (long long)p->value.local.shape[0], k,
                                     tp_divisors(p->value.local.shape[0], dv, sizeof dv));
             }
-            if (L->bias)
+            if (L->has_bias)
                 return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: linear '%s' has a bias; sharded biases are "
                                 "not implemented (the llama/qwen models have none)", m->name);
         } else if (L->in_features % k != 0) {
@@ -868,7 +868,7 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
         const int64_t IC = L->in_features, OC = L->out_features;
         t->in_f = IC;
         t->out_f = OC;
-        float *w = L->weight, *g = L->dweight;
+        float *w = hp_param_w(m->params[0]), *g = hp_param_g(m->params[0]);
         if (s->kind == HP_TP_COLWISE) {
             // each stacked param: its rows [r*rows/k, (r+1)*rows/k) packed after the previous
             float *wd = w, *gd = g;
@@ -931,6 +931,7 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
     } else if (t->mk == MK_EMBEDDING && (s->kind == HP_TP_COLWISE || s->kind == HP_TP_ROWWISE)) {
         hp_embedding_impl_t *E = m->impl;
         hp_param_t *p = m->params[0];
+        float *E_w = hp_param_w(p), *E_g = hp_param_g(p);
         const int64_t V = E->vocab, C = E->dim;
         t->in_f = V;
         t->out_f = C;
@@ -943,18 +944,18 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
                                 s->kind == HP_TP_ROWWISE ? "Shard(0)" : "Shard(1)");
         } else if (s->kind == HP_TP_ROWWISE) {
             const int64_t lv = V / k;
-            memmove(E->weight, E->weight + (size_t)(r * lv) * C, sizeof(float) * (size_t)(lv * C));
-            memmove(E->dweight, E->dweight + (size_t)(r * lv) * C, sizeof(float) * (size_t)(lv * C));
+            memmove(E_w, E_w + (size_t)(r * lv) * C, sizeof(float) * (size_t)(lv * C));
+            memmove(E_g, E_g + (size_t)(r * lv) * C, sizeof(float) * (size_t)(lv * C));
             int64_t ls[2] = {lv, C};
-            set_param_layout(p, tp, hp_shard(0), ls, E->weight, E->dweight);
+            set_param_layout(p, tp, hp_shard(0), ls, E_w, E_g);
         } else {
             const int64_t lc = C / k;
             for (int64_t v = 0; v < V; v++) {
-                memmove(E->weight + (size_t)v * lc, E->weight + (size_t)v * C + (size_t)(r * lc), sizeof(float) * (size_t)lc);
-                memmove(E->dweight + (size_t)v * lc, E->dweight + (size_t)v * C + (size_t)(r * lc), sizeof(float) * (size_t)lc);
+                memmove(E_w + (size_t)v * lc, E_w + (size_t)v * C + (size_t)(r * lc), sizeof(float) * (size_t)lc);
+                memmove(E_g + (size_t)v * lc, E_g + (size_t)v * C + (size_t)(r * lc), sizeof(float) * (size_t)lc);
             }
             int64_t ls[2] = {V, lc};
-            set_param_layout(p, tp, hp_shard(1), ls, E->weight, E->dweight);
+            set_param_layout(p, tp, hp_shard(1), ls, E_w, E_g);
         }
         if (s->kind == HP_TP_ROWWISE) {
             E->vocab = (int)(V / k);
@@ -1255,7 +1256,7 @@ hp_status_t hp_tp_parallelize_modules(hp_tp_t *out, hp_module_t *const *modules,
 /* ---- the model ------------------------------------------------------------------------------- */
 
 static hp_status_t model_localize(void *ctx, int attn_k, int ffn_k) {
-    return hp_model_tp_localize((hp_model_t)ctx, attn_k, ffn_k);
+    return hp_model_set_local_heads((hp_model_t)ctx, attn_k, ffn_k);
 }
 
 static hp_status_t lp_forward(void *ctx, double *sum, double *losses, float *lse, const float *logits,
@@ -1329,7 +1330,7 @@ static hp_status_t compact_storage(hp_model_t model) {
         P[i].value.local.data = nv + off[i];
         P[i].grad.local.data = ng + off[i];
     }
-    hp_model_tp_adopt_storage(model, nv, ng, total, off);
+    hp_model_adopt_storage(model, nv, ng, total, off);
     free(order);
     free(off);
     return HP_OK;
@@ -1392,7 +1393,7 @@ hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp
         }
         if (st == HP_OK) st = compact_storage(model);
         static const hp_model_loss_fn_t lp = {lp_forward, lp_backward};
-        if (st == HP_OK) hp_model_tp_set(model, seq, cols, cols ? &lp : NULL, tp);
+        if (st == HP_OK) hp_model_set_sharding(model, seq, cols, cols ? &lp : NULL, tp);
     }
     free(mods);
     free(reduce_own);

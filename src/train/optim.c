@@ -2,6 +2,7 @@
  * gradient clipping by global norm. Update formulas and their order follow torch.optim
  * (single-tensor paths) so results match PyTorch to f32 rounding; state in one arena. */
 #include "hyperparallel/optim.h"
+#include "hyperparallel/backend.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -280,42 +281,17 @@ void hp_optim_state_at(hp_optim_t *o, int idx, int *param_index, const char **sl
 
 /* ---- updates ------------------------------------------------------------------------------ */
 
-/* torch.optim.adamw single-tensor path: p *= 1 - lr*wd; m = lerp(m, g, 1-b1);
- * v = b2 v + (1-b2) g^2; p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). */
+/* The AdamW and SGD element updates are kernels of the backend table (backend.h). */
 static void adamw_update(float *p, float *m, float *v, const float *g, int64_t n, double lr,
                          double b1, double b2, double eps, double wd, int64_t step) {
-    const float decay = (float)(1.0 - lr * wd);
-    const float w1 = (float)(1.0 - b1), fb2 = (float)b2, w2 = (float)(1.0 - b2);
-    const double bc1 = 1.0 - pow(b1, (double)step), bc2 = 1.0 - pow(b2, (double)step);
-    const float step_size = (float)(lr / bc1);
-    const float bc2_sqrt = (float)sqrt(bc2);
-    const float feps = (float)eps;
-    for (int64_t i = 0; i < n; i++) {
-        float gi = g[i];
-        float pi = p[i] * decay;
-        float mi = m[i] + w1 * (gi - m[i]);
-        float vi = fb2 * v[i] + w2 * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + feps));
-    }
+    const hp_backend_t *be = hp_backend_default();
+    be->adamw_update(be->ctx, p, m, v, g, n, lr, b1, b2, eps, wd, step);
 }
 
-/* torch.optim.sgd: d = g + wd p; buf = d (first step) or momentum*buf + (1-dampening) d;
- * d = nesterov ? d + momentum*buf : buf; p -= lr d. */
 static void sgd_update(float *p, float *buf, const float *g, int64_t n, double lr, double wd,
                        double mom, double damp, int nesterov, int started) {
-    const float fwd = (float)wd, fmom = (float)mom, fdamp = (float)(1.0 - damp), flr = (float)lr;
-    for (int64_t i = 0; i < n; i++) {
-        float d = g[i];
-        if (fwd != 0.0f) d += fwd * p[i];
-        if (buf) {
-            float b = started ? fmom * buf[i] + fdamp * d : d;
-            buf[i] = b;
-            d = nesterov ? d + fmom * b : b;
-        }
-        p[i] -= flr * d;
-    }
+    const hp_backend_t *be = hp_backend_default();
+    be->sgd_update(be->ctx, p, buf, g, n, lr, wd, mom, damp, nesterov, started);
 }
 
 /* Newton-Schulz quintic iteration on X (m, n), m <= n, in place:

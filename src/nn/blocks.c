@@ -1,0 +1,688 @@
+/* Composite modules of the Llama-family block: attention (fused wq|wk|wv, qk-norm, RoPE at
+ * global positions, a replaceable core, wo), the causal SDPA core (training and KV-cache
+ * decode), feed-forward (fused w1|w3, SwiGLU, w2), the transformer block, the head (norm,
+ * output) and the activation-checkpoint wrapper. Every kernel goes through act->be. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include "nn/nn-model.h"
+
+static void prof(hp_act_t *act, int op, double t0) {
+    if (act->prof) act->prof[op] += omp_get_wtime() - t0;
+}
+
+/* ---- attention core: causal scaled-dot-product attention over [q | k | v] rows ---------- */
+
+typedef struct core_impl {
+    int n_heads, n_kv, hd, layer;
+} core_impl_t;
+
+typedef struct core_saved {
+    const float *in;   // (N, qd + 2 kd) q | k | v after qk-norm and RoPE (the parent's buffer)
+    const float *out;  // (N, qd)
+    float *lse;        // (B, H, T)
+    int B, T;
+} core_saved_t;
+
+static size_t core_act_bytes(const hp_module_t *m, int B, int T) {
+    const core_impl_t *C = m->impl;
+    return hp_arena_round(sizeof(core_saved_t)) + hp_arena_round(sizeof(float) * (size_t)B * T * C->n_heads);
+}
+
+static hp_status_t core_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    const core_impl_t *C = m->impl;
+    const int qd = C->n_heads * C->hd, kd = C->n_kv * C->hd, ld = qd + 2 * kd, N = act->B * act->T;
+    const float *x = in->data;
+    double t0 = omp_get_wtime();
+    if (act->kv) {   // decode: the new rows attend to the cached keys of positions [0, pos0 + N)
+        struct hp_model_kv_cache *kc = act->kv;
+        const float *K = kc->k + (size_t)C->layer * kc->max_len * kd, *V = kc->v + (size_t)C->layer * kc->max_len * kd;
+        act->be->attention_decode_forward(act->be->ctx, out->data, kc->scores, x, ld, K, kd, V, kd, act->pos0, N,
+                                          C->n_heads, C->n_kv, C->hd, kc->n_threads);
+        prof(act, HP_NN_OP_ATTENTION_FWD, t0);
+        return HP_OK;
+    }
+    core_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
+    s->in = x;
+    s->out = out->data;
+    s->B = act->B;
+    s->T = act->T;
+    s->lse = hp_act_alloc(act, sizeof(float) * (size_t)N * C->n_heads);
+    act->be->attention_forward(act->be->ctx, out->data, s->lse, x, ld, x + qd, ld, x + qd + kd, ld, act->B, act->T,
+                               C->n_heads, C->n_kv, C->hd);
+    prof(act, HP_NN_OP_ATTENTION_FWD, t0);
+    return HP_OK;
+}
+
+static hp_status_t core_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    const core_impl_t *C = m->impl;
+    core_saved_t *s = hp_act_slot(act, m);
+    const int qd = C->n_heads * C->hd, kd = C->n_kv * C->hd, ld = qd + 2 * kd;
+    float *d = din->data;
+    const float *x = s->in;
+    double t0 = omp_get_wtime();
+    act->be->attention_backward(act->be->ctx, d, ld, d + qd, ld, d + qd + kd, ld, dout->data, s->out, s->lse, x, ld,
+                                x + qd, ld, x + qd + kd, ld, s->B, s->T, C->n_heads, C->n_kv, C->hd);
+    prof(act, HP_NN_OP_ATTENTION_BWD, t0);
+    return HP_OK;
+}
+
+static const hp_module_ops_t core_ops = {
+    "sdpa", core_act_bytes, NULL, core_forward, core_backward_input, NULL,
+};
+
+/* ---- attention ------------------------------------------------------------------------ */
+
+typedef struct attn_impl {
+    nn_attention_cfg_t c;
+    int qd, kd, qkvd;        // local sizes (tensor parallel divides the heads)
+    hp_module_t *wqkv, *core, *wo;
+} attn_impl_t;
+
+typedef struct attn_saved {
+    float *qkv;    // (N, qkvd) wq|wk|wv output (RoPE applied in place without qk-norm)
+    float *qkr;    // (N, qkvd) q, k after qk-norm and RoPE, v copied (qk-norm only)
+    float *rstd_q; // (N, H)   qk-norm
+    float *rstd_k; // (N, KV)
+    float *o;      // (N, qd) core output
+    float *dqkr;   // scratch: gradient of qkr (qk-norm only), kept for backward_weight
+    int B, T;
+} attn_saved_t;
+
+static size_t attn_act_bytes(const hp_module_t *m, int B, int T) {
+    const attn_impl_t *A = m->impl;
+    const size_t N = (size_t)B * T;
+    size_t s = hp_arena_round(sizeof(attn_saved_t)) + hp_arena_round(sizeof(float) * N * A->qkvd) +
+               hp_arena_round(sizeof(float) * N * A->qd);
+    if (A->c.qk_norm)
+        s += hp_arena_round(sizeof(float) * N * A->qkvd) + hp_arena_round(sizeof(float) * N * A->c.n_heads) +
+             hp_arena_round(sizeof(float) * N * A->c.n_kv);
+    for (int i = 0; i < m->n_children; i++) s += m->children[i]->ops->act_bytes(m->children[i], B, T);
+    return s;
+}
+
+static size_t attn_scratch(const hp_module_t *m, int B, int T) {
+    const attn_impl_t *A = m->impl;
+    const size_t N = (size_t)B * T;
+    return N * ((size_t)A->qd + A->qkvd + (A->c.qk_norm ? (size_t)A->qkvd : 0));
+}
+
+/* Rotates the q and k columns of (N, ld) rows at positions pos0 + t. */
+static void rope_qk(hp_act_t *act, const attn_impl_t *A, float *x, int ld, int inverse) {
+    const int half = A->c.head_dim / 2;
+    const float *cs = A->c.cos_t + (size_t)act->pos0 * half, *sn = A->c.sin_t + (size_t)act->pos0 * half;
+    act->be->rope_apply(act->be->ctx, x, ld, act->B, act->T, A->c.n_heads, A->c.head_dim, cs, sn, A->c.style, inverse);
+    act->be->rope_apply(act->be->ctx, x + A->qd, ld, act->B, act->T, A->c.n_kv, A->c.head_dim, cs, sn, A->c.style,
+                        inverse);
+}
+
+static hp_status_t attn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    attn_impl_t *A = m->impl;
+    const int N = act->B * act->T, hd = A->c.head_dim, qd = A->qd, kd = A->kd, ld = A->qkvd;
+    attn_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
+    s->B = act->B;
+    s->T = act->T;
+    s->qkv = hp_act_alloc(act, sizeof(float) * (size_t)N * ld);
+    s->o = hp_act_alloc(act, sizeof(float) * (size_t)N * qd);
+    hp_tensor_t t_in, t_qkv, t_src, t_o;
+    hp_tensor_view2(&t_in, in->data, N, A->c.dim);
+    hp_tensor_view2(&t_qkv, s->qkv, N, ld);
+    HP_TRY(hp_module_forward(A->wqkv, act, &t_in, &t_qkv));
+    float *src = s->qkv;
+    double t0 = omp_get_wtime();
+    if (A->c.qk_norm) {
+        const float *qn = hp_param_w(m->params[0]), *kn = hp_param_w(m->params[1]);
+        s->qkr = hp_act_alloc(act, sizeof(float) * (size_t)N * ld);
+        s->rstd_q = hp_act_alloc(act, sizeof(float) * (size_t)N * A->c.n_heads);
+        s->rstd_k = hp_act_alloc(act, sizeof(float) * (size_t)N * A->c.n_kv);
+        act->be->rmsnorm_heads_forward(act->be->ctx, s->qkr, ld, s->rstd_q, s->qkv, ld, qn, N, A->c.n_heads, hd, A->c.eps);
+        act->be->rmsnorm_heads_forward(act->be->ctx, s->qkr + qd, ld, s->rstd_k, s->qkv + qd, ld, kn, N, A->c.n_kv, hd,
+                                       A->c.eps);
+        act->be->copy_rows(act->be->ctx, s->qkr + qd + kd, ld, s->qkv + qd + kd, ld, N, kd);
+        src = s->qkr;
+        prof(act, HP_NN_OP_QK_NORM, t0);
+    }
+    t0 = omp_get_wtime();
+    rope_qk(act, A, src, ld, 0);
+    prof(act, HP_NN_OP_ROPE, t0);
+    if (act->kv) {   // decode: append this chunk's keys and values to the layer's cache rows
+        struct hp_model_kv_cache *kc = act->kv;
+        float *K = kc->k + ((size_t)A->c.layer * kc->max_len + act->pos0) * kd;
+        float *V = kc->v + ((size_t)A->c.layer * kc->max_len + act->pos0) * kd;
+        act->be->copy_rows(act->be->ctx, K, kd, src + qd, ld, N, kd);
+        act->be->copy_rows(act->be->ctx, V, kd, src + qd + kd, ld, N, kd);
+    }
+    hp_tensor_view2(&t_src, src, N, ld);
+    hp_tensor_view2(&t_o, s->o, N, qd);
+    HP_TRY(hp_module_forward(A->core, act, &t_src, &t_o));
+    return hp_module_forward(A->wo, act, &t_o, out);   // out += o Wo^T (residual)
+}
+
+static hp_status_t attn_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    attn_impl_t *A = m->impl;
+    attn_saved_t *s = hp_act_slot(act, m);
+    const int N = s->B * s->T, hd = A->c.head_dim, qd = A->qd, kd = A->kd, ld = A->qkvd;
+    size_t off = 0;
+    float *dO = hp_act_scratch(act, &off, (size_t)N * qd);
+    float *dqkv = hp_act_scratch(act, &off, (size_t)N * ld);
+    hp_tensor_t t_dO, t_dsrc, t_dqkv, t_din;
+    hp_tensor_view2(&t_dO, dO, N, qd);
+    HP_TRY(hp_module_backward_input(A->wo, act, dout, &t_dO));
+    float *dsrc = dqkv;   // core gradient [dq | dk | dv]: straight into dqkv, or dqkr under qk-norm
+    if (A->c.qk_norm) {
+        s->dqkr = hp_act_scratch(act, &off, (size_t)N * ld);
+        dsrc = s->dqkr;
+    }
+    hp_tensor_view2(&t_dsrc, dsrc, N, ld);
+    HP_TRY(hp_module_backward_input(A->core, act, &t_dO, &t_dsrc));
+    double t0 = omp_get_wtime();
+    rope_qk(act, A, dsrc, ld, 1);
+    prof(act, HP_NN_OP_ROPE, t0);
+    if (A->c.qk_norm) {
+        t0 = omp_get_wtime();
+        const float *qn = hp_param_w(m->params[0]), *kn = hp_param_w(m->params[1]);
+        act->be->rmsnorm_heads_backward_input(act->be->ctx, dqkv, ld, s->dqkr, ld, s->qkv, ld, qn, s->rstd_q, N,
+                                              A->c.n_heads, hd);
+        act->be->rmsnorm_heads_backward_input(act->be->ctx, dqkv + qd, ld, s->dqkr + qd, ld, s->qkv + qd, ld, kn,
+                                              s->rstd_k, N, A->c.n_kv, hd);
+        act->be->copy_rows(act->be->ctx, dqkv + qd + kd, ld, s->dqkr + qd + kd, ld, N, kd);
+        prof(act, HP_NN_OP_QK_NORM, t0);
+    }
+    hp_tensor_view2(&t_dqkv, dqkv, N, ld);
+    hp_tensor_view2(&t_din, din->data, N, A->c.dim);
+    return hp_module_backward_input(A->wqkv, act, &t_dqkv, &t_din);
+}
+
+static hp_status_t attn_backward_weight(hp_module_t *m, hp_act_t *act) {
+    attn_impl_t *A = m->impl;
+    attn_saved_t *s = hp_act_slot(act, m);
+    HP_TRY(hp_module_backward_weight(A->wo, act));
+    HP_TRY(hp_module_backward_weight(A->core, act));
+    HP_TRY(hp_module_backward_weight(A->wqkv, act));
+    if (A->c.qk_norm) {
+        const int N = s->B * s->T, ld = A->qkvd, hd = A->c.head_dim;
+        double t0 = omp_get_wtime();
+        act->be->rmsnorm_heads_backward_weight(act->be->ctx, hp_param_g(m->params[0]), s->dqkr, ld, s->qkv, ld,
+                                               s->rstd_q, N, A->c.n_heads, hd);
+        act->be->rmsnorm_heads_backward_weight(act->be->ctx, hp_param_g(m->params[1]), s->dqkr + A->qd, ld,
+                                               s->qkv + A->qd, ld, s->rstd_k, N, A->c.n_kv, hd);
+        prof(act, HP_NN_OP_QK_NORM, t0);
+    }
+    return HP_OK;
+}
+
+static const hp_module_ops_t attn_ops = {
+    "attention", attn_act_bytes, attn_scratch, attn_forward, attn_backward_input, attn_backward_weight,
+};
+
+static void attn_set_sizes(attn_impl_t *A, int n_heads, int n_kv) {
+    A->c.n_heads = n_heads;
+    A->c.n_kv = n_kv;
+    A->qd = n_heads * A->c.head_dim;
+    A->kd = n_kv * A->c.head_dim;
+    A->qkvd = A->qd + 2 * A->kd;
+    core_impl_t *C = A->core->impl;
+    C->n_heads = n_heads;
+    C->n_kv = n_kv;
+}
+
+hp_status_t nn_attention_new(hp_model_t m, const char *name, const nn_attention_cfg_t *c, hp_module_t *wqkv,
+                             hp_module_t *wo, hp_param_t *q_norm, hp_param_t *k_norm, hp_module_t **out) {
+    hp_module_t *a = nn_module_new(m, sizeof(attn_impl_t));
+    hp_module_t *core = nn_module_new(m, sizeof(core_impl_t));
+    if (!a || !core) return HP_ERR_OOM;
+    attn_impl_t *A = a->impl;
+    core_impl_t *C = core->impl;
+    A->c = *c;
+    C->hd = c->head_dim;
+    C->layer = c->layer;
+    char nm[HP_PARAM_NAME_MAX];
+    snprintf(nm, sizeof(nm), "%s.core", name);
+    void *ci = core->impl;
+    int cid = core->id;
+    hp_module_base_init(core, &core_ops, nm, ci);
+    core->id = cid;
+    void *ai = a->impl;
+    int aid = a->id;
+    hp_module_base_init(a, &attn_ops, name, ai);
+    a->id = aid;
+    A->wqkv = wqkv;
+    A->core = core;
+    A->wo = wo;
+    attn_set_sizes(A, c->n_heads, c->n_kv);
+    a->children[a->n_children++] = wqkv;
+    a->children[a->n_children++] = core;
+    a->children[a->n_children++] = wo;
+    if (c->qk_norm) {
+        a->params[a->n_params++] = q_norm;
+        a->params[a->n_params++] = k_norm;
+    }
+    *out = a;
+    return HP_OK;
+}
+
+hp_status_t hp_attention_set_local_heads(hp_module_t *m, int n_heads, int n_kv_heads) {
+    if (!m || m->ops != &attn_ops)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_attention_set_local_heads: module '%s' is not an attention module",
+                        m ? m->name : "(null)");
+    if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_attention_set_local_heads: '%s': %d heads and %d kv heads, expected "
+                        "> 0 with heads a multiple of kv heads", m->name, n_heads, n_kv_heads);
+    attn_set_sizes(m->impl, n_heads, n_kv_heads);
+    return HP_OK;
+}
+
+void hp_attention_local_heads(const hp_module_t *m, int *n_heads, int *n_kv_heads) {
+    const attn_impl_t *A = m->impl;
+    if (n_heads) *n_heads = A->c.n_heads;
+    if (n_kv_heads) *n_kv_heads = A->c.n_kv;
+}
+
+hp_module_t *hp_attention_core(hp_module_t *m) {
+    return m && m->ops == &attn_ops ? ((attn_impl_t *)m->impl)->core : NULL;
+}
+
+hp_status_t hp_attention_set_core(hp_module_t *m, hp_module_t *core) {
+    if (!m || m->ops != &attn_ops || !core)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_attention_set_core: an attention module and a core are required");
+    attn_impl_t *A = m->impl;
+    for (int i = 0; i < m->n_children; i++)
+        if (m->children[i] == A->core) m->children[i] = core;
+    A->core = core;
+    return HP_OK;
+}
+
+/* ---- feed-forward ----------------------------------------------------------------------- */
+
+typedef struct ffn_impl {
+    int dim, hidden;   // hidden: local (tensor parallel divides it)
+    hp_module_t *w13, *w2;
+} ffn_impl_t;
+
+typedef struct ffn_saved {
+    float *h13;   // (N, 2*hidden) w1|w3 outputs
+    float *a;     // (N, hidden) silu(h1) * h3
+    int N;
+} ffn_saved_t;
+
+static size_t ffn_act_bytes(const hp_module_t *m, int B, int T) {
+    const ffn_impl_t *F = m->impl;
+    size_t N = (size_t)B * T;
+    return hp_arena_round(sizeof(ffn_saved_t)) + hp_arena_round(sizeof(float) * N * 2 * F->hidden) +
+           hp_arena_round(sizeof(float) * N * F->hidden) + F->w13->ops->act_bytes(F->w13, B, T) +
+           F->w2->ops->act_bytes(F->w2, B, T);
+}
+
+static size_t ffn_scratch(const hp_module_t *m, int B, int T) {
+    const ffn_impl_t *F = m->impl;
+    return (size_t)B * T * 3 * F->hidden;
+}
+
+static hp_status_t ffn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    ffn_impl_t *F = m->impl;
+    const int N = act->B * act->T;
+    ffn_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
+    s->N = N;
+    s->h13 = hp_act_alloc(act, sizeof(float) * (size_t)N * 2 * F->hidden);
+    s->a = hp_act_alloc(act, sizeof(float) * (size_t)N * F->hidden);
+    hp_tensor_t t_in, t_h13, t_a;
+    hp_tensor_view2(&t_in, in->data, N, F->dim);
+    hp_tensor_view2(&t_h13, s->h13, N, 2 * F->hidden);
+    hp_tensor_view2(&t_a, s->a, N, F->hidden);
+    HP_TRY(hp_module_forward(F->w13, act, &t_in, &t_h13));
+    double t0 = omp_get_wtime();
+    act->be->swiglu_forward(act->be->ctx, s->a, s->h13, N, F->hidden);
+    prof(act, HP_NN_OP_SWIGLU_FWD, t0);
+    return hp_module_forward(F->w2, act, &t_a, out);   // out += a W2^T (residual)
+}
+
+static hp_status_t ffn_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    ffn_impl_t *F = m->impl;
+    ffn_saved_t *s = hp_act_slot(act, m);
+    const int N = s->N;
+    size_t off = 0;
+    float *da = hp_act_scratch(act, &off, (size_t)N * F->hidden);
+    float *dh13 = hp_act_scratch(act, &off, (size_t)N * 2 * F->hidden);
+    hp_tensor_t t_da, t_dh13, t_din;
+    hp_tensor_view2(&t_da, da, N, F->hidden);
+    hp_tensor_view2(&t_dh13, dh13, N, 2 * F->hidden);
+    HP_TRY(hp_module_backward_input(F->w2, act, dout, &t_da));
+    double t0 = omp_get_wtime();
+    act->be->swiglu_backward(act->be->ctx, dh13, da, s->h13, N, F->hidden);
+    prof(act, HP_NN_OP_SWIGLU_BWD, t0);
+    hp_tensor_view2(&t_din, din->data, N, F->dim);
+    return hp_module_backward_input(F->w13, act, &t_dh13, &t_din);
+}
+
+static hp_status_t ffn_backward_weight(hp_module_t *m, hp_act_t *act) {
+    ffn_impl_t *F = m->impl;
+    HP_TRY(hp_module_backward_weight(F->w2, act));
+    return hp_module_backward_weight(F->w13, act);
+}
+
+static const hp_module_ops_t ffn_ops = {
+    "feed_forward", ffn_act_bytes, ffn_scratch, ffn_forward, ffn_backward_input, ffn_backward_weight,
+};
+
+hp_status_t nn_feed_forward_new(hp_model_t m, const char *name, int dim, int hidden, hp_module_t *w13,
+                                hp_module_t *w2, hp_module_t **out) {
+    hp_module_t *f = nn_module_new(m, sizeof(ffn_impl_t));
+    if (!f) return HP_ERR_OOM;
+    void *fi = f->impl;
+    int id = f->id;
+    hp_module_base_init(f, &ffn_ops, name, fi);
+    f->id = id;
+    ffn_impl_t *F = fi;
+    F->dim = dim;
+    F->hidden = hidden;
+    F->w13 = w13;
+    F->w2 = w2;
+    f->children[f->n_children++] = w13;
+    f->children[f->n_children++] = w2;
+    *out = f;
+    return HP_OK;
+}
+
+hp_status_t hp_feed_forward_set_local_hidden(hp_module_t *m, int hidden) {
+    if (!m || m->ops != &ffn_ops)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_feed_forward_set_local_hidden: module '%s' is not a feed-forward "
+                        "module", m ? m->name : "(null)");
+    if (hidden <= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_feed_forward_set_local_hidden: '%s': hidden %d, expected > 0",
+                        m->name, hidden);
+    ((ffn_impl_t *)m->impl)->hidden = hidden;
+    return HP_OK;
+}
+
+int hp_feed_forward_local_hidden(const hp_module_t *m) { return ((const ffn_impl_t *)m->impl)->hidden; }
+
+/* ---- transformer block ------------------------------------------------------------------ */
+
+typedef struct block_impl {
+    int dim;
+    hp_module_t *attention_norm, *attention, *ffn_norm, *feed_forward;
+} block_impl_t;
+
+typedef struct block_saved {
+    float *xn;   // (N, dim) attention_norm(x)
+    float *h;    // (N, dim) x + attention(xn)
+    float *hn;   // (N, dim) ffn_norm(h)
+    int N;
+} block_saved_t;
+
+static size_t block_act_bytes(const hp_module_t *m, int B, int T) {
+    const block_impl_t *K = m->impl;
+    size_t N = (size_t)B * T, s = hp_arena_round(sizeof(block_saved_t)) + 3 * hp_arena_round(sizeof(float) * N * K->dim);
+    for (int i = 0; i < m->n_children; i++) s += m->children[i]->ops->act_bytes(m->children[i], B, T);
+    return s;
+}
+
+static size_t child_scratch(const hp_module_t *c, int B, int T) {
+    return c->ops->grad_scratch_floats ? c->ops->grad_scratch_floats(c, B, T) : 0;
+}
+
+static size_t block_scratch(const hp_module_t *m, int B, int T) {
+    const block_impl_t *K = m->impl;
+    return (size_t)B * T * 3 * K->dim + child_scratch(K->attention, B, T) + child_scratch(K->feed_forward, B, T);
+}
+
+static hp_status_t block_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    block_impl_t *K = m->impl;
+    const int N = act->B * act->T;
+    if (!in || !out || in->dtype != HP_F32 || hp_tensor_numel(in) != (int64_t)N * K->dim ||
+        hp_tensor_numel(out) != (int64_t)N * K->dim)
+        return hp_error(HP_ERR_INVALID_ARG, "block '%s': input and output must be f32 (%d, %d, %d)",
+                        m->name, act->B, act->T, K->dim);
+    block_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
+    s->N = N;
+    s->xn = hp_act_alloc(act, sizeof(float) * (size_t)N * K->dim);
+    s->h = hp_act_alloc(act, sizeof(float) * (size_t)N * K->dim);
+    s->hn = hp_act_alloc(act, sizeof(float) * (size_t)N * K->dim);
+    hp_tensor_t t_x, t_xn, t_h, t_hn, t_out;
+    hp_tensor_view2(&t_x, in->data, N, K->dim);
+    hp_tensor_view2(&t_xn, s->xn, N, K->dim);
+    hp_tensor_view2(&t_h, s->h, N, K->dim);
+    hp_tensor_view2(&t_hn, s->hn, N, K->dim);
+    hp_tensor_view2(&t_out, out->data, N, K->dim);
+    HP_TRY(hp_module_forward(K->attention_norm, act, &t_x, &t_xn));
+    memcpy(s->h, in->data, sizeof(float) * (size_t)N * K->dim);
+    HP_TRY(hp_module_forward(K->attention, act, &t_xn, &t_h));        // h = x + attn(xn)
+    HP_TRY(hp_module_forward(K->ffn_norm, act, &t_h, &t_hn));
+    memcpy(out->data, s->h, sizeof(float) * (size_t)N * K->dim);
+    return hp_module_forward(K->feed_forward, act, &t_hn, &t_out);  // out = h + ffn(hn)
+}
+
+static hp_status_t block_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    block_impl_t *K = m->impl;
+    block_saved_t *s = hp_act_slot(act, m);
+    const int N = s->N;
+    float *base = act->grad_scratch;
+    size_t cap = act->grad_scratch_floats, off = 0;
+    float *dhn = hp_act_scratch(act, &off, (size_t)N * K->dim);
+    float *dh = hp_act_scratch(act, &off, (size_t)N * K->dim);
+    float *dxn = hp_act_scratch(act, &off, (size_t)N * K->dim);
+    size_t attn_floats = child_scratch(K->attention, act->B, act->T);
+    hp_tensor_t t_dhn, t_dh, t_dxn, t_din;
+    hp_tensor_view2(&t_dhn, dhn, N, K->dim);
+    hp_tensor_view2(&t_dh, dh, N, K->dim);
+    hp_tensor_view2(&t_dxn, dxn, N, K->dim);
+    hp_tensor_view2(&t_din, din->data, N, K->dim);
+    hp_status_t st;
+    // children carve their scratch from disjoint regions so their weight parts can run later
+    act->grad_scratch = base + off + attn_floats;
+    act->grad_scratch_floats = cap - off - attn_floats;
+    st = hp_module_backward_input(K->feed_forward, act, dout, &t_dhn);
+    if (st == HP_OK) {
+        memcpy(dh, dout->data, sizeof(float) * (size_t)N * K->dim);
+        st = hp_module_backward_input(K->ffn_norm, act, &t_dhn, &t_dh);   // dh = dout + ...
+    }
+    if (st == HP_OK) {
+        act->grad_scratch = base + off;
+        act->grad_scratch_floats = attn_floats;
+        st = hp_module_backward_input(K->attention, act, &t_dh, &t_dxn);
+    }
+    act->grad_scratch = base;
+    act->grad_scratch_floats = cap;
+    HP_TRY(st);
+    memcpy(din->data, dh, sizeof(float) * (size_t)N * K->dim);
+    return hp_module_backward_input(K->attention_norm, act, &t_dxn, &t_din);   // din = dh + ...
+}
+
+static hp_status_t block_backward_weight(hp_module_t *m, hp_act_t *act) {
+    block_impl_t *K = m->impl;
+    HP_TRY(hp_module_backward_weight(K->feed_forward, act));
+    HP_TRY(hp_module_backward_weight(K->ffn_norm, act));
+    HP_TRY(hp_module_backward_weight(K->attention, act));
+    return hp_module_backward_weight(K->attention_norm, act);
+}
+
+static const hp_module_ops_t block_ops = {
+    "transformer_block", block_act_bytes, block_scratch, block_forward, block_backward_input,
+    block_backward_weight,
+};
+
+hp_status_t nn_block_new(hp_model_t m, const char *name, int dim, hp_module_t *attention_norm,
+                         hp_module_t *attention, hp_module_t *ffn_norm, hp_module_t *feed_forward,
+                         hp_module_t **out) {
+    hp_module_t *b = nn_module_new(m, sizeof(block_impl_t));
+    if (!b) return HP_ERR_OOM;
+    void *bi = b->impl;
+    int id = b->id;
+    hp_module_base_init(b, &block_ops, name, bi);
+    b->id = id;
+    block_impl_t *K = bi;
+    K->dim = dim;
+    K->attention_norm = attention_norm;
+    K->attention = attention;
+    K->ffn_norm = ffn_norm;
+    K->feed_forward = feed_forward;
+    b->children[b->n_children++] = attention_norm;
+    b->children[b->n_children++] = attention;
+    b->children[b->n_children++] = ffn_norm;
+    b->children[b->n_children++] = feed_forward;
+    *out = b;
+    return HP_OK;
+}
+
+/* ---- head: final norm and output projection ----------------------------------------------- */
+
+typedef struct head_impl {
+    int dim;
+    hp_module_t *norm, *output;
+} head_impl_t;
+
+typedef struct head_saved {
+    float *hf;   // (Nr, dim) norm output
+    int Nr;
+} head_saved_t;
+
+static size_t head_act_bytes(const hp_module_t *m, int B, int T) {
+    const head_impl_t *H = m->impl;
+    return hp_arena_round(sizeof(head_saved_t)) + hp_arena_round(sizeof(float) * (size_t)B * T * H->dim) +
+           H->norm->ops->act_bytes(H->norm, B, T) + H->output->ops->act_bytes(H->output, B, T);
+}
+
+static size_t head_scratch(const hp_module_t *m, int B, int T) {
+    const head_impl_t *H = m->impl;
+    return (size_t)B * T * H->dim;
+}
+
+static hp_status_t head_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    head_impl_t *H = m->impl;
+    const int Nr = act->B * act->T;
+    head_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
+    s->Nr = Nr;
+    s->hf = hp_act_alloc(act, sizeof(float) * (size_t)Nr * H->dim);
+    hp_tensor_t t_x, t_h;
+    hp_tensor_view2(&t_x, in->data, Nr, H->dim);
+    hp_tensor_view2(&t_h, s->hf, Nr, H->dim);
+    HP_TRY(hp_module_forward(H->norm, act, &t_x, &t_h));
+    return hp_module_forward(H->output, act, &t_h, out);
+}
+
+static hp_status_t head_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    head_impl_t *H = m->impl;
+    head_saved_t *s = hp_act_slot(act, m);
+    size_t off = 0;
+    float *dh = hp_act_scratch(act, &off, (size_t)s->Nr * H->dim);
+    hp_tensor_t t_dh, t_din;
+    hp_tensor_view2(&t_dh, dh, s->Nr, H->dim);
+    hp_tensor_view2(&t_din, din->data, s->Nr, H->dim);
+    HP_TRY(hp_module_backward_input(H->output, act, dout, &t_dh));
+    return hp_module_backward_input(H->norm, act, &t_dh, &t_din);
+}
+
+static hp_status_t head_backward_weight(hp_module_t *m, hp_act_t *act) {
+    head_impl_t *H = m->impl;
+    HP_TRY(hp_module_backward_weight(H->output, act));
+    return hp_module_backward_weight(H->norm, act);
+}
+
+static const hp_module_ops_t head_ops = {
+    "head", head_act_bytes, head_scratch, head_forward, head_backward_input, head_backward_weight,
+};
+
+hp_status_t nn_head_new(hp_model_t m, const char *name, int dim, hp_module_t *norm, hp_module_t *output,
+                        hp_module_t **out) {
+    hp_module_t *h = nn_module_new(m, sizeof(head_impl_t));
+    if (!h) return HP_ERR_OOM;
+    void *hi = h->impl;
+    int id = h->id;
+    hp_module_base_init(h, &head_ops, name, hi);
+    h->id = id;
+    head_impl_t *H = hi;
+    H->dim = dim;
+    H->norm = norm;
+    H->output = output;
+    h->children[h->n_children++] = norm;
+    h->children[h->n_children++] = output;
+    *out = h;
+    return HP_OK;
+}
+
+/* ---- activation checkpointing: a wrapper that keeps only its input ----------------------- */
+
+typedef struct ckpt_impl {
+    hp_module_t *inner;
+    int dim;
+    /* arena mark before the recomputed state: set by backward_input, used by the
+     * backward_weight right after it (contexts without deferred weight passes) */
+    size_t mark;
+} ckpt_impl_t;
+
+/* The wrapper keeps only the block input, as its slot pointer itself (no arena bytes): a
+ * checkpointed block costs the arena its input only, plus one recompute region. */
+static size_t ckpt_act_bytes(const hp_module_t *m, int B, int T) {
+    (void)m; (void)B; (void)T;
+    return 0;
+}
+
+size_t nn_checkpoint_recompute_bytes(const hp_module_t *w, int B, int T) {
+    const ckpt_impl_t *C = w->impl;
+    return C->inner->ops->act_bytes(C->inner, B, T);
+}
+
+static size_t ckpt_scratch(const hp_module_t *m, int B, int T) {
+    const ckpt_impl_t *C = m->impl;
+    const size_t s = child_scratch(C->inner, B, T), y = (size_t)B * T * C->dim;
+    return s > y ? s : y;
+}
+
+static hp_status_t ckpt_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    ckpt_impl_t *C = m->impl;
+    HP_ASSERT(m->id >= 0 && m->id < act->n_slots);
+    act->slots[m->id] = in->data;
+    const size_t mark = hp_arena_mark(&act->arena);
+    hp_status_t st = hp_module_forward(C->inner, act, in, out);
+    hp_arena_reset_to(&act->arena, mark);   // the block's saved state is dropped
+    return st;
+}
+
+static hp_status_t ckpt_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    ckpt_impl_t *C = m->impl;
+    float *x = hp_act_slot(act, m);
+    const int N = act->B * act->T;
+    /* recompute: the same forward (same kernels and threads, so bitwise the same saved
+     * state and the same collectives in the same order) after this unit's pre_backward
+     * hooks, without the forward hooks. Its output is not needed (the block's backward
+     * reads its saved state), so it lands in the gradient scratch the backward overwrites. */
+    C->mark = hp_arena_mark(&act->arena);
+    hp_tensor_t t_x, t_y;
+    hp_tensor_view2(&t_x, x, N, C->dim);
+    hp_tensor_view2(&t_y, act->grad_scratch, N, C->dim);
+    HP_ASSERT(act->grad_scratch_floats >= (size_t)N * C->dim);
+    HP_TRY(hp_module_forward(C->inner, act, &t_x, &t_y));
+    return hp_module_backward_input(C->inner, act, dout, din);
+}
+
+static hp_status_t ckpt_backward_weight(hp_module_t *m, hp_act_t *act) {
+    ckpt_impl_t *C = m->impl;
+    HP_TRY(hp_module_backward_weight(C->inner, act));
+    /* the recomputed state is the arena's top unless weight passes are deferred (then the
+     * context was sized to keep every recomputed block until it is reset) */
+    if (!act->keep_recompute) hp_arena_reset_to(&act->arena, C->mark);
+    return HP_OK;
+}
+
+static const hp_module_ops_t ckpt_ops = {
+    "checkpoint", ckpt_act_bytes, ckpt_scratch, ckpt_forward, ckpt_backward_input, ckpt_backward_weight,
+};
+
+hp_status_t nn_checkpoint_new(hp_model_t m, hp_module_t *inner, hp_module_t **out) {
+    hp_module_t *w = nn_module_new(m, sizeof(ckpt_impl_t));
+    if (!w) return HP_ERR_OOM;
+    void *wi = w->impl;
+    int id = w->id;
+    char nm[HP_PARAM_NAME_MAX];
+    snprintf(nm, sizeof(nm), "%s", inner->name);   // TorchTitan's checkpoint_wrapper keeps the FQN
+    hp_module_base_init(w, &ckpt_ops, nm, wi);
+    w->id = id;
+    ckpt_impl_t *C = wi;
+    C->inner = inner;
+    C->dim = ((block_impl_t *)inner->impl)->dim;
+    w->children[w->n_children++] = inner;
+    *out = w;
+    return HP_OK;
+}

@@ -1,0 +1,160 @@
+/* Private to the nn layer: the model container's body (units, parameter table, module pool),
+ * the ModelSpec builder protocol (llama.c), the composite modules' constructors (blocks.c)
+ * and the micro-batch context (model.c, kv_cache.c). */
+#ifndef HP_NN_MODEL_H
+#define HP_NN_MODEL_H
+
+#include "hyperparallel/model.h"
+#include "hyperparallel/nn.h"
+#include "hyperparallel/rng.h"
+#include "hyperparallel/nn.h"
+
+/* ---- ModelSpec: a builder declares each unit's parameters, then builds its modules ------- */
+
+enum { NN_INIT_RNG = 0, NN_INIT_ONES = 1 };
+enum { NN_UNIT_EMBEDDING = 0, NN_UNIT_BLOCK = 1, NN_UNIT_HEAD = 2 };
+#define NN_MAX_UNIT_PARAMS 32
+
+typedef struct nn_pdecl {
+    char name[HP_PARAM_NAME_MAX];   /* FQN */
+    int ndim;                       /* 1 .. 3 */
+    int64_t shape[3];
+    int group;                      /* > 0: stored adjacent to the group's other members (one GEMM) */
+    int init;                       /* NN_INIT_* */
+    hp_rng_spec_t rng;              /* NN_INIT_RNG: drawn keyed by (seed, name, global index) */
+} nn_pdecl_t;
+
+typedef struct nn_spec {
+    const char *name;   /* registry key: hp_model_config_t.name */
+    int (*n_units)(const hp_model_config_t *c);
+    int (*unit_kind)(const hp_model_config_t *c, int unit);
+    /* The unit's parameters in list order (TorchTitan's state-dict order). has_embedding:
+     * whether unit 0 is in the model's range (a tied head without it declares its own
+     * copy of the embedding weight). */
+    int (*declare)(const hp_model_config_t *c, int unit, int has_embedding, nn_pdecl_t *out);
+    /* Builds the unit's module tree over its parameters (declared order) and returns the
+     * outer module; modules come from nn_module_new. */
+    hp_status_t (*build)(hp_model_t m, int unit, hp_param_t **params, int n_params, hp_module_t **out);
+} nn_spec_t;
+
+/* Registry: the builder for a model name, or NULL. */
+const nn_spec_t *nn_spec_find(const char *name);
+
+/* A module (and `impl_bytes` of zeroed impl storage it points to) owned by the model; ids are
+ * assigned in creation order. */
+hp_module_t *nn_module_new(hp_model_t m, size_t impl_bytes);
+
+/* ---- composite modules (blocks.c) ------------------------------------------------------ */
+
+typedef struct nn_attention_cfg {
+    int dim, n_heads, n_kv, head_dim, layer;
+    int qk_norm;
+    float eps;
+    hp_rope_style_t style;
+    const float *cos_t, *sin_t;   /* (max_T, head_dim/2) */
+} nn_attention_cfg_t;
+
+/* attention: wqkv (fused linear), qk-norm (params q_norm/k_norm, or NULL), RoPE, core (a
+ * replaceable child: causal SDPA), wo (accumulates into the residual). */
+hp_status_t nn_attention_new(hp_model_t m, const char *name, const nn_attention_cfg_t *c, hp_module_t *wqkv,
+                             hp_module_t *wo, hp_param_t *q_norm, hp_param_t *k_norm, hp_module_t **out);
+/* feed_forward: w13 (fused linear), SwiGLU, w2 (accumulates into the residual). */
+hp_status_t nn_feed_forward_new(hp_model_t m, const char *name, int dim, int hidden, hp_module_t *w13,
+                                hp_module_t *w2, hp_module_t **out);
+/* transformer block: x + attention(attention_norm(x)), then + feed_forward(ffn_norm(h)). */
+hp_status_t nn_block_new(hp_model_t m, const char *name, int dim, hp_module_t *attention_norm,
+                         hp_module_t *attention, hp_module_t *ffn_norm, hp_module_t *feed_forward,
+                         hp_module_t **out);
+/* head: norm then output (logits); in (Nr, dim), out (N, logits columns). */
+hp_status_t nn_head_new(hp_model_t m, const char *name, int dim, hp_module_t *norm, hp_module_t *output,
+                        hp_module_t **out);
+/* activation-checkpoint wrapper around `inner` (a block). */
+hp_status_t nn_checkpoint_new(hp_model_t m, hp_module_t *inner, hp_module_t **out);
+/* Bytes the wrapper's backward needs on top of its forward: the inner module's saved state
+ * plus its recomputed output, for (B, T). */
+size_t nn_checkpoint_recompute_bytes(const hp_module_t *wrapper, int B, int T);
+
+/* ---- the container ------------------------------------------------------------------- */
+
+typedef struct nn_unit {
+    int kind;                 /* NN_UNIT_* */
+    hp_module_t *module;      /* the outer module (the AC wrapper when checkpointed) */
+    hp_module_t *inner;       /* the unit's own module (block, embedding, head) */
+    hp_module_t *ac;          /* its AC wrapper (blocks), created with the unit */
+    int first, count;         /* parameter table range (local indices) */
+} nn_unit_t;
+
+struct hp_model {
+    hp_model_config_t cfg;
+    const nn_spec_t *spec;
+    int max_batch, max_seq_len;
+    int n_units_total;        /* the full model's units (global numbering) */
+    int u0, u1;               /* the units this model holds: [u0, u1) */
+    nn_unit_t *units;         /* [n_units_total]; entries outside [u0, u1) are empty */
+    int n_params;
+    hp_param_t *params;
+    nn_pdecl_t *decl;         /* per param: its declaration (init rule) */
+    size_t *param_off;        /* per param: float offset in the flat layout (units contiguous) */
+    float *param_data, *grad_data;   /* one buffer each, same offsets (zero_grad = one memset) */
+    size_t param_floats;
+    int storage_released;     /* param/grad storage belongs to an external owner (FSDP) */
+    hp_module_t **mods;       /* every module, creation order (ids) */
+    int n_mods, cap_mods;
+    float *cos_t, *sin_t;     /* (max_seq_len, head_dim/2) */
+    const hp_backend_t *be;
+    hp_model_ctx_t dflt;      /* the context of the whole-model calls (hp_model_forward) */
+    int ac_every;             /* activation checkpointing: 0 off, k: blocks with (l+1) % k == 0 */
+    int ac_generation;        /* bumped when AC changes: contexts sized before it are refused */
+    /* tensor parallel (src/parallel/tp.c through model.h): the residual stream holds
+     * T/seq_shard positions per rank, the output writes logits_cols columns, loss_fn
+     * replaces the cross-entropy kernels */
+    int seq_shard, logits_cols;
+    hp_model_loss_fn_t loss_fn;
+    void *loss_ctx;
+};
+
+/* The micro-batch context: the module protocol's activation context plus the unit
+ * boundaries, the loss and the activation-gradient buffers of one micro-batch. */
+struct hp_model_ctx {
+    hp_model_t m;
+    unsigned flags;           /* HP_MODEL_CTX_* */
+    int max_B, max_T;
+    int ac_generation;
+    hp_act_t act;
+    int B, T, N, Nr, Vc;      /* this micro-batch: rows N = B*T, residual rows Nr = N/seq_shard */
+    int32_t *tokens, *targets;        /* (max N) copies */
+    int has_targets;
+    float loss_divisor;
+    float **x;                /* [n_units_total + 1]: x[u] input of unit u ((Nr, dim); x[u0] copied in) */
+    float *logits;            /* (N, Vc) head output */
+    double *losses;           /* (N) */
+    float *lse;               /* (N) */
+    double loss_sum;
+    int64_t n_valid;
+    float *dlogits;           /* (N, Vc) */
+    float **g;                /* [n_units_total + 1]: g[u] gradient of x[u] (split: one per unit) */
+    float *gbuf[2];           /* non-split: ping-pong */
+    float **scratch;          /* [n_units_total]: per-unit backward scratch (split) or all one */
+    size_t *scratch_n;        /* its floats */
+    size_t mem_bytes;         /* the workspace */
+    int pending;              /* a forward with targets whose backward has not run */
+    unsigned char *state;     /* per unit: 0 none, 1 forward done, 2 input grads done */
+    void *mem;                /* the one workspace allocation */
+    double prof[HP_NN_OP_COUNT];
+};
+
+/* The KV cache (kv_cache.c): per layer the keys (after qk-norm and RoPE) and values of
+ * positions [0, pos); the attention modules append to it and the core reads it when a
+ * context's act.kv points here. */
+struct hp_model_kv_cache {
+    hp_model_t m;
+    int max_len, pos, chunk, n_threads;
+    float *k, *v;          // per layer l at l * max_len * kd: (max_len, KV, hd)
+    float *scores;         // (n_threads, max_len) one attention score row per thread
+    float *logits;         // (V) logits of the last row
+    hp_model_ctx_t ctx;    // (1, chunk) forward context of the block modules
+    float *mem;
+};
+
+
+#endif
