@@ -98,6 +98,13 @@ typedef struct hp_comm_backend {
     hp_status_t (*test)(hp_breq_t *req, int *done);
     /* Blocks until a started request finished (the blocking path of reductions). */
     hp_status_t (*wait)(hp_breq_t *req);
+
+    /* Optional: the front end's own arithmetic on the backend's buffers (widening half
+     * precision to an F32 workspace and narrowing back, PREMUL_SUM / AVG scaling). NULL:
+     * the host implementations (hp_convert, a host loop); a device backend (NCCL) points
+     * them at its kernels so buffers never cross to the host. */
+    void (*convert)(void *dst, hp_dtype_t dst_dt, const void *src, hp_dtype_t src_dt, size_t n);
+    hp_status_t (*scale)(void *dst, const void *src, size_t n, hp_dtype_t dt, double s);
 } hp_comm_backend_t;
 
 extern const hp_comm_backend_t hp_comm_backend_mpi;

@@ -307,7 +307,7 @@ static void work_free(hp_work_t w) {
 
 static int is_half(hp_dtype_t dt) { return dt == HP_BF16 || dt == HP_F16; }
 
-static hp_status_t scale_into(void *dst, const void *src, size_t n, hp_dtype_t dt, double s) {
+static hp_status_t host_scale(void *dst, const void *src, size_t n, hp_dtype_t dt, double s) {
     switch (dt) {
     case HP_F32: {
         float *d = dst;
@@ -357,12 +357,21 @@ static void divide(void *buf, size_t n, hp_dtype_t dt, int size) {
 }
 
 /* Runs in the thread that completes the work (waiter, or caller of a blocking op). */
+/* The backend's convert / scale slots, or the host ones. */
+static void be_convert(hp_comm_t c, void *dst, hp_dtype_t dd, const void *src, hp_dtype_t sd, size_t n) {
+    if (c->be->convert) c->be->convert(dst, dd, src, sd, n);
+    else hp_convert(dst, dd, src, sd, n);
+}
+static hp_status_t be_scale(hp_comm_t c, void *dst, const void *src, size_t n, hp_dtype_t dt, double s) {
+    return c->be->scale ? c->be->scale(dst, src, n, dt, s) : host_scale(dst, src, n, dt, s);
+}
+
 static void post_process(hp_work_t w) {
     if (w->post & HP_POST_MOVE)
         memmove(w->post_dst, w->post_src, w->post_n * hp_dtype_size(w->post_dt));
     if (w->post & HP_POST_DIV) divide(w->post_buf, w->post_n, w->post_dt, w->comm->size);
     if (w->post & HP_POST_NARROW)
-        hp_convert(w->post_dst, w->d.dt, w->post_src, HP_F32, w->post_n);
+        be_convert(w->comm, w->post_dst, w->d.dt, w->post_src, HP_F32, w->post_n);
     w->post = 0;
 }
 
@@ -387,8 +396,8 @@ static hp_status_t run_op(hp_work_t w, int async) {
         if (widen) {
             HP_TRY(ws_reserve(w, n * sizeof(float)));
             float *ws = w->ws;   // (n) f32 accumulation buffer
-            hp_convert(ws, HP_F32, d->sendbuf, d->dt, n);
-            if (d->is_premul) HP_TRY(scale_into(ws, ws, n, HP_F32, d->premul));
+            be_convert(c, ws, HP_F32, d->sendbuf, d->dt, n);
+            if (d->is_premul) HP_TRY(be_scale(c, ws, ws, n, HP_F32, d->premul));
             w->post = HP_POST_NARROW | (avg ? HP_POST_DIV : 0);
             w->post_buf = ws, w->post_src = ws, w->post_dst = d->recvbuf, w->post_dt = HP_F32;
             if (ring) return be->all_reduce_ring(c->ctx, ws, ws, n, HP_F32, op, &w->req, async);
@@ -396,7 +405,7 @@ static hp_status_t run_op(hp_work_t w, int async) {
         } else {
             const void *s = d->sendbuf;
             if (d->is_premul) {   /* scaled copy in recvbuf, then reduce in place */
-                HP_TRY(scale_into(d->recvbuf, d->sendbuf, n, d->dt, d->premul));
+                HP_TRY(be_scale(c, d->recvbuf, d->sendbuf, n, d->dt, d->premul));
                 s = d->recvbuf;
             }
             if (avg) w->post = HP_POST_DIV, w->post_buf = d->recvbuf, w->post_dt = d->dt;
@@ -408,8 +417,8 @@ static hp_status_t run_op(hp_work_t w, int async) {
         if (widen) {
             HP_TRY(ws_reserve(w, n * sizeof(float)));
             float *ws = w->ws;   // (n) f32
-            hp_convert(ws, HP_F32, d->sendbuf, d->dt, n);
-            if (d->is_premul) HP_TRY(scale_into(ws, ws, n, HP_F32, d->premul));
+            be_convert(c, ws, HP_F32, d->sendbuf, d->dt, n);
+            if (d->is_premul) HP_TRY(be_scale(c, ws, ws, n, HP_F32, d->premul));
             if (root) {
                 w->post = HP_POST_NARROW | (avg ? HP_POST_DIV : 0);
                 w->post_buf = ws, w->post_src = ws, w->post_dst = d->recvbuf, w->post_dt = HP_F32;
@@ -423,7 +432,7 @@ static hp_status_t run_op(hp_work_t w, int async) {
                 HP_TRY(ws_reserve(w, n * es));
                 dst = w->ws;
             }
-            HP_TRY(scale_into(dst, d->sendbuf, n, d->dt, d->premul));
+            HP_TRY(be_scale(c, dst, d->sendbuf, n, d->dt, d->premul));
             s = dst;
         }
         if (root && avg) w->post = HP_POST_DIV, w->post_buf = d->recvbuf, w->post_dt = d->dt;
@@ -439,8 +448,8 @@ static hp_status_t run_op(hp_work_t w, int async) {
             /* (n) f32 result; the ring reduces in place in the widened copy (no
              * accumulation workspace), leaving it in this rank's block */
             float *out = ring ? ws + (size_t)c->rank * n : ws + total;
-            hp_convert(ws, HP_F32, d->sendbuf, d->dt, total);
-            if (d->is_premul) HP_TRY(scale_into(ws, ws, total, HP_F32, d->premul));
+            be_convert(c, ws, HP_F32, d->sendbuf, d->dt, total);
+            if (d->is_premul) HP_TRY(be_scale(c, ws, ws, total, HP_F32, d->premul));
             w->post = HP_POST_NARROW | (avg ? HP_POST_DIV : 0);
             w->post_buf = out, w->post_src = out, w->post_dst = d->recvbuf, w->post_dt = HP_F32;
             if (ring) return be->reduce_scatter_ring(c->ctx, ws, out, n, HP_F32, op, &w->req, async);
@@ -451,10 +460,10 @@ static hp_status_t run_op(hp_work_t w, int async) {
         void *r = d->recvbuf;
         if (d->is_premul) {
             if (inplace) {
-                HP_TRY(scale_into((void *)d->sendbuf, d->sendbuf, total, d->dt, d->premul));
+                HP_TRY(be_scale(c, (void *)d->sendbuf, d->sendbuf, total, d->dt, d->premul));
             } else {
                 HP_TRY(ws_reserve(w, total * es));
-                HP_TRY(scale_into(w->ws, d->sendbuf, total, d->dt, d->premul));
+                HP_TRY(be_scale(c, w->ws, d->sendbuf, total, d->dt, d->premul));
                 s = w->ws;
             }
         }
