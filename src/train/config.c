@@ -1132,10 +1132,11 @@ hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const 
                             from_flavor((double)c->model.n_heads), c->model.name, fl,
                             mc.n_heads * (mc.dim / mc.n_heads > 0 ? mc.dim / mc.n_heads : 1));
         mc.head_dim = mc.dim / mc.n_heads;
-        if (mc.head_dim % 2 != 0)
-            return hp_error(HP_ERR_INVALID_ARG, "config keys 'model.dim' = %d, 'model.n_heads' = %d give head_dim = dim / "
-                            "n_heads = %d, which must be even (RoPE rotates pairs of channels); hint: set "
-                            "model.head_dim or change dim or n_heads", mc.dim, mc.n_heads, mc.head_dim);
+        if (mc.head_dim % 2 != 0 || mc.head_dim > 512)
+            return hp_error(HP_ERR_INVALID_ARG, "config keys 'model.dim' = %d%s, 'model.n_heads' = %d%s give head_dim = dim / "
+                            "n_heads = %d, which must be even and at most 512 (RoPE rotates pairs of channels); hint: "
+                            "set model.head_dim or change dim or n_heads", mc.dim, from_flavor((double)c->model.dim),
+                            mc.n_heads, from_flavor((double)c->model.n_heads), mc.head_dim);
     }
     if (c->model.hidden_dim == -1 && (c->model.dim != -1 || c->model.multiple_of != -1 ||
                                       c->model.ffn_dim_multiplier != -1)) {
@@ -1175,8 +1176,13 @@ hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const 
         char msg[1024], ov[1024];
         snprintf(msg, sizeof msg, "%s", hp_last_error());
         hp_config_model_overrides(c, ov, sizeof ov);
-        return hp_error(s, "%s (model.name %.100s, model.flavor %.100s%s%s); hint: check these model.* keys "
-                        "(docs/config.md)", msg, c->model.name, fl, ov[0] ? ", with " : "", ov);
+        char vb[600] = "";
+        if (vocab_size > 0)
+            snprintf(vb, sizeof vb, ", vocabulary %d from %.500s", vocab_size, vocab_from ? vocab_from : "the data");
+        return hp_error(s, "%s (model.name %.100s, model.flavor %.100s%s%s%s); hint: check %s%s%s", msg, c->model.name,
+                        fl, ov[0] ? ", with " : "", ov, vb, ov[0] ? "the model.* keys (docs/config.md)" : "",
+                        ov[0] && vb[0] ? " and " : "", vb[0] ? (vocab_from ? vocab_from : "the data") :
+                        ov[0] ? "" : "model.name and model.flavor");
     }
     *out = mc;
     return HP_OK;
