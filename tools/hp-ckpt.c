@@ -4,10 +4,11 @@
  *   hp-ckpt list FOLDER                       committed step-N dirs; a step with a missing or truncated
  *                                             shard is marked INCOMPLETE (exit 1)
  *   hp-ckpt consolidate DIR OUT.safetensors   every tensor (and blob, as U8) of a DCP dir, whole
- *   hp-ckpt to-hf DIR OUT --model M --flavor F [--dtype bf16] [--max-shard-bytes N]
- *   hp-ckpt from-hf HFDIR OUT --model M --flavor F
- *   hp-ckpt seed OUT --model M --flavor F --vocab V [--seed S]   TorchTitan's seed checkpoint
- * to-hf / from-hf take the model shape from the flavor and the vocabulary from the checkpoint. */
+ *   hp-ckpt to-hf DIR OUT --model M --flavor F [--dtype bf16] [--max-shard-bytes N] [--model.KEY V ...]
+ *   hp-ckpt from-hf HFDIR OUT --model M --flavor F [--model.KEY V ...]
+ *   hp-ckpt seed OUT --model M --flavor F --vocab V [--seed S] [--model.KEY V ...]   TorchTitan's seed checkpoint
+ * to-hf / from-hf take the model shape from the flavor with the model.* overrides of the
+ * config (--model.dim 80 ...; hp_config_resolve_model) and the vocabulary from the checkpoint. */
 #define _GNU_SOURCE
 #include <json-c/json.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include <hyperparallel/checkpoint.h>
+#include <hyperparallel/config.h>
 #include <hyperparallel/model.h>
 #include <hyperparallel/parse.h>
 #include <hyperparallel/safetensors.h>
@@ -27,7 +29,9 @@ static int usage(void) {
             "       hp-ckpt consolidate DIR OUT.safetensors\n"
             "       hp-ckpt to-hf DIR OUT --model llama3|qwen3 --flavor F [--dtype f32|bf16] [--max-shard-bytes N]\n"
             "       hp-ckpt from-hf HFDIR OUT --model llama3|qwen3 --flavor F\n"
-            "       hp-ckpt seed OUT --model llama3|qwen3 --flavor F --vocab V [--seed S]\n");
+            "       hp-ckpt seed OUT --model llama3|qwen3 --flavor F --vocab V [--seed S]\n"
+            "  to-hf, from-hf and seed take the config's model.* overrides of the flavor as flags,\n"
+            "  e.g. --model.dim 80 --model.n_heads=5 --model.qk_norm=true (docs/config.md)\n");
     return 2;
 }
 
@@ -186,14 +190,18 @@ static int consolidate(const char *dir, const char *out) {
     return s == HP_OK ? 0 : fail(s);
 }
 
-/* The model of --model/--flavor with the checkpoint's vocabulary; `vocab_from` names where
- * the vocabulary came from, so a model too large for memory names that input. */
+/* --model, --flavor and the --model.KEY overrides, parsed as the config's keys. */
+static hp_config_t model_cfg_;
+
+/* The model of --model/--flavor and the --model.* flags with the checkpoint's vocabulary;
+ * `vocab_from` names where the vocabulary came from, so a model too large for memory names
+ * that input. */
 static hp_status_t make_model(const char *name, const char *flavor, int vocab, const char *vocab_from,
                               hp_model_config_t *mc, hp_model_t *m) {
-    HP_TRY(hp_model_flavor(name, flavor, mc));
-    mc->vocab_size = vocab;
-    hp_status_t s = hp_model_config_validate(mc);
-    if (s == HP_OK) s = hp_model_create(mc, 1, 1, m);
+    snprintf(model_cfg_.model.name, sizeof model_cfg_.model.name, "%s", name);
+    snprintf(model_cfg_.model.flavor, sizeof model_cfg_.model.flavor, "%s", flavor);
+    HP_TRY(hp_config_resolve_model(&model_cfg_, vocab, vocab_from, 0, mc));   /* names the model.* key */
+    hp_status_t s = hp_model_create(mc, 1, 1, m);
     if (s != HP_OK) {
         char msg[1536];
         snprintf(msg, sizeof msg, "%s", hp_last_error());
@@ -217,11 +225,9 @@ static int to_hf(const char *dir, const char *out, const char *model, const char
     snprintf(what, sizeof what, "%s: tok_embeddings.weight rows (the vocabulary)", dir);
     s = hp_check_i64(what, emb->shape[0], 1, HP_MODEL_MAX_VOCAB, "at most HP_MODEL_MAX_VOCAB = 2^24 token ids");
     int vocab = (int)emb->shape[0];
-    hp_dcp_metadata_free(md);
-    if (s != HP_OK) return fail(s);
     hp_model_config_t mc;
     hp_model_t m = NULL;
-    s = make_model(model, flavor, vocab, "the checkpoint's tok_embeddings.weight", &mc, &m);
+    if (s == HP_OK) s = make_model(model, flavor, vocab, "the checkpoint's tok_embeddings.weight", &mc, &m);
     int np = m ? hp_model_num_params(m) : 0;
     hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
     for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
@@ -230,8 +236,23 @@ static int to_hf(const char *dir, const char *out, const char *model, const char
     if (s == HP_OK) s = hp_dcp_load(dir, &st, NULL, &o);
     for (int i = 0; s == HP_OK && i < np; i++)
         if (!ts[i].loaded) s = hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", dir, ts[i].name);
+    /* the load is not strict (the checkpoint may hold optimizer state): a model tensor the model
+     * lacks (more layers, an untied output) would be dropped without a word */
+    for (int i = 0; s == HP_OK && i < hp_dcp_metadata_count(md); i++) {
+        const hp_dcp_entry_t *e = hp_dcp_metadata_entry(md, i);
+        if (e->is_blob || strncmp(e->name, "optimizer.", 10) == 0 || hp_model_find_param(m, e->name)) continue;
+        s = hp_error(HP_ERR_INVALID_ARG, "%s holds model tensor '%s', which the %s/%s model (n_layers %d, "
+                     "tie_embeddings %s) lacks; hint: describe the trained model with --model.n_layers / --model.tie_embeddings "
+                     "(the model.* keys of its config)", dir, e->name, model, flavor, mc.n_layers,
+                     mc.tie_embeddings ? "true" : "false");
+    }
+    hp_dcp_metadata_free(md);
     if (s == HP_OK) s = hp_hf_export(out, &mc, hp_model_params(m), np, NULL, dt, shard);
-    if (s == HP_OK) printf("wrote HF checkpoint %s (%s %s, vocab %d, %s)\n", out, model, flavor, vocab, hp_dtype_name(dt));
+    if (s == HP_OK) {
+        char dims[1024];
+        hp_config_describe_model(&mc, dims, sizeof dims);
+        printf("wrote HF checkpoint %s (%s %s, vocab %d, %s; %s)\n", out, model, flavor, vocab, hp_dtype_name(dt), dims);
+    }
     free(ts);
     hp_model_destroy(m);
     return s == HP_OK ? 0 : fail(s);
@@ -312,9 +333,22 @@ int main(int argc, char **argv) {
     unsigned long long sd = 0;
     const char *pos[2];
     int npos = 0;
+    hp_config_defaults(&model_cfg_);
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         int r;
+        if (!strncmp(a, "--model.", 8)) {   /* a config key: --model.dim 80 or --model.dim=80 */
+            char key[128];
+            const char *eq = strchr(a, '=');
+            size_t kn = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+            snprintf(key, sizeof key, "%.*s", (int)(kn < sizeof key ? kn : sizeof key - 1), a + 2);
+            if (!eq && i + 1 >= argc) {
+                hp_error(HP_ERR_INVALID_ARG, "hp-ckpt: --%s needs a value (--%s=VALUE)", key, key);
+                return bad_args();
+            }
+            if (hp_config_set(&model_cfg_, key, eq ? eq + 1 : argv[++i], "hp-ckpt") != HP_OK) return bad_args();
+            continue;
+        }
         if ((r = hp_flag_value("hp-ckpt", argc, argv, &i, "--model", &v))) {
             if (r < 0) return bad_args();
             model = v;

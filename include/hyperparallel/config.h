@@ -40,6 +40,19 @@ typedef struct hp_config {
     struct {
         char name[HP_CONFIG_STR_MAX];
         char flavor[HP_CONFIG_STR_MAX];
+        /* Overrides of the flavor's fields (hp_config_resolve_model; docs/config.md "Custom
+         * model dimensions"). -1, the default, keeps the flavor's value; the tristate keys
+         * hold -1 (default), 0 or 1. */
+        int64_t dim, n_layers, n_heads, n_kv_heads, head_dim;
+        int64_t hidden_dim;           /* FFN hidden size */
+        int64_t vocab_size, multiple_of;
+        double ffn_dim_multiplier;    /* 0 = none */
+        double norm_eps, rope_theta;
+        int rope_scaling;             /* tristate: Llama 3.1 frequency scaling */
+        double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+        int64_t rope_original_max_pos;
+        int qk_norm, tie_embeddings;  /* tristate */
+        int64_t max_seq_len;
     } model;
     struct {
         int64_t steps;
@@ -140,6 +153,7 @@ typedef enum hp_config_type {
     HP_CONFIG_STRING,
     HP_CONFIG_ENUM,
     HP_CONFIG_LIST,
+    HP_CONFIG_TRISTATE,   /* int field: -1 ("default": keep the flavor's value), 0 or 1 */
 } hp_config_type_t;
 
 /* One schema row. */
@@ -154,6 +168,10 @@ typedef struct hp_config_key {
     size_t offset;               /* of the field inside hp_config_t */
     int64_t int_min, int_max;    /* int only: accepted range, that of the type that uses the value */
     bool f32;                    /* float only: used in float32, so it must be representable there */
+    double float_min, float_max; /* float only: accepted range */
+    bool flavor_default;         /* int / float: -1 (the default) keeps the model flavor's value and is
+                                    accepted besides the range */
+    const char *hint;            /* appended to a range error, or NULL */
 } hp_config_key_t;
 
 /* The schema, in section order. */
@@ -184,6 +202,23 @@ hp_status_t hp_config_validate(const hp_config_t *cfg);
  * global_batch_size = -1 gives 1. Error when it does not divide exactly. */
 hp_status_t hp_config_grad_accum_steps(const hp_config_t *cfg, int64_t dp_degree,
                                        int64_t *out);
+
+/* The model a run trains: hp_model_flavor(model.name, model.flavor), then every model.* key
+ * that is set (not -1 / default) replaces the flavor's field. What the flavor derives follows
+ * the overridden fields unless given too: head_dim = dim / n_heads when the flavor's head_dim
+ * is dim / n_heads (llama3); the FFN size from dim, multiple_of and ffn_dim_multiplier when
+ * the flavor uses that rule (llama3); n_kv_heads = n_heads when the flavor has as many KV
+ * heads as heads. Then hp_model_config_validate. vocab_size > 0 is the vocabulary of the data
+ * (the tokenizer, a checkpoint; vocab_from names it): model.vocab_size must be unset or equal.
+ * seq_len > 0 is the training context: max_seq_len = model.max_seq_len (at least seq_len) or
+ * seq_len. Errors name the model.* key, the value, what is expected and a hint. */
+struct hp_model_config;
+hp_status_t hp_config_resolve_model(const hp_config_t *cfg, int vocab_size, const char *vocab_from, int seq_len,
+                                    struct hp_model_config *out);
+/* "model.dim=80 model.n_heads=5" for the keys that are set; "" when none. */
+void hp_config_model_overrides(const hp_config_t *cfg, char *buf, size_t n);
+/* "dim 80, n_layers 2, n_heads 5, ..." of a model config (start-up reports, tools). */
+void hp_config_describe_model(const struct hp_model_config *mc, char *buf, size_t n);
 
 /* Writes the resolved config as YAML (parseable by hp_config_load_file). */
 void hp_config_print(const hp_config_t *cfg, FILE *f);

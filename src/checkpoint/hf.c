@@ -1,7 +1,8 @@
 /* HF interop: the llama3 / qwen3 state-dict adapters (TorchTitan FQN <-> HF name), Llama's
  * q/k row permutation between TorchTitan's interleaved RoPE and HF's rotate_half (qwen3 uses
  * rotate_half in src/nn already, so it is not permuted), export to HF shards + index +
- * config.json and import of HF weights into any layout. */
+ * config.json (every dim of the model config, custom ones included) and import of HF weights
+ * into any layout, refused when the directory's config.json describes another shape. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
@@ -140,7 +141,7 @@ static json_object *hf_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
     json_object_object_add(c, "rope_theta", json_object_new_double(mc->rope_theta));
     /* with Llama 3 rope scaling HF wants max_position_embeddings above the original context */
     int64_t maxpos = mc->max_seq_len > 0 ? mc->max_seq_len : 2048;
-    if (llama && mc->rope_scaling) {
+    if (mc->rope_scaling) {
         int64_t scaled = (int64_t)((double)mc->rope_original_max_pos * mc->rope_factor);
         if (scaled > maxpos) maxpos = scaled;
     }
@@ -152,18 +153,18 @@ static json_object *hf_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
     json_object_object_add(c, "initializer_range", json_object_new_double(0.02));
     json_object_object_add(c, "use_cache", json_object_new_boolean(1));
     json_object_object_add(c, "torch_dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));
+    if (mc->rope_scaling) {   /* HF's "llama3" rope type serves every model that reads rope_scaling */
+        json_object *rs = json_object_new_object();
+        json_object_object_add(rs, "rope_type", json_object_new_string("llama3"));
+        json_object_object_add(rs, "factor", json_object_new_double(mc->rope_factor));
+        json_object_object_add(rs, "low_freq_factor", json_object_new_double(mc->rope_low_freq_factor));
+        json_object_object_add(rs, "high_freq_factor", json_object_new_double(mc->rope_high_freq_factor));
+        json_object_object_add(rs, "original_max_position_embeddings", json_object_new_int(mc->rope_original_max_pos));
+        json_object_object_add(c, "rope_scaling", rs);
+    }
     if (llama) {
         json_object_object_add(c, "mlp_bias", json_object_new_boolean(0));
         json_object_object_add(c, "pretraining_tp", json_object_new_int(1));
-        if (mc->rope_scaling) {
-            json_object *rs = json_object_new_object();
-            json_object_object_add(rs, "rope_type", json_object_new_string("llama3"));
-            json_object_object_add(rs, "factor", json_object_new_double(mc->rope_factor));
-            json_object_object_add(rs, "low_freq_factor", json_object_new_double(mc->rope_low_freq_factor));
-            json_object_object_add(rs, "high_freq_factor", json_object_new_double(mc->rope_high_freq_factor));
-            json_object_object_add(rs, "original_max_position_embeddings", json_object_new_int(mc->rope_original_max_pos));
-            json_object_object_add(c, "rope_scaling", rs);
-        }
     } else {
         json_object_object_add(c, "use_sliding_window", json_object_new_boolean(0));
         json_object_object_add(c, "sliding_window", NULL);
@@ -188,6 +189,13 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
     if (dtype != HP_F32 && dtype != HP_BF16)
         return hp_error(HP_ERR_INVALID_ARG, "HF export: dtype %s; expected f32 or bf16", hp_dtype_name(dtype));
     if (!max_shard_bytes) max_shard_bytes = (size_t)5 << 30;
+    /* HF's classes fix what a custom config could change: LlamaForCausalLM has no q/k norm,
+     * Qwen3ForCausalLM always has one */
+    if (is_llama(mc) == !!mc->qk_norm)
+        return hp_error(HP_ERR_UNSUPPORTED, "HF export: %s with qk_norm %s has no HF architecture (%s); hint: %s",
+                        mc->name, mc->qk_norm ? "true" : "false",
+                        is_llama(mc) ? "LlamaForCausalLM has no q_norm/k_norm" : "Qwen3ForCausalLM always has q_norm/k_norm",
+                        is_llama(mc) ? "use model.name qwen3 for a model with qk_norm" : "keep model.qk_norm true for qwen3");
     hp_status_t s = HP_OK;
     if (rank == 0) s = hp_dcp_mkdirs(dir);
     HP_TRY(hp_dcp_agree(comm, s, "HF export: creating the directory"));
@@ -325,8 +333,54 @@ static void warn_extra_tensors(const char *dir, const hp_model_config_t *mc, hp_
     free(want);
 }
 
+/* The shape fields of DIR/config.json (those present) must be the model's: tensor shapes alone
+ * would let extra layers or an untied lm_head be dropped with a warning. A missing file, or
+ * a field of another type, is left to the tensor checks. */
+static hp_status_t check_hf_config(const char *dir, const hp_model_config_t *mc) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (access(path, R_OK) != 0) return HP_OK;
+    json_object *cj = json_object_from_file(path);
+    if (!cj || !json_object_is_type(cj, json_type_object)) {
+        json_object_put(cj);
+        return hp_error(HP_ERR_FORMAT, "HF checkpoint %s: config.json is not a JSON object", dir);
+    }
+    const struct { const char *hf, *key; int have; } f[] = {
+        {"hidden_size", "dim", mc->dim}, {"num_hidden_layers", "n_layers", mc->n_layers},
+        {"num_attention_heads", "n_heads", mc->n_heads}, {"num_key_value_heads", "n_kv_heads", mc->n_kv_heads},
+        {"head_dim", "head_dim", mc->head_dim}, {"intermediate_size", "hidden_dim", mc->hidden_dim},
+        {"vocab_size", "vocab_size", mc->vocab_size}};
+    hp_status_t s = HP_OK;
+    json_object *v;
+    for (size_t i = 0; s == HP_OK && i < sizeof f / sizeof f[0]; i++) {
+        if (!json_object_object_get_ex(cj, f[i].hf, &v) || !json_object_is_type(v, json_type_int)) continue;
+        int64_t x = json_object_get_int64(v);
+        if (x != f[i].have)
+            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json '%s' = %lld, but the %s/%s model has %s %d; "
+                         "hint: describe the checkpoint's model with model.%s = %lld (hp-ckpt from-hf: --model.%s %lld)",
+                         dir, f[i].hf, (long long)x, mc->name, mc->flavor, f[i].key, f[i].have, f[i].key, (long long)x,
+                         f[i].key, (long long)x);
+    }
+    if (s == HP_OK && json_object_object_get_ex(cj, "tie_word_embeddings", &v) &&
+        json_object_is_type(v, json_type_boolean) && json_object_get_boolean(v) != !!mc->tie_embeddings)
+        s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json 'tie_word_embeddings' = %s, but the %s/%s model "
+                     "has tie_embeddings %s; hint: set model.tie_embeddings = %s (hp-ckpt from-hf: "
+                     "--model.tie_embeddings %s)", dir, json_object_get_boolean(v) ? "true" : "false", mc->name,
+                     mc->flavor, mc->tie_embeddings ? "true" : "false", json_object_get_boolean(v) ? "true" : "false",
+                     json_object_get_boolean(v) ? "true" : "false");
+    if (s == HP_OK && json_object_object_get_ex(cj, "model_type", &v) && json_object_is_type(v, json_type_string)) {
+        const char *mt = json_object_get_string(v), *want = is_llama(mc) ? "llama" : "qwen3";
+        if (strcmp(mt, want) != 0)
+            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json 'model_type' = '%s', but the model is %s "
+                         "(model_type '%s'); hint: set model.name to the checkpoint's family", dir, mt, mc->name, want);
+    }
+    json_object_put(cj);
+    return s;
+}
+
 static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params,
                                 int warn) {
+    HP_TRY(check_hf_config(dir, mc));
     char path[4200];
     hp_hf_index_t *wm = NULL;   /* hardened parser: every type checked, plain file names */
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
@@ -390,7 +444,7 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
         for (int d = 0; same && d < nd; d++) same = info->shape[d] == gs[d];
         if (!same) {
             s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: '%s' has %d dims / shape[0] %lld, expected the shape of '%s' "
-                         "(a different model config or flavor?)", dir, hf, info->ndim,
+                         "(a different model config or flavor? set the model.* keys)", dir, hf, info->ndim,
                          (long long)(info->ndim ? info->shape[0] : 0), params[i].name);
             break;
         }

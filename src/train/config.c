@@ -7,6 +7,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,12 +17,26 @@
 #define OFF(field) offsetof(hp_config_t, field)
 #define KR(sec, name, type_, def, choices_, alias_, doc_, lo, hi, f32_)                                  \
     {.section = #sec, .key = #name, .type = HP_CONFIG_##type_, .default_value = def, .choices = choices_,     \
-     .alias = alias_, .doc = doc_, .offset = OFF(sec.name), .int_min = lo, .int_max = hi, .f32 = f32_}
+     .alias = alias_, .doc = doc_, .offset = OFF(sec.name), .int_min = lo, .int_max = hi, .f32 = f32_,            \
+     .float_min = -HUGE_VAL, .float_max = HUGE_VAL}
 #define K(sec, name, type_, def, choices_, alias_, doc_) \
     KR(sec, name, type_, def, choices_, alias_, doc_, INT64_MIN, INT64_MAX, false)
 /* An integer key with the range of the type that uses it; a float key used in float32. */
 #define KI(sec, name, def, lo, hi, alias_, doc_) KR(sec, name, INT, def, NULL, alias_, doc_, lo, hi, false)
 #define KF32(sec, name, def, alias_, doc_) KR(sec, name, FLOAT, def, NULL, alias_, doc_, INT64_MIN, INT64_MAX, true)
+/* model.* overrides of the flavor: -1 (the default) keeps the flavor's value (docs/config.md). */
+#define KM_INT(name, lo, hi, doc_, hint_)                                                                         \
+    {.section = "model", .key = #name, .type = HP_CONFIG_INT, .default_value = "-1", .doc = doc_,                  \
+     .offset = OFF(model.name), .int_min = lo, .int_max = hi, .float_min = -HUGE_VAL, .float_max = HUGE_VAL,       \
+     .flavor_default = true, .hint = hint_}
+#define KM_F32(name, lo, hi, doc_, hint_)                                                                         \
+    {.section = "model", .key = #name, .type = HP_CONFIG_FLOAT, .default_value = "-1", .doc = doc_,                \
+     .offset = OFF(model.name), .int_min = INT64_MIN, .int_max = INT64_MAX, .f32 = true, .float_min = lo,          \
+     .float_max = hi, .flavor_default = true, .hint = hint_}
+#define KM_TRI(name, doc_)                                                                                        \
+    {.section = "model", .key = #name, .type = HP_CONFIG_TRISTATE, .default_value = "default", .doc = doc_,        \
+     .offset = OFF(model.name), .int_min = INT64_MIN, .int_max = INT64_MAX, .float_min = -HUGE_VAL,                \
+     .float_max = HUGE_VAL, .flavor_default = true}
 #define I32 INT32_MAX
 #define I64 INT64_MAX
 #define DEG (1 << 24)   /* parallel degrees (parallel_dims.c narrows them to int) */
@@ -37,6 +52,52 @@ static const hp_config_key_t schema_[] = {
     /* model */
     K(model, name, STRING, "llama3", NULL, NULL, "Model family in the model registry (llama3, qwen3)."),
     K(model, flavor, STRING, "debugmodel", NULL, NULL, "Size preset of the model family (e.g. debugmodel)."),
+    KM_INT(dim, 1, HP_MODEL_MAX_DIM, "Model width (embedding and residual size); -1 = the flavor's.",
+           "the model width; -1 (the default) keeps the flavor's"),
+    KM_INT(n_layers, 1, HP_MODEL_MAX_LAYERS, "Transformer blocks; -1 = the flavor's.",
+           "the number of transformer blocks; -1 (the default) keeps the flavor's"),
+    KM_INT(n_heads, 1, HP_MODEL_MAX_HEADS, "Attention (query) heads; -1 = the flavor's.",
+           "the number of query heads; -1 (the default) keeps the flavor's"),
+    KM_INT(n_kv_heads, 1, HP_MODEL_MAX_HEADS,
+           "Key/value heads (grouped-query attention); must divide n_heads; -1 = the flavor's (n_heads when the "
+           "flavor has as many KV heads as heads).",
+           "must divide model.n_heads; -1 (the default) keeps the flavor's"),
+    KM_INT(head_dim, 2, 512,
+           "Channels per attention head; even (RoPE rotates pairs); -1 = the flavor's (llama3: dim / n_heads, "
+           "following model.dim and model.n_heads).",
+           "an even number of channels per head; -1 (the default) keeps the flavor's"),
+    KM_INT(hidden_dim, 1, HP_MODEL_MAX_DIM,
+           "FFN hidden size (rows of w1 and w3); -1 = the flavor's (llama3: TorchTitan's rule from dim, "
+           "multiple_of and ffn_dim_multiplier, following them).",
+           "the FFN hidden size; -1 (the default) keeps the flavor's rule"),
+    KM_INT(vocab_size, 1, HP_MODEL_MAX_VOCAB,
+           "Vocabulary size; must equal the tokenizer's (-1: the trainer takes the tokenizer's).",
+           "vocabularies above HP_MODEL_MAX_VOCAB = 2^24 ids are refused; -1 (the default) takes the tokenizer's"),
+    KM_INT(multiple_of, 1, HP_MODEL_MAX_DIM,
+           "llama3 FFN rule: the hidden size is rounded up to a multiple of this; -1 = the flavor's.",
+           "-1 (the default) keeps the flavor's"),
+    KM_F32(ffn_dim_multiplier, 0, 64,
+           "llama3 FFN rule: hidden size = multiplier x 8/3 x dim before rounding; 0 = none; -1 = the flavor's.",
+           "0 = none; -1 (the default) keeps the flavor's"),
+    KM_F32(norm_eps, FLT_MIN, 1, "RMSNorm epsilon; -1 = the flavor's.", "a value > 0 such as 1e-5; -1 (the default) keeps the flavor's"),
+    KM_F32(rope_theta, FLT_MIN, FLT_MAX, "RoPE base frequency; -1 = the flavor's.",
+           "a value > 0 such as 500000; -1 (the default) keeps the flavor's"),
+    KM_TRI(rope_scaling, "Llama 3.1 RoPE frequency scaling (true/false); default = the flavor's."),
+    KM_F32(rope_factor, FLT_MIN, FLT_MAX, "RoPE scaling factor; -1 = the flavor's.",
+           "a value > 0 such as 8; -1 (the default) keeps the flavor's"),
+    KM_F32(rope_low_freq_factor, FLT_MIN, FLT_MAX, "RoPE scaling low-frequency factor; -1 = the flavor's.",
+           "a value > 0 such as 1; -1 (the default) keeps the flavor's"),
+    KM_F32(rope_high_freq_factor, FLT_MIN, FLT_MAX,
+           "RoPE scaling high-frequency factor (above the low one); -1 = the flavor's.",
+           "a value > 0 such as 4; -1 (the default) keeps the flavor's"),
+    KM_INT(rope_original_max_pos, 1, I32, "RoPE scaling: the original context length; -1 = the flavor's.",
+           "a context length such as 8192; -1 (the default) keeps the flavor's"),
+    KM_TRI(qk_norm, "RMSNorm over head_dim on q and k before RoPE (qwen3); default = the flavor's."),
+    KM_TRI(tie_embeddings, "The output projection uses tok_embeddings.weight; default = the flavor's."),
+    KM_INT(max_seq_len, 1, HP_MODEL_MAX_SEQ_LEN,
+           "Longest context the model supports (RoPE table; HF max_position_embeddings); at least "
+           "training.seq_len; -1 = training.seq_len.",
+           "at least training.seq_len and at most HP_MODEL_MAX_SEQ_LEN = 2^20; -1 (the default) = training.seq_len"),
     /* training */
     KI(training, steps, "10000", 1, I64, NULL, "Number of optimizer steps to train."),
     KI(training, seq_len, "2048", 1, HP_MODEL_MAX_SEQ_LEN, NULL, "Tokens per sequence (context length of a training sample)."),
@@ -185,6 +246,7 @@ const char *hp_config_type_name(hp_config_type_t type) {
     case HP_CONFIG_STRING: return "string";
     case HP_CONFIG_ENUM: return "enum";
     case HP_CONFIG_LIST: return "list";
+    case HP_CONFIG_TRISTATE: return "bool or default";
     }
     return "?";
 }
@@ -197,6 +259,7 @@ static const char *type_words(hp_config_type_t type) {
     case HP_CONFIG_STRING: return "a string";
     case HP_CONFIG_ENUM: return "one of";
     case HP_CONFIG_LIST: return "a list of strings";
+    case HP_CONFIG_TRISTATE: return "a boolean (true/false) or default";
     }
     return "?";
 }
@@ -336,6 +399,7 @@ static hp_status_t list_append_csv(hp_config_list_t *l, const char *s, const cha
 
 /* Why an integer key has its range, for the error message. */
 static const char *range_hint(const hp_config_key_t *k) {
+    if (k->hint) return k->hint;
     if (k->int_max == HP_MODEL_MAX_SEQ_LEN && strcmp(k->key, "seq_len") == 0)
         return "contexts longer than HP_MODEL_MAX_SEQ_LEN = 1048576 tokens are refused (the RoPE tables and "
                "activation arenas grow with it)";
@@ -343,6 +407,16 @@ static const char *range_hint(const hp_config_key_t *k) {
     if (k->int_max == DEG) return "parallel degrees are rank counts, at most 2^24";
     if (k->int_max == I32) return "the value is held in a 32-bit int";
     return NULL;
+}
+
+/* A model.* override given as -1 (the flavor's value): "-1", "-1.0", " -1 ". */
+static bool is_unset_text(const hp_config_key_t *k, const char *text) {
+    if (!k->flavor_default || !*text) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    while (*end == ' ' || *end == '\t') end++;
+    return errno == 0 && *end == '\0' && v == -1.0;
 }
 
 static hp_status_t set_from_text(hp_config_t *cfg, const hp_config_key_t *k, const char *text,
@@ -353,7 +427,9 @@ static hp_status_t set_from_text(hp_config_t *cfg, const hp_config_key_t *k, con
         int64_t v;
         char what[HP_CONFIG_STR_MAX + 160];
         snprintf(what, sizeof what, "%s: key '%s.%s'", origin, k->section, k->key);
-        HP_TRY(hp_parse_i64(what, text, k->int_min, k->int_max, range_hint(k), &v));
+        /* -1 keeps the flavor's value; any other value must be in the range */
+        if (!is_unset_text(k, text)) HP_TRY(hp_parse_i64(what, text, k->int_min, k->int_max, range_hint(k), &v));
+        else v = -1;
         memcpy(field, &v, sizeof v);
         return HP_OK;
     }
@@ -361,7 +437,8 @@ static hp_status_t set_from_text(hp_config_t *cfg, const hp_config_key_t *k, con
         double v;
         char what[HP_CONFIG_STR_MAX + 160];
         snprintf(what, sizeof what, "%s: key '%s.%s'", origin, k->section, k->key);
-        HP_TRY(hp_parse_f64(what, text, -HUGE_VAL, HUGE_VAL, NULL, &v));
+        if (!is_unset_text(k, text)) HP_TRY(hp_parse_f64(what, text, k->float_min, k->float_max, range_hint(k), &v));
+        else v = -1;
         if (k->f32) HP_TRY(hp_check_f32(what, v));
         memcpy(field, &v, sizeof v);
         return HP_OK;
@@ -372,6 +449,17 @@ static hp_status_t set_from_text(hp_config_t *cfg, const hp_config_key_t *k, con
             return hp_error(HP_ERR_INVALID_ARG,
                             "%s: key '%s.%s' expects a boolean (true/false, yes/no, on/off, 1/0), got '%s'",
                             origin, k->section, k->key, text);
+        memcpy(field, &v, sizeof v);
+        return HP_OK;
+    }
+    case HP_CONFIG_TRISTATE: {
+        bool b;
+        int v = -1;
+        if (parse_bool(text, &b)) v = b;
+        else if (strcasecmp(text, "default") != 0 && strcmp(text, "-1") != 0)
+            return hp_error(HP_ERR_INVALID_ARG,
+                            "%s: key '%s.%s' expects a boolean (true/false, yes/no, on/off, 1/0) or default (the "
+                            "flavor's value), got '%s'", origin, k->section, k->key, text);
         memcpy(field, &v, sizeof v);
         return HP_OK;
     }
@@ -639,7 +727,8 @@ hp_status_t hp_config_parse_args(hp_config_t *cfg, int argc, char **argv, char *
         const char *value;
         if (eq) {
             value = eq + 1;
-        } else if (k->type == HP_CONFIG_BOOL && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) {
+        } else if ((k->type == HP_CONFIG_BOOL || k->type == HP_CONFIG_TRISTATE) &&
+                   (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) {
             value = "true";   /* a bare boolean flag: --checkpoint.enable */
         } else {
             if (i + 1 >= argc)
@@ -653,6 +742,8 @@ hp_status_t hp_config_parse_args(hp_config_t *cfg, int argc, char **argv, char *
 }
 
 /* ---- checks ------------------------------------------------------------------------------ */
+
+static hp_status_t check_model_keys(const hp_config_t *c);
 
 hp_status_t hp_config_validate(const hp_config_t *c) {
 #define REQUIRE(cond, key, fmt, ...)                                                               \
@@ -713,14 +804,24 @@ hp_status_t hp_config_validate(const hp_config_t *c) {
         if (k->type == HP_CONFIG_INT) {
             int64_t v;
             memcpy(&v, field, sizeof v);
-            HP_TRY(hp_check_i64(what, v, k->int_min, k->int_max, range_hint(k)));
-        } else if (k->type == HP_CONFIG_FLOAT && k->f32) {
+            if (!(k->flavor_default && v == -1)) HP_TRY(hp_check_i64(what, v, k->int_min, k->int_max, range_hint(k)));
+        } else if (k->type == HP_CONFIG_FLOAT) {
             double v;
             memcpy(&v, field, sizeof v);
-            HP_TRY(hp_check_f32(what, v));
+            if (k->flavor_default && v == -1) continue;
+            if (!(v >= k->float_min && v <= k->float_max))
+                return hp_error(HP_ERR_INVALID_ARG, "%s = %g is out of range: expected a number in [%g, %g]%s%s", what,
+                                v, k->float_min, k->float_max, range_hint(k) ? "; hint: " : "",
+                                range_hint(k) ? range_hint(k) : "");
+            if (k->f32) HP_TRY(hp_check_f32(what, v));
+        } else if (k->type == HP_CONFIG_TRISTATE) {
+            int v;
+            memcpy(&v, field, sizeof v);
+            if (v < -1 || v > 1)
+                return hp_error(HP_ERR_INVALID_ARG, "%s = %d: expected -1 (default), 0 (false) or 1 (true)", what, v);
         }
     }
-    return HP_OK;
+    return check_model_keys(c);
 }
 
 hp_status_t hp_config_grad_accum_steps(const hp_config_t *cfg, int64_t dp_degree, int64_t *out) {
@@ -814,6 +915,12 @@ static void format_value(const hp_config_t *cfg, const hp_config_key_t *k, char 
         snprintf(buf, n, "%s", v ? "true" : "false");
         break;
     }
+    case HP_CONFIG_TRISTATE: {
+        int v;
+        memcpy(&v, field, sizeof v);
+        snprintf(buf, n, "%s", v < 0 ? "default" : v ? "true" : "false");
+        break;
+    }
     case HP_CONFIG_STRING:
     case HP_CONFIG_ENUM: format_string(field, buf, n); break;
     case HP_CONFIG_LIST: {
@@ -874,7 +981,15 @@ void hp_config_write_markdown(FILE *f) {
             else if (k->int_max == HP_MODEL_MAX_SEQ_LEN) snprintf(hi, sizeof hi, "2^20");
             else if (k->int_max == HP_MODEL_MAX_VOCAB || k->int_max == DEG) snprintf(hi, sizeof hi, "2^24");
             else snprintf(hi, sizeof hi, "%lld", (long long)k->int_max);
-            snprintf(type, sizeof type, "int in [%s, %s]", lo, hi);
+            snprintf(type, sizeof type, "int in [%s, %s]%s", lo, hi, k->flavor_default ? " or -1" : "");
+        } else if (k->type == HP_CONFIG_FLOAT && isfinite(k->float_min)) {
+            char lo[32], hi[32];
+            if (k->float_min == FLT_MIN) snprintf(lo, sizeof lo, "(0");   /* > 0, and normal in float32 */
+            else snprintf(lo, sizeof lo, "[%g", k->float_min);
+            if (k->float_max == FLT_MAX) snprintf(hi, sizeof hi, "3.4e38]");
+            else snprintf(hi, sizeof hi, "%g]", k->float_max);
+            snprintf(type, sizeof type, "float in %s, %s%s%s", lo, hi, k->flavor_default ? " or -1" : "",
+                     k->f32 ? " (used in float32)" : "");
         } else if (k->type == HP_CONFIG_FLOAT && k->f32) {
             snprintf(type, sizeof type, "float (used in float32)");
         } else {
@@ -886,4 +1001,189 @@ void hp_config_write_markdown(FILE *f) {
         if (k->alias) fprintf(f, " Alias: `%s.%s`.", k->section, k->alias);
         fprintf(f, " |\n");
     }
+}
+
+/* ---- model: the flavor plus the model.* overrides ----------------------------------------- */
+
+/* The keys that override a flavor field, in schema order. */
+static bool model_key_set(const hp_config_t *c, const hp_config_key_t *k) {
+    if (!k->flavor_default) return false;
+    const char *field = (const char *)c + k->offset;
+    if (k->type == HP_CONFIG_INT) {
+        int64_t v;
+        memcpy(&v, field, sizeof v);
+        return v != -1;
+    }
+    if (k->type == HP_CONFIG_FLOAT) {
+        double v;
+        memcpy(&v, field, sizeof v);
+        return v != -1;
+    }
+    int v;
+    memcpy(&v, field, sizeof v);
+    return v != -1;
+}
+
+void hp_config_model_overrides(const hp_config_t *c, char *buf, size_t n) {
+    if (!n) return;
+    buf[0] = '\0';
+    size_t o = 0;
+    for (size_t i = 0; i < SCHEMA_N && o < n; i++) {
+        if (!model_key_set(c, &schema_[i])) continue;
+        char v[64];
+        format_value(c, &schema_[i], v, sizeof v);
+        o += (size_t)snprintf(buf + o, n - o, "%smodel.%s=%s", o ? " " : "", schema_[i].key, v);
+    }
+}
+
+void hp_config_describe_model(const hp_model_config_t *mc, char *buf, size_t n) {
+    int o = snprintf(buf, n, "dim %d, n_layers %d, n_heads %d, n_kv_heads %d, head_dim %d, hidden_dim %d, vocab_size %d, "
+                     "norm_eps %g, rope_theta %g, rope_scaling ", mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads,
+                     mc->head_dim, mc->hidden_dim, mc->vocab_size, mc->norm_eps, mc->rope_theta);
+    if (o < 0 || (size_t)o >= n) return;
+    if (mc->rope_scaling)
+        o += snprintf(buf + o, n - (size_t)o, "true (factor %g, low %g, high %g, original %d)", mc->rope_factor,
+                      mc->rope_low_freq_factor, mc->rope_high_freq_factor, mc->rope_original_max_pos);
+    else
+        o += snprintf(buf + o, n - (size_t)o, "false");
+    if (o < 0 || (size_t)o >= n) return;
+    snprintf(buf + o, n - (size_t)o, ", qk_norm %s, tie_embeddings %s, max_seq_len %d", mc->qk_norm ? "true" : "false",
+             mc->tie_embeddings ? "true" : "false", mc->max_seq_len);
+}
+
+/* "" when the value came from a model.* key, " (the flavor's)" when from the flavor. */
+static const char *from_flavor(double key_value) { return key_value == -1 ? " (the flavor's)" : ""; }
+
+/* Divisors of n, "1, 2, 3, 6", for hints. */
+static void divisors(int n, char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int d = 1; d <= n && o + 16 < cap; d++)
+        if (n % d == 0) o += (size_t)snprintf(buf + o, cap - o, "%s%d", o ? ", " : "", d);
+}
+
+static hp_status_t check_heads(const char *origin, int n_heads, double key_h, int n_kv, double key_kv) {
+    if (n_kv > 0 && n_heads % n_kv == 0) return HP_OK;
+    char ok[256];
+    divisors(n_heads, ok, sizeof ok);
+    return hp_error(HP_ERR_INVALID_ARG, "%s 'model.n_heads' = %d%s is not a multiple of model.n_kv_heads = %d%s: "
+                    "grouped-query attention shares each KV head among n_heads / n_kv_heads query heads; hint: set "
+                    "model.n_kv_heads to a divisor of %d (%s)", origin, n_heads, from_flavor(key_h), n_kv,
+                    from_flavor(key_kv), n_heads, ok);
+}
+
+static hp_status_t check_head_dim(const char *origin, int head_dim) {
+    if (head_dim % 2 == 0) return HP_OK;
+    return hp_error(HP_ERR_INVALID_ARG, "%s 'model.head_dim' = %d must be even: RoPE rotates pairs of channels; hint: "
+                    "use %d or %d", origin, head_dim, head_dim - 1, head_dim + 1);
+}
+
+/* Checks between model.* keys that are set (the flavor's values are checked by
+ * hp_config_resolve_model); part of hp_config_validate. */
+static hp_status_t check_model_keys(const hp_config_t *c) {
+    if (c->model.head_dim != -1) HP_TRY(check_head_dim("config key", (int)c->model.head_dim));
+    if (c->model.n_heads != -1 && c->model.n_kv_heads != -1)
+        HP_TRY(check_heads("config key", (int)c->model.n_heads, (double)c->model.n_heads, (int)c->model.n_kv_heads,
+                           (double)c->model.n_kv_heads));
+    if (c->model.rope_low_freq_factor != -1 && c->model.rope_high_freq_factor != -1 &&
+        !(c->model.rope_high_freq_factor > c->model.rope_low_freq_factor))
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.rope_high_freq_factor' = %g must be above "
+                        "model.rope_low_freq_factor = %g; hint: Llama 3.1 uses 4 and 1",
+                        c->model.rope_high_freq_factor, c->model.rope_low_freq_factor);
+    return HP_OK;
+}
+
+hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const char *vocab_from, int seq_len,
+                                    hp_model_config_t *out) {
+    if (!c || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_config_resolve_model: NULL argument");
+    hp_model_config_t base, mc;
+    hp_status_t s = hp_model_flavor(c->model.name, c->model.flavor, &base);
+    if (s != HP_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", hp_last_error());
+        return hp_error(s, "config keys 'model.name' = %.200s, 'model.flavor' = %.200s: %s", c->model.name,
+                        c->model.flavor, msg);
+    }
+    HP_TRY(check_model_keys(c));
+    const char *fl = c->model.flavor;
+    mc = base;
+    /* what the flavor derives (docs/config.md): head_dim = dim / n_heads, TorchTitan's FFN rule,
+     * n_kv_heads = n_heads; the flavor structs hold the derived values, so recognise them */
+    const int hd_follows = base.head_dim * base.n_heads == base.dim;
+    const int ffn_follows = base.multiple_of > 0 || c->model.multiple_of != -1;
+    const int kv_follows = base.n_kv_heads == base.n_heads;
+#define SET_INT(f) if (c->model.f != -1) mc.f = (int)c->model.f
+#define SET_F32(f) if (c->model.f != -1) mc.f = (float)c->model.f
+#define SET_TRI(f) if (c->model.f != -1) mc.f = c->model.f
+    SET_INT(dim); SET_INT(n_layers); SET_INT(n_heads); SET_INT(n_kv_heads); SET_INT(head_dim); SET_INT(hidden_dim);
+    SET_INT(vocab_size); SET_INT(multiple_of); SET_INT(rope_original_max_pos); SET_INT(max_seq_len);
+    SET_F32(ffn_dim_multiplier); SET_F32(norm_eps); SET_F32(rope_theta); SET_F32(rope_factor);
+    SET_F32(rope_low_freq_factor); SET_F32(rope_high_freq_factor);
+    SET_TRI(rope_scaling); SET_TRI(qk_norm); SET_TRI(tie_embeddings);
+#undef SET_INT
+#undef SET_F32
+#undef SET_TRI
+    if (c->model.n_kv_heads == -1 && kv_follows) mc.n_kv_heads = mc.n_heads;
+    if (c->model.head_dim == -1 && hd_follows && (c->model.dim != -1 || c->model.n_heads != -1)) {
+        if (mc.dim % mc.n_heads != 0)
+            return hp_error(HP_ERR_INVALID_ARG, "config key 'model.dim' = %d%s is not divisible by model.n_heads = %d%s, "
+                            "and head_dim follows dim / n_heads in %s/%s; hint: set model.head_dim, or a dim that is a "
+                            "multiple of n_heads (e.g. %d)", mc.dim, from_flavor((double)c->model.dim), mc.n_heads,
+                            from_flavor((double)c->model.n_heads), c->model.name, fl,
+                            mc.n_heads * (mc.dim / mc.n_heads > 0 ? mc.dim / mc.n_heads : 1));
+        mc.head_dim = mc.dim / mc.n_heads;
+        if (mc.head_dim % 2 != 0 || mc.head_dim > 512)
+            return hp_error(HP_ERR_INVALID_ARG, "config keys 'model.dim' = %d%s, 'model.n_heads' = %d%s give head_dim = dim / "
+                            "n_heads = %d, which must be even and at most 512 (RoPE rotates pairs of channels); hint: "
+                            "set model.head_dim or change dim or n_heads", mc.dim, from_flavor((double)c->model.dim),
+                            mc.n_heads, from_flavor((double)c->model.n_heads), mc.head_dim);
+    }
+    if (c->model.hidden_dim == -1 && (c->model.dim != -1 || c->model.multiple_of != -1 ||
+                                      c->model.ffn_dim_multiplier != -1)) {
+        if (ffn_follows) mc.hidden_dim = 0;   /* hp_model_config_validate applies the rule */
+        else if (c->model.ffn_dim_multiplier != -1)
+            return hp_error(HP_ERR_INVALID_ARG, "config key 'model.ffn_dim_multiplier' = %g has no effect: %s/%s sets the "
+                            "FFN size explicitly (hidden_dim %d); hint: set model.hidden_dim, or model.multiple_of to use "
+                            "TorchTitan's rule", c->model.ffn_dim_multiplier, c->model.name, fl, base.hidden_dim);
+    }
+    HP_TRY(check_heads("config key", mc.n_heads, (double)c->model.n_heads, mc.n_kv_heads, (double)c->model.n_kv_heads));
+    if (mc.rope_scaling && (!(mc.rope_factor > 0) || mc.rope_original_max_pos <= 0 ||
+                            !(mc.rope_high_freq_factor > mc.rope_low_freq_factor)))
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.rope_scaling' = true needs model.rope_factor > 0 (it is "
+                        "%g%s), model.rope_original_max_pos > 0 (%d%s) and model.rope_high_freq_factor (%g%s) above "
+                        "model.rope_low_freq_factor (%g%s); hint: set them, e.g. 8, 8192, 4 and 1 as Llama 3.1",
+                        mc.rope_factor, from_flavor(c->model.rope_factor), mc.rope_original_max_pos,
+                        from_flavor((double)c->model.rope_original_max_pos), mc.rope_high_freq_factor,
+                        from_flavor(c->model.rope_high_freq_factor), mc.rope_low_freq_factor,
+                        from_flavor(c->model.rope_low_freq_factor));
+    if (vocab_size > 0) {   /* the data's vocabulary decides (TorchTitan's update_from_config) */
+        if (c->model.vocab_size != -1 && c->model.vocab_size != vocab_size)
+            return hp_error(HP_ERR_INVALID_ARG, "config key 'model.vocab_size' = %lld does not match the vocabulary of "
+                            "%s (%d tokens): the embedding and output rows are token ids; hint: set model.vocab_size = "
+                            "%d or -1 (take it from there), or use the matching tokenizer", (long long)c->model.vocab_size,
+                            vocab_from ? vocab_from : "the data", vocab_size, vocab_size);
+        mc.vocab_size = vocab_size;
+    }
+    if (seq_len > 0) {
+        if (c->model.max_seq_len == -1) mc.max_seq_len = seq_len;
+        else if (c->model.max_seq_len < seq_len)
+            return hp_error(HP_ERR_INVALID_ARG, "config key 'model.max_seq_len' = %lld is below training.seq_len = %d (the "
+                            "RoPE table must cover every trained position); hint: set model.max_seq_len >= %d or -1 (= "
+                            "training.seq_len)", (long long)c->model.max_seq_len, seq_len, seq_len);
+    }
+    s = hp_model_config_validate(&mc);
+    if (s != HP_OK) {
+        char msg[1024], ov[1024];
+        snprintf(msg, sizeof msg, "%s", hp_last_error());
+        hp_config_model_overrides(c, ov, sizeof ov);
+        char vb[600] = "";
+        if (vocab_size > 0)
+            snprintf(vb, sizeof vb, ", vocabulary %d from %.500s", vocab_size, vocab_from ? vocab_from : "the data");
+        return hp_error(s, "%s (model.name %.100s, model.flavor %.100s%s%s%s); hint: check %s%s%s", msg, c->model.name,
+                        fl, ov[0] ? ", with " : "", ov, vb, ov[0] ? "the model.* keys (docs/config.md)" : "",
+                        ov[0] && vb[0] ? " and " : "", vb[0] ? (vocab_from ? vocab_from : "the data") :
+                        ov[0] ? "" : "model.name and model.flavor");
+    }
+    *out = mc;
+    return HP_OK;
 }

@@ -277,10 +277,10 @@ static hp_status_t build_local(hp_trainer_t *t, int *ac_k_out) {
         return hp_error(HP_ERR_INVALID_ARG, "tokenizer.path is empty; expected a tokenizer.json (make one with "
                                             "`hp-tokenizer train --vocab-size 2048 --output tokenizer.json FILES`)");
     HP_TRY(hp_tokenizer_load(&t->tok, c->tokenizer.path));
-    HP_TRY(hp_model_flavor(c->model.name, c->model.flavor, &t->mcfg));
-    t->mcfg.vocab_size = hp_tokenizer_vocab_size(t->tok);
-    t->mcfg.max_seq_len = t->T;
-    HP_TRY(hp_model_config_validate(&t->mcfg));
+    /* the flavor with the model.* overrides, validated; vocab from the tokenizer, context T */
+    char tok_what[HP_CONFIG_STR_MAX + 32];
+    snprintf(tok_what, sizeof tok_what, "tokenizer.path '%s'", c->tokenizer.path);
+    HP_TRY(hp_config_resolve_model(c, hp_tokenizer_vocab_size(t->tok), tok_what, t->T, &t->mcfg));
     HP_TRY(hp_model_create(&t->mcfg, t->B > t->val_B ? t->B : t->val_B, t->T, &t->model));
     *ac_k_out = ac_k;
     return HP_OK;
@@ -456,6 +456,10 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
         hp_log(HP_LOG_INFO, "model %s %s: %lld parameters, vocab %d, %.3g FLOPs/token (seq %d)", t->mcfg.name,
                t->mcfg.flavor, (long long)hp_model_param_count(&t->mcfg, 0), t->mcfg.vocab_size, t->flops_per_token,
                t->T);
+        char md[1024], ov[1024];
+        hp_config_describe_model(&t->mcfg, md, sizeof md);
+        hp_config_model_overrides(cfg, ov, sizeof ov);
+        hp_log(HP_LOG_INFO, "model dims: %s%s%s%s", md, ov[0] ? " (flavor overridden by " : "", ov, ov[0] ? ")" : "");
         hp_log(HP_LOG_INFO, "parallel dims: %s; grad accumulation %lld; global batch %lld x %d tokens",
                hp_parallel_dims_str(&t->pd, dims, sizeof dims), (long long)t->accum,
                (long long)(t->accum * t->B * t->dp_size), t->T);
