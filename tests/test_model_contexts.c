@@ -345,6 +345,64 @@ static void test_hooks(void) {
     hp_model_destroy(m);
 }
 
+/* A replacement attention core (the seam context parallelism uses): this one delegates to
+ * the original core and counts calls, so the model's results must not change. */
+typedef struct spy { hp_module_t *orig; int fwd, bwd; } spy_t;
+static size_t spy_bytes(const hp_module_t *m, int b, int t) {
+    const spy_t *s = m->impl;
+    return s->orig->ops->act_bytes(s->orig, b, t);
+}
+static hp_status_t spy_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    spy_t *s = m->impl;
+    s->fwd++;
+    return hp_module_forward(s->orig, act, in, out);
+}
+static hp_status_t spy_backward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    spy_t *s = m->impl;
+    s->bwd++;
+    return hp_module_backward_input(s->orig, act, dout, din);
+}
+static const hp_module_ops_t spy_ops = {"spy_core", spy_bytes, NULL, spy_forward, spy_backward, NULL};
+
+static void test_replace_core(void) {
+    hp_model_config_t cfg = small("qwen3");
+    make_batches(cfg.vocab_size);
+    hp_model_t m = NULL;
+    HP_ASSERT(hp_model_create(&cfg, B, T, &m) == HP_OK);
+    HP_CHECK_OK(hp_model_init_weights(m, 3));
+    const size_t ng = n_grad(m);
+    float *g0 = malloc(sizeof(float) * ng), *g1 = malloc(sizeof(float) * ng), l0, l1;
+    HP_CHECK_OK(hp_model_forward(m, g_tok[0], g_tgt[0], B, T, 30.0f, &l0));
+    HP_CHECK_OK(hp_model_backward(m));
+    snap_grads(m, g0);
+    hp_module_t *attn = NULL, *mods[512];
+    const int n = hp_model_modules(m, mods, 512);
+    for (int i = 0; i < n && n <= 512; i++)
+        if (strcmp(mods[i]->name, "layers.1.attention") == 0) attn = mods[i];
+    HP_CHECK(attn && hp_attention_core(attn) && strcmp(hp_attention_core(attn)->name, "layers.1.attention.core") == 0,
+             "layers.1.attention has its core child");
+    if (!attn) { hp_model_destroy(m); free(g0); free(g1); return; }
+    hp_model_ctx_t old;
+    HP_CHECK_OK(hp_model_ctx_create(m, B, T, 0, &old));
+    spy_t spy = {hp_attention_core(attn), 0, 0};
+    hp_module_t core;
+    hp_module_base_init(&core, &spy_ops, "layers.1.attention.core", &spy);
+    HP_CHECK_OK(hp_model_replace_module(m, attn, spy.orig, &core));
+    HP_CHECK(hp_attention_core(attn) == &core, "the replacement is the attention's core");
+    HP_CHECK_OK(hp_model_zero_grad(m));
+    HP_CHECK_OK(hp_model_forward(m, g_tok[0], g_tgt[0], B, T, 30.0f, &l1));
+    HP_CHECK_OK(hp_model_backward(m));
+    snap_grads(m, g1);
+    HP_CHECK(spy.fwd == 1 && spy.bwd == 1, "the replacement core ran once each way (%d, %d)", spy.fwd, spy.bwd);
+    HP_CHECK(l0 == l1 && memcmp(g0, g1, sizeof(float) * ng) == 0, "results through the replaced core bitwise");
+    HP_CHECK_ERR(hp_model_forward_ctx(m, old, g_tok[0], g_tgt[0], B, T, 30.0f, &l1), HP_ERR_STATE, "re-create it");
+    HP_CHECK_ERR(hp_model_replace_module(m, attn, spy.orig, &core), HP_ERR_INVALID_ARG, "is not a child");
+    hp_model_ctx_destroy(old);
+    hp_model_destroy(m);
+    free(g0);
+    free(g1);
+}
+
 int main(void) {
     test_contexts("llama3", 0);
     test_contexts("llama3", 1);
@@ -353,5 +411,6 @@ int main(void) {
     test_stage("llama3", 3);
     test_stage("qwen3", 2);
     test_hooks();
+    test_replace_core();
     return hp_test_finish("test_model_contexts");
 }

@@ -24,10 +24,7 @@ static void make_param(hp_param_t *p, const char *name, float *value, float *gra
     HP_ASSERT(hp_tensor_init(&p->grad.local, HP_F32, nd, shape, grad) == HP_OK);
 }
 
-static void tensor2(hp_tensor_t *t, float *data, int64_t r, int64_t c) {
-    int64_t shape[2] = {r, c};
-    HP_ASSERT(hp_tensor_init(t, HP_F32, 2, shape, data) == HP_OK);
-}
+static void tensor2(hp_tensor_t *t, float *data, int64_t r, int64_t c) { hp_tensor_view2(t, data, r, c); }
 
 int main(void) {
     uint32_t seed = 7;

@@ -147,6 +147,12 @@ void hp_model_unit_span(hp_model_t m, int unit, size_t *offset, size_t *floats);
 hp_module_t *hp_model_unit_module(hp_model_t m, int unit);
 /* Every module of the model, creation order; returns the count (writes at most cap). */
 int hp_model_modules(hp_model_t m, hp_module_t **out, int cap);
+/* Replaces a module of the model's tree (hp_module_replace_child) and gives the new module
+ * (caller-owned; it must outlive the model's use of it) an activation slot. Contexts created
+ * before are refused afterwards (their slot tables are smaller); the model's own context is
+ * re-created. A replaced unit module (parent NULL, old = hp_model_unit_module) keeps the
+ * unit's hooks. */
+hp_status_t hp_model_replace_module(hp_model_t m, hp_module_t *parent, hp_module_t *old, hp_module_t *repl);
 /* Creates the model for units [u0, u1) of cfg's model (0 <= u0 < u1 <= n_layers + 2). */
 hp_status_t hp_model_create_range(const hp_model_config_t *cfg, int u0, int u1, int max_batch, int max_seq_len,
                                   hp_model_t *out);

@@ -144,6 +144,13 @@ void *hp_act_slot(hp_act_t *act, const hp_module_t *m);
 float *hp_act_scratch(hp_act_t *act, size_t *offset, size_t floats);
 void hp_module_base_init(hp_module_t *m, const hp_module_ops_t *ops, const char *name, void *impl);
 
+/* Replaces child `old` of `parent` by `repl` in the same position (context parallelism swaps
+ * an attention's core, expert parallelism a block's feed_forward). Composite modules read
+ * their children at every call. HP_ERR_INVALID_ARG when old is not a child of parent. A
+ * model's modules are replaced through hp_model_replace_module (model.h), which gives the
+ * new module its activation slot. */
+hp_status_t hp_module_replace_child(hp_module_t *parent, hp_module_t *old, hp_module_t *repl);
+
 /* Calls through a module's ops table with checks (named errors instead of NULL calls). */
 hp_status_t hp_module_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out);
 hp_status_t hp_module_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din);

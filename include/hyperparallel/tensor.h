@@ -39,6 +39,13 @@ static inline void hp_tensor_view2(hp_tensor_t *t, float *data, int64_t rows, in
     t->data = data;
 }
 
+/* Rows of a (..., C) tensor: the product of every dim but the last. */
+static inline int64_t hp_tensor_rows(const hp_tensor_t *t) {
+    int64_t r = 1;
+    for (int i = 0; i < t->ndim - 1; i++) r *= t->shape[i];
+    return r;
+}
+
 /* Contiguous descriptor over `data` (may be NULL when numel == 0). */
 hp_status_t hp_tensor_init(hp_tensor_t *t, hp_dtype_t dt, int ndim, const int64_t *shape, void *data);
 /* Allocates a contiguous zeroed tensor from an arena. */

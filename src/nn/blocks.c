@@ -78,8 +78,11 @@ static const hp_module_ops_t core_ops = {
 typedef struct attn_impl {
     nn_attention_cfg_t c;
     int qd, kd, qkvd;        // local sizes (tensor parallel divides the heads)
-    hp_module_t *wqkv, *core, *wo;
 } attn_impl_t;
+/* Children are read from the module at every call, so hp_module_replace_child swaps them. */
+#define A_WQKV(m) ((m)->children[0])
+#define A_CORE(m) ((m)->children[1])
+#define A_WO(m) ((m)->children[2])
 
 typedef struct attn_saved {
     float *qkv;    // (N, qkvd) wq|wk|wv output (RoPE applied in place without qk-norm)
@@ -129,7 +132,7 @@ static hp_status_t attn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     hp_tensor_t t_in, t_qkv, t_src, t_o;
     hp_tensor_view2(&t_in, in->data, N, A->c.dim);
     hp_tensor_view2(&t_qkv, s->qkv, N, ld);
-    HP_TRY(hp_module_forward(A->wqkv, act, &t_in, &t_qkv));
+    HP_TRY(hp_module_forward(A_WQKV(m), act, &t_in, &t_qkv));
     float *src = s->qkv;
     double t0 = omp_get_wtime();
     if (A->c.qk_norm) {
@@ -156,8 +159,8 @@ static hp_status_t attn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     }
     hp_tensor_view2(&t_src, src, N, ld);
     hp_tensor_view2(&t_o, s->o, N, qd);
-    HP_TRY(hp_module_forward(A->core, act, &t_src, &t_o));
-    return hp_module_forward(A->wo, act, &t_o, out);   // out += o Wo^T (residual)
+    HP_TRY(hp_module_forward(A_CORE(m), act, &t_src, &t_o));
+    return hp_module_forward(A_WO(m), act, &t_o, out);   // out += o Wo^T (residual)
 }
 
 static hp_status_t attn_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
@@ -169,14 +172,14 @@ static hp_status_t attn_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
     float *dqkv = hp_act_scratch(act, &off, (size_t)N * ld);
     hp_tensor_t t_dO, t_dsrc, t_dqkv, t_din;
     hp_tensor_view2(&t_dO, dO, N, qd);
-    HP_TRY(hp_module_backward_input(A->wo, act, dout, &t_dO));
+    HP_TRY(hp_module_backward_input(A_WO(m), act, dout, &t_dO));
     float *dsrc = dqkv;   // core gradient [dq | dk | dv]: straight into dqkv, or dqkr under qk-norm
     if (A->c.qk_norm) {
         s->dqkr = hp_act_scratch(act, &off, (size_t)N * ld);
         dsrc = s->dqkr;
     }
     hp_tensor_view2(&t_dsrc, dsrc, N, ld);
-    HP_TRY(hp_module_backward_input(A->core, act, &t_dO, &t_dsrc));
+    HP_TRY(hp_module_backward_input(A_CORE(m), act, &t_dO, &t_dsrc));
     double t0 = omp_get_wtime();
     rope_qk(act, A, dsrc, ld, 1);
     prof(act, HP_NN_OP_ROPE, t0);
@@ -192,15 +195,15 @@ static hp_status_t attn_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
     }
     hp_tensor_view2(&t_dqkv, dqkv, N, ld);
     hp_tensor_view2(&t_din, din->data, N, A->c.dim);
-    return hp_module_backward_input(A->wqkv, act, &t_dqkv, &t_din);
+    return hp_module_backward_input(A_WQKV(m), act, &t_dqkv, &t_din);
 }
 
 static hp_status_t attn_backward_weight(hp_module_t *m, hp_act_t *act) {
     attn_impl_t *A = m->impl;
     attn_saved_t *s = hp_act_slot(act, m);
-    HP_TRY(hp_module_backward_weight(A->wo, act));
-    HP_TRY(hp_module_backward_weight(A->core, act));
-    HP_TRY(hp_module_backward_weight(A->wqkv, act));
+    HP_TRY(hp_module_backward_weight(A_WO(m), act));
+    HP_TRY(hp_module_backward_weight(A_CORE(m), act));
+    HP_TRY(hp_module_backward_weight(A_WQKV(m), act));
     if (A->c.qk_norm) {
         const int N = s->B * s->T, ld = A->qkvd, hd = A->c.head_dim;
         double t0 = omp_get_wtime();
@@ -217,15 +220,19 @@ static const hp_module_ops_t attn_ops = {
     "attention", attn_act_bytes, attn_scratch, attn_forward, attn_backward_input, attn_backward_weight,
 };
 
-static void attn_set_sizes(attn_impl_t *A, int n_heads, int n_kv) {
+static void attn_set_sizes(hp_module_t *m, int n_heads, int n_kv) {
+    attn_impl_t *A = m->impl;
     A->c.n_heads = n_heads;
     A->c.n_kv = n_kv;
     A->qd = n_heads * A->c.head_dim;
     A->kd = n_kv * A->c.head_dim;
     A->qkvd = A->qd + 2 * A->kd;
-    core_impl_t *C = A->core->impl;
-    C->n_heads = n_heads;
-    C->n_kv = n_kv;
+    hp_module_t *core = A_CORE(m);
+    if (core->ops == &core_ops) {   // a replacement core sizes itself
+        core_impl_t *C = core->impl;
+        C->n_heads = n_heads;
+        C->n_kv = n_kv;
+    }
 }
 
 hp_status_t nn_attention_new(hp_model_t m, const char *name, const nn_attention_cfg_t *c, hp_module_t *wqkv,
@@ -248,13 +255,10 @@ hp_status_t nn_attention_new(hp_model_t m, const char *name, const nn_attention_
     int aid = a->id;
     hp_module_base_init(a, &attn_ops, name, ai);
     a->id = aid;
-    A->wqkv = wqkv;
-    A->core = core;
-    A->wo = wo;
-    attn_set_sizes(A, c->n_heads, c->n_kv);
     a->children[a->n_children++] = wqkv;
     a->children[a->n_children++] = core;
     a->children[a->n_children++] = wo;
+    attn_set_sizes(a, c->n_heads, c->n_kv);
     if (c->qk_norm) {
         a->params[a->n_params++] = q_norm;
         a->params[a->n_params++] = k_norm;
@@ -270,7 +274,7 @@ hp_status_t hp_attention_set_local_heads(hp_module_t *m, int n_heads, int n_kv_h
     if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
         return hp_error(HP_ERR_INVALID_ARG, "hp_attention_set_local_heads: '%s': %d heads and %d kv heads, expected "
                         "> 0 with heads a multiple of kv heads", m->name, n_heads, n_kv_heads);
-    attn_set_sizes(m->impl, n_heads, n_kv_heads);
+    attn_set_sizes(m, n_heads, n_kv_heads);
     return HP_OK;
 }
 
@@ -280,26 +284,15 @@ void hp_attention_local_heads(const hp_module_t *m, int *n_heads, int *n_kv_head
     if (n_kv_heads) *n_kv_heads = A->c.n_kv;
 }
 
-hp_module_t *hp_attention_core(hp_module_t *m) {
-    return m && m->ops == &attn_ops ? ((attn_impl_t *)m->impl)->core : NULL;
-}
-
-hp_status_t hp_attention_set_core(hp_module_t *m, hp_module_t *core) {
-    if (!m || m->ops != &attn_ops || !core)
-        return hp_error(HP_ERR_INVALID_ARG, "hp_attention_set_core: an attention module and a core are required");
-    attn_impl_t *A = m->impl;
-    for (int i = 0; i < m->n_children; i++)
-        if (m->children[i] == A->core) m->children[i] = core;
-    A->core = core;
-    return HP_OK;
-}
+hp_module_t *hp_attention_core(hp_module_t *m) { return m && m->ops == &attn_ops ? A_CORE(m) : NULL; }
 
 /* ---- feed-forward ----------------------------------------------------------------------- */
 
 typedef struct ffn_impl {
     int dim, hidden;   // hidden: local (tensor parallel divides it)
-    hp_module_t *w13, *w2;
 } ffn_impl_t;
+#define F_W13(m) ((m)->children[0])
+#define F_W2(m) ((m)->children[1])
 
 typedef struct ffn_saved {
     float *h13;   // (N, 2*hidden) w1|w3 outputs
@@ -311,8 +304,8 @@ static size_t ffn_act_bytes(const hp_module_t *m, int B, int T) {
     const ffn_impl_t *F = m->impl;
     size_t N = (size_t)B * T;
     return hp_arena_round(sizeof(ffn_saved_t)) + hp_arena_round(sizeof(float) * N * 2 * F->hidden) +
-           hp_arena_round(sizeof(float) * N * F->hidden) + F->w13->ops->act_bytes(F->w13, B, T) +
-           F->w2->ops->act_bytes(F->w2, B, T);
+           hp_arena_round(sizeof(float) * N * F->hidden) + F_W13(m)->ops->act_bytes(F_W13(m), B, T) +
+           F_W2(m)->ops->act_bytes(F_W2(m), B, T);
 }
 
 static size_t ffn_scratch(const hp_module_t *m, int B, int T) {
@@ -331,11 +324,11 @@ static hp_status_t ffn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     hp_tensor_view2(&t_in, in->data, N, F->dim);
     hp_tensor_view2(&t_h13, s->h13, N, 2 * F->hidden);
     hp_tensor_view2(&t_a, s->a, N, F->hidden);
-    HP_TRY(hp_module_forward(F->w13, act, &t_in, &t_h13));
+    HP_TRY(hp_module_forward(F_W13(m), act, &t_in, &t_h13));
     double t0 = omp_get_wtime();
     act->be->swiglu_forward(act->be->ctx, s->a, s->h13, N, F->hidden);
     prof(act, HP_NN_OP_SWIGLU_FWD, t0);
-    return hp_module_forward(F->w2, act, &t_a, out);   // out += a W2^T (residual)
+    return hp_module_forward(F_W2(m), act, &t_a, out);   // out += a W2^T (residual)
 }
 
 static hp_status_t ffn_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
@@ -348,18 +341,17 @@ static hp_status_t ffn_backward_input(hp_module_t *m, hp_act_t *act, const hp_te
     hp_tensor_t t_da, t_dh13, t_din;
     hp_tensor_view2(&t_da, da, N, F->hidden);
     hp_tensor_view2(&t_dh13, dh13, N, 2 * F->hidden);
-    HP_TRY(hp_module_backward_input(F->w2, act, dout, &t_da));
+    HP_TRY(hp_module_backward_input(F_W2(m), act, dout, &t_da));
     double t0 = omp_get_wtime();
     act->be->swiglu_backward(act->be->ctx, dh13, da, s->h13, N, F->hidden);
     prof(act, HP_NN_OP_SWIGLU_BWD, t0);
     hp_tensor_view2(&t_din, din->data, N, F->dim);
-    return hp_module_backward_input(F->w13, act, &t_dh13, &t_din);
+    return hp_module_backward_input(F_W13(m), act, &t_dh13, &t_din);
 }
 
 static hp_status_t ffn_backward_weight(hp_module_t *m, hp_act_t *act) {
-    ffn_impl_t *F = m->impl;
-    HP_TRY(hp_module_backward_weight(F->w2, act));
-    return hp_module_backward_weight(F->w13, act);
+    HP_TRY(hp_module_backward_weight(F_W2(m), act));
+    return hp_module_backward_weight(F_W13(m), act);
 }
 
 static const hp_module_ops_t ffn_ops = {
@@ -377,8 +369,6 @@ hp_status_t nn_feed_forward_new(hp_model_t m, const char *name, int dim, int hid
     ffn_impl_t *F = fi;
     F->dim = dim;
     F->hidden = hidden;
-    F->w13 = w13;
-    F->w2 = w2;
     f->children[f->n_children++] = w13;
     f->children[f->n_children++] = w2;
     *out = f;
@@ -402,8 +392,11 @@ int hp_feed_forward_local_hidden(const hp_module_t *m) { return ((const ffn_impl
 
 typedef struct block_impl {
     int dim;
-    hp_module_t *attention_norm, *attention, *ffn_norm, *feed_forward;
 } block_impl_t;
+#define K_ATTN_NORM(m) ((m)->children[0])
+#define K_ATTN(m) ((m)->children[1])
+#define K_FFN_NORM(m) ((m)->children[2])
+#define K_FFN(m) ((m)->children[3])
 
 typedef struct block_saved {
     float *xn;   // (N, dim) attention_norm(x)
@@ -425,7 +418,7 @@ static size_t child_scratch(const hp_module_t *c, int B, int T) {
 
 static size_t block_scratch(const hp_module_t *m, int B, int T) {
     const block_impl_t *K = m->impl;
-    return (size_t)B * T * 3 * K->dim + child_scratch(K->attention, B, T) + child_scratch(K->feed_forward, B, T);
+    return (size_t)B * T * 3 * K->dim + child_scratch(K_ATTN(m), B, T) + child_scratch(K_FFN(m), B, T);
 }
 
 static hp_status_t block_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
@@ -446,12 +439,12 @@ static hp_status_t block_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_
     hp_tensor_view2(&t_h, s->h, N, K->dim);
     hp_tensor_view2(&t_hn, s->hn, N, K->dim);
     hp_tensor_view2(&t_out, out->data, N, K->dim);
-    HP_TRY(hp_module_forward(K->attention_norm, act, &t_x, &t_xn));
+    HP_TRY(hp_module_forward(K_ATTN_NORM(m), act, &t_x, &t_xn));
     memcpy(s->h, in->data, sizeof(float) * (size_t)N * K->dim);
-    HP_TRY(hp_module_forward(K->attention, act, &t_xn, &t_h));        // h = x + attn(xn)
-    HP_TRY(hp_module_forward(K->ffn_norm, act, &t_h, &t_hn));
+    HP_TRY(hp_module_forward(K_ATTN(m), act, &t_xn, &t_h));        // h = x + attn(xn)
+    HP_TRY(hp_module_forward(K_FFN_NORM(m), act, &t_h, &t_hn));
     memcpy(out->data, s->h, sizeof(float) * (size_t)N * K->dim);
-    return hp_module_forward(K->feed_forward, act, &t_hn, &t_out);  // out = h + ffn(hn)
+    return hp_module_forward(K_FFN(m), act, &t_hn, &t_out);  // out = h + ffn(hn)
 }
 
 static hp_status_t block_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
@@ -463,7 +456,7 @@ static hp_status_t block_backward_input(hp_module_t *m, hp_act_t *act, const hp_
     float *dhn = hp_act_scratch(act, &off, (size_t)N * K->dim);
     float *dh = hp_act_scratch(act, &off, (size_t)N * K->dim);
     float *dxn = hp_act_scratch(act, &off, (size_t)N * K->dim);
-    size_t attn_floats = child_scratch(K->attention, act->B, act->T);
+    size_t attn_floats = child_scratch(K_ATTN(m), act->B, act->T);
     hp_tensor_t t_dhn, t_dh, t_dxn, t_din;
     hp_tensor_view2(&t_dhn, dhn, N, K->dim);
     hp_tensor_view2(&t_dh, dh, N, K->dim);
@@ -473,29 +466,28 @@ static hp_status_t block_backward_input(hp_module_t *m, hp_act_t *act, const hp_
     // children carve their scratch from disjoint regions so their weight parts can run later
     act->grad_scratch = base + off + attn_floats;
     act->grad_scratch_floats = cap - off - attn_floats;
-    st = hp_module_backward_input(K->feed_forward, act, dout, &t_dhn);
+    st = hp_module_backward_input(K_FFN(m), act, dout, &t_dhn);
     if (st == HP_OK) {
         memcpy(dh, dout->data, sizeof(float) * (size_t)N * K->dim);
-        st = hp_module_backward_input(K->ffn_norm, act, &t_dhn, &t_dh);   // dh = dout + ...
+        st = hp_module_backward_input(K_FFN_NORM(m), act, &t_dhn, &t_dh);   // dh = dout + ...
     }
     if (st == HP_OK) {
         act->grad_scratch = base + off;
         act->grad_scratch_floats = attn_floats;
-        st = hp_module_backward_input(K->attention, act, &t_dh, &t_dxn);
+        st = hp_module_backward_input(K_ATTN(m), act, &t_dh, &t_dxn);
     }
     act->grad_scratch = base;
     act->grad_scratch_floats = cap;
     HP_TRY(st);
     memcpy(din->data, dh, sizeof(float) * (size_t)N * K->dim);
-    return hp_module_backward_input(K->attention_norm, act, &t_dxn, &t_din);   // din = dh + ...
+    return hp_module_backward_input(K_ATTN_NORM(m), act, &t_dxn, &t_din);   // din = dh + ...
 }
 
 static hp_status_t block_backward_weight(hp_module_t *m, hp_act_t *act) {
-    block_impl_t *K = m->impl;
-    HP_TRY(hp_module_backward_weight(K->feed_forward, act));
-    HP_TRY(hp_module_backward_weight(K->ffn_norm, act));
-    HP_TRY(hp_module_backward_weight(K->attention, act));
-    return hp_module_backward_weight(K->attention_norm, act);
+    HP_TRY(hp_module_backward_weight(K_FFN(m), act));
+    HP_TRY(hp_module_backward_weight(K_FFN_NORM(m), act));
+    HP_TRY(hp_module_backward_weight(K_ATTN(m), act));
+    return hp_module_backward_weight(K_ATTN_NORM(m), act);
 }
 
 static const hp_module_ops_t block_ops = {
@@ -514,10 +506,6 @@ hp_status_t nn_block_new(hp_model_t m, const char *name, int dim, hp_module_t *a
     b->id = id;
     block_impl_t *K = bi;
     K->dim = dim;
-    K->attention_norm = attention_norm;
-    K->attention = attention;
-    K->ffn_norm = ffn_norm;
-    K->feed_forward = feed_forward;
     b->children[b->n_children++] = attention_norm;
     b->children[b->n_children++] = attention;
     b->children[b->n_children++] = ffn_norm;
@@ -530,8 +518,9 @@ hp_status_t nn_block_new(hp_model_t m, const char *name, int dim, hp_module_t *a
 
 typedef struct head_impl {
     int dim;
-    hp_module_t *norm, *output;
 } head_impl_t;
+#define H_NORM(m) ((m)->children[0])
+#define H_OUT(m) ((m)->children[1])
 
 typedef struct head_saved {
     float *hf;   // (Nr, dim) norm output
@@ -541,7 +530,7 @@ typedef struct head_saved {
 static size_t head_act_bytes(const hp_module_t *m, int B, int T) {
     const head_impl_t *H = m->impl;
     return hp_arena_round(sizeof(head_saved_t)) + hp_arena_round(sizeof(float) * (size_t)B * T * H->dim) +
-           H->norm->ops->act_bytes(H->norm, B, T) + H->output->ops->act_bytes(H->output, B, T);
+           H_NORM(m)->ops->act_bytes(H_NORM(m), B, T) + H_OUT(m)->ops->act_bytes(H_OUT(m), B, T);
 }
 
 static size_t head_scratch(const hp_module_t *m, int B, int T) {
@@ -558,8 +547,8 @@ static hp_status_t head_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     hp_tensor_t t_x, t_h;
     hp_tensor_view2(&t_x, in->data, Nr, H->dim);
     hp_tensor_view2(&t_h, s->hf, Nr, H->dim);
-    HP_TRY(hp_module_forward(H->norm, act, &t_x, &t_h));
-    return hp_module_forward(H->output, act, &t_h, out);
+    HP_TRY(hp_module_forward(H_NORM(m), act, &t_x, &t_h));
+    return hp_module_forward(H_OUT(m), act, &t_h, out);
 }
 
 static hp_status_t head_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
@@ -570,14 +559,13 @@ static hp_status_t head_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
     hp_tensor_t t_dh, t_din;
     hp_tensor_view2(&t_dh, dh, s->Nr, H->dim);
     hp_tensor_view2(&t_din, din->data, s->Nr, H->dim);
-    HP_TRY(hp_module_backward_input(H->output, act, dout, &t_dh));
-    return hp_module_backward_input(H->norm, act, &t_dh, &t_din);
+    HP_TRY(hp_module_backward_input(H_OUT(m), act, dout, &t_dh));
+    return hp_module_backward_input(H_NORM(m), act, &t_dh, &t_din);
 }
 
 static hp_status_t head_backward_weight(hp_module_t *m, hp_act_t *act) {
-    head_impl_t *H = m->impl;
-    HP_TRY(hp_module_backward_weight(H->output, act));
-    return hp_module_backward_weight(H->norm, act);
+    HP_TRY(hp_module_backward_weight(H_OUT(m), act));
+    return hp_module_backward_weight(H_NORM(m), act);
 }
 
 static const hp_module_ops_t head_ops = {
@@ -594,8 +582,6 @@ hp_status_t nn_head_new(hp_model_t m, const char *name, int dim, hp_module_t *no
     h->id = id;
     head_impl_t *H = hi;
     H->dim = dim;
-    H->norm = norm;
-    H->output = output;
     h->children[h->n_children++] = norm;
     h->children[h->n_children++] = output;
     *out = h;
@@ -605,7 +591,6 @@ hp_status_t nn_head_new(hp_model_t m, const char *name, int dim, hp_module_t *no
 /* ---- activation checkpointing: a wrapper that keeps only its input ----------------------- */
 
 typedef struct ckpt_impl {
-    hp_module_t *inner;
     int dim;
     /* arena mark before the recomputed state: set by backward_input, used by the
      * backward_weight right after it (contexts without deferred weight passes) */
@@ -620,22 +605,20 @@ static size_t ckpt_act_bytes(const hp_module_t *m, int B, int T) {
 }
 
 size_t nn_checkpoint_recompute_bytes(const hp_module_t *w, int B, int T) {
-    const ckpt_impl_t *C = w->impl;
-    return C->inner->ops->act_bytes(C->inner, B, T);
+    return w->children[0]->ops->act_bytes(w->children[0], B, T);
 }
 
 static size_t ckpt_scratch(const hp_module_t *m, int B, int T) {
     const ckpt_impl_t *C = m->impl;
-    const size_t s = child_scratch(C->inner, B, T), y = (size_t)B * T * C->dim;
+    const size_t s = child_scratch(m->children[0], B, T), y = (size_t)B * T * C->dim;
     return s > y ? s : y;
 }
 
 static hp_status_t ckpt_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
-    ckpt_impl_t *C = m->impl;
     HP_ASSERT(m->id >= 0 && m->id < act->n_slots);
     act->slots[m->id] = in->data;
     const size_t mark = hp_arena_mark(&act->arena);
-    hp_status_t st = hp_module_forward(C->inner, act, in, out);
+    hp_status_t st = hp_module_forward(m->children[0], act, in, out);
     hp_arena_reset_to(&act->arena, mark);   // the block's saved state is dropped
     return st;
 }
@@ -653,13 +636,13 @@ static hp_status_t ckpt_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
     hp_tensor_view2(&t_x, x, N, C->dim);
     hp_tensor_view2(&t_y, act->grad_scratch, N, C->dim);
     HP_ASSERT(act->grad_scratch_floats >= (size_t)N * C->dim);
-    HP_TRY(hp_module_forward(C->inner, act, &t_x, &t_y));
-    return hp_module_backward_input(C->inner, act, dout, din);
+    HP_TRY(hp_module_forward(m->children[0], act, &t_x, &t_y));
+    return hp_module_backward_input(m->children[0], act, dout, din);
 }
 
 static hp_status_t ckpt_backward_weight(hp_module_t *m, hp_act_t *act) {
     ckpt_impl_t *C = m->impl;
-    HP_TRY(hp_module_backward_weight(C->inner, act));
+    HP_TRY(hp_module_backward_weight(m->children[0], act));
     /* the recomputed state is the arena's top unless weight passes are deferred (then the
      * context was sized to keep every recomputed block until it is reset) */
     if (!act->keep_recompute) hp_arena_reset_to(&act->arena, C->mark);
@@ -680,7 +663,7 @@ hp_status_t nn_checkpoint_new(hp_model_t m, hp_module_t *inner, hp_module_t **ou
     hp_module_base_init(w, &ckpt_ops, nm, wi);
     w->id = id;
     ckpt_impl_t *C = wi;
-    C->inner = inner;
+    w->children[0] = inner;
     C->dim = ((block_impl_t *)inner->impl)->dim;
     w->children[w->n_children++] = inner;
     *out = w;

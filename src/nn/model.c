@@ -113,7 +113,7 @@ void hp_model_destroy(hp_model_t m) {
     free(m->decl);
     free(m->param_off);
     free(m->units);
-    for (int i = 0; i < m->n_mods; i++) free(m->mods[i]);
+    for (int i = 0; i < m->n_owned; i++) free(m->mods[i]);
     free(m->mods);
     free(m);
 }
@@ -227,6 +227,7 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
         U->inner->unit = u;
     }
     for (int i = 0; i < m->n_mods; i++) m->mods[i]->id = i;
+    m->n_owned = m->n_mods;
 
     // 5. the model's own context for (max_batch, max_seq_len)
     st = hp_model_ctx_create(m, max_batch, max_seq_len, 0, &m->dflt);
@@ -304,6 +305,7 @@ void hp_model_set_sharding(hp_model_t m, int seq_shard, int logits_cols, const h
 static int ac_checkpointed(int every_k, int l) { return every_k > 0 && (l + 1) % every_k == 0; }
 
 static int ctx_pending(hp_model_ctx_t c);
+static hp_status_t tree_changed(hp_model_t m);
 
 hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k) {
     if (every_k < 0)
@@ -323,6 +325,13 @@ hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k) {
         U->module = want;
     }
     m->ac_every = every_k;
+    return tree_changed(m);
+}
+
+int hp_model_activation_checkpoint(hp_model_t m) { return m->ac_every; }
+
+/* The model's tree changed: old contexts are refused, the model's own is re-created. */
+static hp_status_t tree_changed(hp_model_t m) {
     m->ac_generation++;
     hp_model_ctx_t fresh;
     HP_TRY(hp_model_ctx_create(m, m->max_batch, m->max_seq_len, 0, &fresh));
@@ -331,7 +340,37 @@ hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k) {
     return HP_OK;
 }
 
-int hp_model_activation_checkpoint(hp_model_t m) { return m->ac_every; }
+hp_status_t hp_model_replace_module(hp_model_t m, hp_module_t *parent, hp_module_t *old, hp_module_t *repl) {
+    if (!m || !old || !repl)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_model_replace_module: model, old and replacement are required");
+    if (ctx_pending(m->dflt))
+        return hp_error(HP_ERR_STATE, "hp_model_replace_module: a forward is waiting for its backward");
+    if (parent) {
+        HP_TRY(hp_module_replace_child(parent, old, repl));
+    } else {
+        int u = old->unit;
+        if (u < m->u0 || u >= m->u1 || m->units[u].module != old)
+            return hp_error(HP_ERR_INVALID_ARG, "hp_model_replace_module: '%s' has no parent and is not a unit's "
+                            "module", old->name);
+        HP_TRY(hp_module_move_hooks(repl, old));
+        old->unit = -1;
+        repl->unit = u;
+        m->units[u].module = repl;
+        if (m->units[u].inner == old) m->units[u].inner = repl;
+    }
+    if (repl->id < 0 || repl->id >= m->n_mods || m->mods[repl->id] != repl) {
+        if (m->n_mods == m->cap_mods) {
+            int cap = 2 * m->cap_mods + 8;
+            hp_module_t **nm = realloc(m->mods, sizeof(*nm) * (size_t)cap);
+            if (!nm) return HP_ERR_OOM;
+            m->mods = nm;
+            m->cap_mods = cap;
+        }
+        repl->id = m->n_mods;
+        m->mods[m->n_mods++] = repl;
+    }
+    return tree_changed(m);
+}
 
 /* ---- micro-batch contexts -------------------------------------------------------------------- */
 

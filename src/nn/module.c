@@ -100,6 +100,18 @@ hp_status_t hp_module_backward_weight(hp_module_t *m, hp_act_t *act) {
     return run_hooks(m, HP_HOOK_POST_BACKWARD, act);
 }
 
+hp_status_t hp_module_replace_child(hp_module_t *parent, hp_module_t *old, hp_module_t *repl) {
+    if (!parent || !old || !repl)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_module_replace_child: parent, old and replacement are required");
+    for (int i = 0; i < parent->n_children; i++)
+        if (parent->children[i] == old) {
+            parent->children[i] = repl;
+            return HP_OK;
+        }
+    return hp_error(HP_ERR_INVALID_ARG, "hp_module_replace_child: '%s' is not a child of '%s'", old->name,
+                    parent->name);
+}
+
 static int g_hook_handle = 0;
 
 hp_status_t hp_module_add_hook(hp_module_t *m, hp_hook_kind_t kind, hp_module_hook_fn fn, void *user, int *handle) {
@@ -143,12 +155,6 @@ hp_status_t hp_module_move_hooks(hp_module_t *to, hp_module_t *m) {
     return HP_OK;
 }
 
-/* Rows of a (..., C) tensor. */
-static int64_t rows_of(const hp_tensor_t *t) {
-    int64_t r = 1;
-    for (int i = 0; i < t->ndim - 1; i++) r *= t->shape[i];
-    return r;
-}
 
 static hp_status_t check_last_dim(const hp_module_t *m, const char *what, const hp_tensor_t *t, int64_t C) {
     if (!t || !t->data || t->ndim < 1 || t->shape[t->ndim - 1] != C || t->dtype != HP_F32)
@@ -176,7 +182,7 @@ static hp_status_t linear_forward(hp_module_t *m, hp_act_t *act, const hp_tensor
     HP_TRY(check_last_dim(m, "output", out, L->out_features));
     linear_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
     s->inp = in->data;
-    s->N = rows_of(in);
+    s->N = hp_tensor_rows(in);
     double t0 = omp_get_wtime();
     const float *bias = L->has_bias ? hp_param_w(m->params[L->n_weights]) : NULL;
     act->be->linear_forward(act->be->ctx, out->data, in->data, hp_param_w(m->params[0]), bias, (int)s->N,
@@ -274,7 +280,7 @@ static hp_status_t rmsnorm_forward(hp_module_t *m, hp_act_t *act, const hp_tenso
     HP_TRY(check_last_dim(m, "output", out, R->dim));
     rmsnorm_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
     s->inp = in->data;
-    s->N = rows_of(in);
+    s->N = hp_tensor_rows(in);
     s->rstd = hp_act_alloc(act, sizeof(float) * (size_t)s->N);
     double t0 = omp_get_wtime();
     act->be->rmsnorm_forward(act->be->ctx, out->data, s->rstd, in->data, hp_param_w(m->params[0]), (int)s->N,

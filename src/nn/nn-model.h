@@ -100,11 +100,12 @@ struct hp_model {
     int storage_released;     /* param/grad storage belongs to an external owner (FSDP) */
     hp_module_t **mods;       /* every module, creation order (ids) */
     int n_mods, cap_mods;
+    int n_owned;              /* mods[0 .. n_owned) were created by the model (freed with it) */
     float *cos_t, *sin_t;     /* (max_seq_len, head_dim/2) */
     const hp_backend_t *be;
     hp_model_ctx_t dflt;      /* the context of the whole-model calls (hp_model_forward) */
     int ac_every;             /* activation checkpointing: 0 off, k: blocks with (l+1) % k == 0 */
-    int ac_generation;        /* bumped when AC changes: contexts sized before it are refused */
+    int ac_generation;        /* bumped when AC or the tree changes: contexts sized before are refused */
     /* tensor parallel (src/parallel/tp.c through model.h): the residual stream holds
      * T/seq_shard positions per rank, the output writes logits_cols columns, loss_fn
      * replaces the cross-entropy kernels */

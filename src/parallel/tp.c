@@ -254,22 +254,6 @@ static void slice_seq(hp_tp_t tp, float *dst, const float *src, int64_t outer, i
                sizeof(float) * (size_t)(S * C));
 }
 
-static int64_t rows_of(const hp_tensor_t *t) {
-    int64_t r = 1;
-    for (int i = 0; i < t->ndim - 1; i++) r *= t->shape[i];
-    return r;
-}
-
-static void view2(hp_tensor_t *t, float *data, int64_t rows, int64_t cols) {
-    memset(t, 0, sizeof(*t));
-    t->dtype = HP_F32;
-    t->ndim = 2;
-    t->shape[0] = rows;
-    t->shape[1] = cols;
-    t->stride[0] = cols;
-    t->stride[1] = 1;
-    t->data = data;
-}
 
 static int is_shard_seq(const hp_placement_t *p) { return p->kind == HP_SHARD && (p->dim == 0 || p->dim == 1); }
 static int is_shard_last(const hp_placement_t *p) { return p->kind == HP_SHARD && p->dim == -1; }
@@ -342,17 +326,17 @@ static hp_status_t col_linear_forward(hp_module_t *m, hp_act_t *act, const hp_te
     hp_tp_t tp = t->tp;
     const hp_linear_impl_t *L = t->inner.impl;
     hp_tensor_t x = *in, y;
-    int64_t rows = rows_of(in);
+    int64_t rows = hp_tensor_rows(in);
     if (is_shard_seq(&t->style.input_layout)) {   // all-gather the input rows
         int64_t outer = outer_of(&t->style.input_layout, act);
         HP_TRY(need_buf(t->in_buf_n, (size_t)(rows * tp->k * L->in_features), t, "the gathered input"));
         HP_TRY(gather_seq(tp, t->in_buf, in->data, outer, rows / outer, L->in_features, t->tmp));
         rows *= tp->k;
-        view2(&x, t->in_buf, rows, L->in_features);
+        hp_tensor_view2(&x, t->in_buf, rows, L->in_features);
     }
     if (is_rep(&t->style.output_layout)) {   // all-gather the output columns
         HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * L->out_features), t, "the local output"));
-        view2(&y, t->tmp2, rows, L->out_features);
+        hp_tensor_view2(&y, t->tmp2, rows, L->out_features);
         HP_TRY(hp_module_forward(&t->inner, act, &x, &y));
         return gather_cols(tp, out->data, t->tmp2, rows, L->out_features, t->tmp);
     }
@@ -363,17 +347,17 @@ static hp_status_t col_linear_backward_input(hp_module_t *m, hp_act_t *act, cons
     tp_mod_t *t = mod_of(m);
     hp_tp_t tp = t->tp;
     const hp_linear_impl_t *L = t->inner.impl;
-    int64_t rows = rows_of(dout);
+    int64_t rows = hp_tensor_rows(dout);
     hp_tensor_t dy = *dout, dx;
     if (is_rep(&t->style.output_layout)) {   // this rank's columns of the replicated gradient
         HP_TRY(need_buf(t->dout_buf_n, (size_t)(rows * L->out_features), t, "the output gradient"));
         slice_cols(tp, t->dout_buf, dout->data, rows, L->out_features);
-        view2(&dy, t->dout_buf, rows, L->out_features);
+        hp_tensor_view2(&dy, t->dout_buf, rows, L->out_features);
     }
     if (!din) return hp_module_backward_input(&t->inner, act, &dy, NULL);
     if (is_shard_seq(&t->style.input_layout)) {   // Partial (rows*k... ) -> reduce-scatter
         int64_t outer = outer_of(&t->style.input_layout, act);
-        view2(&dx, t->tmp2, rows, L->in_features);
+        hp_tensor_view2(&dx, t->tmp2, rows, L->in_features);
         HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * L->in_features), t, "the input gradient"));
         HP_TRY(hp_module_backward_input(&t->inner, act, &dy, &dx));
         return scatter_seq(tp, din->data, t->tmp2, outer, rows / tp->k / outer, L->in_features, t->tmp);
@@ -381,7 +365,7 @@ static hp_status_t col_linear_backward_input(hp_module_t *m, hp_act_t *act, cons
     if (t->din_by_parent) return hp_module_backward_input(&t->inner, act, &dy, din);
     if (L->accumulate_input_grad) {   // din += allreduce(partial)
         HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * L->in_features), t, "the input gradient"));
-        view2(&dx, t->tmp2, rows, L->in_features);
+        hp_tensor_view2(&dx, t->tmp2, rows, L->in_features);
         hp_linear_impl_t *Lm = t->inner.impl;
         Lm->accumulate_input_grad = 0;
         hp_status_t st = hp_module_backward_input(&t->inner, act, &dy, &dx);
@@ -405,7 +389,7 @@ static hp_status_t row_linear_forward(hp_module_t *m, hp_act_t *act, const hp_te
     tp_mod_t *t = mod_of(m);
     hp_tp_t tp = t->tp;
     const hp_linear_impl_t *L = t->inner.impl;
-    const int64_t rows = rows_of(in), OC = L->out_features;
+    const int64_t rows = hp_tensor_rows(in), OC = L->out_features;
     hp_tensor_t y;
     if (is_rep(&t->style.output_layout)) {
         if (!t->acc_out) {
@@ -413,7 +397,7 @@ static hp_status_t row_linear_forward(hp_module_t *m, hp_act_t *act, const hp_te
             return hp_all_reduce(out->data, out->data, (size_t)(rows * OC), HP_F32, HP_SUM, tp->comm, NULL);
         }
         HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * OC), t, "the partial output"));
-        view2(&y, t->tmp2, rows, OC);
+        hp_tensor_view2(&y, t->tmp2, rows, OC);
         HP_TRY(hp_module_forward(&t->inner, act, in, &y));
         HP_TRY(hp_all_reduce(t->tmp2, t->tmp2, (size_t)(rows * OC), HP_F32, HP_SUM, tp->comm, NULL));
         hp_add_inplace(out->data, t->tmp2, rows * OC);
@@ -422,7 +406,7 @@ static hp_status_t row_linear_forward(hp_module_t *m, hp_act_t *act, const hp_te
     // Shard(seq): reduce-scatter rows
     const int64_t outer = outer_of(&t->style.output_layout, act), lrows = rows / tp->k;
     HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * OC), t, "the partial output"));
-    view2(&y, t->tmp2, rows, OC);
+    hp_tensor_view2(&y, t->tmp2, rows, OC);
     HP_TRY(hp_module_forward(&t->inner, act, in, &y));
     if (!t->acc_out) return scatter_seq(tp, out->data, t->tmp2, outer, lrows / outer, OC, t->tmp);
     HP_TRY(scatter_seq(tp, t->dout_buf, t->tmp2, outer, lrows / outer, OC, t->tmp));
@@ -436,11 +420,11 @@ static hp_status_t row_linear_backward_input(hp_module_t *m, hp_act_t *act, cons
     const hp_linear_impl_t *L = t->inner.impl;
     if (is_rep(&t->style.output_layout)) return hp_module_backward_input(&t->inner, act, dout, din);
     // Shard(seq) output: all-gather the gradient rows (kept for backward_weight)
-    const int64_t lrows = rows_of(dout), outer = outer_of(&t->style.output_layout, act);
+    const int64_t lrows = hp_tensor_rows(dout), outer = outer_of(&t->style.output_layout, act);
     HP_TRY(need_buf(t->dout_buf_n, (size_t)(lrows * tp->k * L->out_features), t, "the gathered output gradient"));
     HP_TRY(gather_seq(tp, t->dout_buf, dout->data, outer, lrows / outer, L->out_features, t->tmp));
     hp_tensor_t dy;
-    view2(&dy, t->dout_buf, lrows * tp->k, L->out_features);
+    hp_tensor_view2(&dy, t->dout_buf, lrows * tp->k, L->out_features);
     return hp_module_backward_input(&t->inner, act, &dy, din);
 }
 
@@ -488,7 +472,7 @@ static hp_status_t row_emb_backward_input(hp_module_t *m, hp_act_t *act, const h
         t->edout = dout->data;
         return HP_OK;
     }
-    const int64_t lrows = rows_of(dout), outer = outer_of(&t->style.output_layout, act);
+    const int64_t lrows = hp_tensor_rows(dout), outer = outer_of(&t->style.output_layout, act);
     HP_TRY(need_buf(t->dout_buf_n, (size_t)(lrows * t->tp->k * E->dim), t, "the gathered output gradient"));
     HP_TRY(gather_seq(t->tp, t->dout_buf, dout->data, outer, lrows / outer, E->dim, t->tmp));
     t->edout = t->dout_buf;
@@ -525,7 +509,7 @@ static hp_status_t col_emb_forward(hp_module_t *m, hp_act_t *act, const hp_tenso
     for (int i = 0; i < in->ndim; i++) N *= in->shape[i];
     HP_TRY(need_buf(t->tmp2_n, (size_t)(N * E->dim), t, "the local embedding"));
     hp_tensor_t y;
-    view2(&y, t->tmp2, N, E->dim);
+    hp_tensor_view2(&y, t->tmp2, N, E->dim);
     HP_TRY(hp_module_forward(&t->inner, act, in, &y));
     return gather_cols(t->tp, out->data, t->tmp2, N, E->dim, t->tmp);
 }
@@ -534,11 +518,11 @@ static hp_status_t col_emb_backward_input(hp_module_t *m, hp_act_t *act, const h
     tp_mod_t *t = mod_of(m);
     const hp_embedding_impl_t *E = t->inner.impl;
     if (!is_rep(&t->style.output_layout)) return hp_module_backward_input(&t->inner, act, dout, din);
-    const int64_t N = rows_of(dout);
+    const int64_t N = hp_tensor_rows(dout);
     HP_TRY(need_buf(t->dout_buf_n, (size_t)(N * E->dim), t, "the output gradient"));
     slice_cols(t->tp, t->dout_buf, dout->data, N, E->dim);
     hp_tensor_t dy;
-    view2(&dy, t->dout_buf, N, E->dim);
+    hp_tensor_view2(&dy, t->dout_buf, N, E->dim);
     return hp_module_backward_input(&t->inner, act, &dy, din);
 }
 
@@ -589,10 +573,10 @@ static hp_status_t prep_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     hp_tensor_t x = *in, y = *out;
     int saved_T = act->T, seq_gather = 0;
     if (prep_in(t) && is_shard_seq(&t->style.input_layout) && is_rep(&t->style.desired_input_layout)) {
-        const int64_t rows = rows_of(in), C = in->shape[in->ndim - 1], outer = outer_of(&t->style.input_layout, act);
+        const int64_t rows = hp_tensor_rows(in), C = in->shape[in->ndim - 1], outer = outer_of(&t->style.input_layout, act);
         HP_TRY(need_buf(t->in_buf_n, (size_t)(rows * tp->k * C), t, "the gathered input"));
         HP_TRY(gather_seq(tp, t->in_buf, in->data, outer, rows / outer, C, t->tmp));
-        view2(&x, t->in_buf, rows * tp->k, C);
+        hp_tensor_view2(&x, t->in_buf, rows * tp->k, C);
         if (t->style.input_layout.dim == 1) {
             act->T = saved_T * tp->k;
             seq_gather = 1;
@@ -603,17 +587,17 @@ static hp_status_t prep_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     if (out_change) {
         // the module writes its natural layout into tmp2, converted into out
         const int64_t C = out->shape[out->ndim - 1];
-        int64_t orows = rows_of(out);
+        int64_t orows = hp_tensor_rows(out);
         if (is_rep(&t->style.output_layout)) orows *= tp->k;        // R -> Shard: module writes full rows
         else orows /= tp->k;                                          // Shard -> R
         HP_TRY(need_buf(t->tmp2_n, (size_t)(orows * C), t, "the module output"));
-        view2(&y, t->tmp2, orows, C);
+        hp_tensor_view2(&y, t->tmp2, orows, C);
     }
     hp_status_t st = hp_module_forward(&t->inner, act, &x, &y);
     if (seq_gather) act->T = saved_T;
     HP_TRY(st);
     if (out_change) {
-        const int64_t C = out->shape[out->ndim - 1], rows = rows_of(&y);
+        const int64_t C = out->shape[out->ndim - 1], rows = hp_tensor_rows(&y);
         const hp_placement_t *sp = is_rep(&t->style.output_layout) ? &t->style.desired_output_layout
                                                                     : &t->style.output_layout;
         const int64_t outer = outer_of(sp, act);
@@ -632,29 +616,29 @@ static hp_status_t prep_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
     const int out_change = prep_out(t) && !(t->style.output_layout.kind == t->style.desired_output_layout.kind &&
                                             t->style.output_layout.dim == t->style.desired_output_layout.dim);
     if (out_change) {
-        const int64_t C = dout->shape[dout->ndim - 1], rows = rows_of(dout);
+        const int64_t C = dout->shape[dout->ndim - 1], rows = hp_tensor_rows(dout);
         const hp_placement_t *sp = is_rep(&t->style.output_layout) ? &t->style.desired_output_layout
                                                                     : &t->style.output_layout;
         const int64_t outer = outer_of(sp, act);
         if (is_rep(&t->style.output_layout)) {   // module output was full: gather the grad
             HP_TRY(need_buf(t->dout_buf_n, (size_t)(rows * tp->k * C), t, "the output gradient"));
             HP_TRY(gather_seq(tp, t->dout_buf, dout->data, outer, rows / outer, C, t->tmp));
-            view2(&dy, t->dout_buf, rows * tp->k, C);
+            hp_tensor_view2(&dy, t->dout_buf, rows * tp->k, C);
         } else {                                  // module output was a shard: slice
             HP_TRY(need_buf(t->dout_buf_n, (size_t)(rows / tp->k * C), t, "the output gradient"));
             slice_seq(tp, t->dout_buf, dout->data, outer, rows / tp->k / outer, C);
-            view2(&dy, t->dout_buf, rows / tp->k, C);
+            hp_tensor_view2(&dy, t->dout_buf, rows / tp->k, C);
         }
     }
     const int gathered = prep_in(t) && is_shard_seq(&t->style.input_layout) && is_rep(&t->style.desired_input_layout);
     if (!din) return hp_module_backward_input(&t->inner, act, &dy, din);
-    const int64_t rows = rows_of(din), C = din->shape[din->ndim - 1];
+    const int64_t rows = hp_tensor_rows(din), C = din->shape[din->ndim - 1];
     if (!t->din_partial) {
         // a Replicate input gradient: Shard(seq) input takes its local chunk (no comm)
         if (!gathered) return hp_module_backward_input(&t->inner, act, &dy, din);
         const int64_t outer = outer_of(&t->style.input_layout, act);
         HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * tp->k * C), t, "the input gradient"));
-        view2(&dx, t->tmp2, rows * tp->k, C);
+        hp_tensor_view2(&dx, t->tmp2, rows * tp->k, C);
         HP_TRY(hp_module_backward_input(&t->inner, act, &dy, &dx));
         slice_seq(tp, din->data, t->tmp2, outer, rows / outer, C);
         return HP_OK;
@@ -663,7 +647,7 @@ static hp_status_t prep_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
     if (is_shard_seq(&t->style.input_layout)) {
         const int64_t outer = outer_of(&t->style.input_layout, act);
         HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * tp->k * C), t, "the input gradient"));
-        view2(&dx, t->tmp2, rows * tp->k, C);
+        hp_tensor_view2(&dx, t->tmp2, rows * tp->k, C);
         HP_TRY(hp_module_backward_input(&t->inner, act, &dy, &dx));
         return scatter_seq(tp, din->data, t->tmp2, outer, rows / outer, C, t->tmp);
     }
