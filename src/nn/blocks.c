@@ -112,12 +112,13 @@ static size_t attn_scratch(const hp_module_t *m, int B, int T) {
     return N * ((size_t)A->qd + A->qkvd + (A->c.qk_norm ? (size_t)A->qkvd : 0));
 }
 
-/* Rotates the q and k columns of (N, ld) rows at positions pos0 + t. */
-static void rope_qk(hp_act_t *act, const attn_impl_t *A, float *x, int ld, int inverse) {
+/* Rotates the q and k columns of (B*T, ld) rows at positions pos0 + t. B and T are the
+ * module's own (saved in forward: a wrapper may change act->T around the call). */
+static void rope_qk(hp_act_t *act, const attn_impl_t *A, float *x, int ld, int B, int T, int inverse) {
     const int half = A->c.head_dim / 2;
     const float *cs = A->c.cos_t + (size_t)act->pos0 * half, *sn = A->c.sin_t + (size_t)act->pos0 * half;
-    act->be->rope_apply(act->be->ctx, x, ld, act->B, act->T, A->c.n_heads, A->c.head_dim, cs, sn, A->c.style, inverse);
-    act->be->rope_apply(act->be->ctx, x + A->qd, ld, act->B, act->T, A->c.n_kv, A->c.head_dim, cs, sn, A->c.style,
+    act->be->rope_apply(act->be->ctx, x, ld, B, T, A->c.n_heads, A->c.head_dim, cs, sn, A->c.style, inverse);
+    act->be->rope_apply(act->be->ctx, x + A->qd, ld, B, T, A->c.n_kv, A->c.head_dim, cs, sn, A->c.style,
                         inverse);
 }
 
@@ -148,7 +149,7 @@ static hp_status_t attn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
         prof(act, HP_NN_OP_QK_NORM, t0);
     }
     t0 = omp_get_wtime();
-    rope_qk(act, A, src, ld, 0);
+    rope_qk(act, A, src, ld, act->B, act->T, 0);
     prof(act, HP_NN_OP_ROPE, t0);
     if (act->kv) {   // decode: append this chunk's keys and values to the layer's cache rows
         struct hp_model_kv_cache *kc = act->kv;
@@ -181,7 +182,7 @@ static hp_status_t attn_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
     hp_tensor_view2(&t_dsrc, dsrc, N, ld);
     HP_TRY(hp_module_backward_input(A_CORE(m), act, &t_dO, &t_dsrc));
     double t0 = omp_get_wtime();
-    rope_qk(act, A, dsrc, ld, 1);
+    rope_qk(act, A, dsrc, ld, s->B, s->T, 1);
     prof(act, HP_NN_OP_ROPE, t0);
     if (A->c.qk_norm) {
         t0 = omp_get_wtime();
