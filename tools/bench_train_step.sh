@@ -5,7 +5,11 @@
 # the last round, and the best step over all rounds (least disturbed by other load). Then, when
 # BUILD_DIR has libhyperparallel.so, one more run in a single Python process that alternates a
 # hyperparallel step (through ctypes) with a PyTorch step, so both see the same load.
+# With BASE_BUILD set to the build directory of another commit (e.g. the previous one), each
+# round also runs that build's bench_train_step, so a change is measured against its parent
+# and PyTorch in one run under the same load.
 #   tools/bench_train_step.sh [BUILD_DIR] [extra args, e.g. --steps 5 --batch 8 --seq 256]
+#   BASE_BUILD=/path/to/base/build tools/bench_train_step.sh build
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build}
@@ -31,6 +35,12 @@ for r in $(seq 1 "$ROUNDS"); do
     PT_OUT=$("$PY" "$ROOT/bench/train_step_torch.py" "${ARGS[@]}")
     echo "$PT_OUT"
     PT_ALL="$PT_ALL"$'\n'"$(echo "$PT_OUT" | grep '^RESULT torch')"
+    if [ -n "${BASE_BUILD:-}" ]; then
+        echo "== round $r/$ROUNDS base build: $BASE_BUILD/bench_train_step ${ARGS[*]}"
+        BASE_OUT=$("$BASE_BUILD/bench_train_step" "${ARGS[@]}")
+        echo "$BASE_OUT" | grep -E '^RESULT hp|step' | head -20
+        BASE_ALL="${BASE_ALL:-}"$'\n'"$(echo "$BASE_OUT" | grep '^RESULT hp')"
+    fi
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 # last round's medians; best steps over all rounds; the highest sgemm peak seen
@@ -50,6 +60,14 @@ printf '%-30s %14s %14s\n' "best step, all rounds (ms)" "$hp_bms" "$pt_bms"
 printf '%-30s %14s %14s\n' "  tokens/s" "$hp_btps" "$pt_btps"
 printf '%-30s %14s %14s\n' "  GFLOP/s" "$hp_bgf" "$pt_bgf"
 printf '%-30s %14s %14s\n' "  MFU vs sgemm peak (%)" "$(pct "$hp_bgf")" "$(pct "$pt_bgf")"
+if [ -n "${BASE_BUILD:-}" ]; then
+    read -r b_tps b_ms <<<"$(echo "$BASE_ALL" | awk '/RESULT/ {t=$4; m=$12} END {print t, m}')"
+    read -r b_btps b_bms <<<"$(echo "$BASE_ALL" | awk '/RESULT/ && (b=="" || $18<b) {b=$18; t=$14} END {print t, b}')"
+    printf '%-30s %14s %14s\n' "base build ($BASE_BUILD)" "median (ms)" "best (ms)"
+    printf '%-30s %14s %14s\n' "  step" "$b_ms" "$b_bms"
+    printf '%-30s %14s %14s\n' "  tokens/s" "$b_tps" "$b_btps"
+    echo "this build vs the base build: median $(awk -v a="$hp_tps" -v b="$b_tps" 'BEGIN{printf "%.3fx", a/b}'), best $(awk -v a="$hp_btps" -v b="$b_btps" 'BEGIN{printf "%.3fx", a/b}')"
+fi
 echo "sgemm peak (OpenBLAS cblas_sgemm, $THREADS threads, best seen in the rounds): $peak GFLOP/s; PyTorch's own torch.mm peak: $pt_peak GFLOP/s"
 echo "speed-up over PyTorch: median $(awk -v a="$hp_tps" -v b="$pt_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$hp_btps" -v b="$pt_btps" 'BEGIN{printf "%.2fx", a/b}') (goal >= 3x); MFU goal >= 50%"
 # what 3x PyTorch's best step would need, against the highest register peaks seen
