@@ -15,7 +15,7 @@
 #include "hyperparallel/trainer.h"
 #include "hyperparallel/tokenizer.h"
 
-static char dir_[256], corpus_[300], tok_[300];
+static char dir_[256] __attribute__((unused)), corpus_[300] __attribute__((unused)), tok_[300] __attribute__((unused));
 
 static const char *const hp_test_sentences_[] = {
     "the quick brown fox jumps over the lazy dog",
@@ -26,8 +26,22 @@ static const char *const hp_test_sentences_[] = {
     "actions speak louder than words",
 };
 
+/* The suite's tokenizer: a 320-token byte-level BPE with the two Llama 3 specials, trained on
+ * n bytes of '%'-separated text, written to path. */
+static inline void hp_test_train_tokenizer(const char *text, size_t n, const char *path) {
+    const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>"};
+    hp_tokenizer_train_options_t o = {0};
+    o.vocab_size = 320;
+    o.special = special;
+    o.n_special = 2;
+    o.separator_line = "%";
+    o.min_frequency = 2;
+    const char *texts[1] = {text};
+    HP_CHECK_OK(hp_tokenizer_train_texts(&o, texts, &n, 1, path));
+}
+
 /* prefix: the directory name under /tmp ("hp_test_trainer"). Collective over world. */
-static void hp_test_make_corpus(hp_comm_t world, const char *prefix) {
+static inline void hp_test_make_corpus(hp_comm_t world, const char *prefix) {
     memset(dir_, 0, sizeof dir_);
     if (hp_comm_rank(world) == 0) {
         snprintf(dir_, sizeof dir_, "/tmp/%s_XXXXXX", prefix);
@@ -52,16 +66,7 @@ static void hp_test_make_corpus(hp_comm_t world, const char *prefix) {
         FILE *r = fopen(corpus_, "r");
         HP_CHECK(r && text && fread(text, 1, (size_t)len, r) == (size_t)len, "read %s", corpus_);
         if (r) fclose(r);
-        const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>"};
-        hp_tokenizer_train_options_t o = {0};
-        o.vocab_size = 320;
-        o.special = special;
-        o.n_special = 2;
-        o.separator_line = "%";
-        o.min_frequency = 2;
-        const char *texts[1] = {text};
-        size_t n = (size_t)len;
-        HP_CHECK_OK(hp_tokenizer_train_texts(&o, texts, &n, 1, tok_));
+        hp_test_train_tokenizer(text, (size_t)len, tok_);
         free(text);
     }
     hp_barrier(world, NULL);
@@ -69,7 +74,7 @@ static void hp_test_make_corpus(hp_comm_t world, const char *prefix) {
 
 /* The small llama3 debugmodel run these tests share: 12 steps of 2 x 32 tokens on the corpus,
  * replicated data parallel over `world` ranks, validation on. */
-static void hp_test_base_config(hp_config_t *c, int world) {
+static inline void hp_test_base_config(hp_config_t *c, int world) {
     hp_config_defaults(c);
     snprintf(c->model.name, sizeof c->model.name, "llama3");
     snprintf(c->model.flavor, sizeof c->model.flavor, "debugmodel");
@@ -116,7 +121,7 @@ static inline void hp_test_train_steps(const hp_config_t *c, hp_comm_t comm, int
 }
 
 /* Removes the directory (rank 0, after every rank is done) unless HP_KEEP is set. */
-static void hp_test_remove_corpus(hp_comm_t world) {
+static inline void hp_test_remove_corpus(hp_comm_t world) {
     hp_barrier(world, NULL);
     if (hp_comm_rank(world) == 0 && !getenv("HP_KEEP") && dir_[0]) {
         char cmd[400];

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "hp_test.h"
+#include "hp_test_corpus.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
@@ -370,16 +371,8 @@ static void test_trainer(void) {
     FILE *f = fopen(path, "w");
     HP_CHECK(f && fwrite(text, 1, n, f) == n, "write %s", path);
     if (f) fclose(f);
-    const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>"};
-    hp_tokenizer_train_options_t o = {0};
-    o.vocab_size = 320;
-    o.special = special;
-    o.n_special = 2;
-    o.separator_line = "%";
-    o.min_frequency = 2;
-    const char *texts[1] = {text};
     snprintf(path, sizeof path, "%s/tok.json", ROOT);
-    HP_CHECK_OK(hp_tokenizer_train_texts(&o, texts, &n, 1, path));
+    hp_test_train_tokenizer(text, n, path);
 
     /* the dims from a YAML file, n_kv_heads overridden on the command line */
     snprintf(path, sizeof path, "%s/custom.yaml", ROOT);
