@@ -10,18 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <hyperparallel/checkpoint.h>
 #include <hyperparallel/comm.h>
 #include <hyperparallel/mesh.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* the slowest rank's time (int64 microseconds through the comm layer) */
 static double max_us(hp_comm_t w, double seconds) {
@@ -33,8 +26,8 @@ static double max_us(hp_comm_t w, double seconds) {
 /* "training": a busy loop of about ms milliseconds of arithmetic */
 static volatile double sink;
 static void compute(double ms) {
-    double t0 = now_s(), x = 1.0;
-    while ((now_s() - t0) * 1e3 < ms)
+    double t0 = hp_clock_now_seconds(), x = 1.0;
+    while ((hp_clock_now_seconds() - t0) * 1e3 < ms)
         for (int i = 0; i < 10000; i++) x = x * 1.0000001 + 1e-9;
     sink = x;
 }
@@ -94,7 +87,7 @@ int main(int argc, char **argv) {
         snprintf(path, sizeof path, "%s/raw_%d.bin", root, rank);
         /* raw write of the same byte count (all tensors back to back) */
         hp_barrier(w, NULL);
-        double t0 = now_s();
+        double t0 = hp_clock_now_seconds();
         int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd < 0) {
             perror(path);
@@ -110,28 +103,28 @@ int main(int argc, char **argv) {
         }
         if (fsync(fd) != 0) perror("fsync");
         close(fd);
-        double raw = max_us(w, now_s() - t0);
+        double raw = max_us(w, hp_clock_now_seconds() - t0);
         unlink(path);
         if (raw < best_raw) best_raw = raw;
         /* sync save */
         char dir[700];
         snprintf(dir, sizeof dir, "%s/step-%d", root, r + 1);
         hp_barrier(w, NULL);
-        t0 = now_s();
+        t0 = hp_clock_now_seconds();
         if (hp_dcp_save(dir, &st, w) != HP_OK) {
             fprintf(stderr, "save: %s\n", hp_last_error());
             return 1;
         }
-        double sv = max_us(w, now_s() - t0);
+        double sv = max_us(w, hp_clock_now_seconds() - t0);
         if (sv < best_save) best_save = sv;
         /* load */
         hp_barrier(w, NULL);
-        t0 = now_s();
+        t0 = hp_clock_now_seconds();
         if (hp_dcp_load(dir, &st, w, NULL) != HP_OK) {
             fprintf(stderr, "load: %s\n", hp_last_error());
             return 1;
         }
-        double ld = max_us(w, now_s() - t0);
+        double ld = max_us(w, hp_clock_now_seconds() - t0);
         if (ld < best_load) best_load = ld;
         if (rank == 0) {
             char cmd[1600];
@@ -155,31 +148,31 @@ int main(int argc, char **argv) {
         char dir[700];
         snprintf(dir, sizeof dir, "%s/sync-%d", root, r);
         hp_barrier(w, NULL);
-        double t0 = now_s();
+        double t0 = hp_clock_now_seconds();
         hp_dcp_save(dir, &st, w);
-        double sb = max_us(w, now_s() - t0);
+        double sb = max_us(w, hp_clock_now_seconds() - t0);
         if (sb < sync_block) sync_block = sb;
         snprintf(dir, sizeof dir, "%s/async-%d", root, r);
         hp_barrier(w, NULL);
-        double blocked = 0, start = now_s();
-        t0 = now_s();
+        double blocked = 0, start = hp_clock_now_seconds();
+        t0 = hp_clock_now_seconds();
         if (hp_dcp_saver_save(sv, dir, &st) != HP_OK) {
             fprintf(stderr, "async save: %s\n", hp_last_error());
             return 1;
         }
-        double stage = now_s() - t0, last_poll = 0;
+        double stage = hp_clock_now_seconds() - t0, last_poll = 0;
         blocked += stage;
         int committed = 0, n = 0;
         while (!committed) {
             compute(step_ms);
             n++;
             hp_barrier(w, NULL);   /* a real step ends with the gradient all-reduce: ranks are in step */
-            t0 = now_s();
+            t0 = hp_clock_now_seconds();
             hp_dcp_saver_poll(sv, &committed);
-            last_poll = now_s() - t0;
+            last_poll = hp_clock_now_seconds() - t0;
             blocked += last_poll;
         }
-        double ab = max_us(w, blocked), commit = max_us(w, now_s() - start);
+        double ab = max_us(w, blocked), commit = max_us(w, hp_clock_now_seconds() - start);
         stage = max_us(w, stage);
         last_poll = max_us(w, last_poll);
         if (ab < async_block) {

@@ -6,19 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "hyperparallel/comm.h"
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/model.h"
 #include "hyperparallel/optim.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 #define CHECK(x)                                                                        \
     do {                                                                                \
@@ -83,13 +76,13 @@ int main(int argc, char **argv) {
             CHECK(hp_barrier(world, NULL));
             hp_fsdp_reset_timers(f);
             hp_comm_counts_reset();
-            double t0 = now();
+            double t0 = hp_clock_now_seconds();
             CHECK(hp_fsdp_zero_grad(f));
             float l;
             CHECK(hp_model_forward(m, tok, tgt, B, T, (float)(B * T * W), &l));
             CHECK(hp_model_backward(m));
             CHECK(hp_optim_step(o, 1.0));
-            double dt = now() - t0;
+            double dt = hp_clock_now_seconds() - t0;
             if (s >= 2) {
                 total += dt;
                 wait += hp_fsdp_comm_wait_seconds(f);

@@ -24,12 +24,6 @@
 #include "hyperparallel/optim.h"
 #include "hyperparallel/tp.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -92,14 +86,14 @@ static result_t run(int mode, hp_mesh_t mesh, const hp_model_config_t *cfg, int 
     for (int s = 0; s < warmup + steps; s++) {
         if (mesh) CHECK(hp_barrier(hp_mesh_get_comm(mesh, 0), NULL));
         hp_comm_counts_reset();
-        double t0 = now();
+        double t0 = hp_clock_now_seconds();
         CHECK(hp_model_zero_grad(m));
         if (fsdp) CHECK(hp_fsdp_zero_grad(fsdp));
         float loss = 0;
         CHECK(hp_model_forward(m, tok, tgt, B, T, (float)(B * T * global_ranks), &loss));
         CHECK(hp_model_backward(m));
         CHECK(hp_optim_step(opt, 1.0));
-        double dt = now() - t0;
+        double dt = hp_clock_now_seconds() - t0;
         if (s >= warmup) times[s - warmup] = dt;
         r.colls = hp_comm_count_total() - hp_comm_count(HP_COMM_BARRIER);
         r.loss = loss;

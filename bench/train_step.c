@@ -11,18 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "hyperparallel/model.h"
 #include "hyperparallel/optim.h"
 
 void openblas_set_num_threads(int n);   /* OpenBLAS extension (cblas.h of some versions lacks it) */
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -44,9 +37,9 @@ static double sgemm_peak(int n, int reps) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
     double best = 0;
     for (int r = 0; r < reps; r++) {
-        double t0 = now();
+        double t0 = hp_clock_now_seconds();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        double g = 2.0 * n * (double)n * n / (now() - t0) / 1e9;
+        double g = 2.0 * n * (double)n * n / (hp_clock_now_seconds() - t0) / 1e9;
         if (g > best) best = g;
     }
     free(a);
@@ -94,14 +87,14 @@ static double arith_peak(int kind) {
     if (!__builtin_cpu_supports("avx512f") || (kind == 1 && !__builtin_cpu_supports("avx512bf16"))) return 0.0;
     double best = 0;
     for (int r = 0; r < 3; r++) {
-        double flops = 0, t0 = now();
+        double flops = 0, t0 = hp_clock_now_seconds();
 #pragma omp parallel reduction(+ : flops)
         {
             float sink;
             flops += kind ? bf16_dot_peak_kernel(PEAK_ITERS, &sink) : f32_fma_peak_kernel(PEAK_ITERS, &sink);
             if (sink == 1234.5f) printf(" ");   /* keeps the loop alive */
         }
-        double g = flops / (now() - t0) / 1e9;
+        double g = flops / (hp_clock_now_seconds() - t0) / 1e9;
         if (g > best) best = g;
     }
     return best;
@@ -176,18 +169,18 @@ int main(int argc, char **argv) {
     double t_fwd = 0, t_bwd = 0, t_clip = 0, t_opt = 0, t_zero = 0;
     float loss = 0, first_loss = 0;
     for (int s = 0; s < warmup + steps; s++) {
-        double t0 = now();
+        double t0 = hp_clock_now_seconds();
         CHECK(hp_model_zero_grad(m));
-        double t1 = now();
+        double t1 = hp_clock_now_seconds();
         CHECK(hp_model_forward(m, tok, tgt, B, T, (float)valid, &loss));
-        double t2 = now();
+        double t2 = hp_clock_now_seconds();
         CHECK(hp_model_backward(m));
-        double t3 = now();
+        double t3 = hp_clock_now_seconds();
         double norm;
         CHECK(hp_clip_grad_norm(hp_model_params(m), hp_model_num_params(m), 1.0, NULL, 0, &norm));
-        double t4 = now();
+        double t4 = hp_clock_now_seconds();
         CHECK(hp_optim_step(opt, 1.0));
-        double t5 = now();
+        double t5 = hp_clock_now_seconds();
         if (s == 0) first_loss = loss;
         if (s >= warmup) {
             int k = s - warmup;

@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "hp_test.h"
@@ -56,12 +55,6 @@ static int helper(const char *scenario, int argc, char **argv) {
 
 /* ---- driver side ------------------------------------------------------------------------- */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static const char *mpirun_path(void) {
     const char *e = getenv("HP_MPIEXEC");
     if (e && *e) return e;
@@ -73,9 +66,9 @@ static int run_scenario(const char *self, const char *scenario, char *out, size_
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "%s --oversubscribe %s -np 2 '%s' %s 2>&1", mpirun_path(),
              geteuid() == 0 ? "--allow-run-as-root" : "", self, scenario);
-    double t0 = now_s();
+    double t0 = hp_clock_now_seconds();
     const int rc = hp_test_run_capture(cmd, out, cap);
-    *secs = now_s() - t0;
+    *secs = hp_clock_now_seconds() - t0;
     return rc;
 }
 

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "hp_test.h"
@@ -217,11 +216,9 @@ static double sgemm_rate(int m, int n, int k, int reps) {
     for (size_t i = 0; i < (size_t)k * n; i++) b[i] = (float)(i % 5) * 0.1f;
     double best = 0;
     for (int r = 0; r < reps; r++) {
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        double t0 = hp_clock_now_seconds();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        double dt = hp_clock_now_seconds() - t0;
         if (r > 0 && dt > 0 && 2.0 * m * n * (double)k / dt > best) best = 2.0 * m * n * (double)k / dt;
     }
     free(a);

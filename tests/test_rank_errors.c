@@ -14,7 +14,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "hp_test.h"
@@ -30,17 +29,11 @@ static const char *const sentences_[] = {
     "the early bird catches the worm",
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Runs cmd (stdout and stderr together) into out_; returns the exit code, *secs the time. */
 static int run(const char *cmd, double *secs) {
-    double t0 = now_s();
+    double t0 = hp_clock_now_seconds();
     int rc = hp_test_run_capture(cmd, out_, sizeof out_);
-    if (secs) *secs = now_s() - t0;
+    if (secs) *secs = hp_clock_now_seconds() - t0;
     return rc > 128 ? 128 : rc;
 }
 

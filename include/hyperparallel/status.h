@@ -71,6 +71,10 @@ _Noreturn void hp_abort(const char *file, int line, const char *fmt, ...)
         if (hp_try_status_ != HP_OK) return hp_try_status_;                     \
     } while (0)
 
+/* Seconds since an arbitrary fixed epoch, from the monotonic clock (CLOCK_MONOTONIC): for
+ * durations and deadlines, never for wall-clock timestamps. */
+double hp_clock_now_seconds(void);
+
 /* Checked malloc/calloc for library code: on failure records a message naming the call
  * site and returns NULL (callers turn NULL into HP_ERR_OOM). */
 void *hp_malloc_checked(size_t bytes, const char *file, int line);

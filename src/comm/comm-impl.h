@@ -185,7 +185,4 @@ void hp_comm_mpi_set_ring_chunk(size_t bytes);
  * HP_COMM_HD_MAX_KB; 0 = never). Same value on every rank, no ring in flight. */
 void hp_comm_mpi_set_hd_max(size_t bytes);
 
-/* Seconds since an arbitrary epoch (monotonic). */
-double hp_comm_now(void);
-
 #endif

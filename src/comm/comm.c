@@ -75,12 +75,6 @@ static __thread wd_slot_t *t_slot;
 static __thread int t_group_depth;
 static __thread hp_work_t t_group_work;
 
-double hp_comm_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static const char *const k_op_names[HP_COMM_OP_COUNT] = {
     "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
     "all_to_all_v", "gather", "scatter", "send", "recv", "barrier",
@@ -195,7 +189,7 @@ static void *wd_main(void *arg) {
         ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
         pthread_cond_timedwait(&g.wd_cv, &g.wd_lock, &ts);
         if (g.wd_stop) break;
-        double now = hp_comm_now();
+        double now = hp_clock_now_seconds();
         for (int i = 0; i < HP_WD_SLOTS; i++) {
             wd_slot_t *s = &g.slots[i];
             uint64_t seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
@@ -678,7 +672,7 @@ static hp_status_t dispatch(hp_work_t w, hp_work_t *out) {
         return st;
     }
     w->async = 1;
-    w->t_start = hp_comm_now();   /* deadline of hp_work_wait / hp_work_test */
+    w->t_start = hp_clock_now_seconds();   /* deadline of hp_work_wait / hp_work_test */
     pthread_mutex_lock(&g.lock);
     hp_status_t st = progress_ensure();
     if (st != HP_OK) {
@@ -760,7 +754,7 @@ static hp_status_t work_poll(hp_work_t w, int *done) {
         if (!*done && !w->started) sched_yield();
     }
     if (!*done) {
-        double el = hp_comm_now() - w->t_start;
+        double el = hp_clock_now_seconds() - w->t_start;
         if (el > g.timeout) timeout_abort(w->d.kind, w->comm->size, el);
     }
     return HP_OK;
@@ -791,7 +785,7 @@ hp_status_t hp_work_wait(hp_work_t *work) {
     } else {
         pthread_mutex_lock(&g.lock);
         while (!w->done) {
-            double el = hp_comm_now() - w->t_start;
+            double el = hp_clock_now_seconds() - w->t_start;
             if (el > g.timeout) {
                 pthread_mutex_unlock(&g.lock);
                 timeout_abort(w->d.kind, w->comm->size, el);

@@ -1,5 +1,5 @@
 /* Status words, per-thread error messages, rank-prefixed logging, the always-on assert with
- * its abort hook, and checked allocation. */
+ * its abort hook, checked allocation, and the one monotonic clock. */
 #include "hyperparallel/status.h"
 
 #include <stdio.h>
@@ -24,6 +24,12 @@ static const char *const status_words[HP_STATUS_COUNT] = {
 const char *hp_status_string(hp_status_t status) {
     if ((int)status < 0 || status >= HP_STATUS_COUNT) return "unknown status";
     return status_words[status];
+}
+
+double hp_clock_now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static _Thread_local char last_error[2048];

@@ -102,9 +102,9 @@ static hp_status_t launch_ready(hp_ddp_t *d) {
                 memcpy(b->buf + off, src, sizeof(float) * n);
             off += n;
         }
-        double t0 = hp_dp_now();
+        double t0 = hp_clock_now_seconds();
         HP_TRY(hp_all_reduce(b->buf, b->buf, b->floats, HP_F32, HP_SUM, d->comm, d->o.overlap ? &b->work : NULL));
-        if (!d->o.overlap) d->wait_s += hp_dp_now() - t0;
+        if (!d->o.overlap) d->wait_s += hp_clock_now_seconds() - t0;
         b->launched = 1;
         d->next_launch++;
     }
@@ -126,9 +126,9 @@ static hp_status_t ddp_post_backward(void *ctx, hp_module_t *mod, hp_act_t *act)
         hp_param_t *P = hp_model_params(d->model);
         for (int k = 0; k < d->nb; k++) {
             bucket_t *b = &d->b[k];
-            double t0 = hp_dp_now();
+            double t0 = hp_clock_now_seconds();
             if (b->work) HP_TRY(hp_work_wait(&b->work));
-            d->wait_s += hp_dp_now() - t0;
+            d->wait_s += hp_clock_now_seconds() - t0;
             size_t off = 0;
             for (int j = 0; j < b->n; j++) {
                 hp_tensor_t *g = &P[b->idx[j]].grad.local;

@@ -13,6 +13,5 @@ void hp_dp_unregister(hp_model_t model);
  * as their context; detach removes them again. */
 hp_status_t hp_dp_attach_hooks(hp_model_t model, void *user, const hp_module_hook_fn fns[HP_HOOK_KINDS]);
 void hp_dp_detach_hooks(hp_model_t model, void *user);
-double hp_dp_now(void);
 
 #endif

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "hyperparallel/fsdp.h"
 #include "parallel/dp-impl.h"
@@ -56,12 +55,6 @@ hp_status_t hp_dp_attach_hooks(hp_model_t model, void *user, const hp_module_hoo
 
 void hp_dp_detach_hooks(hp_model_t model, void *user) {
     for (int u = 0; u < hp_model_num_units(model); u++) hp_module_remove_hooks_of(hp_model_unit_module(model, u), user);
-}
-
-double hp_dp_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ---- state --------------------------------------------------------------------------- */
@@ -162,18 +155,18 @@ static void event(hp_fsdp_t *f, const char *what, const group_t *g) {
 
 static hp_status_t wait_work(hp_fsdp_t *f, hp_work_t *w) {
     if (!*w) return HP_OK;
-    double t0 = hp_dp_now();
+    double t0 = hp_clock_now_seconds();
     hp_status_t s = hp_work_wait(w);
-    f->wait_s += hp_dp_now() - t0;
+    f->wait_s += hp_clock_now_seconds() - t0;
     return s;
 }
 
 /* Blocking collectives count as exposed communication too. */
 #define TIMED(f, work, call)                                 \
     do {                                                     \
-        double t0_ = hp_dp_now();                            \
+        double t0_ = hp_clock_now_seconds();                            \
         HP_TRY(call);                                        \
-        if (!(work)) (f)->wait_s += hp_dp_now() - t0_;       \
+        if (!(work)) (f)->wait_s += hp_clock_now_seconds() - t0_;       \
     } while (0)
 
 hp_fsdp_options_t hp_fsdp_default_options(void) {

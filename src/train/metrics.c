@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 struct hp_metrics {
     hp_metrics_options_t o;
@@ -21,12 +20,6 @@ struct hp_metrics {
     char jsonl_path[4096];
     hp_tb_writer_t *tb;
 };
-
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 hp_status_t hp_memory_rss(int64_t *rss, int64_t *peak_rss) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -59,18 +52,18 @@ hp_status_t hp_measure_peak_flops(double seconds, double *flops) {
         a[i] = (float)((i * 7) % 13) * 0.01f;
         b[i] = (float)((i * 5) % 11) * 0.01f;
     }
-    double t0 = mono_s(), best = 0.0;
+    double t0 = hp_clock_now_seconds(), best = 0.0;
     /* warm-up: wakes OpenBLAS's threads and faults in the pages (not timed) */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, NMAX, NMAX, NMAX, 1.0f, a, NMAX, b, NMAX, 0.0f, c, NMAX);
     int64_t calls = 0;
     do {
         const int n = sizes[calls % 3];
-        double s0 = mono_s();
+        double s0 = hp_clock_now_seconds();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        double dt = mono_s() - s0;
+        double dt = hp_clock_now_seconds() - s0;
         if (dt > 0 && 2.0 * n * n * (double)n / dt > best) best = 2.0 * n * n * (double)n / dt;
         calls++;
-    } while (mono_s() - t0 < seconds || calls < 3);
+    } while (hp_clock_now_seconds() - t0 < seconds || calls < 3);
     hp_free_aligned(a);
     *flops = best;
     return HP_OK;
@@ -151,7 +144,7 @@ hp_status_t hp_metrics_create(const hp_metrics_options_t *o, hp_metrics_t **out)
         hp_metrics_destroy(m);
         return st;
     }
-    m->t_create = m->t_last = mono_s();
+    m->t_create = m->t_last = hp_clock_now_seconds();
     *out = m;
     return HP_OK;
 }
@@ -195,7 +188,7 @@ static hp_status_t tb_scalar(hp_metrics_t *m, const char *tag, int64_t step, dou
 
 hp_status_t hp_metrics_log(hp_metrics_t *m, int64_t step, double loss, double max_loss, double grad_norm, double lr,
                            hp_metrics_record_t *out) {
-    double now = mono_s();
+    double now = hp_clock_now_seconds();
     hp_metrics_record_t r;
     memset(&r, 0, sizeof r);
     r.step = step;

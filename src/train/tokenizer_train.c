@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "hyperparallel/tokenizer.h"
@@ -457,12 +456,6 @@ static hp_status_t write_json(trainer_t *tr, const char *out_path) {
 
 /* ---- training ----------------------------------------------------------------------- */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static hp_status_t merge_pair(trainer_t *tr, int32_t pi, int32_t new_id, int32_t stamp) {
     pair_info_t *p = &tr->pairs[pi];
     int32_t a = p->a, b = p->b;
@@ -588,7 +581,7 @@ static hp_status_t train_words(trainer_t *tr) {
 
     int64_t min_freq = o->min_frequency > 0 ? o->min_frequency : 2;
     HP_TRY(grow_arr((void **)&tr->merges, &(size_t){0}, (size_t)(o->vocab_size + 1), sizeof(int32_t[2])));
-    double t0 = now_s();
+    double t0 = hp_clock_now_seconds();
     while (tr->n_tok < o->vocab_size && tr->n_heap > 0) {
         heap_e_t top = heap_pop(tr);
         pair_info_t *p = &tr->pairs[top.pair];
@@ -614,7 +607,7 @@ static hp_status_t train_words(trainer_t *tr) {
             if (tr->pairs[tr->changed[i]].count > 0) HP_TRY(heap_push(tr, tr->changed[i]));
         if (o->verbose && tr->n_merges % 1000 == 0)
             hp_log(HP_LOG_INFO, "hp_tokenizer_train: %d merges, vocab %d, %.1f s", tr->n_merges,
-                   tr->n_tok, now_s() - t0);
+                   tr->n_tok, hp_clock_now_seconds() - t0);
     }
     return HP_OK;
 }
@@ -686,7 +679,7 @@ static hp_status_t finish(trainer_t *tr, const char *out_path, double t0) {
     HP_TRY(write_json(tr, out_path));
     if (tr->opts->verbose)
         hp_log(HP_LOG_INFO, "hp_tokenizer_train: %zu distinct words, %d merges, vocab %d, "
-               "%.2f s -> %s", n_words, tr->n_merges, tr->n_tok, now_s() - t0, out_path);
+               "%.2f s -> %s", n_words, tr->n_merges, tr->n_tok, hp_clock_now_seconds() - t0, out_path);
     return HP_OK;
 }
 
@@ -694,7 +687,7 @@ hp_status_t hp_tokenizer_train_texts(const hp_tokenizer_train_options_t *opts,
                                      const char *const *texts, const size_t *lens,
                                      size_t n_texts, const char *out_path) {
     trainer_t tr;
-    double t0 = now_s();
+    double t0 = hp_clock_now_seconds();
     hp_status_t st = trainer_init(&tr, opts);
     for (size_t i = 0; st == HP_OK && i < n_texts; i++) st = count_doc(&tr, texts[i], lens[i]);
     if (st == HP_OK) st = finish(&tr, out_path, t0);
@@ -705,7 +698,7 @@ hp_status_t hp_tokenizer_train_texts(const hp_tokenizer_train_options_t *opts,
 hp_status_t hp_tokenizer_train(const hp_tokenizer_train_options_t *opts,
                                const char *const *files, size_t n_files, const char *out_path) {
     trainer_t tr;
-    double t0 = now_s();
+    double t0 = hp_clock_now_seconds();
     hp_status_t st = trainer_init(&tr, opts);
     if (st == HP_OK && n_files == 0)
         st = hp_error(HP_ERR_INVALID_ARG, "hp_tokenizer_train: no input files");

@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "hyperparallel/data.h"
@@ -75,12 +74,6 @@ struct hp_trainer {
     hp_mesh_t tp_mesh;          /* the world mesh's tp dim */
     hp_tp_t tp;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* hp_encode_fn over the tokenizer (documents get BOS/EOS from the data layer). */
 static hp_status_t encode_cb(void *ctx, const char *text, size_t len, int32_t *ids, size_t cap, size_t *n_ids) {
@@ -510,7 +503,7 @@ int64_t hp_trainer_current_step(const hp_trainer_t *t) { return t->step; }
 int64_t hp_trainer_grad_accum(const hp_trainer_t *t) { return t->accum; }
 
 hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats) {
-    double t0 = now_s();
+    double t0 = hp_clock_now_seconds();
     const int64_t bt = (int64_t)t->B * t->T;
     int64_t step = t->step + 1;
     /* 1. pull every micro-batch first and count valid targets */
@@ -593,7 +586,7 @@ hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats) {
         stats->lr = t->cfg.optimizer.lr * factor;
         stats->tokens = t->accum * bt;
         stats->valid_tokens = global_valid;
-        stats->seconds = now_s() - t0;
+        stats->seconds = hp_clock_now_seconds() - t0;
     }
     if (t->ckpt) {   /* checkpoint (owner dcp): interval / last-step save, async commit */
         hp_ckpt_train_state_t st = ckpt_state(t);
