@@ -12,9 +12,9 @@
 #include <unistd.h>
 
 #include "hp_test.h"
+#include "hyperparallel/checkpoint.h"
 #include "hyperparallel/model.h"
 #include "hyperparallel/safetensors.h"
-#include "hyperparallel/trainer.h"
 
 static char ROOT[] = "/tmp/hp_test_tools_cli_XXXXXX";
 static char BUILD[1024], SRC[1024];

@@ -18,6 +18,7 @@
 
 #include "hp_test.h"
 #include "hp_test_corpus.h"
+#include "hyperparallel/checkpoint.h"
 #include "hyperparallel/comm.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"

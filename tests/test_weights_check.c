@@ -14,7 +14,6 @@
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/model.h"
 #include "hyperparallel/safetensors.h"
-#include "hyperparallel/trainer.h"
 
 static char ROOT[] = "/tmp/hp_test_weights_check_XXXXXX";
 static char errlog[300];

@@ -11,11 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <hyperparallel/checkpoint.h>
 #include <hyperparallel/model.h>
 #include <hyperparallel/parse.h>
 #include <hyperparallel/rng.h>
 #include <hyperparallel/tokenizer.h>
-#include <hyperparallel/trainer.h>
 
 typedef struct { float p; int32_t id; } cand_t;
 

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include "comm.h"
 #include "dtensor.h"
+#include "model.h"
 #include "param.h"
 #include "status.h"
 
@@ -210,6 +211,13 @@ hp_status_t hp_ckpt_manager_wait(hp_ckpt_manager_t *m);
 int hp_ckpt_manager_pending(const hp_ckpt_manager_t *m);
 hp_status_t hp_ckpt_manager_destroy(hp_ckpt_manager_t *m);
 const char *hp_ckpt_manager_folder(const hp_ckpt_manager_t *m);
+
+/* --- model weights file (model_weights.c) ------------------------------------------------
+ * Writes the model weights (rank 0 of a replicated model) with the model config in the
+ * safetensors metadata, loadable by hp_model_load_weights / hp-generate. */
+hp_status_t hp_model_save_weights(hp_model_t m, const char *path);
+/* Creates a model from a file written by hp_model_save_weights (config from its metadata). */
+hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_len, hp_model_t *out);
 
 /* --- HF interop (hf.c) ---------------------------------------------------------------------
  * Export writes model-0000i-of-0000n.safetensors shards (at most max_shard_bytes each; 0 =

@@ -52,12 +52,6 @@ int64_t hp_trainer_current_step(const hp_trainer_t *t);
 /* Gradient accumulation steps in use. */
 int64_t hp_trainer_grad_accum(const hp_trainer_t *t);
 
-/* Writes the model weights (rank 0 of a replicated model) with the model config in the
- * safetensors metadata, loadable by hp_model_load_weights / hp-generate. */
-hp_status_t hp_model_save_weights(hp_model_t m, const char *path);
-/* Creates a model from a file written by hp_model_save_weights (config from its metadata). */
-hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_len, hp_model_t *out);
-
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,131 @@
+/* Model weights file (hp_model_save_weights / hp_model_load_weights): one safetensors file
+ * with every parameter in f32 and the model config in its __metadata__, so hp-generate can
+ * rebuild the model from the file alone. Metadata values are range-checked before any
+ * allocation; non-finite weights are refused by name. */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyperparallel/checkpoint.h"
+#include "hyperparallel/model.h"
+#include "hyperparallel/parse.h"
+#include "hyperparallel/safetensors.h"
+
+/* Integer fields carry the range hp_model_config_validate accepts, so a file's metadata is
+ * refused by name before any allocation (max_seq_len 1e9 would fail in malloc). */
+#define META_INT(field, lo, hi) {#field, offsetof(hp_model_config_t, field), 'i', lo, hi}
+#define META_FLT(field) {#field, offsetof(hp_model_config_t, field), 'f', 0, 0}
+
+typedef struct { const char *key; size_t offset; char kind; int32_t min, max; } meta_field_t;
+
+static const meta_field_t meta_fields[] = {
+    META_INT(dim, 1, HP_MODEL_MAX_DIM), META_INT(n_layers, 1, HP_MODEL_MAX_LAYERS),
+    META_INT(n_heads, 1, HP_MODEL_MAX_HEADS), META_INT(n_kv_heads, 0, HP_MODEL_MAX_HEADS),
+    META_INT(head_dim, 0, HP_MODEL_MAX_DIM), META_INT(vocab_size, 1, HP_MODEL_MAX_VOCAB),
+    META_INT(hidden_dim, 0, HP_MODEL_MAX_DIM), META_INT(multiple_of, 0, HP_MODEL_MAX_DIM), META_FLT(ffn_dim_multiplier),
+    META_FLT(norm_eps), META_FLT(rope_theta), META_INT(rope_scaling, 0, 1), META_FLT(rope_factor),
+    META_FLT(rope_low_freq_factor), META_FLT(rope_high_freq_factor), META_INT(rope_original_max_pos, 0, INT32_MAX),
+    META_INT(qk_norm, 0, 1), META_INT(tie_embeddings, 0, 1), META_INT(max_seq_len, 1, HP_MODEL_MAX_SEQ_LEN),
+};
+#define N_META_FIELDS ((int)(sizeof meta_fields / sizeof meta_fields[0]))
+
+hp_status_t hp_model_save_weights(hp_model_t m, const char *path) {
+    const hp_model_config_t *cfg = hp_model_config(m);
+    int np = hp_model_num_params(m);
+    hp_param_t *params = hp_model_params(m);
+    hp_st_entry_t *entries = hp_calloc((size_t)np, sizeof *entries);
+    char (*vals)[64] = hp_calloc(N_META_FIELDS, 64);
+    const char **meta = hp_calloc(2 * (N_META_FIELDS + 3), sizeof(char *));
+    if (!entries || !vals || !meta) {
+        free(entries); free(vals); free(meta);
+        return HP_ERR_OOM;
+    }
+    for (int i = 0; i < np; i++) {
+        entries[i].name = params[i].name;
+        entries[i].tensor = &params[i].value.local;
+        entries[i].dtype = hp_st_dtype_from_hp(HP_F32);
+    }
+    int k = 0;
+    meta[k++] = "format"; meta[k++] = "hyperparallel-weights";
+    meta[k++] = "model.name"; meta[k++] = cfg->name;
+    meta[k++] = "model.flavor"; meta[k++] = cfg->flavor;
+    for (int i = 0; i < N_META_FIELDS; i++) {
+        const char *base = (const char *)cfg + meta_fields[i].offset;
+        if (meta_fields[i].kind == 'i') snprintf(vals[i], 64, "%d", *(const int *)base);
+        else snprintf(vals[i], 64, "%.9g", *(const float *)base);
+        meta[k++] = meta_fields[i].key;
+        meta[k++] = vals[i];
+    }
+    hp_status_t s = hp_safetensors_write(path, entries, np, meta, k / 2);
+    free(entries); free(vals); free(meta);
+    return s;
+}
+
+hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_len, hp_model_t *out) {
+    *out = NULL;
+    hp_safetensors_t *st = NULL;
+    HP_TRY(hp_safetensors_open(path, &st));
+    hp_status_t s = HP_OK;
+    const char *fmt = hp_safetensors_metadata(st, "format");
+    const char *name = hp_safetensors_metadata(st, "model.name");
+    const char *flavor = hp_safetensors_metadata(st, "model.flavor");
+    if (!fmt || strcmp(fmt, "hyperparallel-weights") != 0 || !name || !flavor) {
+        hp_safetensors_close(st);
+        return hp_error(HP_ERR_FORMAT, "%s: not a weights file written by hp-train (its __metadata__ lacks "
+                                       "format=hyperparallel-weights and model.name/flavor)", path);
+    }
+    hp_model_config_t cfg;
+    s = hp_model_flavor(name, flavor, &cfg);
+    for (int i = 0; s == HP_OK && i < N_META_FIELDS; i++) {
+        const char *v = hp_safetensors_metadata(st, meta_fields[i].key);
+        if (!v) {
+            s = hp_error(HP_ERR_FORMAT, "%s: __metadata__ lacks '%s'", path, meta_fields[i].key);
+            break;
+        }
+        char *base = (char *)&cfg + meta_fields[i].offset;
+        char what[4200];
+        snprintf(what, sizeof what, "%s: __metadata__ '%s'", path, meta_fields[i].key);
+        int32_t iv;
+        if (meta_fields[i].kind == 'i') {
+            s = hp_parse_i32(what, v, meta_fields[i].min, meta_fields[i].max,
+                             "the model dimension limits are HP_MODEL_MAX_* in model.h; is the file damaged?", &iv);
+            if (s == HP_OK) *(int *)base = iv;
+        } else {
+            s = hp_parse_f32(what, v, -HUGE_VAL, HUGE_VAL, NULL, (float *)base);
+        }
+        if (s != HP_OK) s = HP_ERR_FORMAT;   /* the message stays; a bad file is a format error */
+    }
+    if (max_seq_len <= 0) max_seq_len = cfg.max_seq_len;   /* the training context */
+    if (s == HP_OK && max_seq_len > cfg.max_seq_len) cfg.max_seq_len = max_seq_len;
+    if (s == HP_OK) s = hp_model_config_validate(&cfg);
+    hp_model_t m = NULL;
+    if (s == HP_OK) s = hp_model_create(&cfg, max_batch, max_seq_len, &m);
+    hp_param_t *params = m ? hp_model_params(m) : NULL;
+    for (int i = 0; s == HP_OK && i < hp_model_num_params(m); i++) {
+        s = hp_safetensors_read(st, params[i].name, &params[i].value.local, 1);
+        int64_t first, bad = s == HP_OK ? hp_tensor_count_nonfinite(&params[i].value.local, &first) : 0;
+        if (bad) /* damaged weights would generate garbage with exit 0 */
+            s = hp_error(HP_ERR_FORMAT, "%s: tensor '%s' has %lld non-finite value(s) (NaN or inf) of %lld, "
+                         "the first at flat index %lld; expected finite weights (the file is damaged or "
+                         "training diverged: use an earlier checkpoint)", path, params[i].name, (long long)bad,
+                         (long long)hp_tensor_numel(&params[i].value.local), (long long)first);
+    }
+    /* A tensor the model does not have is ignored, but not silently. */
+    for (int k = 0; s == HP_OK && k < hp_safetensors_count(st); k++) {
+        const char *tn = hp_safetensors_info(st, k)->name;
+        int known = 0;
+        for (int i = 0; !known && i < hp_model_num_params(m); i++) known = !strcmp(tn, params[i].name);
+        if (!known)
+            hp_log(HP_LOG_WARN, "%s: tensor '%s' is not a parameter of the %s/%s model; ignored", path, tn,
+                   name, flavor);
+    }
+    hp_safetensors_close(st);
+    if (s != HP_OK) {
+        hp_model_destroy(m);
+        return s;
+    }
+    *out = m;
+    return HP_OK;
+}
