@@ -17,6 +17,7 @@
 
 #include "hp_test.h"
 #include "hyperparallel/checkpoint.h"
+#include "hyperparallel/ckpt_manager.h"
 #include "hyperparallel/config.h"
 
 enum { R = 64, C = 32 };

@@ -1,6 +1,8 @@
 /* Distributed checkpoint (torch.distributed.checkpoint in C): save, async save and load of
- * named DTensors and small byte blobs with resharding on load, atomic commit by rename, the
- * TorchTitan-style checkpoint manager, and HF import/export. Layout of a checkpoint:
+ * named DTensors and small byte blobs with resharding on load, atomic commit by rename,
+ * retention, the model weights file, and HF import/export. The checkpoint layer sees a state
+ * only as a list of named entries (hp_dcp_state_t); what they mean (model, optimizer, LR
+ * schedule, data loader, RNG, step) is the train layer's business (ckpt_manager.h). Layout of a checkpoint:
  *   step-N/__{rank}_0.safetensors   one file per rank holding the chunks that rank owns
  *   step-N/metadata.json            written last by rank 0: magic "hyperparallel-dcp",
  *                                   version, per tensor dtype, global shape and chunk boxes
@@ -48,6 +50,9 @@ typedef struct hp_dcp_blob {
     int loaded;
 } hp_dcp_blob_t;
 
+/* The state dict: every entry of a save or load, by name. The caller assembles it (the
+ * trainer's checkpoint manager: parameters, "optimizer.<fqn>.<slot>" state, "lr_scheduler",
+ * "dataloader", "train_state"); entries are kept by pointer for the call. */
 typedef struct hp_dcp_state {
     hp_dcp_tensor_t *tensors;
     int n_tensors;
@@ -165,52 +170,11 @@ hp_status_t hp_dcp_latest_complete(const char *folder, int64_t *step, int *n_bad
 void hp_dcp_interrupt(int sig);
 int hp_dcp_interrupted(void);
 
-/* --- checkpoint manager (TorchTitan's CheckpointManager) -------------------------------- */
-struct hp_config;
-struct hp_model_config;
-struct hp_optim;
-struct hp_dataloader;
-
-/* The training state the manager saves and loads. Any pointer may be NULL (not saved). */
-typedef struct hp_ckpt_train_state {
-    hp_param_t *params;              /* model: value DTensors under their TorchTitan FQNs */
-    int n_params;
-    const struct hp_model_config *model_config;   /* for HF import via initial_load_path */
-    struct hp_optim *optim;          /* state tensors "optimizer.<fqn>.<slot>" + step */
-    struct hp_dataloader *dataloader;/* per-rank blob "dataloader" */
-    int64_t *step;                   /* "train_state": step (also the LR schedule position) */
-    uint64_t *seed;                  /* "train_state": RNG seed */
-} hp_ckpt_train_state_t;
-
-typedef struct hp_ckpt_manager hp_ckpt_manager_t;
-/* Collective over `world`. folder = cfg checkpoint.folder under job.dump_folder (when
- * relative). Nothing is written until a save. */
-hp_status_t hp_ckpt_manager_create(const struct hp_config *cfg, hp_comm_t world,
-                                   hp_ckpt_manager_t **out);
-/* Call after every step on every rank: commits a finished async save, and saves when
- * step % interval == 0 or step == last_step (model only, cast to export_dtype, when
- * checkpoint.last_save_model_only). Purges all but keep_latest_k. */
-hp_status_t hp_ckpt_manager_maybe_save(hp_ckpt_manager_t *m, int64_t step, int64_t last_step,
-                                       const hp_ckpt_train_state_t *st);
-/* Saves now (e.g. the seed checkpoint step-0, model only when model_only). */
-hp_status_t hp_ckpt_manager_save(hp_ckpt_manager_t *m, int64_t step, int model_only,
-                                 const hp_ckpt_train_state_t *st);
-/* Resume: loads the latest complete step-N (or checkpoint.load_step) of the folder: a newer
- * step with a missing or truncated shard, or whose data fails its checksums, is skipped with
- * a warning naming the file (never deleted) and the previous complete step is loaded; when
- * steps exist but none is complete, a clear error. Otherwise the
- * model from checkpoint.initial_load_path (a DCP step dir or an HF dir); otherwise nothing.
- * *loaded_step = the step loaded (0 for initial weights or a fresh start); *loaded = 1 when
- * anything was loaded. exclude_from_loading keys ("optimizer", "dataloader", "train_state",
- * "lr_scheduler", "model" refused) are skipped. */
-hp_status_t hp_ckpt_manager_load(hp_ckpt_manager_t *m, const hp_ckpt_train_state_t *st,
-                                 int64_t *loaded_step, int *loaded);
-/* Waits for a pending async save and commits it. */
-hp_status_t hp_ckpt_manager_wait(hp_ckpt_manager_t *m);
-/* 1 while an async save is in flight (not yet committed). */
-int hp_ckpt_manager_pending(const hp_ckpt_manager_t *m);
-hp_status_t hp_ckpt_manager_destroy(hp_ckpt_manager_t *m);
-const char *hp_ckpt_manager_folder(const hp_ckpt_manager_t *m);
+/* Retention (keep_latest_k): removes every committed step-N under `folder` but the newest
+ * `keep` (keep <= 0 keeps all), logging each removal; partial directories are left alone. A
+ * step that cannot be removed is a warning and the rest are still removed; an error only
+ * when the folder cannot be listed. Local: call it on one rank, after a commit. */
+hp_status_t hp_dcp_purge(const char *folder, int64_t keep);
 
 /* --- model weights file (model_weights.c) ------------------------------------------------
  * Writes the model weights (rank 0 of a replicated model) with the model config in the

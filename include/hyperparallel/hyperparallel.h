@@ -26,6 +26,7 @@
 #include "parallel_dims.h"
 #include "data.h"
 #include "metrics.h"
+#include "ckpt_manager.h"
 #include "trainer.h"
 
 #endif

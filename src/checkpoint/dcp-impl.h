@@ -1,4 +1,4 @@
-/* Private helpers shared by the checkpoint files (dcp.c, dcp_load.c, manager.c, hf.c). */
+/* Private helpers shared by the checkpoint files (dcp.c, dcp_load.c, dcp_metadata.c, hf.c, ...). */
 #ifndef HP_DCP_IMPL_H
 #define HP_DCP_IMPL_H
 #include <json-c/json.h>

@@ -89,6 +89,21 @@ hp_status_t hp_dcp_rmtree(const char *path) {
     return s;
 }
 
+hp_status_t hp_dcp_purge(const char *folder, int64_t keep) {
+    if (keep <= 0) return HP_OK;
+    int64_t steps[4096];
+    int n = 0;
+    HP_TRY(hp_dcp_list_steps(folder, steps, 4096, &n));
+    if (n > 4096) n = 4096;
+    for (int i = 0; i + keep < n; i++) {
+        char d[4096];
+        snprintf(d, sizeof d, "%s/step-%lld", folder, (long long)steps[i]);
+        hp_log(HP_LOG_INFO, "checkpoint: removing %s (keep_latest_k = %lld)", d, (long long)keep);
+        if (hp_dcp_rmtree(d) != HP_OK) hp_log(HP_LOG_WARN, "checkpoint purge: %s", hp_last_error());
+    }
+    return HP_OK;
+}
+
 static void parent_of(const char *path, char *out, size_t n) {
     snprintf(out, n, "%s", path);
     size_t l = strlen(out);

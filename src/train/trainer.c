@@ -21,6 +21,7 @@
 #include "hyperparallel/metrics.h"
 #include "hyperparallel/optim.h"
 #include "hyperparallel/checkpoint.h"
+#include "hyperparallel/ckpt_manager.h"
 #include "hyperparallel/ddp.h"
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/tp.h"

@@ -1,18 +1,15 @@
 /* The checkpoint manager (TorchTitan's CheckpointManager): when to save (interval, last
  * step, model-only export at the end), what (model, optimizer state + step, LR scheduler,
- * dataloader per rank, train state with step and seed), retention (keep_latest_k), async
- * commit polling, and resume (latest / load_step, else initial_load_path as DCP or HF). */
+ * dataloader per rank, train state with step and seed) as named DCP entries, retention
+ * (keep_latest_k), async commit polling, and resume (latest / load_step, else
+ * initial_load_path as DCP or HF). Only the public checkpoint API (checkpoint.h) is used. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "hyperparallel/config.h"
-#include "hyperparallel/data.h"
-#include "hyperparallel/model.h"
-#include "hyperparallel/optim.h"
-#include "dcp-impl.h"
+#include "hyperparallel/ckpt_manager.h"
 
 struct hp_ckpt_manager {
     hp_comm_t comm;
@@ -32,6 +29,13 @@ struct hp_ckpt_manager {
 };
 
 #define TS_MAGIC INT64_C(0x3154535048)   /* "HPTS1" little-endian */
+
+/* Every rank returns the same status (comm NULL: a single process); a failure without a
+ * message gets one naming `what`. */
+static hp_status_t agree(hp_comm_t comm, hp_status_t s, const char *what) {
+    if (s != HP_OK && !hp_last_error()[0]) hp_error(s, "%s failed (%s)", what, hp_status_string(s));
+    return comm ? hp_comm_agree(comm, s, NULL) : s;
+}
 
 const char *hp_ckpt_manager_folder(const hp_ckpt_manager_t *m) { return m->folder; }
 
@@ -179,31 +183,18 @@ static hp_status_t build_state(const hp_ckpt_train_state_t *s, int model_only, i
 
 /* ---- save --------------------------------------------------------------------------------- */
 
+/* Retention after a commit (rank 0); a failure to remove is a warning, not an error. */
 static void purge(hp_ckpt_manager_t *m) {
     if (m->rank != 0 || m->keep <= 0) return;
-    int64_t steps[4096];
-    int n = 0;
-    if (hp_dcp_list_steps(m->folder, steps, 4096, &n) != HP_OK) {
-        hp_log(HP_LOG_WARN, "checkpoint purge: %s", hp_last_error());
-        return;
-    }
-    if (n > 4096) n = 4096;
-    for (int i = 0; i + m->keep < n; i++) {
-        char d[2 * HP_CONFIG_STR_MAX + 32];
-        snprintf(d, sizeof d, "%s/step-%lld", m->folder, (long long)steps[i]);
-        hp_log(HP_LOG_INFO, "checkpoint: removing %s (keep_latest_k = %lld)", d, (long long)m->keep);
-        if (hp_dcp_rmtree(d) != HP_OK) hp_log(HP_LOG_WARN, "checkpoint purge: %s", hp_last_error());
-    }
+    if (hp_dcp_purge(m->folder, m->keep) != HP_OK) hp_log(HP_LOG_WARN, "checkpoint purge: %s", hp_last_error());
 }
 
 hp_status_t hp_ckpt_manager_save(hp_ckpt_manager_t *m, int64_t step, int model_only, const hp_ckpt_train_state_t *st) {
     char dir[2 * HP_CONFIG_STR_MAX + 32];
     snprintf(dir, sizeof dir, "%s/step-%lld", m->folder, (long long)step);
-    hp_status_t s = HP_OK;
-    if (m->rank == 0) s = hp_dcp_mkdirs(m->folder);
-    HP_TRY(hp_dcp_agree(m->comm, s, "checkpoint: creating the folder"));
+    hp_status_t s = HP_OK;   /* the save creates the folder with its temporary directory */
     built_t b;
-    HP_TRY(hp_dcp_agree(m->comm, build_state(st, model_only, model_only ? (int)m->export_dtype : -1, 0, &b),
+    HP_TRY(agree(m->comm, build_state(st, model_only, model_only ? (int)m->export_dtype : -1, 0, &b),
                         "checkpoint: collecting the state"));
     if (m->saver && !model_only) {
         s = hp_dcp_saver_save(m->saver, dir, &b.st);   /* staged: b can go now */
@@ -262,7 +253,7 @@ static hp_status_t load_dir(hp_ckpt_manager_t *m, const char *dir, const hp_ckpt
                             int64_t *loaded_step) {
     hp_dcp_metadata_t *md = NULL;
     hp_status_t s = hp_dcp_metadata_read(dir, &md);
-    HP_TRY(hp_dcp_agree(m->comm, s, "checkpoint: reading the metadata"));
+    HP_TRY(agree(m->comm, s, "checkpoint: reading the metadata"));
     int full = !initial && hp_dcp_metadata_find(md, "train_state") != NULL;
     size_t dl_cap = 0;
     const hp_dcp_entry_t *e = hp_dcp_metadata_find(md, "dataloader");
@@ -288,7 +279,7 @@ static hp_status_t load_dir(hp_ckpt_manager_t *m, const char *dir, const hp_ckpt
         if (nm)
             s = hp_error(HP_ERR_NOT_FOUND, "checkpoint %s lacks %d model parameter(s): %s%s (a different model?)", dir, nm,
                          miss, nm > 6 ? ", ..." : "");
-        s = hp_dcp_agree(m->comm, s, "checkpoint: model-only load");
+        s = agree(m->comm, s, "checkpoint: model-only load");
     }
     if (s == HP_OK && full) {
         for (int i = 0; i < b.nb; i++) {
@@ -306,7 +297,7 @@ static hp_status_t load_dir(hp_ckpt_manager_t *m, const char *dir, const hp_ckpt
             if (!strcmp(bl->name, "dataloader") && st->dataloader && s == HP_OK)
                 s = hp_dataloader_state_load(st->dataloader, bl->data, bl->size);
         }
-        s = hp_dcp_agree(m->comm, s, "checkpoint: restoring the train state");
+        s = agree(m->comm, s, "checkpoint: restoring the train state");
     }
     *loaded_step = full ? (st->step ? *st->step : md_step) : (initial ? 0 : (md_step > 0 ? md_step : 0));
     if (s == HP_OK && !full && !initial && md_step > 0) {
@@ -341,7 +332,7 @@ hp_status_t hp_ckpt_manager_load(hp_ckpt_manager_t *m, const hp_ckpt_train_state
     int64_t steps[4096];
     int n = 0;
     hp_status_t s = hp_dcp_list_steps(m->folder, steps, 4096, &n);
-    HP_TRY(hp_dcp_agree(m->comm, s, "checkpoint: listing the folder"));
+    HP_TRY(agree(m->comm, s, "checkpoint: listing the folder"));
     if (n > 4096) n = 4096;
     if (n > 0) {
         if (m->load_step >= 0) {
