@@ -7,6 +7,8 @@
 
 #include "hyperparallel/comm.h"
 #include "hyperparallel/ddp.h"
+#include "hyperparallel/optim.h"
+#include "hyperparallel/zero.h"
 
 static int g_rank, g_world;
 
@@ -36,7 +38,8 @@ static inline void ddp_parity(hp_comm_t world, const char *what, int steps, int 
     hp_optim_t *ropt = NULL, *opt = NULL;
     hp_zero_t *z = NULL;
     HP_ASSERT(hp_optim_create(&oc, RP, np, &ropt) == HP_OK);
-    if (zero) HP_CHECK_OK(hp_zero_create(&moc, P, np, world, &z));
+    const hp_zero_local_optim_t zlo = hp_optim_zero_local(&moc);
+    if (zero) HP_CHECK_OK(hp_zero_create(&zlo, P, np, world, &z));
     else HP_ASSERT(hp_optim_create(&moc, P, np, &opt) == HP_OK);
     dp_par_t par;
     dp_par_init(&par, RP, np, g_world, 0, 0.0, 0);   // one reduction per step (no_sync before the last)

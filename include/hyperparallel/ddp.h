@@ -1,18 +1,15 @@
-/* DistributedDataParallel and ZeroRedundancyOptimizer (ZeRO-1) over the model (docs/fsdp.md).
+/* DistributedDataParallel over the model (docs/fsdp.md); ZeRO-1 is zero.h.
  * DDP: parameters replicated (broadcast from rank 0 at creation); gradients are copied into
  * flat buckets (PyTorch's assignment: first bucket 1 MiB, then bucket_cap_mb, computed in
  * parameter order, bucket order reversed) and each bucket's all-reduce starts asynchronously
  * as soon as all of its gradients are ready during backward (after each unit's
- * backward_weight); buckets are launched in index order and waited at the end of backward.
- * ZeRO-1: optimizer state partitioned greedily over ranks; each rank steps its own
- * parameters, then every parameter is broadcast from its owner. */
+ * backward_weight); buckets are launched in index order and waited at the end of backward. */
 #ifndef HYPERPARALLEL_DDP_H
 #define HYPERPARALLEL_DDP_H
 
 #include <stddef.h>
 #include "comm.h"
 #include "model.h"
-#include "optim.h"
 #include "param.h"
 #include "status.h"
 
@@ -51,21 +48,6 @@ int hp_ddp_num_buckets(const hp_ddp_t *d);
 /* Params of bucket b (model param indices) in bucket order; returns the count. */
 int hp_ddp_bucket_params(const hp_ddp_t *d, int b, int *indices, int cap);
 double hp_ddp_comm_wait_seconds(const hp_ddp_t *d);
-
-/* ZeroRedundancyOptimizer: `params` (replicated, identical on every rank of comm) partitioned
- * by PyTorch's greedy rule (sorted by numel descending, stable; each to the rank with the
- * smallest running total, ties to the lowest rank); an optimizer of `cfg` over this rank's
- * share. */
-typedef struct hp_zero hp_zero_t;
-hp_status_t hp_zero_create(const hp_optim_config_t *cfg, hp_param_t *params, int n_params, hp_comm_t comm,
-                           hp_zero_t **out);
-void hp_zero_free(hp_zero_t *z);
-/* The partition rule alone: owner[i] for n params of the given numels over `world` ranks. */
-void hp_zero_partition(const int64_t *numel, int n, int world, int *owner);
-/* Local step on the owned params, then each param broadcast (async) from its owner; waits. */
-hp_status_t hp_zero_step(hp_zero_t *z, double lr_factor);
-int hp_zero_owner(const hp_zero_t *z, int i);
-size_t hp_zero_state_bytes(const hp_zero_t *z);
 
 #ifdef __cplusplus
 }

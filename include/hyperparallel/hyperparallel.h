@@ -20,6 +20,7 @@
 #include "checkpoint.h"
 #include "fsdp.h"
 #include "ddp.h"
+#include "zero.h"
 #include "tp.h"
 #include "tokenizer.h"
 #include "config.h"

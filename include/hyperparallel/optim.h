@@ -10,6 +10,7 @@
 #include "comm.h"
 #include "param.h"
 #include "status.h"
+#include "zero.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -90,6 +91,11 @@ size_t hp_optim_state_bytes(const hp_optim_t *opt);
 int hp_optim_num_states(const hp_optim_t *opt);
 void hp_optim_state_at(hp_optim_t *opt, int i, int *param_index, const char **slot,
                        hp_tensor_t *state);
+
+/* ZeRO-1's local optimizer (zero.h) as this module's optimizer of `cfg`: hp_zero_create(&lo,
+ * ...) with lo = hp_optim_zero_local(&cfg) builds hp_optim_create(cfg, share) on each rank
+ * (cfg is read during hp_zero_create only). */
+hp_zero_local_optim_t hp_optim_zero_local(const hp_optim_config_t *cfg);
 
 /* ---- learning-rate schedule (torchtitan linear_warmup_stable_decay) ----------------------- */
 

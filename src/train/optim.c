@@ -509,3 +509,19 @@ hp_status_t hp_clip_grad_norm(hp_param_t *params, int n_params, double max_norm,
     }
     return HP_OK;
 }
+
+/* ---- ZeRO-1's local optimizer --------------------------------------------------------- */
+
+static hp_status_t zero_create(void *ctx, hp_param_t *params, int n_params, void **out) {
+    hp_optim_t *o = NULL;
+    hp_status_t s = hp_optim_create(ctx, params, n_params, &o);
+    *out = o;
+    return s;
+}
+static hp_status_t zero_step(void *opt, double lr_factor) { return hp_optim_step(opt, lr_factor); }
+static size_t zero_state_bytes(const void *opt) { return hp_optim_state_bytes(opt); }
+static void zero_destroy(void *opt) { hp_optim_free(opt); }
+
+hp_zero_local_optim_t hp_optim_zero_local(const hp_optim_config_t *cfg) {
+    return (hp_zero_local_optim_t){zero_create, zero_step, zero_state_bytes, zero_destroy, (void *)cfg};
+}

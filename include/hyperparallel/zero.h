@@ -1,0 +1,49 @@
+/* ZeroRedundancyOptimizer (ZeRO-1, docs/fsdp.md): optimizer state partitioned greedily over
+ * the ranks of a communicator; each rank steps its own parameters with a local optimizer,
+ * then every parameter is broadcast from its owner. Use it with DDP (full gradients on every
+ * rank). The optimizer is the caller's, behind hp_zero_local_optim_t. */
+#ifndef HYPERPARALLEL_ZERO_H
+#define HYPERPARALLEL_ZERO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "comm.h"
+#include "param.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The optimizer ZeRO runs on this rank's share, as calls plus a context. The train layer
+ * supplies one (hp_optim_zero_local in optim.h); any optimizer over hp_param_t arrays fits.
+ * create: an optimizer over params[n] (kept by pointer), *out its handle; ctx is used only
+ * during hp_zero_create. step: one step at lr * lr_factor. state_bytes (optional, NULL = 0):
+ * the optimizer state it holds. destroy: frees it. */
+typedef struct hp_zero_local_optim {
+    hp_status_t (*create)(void *ctx, hp_param_t *params, int n_params, void **out);
+    hp_status_t (*step)(void *opt, double lr_factor);
+    size_t (*state_bytes)(const void *opt);
+    void (*destroy)(void *opt);
+    void *ctx;
+} hp_zero_local_optim_t;
+
+/* ZeroRedundancyOptimizer: `params` (replicated, identical on every rank of comm) partitioned
+ * by PyTorch's greedy rule (sorted by numel descending, stable; each to the rank with the
+ * smallest running total, ties to the lowest rank); the local optimizer `lo` over this
+ * rank's share (none when the rank owns nothing). */
+typedef struct hp_zero hp_zero_t;
+hp_status_t hp_zero_create(const hp_zero_local_optim_t *lo, hp_param_t *params, int n_params, hp_comm_t comm,
+                           hp_zero_t **out);
+void hp_zero_free(hp_zero_t *z);
+/* The partition rule alone: owner[i] for n params of the given numels over `world` ranks. */
+void hp_zero_partition(const int64_t *numel, int n, int world, int *owner);
+/* Local step on the owned params, then each param broadcast (async) from its owner; waits. */
+hp_status_t hp_zero_step(hp_zero_t *z, double lr_factor);
+int hp_zero_owner(const hp_zero_t *z, int i);
+size_t hp_zero_state_bytes(const hp_zero_t *z);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,103 @@
+/* ZeroRedundancyOptimizer (ZeRO-1): greedy partition of the parameters over the ranks, a
+ * local optimizer step on this rank's share, then every parameter broadcast from its owner.
+ * The local optimizer comes in through hp_zero_local_optim_t, so this layer needs no
+ * optimizer header. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyperparallel/zero.h"
+
+struct hp_zero {
+    hp_comm_t comm;
+    int n, rank;
+    hp_param_t *params;
+    int *owner;
+    hp_param_t *mine;   /* copies of the owned params' descriptors (same storage) */
+    int n_mine;
+    hp_zero_local_optim_t lo;   /* the local optimizer's calls (its ctx only used at create) */
+    void *opt;                  /* the local optimizer over `mine`; NULL when this rank owns none */
+    hp_work_t *work;
+};
+
+void hp_zero_partition(const int64_t *numel, int n, int world, int *owner) {
+    int *order = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    int64_t *total = calloc((size_t)world, sizeof(int64_t));
+    HP_ASSERT(order && total);
+    for (int i = 0; i < n; i++) order[i] = i;
+    // stable sort by numel descending (insertion sort keeps equal sizes in index order)
+    for (int i = 1; i < n; i++) {
+        int v = order[i], j = i - 1;
+        while (j >= 0 && numel[order[j]] < numel[v]) { order[j + 1] = order[j]; j--; }
+        order[j + 1] = v;
+    }
+    for (int k = 0; k < n; k++) {
+        int best = 0;
+        for (int r = 1; r < world; r++)
+            if (total[r] < total[best]) best = r;
+        owner[order[k]] = best;
+        total[best] += numel[order[k]];
+    }
+    free(order);
+    free(total);
+}
+
+hp_status_t hp_zero_create(const hp_zero_local_optim_t *lo, hp_param_t *params, int n_params, hp_comm_t comm,
+                           hp_zero_t **out) {
+    if (!lo || !lo->create || !lo->step || !lo->destroy || !params || n_params <= 0 || !comm || !out)
+        return hp_error(HP_ERR_INVALID_ARG, "ZeroRedundancyOptimizer: the local optimizer (create, step, destroy), "
+                        "params (n > 0), comm and out are required");
+    *out = NULL;
+    hp_zero_t *z = hp_calloc(1, sizeof(*z));
+    if (!z) return HP_ERR_OOM;
+    z->comm = comm;
+    z->lo = *lo;
+    z->n = n_params;
+    z->rank = hp_comm_rank(comm);
+    z->params = params;
+    z->owner = hp_malloc(sizeof(int) * (size_t)n_params);
+    z->mine = hp_calloc((size_t)n_params, sizeof(hp_param_t));
+    z->work = hp_calloc((size_t)n_params, sizeof(hp_work_t));
+    int64_t *numel = hp_malloc(sizeof(int64_t) * (size_t)n_params);
+    if (!z->owner || !z->mine || !z->work || !numel) {
+        free(numel);
+        hp_zero_free(z);
+        return HP_ERR_OOM;
+    }
+    for (int i = 0; i < n_params; i++) numel[i] = hp_tensor_numel(&params[i].value.local);
+    hp_zero_partition(numel, n_params, hp_comm_size(comm), z->owner);
+    free(numel);
+    for (int i = 0; i < n_params; i++)
+        if (z->owner[i] == z->rank) z->mine[z->n_mine++] = params[i];
+    hp_status_t st = HP_OK;
+    if (z->n_mine > 0) st = lo->create(lo->ctx, z->mine, z->n_mine, &z->opt);
+    if (st != HP_OK) {
+        hp_zero_free(z);
+        return st;
+    }
+    *out = z;
+    return HP_OK;
+}
+
+void hp_zero_free(hp_zero_t *z) {
+    if (!z) return;
+    if (z->opt) z->lo.destroy(z->opt);
+    free(z->owner);
+    free(z->mine);
+    free(z->work);
+    free(z);
+}
+
+hp_status_t hp_zero_step(hp_zero_t *z, double lr_factor) {
+    if (z->opt) HP_TRY(z->lo.step(z->opt, lr_factor));
+    for (int i = 0; i < z->n; i++) {
+        hp_tensor_t *v = &z->params[i].value.local;
+        HP_TRY(hp_broadcast(v->data, (size_t)hp_tensor_numel(v), HP_F32, z->owner[i], z->comm, &z->work[i]));
+    }
+    for (int i = 0; i < z->n; i++) HP_TRY(hp_work_wait(&z->work[i]));
+    return HP_OK;
+}
+
+int hp_zero_owner(const hp_zero_t *z, int i) { return (i >= 0 && i < z->n) ? z->owner[i] : -1; }
+size_t hp_zero_state_bytes(const hp_zero_t *z) {
+    return z->opt && z->lo.state_bytes ? z->lo.state_bytes(z->opt) : 0;
+}
