@@ -8,6 +8,7 @@
 #include <string.h>
 #include <omp.h>
 #include "hyperparallel/nn.h"
+#include "hyperparallel/nn_loss.h"
 #include "hp_test.h"
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -212,6 +213,11 @@ static void test_cross_entropy(int N, int V) {
     for (int n = 3; n < N; n += 4)
         for (int v = 0; v < V; v++) zero_ok &= d[(size_t)n * V + v] == 0.0f;
     HP_CHECK(zero_ok, "ignored rows must have zero gradient");
+    // the shard kernel (loss_parallel's backward) over all columns is the same loop: bitwise equal
+    float *ds = zeros((size_t)N * V);
+    hp_cross_entropy_backward_shard(ds, z, lse, t, 0.25f, N, V, 0);
+    HP_CHECK(memcmp(ds, d, sizeof(float) * (size_t)N * V) == 0, "cross-entropy shard kernel at offset 0 differs");
+    free(ds);
     free(z); free(t); free(l); free(lr); free(lse); free(d); free(dr);
 }
 

@@ -14,6 +14,7 @@
 #include "dtensor.h"
 #include "param.h"
 #include "nn.h"
+#include "nn_loss.h"
 #include "model.h"
 #include "optim.h"
 #include "safetensors.h"

@@ -1,12 +1,13 @@
 /* loss_parallel: cross-entropy over logits sharded on the class (vocab) dim, as PyTorch's
  * torch.distributed.tensor.parallel.loss_parallel: log_softmax = x - max (all-reduce MAX)
  * - log(sum exp) (all-reduce SUM), nll gathers the target logit from the owning rank
- * (all-reduce SUM); the backward (softmax - onehot) * dloss is local. Sums of exp are taken
- * in double as the single-rank kernel (hp_cross_entropy_forward). */
+ * (all-reduce SUM); the backward (softmax - onehot) * dloss is local: the nn shard kernel
+ * hp_cross_entropy_backward_shard. Sums of exp are taken in double as the single-rank kernel
+ * (hp_cross_entropy_forward). */
 #include <math.h>
-#include <string.h>
 #include "hyperparallel/tp.h"
 #include "hyperparallel/comm.h"
+#include "hyperparallel/nn_loss.h"
 #include "nn/nn-math.h"
 
 hp_status_t hp_loss_parallel_forward(double *sum, double *losses, float *lse, const float *logits,
@@ -71,17 +72,5 @@ hp_status_t hp_loss_parallel_forward(double *sum, double *losses, float *lse, co
 
 void hp_loss_parallel_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets,
                                float dloss, int N, int V_local, int64_t vocab_offset) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        float *d = dlogits + (size_t)n * V_local;
-        const float *z = logits + (size_t)n * V_local;
-        int64_t t = targets[n];
-        if (t == HP_IGNORE_INDEX) {
-            memset(d, 0, sizeof(float) * (size_t)V_local);
-            continue;
-        }
-        float l = lse[n];
-        for (int v = 0; v < V_local; v++) d[v] = hp_nn_expf(z[v] - l) * dloss;
-        if (t >= vocab_offset && t < vocab_offset + V_local) d[t - vocab_offset] -= dloss;
-    }
+    hp_cross_entropy_backward_shard(dlogits, logits, lse, targets, dloss, N, V_local, vocab_offset);
 }
