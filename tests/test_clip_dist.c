@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hyperparallel/comm.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/optim.h"
@@ -69,12 +70,7 @@ static void run(hp_mesh_t mesh, int shard_dim, const char *what) {
 }
 
 int main(int argc, char **argv) {
-    hp_comm_t W;
-    if (hp_comm_init(&argc, &argv, &W) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        return 1;
-    }
-    hp_test_set_rank(hp_comm_rank(W));
+    hp_comm_t W = hp_test_mpi_init(&argc, &argv, NULL, NULL);
     hp_mesh_t m1 = NULL;
     HP_CHECK_OK(hp_mesh_from_comm(W, "dp", &m1));
     if (m1) {

@@ -6,14 +6,13 @@
 #include <string.h>
 
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hyperparallel/comm.h"
 
 int main(int argc, char **argv) {
-    hp_comm_t w;
-    if (hp_comm_init(&argc, &argv, &w) != HP_OK) return 1;
+    int rank, size;
+    hp_comm_t w = hp_test_mpi_init(&argc, &argv, &rank, &size);
     hp_comm_set_timeout(20);   /* a rank left behind fails fast instead of hanging */
-    int rank = hp_comm_rank(w), size = hp_comm_size(w);
-    hp_test_set_rank(rank);
     int who = -2;
 
     HP_CHECK(hp_comm_agree(w, HP_OK, &who) == HP_OK && who == -1, "all fine: rank %d", who);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hyperparallel/comm.h"
 
 static hp_comm_t W;
@@ -510,13 +511,7 @@ static void test_errors(void) {
 }
 
 int main(int argc, char **argv) {
-    if (hp_comm_init(&argc, &argv, &W) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        return 1;
-    }
-    R = hp_comm_rank(W);
-    N = hp_comm_size(W);
-    hp_test_set_rank(R);
+    W = hp_test_mpi_init(&argc, &argv, &R, &N);
     HP_CHECK(N <= 64, "test supports up to 64 ranks");
     hp_comm_set_timeout(60);   /* a mismatch in this test fails in a minute, not five */
     g_sizes[0] = 0, g_sizes[1] = 1, g_sizes[2] = 1009, g_sizes[3] = (size_t)1 << 20;

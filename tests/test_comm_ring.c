@@ -13,6 +13,7 @@
 
 #include "comm/comm-impl.h"
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hyperparallel/comm.h"
 
 static hp_comm_t W;
@@ -222,13 +223,7 @@ static void test_steady(void) {
 }
 
 int main(int argc, char **argv) {
-    if (hp_comm_init(&argc, &argv, &W) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        return 1;
-    }
-    R = hp_comm_rank(W);
-    N = hp_comm_size(W);
-    hp_test_set_rank(R);
+    W = hp_test_mpi_init(&argc, &argv, &R, &N);
     int pow2 = (N & (N - 1)) == 0;
     test_exact(1);
     if (pow2) test_exact(0);

@@ -10,6 +10,7 @@
 
 #include "comm/comm-impl.h"
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hyperparallel/comm.h"
 
 enum { NEL = 4099 };   /* prime */
@@ -57,13 +58,7 @@ static void step(int check) {
 }
 
 int main(int argc, char **argv) {
-    if (hp_comm_init(&argc, &argv, &W) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        return 1;
-    }
-    R = hp_comm_rank(W);
-    N = hp_comm_size(W);
-    hp_test_set_rank(R);
+    W = hp_test_mpi_init(&argc, &argv, &R, &N);
     hp_comm_set_timeout(60);
     A = calloc((size_t)N * NEL, sizeof *A);
     B = calloc((size_t)N * NEL, sizeof *B);

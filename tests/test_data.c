@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hyperparallel/comm.h"
 #include "hyperparallel/data.h"
 #include "hyperparallel/status.h"
@@ -455,14 +456,7 @@ static void test_errors(void) {
 }
 
 int main(int argc, char **argv) {
-    hp_comm_t world;
-    if (hp_comm_init(&argc, &argv, &world) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        return 1;
-    }
-    rank_ = hp_comm_rank(world);
-    world_ = hp_comm_size(world);
-    hp_test_set_rank(rank_);
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank_, &world_);
     snprintf(dir_, sizeof dir_, "/tmp/hp_test_data_%d_%d", (int)getpid(), rank_);
     mkdir(dir_, 0755);
     make_docs();

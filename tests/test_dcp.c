@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/comm.h"
 #include "hyperparallel/dtensor.h"
@@ -560,10 +561,7 @@ static void test_corrupt(void) {
 }
 
 int main(int argc, char **argv) {
-    HP_ASSERT(hp_comm_init(&argc, &argv, &W) == HP_OK);
-    R = hp_comm_rank(W);
-    N = hp_comm_size(W);
-    hp_test_set_rank(R);
+    W = hp_test_mpi_init(&argc, &argv, &R, &N);
     if (R == 0) {
         snprintf(ROOT, sizeof ROOT, "/tmp/hp_test_dcp_XXXXXX");
         HP_ASSERT(mkdtemp(ROOT));

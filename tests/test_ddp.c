@@ -9,6 +9,7 @@
 
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/mesh.h"
+#include "hp_test_mpi.h"
 
 static void check_assignment(const size_t *bytes, const int *keys, int n, const size_t *limits, int nl,
                              const int *expect_of, int expect_nb, const size_t *expect_limits, const char *what) {
@@ -45,14 +46,7 @@ static void assignment_cases(void) {
 }
 
 int main(int argc, char **argv) {
-    hp_comm_t world;
-    if (hp_comm_init(&argc, &argv, &world) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        return 1;
-    }
-    g_rank = hp_comm_rank(world);
-    g_world = hp_comm_size(world);
-    hp_test_set_rank(g_rank);
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &g_rank, &g_world);
     assignment_cases();
 
     // the debug model: the first bucket (in parameter order) closes at 1 MiB, so the

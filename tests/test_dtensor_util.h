@@ -9,19 +9,14 @@
 #include <string.h>
 
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hyperparallel/dtensor.h"
 
 static hp_comm_t W;
 static int R, N;
 
 static inline void tu_init(int *argc, char ***argv) {
-    if (hp_comm_init(argc, argv, &W) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        exit(1);
-    }
-    R = hp_comm_rank(W);
-    N = hp_comm_size(W);
-    hp_test_set_rank(R);
+    W = hp_test_mpi_init(argc, argv, &R, &N);
 }
 
 /* f32 tensor of small integers; different seeds give different data. Heap; free with

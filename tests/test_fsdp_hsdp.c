@@ -4,16 +4,10 @@
  * reshard_after_forward = 2 on the 1-D mesh (post-forward copy sharded over groups of 2). */
 // hp-test: ranks 4 8 timeout 900 coretype 4
 #include "test_fsdp_util.h"
+#include "hp_test_mpi.h"
 
 int main(int argc, char **argv) {
-    hp_comm_t world;
-    if (hp_comm_init(&argc, &argv, &world) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        return 1;
-    }
-    g_rank = hp_comm_rank(world);
-    g_world = hp_comm_size(world);
-    hp_test_set_rank(g_rank);
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &g_rank, &g_world);
     double l[10];
     const pcase_t base = {"hsdp 2 x W/2", 10, 1, 0, HP_FSDP_RESHARD_DEFAULT, 2, 1, HP_F32, HP_F32, DP_INJECT_NONE};
     run_case(world, &base, l);

@@ -4,16 +4,10 @@
  * numbers to the default. */
 // hp-test: ranks 2 4 timeout 900 coretype 2
 #include "test_fsdp_util.h"
+#include "hp_test_mpi.h"
 
 int main(int argc, char **argv) {
-    hp_comm_t world;
-    if (hp_comm_init(&argc, &argv, &world) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        return 1;
-    }
-    g_rank = hp_comm_rank(world);
-    g_world = hp_comm_size(world);
-    hp_test_set_rank(g_rank);
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &g_rank, &g_world);
     double l0[10], l1[10];
     const pcase_t base = {"fsdp bf16 params, f32 reduce (vs 1-rank)", 3, 1, 0, HP_FSDP_RESHARD_DEFAULT, 1, 1,
                           HP_BF16, HP_F32, DP_INJECT_NONE};

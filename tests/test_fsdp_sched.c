@@ -14,6 +14,7 @@
  *   reshard_after_forward. (Tied embeddings are supported: tests/test_fsdp_tied.c.) */
 // hp-test: ranks 2 4 timeout 900
 #include "test_fsdp_util.h"
+#include "hp_test_mpi.h"
 
 static void fwd_bwd(hp_model_t m, int step) {
     int32_t tok[DP_B * DP_T], tgt[DP_B * DP_T];
@@ -190,14 +191,7 @@ static void misuse(hp_comm_t world) {
 }
 
 int main(int argc, char **argv) {
-    hp_comm_t world;
-    if (hp_comm_init(&argc, &argv, &world) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        return 1;
-    }
-    g_rank = hp_comm_rank(world);
-    g_world = hp_comm_size(world);
-    hp_test_set_rank(g_rank);
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &g_rank, &g_world);
     const uint64_t G = 6;
     counts(world, HP_FSDP_RESHARD_DEFAULT, 1, 1, G + G - 1, G, 0);
     counts(world, 1, 1, 1, 2 * G, G, 0);

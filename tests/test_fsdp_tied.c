@@ -12,6 +12,7 @@
  *   and reduced once, after the embedding's backward. */
 // hp-test: ranks 2 4 timeout 900 coretype 2
 #include "test_fsdp_util.h"
+#include "hp_test_mpi.h"
 
 #define TIED_LAYERS 2
 
@@ -109,14 +110,7 @@ static void schedule(hp_comm_t world, int raf, int overlap) {
 }
 
 int main(int argc, char **argv) {
-    hp_comm_t world;
-    if (hp_comm_init(&argc, &argv, &world) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        return 1;
-    }
-    g_rank = hp_comm_rank(world);
-    g_world = hp_comm_size(world);
-    hp_test_set_rank(g_rank);
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &g_rank, &g_world);
     g_cfg = tied_config();
     g_cfg_set = 1;
 

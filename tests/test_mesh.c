@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hyperparallel/mesh.h"
 
 static hp_comm_t W;
@@ -246,13 +247,7 @@ static void test_from_comm(void) {
 }
 
 int main(int argc, char **argv) {
-    if (hp_comm_init(&argc, &argv, &W) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        return 1;
-    }
-    R = hp_comm_rank(W);
-    N = hp_comm_size(W);
-    hp_test_set_rank(R);
+    W = hp_test_mpi_init(&argc, &argv, &R, &N);
     test_errors();
     test_2d();
     test_from_comm();

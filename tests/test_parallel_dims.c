@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hyperparallel/comm.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/mesh.h"
@@ -151,13 +152,8 @@ static void check_mesh(hp_comm_t world, int r, int s, int c, int t, int p, int e
 }
 
 int main(int argc, char **argv) {
-    hp_comm_t world;
-    if (hp_comm_init(&argc, &argv, &world) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        return 1;
-    }
-    int n = hp_comm_size(world);
-    hp_test_set_rank(hp_comm_rank(world));
+    int n;
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, NULL, &n);
     test_validation();
     check_mesh(world, 1, -1, 1, 1, 1, 1);
     if (n == 4) {

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hyperparallel/comm.h"
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/mesh.h"
@@ -180,9 +181,7 @@ static void run(hp_mesh_t dp, hp_comm_t loss_comm, int dpr, hp_mesh_t tpm, int s
 }
 
 int main(int argc, char **argv) {
-    HP_ASSERT(hp_comm_init(&argc, &argv, &g_world) == HP_OK);
-    g_rank = hp_comm_rank(g_world);
-    hp_test_set_rank(g_rank);
+    g_world = hp_test_mpi_init(&argc, &argv, &g_rank, NULL);
     omp_set_num_threads(1);
     const int W = hp_comm_size(g_world);
     if (W != 4 && W != 8) {

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <omp.h>
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hyperparallel/comm.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/model.h"
@@ -206,10 +207,7 @@ static void test_errors(hp_mesh_t mesh) {
 }
 
 int main(int argc, char **argv) {
-    HP_ASSERT(hp_comm_init(&argc, &argv, &g_world) == HP_OK);
-    g_rank = hp_comm_rank(g_world);
-    g_size = hp_comm_size(g_world);
-    hp_test_set_rank(g_rank);
+    g_world = hp_test_mpi_init(&argc, &argv, &g_rank, &g_size);
     omp_set_num_threads(1);   // ranks share the cores (mpirun --oversubscribe)
     hp_mesh_t mesh = NULL;
     int64_t shape[1] = {g_size};

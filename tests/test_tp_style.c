@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hyperparallel/comm.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/nn.h"
@@ -359,11 +360,7 @@ static void test_loss_parallel(hp_comm_t comm) {
 }
 
 int main(int argc, char **argv) {
-    hp_comm_t world;
-    HP_ASSERT(hp_comm_init(&argc, &argv, &world) == HP_OK);
-    R = hp_comm_rank(world);
-    W = hp_comm_size(world);
-    hp_test_set_rank(R);
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &R, &W);
     int64_t shape[1] = {W};
     const char *names[1] = {"tp"};
     HP_ASSERT(hp_mesh_create(world, 1, shape, names, &g_mesh) == HP_OK);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hp_test_corpus.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/comm.h"
@@ -123,10 +124,8 @@ static void checkpoint_cases(hp_comm_t world, const hp_config_t *c) {
 }
 
 int main(int argc, char **argv) {
-    hp_comm_t world;
-    if (hp_comm_init(&argc, &argv, &world) != HP_OK) return 1;
-    int rank = hp_comm_rank(world), ws = hp_comm_size(world);
-    hp_test_set_rank(rank);
+    int rank, ws;
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
     if (ws != 4 && ws != 8) {
         printf("SKIP: test_tp_trainer_2d needs 4 or 8 ranks\n");
         hp_comm_finalize();

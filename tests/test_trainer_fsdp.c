@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hp_test_corpus.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/comm.h"
@@ -24,10 +25,8 @@
 enum { N = 4 };
 
 int main(int argc, char **argv) {
-    hp_comm_t world;
-    if (hp_comm_init(&argc, &argv, &world) != HP_OK) return 1;
-    int rank = hp_comm_rank(world), ws = hp_comm_size(world);
-    hp_test_set_rank(rank);
+    int rank, ws;
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
     hp_test_make_corpus(world, "hp_test_trainer_fsdp");
     hp_config_t *c = calloc(1, sizeof *c);
     hp_test_base_config(c, ws);

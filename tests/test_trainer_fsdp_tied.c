@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "hp_test.h"
+#include "hp_test_mpi.h"
 #include "hp_test_corpus.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/comm.h"
@@ -87,10 +88,8 @@ static void tp_cases(hp_comm_t world) {
 }
 
 int main(int argc, char **argv) {
-    hp_comm_t world;
-    if (hp_comm_init(&argc, &argv, &world) != HP_OK) return 1;
-    int rank = hp_comm_rank(world), ws = hp_comm_size(world);
-    hp_test_set_rank(rank);
+    int rank, ws;
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
     hp_test_make_corpus(world, "hp_test_trainer_fsdp_tied");
     if (ws == 4) {
         tp_cases(world);

@@ -4,16 +4,10 @@
  * per rank about 1/W. */
 // hp-test: ranks 2 4 timeout 900 coretype 2
 #include "test_ddp_util.h"
+#include "hp_test_mpi.h"
 
 int main(int argc, char **argv) {
-    hp_comm_t world;
-    if (hp_comm_init(&argc, &argv, &world) != HP_OK) {
-        fprintf(stderr, "hp_comm_init: %s\n", hp_last_error());
-        return 1;
-    }
-    g_rank = hp_comm_rank(world);
-    g_world = hp_comm_size(world);
-    hp_test_set_rank(g_rank);
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &g_rank, &g_world);
     {   // sizes 9, 7, 7, 5, 3, 1 over 3 ranks: 9 -> r0, 7 -> r1, 7 -> r2, 5 -> r1 (7 < 9, tie r1 < r2)...
         int64_t numel[6] = {3, 7, 9, 1, 7, 5};
         int owner[6], expect[6] = {2, 1, 0, 0, 2, 1};
