@@ -75,12 +75,7 @@ static inline void ddp_parity(hp_comm_t world, const char *what, int steps, int 
             local += l;
         }
         if (inject == DP_INJECT_ROW && g_rank == 1) dp_inject_row(&P[1]);
-        float lf = (float)local, all[64];
-        HP_ASSERT(hp_all_gather(&lf, all, 1, HP_F32, world, NULL) == HP_OK);
-        double loss = 0.0;
-        for (int r = 0; r < g_world; r++) loss += all[r];
-        losses[step] = loss;
-        dp_par_check_loss(&par, what, step, loss);
+        dp_par_check_global_loss(&par, world, what, step, local, &losses[step]);
         double fn = 0.0, rn = 0.0;
         HP_CHECK_OK(hp_clip_grad_norm(P, np, 1.0, NULL, 0, &fn));   // replicated: the local norm
         dp_par_check_norm(&par, what, step, fn, &rn);
@@ -90,11 +85,7 @@ static inline void ddp_parity(hp_comm_t world, const char *what, int steps, int 
         else HP_CHECK_OK(hp_optim_step(opt, 1.0));
         for (int i = 0; i < np; i++) dp_par_check_weights(&par, what, step, i, P[i].value.local.data);
     }
-    if (par.negative) {   // the injection may be seen on one rank only (DDP's replicas)
-        int64_t v = par.violations, any = 0;
-        HP_ASSERT(hp_all_reduce(&v, &any, 1, HP_I64, HP_SUM, world, NULL) == HP_OK);
-        HP_CHECK(any > 0, "%s: the injected error was not caught", what);
-    }
+    dp_par_check_caught(&par, world, what);
     if (z) {   // optimizer state ~1/W of the replicated optimizer's
         size_t mine = hp_zero_state_bytes(z), total = hp_optim_state_bytes(ropt);
         HP_CHECK(mine < total / g_world + total / (2 * g_world) + 4096,

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "hp_test.h"
+#include "hyperparallel/comm.h"
 #include "hyperparallel/model.h"
 #include "hyperparallel/optim.h"
 
@@ -234,6 +235,37 @@ static inline void dp_par_check_weights(dp_par_t *p, const char *what, int step,
                  "gradients (first [%lld]: %.9g vs %.9g)", what, step, (long long)bad, p->rp[i].name,
                  (long long)first, first >= 0 ? w[first] : 0.0, first >= 0 ? rw[first] : 0.0);
     memcpy(rw, w, sizeof(float) * (size_t)n);
+}
+
+/* The step's global loss: the double sum over the ranks of `local` (this rank's f32-rounded
+ * micro-batch losses), checked against the reference; stored in *loss_out. */
+static inline void dp_par_check_global_loss(dp_par_t *p, hp_comm_t world, const char *what, int step, double local,
+                                            double *loss_out) {
+    const int n = hp_comm_size(world);
+    float lf = (float)local, all[64];
+    HP_ASSERT(n <= 64 && hp_all_gather(&lf, all, 1, HP_F32, world, NULL) == HP_OK);
+    double loss = 0.0;
+    for (int r = 0; r < n; r++) loss += all[r];
+    *loss_out = loss;
+    dp_par_check_loss(p, what, step, loss);
+}
+
+/* A negative test's verdict: the injection may be seen on one rank only (DDP's replicas), so
+ * the violations are summed over the world and must be > 0 (every rank reports the same). */
+static inline void dp_par_check_caught(dp_par_t *p, hp_comm_t world, const char *what) {
+    if (!p->negative) return;
+    int64_t v = p->violations, any = 0;
+    HP_ASSERT(hp_all_reduce(&v, &any, 1, HP_I64, HP_SUM, world, NULL) == HP_OK);
+    p->violations = (long)any;
+    HP_CHECK(p->violations > 0, "%s: the injected error was not caught (%ld violations)", what, p->violations);
+}
+
+/* Two runs that must give bitwise equal losses over their first n steps (an option that only
+ * moves communication: overlap, reshard_after_forward). */
+static inline void dp_check_same_losses(const double *a, const double *b, int n, const char *a_name,
+                                        const char *b_name) {
+    for (int s = 0; s < n; s++)
+        HP_CHECK(a[s] == b[s], "step %d: %s %.17g != %s %.17g (must be bitwise equal)", s, a_name, a[s], b_name, b[s]);
 }
 
 /* Negative tests (STYLE rule 17): an injected small error that the harness must catch. */

@@ -22,8 +22,7 @@ int main(int argc, char **argv) {
     run_case(world, &c, l0);
     c.what = "fsdp f32 reshard_after_forward True"; c.raf = 1;
     run_case(world, &c, l1);
-    for (int s = 0; s < 2; s++)
-        HP_CHECK(l0[s] == l1[s], "step %d: reshard_after_forward False %.17g != True %.17g", s, l0[s], l1[s]);
+    dp_check_same_losses(l0, l1, 2, "reshard_after_forward False", "True");
     int rc = hp_test_finish("test_fsdp_mp");
     hp_comm_finalize();
     return rc;

@@ -138,12 +138,7 @@ static inline void run_case(hp_comm_t world, const pcase_t *pc, double *losses) 
             local += l;
         }
         if (pc->inject == DP_INJECT_ROW && g_rank == 1) dp_inject_row(&FP[1]);
-        float lf = (float)local, all[64];
-        HP_ASSERT(hp_all_gather(&lf, all, 1, HP_F32, world, NULL) == HP_OK);
-        double loss = 0.0;
-        for (int r = 0; r < g_world; r++) loss += all[r];
-        losses[step] = loss;
-        dp_par_check_loss(&par, pc->what, step, loss);
+        dp_par_check_global_loss(&par, world, pc->what, step, local, &losses[step]);
         double fn = 0.0, rn = 0.0;
         HP_CHECK_OK(hp_clip_grad_norm(FP, np, 1.0, comms, nc, &fn));
         dp_par_check_norm(&par, pc->what, step, fn, &rn);
@@ -158,14 +153,7 @@ static inline void run_case(hp_comm_t world, const pcase_t *pc, double *losses) 
             dp_par_check_weights(&par, pc->what, step, i, full);
         }
     }
-    if (par.negative) {   // the injection may be seen on one rank only (DDP's replicas)
-        int64_t v = par.violations, any = 0;
-        HP_ASSERT(hp_all_reduce(&v, &any, 1, HP_I64, HP_SUM, world, NULL) == HP_OK);
-        par.violations = (long)any;
-    }
-    if (par.negative)
-        HP_CHECK(par.violations > 0, "%s: the injected error was not caught (%ld violations)", pc->what,
-                 par.violations);
+    dp_par_check_caught(&par, world, pc->what);
     if (g_rank == 0)
         printf("%-44s W=%d: %2d steps, worst error / bound: loss %.2e grad %.2e; weights off the shadow: %lld%s\n",
                pc->what, g_world, pc->steps, par.worst_l, par.worst_g, (long long)par.w_diff,
