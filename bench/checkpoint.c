@@ -140,7 +140,7 @@ int main(int argc, char **argv) {
                best_load);
     }
     /* blocked time: sync save vs async save (staging + per-step commit polls) while steps run */
-    hp_dcp_saver_t *sv;
+    hp_dcp_saver_t sv;
     hp_dcp_saver_create(w, &sv);
     double sync_block = 1e30, async_block = 1e30, async_commit = 0, async_stage = 0, async_last = 0;
     int steps_overlapped = 0;

@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
     {
         hp_model_t m;
         CHECK(hp_model_create(&cfg, B, T, &m));
-        hp_optim_t *o;
+        hp_optim_t o;
         CHECK(hp_optim_create(&oc, hp_model_params(m), hp_model_num_params(m), &o));
         hp_model_memory(m, &full_p, &full_g, NULL, NULL);
         full_o = hp_optim_state_bytes(o);
@@ -66,9 +66,9 @@ int main(int argc, char **argv) {
         hp_fsdp_options_t fo = hp_fsdp_default_options();
         fo.overlap = overlap;
         fo.gradient_divide_factor = 1.0;
-        hp_fsdp_t *f;
+        hp_fsdp_t f;
         CHECK(hp_fully_shard(m, mesh, &fo, &f));
-        hp_optim_t *o;
+        hp_optim_t o;
         CHECK(hp_optim_create(&oc, hp_fsdp_params(f), hp_fsdp_num_params(f), &o));
         double total = 0.0, wait = 0.0;
         uint64_t ag = 0, rs = 0;

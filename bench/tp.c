@@ -52,7 +52,7 @@ static result_t run(int mode, hp_mesh_t mesh, const hp_model_config_t *cfg, int 
     hp_model_t m = NULL;
     CHECK(hp_model_create(cfg, B, T, &m));
     hp_tp_t tp = NULL;
-    hp_fsdp_t *fsdp = NULL;
+    hp_fsdp_t fsdp = NULL;
     hp_tp_plan_entry_t plan[32];
     if (mode == 1) {
         int n = strcmp(cfg->name, "qwen3") == 0 ? hp_tp_qwen3_plan(plan, 32, sp, sp) : hp_tp_llama3_plan(plan, 32, sp, sp);
@@ -70,7 +70,7 @@ static result_t run(int mode, hp_mesh_t mesh, const hp_model_config_t *cfg, int 
     }
     hp_optim_config_t oc = hp_optim_default(HP_OPTIM_ADAMW);
     oc.lr = 1e-3;
-    hp_optim_t *opt = NULL;
+    hp_optim_t opt = NULL;
     CHECK(hp_optim_create(&oc, params, np, &opt));
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)B * T), *tgt = malloc(sizeof(int32_t) * (size_t)B * T);
     uint32_t x = 99u + 7919u * (uint32_t)data_rank;

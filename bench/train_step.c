@@ -147,7 +147,7 @@ int main(int argc, char **argv) {
     oc.lr = 8e-4;
     oc.beta2 = 0.95;
     oc.weight_decay = 0.1;
-    hp_optim_t *opt;
+    hp_optim_t opt;
     CHECK(hp_optim_create(&oc, hp_model_params(m), hp_model_num_params(m), &opt));
 
     // a fixed batch: tokens from an LCG, targets = next token

@@ -103,7 +103,7 @@ static inline void hp_test_base_config(hp_config_t *c, int world) {
  * with validate, also checks that validation gives a finite positive loss. */
 static inline void hp_test_train_steps(const hp_config_t *c, hp_comm_t comm, int n, double *losses, double *norms,
                                        int validate) {
-    hp_trainer_t *t = NULL;
+    hp_trainer_t t = NULL;
     HP_CHECK_OK(hp_trainer_create(c, comm, &t));
     if (!t) return;
     for (int i = 0; i < n; i++) {

@@ -101,7 +101,7 @@ static void dcp_cases(void) {
     snprintf(shard, sizeof shard, "%s/__0_0.safetensors", dir);
     HP_CHECK_OK(hp_dcp_save(dir, &st, NULL));
     HP_CHECK_OK(hp_dcp_verify(dir, 1));
-    hp_dcp_metadata_t *md = NULL;
+    hp_dcp_metadata_t md = NULL;
     HP_CHECK_OK(hp_dcp_metadata_read(dir, &md));
     if (md) {
         const hp_dcp_entry_t *e = hp_dcp_metadata_find(md, "layers.0.w");
@@ -153,7 +153,7 @@ static void manager_cases(void) {
     int64_t step = 0;
     uint64_t seed = 1;
     hp_ckpt_train_state_t st = {&p, 1, NULL, NULL, NULL, &step, &seed};
-    hp_ckpt_manager_t *m = NULL;
+    hp_ckpt_manager_t m = NULL;
     HP_CHECK_OK(hp_ckpt_manager_create(c, NULL, &m));
     if (!m) return;
     for (step = 1; step <= 3; step++) {
@@ -238,14 +238,14 @@ static void hf_index_cases(void) {
         {"{}", "no \"weight_map\""},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        hp_hf_index_t *ix = NULL;
+        hp_hf_index_t ix = NULL;
         hp_status_t s = hp_hf_index_parse(bad[i].json, strlen(bad[i].json), "x/model.safetensors.index.json", &ix);
         HP_CHECK(s == HP_ERR_FORMAT && !ix && strstr(hp_last_error(), "x/model.safetensors.index.json") &&
                      strstr(hp_last_error(), bad[i].want), "index %s: %s", bad[i].json, hp_last_error());
     }
     const char *good = "{\"metadata\": {}, \"weight_map\": {\"a\": \"m1.safetensors\", \"b\": \"m2.safetensors\", "
                        "\"c\": \"m1.safetensors\"}}";
-    hp_hf_index_t *ix = NULL;
+    hp_hf_index_t ix = NULL;
     HP_CHECK_OK(hp_hf_index_parse(good, strlen(good), "good", &ix));
     if (ix) {
         HP_CHECK(hp_hf_index_count(ix) == 3 && hp_hf_index_n_files(ix) == 2 &&

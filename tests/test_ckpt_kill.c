@@ -48,7 +48,7 @@ static int helper(const char *folder, int argc, char **argv) {
     snprintf(dir, sizeof dir, "%s/step-1", folder);
     HP_ASSERT(hp_dcp_save(dir, &st, w) == HP_OK);
     fill(&d, 2);
-    hp_dcp_saver_t *sv;
+    hp_dcp_saver_t sv;
     HP_ASSERT(hp_dcp_saver_create(w, &sv) == HP_OK);
     snprintf(dir, sizeof dir, "%s/step-2", folder);
     HP_ASSERT(hp_dcp_saver_save(sv, dir, &st) == HP_OK);

@@ -25,7 +25,7 @@
 
 enum { STEPS = 6 };
 
-static void steps(hp_trainer_t *t, double *losses, int n) {
+static void steps(hp_trainer_t t, double *losses, int n) {
     for (int i = 0; i < n; i++) {
         hp_step_stats_t st;
         HP_CHECK_OK(hp_trainer_step(t, &st));
@@ -46,7 +46,7 @@ static void resume_case(const hp_config_t *base, hp_comm_t world, const double *
     hp_config_t *c = malloc(sizeof *c);
     *c = *base;
     ckpt_config(c, sub, mode);
-    hp_trainer_t *t = NULL;
+    hp_trainer_t t = NULL;
     double l[STEPS];
     HP_CHECK_OK(hp_trainer_create(c, world, &t));
     if (!t) { free(c); return; }
@@ -65,7 +65,7 @@ static void resume_case(const hp_config_t *base, hp_comm_t world, const double *
     /* the last step wrote a model-only checkpoint */
     char d[700];
     snprintf(d, sizeof d, "%s/step-%d", c->checkpoint.folder, STEPS);
-    hp_dcp_metadata_t *md = NULL;
+    hp_dcp_metadata_t md = NULL;
     HP_CHECK_OK(hp_dcp_metadata_read(d, &md));
     if (md) {
         HP_CHECK(!hp_dcp_metadata_find(md, "train_state") && !hp_dcp_metadata_find(md, "optimizer.step") &&
@@ -97,7 +97,7 @@ int main(int argc, char **argv) {
     c->training.local_batch_size = 1;
 
     double ref[STEPS];
-    hp_trainer_t *t = NULL;
+    hp_trainer_t t = NULL;
     HP_CHECK_OK(hp_trainer_create(c, world, &t));
     if (t) steps(t, ref, STEPS);
 
@@ -112,7 +112,7 @@ int main(int argc, char **argv) {
         ckpt_config(f, "fsdp", "disabled");
         f->parallelism.data_parallel_replicate_degree = 1;
         f->parallelism.data_parallel_shard_degree = 2;
-        hp_trainer_t *tf = NULL;
+        hp_trainer_t tf = NULL;
         HP_CHECK_OK(hp_trainer_create(f, world, &tf));
         double l[STEPS];
         if (tf) {
@@ -151,7 +151,7 @@ int main(int argc, char **argv) {
         ckpt_config(k, "keep", "async");
         k->checkpoint.interval = 2;
         k->checkpoint.keep_latest_k = 2;
-        hp_trainer_t *t2 = NULL;
+        hp_trainer_t t2 = NULL;
         double l[STEPS];
         HP_CHECK_OK(hp_trainer_create(k, world, &t2));
         if (t2) { steps(t2, l, STEPS); hp_trainer_destroy(t2); }
@@ -195,7 +195,7 @@ int main(int argc, char **argv) {
         *h = *c;
         ckpt_config(h, "from_hf", "disabled");
         snprintf(h->checkpoint.initial_load_path, sizeof h->checkpoint.initial_load_path, "%s", hfdir);
-        hp_trainer_t *t3 = NULL;
+        hp_trainer_t t3 = NULL;
         HP_CHECK_OK(hp_trainer_create(h, world, &t3));
         if (t3) {
             hp_model_t m3 = hp_trainer_model(t3);

@@ -67,7 +67,7 @@ int main(void) {
     /* consolidate: one file, same values */
     snprintf(out, sizeof out, "%s/all.safetensors", ROOT);
     HP_CHECK(run("consolidate %s %s", dir, out) == 0, "consolidate:\n%s", OUT);
-    hp_safetensors_t *sf = NULL;
+    hp_safetensors_t sf = NULL;
     HP_CHECK_OK(hp_safetensors_open(out, &sf));
     if (sf) {
         HP_CHECK(hp_safetensors_count(sf) == np + 1, "consolidated count %d", hp_safetensors_count(sf));

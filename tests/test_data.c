@@ -99,25 +99,25 @@ static void shard(int n, int r, int w, int *b, int *e) {
     *e = *b + div + (r < mod ? 1 : 0);
 }
 
-static hp_dataset_t *open_ds(const char *name, const char *format, const char *sep, double val) {
+static hp_dataset_t open_ds(const char *name, const char *format, const char *sep, double val) {
     char p[512];
     path(p, sizeof p, name);
     hp_dataset_options_t o = {p, format, sep, NULL, NULL, val};
-    hp_dataset_t *ds = NULL;
+    hp_dataset_t ds = NULL;
     HP_CHECK_OK(hp_dataset_open(&o, &ds));
     return ds;
 }
 
-static hp_dataloader_t *make_dl(hp_dataset_t *ds, hp_data_split_t split, int r, int w, bool loop) {
+static hp_dataloader_t make_dl(hp_dataset_t ds, hp_data_split_t split, int r, int w, bool loop) {
     hp_text_encoder_t enc = hp_text_encoder_bytes();
     hp_dataloader_options_t o = {split, T, B, r, w, loop, 258};
-    hp_dataloader_t *dl = NULL;
+    hp_dataloader_t dl = NULL;
     HP_CHECK_OK(hp_dataloader_create(ds, &enc, &o, &dl));
     return dl;
 }
 
 /* Batches equal the cyclic stream `s` (length n) cut into T+1 windows. */
-static void check_against_stream(hp_dataloader_t *dl, const int32_t *s, size_t n, const char *what) {
+static void check_against_stream(hp_dataloader_t dl, const int32_t *s, size_t n, const char *what) {
     int32_t in[B * T], lab[B * T];
     size_t pos = 0;
     int bad = 0;
@@ -146,7 +146,7 @@ static void test_packing(void) {
     struct { const char *file, *format, *sep; } cases[] = {
         {"corpus.txt", "text", "percent"}, {"blank.txt", "text", "blank_line"}, {"corpus.jsonl", "auto", NULL}};
     for (int c = 0; c < 3; c++) {
-        hp_dataset_t *ds = open_ds(cases[c].file, cases[c].format, cases[c].sep, 0);
+        hp_dataset_t ds = open_ds(cases[c].file, cases[c].format, cases[c].sep, 0);
         if (!ds) continue;
         HP_CHECK(hp_dataset_num_documents(ds, HP_SPLIT_TRAIN) == NDOCS, "%s: %lld docs", cases[c].file,
                  (long long)hp_dataset_num_documents(ds, HP_SPLIT_TRAIN));
@@ -154,7 +154,7 @@ static void test_packing(void) {
         size_t l;
         HP_CHECK_OK(hp_dataset_document(ds, HP_SPLIT_TRAIN, 5, &t, &l));
         HP_CHECK(l == strlen(docs_[5]) && memcmp(t, docs_[5], l) == 0, "%s: doc 5 is '%.*s'", cases[c].file, (int)l, t);
-        hp_dataloader_t *dl = make_dl(ds, HP_SPLIT_TRAIN, rank_, world_, true);
+        hp_dataloader_t dl = make_dl(ds, HP_SPLIT_TRAIN, rank_, world_, true);
         HP_CHECK(hp_dataloader_shard_documents(dl) == e - b, "shard size");
         check_against_stream(dl, s, n, cases[c].file);
         hp_dataloader_destroy(dl);
@@ -168,11 +168,11 @@ static void test_packing(void) {
         char p[512];
         path(p, sizeof p, bins[c]);
         hp_dataset_options_t o = {p, "auto", NULL, NULL, c ? "uint32" : "uint16", 0};
-        hp_dataset_t *ds = NULL;
+        hp_dataset_t ds = NULL;
         HP_CHECK_OK(hp_dataset_open(&o, &ds));
         if (!ds) continue;
         HP_CHECK(hp_dataset_num_documents(ds, HP_SPLIT_TRAIN) == (int64_t)total, "bin tokens");
-        hp_dataloader_t *dl = make_dl(ds, HP_SPLIT_TRAIN, rank_, world_, true);
+        hp_dataloader_t dl = make_dl(ds, HP_SPLIT_TRAIN, rank_, world_, true);
         int tb, te;
         shard((int)total, rank_, world_, &tb, &te);
         size_t usable = (size_t)(te - tb) / (T + 1) * (T + 1);
@@ -184,10 +184,10 @@ static void test_packing(void) {
 
 /* Issue 4 acceptance 4: save after k batches, restore into a fresh loader: identical next batches. */
 static void test_restore(const char *file, const char *format) {
-    hp_dataset_t *ds = open_ds(file, format, "percent", 0);
+    hp_dataset_t ds = open_ds(file, format, "percent", 0);
     if (!ds) return;
     for (int k = 0; k < NB; k++) {
-        hp_dataloader_t *a = make_dl(ds, HP_SPLIT_TRAIN, rank_, world_, true);
+        hp_dataloader_t a = make_dl(ds, HP_SPLIT_TRAIN, rank_, world_, true);
         int32_t in[B * T], lab[B * T], in2[B * T], lab2[B * T];
         bool got;
         for (int i = 0; i < k; i++) HP_CHECK_OK(hp_dataloader_next(a, in, lab, &got));
@@ -196,7 +196,7 @@ static void test_restore(const char *file, const char *format) {
         HP_CHECK(hp_dataloader_state_size(a) < sizeof blob, "state size");
         HP_CHECK_OK(hp_dataloader_state_save(a, blob, sizeof blob, &n));
         HP_CHECK(n == hp_dataloader_state_size(a), "state size exact");
-        hp_dataloader_t *b = make_dl(ds, HP_SPLIT_TRAIN, rank_, world_, true);
+        hp_dataloader_t b = make_dl(ds, HP_SPLIT_TRAIN, rank_, world_, true);
         /* advance b elsewhere first: loading must overwrite everything */
         HP_CHECK_OK(hp_dataloader_next(b, in2, lab2, &got));
         HP_CHECK_OK(hp_dataloader_state_load(b, blob, n));
@@ -220,9 +220,9 @@ static void test_restore(const char *file, const char *format) {
 
 /* Every rank's state goes to every rank: only its own is accepted. */
 static void test_cross_rank_states(hp_comm_t world) {
-    hp_dataset_t *ds = open_ds("corpus.txt", "text", "percent", 0);
+    hp_dataset_t ds = open_ds("corpus.txt", "text", "percent", 0);
     if (!ds) return;
-    hp_dataloader_t *dl = make_dl(ds, HP_SPLIT_TRAIN, rank_, world_, true);
+    hp_dataloader_t dl = make_dl(ds, HP_SPLIT_TRAIN, rank_, world_, true);
     int32_t in[B * T], lab[B * T];
     bool got;
     for (int i = 0; i < 3; i++) HP_CHECK_OK(hp_dataloader_next(dl, in, lab, &got));
@@ -239,7 +239,7 @@ static void test_cross_rank_states(hp_comm_t world) {
     HP_CHECK_OK(hp_all_reduce(&docs, &total, 1, HP_I32, HP_SUM, world, NULL));
     HP_CHECK(total == NDOCS, "shards cover %d of %d documents", total, NDOCS);
     int32_t first[T];
-    hp_dataloader_t *fresh = make_dl(ds, HP_SPLIT_TRAIN, rank_, world_, true);
+    hp_dataloader_t fresh = make_dl(ds, HP_SPLIT_TRAIN, rank_, world_, true);
     for (int r = 0; r < world_; r++) {
         size_t nr;
         memcpy(&nr, all + (size_t)r * (SLOT + 8), sizeof nr);
@@ -258,7 +258,7 @@ static void test_cross_rank_states(hp_comm_t world) {
     HP_CHECK(memcmp(in, in2, sizeof in) == 0 && memcmp(lab, lab2, sizeof lab) == 0, "cross-rank exchange kept state");
     /* A loader of a different dp world refuses it too. */
     if (world_ > 1) {
-        hp_dataloader_t *other = make_dl(ds, HP_SPLIT_TRAIN, 0, 1, true);
+        hp_dataloader_t other = make_dl(ds, HP_SPLIT_TRAIN, 0, 1, true);
         HP_CHECK_ERR(hp_dataloader_state_load(other, mine + 8, n), HP_ERR_INVALID_ARG, "cannot change across a resume");
         hp_dataloader_destroy(other);
     }
@@ -277,7 +277,7 @@ static void test_cross_rank_states(hp_comm_t world) {
 }
 
 static void test_no_loop_and_validation(void) {
-    hp_dataset_t *ds = open_ds("corpus.txt", "text", "percent", 0.1);
+    hp_dataset_t ds = open_ds("corpus.txt", "text", "percent", 0.1);
     if (!ds) return;
     HP_CHECK(hp_dataset_num_documents(ds, HP_SPLIT_VALIDATION) == 4, "validation docs");
     HP_CHECK(hp_dataset_num_documents(ds, HP_SPLIT_TRAIN) == NDOCS - 4, "train docs");
@@ -292,7 +292,7 @@ static void test_no_loop_and_validation(void) {
     size_t n = doc_stream(NDOCS - 4 + b, NDOCS - 4 + e, s);
     hp_dataloader_options_t o = {HP_SPLIT_VALIDATION, T, 1, rank_, world_, false, 258};
     hp_text_encoder_t enc = hp_text_encoder_bytes();
-    hp_dataloader_t *dl = NULL;
+    hp_dataloader_t dl = NULL;
     HP_CHECK_OK(hp_dataloader_create(ds, &enc, &o, &dl));
     if (dl) {
         int32_t in[T], lab[T];
@@ -345,7 +345,7 @@ static void test_directory(void) {
     path(p, sizeof p, "dir/b.u8");
     if (symlink(target, p) != 0) perror("symlink");   /* a .u8 link as in fortune packages: skipped */
     hp_dataset_options_t o = {d, "text", "percent", NULL, NULL, 0};
-    hp_dataset_t *ds = NULL;
+    hp_dataset_t ds = NULL;
     HP_CHECK_OK(hp_dataset_open(&o, &ds));
     if (!ds) return;
     HP_CHECK(hp_dataset_num_files(ds) == 2, "files %d", hp_dataset_num_files(ds));
@@ -363,7 +363,7 @@ static void test_directory(void) {
 
 static void test_errors(void) {
     char p[512];
-    hp_dataset_t *ds = NULL;
+    hp_dataset_t ds = NULL;
     hp_dataset_options_t o = {"/no/such/corpus.txt", NULL, NULL, NULL, NULL, 0};
     HP_CHECK_ERR(hp_dataset_open(&o, &ds), HP_ERR_IO, "data file '/no/such/corpus.txt': cannot open");
     o.path = "";
@@ -411,7 +411,7 @@ static void test_errors(void) {
     HP_CHECK_OK(hp_dataset_open(&o, &ds));
     if (ds) {
         hp_dataloader_options_t lo = {HP_SPLIT_TRAIN, T, 1, 0, 1, true, 200};
-        hp_dataloader_t *dl = NULL;
+        hp_dataloader_t dl = NULL;
         HP_CHECK_OK(hp_dataloader_create(ds, NULL, &lo, &dl));
         int32_t in[T], lab[T];
         bool got;
@@ -426,7 +426,7 @@ static void test_errors(void) {
     if (ds) {
         hp_text_encoder_t enc = hp_text_encoder_bytes();
         hp_dataloader_options_t lo = {HP_SPLIT_TRAIN, T, 1, 0, 1, true, 100};
-        hp_dataloader_t *dl = NULL;
+        hp_dataloader_t dl = NULL;
         HP_CHECK_ERR(hp_dataloader_create(ds, NULL, &lo, &dl), HP_ERR_INVALID_ARG, "needs a text encoder");
         HP_CHECK_OK(hp_dataloader_create(ds, &enc, &lo, &dl));
         int32_t in[T], lab[T];
@@ -436,7 +436,7 @@ static void test_errors(void) {
         unsigned char blob[4096];
         size_t n;
         hp_dataloader_options_t lo2 = {HP_SPLIT_TRAIN, T + 1, 1, 0, 1, true, 0};
-        hp_dataloader_t *dl2 = NULL;
+        hp_dataloader_t dl2 = NULL;
         HP_CHECK_OK(hp_dataloader_create(ds, &enc, &lo2, &dl2));
         if (dl && dl2) {
             HP_CHECK_OK(hp_dataloader_state_save(dl2, blob, sizeof blob, &n));

@@ -103,7 +103,7 @@ static void test_reshard(void) {
     char dir[512];
     path(dir, sizeof dir, "step-10");
     /* metadata: a has N chunks (one per rank), b one (dedup), c N */
-    hp_dcp_metadata_t *md;
+    hp_dcp_metadata_t md;
     HP_CHECK_OK(hp_dcp_metadata_read(dir, &md));
     if (md) {
         const hp_dcp_entry_t *ea = hp_dcp_metadata_find(md, "a"), *eb = hp_dcp_metadata_find(md, "b");
@@ -251,7 +251,7 @@ static void test_strided(void) {
     path(dir, sizeof dir, "step-20");
     path(dir10, sizeof dir10, "step-10");
     HP_CHECK_OK(hp_dcp_save(dir, &st, W));
-    hp_dcp_metadata_t *md = NULL;
+    hp_dcp_metadata_t md = NULL;
     HP_CHECK_OK(hp_dcp_metadata_read(dir, &md));
     if (md) {
         const hp_dcp_entry_t *e = hp_dcp_metadata_find(md, "s");
@@ -356,7 +356,7 @@ static void test_async(void) {
     hp_dtensor_t a = make("a", 2, SA, m1, 1, &s0, 1);
     hp_dcp_tensor_t ts[1] = {{"a", &a, -1, 0}};
     hp_dcp_state_t st = {ts, 1, NULL, 0};
-    hp_dcp_saver_t *sv;
+    hp_dcp_saver_t sv;
     HP_CHECK_OK(hp_dcp_saver_create(W, &sv));
     char dir[512], dir2[512];
     path(dir, sizeof dir, "async/step-1");
@@ -419,7 +419,7 @@ static void test_checksums(void) {
     snprintf(fp, sizeof fp, "%s/%s", dir, fn);
     if (R == 0) {
         HP_CHECK_OK(hp_dcp_verify(dir, 1));
-        hp_dcp_metadata_t *md = NULL;
+        hp_dcp_metadata_t md = NULL;
         HP_CHECK_OK(hp_dcp_metadata_read(dir, &md));
         int with = 0, all = 0;
         for (int i = 0; md && i < hp_dcp_metadata_count(md); i++)

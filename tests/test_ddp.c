@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
     const hp_model_config_t cfg = dp_config(0);
     hp_model_t m = NULL;
     HP_ASSERT(hp_model_create(&cfg, DP_B, DP_T, &m) == HP_OK);
-    hp_ddp_t *d = NULL;
+    hp_ddp_t d = NULL;
     HP_CHECK_OK(hp_ddp_create(m, world, NULL, &d));
     if (d) {
         int nb = hp_ddp_num_buckets(d), idx[128];
@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
         HP_CHECK(nb >= 2 && n_last == 1 && idx[0] == 0, "%d buckets; the last holds %d params (first %d)", nb, n_last,
                  idx[0]);
         hp_comm_t again = NULL;
-        hp_ddp_t *d2 = NULL;
+        hp_ddp_t d2 = NULL;
         (void)again;
         HP_CHECK_ERR(hp_ddp_create(m, world, NULL, &d2), HP_ERR_STATE, "already wrapped by DDP");
         // collectives: one all-reduce per bucket per synced backward, none under no_sync
@@ -85,9 +85,9 @@ int main(int argc, char **argv) {
         HP_ASSERT(hp_model_create(&cfg, DP_B, DP_T, &f) == HP_OK);
         hp_mesh_t mesh = NULL;
         HP_ASSERT(hp_mesh_from_comm(world, "dp_shard", &mesh) == HP_OK);
-        hp_fsdp_t *fs = NULL;
+        hp_fsdp_t fs = NULL;
         HP_CHECK_OK(hp_fully_shard(f, mesh, NULL, &fs));
-        hp_ddp_t *d3 = NULL;
+        hp_ddp_t d3 = NULL;
         HP_CHECK_ERR(hp_ddp_create(f, world, NULL, &d3), HP_ERR_STATE, "already wrapped by fully_shard");
         hp_fsdp_destroy(fs);
         hp_model_destroy(f);

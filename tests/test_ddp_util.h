@@ -28,15 +28,15 @@ static inline void ddp_parity(hp_comm_t world, const char *what, int steps, int 
     o.average = 0;   // the loss is globally normalised: sums
     o.overlap = overlap;
     if (cap) o.bucket_cap_bytes = cap;
-    hp_ddp_t *d = NULL;
+    hp_ddp_t d = NULL;
     HP_CHECK_OK(hp_ddp_create(m, world, &o, &d));
     if (!d) return;
     const int np = hp_model_num_params(m);
     hp_param_t *RP = hp_model_params(ref), *P = hp_model_params(m);
     hp_optim_config_t oc = dp_optim(), moc = oc;
     if (inject == DP_INJECT_LR && g_rank == 1) moc.lr *= 1.0 + 1e-3;
-    hp_optim_t *ropt = NULL, *opt = NULL;
-    hp_zero_t *z = NULL;
+    hp_optim_t ropt = NULL, opt = NULL;
+    hp_zero_t z = NULL;
     HP_ASSERT(hp_optim_create(&oc, RP, np, &ropt) == HP_OK);
     const hp_zero_local_optim_t zlo = hp_optim_zero_local(&moc);
     if (zero) HP_CHECK_OK(hp_zero_create(&zlo, P, np, world, &z));

@@ -34,7 +34,7 @@ static void counts(hp_comm_t world, int raf, int R, int sync, uint64_t ag, uint6
     hp_fsdp_options_t o = hp_fsdp_default_options();
     o.reshard_after_forward = raf;
     o.gradient_divide_factor = 1.0;
-    hp_fsdp_t *f = NULL;
+    hp_fsdp_t f = NULL;
     HP_CHECK_OK(hp_fully_shard(m, mesh, &o, &f));
     for (int step = 0; f && step < 2; step++) {   // the second step sees the steady state
         HP_CHECK_OK(hp_fsdp_zero_grad(f));
@@ -59,7 +59,7 @@ static void counts(hp_comm_t world, int raf, int R, int sync, uint64_t ag, uint6
     hp_mesh_destroy(mesh);
 }
 
-static void check_events(hp_fsdp_t *f, const char *const *expect, int n, const char *what) {
+static void check_events(hp_fsdp_t f, const char *const *expect, int n, const char *what) {
     int got = hp_fsdp_num_events(f);
     int ok = got == n;
     for (int i = 0; ok && i < n; i++) ok = strcmp(hp_fsdp_event(f, i), expect[i]) == 0;
@@ -78,7 +78,7 @@ static void events(hp_comm_t world, int overlap) {
     hp_mesh_t mesh = make_mesh(world, 1);
     hp_fsdp_options_t o = hp_fsdp_default_options();
     o.overlap = overlap;
-    hp_fsdp_t *f = NULL;
+    hp_fsdp_t f = NULL;
     HP_CHECK_OK(hp_fully_shard(m, mesh, &o, &f));
     if (!f) return;
     hp_fsdp_record_events(f, 1);
@@ -123,7 +123,7 @@ static void events(hp_comm_t world, int overlap) {
 static void divide_factor(hp_comm_t world) {
     hp_model_config_t cfg = dp_config(1);
     hp_model_t m[2] = {NULL, NULL};
-    hp_fsdp_t *f[2] = {NULL, NULL};
+    hp_fsdp_t f[2] = {NULL, NULL};
     hp_mesh_t mesh = make_mesh(world, 1);
     for (int k = 0; k < 2; k++) {
         HP_ASSERT(hp_model_create(&cfg, DP_B, DP_T, &m[k]) == HP_OK);
@@ -152,7 +152,7 @@ static void misuse(hp_comm_t world) {
     HP_ASSERT(hp_model_create(&cfg, DP_B, DP_T, &m) == HP_OK);
     HP_ASSERT(hp_model_init_weights(m, DP_SEED) == HP_OK);
     hp_mesh_t mesh = make_mesh(world, 1), m3 = NULL, m2 = NULL;
-    hp_fsdp_t *f = NULL, *f2 = NULL;
+    hp_fsdp_t f = NULL, f2 = NULL;
     hp_fsdp_options_t o = hp_fsdp_default_options();
     // a 3-D mesh; a 2-D mesh without names
     int64_t s3[3] = {1, 1, g_world};

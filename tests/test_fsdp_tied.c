@@ -32,7 +32,7 @@ static void fwd(hp_model_t m, int step) {
     HP_CHECK_OK(hp_model_forward(m, tok, tgt, DP_B, DP_T, 100.0f, &l));
 }
 
-static void check_events(hp_fsdp_t *f, const char *const *expect, int n, const char *what, const char *setting) {
+static void check_events(hp_fsdp_t f, const char *const *expect, int n, const char *what, const char *setting) {
     int got = hp_fsdp_num_events(f);
     int ok = got == n;
     for (int i = 0; ok && i < n; i++) ok = strcmp(hp_fsdp_event(f, i), expect[i]) == 0;
@@ -55,7 +55,7 @@ static void schedule(hp_comm_t world, int raf, int overlap) {
     o.reshard_after_forward = raf;
     o.overlap = overlap;
     o.gradient_divide_factor = 1.0;
-    hp_fsdp_t *f = NULL;
+    hp_fsdp_t f = NULL;
     HP_CHECK_OK(hp_fully_shard(m, mesh, &o, &f));
     if (!f) { hp_model_destroy(m); hp_mesh_destroy(mesh); return; }
     char what[64];

@@ -62,7 +62,7 @@ static inline void run_case(hp_comm_t world, const pcase_t *pc, double *losses) 
     HP_ASSERT(hp_model_init_weights(ref, DP_SEED) == HP_OK);
     hp_comm_t self_comm = NULL;
     hp_mesh_t self_mesh = NULL;
-    hp_fsdp_t *rf = NULL;
+    hp_fsdp_t rf = NULL;
     hp_param_t *RP = hp_model_params(ref);
     if (mixed) {
         HP_ASSERT(hp_comm_split(world, g_rank, 0, &self_comm) == HP_OK);
@@ -73,13 +73,13 @@ static inline void run_case(hp_comm_t world, const pcase_t *pc, double *losses) 
     const int np = hp_model_num_params(ref);
     HP_ASSERT(hp_model_create(&cfg, DP_B, DP_T, &fm) == HP_OK);
     HP_ASSERT(hp_model_init_weights(fm, DP_SEED) == HP_OK);
-    hp_fsdp_t *f = NULL;
+    hp_fsdp_t f = NULL;
     HP_CHECK_OK(hp_fully_shard(fm, mesh, &o, &f));
     if (!f) return;
     hp_param_t *FP = hp_fsdp_params(f);
     hp_optim_config_t oc = dp_optim(), foc = oc;
     if (pc->inject == DP_INJECT_LR && g_rank == 1) foc.lr *= 1.0 + 1e-3;
-    hp_optim_t *ropt = NULL, *fopt = NULL;
+    hp_optim_t ropt = NULL, fopt = NULL;
     HP_ASSERT(hp_optim_create(&oc, RP, np, &ropt) == HP_OK);
     HP_ASSERT(hp_optim_create(&foc, FP, np, &fopt) == HP_OK);
     hp_comm_t comms[2];

@@ -37,7 +37,7 @@ static int get_bool(struct json_object *o, const char *k) {
 }
 
 /* Model config from the golden file's "config" metadata (the Python CONFIGS entry). */
-static hp_status_t config_from_golden(hp_safetensors_t *st, const char *model, int T, hp_model_config_t *c) {
+static hp_status_t config_from_golden(hp_safetensors_t st, const char *model, int T, hp_model_config_t *c) {
     const char *js = hp_safetensors_metadata(st, "config");
     if (!js) return hp_error(HP_ERR_FORMAT, "golden file has no 'config' metadata");
     struct json_object *o = json_tokener_parse(js);
@@ -73,7 +73,7 @@ static hp_status_t config_from_golden(hp_safetensors_t *st, const char *model, i
 }
 
 /* max |a - ref| / max |ref| between a float buffer and a stored tensor of the same size */
-static double rel_err(hp_safetensors_t *st, const char *key, const float *a, int64_t n, double *maxref) {
+static double rel_err(hp_safetensors_t st, const char *key, const float *a, int64_t n, double *maxref) {
     float *ref = malloc(sizeof(float) * (size_t)(n ? n : 1));
     HP_ASSERT(ref);
     hp_status_t s = hp_safetensors_read_raw(st, key, ref, (size_t)n * sizeof(float));
@@ -89,7 +89,7 @@ static double rel_err(hp_safetensors_t *st, const char *key, const float *a, int
     return mr > 0 ? md / mr : md;
 }
 
-static hp_status_t load_weights(hp_model_t m, hp_safetensors_t *st, const char *prefix) {
+static hp_status_t load_weights(hp_model_t m, hp_safetensors_t st, const char *prefix) {
     char key[160];
     for (int i = 0; i < hp_model_num_params(m); i++) {
         hp_param_t *p = &hp_model_params(m)[i];
@@ -109,7 +109,7 @@ static void run_model(const char *model) {
     const char *src = getenv("HP_SOURCE_DIR");
     char path[512];
     snprintf(path, sizeof path, "%s/tests/data/golden_%s.safetensors", src ? src : "..", model);
-    hp_safetensors_t *st = NULL;
+    hp_safetensors_t st = NULL;
     HP_CHECK_OK(hp_safetensors_open(path, &st));
     if (!st) return;
     const hp_st_info_t *ti;
@@ -194,7 +194,7 @@ static void run_model(const char *model) {
     HP_CHECK_OK(hp_lr_schedule_init(&sched, steps, (int64_t)get_num(sj, "warmup_steps"),
                                     get_num(sj, "decay_ratio"), dt, get_num(sj, "min_lr_factor")));
     HP_CHECK(steps == 10, "10 steps");
-    hp_optim_t *opt = NULL;
+    hp_optim_t opt = NULL;
     HP_CHECK_OK(hp_optim_create(&oc, hp_model_params(m), hp_model_num_params(m), &opt));
     HP_CHECK_OK(hp_safetensors_read_raw(st, "train.tokens", tok, sizeof(int32_t) * 10 * B * T));
     HP_CHECK_OK(hp_safetensors_read_raw(st, "train.targets", tgt, sizeof(int32_t) * 10 * B * T));

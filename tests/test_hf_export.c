@@ -60,7 +60,7 @@ static void check_model(const char *name) {
         HP_CHECK(sscanf(fn, "model-%05d-of-%05d.safetensors", &a, &b) == 2 && a >= 1 && a <= b, "file name %s", fn);
         if (b > nfiles) nfiles = b;
         snprintf(path, sizeof path, "%s/%s", dir, fn);
-        hp_safetensors_t *st = NULL;
+        hp_safetensors_t st = NULL;
         HP_CHECK_OK(hp_safetensors_open(path, &st));
         if (!st) continue;
         const hp_st_info_t *info;
@@ -126,7 +126,7 @@ static void check_model(const char *name) {
     snprintf(dir2, sizeof dir2, "%s/%s_bf16", ROOT, name);
     HP_CHECK_OK(hp_hf_export(dir2, &mc, p, np, NULL, HP_BF16, 0));
     snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", dir2);
-    hp_safetensors_t *st = NULL;
+    hp_safetensors_t st = NULL;
     HP_CHECK_OK(hp_safetensors_open(path, &st));
     if (st) {
         HP_CHECK(hp_safetensors_count(st) == np && hp_safetensors_info(st, 0)->dtype == HP_ST_BF16, "bf16 single shard");

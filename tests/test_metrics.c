@@ -55,7 +55,7 @@ static void test_crc(void) {
 static void test_writer_reader(void) {
     char d[512];
     snprintf(d, sizeof d, "%s/tb/nested", dir_);
-    hp_tb_writer_t *w = NULL;
+    hp_tb_writer_t w = NULL;
     HP_CHECK_OK(hp_tb_writer_open(d, "rank0", &w));
     if (!w) return;
     const char *path = hp_tb_writer_path(w);
@@ -127,7 +127,7 @@ static void test_processor(void) {
     FILE *out = open_memstream(&console, &console_n);
     hp_metrics_options_t o = {.log_freq = 10, .total_steps = 30, .flops_per_token = 1e6, .peak_flops = 1e12,
                               .tokens_divisor = 2, .tb_dir = tb, .tb_tag = NULL, .jsonl_path = jl, .out = out};
-    hp_metrics_t *m = NULL;
+    hp_metrics_t m = NULL;
     HP_CHECK_OK(hp_metrics_create(&o, &m));
     if (!m) return;
     HP_CHECK(hp_metrics_peak_flops(m) == 1e12, "configured peak");
@@ -264,7 +264,7 @@ static void test_from_config_and_peak(void) {
     HP_CHECK(peak > 1e8 && peak < 1e14, "measured GEMM peak %g FLOP/s", peak);
     printf("measured float32 GEMM peak: %.2f GFLOP/s\n", peak / 1e9);
     hp_metrics_options_t mo = {.log_freq = 1, .total_steps = 1, .flops_per_token = 1.0, .peak_flops = 0};
-    hp_metrics_t *m = NULL;
+    hp_metrics_t m = NULL;
     HP_CHECK_OK(hp_metrics_create(&mo, &m));
     if (m) HP_CHECK(hp_metrics_peak_flops(m) > 1e8, "peak measured at create");
     hp_metrics_destroy(m);

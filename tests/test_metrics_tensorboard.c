@@ -46,7 +46,7 @@ int main(void) {
 
     char dir[256];
     snprintf(dir, sizeof dir, "/tmp/hp_test_tb_py_%d", (int)getpid());
-    hp_tb_writer_t *w = NULL;
+    hp_tb_writer_t w = NULL;
     HP_CHECK_OK(hp_tb_writer_open(dir, NULL, &w));
     if (!w) return hp_test_finish("test_metrics_tensorboard");
     const char *tags[NTAGS] = {"loss_metrics/global_avg_loss", "mfu(%)", "lr"};

@@ -48,7 +48,7 @@ static void train(const hp_model_config_t *cfg, int every_k, run_t *r) {
     tgt[3] = -100;
     hp_optim_config_t oc = hp_optim_default(HP_OPTIM_ADAMW);
     oc.lr = 3e-3;
-    hp_optim_t *opt = NULL;
+    hp_optim_t opt = NULL;
     HP_ASSERT(hp_optim_create(&oc, hp_model_params(m), hp_model_num_params(m), &opt) == HP_OK);
     for (int s = 0; s < STEPS; s++) {
         HP_CHECK_OK(hp_model_zero_grad(m));

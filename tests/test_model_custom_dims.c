@@ -193,7 +193,7 @@ static void test_grad_and_train(void) {
     hp_optim_config_t oc = hp_optim_default(HP_OPTIM_ADAMW);
     oc.lr = 3e-3;
     oc.weight_decay = 0.0;
-    hp_optim_t *opt = NULL;
+    hp_optim_t opt = NULL;
     HP_CHECK_OK(hp_optim_create(&oc, hp_model_params(m), hp_model_num_params(m), &opt));
     double first = 0, last = 0;
     for (int s = 0; opt && s < 8; s++) {
@@ -397,7 +397,7 @@ static void test_trainer(void) {
     HP_CHECK(isfinite(l1) && isfinite(l6) && l6 < l1, "loss %g -> %g", l1, l6);
     /* the weights file records the dims */
     snprintf(path, sizeof path, "%s/out/weights.safetensors", ROOT);
-    hp_safetensors_t *st = NULL;
+    hp_safetensors_t st = NULL;
     HP_CHECK_OK(hp_safetensors_open(path, &st));
     if (st) {
         const char *keys[][2] = {{"dim", "80"}, {"n_heads", "5"}, {"n_kv_heads", "1"}, {"head_dim", "16"},

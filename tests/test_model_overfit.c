@@ -34,7 +34,7 @@ static void train(const hp_model_config_t *cfg, run_t *r) {
     oc.beta1 = 0.9;
     oc.beta2 = 0.95;
     oc.weight_decay = 0.1;
-    hp_optim_t *opt = NULL;
+    hp_optim_t opt = NULL;
     HP_ASSERT(hp_optim_create(&oc, hp_model_params(m), hp_model_num_params(m), &opt) == HP_OK);
     for (int s = 0; s < STEPS; s++) {
         HP_CHECK_OK(hp_model_zero_grad(m));

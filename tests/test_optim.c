@@ -21,7 +21,7 @@ static const int64_t shapes[NP][2] = {{5, 7}, {9, 4}, {7, 0}, {6, 5}};
 static const int ndims[NP] = {2, 2, 1, 2};
 static const double lr_factors[3] = {1.0, 0.5, 0.25};
 
-static hp_safetensors_t *gold;
+static hp_safetensors_t gold;
 static hp_param_t params[NP];
 
 static void make_params(void) {
@@ -74,7 +74,7 @@ static double compare(const char *prefix, int i, const hp_tensor_t *got, double 
 
 static void run(const hp_optim_config_t *cfg, const char *prefix, double rtol, double atol) {
     load_init();
-    hp_optim_t *opt = NULL;
+    hp_optim_t opt = NULL;
     HP_CHECK_OK(hp_optim_create(cfg, params, NP, &opt));
     if (!opt) return;
     for (int s = 0; s < 3; s++) {
@@ -229,7 +229,7 @@ static void test_by_hand(void) {
     hp_optim_config_t c = hp_optim_default(HP_OPTIM_ADAMW);
     c.lr = 0.1;
     c.weight_decay = 0.1;
-    hp_optim_t *o = NULL;
+    hp_optim_t o = NULL;
     HP_CHECK_OK(hp_optim_create(&c, &p, 1, &o));
     HP_CHECK_OK(hp_optim_step(o, 1.0));
     HP_CHECK_CLOSE(pv, 0.89, 0, 1e-6);
@@ -267,7 +267,7 @@ static void test_deterministic(void) {
     for (int r = 0; r < 2; r++) {
         load_init();
         hp_optim_config_t c = hp_optim_default(HP_OPTIM_MUON);
-        hp_optim_t *o = NULL;
+        hp_optim_t o = NULL;
         HP_CHECK_OK(hp_optim_create(&c, params, NP, &o));
         for (int s = 0; s < 3; s++) {
             load_grads(s);
@@ -307,7 +307,7 @@ static void test_threads(void) {
         HP_CHECK_OK(hp_clip_grad_norm(p, NB, 1.0, NULL, 0, &norm));
         HP_CHECK_CLOSE(norm, sqrt(ss), 1e-12, 0);
         norms[run] = norm;
-        hp_optim_t *o = NULL;
+        hp_optim_t o = NULL;
         hp_optim_config_t c = hp_optim_default(HP_OPTIM_ADAMW);
         HP_CHECK_OK(hp_optim_create(&c, p, NB, &o));
         HP_CHECK_OK(hp_optim_step(o, 1.0));
@@ -332,7 +332,7 @@ static void test_state_round_trip(hp_optim_kind_t kind) {
     c.momentum = 0.9;   /* SGD keeps a buffer */
     for (int pass = 0; pass < 2; pass++) {
         load_init();
-        hp_optim_t *o = NULL;
+        hp_optim_t o = NULL;
         HP_CHECK_OK(hp_optim_create(&c, params, NP, &o));
         if (!o) return;
         for (int s = 0; s < 2; s++) {
@@ -364,7 +364,7 @@ static void test_state_round_trip(hp_optim_kind_t kind) {
             /* scramble, then restore into a fresh optimizer */
             for (int i = 0; i < NP; i++) HP_CHECK_OK(hp_tensor_fill(&params[i].value.local, 0.0));
             HP_CHECK_OK(hp_optim_create(&c, params, NP, &o));
-            hp_safetensors_t *f = NULL;
+            hp_safetensors_t f = NULL;
             HP_CHECK_OK(hp_safetensors_open(path, &f));
             if (!f) return;
             for (int i = 0; i < NP; i++) HP_CHECK_OK(hp_safetensors_read(f, names[i], &params[i].value.local, 0));

@@ -33,7 +33,7 @@ static size_t craft(unsigned char *out, size_t cap, const char *hdr, uint64_t hl
 static hp_status_t open_crafted(const char *hdr, uint64_t hlen_override, size_t data_len) {
     static unsigned char buf[4096];
     size_t n = craft(buf, sizeof buf, hdr, hlen_override, data_len);
-    hp_safetensors_t *st = NULL;
+    hp_safetensors_t st = NULL;
     hp_status_t s = hp_safetensors_open_memory(buf, n, "crafted", &st);
     if (s == HP_OK) hp_safetensors_close(st);
     /* the same bytes through the file path give the same verdict */
@@ -44,7 +44,7 @@ static hp_status_t open_crafted(const char *hdr, uint64_t hlen_override, size_t 
     fclose(f);
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", hp_last_error());
-    hp_safetensors_t *st2 = NULL;
+    hp_safetensors_t st2 = NULL;
     hp_status_t s2 = hp_safetensors_open(p, &st2);
     if (s2 == HP_OK) hp_safetensors_close(st2);
     HP_CHECK(s == s2, "memory and file verdicts differ for header %.60s: %d vs %d", hdr, s, s2);
@@ -54,7 +54,7 @@ static hp_status_t open_crafted(const char *hdr, uint64_t hlen_override, size_t 
 
 static void test_bad_files(void) {
     unsigned char tiny[5] = {1, 2, 3, 4, 5};
-    hp_safetensors_t *st = NULL;
+    hp_safetensors_t st = NULL;
     HP_CHECK_ERR(hp_safetensors_open_memory(tiny, 0, "empty", &st), HP_ERR_FORMAT, "too short");
     HP_CHECK_ERR(hp_safetensors_open_memory(tiny, 5, "five", &st), HP_ERR_FORMAT, "too short");
     HP_CHECK(st == NULL, "no handle on failure");
@@ -186,7 +186,7 @@ static void test_round_trip(void) {
     const char *meta[] = {"format", "pt", "note", "quote \" and \\ and \xc3\xa9"};
     HP_CHECK_OK(hp_safetensors_write(p, e, n, meta, 2));
 
-    hp_safetensors_t *st = NULL;
+    hp_safetensors_t st = NULL;
     HP_CHECK_OK(hp_safetensors_open(p, &st));
     if (!st) return;
     HP_CHECK(hp_safetensors_count(st) == n, "count %d", hp_safetensors_count(st));
@@ -322,7 +322,7 @@ static void test_truncations_and_flips(void) {
     HP_CHECK(n > 100 && n < sizeof img, "file size %zu", n);
     int accepted = 0;
     for (size_t len = 0; len < n; len++) {
-        hp_safetensors_t *st = NULL;
+        hp_safetensors_t st = NULL;
         if (hp_safetensors_open_memory(img, len, "prefix", &st) == HP_OK) {
             accepted++;
             hp_safetensors_close(st);
@@ -337,7 +337,7 @@ static void test_truncations_and_flips(void) {
         for (int bit = 0; bit < 8; bit += 3) {
             memcpy(mut, img, n);
             mut[i] ^= (unsigned char)(1u << bit);
-            hp_safetensors_t *st = NULL;
+            hp_safetensors_t st = NULL;
             if (hp_safetensors_open_memory(mut, n, "flip", &st) == HP_OK) {
                 ok++;
                 /* whatever was accepted must be readable within bounds */
@@ -362,7 +362,7 @@ static void test_python_file(void) {
     const char *src = getenv("HP_SOURCE_DIR");
     char p[512];
     snprintf(p, sizeof p, "%s/tests/data/golden_llama3.safetensors", src ? src : "..");
-    hp_safetensors_t *st = NULL;
+    hp_safetensors_t st = NULL;
     HP_CHECK_OK(hp_safetensors_open(p, &st));
     if (!st) return;
     const char *cfg = hp_safetensors_metadata(st, "config");

@@ -49,7 +49,7 @@ static void check_golden(const char *golden_name) {
     const char *tok_name = json_object_get_string(v);
     json_object_object_get_ex(doc, "cases", &cases);
     json_object_object_get_ex(doc, "decodes", &decodes);
-    hp_tokenizer_t *tok = NULL;
+    hp_tokenizer_t tok = NULL;
     HP_CHECK_OK(hp_tokenizer_load(&tok, data_path(tok_name)));
     if (!tok) {
         json_object_put(doc);
@@ -149,7 +149,7 @@ static void check_split(void) {
         json_object_object_add(base, "pre_tokenizer", json_object_get(pre));
         size_t len;
         const char *js = json_object_to_json_string_length(base, JSON_C_TO_STRING_PLAIN, &len);
-        hp_tokenizer_t *tok = NULL;
+        hp_tokenizer_t tok = NULL;
         HP_CHECK_OK(hp_tokenizer_load_json(&tok, js, len, "split-variant"));
         if (!tok) continue;
         int all = 1;
@@ -187,7 +187,7 @@ static void check_unk(void) {
         json_object_object_add(model, "fuse_unk", json_object_new_boolean(fuse));
         size_t len;
         const char *js = json_object_to_json_string_length(base, JSON_C_TO_STRING_PLAIN, &len);
-        hp_tokenizer_t *tok = NULL;
+        hp_tokenizer_t tok = NULL;
         HP_CHECK_OK(hp_tokenizer_load_json(&tok, js, len, "gpt2_unk.json"));
         if (!tok) continue;
         for (int i = 0; i < n; i++) {
@@ -221,7 +221,7 @@ static void check_no_unk(void) {
     json_object_object_del(model, "unk_token");
     size_t len;
     const char *js = json_object_to_json_string_length(base, JSON_C_TO_STRING_PLAIN, &len);
-    hp_tokenizer_t *tok = NULL;
+    hp_tokenizer_t tok = NULL;
     HP_CHECK_OK(hp_tokenizer_load_json(&tok, js, len, "gpt2_no_unk.json"));
     if (tok) {
         /* '#' (0x23) and 0x01 have no token in gpt2_unk.json. The first encode of a fresh
@@ -257,7 +257,7 @@ static void check_random(void) {
     if (!doc) return;
     json_object_object_get_ex(doc, "cases", &cases);
     int n = (int)json_object_array_length(cases), ok_n = 0;
-    hp_tokenizer_t *tok = NULL;
+    hp_tokenizer_t tok = NULL;
     const char *loaded = "";
     for (int i = 0; i < n; i++) {
         json_object *c = json_object_array_get_idx(cases, (size_t)i), *name, *text, *ids;
@@ -286,7 +286,7 @@ static void check_random(void) {
 }
 
 static void check_special(void) {
-    hp_tokenizer_t *tok = NULL;
+    hp_tokenizer_t tok = NULL;
     HP_CHECK_OK(hp_tokenizer_load(&tok, data_path("ours.json")));
     if (!tok) return;
     int32_t bos = hp_tokenizer_bos_id(tok), eos = hp_tokenizer_eos_id(tok);
@@ -438,7 +438,7 @@ static void check_bad(const char *name, const char *doc, hp_status_t want, const
     char path[256];
     snprintf(path, sizeof(path), "test_tokenizer_%s_%ld.json", name, (long)getpid());
     write_file(path, doc);
-    hp_tokenizer_t *tok = (hp_tokenizer_t *)1;
+    hp_tokenizer_t tok = (hp_tokenizer_t)1;
     hp_clear_error();
     hp_status_t st = hp_tokenizer_load(&tok, path);
     HP_CHECK(st == want && strstr(hp_last_error(), needle) && strstr(hp_last_error(), path) &&
@@ -454,7 +454,7 @@ static void check_bad(const char *name, const char *doc, hp_status_t want, const
     "{\"normalizer\": " norm ", \"pre_tokenizer\": " pre ", \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": " model "}"
 
 static void check_errors(void) {
-    hp_tokenizer_t *tok = NULL;
+    hp_tokenizer_t tok = NULL;
     HP_CHECK_ERR(hp_tokenizer_load(&tok, "/nonexistent/tokenizer.json"), HP_ERR_IO,
                  "/nonexistent/tokenizer.json");
     HP_CHECK_ERR(hp_tokenizer_load(&tok, data_dir), HP_ERR_IO, "Is a directory");
@@ -580,7 +580,7 @@ static void check_fuzz(void) {
                 mut[x % len] = repl[(x >> 32) % (sizeof(repl) - 1)];
             }
         }
-        hp_tokenizer_t *tok = NULL;
+        hp_tokenizer_t tok = NULL;
         hp_status_t st = hp_tokenizer_load_json(&tok, mut, n, "fuzz.json");
         if (st == HP_OK) {
             hp_token_ids_t ids = {0};
@@ -610,7 +610,7 @@ static void check_corpus(void) {
     char *text = slurp(data_path("corpus.txt"), &len);
     HP_CHECK(text != NULL, "cannot read corpus.txt");
     if (!text) return;
-    hp_tokenizer_t *tok = NULL;
+    hp_tokenizer_t tok = NULL;
     HP_CHECK_OK(hp_tokenizer_load(&tok, data_path("ours.json")));
     if (tok) {
         hp_token_ids_t ids = {0};

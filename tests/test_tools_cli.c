@@ -131,7 +131,7 @@ static void test_generate(void) {
                               {"vocab_size", "4294967360", "__metadata__ 'vocab_size' expects an integer in [1, 16777216], got '4294967360'"},
                               {"norm_eps", "1e-300", "__metadata__ 'norm_eps' = 1e-300 underflows float32"}};
     for (int c = 0; c < 3; c++) {
-        hp_safetensors_t *st = NULL;
+        hp_safetensors_t st = NULL;
         HP_CHECK_OK(hp_safetensors_open(good, &st));
         if (!st) return;
         char vals[32][64];

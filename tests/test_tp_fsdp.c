@@ -115,7 +115,7 @@ static void run(hp_mesh_t dp, hp_comm_t loss_comm, int dpr, hp_mesh_t tpm, int s
     memcpy(tpp, hp_model_params(m), sizeof(hp_param_t) * (size_t)n);
     hp_fsdp_options_t fo = hp_fsdp_default_options();
     fo.gradient_divide_factor = 1.0;
-    hp_fsdp_t *f = NULL;
+    hp_fsdp_t f = NULL;
     HP_CHECK_OK(hp_fully_shard(m, dp, &fo, &f));
     if (!f || !tp) return;
     hp_param_t *fp = hp_fsdp_params(f);

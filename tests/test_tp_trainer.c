@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
     d->parallelism.data_parallel_shard_degree = 1;
     d->training.seq_len = 15;   /* not divisible by 2 under sequence parallel */
     d->parallelism.enable_sequence_parallel = true;
-    hp_trainer_t *t = NULL;
+    hp_trainer_t t = NULL;
     HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_INVALID_ARG,
                  "not divisible by parallelism.tensor_parallel_degree");
     /* a vocabulary the TP degree does not divide: refused naming the key, the tokenizer file
@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
                                               .separator_line = "%", .min_frequency = 2};
             const char *texts[1] = {text};
             HP_CHECK_OK(hp_tokenizer_train_texts(&o, texts, &len, 1, odd));
-            hp_tokenizer_t *tk = NULL;
+            hp_tokenizer_t tk = NULL;
             HP_CHECK_OK(hp_tokenizer_load(&tk, odd));
             vs = tk ? hp_tokenizer_vocab_size(tk) : 0;
             hp_tokenizer_free(tk);

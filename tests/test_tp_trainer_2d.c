@@ -28,7 +28,7 @@
 
 enum { N = 6 };
 
-static void steps(hp_trainer_t *t, double *losses, int n) {
+static void steps(hp_trainer_t t, double *losses, int n) {
     for (int i = 0; i < n; i++) {
         hp_step_stats_t st;
         HP_CHECK_OK(hp_trainer_step(t, &st));
@@ -70,7 +70,7 @@ static void checkpoint_cases(hp_comm_t world, const hp_config_t *c) {
     snprintf(f->checkpoint.folder, sizeof f->checkpoint.folder, "%s/ckpt", dir_);
     snprintf(f->job.dump_folder, sizeof f->job.dump_folder, "%s/out_fsdp", dir_);
     double full[N], l[N];
-    hp_trainer_t *t = NULL;
+    hp_trainer_t t = NULL;
     HP_CHECK_OK(hp_trainer_create(f, world, &t));
     if (t) {
         steps(t, full, N);

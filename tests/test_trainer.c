@@ -23,8 +23,8 @@
 #include "hyperparallel/trainer.h"
 
 
-static void run(const hp_config_t *c, hp_comm_t world, double *losses, int n, hp_trainer_t **keep) {
-    hp_trainer_t *t = NULL;
+static void run(const hp_config_t *c, hp_comm_t world, double *losses, int n, hp_trainer_t *keep) {
+    hp_trainer_t t = NULL;
     HP_CHECK_OK(hp_trainer_create(c, world, &t));
     if (!t) return;
     for (int i = 0; i < n; i++) {
@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
     /* 1. the loss falls; 2. a second run is bitwise identical */
     enum { N = 12 };
     double a[N], b[N];
-    hp_trainer_t *t = NULL;
+    hp_trainer_t t = NULL;
     run(c, world, a, N, &t);
     run(c, world, b, N, NULL);
     HP_CHECK(a[N - 1] < a[0] - 1.0, "loss did not fall: %.4f -> %.4f", a[0], a[N - 1]);
@@ -103,7 +103,7 @@ int main(int argc, char **argv) {
         d.optimizer.lr = 1e6;
         d.lr_scheduler.warmup_steps = 1;
         d.training.max_norm = 0;
-        hp_trainer_t *dt = NULL;
+        hp_trainer_t dt = NULL;
         HP_CHECK_OK(hp_trainer_create(&d, world, &dt));
         hp_status_t s = HP_OK;
         int steps = 0;
@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
     /* 6. refused layouts and inputs, with messages naming the key */
     {
         hp_config_t e = *c;
-        hp_trainer_t *x = NULL;
+        hp_trainer_t x = NULL;
         e.parallelism.tensor_parallel_degree = 3;
         HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_INVALID_ARG, "must equal the world size");
         e = *c;

@@ -20,7 +20,7 @@
 enum { N = 3 };
 
 static void run(const hp_config_t *c, hp_comm_t world, double *losses, double *norms, size_t *act) {
-    hp_trainer_t *t = NULL;
+    hp_trainer_t t = NULL;
     HP_CHECK_OK(hp_trainer_create(c, world, &t));
     if (!t) return;
     hp_model_memory(hp_trainer_model(t), NULL, NULL, act, NULL);

@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
     f->parallelism.data_parallel_replicate_degree = 1;
     f->parallelism.data_parallel_shard_degree = ws;
     snprintf(f->job.dump_folder, sizeof f->job.dump_folder, "%s/out", dir_);
-    hp_trainer_t *t = NULL;
+    hp_trainer_t t = NULL;
     HP_CHECK_OK(hp_trainer_create(f, world, &t));
     if (t) {
         HP_CHECK_OK(hp_trainer_train(t));

@@ -30,7 +30,7 @@
 
 enum { N = 4, STEPS = 6 };
 
-static void steps(hp_trainer_t *t, double *losses, int n) {
+static void steps(hp_trainer_t t, double *losses, int n) {
     for (int i = 0; i < n; i++) {
         hp_step_stats_t st;
         HP_CHECK_OK(hp_trainer_step(t, &st));
@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
 
     /* checkpoint under FSDP: uninterrupted reference, then interrupted after step 3 + resume */
     double ref[STEPS], l[STEPS];
-    hp_trainer_t *t = NULL;
+    hp_trainer_t t = NULL;
     HP_CHECK_OK(hp_trainer_create(f, world, &t));
     if (t) {
         steps(t, ref, STEPS);
@@ -139,7 +139,7 @@ int main(int argc, char **argv) {
     }
     char d[700];
     snprintf(d, sizeof d, "%s/step-3", f->checkpoint.folder);
-    hp_dcp_metadata_t *md = NULL;
+    hp_dcp_metadata_t md = NULL;
     HP_CHECK_OK(hp_dcp_metadata_read(d, &md));
     if (md) {
         const hp_dcp_entry_t *e = hp_dcp_metadata_find(md, "tok_embeddings.weight");

@@ -66,7 +66,7 @@ static void check_weights_file(void) {
     hp_model_destroy(back);
 
     /* an extra tensor: loads, with a warning naming it */
-    hp_safetensors_t *st = NULL;
+    hp_safetensors_t st = NULL;
     HP_CHECK_OK(hp_safetensors_open(path, &st));
     if (st) {
         int nm = hp_safetensors_metadata_count(st);

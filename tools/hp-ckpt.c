@@ -52,7 +52,7 @@ static const char *shape_str(int nd, const int64_t *s, char *buf, size_t n) {
 static int inspect_hf(const char *dir) {
     char path[4200];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    hp_hf_index_t *ix = NULL;
+    hp_hf_index_t ix = NULL;
     if (access(path, F_OK) == 0) {
         hp_status_t s = hp_hf_index_read(path, &ix);
         if (s != HP_OK) return fail(s);
@@ -63,7 +63,7 @@ static int inspect_hf(const char *dir) {
     for (int i = 0; i < nf && rc == 0; i++) {
         const char *fn = ix ? hp_hf_index_file(ix, i) : "model.safetensors";
         snprintf(path, sizeof path, "%s/%s", dir, fn);
-        hp_safetensors_t *st;
+        hp_safetensors_t st;
         hp_status_t s = hp_safetensors_open(path, &st);
         if (s != HP_OK) {
             rc = fail(s);
@@ -92,7 +92,7 @@ static int inspect_hf(const char *dir) {
 
 static int inspect(const char *dir) {
     if (hp_hf_is_hf_dir(dir)) return inspect_hf(dir);
-    hp_dcp_metadata_t *md;
+    hp_dcp_metadata_t md;
     hp_status_t s = hp_dcp_metadata_read(dir, &md);
     if (s != HP_OK) return fail(s);
     int n = hp_dcp_metadata_count(md);
@@ -142,7 +142,7 @@ static int inspect(const char *dir) {
 }
 
 static int consolidate(const char *dir, const char *out) {
-    hp_dcp_metadata_t *md;
+    hp_dcp_metadata_t md;
     hp_status_t s = hp_dcp_metadata_read(dir, &md);
     if (s != HP_OK) return fail(s);
     int n = hp_dcp_metadata_count(md), nt = 0, nb = 0;
@@ -212,7 +212,7 @@ static hp_status_t make_model(const char *name, const char *flavor, int vocab, c
 }
 
 static int to_hf(const char *dir, const char *out, const char *model, const char *flavor, hp_dtype_t dt, size_t shard) {
-    hp_dcp_metadata_t *md;
+    hp_dcp_metadata_t md;
     hp_status_t s = hp_dcp_metadata_read(dir, &md);
     if (s != HP_OK) return fail(s);
     const hp_dcp_entry_t *emb = hp_dcp_metadata_find(md, "tok_embeddings.weight");

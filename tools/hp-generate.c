@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "hp-generate: error: expected --max-new-tokens >= 0, --top-k >= 0, 0 < --top-p <= 1, --temperature >= 0\n");
         return 2;
     }
-    hp_tokenizer_t *tok = NULL;
+    hp_tokenizer_t tok = NULL;
     hp_model_t m = NULL;
     if (hp_tokenizer_load(&tok, tokpath) != HP_OK) { fprintf(stderr, "hp-generate: error: %s\n", hp_last_error()); return 1; }
     /* the context window is the training sequence length stored with the weights */

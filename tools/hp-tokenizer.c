@@ -141,7 +141,7 @@ static int cmd_encode(int argc, char **argv) {
         fprintf(stderr, "hp-tokenizer encode: needs --tokenizer\n");
         return 2;
     }
-    hp_tokenizer_t *tok;
+    hp_tokenizer_t tok;
     hp_status_t st = hp_tokenizer_load(&tok, path);
     if (st != HP_OK) return fail("encode", st);
     char *buf = NULL;
@@ -221,7 +221,7 @@ static int cmd_decode(int argc, char **argv) {
     char where[64];
     char *input = NULL;
     int32_t *ids32 = NULL;
-    hp_tokenizer_t *tok = NULL;
+    hp_tokenizer_t tok = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
@@ -324,7 +324,7 @@ static int cmd_info(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    hp_tokenizer_t *tok;
+    hp_tokenizer_t tok;
     hp_status_t st = hp_tokenizer_load(&tok, argv[1]);
     if (st != HP_OK) return fail("info", st);
     int32_t bos = hp_tokenizer_bos_id(tok), eos = hp_tokenizer_eos_id(tok);

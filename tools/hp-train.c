@@ -109,7 +109,7 @@ int main(int argc, char **argv) {
             hp_config_print(cfg, stdout);
             fflush(stdout);
         }
-        hp_trainer_t *t = NULL;
+        hp_trainer_t t = NULL;
         s = hp_trainer_create(cfg, world, &t);
         if (s == HP_OK) s = hp_trainer_train(t);
         if (s != HP_OK) {

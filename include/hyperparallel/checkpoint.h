@@ -75,16 +75,16 @@ hp_status_t hp_dcp_save(const char *dir, const hp_dcp_state_t *st, hp_comm_t com
  * commit run on the calling thread in hp_dcp_saver_poll (commits when every rank has
  * finished writing; call it at the same points on every rank, e.g. once per step) or
  * hp_dcp_saver_wait (blocks). A second save first waits for the first. All collective. */
-typedef struct hp_dcp_saver hp_dcp_saver_t;
-hp_status_t hp_dcp_saver_create(hp_comm_t comm, hp_dcp_saver_t **out);
-hp_status_t hp_dcp_saver_save(hp_dcp_saver_t *s, const char *dir, const hp_dcp_state_t *st);
+typedef struct hp_dcp_saver *hp_dcp_saver_t;
+hp_status_t hp_dcp_saver_create(hp_comm_t comm, hp_dcp_saver_t *out);
+hp_status_t hp_dcp_saver_save(hp_dcp_saver_t s, const char *dir, const hp_dcp_state_t *st);
 /* *committed = 1 when a pending save was committed by this call (0 otherwise). */
-hp_status_t hp_dcp_saver_poll(hp_dcp_saver_t *s, int *committed);
-hp_status_t hp_dcp_saver_wait(hp_dcp_saver_t *s);
-int hp_dcp_saver_pending(const hp_dcp_saver_t *s);
-size_t hp_dcp_saver_staging_bytes(const hp_dcp_saver_t *s);
+hp_status_t hp_dcp_saver_poll(hp_dcp_saver_t s, int *committed);
+hp_status_t hp_dcp_saver_wait(hp_dcp_saver_t s);
+int hp_dcp_saver_pending(hp_dcp_saver_t s);
+size_t hp_dcp_saver_staging_bytes(hp_dcp_saver_t s);
 /* Waits for a pending save (collective), then frees. */
-hp_status_t hp_dcp_saver_destroy(hp_dcp_saver_t *s);
+hp_status_t hp_dcp_saver_destroy(hp_dcp_saver_t s);
 
 /* --- load ------------------------------------------------------------------------------
  * Reads, for each rank's target box, only the saved chunks that intersect it (any change of
@@ -130,18 +130,18 @@ typedef struct hp_dcp_entry {
     const hp_dcp_chunk_t *chunks;
 } hp_dcp_entry_t;
 
-typedef struct hp_dcp_metadata hp_dcp_metadata_t;
+typedef struct hp_dcp_metadata *hp_dcp_metadata_t;
 /* Parses and validates a metadata document (bounds, overlaps, coverage, safe file names);
  * never crashes on hostile input (fuzz target tests/fuzz/fuzz_dcp_metadata.c). */
 hp_status_t hp_dcp_metadata_parse(const char *json, size_t len, const char *what,
-                                  hp_dcp_metadata_t **out);
-hp_status_t hp_dcp_metadata_read(const char *dir, hp_dcp_metadata_t **out);
-void hp_dcp_metadata_free(hp_dcp_metadata_t *md);
-int hp_dcp_metadata_count(const hp_dcp_metadata_t *md);
-const hp_dcp_entry_t *hp_dcp_metadata_entry(const hp_dcp_metadata_t *md, int i);
-const hp_dcp_entry_t *hp_dcp_metadata_find(const hp_dcp_metadata_t *md, const char *name);
-int hp_dcp_metadata_world_size(const hp_dcp_metadata_t *md);
-int64_t hp_dcp_metadata_step(const hp_dcp_metadata_t *md);   /* -1 when not recorded */
+                                  hp_dcp_metadata_t *out);
+hp_status_t hp_dcp_metadata_read(const char *dir, hp_dcp_metadata_t *out);
+void hp_dcp_metadata_free(hp_dcp_metadata_t md);
+int hp_dcp_metadata_count(hp_dcp_metadata_t md);
+const hp_dcp_entry_t *hp_dcp_metadata_entry(hp_dcp_metadata_t md, int i);
+const hp_dcp_entry_t *hp_dcp_metadata_find(hp_dcp_metadata_t md, const char *name);
+int hp_dcp_metadata_world_size(hp_dcp_metadata_t md);
+int64_t hp_dcp_metadata_step(hp_dcp_metadata_t md);   /* -1 when not recorded */
 
 /* Committed checkpoints step-N/ (with metadata.json) under `folder`, ascending; directories
  * that look like checkpoints but are partial (step-N.tmp-*, step-N/ without metadata) are
@@ -203,15 +203,15 @@ hp_status_t hp_hf_name_from_hf(const struct hp_model_config *mc, const char *hf,
  * "weight_map" is an object of tensor name -> plain shard file name ("metadata", when
  * present, an object). Hostile input never crashes it (fuzz target
  * tests/fuzz/fuzz_hf_index.c); an error names `what` (the file) and the key at fault. */
-typedef struct hp_hf_index hp_hf_index_t;
-hp_status_t hp_hf_index_parse(const char *json, size_t len, const char *what, hp_hf_index_t **out);
-hp_status_t hp_hf_index_read(const char *path, hp_hf_index_t **out);
-void hp_hf_index_free(hp_hf_index_t *ix);
-int hp_hf_index_count(const hp_hf_index_t *ix);                  /* weight_map entries */
-void hp_hf_index_at(const hp_hf_index_t *ix, int i, const char **name, const char **file);
-int hp_hf_index_n_files(const hp_hf_index_t *ix);                /* distinct shard files */
-const char *hp_hf_index_file(const hp_hf_index_t *ix, int i);
-const char *hp_hf_index_find(const hp_hf_index_t *ix, const char *name);   /* NULL: absent */
+typedef struct hp_hf_index *hp_hf_index_t;
+hp_status_t hp_hf_index_parse(const char *json, size_t len, const char *what, hp_hf_index_t *out);
+hp_status_t hp_hf_index_read(const char *path, hp_hf_index_t *out);
+void hp_hf_index_free(hp_hf_index_t ix);
+int hp_hf_index_count(hp_hf_index_t ix);                  /* weight_map entries */
+void hp_hf_index_at(hp_hf_index_t ix, int i, const char **name, const char **file);
+int hp_hf_index_n_files(hp_hf_index_t ix);                /* distinct shard files */
+const char *hp_hf_index_file(hp_hf_index_t ix, int i);
+const char *hp_hf_index_find(hp_hf_index_t ix, const char *name);   /* NULL: absent */
 /* 1 when a directory holds an HF checkpoint (model.safetensors.index.json or model.safetensors). */
 int hp_hf_is_hf_dir(const char *dir);
 

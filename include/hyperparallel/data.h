@@ -53,24 +53,24 @@ typedef struct hp_dataset_options {
 /* Options pointing into cfg->data (cfg must outlive the options). */
 hp_dataset_options_t hp_dataset_options_from_config(const hp_config_t *cfg);
 
-typedef struct hp_dataset hp_dataset_t;
-typedef struct hp_dataloader hp_dataloader_t;
+typedef struct hp_dataset *hp_dataset_t;
+typedef struct hp_dataloader *hp_dataloader_t;
 
 /* Opens, maps and indexes the data (and, for JSONL, checks every line). Errors name the
  * file (and line for JSONL, byte offset for text): missing file, NUL bytes in a text file,
  * invalid JSON, a missing or non-string field, a binary size that is not a multiple of the
  * id width, no documents at all. */
-hp_status_t hp_dataset_open(const hp_dataset_options_t *opts, hp_dataset_t **out);
-void hp_dataset_close(hp_dataset_t *ds);
+hp_status_t hp_dataset_open(const hp_dataset_options_t *opts, hp_dataset_t *out);
+void hp_dataset_close(hp_dataset_t ds);
 /* Documents in a split (tokens for bin). */
-int64_t hp_dataset_num_documents(const hp_dataset_t *ds, hp_data_split_t split);
+int64_t hp_dataset_num_documents(hp_dataset_t ds, hp_data_split_t split);
 /* Number of files read (a directory gives several). */
-int hp_dataset_num_files(const hp_dataset_t *ds);
+int hp_dataset_num_files(hp_dataset_t ds);
 /* "text" | "jsonl" | "bin" (after auto detection). */
-const char *hp_dataset_format(const hp_dataset_t *ds);
+const char *hp_dataset_format(hp_dataset_t ds);
 /* Text of document i of a split (text and jsonl only). The pointer stays valid until the
  * next call on the same dataset or its close; JSON escapes are decoded. */
-hp_status_t hp_dataset_document(hp_dataset_t *ds, hp_data_split_t split, int64_t i, const char **text,
+hp_status_t hp_dataset_document(hp_dataset_t ds, hp_data_split_t split, int64_t i, const char **text,
                                 size_t *len);
 
 typedef struct hp_dataloader_options {
@@ -86,27 +86,27 @@ typedef struct hp_dataloader_options {
 /* The dataset must outlive the loader; several loaders may share one dataset but the
  * loaders of one dataset must be used from one thread. The encoder is copied; text and
  * jsonl need one (bin files ignore it). */
-hp_status_t hp_dataloader_create(hp_dataset_t *ds, const hp_text_encoder_t *enc, const hp_dataloader_options_t *opts,
-                                 hp_dataloader_t **out);
-void hp_dataloader_destroy(hp_dataloader_t *dl);
+hp_status_t hp_dataloader_create(hp_dataset_t ds, const hp_text_encoder_t *enc, const hp_dataloader_options_t *opts,
+                                 hp_dataloader_t *out);
+void hp_dataloader_destroy(hp_dataloader_t dl);
 /* Fills the next batch: inputs (B, T) and labels (B, T), row-major, labels[b][t] =
  * window[b][t+1]. *got = false when a non-looping loader has no further full batch (the
  * partial batch is dropped); the buffers' contents are then unspecified. */
-hp_status_t hp_dataloader_next(hp_dataloader_t *dl, int32_t *inputs, int32_t *labels, bool *got);
+hp_status_t hp_dataloader_next(hp_dataloader_t dl, int32_t *inputs, int32_t *labels, bool *got);
 /* Back to the start of the shard with an empty buffer (e.g. before each validation pass). */
-void hp_dataloader_reset(hp_dataloader_t *dl);
-int64_t hp_dataloader_epoch(const hp_dataloader_t *dl);          /* completed passes over the shard */
-int64_t hp_dataloader_samples(const hp_dataloader_t *dl);        /* windows yielded so far */
-int64_t hp_dataloader_shard_documents(const hp_dataloader_t *dl);   /* documents (tokens for bin) of this rank */
+void hp_dataloader_reset(hp_dataloader_t dl);
+int64_t hp_dataloader_epoch(hp_dataloader_t dl);          /* completed passes over the shard */
+int64_t hp_dataloader_samples(hp_dataloader_t dl);        /* windows yielded so far */
+int64_t hp_dataloader_shard_documents(hp_dataloader_t dl);   /* documents (tokens for bin) of this rank */
 
 /* State: little-endian blob with magic "HPDL", version, split, dp rank and world, seq_len,
  * document count of the split, position, epoch, samples and the leftover token buffer.
  * hp_dataloader_state_size is the exact size of the blob save would write now. Loading
  * refuses a blob from another dp rank or world (the dp degree cannot change across a
  * resume, as in TorchTitan), another seq_len, split or dataset size. */
-size_t hp_dataloader_state_size(const hp_dataloader_t *dl);
-hp_status_t hp_dataloader_state_save(const hp_dataloader_t *dl, void *buf, size_t cap, size_t *n);
-hp_status_t hp_dataloader_state_load(hp_dataloader_t *dl, const void *buf, size_t n);
+size_t hp_dataloader_state_size(hp_dataloader_t dl);
+hp_status_t hp_dataloader_state_save(hp_dataloader_t dl, void *buf, size_t cap, size_t *n);
+hp_status_t hp_dataloader_state_load(hp_dataloader_t dl, const void *buf, size_t n);
 
 #ifdef __cplusplus
 }

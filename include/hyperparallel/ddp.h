@@ -36,18 +36,18 @@ typedef struct hp_ddp_options {
 } hp_ddp_options_t;
 hp_ddp_options_t hp_ddp_default_options(void);
 
-typedef struct hp_ddp hp_ddp_t;
+typedef struct hp_ddp *hp_ddp_t;
 
 /* Wraps `model` (full-size replicated params) over `comm`: broadcasts the weights from rank 0
  * and installs the hooks. Errors: a model already wrapped (fully_shard or DDP). */
-hp_status_t hp_ddp_create(hp_model_t model, hp_comm_t comm, const hp_ddp_options_t *opts, hp_ddp_t **out);
-void hp_ddp_destroy(hp_ddp_t *d);
+hp_status_t hp_ddp_create(hp_model_t model, hp_comm_t comm, const hp_ddp_options_t *opts, hp_ddp_t *out);
+void hp_ddp_destroy(hp_ddp_t d);
 /* no_sync(): 0 = backwards accumulate locally without communication until one runs with 1. */
-void hp_ddp_set_requires_gradient_sync(hp_ddp_t *d, int sync);
-int hp_ddp_num_buckets(const hp_ddp_t *d);
+void hp_ddp_set_requires_gradient_sync(hp_ddp_t d, int sync);
+int hp_ddp_num_buckets(hp_ddp_t d);
 /* Params of bucket b (model param indices) in bucket order; returns the count. */
-int hp_ddp_bucket_params(const hp_ddp_t *d, int b, int *indices, int cap);
-double hp_ddp_comm_wait_seconds(const hp_ddp_t *d);
+int hp_ddp_bucket_params(hp_ddp_t d, int b, int *indices, int cap);
+double hp_ddp_comm_wait_seconds(hp_ddp_t d);
 
 #ifdef __cplusplus
 }

@@ -59,7 +59,7 @@ typedef struct hp_fsdp_options {
 /* reshard Default, no mixed precision (all f32), overlap on, divide factor unset. */
 hp_fsdp_options_t hp_fsdp_default_options(void);
 
-typedef struct hp_fsdp hp_fsdp_t;
+typedef struct hp_fsdp *hp_fsdp_t;
 
 /* fully_shard every unit of `model` over `mesh` (tied embeddings: the embedding and the root
  * are one group, unsharded at the embedding's pre-forward, resharded after the root's forward
@@ -78,9 +78,9 @@ typedef struct hp_fsdp hp_fsdp_t;
  * mesh of other than 1 or 2 dims, a 2-D mesh without names, a scalar parameter, a rank
  * outside the mesh. */
 hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_options_t *opts,
-                           hp_fsdp_t **out);
+                           hp_fsdp_t *out);
 /* Removes the hooks and frees the shards (the model's weights are gone with them). */
-void hp_fsdp_destroy(hp_fsdp_t *f);
+void hp_fsdp_destroy(hp_fsdp_t f);
 
 /* The check fully_shard runs on every parameter (contiguous f32, not a scalar: PyTorch's
  * "Change <name> to a 1D tensor with numel equal to 1."). */
@@ -88,45 +88,45 @@ hp_status_t hp_fsdp_validate_param(const hp_param_t *p);
 
 /* Sharded parameters in the model's param order (DTensors on the mesh; local = this rank's
  * rows, a view into the zero-padded shard buffer). */
-hp_param_t *hp_fsdp_params(hp_fsdp_t *f);
-int hp_fsdp_num_params(const hp_fsdp_t *f);
+hp_param_t *hp_fsdp_params(hp_fsdp_t f);
+int hp_fsdp_num_params(hp_fsdp_t f);
 /* Zeroes the sharded gradients. HP_ERR_STATE when unreduced gradients from backwards run
  * without gradient sync are pending (they would be lost). */
-hp_status_t hp_fsdp_zero_grad(hp_fsdp_t *f);
+hp_status_t hp_fsdp_zero_grad(hp_fsdp_t f);
 /* set_requires_gradient_sync: 0 = the next backwards accumulate unsharded gradients locally
  * (no reduce-scatter, no all-reduce); the first backward with 1 reduces the accumulated sum. */
-void hp_fsdp_set_requires_gradient_sync(hp_fsdp_t *f, int sync);
+void hp_fsdp_set_requires_gradient_sync(hp_fsdp_t f, int sync);
 /* HSDP set_requires_all_reduce: 0 = reduce-scatter only, outputs accumulate per replicate
  * (partial), the first backward with 1 all-reduces the accumulated sharded gradient. On a
  * 1-D mesh this is an error (there is no replicate dim). */
-hp_status_t hp_fsdp_set_requires_all_reduce(hp_fsdp_t *f, int all_reduce);
+hp_status_t hp_fsdp_set_requires_all_reduce(hp_fsdp_t f, int all_reduce);
 /* Communicators over which gradient norms must be summed (shard, then replicate, then the
  * TP mesh's when the parameters are TP DTensors): pass to hp_clip_grad_norm. Returns the
  * count (1 to 3). */
-int hp_fsdp_grad_comms(const hp_fsdp_t *f, hp_comm_t *comms);
+int hp_fsdp_grad_comms(hp_fsdp_t f, hp_comm_t *comms);
 /* The unsharded (over the FSDP shard dim) value or gradient of parameter i into out: the full
  * tensor, or with TP the TP-local tensor (numel of the model's parameter i before
  * fully_shard). Collective over the shard group. */
-hp_status_t hp_fsdp_full_value(hp_fsdp_t *f, int i, float *out);
-hp_status_t hp_fsdp_full_grad(hp_fsdp_t *f, int i, float *out);
+hp_status_t hp_fsdp_full_value(hp_fsdp_t f, int i, float *out);
+hp_status_t hp_fsdp_full_grad(hp_fsdp_t f, int i, float *out);
 
 /* Persistent bytes of this rank: sharded parameters (padded), sharded gradients (padded),
  * and the transient workspace (gathered parameters / gradients and collective buffers). */
-void hp_fsdp_memory(const hp_fsdp_t *f, size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes);
+void hp_fsdp_memory(hp_fsdp_t f, size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes);
 
 /* Event log (PyTorch's patched unshard / reshard / post_backward in its FSDP tests):
  * "unshard <unit>", "reshard <unit>", "post_backward <unit>" where <unit> is
  * "tok_embeddings", "layers.<i>", "root", or "tok_embeddings+root" (the group of a tied
  * model). Only unshards that start an all-gather and reshards that free parameters are logged
  * (no-ops are not). Off by default. */
-void hp_fsdp_record_events(hp_fsdp_t *f, int on);
-int hp_fsdp_num_events(const hp_fsdp_t *f);
-const char *hp_fsdp_event(const hp_fsdp_t *f, int i);
-void hp_fsdp_clear_events(hp_fsdp_t *f);
+void hp_fsdp_record_events(hp_fsdp_t f, int on);
+int hp_fsdp_num_events(hp_fsdp_t f);
+const char *hp_fsdp_event(hp_fsdp_t f, int i);
+void hp_fsdp_clear_events(hp_fsdp_t f);
 
 /* Seconds spent waiting in collectives (exposed communication) since the last reset. */
-double hp_fsdp_comm_wait_seconds(const hp_fsdp_t *f);
-void hp_fsdp_reset_timers(hp_fsdp_t *f);
+double hp_fsdp_comm_wait_seconds(hp_fsdp_t f);
+void hp_fsdp_reset_timers(hp_fsdp_t f);
 
 #ifdef __cplusplus
 }

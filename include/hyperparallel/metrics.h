@@ -24,15 +24,15 @@ uint32_t hp_crc32c(uint32_t crc, const void *data, size_t n);
 /* TFRecord's masked CRC: ((crc >> 15) | (crc << 17)) + 0xa282ead8. */
 uint32_t hp_crc32c_mask(uint32_t crc);
 
-typedef struct hp_tb_writer hp_tb_writer_t;
+typedef struct hp_tb_writer *hp_tb_writer_t;
 /* Creates `dir` (and parents) and the file events.out.tfevents.<unix time>.<host>.<pid>.<tag>
  * (tag may be NULL), and writes the first event (file_version "brain.Event:2"). */
-hp_status_t hp_tb_writer_open(const char *dir, const char *tag, hp_tb_writer_t **out);
+hp_status_t hp_tb_writer_open(const char *dir, const char *tag, hp_tb_writer_t *out);
 /* One Event{wall_time, step, Summary{Value{tag, simple_value}}}. wall_time < 0 = now. */
-hp_status_t hp_tb_writer_add_scalar(hp_tb_writer_t *w, const char *tag, int64_t step, float value, double wall_time);
-hp_status_t hp_tb_writer_flush(hp_tb_writer_t *w);
-const char *hp_tb_writer_path(const hp_tb_writer_t *w);
-void hp_tb_writer_close(hp_tb_writer_t *w);
+hp_status_t hp_tb_writer_add_scalar(hp_tb_writer_t w, const char *tag, int64_t step, float value, double wall_time);
+hp_status_t hp_tb_writer_flush(hp_tb_writer_t w);
+const char *hp_tb_writer_path(hp_tb_writer_t w);
+void hp_tb_writer_close(hp_tb_writer_t w);
 
 #define HP_TB_MAX_VALUES 16
 #define HP_TB_TAG_MAX 128
@@ -106,24 +106,24 @@ typedef struct hp_metrics_record {
     int64_t tokens_seen;     /* all tokens added so far on this rank */
 } hp_metrics_record_t;
 
-typedef struct hp_metrics hp_metrics_t;
-hp_status_t hp_metrics_create(const hp_metrics_options_t *opts, hp_metrics_t **out);
-void hp_metrics_destroy(hp_metrics_t *m);
+typedef struct hp_metrics *hp_metrics_t;
+hp_status_t hp_metrics_create(const hp_metrics_options_t *opts, hp_metrics_t *out);
+void hp_metrics_destroy(hp_metrics_t m);
 /* The peak FLOP/s used for MFU (configured or measured; <= 0 when MFU is off). */
-double hp_metrics_peak_flops(const hp_metrics_t *m);
+double hp_metrics_peak_flops(hp_metrics_t m);
 /* Tokens this rank loaded for the step (labels.numel()). */
-void hp_metrics_add_tokens(hp_metrics_t *m, int64_t ntokens);
-bool hp_metrics_should_log(const hp_metrics_t *m, int64_t step);
+void hp_metrics_add_tokens(hp_metrics_t m, int64_t ntokens);
+bool hp_metrics_should_log(hp_metrics_t m, int64_t step);
 /* Computes the record (from the given step, loss, max_loss, grad_norm, lr and the timing
  * since the previous log), prints the line, appends the JSONL object, writes the TensorBoard
  * scalars and restarts the interval. Non-finite values print as nan/inf and are written as
  * JSON null. */
-hp_status_t hp_metrics_log(hp_metrics_t *m, int64_t step, double loss, double max_loss, double grad_norm, double lr,
+hp_status_t hp_metrics_log(hp_metrics_t m, int64_t step, double loss, double max_loss, double grad_norm, double lr,
                            hp_metrics_record_t *out);
 /* An extra scalar (e.g. "validation_metrics/loss") to the console, JSONL and TensorBoard. */
-hp_status_t hp_metrics_log_scalar(hp_metrics_t *m, const char *tag, int64_t step, double value);
+hp_status_t hp_metrics_log_scalar(hp_metrics_t m, const char *tag, int64_t step, double value);
 /* The TensorBoard file being written (NULL when off). */
-const char *hp_metrics_tb_path(const hp_metrics_t *m);
+const char *hp_metrics_tb_path(hp_metrics_t m);
 
 #ifdef __cplusplus
 }

@@ -67,29 +67,29 @@ hp_status_t hp_optim_kind_from_name(const char *name, hp_optim_kind_t *out);   /
  * is updated by AdamW. */
 int hp_optim_muon_applies(const hp_param_t *param);
 
-typedef struct hp_optim hp_optim_t;
+typedef struct hp_optim *hp_optim_t;
 
 /* Builds an optimizer over `params` (kept by pointer; the array must outlive the optimizer).
  * Sizes and allocates all state (and Muon's Newton-Schulz workspace) in one arena. Muon
  * needs the whole matrix: a Muon parameter sharded over a mesh is HP_ERR_UNSUPPORTED. */
 hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, int n_params,
-                            hp_optim_t **out);
-void hp_optim_free(hp_optim_t *opt);
+                            hp_optim_t *out);
+void hp_optim_free(hp_optim_t opt);
 
 /* One step with learning rate cfg.lr * lr_factor (the schedule's factor for this step).
  * Uses each parameter's grad as it is (clip first). Never allocates. */
-hp_status_t hp_optim_step(hp_optim_t *opt, double lr_factor);
+hp_status_t hp_optim_step(hp_optim_t opt, double lr_factor);
 /* Number of completed steps (PyTorch's state["step"]); settable for checkpoint loading. */
-int64_t hp_optim_get_step(const hp_optim_t *opt);
-void hp_optim_set_step(hp_optim_t *opt, int64_t step);
-const hp_optim_config_t *hp_optim_config(const hp_optim_t *opt);
-size_t hp_optim_state_bytes(const hp_optim_t *opt);
+int64_t hp_optim_get_step(hp_optim_t opt);
+void hp_optim_set_step(hp_optim_t opt, int64_t step);
+const hp_optim_config_t *hp_optim_config(hp_optim_t opt);
+size_t hp_optim_state_bytes(hp_optim_t opt);
 
 /* State tensors for checkpoints, in a fixed order: for each parameter, its slots
  * ("exp_avg", "exp_avg_sq" for AdamW; "momentum_buffer" for SGD with momentum and Muon).
  * `state` is a view (f32, same local shape as the parameter) into the optimizer's arena. */
-int hp_optim_num_states(const hp_optim_t *opt);
-void hp_optim_state_at(hp_optim_t *opt, int i, int *param_index, const char **slot,
+int hp_optim_num_states(hp_optim_t opt);
+void hp_optim_state_at(hp_optim_t opt, int i, int *param_index, const char **slot,
                        hp_tensor_t *state);
 
 /* ZeRO-1's local optimizer (zero.h) as this module's optimizer of `cfg`: hp_zero_create(&lo,

@@ -61,36 +61,36 @@ typedef struct hp_st_info {
     uint64_t begin, end;         /* byte offsets into the data section, end - begin = nbytes */
 } hp_st_info_t;
 
-typedef struct hp_safetensors hp_safetensors_t;   /* an open, validated file */
+typedef struct hp_safetensors *hp_safetensors_t;   /* an open, validated file */
 
 /* Opens and validates a file: reads only the header; tensor data is read on request. */
-hp_status_t hp_safetensors_open(const char *path, hp_safetensors_t **out);
+hp_status_t hp_safetensors_open(const char *path, hp_safetensors_t *out);
 /* Validates a whole file image held in memory (copied; `what` names it in messages).
  * This is the entry point of the fuzz target. */
 hp_status_t hp_safetensors_open_memory(const void *bytes, size_t len, const char *what,
-                                       hp_safetensors_t **out);
-void hp_safetensors_close(hp_safetensors_t *st);
+                                       hp_safetensors_t *out);
+void hp_safetensors_close(hp_safetensors_t st);
 
 /* Tensors in data-offset order. */
-int hp_safetensors_count(const hp_safetensors_t *st);
-const hp_st_info_t *hp_safetensors_info(const hp_safetensors_t *st, int i);
+int hp_safetensors_count(hp_safetensors_t st);
+const hp_st_info_t *hp_safetensors_info(hp_safetensors_t st, int i);
 /* HP_ERR_NOT_FOUND (with the nearest names as a hint) when absent. */
-hp_status_t hp_safetensors_find(const hp_safetensors_t *st, const char *name,
+hp_status_t hp_safetensors_find(hp_safetensors_t st, const char *name,
                                 const hp_st_info_t **info);
 /* "__metadata__": number of entries, i-th key/value, value by key (NULL when absent). */
-int hp_safetensors_metadata_count(const hp_safetensors_t *st);
-void hp_safetensors_metadata_at(const hp_safetensors_t *st, int i, const char **key,
+int hp_safetensors_metadata_count(hp_safetensors_t st);
+void hp_safetensors_metadata_at(hp_safetensors_t st, int i, const char **key,
                                 const char **value);
-const char *hp_safetensors_metadata(const hp_safetensors_t *st, const char *key);
+const char *hp_safetensors_metadata(hp_safetensors_t st, const char *key);
 
 /* Reads tensor `name` into `dst` (any strides). The shapes must be equal. When the dtypes
  * differ the read fails unless `convert` is nonzero; then float -> float conversions
  * (F64/F32/BF16/F16 into f32/bf16/f16, rounding to nearest even) and integer -> integer
  * conversions that keep every value exact are done; anything else is HP_ERR_INVALID_ARG. */
-hp_status_t hp_safetensors_read(hp_safetensors_t *st, const char *name, hp_tensor_t *dst,
+hp_status_t hp_safetensors_read(hp_safetensors_t st, const char *name, hp_tensor_t *dst,
                                 int convert);
 /* Copies the raw bytes of a tensor (nbytes must equal end - begin). */
-hp_status_t hp_safetensors_read_raw(hp_safetensors_t *st, const char *name, void *buf,
+hp_status_t hp_safetensors_read_raw(hp_safetensors_t st, const char *name, void *buf,
                                     size_t nbytes);
 
 /* One tensor to write: either an hp tensor (any strides; f32 may be stored as F32, BF16 or

@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-typedef struct hp_tokenizer hp_tokenizer_t;
+typedef struct hp_tokenizer *hp_tokenizer_t;
 
 /* A growable list of token ids. Zero-initialise; encode appends; free with
  * hp_token_ids_free. Set len = 0 to reuse the storage. */
@@ -27,11 +27,11 @@ void hp_token_ids_free(hp_token_ids_t *ids);
 
 /* Loads a tokenizer.json. Errors (HP_ERR_IO, HP_ERR_FORMAT, HP_ERR_UNSUPPORTED) name the
  * file and the JSON path of the offending value, e.g. "t.json: model.merges[3]: ...". */
-hp_status_t hp_tokenizer_load(hp_tokenizer_t **out, const char *path);
+hp_status_t hp_tokenizer_load(hp_tokenizer_t *out, const char *path);
 /* Same from a JSON document in memory; `name` is used in messages. */
-hp_status_t hp_tokenizer_load_json(hp_tokenizer_t **out, const char *json, size_t len,
+hp_status_t hp_tokenizer_load_json(hp_tokenizer_t *out, const char *json, size_t len,
                                    const char *name);
-void hp_tokenizer_free(hp_tokenizer_t *tok);
+void hp_tokenizer_free(hp_tokenizer_t tok);
 
 /* Encode flags. */
 enum {
@@ -53,34 +53,34 @@ enum { HP_DETOKENIZE_SKIP_SPECIAL = 1u << 0 };
  * in the raw text first (longest first), the rest is pre-tokenized and BPE-merged.
  * Invalid UTF-8 is an HP_ERR_INVALID_ARG naming the byte offset. Uses per-tokenizer scratch
  * and a word cache: one thread per tokenizer at a time. */
-hp_status_t hp_tokenizer_encode(hp_tokenizer_t *tok, const char *text, size_t len,
+hp_status_t hp_tokenizer_encode(hp_tokenizer_t tok, const char *text, size_t len,
                                 unsigned flags, hp_token_ids_t *out);
 
 /* Decodes ids into newly allocated UTF-8 text (NUL-terminated, free with free()). Byte
  * sequences that are not valid UTF-8 become U+FFFD as in HF's decode. An id outside the
  * vocabulary is an HP_ERR_INVALID_ARG naming it. Thread-safe. */
-hp_status_t hp_tokenizer_decode(const hp_tokenizer_t *tok, const int32_t *ids, size_t n,
+hp_status_t hp_tokenizer_decode(hp_tokenizer_t tok, const int32_t *ids, size_t n,
                                 unsigned flags, char **text, size_t *text_len);
 
 /* Number of ids (largest id + 1). */
-int32_t hp_tokenizer_vocab_size(const hp_tokenizer_t *tok);
+int32_t hp_tokenizer_vocab_size(hp_tokenizer_t tok);
 /* BOS / EOS ids, -1 when there is none. BOS is the first special token before $A in a
  * TemplateProcessing "single" template, EOS the first after it; without a template, the
  * first added special token named like a BOS (<|begin_of_text|>, <s>, <|startoftext|>,
  * <bos>) or an EOS (<|end_of_text|>, </s>, <|endoftext|>, <eos>). */
-int32_t hp_tokenizer_bos_id(const hp_tokenizer_t *tok);
-int32_t hp_tokenizer_eos_id(const hp_tokenizer_t *tok);
+int32_t hp_tokenizer_bos_id(hp_tokenizer_t tok);
+int32_t hp_tokenizer_eos_id(hp_tokenizer_t tok);
 /* Overrides BOS / EOS (-1 clears); the id must exist. */
-hp_status_t hp_tokenizer_set_bos_eos(hp_tokenizer_t *tok, int32_t bos, int32_t eos);
+hp_status_t hp_tokenizer_set_bos_eos(hp_tokenizer_t tok, int32_t bos, int32_t eos);
 /* Id of a token given by its tokenizer.json spelling (added tokens first), -1 if absent. */
-int32_t hp_tokenizer_token_to_id(const hp_tokenizer_t *tok, const char *token);
+int32_t hp_tokenizer_token_to_id(hp_tokenizer_t tok, const char *token);
 /* tokenizer.json spelling of an id, NULL if absent. */
-const char *hp_tokenizer_id_to_token(const hp_tokenizer_t *tok, int32_t id);
+const char *hp_tokenizer_id_to_token(hp_tokenizer_t tok, int32_t id);
 /* The bytes one id decodes to (not NUL-terminated, may be part of a UTF-8 character): for
  * streaming output, buffer them until the UTF-8 is complete. NULL if the id is absent. */
-const char *hp_tokenizer_token_bytes(const hp_tokenizer_t *t, int32_t id, size_t *len);
+const char *hp_tokenizer_token_bytes(hp_tokenizer_t t, int32_t id, size_t *len);
 /* 1 when the id is an added token marked "special". */
-int hp_tokenizer_is_special(const hp_tokenizer_t *tok, int32_t id);
+int hp_tokenizer_is_special(hp_tokenizer_t tok, int32_t id);
 
 /* ---- training ------------------------------------------------------------------------ */
 

@@ -17,12 +17,12 @@
 extern "C" {
 #endif
 
-typedef struct hp_trainer hp_trainer_t;
+typedef struct hp_trainer *hp_trainer_t;
 
 /* Collective over `world`. Validates the config against the world size and refuses any
  * parallelism this build does not implement (see docs/config.md). */
-hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_trainer_t **out);
-void hp_trainer_destroy(hp_trainer_t *t);
+hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_trainer_t *out);
+void hp_trainer_destroy(hp_trainer_t t);
 
 typedef struct hp_step_stats {
     int64_t step;          /* 1-based, as TorchTitan */
@@ -35,7 +35,7 @@ typedef struct hp_step_stats {
 } hp_step_stats_t;
 
 /* One optimizer step (all micro-batches). *stats may be NULL. */
-hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats);
+hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats);
 /* Runs the remaining training.steps steps with logging and validation; then writes the final
  * weights (rank 0) to job.dump_folder/weights.safetensors when dump_folder is set.
  * Interruption: after every step the ranks agree (one all-reduce) on whether any got a
@@ -43,14 +43,14 @@ hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats);
  * cut-short checkpoint save is abandoned (its step-N.tmp-* directory removed) and the call
  * returns HP_ERR_STATE with a message saying at which step, whether during a save, and
  * which checkpoint is the last complete one; hp_dcp_interrupted() gives the signal. */
-hp_status_t hp_trainer_train(hp_trainer_t *t);
+hp_status_t hp_trainer_train(hp_trainer_t t);
 /* Mean loss over validation.steps batches of the validation split (all ranks). */
-hp_status_t hp_trainer_validate(hp_trainer_t *t, double *loss);
+hp_status_t hp_trainer_validate(hp_trainer_t t, double *loss);
 
-hp_model_t hp_trainer_model(hp_trainer_t *t);
-int64_t hp_trainer_current_step(const hp_trainer_t *t);
+hp_model_t hp_trainer_model(hp_trainer_t t);
+int64_t hp_trainer_current_step(hp_trainer_t t);
 /* Gradient accumulation steps in use. */
-int64_t hp_trainer_grad_accum(const hp_trainer_t *t);
+int64_t hp_trainer_grad_accum(hp_trainer_t t);
 
 #ifdef __cplusplus
 }

@@ -23,7 +23,7 @@ extern "C" {
 typedef struct hp_zero_local_optim {
     hp_status_t (*create)(void *ctx, hp_param_t *params, int n_params, void **out);
     hp_status_t (*step)(void *opt, double lr_factor);
-    size_t (*state_bytes)(const void *opt);
+    size_t (*state_bytes)(void *opt);
     void (*destroy)(void *opt);
     void *ctx;
 } hp_zero_local_optim_t;
@@ -32,16 +32,16 @@ typedef struct hp_zero_local_optim {
  * by PyTorch's greedy rule (sorted by numel descending, stable; each to the rank with the
  * smallest running total, ties to the lowest rank); the local optimizer `lo` over this
  * rank's share (none when the rank owns nothing). */
-typedef struct hp_zero hp_zero_t;
+typedef struct hp_zero *hp_zero_t;
 hp_status_t hp_zero_create(const hp_zero_local_optim_t *lo, hp_param_t *params, int n_params, hp_comm_t comm,
-                           hp_zero_t **out);
-void hp_zero_free(hp_zero_t *z);
+                           hp_zero_t *out);
+void hp_zero_free(hp_zero_t z);
 /* The partition rule alone: owner[i] for n params of the given numels over `world` ranks. */
 void hp_zero_partition(const int64_t *numel, int n, int world, int *owner);
 /* Local step on the owned params, then each param broadcast (async) from its owner; waits. */
-hp_status_t hp_zero_step(hp_zero_t *z, double lr_factor);
-int hp_zero_owner(const hp_zero_t *z, int i);
-size_t hp_zero_state_bytes(const hp_zero_t *z);
+hp_status_t hp_zero_step(hp_zero_t z, double lr_factor);
+int hp_zero_owner(hp_zero_t z, int i);
+size_t hp_zero_state_bytes(hp_zero_t z);
 
 #ifdef __cplusplus
 }

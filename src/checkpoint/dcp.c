@@ -818,26 +818,26 @@ struct hp_dcp_saver {
     meta_doc_t *meta;
 };
 
-hp_status_t hp_dcp_saver_create(hp_comm_t comm, hp_dcp_saver_t **out) {
-    hp_dcp_saver_t *s = hp_calloc(1, sizeof *s);
+hp_status_t hp_dcp_saver_create(hp_comm_t comm, hp_dcp_saver_t *out) {
+    hp_dcp_saver_t s = hp_calloc(1, sizeof *s);
     if (!s) return HP_ERR_OOM;
     s->comm = comm;
     *out = s;
     return HP_OK;
 }
 
-int hp_dcp_saver_pending(const hp_dcp_saver_t *s) { return s->pending; }
-size_t hp_dcp_saver_staging_bytes(const hp_dcp_saver_t *s) { return s->staging_cap; }
+int hp_dcp_saver_pending(hp_dcp_saver_t s) { return s->pending; }
+size_t hp_dcp_saver_staging_bytes(hp_dcp_saver_t s) { return s->staging_cap; }
 
 static void *writer_main(void *arg) {
-    hp_dcp_saver_t *s = arg;
+    hp_dcp_saver_t s = arg;
     s->status = run_job(&s->job);
     if (s->status != HP_OK) snprintf(s->message, sizeof s->message, "%s", hp_last_error());
     atomic_store(&s->done, 1);
     return NULL;
 }
 
-static hp_status_t saver_complete(hp_dcp_saver_t *s) {
+static hp_status_t saver_complete(hp_dcp_saver_t s) {
     if (s->threaded) pthread_join(s->thread, NULL);
     hp_status_t w = s->status;
     if (w != HP_OK) w = hp_error(w, "async checkpoint %s: %s", s->dir, s->message);
@@ -849,7 +849,7 @@ static hp_status_t saver_complete(hp_dcp_saver_t *s) {
     return r;
 }
 
-hp_status_t hp_dcp_saver_poll(hp_dcp_saver_t *s, int *committed) {
+hp_status_t hp_dcp_saver_poll(hp_dcp_saver_t s, int *committed) {
     if (committed) *committed = 0;
     /* every rank must take the same decision: one all-reduce (max) of (pending, not done) */
     int64_t v[2] = {s->pending, s->pending && !atomic_load(&s->done)}, r[2] = {v[0], v[1]};
@@ -860,14 +860,14 @@ hp_status_t hp_dcp_saver_poll(hp_dcp_saver_t *s, int *committed) {
     return st;
 }
 
-hp_status_t hp_dcp_saver_wait(hp_dcp_saver_t *s) {
+hp_status_t hp_dcp_saver_wait(hp_dcp_saver_t s) {
     int64_t pend = s->pending, anyp = pend;
     if (s->comm && csize(s->comm) > 1) HP_TRY(hp_all_reduce(&pend, &anyp, 1, HP_I64, HP_MAX, s->comm, NULL));
     if (!anyp) return HP_OK;
     return saver_complete(s);
 }
 
-hp_status_t hp_dcp_saver_save(hp_dcp_saver_t *s, const char *dir, const hp_dcp_state_t *st) {
+hp_status_t hp_dcp_saver_save(hp_dcp_saver_t s, const char *dir, const hp_dcp_state_t *st) {
     HP_TRY(hp_dcp_saver_wait(s));
     HP_TRY(hp_dcp_agree(s->comm, check_state(st), "async checkpoint save: checking the state"));
     plan_t p;
@@ -905,7 +905,7 @@ hp_status_t hp_dcp_saver_save(hp_dcp_saver_t *s, const char *dir, const hp_dcp_s
     return r;
 }
 
-hp_status_t hp_dcp_saver_destroy(hp_dcp_saver_t *s) {
+hp_status_t hp_dcp_saver_destroy(hp_dcp_saver_t s) {
     if (!s) return HP_OK;
     hp_status_t r = hp_dcp_saver_wait(s);
     hp_free_aligned(s->staging);

@@ -58,7 +58,7 @@ void hp_dcp_copy_box(hp_tensor_t *dst, const int64_t *dst_off, const void *src, 
 
 typedef struct open_file {
     char name[256];
-    hp_safetensors_t *st;
+    hp_safetensors_t st;
     int fd;
     uint64_t data_base;
 } open_file_t;
@@ -239,7 +239,7 @@ static hp_status_t load_tensor(loader_t *L, const hp_dcp_entry_t *e, hp_dcp_tens
     return HP_OK;
 }
 
-static hp_status_t load_blob(loader_t *L, const hp_dcp_metadata_t *md, const hp_dcp_entry_t *e, hp_dcp_blob_t *b,
+static hp_status_t load_blob(loader_t *L, hp_dcp_metadata_t md, const hp_dcp_entry_t *e, hp_dcp_blob_t *b,
                              int rank, int world) {
     if (e->per_rank != b->per_rank)
         return hp_error(HP_ERR_INVALID_ARG, "checkpoint %s: blob '%s' is %s in the checkpoint but %s here", L->dir,
@@ -275,7 +275,7 @@ static void append_name(char *buf, size_t cap, int *count, const char *name) {
 }
 
 static hp_status_t load_local(const char *dir, hp_dcp_state_t *st, int rank, int world, const hp_dcp_load_options_t *o) {
-    hp_dcp_metadata_t *md;
+    hp_dcp_metadata_t md;
     HP_TRY(hp_dcp_metadata_read(dir, &md));
     int strict = o ? o->strict : 1, conv = o ? o->allow_convert : 0;
     char missing[1024] = "", unexpected[1024] = "";

@@ -21,7 +21,7 @@ struct hp_dcp_metadata {
     hp_dcp_entry_t *entries;
 };
 
-void hp_dcp_metadata_free(hp_dcp_metadata_t *md) {
+void hp_dcp_metadata_free(hp_dcp_metadata_t md) {
     if (!md) return;
     for (int i = 0; i < md->n; i++) {
         hp_dcp_entry_t *e = &md->entries[i];
@@ -36,17 +36,17 @@ void hp_dcp_metadata_free(hp_dcp_metadata_t *md) {
     free(md);
 }
 
-int hp_dcp_metadata_count(const hp_dcp_metadata_t *md) { return md->n; }
-const hp_dcp_entry_t *hp_dcp_metadata_entry(const hp_dcp_metadata_t *md, int i) {
+int hp_dcp_metadata_count(hp_dcp_metadata_t md) { return md->n; }
+const hp_dcp_entry_t *hp_dcp_metadata_entry(hp_dcp_metadata_t md, int i) {
     return i >= 0 && i < md->n ? &md->entries[i] : NULL;
 }
-const hp_dcp_entry_t *hp_dcp_metadata_find(const hp_dcp_metadata_t *md, const char *name) {
+const hp_dcp_entry_t *hp_dcp_metadata_find(hp_dcp_metadata_t md, const char *name) {
     for (int i = 0; i < md->n; i++)
         if (!strcmp(md->entries[i].name, name)) return &md->entries[i];
     return NULL;
 }
-int hp_dcp_metadata_world_size(const hp_dcp_metadata_t *md) { return md->world; }
-int64_t hp_dcp_metadata_step(const hp_dcp_metadata_t *md) { return md->step; }
+int hp_dcp_metadata_world_size(hp_dcp_metadata_t md) { return md->world; }
+int64_t hp_dcp_metadata_step(hp_dcp_metadata_t md) { return md->step; }
 
 /* ---- parser ------------------------------------------------------------------------------ */
 
@@ -200,7 +200,7 @@ static hp_status_t parse_chunks(json_object *e, hp_dcp_entry_t *out, const char 
     return HP_OK;
 }
 
-static hp_status_t parse_root(json_object *root, hp_dcp_metadata_t *md, const char *what) {
+static hp_status_t parse_root(json_object *root, hp_dcp_metadata_t md, const char *what) {
     if (!json_object_is_type(root, json_type_object))
         return hp_error(HP_ERR_FORMAT, "%s: the metadata is not a JSON object", what);
     const char *magic;
@@ -310,12 +310,12 @@ hp_status_t hp_dcp_json_parse(const char *json, size_t len, size_t max_bytes, co
     return HP_OK;
 }
 
-hp_status_t hp_dcp_metadata_parse(const char *json, size_t len, const char *what, hp_dcp_metadata_t **out) {
+hp_status_t hp_dcp_metadata_parse(const char *json, size_t len, const char *what, hp_dcp_metadata_t *out) {
     *out = NULL;
     json_object *root = NULL;
     HP_TRY(hp_dcp_json_parse(json, len, (size_t)256 << 20, what, "metadata",
                              "; the checkpoint is corrupted or truncated", &root));
-    hp_dcp_metadata_t *md = hp_calloc(1, sizeof *md);
+    hp_dcp_metadata_t md = hp_calloc(1, sizeof *md);
     if (!md) {
         json_object_put(root);
         return HP_ERR_OOM;
@@ -330,7 +330,7 @@ hp_status_t hp_dcp_metadata_parse(const char *json, size_t len, const char *what
     return HP_OK;
 }
 
-hp_status_t hp_dcp_metadata_read(const char *dir, hp_dcp_metadata_t **out) {
+hp_status_t hp_dcp_metadata_read(const char *dir, hp_dcp_metadata_t *out) {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, HP_DCP_METADATA_FILE);
     FILE *f = fopen(path, "rb");

@@ -31,7 +31,7 @@ static uint64_t chunk_bytes(const hp_dcp_entry_t *e, const hp_dcp_chunk_t *c) {
 }
 
 /* The first chunk that names `file` (for the message). */
-static const char *tensor_of(const hp_dcp_metadata_t *md, const char *file) {
+static const char *tensor_of(hp_dcp_metadata_t md, const char *file) {
     for (int i = 0; i < hp_dcp_metadata_count(md); i++) {
         const hp_dcp_entry_t *e = hp_dcp_metadata_entry(md, i);
         for (int c = 0; c < e->n_chunks; c++)
@@ -41,7 +41,7 @@ static const char *tensor_of(const hp_dcp_metadata_t *md, const char *file) {
 }
 
 /* The file's size against its header: 8 + header length + the largest data offset. */
-static hp_status_t check_size(const char *dir, const char *file, const hp_dcp_metadata_t *md) {
+static hp_status_t check_size(const char *dir, const char *file, hp_dcp_metadata_t md) {
     char path[4400];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     struct stat sb;
@@ -109,7 +109,7 @@ static hp_status_t check_size(const char *dir, const char *file, const hp_dcp_me
 }
 
 hp_status_t hp_dcp_verify(const char *dir, int checksums) {
-    hp_dcp_metadata_t *md;
+    hp_dcp_metadata_t md;
     HP_TRY(hp_dcp_metadata_read(dir, &md));
     hp_status_t s = HP_OK;
     /* each distinct file once */
@@ -140,7 +140,7 @@ hp_status_t hp_dcp_verify(const char *dir, int checksums) {
         if (s != HP_OK) break;
         char path[4400];
         snprintf(path, sizeof path, "%s/%s", dir, files[f]);
-        hp_safetensors_t *st;
+        hp_safetensors_t st;
         s = hp_safetensors_open(path, &st);   /* the reader's message names the file */
         if (s != HP_OK) break;
         for (int i = 0; s == HP_OK && i < hp_dcp_metadata_count(md); i++) {

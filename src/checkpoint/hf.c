@@ -300,7 +300,7 @@ static int is_extra(const char *tn, char (*want)[160], int nw, int tied) {
 /* Warns about each tensor of the checkpoint that no parameter maps to (it is ignored):
  * the names of the index's weight_map, or of the single file's tensors. */
 static void warn_extra_tensors(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params,
-                               const hp_hf_index_t *wm, const hp_safetensors_t *single) {
+                               hp_hf_index_t wm, hp_safetensors_t single) {
     char (*want)[160] = hp_calloc((size_t)n_params + 1, sizeof *want);
     if (!want) return;
     int nw = 0;
@@ -382,10 +382,10 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
                                 int warn) {
     HP_TRY(check_hf_config(dir, mc));
     char path[4200];
-    hp_hf_index_t *wm = NULL;   /* hardened parser: every type checked, plain file names */
+    hp_hf_index_t wm = NULL;   /* hardened parser: every type checked, plain file names */
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     if (access(path, R_OK) == 0) HP_TRY(hp_hf_index_read(path, &wm));
-    hp_safetensors_t *open_st[32] = {0};
+    hp_safetensors_t open_st[32] = {0};
     char open_name[32][256];
     int n_open = 0;
     hp_status_t s = HP_OK;

@@ -17,7 +17,7 @@ struct hp_hf_index {
     char **files;              /* n_files distinct, first-seen order */
 };
 
-void hp_hf_index_free(hp_hf_index_t *ix) {
+void hp_hf_index_free(hp_hf_index_t ix) {
     if (!ix) return;
     for (int i = 0; i < ix->n; i++) free(ix->names[i]);
     for (int i = 0; i < ix->n_files; i++) free(ix->files[i]);
@@ -27,18 +27,18 @@ void hp_hf_index_free(hp_hf_index_t *ix) {
     free(ix);
 }
 
-int hp_hf_index_count(const hp_hf_index_t *ix) { return ix->n; }
-void hp_hf_index_at(const hp_hf_index_t *ix, int i, const char **name, const char **file) {
+int hp_hf_index_count(hp_hf_index_t ix) { return ix->n; }
+void hp_hf_index_at(hp_hf_index_t ix, int i, const char **name, const char **file) {
     HP_ASSERT(i >= 0 && i < ix->n);
     *name = ix->names[i];
     *file = ix->file_of[i];
 }
-int hp_hf_index_n_files(const hp_hf_index_t *ix) { return ix->n_files; }
-const char *hp_hf_index_file(const hp_hf_index_t *ix, int i) {
+int hp_hf_index_n_files(hp_hf_index_t ix) { return ix->n_files; }
+const char *hp_hf_index_file(hp_hf_index_t ix, int i) {
     HP_ASSERT(i >= 0 && i < ix->n_files);
     return ix->files[i];
 }
-const char *hp_hf_index_find(const hp_hf_index_t *ix, const char *name) {
+const char *hp_hf_index_find(hp_hf_index_t ix, const char *name) {
     for (int i = 0; i < ix->n; i++)
         if (!strcmp(ix->names[i], name)) return ix->file_of[i];
     return NULL;
@@ -46,7 +46,7 @@ const char *hp_hf_index_find(const hp_hf_index_t *ix, const char *name) {
 
 static const char *type_name(json_object *v) { return v ? json_type_to_name(json_object_get_type(v)) : "null"; }
 
-static hp_status_t parse_root(json_object *root, const char *what, hp_hf_index_t *ix) {
+static hp_status_t parse_root(json_object *root, const char *what, hp_hf_index_t ix) {
     if (!json_object_is_type(root, json_type_object))
         return hp_error(HP_ERR_FORMAT, "%s: the index is a JSON %s, expected an object with a \"weight_map\"", what,
                         type_name(root));
@@ -92,11 +92,11 @@ static hp_status_t parse_root(json_object *root, const char *what, hp_hf_index_t
     return HP_OK;
 }
 
-hp_status_t hp_hf_index_parse(const char *json, size_t len, const char *what, hp_hf_index_t **out) {
+hp_status_t hp_hf_index_parse(const char *json, size_t len, const char *what, hp_hf_index_t *out) {
     *out = NULL;
     json_object *root = NULL;
     HP_TRY(hp_dcp_json_parse(json, len, (size_t)64 << 20, what, "index", "", &root));
-    hp_hf_index_t *ix = hp_calloc(1, sizeof *ix);
+    hp_hf_index_t ix = hp_calloc(1, sizeof *ix);
     hp_status_t s = ix ? parse_root(root, what, ix) : HP_ERR_OOM;
     json_object_put(root);
     if (s != HP_OK) {
@@ -107,7 +107,7 @@ hp_status_t hp_hf_index_parse(const char *json, size_t len, const char *what, hp
     return HP_OK;
 }
 
-hp_status_t hp_hf_index_read(const char *path, hp_hf_index_t **out) {
+hp_status_t hp_hf_index_read(const char *path, hp_hf_index_t *out) {
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return hp_error(errno == ENOENT ? HP_ERR_NOT_FOUND : HP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));

@@ -65,7 +65,7 @@ hp_status_t hp_model_save_weights(hp_model_t m, const char *path) {
 
 hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_len, hp_model_t *out) {
     *out = NULL;
-    hp_safetensors_t *st = NULL;
+    hp_safetensors_t st = NULL;
     HP_TRY(hp_safetensors_open(path, &st));
     hp_status_t s = HP_OK;
     const char *fmt = hp_safetensors_metadata(st, "format");

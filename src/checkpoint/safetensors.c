@@ -99,7 +99,7 @@ struct hp_safetensors {
     char *names;            /* storage for every name */
 };
 
-void hp_safetensors_close(hp_safetensors_t *st) {
+void hp_safetensors_close(hp_safetensors_t st) {
     if (!st) return;
     if (st->fd >= 0) close(st->fd);
     free(st->mem);
@@ -137,7 +137,7 @@ static hp_status_t json_uint(const struct json_object *v, uint64_t max, uint64_t
     return HP_OK;
 }
 
-static hp_status_t parse_entry(hp_safetensors_t *st, const char *name, struct json_object *v,
+static hp_status_t parse_entry(hp_safetensors_t st, const char *name, struct json_object *v,
                                hp_st_info_t *info) {
     const char *w = st->what;
     if (!json_object_is_type(v, json_type_object))
@@ -200,7 +200,7 @@ static hp_status_t parse_entry(hp_safetensors_t *st, const char *name, struct js
     return HP_OK;
 }
 
-static hp_status_t parse_metadata(hp_safetensors_t *st, struct json_object *v) {
+static hp_status_t parse_metadata(hp_safetensors_t st, struct json_object *v) {
     if (!json_object_is_type(v, json_type_object))
         return hp_error(HP_ERR_FORMAT, "%s: \"__metadata__\" must be an object of strings", st->what);
     int n = json_object_object_length(v);
@@ -220,7 +220,7 @@ static hp_status_t parse_metadata(hp_safetensors_t *st, struct json_object *v) {
 }
 
 /* Parses and validates `hlen` header bytes; st->data_size is already set. */
-static hp_status_t parse_header(hp_safetensors_t *st, const char *hdr, uint64_t hlen) {
+static hp_status_t parse_header(hp_safetensors_t st, const char *hdr, uint64_t hlen) {
     const char *w = st->what;
     if (hlen < 2 || hdr[0] != '{')
         return hp_error(HP_ERR_FORMAT, "%s: header does not start with '{' (not a safetensors "
@@ -344,8 +344,8 @@ static uint64_t load_le64(const unsigned char *b) {
     return v;
 }
 
-static hp_safetensors_t *st_new(const char *what) {
-    hp_safetensors_t *st = calloc(1, sizeof *st);
+static hp_safetensors_t st_new(const char *what) {
+    hp_safetensors_t st = calloc(1, sizeof *st);
     if (!st) return NULL;
     st->fd = -1;
     st->what = strdup(what ? what : "(memory)");
@@ -357,9 +357,9 @@ static hp_safetensors_t *st_new(const char *what) {
 }
 
 hp_status_t hp_safetensors_open_memory(const void *bytes, size_t len, const char *what,
-                                       hp_safetensors_t **out) {
+                                       hp_safetensors_t *out) {
     *out = NULL;
-    hp_safetensors_t *st = st_new(what);
+    hp_safetensors_t st = st_new(what);
     if (!st) return hp_error(HP_ERR_OOM, "no memory to open a safetensors image");
     if (len < 8) {
         hp_status_t s = hp_error(HP_ERR_FORMAT, "%s: %zu bytes is too short for a safetensors "
@@ -388,7 +388,7 @@ hp_status_t hp_safetensors_open_memory(const void *bytes, size_t len, const char
 }
 
 /* pread until n bytes or error. */
-static hp_status_t read_at(hp_safetensors_t *st, void *buf, size_t n, uint64_t off) {
+static hp_status_t read_at(hp_safetensors_t st, void *buf, size_t n, uint64_t off) {
     if (n == 0) return HP_OK;   /* empty tensors may have a NULL buffer */
     if (st->fd < 0) {
         memcpy(buf, st->mem + off, n);
@@ -408,9 +408,9 @@ static hp_status_t read_at(hp_safetensors_t *st, void *buf, size_t n, uint64_t o
     return HP_OK;
 }
 
-hp_status_t hp_safetensors_open(const char *path, hp_safetensors_t **out) {
+hp_status_t hp_safetensors_open(const char *path, hp_safetensors_t *out) {
     *out = NULL;
-    hp_safetensors_t *st = st_new(path);
+    hp_safetensors_t st = st_new(path);
     if (!st) return hp_error(HP_ERR_OOM, "no memory to open '%s'", path);
     hp_status_t s = HP_OK;
     char *hdr = NULL;
@@ -457,14 +457,14 @@ hp_status_t hp_safetensors_open(const char *path, hp_safetensors_t **out) {
 
 /* ---- queries ------------------------------------------------------------------------ */
 
-int hp_safetensors_count(const hp_safetensors_t *st) { return st->n; }
+int hp_safetensors_count(hp_safetensors_t st) { return st->n; }
 
-const hp_st_info_t *hp_safetensors_info(const hp_safetensors_t *st, int i) {
+const hp_st_info_t *hp_safetensors_info(hp_safetensors_t st, int i) {
     HP_ASSERT(i >= 0 && i < st->n);
     return &st->infos[i];
 }
 
-hp_status_t hp_safetensors_find(const hp_safetensors_t *st, const char *name,
+hp_status_t hp_safetensors_find(hp_safetensors_t st, const char *name,
                                 const hp_st_info_t **info) {
     int lo = 0, hi = st->n - 1;
     while (lo <= hi) {
@@ -484,22 +484,22 @@ hp_status_t hp_safetensors_find(const hp_safetensors_t *st, const char *name,
                     "'%s')", st->what, name, st->n, a, b);
 }
 
-int hp_safetensors_metadata_count(const hp_safetensors_t *st) { return st->n_meta; }
+int hp_safetensors_metadata_count(hp_safetensors_t st) { return st->n_meta; }
 
-void hp_safetensors_metadata_at(const hp_safetensors_t *st, int i, const char **key,
+void hp_safetensors_metadata_at(hp_safetensors_t st, int i, const char **key,
                                 const char **value) {
     HP_ASSERT(i >= 0 && i < st->n_meta);
     *key = st->meta[2 * i];
     *value = st->meta[2 * i + 1];
 }
 
-const char *hp_safetensors_metadata(const hp_safetensors_t *st, const char *key) {
+const char *hp_safetensors_metadata(hp_safetensors_t st, const char *key) {
     for (int i = 0; i < st->n_meta; i++)
         if (strcmp(st->meta[2 * i], key) == 0) return st->meta[2 * i + 1];
     return NULL;
 }
 
-hp_status_t hp_safetensors_read_raw(hp_safetensors_t *st, const char *name, void *buf,
+hp_status_t hp_safetensors_read_raw(hp_safetensors_t st, const char *name, void *buf,
                                     size_t nbytes) {
     const hp_st_info_t *info;
     HP_TRY(hp_safetensors_find(st, name, &info));
@@ -559,7 +559,7 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
     if (k < n) snprintf(buf + k, n - k, ")");
 }
 
-hp_status_t hp_safetensors_read(hp_safetensors_t *st, const char *name, hp_tensor_t *dst,
+hp_status_t hp_safetensors_read(hp_safetensors_t st, const char *name, hp_tensor_t *dst,
                                 int convert) {
     const hp_st_info_t *info;
     HP_TRY(hp_safetensors_find(st, name, &info));

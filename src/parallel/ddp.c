@@ -86,7 +86,7 @@ hp_ddp_options_t hp_ddp_default_options(void) {
     return o;
 }
 
-static hp_status_t launch_ready(hp_ddp_t *d) {
+static hp_status_t launch_ready(hp_ddp_t d) {
     hp_param_t *P = hp_model_params(d->model);
     while (d->next_launch < d->nb && d->b[d->next_launch].ready == d->b[d->next_launch].n) {
         bucket_t *b = &d->b[d->next_launch];
@@ -112,7 +112,7 @@ static hp_status_t launch_ready(hp_ddp_t *d) {
 }
 
 static hp_status_t ddp_post_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
-    hp_ddp_t *d = ctx;
+    hp_ddp_t d = ctx;
     const int unit = mod->unit;
     (void)act;
     if (!d->sync) return HP_OK;
@@ -144,7 +144,7 @@ static hp_status_t ddp_post_backward(void *ctx, hp_module_t *mod, hp_act_t *act)
     return HP_OK;
 }
 
-hp_status_t hp_ddp_create(hp_model_t model, hp_comm_t comm, const hp_ddp_options_t *opts, hp_ddp_t **out) {
+hp_status_t hp_ddp_create(hp_model_t model, hp_comm_t comm, const hp_ddp_options_t *opts, hp_ddp_t *out) {
     if (!model || !comm || !out) return hp_error(HP_ERR_INVALID_ARG, "DDP: model, comm and out must be non-NULL");
     *out = NULL;
     hp_ddp_options_t o = opts ? *opts : hp_ddp_default_options();
@@ -156,7 +156,7 @@ hp_status_t hp_ddp_create(hp_model_t model, hp_comm_t comm, const hp_ddp_options
         return hp_error(HP_ERR_UNSUPPORTED, "DDP: model %s/%s ties tok_embeddings and output (the gradient is "
                         "ready only after both units); untied models only", mc->name, mc->flavor);
     HP_TRY(hp_dp_register(model, "DDP"));
-    hp_ddp_t *d = hp_calloc(1, sizeof(*d));
+    hp_ddp_t d = hp_calloc(1, sizeof(*d));
     const int np = hp_model_num_params(model);
     hp_param_t *P = hp_model_params(model);
     size_t *bytes = hp_malloc(sizeof(size_t) * (size_t)np);
@@ -210,7 +210,7 @@ hp_status_t hp_ddp_create(hp_model_t model, hp_comm_t comm, const hp_ddp_options
     return HP_OK;
 }
 
-void hp_ddp_destroy(hp_ddp_t *d) {
+void hp_ddp_destroy(hp_ddp_t d) {
     if (!d) return;
     for (int k = 0; d->b && k < d->nb; k++) {
         if (d->b[k].work) (void)hp_work_wait(&d->b[k].work);
@@ -224,11 +224,11 @@ void hp_ddp_destroy(hp_ddp_t *d) {
     free(d);
 }
 
-void hp_ddp_set_requires_gradient_sync(hp_ddp_t *d, int sync) { d->sync = sync != 0; }
-int hp_ddp_num_buckets(const hp_ddp_t *d) { return d->nb; }
-int hp_ddp_bucket_params(const hp_ddp_t *d, int b, int *indices, int cap) {
+void hp_ddp_set_requires_gradient_sync(hp_ddp_t d, int sync) { d->sync = sync != 0; }
+int hp_ddp_num_buckets(hp_ddp_t d) { return d->nb; }
+int hp_ddp_bucket_params(hp_ddp_t d, int b, int *indices, int cap) {
     if (b < 0 || b >= d->nb) return 0;
     for (int j = 0; j < d->b[b].n && j < cap; j++) indices[j] = d->b[b].idx[j];
     return d->b[b].n;
 }
-double hp_ddp_comm_wait_seconds(const hp_ddp_t *d) { return d->wait_s; }
+double hp_ddp_comm_wait_seconds(hp_ddp_t d) { return d->wait_s; }

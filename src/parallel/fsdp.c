@@ -148,12 +148,12 @@ struct hp_fsdp {
 
 static size_t esize(hp_dtype_t dt) { return dt == HP_F32 ? 4 : 2; }
 
-static void event(hp_fsdp_t *f, const char *what, const group_t *g) {
+static void event(hp_fsdp_t f, const char *what, const group_t *g) {
     if (!f->rec || f->n_events >= FSDP_MAX_EVENTS) return;
     snprintf(f->events[f->n_events++], FSDP_EVENT_LEN, "%s %s", what, g->name);
 }
 
-static hp_status_t wait_work(hp_fsdp_t *f, hp_work_t *w) {
+static hp_status_t wait_work(hp_fsdp_t f, hp_work_t *w) {
     if (!*w) return HP_OK;
     double t0 = hp_clock_now_seconds();
     hp_status_t s = hp_work_wait(w);
@@ -199,7 +199,7 @@ hp_status_t hp_fsdp_validate_param(const hp_param_t *p) {
 
 /* ---- slots --------------------------------------------------------------------------- */
 
-static hp_status_t slot_get(hp_fsdp_t *f, group_t *g) {
+static hp_status_t slot_get(hp_fsdp_t f, group_t *g) {
     for (int i = 0; i < f->n_slots; i++)
         if (!f->slots[i].busy) {
             f->slots[i].busy = 1;
@@ -210,7 +210,7 @@ static hp_status_t slot_get(hp_fsdp_t *f, group_t *g) {
                     "scheduling bug", g->name, f->n_slots);
 }
 
-static void slot_put(hp_fsdp_t *f, group_t *g) {
+static void slot_put(hp_fsdp_t f, group_t *g) {
     if (g->slot >= 0) f->slots[g->slot].busy = 0;
     g->slot = -1;
 }
@@ -219,7 +219,7 @@ static void slot_put(hp_fsdp_t *f, group_t *g) {
 
 /* Issues the all-gather of a sharded (or post-forward sharded) group; no-op when it is
  * unsharded or already gathering. */
-static hp_status_t unshard(hp_fsdp_t *f, group_t *g) {
+static hp_status_t unshard(hp_fsdp_t f, group_t *g) {
     if (g->state == UNSHARDED || g->ag_pending) return HP_OK;
     HP_TRY(slot_get(f, g));
     pslot_t *s = &f->slots[g->slot];
@@ -242,7 +242,7 @@ static hp_status_t unshard(hp_fsdp_t *f, group_t *g) {
 }
 
 /* Waits for the group's all-gather and copies out (W, S) -> unsharded params. */
-static hp_status_t wait_unshard(hp_fsdp_t *f, group_t *g) {
+static hp_status_t wait_unshard(hp_fsdp_t f, group_t *g) {
     if (!g->ag_pending) return HP_OK;
     HP_TRY(wait_work(f, &g->ag_work));
     pslot_t *s = &f->slots[g->slot];
@@ -269,7 +269,7 @@ static hp_status_t wait_unshard(hp_fsdp_t *f, group_t *g) {
     return HP_OK;
 }
 
-static void point_model(hp_fsdp_t *f, group_t *g, float *values, float *grads) {
+static void point_model(hp_fsdp_t f, group_t *g, float *values, float *grads) {
     for (int j = 0; j < g->n; j++) {
         hp_param_t *mp = &f->mparams[g->p[j].index];
         mp->value.local.data = values ? values + g->p[j].unit_off : NULL;
@@ -279,7 +279,7 @@ static void point_model(hp_fsdp_t *f, group_t *g, float *values, float *grads) {
 
 /* Frees the unsharded params: to SHARDED, or to SHARDED_POST_FORWARD keeping this rank's
  * rows of the k-group layout (to_pf). */
-static void reshard(hp_fsdp_t *f, group_t *g, int to_pf) {
+static void reshard(hp_fsdp_t f, group_t *g, int to_pf) {
     if (g->state != UNSHARDED) return;
     pslot_t *s = &f->slots[g->slot];
     if (to_pf) {
@@ -301,7 +301,7 @@ static void reshard(hp_fsdp_t *f, group_t *g, int to_pf) {
 
 /* ---- reduce-scatter / all-reduce ------------------------------------------------------ */
 
-static hp_status_t red_finish(hp_fsdp_t *f, red_t *e) {
+static hp_status_t red_finish(hp_fsdp_t f, red_t *e) {
     group_t *g = e->g;
     const int hsdp_partial = f->R > 1 && !f->all_reduce;
     float *dst = hsdp_partial ? g->partial : g->gshard;
@@ -318,7 +318,7 @@ static hp_status_t red_finish(hp_fsdp_t *f, red_t *e) {
 }
 
 /* Moves a reduction one stage on (waiting for its current collective). */
-static hp_status_t red_advance(hp_fsdp_t *f, red_t *e) {
+static hp_status_t red_advance(hp_fsdp_t f, red_t *e) {
     if (e->stage == 1) {
         HP_TRY(wait_work(f, &e->work));
         if (f->R > 1 && f->all_reduce) {
@@ -350,7 +350,7 @@ static hp_status_t red_advance(hp_fsdp_t *f, red_t *e) {
     return HP_OK;
 }
 
-static hp_status_t red_drain(hp_fsdp_t *f) {
+static hp_status_t red_drain(hp_fsdp_t f) {
     // oldest first: the entry that is not the newest
     for (int pass = 0; pass < 2; pass++) {
         int i = f->red_last < 0 ? pass : (pass == 0 ? 1 - f->red_last : f->red_last);
@@ -361,7 +361,7 @@ static hp_status_t red_drain(hp_fsdp_t *f) {
 }
 
 /* Reduce-scatter of a group's unsharded gradients `grads` (span floats). */
-static hp_status_t reduce_grads(hp_fsdp_t *f, group_t *g, const float *grads) {
+static hp_status_t reduce_grads(hp_fsdp_t f, group_t *g, const float *grads) {
     // the previous reduction moves on (its reduce-scatter is waited here, one unit later)
     int prev = f->red_last;
     if (prev >= 0) HP_TRY(red_advance(f, &f->red[prev]));
@@ -408,7 +408,7 @@ static hp_status_t reduce_grads(hp_fsdp_t *f, group_t *g, const float *grads) {
  * and its last (reshard, reduce) in each pass. For a one-unit group both are the unit. */
 
 static hp_status_t pre_forward(void *ctx, hp_module_t *mod, hp_act_t *act) {
-    hp_fsdp_t *f = ctx;
+    hp_fsdp_t f = ctx;
     const int unit = mod->unit;
     (void)act;
     group_t *g = &f->g[f->ug[unit]];
@@ -422,7 +422,7 @@ static hp_status_t pre_forward(void *ctx, hp_module_t *mod, hp_act_t *act) {
 }
 
 static hp_status_t post_forward(void *ctx, hp_module_t *mod, hp_act_t *act) {
-    hp_fsdp_t *f = ctx;
+    hp_fsdp_t f = ctx;
     const int unit = mod->unit;
     (void)act;
     group_t *g = &f->g[f->ug[unit]];
@@ -434,7 +434,7 @@ static hp_status_t post_forward(void *ctx, hp_module_t *mod, hp_act_t *act) {
 }
 
 static hp_status_t pre_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
-    hp_fsdp_t *f = ctx;
+    hp_fsdp_t f = ctx;
     const int unit = mod->unit;
     (void)act;
     group_t *g = &f->g[f->ug[unit]];
@@ -463,7 +463,7 @@ static hp_status_t pre_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
 }
 
 static hp_status_t post_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
-    hp_fsdp_t *f = ctx;
+    hp_fsdp_t f = ctx;
     const int unit = mod->unit;
     (void)act;
     group_t *g = &f->g[f->ug[unit]];
@@ -527,7 +527,7 @@ static hp_status_t tp_mesh_of(const hp_param_t *mp, int np, hp_mesh_t mesh, hp_m
  * dim 0 (FSDP splits each TP chunk's rows: ColwiseParallel, RowwiseParallel embeddings),
  * Shard(0) otherwise ([Shard(0), Shard(1)] rowwise, [Shard(0), Replicate()] norms). The
  * global shape is the full parameter's. */
-static void sharded_layout(const hp_fsdp_t *f, int nd, const hp_dtensor_t *tpv, hp_dtensor_t *d) {
+static void sharded_layout(hp_fsdp_t f, int nd, const hp_dtensor_t *tpv, hp_dtensor_t *d) {
     const int tp = tpv->mesh != NULL;
     d->mesh = tp ? f->spmd_mesh : f->mesh;
     d->mesh_ndim = nd + tp;
@@ -542,7 +542,7 @@ static void sharded_layout(const hp_fsdp_t *f, int nd, const hp_dtensor_t *tpv, 
     for (int a = 0; a < tpv->local.ndim; a++) d->global_shape[a] = tp ? tpv->global_shape[a] : tpv->local.shape[a];
 }
 
-hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_options_t *opts, hp_fsdp_t **out) {
+hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_options_t *opts, hp_fsdp_t *out) {
     if (!model || !mesh || !out)
         return hp_error(HP_ERR_INVALID_ARG, "fully_shard: model, mesh and out must be non-NULL");
     *out = NULL;
@@ -586,7 +586,7 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
     HP_TRY(hp_dp_register(model, "fully_shard"));
 
     hp_status_t st = HP_OK;
-    hp_fsdp_t *f = hp_calloc(1, sizeof(*f));
+    hp_fsdp_t f = hp_calloc(1, sizeof(*f));
     if (!f) { hp_dp_unregister(model); return HP_ERR_OOM; }
     f->model = model;
     f->mesh = mesh;
@@ -802,7 +802,7 @@ fail:
     return st;
 }
 
-void hp_fsdp_destroy(hp_fsdp_t *f) {
+void hp_fsdp_destroy(hp_fsdp_t f) {
     if (!f) return;
     for (int i = 0; i < 2; i++) {
         if (f->red[i].work) (void)hp_work_wait(&f->red[i].work);
@@ -847,10 +847,10 @@ void hp_fsdp_destroy(hp_fsdp_t *f) {
 
 /* ---- accessors ----------------------------------------------------------------------- */
 
-hp_param_t *hp_fsdp_params(hp_fsdp_t *f) { return f->params; }
-int hp_fsdp_num_params(const hp_fsdp_t *f) { return f->n_params; }
+hp_param_t *hp_fsdp_params(hp_fsdp_t f) { return f->params; }
+int hp_fsdp_num_params(hp_fsdp_t f) { return f->n_params; }
 
-hp_status_t hp_fsdp_zero_grad(hp_fsdp_t *f) {
+hp_status_t hp_fsdp_zero_grad(hp_fsdp_t f) {
     for (int u = 0; u < f->n_groups; u++) {
         group_t *g = &f->g[u];
         if (g->accum_pending || g->partial_pending)
@@ -863,9 +863,9 @@ hp_status_t hp_fsdp_zero_grad(hp_fsdp_t *f) {
     return HP_OK;
 }
 
-void hp_fsdp_set_requires_gradient_sync(hp_fsdp_t *f, int sync) { f->sync = sync != 0; }
+void hp_fsdp_set_requires_gradient_sync(hp_fsdp_t f, int sync) { f->sync = sync != 0; }
 
-hp_status_t hp_fsdp_set_requires_all_reduce(hp_fsdp_t *f, int all_reduce) {
+hp_status_t hp_fsdp_set_requires_all_reduce(hp_fsdp_t f, int all_reduce) {
     if (f->R == 1)
         return hp_error(HP_ERR_INVALID_ARG, "fsdp set_requires_all_reduce(%d): the mesh is 1-D (no replicate "
                         "dim, nothing to all-reduce); hint: use set_requires_gradient_sync for accumulation",
@@ -874,7 +874,7 @@ hp_status_t hp_fsdp_set_requires_all_reduce(hp_fsdp_t *f, int all_reduce) {
     return HP_OK;
 }
 
-int hp_fsdp_grad_comms(const hp_fsdp_t *f, hp_comm_t *comms) {
+int hp_fsdp_grad_comms(hp_fsdp_t f, hp_comm_t *comms) {
     int n = 0;
     comms[n++] = f->shard_comm;
     if (f->R > 1) comms[n++] = f->rep_comm;
@@ -882,7 +882,7 @@ int hp_fsdp_grad_comms(const hp_fsdp_t *f, hp_comm_t *comms) {
     return n;
 }
 
-static hp_status_t full_of(hp_fsdp_t *f, int i, int grad, float *out) {
+static hp_status_t full_of(hp_fsdp_t f, int i, int grad, float *out) {
     if (i < 0 || i >= f->n_params)
         return hp_error(HP_ERR_INVALID_ARG, "fsdp full tensor: param index %d outside [0, %d)", i, f->n_params);
     const group_t *g = &f->g[f->pg[i]];
@@ -897,10 +897,10 @@ static hp_status_t full_of(hp_fsdp_t *f, int i, int grad, float *out) {
     return s;
 }
 
-hp_status_t hp_fsdp_full_value(hp_fsdp_t *f, int i, float *out) { return full_of(f, i, 0, out); }
-hp_status_t hp_fsdp_full_grad(hp_fsdp_t *f, int i, float *out) { return full_of(f, i, 1, out); }
+hp_status_t hp_fsdp_full_value(hp_fsdp_t f, int i, float *out) { return full_of(f, i, 0, out); }
+hp_status_t hp_fsdp_full_grad(hp_fsdp_t f, int i, float *out) { return full_of(f, i, 1, out); }
 
-void hp_fsdp_memory(const hp_fsdp_t *f, size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes) {
+void hp_fsdp_memory(hp_fsdp_t f, size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes) {
     size_t s = 0;
     for (int u = 0; u < f->n_groups; u++) s += sizeof(float) * f->g[u].S;
     if (param_bytes) *param_bytes = s;
@@ -908,9 +908,9 @@ void hp_fsdp_memory(const hp_fsdp_t *f, size_t *param_bytes, size_t *grad_bytes,
     if (workspace_bytes) *workspace_bytes = f->ws_bytes;
 }
 
-void hp_fsdp_record_events(hp_fsdp_t *f, int on) { f->rec = on; }
-int hp_fsdp_num_events(const hp_fsdp_t *f) { return f->n_events; }
-const char *hp_fsdp_event(const hp_fsdp_t *f, int i) { return (i >= 0 && i < f->n_events) ? f->events[i] : NULL; }
-void hp_fsdp_clear_events(hp_fsdp_t *f) { f->n_events = 0; }
-double hp_fsdp_comm_wait_seconds(const hp_fsdp_t *f) { return f->wait_s; }
-void hp_fsdp_reset_timers(hp_fsdp_t *f) { f->wait_s = 0.0; }
+void hp_fsdp_record_events(hp_fsdp_t f, int on) { f->rec = on; }
+int hp_fsdp_num_events(hp_fsdp_t f) { return f->n_events; }
+const char *hp_fsdp_event(hp_fsdp_t f, int i) { return (i >= 0 && i < f->n_events) ? f->events[i] : NULL; }
+void hp_fsdp_clear_events(hp_fsdp_t f) { f->n_events = 0; }
+double hp_fsdp_comm_wait_seconds(hp_fsdp_t f) { return f->wait_s; }
+void hp_fsdp_reset_timers(hp_fsdp_t f) { f->wait_s = 0.0; }

@@ -42,12 +42,12 @@ void hp_zero_partition(const int64_t *numel, int n, int world, int *owner) {
 }
 
 hp_status_t hp_zero_create(const hp_zero_local_optim_t *lo, hp_param_t *params, int n_params, hp_comm_t comm,
-                           hp_zero_t **out) {
+                           hp_zero_t *out) {
     if (!lo || !lo->create || !lo->step || !lo->destroy || !params || n_params <= 0 || !comm || !out)
         return hp_error(HP_ERR_INVALID_ARG, "ZeroRedundancyOptimizer: the local optimizer (create, step, destroy), "
                         "params (n > 0), comm and out are required");
     *out = NULL;
-    hp_zero_t *z = hp_calloc(1, sizeof(*z));
+    hp_zero_t z = hp_calloc(1, sizeof(*z));
     if (!z) return HP_ERR_OOM;
     z->comm = comm;
     z->lo = *lo;
@@ -78,7 +78,7 @@ hp_status_t hp_zero_create(const hp_zero_local_optim_t *lo, hp_param_t *params, 
     return HP_OK;
 }
 
-void hp_zero_free(hp_zero_t *z) {
+void hp_zero_free(hp_zero_t z) {
     if (!z) return;
     if (z->opt) z->lo.destroy(z->opt);
     free(z->owner);
@@ -87,7 +87,7 @@ void hp_zero_free(hp_zero_t *z) {
     free(z);
 }
 
-hp_status_t hp_zero_step(hp_zero_t *z, double lr_factor) {
+hp_status_t hp_zero_step(hp_zero_t z, double lr_factor) {
     if (z->opt) HP_TRY(z->lo.step(z->opt, lr_factor));
     for (int i = 0; i < z->n; i++) {
         hp_tensor_t *v = &z->params[i].value.local;
@@ -97,7 +97,7 @@ hp_status_t hp_zero_step(hp_zero_t *z, double lr_factor) {
     return HP_OK;
 }
 
-int hp_zero_owner(const hp_zero_t *z, int i) { return (i >= 0 && i < z->n) ? z->owner[i] : -1; }
-size_t hp_zero_state_bytes(const hp_zero_t *z) {
+int hp_zero_owner(hp_zero_t z, int i) { return (i >= 0 && i < z->n) ? z->owner[i] : -1; }
+size_t hp_zero_state_bytes(hp_zero_t z) {
     return z->opt && z->lo.state_bytes ? z->lo.state_bytes(z->opt) : 0;
 }

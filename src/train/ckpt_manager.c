@@ -20,7 +20,7 @@ struct hp_ckpt_manager {
     hp_dtype_t export_dtype;
     int async;
     int skip_checksums;      /* !checkpoint.verify_checksums */
-    hp_dcp_saver_t *saver;
+    hp_dcp_saver_t saver;
     char pending_dir[2 * HP_CONFIG_STR_MAX + 32];   /* the async save in flight (for the log) */
     char initial[HP_CONFIG_STR_MAX];
     int n_exclude;
@@ -37,9 +37,9 @@ static hp_status_t agree(hp_comm_t comm, hp_status_t s, const char *what) {
     return comm ? hp_comm_agree(comm, s, NULL) : s;
 }
 
-const char *hp_ckpt_manager_folder(const hp_ckpt_manager_t *m) { return m->folder; }
+const char *hp_ckpt_manager_folder(hp_ckpt_manager_t m) { return m->folder; }
 
-hp_status_t hp_ckpt_manager_create(const hp_config_t *cfg, hp_comm_t world, hp_ckpt_manager_t **out) {
+hp_status_t hp_ckpt_manager_create(const hp_config_t *cfg, hp_comm_t world, hp_ckpt_manager_t *out) {
     *out = NULL;
     const hp_config_list_t *ex = &cfg->checkpoint.exclude_from_loading;
     int has_opt = 0, has_lr = 0;
@@ -57,7 +57,7 @@ hp_status_t hp_ckpt_manager_create(const hp_config_t *cfg, hp_comm_t world, hp_c
     if (has_opt && !has_lr)
         return hp_error(HP_ERR_INVALID_ARG, "checkpoint.exclude_from_loading: excluding 'optimizer' also requires "
                         "excluding 'lr_scheduler' (as TorchTitan)");
-    hp_ckpt_manager_t *m = hp_calloc(1, sizeof *m);
+    hp_ckpt_manager_t m = hp_calloc(1, sizeof *m);
     if (!m) return HP_ERR_OOM;
     m->comm = world;
     m->rank = world ? hp_comm_rank(world) : 0;
@@ -184,12 +184,12 @@ static hp_status_t build_state(const hp_ckpt_train_state_t *s, int model_only, i
 /* ---- save --------------------------------------------------------------------------------- */
 
 /* Retention after a commit (rank 0); a failure to remove is a warning, not an error. */
-static void purge(hp_ckpt_manager_t *m) {
+static void purge(hp_ckpt_manager_t m) {
     if (m->rank != 0 || m->keep <= 0) return;
     if (hp_dcp_purge(m->folder, m->keep) != HP_OK) hp_log(HP_LOG_WARN, "checkpoint purge: %s", hp_last_error());
 }
 
-hp_status_t hp_ckpt_manager_save(hp_ckpt_manager_t *m, int64_t step, int model_only, const hp_ckpt_train_state_t *st) {
+hp_status_t hp_ckpt_manager_save(hp_ckpt_manager_t m, int64_t step, int model_only, const hp_ckpt_train_state_t *st) {
     char dir[2 * HP_CONFIG_STR_MAX + 32];
     snprintf(dir, sizeof dir, "%s/step-%lld", m->folder, (long long)step);
     hp_status_t s = HP_OK;   /* the save creates the folder with its temporary directory */
@@ -209,7 +209,7 @@ hp_status_t hp_ckpt_manager_save(hp_ckpt_manager_t *m, int64_t step, int model_o
     return s;
 }
 
-hp_status_t hp_ckpt_manager_maybe_save(hp_ckpt_manager_t *m, int64_t step, int64_t last_step,
+hp_status_t hp_ckpt_manager_maybe_save(hp_ckpt_manager_t m, int64_t step, int64_t last_step,
                                        const hp_ckpt_train_state_t *st) {
     if (m->saver) {
         int committed = 0;
@@ -226,7 +226,7 @@ hp_status_t hp_ckpt_manager_maybe_save(hp_ckpt_manager_t *m, int64_t step, int64
     return HP_OK;
 }
 
-hp_status_t hp_ckpt_manager_wait(hp_ckpt_manager_t *m) {
+hp_status_t hp_ckpt_manager_wait(hp_ckpt_manager_t m) {
     if (!m->saver) return HP_OK;
     int was = hp_dcp_saver_pending(m->saver);
     HP_TRY(hp_dcp_saver_wait(m->saver));
@@ -237,9 +237,9 @@ hp_status_t hp_ckpt_manager_wait(hp_ckpt_manager_t *m) {
     return HP_OK;
 }
 
-int hp_ckpt_manager_pending(const hp_ckpt_manager_t *m) { return m->saver && hp_dcp_saver_pending(m->saver); }
+int hp_ckpt_manager_pending(hp_ckpt_manager_t m) { return m->saver && hp_dcp_saver_pending(m->saver); }
 
-hp_status_t hp_ckpt_manager_destroy(hp_ckpt_manager_t *m) {
+hp_status_t hp_ckpt_manager_destroy(hp_ckpt_manager_t m) {
     if (!m) return HP_OK;
     hp_status_t s = hp_ckpt_manager_wait(m);
     hp_status_t d = hp_dcp_saver_destroy(m->saver);
@@ -249,9 +249,9 @@ hp_status_t hp_ckpt_manager_destroy(hp_ckpt_manager_t *m) {
 
 /* ---- load ----------------------------------------------------------------------------------- */
 
-static hp_status_t load_dir(hp_ckpt_manager_t *m, const char *dir, const hp_ckpt_train_state_t *st, int initial,
+static hp_status_t load_dir(hp_ckpt_manager_t m, const char *dir, const hp_ckpt_train_state_t *st, int initial,
                             int64_t *loaded_step) {
-    hp_dcp_metadata_t *md = NULL;
+    hp_dcp_metadata_t md = NULL;
     hp_status_t s = hp_dcp_metadata_read(dir, &md);
     HP_TRY(agree(m->comm, s, "checkpoint: reading the metadata"));
     int full = !initial && hp_dcp_metadata_find(md, "train_state") != NULL;
@@ -314,7 +314,7 @@ static hp_status_t load_dir(hp_ckpt_manager_t *m, const char *dir, const hp_ckpt
 
 /* Rank 0 checks a step's files (sizes, keys) and tells every rank; the failure text stays
  * in `why` on rank 0. */
-static hp_status_t step_complete(hp_ckpt_manager_t *m, const char *dir, int *ok, char *why, size_t n) {
+static hp_status_t step_complete(hp_ckpt_manager_t m, const char *dir, int *ok, char *why, size_t n) {
     int64_t v = 1;
     if (m->rank == 0 && hp_dcp_verify(dir, 0) != HP_OK) {
         v = 0;
@@ -325,7 +325,7 @@ static hp_status_t step_complete(hp_ckpt_manager_t *m, const char *dir, int *ok,
     return HP_OK;
 }
 
-hp_status_t hp_ckpt_manager_load(hp_ckpt_manager_t *m, const hp_ckpt_train_state_t *st, int64_t *loaded_step,
+hp_status_t hp_ckpt_manager_load(hp_ckpt_manager_t m, const hp_ckpt_train_state_t *st, int64_t *loaded_step,
                                  int *loaded) {
     *loaded_step = 0;
     *loaded = 0;

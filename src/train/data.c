@@ -48,7 +48,7 @@ struct hp_dataset {
 };
 
 struct hp_dataloader {
-    hp_dataset_t *ds;
+    hp_dataset_t ds;
     hp_text_encoder_t enc;
     hp_dataloader_options_t o;
     int64_t n_split;         /* documents (tokens) of the split, recorded in the state */
@@ -155,7 +155,7 @@ static hp_status_t list_dir(const char *dir, char ***names, int *count) {
 
 /* ---- indexing ------------------------------------------------------------------------- */
 
-static hp_status_t add_doc(hp_dataset_t *ds, int64_t *cap, const char *p, size_t len, int file, int64_t line) {
+static hp_status_t add_doc(hp_dataset_t ds, int64_t *cap, const char *p, size_t len, int file, int64_t line) {
     if (ds->n == *cap) {
         *cap = *cap ? 2 * *cap : 1024;
         doc_t *nd = realloc(ds->docs, (size_t)*cap * sizeof *nd);
@@ -169,7 +169,7 @@ static hp_status_t add_doc(hp_dataset_t *ds, int64_t *cap, const char *p, size_t
 static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
 
 /* Closes a text document [s, e): trims surrounding whitespace lines; empty ones are dropped. */
-static hp_status_t close_text_doc(hp_dataset_t *ds, int64_t *cap, const char *s, const char *e, int file,
+static hp_status_t close_text_doc(hp_dataset_t ds, int64_t *cap, const char *s, const char *e, int file,
                                   int64_t line) {
     while (s < e && (*s == '\n' || *s == '\r')) s++;
     while (e > s && is_space(e[-1])) e--;
@@ -177,7 +177,7 @@ static hp_status_t close_text_doc(hp_dataset_t *ds, int64_t *cap, const char *s,
     return add_doc(ds, cap, s, (size_t)(e - s), file, line);
 }
 
-static hp_status_t index_text(hp_dataset_t *ds, int64_t *cap, int fi) {
+static hp_status_t index_text(hp_dataset_t ds, int64_t *cap, int fi) {
     const mapped_file_t *f = &ds->files[fi];
     if (f->size == 0) return HP_OK;
     const char *nul = memchr(f->data, 0, f->size);
@@ -217,7 +217,7 @@ static hp_status_t index_text(hp_dataset_t *ds, int64_t *cap, int fi) {
 }
 
 /* Parses one JSONL line; on success *obj holds the document object (caller puts it). */
-static hp_status_t parse_jsonl_line(const hp_dataset_t *ds, const doc_t *d, json_object **obj, const char **text,
+static hp_status_t parse_jsonl_line(hp_dataset_t ds, const doc_t *d, json_object **obj, const char **text,
                                     size_t *len) {
     const char *path = ds->files[d->file].path;
     struct json_tokener *tok = json_tokener_new();
@@ -258,7 +258,7 @@ static hp_status_t parse_jsonl_line(const hp_dataset_t *ds, const doc_t *d, json
     return HP_OK;
 }
 
-static hp_status_t index_jsonl(hp_dataset_t *ds, int64_t *cap, int fi) {
+static hp_status_t index_jsonl(hp_dataset_t ds, int64_t *cap, int fi) {
     const mapped_file_t *f = &ds->files[fi];
     const char *p = f->data, *end = f->data + f->size;
     int64_t line = 1;
@@ -291,14 +291,14 @@ static bool ends_with(const char *s, const char *suf) {
     return a >= b && strcmp(s + a - b, suf) == 0;
 }
 
-hp_status_t hp_dataset_open(const hp_dataset_options_t *o, hp_dataset_t **out) {
+hp_status_t hp_dataset_open(const hp_dataset_options_t *o, hp_dataset_t *out) {
     if (!o || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_dataset_open: NULL argument");
     *out = NULL;
     if (!o->path || !*o->path)
         return hp_error(HP_ERR_INVALID_ARG, "data: no data path given; hint: set data.path to a text, JSONL or .bin file");
     if (!(o->validation_fraction >= 0 && o->validation_fraction < 1))
         return hp_error(HP_ERR_INVALID_ARG, "data: validation_fraction must be in [0, 1), got %g", o->validation_fraction);
-    hp_dataset_t *ds = hp_calloc(1, sizeof *ds);
+    hp_dataset_t ds = hp_calloc(1, sizeof *ds);
     if (!ds) return hp_error(HP_ERR_OOM, "data: out of memory");
     hp_status_t st = HP_OK;
     const char *format = o->format && *o->format ? o->format : "auto";
@@ -403,7 +403,7 @@ fail:
     return st;
 }
 
-void hp_dataset_close(hp_dataset_t *ds) {
+void hp_dataset_close(hp_dataset_t ds) {
     if (!ds) return;
     for (int i = 0; i < ds->nfiles; i++) {
         if (ds->files[i].data) munmap((void *)ds->files[i].data, ds->files[i].size);
@@ -415,16 +415,16 @@ void hp_dataset_close(hp_dataset_t *ds) {
     free(ds);
 }
 
-int64_t hp_dataset_num_documents(const hp_dataset_t *ds, hp_data_split_t split) {
+int64_t hp_dataset_num_documents(hp_dataset_t ds, hp_data_split_t split) {
     return split == HP_SPLIT_TRAIN ? ds->n - ds->n_val : ds->n_val;
 }
 
-int hp_dataset_num_files(const hp_dataset_t *ds) { return ds->nfiles; }
+int hp_dataset_num_files(hp_dataset_t ds) { return ds->nfiles; }
 
-const char *hp_dataset_format(const hp_dataset_t *ds) { return fmt_names_[ds->fmt]; }
+const char *hp_dataset_format(hp_dataset_t ds) { return fmt_names_[ds->fmt]; }
 
 /* Document at an absolute index. */
-static hp_status_t doc_text(hp_dataset_t *ds, int64_t idx, const char **text, size_t *len) {
+static hp_status_t doc_text(hp_dataset_t ds, int64_t idx, const char **text, size_t *len) {
     const doc_t *d = &ds->docs[idx];
     if (ds->fmt == FMT_TEXT) {
         *text = d->ptr;
@@ -453,7 +453,7 @@ static hp_status_t doc_text(hp_dataset_t *ds, int64_t idx, const char **text, si
     return HP_OK;
 }
 
-hp_status_t hp_dataset_document(hp_dataset_t *ds, hp_data_split_t split, int64_t i, const char **text, size_t *len) {
+hp_status_t hp_dataset_document(hp_dataset_t ds, hp_data_split_t split, int64_t i, const char **text, size_t *len) {
     if (ds->fmt == FMT_BIN)
         return hp_error(HP_ERR_INVALID_ARG, "hp_dataset_document: a bin dataset has tokens, not documents");
     int64_t n = hp_dataset_num_documents(ds, split);
@@ -465,8 +465,8 @@ hp_status_t hp_dataset_document(hp_dataset_t *ds, hp_data_split_t split, int64_t
 
 /* ---- loader --------------------------------------------------------------------------- */
 
-hp_status_t hp_dataloader_create(hp_dataset_t *ds, const hp_text_encoder_t *enc, const hp_dataloader_options_t *o,
-                                 hp_dataloader_t **out) {
+hp_status_t hp_dataloader_create(hp_dataset_t ds, const hp_text_encoder_t *enc, const hp_dataloader_options_t *o,
+                                 hp_dataloader_t *out) {
     if (!ds || !o || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_dataloader_create: NULL argument");
     *out = NULL;
     if (o->seq_len < 1 || o->batch_size < 1)
@@ -485,7 +485,7 @@ hp_status_t hp_dataloader_create(hp_dataset_t *ds, const hp_text_encoder_t *enc,
                         "dataloader: the %s split has %lld %s, fewer than the %d data-parallel ranks%s", split,
                         (long long)n, unit, o->dp_world,
                         o->split == HP_SPLIT_VALIDATION ? "; hint: raise data.validation_fraction" : "");
-    hp_dataloader_t *dl = hp_calloc(1, sizeof *dl);
+    hp_dataloader_t dl = hp_calloc(1, sizeof *dl);
     if (!dl) return hp_error(HP_ERR_OOM, "dataloader: out of memory");
     dl->ds = ds;
     if (enc) dl->enc = *enc;
@@ -514,13 +514,13 @@ hp_status_t hp_dataloader_create(hp_dataset_t *ds, const hp_text_encoder_t *enc,
     return HP_OK;
 }
 
-void hp_dataloader_destroy(hp_dataloader_t *dl) {
+void hp_dataloader_destroy(hp_dataloader_t dl) {
     if (!dl) return;
     free(dl->buf);
     free(dl);
 }
 
-void hp_dataloader_reset(hp_dataloader_t *dl) {
+void hp_dataloader_reset(hp_dataloader_t dl) {
     dl->pos = dl->begin;
     dl->epoch = 0;
     dl->samples = 0;
@@ -528,12 +528,12 @@ void hp_dataloader_reset(hp_dataloader_t *dl) {
     dl->start = dl->end_ = 0;
 }
 
-int64_t hp_dataloader_epoch(const hp_dataloader_t *dl) { return dl->epoch; }
-int64_t hp_dataloader_samples(const hp_dataloader_t *dl) { return dl->samples; }
-int64_t hp_dataloader_shard_documents(const hp_dataloader_t *dl) { return dl->end - dl->begin; }
+int64_t hp_dataloader_epoch(hp_dataloader_t dl) { return dl->epoch; }
+int64_t hp_dataloader_samples(hp_dataloader_t dl) { return dl->samples; }
+int64_t hp_dataloader_shard_documents(hp_dataloader_t dl) { return dl->end - dl->begin; }
 
 /* Room for `need` more tokens at the end of the live buffer (compacting first). */
-static hp_status_t reserve(hp_dataloader_t *dl, size_t need) {
+static hp_status_t reserve(hp_dataloader_t dl, size_t need) {
     if (dl->start > 0) {
         memmove(dl->buf, dl->buf + dl->start, (dl->end_ - dl->start) * sizeof *dl->buf);
         dl->end_ -= dl->start;
@@ -549,7 +549,7 @@ static hp_status_t reserve(hp_dataloader_t *dl, size_t need) {
     return HP_OK;
 }
 
-static hp_status_t check_ids(const hp_dataloader_t *dl, const int32_t *ids, size_t n, int64_t doc) {
+static hp_status_t check_ids(hp_dataloader_t dl, const int32_t *ids, size_t n, int64_t doc) {
     if (dl->o.vocab_size <= 0) return HP_OK;
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= dl->o.vocab_size) {
@@ -565,7 +565,7 @@ static hp_status_t check_ids(const hp_dataloader_t *dl, const int32_t *ids, size
 /* An encoder failure on document `doc`, blamed on the data file and line (not the tokenizer
  * file): invalid UTF-8 is located to its own line and column; any other failure keeps the
  * encoder's words after the document's place. */
-static hp_status_t encode_error(const hp_dataloader_t *dl, hp_status_t st, int64_t doc, const char *text, size_t len) {
+static hp_status_t encode_error(hp_dataloader_t dl, hp_status_t st, int64_t doc, const char *text, size_t len) {
     const doc_t *d = &dl->ds->docs[doc];
     const char *path = dl->ds->files[d->file].path;
     size_t bad = hp_tok_utf8_check(text, len);
@@ -589,7 +589,7 @@ static hp_status_t encode_error(const hp_dataloader_t *dl, hp_status_t st, int64
 }
 
 /* Appends BOS + encode(document pos) + EOS to the buffer. */
-static hp_status_t append_document(hp_dataloader_t *dl) {
+static hp_status_t append_document(hp_dataloader_t dl) {
     const char *text;
     size_t len;
     HP_TRY(doc_text(dl->ds, dl->pos, &text, &len));
@@ -617,13 +617,13 @@ static hp_status_t append_document(hp_dataloader_t *dl) {
 }
 
 /* Token i of a bin file; ids above INT32_MAX are returned as is (the caller refuses them). */
-static int64_t bin_token(const hp_dataset_t *ds, int64_t i) {
+static int64_t bin_token(hp_dataset_t ds, int64_t i) {
     const unsigned char *p = (const unsigned char *)ds->files[0].data + (size_t)i * (size_t)ds->bin_width;
     if (ds->bin_width == 2) return (int64_t)(p[0] | (p[1] << 8));
     return (int64_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
 }
 
-hp_status_t hp_dataloader_next(hp_dataloader_t *dl, int32_t *inputs, int32_t *labels, bool *got) {
+hp_status_t hp_dataloader_next(hp_dataloader_t dl, int32_t *inputs, int32_t *labels, bool *got) {
     const int64_t T = dl->o.seq_len, W = T + 1;
     *got = false;
     for (int64_t b = 0; b < dl->o.batch_size; b++) {
@@ -694,9 +694,9 @@ static uint64_t get_u64(const unsigned char **p) {
     return v;
 }
 
-size_t hp_dataloader_state_size(const hp_dataloader_t *dl) { return STATE_HEADER + 4 * (dl->end_ - dl->start); }
+size_t hp_dataloader_state_size(hp_dataloader_t dl) { return STATE_HEADER + 4 * (dl->end_ - dl->start); }
 
-hp_status_t hp_dataloader_state_save(const hp_dataloader_t *dl, void *buf, size_t cap, size_t *n) {
+hp_status_t hp_dataloader_state_save(hp_dataloader_t dl, void *buf, size_t cap, size_t *n) {
     size_t need = hp_dataloader_state_size(dl);
     if (n) *n = need;
     if (cap < need)
@@ -720,7 +720,7 @@ hp_status_t hp_dataloader_state_save(const hp_dataloader_t *dl, void *buf, size_
     return HP_OK;
 }
 
-hp_status_t hp_dataloader_state_load(hp_dataloader_t *dl, const void *buf, size_t n) {
+hp_status_t hp_dataloader_state_load(hp_dataloader_t dl, const void *buf, size_t n) {
     const unsigned char *p = buf;
     if (n < STATE_HEADER || memcmp(p, STATE_MAGIC, 4) != 0)
         return hp_error(HP_ERR_FORMAT, "dataloader state: not a dataloader state blob (%zu bytes, magic missing)", n);

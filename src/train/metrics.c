@@ -18,7 +18,7 @@ struct hp_metrics {
     int64_t tokens_interval, tokens_total;
     FILE *jsonl;
     char jsonl_path[4096];
-    hp_tb_writer_t *tb;
+    hp_tb_writer_t tb;
 };
 
 hp_status_t hp_memory_rss(int64_t *rss, int64_t *peak_rss) {
@@ -109,11 +109,11 @@ hp_metrics_options_t hp_metrics_options_from_config(const hp_config_t *cfg, int 
     };
 }
 
-hp_status_t hp_metrics_create(const hp_metrics_options_t *o, hp_metrics_t **out) {
+hp_status_t hp_metrics_create(const hp_metrics_options_t *o, hp_metrics_t *out) {
     if (!o || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_metrics_create: NULL argument");
     *out = NULL;
     if (o->log_freq < 1) return hp_error(HP_ERR_INVALID_ARG, "metrics: log_freq must be >= 1, got %lld", (long long)o->log_freq);
-    hp_metrics_t *m = hp_calloc(1, sizeof *m);
+    hp_metrics_t m = hp_calloc(1, sizeof *m);
     if (!m) return hp_error(HP_ERR_OOM, "metrics: out of memory");
     m->o = *o;
     if (m->o.tokens_divisor < 1) m->o.tokens_divisor = 1;
@@ -149,20 +149,20 @@ hp_status_t hp_metrics_create(const hp_metrics_options_t *o, hp_metrics_t **out)
     return HP_OK;
 }
 
-void hp_metrics_destroy(hp_metrics_t *m) {
+void hp_metrics_destroy(hp_metrics_t m) {
     if (!m) return;
     if (m->jsonl) fclose(m->jsonl);
     hp_tb_writer_close(m->tb);
     free(m);
 }
 
-double hp_metrics_peak_flops(const hp_metrics_t *m) { return m->peak; }
-void hp_metrics_add_tokens(hp_metrics_t *m, int64_t n) {
+double hp_metrics_peak_flops(hp_metrics_t m) { return m->peak; }
+void hp_metrics_add_tokens(hp_metrics_t m, int64_t n) {
     m->tokens_interval += n;
     m->tokens_total += n;
 }
-bool hp_metrics_should_log(const hp_metrics_t *m, int64_t step) { return step == 1 || step % m->o.log_freq == 0; }
-const char *hp_metrics_tb_path(const hp_metrics_t *m) { return hp_tb_writer_path(m->tb); }
+bool hp_metrics_should_log(hp_metrics_t m, int64_t step) { return step == 1 || step % m->o.log_freq == 0; }
+const char *hp_metrics_tb_path(hp_metrics_t m) { return hp_tb_writer_path(m->tb); }
 
 /* JSON number, or null when not finite (JSON has no NaN). */
 static void json_num(FILE *f, const char *key, double v, bool comma) {
@@ -181,12 +181,12 @@ static void fmt_duration(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%llds", t);
 }
 
-static hp_status_t tb_scalar(hp_metrics_t *m, const char *tag, int64_t step, double v) {
+static hp_status_t tb_scalar(hp_metrics_t m, const char *tag, int64_t step, double v) {
     if (!m->tb || !isfinite(v)) return HP_OK;
     return hp_tb_writer_add_scalar(m->tb, tag, step, (float)v, -1);
 }
 
-hp_status_t hp_metrics_log(hp_metrics_t *m, int64_t step, double loss, double max_loss, double grad_norm, double lr,
+hp_status_t hp_metrics_log(hp_metrics_t m, int64_t step, double loss, double max_loss, double grad_norm, double lr,
                            hp_metrics_record_t *out) {
     double now = hp_clock_now_seconds();
     hp_metrics_record_t r;
@@ -263,7 +263,7 @@ hp_status_t hp_metrics_log(hp_metrics_t *m, int64_t step, double loss, double ma
     return HP_OK;
 }
 
-hp_status_t hp_metrics_log_scalar(hp_metrics_t *m, const char *tag, int64_t step, double value) {
+hp_status_t hp_metrics_log_scalar(hp_metrics_t m, const char *tag, int64_t step, double value) {
     if (m->o.out) {
         fprintf(m->o.out, "step: %5lld  %s: %.4f\n", (long long)step, tag, value);
         fflush(m->o.out);

@@ -149,13 +149,13 @@ static hp_status_t check_config(const hp_optim_config_t *c) {
 }
 
 hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, int n_params,
-                            hp_optim_t **out) {
+                            hp_optim_t *out) {
     *out = NULL;
     HP_TRY(check_config(cfg));
     if (n_params < 0 || (n_params > 0 && !params))
         return hp_error(HP_ERR_INVALID_ARG, "optimizer: %d parameters with params=%p", n_params,
                         (void *)params);
-    hp_optim_t *o = calloc(1, sizeof *o);
+    hp_optim_t o = calloc(1, sizeof *o);
     if (!o) return hp_error(HP_ERR_OOM, "optimizer: no memory");
     o->cfg = *cfg;
     o->params = params;
@@ -239,7 +239,7 @@ hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, in
     return HP_OK;
 }
 
-void hp_optim_free(hp_optim_t *o) {
+void hp_optim_free(hp_optim_t o) {
     if (!o) return;
     if (o->arena.base) hp_arena_free(&o->arena);
     free(o->ps);
@@ -247,18 +247,18 @@ void hp_optim_free(hp_optim_t *o) {
     free(o);
 }
 
-int64_t hp_optim_get_step(const hp_optim_t *o) { return o->step; }
-void hp_optim_set_step(hp_optim_t *o, int64_t step) {
+int64_t hp_optim_get_step(hp_optim_t o) { return o->step; }
+void hp_optim_set_step(hp_optim_t o, int64_t step) {
     o->step = step;
     /* a loaded SGD momentum buffer is a real buffer from the first step on */
     for (int i = 0; i < o->n; i++) o->ps[i].sgd_started = step > 0;
 }
-const hp_optim_config_t *hp_optim_config(const hp_optim_t *o) { return &o->cfg; }
-size_t hp_optim_state_bytes(const hp_optim_t *o) { return o->arena.capacity; }
+const hp_optim_config_t *hp_optim_config(hp_optim_t o) { return &o->cfg; }
+size_t hp_optim_state_bytes(hp_optim_t o) { return o->arena.capacity; }
 
-int hp_optim_num_states(const hp_optim_t *o) { return o->n_states; }
+int hp_optim_num_states(hp_optim_t o) { return o->n_states; }
 
-void hp_optim_state_at(hp_optim_t *o, int idx, int *param_index, const char **slot,
+void hp_optim_state_at(hp_optim_t o, int idx, int *param_index, const char **slot,
                        hp_tensor_t *state) {
     HP_ASSERT(idx >= 0 && idx < o->n_states);
     int k = 0;
@@ -329,7 +329,7 @@ static double muon_adjust(const hp_optim_config_t *c, double lr, int64_t rows, i
 
 /* torch.optim.Muon: buf = lerp(buf, g, 1-mu); u = nesterov ? lerp(g, buf, mu) : buf;
  * O = NS(u) (transposed when rows > cols); p *= 1 - lr wd; p -= adjusted_lr O. */
-static void muon_update(hp_optim_t *o, hp_param_t *prm, pstate_t *ps, double lr) {
+static void muon_update(hp_optim_t o, hp_param_t *prm, pstate_t *ps, double lr) {
     const hp_optim_config_t *c = &o->cfg;
     float *p = prm->value.local.data, *buf = ps->s0;
     const float *g = prm->grad.local.data;
@@ -362,13 +362,13 @@ static void muon_update(hp_optim_t *o, hp_param_t *prm, pstate_t *ps, double lr)
 }
 
 typedef struct {
-    hp_optim_t *o;
+    hp_optim_t o;
     double lr, adam_lr;
 } step_ctx_t;
 
 static void step_segment(int i, int64_t lo, int64_t hi, void *vctx) {
     step_ctx_t *c = vctx;
-    hp_optim_t *o = c->o;
+    hp_optim_t o = c->o;
     const hp_optim_config_t *cfg = &o->cfg;
     hp_param_t *p = &o->params[i];
     pstate_t *ps = &o->ps[i];
@@ -388,7 +388,7 @@ static void step_segment(int i, int64_t lo, int64_t hi, void *vctx) {
     }
 }
 
-hp_status_t hp_optim_step(hp_optim_t *o, double lr_factor) {
+hp_status_t hp_optim_step(hp_optim_t o, double lr_factor) {
     if (!(lr_factor >= 0) || !isfinite(lr_factor))
         return hp_error(HP_ERR_INVALID_ARG, "optimizer step: lr factor %g must be finite and >= 0",
                         lr_factor);
@@ -513,13 +513,13 @@ hp_status_t hp_clip_grad_norm(hp_param_t *params, int n_params, double max_norm,
 /* ---- ZeRO-1's local optimizer --------------------------------------------------------- */
 
 static hp_status_t zero_create(void *ctx, hp_param_t *params, int n_params, void **out) {
-    hp_optim_t *o = NULL;
+    hp_optim_t o = NULL;
     hp_status_t s = hp_optim_create(ctx, params, n_params, &o);
     *out = o;
     return s;
 }
 static hp_status_t zero_step(void *opt, double lr_factor) { return hp_optim_step(opt, lr_factor); }
-static size_t zero_state_bytes(const void *opt) { return hp_optim_state_bytes(opt); }
+static size_t zero_state_bytes(void *opt) { return hp_optim_state_bytes(opt); }
 static void zero_destroy(void *opt) { hp_optim_free(opt); }
 
 hp_zero_local_optim_t hp_optim_zero_local(const hp_optim_config_t *cfg) {

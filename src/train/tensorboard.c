@@ -135,7 +135,7 @@ static hp_status_t mkdir_p(const char *dir) {
     return HP_OK;
 }
 
-static hp_status_t write_record(hp_tb_writer_t *w, const unsigned char *data, size_t n) {
+static hp_status_t write_record(hp_tb_writer_t w, const unsigned char *data, size_t n) {
     unsigned char head[12], tail[4];
     uint64_t len = n;
     for (int i = 0; i < 8; i++) head[i] = (unsigned char)(len >> (8 * i));
@@ -147,11 +147,11 @@ static hp_status_t write_record(hp_tb_writer_t *w, const unsigned char *data, si
     return HP_OK;
 }
 
-hp_status_t hp_tb_writer_open(const char *dir, const char *tag, hp_tb_writer_t **out) {
+hp_status_t hp_tb_writer_open(const char *dir, const char *tag, hp_tb_writer_t *out) {
     if (!dir || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_tb_writer_open: NULL argument");
     *out = NULL;
     HP_TRY(mkdir_p(dir));
-    hp_tb_writer_t *w = hp_calloc(1, sizeof *w);
+    hp_tb_writer_t w = hp_calloc(1, sizeof *w);
     if (!w) return hp_error(HP_ERR_OOM, "TensorBoard writer: out of memory");
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
@@ -176,7 +176,7 @@ hp_status_t hp_tb_writer_open(const char *dir, const char *tag, hp_tb_writer_t *
     return HP_OK;
 }
 
-hp_status_t hp_tb_writer_add_scalar(hp_tb_writer_t *w, const char *tag, int64_t step, float value, double wall_time) {
+hp_status_t hp_tb_writer_add_scalar(hp_tb_writer_t w, const char *tag, int64_t step, float value, double wall_time) {
     if (!w || !tag) return hp_error(HP_ERR_INVALID_ARG, "hp_tb_writer_add_scalar: NULL argument");
     if (strlen(tag) >= HP_TB_TAG_MAX)
         return hp_error(HP_ERR_INVALID_ARG, "TensorBoard tag '%.40s...' is longer than %d bytes", tag, HP_TB_TAG_MAX - 1);
@@ -186,14 +186,14 @@ hp_status_t hp_tb_writer_add_scalar(hp_tb_writer_t *w, const char *tag, int64_t 
     return write_record(w, buf, n);
 }
 
-hp_status_t hp_tb_writer_flush(hp_tb_writer_t *w) {
+hp_status_t hp_tb_writer_flush(hp_tb_writer_t w) {
     if (fflush(w->f) != 0) return hp_error(HP_ERR_IO, "TensorBoard file '%s': flush failed (%s)", w->path, strerror(errno));
     return HP_OK;
 }
 
-const char *hp_tb_writer_path(const hp_tb_writer_t *w) { return w ? w->path : NULL; }
+const char *hp_tb_writer_path(hp_tb_writer_t w) { return w ? w->path : NULL; }
 
-void hp_tb_writer_close(hp_tb_writer_t *w) {
+void hp_tb_writer_close(hp_tb_writer_t w) {
     if (!w) return;
     if (w->f) fclose(w->f);
     free(w);

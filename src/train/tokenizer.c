@@ -133,7 +133,7 @@ static inline uint64_t mix64(uint64_t x) {
     return x;
 }
 
-static const merge_entry_t *merge_get(const hp_tokenizer_t *t, int32_t a, int32_t b) {
+static const merge_entry_t *merge_get(hp_tokenizer_t t, int32_t a, int32_t b) {
     if (!t->merges_cap) return NULL;
     uint64_t k = pair_key(a, b);
     size_t mask = t->merges_cap - 1, i = (size_t)mix64(k) & mask;
@@ -146,7 +146,7 @@ static const merge_entry_t *merge_get(const hp_tokenizer_t *t, int32_t a, int32_
 }
 
 /* Later merges of the same pair overwrite earlier ones, as HF's HashMap collect does. */
-static void merge_put(hp_tokenizer_t *t, int32_t a, int32_t b, int32_t rank, int32_t new_id) {
+static void merge_put(hp_tokenizer_t t, int32_t a, int32_t b, int32_t rank, int32_t new_id) {
     uint64_t k = pair_key(a, b);
     size_t mask = t->merges_cap - 1, i = (size_t)mix64(k) & mask;
     while (t->merges[i].key != UINT64_MAX && t->merges[i].key != k) i = (i + 1) & mask;
@@ -159,7 +159,7 @@ static void merge_put(hp_tokenizer_t *t, int32_t a, int32_t b, int32_t rank, int
 
 typedef struct ctx {
     const char *file;
-    hp_tokenizer_t *t;
+    hp_tokenizer_t t;
     uint32_t byte_cp[256];
     int cp_byte[512]; /* code point (< 512) -> byte, -1 when not in the byte-level alphabet */
 } ctx_t;
@@ -232,7 +232,7 @@ static int spelling_to_bytes(const ctx_t *c, const char *s, size_t n, char *out,
 
 static hp_status_t set_spelling(const ctx_t *c, int32_t id, const char *s, size_t n,
                                 const char *path) {
-    hp_tokenizer_t *t = c->t;
+    hp_tokenizer_t t = c->t;
     if (t->spelling[id]) return HP_OK; /* added token spelling wins */
     t->spelling[id] = strndup(s, n);
     if (!t->spelling[id]) return hp_error(HP_ERR_OOM, "%s: %s: out of memory", c->file, path);
@@ -293,7 +293,7 @@ static hp_status_t parse_behavior(ctx_t *c, json_object *beh, const char *path, 
 }
 
 static hp_status_t add_stage(ctx_t *c, stage_t **st, const char *path) {
-    hp_tokenizer_t *t = c->t;
+    hp_tokenizer_t t = c->t;
     stage_t *s = realloc(t->stages, (size_t)(t->n_stages + 1) * sizeof(stage_t));
     if (!s) return hp_error(HP_ERR_OOM, "%s: %s: out of memory", c->file, path);
     t->stages = s;
@@ -395,7 +395,7 @@ static hp_status_t parse_stage(ctx_t *c, json_object *o, const char *path) {
 }
 
 static hp_status_t parse_template(ctx_t *c, json_object *o, const char *path) {
-    hp_tokenizer_t *t = c->t;
+    hp_tokenizer_t t = c->t;
     json_object *single, *specials;
     char p2[512];
     HP_TRY(member(c, o, path, "single", json_type_array, 1, &single));
@@ -474,7 +474,7 @@ static hp_status_t parse_post(ctx_t *c, json_object *o, const char *path) {
         HP_TRY(check_id(c, json_object_array_get_idx(cls, 1), p2, &cid));
         snprintf(p2, sizeof(p2), "%s.sep[1]", path);
         HP_TRY(check_id(c, json_object_array_get_idx(sep, 1), p2, &sid));
-        hp_tokenizer_t *t = c->t;
+        hp_tokenizer_t t = c->t;
         free(t->prefix);
         free(t->suffix);
         t->prefix = malloc(sizeof(int32_t));
@@ -491,7 +491,7 @@ static hp_status_t parse_post(ctx_t *c, json_object *o, const char *path) {
 }
 
 static hp_status_t parse_added(ctx_t *c, json_object *arr) {
-    hp_tokenizer_t *t = c->t;
+    hp_tokenizer_t t = c->t;
     size_t n = json_object_array_length(arr);
     t->added = hp_calloc(n ? n : 1, sizeof(added_t));
     if (!t->added) return HP_ERR_OOM;
@@ -529,7 +529,7 @@ static hp_status_t parse_added(ctx_t *c, json_object *arr) {
 }
 
 static hp_status_t parse_model(ctx_t *c, json_object *model) {
-    hp_tokenizer_t *t = c->t;
+    hp_tokenizer_t t = c->t;
     json_object *v, *vocab, *merges;
     const char *type = "BPE";
     if (!json_object_is_type(model, json_type_object))
@@ -726,7 +726,7 @@ static hp_status_t parse_model(ctx_t *c, json_object *model) {
     return HP_OK;
 }
 
-static void infer_bos_eos(hp_tokenizer_t *t) {
+static void infer_bos_eos(hp_tokenizer_t t) {
     t->bos = t->n_prefix > 0 ? t->prefix[0] : -1;
     t->eos = t->n_suffix > 0 ? t->suffix[0] : -1;
     static const char *bos_names[] = {"<|begin_of_text|>", "<s>", "<|startoftext|>", "<bos>"};
@@ -741,7 +741,7 @@ static void infer_bos_eos(hp_tokenizer_t *t) {
 }
 
 static hp_status_t load_doc(ctx_t *c, json_object *root) {
-    hp_tokenizer_t *t = c->t;
+    hp_tokenizer_t t = c->t;
     json_object *v;
     if (!json_object_is_type(root, json_type_object))
         return jerr(c, HP_ERR_FORMAT, "$", "is %s, expected a tokenizer.json object", type_name(root));
@@ -791,7 +791,7 @@ static hp_status_t load_doc(ctx_t *c, json_object *root) {
     return hp_tok_strmap_init(&t->cache, 4096);
 }
 
-hp_status_t hp_tokenizer_load_json(hp_tokenizer_t **out, const char *json, size_t len,
+hp_status_t hp_tokenizer_load_json(hp_tokenizer_t *out, const char *json, size_t len,
                                    const char *name) {
     *out = NULL;
     if (!name) name = "tokenizer.json";
@@ -818,7 +818,7 @@ hp_status_t hp_tokenizer_load_json(hp_tokenizer_t **out, const char *json, size_
                             name, i);
         }
     }
-    hp_tokenizer_t *t = hp_calloc(1, sizeof(*t));
+    hp_tokenizer_t t = hp_calloc(1, sizeof(*t));
     if (!t) {
         json_object_put(root);
         return HP_ERR_OOM;
@@ -840,7 +840,7 @@ hp_status_t hp_tokenizer_load_json(hp_tokenizer_t **out, const char *json, size_
     return HP_OK;
 }
 
-hp_status_t hp_tokenizer_load(hp_tokenizer_t **out, const char *path) {
+hp_status_t hp_tokenizer_load(hp_tokenizer_t *out, const char *path) {
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -874,7 +874,7 @@ hp_status_t hp_tokenizer_load(hp_tokenizer_t **out, const char *path) {
     return st;
 }
 
-void hp_tokenizer_free(hp_tokenizer_t *t) {
+void hp_tokenizer_free(hp_tokenizer_t t) {
     if (!t) return;
     for (int32_t i = 0; i < t->n_ids; i++) {
         if (t->spelling) free(t->spelling[i]);
@@ -913,11 +913,11 @@ void hp_tokenizer_free(hp_tokenizer_t *t) {
 
 /* ---- accessors ---------------------------------------------------------------------- */
 
-int32_t hp_tokenizer_vocab_size(const hp_tokenizer_t *t) { return t->n_ids; }
-int32_t hp_tokenizer_bos_id(const hp_tokenizer_t *t) { return t->bos; }
-int32_t hp_tokenizer_eos_id(const hp_tokenizer_t *t) { return t->eos; }
+int32_t hp_tokenizer_vocab_size(hp_tokenizer_t t) { return t->n_ids; }
+int32_t hp_tokenizer_bos_id(hp_tokenizer_t t) { return t->bos; }
+int32_t hp_tokenizer_eos_id(hp_tokenizer_t t) { return t->eos; }
 
-hp_status_t hp_tokenizer_set_bos_eos(hp_tokenizer_t *t, int32_t bos, int32_t eos) {
+hp_status_t hp_tokenizer_set_bos_eos(hp_tokenizer_t t, int32_t bos, int32_t eos) {
     if (bos >= t->n_ids || (bos >= 0 && !t->spelling[bos]) || bos < -1)
         return hp_error(HP_ERR_INVALID_ARG, "%s: BOS id %d is not in the vocabulary (size %d)",
                         t->name, bos, t->n_ids);
@@ -929,22 +929,22 @@ hp_status_t hp_tokenizer_set_bos_eos(hp_tokenizer_t *t, int32_t bos, int32_t eos
     return HP_OK;
 }
 
-int32_t hp_tokenizer_token_to_id(const hp_tokenizer_t *t, const char *token) {
+int32_t hp_tokenizer_token_to_id(hp_tokenizer_t t, const char *token) {
     int64_t *v = hp_tok_strmap_get(&t->spell_map, token, strlen(token));
     return v ? (int32_t)*v : -1;
 }
 
-const char *hp_tokenizer_id_to_token(const hp_tokenizer_t *t, int32_t id) {
+const char *hp_tokenizer_id_to_token(hp_tokenizer_t t, int32_t id) {
     return id >= 0 && id < t->n_ids ? t->spelling[id] : NULL;
 }
 
-const char *hp_tokenizer_token_bytes(const hp_tokenizer_t *t, int32_t id, size_t *len) {
+const char *hp_tokenizer_token_bytes(hp_tokenizer_t t, int32_t id, size_t *len) {
     if (id < 0 || id >= t->n_ids || !t->spelling[id]) return NULL;
     *len = t->dec_len[id];
     return t->dec[id];
 }
 
-int hp_tokenizer_is_special(const hp_tokenizer_t *t, int32_t id) {
+int hp_tokenizer_is_special(hp_tokenizer_t t, int32_t id) {
     return id >= 0 && id < t->n_ids && t->special[id];
 }
 
@@ -959,7 +959,7 @@ static int is_ws(uint32_t c) {
 
 /* Leftmost-longest added-token match in s[from..n) among tokens of the given pass
  * (normalized or not). Returns the token index or -1. */
-static long find_added(const hp_tokenizer_t *t, int normalized, const char *s, size_t n,
+static long find_added(hp_tokenizer_t t, int normalized, const char *s, size_t n,
                        size_t from, size_t *ms) {
     const uint8_t *first = t->added_first[normalized];
     for (size_t p = from; p < n; p++) {
@@ -984,19 +984,19 @@ static long find_added(const hp_tokenizer_t *t, int normalized, const char *s, s
 
 /* Whether the character ending at `pos` (not before `lo`) / starting at `pos` (before `hi`)
  * is a word character in Rust's regex sense (HF's single_word test). */
-static int is_word_at(hp_tokenizer_t *t, const char *s, size_t a, size_t b) {
+static int is_word_at(hp_tokenizer_t t, const char *s, size_t a, size_t b) {
     size_t ms, me;
     return hp_tok_regex_next(&t->word_char, s + a, b - a, 0, &ms, &me) == 1;
 }
 
-static int word_before(hp_tokenizer_t *t, const char *s, size_t lo, size_t pos) {
+static int word_before(hp_tokenizer_t t, const char *s, size_t lo, size_t pos) {
     if (pos <= lo) return 0;
     size_t q = pos - 1;
     while (q > lo && ((unsigned char)s[q] & 0xC0) == 0x80) q--;
     return is_word_at(t, s, q, pos);
 }
 
-static int word_after(hp_tokenizer_t *t, const char *s, size_t pos, size_t hi) {
+static int word_after(hp_tokenizer_t t, const char *s, size_t pos, size_t hi) {
     if (pos >= hi) return 0;
     uint32_t cp;
     int l = hp_tok_utf8_get(s + pos, hi - pos, &cp);
@@ -1005,7 +1005,7 @@ static int word_after(hp_tokenizer_t *t, const char *s, size_t pos, size_t hi) {
 
 /* Splits s[off..off+len) by added tokens of one pass into out spans (HF find_matches,
  * including lstrip / rstrip). */
-static hp_status_t split_added(hp_tokenizer_t *t, int normalized, int special_as_text,
+static hp_status_t split_added(hp_tokenizer_t t, int normalized, int special_as_text,
                                const char *s, size_t off, size_t len, span_t **out, size_t *cap,
                                size_t *n) {
     size_t start_offset = off, end = off + len, from = off, ms;
@@ -1048,13 +1048,13 @@ static hp_status_t split_added(hp_tokenizer_t *t, int normalized, int special_as
     return HP_OK;
 }
 
-static hp_status_t pool_reserve(hp_tokenizer_t *t, size_t extra) {
+static hp_status_t pool_reserve(hp_tokenizer_t t, size_t extra) {
     return RESERVE(t->pool, t->pool_cap, t->pool_len + extra);
 }
 
 /* Applies one pre-tokenizer step to the pieces sa[0..na) (offsets into the pool) giving
  * sb[0..*nb). */
-static hp_status_t apply_stage(hp_tokenizer_t *t, stage_t *st, size_t na, size_t *nb) {
+static hp_status_t apply_stage(hp_tokenizer_t t, stage_t *st, size_t na, size_t *nb) {
     *nb = 0;
     for (size_t i = 0; i < na; i++) {
         span_t p = t->sa[i];
@@ -1186,7 +1186,7 @@ static heap_item_t heap_pop(heap_item_t *h, size_t *n) {
 }
 
 /* BPE of one pre-token (raw bytes), appending ids (HF Word::merge_all). */
-static hp_status_t bpe_word(hp_tokenizer_t *t, const char *w, size_t n, hp_token_ids_t *out) {
+static hp_status_t bpe_word(hp_tokenizer_t t, const char *w, size_t n, hp_token_ids_t *out) {
     if (n == 0) return HP_OK;
     if (t->ignore_merges) {
         int64_t *v = hp_tok_strmap_get(&t->vocab_bytes, w, n);
@@ -1287,7 +1287,7 @@ static hp_status_t bpe_word(hp_tokenizer_t *t, const char *w, size_t n, hp_token
     return HP_OK;
 }
 
-static hp_status_t encode_text(hp_tokenizer_t *t, const char *s, size_t len, hp_token_ids_t *out) {
+static hp_status_t encode_text(hp_tokenizer_t t, const char *s, size_t len, hp_token_ids_t *out) {
     t->pool_len = 0;
     HP_TRY(pool_reserve(t, len + 1));
     memcpy(t->pool, s, len);
@@ -1308,7 +1308,7 @@ static hp_status_t encode_text(hp_tokenizer_t *t, const char *s, size_t len, hp_
     return HP_OK;
 }
 
-hp_status_t hp_tokenizer_encode(hp_tokenizer_t *t, const char *text, size_t len, unsigned flags,
+hp_status_t hp_tokenizer_encode(hp_tokenizer_t t, const char *text, size_t len, unsigned flags,
                                 hp_token_ids_t *out) {
     size_t bad = hp_tok_utf8_check(text, len);
     if (bad != len)
@@ -1380,7 +1380,7 @@ static size_t invalid_unit(const unsigned char *s, size_t n) {
     return i;
 }
 
-hp_status_t hp_tokenizer_decode(const hp_tokenizer_t *t, const int32_t *ids, size_t n,
+hp_status_t hp_tokenizer_decode(hp_tokenizer_t t, const int32_t *ids, size_t n,
                                 unsigned flags, char **text, size_t *text_len) {
     *text = NULL;
     if (text_len) *text_len = 0;

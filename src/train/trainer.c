@@ -44,27 +44,27 @@ struct hp_trainer {
     int dp_rank, dp_size;
     hp_model_config_t mcfg;
     hp_model_t model;
-    hp_optim_t *opt;
+    hp_optim_t opt;
     hp_lr_schedule_t lr;
-    hp_tokenizer_t *tok;
+    hp_tokenizer_t tok;
     hp_token_ids_t scratch;     /* encoder scratch for the data loaders */
-    hp_dataset_t *ds;
-    hp_dataloader_t *dl, *val_dl;
+    hp_dataset_t ds;
+    hp_dataloader_t dl, val_dl;
     int64_t accum;
     int B, T, val_B;
     int32_t *inputs, *labels;   /* (accum, B, T) */
     hp_work_t *grad_work;       /* one handle per parameter for the gradient all-reduce */
     int64_t step;
     double flops_per_token;
-    hp_metrics_t *metrics;
+    hp_metrics_t metrics;
     hp_metrics_paths_t metric_paths;
     /* --- checkpoint (src/checkpoint/manager.c, owner dcp) --- */
-    hp_ckpt_manager_t *ckpt;
+    hp_ckpt_manager_t ckpt;
     uint64_t ckpt_seed;
     /* --- data parallel (owner fsdp): fully_shard when dp_shard > 1 --- */
     hp_mesh_t dp_mesh;          /* (dp_shard) or (dp_replicate, dp_shard): a slice of world */
-    hp_fsdp_t *fsdp;
-    hp_ddp_t *ddp;              /* dp_replicate only: bucketed async all-reduce in backward */
+    hp_fsdp_t fsdp;
+    hp_ddp_t ddp;              /* dp_replicate only: bucketed async all-reduce in backward */
     hp_param_t *params;         /* what the optimizer, clipping and checkpoints see */
     int np;
     hp_comm_t clip_comms[3];
@@ -76,7 +76,7 @@ struct hp_trainer {
 
 /* hp_encode_fn over the tokenizer (documents get BOS/EOS from the data layer). */
 static hp_status_t encode_cb(void *ctx, const char *text, size_t len, int32_t *ids, size_t cap, size_t *n_ids) {
-    hp_trainer_t *t = ctx;
+    hp_trainer_t t = ctx;
     t->scratch.len = 0;
     HP_TRY(hp_tokenizer_encode(t->tok, text, len, 0, &t->scratch));
     size_t n = t->scratch.len;
@@ -180,7 +180,7 @@ static hp_status_t probe_file(const char *key, const char *path, int rank) {
 /* Every output path this rank will write, checked before the first step (docs/config.md):
  * job.dump_folder (and its weights file), checkpoint.folder, the TensorBoard folder and the
  * JSONL file. */
-static hp_status_t probe_outputs(const hp_trainer_t *t) {
+static hp_status_t probe_outputs(hp_trainer_t t) {
     const hp_config_t *c = &t->cfg;
     char path[2 * HP_CONFIG_STR_MAX + 32];
     if (c->job.dump_folder[0]) {
@@ -250,7 +250,7 @@ static void pin_threads(const hp_config_t *c) {
 
 /* The rank-local part of the set-up (config rules, tokenizer, model allocation): no
  * collective runs here, so a rank that fails is agreed on before the first one. */
-static hp_status_t build_local(hp_trainer_t *t, int *ac_k_out) {
+static hp_status_t build_local(hp_trainer_t t, int *ac_k_out) {
     const hp_config_t *c = &t->cfg;
     HP_TRY(hp_config_validate(c));
     pin_threads(c);
@@ -278,7 +278,7 @@ static hp_status_t build_local(hp_trainer_t *t, int *ac_k_out) {
     return HP_OK;
 }
 
-static hp_status_t build(hp_trainer_t *t) {
+static hp_status_t build(hp_trainer_t t) {
     const hp_config_t *c = &t->cfg;
     int ac_k = 0;
     hp_status_t local = build_local(t, &ac_k);
@@ -387,14 +387,14 @@ static hp_status_t build(hp_trainer_t *t) {
 }
 
 /* --- checkpoint (owner dcp): the state the manager saves and restores ---------------------- */
-static hp_ckpt_train_state_t ckpt_state(hp_trainer_t *t) {
+static hp_ckpt_train_state_t ckpt_state(hp_trainer_t t) {
     hp_ckpt_train_state_t st = {t->params, t->np, hp_model_config(t->model),
                                 t->opt, t->dl, &t->step, &t->ckpt_seed};
     return st;
 }
 
 /* Collective (after the start-up agreement): creates the manager and resumes. */
-static hp_status_t ckpt_setup(hp_trainer_t *t) {
+static hp_status_t ckpt_setup(hp_trainer_t t) {
     if (!t->cfg.checkpoint.enable) return HP_OK;
     t->ckpt_seed = (uint64_t)t->cfg.training.seed;
     HP_TRY(hp_ckpt_manager_create(&t->cfg, t->world, &t->ckpt));
@@ -409,9 +409,9 @@ static hp_status_t ckpt_setup(hp_trainer_t *t) {
 }
 /* --- end checkpoint ------------------------------------------------------------------------ */
 
-hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_trainer_t **out) {
+hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_trainer_t *out) {
     *out = NULL;
-    hp_trainer_t *t = hp_calloc(1, sizeof *t);
+    hp_trainer_t t = hp_calloc(1, sizeof *t);
     if (!t) return HP_ERR_OOM;
     t->cfg = *cfg;
     t->world = world;
@@ -473,7 +473,7 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
     return HP_OK;
 }
 
-void hp_trainer_destroy(hp_trainer_t *t) {
+void hp_trainer_destroy(hp_trainer_t t) {
     if (!t) return;
     if (t->ckpt && hp_ckpt_manager_destroy(t->ckpt) != HP_OK)   /* checkpoint (owner dcp): finish an async save */
         hp_log(HP_LOG_ERROR, "checkpoint: %s", hp_last_error());
@@ -497,11 +497,11 @@ void hp_trainer_destroy(hp_trainer_t *t) {
     free(t);
 }
 
-hp_model_t hp_trainer_model(hp_trainer_t *t) { return t->model; }
-int64_t hp_trainer_current_step(const hp_trainer_t *t) { return t->step; }
-int64_t hp_trainer_grad_accum(const hp_trainer_t *t) { return t->accum; }
+hp_model_t hp_trainer_model(hp_trainer_t t) { return t->model; }
+int64_t hp_trainer_current_step(hp_trainer_t t) { return t->step; }
+int64_t hp_trainer_grad_accum(hp_trainer_t t) { return t->accum; }
 
-hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats) {
+hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     double t0 = hp_clock_now_seconds();
     const int64_t bt = (int64_t)t->B * t->T;
     int64_t step = t->step + 1;
@@ -594,7 +594,7 @@ hp_status_t hp_trainer_step(hp_trainer_t *t, hp_step_stats_t *stats) {
     return HP_OK;
 }
 
-hp_status_t hp_trainer_validate(hp_trainer_t *t, double *loss) {
+hp_status_t hp_trainer_validate(hp_trainer_t t, double *loss) {
     *loss = NAN;
     if (!t->val_dl)
         return hp_error(HP_ERR_STATE, "validation is not enabled; set --validation.enable=true and "
@@ -627,7 +627,7 @@ hp_status_t hp_trainer_validate(hp_trainer_t *t, double *loss) {
 /* job.dump_folder/weights.safetensors: rank 0 writes the full model. Sharded parameters (TP,
  * FSDP, both: DTensors on their meshes) are first gathered with full_tensor into a full model
  * on every rank (collective). */
-static hp_status_t save_final_weights(hp_trainer_t *t) {
+static hp_status_t save_final_weights(hp_trainer_t t) {
     char path[2 * HP_CONFIG_STR_MAX];
     snprintf(path, sizeof path, "%s/weights.safetensors", t->cfg.job.dump_folder);
     hp_model_t full = NULL;
@@ -654,7 +654,7 @@ static const char *signal_name(int sig) {
 }
 
 /* Every rank: whether any rank was interrupted (a signal reaches ranks at different times). */
-static hp_status_t agree_interrupt(hp_trainer_t *t, int *sig) {
+static hp_status_t agree_interrupt(hp_trainer_t t, int *sig) {
     int64_t v = hp_dcp_interrupted(), g = v;
     if (t->world && t->world_size > 1) HP_TRY(hp_all_reduce(&v, &g, 1, HP_I64, HP_MAX, t->world, NULL));
     if (g && !hp_dcp_interrupted()) hp_dcp_interrupt((int)g);
@@ -665,7 +665,7 @@ static hp_status_t agree_interrupt(hp_trainer_t *t, int *sig) {
 /* After an interruption (every rank, after the same step): finish a pending async save
  * (committed when its files are complete), find the last complete checkpoint, and say it all
  * in one error. */
-static hp_status_t interrupted(hp_trainer_t *t, int sig) {
+static hp_status_t interrupted(hp_trainer_t t, int sig) {
     char what[2 * HP_CONFIG_STR_MAX + 300] = "";
     int n = snprintf(what, sizeof what, "after step %lld of %lld", (long long)t->step,
                      (long long)t->cfg.training.steps);
@@ -687,7 +687,7 @@ static hp_status_t interrupted(hp_trainer_t *t, int sig) {
     return hp_error(HP_ERR_STATE, "interrupted by %s (signal %d) %s; %s", signal_name(sig), sig, what, last);
 }
 
-hp_status_t hp_trainer_train(hp_trainer_t *t) {
+hp_status_t hp_trainer_train(hp_trainer_t t) {
     const hp_config_t *c = &t->cfg;
     while (t->step < c->training.steps) {
         hp_step_stats_t st;

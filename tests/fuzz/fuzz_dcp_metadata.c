@@ -11,7 +11,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    hp_dcp_metadata_t *md = NULL;
+    hp_dcp_metadata_t md = NULL;
     if (hp_dcp_metadata_parse((const char *)data, size, "fuzz", &md) != HP_OK) {
         if (hp_last_error()[0] == '\0') abort();
         return 0;

@@ -11,7 +11,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    hp_hf_index_t *ix = NULL;
+    hp_hf_index_t ix = NULL;
     if (hp_hf_index_parse((const char *)data, size, "fuzz", &ix) != HP_OK) {
         if (hp_last_error()[0] == '\0') abort();
         return 0;

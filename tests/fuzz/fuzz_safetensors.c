@@ -12,7 +12,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    hp_safetensors_t *st = NULL;
+    hp_safetensors_t st = NULL;
     if (hp_safetensors_open_memory(data, size, "fuzz", &st) != HP_OK) {
         /* every failure carries a message */
         if (hp_last_error()[0] == '\0') abort();
