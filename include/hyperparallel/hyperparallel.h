@@ -15,6 +15,7 @@
 #include "param.h"
 #include "nn.h"
 #include "nn_loss.h"
+#include "backend.h"
 #include "model.h"
 #include "optim.h"
 #include "safetensors.h"
