@@ -227,17 +227,24 @@ static double sgemm_rate(int m, int n, int k, int reps) {
 
 /* The MFU denominator bounds what the model's own GEMMs reach: the measured peak is at least
  * the best rate of the linear-layer products of the trainer's models (debugmodel: B*T = 64
- * rows, dim 256, hidden 768; a 1024-row batch), or MFU could print above 100%. Slack 25%
- * for a shared machine: the two measurements run at different moments. */
+ * rows, dim 256, hidden 768; a 1024-row batch), or MFU could print above 100%. Both sides
+ * are timings, so on a shared machine each is the best of five interleaved rounds (a burst of
+ * other load hits one round, not all five); slack 25% for what remains. */
 static void test_peak_bounds_model_gemms(void) {
-    double peak = 0;
-    HP_CHECK_OK(hp_measure_peak_flops(0.3, &peak));
     const int shapes[][3] = {{64, 256, 256}, {64, 768, 256}, {64, 256, 768}, {1024, 768, 256}, {1024, 1024, 1024}};
-    for (int i = 0; i < 5; i++) {
-        double r = sgemm_rate(shapes[i][0], shapes[i][1], shapes[i][2], 6);
-        HP_CHECK(peak >= 0.75 * r, "measured peak %.2f GFLOP/s below a %dx%dx%d sgemm's %.2f GFLOP/s", peak / 1e9,
-                 shapes[i][0], shapes[i][1], shapes[i][2], r / 1e9);
+    double peak = 0, r[5] = {0};
+    for (int round = 0; round < 5; round++) {
+        double p = 0;
+        HP_CHECK_OK(hp_measure_peak_flops(0.1, &p));
+        if (p > peak) peak = p;
+        for (int i = 0; i < 5; i++) {
+            double x = sgemm_rate(shapes[i][0], shapes[i][1], shapes[i][2], 4);
+            if (x > r[i]) r[i] = x;
+        }
     }
+    for (int i = 0; i < 5; i++)
+        HP_CHECK(peak >= 0.75 * r[i], "measured peak %.2f GFLOP/s below a %dx%dx%d sgemm's %.2f GFLOP/s", peak / 1e9,
+                 shapes[i][0], shapes[i][1], shapes[i][2], r[i] / 1e9);
 }
 
 static void test_from_config_and_peak(void) {

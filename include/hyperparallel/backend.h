@@ -87,8 +87,9 @@ typedef struct hp_backend {
     /* cross-entropy: returns the sum over valid rows (double), losses (N) and lse (N) saved */
     double (*cross_entropy_forward)(void *ctx, double *losses, float *lse, const float *logits,
                                     const int32_t *targets, int N, int V, int64_t *n_valid);
+    /* over a column shard (V_local columns starting at vocab_offset; 0 and V: the whole vocab) */
     void (*cross_entropy_backward)(void *ctx, float *dlogits, const float *logits, const float *lse,
-                                   const int32_t *targets, float dloss, int N, int V);
+                                   const int32_t *targets, float dloss, int N, int V_local, int64_t vocab_offset);
 
     /* optimizer updates over n elements, torch.optim single-tensor semantics (optim.h):
      * AdamW at 1-based `step` (decoupled weight decay, bias-corrected); SGD with L2 weight

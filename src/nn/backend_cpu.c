@@ -5,6 +5,7 @@
 #include <string.h>
 #include "hyperparallel/backend.h"
 #include "hyperparallel/nn.h"
+#include "hyperparallel/nn_loss.h"
 
 static void *cpu_alloc(void *ctx, size_t bytes) {
     (void)ctx;
@@ -121,9 +122,9 @@ static double cpu_ce_f(void *ctx, double *losses, float *lse, const float *logit
     return hp_cross_entropy_forward(losses, lse, logits, t, N, V, n_valid);
 }
 static void cpu_ce_b(void *ctx, float *dl, const float *logits, const float *lse, const int32_t *t, float dloss,
-                     int N, int V) {
+                     int N, int V, int64_t off) {
     (void)ctx;
-    hp_cross_entropy_backward(dl, logits, lse, t, dloss, N, V);
+    hp_cross_entropy_backward_shard(dl, logits, lse, t, dloss, N, V, off);
 }
 
 /* torch.optim.adamw single-tensor path: p *= 1 - lr*wd; m = lerp(m, g, 1-b1);

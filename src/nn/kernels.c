@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <omp.h>
 #include "hyperparallel/nn.h"
+#include "hyperparallel/nn_loss.h"
 #include "nn/nn-math.h"
 
 /* ---- linear ---------------------------------------------------------------------------- */
@@ -334,20 +335,7 @@ double hp_cross_entropy_forward(double *losses, float *lse, const float *logits,
 
 void hp_cross_entropy_backward(float *dlogits, const float *logits, const float *lse,
                                const int32_t *targets, float dloss, int N, int V) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        float *d = dlogits + (size_t)n * V;
-        const float *z = logits + (size_t)n * V;
-        int t = targets[n];
-        if (t == HP_IGNORE_INDEX) {
-            memset(d, 0, sizeof(float) * (size_t)V);
-            continue;
-        }
-        float l = lse[n];
-#pragma omp simd
-        for (int v = 0; v < V; v++) d[v] = hp_nn_expf(z[v] - l) * dloss;
-        d[t] -= dloss;
-    }
+    hp_cross_entropy_backward_shard(dlogits, logits, lse, targets, dloss, N, V, 0);   // the whole vocab
 }
 
 /* ---- elementwise ------------------------------------------------------------------------- */

@@ -651,7 +651,7 @@ static hp_status_t backward(hp_model_t m, hp_model_ctx_t c, int u0, int u1, cons
                                        c->N, c->Vc));
         else
             m->be->cross_entropy_backward(m->be->ctx, c->dlogits, c->logits, c->lse, c->targets,
-                                          1.0f / c->loss_divisor, c->N, c->Vc);
+                                          1.0f / c->loss_divisor, c->N, c->Vc, 0);
         c->prof[HP_NN_OP_CROSS_ENTROPY] += omp_get_wtime() - t0;
         g_out = c->dlogits;
     } else {

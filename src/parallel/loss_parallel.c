@@ -7,6 +7,7 @@
 #include <math.h>
 #include "hyperparallel/tp.h"
 #include "hyperparallel/comm.h"
+#include "hyperparallel/backend.h"
 #include "hyperparallel/nn_loss.h"
 #include "nn/nn-math.h"
 
@@ -72,5 +73,6 @@ hp_status_t hp_loss_parallel_forward(double *sum, double *losses, float *lse, co
 
 void hp_loss_parallel_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets,
                                float dloss, int N, int V_local, int64_t vocab_offset) {
-    hp_cross_entropy_backward_shard(dlogits, logits, lse, targets, dloss, N, V_local, vocab_offset);
+    const hp_backend_t *be = hp_backend_default();
+    be->cross_entropy_backward(be->ctx, dlogits, logits, lse, targets, dloss, N, V_local, vocab_offset);
 }
