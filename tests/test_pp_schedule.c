@@ -63,18 +63,6 @@ static uint64_t csv_hash(const hp_pp_schedule_t *s) {
     return h;
 }
 
-/* The schedule without bubbles and without the given type (-1: none). */
-static hp_pp_schedule_t *filtered(const hp_pp_schedule_t *s, int drop_type) {
-    hp_pp_schedule_t *o;
-    HP_ASSERT(hp_pp_schedule_create(hp_pp_schedule_n_ranks(s), &o) == HP_OK);
-    for (int r = 0; r < hp_pp_schedule_n_ranks(s); r++)
-        for (int i = 0; i < hp_pp_schedule_len(s, r); i++) {
-            const hp_pp_action_t *a = hp_pp_schedule_at(s, r, i);
-            if (a && (int)a->type != drop_type) HP_ASSERT(hp_pp_schedule_append(o, r, a) == HP_OK);
-        }
-    return o;
-}
-
 static void loop_map(int *m, int num_stages, int pp) {
     HP_ASSERT(hp_pp_stage_to_rank(HP_PP_STYLE_LOOP, pp, num_stages, m) == HP_OK);
 }
@@ -648,7 +636,7 @@ static void test_golden(void) {
             hp_pp_schedule_t *q = kind == HP_PP_1F1B ? pytorch_1f1b_numbering(s) : NULL;
             HP_CHECK_OK(hp_pp_add_reduce_grad(q ? q : s, n, &ord));
             hp_pp_schedule_free(q);
-            compute = filtered(s, -1);   /* PyTorch lowers the stored order, which has no bubbles */
+            HP_CHECK_OK(hp_pp_drop_bubbles(s, &compute));   /* PyTorch lowers the stored order: no bubbles */
         } else {
             HP_CHECK_OK(hp_pp_schedule_copy(s, &ord));
             HP_CHECK_OK(hp_pp_schedule_copy(s, &compute));
@@ -689,6 +677,99 @@ static void test_golden(void) {
     HP_CHECK(cases >= 90 && errors == 12, "golden: %d cases, %d error cases", cases, errors);
 }
 
+
+/* ---- tools/hp-pp-schedule ---------------------------------------------------------------- */
+static char TOOL_OUT[1 << 17];
+
+static int run_tool(const char *bin, const char *args) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1 </dev/null", bin, args);
+    return hp_test_run_capture(cmd, TOOL_OUT, sizeof TOOL_OUT);
+}
+
+#define EXPECT_TOOL(args, rc_want, needle)                                                                    \
+    do {                                                                                                      \
+        int rc_ = run_tool(bin, args);                                                                        \
+        HP_CHECK(rc_ == (rc_want) && strstr(TOOL_OUT, needle) != NULL,                                        \
+                 "hp-pp-schedule %s -> rc %d (want %d), output:\n%.3000s\nexpected to contain: %s", args, rc_, \
+                 rc_want, TOOL_OUT, needle);                                                                  \
+    } while (0)
+
+static void test_tool(void) {
+    const char *build = getenv("HP_BUILD_DIR");
+    char bin[1024];
+    snprintf(bin, sizeof bin, "%s/hp-pp-schedule", build ? build : ".");
+    if (access(bin, X_OK) != 0) {
+        printf("SKIP: %s not built (the tool part of this test)\n", bin);
+        return;
+    }
+    EXPECT_TOOL("--schedule 1F1B --pp 4 --microbatches 8", 0, "simulated steps: 61 ");
+    HP_CHECK(strstr(TOOL_OUT, "bubble fraction: 0.2727") && strstr(TOOL_OUT, "(P-1)/(n+P-1) = 0.2727") &&
+             strstr(TOOL_OUT, "Step 24: 0B7") && strstr(TOOL_OUT, "         Rank 0  Rank 1  Rank 2  Rank 3"),
+             "1F1B table and bubble:\n%.3000s", TOOL_OUT);
+    EXPECT_TOOL("--schedule gpipe --pp 4 --microbatches 8", 0, "simulated steps: 56 ");
+    EXPECT_TOOL("--schedule interleaved1f1b --pp 4 --microbatches 8 --stages-per-rank 2 --lower", 0,
+                "simulated steps: 149 ");
+    HP_CHECK(strstr(TOOL_OUT, "0UNSHARD") && strstr(TOOL_OUT, "4REDUCE_GRAD") && strstr(TOOL_OUT, "0SEND_F0") &&
+             strstr(TOOL_OUT, "lowered simulated steps:") && strstr(TOOL_OUT, "bubble fraction: 0.1579"),
+             "lowered table:\n%.2000s", TOOL_OUT);
+    char csv[] = "/tmp/hp_test_pp_tool_XXXXXX";
+    int fd = mkstemp(csv);
+    HP_CHECK(fd >= 0, "mkstemp");
+    if (fd >= 0) {
+        close(fd);
+        char args[1200];
+        snprintf(args, sizeof args, "--schedule LoopedBFS --pp 4 --microbatches 4 --save-csv %s", csv);
+        EXPECT_TOOL(args, 0, "simulated steps: 81 ");
+        snprintf(args, sizeof args, "--csv %s", csv);   /* read back: same schedule, n inferred */
+        EXPECT_TOOL(args, 0, "4 ranks, 8 stages, 4 microbatches");
+        HP_CHECK(strstr(TOOL_OUT, "simulated steps: 81 "), "CSV round trip simulates the same:\n%.2000s", TOOL_OUT);
+        snprintf(args, sizeof args, "--schedule LoopedBFS --pp 4 --microbatches 4 --lower --save-csv %s", csv);
+        EXPECT_TOOL(args, 0, "lowered simulated steps: ");
+        char want[128];
+        const char *ls = strstr(TOOL_OUT, "lowered simulated steps: ");
+        snprintf(want, sizeof want, "simulated steps: %d (", ls ? atoi(ls + 25) : -1);
+        snprintf(args, sizeof args, "--csv %s", csv);   /* a lowered CSV is taken verbatim (compute_comms) */
+        EXPECT_TOOL(args, 0, want);
+        HP_CHECK(strstr(TOOL_OUT, "compute_comms, taken verbatim"), "format compute_comms:\n%.2000s", TOOL_OUT);
+        snprintf(args, sizeof args, "--csv %s --lower", csv);
+        EXPECT_TOOL(args, 2, "--lower needs a compute-only schedule");
+        snprintf(args, sizeof args, "--csv %s --pp 2", csv);
+        EXPECT_TOOL(args, 2, "--pp 2 but");
+        FILE *f = fopen(csv, "w");
+        fputs("0F0,2F0,2B0,0B0\n3F0,3B0,1F0,1B0\n", f);   /* valid per stage, but rank 1 waits for itself */
+        fclose(f);
+        snprintf(args, sizeof args, "--csv %s", csv);
+        EXPECT_TOOL(args, 1, "Malformed compute schedule, can't schedule sends/recvs");
+        f = fopen(csv, "w");
+        fputs("0F0,0B0\n1F0,1BB0\n", f);
+        fclose(f);
+        char needle[1200];
+        snprintf(needle, sizeof needle, "%s:2: cell 2: '1BB0' is not a pipeline action", csv);
+        EXPECT_TOOL(args, 1, needle);
+        f = fopen(csv, "w");
+        fputs("0F0,0B0\n1B0,1F0\n", f);
+        fclose(f);
+        EXPECT_TOOL(args, 1, "<-- ERROR HERE");
+        remove(csv);
+        EXPECT_TOOL(args, 1, "cannot open the schedule CSV");
+    }
+    /* bad flags and numbers: exit 2, the flag, the value and the range named */
+    EXPECT_TOOL("--schedule 1F1B --pp 0 --microbatches 8", 2, "--pp expects an integer in [1, 1024], got '0'");
+    EXPECT_TOOL("--schedule 1F1B --pp 4 --microbatches lots", 2, "--microbatches expects an integer, got 'lots'");
+    EXPECT_TOOL("--schedule 1F1B --pp 4 --microbatchs 8", 2, "did you mean '--microbatches'");
+    EXPECT_TOOL("--schedule ZBV --pp 4 --microbatches 8", 2, "Unknown schedule name 'ZBV'");
+    EXPECT_TOOL("--schedule DualPipeV --pp 4 --microbatches 8", 2, "not implemented yet");
+    EXPECT_TOOL("--schedule 1F1B --pp 4 --microbatches 2", 2, "Number of microbatches (2) must be greater than or equal");
+    EXPECT_TOOL("--schedule GPipe --pp 2 --microbatches 2 --stages-per-rank 2", 2, "single-stage schedule");
+    EXPECT_TOOL("--schedule Interleaved1F1B --pp 4 --microbatches 9", 2, "multiple of the number of rounds (2)");
+    EXPECT_TOOL("--schedule 1F1B --pp 4", 2, "--schedule needs --pp and --microbatches");
+    EXPECT_TOOL("--pp 4", 2, "give exactly one of --schedule NAME and --csv FILE");
+    EXPECT_TOOL("--schedule 1F1B --pp 4 --microbatches 8 extra", 2, "unexpected argument 'extra'");
+    EXPECT_TOOL("--schedule", 2, "--schedule");
+    EXPECT_TOOL("--help", 0, "usage: hp-pp-schedule");
+}
+
 int main(void) {
     test_action_parse();
     test_local_passes();
@@ -700,5 +781,6 @@ int main(void) {
     test_mapping_and_names();
     test_generators();
     test_golden();
+    test_tool();
     return hp_test_finish("test_pp_schedule");
 }

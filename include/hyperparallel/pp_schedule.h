@@ -159,6 +159,9 @@ hp_status_t hp_pp_add_reduce_grad(const hp_pp_schedule_t *s, int n_microbatches,
 /* _merge_bw: an I followed (bubbles skipped) by the W of the same stage and microbatch becomes
  * one B. Bubbles are dropped. */
 hp_status_t hp_pp_merge_bw(const hp_pp_schedule_t *s, hp_pp_schedule_t **out);
+/* The same lists without their bubbles (PyTorch's stored GPipe / 1F1B orders have none; a bubble
+ * costs a round in hp_pp_add_send_recv, so the two lower differently). */
+hp_status_t hp_pp_drop_bubbles(const hp_pp_schedule_t *s, hp_pp_schedule_t **out);
 /* _add_send_recv: rounds over the ranks in order; a rank's next action is taken once its input
  * is there (F of stage s > 0: sRECV_Fm or (s-1)Fm on this rank; I/B of stage s < last: sRECV_Bm,
  * (s+1)Im or (s+1)Bm on this rank); an F whose next stage is on another rank is followed by

@@ -912,6 +912,14 @@ static hp_status_t merge_bw_row(const pp_row_t *in, int unused, pp_row_t *out) {
 
 hp_status_t hp_pp_merge_bw(const hp_pp_schedule_t *s, hp_pp_schedule_t **out) { return per_row(s, merge_bw_row, 0, out); }
 
+static hp_status_t drop_row(const pp_row_t *in, int unused, pp_row_t *out) {
+    for (int i = 0; i < in->len; i++)
+        if (!is_bubble(&in->a[i])) HP_TRY(row_push(out, &in->a[i]));
+    return HP_OK;
+}
+
+hp_status_t hp_pp_drop_bubbles(const hp_pp_schedule_t *s, hp_pp_schedule_t **out) { return per_row(s, drop_row, 0, out); }
+
 /* Every action's stage < num_stages and every stage mapped to a rank of s. */
 static hp_status_t check_mapping(const hp_pp_schedule_t *s, const int *stage_to_rank, int num_stages, const char *what) {
     if (!s || !stage_to_rank) return hp_error(HP_ERR_INVALID_ARG, "%s: NULL schedule or stage_to_rank", what);
