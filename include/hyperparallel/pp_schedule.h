@@ -196,7 +196,7 @@ hp_status_t hp_pp_validate(const hp_pp_schedule_t *s, int pp, int num_stages, in
  * I or B; RECV_F once the peer's SEND_F ran, RECV_B once the peer's SEND_B ran), else idle;
  * then a second pass lets an idle rank take its next action if a later rank unblocked it.
  * UNSHARD, RESHARD and REDUCE_GRAD are local and always ready (PyTorch raises "Unsupported
- * action type" on them). *steps = the longest simulated list. A round in which no rank
+ * action type" on them). *steps (required) = the longest simulated list. A round in which no rank
  * progresses is HP_ERR_INVALID_ARG "Schedule is not progressing" naming each rank's next action
  * and what it waits for. When `simulated` is not NULL it receives the simulated schedule, on
  * success and, so that it can be shown (hp_pp_format_grid), also on that error. */
