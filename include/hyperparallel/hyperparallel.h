@@ -24,6 +24,7 @@
 #include "ddp.h"
 #include "zero.h"
 #include "tp.h"
+#include "pp_schedule.h"
 #include "tokenizer.h"
 #include "config.h"
 #include "parallel_dims.h"
