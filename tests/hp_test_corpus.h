@@ -14,6 +14,7 @@
 #include "hyperparallel/config.h"
 #include "hyperparallel/trainer.h"
 #include "hyperparallel/tokenizer.h"
+#include "hp_test_tokenizer.h"
 
 static char dir_[256] __attribute__((unused)), corpus_[300] __attribute__((unused)), tok_[300] __attribute__((unused));
 
@@ -25,20 +26,6 @@ static const char *const hp_test_sentences_[] = {
     "where there is a will there is a way",
     "actions speak louder than words",
 };
-
-/* The suite's tokenizer: a 320-token byte-level BPE with the two Llama 3 specials, trained on
- * n bytes of '%'-separated text, written to path. */
-static inline void hp_test_train_tokenizer(const char *text, size_t n, const char *path) {
-    const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>"};
-    hp_tokenizer_train_options_t o = {0};
-    o.vocab_size = 320;
-    o.special = special;
-    o.n_special = 2;
-    o.separator_line = "%";
-    o.min_frequency = 2;
-    const char *texts[1] = {text};
-    HP_CHECK_OK(hp_tokenizer_train_texts(&o, texts, &n, 1, path));
-}
 
 /* prefix: the directory name under /tmp ("hp_test_trainer"). Collective over world. */
 static inline void hp_test_make_corpus(hp_comm_t world, const char *prefix) {

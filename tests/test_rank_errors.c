@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "hp_test.h"
+#include "hp_test_tokenizer.h"
 #include "hyperparallel/tokenizer.h"
 
 static char dir_[256], corpus_[320], tok_[320], train_[512], mpirun_[512];
@@ -236,15 +237,7 @@ int main(void) {
         static char text[1 << 16];
         size_t n = f ? fread(text, 1, sizeof text, f) : 0;
         if (f) fclose(f);
-        const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>"};
-        hp_tokenizer_train_options_t o = {0};
-        o.vocab_size = 320;
-        o.special = special;
-        o.n_special = 2;
-        o.separator_line = "%";
-        o.min_frequency = 2;
-        const char *texts[1] = {text};
-        HP_CHECK_OK(hp_tokenizer_train_texts(&o, texts, &n, 1, tok_));
+        hp_test_train_tokenizer(text, n, tok_);
     }
     test_checkpoint_shard();
     test_bin_token();

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "hp_test.h"
+#include "hp_test_tokenizer.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/tokenizer.h"
 
@@ -124,15 +125,7 @@ int main(void) {
     FILE *f = fopen(corpus, "w");
     HP_ASSERT(f && fwrite(text, 1, tl, f) == tl);
     fclose(f);
-    const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>"};
-    hp_tokenizer_train_options_t o = {0};
-    o.vocab_size = 300;
-    o.special = special;
-    o.n_special = 2;
-    o.separator_line = "%";
-    o.min_frequency = 2;
-    const char *texts[1] = {text};
-    HP_CHECK_OK(hp_tokenizer_train_texts(&o, texts, &tl, 1, tok));
+    hp_test_train_tokenizer_vocab(text, tl, 300, tok);
     snprintf(CFG, sizeof CFG, "%s/cfg.yaml", ROOT);
     f = fopen(CFG, "w");
     HP_ASSERT(f);
