@@ -6,16 +6,20 @@
  *   HP_T_NV    vectors per micro-tile column block (1 or 2)
  *   HP_T_MR    rows per micro-tile (<= 8)
  *   HP_T_ATTR  function attribute (__attribute__((target("avx2,fma"))) or nothing)
- * and HP_ATT_BR / HP_ATT_BC (query rows / keys per tile) defined.
+ * and HP_ATT_BR / HP_ATT_BC (query rows / keys per tile, multiples of 8) and the causal modes
+ * HP_ATT_* defined.
  *
- * Every product of the forward (S = Q K^T, O += P V) and backward (S, dP = dO V^T, dQ += dS K,
- * dV += P^T dO, dK += dS^T Q) goes through one register-blocked micro-kernel, HP_T_MR x
- * (HP_T_NV * HP_T_VW) accumulators (AVX2: 6 x 16 floats = 12 ymm, the Haswell sgemm shape,
- * leaving 4 registers for the B row and the A broadcast, so nothing spills), over A with
- * arbitrary row/column strides (P^T and dS^T are read in place) and B rows at a stride. The
- * causal mask is applied at micro-tile granularity: blocks wholly above the diagonal are not
- * computed and each row block's key range stops at its last row's key. Softmax (row max, exp,
- * rescale) runs on the same vectors; exp is hp_nn_expf's polynomial, lane-wise. */
+ * Layout: a tile's scores are kept transposed, S^T (keys, query rows) = K Q^T, so that the
+ * softmax statistics (row max, sum, rescale factor) of HP_T_VW query rows sit in one vector
+ * and every softmax step is a plain vector operation over keys, with no horizontal reduction;
+ * and K, V are read in place (the A operand is read by scalar broadcasts at any stride), so only
+ * the query side is packed, once per query tile. Every product of the forward (S^T = K Q^T,
+ * O += P V) and backward (S^T, dP^T = V dO^T, dQ += dS K, dV += P^T dO, dK += dS^T Q) goes
+ * through one register-blocked micro-kernel of HP_T_MR x (HP_T_NV * HP_T_VW) accumulators
+ * (AVX2: 6 x 16 floats = 12 ymm, the Haswell sgemm shape, leaving 4 registers for the B row and
+ * the A broadcast, so nothing spills). The causal mask is applied per micro-tile: blocks wholly
+ * above the diagonal are not computed, and a row block's key (or query) range stops (starts)
+ * at the first masked term. Exp is hp_nn_expf's polynomial, lane-wise. */
 
 #define HP_T_CAT_(a, b) a##_##b
 #define HP_T_CAT(a, b) HP_T_CAT_(a, b)
@@ -35,20 +39,10 @@ typedef uint32_t HP_T_N(vu) __attribute__((vector_size(HP_T_VW * 4), aligned(4),
 HP_T_INL VF HP_T_N(vsel)(VI m, VF a, VF b) { return (VF)(((VI)a & m) | ((VI)b & ~m)); }   // m ? a : b
 HP_T_INL VF HP_T_N(vmax)(VF a, VF b) { return HP_T_N(vsel)(a > b, a, b); }
 HP_T_INL VF HP_T_N(vsplat)(float x) { return (VF){0} + x; }
-/* lanes < n set, n in [0, VW] */
-HP_T_INL VI HP_T_N(vfirst)(int n) {
+HP_T_INL VI HP_T_N(viota)(void) {
     VI iota;
     for (int l = 0; l < HP_T_VW; l++) iota[l] = l;
-    return iota < n;
-}
-HP_T_INL float HP_T_N(hmax)(VF x, float m) {
-    for (int l = 0; l < HP_T_VW; l++) m = x[l] > m ? x[l] : m;
-    return m;
-}
-HP_T_INL float HP_T_N(hsum)(VF x) {
-    float s = 0.0f;
-    for (int l = 0; l < HP_T_VW; l++) s += x[l];
-    return s;
+    return iota;
 }
 
 /* hp_nn_expf lane-wise (nn-math.h: the same range reduction and polynomial, so the same
@@ -75,7 +69,7 @@ HP_T_INL VF HP_T_N(vexp)(VF x) {
 
 /* The micro-kernel: C[r][c] (+)= sum_{k < K} A[r * ars + k * acs] * B[k * ldb + c] for r < MR_,
  * c < NV_ * VW; the k terms are summed in order in registers, then added to C (accum) or
- * stored. MR_ and NV_ are constants at every call (ukr_any), so the loops unroll. */
+ * stored. MR_ and NV_ are constants at every call (ukr_rows), so the loops unroll. */
 HP_T_INL void HP_T_N(ukr)(const int MR_, const int NV_, float *C, size_t ldc, int accum, const float *A,
                           size_t ars, size_t acs, const float *B, size_t ldb, int K) {
     VF acc[HP_T_MR][HP_T_NV];
@@ -106,227 +100,240 @@ HP_T_INL void HP_T_N(ukr)(const int MR_, const int NV_, float *C, size_t ldc, in
         }
 }
 
-#define HP_T_UKR_ARGS C, ldc, accum, A, ars, acs, B, ldb, K
-#define HP_T_UKR_ROW(M)                                                                            \
+/* One row block of mr rows, columns [c0, n) (n - c0 a multiple of VW): full column blocks,
+ * then one-vector tails (head_dim 24: 16 + 8). */
+#define HP_T_ROW(M)                                                                                \
     do {                                                                                           \
-        if (nv == HP_T_NV) HP_T_N(ukr)(M, HP_T_NV, HP_T_UKR_ARGS);                                 \
-        else HP_T_N(ukr)(M, 1, HP_T_UKR_ARGS);                                                     \
+        int c = c0;                                                                                \
+        for (; c + HP_T_NB <= n; c += HP_T_NB)                                                     \
+            HP_T_N(ukr)(M, HP_T_NV, C + c, ldc, accum, A, ars, acs, B + c, ldb, K);                \
+        for (; c < n; c += HP_T_VW) HP_T_N(ukr)(M, 1, C + c, ldc, accum, A, ars, acs, B + c, ldb, K); \
     } while (0)
-/* ukr for mr in [1, MR] rows and nv in {1, NV} vectors, chosen at run time */
-static HP_T_ATTR void HP_T_N(ukr_any)(int mr, int nv, float *C, size_t ldc, int accum, const float *A, size_t ars,
-                                      size_t acs, const float *B, size_t ldb, int K) {
+static HP_T_ATTR void HP_T_N(ukr_rows)(int mr, float *C, size_t ldc, int accum, const float *A, size_t ars,
+                                       size_t acs, const float *B, size_t ldb, int K, int c0, int n) {
     switch (mr) {
 #if HP_T_MR >= 8
-    case 8: HP_T_UKR_ROW(8); break;
+    case 8: HP_T_ROW(8); break;
 #endif
 #if HP_T_MR >= 7
-    case 7: HP_T_UKR_ROW(7); break;
+    case 7: HP_T_ROW(7); break;
 #endif
 #if HP_T_MR >= 6
-    case 6: HP_T_UKR_ROW(6); break;
+    case 6: HP_T_ROW(6); break;
 #endif
 #if HP_T_MR >= 5
-    case 5: HP_T_UKR_ROW(5); break;
+    case 5: HP_T_ROW(5); break;
 #endif
 #if HP_T_MR >= 4
-    case 4: HP_T_UKR_ROW(4); break;
+    case 4: HP_T_ROW(4); break;
 #endif
 #if HP_T_MR >= 3
-    case 3: HP_T_UKR_ROW(3); break;
+    case 3: HP_T_ROW(3); break;
 #endif
 #if HP_T_MR >= 2
-    case 2: HP_T_UKR_ROW(2); break;
+    case 2: HP_T_ROW(2); break;
 #endif
-    default: HP_T_UKR_ROW(1); break;
+    default: HP_T_ROW(1); break;
     }
 }
-#undef HP_T_UKR_ROW
-#undef HP_T_UKR_ARGS
+#undef HP_T_ROW
 
 /* C (M, N) (+)= A (M, K) B (K, N), N a multiple of VW, in micro-tiles; `mode` applies the
- * causal mask given off = (first query row) - (first key) of the tile (attention.c, HP_ATT_*):
- * DENSE everything; COLS rows are queries and columns keys: columns past the row block's last
- * key are not computed (C there is left as it was); KEND rows are queries, k keys: k stops at
- * the row block's last key; KBEG rows are keys, k queries: k starts at the first query that
- * sees the row block's first key. The skipped terms are exactly those the mask zeroes. */
+ * causal mask given off = (first query row) - (first key) of the tile (query row i sees key j
+ * iff j <= i + off, in tile-local indices):
+ *   DENSE  everything;
+ *   QCOLS  rows are keys, columns queries: the columns (VW-aligned) before a row block's first
+ *          visible query are not computed (C there is left as it was);
+ *   KEND   rows are queries, k keys: k stops after the row block's last visible key;
+ *   KBEG   rows are keys, k queries: k starts at the row block's first visible query.
+ * The terms skipped are exactly ones the mask makes zero. */
 static HP_T_ATTR void HP_T_N(gemm)(float *C, size_t ldc, int accum, const float *A, size_t ars, size_t acs,
                                    const float *B, size_t ldb, int M, int N, int K, int mode, int off) {
     for (int r0 = 0; r0 < M; r0 += HP_T_MR) {
         const int mr = M - r0 < HP_T_MR ? M - r0 : HP_T_MR;
-        int kb = 0, ke = K, n = N;
+        int kb = 0, ke = K, c0 = 0;
         if (mode == HP_ATT_KEND) {
             ke = off + r0 + mr;
             if (ke > K) ke = K;
         } else if (mode == HP_ATT_KBEG) {
             kb = r0 - off;
             if (kb < 0) kb = 0;
-        } else if (mode == HP_ATT_COLS) {
-            n = (off + r0 + mr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
-            if (n > N) n = N;
+        } else if (mode == HP_ATT_QCOLS) {
+            c0 = r0 - off;
+            c0 = c0 <= 0 ? 0 : c0 / HP_T_VW * HP_T_VW;
         }
-        if (ke <= kb || n <= 0) continue;
-        for (int c0 = 0; c0 < n;) {
-            const int nv = n - c0 >= HP_T_NB ? HP_T_NV : 1;   // a one-vector tail (hd 24: 16 + 8)
-            HP_T_N(ukr_any)(mr, nv, C + (size_t)r0 * ldc + c0, ldc, accum, A + (size_t)r0 * ars + (size_t)kb * acs,
-                            ars, acs, B + (size_t)kb * ldb + c0, ldb, ke - kb);
-            c0 += nv * HP_T_VW;
-        }
+        if (ke <= kb || c0 >= N) continue;
+        HP_T_N(ukr_rows)(mr, C + (size_t)r0 * ldc, ldc, accum, A + (size_t)r0 * ars + (size_t)kb * acs, ars, acs,
+                         B + (size_t)kb * ldb, ldb, ke - kb, c0, N);
     }
 }
 
-/* dst (hd, ncv) = src rows 0..nc transposed (src row stride ld); columns [nc, ncv) zero. */
-HP_T_INL void HP_T_N(pack_t)(float *dst, const float *src, size_t ld, int nc, int ncv, int hd) {
-    for (int c = 0; c < nc; c++) {
-        const float *s = src + (size_t)c * ld;
-        for (int d = 0; d < hd; d++) dst[(size_t)d * HP_ATT_BC + c] = s[d];
+/* dst (hd, BR) = src rows 0..nr transposed, times `scale` (src row stride ld); columns
+ * [nr, nrp) zero. */
+HP_T_INL void HP_T_N(pack_t)(float *dst, const float *src, size_t ld, int nr, int nrp, int hd, float scale) {
+    for (int r = 0; r < nr; r++) {
+        const float *s = src + (size_t)r * ld;
+        for (int d = 0; d < hd; d++) dst[(size_t)d * HP_ATT_BR + r] = s[d] * scale;
     }
     for (int d = 0; d < hd; d++)
-        for (int c = nc; c < ncv; c++) dst[(size_t)d * HP_ATT_BC + c] = 0.0f;
+        for (int r = nr; r < nrp; r++) dst[(size_t)d * HP_ATT_BR + r] = 0.0f;
+}
+
+/* Key ranges of the query rows r .. r + VW (tile-local, off as in gemm): keys [0, cfull) are
+ * seen by every lane, [cfull, cany) by some (lane l sees key c iff c <= r + l + off). */
+HP_T_INL void HP_T_N(key_range)(int r, int off, int nc, int *cfull, int *cany) {
+    int f = r + off + 1, a = r + HP_T_VW + off;
+    *cfull = f < 0 ? 0 : f > nc ? nc : f;
+    *cany = a < 0 ? 0 : a > nc ? nc : a;
 }
 
 /* One query tile of one (batch, head): rows i0 .. i0 + nr of q (rows at stride ldq, the head's
  * columns), every key 0 .. i0 + nr - 1 of k/v; writes those rows of out (stride ldo) and lse. */
 static HP_T_ATTR void HP_T_N(fwd_tile)(float *out, int ldo, float *lse, const float *q, int ldq, const float *k,
                                        int ldk, const float *v, int ldv, int i0, int nr, int hd, float scale) {
-    float qs[HP_ATT_BR * hd];       // (BR, hd) scaled query rows
-    float kt[hd * HP_ATT_BC];       // (hd, BC) key tile, transposed
-    float S[HP_ATT_BR * HP_ATT_BC]; // (BR, BC) scores, then probabilities
-    float o[HP_ATT_BR * hd];        // (BR, hd) unnormalised output rows
-    float m[HP_ATT_BR], l[HP_ATT_BR];
-    for (int i = 0; i < nr; i++) {
-        const float *qi = q + (size_t)(i0 + i) * ldq;
-        for (int d = 0; d < hd; d++) qs[(size_t)i * hd + d] = qi[d] * scale;
-        m[i] = -INFINITY;
-        l[i] = 0.0f;
-    }
+    float qt[hd * HP_ATT_BR];        // (hd, BR) scaled query rows, transposed
+    float S[HP_ATT_BC * HP_ATT_BR];  // (BC, BR) S^T, then P^T
+    float o[HP_ATT_BR * hd];         // (BR, hd) unnormalised output rows
+    float m[HP_ATT_BR], l[HP_ATT_BR], corr[HP_ATT_BR];
+    const int nrp = (nr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
+    const VI iota = HP_T_N(viota)();
+    HP_T_N(pack_t)(qt, q + (size_t)i0 * ldq, (size_t)ldq, nr, nrp, hd, scale);
+    for (int r = 0; r < nrp; r++) m[r] = -INFINITY, l[r] = 0.0f;
     memset(o, 0, sizeof(float) * (size_t)nr * hd);
     const int jend = i0 + nr;   // keys past the tile's last row are seen by none of its rows
     for (int j0 = 0; j0 < jend; j0 += HP_ATT_BC) {
         const int nc = jend - j0 < HP_ATT_BC ? jend - j0 : HP_ATT_BC;
-        const int ncv = (nc + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
         const int off = i0 - j0, dense = off >= nc - 1;   // dense: row 0 already sees every key
-        HP_T_N(pack_t)(kt, k + (size_t)j0 * ldk, (size_t)ldk, nc, ncv, hd);
-        HP_T_N(gemm)(S, HP_ATT_BC, 0, qs, hd, 1, kt, HP_ATT_BC, nr, ncv, hd, dense ? HP_ATT_DENSE : HP_ATT_COLS, off);
-        for (int i = 0; i < nr; i++) {
-            float *s = S + (size_t)i * HP_ATT_BC;
-            int jmax = i + off + 1;   // causal: keys j0 .. i0 + i
-            if (jmax > nc) jmax = nc;
-            int c = 0;
-            if (jmax > 0) {
-                const int nfull = jmax / HP_T_VW, rem = jmax % HP_T_VW;
-                const VI tail = HP_T_N(vfirst)(rem);
-                const VF ninf = HP_T_N(vsplat)(-INFINITY);
-                VF vm = ninf;
-                for (int t = 0; t < nfull; t++) vm = HP_T_N(vmax)(vm, LD(s + t * HP_T_VW));
-                if (rem) vm = HP_T_N(vmax)(vm, HP_T_N(vsel)(tail, LD(s + nfull * HP_T_VW), ninf));
-                const float mx = HP_T_N(hmax)(vm, m[i]);
-                const float corr = hp_nn_expf(m[i] - mx);   // 0 on the row's first tile
-                VF vs = {0};
-                for (int t = 0; t < nfull; t++, c += HP_T_VW) {
-                    const VF e = HP_T_N(vexp)(LD(s + c) - mx);
-                    ST(s + c, e);
-                    vs += e;
-                }
-                if (rem) {
-                    const VF e = (VF)((VI)HP_T_N(vexp)(LD(s + c) - mx) & tail);
-                    ST(s + c, e);
-                    vs += e;
-                    c += HP_T_VW;
-                }
-                l[i] = l[i] * corr + HP_T_N(hsum)(vs);
-                m[i] = mx;
-                if (corr != 1.0f) {
-                    float *oi = o + (size_t)i * hd;
-                    for (int d = 0; d < hd; d += HP_T_VW) ST(oi + d, LD(oi + d) * corr);
-                }
+        HP_T_N(gemm)(S, HP_ATT_BR, 0, k + (size_t)j0 * ldk, ldk, 1, qt, HP_ATT_BR, nc, nrp, hd,
+                     dense ? HP_ATT_DENSE : HP_ATT_QCOLS, off);
+        // online softmax, VW query rows at a time: running max, P^T = exp(S^T - max), sums
+        for (int r = 0; r < nrp; r += HP_T_VW) {
+            int cf, ca;
+            HP_T_N(key_range)(r, off, nc, &cf, &ca);
+            const VI vis = iota + (r + off);   // lane sees key c iff c <= vis
+            const VF mold = LD(m + r), ninf = HP_T_N(vsplat)(-INFINITY);
+            VF vm = mold;
+            for (int c = 0; c < cf; c++) vm = HP_T_N(vmax)(vm, LD(S + (size_t)c * HP_ATT_BR + r));
+            for (int c = cf; c < ca; c++)
+                vm = HP_T_N(vmax)(vm, HP_T_N(vsel)(vis >= c, LD(S + (size_t)c * HP_ATT_BR + r), ninf));
+            VF vs = {0};
+            for (int c = 0; c < cf; c++) {
+                float *p = S + (size_t)c * HP_ATT_BR + r;
+                const VF e = HP_T_N(vexp)(LD(p) - vm);
+                ST(p, e);
+                vs += e;
             }
-            for (; c < ncv; c += HP_T_VW) ST(s + c, (VF){0});   // masked keys: P = 0
+            for (int c = cf; c < ca; c++) {
+                float *p = S + (size_t)c * HP_ATT_BR + r;
+                const VF e = (VF)((VI)HP_T_N(vexp)(LD(p) - vm) & (vis >= c));
+                ST(p, e);
+                vs += e;
+            }
+            for (int c = ca; c < nc; c++) ST(S + (size_t)c * HP_ATT_BR + r, (VF){0});   // masked: P = 0
+            // 0 on a row's first tile (exp(-inf)); a row with no key here keeps vm = mold
+            const VF cv = HP_T_N(vexp)(mold - vm);
+            ST(l + r, LD(l + r) * cv + vs);
+            ST(m + r, vm);
+            ST(corr + r, cv);
         }
-        HP_T_N(gemm)(o, hd, 1, S, HP_ATT_BC, 1, v + (size_t)j0 * ldv, ldv, nr, hd, nc,
+        for (int r = 0; r < nr; r++)
+            if (corr[r] != 1.0f) {
+                float *orow = o + (size_t)r * hd;
+                const float cr = corr[r];
+                for (int d = 0; d < hd; d += HP_T_VW) ST(orow + d, LD(orow + d) * cr);
+            }
+        // O (nr, hd) += P (nr, nc) V (nc, hd), P read from P^T
+        HP_T_N(gemm)(o, hd, 1, S, 1, HP_ATT_BR, v + (size_t)j0 * ldv, ldv, nr, hd, nc,
                      dense ? HP_ATT_DENSE : HP_ATT_KEND, off);
     }
-    for (int i = 0; i < nr; i++) {
-        float *oi = out + (size_t)(i0 + i) * ldo;
-        const float inv = 1.0f / l[i];
-        for (int d = 0; d < hd; d++) oi[d] = o[(size_t)i * hd + d] * inv;
-        lse[i0 + i] = m[i] + logf(l[i]);
+    for (int r = 0; r < nr; r++) {
+        float *orow = out + (size_t)(i0 + r) * ldo;
+        const float inv = 1.0f / l[r];
+        for (int d = 0; d < hd; d++) orow[d] = o[(size_t)r * hd + d] * inv;
+        lse[i0 + r] = m[r] + logf(l[r]);
     }
 }
 
 /* One (batch, kv head) of the backward: dK, dV of the kv head (k/v/dk/dv point at its
  * columns) and dQ of its rep query heads h = 0 .. rep (q/dq/dout/out point at the first one's
- * columns, heads hd apart; lse at the first one's (T) row, heads T apart). */
+ * columns, heads hd apart; lse at the first one's (T) row, heads T apart). Query tiles outer,
+ * key tiles inner: dQ of a tile sums in registers and an accumulator and is written once; dK, dV
+ * of the kv head sum in place (zeroed first). */
 static HP_T_ATTR void HP_T_N(bwd_group)(float *dq, int lddq, float *dk, int lddk, float *dv, int lddv,
                                         const float *dout, const float *out, int ldo, const float *lse,
                                         const float *q, int ldq, const float *k, int ldk, const float *v, int ldv,
                                         int T, int rep, int hd, float scale) {
-    float kt[hd * HP_ATT_BC], vt[hd * HP_ATT_BC];   // (hd, BC) transposed key / value tiles
-    float qs[HP_ATT_BR * hd];                       // (BR, hd) scaled query rows
-    float S[HP_ATT_BR * HP_ATT_BC];                 // (BR, BC) scores, then P
-    float dP[HP_ATT_BR * HP_ATT_BC];                // (BR, BC) dO V^T, then dS
-    float dka[HP_ATT_BC * hd], dva[HP_ATT_BC * hd]; // (BC, hd) dK, dV of the key tile
-    for (int t = 0; t < T; t++) memset(dq + (size_t)t * lddq, 0, sizeof(float) * (size_t)rep * hd);
-    for (int j0 = 0; j0 < T; j0 += HP_ATT_BC) {
-        const int nc = T - j0 < HP_ATT_BC ? T - j0 : HP_ATT_BC;
-        const int ncv = (nc + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
-        HP_T_N(pack_t)(kt, k + (size_t)j0 * ldk, (size_t)ldk, nc, ncv, hd);
-        HP_T_N(pack_t)(vt, v + (size_t)j0 * ldv, (size_t)ldv, nc, ncv, hd);
-        memset(dka, 0, sizeof(float) * (size_t)nc * hd);
-        memset(dva, 0, sizeof(float) * (size_t)nc * hd);
-        for (int h = 0; h < rep; h++) {
-            // query rows from j0 on: earlier rows see none of these keys
-            for (int i0 = j0; i0 < T; i0 += HP_ATT_BR) {
-                const int nr = T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR;
+    float qt[hd * HP_ATT_BR], dot[hd * HP_ATT_BR];   // (hd, BR) scaled Q^T, dO^T of the query tile
+    float S[HP_ATT_BC * HP_ATT_BR];                  // (BC, BR) S^T, then P^T
+    float dP[HP_ATT_BC * HP_ATT_BR];                 // (BC, BR) dP^T = V dO^T, then dS^T
+    float dqa[HP_ATT_BR * hd];                       // (BR, hd) dQ of the tile
+    float D[HP_ATT_BR], L[HP_ATT_BR];                // rowsum(dO * O), lse of the tile's rows
+    const VI iota = HP_T_N(viota)();
+    for (int t = 0; t < T; t++) {
+        memset(dk + (size_t)t * lddk, 0, sizeof(float) * (size_t)hd);
+        memset(dv + (size_t)t * lddv, 0, sizeof(float) * (size_t)hd);
+    }
+    for (int h = 0; h < rep; h++) {
+        for (int i0 = 0; i0 < T; i0 += HP_ATT_BR) {
+            const int nr = T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR;
+            const int nrp = (nr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
+            const float *qb = q + (size_t)i0 * ldq + (size_t)h * hd;
+            const float *dob = dout + (size_t)i0 * ldo + (size_t)h * hd;
+            HP_T_N(pack_t)(qt, qb, (size_t)ldq, nr, nrp, hd, scale);
+            HP_T_N(pack_t)(dot, dob, (size_t)ldo, nr, nrp, hd, 1.0f);
+            for (int r = 0; r < nrp; r++) {
+                float dsum = 0.0f;
+                if (r < nr) {
+                    const float *dor = dob + (size_t)r * ldo, *orow = out + (size_t)(i0 + r) * ldo + (size_t)h * hd;
+                    VF vd = {0};
+                    for (int d = 0; d < hd; d += HP_T_VW) vd += LD(dor + d) * LD(orow + d);
+                    for (int x = 0; x < HP_T_VW; x++) dsum += vd[x];
+                }
+                D[r] = dsum;
+                L[r] = r < nr ? lse[(size_t)h * T + i0 + r] : 0.0f;
+            }
+            memset(dqa, 0, sizeof(float) * (size_t)nr * hd);
+            const int jend = i0 + nr;
+            for (int j0 = 0; j0 < jend; j0 += HP_ATT_BC) {
+                const int nc = jend - j0 < HP_ATT_BC ? jend - j0 : HP_ATT_BC;
                 const int off = i0 - j0, dense = off >= nc - 1;
-                const float *qb = q + (size_t)i0 * ldq + (size_t)h * hd;
-                const float *dob = dout + (size_t)i0 * ldo + (size_t)h * hd;
-                const float *ob = out + (size_t)i0 * ldo + (size_t)h * hd;
-                const float *lb = lse + (size_t)h * T + i0;
-                for (int i = 0; i < nr; i++)
-                    for (int d = 0; d < hd; d++) qs[(size_t)i * hd + d] = qb[(size_t)i * ldq + d] * scale;
-                HP_T_N(gemm)(S, HP_ATT_BC, 0, qs, hd, 1, kt, HP_ATT_BC, nr, ncv, hd, dense ? HP_ATT_DENSE : HP_ATT_COLS,
-                             off);
-                HP_T_N(gemm)(dP, HP_ATT_BC, 0, dob, ldo, 1, vt, HP_ATT_BC, nr, ncv, hd,
-                             dense ? HP_ATT_DENSE : HP_ATT_COLS, off);
-                for (int i = 0; i < nr; i++) {
-                    float *s = S + (size_t)i * HP_ATT_BC, *ds = dP + (size_t)i * HP_ATT_BC;
-                    int jmax = i + off + 1;
-                    if (jmax > nc) jmax = nc;
-                    int c = 0;
-                    if (jmax > 0) {
-                        const float *doi = dob + (size_t)i * ldo, *oi = ob + (size_t)i * ldo;
-                        VF vd = {0};
-                        for (int d = 0; d < hd; d += HP_T_VW) vd += LD(doi + d) * LD(oi + d);
-                        const float Di = HP_T_N(hsum)(vd);   // rowsum(dO * O)
-                        const float li = lb[i];
-                        const int nfull = jmax / HP_T_VW, rem = jmax % HP_T_VW;
-                        for (int t = 0; t < nfull; t++, c += HP_T_VW) {
-                            const VF p = HP_T_N(vexp)(LD(s + c) - li);
-                            ST(s + c, p);
-                            ST(ds + c, p * (LD(ds + c) - Di) * scale);
-                        }
-                        if (rem) {
-                            const VF p = (VF)((VI)HP_T_N(vexp)(LD(s + c) - li) & HP_T_N(vfirst)(rem));
-                            ST(s + c, p);
-                            ST(ds + c, p * (LD(ds + c) - Di) * scale);
-                            c += HP_T_VW;
-                        }
+                const float *kb = k + (size_t)j0 * ldk, *vb = v + (size_t)j0 * ldv;
+                HP_T_N(gemm)(S, HP_ATT_BR, 0, kb, ldk, 1, qt, HP_ATT_BR, nc, nrp, hd,
+                             dense ? HP_ATT_DENSE : HP_ATT_QCOLS, off);
+                HP_T_N(gemm)(dP, HP_ATT_BR, 0, vb, ldv, 1, dot, HP_ATT_BR, nc, nrp, hd,
+                             dense ? HP_ATT_DENSE : HP_ATT_QCOLS, off);
+                // P^T = exp(S^T - lse), dS^T = P^T (dP^T - D) scale, VW query rows at a time
+                for (int r = 0; r < nrp; r += HP_T_VW) {
+                    int cf, ca;
+                    HP_T_N(key_range)(r, off, nc, &cf, &ca);
+                    const VI vis = iota + (r + off);
+                    const VF Lr = LD(L + r), Dr = LD(D + r);
+                    for (int c = 0; c < cf; c++) {
+                        float *p = S + (size_t)c * HP_ATT_BR + r, *ds = dP + (size_t)c * HP_ATT_BR + r;
+                        const VF e = HP_T_N(vexp)(LD(p) - Lr);
+                        ST(p, e);
+                        ST(ds, e * (LD(ds) - Dr) * scale);
                     }
-                    for (; c < ncv; c += HP_T_VW) {   // masked keys: P = dS = 0
-                        ST(s + c, (VF){0});
-                        ST(ds + c, (VF){0});
+                    for (int c = cf; c < ca; c++) {
+                        float *p = S + (size_t)c * HP_ATT_BR + r, *ds = dP + (size_t)c * HP_ATT_BR + r;
+                        const VF e = (VF)((VI)HP_T_N(vexp)(LD(p) - Lr) & (vis >= c));
+                        ST(p, e);
+                        ST(ds, e * (LD(ds) - Dr) * scale);
+                    }
+                    for (int c = ca; c < nc; c++) {   // masked: P = dS = 0
+                        ST(S + (size_t)c * HP_ATT_BR + r, (VF){0});
+                        ST(dP + (size_t)c * HP_ATT_BR + r, (VF){0});
                     }
                 }
-                // dQ rows += dS K; dV += P^T dO; dK += dS^T Q (P^T, dS^T read in place)
-                HP_T_N(gemm)(dq + (size_t)i0 * lddq + (size_t)h * hd, lddq, 1, dP, HP_ATT_BC, 1, k + (size_t)j0 * ldk,
-                             ldk, nr, hd, nc, dense ? HP_ATT_DENSE : HP_ATT_KEND, off);
-                HP_T_N(gemm)(dva, hd, 1, S, 1, HP_ATT_BC, dob, ldo, nc, hd, nr, dense ? HP_ATT_DENSE : HP_ATT_KBEG, off);
-                HP_T_N(gemm)(dka, hd, 1, dP, 1, HP_ATT_BC, qb, ldq, nc, hd, nr, dense ? HP_ATT_DENSE : HP_ATT_KBEG, off);
+                // dQ (nr, hd) += dS K; dV (nc, hd) += P^T dO; dK (nc, hd) += dS^T Q
+                HP_T_N(gemm)(dqa, hd, 1, dP, 1, HP_ATT_BR, kb, ldk, nr, hd, nc, dense ? HP_ATT_DENSE : HP_ATT_KEND, off);
+                HP_T_N(gemm)(dv + (size_t)j0 * lddv, lddv, 1, S, HP_ATT_BR, 1, dob, ldo, nc, hd, nr,
+                             dense ? HP_ATT_DENSE : HP_ATT_KBEG, off);
+                HP_T_N(gemm)(dk + (size_t)j0 * lddk, lddk, 1, dP, HP_ATT_BR, 1, qb, ldq, nc, hd, nr,
+                             dense ? HP_ATT_DENSE : HP_ATT_KBEG, off);
             }
-        }
-        for (int c = 0; c < nc; c++) {
-            memcpy(dk + (size_t)(j0 + c) * lddk, dka + (size_t)c * hd, sizeof(float) * (size_t)hd);
-            memcpy(dv + (size_t)(j0 + c) * lddv, dva + (size_t)c * hd, sizeof(float) * (size_t)hd);
+            for (int r = 0; r < nr; r++)
+                memcpy(dq + (size_t)(i0 + r) * lddq + (size_t)h * hd, dqa + (size_t)r * hd, sizeof(float) * (size_t)hd);
         }
     }
 }

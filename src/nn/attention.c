@@ -24,7 +24,7 @@
  * rows stay in L1/L2; 64 keys amortise the online-softmax rescale of the output rows. */
 enum { HP_ATT_BR = 64, HP_ATT_BC = 64 };
 /* Causal modes of a tile product (attention-tiles.h, gemm). */
-enum { HP_ATT_DENSE, HP_ATT_COLS, HP_ATT_KEND, HP_ATT_KBEG };
+enum { HP_ATT_DENSE, HP_ATT_QCOLS, HP_ATT_KEND, HP_ATT_KBEG };
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HP_ATT_HAVE_AVX2 1
@@ -88,13 +88,16 @@ void hp_attention_forward(float *out, float *lse, const float *q, int ldq, const
 #ifdef HP_ATT_HAVE_AVX2
     if (path == 2) tile = fwd_tile_avx2;
 #endif
-    const long ntask = (long)nqt * B * Hq;
-    // parallel over (query tile, b, head), the costliest (last) tiles first: each task writes
-    // its own out rows and lse entries
-#pragma omp parallel for schedule(dynamic, 1)
+    const long nbh = (long)B * Hq, ntask = nqt * nbh;
+    // parallel over (b, head, query tile); each task writes its own out rows and lse entries.
+    // With many (b, head) pairs a thread takes all tiles of one in order (its K, V stay in
+    // cache); with few, single tiles, the costliest (last) first.
+    const int whole = nbh >= 4L * omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, whole ? nqt : 1)
     for (long t = 0; t < ntask; t++) {
-        const int qt = nqt - 1 - (int)(t / ((long)B * Hq)), bh = (int)(t % ((long)B * Hq));
-        const int b = bh / Hq, h = bh % Hq, g = h / rep;
+        const long bh = whole ? t / nqt : t % nbh;
+        const int qt = whole ? (int)(t % nqt) : nqt - 1 - (int)(t / nbh);
+        const int b = (int)(bh / Hq), h = (int)(bh % Hq), g = h / rep;
         const int i0 = qt * HP_ATT_BR, nr = T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR;
         const size_t r0 = (size_t)b * T;
         tile(out + r0 * ldo + (size_t)h * hd, ldo, lse + ((size_t)b * Hq + h) * T, q + r0 * ldq + (size_t)h * hd, ldq,
