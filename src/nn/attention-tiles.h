@@ -37,7 +37,11 @@ typedef uint32_t HP_T_N(vu) __attribute__((vector_size(HP_T_VW * 4), aligned(4),
 #define ST(p, x) (*(VF *)(p) = (x))
 
 HP_T_INL VF HP_T_N(vsel)(VI m, VF a, VF b) { return (VF)(((VI)a & m) | ((VI)b & ~m)); }   // m ? a : b
+#ifdef HP_T_VMAX
+HP_T_INL VF HP_T_N(vmax)(VF a, VF b) { return HP_T_VMAX(a, b); }
+#else
 HP_T_INL VF HP_T_N(vmax)(VF a, VF b) { return HP_T_N(vsel)(a > b, a, b); }
+#endif
 HP_T_INL VF HP_T_N(vsplat)(float x) { return (VF){0} + x; }
 HP_T_INL VI HP_T_N(viota)(void) {
     VI iota;
@@ -45,17 +49,25 @@ HP_T_INL VI HP_T_N(viota)(void) {
     return iota;
 }
 
-/* hp_nn_expf lane-wise (nn-math.h: the same range reduction and polynomial, so the same
- * relative error < 2e-7): x < -87 gives 0, x > 88 is clamped. */
+/* exp(x) lane-wise for softmax arguments, x <= 0 (s - max, s - lse; x > 88 would overflow):
+ * hp_nn_expf's range reduction x = n ln2 + r and degree-6 Taylor polynomial (nn-math.h:
+ * relative error < 2e-7), the clamp at -87 only (exp(-87) = 1.6e-38 stands in for anything
+ * smaller, exp(-inf) included, an absolute error below 2e-38), and 2^n built from the bits of
+ * the rounding sum. With FMA (HP_T_FMA) the reduction is one fused step r = x - n ln2_f, exact
+ * but for ln2_f's own error (1.9e-9): |n| 1.9e-9 more relative error, at most 2.4e-7 more at
+ * n = -126, where exp(x) < 2^-125 of the row's largest term. */
 HP_T_INL VF HP_T_N(vexp)(VF x) {
-    const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-    const float magic = 12582912.0f;
-    const VI under = x < -87.0f;
-    VF xc = HP_T_N(vsel)(under, HP_T_N(vsplat)(-87.0f), x);
-    xc = HP_T_N(vsel)(xc > 88.0f, HP_T_N(vsplat)(88.0f), xc);
-    const VF n = (xc * log2e + magic) - magic;
-    VF r = xc - n * ln2_hi;
-    r = r - n * ln2_lo;
+    const float log2e = 1.44269504088896341f;
+    const float magic = 12582912.0f + 127.0f;   // 1.5 * 2^23 + bias: bits(t) = bits(magic - 127) + n + 127
+    const VF xc = HP_T_N(vmax)(x, HP_T_N(vsplat)(-87.0f));
+    const VF t = xc * log2e + magic;   // round(x log2e) + 127 in the low mantissa bits
+    const VF n = t - magic;
+#ifdef HP_T_FMA
+    const VF r = xc - n * 0.693147182464599609375f;
+#else
+    VF r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+#endif
     VF p = HP_T_N(vsplat)(1.3888889e-3f);
     p = p * r + 8.3333333e-3f;
     p = p * r + 4.1666667e-2f;
@@ -63,8 +75,8 @@ HP_T_INL VF HP_T_N(vexp)(VF x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    const VU e = ((VU)__builtin_convertvector(n, VI) + 127u) << 23;
-    return (VF)((VI)(p * (VF)e) & ~under);
+    const VU e = (VU)t << 23;   // (n + 127) << 23: the bits of 2^n (the top bits shift out)
+    return p * (VF)e;
 }
 
 /* The micro-kernel: C[r][c] (+)= sum_{k < K} A[r * ars + k * acs] * B[k * ldb + c] for r < MR_,
@@ -168,15 +180,62 @@ static HP_T_ATTR void HP_T_N(gemm)(float *C, size_t ldc, int accum, const float 
     }
 }
 
+/* Software prefetch of n rows of hd floats at stride ld (for writing if rw): rows of the
+ * (B*T, heads*hd) activations lie kilobytes apart, one page each, where the hardware
+ * prefetchers stop, so the next tile's rows are requested while this one computes. */
+HP_T_INL void HP_T_N(prefetch_rows)(const float *p, size_t ld, int n, int hd, int rw) {
+    for (int r = 0; r < n; r++) {
+        const float *row = p + (size_t)r * ld;
+        for (int d = 0; d < hd; d += 16) {
+            if (rw) __builtin_prefetch(row + d, 1, 3);
+            else __builtin_prefetch(row + d, 0, 3);
+        }
+        if (rw) __builtin_prefetch(row + hd - 1, 1, 3);
+        else __builtin_prefetch(row + hd - 1, 0, 3);
+    }
+}
+
 /* dst (hd, BR) = src rows 0..nr transposed, times `scale` (src row stride ld); columns
  * [nr, nrp) zero. */
 HP_T_INL void HP_T_N(pack_t)(float *dst, const float *src, size_t ld, int nr, int nrp, int hd, float scale) {
-    for (int r = 0; r < nr; r++) {
+    int r = 0;
+#ifdef HP_T_AVX_TRANSPOSE
+    // 8 x 8 blocks transposed in registers (hd % 8 == 0 on this path)
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (; r + 8 <= nr; r += 8)
+        for (int d = 0; d < hd; d += 8) {
+            const float *s0 = src + (size_t)r * ld + d;
+            __m256 x[8], t[8];
+            for (int i = 0; i < 8; i++) x[i] = _mm256_mul_ps(_mm256_loadu_ps(s0 + (size_t)i * ld), sc);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(x[i], x[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(x[i], x[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                x[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                x[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+                x[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                x[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+            }
+            float *o = dst + (size_t)d * HP_ATT_BR + r;
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(o + (size_t)i * HP_ATT_BR, _mm256_permute2f128_ps(x[i], x[i + 4], 0x20));
+                _mm256_storeu_ps(o + (size_t)(i + 4) * HP_ATT_BR, _mm256_permute2f128_ps(x[i], x[i + 4], 0x31));
+            }
+        }
+#endif
+    for (; r < nr; r++) {
         const float *s = src + (size_t)r * ld;
         for (int d = 0; d < hd; d++) dst[(size_t)d * HP_ATT_BR + r] = s[d] * scale;
     }
     for (int d = 0; d < hd; d++)
         for (int r = nr; r < nrp; r++) dst[(size_t)d * HP_ATT_BR + r] = 0.0f;
+}
+
+/* dst (n, hd) contiguous = src rows 0..n (stride ld). */
+HP_T_INL void HP_T_N(pack_rows)(float *dst, const float *src, size_t ld, int n, int hd) {
+    for (int r = 0; r < n; r++)
+        for (int d = 0; d < hd; d += HP_T_VW) ST(dst + (size_t)r * hd + d, LD(src + (size_t)r * ld + d));
 }
 
 /* Key ranges of the query rows r .. r + VW (tile-local, off as in gemm): keys [0, cfull) are
@@ -188,22 +247,35 @@ HP_T_INL void HP_T_N(key_range)(int r, int off, int nc, int *cfull, int *cany) {
 }
 
 /* One query tile of one (batch, head): rows i0 .. i0 + nr of q (rows at stride ldq, the head's
- * columns), every key 0 .. i0 + nr - 1 of k/v; writes those rows of out (stride ldo) and lse. */
+ * columns), every key 0 .. i0 + nr - 1 of k/v; writes those rows of out (stride ldo) and lse.
+ * npre: rows after the tile that the caller computes next (their q, k, v are prefetched). */
 static HP_T_ATTR void HP_T_N(fwd_tile)(float *out, int ldo, float *lse, const float *q, int ldq, const float *k,
-                                       int ldk, const float *v, int ldv, int i0, int nr, int hd, float scale) {
+                                       int ldk, const float *v, int ldv, int i0, int nr, int npre, int hd,
+                                       float scale) {
     float qt[hd * HP_ATT_BR];        // (hd, BR) scaled query rows, transposed
     float S[HP_ATT_BC * HP_ATT_BR];  // (BC, BR) S^T, then P^T
     float o[HP_ATT_BR * hd];         // (BR, hd) unnormalised output rows
+    float vp[HP_ATT_BC * hd];        // (BC, hd) value rows of the key tile, contiguous
     float m[HP_ATT_BR], l[HP_ATT_BR], corr[HP_ATT_BR];
     const int nrp = (nr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
     const VI iota = HP_T_N(viota)();
     HP_T_N(pack_t)(qt, q + (size_t)i0 * ldq, (size_t)ldq, nr, nrp, hd, scale);
     for (int r = 0; r < nrp; r++) m[r] = -INFINITY, l[r] = 0.0f;
     memset(o, 0, sizeof(float) * (size_t)nr * hd);
+    HP_T_N(prefetch_rows)(out + (size_t)i0 * ldo, (size_t)ldo, nr, hd, 1);
     const int jend = i0 + nr;   // keys past the tile's last row are seen by none of its rows
     for (int j0 = 0; j0 < jend; j0 += HP_ATT_BC) {
         const int nc = jend - j0 < HP_ATT_BC ? jend - j0 : HP_ATT_BC;
         const int off = i0 - j0, dense = off >= nc - 1;   // dense: row 0 already sees every key
+        if (j0 + HP_ATT_BC < jend) {   // the next key tile
+            const int nn = jend - j0 - HP_ATT_BC < HP_ATT_BC ? jend - j0 - HP_ATT_BC : HP_ATT_BC;
+            HP_T_N(prefetch_rows)(k + (size_t)(j0 + HP_ATT_BC) * ldk, (size_t)ldk, nn, hd, 0);
+            HP_T_N(prefetch_rows)(v + (size_t)(j0 + HP_ATT_BC) * ldv, (size_t)ldv, nn, hd, 0);
+        } else if (npre > 0) {   // the next query tile: its rows, and its new keys
+            HP_T_N(prefetch_rows)(q + (size_t)jend * ldq, (size_t)ldq, npre, hd, 0);
+            HP_T_N(prefetch_rows)(k + (size_t)jend * ldk, (size_t)ldk, npre, hd, 0);
+            HP_T_N(prefetch_rows)(v + (size_t)jend * ldv, (size_t)ldv, npre, hd, 0);
+        }
         HP_T_N(gemm)(S, HP_ATT_BR, 0, k + (size_t)j0 * ldk, ldk, 1, qt, HP_ATT_BR, nc, nrp, hd,
                      dense ? HP_ATT_DENSE : HP_ATT_QCOLS, off);
         // online softmax, VW query rows at a time: running max, P^T = exp(S^T - max), sums
@@ -242,14 +314,16 @@ static HP_T_ATTR void HP_T_N(fwd_tile)(float *out, int ldo, float *lse, const fl
                 const float cr = corr[r];
                 for (int d = 0; d < hd; d += HP_T_VW) ST(orow + d, LD(orow + d) * cr);
             }
-        // O (nr, hd) += P (nr, nc) V (nc, hd), P read from P^T
-        HP_T_N(gemm)(o, hd, 1, S, 1, HP_ATT_BR, v + (size_t)j0 * ldv, ldv, nr, hd, nc,
+        // O (nr, hd) += P (nr, nc) V (nc, hd), P read from P^T; V rows packed (B rows a page
+        // apart would cost a TLB entry each)
+        HP_T_N(pack_rows)(vp, v + (size_t)j0 * ldv, (size_t)ldv, nc, hd);
+        HP_T_N(gemm)(o, hd, 1, S, 1, HP_ATT_BR, vp, hd, nr, hd, nc,
                      dense ? HP_ATT_DENSE : HP_ATT_KEND, off);
     }
     for (int r = 0; r < nr; r++) {
         float *orow = out + (size_t)(i0 + r) * ldo;
         const float inv = 1.0f / l[r];
-        for (int d = 0; d < hd; d++) orow[d] = o[(size_t)r * hd + d] * inv;
+        for (int d = 0; d < hd; d += HP_T_VW) ST(orow + d, LD(o + (size_t)r * hd + d) * inv);
         lse[i0 + r] = m[r] + logf(l[r]);
     }
 }
@@ -267,6 +341,8 @@ static HP_T_ATTR void HP_T_N(bwd_group)(float *dq, int lddq, float *dk, int lddk
     float S[HP_ATT_BC * HP_ATT_BR];                  // (BC, BR) S^T, then P^T
     float dP[HP_ATT_BC * HP_ATT_BR];                 // (BC, BR) dP^T = V dO^T, then dS^T
     float dqa[HP_ATT_BR * hd];                       // (BR, hd) dQ of the tile
+    float qp[HP_ATT_BR * hd], dop[HP_ATT_BR * hd];   // (BR, hd) Q, dO rows, contiguous (B of dK, dV)
+    float kp[HP_ATT_BC * hd];                        // (BC, hd) key rows, contiguous (B of dQ)
     float D[HP_ATT_BR], L[HP_ATT_BR];                // rowsum(dO * O), lse of the tile's rows
     const VI iota = HP_T_N(viota)();
     for (int t = 0; t < T; t++) {
@@ -281,6 +357,8 @@ static HP_T_ATTR void HP_T_N(bwd_group)(float *dq, int lddq, float *dk, int lddk
             const float *dob = dout + (size_t)i0 * ldo + (size_t)h * hd;
             HP_T_N(pack_t)(qt, qb, (size_t)ldq, nr, nrp, hd, scale);
             HP_T_N(pack_t)(dot, dob, (size_t)ldo, nr, nrp, hd, 1.0f);
+            HP_T_N(pack_rows)(qp, qb, (size_t)ldq, nr, hd);
+            HP_T_N(pack_rows)(dop, dob, (size_t)ldo, nr, hd);
             for (int r = 0; r < nrp; r++) {
                 float dsum = 0.0f;
                 if (r < nr) {
@@ -326,10 +404,11 @@ static HP_T_ATTR void HP_T_N(bwd_group)(float *dq, int lddq, float *dk, int lddk
                     }
                 }
                 // dQ (nr, hd) += dS K; dV (nc, hd) += P^T dO; dK (nc, hd) += dS^T Q
-                HP_T_N(gemm)(dqa, hd, 1, dP, 1, HP_ATT_BR, kb, ldk, nr, hd, nc, dense ? HP_ATT_DENSE : HP_ATT_KEND, off);
-                HP_T_N(gemm)(dv + (size_t)j0 * lddv, lddv, 1, S, HP_ATT_BR, 1, dob, ldo, nc, hd, nr,
+                HP_T_N(pack_rows)(kp, kb, (size_t)ldk, nc, hd);
+                HP_T_N(gemm)(dqa, hd, 1, dP, 1, HP_ATT_BR, kp, hd, nr, hd, nc, dense ? HP_ATT_DENSE : HP_ATT_KEND, off);
+                HP_T_N(gemm)(dv + (size_t)j0 * lddv, lddv, 1, S, HP_ATT_BR, 1, dop, hd, nc, hd, nr,
                              dense ? HP_ATT_DENSE : HP_ATT_KBEG, off);
-                HP_T_N(gemm)(dk + (size_t)j0 * lddk, lddk, 1, dP, HP_ATT_BR, 1, qb, ldq, nc, hd, nr,
+                HP_T_N(gemm)(dk + (size_t)j0 * lddk, lddk, 1, dP, HP_ATT_BR, 1, qp, hd, nc, hd, nr,
                              dense ? HP_ATT_DENSE : HP_ATT_KBEG, off);
             }
             for (int r = 0; r < nr; r++)

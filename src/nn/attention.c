@@ -27,18 +27,27 @@ enum { HP_ATT_BR = 64, HP_ATT_BC = 64 };
 enum { HP_ATT_DENSE, HP_ATT_QCOLS, HP_ATT_KEND, HP_ATT_KBEG };
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
 #define HP_ATT_HAVE_AVX2 1
 #define HP_T_SFX avx2
 #define HP_T_VW 8
 #define HP_T_NV 2
 #define HP_T_MR 6
 #define HP_T_ATTR __attribute__((target("avx2,fma")))
+#define HP_T_FMA 1
+#ifndef HP_NO_T
+#define HP_T_AVX_TRANSPOSE 1
+#endif
+#define HP_T_VMAX(a, b) ((VF)_mm256_max_ps((__m256)(a), (__m256)(b)))
 #include "nn/attention-tiles.h"
 #undef HP_T_SFX
 #undef HP_T_VW
 #undef HP_T_NV
 #undef HP_T_MR
 #undef HP_T_ATTR
+#undef HP_T_FMA
+#undef HP_T_AVX_TRANSPOSE
+#undef HP_T_VMAX
 #endif
 
 #define HP_T_SFX generic4
@@ -66,7 +75,7 @@ enum { HP_ATT_DENSE, HP_ATT_QCOLS, HP_ATT_KEND, HP_ATT_KBEG };
 #undef HP_T_ATTR
 
 typedef void (*hp_att_fwd_tile_fn)(float *out, int ldo, float *lse, const float *q, int ldq, const float *k, int ldk,
-                                   const float *v, int ldv, int i0, int nr, int hd, float scale);
+                                   const float *v, int ldv, int i0, int nr, int npre, int hd, float scale);
 typedef void (*hp_att_bwd_group_fn)(float *dq, int lddq, float *dk, int lddk, float *dv, int lddv, const float *dout,
                                     const float *out, int ldo, const float *lse, const float *q, int ldq,
                                     const float *k, int ldk, const float *v, int ldv, int T, int rep, int hd,
@@ -99,9 +108,10 @@ void hp_attention_forward(float *out, float *lse, const float *q, int ldq, const
         const int qt = whole ? (int)(t % nqt) : nqt - 1 - (int)(t / nbh);
         const int b = (int)(bh / Hq), h = (int)(bh % Hq), g = h / rep;
         const int i0 = qt * HP_ATT_BR, nr = T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR;
+        const int rest = T - i0 - nr, npre = !whole ? 0 : rest < HP_ATT_BR ? rest : HP_ATT_BR;
         const size_t r0 = (size_t)b * T;
         tile(out + r0 * ldo + (size_t)h * hd, ldo, lse + ((size_t)b * Hq + h) * T, q + r0 * ldq + (size_t)h * hd, ldq,
-             k + r0 * ldk + (size_t)g * hd, ldk, v + r0 * ldv + (size_t)g * hd, ldv, i0, nr, hd, scale);
+             k + r0 * ldk + (size_t)g * hd, ldk, v + r0 * ldv + (size_t)g * hd, ldv, i0, nr, npre, hd, scale);
     }
 }
 
