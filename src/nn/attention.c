@@ -35,9 +35,7 @@ enum { HP_ATT_DENSE, HP_ATT_QCOLS, HP_ATT_KEND, HP_ATT_KBEG };
 #define HP_T_MR 6
 #define HP_T_ATTR __attribute__((target("avx2,fma")))
 #define HP_T_FMA 1
-#ifndef HP_NO_T
 #define HP_T_AVX_TRANSPOSE 1
-#endif
 #define HP_T_VMAX(a, b) ((VF)_mm256_max_ps((__m256)(a), (__m256)(b)))
 #include "nn/attention-tiles.h"
 #undef HP_T_SFX
