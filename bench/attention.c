@@ -5,11 +5,12 @@
  * FLOPs are counted as hp_model_profile's users do (bench/train_step.c): forward
  * 2 * B * Hq * T * (T + 1) * hd (causal QK^T and PV), backward 2.5x that.
  *   bench_attention [--rounds 5] [--threads 2] [--no-old] [--isa auto|portable|avx2]
- *                   [--shape NAME] [--secs 0.25] [--cpu-time]
+ *                   [--shape NAME] [--secs 0.25] [--cpu-time] [--tiles]
  * Each round times every (shape, kernel) for about --secs; best and median over rounds.
  * --cpu-time divides by process CPU seconds (all threads) instead of wall seconds, the peak
  * too: GFLOP per CPU-second, steadier than wall time on a machine shared with other jobs
- * (run it with OMP_WAIT_POLICY=passive so that idle workers do not count). */
+ * (run it with OMP_WAIT_POLICY=passive so that idle workers do not count). --tiles instead
+ * times the tile products on one thread, cblas_sgemm against the micro-kernel (tile_table). */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -66,6 +67,100 @@ static double sgemm_peak(int n, int reps) {
     return best;
 }
 
+static float *filled(size_t n, unsigned seed, float scale) {
+    float *p = malloc(sizeof(float) * n);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    uint64_t x = 0x9E3779B97F4A7C15ull * (seed + 1);
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        p[i] = ((float)(x >> 40) / 16777216.0f * 2.0f - 1.0f) * scale;
+    }
+    return p;
+}
+
+/* The attention micro-kernel itself, instantiated here from its template with the AVX2
+ * parameters attention.c uses, so that --tiles can time it against cblas_sgemm at the same
+ * tile shapes in the same run. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#include "nn/nn-math.h"
+enum { HP_ATT_BR = 64, HP_ATT_BC = 64 };   // as attention.c
+enum { HP_ATT_DENSE, HP_ATT_QCOLS, HP_ATT_KEND, HP_ATT_KBEG };
+#define HP_T_SFX bench
+#define HP_T_VW 8
+#define HP_T_NV 2
+#define HP_T_MR 6
+#define HP_T_ATTR __attribute__((target("avx2,fma")))
+#define HP_T_FMA 1
+#define HP_T_AVX_TRANSPOSE 1
+#define HP_T_VMAX(a, b) ((VF)_mm256_max_ps((__m256)(a), (__m256)(b)))
+#include "nn/attention-tiles.h"
+#define HAVE_UKR 1
+static void *const unused_tiles[] __attribute__((unused)) = {(void *)fwd_tile_bench, (void *)bwd_group_bench};
+#endif
+
+/* One thread, the shapes of a flash-attention tile (64 query rows, 64 keys): cblas_sgemm in
+ * the layout a BLAS-based kernel would use (S = Q K^T written, beta 0; the others accumulate,
+ * beta 1) against the micro-kernel in attention.c's layout (S^T = K Q^T; P^T, dS^T read with
+ * strides), next to the thread's rate on a large square. Why attention.c has its own kernel. */
+static void tile_table(int rounds) {
+    openblas_set_num_threads(1);
+    static const struct { int M, N, K, ta, tb; const char *what; } t[] = {
+        {64, 64, 16, 0, 1, "S = Q K^T, hd 16"},   {64, 16, 64, 0, 0, "O += P V, hd 16"},
+        {64, 16, 64, 1, 0, "dK += dS^T Q, hd 16"}, {64, 64, 64, 0, 1, "S = Q K^T, hd 64"},
+        {64, 64, 64, 0, 0, "O += P V, hd 64"},    {64, 64, 64, 1, 0, "dK += dS^T Q, hd 64"},
+        {64, 64, 128, 0, 1, "S = Q K^T, hd 128"}, {64, 128, 64, 0, 0, "O += P V, hd 128"},
+    };
+    float *a = filled(1 << 16, 7, 0.5f), *b = filled(1 << 16, 8, 0.5f), *c = filled(1 << 16, 0, 0.0f);
+    float *big = filled((size_t)3 << 20, 9, 0.5f);
+    double sq = 0;
+    for (int r = 0; r < rounds; r++) {
+        double t0 = now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1024, 1024, 1024, 1.0f, big, 1024, big + (1 << 20),
+                    1024, 0.0f, big + (2 << 20), 1024);
+        sq = fmax(sq, 2.0 * 1024 * 1024 * 1024 / (now() - t0) / 1e9);
+    }
+    printf("tile products, 1 thread, best of %d (cblas_sgemm 1024^3 on the same thread: %.1f GFLOP/s):\n", rounds, sq);
+    printf("  %-22s %4s %4s %4s  %12s  %12s\n", "product", "M", "N", "K", "cblas_sgemm", "micro-kernel");
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        const int M = t[i].M, N = t[i].N, K = t[i].K, lda = t[i].ta ? M : K, ldb = t[i].tb ? K : N;
+        const int first = t[i].tb;   // S = Q K^T: the written product
+        const double fl = 2.0 * M * N * K;
+        const int it = (int)(5e7 / fl);
+        double best_b = 0, best_u = 0;
+        for (int r = 0; r < rounds; r++) {
+            double t0 = now();
+            for (int n = 0; n < it; n++)
+                cblas_sgemm(CblasRowMajor, t[i].ta ? CblasTrans : CblasNoTrans, t[i].tb ? CblasTrans : CblasNoTrans, M,
+                            N, K, 1.0f, a, lda, b, ldb, first ? 0.0f : 1.0f, c, N);
+            best_b = fmax(best_b, fl * it / (now() - t0) / 1e9);
+#ifdef HAVE_UKR
+            if (hp_nn_isa() == HP_NN_ISA_AVX2) {
+                t0 = now();
+                for (int n = 0; n < it; n++) {
+                    if (first)   // S^T (keys, rows) = K (keys, hd) Q^T (hd, rows)
+                        gemm_bench(c, HP_ATT_BR, 0, a, K, 1, b, HP_ATT_BR, N, M, K, HP_ATT_DENSE, 0);
+                    else if (t[i].ta)   // dK (keys, hd) += dS^T (keys, rows) Q (rows, hd)
+                        gemm_bench(c, N, 1, a, HP_ATT_BR, 1, b, N, M, N, K, HP_ATT_DENSE, 0);
+                    else   // O (rows, hd) += P (rows, keys) V (keys, hd), P read from P^T
+                        gemm_bench(c, N, 1, a, 1, HP_ATT_BR, b, N, M, N, K, HP_ATT_DENSE, 0);
+                }
+                best_u = fmax(best_u, fl * it / (now() - t0) / 1e9);
+            }
+#endif
+        }
+        printf("  %-22s %4d %4d %4d  %12.1f  %12.1f\n", t[i].what, M, N, K, best_b, best_u);
+        printf("RESULT tile %d %d %d %d sgemm_gflops %.2f ukernel_gflops %.2f\n", M, N, K, t[i].ta, best_b, best_u);
+    }
+    free(a);
+    free(b);
+    free(c);
+    free(big);
+}
+
 typedef struct { const char *name; int B, T, Hq, Hkv, hd; } shape_t;
 static const shape_t shapes[] = {
     {"debug_hd16", 8, 256, 16, 16, 16},   // llama3 debugmodel: B 8, T 256, 16 heads of 16
@@ -86,20 +181,6 @@ typedef struct {
     int ld;
     float *qkv, *out, *lse, *dout, *g;
 } problem_t;
-
-static float *filled(size_t n, unsigned seed, float scale) {
-    float *p = malloc(sizeof(float) * n);
-    if (!p) {
-        fprintf(stderr, "out of memory\n");
-        exit(1);
-    }
-    uint64_t x = 0x9E3779B97F4A7C15ull * (seed + 1);
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-        p[i] = ((float)(x >> 40) / 16777216.0f * 2.0f - 1.0f) * scale;
-    }
-    return p;
-}
 
 static void run_kernel(problem_t *p, int kernel) {
     const shape_t *s = &p->s;
@@ -134,7 +215,7 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 }
 
 int main(int argc, char **argv) {
-    int rounds = 5, threads = 2, with_old = 1;
+    int rounds = 5, threads = 2, with_old = 1, tiles = 0;
     double secs = 0.25;
     const char *only = NULL, *isa = "auto";
     for (int i = 1; i < argc; i++) {
@@ -145,8 +226,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) isa = argv[++i];
         else if (!strcmp(argv[i], "--no-old")) with_old = 0;
         else if (!strcmp(argv[i], "--cpu-time")) use_cpu_time = 1;
+        else if (!strcmp(argv[i], "--tiles")) tiles = 1;
         else {
-            fprintf(stderr, "usage: %s [--rounds N] [--threads N] [--secs S] [--shape NAME] [--isa auto|portable|avx2] [--no-old] [--cpu-time]\n",
+            fprintf(stderr, "usage: %s [--rounds N] [--threads N] [--secs S] [--shape NAME] [--isa auto|portable|avx2] [--no-old] [--cpu-time] [--tiles]\n",
                     argv[0]);
             return 2;
         }
@@ -158,6 +240,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "--isa %s: not available here (%s)\n", isa, hp_last_error());
             return 2;
         }
+    }
+    if (tiles) {
+        tile_table(rounds);
+        return 0;
     }
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);

@@ -5,10 +5,11 @@
  * The tile products run in a register-blocked micro-kernel (attention-tiles.h), instantiated
  * per ISA path and chosen at run time (hp_nn_isa, isa.c): AVX2+FMA (head_dim % 8 == 0) and a
  * portable one (4-wide GCC vectors: SSE2 / NEON; scalar for head_dim % 4 != 0). Why not
- * cblas_sgemm per tile: at these tile shapes (64 x 64 x 16 .. 64 x 64 x 128) OpenBLAS spends
- * most of the call packing and scaling C, 20-40 GFLOP/s on one Zen 3 core against 52 for a
- * large square in the same minute, worst at head_dim 16 (docs/performance.md, "Attention on
- * AVX2"); the micro-kernel reads the tiles in place and fuses the causal mask.
+ * cblas_sgemm per tile: at these tile shapes (64 x 64 x 16 .. 64 x 64 x 128) OpenBLAS packs
+ * both operands and makes a beta pass per call: on one Zen 3 thread 30-36 GFLOP/s for S = Q K^T
+ * at head_dim 16 and 55-83 for the others, against 66-88 for this micro-kernel in the same run
+ * (bench_attention --tiles, docs/performance.md "Attention on AVX2"); the micro-kernel also
+ * applies the causal mask per micro-tile and reads P^T, dS^T in place.
  * Scratch is per task on the stack (sized by head_dim), so nothing is allocated.
  *
  * hp_attention_decode_forward serves inference (KV cache, model.h): a few new query rows
