@@ -6,14 +6,16 @@
  *   HP_T_NV    vectors per micro-tile column block (1 or 2)
  *   HP_T_MR    rows per micro-tile (<= 8)
  *   HP_T_ATTR  function attribute (__attribute__((target("avx2,fma"))) or nothing)
- * and HP_ATT_BR / HP_ATT_BC (query rows / keys per tile, multiples of 8) and the causal modes
- * HP_ATT_* defined.
+ * optionally HP_T_FMA (one fused exp reduction step), HP_T_VMAX(a, b) (a max instruction),
+ * HP_T_AVX_TRANSPOSE (8 x 8 register transposes in the query pack, AVX intrinsics), and
+ * HP_ATT_BR / HP_ATT_BC (query rows / keys per tile, multiples of 8), HP_ATT_* (causal modes).
  *
  * Layout: a tile's scores are kept transposed, S^T (keys, query rows) = K Q^T, so that the
  * softmax statistics (row max, sum, rescale factor) of HP_T_VW query rows sit in one vector
  * and every softmax step is a plain vector operation over keys, with no horizontal reduction;
- * and K, V are read in place (the A operand is read by scalar broadcasts at any stride), so only
- * the query side is packed, once per query tile. Every product of the forward (S^T = K Q^T,
+ * K is read in place as the A operand (scalar broadcasts at any stride), so the transposed
+ * side is the query tile, packed once per tile; B operands whose rows would lie a page apart
+ * (V, and in the backward K, Q, dO) are copied contiguous. Every product of the forward (S^T = K Q^T,
  * O += P V) and backward (S^T, dP^T = V dO^T, dQ += dS K, dV += P^T dO, dK += dS^T Q) goes
  * through one register-blocked micro-kernel of HP_T_MR x (HP_T_NV * HP_T_VW) accumulators
  * (AVX2: 6 x 16 floats = 12 ymm, the Haswell sgemm shape, leaving 4 registers for the B row and

@@ -6,8 +6,8 @@
  * per ISA path and chosen at run time (hp_nn_isa, isa.c): AVX2+FMA (head_dim % 8 == 0) and a
  * portable one (4-wide GCC vectors: SSE2 / NEON; scalar for head_dim % 4 != 0). Why not
  * cblas_sgemm per tile: at these tile shapes (64 x 64 x 16 .. 64 x 64 x 128) OpenBLAS packs
- * both operands and makes a beta pass per call: on one Zen 3 thread 30-36 GFLOP/s for S = Q K^T
- * at head_dim 16 and 55-83 for the others, against 66-88 for this micro-kernel in the same run
+ * both operands and makes a beta pass per call: on one Zen 3 thread 30-37 GFLOP/s for S = Q K^T
+ * at head_dim 16 and 40-83 for the others, against 63-88 for this micro-kernel in the same runs
  * (bench_attention --tiles, docs/performance.md "Attention on AVX2"); the micro-kernel also
  * applies the causal mask per micro-tile and reads P^T, dS^T in place.
  * Scratch is per task on the stack (sized by head_dim), so nothing is allocated.
@@ -21,8 +21,9 @@
 #include "hyperparallel/nn.h"
 #include "nn/nn-math.h"
 
-/* Query rows and keys per tile: the (BR, BC) score tile, the (hd, BC) key tile and the query
- * rows stay in L1/L2; 64 keys amortise the online-softmax rescale of the output rows. */
+/* Query rows and keys per tile: the (BC, BR) transposed score tile, the (hd, BR) packed query
+ * tile and the (BC, hd) value rows stay in L1/L2; 64 keys amortise the online-softmax rescale
+ * of the output rows. (48 and 96 measured no better, docs/performance.md.) */
 enum { HP_ATT_BR = 64, HP_ATT_BC = 64 };
 /* Causal modes of a tile product (attention-tiles.h, gemm). */
 enum { HP_ATT_DENSE, HP_ATT_QCOLS, HP_ATT_KEND, HP_ATT_KBEG };
