@@ -25,12 +25,14 @@ static float *rnd(size_t n, float scale) {
 }
 static float *zeros(size_t n) { return calloc(n, sizeof(float)); }
 
-/* max over i of |a-b| / (atol + rtol |b|); <= 1 means close */
+/* max over i of |a-b| / (atol + rtol |b|); <= 1 means close; a NaN anywhere gives +inf (a
+ * NaN ratio must not be replaced by a later element's) */
 static double close_ratio(const float *a, const float *b, size_t n, double rtol, double atol) {
     double worst = 0.0;
     for (size_t i = 0; i < n; i++) {
         double r = fabs((double)a[i] - b[i]) / (atol + rtol * fabs((double)b[i]));
-        if (!(r <= worst)) worst = r;   // NaN counts as worst
+        if (r != r) return INFINITY;
+        if (r > worst) worst = r;
     }
     return worst;
 }

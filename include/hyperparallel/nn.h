@@ -272,14 +272,30 @@ void hp_rope_apply(float *x, int ld, int B, int T, int n_heads, int head_dim,
 void hp_ref_rope_apply(float *x, int ld, int B, int T, int n_heads, int head_dim,
                        const float *cos_t, const float *sin_t, hp_rope_style_t style, int inverse);
 
+/* ---- ISA paths of the kernels -------------------------------------------------------------- */
+/* Kernels with ISA-specific code (attention today) pick a path at run time from cpuid, so the
+ * binary does not depend on -march. AUTO (the default): the best path this CPU supports; the
+ * environment variable HP_NN_ISA=portable|avx2, read on first use, sets the start value.
+ * Forcing a path lets a test check each one on a machine that has them all. */
+typedef enum { HP_NN_ISA_AUTO = 0, HP_NN_ISA_PORTABLE, HP_NN_ISA_AVX2 } hp_nn_isa_t;
+/* HP_ERR_UNSUPPORTED if this CPU or build lacks `isa`. Not to be called while kernels run. */
+hp_status_t hp_nn_set_isa(hp_nn_isa_t isa);
+/* The path kernels use now (never AUTO). */
+hp_nn_isa_t hp_nn_isa(void);
+const char *hp_nn_isa_name(hp_nn_isa_t isa);   /* "auto", "portable", "avx2" */
+
 /* ---- kernels: causal attention (MHA / GQA), flash-style ---------------------------------- */
 /* q (B, T, Hq, hd) at row stride ldq, k/v (B, T, Hkv, hd) at row strides ldk/ldv,
  * out (B, T, Hq, hd) contiguous, lse (B, Hq, T) saved. Softmax scale 1/sqrt(hd). Tiled online
- * softmax: no (T, T) matrix is kept; parallel over (b, head). */
+ * softmax: no (T, T) matrix is kept; parallel over (b, head, 64-row query tile). The AVX2 path
+ * needs hd % 8 == 0 (else the portable one runs). Scratch lives on each task's stack, about
+ * 0.75 KiB per unit of hd + 17 KiB (113 KiB at hd 128); nothing is allocated. Results do not
+ * depend on the thread count. */
 void hp_attention_forward(float *out, float *lse, const float *q, int ldq, const float *k, int ldk,
                           const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd);
 /* dq/dk/dv (=) at row strides lddq/lddk/lddv; parallel over (b, kv head): each task owns dK,
- * dV of its kv head and dQ of the query heads in its group, so no atomics. */
+ * dV of its kv head and dQ of the query heads in its group, so no atomics (B * Hkv tasks: fewer
+ * than the threads leaves some idle). Stack scratch about 1.5 KiB per unit of hd + 33 KiB. */
 void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, int lddv,
                            const float *dout, const float *out,
                            const float *lse, const float *q, int ldq, const float *k, int ldk,
