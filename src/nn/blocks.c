@@ -249,13 +249,9 @@ hp_status_t nn_attention_new(hp_model_t m, const char *name, const nn_attention_
     char nm[HP_PARAM_NAME_MAX];
     snprintf(nm, sizeof(nm), "%s.core", name);
     void *ci = core->impl;
-    int cid = core->id;
     hp_module_base_init(core, &core_ops, nm, ci);
-    core->id = cid;
     void *ai = a->impl;
-    int aid = a->id;
     hp_module_base_init(a, &attn_ops, name, ai);
-    a->id = aid;
     a->children[a->n_children++] = wqkv;
     a->children[a->n_children++] = core;
     a->children[a->n_children++] = wo;
@@ -364,9 +360,7 @@ hp_status_t nn_feed_forward_new(hp_model_t m, const char *name, int dim, int hid
     hp_module_t *f = nn_module_new(m, sizeof(ffn_impl_t));
     if (!f) return HP_ERR_OOM;
     void *fi = f->impl;
-    int id = f->id;
     hp_module_base_init(f, &ffn_ops, name, fi);
-    f->id = id;
     ffn_impl_t *F = fi;
     F->dim = dim;
     F->hidden = hidden;
@@ -502,9 +496,7 @@ hp_status_t nn_block_new(hp_model_t m, const char *name, int dim, hp_module_t *a
     hp_module_t *b = nn_module_new(m, sizeof(block_impl_t));
     if (!b) return HP_ERR_OOM;
     void *bi = b->impl;
-    int id = b->id;
     hp_module_base_init(b, &block_ops, name, bi);
-    b->id = id;
     block_impl_t *K = bi;
     K->dim = dim;
     b->children[b->n_children++] = attention_norm;
@@ -578,9 +570,7 @@ hp_status_t nn_head_new(hp_model_t m, const char *name, int dim, hp_module_t *no
     hp_module_t *h = nn_module_new(m, sizeof(head_impl_t));
     if (!h) return HP_ERR_OOM;
     void *hi = h->impl;
-    int id = h->id;
     hp_module_base_init(h, &head_ops, name, hi);
-    h->id = id;
     head_impl_t *H = hi;
     H->dim = dim;
     h->children[h->n_children++] = norm;
@@ -658,11 +648,9 @@ hp_status_t nn_checkpoint_new(hp_model_t m, hp_module_t *inner, hp_module_t **ou
     hp_module_t *w = nn_module_new(m, sizeof(ckpt_impl_t));
     if (!w) return HP_ERR_OOM;
     void *wi = w->impl;
-    int id = w->id;
     char nm[HP_PARAM_NAME_MAX];
     snprintf(nm, sizeof(nm), "%s", inner->name);   // TorchTitan's checkpoint_wrapper keeps the FQN
     hp_module_base_init(w, &ckpt_ops, nm, wi);
-    w->id = id;
     ckpt_impl_t *C = wi;
     w->children[0] = inner;
     C->dim = ((block_impl_t *)inner->impl)->dim;

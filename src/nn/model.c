@@ -30,14 +30,20 @@ hp_param_t *hp_model_find_param(hp_model_t m, const char *name) {
     return NULL;
 }
 
-hp_module_t *nn_module_new(hp_model_t m, size_t impl_bytes) {
+/* Appends a module to the model's list (set-up time); its index is its id. */
+static hp_status_t mods_push(hp_model_t m, hp_module_t *mod) {
     if (m->n_mods == m->cap_mods) {
         int cap = m->cap_mods ? 2 * m->cap_mods : 64;
         hp_module_t **nm = realloc(m->mods, sizeof(*nm) * (size_t)cap);
-        if (!nm) return NULL;
+        if (!nm) return HP_ERR_OOM;
         m->mods = nm;
         m->cap_mods = cap;
     }
+    m->mods[m->n_mods++] = mod;
+    return HP_OK;
+}
+
+hp_module_t *nn_module_new(hp_model_t m, size_t impl_bytes) {
     // module and impl in one block (set-up time only)
     const size_t head = hp_arena_round(sizeof(hp_module_t));
     char *blk = hp_calloc(1, head + (impl_bytes ? impl_bytes : 1));
@@ -46,7 +52,10 @@ hp_module_t *nn_module_new(hp_model_t m, size_t impl_bytes) {
     mod->impl = blk + head;
     mod->id = -1;
     mod->unit = -1;
-    m->mods[m->n_mods++] = mod;
+    if (mods_push(m, mod) != HP_OK) {
+        free(blk);
+        return NULL;
+    }
     return mod;
 }
 
@@ -359,15 +368,8 @@ hp_status_t hp_model_replace_module(hp_model_t m, hp_module_t *parent, hp_module
         if (m->units[u].inner == old) m->units[u].inner = repl;
     }
     if (repl->id < 0 || repl->id >= m->n_mods || m->mods[repl->id] != repl) {
-        if (m->n_mods == m->cap_mods) {
-            int cap = 2 * m->cap_mods + 8;
-            hp_module_t **nm = realloc(m->mods, sizeof(*nm) * (size_t)cap);
-            if (!nm) return HP_ERR_OOM;
-            m->mods = nm;
-            m->cap_mods = cap;
-        }
         repl->id = m->n_mods;
-        m->mods[m->n_mods++] = repl;
+        HP_TRY(mods_push(m, repl));
     }
     return tree_changed(m);
 }
@@ -429,9 +431,9 @@ hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned fla
     ctx_bounds(m, &lo, &hi);
     const int nb = hi >= lo ? hi - lo + 1 : 0;
     const size_t xN = ROUND16(N * d), iN = ROUND16(N);
-    size_t ws = 2 * iN / 1 + (size_t)nb * xN;                       // tokens, targets (as floats' room), x
+    size_t ws = 2 * iN + (size_t)nb * xN;                           // tokens, targets (int32 in float slots), x
     ws += has_head(m) ? 2 * ROUND16(N * V) + 2 * iN + iN * 2 : 0;   // logits, dlogits, lse, losses (double)
-    ws += split ? (size_t)(nb + 1) * xN : 2 * xN;                   // activation gradients
+    ws += split ? (size_t)nb * xN : 2 * xN;                         // activation gradients
     ws += split ? scratch_sum : scratch_max;
     hp_model_ctx_t c = hp_calloc(1, sizeof(*c));
     if (!c) return HP_ERR_OOM;
@@ -471,7 +473,6 @@ hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned fla
     }
     if (split) {
         for (int u = lo; u <= hi; u++) { c->g[u] = p; p += xN; }
-        p += xN;   // spare: keeps the size formula simple
         for (int u = m->u0; u < m->u1; u++) {
             const hp_module_t *mod = m->units[u].module;
             size_t s = mod->ops->grad_scratch_floats ? ROUND16(mod->ops->grad_scratch_floats(mod, max_B, max_T)) : 0;
@@ -731,10 +732,8 @@ const float *hp_model_logits(hp_model_t m) { return hp_model_ctx_logits(m->dflt)
 int64_t hp_model_valid_tokens(hp_model_t m) { return m->dflt->n_valid; }
 double hp_model_loss_sum(hp_model_t m) { return m->dflt->loss_sum; }
 
-static const char *const *prof_names(void) { return hp_nn_op_names; }
-
 int hp_model_profile(hp_model_t m, const char ***names, const double **seconds) {
-    if (names) *names = (const char **)prof_names();
+    if (names) *names = (const char **)hp_nn_op_names;
     if (seconds) *seconds = m->dflt->prof;
     return HP_NN_OP_COUNT;
 }
