@@ -113,6 +113,14 @@ hp_status_t hp_send(const void *buf, size_t count, hp_dtype_t dt, int peer, hp_c
                     hp_work_t *work);
 hp_status_t hp_recv(void *buf, size_t count, hp_dtype_t dt, int peer, hp_comm_t comm,
                     hp_work_t *work);
+/* The same on a tagged channel: messages between two ranks match by (peer, tag), so several
+ * in flight (pipeline activations and gradients of different stages and micro-batches) cannot
+ * be confused whatever order they are posted in. tag in [1, HP_P2P_MAX_TAG]. */
+#define HP_P2P_MAX_TAG (1 << 20)
+hp_status_t hp_send_tag(const void *buf, size_t count, hp_dtype_t dt, int peer, int tag, hp_comm_t comm,
+                        hp_work_t *work);
+hp_status_t hp_recv_tag(void *buf, size_t count, hp_dtype_t dt, int peer, int tag, hp_comm_t comm,
+                        hp_work_t *work);
 hp_status_t hp_group_start(void);
 hp_status_t hp_group_end(void);
 

@@ -97,6 +97,8 @@ typedef struct hp_config {
         int64_t pipeline_parallel_layers_per_stage;
         int64_t pipeline_parallel_first_stage_less_layers;
         int64_t pipeline_parallel_last_stage_less_layers;
+        char pipeline_parallel_schedule_csv[HP_CONFIG_STR_MAX];
+        char module_fqns_per_model_part[HP_CONFIG_STR_MAX];
         char context_parallel_rotate_method[HP_CONFIG_STR_MAX];
     } parallelism;
     struct {

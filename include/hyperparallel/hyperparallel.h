@@ -25,6 +25,7 @@
 #include "zero.h"
 #include "tp.h"
 #include "pp_schedule.h"
+#include "pp.h"
 #include "tokenizer.h"
 #include "config.h"
 #include "parallel_dims.h"

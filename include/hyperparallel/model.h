@@ -153,6 +153,16 @@ int hp_model_modules(hp_model_t m, hp_module_t **out, int cap);
  * re-created. A replaced unit module (parent NULL, old = hp_model_unit_module) keeps the
  * unit's hooks. */
 hp_status_t hp_model_replace_module(hp_model_t m, hp_module_t *parent, hp_module_t *old, hp_module_t *repl);
+/* The parameters units [u0, u1) of cfg's model declare, in table order, without building
+ * anything (a pipeline's view of the stages other ranks hold): FQN, ndim and shape. A tied head
+ * without the embedding (u0 > 0) declares its own tok_embeddings.weight. Returns the count
+ * (writes at most cap entries), or -1 for an invalid config or range (hp_last_error says). */
+typedef struct hp_model_param_desc {
+    char name[HP_PARAM_NAME_MAX];
+    int ndim;
+    int64_t shape[3];
+} hp_model_param_desc_t;
+int hp_model_describe_params(const hp_model_config_t *cfg, int u0, int u1, hp_model_param_desc_t *out, int cap);
 /* Creates the model for units [u0, u1) of cfg's model (0 <= u0 < u1 <= n_layers + 2). */
 hp_status_t hp_model_create_range(const hp_model_config_t *cfg, int u0, int u1, int max_batch, int max_seq_len,
                                   hp_model_t *out);

@@ -135,6 +135,9 @@ hp_status_t hp_grad_norm(const hp_param_t *params, int n_params, const hp_comm_t
  * *total_norm set) so the trainer can skip the step. */
 hp_status_t hp_clip_grad_norm(hp_param_t *params, int n_params, double max_norm,
                               const hp_comm_t *comms, int n_comms, double *total_norm);
+/* The scaling step alone (torch.nn.utils.clip_grads_with_norm_), for a norm computed over
+ * another set of parameters (a pipeline counts a tied weight's two copies once). */
+hp_status_t hp_clip_grads_with_norm(hp_param_t *params, int n_params, double max_norm, double total_norm);
 
 #ifdef __cplusplus
 }

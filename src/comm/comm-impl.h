@@ -34,6 +34,7 @@ typedef struct hp_p2p {
     hp_dtype_t dt;
     int peer;
     void *ctx;            /* backend communicator context */
+    int tag;              /* 0: the untagged channel; 1..HP_P2P_MAX_TAG: hp_send_tag / hp_recv_tag */
 } hp_p2p_t;
 
 /* The backend table. Every collective slot gets the work's request storage `req` (never

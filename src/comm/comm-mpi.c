@@ -342,16 +342,19 @@ static hp_status_t mpi_barrier(void *ctx, hp_breq_t *req, int async) {
 }
 
 #define HP_P2P_TAG 7001
+/* Tagged point-to-point (hp_send_tag) uses MPI tags above the ring reductions' range. */
+#define HP_P2P_TAG_BASE 32768
+static int p2p_mpi_tag(const hp_p2p_t *op) { return op->tag ? HP_P2P_TAG_BASE + op->tag : HP_P2P_TAG; }
 
 static hp_status_t mpi_p2p(const hp_p2p_t *ops, int n, hp_breq_t *req, int async) {
     if (!async && n == 1) {   /* a lone blocking send or receive */
         int cnt = 0;
         HP_TRY(icount(ops[0].count, &cnt));
         if (ops[0].is_send)
-            MPI_CHECK(MPI_Send(ops[0].buf, cnt, mpi_type(ops[0].dt), ops[0].peer, HP_P2P_TAG,
+            MPI_CHECK(MPI_Send(ops[0].buf, cnt, mpi_type(ops[0].dt), ops[0].peer, p2p_mpi_tag(&ops[0]),
                                C(ops[0].ctx)));
         else
-            MPI_CHECK(MPI_Recv(ops[0].buf, cnt, mpi_type(ops[0].dt), ops[0].peer, HP_P2P_TAG,
+            MPI_CHECK(MPI_Recv(ops[0].buf, cnt, mpi_type(ops[0].dt), ops[0].peer, p2p_mpi_tag(&ops[0]),
                                C(ops[0].ctx), MPI_STATUS_IGNORE));
         return HP_OK;
     }
@@ -368,10 +371,10 @@ static hp_status_t mpi_p2p(const hp_p2p_t *ops, int n, hp_breq_t *req, int async
             status = icount(ops[i].count, &cnt);
             if (status != HP_OK) break;
             if (ops[i].is_send)
-                rc = MPI_Isend(ops[i].buf, cnt, mpi_type(ops[i].dt), ops[i].peer, HP_P2P_TAG,
+                rc = MPI_Isend(ops[i].buf, cnt, mpi_type(ops[i].dt), ops[i].peer, p2p_mpi_tag(&ops[i]),
                                C(ops[i].ctx), &rq[st->n]);
             else
-                rc = MPI_Irecv(ops[i].buf, cnt, mpi_type(ops[i].dt), ops[i].peer, HP_P2P_TAG,
+                rc = MPI_Irecv(ops[i].buf, cnt, mpi_type(ops[i].dt), ops[i].peer, p2p_mpi_tag(&ops[i]),
                                C(ops[i].ctx), &rq[st->n]);
             if (rc != MPI_SUCCESS) status = mpi_fail(rc, ops[i].is_send ? "MPI_Isend" : "MPI_Irecv",
                                                      __FILE__, __LINE__);

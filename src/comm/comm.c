@@ -1258,7 +1258,7 @@ hp_status_t hp_barrier(hp_comm_t comm, hp_work_t *work) {
 /* ---- point-to-point ---------------------------------------------------------------------- */
 
 static hp_status_t p2p_push(hp_work_t w, int is_send, void *buf, size_t count, hp_dtype_t dt,
-                            int peer, hp_comm_t comm) {
+                            int peer, int tag, hp_comm_t comm) {
     if (w->p2p_n == w->p2p_cap) {
         int cap = w->p2p_cap ? 2 * w->p2p_cap : 8;
         COUNT_ALLOC();
@@ -1267,13 +1267,15 @@ static hp_status_t p2p_push(hp_work_t w, int is_send, void *buf, size_t count, h
         w->p2p = p;
         w->p2p_cap = cap;
     }
-    w->p2p[w->p2p_n++] = (hp_p2p_t){is_send, buf, count, dt, peer, comm->ctx};
+    w->p2p[w->p2p_n++] = (hp_p2p_t){is_send, buf, count, dt, peer, comm->ctx, tag};
     return HP_OK;
 }
 
-static hp_status_t p2p_call(int is_send, void *buf, size_t count, hp_dtype_t dt, int peer,
+static hp_status_t p2p_call(int is_send, void *buf, size_t count, hp_dtype_t dt, int peer, int tag,
                             hp_comm_t comm, hp_work_t *work) {
-    const char *fn = is_send ? "hp_send" : "hp_recv";
+    const char *fn = is_send ? (tag ? "hp_send_tag" : "hp_send") : (tag ? "hp_recv_tag" : "hp_recv");
+    if (tag < 0 || tag > HP_P2P_MAX_TAG)
+        return hp_error(HP_ERR_INVALID_ARG, "%s: tag %d outside [1, %d]", fn, tag, HP_P2P_MAX_TAG);
     HP_TRY(check_comm(comm, fn));
     HP_TRY(check_dt(dt, fn));
     HP_TRY(check_buf(buf, count, "buf", fn));
@@ -1286,13 +1288,13 @@ static hp_status_t p2p_call(int is_send, void *buf, size_t count, hp_dtype_t dt,
         if (work)
             return hp_error(HP_ERR_INVALID_ARG, "%s: inside hp_group_start/hp_group_end pass "
                             "work = NULL; hp_group_end completes the whole group", fn);
-        HP_TRY(p2p_push(t_group_work, is_send, buf, count, dt, peer, comm));
+        HP_TRY(p2p_push(t_group_work, is_send, buf, count, dt, peer, tag, comm));
         count_op(kind, is_send ? count * es : 0);
         return HP_OK;
     }
     hp_work_t w;
     HP_TRY(work_get(comm, work == NULL, &w));
-    hp_status_t st = p2p_push(w, is_send, buf, count, dt, peer, comm);
+    hp_status_t st = p2p_push(w, is_send, buf, count, dt, peer, tag, comm);
     if (st != HP_OK) {
         work_put(w);
         return st;
@@ -1304,12 +1306,24 @@ static hp_status_t p2p_call(int is_send, void *buf, size_t count, hp_dtype_t dt,
 
 hp_status_t hp_send(const void *buf, size_t count, hp_dtype_t dt, int peer, hp_comm_t comm,
                     hp_work_t *work) {
-    return p2p_call(1, (void *)buf, count, dt, peer, comm, work);
+    return p2p_call(1, (void *)buf, count, dt, peer, 0, comm, work);
+}
+
+hp_status_t hp_send_tag(const void *buf, size_t count, hp_dtype_t dt, int peer, int tag, hp_comm_t comm,
+                        hp_work_t *work) {
+    if (tag == 0) return hp_error(HP_ERR_INVALID_ARG, "hp_send_tag: tag 0 is reserved (untagged hp_send)");
+    return p2p_call(1, (void *)buf, count, dt, peer, tag, comm, work);
 }
 
 hp_status_t hp_recv(void *buf, size_t count, hp_dtype_t dt, int peer, hp_comm_t comm,
                     hp_work_t *work) {
-    return p2p_call(0, buf, count, dt, peer, comm, work);
+    return p2p_call(0, buf, count, dt, peer, 0, comm, work);
+}
+
+hp_status_t hp_recv_tag(void *buf, size_t count, hp_dtype_t dt, int peer, int tag, hp_comm_t comm,
+                        hp_work_t *work) {
+    if (tag == 0) return hp_error(HP_ERR_INVALID_ARG, "hp_recv_tag: tag 0 is reserved (untagged hp_recv)");
+    return p2p_call(0, buf, count, dt, peer, tag, comm, work);
 }
 
 hp_status_t hp_group_start(void) {

@@ -136,6 +136,34 @@ hp_status_t hp_model_create(const hp_model_config_t *cfg, int max_batch, int max
     return hp_model_create_range(&c, 0, spec->n_units(&c), max_batch, max_seq_len, out);
 }
 
+int hp_model_describe_params(const hp_model_config_t *cfg_in, int u0, int u1, hp_model_param_desc_t *out, int cap) {
+    hp_model_config_t cfg = *cfg_in;
+    if (hp_model_config_validate(&cfg) != HP_OK) return -1;
+    const nn_spec_t *spec = nn_spec_find(cfg.name);
+    if (!spec) {
+        hp_error(HP_ERR_INVALID_ARG, "unknown model '%s'; valid models: llama3, qwen3", cfg.name);
+        return -1;
+    }
+    const int nu = spec->n_units(&cfg);
+    if (u0 < 0 || u1 > nu || u0 >= u1) {
+        hp_error(HP_ERR_INVALID_ARG, "hp_model_describe_params: units [%d, %d) outside [0, %d)", u0, u1, nu);
+        return -1;
+    }
+    int n = 0;
+    nn_pdecl_t tmp[NN_MAX_UNIT_PARAMS];
+    for (int u = u0; u < u1; u++) {
+        int k = spec->declare(&cfg, u, u0 == 0, tmp);
+        for (int i = 0; i < k; i++, n++) {
+            if (n >= cap) continue;
+            memcpy(out[n].name, tmp[i].name, sizeof out[n].name);   // both HP_PARAM_NAME_MAX, NUL-terminated
+            out[n].name[sizeof out[n].name - 1] = '\0';
+            out[n].ndim = tmp[i].ndim;
+            memcpy(out[n].shape, tmp[i].shape, sizeof out[n].shape);
+        }
+    }
+    return n;
+}
+
 hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u1, int max_batch, int max_seq_len,
                                   hp_model_t *out) {
     if (!cfg_in || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_model_create_range: cfg and out must be non-NULL");

@@ -120,7 +120,9 @@ static hp_status_t ddp_post_backward(void *ctx, hp_module_t *mod, hp_act_t *act)
     hp_model_unit_params(d->model, unit, &first, &count);
     for (int i = first; i < first + count; i++) d->b[d->bucket_of[i]].ready++;
     HP_TRY(launch_ready(d));
-    if (unit == 0) {   // the final callback: wait every bucket, copy the results back
+    int u0, u1;
+    hp_model_unit_range(d->model, &u0, &u1);
+    if (unit == u0) {   // the final callback: wait every bucket, copy the results back
         HP_ASSERT_MSG(d->next_launch == d->nb, "DDP: %d of %d buckets launched at the end of backward",
                       d->next_launch, d->nb);
         hp_param_t *P = hp_model_params(d->model);

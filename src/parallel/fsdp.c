@@ -41,7 +41,9 @@ void hp_dp_unregister(hp_model_t model) {
 }
 
 hp_status_t hp_dp_attach_hooks(hp_model_t model, void *user, const hp_module_hook_fn fns[HP_HOOK_KINDS]) {
-    for (int u = 0; u < hp_model_num_units(model); u++)
+    int u0, u1;
+    hp_model_unit_range(model, &u0, &u1);   // a pipeline stage holds units [u0, u1) only
+    for (int u = u0; u < u1; u++)
         for (int k = 0; k < HP_HOOK_KINDS; k++) {
             if (!fns[k]) continue;
             hp_status_t st = hp_module_add_hook(hp_model_unit_module(model, u), (hp_hook_kind_t)k, fns[k], user, NULL);
@@ -54,7 +56,9 @@ hp_status_t hp_dp_attach_hooks(hp_model_t model, void *user, const hp_module_hoo
 }
 
 void hp_dp_detach_hooks(hp_model_t model, void *user) {
-    for (int u = 0; u < hp_model_num_units(model); u++) hp_module_remove_hooks_of(hp_model_unit_module(model, u), user);
+    int u0, u1;
+    hp_model_unit_range(model, &u0, &u1);
+    for (int u = u0; u < u1; u++) hp_module_remove_hooks_of(hp_model_unit_module(model, u), user);
 }
 
 /* ---- state --------------------------------------------------------------------------- */
@@ -123,6 +127,7 @@ struct hp_fsdp {
     hp_comm_t shard_comm, rep_comm, pf_comm;
     int W, rank, R, k;
     int n_groups, n_params, n_units;
+    int u0, u1;              /* the units the model holds (a pipeline stage: a range) */
     group_t *g;
     int *ug;                 /* (n_units) unit -> group */
     int *pg, *pj;            /* (n_params) param -> group, index in the group */
@@ -416,7 +421,7 @@ static hp_status_t pre_forward(void *ctx, hp_module_t *mod, hp_act_t *act) {
     HP_TRY(wait_unshard(f, g));
     // implicit forward prefetch: the next unit's all-gather runs while this one computes (a
     // no-op when its group is already unsharded: the tied group before the root)
-    if (f->o.overlap && unit + 1 < f->n_units) HP_TRY(unshard(f, &f->g[f->ug[unit + 1]]));
+    if (f->o.overlap && unit + 1 < f->u1) HP_TRY(unshard(f, &f->g[f->ug[unit + 1]]));
     point_model(f, g, f->slots[g->slot].full, NULL);
     return HP_OK;
 }
@@ -441,7 +446,7 @@ static hp_status_t pre_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
     HP_TRY(unshard(f, g));
     HP_TRY(wait_unshard(f, g));
     // backward prefetch: the previous unit in post-forward order
-    if (f->o.overlap && unit > 0) HP_TRY(unshard(f, &f->g[f->ug[unit - 1]]));
+    if (f->o.overlap && unit > f->u0) HP_TRY(unshard(f, &f->g[f->ug[unit - 1]]));
     if (unit == g->u_hi) {   // the group's first unit in backward: its gradient buffer
         if (!f->sync || g->accum_pending) {
             if (!g->accum) {
@@ -478,7 +483,7 @@ static hp_status_t post_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
         }
         g->gcur = NULL;
     }
-    if (unit == 0) HP_TRY(red_drain(f));   // the root's final callback: wait every reduction
+    if (unit == f->u0) HP_TRY(red_drain(f));   // the root's final callback: wait every reduction
     return HP_OK;
 }
 
@@ -567,7 +572,11 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
                         "loss) stay f32 in this build", hp_dtype_name(o.mp.output_dtype));
     // tied embeddings (qwen3: output uses tok_embeddings.weight): the embedding and the root
     // form one group, as fully_shard([tok_embeddings, norm, output]) in TorchTitan
-    const int tied = hp_model_config(model)->tie_embeddings != 0;
+    // A pipeline stage (units [u0, u1)) that holds only one of the two uses keeps its own copy
+    // of the tied weight as an ordinary parameter (the pipeline sums the two copies' gradients).
+    int mu0, mu1;
+    hp_model_unit_range(model, &mu0, &mu1);
+    const int tied = hp_model_config(model)->tie_embeddings != 0 && mu0 == 0 && mu1 == hp_model_num_units(model);
     const int sd = nd - 1;
     const int W = (int)hp_mesh_size(mesh, sd), R = nd == 2 ? (int)hp_mesh_size(mesh, 0) : 1;
     int raf = o.reshard_after_forward;
@@ -603,6 +612,8 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
     f->rank = hp_comm_rank(f->shard_comm);
     f->k = raf >= 2 ? raf : 0;
     f->n_units = hp_model_num_units(model);
+    f->u0 = mu0;
+    f->u1 = mu1;
     f->n_groups = f->n_units - tied;
     f->n_params = np;
     f->mparams = mp;

@@ -164,6 +164,12 @@ static const hp_config_key_t schema_[] = {
       "Layers the first stage gives up for the embedding."),
     KI(parallelism, pipeline_parallel_last_stage_less_layers, "1", 0, I32, NULL,
       "Layers the last stage gives up for the final norm and output head."),
+    K(parallelism, pipeline_parallel_schedule_csv, STRING, "", NULL, NULL,
+      "A schedule written by hand: CSV, one row per pp rank, cells {stage}{F|I|W|B}{microbatch} (empty = idle; "
+      "SEND/RECV cells make it a full compute+comms list); overrides pipeline_parallel_schedule."),
+    K(parallelism, module_fqns_per_model_part, STRING, "", NULL, NULL,
+      "Modules of each pipeline stage: stages separated by ';', names by ',' (e.g. "
+      "\"tok_embeddings,layers.0;layers.1,norm,output\"); overrides the layer split."),
     K(parallelism, context_parallel_rotate_method, ENUM, "allgather", "allgather|alltoall", NULL,
       "How context parallel exchanges keys and values."),
     /* activation_checkpoint */

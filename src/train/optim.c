@@ -489,15 +489,13 @@ static void scale_range(hp_param_t *params, int n, float coef, int64_t glo, int6
     }
 }
 
-hp_status_t hp_clip_grad_norm(hp_param_t *params, int n_params, double max_norm,
-                              const hp_comm_t *comms, int n_comms, double *total_norm) {
+hp_status_t hp_clip_grads_with_norm(hp_param_t *params, int n_params, double max_norm, double total_norm) {
     if (!(max_norm > 0))
         return hp_error(HP_ERR_INVALID_ARG, "clip_grad_norm: max_norm %g must be > 0", max_norm);
-    HP_TRY(hp_grad_norm(params, n_params, comms, n_comms, total_norm));
-    if (!isfinite(*total_norm))
+    if (!isfinite(total_norm))
         return hp_error(HP_ERR_NUMERIC, "clip_grad_norm: total gradient norm is %g; gradients left "
-                        "unscaled (skip this step or lower the learning rate)", *total_norm);
-    double coef = max_norm / (*total_norm + 1e-6);
+                        "unscaled (skip this step or lower the learning rate)", total_norm);
+    double coef = max_norm / (total_norm + 1e-6);
     if (coef >= 1.0) return HP_OK;   /* PyTorch multiplies by the clamped 1.0: a no-op */
     const float fc = (float)coef;
     int64_t total = 0;
@@ -508,6 +506,14 @@ hp_status_t hp_clip_grad_norm(hp_param_t *params, int n_params, double max_norm,
         scale_range(params, n_params, fc, total * t / nt, total * (t + 1) / nt);
     }
     return HP_OK;
+}
+
+hp_status_t hp_clip_grad_norm(hp_param_t *params, int n_params, double max_norm,
+                              const hp_comm_t *comms, int n_comms, double *total_norm) {
+    if (!(max_norm > 0))
+        return hp_error(HP_ERR_INVALID_ARG, "clip_grad_norm: max_norm %g must be > 0", max_norm);
+    HP_TRY(hp_grad_norm(params, n_params, comms, n_comms, total_norm));
+    return hp_clip_grads_with_norm(params, n_params, max_norm, *total_norm);
 }
 
 /* ---- ZeRO-1's local optimizer --------------------------------------------------------- */

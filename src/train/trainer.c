@@ -26,13 +26,14 @@
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/tp.h"
 #include "hyperparallel/parallel_dims.h"
+#include "hyperparallel/pp.h"
 #include "hyperparallel/tokenizer.h"
 
 /* Parallelisms this build implements: replicated data parallel (one SUM all-reduce per
  * gradient after backward), FSDP (dp_shard > 1) and HSDP (both > 1) through fully_shard
- * (src/parallel/fsdp.c), tensor / sequence parallel (src/parallel/tp.c), alone or inside
- * any of those. PP, CP and EP are refused by ParallelDims. */
-#define HP_TRAINER_IMPLEMENTED (HP_PAR_DP_REPLICATE | HP_PAR_DP_SHARD | HP_PAR_TP)
+ * (src/parallel/fsdp.c), tensor / sequence parallel (src/parallel/tp.c), pipeline parallel
+ * (src/parallel/pp.c), alone or composed. CP and EP are refused by ParallelDims. */
+#define HP_TRAINER_IMPLEMENTED (HP_PAR_DP_REPLICATE | HP_PAR_DP_SHARD | HP_PAR_TP | HP_PAR_PP)
 
 struct hp_trainer {
     hp_config_t cfg;
@@ -72,6 +73,9 @@ struct hp_trainer {
     /* --- tensor parallel (owner tp) --- */
     hp_mesh_t tp_mesh;          /* the world mesh's tp dim */
     hp_tp_t tp;
+    /* --- pipeline parallel (owner pp): NULL unless pipeline_parallel_degree > 1; then
+     * t->model is the first local stage and t->params the whole model's table --- */
+    struct trainer_pp *pp;
 };
 
 /* hp_encode_fn over the tokenizer (documents get BOS/EOS from the data layer). */
@@ -250,6 +254,372 @@ static void pin_threads(const hp_config_t *c) {
 
 /* The rank-local part of the set-up (config rules, tokenizer, model allocation): no
  * collective runs here, so a rank that fails is agreed on before the first one. */
+/* --- pipeline parallel (owner pp) ------------------------------------------------------------
+ * TorchTitan's pipeline_llm: the schedule's stage count, the split of the units, the loop
+ * mapping (stage s on pp rank s % pp), one model per local stage holding only its units, then
+ * per stage TP, AC, init and FSDP (reshard_after_forward default off under PP), and the
+ * runtime over the lowered schedule. The optimizer, clipping and checkpoints see the whole
+ * model's table: the parameters held here, and for the others a placeholder with the global
+ * shape and no local elements (no DCP boxes, no optimizer work), so every rank passes the
+ * same entries in the same order and checkpoint keys stay the full model's FQNs. */
+typedef struct trainer_pp {
+    int S, n_local, n_mb, mbs, coord;   /* stages, local stages, micro-batches, seqs each, pp rank */
+    int *unit_lo;                       /* (S + 1) */
+    int *stage_to_rank;                 /* (S) */
+    int *ids;                           /* (n_local) */
+    hp_model_t *m;                      /* (n_local) */
+    hp_fsdp_t *fsdp;                    /* (n_local) or NULL entries */
+    hp_tp_t *tp;
+    hp_pp_schedule_t *sched;            /* every pp rank's lowered list */
+    hp_pp_t rt;
+    hp_comm_t comm;                     /* the world mesh's pp dim */
+    int accum_last;                     /* the current schedule run is the step's last */
+    hp_param_t *full;                   /* (np) the whole model's table */
+    int *stage_of;                      /* (np) stage of each entry (the tied weight: 0) */
+    int np;
+    hp_param_t *norm;                   /* held entries counted by the gradient norm */
+    int n_norm;
+    int tie_idx;                        /* tied weight held here (first or last stage), else -1 */
+    float *tie_zero;                    /* a middle stage's zero contribution to the tie sum */
+    size_t tie_n;
+    float absent_dummy;
+} trainer_pp_t;
+
+static void pp_free(trainer_pp_t *p) {
+    if (!p) return;
+    hp_pp_destroy(p->rt);
+    hp_pp_schedule_free(p->sched);
+    for (int i = 0; i < p->n_local; i++) {
+        if (p->fsdp) hp_fsdp_destroy(p->fsdp[i]);
+        if (p->tp) hp_tp_destroy(p->tp[i]);
+        if (p->m) hp_model_destroy(p->m[i]);
+    }
+    free(p->fsdp);
+    free(p->tp);
+    free(p->m);
+    free(p->ids);
+    free(p->unit_lo);
+    free(p->stage_to_rank);
+    free(p->full);
+    free(p->stage_of);
+    free(p->norm);
+    free(p->tie_zero);
+    free(p);
+}
+
+/* The schedule: a CSV (compute-only, lowered here; or with its communication, taken as it is)
+ * or a generated one; the kind decides 1 or 2 stages per rank. */
+static hp_status_t pp_schedule(hp_trainer_t t, trainer_pp_t *p, const hp_pp_schedule_t *csv, hp_pp_kind_t kind) {
+    const char *key = "parallelism.pipeline_parallel_schedule_csv";
+    const int pp = t->pd.pp;
+    hp_pp_schedule_t *compute = NULL;
+    if (csv) {
+        int has_comm = 0;
+        for (int r = 0; r < hp_pp_schedule_n_ranks(csv); r++)
+            for (int i = 0; i < hp_pp_schedule_len(csv, r); i++) {
+                const hp_pp_action_t *a = hp_pp_schedule_at(csv, r, i);
+                has_comm |= a && !hp_pp_type_is_compute(a->type);
+            }
+        if (hp_pp_schedule_n_ranks(csv) != pp)
+            return hp_error(HP_ERR_INVALID_ARG, "%s '%s' has %d rows; parallelism.pipeline_parallel_degree is %d (one "
+                            "row per pp rank)", key, t->cfg.parallelism.pipeline_parallel_schedule_csv,
+                            hp_pp_schedule_n_ranks(csv), pp);
+        if (has_comm) {   // format compute_comms: validate the compute part only through simulation
+            HP_TRY(hp_pp_schedule_copy(csv, &p->sched));
+            for (int s = 0; s < p->S; s++) p->stage_to_rank[s] = s % pp;
+            return HP_OK;
+        }
+        HP_TRY(hp_pp_schedule_copy(csv, &compute));
+    } else {
+        HP_TRY(hp_pp_generate(kind, pp, p->S / pp, p->n_mb, &compute));
+    }
+    hp_status_t s = hp_pp_lower(compute, p->S, p->n_mb, &p->sched, p->stage_to_rank);
+    hp_pp_schedule_free(compute);
+    if (s != HP_OK && csv) return hp_error(s, "%s '%s': %s", key, t->cfg.parallelism.pipeline_parallel_schedule_csv,
+                                           hp_last_error());
+    return s;
+}
+
+/* Split, mapping, schedule and the local stage models (from build_local: no collectives). */
+static hp_status_t pp_create_stages(hp_trainer_t t) {
+    const hp_config_t *c = &t->cfg;
+    const int pp = t->pd.pp, L = t->mcfg.n_layers;
+    trainer_pp_t *p = hp_calloc(1, sizeof *p);
+    if (!p) return HP_ERR_OOM;
+    t->pp = p;
+    p->tie_idx = -1;
+    int coords[HP_PD_NDIM];
+    hp_parallel_dims_coords(&t->pd, t->rank, coords);
+    p->coord = coords[HP_PD_PP];
+    p->mbs = (int)c->parallelism.pipeline_parallel_microbatch_size;
+    if (t->B % p->mbs != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "training.local_batch_size %d is not divisible by "
+                        "parallelism.pipeline_parallel_microbatch_size %d (micro-batches = local batch / microbatch "
+                        "size); hint: use a divisor of %d", t->B, p->mbs, t->B);
+    p->n_mb = t->B / p->mbs;
+    if (t->val_B != t->B)
+        return hp_error(HP_ERR_UNSUPPORTED, "validation.local_batch_size %d differs from training.local_batch_size %d; "
+                        "under pipeline parallel validation runs the training micro-batches; hint: leave "
+                        "validation.local_batch_size at 0", t->val_B, t->B);
+    if (strcmp(c->optimizer.name, "muon") == 0)
+        return hp_error(HP_ERR_UNSUPPORTED, "optimizer.name = muon is not supported with pipeline parallel yet; hint: "
+                        "use adamw or sgd");
+    // the schedule kind (or the user's CSV) decides the stages per rank
+    hp_pp_schedule_t *csv = NULL;
+    hp_pp_kind_t kind = HP_PP_1F1B;
+    int single = 1;
+    if (c->parallelism.pipeline_parallel_schedule_csv[0]) {
+        HP_TRY(hp_pp_schedule_load_csv(c->parallelism.pipeline_parallel_schedule_csv, &csv));
+        int max_stage = -1;
+        for (int r = 0; r < hp_pp_schedule_n_ranks(csv); r++)
+            for (int i = 0; i < hp_pp_schedule_len(csv, r); i++) {
+                const hp_pp_action_t *a = hp_pp_schedule_at(csv, r, i);
+                if (a && a->stage > max_stage) max_stage = a->stage;
+            }
+        single = max_stage + 1 <= pp;
+    } else {
+        hp_status_t ks = hp_pp_kind_from_name(c->parallelism.pipeline_parallel_schedule, &kind);
+        if (ks != HP_OK)
+            return hp_error(ks, "parallelism.pipeline_parallel_schedule: %s", hp_last_error());
+        single = hp_pp_kind_is_single_stage(kind);
+    }
+    hp_status_t st = HP_OK;
+    p->unit_lo = hp_calloc(HP_PP_MAX_STAGES + 1, sizeof(int));
+    p->stage_to_rank = hp_calloc(HP_PP_MAX_STAGES, sizeof(int));
+    if (!p->unit_lo || !p->stage_to_rank) st = HP_ERR_OOM;
+    if (st == HP_OK && c->parallelism.module_fqns_per_model_part[0]) {
+        st = hp_pp_split_fqns(c->parallelism.module_fqns_per_model_part, "parallelism.module_fqns_per_model_part", L,
+                              &p->S, p->unit_lo);
+        if (st == HP_OK && p->S % pp != 0)
+            st = hp_error(HP_ERR_INVALID_ARG, "parallelism.module_fqns_per_model_part gives %d stages, not a multiple of "
+                          "parallelism.pipeline_parallel_degree %d", p->S, pp);
+        if (st == HP_OK && single && p->S != pp && !csv)
+            st = hp_error(HP_ERR_INVALID_ARG, "parallelism.module_fqns_per_model_part gives %d stages; the single-stage "
+                          "schedule %s needs exactly %d (one per pp rank)", p->S,
+                          c->parallelism.pipeline_parallel_schedule, pp);
+    } else if (st == HP_OK) {
+        st = hp_pp_num_stages(pp, single, L, (int)c->parallelism.pipeline_parallel_layers_per_stage,
+                              (int)c->parallelism.pipeline_parallel_first_stage_less_layers,
+                              (int)c->parallelism.pipeline_parallel_last_stage_less_layers, &p->S);
+        if (st == HP_OK && csv) {   // a CSV names its own stages
+            int max_stage = -1;
+            for (int r = 0; r < hp_pp_schedule_n_ranks(csv); r++)
+                for (int i = 0; i < hp_pp_schedule_len(csv, r); i++) {
+                    const hp_pp_action_t *a = hp_pp_schedule_at(csv, r, i);
+                    if (a && a->stage > max_stage) max_stage = a->stage;
+                }
+            p->S = max_stage + 1;
+        }
+        if (st == HP_OK)
+            st = hp_pp_split_layers(L, p->S, (int)c->parallelism.pipeline_parallel_first_stage_less_layers,
+                                    (int)c->parallelism.pipeline_parallel_last_stage_less_layers, p->unit_lo);
+    }
+    if (st == HP_OK) st = pp_schedule(t, p, csv, kind);
+    hp_pp_schedule_free(csv);
+    HP_TRY(st);
+    for (int s = 0; s < p->S; s++) p->n_local += p->stage_to_rank[s] == p->coord;
+    p->ids = hp_calloc((size_t)p->n_local + 1, sizeof(int));
+    p->m = hp_calloc((size_t)p->n_local + 1, sizeof(hp_model_t));
+    p->fsdp = hp_calloc((size_t)p->n_local + 1, sizeof(hp_fsdp_t));
+    p->tp = hp_calloc((size_t)p->n_local + 1, sizeof(hp_tp_t));
+    if (!p->ids || !p->m || !p->fsdp || !p->tp) return HP_ERR_OOM;
+    for (int s = 0, i = 0; s < p->S; s++)
+        if (p->stage_to_rank[s] == p->coord) p->ids[i++] = s;
+    for (int i = 0; i < p->n_local; i++) {
+        const int s = p->ids[i];
+        HP_TRY(hp_model_create_range(&t->mcfg, p->unit_lo[s], p->unit_lo[s + 1], p->mbs, t->T, &p->m[i]));
+    }
+    if (p->n_local == 0)
+        return hp_error(HP_ERR_INVALID_ARG, "pipeline: pp rank %d holds no stage of %d", p->coord, p->S);
+    t->model = p->m[0];
+    return HP_OK;
+}
+
+/* pre_backward hook of the runtime: FSDP reduces only after the stage's last backward of the
+ * step (set_requires_gradient_sync, as PyTorch's schedules do for FSDP). */
+static hp_status_t pp_pre_backward(void *user, int stage, int mb, int last) {
+    hp_trainer_t t = user;
+    trainer_pp_t *p = t->pp;
+    (void)mb;
+    for (int i = 0; i < p->n_local; i++)
+        if (p->ids[i] == stage && p->fsdp[i]) hp_fsdp_set_requires_gradient_sync(p->fsdp[i], last && p->accum_last);
+    return HP_OK;
+}
+
+/* The whole model's table: held entries point at the stage's (sharded) parameters. */
+static hp_status_t pp_full_table(hp_trainer_t t) {
+    trainer_pp_t *p = t->pp;
+    const int nu = t->mcfg.n_layers + 2;
+    int np = hp_model_describe_params(&t->mcfg, 0, nu, NULL, 0);
+    if (np < 0) return hp_error(HP_ERR_INVALID_ARG, "%s", hp_last_error());
+    hp_model_param_desc_t *d = hp_calloc((size_t)np + 1, sizeof *d);
+    p->full = hp_calloc((size_t)np + 1, sizeof(hp_param_t));
+    p->stage_of = hp_calloc((size_t)np + 1, sizeof(int));
+    p->norm = hp_calloc((size_t)np + 1, sizeof(hp_param_t));
+    if (!d || !p->full || !p->stage_of || !p->norm) { free(d); return HP_ERR_OOM; }
+    hp_model_describe_params(&t->mcfg, 0, nu, d, np);
+    p->np = np;
+    int s = 0;
+    for (int i = 0; i < np; i++) {
+        // the stage of entry i: the units are in table order, so walk the split
+        int u = 0;
+        for (int k = 0, acc = 0; k < nu; k++) {   // unit of entry i in the full model
+            int n = hp_model_describe_params(&t->mcfg, k, k + 1, NULL, 0);
+            if (i < acc + n) { u = k; break; }
+            acc += n;
+        }
+        while (s + 1 < p->S && p->unit_lo[s + 1] <= u) s++;
+        while (s > 0 && p->unit_lo[s] > u) s--;
+        p->stage_of[i] = s;
+        hp_param_t *e = &p->full[i];
+        snprintf(e->name, sizeof e->name, "%s", d[i].name);
+        int li = -1;
+        for (int k = 0; k < p->n_local; k++)
+            if (p->ids[k] == s) li = k;
+        // the tied weight also lives on the last stage (its own copy)
+        const int tied_here = t->mcfg.tie_embeddings && i == 0 && li < 0 && p->stage_to_rank[p->S - 1] == p->coord;
+        if (tied_here) li = p->n_local - 1;
+        if (li >= 0) {
+            hp_param_t *src = p->fsdp[li] ? hp_fsdp_params(p->fsdp[li]) : hp_model_params(p->m[li]);
+            const int n_src = p->fsdp[li] ? hp_fsdp_num_params(p->fsdp[li]) : hp_model_num_params(p->m[li]);
+            const hp_param_t *q = NULL;
+            for (int k = 0; k < n_src && !q; k++)
+                if (!strcmp(src[k].name, e->name)) q = &src[k];
+            if (!q) { free(d); return hp_error(HP_ERR_STATE, "pipeline: stage %d has no parameter '%s'", s, e->name); }
+            *e = *q;
+            if (!tied_here) p->norm[p->n_norm++] = *e;   // the second copy of a tied weight counts once
+            if (t->mcfg.tie_embeddings && i == 0) {
+                p->tie_idx = 0;
+                p->tie_n = (size_t)hp_tensor_numel(&e->grad.local);
+            }
+        } else {
+            hp_dtensor_t *v[2] = {&e->value, &e->grad};
+            for (int k = 0; k < 2; k++) {
+                memset(v[k], 0, sizeof *v[k]);
+                v[k]->mesh = t->meshes.world;
+                v[k]->mesh_ndim = hp_mesh_ndim(t->meshes.world);
+                for (int a = 0; a < v[k]->mesh_ndim; a++) v[k]->placements[a] = hp_replicate();
+                int64_t shape[3] = {0, 0, 0};
+                for (int a = 0; a < d[i].ndim; a++) {
+                    shape[a] = a == 0 ? 0 : d[i].shape[a];
+                    v[k]->global_shape[a] = d[i].shape[a];
+                }
+                HP_TRY(hp_tensor_init(&v[k]->local, HP_F32, d[i].ndim, shape, &p->absent_dummy));
+            }
+        }
+    }
+    free(d);
+    return HP_OK;
+}
+
+/* Stage-by-stage TP / AC / init / FSDP (after the meshes exist), the table, the runtime. */
+static hp_status_t pp_parallelize(hp_trainer_t t, int ac_k) {
+    const hp_config_t *c = &t->cfg;
+    trainer_pp_t *p = t->pp;
+    if (t->pd.tp > 1)
+        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.pipeline_parallel_degree %d with tensor_parallel_degree %d is "
+                        "not supported yet (TP keeps one micro-batch's gathered activations per module); hint: use "
+                        "PP with FSDP / DDP, or TP without PP", t->pd.pp, t->pd.tp);
+    for (int i = 0; i < p->n_local; i++) {
+        if (ac_k > 0) HP_TRY(hp_model_set_activation_checkpoint(p->m[i], ac_k));
+        HP_TRY(hp_model_init_weights(p->m[i], (uint64_t)c->training.seed));
+    }
+    if (t->pd.dp_shard > 1) {
+        const char *names[2] = {"dp_replicate", "dp_shard"};
+        const int two = t->pd.dp_replicate > 1;
+        HP_TRY(hp_mesh_slice(t->meshes.world, two ? 2 : 1, two ? names : names + 1, &t->dp_mesh));
+        hp_fsdp_options_t fo = hp_fsdp_default_options();
+        fo.gradient_divide_factor = 1.0;
+        fo.mp.param_dtype = strcmp(c->training.mixed_precision_param, "bfloat16") == 0 ? HP_BF16 : HP_F32;
+        fo.mp.reduce_dtype = strcmp(c->training.mixed_precision_reduce, "bfloat16") == 0 ? HP_BF16 : HP_F32;
+        const char *raf = c->parallelism.fsdp_reshard_after_forward;
+        // TorchTitan: reshard_after_forward defaults to `not pp_enabled` (no all-gather per micro-batch)
+        fo.reshard_after_forward = strcmp(raf, "always") == 0 ? 1 : 0;
+        for (int i = 0; i < p->n_local; i++) HP_TRY(hp_fully_shard(p->m[i], t->dp_mesh, &fo, &p->fsdp[i]));
+        t->n_clip_comms = hp_fsdp_grad_comms(p->fsdp[0], t->clip_comms);
+    }
+    HP_TRY(pp_full_table(t));
+    t->params = p->full;
+    t->np = p->np;
+    p->comm = hp_mesh_get_comm(t->meshes.world, HP_PD_PP);
+    t->clip_comms[t->n_clip_comms++] = p->comm;   // the norm's square summed over pp
+    if (t->mcfg.tie_embeddings && p->tie_idx < 0) {
+        // a middle stage: the tie's sum over pp needs its zero contribution of the shard size
+        hp_model_param_desc_t d;
+        hp_model_describe_params(&t->mcfg, 0, 1, &d, 1);
+        int64_t rows = d.shape[0], r0;
+        if (t->pd.dp_shard > 1) {
+            int coords[HP_PD_NDIM];
+            hp_parallel_dims_coords(&t->pd, t->rank, coords);
+            hp_shard_size_and_offset(rows, t->pd.dp_shard, coords[HP_PD_DP_SHARD], &rows, &r0);
+        }
+        p->tie_n = (size_t)(rows * d.shape[1]);
+        p->tie_zero = hp_calloc(p->tie_n + 1, sizeof(float));
+        if (!p->tie_zero) return HP_ERR_OOM;
+    }
+    hp_pp_options_t po = {p->S, p->stage_to_rank, p->n_mb, p->mbs, t->T};
+    hp_pp_hooks_t hooks = {t, pp_pre_backward, NULL, NULL, NULL};
+    return hp_pp_create(p->comm, p->sched, p->m, p->ids, p->n_local, &po, &hooks, &p->rt);
+}
+
+/* After the schedule: the two copies of a tied weight get the sum of both gradients. */
+static hp_status_t pp_tie_grads(hp_trainer_t t) {
+    trainer_pp_t *p = t->pp;
+    if (!t->mcfg.tie_embeddings) return HP_OK;
+    float *g = p->tie_idx >= 0 ? p->full[p->tie_idx].grad.local.data : p->tie_zero;
+    return hp_all_reduce(g, g, p->tie_n, HP_F32, HP_SUM, p->comm, NULL);
+}
+
+static hp_status_t pp_zero_grad(hp_trainer_t t) {
+    trainer_pp_t *p = t->pp;
+    for (int i = 0; i < p->n_local; i++) {
+        HP_TRY(hp_model_zero_grad(p->m[i]));
+        if (p->fsdp[i]) HP_TRY(hp_fsdp_zero_grad(p->fsdp[i]));
+    }
+    return HP_OK;
+}
+
+/* The final weights under PP: every parameter is gathered within its stage's ranks
+ * (full_tensor over FSDP) and sent by the stage's first rank to world rank 0. */
+static hp_status_t pp_gather_weights(hp_trainer_t t, hp_model_t full) {
+    trainer_pp_t *p = t->pp;
+    const int per = t->world_size / t->pd.pp, sub = t->rank % per;
+    hp_status_t s = HP_OK;
+    float *buf = NULL;
+    size_t cap = 0;
+    for (int i = 0; s == HP_OK && i < p->np; i++) {
+        const int holder = p->stage_to_rank[p->stage_of[i]];
+        const int64_t n = t->rank == 0 ? hp_tensor_numel(&hp_model_params(full)[i].value.local) : 0;
+        int64_t numel = 1;
+        for (int a = 0; a < p->full[i].value.local.ndim; a++) numel *= p->full[i].value.global_shape[a];
+        if (!p->full[i].value.mesh) numel = hp_tensor_numel(&p->full[i].value.local);
+        if (p->coord == holder) {
+            if ((size_t)numel > cap) {
+                free(buf);
+                cap = (size_t)numel;
+                buf = hp_malloc(sizeof(float) * cap);
+                if (!buf) return HP_ERR_OOM;
+            }
+            if (p->full[i].value.mesh) {
+                hp_dtensor_mem_t mem = {NULL, buf, sizeof(float) * (size_t)numel};
+                hp_tensor_t out;
+                s = hp_dtensor_full_tensor(&out, NULL, &mem, &p->full[i].value);
+            } else {
+                memcpy(buf, p->full[i].value.local.data, sizeof(float) * (size_t)numel);
+            }
+            if (s == HP_OK && sub == 0 && t->rank != 0)
+                s = hp_send_tag(buf, (size_t)numel, HP_F32, 0, 1 + i, t->world, NULL);
+            if (s == HP_OK && t->rank == 0) memcpy(hp_model_params(full)[i].value.local.data, buf, sizeof(float) * (size_t)n);
+        } else if (t->rank == 0) {
+            s = hp_recv_tag(hp_model_params(full)[i].value.local.data, (size_t)n, HP_F32, holder * per, 1 + i, t->world,
+                            NULL);
+        }
+    }
+    free(buf);
+    return s;
+}
+/* --- end pipeline parallel ---------------------------------------------------------------- */
+
 static hp_status_t build_local(hp_trainer_t t, int *ac_k_out) {
     const hp_config_t *c = &t->cfg;
     HP_TRY(hp_config_validate(c));
@@ -273,16 +643,15 @@ static hp_status_t build_local(hp_trainer_t t, int *ac_k_out) {
     char tok_what[HP_CONFIG_STR_MAX + 32];
     snprintf(tok_what, sizeof tok_what, "tokenizer.path '%s'", c->tokenizer.path);
     HP_TRY(hp_config_resolve_model(c, hp_tokenizer_vocab_size(t->tok), tok_what, t->T, &t->mcfg));
-    HP_TRY(hp_model_create(&t->mcfg, t->B > t->val_B ? t->B : t->val_B, t->T, &t->model));
+    if (t->pd.pp > 1) HP_TRY(pp_create_stages(t));   /* pipeline parallel (owner pp): the local stages only */
+    else HP_TRY(hp_model_create(&t->mcfg, t->B > t->val_B ? t->B : t->val_B, t->T, &t->model));
     *ac_k_out = ac_k;
     return HP_OK;
 }
 
-static hp_status_t build(hp_trainer_t t) {
+/* AC, TP, init and data parallel of the (whole) model. */
+static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
     const hp_config_t *c = &t->cfg;
-    int ac_k = 0;
-    hp_status_t local = build_local(t, &ac_k);
-    HP_TRY(t->world ? hp_comm_agree(t->world, local, NULL) : local);
     if (ac_k > 0) HP_TRY(hp_model_set_activation_checkpoint(t->model, ac_k));
     /* --- tensor parallel (owner tp): TorchTitan's plan on the tp mesh, before the weights
      * are drawn (each rank draws its shards at their global indices) --- */
@@ -302,7 +671,6 @@ static hp_status_t build(hp_trainer_t t) {
     }
     /* --- end tensor parallel --- */
     HP_TRY(hp_model_init_weights(t->model, (uint64_t)c->training.seed));
-    t->flops_per_token = hp_model_flops_per_token(&t->mcfg, t->T);
     /* --- data parallel (owner fsdp) --- */
     t->params = hp_model_params(t->model);
     t->np = hp_model_num_params(t->model);
@@ -332,6 +700,16 @@ static hp_status_t build(hp_trainer_t t) {
         HP_TRY(hp_ddp_create(t->model, t->dp_comm, &dop, &t->ddp));
     }
     /* --- end data parallel --- */
+    return HP_OK;
+}
+
+static hp_status_t build(hp_trainer_t t) {
+    const hp_config_t *c = &t->cfg;
+    int ac_k = 0;
+    hp_status_t local = build_local(t, &ac_k);
+    HP_TRY(t->world ? hp_comm_agree(t->world, local, NULL) : local);
+    HP_TRY(t->pp ? pp_parallelize(t, ac_k) : parallelize(t, ac_k));   /* pipeline parallel (owner pp) */
+    t->flops_per_token = hp_model_flops_per_token(&t->mcfg, t->T);
 
     hp_optim_kind_t kind;
     HP_TRY(hp_optim_kind_from_name(c->optimizer.name, &kind));
@@ -374,7 +752,7 @@ static hp_status_t build(hp_trainer_t t) {
     size_t n = rows * (size_t)t->T;
     t->inputs = hp_malloc(n * sizeof(int32_t));
     t->labels = hp_malloc(n * sizeof(int32_t));
-    t->grad_work = hp_calloc((size_t)hp_model_num_params(t->model), sizeof(hp_work_t));
+    t->grad_work = hp_calloc((size_t)t->np + 1, sizeof(hp_work_t));
     if (!t->inputs || !t->labels || !t->grad_work) return HP_ERR_OOM;
 
     int metrics_rank = hp_parallel_dims_metrics_rank(&t->pd);
@@ -436,6 +814,38 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
         hp_trainer_destroy(t);
         return hp_error(s, "%s", msg);
     }
+    if (t->pp) {   /* pipeline parallel (owner pp): every pp rank's share, printed by rank 0 */
+        trainer_pp_t *p = t->pp;
+        double mine[3] = {0, 0, 0}, all[3 * 64];
+        for (int i = 0; i < p->n_local; i++) {
+            size_t pb, gb, ab, wb, fw = 0;
+            hp_model_memory(p->m[i], &pb, &gb, &ab, &wb);
+            if (p->fsdp[i]) hp_fsdp_memory(p->fsdp[i], &pb, &gb, &fw);
+            mine[0] += (double)pb;
+        }
+        size_t cb = 0, bb = 0;
+        hp_pp_memory(p->rt, &cb, &bb);
+        mine[1] = (double)cb;
+        mine[2] = (double)bb;
+        float mf[3] = {(float)mine[0], (float)mine[1], (float)mine[2]}, af[3 * 64];
+        if (t->pd.pp <= 64 && hp_all_gather(mf, af, 3, HP_F32, p->comm, NULL) == HP_OK && t->rank == 0) {
+            for (int r = 0; r < t->pd.pp; r++) for (int k = 0; k < 3; k++) all[3 * r + k] = af[3 * r + k];
+            hp_log(HP_LOG_INFO, "pipeline: %s, %d stages over %d pp ranks, %d micro-batches of %d sequences",
+                   t->cfg.parallelism.pipeline_parallel_schedule_csv[0] ? t->cfg.parallelism.pipeline_parallel_schedule_csv
+                                                                    : t->cfg.parallelism.pipeline_parallel_schedule,
+                   p->S, t->pd.pp, p->n_mb, p->mbs);
+            for (int r = 0; r < t->pd.pp; r++) {
+                char st[256] = "";
+                for (int s = 0, n = 0; s < p->S; s++)
+                    if (p->stage_to_rank[s] == r)
+                        n += snprintf(st + n, sizeof st - (size_t)n, "%s%d[units %d-%d]", n ? " " : "", s, p->unit_lo[s],
+                                      p->unit_lo[s + 1] - 1);
+                hp_log(HP_LOG_INFO, "pipeline rank %d: stages %s; parameters %.2f MiB, micro-batch contexts %.2f MiB, "
+                       "p2p buffers %.2f MiB", r, st, all[3 * r] / 1048576.0, all[3 * r + 1] / 1048576.0,
+                       all[3 * r + 2] / 1048576.0);
+            }
+        }
+    }
     if (t->rank == 0) {
         size_t pb, gb, ab, wb;
         hp_model_memory(t->model, &pb, &gb, &ab, &wb);
@@ -487,6 +897,10 @@ void hp_trainer_destroy(hp_trainer_t t) {
     hp_token_ids_free(&t->scratch);
     hp_tokenizer_free(t->tok);
     hp_optim_free(t->opt);
+    if (t->pp) {   /* pipeline parallel (owner pp): the stages (t->model among them) and their FSDP */
+        pp_free(t->pp);
+        t->model = NULL;
+    }
     hp_fsdp_destroy(t->fsdp);   /* data parallel (owner fsdp) */
     hp_ddp_destroy(t->ddp);
     hp_mesh_destroy(t->dp_mesh);
@@ -528,11 +942,20 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     int64_t global_valid = global[0];
     hp_metrics_add_tokens(t->metrics, t->accum * bt);
     /* 3. forward/backward per micro-batch; grads accumulate */
-    HP_TRY(hp_model_zero_grad(t->model));
+    if (t->pp) HP_TRY(pp_zero_grad(t));   /* pipeline parallel (owner pp) */
+    else HP_TRY(hp_model_zero_grad(t->model));
     if (t->fsdp) HP_TRY(hp_fsdp_zero_grad(t->fsdp));   /* data parallel (owner fsdp) */
     double local_loss = 0.0;
     for (int64_t a = 0; a < t->accum; a++) {
         float loss = 0.0f;
+        if (t->pp) {   /* pipeline parallel (owner pp): the schedule over the step's micro-batches */
+            double ls = 0.0;
+            int64_t nv = 0;
+            t->pp->accum_last = a == t->accum - 1;
+            HP_TRY(hp_pp_step(t->pp->rt, t->inputs + a * bt, t->labels + a * bt, (float)global_valid, &ls, &nv));
+            local_loss += ls / (double)global_valid;
+            continue;
+        }
         if (t->ddp) hp_ddp_set_requires_gradient_sync(t->ddp, a == t->accum - 1);   /* owner fsdp */
         hp_status_t fs = hp_model_forward(t->model, t->inputs + a * bt, t->labels + a * bt, t->B, t->T,
                                           (float)global_valid, &loss);
@@ -551,22 +974,32 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     if (t->dp_size > 1 && !t->fsdp && !t->ddp) {
         for (int i = 0; i < np; i++) {
             hp_tensor_t *g = &params[i].grad.local;
+            if (hp_tensor_numel(g) == 0) continue;   /* pipeline parallel: held by another stage */
             HP_TRY(hp_all_reduce(g->data, g->data, (size_t)hp_tensor_numel(g), HP_F32, HP_SUM, t->dp_comm,
                                  &t->grad_work[i]));
         }
         for (int i = 0; i < np; i++) HP_TRY(hp_work_wait(&t->grad_work[i]));
     }
-    /* 5. global loss and finiteness (every rank agrees) */
+    if (t->pp) HP_TRY(pp_tie_grads(t));   /* pipeline parallel (owner pp): tied copies summed */
+    /* 5. global loss and finiteness (every rank agrees); under PP only the last stage has it */
     double global_loss;
     {
         float lf = (float)local_loss, gf = 0.0f;
+        if (t->pp) HP_TRY(hp_all_reduce(&lf, &lf, 1, HP_F32, HP_SUM, t->pp->comm, NULL));
         HP_TRY(hp_all_reduce(&lf, &gf, 1, HP_F32, HP_SUM, t->dp_comm, NULL));
         global_loss = gf;
     }
     double norm = 0.0;
-    hp_status_t cs = t->cfg.training.max_norm > 0
-                         ? hp_clip_grad_norm(params, np, t->cfg.training.max_norm, t->clip_comms, t->n_clip_comms, &norm)
-                         : hp_grad_norm(params, np, t->clip_comms, t->n_clip_comms, &norm);
+    hp_status_t cs;
+    if (t->pp) {   /* pipeline parallel (owner pp): the norm counts a tied weight once */
+        cs = hp_grad_norm(t->pp->norm, t->pp->n_norm, t->clip_comms, t->n_clip_comms, &norm);
+        if (cs == HP_OK && t->cfg.training.max_norm > 0)
+            cs = hp_clip_grads_with_norm(params, np, t->cfg.training.max_norm, norm);
+    } else {
+        cs = t->cfg.training.max_norm > 0
+                 ? hp_clip_grad_norm(params, np, t->cfg.training.max_norm, t->clip_comms, t->n_clip_comms, &norm)
+                 : hp_grad_norm(params, np, t->clip_comms, t->n_clip_comms, &norm);
+    }
     if (!isfinite(global_loss))
         return hp_error(HP_ERR_NUMERIC, "step %lld: the loss is %g; training stopped before the optimizer step "
                                         "(lower optimizer.lr or check the data)", (long long)step, global_loss);
@@ -611,11 +1044,20 @@ hp_status_t hp_trainer_validate(hp_trainer_t t, double *loss) {
         if (all < 0) return hp_comm_agree(t->dp_comm, ds, NULL);
         if (!all) break;
         float l = 0.0f;
+        if (t->pp) {   /* pipeline parallel (owner pp): forward through the stages */
+            double ls = 0.0;
+            int64_t nv = 0;
+            HP_TRY(hp_pp_eval(t->pp->rt, t->inputs, t->labels, 1.0f, &ls, &nv));
+            sums[0] += ls;
+            sums[1] += (double)nv;
+            continue;
+        }
         HP_TRY(hp_model_forward(t->model, t->inputs, t->labels, t->val_B, t->T, 1.0f, &l));
         sums[0] += l;
         sums[1] += (double)hp_model_valid_tokens(t->model);
     }
     float local[2] = {(float)sums[0], (float)sums[1]}, global[2];
+    if (t->pp) HP_TRY(hp_all_reduce(local, local, 2, HP_F32, HP_SUM, t->pp->comm, NULL));
     HP_TRY(hp_all_reduce(local, global, 2, HP_F32, HP_SUM, t->dp_comm, NULL));
     if (global[1] <= 0)
         return hp_error(HP_ERR_STATE, "the validation split yields no full batch of %d x %d tokens; lower "
@@ -632,7 +1074,11 @@ static hp_status_t save_final_weights(hp_trainer_t t) {
     snprintf(path, sizeof path, "%s/weights.safetensors", t->cfg.job.dump_folder);
     hp_model_t full = NULL;
     hp_status_t s = HP_OK;
-    if (t->tp || t->fsdp) {
+    if (t->pp) {   /* pipeline parallel (owner pp): each stage's parameters to rank 0 */
+        if (t->rank == 0) s = hp_model_create(&t->mcfg, 1, t->T, &full);
+        s = hp_comm_agree(t->world, s, NULL);
+        if (s == HP_OK) s = pp_gather_weights(t, full);
+    } else if (t->tp || t->fsdp) {
         s = hp_model_create(&t->mcfg, 1, t->T, &full);
         for (int i = 0; s == HP_OK && i < t->np; i++) {
             hp_param_t *fp = &hp_model_params(full)[i];

@@ -1,0 +1,615 @@
+/* Pipeline parallel: TorchTitan's stage split over the model's units and the runtime that runs
+ * one rank's lowered action list (PyTorch _PipelineScheduleRuntime._step_microbatches) on
+ * stage models that hold only their units. One model protocol for a stage and the whole
+ * model: the stage is an hp_model_t for its unit range, driven by hp_model_forward_range /
+ * backward_*_range on caller-owned micro-batch contexts (docs/pp.md). */
+#include "hyperparallel/pp.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- split -------------------------------------------------------------------------------- */
+
+hp_status_t hp_pp_num_stages(int pp, int single_stage_schedule, int n_layers, int layers_per_stage, int w_in,
+                             int w_out, int *num_stages) {
+    *num_stages = 0;
+    if (pp < 1) return hp_error(HP_ERR_INVALID_ARG, "parallelism.pipeline_parallel_degree %d must be >= 1", pp);
+    if (w_in < 0 || w_out < 0)
+        return hp_error(HP_ERR_INVALID_ARG, "parallelism.pipeline_parallel_first_stage_less_layers (%d) and "
+                        "..._last_stage_less_layers (%d) must be >= 0", w_in, w_out);
+    if (layers_per_stage <= 0) {
+        *num_stages = pp * (single_stage_schedule ? 1 : 2);
+        return HP_OK;
+    }
+    const int eff = n_layers + w_in + w_out;
+    const int n = (eff + layers_per_stage - 1) / layers_per_stage;
+    if (n % pp != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "parallelism.pipeline_parallel_layers_per_stage %d gives %d virtual stages "
+                        "(ceil((%d layers + %d + %d) / %d)), which is not divisible by "
+                        "parallelism.pipeline_parallel_degree %d; hint: choose layers_per_stage so that the stage "
+                        "count is a multiple of %d", layers_per_stage, n, n_layers, w_in, w_out, layers_per_stage, pp,
+                        pp);
+    const int per_rank = n / pp;
+    if (single_stage_schedule && per_rank != 1)
+        return hp_error(HP_ERR_INVALID_ARG, "parallelism.pipeline_parallel_layers_per_stage %d gives %d stages per rank; "
+                        "a single-stage schedule (GPipe, 1F1B) requires exactly 1 stage per rank; hint: use a looped "
+                        "schedule (Interleaved1F1B, LoopedBFS) or layers_per_stage %d", layers_per_stage, per_rank,
+                        (eff + pp - 1) / pp);
+    if (!single_stage_schedule && per_rank < 2)
+        return hp_error(HP_ERR_INVALID_ARG, "parallelism.pipeline_parallel_layers_per_stage %d gives %d stage per rank; "
+                        "a multi-stage schedule requires at least 2 stages per rank; hint: lower layers_per_stage",
+                        layers_per_stage, per_rank);
+    *num_stages = n;
+    return HP_OK;
+}
+
+hp_status_t hp_pp_split_layers(int n_layers, int num_stages, int w_in, int w_out, int *unit_lo) {
+    if (num_stages < 1 || num_stages > HP_PP_MAX_STAGES)
+        return hp_error(HP_ERR_INVALID_ARG, "pipeline split: %d stages; expected 1..%d", num_stages, HP_PP_MAX_STAGES);
+    if (num_stages == 1) {
+        unit_lo[0] = 0;
+        unit_lo[1] = n_layers + 2;
+        return HP_OK;
+    }
+    const int eff = n_layers + w_in + w_out;
+    if (num_stages > eff)
+        return hp_error(HP_ERR_INVALID_ARG, "pipeline split: number of stages (%d) cannot be greater than effective "
+                        "layers (%d = %d layers + first_stage_less_layers %d + last_stage_less_layers %d); hint: "
+                        "lower parallelism.pipeline_parallel_degree or use a single-stage schedule", num_stages, eff,
+                        n_layers, w_in, w_out);
+    const int per = eff / num_stages, extra = eff % num_stages;
+    if (per == 0)
+        return hp_error(HP_ERR_INVALID_ARG, "pipeline split: %d stages over %d effective layers would leave stages "
+                        "empty", num_stages, eff);
+    if (w_in > per || w_out > per)
+        return hp_error(HP_ERR_INVALID_ARG, "pipeline split: parallelism.pipeline_parallel_first_stage_less_layers %d / "
+                        "last_stage_less_layers %d exceed the minimum layers per stage (%d); hint: lower them or "
+                        "use fewer stages", w_in, w_out, per);
+    int layer = 0;
+    unit_lo[0] = 0;
+    for (int s = 0; s < num_stages; s++) {
+        int k = per + (s < extra ? 1 : 0);
+        if (s == 0) k -= w_in;
+        if (s == num_stages - 1) k -= w_out;
+        if (k < 0) k = 0;
+        if (layer + k > n_layers) k = n_layers - layer;
+        const int lo = s == 0 ? 0 : 1 + layer;   // unit of the stage's first module
+        layer += k;
+        int hi = 1 + layer;                      // one past its last layer unit
+        if (s == num_stages - 1) {
+            if (layer != n_layers)
+                return hp_error(HP_ERR_INVALID_ARG, "pipeline split: %d of %d layers assigned (the last stage "
+                                "gives up %d); hint: lower parallelism.pipeline_parallel_last_stage_less_layers",
+                                layer, n_layers, w_out);
+            hi = n_layers + 2;
+        }
+        if (hi <= lo)
+            return hp_error(HP_ERR_INVALID_ARG, "pipeline split: stage %d of %d would hold no module (%d layers, "
+                            "first/last stage less layers %d/%d); hint: use fewer stages", s, num_stages, n_layers,
+                            w_in, w_out);
+        unit_lo[s] = lo;
+        unit_lo[s + 1] = hi;
+    }
+    return HP_OK;
+}
+
+/* Unit of one module name, or -1 (norm/output: the head unit; 0: tok_embeddings). */
+static int fqn_unit(const char *name, int n_layers) {
+    if (!strcmp(name, "tok_embeddings")) return 0;
+    if (!strcmp(name, "norm") || !strcmp(name, "output")) return n_layers + 1;
+    if (!strncmp(name, "layers.", 7) && isdigit((unsigned char)name[7])) {
+        char *end;
+        long l = strtol(name + 7, &end, 10);
+        if (*end == '\0' && l >= 0 && l < n_layers) return (int)l + 1;
+    }
+    return -1;
+}
+
+hp_status_t hp_pp_split_fqns(const char *spec, const char *key, int n_layers, int *num_stages, int *unit_lo) {
+    *num_stages = 0;
+    if (!key) key = "module_fqns_per_model_part";
+    char buf[8192];
+    if (strlen(spec) >= sizeof buf) return hp_error(HP_ERR_INVALID_ARG, "%s: longer than %zu characters", key, sizeof buf);
+    snprintf(buf, sizeof buf, "%s", spec);
+    {   // an empty stage (";;", a leading or trailing ';') is an error, not skipped
+        const char *e = strstr(spec, ";;");
+        size_t len = strlen(spec);
+        if (e || spec[0] == ';' || (len && spec[len - 1] == ';')) {
+            int k = 0;
+            const char *at = e ? e + 1 : spec[0] == ';' ? spec : spec + len - 1;
+            for (const char *c = spec; c < at; c++) k += *c == ';';
+            return hp_error(HP_ERR_INVALID_ARG, "%s: stage %d is empty (\"%s\"); hint: every stage lists at least one "
+                            "module", key, k, spec);
+        }
+    }
+    int next = 0, seen_norm = 0, seen_out = 0, ns = 0;
+    char *save_s = NULL;
+    for (char *st = strtok_r(buf, ";", &save_s); st; st = strtok_r(NULL, ";", &save_s)) {
+        if (ns >= HP_PP_MAX_STAGES) return hp_error(HP_ERR_INVALID_ARG, "%s: more than %d stages", key, HP_PP_MAX_STAGES);
+        int lo = -1, hi = -1, cnt = 0;
+        char *save_m = NULL;
+        for (char *m = strtok_r(st, ",", &save_m); m; m = strtok_r(NULL, ",", &save_m)) {
+            while (isspace((unsigned char)*m)) m++;
+            char *e = m + strlen(m);
+            while (e > m && isspace((unsigned char)e[-1])) *--e = '\0';
+            if (!*m) continue;
+            int u = fqn_unit(m, n_layers);
+            if (u < 0)
+                return hp_error(HP_ERR_INVALID_ARG, "%s: stage %d names '%s'; expected tok_embeddings, layers.0 .. "
+                                "layers.%d, norm or output", key, ns, m, n_layers - 1);
+            int is_norm = !strcmp(m, "norm"), is_out = !strcmp(m, "output");
+            if ((is_norm && seen_norm) || (is_out && seen_out))
+                return hp_error(HP_ERR_INVALID_ARG, "%s: '%s' is listed twice", key, m);
+            if (is_norm || is_out) {
+                seen_norm |= is_norm;
+                seen_out |= is_out;
+                if (u == hi - 1 && hi == n_layers + 2) { cnt++; continue; }   // the other half of the head
+            }
+            if (u != next)
+                return hp_error(HP_ERR_INVALID_ARG, "%s: stage %d lists '%s' where %s was expected (stages must hold "
+                                "contiguous modules in model order, each exactly once)", key, ns, m,
+                                next == 0 ? "tok_embeddings" : next > n_layers ? "norm, output" : "the next layer");
+            if (lo < 0) lo = u;
+            hi = u + 1;
+            next = u + 1;
+            cnt++;
+        }
+        if (cnt == 0) return hp_error(HP_ERR_INVALID_ARG, "%s: stage %d is empty", key, ns);
+        unit_lo[ns] = lo;
+        unit_lo[ns + 1] = hi;
+        ns++;
+    }
+    if (next != n_layers + 2 || !seen_norm || !seen_out)
+        return hp_error(HP_ERR_INVALID_ARG, "%s: the stages end before %s; every module (tok_embeddings, layers.0 .. "
+                        "layers.%d, norm, output) must be in exactly one stage", key,
+                        next <= n_layers ? "the last layer" : "norm and output", n_layers - 1);
+    *num_stages = ns;
+    return HP_OK;
+}
+
+/* ---- runtime -------------------------------------------------------------------------------- */
+
+enum { DIR_F = 0, DIR_B = 1 };
+
+typedef struct stage {
+    hp_model_t m;
+    int id, u0, u1;
+    int first, last;             /* holds unit 0 / the head */
+    int n_ctx;
+    hp_model_ctx_t *ctx;         /* (n_ctx) pool */
+    int *free_ctx, n_free;       /* free list */
+    int *ctx_of;                 /* (n_mb) pool index of micro-batch m, -1 none */
+    float **in_act, **out_act;   /* (n_mb) (mbs*T, dim): RECV_F target / F output */
+    float **dout, **din;         /* (n_mb): RECV_B target / backward input gradient */
+    hp_work_t *recv_f, *recv_b;  /* (n_mb) pending receives */
+    int n_bwd;                   /* backwards (B or I) run this step */
+    int split;                   /* the list has I / W for this stage */
+} stage_t;
+
+struct hp_pp {
+    hp_comm_t comm;              /* dup of pp_comm */
+    int rank, size;
+    hp_pp_options_t o;
+    int *stage_to_rank;          /* (num_stages) */
+    int *local_of;               /* (num_stages) local index or -1 */
+    stage_t *st;
+    int n_local;
+    hp_pp_action_t *acts;        /* this rank's list (bubbles dropped) */
+    int n_acts;
+    hp_work_t *sends;            /* (n_acts) */
+    double *t_start, *t_end;
+    hp_pp_hooks_t hooks;
+    size_t ctx_bytes, buf_bytes;
+    int dim;
+    size_t act_floats;           /* mbs * T * dim */
+};
+
+static int msg_tag(const hp_pp_t p, int sender_stage, int mb, int dir) {
+    return 1 + (sender_stage * p->o.n_microbatches + mb) * 2 + dir;
+}
+
+void hp_pp_destroy(hp_pp_t p) {
+    if (!p) return;
+    for (int i = 0; p->st && i < p->n_local; i++) {
+        stage_t *s = &p->st[i];
+        for (int c = 0; s->ctx && c < s->n_ctx; c++) hp_model_ctx_destroy(s->ctx[c]);
+        for (int m = 0; m < p->o.n_microbatches; m++) {
+            if (s->in_act) hp_free_aligned(s->in_act[m]);
+            if (s->out_act) hp_free_aligned(s->out_act[m]);
+            if (s->dout) hp_free_aligned(s->dout[m]);
+            if (s->din) hp_free_aligned(s->din[m]);
+        }
+        free(s->ctx);
+        free(s->free_ctx);
+        free(s->ctx_of);
+        free(s->in_act);
+        free(s->out_act);
+        free(s->dout);
+        free(s->din);
+        free(s->recv_f);
+        free(s->recv_b);
+    }
+    free(p->st);
+    free(p->stage_to_rank);
+    free(p->local_of);
+    free(p->acts);
+    free(p->sends);
+    free(p->t_start);
+    free(p->t_end);
+    if (p->comm) hp_comm_destroy(p->comm);
+    free(p);
+}
+
+static float *act_buf(hp_pp_t p) {
+    float *b = hp_aligned_alloc(sizeof(float) * (p->act_floats ? p->act_floats : 1));
+    if (b) {
+        memset(b, 0, sizeof(float) * p->act_floats);
+        p->buf_bytes += sizeof(float) * p->act_floats;
+    }
+    return b;
+}
+
+static hp_status_t fmt_action_error(const hp_pp_action_t *a, const char *what) {
+    char t[64];
+    hp_pp_action_format(a, t, sizeof t);
+    return hp_error(HP_ERR_INVALID_ARG, "pipeline runtime: action '%s' %s", t, what);
+}
+
+hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_model_t *stages,
+                         const int *stage_ids, int n_local, const hp_pp_options_t *o, const hp_pp_hooks_t *hooks,
+                         hp_pp_t *out) {
+    *out = NULL;
+    if (!pp_comm || !lowered || !o || (n_local > 0 && (!stages || !stage_ids)))
+        return hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: pp_comm, lowered, options, stages must be non-NULL");
+    const int P = hp_comm_size(pp_comm), me = hp_comm_rank(pp_comm), S = o->num_stages, n = o->n_microbatches;
+    if (hp_pp_schedule_n_ranks(lowered) != P)
+        return hp_error(HP_ERR_INVALID_ARG, "pipeline schedule has %d rank lists; the pp dimension has %d ranks",
+                        hp_pp_schedule_n_ranks(lowered), P);
+    if (S < 1 || S > HP_PP_MAX_STAGES || n < 1 || o->microbatch_size < 1 || o->seq_len < 1)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: %d stages, %d micro-batches of %d x %d tokens; expected "
+                        "positive sizes and at most %d stages", S, n, o->microbatch_size, o->seq_len, HP_PP_MAX_STAGES);
+    if ((int64_t)S * n * 2 + 2 > HP_P2P_MAX_TAG)
+        return hp_error(HP_ERR_INVALID_ARG, "pipeline: %d stages x %d micro-batches exceed the message tags (%d)", S, n,
+                        HP_P2P_MAX_TAG);
+    // the whole schedule must run to the end: simulate it (deadlock = "Schedule is not progressing")
+    {
+        int steps = 0;
+        HP_TRY(hp_pp_simulate(lowered, o->stage_to_rank, S, NULL, &steps));
+    }
+    hp_status_t st = HP_OK;
+    hp_pp_t p = hp_calloc(1, sizeof *p);
+    if (!p) return HP_ERR_OOM;
+    p->o = *o;
+    p->rank = me;
+    p->size = P;
+    p->n_local = n_local;
+    if (hooks) p->hooks = *hooks;
+    p->stage_to_rank = hp_calloc((size_t)S, sizeof(int));
+    p->local_of = hp_calloc((size_t)S, sizeof(int));
+    p->st = hp_calloc((size_t)(n_local ? n_local : 1), sizeof(stage_t));
+    if (!p->stage_to_rank || !p->local_of || !p->st) { st = HP_ERR_OOM; goto fail; }
+    memcpy(p->stage_to_rank, o->stage_to_rank, sizeof(int) * (size_t)S);
+    p->o.stage_to_rank = p->stage_to_rank;
+    for (int s = 0; s < S; s++) p->local_of[s] = -1;
+    for (int i = 0; i < n_local; i++) {
+        int id = stage_ids[i];
+        if (id < 0 || id >= S || p->stage_to_rank[id] != me || (i > 0 && id <= stage_ids[i - 1])) {
+            st = hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: local stage %d (index %d) is not a stage of pp rank %d in "
+                          "the schedule's mapping, or stages are not ascending", id, i, me);
+            goto fail;
+        }
+        p->local_of[id] = i;
+    }
+    for (int s = 0; s < S; s++)
+        if (p->stage_to_rank[s] == me && p->local_of[s] < 0) {
+            st = hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: the schedule maps stage %d to pp rank %d, which was given "
+                          "no model for it", s, me);
+            goto fail;
+        }
+    // this rank's actions (bubbles dropped), checked against its stages
+    {
+        const int len = hp_pp_schedule_len(lowered, me);
+        p->acts = hp_calloc((size_t)(len ? len : 1), sizeof(hp_pp_action_t));
+        p->sends = hp_calloc((size_t)(len ? len : 1), sizeof(hp_work_t));
+        p->t_start = hp_calloc((size_t)(len ? len : 1), sizeof(double));
+        p->t_end = hp_calloc((size_t)(len ? len : 1), sizeof(double));
+        if (!p->acts || !p->sends || !p->t_start || !p->t_end) { st = HP_ERR_OOM; goto fail; }
+        for (int i = 0; i < len; i++) {
+            const hp_pp_action_t *a = hp_pp_schedule_at(lowered, me, i);
+            if (!a) continue;
+            if (a->stage >= S || p->local_of[a->stage] < 0) {
+                st = fmt_action_error(a, "names a stage this rank does not hold");
+                goto fail;
+            }
+            if (a->mb != HP_PP_NO_MB && a->mb >= n) {
+                st = fmt_action_error(a, "names a micro-batch beyond n_microbatches");
+                goto fail;
+            }
+            p->acts[p->n_acts++] = *a;
+        }
+    }
+    // stages: unit ranges, in-flight peaks, buffers
+    p->dim = n_local ? hp_model_config(stages[0])->dim : 0;
+    p->act_floats = (size_t)o->microbatch_size * (size_t)o->seq_len * (size_t)p->dim;
+    for (int i = 0; i < n_local; i++) {
+        stage_t *s = &p->st[i];
+        s->m = stages[i];
+        s->id = stage_ids[i];
+        hp_model_unit_range(s->m, &s->u0, &s->u1);
+        s->first = s->u0 == 0;
+        s->last = s->u1 == hp_model_num_units(s->m);
+        if ((s->id == 0) != s->first || (s->id == S - 1) != s->last) {
+            st = hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: stage %d's model holds units [%d, %d); the first stage "
+                          "must hold the embedding (unit 0) and the last the head, and only they", s->id, s->u0, s->u1);
+            goto fail;
+        }
+        if (i > 0 && p->st[i - 1].id == s->id - 1 && p->st[i - 1].u1 != s->u0) {
+            st = hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: stages %d and %d hold units ending at %d and starting at %d; "
+                          "adjacent stages must hold adjacent units", s->id - 1, s->id, p->st[i - 1].u1, s->u0);
+            goto fail;
+        }
+        int live = 0, peak = 0;
+        for (int k = 0; k < p->n_acts; k++) {
+            const hp_pp_action_t *a = &p->acts[k];
+            if (a->stage != s->id) continue;
+            if (a->type == HP_PP_F) live++;
+            if (a->type == HP_PP_B || a->type == HP_PP_W) live--;
+            if (a->type == HP_PP_I || a->type == HP_PP_W) s->split = 1;
+            if (live > peak) peak = live;
+        }
+        s->n_ctx = peak > 0 ? peak : 1;
+        s->ctx = hp_calloc((size_t)s->n_ctx, sizeof(hp_model_ctx_t));
+        s->free_ctx = hp_calloc((size_t)s->n_ctx, sizeof(int));
+        s->ctx_of = hp_calloc((size_t)n, sizeof(int));
+        s->in_act = hp_calloc((size_t)n, sizeof(float *));
+        s->out_act = hp_calloc((size_t)n, sizeof(float *));
+        s->dout = hp_calloc((size_t)n, sizeof(float *));
+        s->din = hp_calloc((size_t)n, sizeof(float *));
+        s->recv_f = hp_calloc((size_t)n, sizeof(hp_work_t));
+        s->recv_b = hp_calloc((size_t)n, sizeof(hp_work_t));
+        if (!s->ctx || !s->free_ctx || !s->ctx_of || !s->in_act || !s->out_act || !s->dout || !s->din || !s->recv_f ||
+            !s->recv_b) { st = HP_ERR_OOM; goto fail; }
+        for (int c = 0; c < s->n_ctx && st == HP_OK; c++) {
+            st = hp_model_ctx_create(s->m, o->microbatch_size, o->seq_len, s->split ? HP_MODEL_CTX_SPLIT_BACKWARD : 0,
+                                     &s->ctx[c]);
+            if (st == HP_OK) p->ctx_bytes += hp_model_ctx_bytes(s->ctx[c]);
+        }
+        if (st != HP_OK) goto fail;
+        for (int m = 0; m < n; m++) {
+            s->ctx_of[m] = -1;
+            // receive buffers only where the neighbour is on another rank; outputs and input
+            // gradients always (the local neighbour reads them)
+            const int prev_remote = !s->first && p->local_of[s->id - 1] < 0;
+            const int next_remote = !s->last && p->local_of[s->id + 1] < 0;
+            if (prev_remote && !(s->in_act[m] = act_buf(p))) { st = HP_ERR_OOM; goto fail; }
+            if (!s->last && !(s->out_act[m] = act_buf(p))) { st = HP_ERR_OOM; goto fail; }
+            if (next_remote && !(s->dout[m] = act_buf(p))) { st = HP_ERR_OOM; goto fail; }
+            if (!s->first && !(s->din[m] = act_buf(p))) { st = HP_ERR_OOM; goto fail; }
+        }
+    }
+    st = hp_comm_dup(pp_comm, &p->comm);
+    if (st != HP_OK) goto fail;
+    *out = p;
+    return HP_OK;
+fail:
+    hp_pp_destroy(p);
+    return st;
+}
+
+static void reset_step(hp_pp_t p) {
+    for (int i = 0; i < p->n_local; i++) {
+        stage_t *s = &p->st[i];
+        s->n_free = s->n_ctx;
+        for (int c = 0; c < s->n_ctx; c++) s->free_ctx[c] = s->n_ctx - 1 - c;
+        for (int m = 0; m < p->o.n_microbatches; m++) s->ctx_of[m] = -1;
+        s->n_bwd = 0;
+    }
+}
+
+/* Waits every outstanding operation (after an error too, so no buffer is left in flight). */
+static hp_status_t drain(hp_pp_t p, hp_status_t st) {
+    for (int k = 0; k < p->n_acts; k++)
+        if (p->sends[k]) {
+            hp_status_t w = hp_work_wait(&p->sends[k]);
+            if (st == HP_OK) st = w;
+        }
+    for (int i = 0; i < p->n_local; i++)
+        for (int m = 0; m < p->o.n_microbatches; m++) {
+            stage_t *s = &p->st[i];
+            hp_work_t *w[2] = {&s->recv_f[m], &s->recv_b[m]};
+            for (int j = 0; j < 2; j++)
+                if (*w[j]) {
+                    hp_status_t r = hp_work_wait(w[j]);
+                    if (st == HP_OK) {
+                        st = r;
+                        if (st == HP_OK)
+                            st = hp_error(HP_ERR_STATE, "pipeline runtime: stage %d received %s of micro-batch %d "
+                                          "that no action used", s->id, j ? "a gradient" : "an activation", m);
+                    }
+                }
+        }
+    return st;
+}
+
+static const int32_t *mb_rows(const int32_t *x, const hp_pp_t p, int m) {
+    return x ? x + (size_t)m * (size_t)p->o.microbatch_size * (size_t)p->o.seq_len : NULL;
+}
+
+/* F: the stage's input (tokens, a local neighbour's output, or the received activation). */
+static hp_status_t run_forward(hp_pp_t p, stage_t *s, int m, const int32_t *tokens, const int32_t *targets,
+                               float div, double *loss_sum, int64_t *n_valid, const hp_pp_action_t *a) {
+    if (s->ctx_of[m] >= 0) return fmt_action_error(a, "runs the forward of a micro-batch twice in one step");
+    if (s->n_free == 0) return fmt_action_error(a, "finds no free micro-batch context (more in flight than planned)");
+    const float *in = NULL;
+    if (!s->first) {
+        int pl = p->local_of[s->id - 1];
+        if (pl >= 0) {
+            if (p->st[pl].ctx_of[m] < 0)
+                return fmt_action_error(a, "runs before the forward of the previous stage on this rank");
+            in = p->st[pl].out_act[m];
+        } else {
+            if (!s->recv_f[m]) return fmt_action_error(a, "runs without its RECV_F");
+            HP_TRY(hp_work_wait(&s->recv_f[m]));
+            in = s->in_act[m];
+        }
+    }
+    const int c = s->free_ctx[--s->n_free];
+    s->ctx_of[m] = c;
+    hp_model_ctx_t ctx = s->ctx[c];
+    if (s->first && !tokens) return hp_error(HP_ERR_INVALID_ARG, "pipeline step: the first stage needs tokens");
+    if (s->last && !targets) return hp_error(HP_ERR_INVALID_ARG, "pipeline step: the last stage needs targets");
+    HP_TRY(hp_model_ctx_begin(ctx, s->first ? mb_rows(tokens, p, m) : NULL, s->last ? mb_rows(targets, p, m) : NULL,
+                              p->o.microbatch_size, p->o.seq_len, div));
+    hp_status_t fs = hp_model_forward_range(s->m, ctx, s->u0, s->u1, in, s->last ? NULL : s->out_act[m]);
+    // A non-finite loss is not an error here: every rank must finish the schedule (the peers
+    // wait for its gradients), so it flows into the loss sum and the caller stops all ranks.
+    if (!(fs == HP_ERR_NUMERIC && s->last)) HP_TRY(fs);
+    if (s->last) {
+        *loss_sum += hp_model_ctx_loss_sum(ctx);
+        *n_valid += hp_model_ctx_valid_tokens(ctx);
+    }
+    return HP_OK;
+}
+
+static void release_ctx(stage_t *s, int m) {
+    s->free_ctx[s->n_free++] = s->ctx_of[m];
+    s->ctx_of[m] = -1;
+}
+
+/* B or I: the output gradient (the loss, a local neighbour's input gradient, or received). */
+static hp_status_t run_backward(hp_pp_t p, stage_t *s, int m, int type, const hp_pp_action_t *a) {
+    if (s->ctx_of[m] < 0) return fmt_action_error(a, "runs without the micro-batch's forward");
+    const float *dout = NULL;
+    if (!s->last) {
+        int nl = p->local_of[s->id + 1];
+        if (nl >= 0) {
+            dout = p->st[nl].din[m];
+        } else {
+            if (!s->recv_b[m]) return fmt_action_error(a, "runs without its RECV_B");
+            HP_TRY(hp_work_wait(&s->recv_b[m]));
+            dout = s->dout[m];
+        }
+    }
+    const int last = ++s->n_bwd == p->o.n_microbatches;
+    if (p->hooks.pre_backward) HP_TRY(p->hooks.pre_backward(p->hooks.user, s->id, m, last));
+    hp_model_ctx_t ctx = s->ctx[s->ctx_of[m]];
+    if (type == HP_PP_B) {
+        HP_TRY(hp_model_backward_range(s->m, ctx, s->u0, s->u1, dout, s->first ? NULL : s->din[m]));
+        release_ctx(s, m);
+    } else {
+        HP_TRY(hp_model_backward_input_range(s->m, ctx, s->u0, s->u1, dout, s->first ? NULL : s->din[m]));
+    }
+    return HP_OK;
+}
+
+static hp_status_t run_action(hp_pp_t p, int k, const int32_t *tokens, const int32_t *targets, float div,
+                              double *loss_sum, int64_t *n_valid) {
+    const hp_pp_action_t *a = &p->acts[k];
+    stage_t *s = &p->st[p->local_of[a->stage]];
+    const int m = a->mb;
+    switch (a->type) {
+    case HP_PP_F: return run_forward(p, s, m, tokens, targets, div, loss_sum, n_valid, a);
+    case HP_PP_B:
+    case HP_PP_I: return run_backward(p, s, m, a->type, a);
+    case HP_PP_W:
+        if (s->ctx_of[m] < 0) return fmt_action_error(a, "runs without the micro-batch's forward");
+        HP_TRY(hp_model_backward_weight_range(s->m, s->ctx[s->ctx_of[m]], s->u0, s->u1));
+        release_ctx(s, m);
+        return HP_OK;
+    case HP_PP_SEND_F:
+        if (s->last || s->ctx_of[m] < 0) return fmt_action_error(a, "sends an activation that was not computed");
+        return hp_send_tag(s->out_act[m], p->act_floats, HP_F32, p->stage_to_rank[s->id + 1],
+                           msg_tag(p, s->id, m, DIR_F), p->comm, &p->sends[k]);
+    case HP_PP_SEND_B:
+        if (s->first) return fmt_action_error(a, "sends an input gradient from the first stage");
+        return hp_send_tag(s->din[m], p->act_floats, HP_F32, p->stage_to_rank[s->id - 1], msg_tag(p, s->id, m, DIR_B),
+                           p->comm, &p->sends[k]);
+    case HP_PP_RECV_F:
+        if (s->first || !s->in_act[m]) return fmt_action_error(a, "receives from a stage on this rank or none");
+        if (s->recv_f[m]) return fmt_action_error(a, "is posted twice");
+        return hp_recv_tag(s->in_act[m], p->act_floats, HP_F32, p->stage_to_rank[s->id - 1],
+                           msg_tag(p, s->id - 1, m, DIR_F), p->comm, &s->recv_f[m]);
+    case HP_PP_RECV_B:
+        if (s->last || !s->dout[m]) return fmt_action_error(a, "receives from a stage on this rank or none");
+        if (s->recv_b[m]) return fmt_action_error(a, "is posted twice");
+        return hp_recv_tag(s->dout[m], p->act_floats, HP_F32, p->stage_to_rank[s->id + 1],
+                           msg_tag(p, s->id + 1, m, DIR_B), p->comm, &s->recv_b[m]);
+    case HP_PP_UNSHARD: return p->hooks.unshard ? p->hooks.unshard(p->hooks.user, s->id) : HP_OK;
+    case HP_PP_RESHARD: return p->hooks.reshard ? p->hooks.reshard(p->hooks.user, s->id) : HP_OK;
+    case HP_PP_REDUCE_GRAD: return p->hooks.reduce_grad ? p->hooks.reduce_grad(p->hooks.user, s->id) : HP_OK;
+    default: return fmt_action_error(a, "is not executable");
+    }
+}
+
+hp_status_t hp_pp_step(hp_pp_t p, const int32_t *tokens, const int32_t *targets, float loss_divisor,
+                       double *loss_sum, int64_t *n_valid) {
+    double ls = 0.0;
+    int64_t nv = 0;
+    reset_step(p);
+    hp_status_t st = HP_OK;
+    for (int k = 0; k < p->n_acts && st == HP_OK; k++) {
+        p->t_start[k] = hp_clock_now_seconds();
+        st = run_action(p, k, tokens, targets, loss_divisor, &ls, &nv);
+        p->t_end[k] = hp_clock_now_seconds();
+    }
+    for (int i = 0; st == HP_OK && i < p->n_local; i++)
+        if (p->st[i].n_free != p->st[i].n_ctx)
+            st = hp_error(HP_ERR_STATE, "pipeline runtime: stage %d ends the step with %d micro-batches whose backward "
+                          "never ran", p->st[i].id, p->st[i].n_ctx - p->st[i].n_free);
+    st = drain(p, st);
+    if (loss_sum) *loss_sum = ls;
+    if (n_valid) *n_valid = nv;
+    return st;
+}
+
+hp_status_t hp_pp_eval(hp_pp_t p, const int32_t *tokens, const int32_t *targets, float loss_divisor,
+                       double *loss_sum, int64_t *n_valid) {
+    double ls = 0.0;
+    int64_t nv = 0;
+    reset_step(p);
+    hp_status_t st = HP_OK;
+    const int n = p->o.n_microbatches;
+    // Micro-batch major, stages ascending: every (m, stage) depends only on (m, stage - 1),
+    // which comes earlier in that order on every rank, so blocking receives cannot deadlock;
+    // each stage needs one context at a time. Sends reuse the step's handle slots.
+    int k = 0;
+    for (int m = 0; m < n && st == HP_OK; m++)
+        for (int i = 0; i < p->n_local && st == HP_OK; i++) {
+            stage_t *s = &p->st[i];
+            const int prev_remote = !s->first && p->local_of[s->id - 1] < 0;
+            const int next_remote = !s->last && p->local_of[s->id + 1] < 0;
+            if (prev_remote)
+                st = hp_recv_tag(s->in_act[m], p->act_floats, HP_F32, p->stage_to_rank[s->id - 1],
+                                 msg_tag(p, s->id - 1, m, DIR_F), p->comm, &s->recv_f[m]);
+            hp_pp_action_t a = {s->id, HP_PP_F, m};
+            if (st == HP_OK) st = run_forward(p, s, m, tokens, targets, loss_divisor, &ls, &nv, &a);
+            if (st == HP_OK && next_remote) {
+                if (k >= p->n_acts) st = hp_error(HP_ERR_STATE, "pipeline eval: more sends than the schedule has");
+                else st = hp_send_tag(s->out_act[m], p->act_floats, HP_F32, p->stage_to_rank[s->id + 1],
+                                      msg_tag(p, s->id, m, DIR_F), p->comm, &p->sends[k++]);
+            }
+            if (st != HP_OK) break;
+            if (!s->first && !prev_remote) release_ctx(&p->st[p->local_of[s->id - 1]], m);   // its output was read
+            if (s->last || next_remote) release_ctx(s, m);
+        }
+    st = drain(p, st);
+    if (loss_sum) *loss_sum = ls;
+    if (n_valid) *n_valid = nv;
+    return st;
+}
+
+void hp_pp_memory(hp_pp_t p, size_t *context_bytes, size_t *buffer_bytes) {
+    if (context_bytes) *context_bytes = p ? p->ctx_bytes : 0;
+    if (buffer_bytes) *buffer_bytes = p ? p->buf_bytes : 0;
+}
+
+int hp_pp_stage_contexts(hp_pp_t p, int i) { return p && i >= 0 && i < p->n_local ? p->st[i].n_ctx : 0; }
+
+int hp_pp_last_timeline(hp_pp_t p, const hp_pp_action_t **actions, const double **start, const double **end) {
+    *actions = p->acts;
+    *start = p->t_start;
+    *end = p->t_end;
+    return p->n_acts;
+}

@@ -1,0 +1,214 @@
+/* Pipeline parallel runtime (src/parallel/pp.c): on pp = 2 and 4 ranks, GPipe, 1F1B,
+ * Interleaved1F1B and LoopedBFS over micro-batch counts 2..8, llama3 and qwen3 (tied), stage
+ * models that hold only their units give the single-rank model's loss and gradients (the
+ * parity engine of test_dp_util.h: the reference runs every micro-batch of the step from zero
+ * gradients on the whole model; a stage's gradient is those partials added in the schedule's
+ * order, within gamma_n * sum|partials| + u |sum| of their exact sum, n = micro-batches, as
+ * any summation order of n terms; the loss within two f32 roundings of its partials). A
+ * corrupted gradient (1 ulp-scale relative error 2^-12 on one element) must fail that check.
+ * Per-rank parameter bytes are 1/pp of the model plus the embedding / head imbalance; the
+ * split rule and its errors are TorchTitan's. */
+// hp-test: ranks 1 2 4   timeout 600
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hp_test.h"
+#include "hp_test_mpi.h"
+#include "test_dp_util.h"
+#include "hyperparallel/comm.h"
+#include "hyperparallel/model.h"
+#include "hyperparallel/pp.h"
+#include "hyperparallel/pp_schedule.h"
+
+enum { MBS = 1, TT = 8 };
+
+static void split_tests(void) {
+    int lo[HP_PP_MAX_STAGES + 1], ns = 0;
+    // TorchTitan's examples (llama3 debugmodel, 6 layers): pp 2 1F1B -> [emb, 0-2] | [3-5, norm, output]
+    HP_CHECK_OK(hp_pp_split_layers(6, 2, 1, 1, lo));
+    HP_CHECK(lo[0] == 0 && lo[1] == 4 && lo[2] == 8, "pp2 split %d %d %d", lo[0], lo[1], lo[2]);
+    // pp 4 Interleaved1F1B: 8 stages [emb] [l0] ... [l5] [norm, output]
+    HP_CHECK_OK(hp_pp_split_layers(6, 8, 1, 1, lo));
+    for (int s = 0; s <= 8; s++) HP_CHECK(lo[s] == s, "8-stage split: stage %d starts at unit %d", s, lo[s]);
+    // 32 layers, 8 stages: 34 effective, 4 each, the first 2 one more: emb + layers 0-3 | 4-8 |
+    // 9-12 ... | 29-31 + head
+    HP_CHECK_OK(hp_pp_split_layers(32, 8, 1, 1, lo));
+    HP_CHECK(lo[1] == 5 && lo[2] == 10 && lo[7] == 30 && lo[8] == 34, "32/8 split %d %d %d %d", lo[1], lo[2], lo[7], lo[8]);
+    // 27 layers, 4 stages: remainder to the first stages (7 + 1 extra): emb + 0-6 | 7-13 | 14-20 | 21-26 + head
+    HP_CHECK_OK(hp_pp_split_layers(27, 4, 1, 1, lo));
+    HP_CHECK(lo[1] == 8 && lo[2] == 15 && lo[3] == 22 && lo[4] == 29, "27/4 split %d %d %d %d", lo[1], lo[2], lo[3], lo[4]);
+    HP_CHECK_ERR(hp_pp_split_layers(2, 8, 1, 1, lo), HP_ERR_INVALID_ARG, "cannot be greater than effective layers");
+    HP_CHECK_ERR(hp_pp_split_layers(6, 4, 3, 1, lo), HP_ERR_INVALID_ARG, "first_stage_less_layers 3");
+    HP_CHECK_OK(hp_pp_num_stages(4, 0, 6, -1, 1, 1, &ns));
+    HP_CHECK(ns == 8, "looped schedules get 2 stages per rank: %d", ns);
+    HP_CHECK_OK(hp_pp_num_stages(2, 0, 6, 2, 1, 1, &ns));
+    HP_CHECK(ns == 4, "layers_per_stage 2: %d stages", ns);
+    HP_CHECK_ERR(hp_pp_num_stages(3, 0, 6, 2, 1, 1, &ns), HP_ERR_INVALID_ARG, "not divisible by");
+    HP_CHECK_ERR(hp_pp_num_stages(2, 1, 6, 2, 1, 1, &ns), HP_ERR_INVALID_ARG, "exactly 1 stage per rank");
+    // module_fqns_per_model_part
+    HP_CHECK_OK(hp_pp_split_fqns("tok_embeddings,layers.0;layers.1, norm, output", "k", 2, &ns, lo));
+    HP_CHECK(ns == 2 && lo[1] == 2 && lo[2] == 4, "fqns split %d: %d %d", ns, lo[1], lo[2]);
+    HP_CHECK_ERR(hp_pp_split_fqns("tok_embeddings,layers.1;layers.0,norm,output", "k", 2, &ns, lo), HP_ERR_INVALID_ARG,
+                 "'layers.1' where the next layer was expected");
+    HP_CHECK_ERR(hp_pp_split_fqns("tok_embeddings,layers.0;layers.1", "k", 2, &ns, lo), HP_ERR_INVALID_ARG,
+                 "before norm and output");
+    HP_CHECK_ERR(hp_pp_split_fqns("tok_embeddings,layers.0;layers.9,norm,output", "k", 2, &ns, lo),
+                 HP_ERR_INVALID_ARG, "names 'layers.9'");
+    HP_CHECK_ERR(hp_pp_split_fqns("tok_embeddings;;layers.0,layers.1,norm,output", "k", 2, &ns, lo),
+                 HP_ERR_INVALID_ARG, "stage 1 is empty");
+}
+
+/* One (model, schedule, n_mb) case on `world` (= the pp dim). Returns the worst error/bound. */
+static double run_case(hp_comm_t world, const char *model, hp_pp_kind_t kind, int n_mb, int negative) {
+    const int P = hp_comm_size(world), me = hp_comm_rank(world);
+    const int L = hp_pp_kind_is_single_stage(kind) ? 1 : 2, S = P * L;
+    hp_model_config_t cfg = dp_config(6);
+    if (!strcmp(model, "qwen3")) {
+        HP_ASSERT(hp_model_flavor("qwen3", "debugmodel", &cfg) == HP_OK);
+        cfg.n_layers = 6;
+        cfg.max_seq_len = 64;
+    }
+    // small dims keep the 2-core suite short: 4 heads of 16, 2 KV heads (GQA), vocab 256
+    cfg.dim = 64;
+    cfg.n_heads = 4;
+    cfg.n_kv_heads = 2;
+    cfg.head_dim = 0;
+    cfg.hidden_dim = 128;
+    cfg.vocab_size = 256;
+    if (hp_model_config_validate(&cfg) != HP_OK) {
+        fprintf(stderr, "config: %s\n", hp_last_error());
+        exit(1);
+    }
+    int lo[HP_PP_MAX_STAGES + 1];
+    HP_CHECK_OK(hp_pp_split_layers(cfg.n_layers, S, 1, 1, lo));
+    hp_pp_schedule_t *compute = NULL, *lowered = NULL;
+    int s2r[HP_PP_MAX_STAGES];
+    HP_CHECK_OK(hp_pp_generate(kind, P, L, n_mb, &compute));
+    HP_CHECK_OK(hp_pp_lower(compute, S, n_mb, &lowered, s2r));
+    hp_model_t stages[4];
+    int ids[4], nl = 0;
+    for (int s = 0; s < S; s++)
+        if (s2r[s] == me) {
+            ids[nl] = s;
+            HP_CHECK_OK(hp_model_create_range(&cfg, lo[s], lo[s + 1], MBS, TT, &stages[nl]));
+            HP_CHECK_OK(hp_model_init_weights(stages[nl], DP_SEED));
+            HP_CHECK_OK(hp_model_zero_grad(stages[nl]));
+            nl++;
+        }
+    hp_pp_options_t o = {S, s2r, n_mb, MBS, TT};
+    hp_pp_t rt = NULL;
+    HP_CHECK_OK(hp_pp_create(world, lowered, stages, ids, nl, &o, NULL, &rt));
+    // the step's data: n_mb sequences
+    const int V = cfg.vocab_size, N = n_mb * MBS * TT;
+    int32_t *tok = hp_malloc(sizeof(int32_t) * (size_t)N), *tgt = hp_malloc(sizeof(int32_t) * (size_t)N);
+    for (int m = 0; m < n_mb; m++) dp_sequence(0, 0, m, V, tok + m * TT, tgt + m * TT);
+    int64_t valid = 0;
+    for (int i = 0; i < N; i++) valid += tgt[i] != -100;
+    double ls = 0.0;
+    int64_t nv = 0;
+    HP_CHECK_OK(hp_pp_step(rt, tok, tgt, (float)valid, &ls, &nv));
+    // the reference: every micro-batch from zero gradients on the whole model
+    hp_model_t ref = NULL;
+    HP_CHECK_OK(hp_model_create(&cfg, MBS, TT, &ref));
+    HP_CHECK_OK(hp_model_init_weights(ref, DP_SEED));
+    dp_par_t par;
+    dp_par_init(&par, hp_model_params(ref), hp_model_num_params(ref), n_mb, 0, 0.0, 1);
+    par.negative = negative;
+    dp_par_begin_step(&par);
+    for (int m = 0; m < n_mb; m++) {
+        float l = 0.0f;
+        HP_CHECK_OK(hp_model_zero_grad(ref));
+        HP_CHECK_OK(hp_model_forward(ref, tok + m * TT, tgt + m * TT, MBS, TT, (float)valid, &l));
+        HP_CHECK_OK(hp_model_backward(ref));
+        dp_par_add_partial(&par, l);
+    }
+    const int last_here = s2r[S - 1] == me;
+    if (last_here) {
+        HP_CHECK(nv == valid, "valid targets %lld vs %lld", (long long)nv, (long long)valid);
+        dp_par_check_loss(&par, "pp loss", 0, ls / (double)valid);
+    }
+    // every held parameter's gradient against the partials' exact sum
+    double worst = 0.0;
+    for (int i = 0; i < nl; i++) {
+        hp_param_t *sp = hp_model_params(stages[i]);
+        for (int j = 0; j < hp_model_num_params(stages[i]); j++) {
+            int ri = -1;
+            for (int k = 0; k < par.np; k++)
+                if (!strcmp(par.rp[k].name, sp[j].name)) ri = k;
+            HP_CHECK(ri >= 0, "stage param %s not in the model", sp[j].name);
+            if (ri < 0) continue;
+            // a tied weight's copy holds one use's gradient only (the trainer sums the two)
+            const int tied_part = cfg.tie_embeddings && !strcmp(sp[j].name, "tok_embeddings.weight") && P > 1;
+            if (tied_part) continue;
+            float *g = sp[j].grad.local.data;
+            const int64_t n = hp_tensor_numel(&sp[j].grad.local);
+            if (negative && n > 0) g[n / 2] += (float)(fabs(par.S[par.off[ri] + n / 2]) * (1.0 / 4096) + 1e-30);
+            for (int64_t k = 0; k < n; k++) {
+                const double S_ = par.S[par.off[ri] + k], b = dp_par_bound(&par, par.off[ri] + k),
+                             e = fabs((double)g[k] - S_);
+                if (e / b > worst) worst = e / b;
+                DP_PAR_CHECK(&par, e <= b, "%s %s n_mb %d: %s[%lld] = %.9g vs %.9g (bound %.3g)", model,
+                             hp_pp_kind_name(kind), n_mb, sp[j].name, (long long)k, g[k], S_, b);
+            }
+        }
+    }
+    if (negative) HP_CHECK(par.violations > 0, "the corrupted gradient passed the parity check");
+    // memory: this rank's parameters against 1/pp of the model
+    if (!negative && kind == HP_PP_1F1B) {
+        int64_t mine = 0, all = 0;
+        for (int i = 0; i < nl; i++) {
+            hp_param_t *sp = hp_model_params(stages[i]);
+            for (int j = 0; j < hp_model_num_params(stages[i]); j++) mine += hp_tensor_numel(&sp[j].value.local);
+        }
+        HP_CHECK_OK(hp_all_reduce(&mine, &all, 1, HP_I64, HP_SUM, world, NULL));
+        const int64_t full = hp_model_param_count(&cfg, 0) + (cfg.tie_embeddings && P > 1 ? (int64_t)V * cfg.dim : 0);
+        HP_CHECK(all == full, "stage parameters sum to %lld, the model has %lld", (long long)all, (long long)full);
+        // a middle stage of pp 4 holds its layers only: within the embedding/head imbalance of 1/pp
+        const int64_t emb = (int64_t)V * cfg.dim, per = (full - 2 * emb) / P;
+        if (me > 0 && me < P - 1) HP_CHECK(mine <= per + per / 2, "middle rank %d holds %lld > 1.5 x %lld", me,
+                                           (long long)mine, (long long)per);
+        if (me == 0 && !negative && !strcmp(model, "llama3")) {
+            size_t cb = 0, bb = 0;
+            hp_pp_memory(rt, &cb, &bb);
+            printf("pp %d %s: rank 0 holds %lld of %lld parameters (%.1f%%), %d contexts (%zu bytes), p2p %zu bytes\n",
+                   P, model, (long long)mine, (long long)full, 100.0 * (double)mine / (double)full,
+                   hp_pp_stage_contexts(rt, 0), cb, bb);
+        }
+    }
+    dp_par_free(&par);
+    hp_model_destroy(ref);
+    hp_pp_destroy(rt);
+    for (int i = 0; i < nl; i++) hp_model_destroy(stages[i]);
+    hp_pp_schedule_free(compute);
+    hp_pp_schedule_free(lowered);
+    free(tok);
+    free(tgt);
+    return worst;
+}
+
+int main(int argc, char **argv) {
+    int rank, ws;
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
+    if (ws == 1) {
+        split_tests();
+        run_case(world, "llama3", HP_PP_GPIPE, 2, 0);   // one stage: the whole model through the runtime
+    } else {
+        const hp_pp_kind_t kinds[4] = {HP_PP_GPIPE, HP_PP_1F1B, HP_PP_INTERLEAVED_1F1B, HP_PP_LOOPED_BFS};
+        const char *models[2] = {"llama3", "qwen3"};
+        for (int mi = 0; mi < 2; mi++)
+            for (int k = 0; k < 4; k++)
+                for (int n_mb = 2; n_mb <= 8; n_mb *= 2) {
+                    if (n_mb < ws && kinds[k] != HP_PP_GPIPE && kinds[k] != HP_PP_LOOPED_BFS) continue;
+                    if (ws == 4 && mi == 1 && n_mb == 2) continue;   // keep pp 4 short
+                    double w = run_case(world, models[mi], kinds[k], n_mb, 0);
+                    if (rank == 0) printf("pp %d %s %s n_mb %d: worst error / bound %.3g\n", ws, models[mi],
+                                          hp_pp_kind_name(kinds[k]), n_mb, w);
+                }
+        run_case(world, "llama3", HP_PP_1F1B, ws, 1);   // negative
+    }
+    int rc = hp_test_finish("test_pp");
+    hp_comm_finalize();
+    return rc;
+}
