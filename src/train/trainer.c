@@ -360,7 +360,7 @@ static hp_status_t pp_create_stages(hp_trainer_t t) {
     if (t->val_B != t->B)
         return hp_error(HP_ERR_UNSUPPORTED, "validation.local_batch_size %d differs from training.local_batch_size %d; "
                         "under pipeline parallel validation runs the training micro-batches; hint: leave "
-                        "validation.local_batch_size at 0", t->val_B, t->B);
+                        "validation.local_batch_size at -1", t->val_B, t->B);
     if (strcmp(c->optimizer.name, "muon") == 0)
         return hp_error(HP_ERR_UNSUPPORTED, "optimizer.name = muon is not supported with pipeline parallel yet; hint: "
                         "use adamw or sgd");
@@ -971,14 +971,16 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     int np = t->np;
     hp_param_t *params = t->params;
     /* FSDP / HSDP reduce-scatter (and all-reduce) inside backward, per unit */
-    if (t->dp_size > 1 && !t->fsdp && !t->ddp) {
+    const int pp_fsdp = t->pp && t->pp->fsdp[0];   /* pipeline parallel: FSDP per stage */
+    if (t->dp_size > 1 && !t->fsdp && !t->ddp && !pp_fsdp) {
         for (int i = 0; i < np; i++) {
             hp_tensor_t *g = &params[i].grad.local;
             if (hp_tensor_numel(g) == 0) continue;   /* pipeline parallel: held by another stage */
             HP_TRY(hp_all_reduce(g->data, g->data, (size_t)hp_tensor_numel(g), HP_F32, HP_SUM, t->dp_comm,
                                  &t->grad_work[i]));
         }
-        for (int i = 0; i < np; i++) HP_TRY(hp_work_wait(&t->grad_work[i]));
+        for (int i = 0; i < np; i++)
+            if (t->grad_work[i]) HP_TRY(hp_work_wait(&t->grad_work[i]));
     }
     if (t->pp) HP_TRY(pp_tie_grads(t));   /* pipeline parallel (owner pp): tied copies summed */
     /* 5. global loss and finiteness (every rank agrees); under PP only the last stage has it */

