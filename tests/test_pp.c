@@ -169,6 +169,29 @@ static double run_case(hp_comm_t world, const char *model, hp_pp_kind_t kind, in
         const int64_t emb = (int64_t)V * cfg.dim, per = (full - 2 * emb) / P;
         if (me > 0 && me < P - 1) HP_CHECK(mine <= per + per / 2, "middle rank %d holds %lld > 1.5 x %lld", me,
                                            (long long)mine, (long long)per);
+        // activations: one context per micro-batch in flight; 1F1B keeps min(n, P - r) on rank r;
+        // one context of every stage together is about one whole-model context (a stage's
+        // context also holds its input copy and its own scratch: at most 1.5x in all)
+        HP_CHECK(hp_pp_stage_contexts(rt, 0) == (n_mb < P - me ? n_mb : P - me), "1F1B rank %d keeps %d contexts, "
+                 "expected min(%d, %d)", me, hp_pp_stage_contexts(rt, 0), n_mb, P - me);
+        {
+            size_t cb = 0, bb = 0;
+            hp_pp_memory(rt, &cb, &bb);
+            float one = (float)cb / (float)hp_pp_stage_contexts(rt, 0), sum = 0;
+            HP_CHECK_OK(hp_all_reduce(&one, &sum, 1, HP_F32, HP_SUM, world, NULL));
+            hp_model_t whole = NULL;
+            hp_model_ctx_t wc = NULL;
+            HP_CHECK_OK(hp_model_create(&cfg, MBS, TT, &whole));
+            HP_CHECK_OK(hp_model_ctx_create(whole, MBS, TT, 0, &wc));
+            const double w = (double)hp_model_ctx_bytes(wc);
+            HP_CHECK(sum >= 0.9 * w && sum <= 1.5 * w, "one context per stage sums to %.0f bytes, a whole-model context "
+                     "has %.0f", (double)sum, w);
+            if (me == 0 && !strcmp(model, "llama3"))
+                printf("pp %d: rank 0 context %.0f bytes (%.1f%% of the whole model's %.0f); all stages %.0f\n", P,
+                       (double)one, 100.0 * one / w, w, (double)sum);
+            hp_model_ctx_destroy(wc);
+            hp_model_destroy(whole);
+        }
         if (me == 0 && !negative && !strcmp(model, "llama3")) {
             size_t cb = 0, bb = 0;
             hp_pp_memory(rt, &cb, &bb);
