@@ -19,6 +19,9 @@ echo "== FSDP (2 ranks)"
 OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$BUILD/bench_fsdp" 2 64 5
 echo "== tensor parallel (2 ranks)"
 OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$BUILD/bench_tp" --seq 256 --steps 5
+echo "== pipeline schedules (pp 2 on 2 cores; pp 4 oversubscribed on a 2-core machine)"
+OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$BUILD/bench_pp" --layers 8 --dim 256 --seq 128 --microbatches 8 --steps 5
+OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 4 "$BUILD/bench_pp" --layers 8 --dim 256 --seq 128 --microbatches 8 --steps 5
 echo "== checkpoint"
 "$BUILD/bench_checkpoint" --mib 64 --reps 3
 "${MPIRUN[@]}" -np 2 "$BUILD/bench_checkpoint" --mib 64 --reps 3
