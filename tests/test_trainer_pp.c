@@ -4,12 +4,13 @@
  * relative loss, 1e-4 norm: fp32 summation order of the micro-batch gradients and of the
  * norm's cross-rank sum, as the data-parallel trainer tests); 2 ranks: GPipe, 1F1B,
  * Interleaved1F1B, LoopedBFS, a hand-written CSV, module_fqns_per_model_part, activation
- * checkpointing; 4 ranks: pp 4 (1F1B, Interleaved1F1B), pp 2 x FSDP 2, pp 2 x DDP 2 against
- * replicated DP 2. A run whose optimizer is 1e-3 off must fall outside the tolerance. A
+ * checkpointing; 4 ranks: pp 4 (1F1B, Interleaved1F1B), pp 2 x TP 2 against the single rank,
+ * pp 2 x FSDP 2, pp 2 x DDP 2 against replicated DP 2; 8 ranks: pp 2 x FSDP 2 x TP 2 (llama3,
+ * qwen3) against replicated DP 2 (TP's tolerance, 1e-4 / 1e-3). A run whose optimizer is 1e-3 off must fall outside the tolerance. A
  * checkpoint saved under pp 2 loads under pp 1 (2 ranks) and pp 4 (4 ranks) with the same
  * validation loss; bad schedules, CSVs and splits are refused naming the key; the final
  * weights file gathers every stage. */
-// hp-test: ranks 2 4 timeout 900
+// hp-test: ranks 2 4 8 timeout 900
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,6 +213,16 @@ int main(int argc, char **argv) {
             close_all(l, rl, N, 1e-5, 1, sched[k]);
             close_all(n, rn, N, 1e-4, 1, "grad norm");
         }
+        // pp 2 x TP 2 (sequence + loss parallel inside each stage) against the single rank (TP's
+        // tolerance, test_tp_trainer: 1e-4 loss, 1e-3 norm: TP reorders the GEMMs' sums)
+        *f = *c;
+        set_pp(f, 2, "Interleaved1F1B");
+        f->parallelism.tensor_parallel_degree = 2;
+        run(f, world, world, l, n, NULL);
+        close_all(l, rl, N, 1e-4, 1, "pp2 x TP2");
+        close_all(n, rn, N, 1e-3, 1, "grad norm");
+        if (rank == 0) printf("pp 2 x TP 2: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n", l[0], l[N - 1], rl[0],
+                              rl[N - 1]);
         // pp 2 x FSDP 2 and pp 2 x DDP 2 against replicated DP 2 on ranks 0, 1
         base(c, 2, "llama3");
         run(c, two, world, rl, rn, NULL);
@@ -260,6 +271,26 @@ int main(int argc, char **argv) {
             }
             free(g);
         }
+    } else if (ws == 8) {
+        // pp 2 x FSDP 2 x TP 2 against replicated DP 2 (qwen3: the tied weight too); every pair
+        // of ranks runs the reference, so that no rank waits idle (polling) through it
+        hp_comm_t pair = NULL;
+        HP_CHECK_OK(hp_comm_split(world, rank / 2, rank, &pair));
+        for (int mi = 0; mi < 2; mi++) {
+            base(c, 2, models[mi]);
+            run(c, pair, world, rl, rn, NULL);
+            *f = *c;
+            set_pp(f, 2, "1F1B");
+            f->parallelism.data_parallel_replicate_degree = 1;
+            f->parallelism.data_parallel_shard_degree = 2;
+            f->parallelism.tensor_parallel_degree = 2;
+            run(f, world, world, l, n, NULL);
+            close_all(l, rl, N, 1e-4, 1, "pp2 x FSDP2 x TP2");
+            close_all(n, rn, N, 1e-3, 1, "grad norm");
+            if (rank == 0) printf("%s pp 2 x FSDP 2 x TP 2: losses %.6f .. %.6f (DP 2 %.6f .. %.6f)\n", models[mi], l[0],
+                                  l[N - 1], rl[0], rl[N - 1]);
+        }
+        hp_comm_destroy(pair);
     }
     free(c);
     free(f);

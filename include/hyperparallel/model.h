@@ -163,6 +163,10 @@ typedef struct hp_model_param_desc {
     int64_t shape[3];
 } hp_model_param_desc_t;
 int hp_model_describe_params(const hp_model_config_t *cfg, int u0, int u1, hp_model_param_desc_t *out, int cap);
+/* The modules' activation sizes changed (a parallel wrapper saves per-micro-batch state in the
+ * context's arena: tensor parallel's gathered inputs): the model's own context is re-created
+ * and contexts created before are refused afterwards (re-create them). */
+hp_status_t hp_model_refresh_contexts(hp_model_t m);
 /* Creates the model for units [u0, u1) of cfg's model (0 <= u0 < u1 <= n_layers + 2). */
 hp_status_t hp_model_create_range(const hp_model_config_t *cfg, int u0, int u1, int max_batch, int max_seq_len,
                                   hp_model_t *out);

@@ -377,6 +377,13 @@ static hp_status_t tree_changed(hp_model_t m) {
     return HP_OK;
 }
 
+hp_status_t hp_model_refresh_contexts(hp_model_t m) {
+    if (!m) return hp_error(HP_ERR_INVALID_ARG, "hp_model_refresh_contexts: model is NULL");
+    if (ctx_pending(m->dflt))
+        return hp_error(HP_ERR_STATE, "hp_model_refresh_contexts: a forward is waiting for its backward");
+    return tree_changed(m);
+}
+
 hp_status_t hp_model_replace_module(hp_model_t m, hp_module_t *parent, hp_module_t *old, hp_module_t *repl) {
     if (!m || !old || !repl)
         return hp_error(HP_ERR_INVALID_ARG, "hp_model_replace_module: model, old and replacement are required");

@@ -6,8 +6,11 @@
  *   Shard(-1): columns (features) chunked, (N, C/k);
  *   Shard(0): rows chunked ((N/k, C)); Shard(1): the sequence of (B, T, C) chunked, each rank
  *   holding rows (b, t) with t in its chunk, B = hp_act_t.B.
- * Gathered inputs and output gradients that backward reuses are kept in per-module buffers
- * sized at parallelize time (no allocation in the step loop); one microbatch in flight. */
+ * Gathered inputs that backward reuses live in the micro-batch context's arena (the wrapper's
+ * act_bytes reserves them), and the token ids of a rowwise embedding are kept per context, so
+ * several micro-batches can be in flight (pipeline schedules); scratch used within one call
+ * (output gradients, partial outputs) stays in per-module buffers sized at parallelize time.
+ * No allocation in the step loop. */
 #include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,6 +143,16 @@ int hp_tp_qwen3_plan(hp_tp_plan_entry_t *plan, int cap, int sp, int loss_paralle
 
 enum { MK_LINEAR, MK_EMBEDDING, MK_RMSNORM, MK_OTHER };
 
+#define TP_MAX_CTX 64   /* micro-batch contexts a rowwise embedding tells apart */
+
+/* Per-context state of a rowwise embedding: its token ids (the context's own copy). */
+typedef struct tp_saved {
+    const hp_act_t *act;
+    const int32_t *tok;
+    int64_t ntok;
+    const float *edout;
+} tp_saved_t;
+
 typedef struct tp_mod {
     hp_module_t *m;         /* the wrapped module (its ops now point at a wrapper) */
     hp_module_t inner;      /* shadow: original ops and impl, same id and children */
@@ -154,9 +167,8 @@ typedef struct tp_mod {
     int64_t vocab_lo;       /* rowwise embedding: first owned row */
     float *in_buf, *dout_buf, *tmp, *tmp2, *gsave;
     size_t in_buf_n, dout_buf_n, tmp_n, tmp2_n, gsave_n;
-    const int32_t *tok;     /* rowwise embedding: saved token ids */
-    const float *edout;     /* rowwise embedding: output gradient (rows N) */
-    int64_t ntok;
+    tp_saved_t saved[TP_MAX_CTX];   /* rowwise embedding: per context (token ids, output gradient) */
+    int n_saved;
     hp_module_ops_t *inner_ops_owned;   /* per-module wrapper table (keeps the kind string) */
 } tp_mod_t;
 
@@ -303,7 +315,23 @@ static void *orig_impl(const hp_module_t *m) {
 
 static size_t w_act_bytes(const hp_module_t *m, int B, int T) {
     const tp_mod_t *t = (const tp_mod_t *)m->impl;
-    return t->inner.ops->act_bytes ? t->inner.ops->act_bytes(&t->inner, B, T) : 0;
+    size_t own = t->in_buf_n ? (t->in_buf_n * sizeof(float) + 128) : 0;   // the gathered input, aligned
+    return own + (t->inner.ops->act_bytes ? t->inner.ops->act_bytes(&t->inner, B, T) : 0);
+}
+
+/* The gathered input of this micro-batch, from the context's arena: the inner module keeps a
+ * pointer to it for its weight gradient, so it must live as long as the context's forward. */
+static float *gathered_input(tp_mod_t *t, hp_act_t *act) { return hp_act_alloc(act, sizeof(float) * t->in_buf_n); }
+
+static tp_saved_t *saved_of(tp_mod_t *t, const hp_act_t *act, int create) {
+    for (int i = 0; i < t->n_saved; i++)
+        if (t->saved[i].act == act) return &t->saved[i];
+    if (!create) return NULL;
+    if (t->n_saved == TP_MAX_CTX) return NULL;
+    tp_saved_t *s = &t->saved[t->n_saved++];
+    memset(s, 0, sizeof *s);
+    s->act = act;
+    return s;
 }
 
 static size_t w_scratch(const hp_module_t *m, int B, int T) {
@@ -330,9 +358,10 @@ static hp_status_t col_linear_forward(hp_module_t *m, hp_act_t *act, const hp_te
     if (is_shard_seq(&t->style.input_layout)) {   // all-gather the input rows
         int64_t outer = outer_of(&t->style.input_layout, act);
         HP_TRY(need_buf(t->in_buf_n, (size_t)(rows * tp->k * L->in_features), t, "the gathered input"));
-        HP_TRY(gather_seq(tp, t->in_buf, in->data, outer, rows / outer, L->in_features, t->tmp));
+        float *ib = gathered_input(t, act);
+        HP_TRY(gather_seq(tp, ib, in->data, outer, rows / outer, L->in_features, t->tmp));
         rows *= tp->k;
-        hp_tensor_view2(&x, t->in_buf, rows, L->in_features);
+        hp_tensor_view2(&x, ib, rows, L->in_features);
     }
     if (is_rep(&t->style.output_layout)) {   // all-gather the output columns
         HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * L->out_features), t, "the local output"));
@@ -449,8 +478,12 @@ static hp_status_t row_emb_forward(hp_module_t *m, hp_act_t *act, const hp_tenso
             return hp_error(HP_ERR_INVALID_ARG, "embedding '%s': token %d at position %lld is outside [0, %lld); "
                             "hint: does the tokenizer match the model's vocab_size?", m->name, tok[n],
                             (long long)n, (long long)V);
-    t->tok = tok;
-    t->ntok = N;
+    tp_saved_t *sv = saved_of(t, act, 1);
+    if (!sv)
+        return hp_error(HP_ERR_UNSUPPORTED, "embedding '%s': more than %d micro-batch contexts in use with tensor "
+                        "parallel", m->name, TP_MAX_CTX);
+    sv->tok = tok;   // the context's own token ids (hp_model_ctx_begin copies them)
+    sv->ntok = N;
     const int seq = is_shard_seq(&t->style.output_layout);
     HP_TRY(need_buf(t->tmp2_n, (size_t)(N * C), t, "the partial embedding"));
     float *y = seq ? t->tmp2 : out->data;
@@ -468,31 +501,34 @@ static hp_status_t row_emb_forward(hp_module_t *m, hp_act_t *act, const hp_tenso
 static hp_status_t row_emb_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     tp_mod_t *t = mod_of(m);
     const hp_embedding_impl_t *E = t->inner.impl;
+    tp_saved_t *sv = saved_of(t, act, 0);
+    HP_ASSERT_MSG(sv != NULL, "embedding '%s': backward without its forward in this context", m->name);
     if (!is_shard_seq(&t->style.output_layout)) {
-        t->edout = dout->data;
+        sv->edout = dout->data;
         return HP_OK;
     }
     const int64_t lrows = hp_tensor_rows(dout), outer = outer_of(&t->style.output_layout, act);
     HP_TRY(need_buf(t->dout_buf_n, (size_t)(lrows * t->tp->k * E->dim), t, "the gathered output gradient"));
     HP_TRY(gather_seq(t->tp, t->dout_buf, dout->data, outer, lrows / outer, E->dim, t->tmp));
-    t->edout = t->dout_buf;
+    sv->edout = t->dout_buf;   // used by this context's backward_weight, which follows directly
     return HP_OK;
 }
 
 static hp_status_t row_emb_backward_weight(hp_module_t *m, hp_act_t *act) {
     tp_mod_t *t = mod_of(m);
     const hp_embedding_impl_t *E = t->inner.impl;
-    HP_ASSERT_MSG(t->edout != NULL, "embedding '%s': backward_weight before backward_input", m->name);
+    tp_saved_t *sv = saved_of(t, act, 0);
+    HP_ASSERT_MSG(sv && sv->edout != NULL, "embedding '%s': backward_weight before backward_input", m->name);
     const int64_t C = E->dim, lo = t->vocab_lo, hi = lo + E->vocab;
     // in token order per row (as the single-rank kernel: each vocab row sums its tokens in order)
-    for (int64_t n = 0; n < t->ntok; n++) {
-        int32_t v = t->tok[n];
+    for (int64_t n = 0; n < sv->ntok; n++) {
+        int32_t v = sv->tok[n];
         if (v < lo || v >= hi) continue;
         float *dw = hp_param_g(m->params[0]) + (size_t)(v - lo) * C;
-        const float *g = t->edout + (size_t)n * C;
+        const float *g = sv->edout + (size_t)n * C;
         for (int64_t c = 0; c < C; c++) dw[c] += g[c];
     }
-    t->edout = NULL;
+    sv->edout = NULL;
     return HP_OK;
 }
 
@@ -575,8 +611,9 @@ static hp_status_t prep_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     if (prep_in(t) && is_shard_seq(&t->style.input_layout) && is_rep(&t->style.desired_input_layout)) {
         const int64_t rows = hp_tensor_rows(in), C = in->shape[in->ndim - 1], outer = outer_of(&t->style.input_layout, act);
         HP_TRY(need_buf(t->in_buf_n, (size_t)(rows * tp->k * C), t, "the gathered input"));
-        HP_TRY(gather_seq(tp, t->in_buf, in->data, outer, rows / outer, C, t->tmp));
-        hp_tensor_view2(&x, t->in_buf, rows * tp->k, C);
+        float *ib = gathered_input(t, act);
+        HP_TRY(gather_seq(tp, ib, in->data, outer, rows / outer, C, t->tmp));
+        hp_tensor_view2(&x, ib, rows * tp->k, C);
         if (t->style.input_layout.dim == 1) {
             act->T = saved_T * tp->k;
             seq_gather = 1;
@@ -878,7 +915,7 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
                 gs += rows * IC;
             }
             L->out_features = (int)(OC / k);
-            HP_TRY(alloc_buf(tp, &t->in_buf, &t->in_buf_n, is_shard_seq(&s->input_layout) ? (size_t)(R * IC) : 0));
+            t->in_buf_n = is_shard_seq(&s->input_layout) ? (size_t)(R * IC) : 0;   // per context (w_act_bytes)
             HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, is_rep(&s->output_layout) ? (size_t)(R * OC / k) : 0));
             size_t t2 = 0, t1 = 0;
             if (is_rep(&s->output_layout)) { t2 = (size_t)(R * OC / k); t1 = (size_t)(R * OC); }
@@ -978,7 +1015,7 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
                 return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: PrepareModuleInput on '%s': cannot size the "
                                 "gathered input (no linear child)", m->name);
             // children linears may already be colwise-sharded: in_features of colwise is unchanged
-            HP_TRY(alloc_buf(tp, &t->in_buf, &t->in_buf_n, (size_t)(R * C)));
+            t->in_buf_n = (size_t)(R * C);   // per context (w_act_bytes)
             HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, (size_t)(R * C)));
             want_scratch(tp, (size_t)(R * C));
         }
@@ -1375,9 +1412,17 @@ hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp
                 tp->vocab_offset = (int64_t)tp->rank * cols;
             }
         }
+        // a pipeline stage without the embedding: the sequence-parallel norms say the residual
+        // stream it receives is sequence-sharded
+        int u0, u1;
+        hp_model_unit_range(model, &u0, &u1);
+        for (int i = 0; st == HP_OK && u0 > 0 && !seq && i < tp->n_mods; i++)
+            if (tp->mods[i].style.kind == HP_TP_SEQUENCE_PARALLEL) seq = tp->k;
         if (st == HP_OK) st = compact_storage(model);
         static const hp_model_loss_fn_t lp = {lp_forward, lp_backward};
         if (st == HP_OK) hp_model_set_sharding(model, seq, cols, cols ? &lp : NULL, tp);
+        // the gathered inputs now live in each context's arena: the model's context is re-sized
+        if (st == HP_OK) st = hp_model_refresh_contexts(model);
     }
     free(mods);
     free(reduce_own);

@@ -7,6 +7,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <omp.h>
 #include <signal.h>
 #include <stddef.h>
@@ -254,6 +255,8 @@ static void pin_threads(const hp_config_t *c) {
 
 /* The rank-local part of the set-up (config rules, tokenizer, model allocation): no
  * collective runs here, so a rank that fails is agreed on before the first one. */
+static hp_status_t tp_plan(hp_trainer_t t, hp_tp_plan_entry_t plan[32], int *n);
+
 /* --- pipeline parallel (owner pp) ------------------------------------------------------------
  * TorchTitan's pipeline_llm: the schedule's stage count, the split of the units, the loop
  * mapping (stage s on pp rank s % pp), one model per local stage holding only its units, then
@@ -513,17 +516,50 @@ static hp_status_t pp_full_table(hp_trainer_t t) {
 }
 
 /* Stage-by-stage TP / AC / init / FSDP (after the meshes exist), the table, the runtime. */
+static hp_status_t pp_parallelize_local(hp_trainer_t t, int ac_k);
+
+/* The stages' set-up differs per pp rank (a stage may fail where another does not): every rank
+ * agrees before the runtime's collective creation. */
 static hp_status_t pp_parallelize(hp_trainer_t t, int ac_k) {
+    trainer_pp_t *p = t->pp;
+    HP_TRY(hp_comm_agree(t->world, pp_parallelize_local(t, ac_k), NULL));
+    hp_pp_options_t po = {p->S, p->stage_to_rank, p->n_mb, p->mbs, t->T};
+    hp_pp_hooks_t hooks = {t, pp_pre_backward, NULL, NULL, NULL};
+    return hp_pp_create(p->comm, p->sched, p->m, p->ids, p->n_local, &po, &hooks, &p->rt);
+}
+
+static hp_status_t pp_parallelize_local(hp_trainer_t t, int ac_k) {
     const hp_config_t *c = &t->cfg;
     trainer_pp_t *p = t->pp;
-    if (t->pd.tp > 1)
-        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.pipeline_parallel_degree %d with tensor_parallel_degree %d is "
-                        "not supported yet (TP keeps one micro-batch's gathered activations per module); hint: use "
-                        "PP with FSDP / DDP, or TP without PP", t->pd.pp, t->pd.tp);
-    for (int i = 0; i < p->n_local; i++) {
+    for (int i = 0; i < p->n_local; i++)
         if (ac_k > 0) HP_TRY(hp_model_set_activation_checkpoint(p->m[i], ac_k));
-        HP_TRY(hp_model_init_weights(p->m[i], (uint64_t)c->training.seed));
+    if (t->pd.tp > 1) {   // TorchTitan's order: split, then TP per part (the plan's entries it holds)
+        hp_tp_plan_entry_t plan[32], mine[32];
+        int n = 0;
+        HP_TRY(tp_plan(t, plan, &n));
+        for (int i = 0; i < p->n_local; i++) {
+            hp_module_t *mods[4096];
+            const int nm = hp_model_modules(p->m[i], mods, 4096);
+            int k = 0;
+            for (int e = 0; e < n; e++) {
+                int hit = 0;
+                for (int j = 0; j < nm && j < 4096 && !hit; j++) {
+                    hit = mods[j]->name[0] && fnmatch(plan[e].pattern, mods[j]->name, 0) == 0;
+                    for (int q = 0; mods[j]->n_params > 1 && q < mods[j]->n_params && !hit; q++) {   // fused parts
+                        char pn[HP_PARAM_NAME_MAX];
+                        snprintf(pn, sizeof pn, "%s", mods[j]->params[q]->name);
+                        char *dot = strrchr(pn, '.');
+                        if (dot && !strcmp(dot, ".weight")) *dot = '\0';
+                        hit = fnmatch(plan[e].pattern, pn, 0) == 0;
+                    }
+                }
+                if (hit) mine[k++] = plan[e];
+            }
+            HP_TRY(hp_tp_parallelize_model(&p->tp[i], p->m[i], t->tp_mesh, mine, k));
+        }
+        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->tp_mesh, 0);
     }
+    for (int i = 0; i < p->n_local; i++) HP_TRY(hp_model_init_weights(p->m[i], (uint64_t)c->training.seed));
     if (t->pd.dp_shard > 1) {
         const char *names[2] = {"dp_replicate", "dp_shard"};
         const int two = t->pd.dp_replicate > 1;
@@ -557,9 +593,7 @@ static hp_status_t pp_parallelize(hp_trainer_t t, int ac_k) {
         p->tie_zero = hp_calloc(p->tie_n + 1, sizeof(float));
         if (!p->tie_zero) return HP_ERR_OOM;
     }
-    hp_pp_options_t po = {p->S, p->stage_to_rank, p->n_mb, p->mbs, t->T};
-    hp_pp_hooks_t hooks = {t, pp_pre_backward, NULL, NULL, NULL};
-    return hp_pp_create(p->comm, p->sched, p->m, p->ids, p->n_local, &po, &hooks, &p->rt);
+    return HP_OK;
 }
 
 /* After the schedule: the two copies of a tied weight get the sum of both gradients. */
@@ -649,6 +683,20 @@ static hp_status_t build_local(hp_trainer_t t, int *ac_k_out) {
     return HP_OK;
 }
 
+/* --- tensor parallel (owner tp): the tp mesh and TorchTitan's plan for the model --- */
+static hp_status_t tp_plan(hp_trainer_t t, hp_tp_plan_entry_t plan[32], int *n) {
+    const hp_config_t *c = &t->cfg;
+    const char *tpn[1] = {"tp"};
+    HP_TRY(hp_mesh_slice(t->meshes.world, 1, tpn, &t->tp_mesh));
+    const int sp = c->parallelism.enable_sequence_parallel, lp = c->parallelism.enable_loss_parallel;
+    *n = strcmp(t->mcfg.name, "qwen3") == 0 ? hp_tp_qwen3_plan(plan, 32, sp, lp) : hp_tp_llama3_plan(plan, 32, sp, lp);
+    if (sp && t->T % t->pd.tp != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "training.seq_len %d is not divisible by parallelism.tensor_parallel_degree %d "
+                        "(sequence parallel shards the sequence); hint: use a multiple of %d or "
+                        "--parallelism.enable_sequence_parallel=false", t->T, t->pd.tp, t->pd.tp);
+    return check_tp_layout(c, &t->mcfg, t->pd.tp);
+}
+
 /* AC, TP, init and data parallel of the (whole) model. */
 static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
     const hp_config_t *c = &t->cfg;
@@ -656,16 +704,9 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
     /* --- tensor parallel (owner tp): TorchTitan's plan on the tp mesh, before the weights
      * are drawn (each rank draws its shards at their global indices) --- */
     if (t->pd.tp > 1) {
-        const char *tpn[1] = {"tp"};
-        HP_TRY(hp_mesh_slice(t->meshes.world, 1, tpn, &t->tp_mesh));
         hp_tp_plan_entry_t plan[32];
-        const int sp = c->parallelism.enable_sequence_parallel, lp = c->parallelism.enable_loss_parallel;
-        int n = strcmp(t->mcfg.name, "qwen3") == 0 ? hp_tp_qwen3_plan(plan, 32, sp, lp) : hp_tp_llama3_plan(plan, 32, sp, lp);
-        if (sp && t->T % t->pd.tp != 0)
-            return hp_error(HP_ERR_INVALID_ARG, "training.seq_len %d is not divisible by parallelism.tensor_parallel_degree %d "
-                            "(sequence parallel shards the sequence); hint: use a multiple of %d or "
-                            "--parallelism.enable_sequence_parallel=false", t->T, t->pd.tp, t->pd.tp);
-        HP_TRY(check_tp_layout(c, &t->mcfg, t->pd.tp));
+        int n = 0;
+        HP_TRY(tp_plan(t, plan, &n));
         HP_TRY(hp_tp_parallelize_model(&t->tp, t->model, t->tp_mesh, plan, n));
         t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->tp_mesh, 0);
     }
