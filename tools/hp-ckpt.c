@@ -5,10 +5,12 @@
  *                                             shard is marked INCOMPLETE (exit 1)
  *   hp-ckpt consolidate DIR OUT.safetensors   every tensor (and blob, as U8) of a DCP dir, whole
  *   hp-ckpt to-hf DIR OUT --model M --flavor F [--dtype bf16] [--max-shard-bytes N] [--model.KEY V ...]
- *   hp-ckpt from-hf HFDIR OUT --model M --flavor F [--model.KEY V ...]
+ *   hp-ckpt from-hf HFDIR OUT [--model M] [--flavor F [--model.KEY V ...]]   the model from config.json;
+ *                                             with --flavor it must agree with config.json
  *   hp-ckpt seed OUT --model M --flavor F --vocab V [--seed S] [--model.KEY V ...]   TorchTitan's seed checkpoint
- * to-hf / from-hf take the model shape from the flavor with the model.* overrides of the
- * config (--model.dim 80 ...; hp_config_resolve_model) and the vocabulary from the checkpoint. */
+ * to-hf takes the model shape from the flavor with the model.* overrides of the config
+ * (--model.dim 80 ...; hp_config_resolve_model) and the vocabulary from the checkpoint;
+ * from-hf takes it from config.json (hp_hf_read_config). */
 #define _GNU_SOURCE
 #include <json-c/json.h>
 #include <stdio.h>
@@ -28,7 +30,7 @@ static int usage(void) {
             "       hp-ckpt list FOLDER\n"
             "       hp-ckpt consolidate DIR OUT.safetensors\n"
             "       hp-ckpt to-hf DIR OUT --model llama3|qwen3 --flavor F [--dtype f32|bf16] [--max-shard-bytes N]\n"
-            "       hp-ckpt from-hf HFDIR OUT --model llama3|qwen3 --flavor F\n"
+            "       hp-ckpt from-hf HFDIR OUT [--model llama3|qwen3] [--flavor F]   (the model from config.json)\n"
             "       hp-ckpt seed OUT --model llama3|qwen3 --flavor F --vocab V [--seed S]\n"
             "  to-hf, from-hf and seed take the config's model.* overrides of the flavor as flags,\n"
             "  e.g. --model.dim 80 --model.n_heads=5 --model.qk_norm=true (docs/config.md)\n");
@@ -258,39 +260,49 @@ static int to_hf(const char *dir, const char *out, const char *model, const char
     return s == HP_OK ? 0 : fail(s);
 }
 
+/* The model comes from config.json (hp_hf_read_config); with --flavor, the flavor and the
+ * --model.* flags must describe the same model, or the command is refused listing the fields. */
 static int from_hf(const char *dir, const char *out, const char *model, const char *flavor) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    json_object *cj = json_object_from_file(path), *v = NULL;
-    if (!cj || !json_object_is_type(cj, json_type_object) || !json_object_object_get_ex(cj, "vocab_size", &v)) {
-        json_object_put(cj);
-        fprintf(stderr, "hp-ckpt: %s: missing, not a JSON object, or without vocab_size\n", path);
-        return 1;
-    }
-    /* json_object_get_int would clamp 1e12 to INT32_MAX and turn 1e9 or "2048" into a number */
+    hp_model_config_t hf, mc;
+    hp_status_t s = hp_hf_read_config(dir, &hf);
+    if (s != HP_OK) return fail(s);
+    char ov[1024];
+    hp_config_model_overrides(&model_cfg_, ov, sizeof ov);
+    if (!flavor && ov[0])
+        return fail(hp_error(HP_ERR_INVALID_ARG, "hp-ckpt from-hf: %s given without --flavor; the model comes from "
+                             "%s/config.json; hint: drop the --model.* flags, or add --flavor to check config.json "
+                             "against the flavor with them", ov, dir));
+    if (model && strcmp(model, hf.name) != 0)
+        return fail(hp_error(HP_ERR_INVALID_ARG, "hp-ckpt from-hf: --model %s, but %s/config.json describes a %s model "
+                             "(model_type '%s'); hint: use --model %s or leave --model out", model, dir, hf.name,
+                             strcmp(hf.name, "qwen3") ? "llama" : "qwen3", hf.name));
     char what[4300];
-    snprintf(what, sizeof what, "%s: 'vocab_size'", path);
-    hp_status_t vs = HP_OK;
-    int64_t vocab64 = 0;
-    if (!json_object_is_type(v, json_type_int))
-        vs = hp_error(HP_ERR_FORMAT, "%s expects an integer, got %s '%s'; hint: write e.g. \"vocab_size\": 128256", what,
-                      json_type_to_name(json_object_get_type(v)), json_object_to_json_string(v));
-    else
-        vs = hp_check_i64(what, (vocab64 = json_object_get_int64(v)), 1, HP_MODEL_MAX_VOCAB,
-                          "at most HP_MODEL_MAX_VOCAB = 2^24 token ids; is this the model's config.json?");
-    json_object_put(cj);
-    if (vs != HP_OK) return fail(vs);
-    int vocab = (int)vocab64;
-    hp_model_config_t mc;
+    snprintf(what, sizeof what, "%s/config.json: 'vocab_size'", dir);
     hp_model_t m = NULL;
-    hp_status_t s = make_model(model, flavor, vocab, what, &mc, &m);
+    if (flavor) {
+        s = make_model(model ? model : hf.name, flavor, hf.vocab_size, what, &mc, &m);
+        char msg[1500], flags[700];
+        int n = s == HP_OK ? hp_hf_config_diff(&hf, &mc, msg, sizeof msg, flags, sizeof flags) : 0;
+        if (n)
+            s = hp_error(HP_ERR_INVALID_ARG, "hp-ckpt from-hf: %s/config.json disagrees with --flavor %s%s%s in %d "
+                         "field(s): %s; hint: leave --flavor out to take the model from config.json, or describe it "
+                         "with %s", dir, flavor, ov[0] ? " and " : "", ov, n, msg, flags);
+    } else {
+        mc = hf;
+        s = hp_model_create(&mc, 1, 1, &m);
+    }
     int np = m ? hp_model_num_params(m) : 0;
     if (s == HP_OK) s = hp_hf_import(dir, &mc, hp_model_params(m), np, NULL);
     hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
     for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
     hp_dcp_state_t st = {ts, np, NULL, 0};
     if (s == HP_OK) s = hp_dcp_save(out, &st, NULL);
-    if (s == HP_OK) printf("wrote DCP checkpoint %s (%d tensors; use it as checkpoint.initial_load_path)\n", out, np);
+    if (s == HP_OK) {
+        char dims[1024];
+        hp_config_describe_model(&mc, dims, sizeof dims);
+        printf("wrote DCP checkpoint %s (%d tensors; %s %s; %s; use it as checkpoint.initial_load_path)\n", out, np,
+               mc.name, flavor ? flavor : "from config.json", dims);
+    }
     free(ts);
     hp_model_destroy(m);
     return s == HP_OK ? 0 : fail(s);
@@ -423,12 +435,13 @@ int main(int argc, char **argv) {
         return seed(pos[0], model, flavor, vocab, sd);
     }
     if (!strcmp(cmd, "consolidate")) return consolidate(pos[0], pos[1]);
-    if (!strcmp(cmd, "to-hf") || !strcmp(cmd, "from-hf")) {
+    if (!strcmp(cmd, "from-hf")) return from_hf(pos[0], pos[1], model, flavor);
+    if (!strcmp(cmd, "to-hf")) {
         if (!model || !flavor) {
             fprintf(stderr, "hp-ckpt %s: --model and --flavor are required\n", cmd);
             return 2;
         }
-        return !strcmp(cmd, "to-hf") ? to_hf(pos[0], pos[1], model, flavor, dt, shard) : from_hf(pos[0], pos[1], model, flavor);
+        return to_hf(pos[0], pos[1], model, flavor, dt, shard);
     }
     return usage();
 }

@@ -195,6 +195,21 @@ hp_status_t hp_hf_export(const char *dir, const struct hp_model_config *mc, cons
                          hp_comm_t comm, hp_dtype_t dtype, size_t max_shard_bytes);
 hp_status_t hp_hf_import(const char *dir, const struct hp_model_config *mc, hp_param_t *params, int n_params,
                          hp_comm_t comm);
+/* The model config of an HF directory's config.json (hf_config.c): every field
+ * LlamaForCausalLM / Qwen3ForCausalLM read (model_type, hidden_size, num_hidden_layers,
+ * num_attention_heads, num_key_value_heads, head_dim, intermediate_size, vocab_size,
+ * rms_norm_eps, rope_theta, rope_scaling / rope_parameters of type default or llama3,
+ * tie_word_embeddings, max_position_embeddings -> max_seq_len); flavor "config.json". A field
+ * the model cannot reproduce (another rope type, attention_bias, mlp_bias, a sliding window,
+ * another hidden_act, attention_dropout, partial_rotary_factor) is HP_ERR_UNSUPPORTED naming
+ * it; a missing or mistyped field is HP_ERR_FORMAT naming it. */
+hp_status_t hp_hf_read_config(const char *dir, struct hp_model_config *out);
+/* Compares the fields that change the numerics (all but max_seq_len) of the model of a
+ * config.json (hf) with another model config (mc); returns how many differ. msg gets
+ * "config.json 'hidden_size' = 80 (model.dim = 256), ..." and flags the hp-ckpt flags that
+ * would describe the checkpoint ("--model.dim 80 ..."); both may be cut at their size. */
+int hp_hf_config_diff(const struct hp_model_config *hf, const struct hp_model_config *mc, char *msg, size_t msg_n,
+                      char *flags, size_t flags_n);
 /* Name maps of the adapter: TorchTitan FQN <-> HF name. *permute = 1 for the q/k weights
  * whose rows are permuted (llama3). HP_ERR_NOT_FOUND for names without a mapping. */
 hp_status_t hp_hf_name_to_hf(const struct hp_model_config *mc, const char *fqn, char *out, size_t n, int *permute);

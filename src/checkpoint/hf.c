@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hyperparallel/checkpoint.h"
 #include "hyperparallel/model.h"
 #include "hyperparallel/safetensors.h"
 #include "dcp-impl.h"
@@ -333,49 +334,23 @@ static void warn_extra_tensors(const char *dir, const hp_model_config_t *mc, hp_
     free(want);
 }
 
-/* The shape fields of DIR/config.json (those present) must be the model's: tensor shapes alone
- * would let extra layers or an untied lm_head be dropped with a warning. A missing file, or
- * a field of another type, is left to the tensor checks. */
+/* DIR/config.json, when present, must describe the model exactly (hp_hf_read_config, then
+ * every field that changes the numerics): shapes alone would let extra layers or an untied
+ * lm_head be dropped, and rope_theta, rope_scaling or eps would import silently wrong. */
 static hp_status_t check_hf_config(const char *dir, const hp_model_config_t *mc) {
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (access(path, R_OK) != 0) return HP_OK;
-    json_object *cj = json_object_from_file(path);
-    if (!cj || !json_object_is_type(cj, json_type_object)) {
-        json_object_put(cj);
-        return hp_error(HP_ERR_FORMAT, "HF checkpoint %s: config.json is not a JSON object", dir);
-    }
-    const struct { const char *hf, *key; int have; } f[] = {
-        {"hidden_size", "dim", mc->dim}, {"num_hidden_layers", "n_layers", mc->n_layers},
-        {"num_attention_heads", "n_heads", mc->n_heads}, {"num_key_value_heads", "n_kv_heads", mc->n_kv_heads},
-        {"head_dim", "head_dim", mc->head_dim}, {"intermediate_size", "hidden_dim", mc->hidden_dim},
-        {"vocab_size", "vocab_size", mc->vocab_size}};
-    hp_status_t s = HP_OK;
-    json_object *v;
-    for (size_t i = 0; s == HP_OK && i < sizeof f / sizeof f[0]; i++) {
-        if (!json_object_object_get_ex(cj, f[i].hf, &v) || !json_object_is_type(v, json_type_int)) continue;
-        int64_t x = json_object_get_int64(v);
-        if (x != f[i].have)
-            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json '%s' = %lld, but the %s/%s model has %s %d; "
-                         "hint: describe the checkpoint's model with model.%s = %lld (hp-ckpt from-hf: --model.%s %lld)",
-                         dir, f[i].hf, (long long)x, mc->name, mc->flavor, f[i].key, f[i].have, f[i].key, (long long)x,
-                         f[i].key, (long long)x);
-    }
-    if (s == HP_OK && json_object_object_get_ex(cj, "tie_word_embeddings", &v) &&
-        json_object_is_type(v, json_type_boolean) && json_object_get_boolean(v) != !!mc->tie_embeddings)
-        s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json 'tie_word_embeddings' = %s, but the %s/%s model "
-                     "has tie_embeddings %s; hint: set model.tie_embeddings = %s (hp-ckpt from-hf: "
-                     "--model.tie_embeddings %s)", dir, json_object_get_boolean(v) ? "true" : "false", mc->name,
-                     mc->flavor, mc->tie_embeddings ? "true" : "false", json_object_get_boolean(v) ? "true" : "false",
-                     json_object_get_boolean(v) ? "true" : "false");
-    if (s == HP_OK && json_object_object_get_ex(cj, "model_type", &v) && json_object_is_type(v, json_type_string)) {
-        const char *mt = json_object_get_string(v), *want = is_llama(mc) ? "llama" : "qwen3";
-        if (strcmp(mt, want) != 0)
-            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json 'model_type' = '%s', but the model is %s "
-                         "(model_type '%s'); hint: set model.name to the checkpoint's family", dir, mt, mc->name, want);
-    }
-    json_object_put(cj);
-    return s;
+    hp_model_config_t hf;
+    HP_TRY(hp_hf_read_config(dir, &hf));
+    char msg[1500], flags[700];
+    int n = hp_hf_config_diff(&hf, mc, msg, sizeof msg, flags, sizeof flags);
+    if (n)
+        return hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json disagrees with the %s/%s model in %d field(s): "
+                        "%s; hint: describe the checkpoint's model with those model.* keys (hp-ckpt from-hf: %s), or "
+                        "take the model from config.json (hp-ckpt from-hf without --flavor; hp-train with "
+                        "model.flavor = hf)", dir, mc->name, mc->flavor, n, msg, flags);
+    return HP_OK;
 }
 
 static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params,
@@ -443,9 +418,18 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
         int nd = v->local.ndim, same = info->ndim == nd;
         for (int d = 0; same && d < nd; d++) same = info->shape[d] == gs[d];
         if (!same) {
-            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: '%s' has %d dims / shape[0] %lld, expected the shape of '%s' "
-                         "(a different model config or flavor? set the model.* keys)", dir, hf, info->ndim,
-                         (long long)(info->ndim ? info->shape[0] : 0), params[i].name);
+            char hs[160], ms[160];
+            size_t l = 0;
+            for (int d = 0; d < info->ndim && l < sizeof hs; d++)
+                l += (size_t)snprintf(hs + l, sizeof hs - l, "%s%lld", d ? ", " : "", (long long)info->shape[d]);
+            if (!info->ndim) hs[0] = 0;
+            l = 0;
+            for (int d = 0; d < nd && l < sizeof ms; d++)
+                l += (size_t)snprintf(ms + l, sizeof ms - l, "%s%lld", d ? ", " : "", (long long)gs[d]);
+            if (!nd) ms[0] = 0;
+            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: '%s' has shape (%s), but the %s/%s model's '%s' has shape "
+                         "(%s); hint: a different model: describe it with the model.* keys, or take it from the "
+                         "checkpoint's config.json", dir, hf, hs, mc->name, mc->flavor, params[i].name, ms);
             break;
         }
         int64_t numel = 1;
