@@ -162,11 +162,13 @@ static void test_shape(const char *name) {
         HP_CHECK(err <= TOL_LOGITS, "%s: initial load logits rel err %.3g", name, err);
         hp_trainer_destroy(t);
     }
-    /* the same with a flavor: config.json disagrees, the fields are listed */
+    /* the same with a flavor: config.json disagrees, the fields are listed (once: the
+     * debugmodel's init is most of this test's time) */
     snprintf(c->model.flavor, sizeof c->model.flavor, "debugmodel");
-    HP_CHECK_ERR(hp_trainer_create(c, WORLD, &t), HP_ERR_INVALID_ARG, "config.json disagrees with the");
-    HP_CHECK(strstr(hp_last_error(), "config.json 'hidden_size' = ") && strstr(hp_last_error(), "model.flavor = hf"),
-             "%s: the message lists the fields and the hint: %s", name, hp_last_error());
+    if (name == SHAPES[0]) HP_CHECK_ERR(hp_trainer_create(c, WORLD, &t), HP_ERR_INVALID_ARG, "config.json disagrees with the");
+    if (name == SHAPES[0])
+        HP_CHECK(strstr(hp_last_error(), "config.json 'hidden_size' = ") && strstr(hp_last_error(), "model.flavor = hf"),
+                 "%s: the message lists the fields and the hint: %s", name, hp_last_error());
     free(c);
     hp_model_destroy(m);
     hp_model_destroy(m2);

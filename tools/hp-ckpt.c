@@ -1,4 +1,4 @@
-/* hp-ckpt: inspect and convert checkpoints (single process, no MPI needed).
+/* hp-ckpt: inspect and convert checkpoints (one process; to-hf / from-hf also under mpirun).
  *   hp-ckpt inspect DIR                       DCP step dir (tensors, shapes, chunks, sizes; verifies shard
  *                                             sizes and checksums, exit 1 when bad) or HF dir
  *   hp-ckpt list FOLDER                       committed step-N dirs; a step with a missing or truncated
@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <hyperparallel/checkpoint.h>
+#include <hyperparallel/comm.h>
 #include <hyperparallel/config.h>
 #include <hyperparallel/model.h>
 #include <hyperparallel/parse.h>
@@ -37,7 +38,12 @@ static int usage(void) {
     return 2;
 }
 
+/* MPI world of to-hf / from-hf (one rank without mpirun); NULL for the other commands */
+static hp_comm_t world_;
+static int rank_;
+
 static int fail(hp_status_t s) {
+    if (rank_ != 0) return 1;   /* every rank has the same agreed message */
     fprintf(stderr, "hp-ckpt: %s: %s\n", hp_status_string(s), hp_last_error());
     return 1;
 }
@@ -196,13 +202,18 @@ static int consolidate(const char *dir, const char *out) {
 static hp_config_t model_cfg_;
 
 /* The model of --model/--flavor and the --model.* flags with the checkpoint's vocabulary;
- * `vocab_from` names where the vocabulary came from, so a model too large for memory names
- * that input. */
-static hp_status_t make_model(const char *name, const char *flavor, int vocab, const char *vocab_from,
-                              hp_model_config_t *mc, hp_model_t *m) {
+ * `vocab_from` names where the vocabulary came from. */
+static hp_status_t resolve(const char *name, const char *flavor, int vocab, const char *vocab_from,
+                           hp_model_config_t *mc) {
     snprintf(model_cfg_.model.name, sizeof model_cfg_.model.name, "%s", name);
     snprintf(model_cfg_.model.flavor, sizeof model_cfg_.model.flavor, "%s", flavor);
-    HP_TRY(hp_config_resolve_model(&model_cfg_, vocab, vocab_from, 0, mc));   /* names the model.* key */
+    return hp_config_resolve_model(&model_cfg_, vocab, vocab_from, 0, mc);   /* names the model.* key */
+}
+
+/* resolve, then the model itself (seed) */
+static hp_status_t make_model(const char *name, const char *flavor, int vocab, const char *vocab_from,
+                              hp_model_config_t *mc, hp_model_t *m) {
+    HP_TRY(resolve(name, flavor, vocab, vocab_from, mc));
     hp_status_t s = hp_model_create(mc, 1, 1, m);
     if (s != HP_OK) {
         char msg[1536];
@@ -213,6 +224,14 @@ static hp_status_t make_model(const char *name, const char *flavor, int vocab, c
     return HP_OK;
 }
 
+static void print_stats(const char *what, const hp_hf_convert_stats_t *st) {
+    fprintf(stderr, "hp-ckpt %s: rank 0 converted %lld tensors, read %lld bytes, wrote %lld bytes; largest tensor "
+            "%lld bytes\n", what, (long long)st->tensors, (long long)st->bytes_read, (long long)st->bytes_written,
+            (long long)st->largest_tensor_bytes);
+}
+
+/* Streaming (hp_hf_convert_from_dcp): one tensor in memory at a time; under mpirun each rank
+ * writes its share of the HF shards. */
 static int to_hf(const char *dir, const char *out, const char *model, const char *flavor, hp_dtype_t dt, size_t shard) {
     hp_dcp_metadata_t md;
     hp_status_t s = hp_dcp_metadata_read(dir, &md);
@@ -227,36 +246,17 @@ static int to_hf(const char *dir, const char *out, const char *model, const char
     snprintf(what, sizeof what, "%s: tok_embeddings.weight rows (the vocabulary)", dir);
     s = hp_check_i64(what, emb->shape[0], 1, HP_MODEL_MAX_VOCAB, "at most HP_MODEL_MAX_VOCAB = 2^24 token ids");
     int vocab = (int)emb->shape[0];
-    hp_model_config_t mc;
-    hp_model_t m = NULL;
-    if (s == HP_OK) s = make_model(model, flavor, vocab, "the checkpoint's tok_embeddings.weight", &mc, &m);
-    int np = m ? hp_model_num_params(m) : 0;
-    hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
-    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
-    hp_dcp_state_t st = {ts, np, NULL, 0};
-    hp_dcp_load_options_t o = {0, 1, NULL, 0, 0};
-    if (s == HP_OK) s = hp_dcp_load(dir, &st, NULL, &o);
-    for (int i = 0; s == HP_OK && i < np; i++)
-        if (!ts[i].loaded) s = hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", dir, ts[i].name);
-    /* the load is not strict (the checkpoint may hold optimizer state): a model tensor the model
-     * lacks (more layers, an untied output) would be dropped without a word */
-    for (int i = 0; s == HP_OK && i < hp_dcp_metadata_count(md); i++) {
-        const hp_dcp_entry_t *e = hp_dcp_metadata_entry(md, i);
-        if (e->is_blob || strncmp(e->name, "optimizer.", 10) == 0 || hp_model_find_param(m, e->name)) continue;
-        s = hp_error(HP_ERR_INVALID_ARG, "%s holds model tensor '%s', which the %s/%s model (n_layers %d, "
-                     "tie_embeddings %s) lacks; hint: describe the trained model with --model.n_layers / --model.tie_embeddings "
-                     "(the model.* keys of its config)", dir, e->name, model, flavor, mc.n_layers,
-                     mc.tie_embeddings ? "true" : "false");
-    }
     hp_dcp_metadata_free(md);
-    if (s == HP_OK) s = hp_hf_export(out, &mc, hp_model_params(m), np, NULL, dt, shard);
-    if (s == HP_OK) {
+    hp_model_config_t mc;
+    if (s == HP_OK) s = resolve(model, flavor, vocab, "the checkpoint's tok_embeddings.weight", &mc);
+    hp_hf_convert_stats_t stats;
+    if (s == HP_OK) s = hp_hf_convert_from_dcp(dir, &mc, out, dt, shard, world_, &stats);
+    if (s == HP_OK && rank_ == 0) {
         char dims[1024];
         hp_config_describe_model(&mc, dims, sizeof dims);
         printf("wrote HF checkpoint %s (%s %s, vocab %d, %s; %s)\n", out, model, flavor, vocab, hp_dtype_name(dt), dims);
+        print_stats("to-hf", &stats);
     }
-    free(ts);
-    hp_model_destroy(m);
     return s == HP_OK ? 0 : fail(s);
 }
 
@@ -278,9 +278,8 @@ static int from_hf(const char *dir, const char *out, const char *model, const ch
                              strcmp(hf.name, "qwen3") ? "llama" : "qwen3", hf.name));
     char what[4300];
     snprintf(what, sizeof what, "%s/config.json: 'vocab_size'", dir);
-    hp_model_t m = NULL;
     if (flavor) {
-        s = make_model(model ? model : hf.name, flavor, hf.vocab_size, what, &mc, &m);
+        s = resolve(model ? model : hf.name, flavor, hf.vocab_size, what, &mc);
         char msg[1500], flags[700];
         int n = s == HP_OK ? hp_hf_config_diff(&hf, &mc, msg, sizeof msg, flags, sizeof flags) : 0;
         if (n)
@@ -289,22 +288,16 @@ static int from_hf(const char *dir, const char *out, const char *model, const ch
                          "with %s", dir, flavor, ov[0] ? " and " : "", ov, n, msg, flags);
     } else {
         mc = hf;
-        s = hp_model_create(&mc, 1, 1, &m);
     }
-    int np = m ? hp_model_num_params(m) : 0;
-    if (s == HP_OK) s = hp_hf_import(dir, &mc, hp_model_params(m), np, NULL);
-    hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
-    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
-    hp_dcp_state_t st = {ts, np, NULL, 0};
-    if (s == HP_OK) s = hp_dcp_save(out, &st, NULL);
-    if (s == HP_OK) {
+    hp_hf_convert_stats_t stats;
+    if (s == HP_OK) s = hp_hf_convert_to_dcp(dir, &mc, out, world_, &stats);
+    if (s == HP_OK && rank_ == 0) {
         char dims[1024];
         hp_config_describe_model(&mc, dims, sizeof dims);
-        printf("wrote DCP checkpoint %s (%d tensors; %s %s; %s; use it as checkpoint.initial_load_path)\n", out, np,
-               mc.name, flavor ? flavor : "from config.json", dims);
+        printf("wrote DCP checkpoint %s (%d tensors; %s %s; %s; use it as checkpoint.initial_load_path)\n", out,
+               3 + mc.n_layers * (9 + 2 * !!mc.qk_norm) - !!mc.tie_embeddings, mc.name, flavor ? flavor : "from config.json", dims);
+        print_stats("from-hf", &stats);
     }
-    free(ts);
-    hp_model_destroy(m);
     return s == HP_OK ? 0 : fail(s);
 }
 
@@ -435,13 +428,22 @@ int main(int argc, char **argv) {
         return seed(pos[0], model, flavor, vocab, sd);
     }
     if (!strcmp(cmd, "consolidate")) return consolidate(pos[0], pos[1]);
-    if (!strcmp(cmd, "from-hf")) return from_hf(pos[0], pos[1], model, flavor);
-    if (!strcmp(cmd, "to-hf")) {
-        if (!model || !flavor) {
+    if (!strcmp(cmd, "from-hf") || !strcmp(cmd, "to-hf")) {
+        if (!strcmp(cmd, "to-hf") && (!model || !flavor)) {
             fprintf(stderr, "hp-ckpt %s: --model and --flavor are required\n", cmd);
             return 2;
         }
-        return to_hf(pos[0], pos[1], model, flavor, dt, shard);
+        /* under mpirun every rank converts its share; alone, one process without MPI (a
+         * singleton MPI start costs a second or more) */
+        int under_mpirun = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_SIZE");
+        if (under_mpirun) {
+            if (hp_comm_init(&argc, &argv, &world_) != HP_OK) return fail(HP_ERR_STATE);
+            rank_ = hp_comm_rank(world_);
+        }
+        int rc = !strcmp(cmd, "from-hf") ? from_hf(pos[0], pos[1], model, flavor)
+                                         : to_hf(pos[0], pos[1], model, flavor, dt, shard);
+        if (world_) hp_comm_finalize();
+        return rc;
     }
     return usage();
 }

@@ -210,6 +210,25 @@ hp_status_t hp_hf_read_config(const char *dir, struct hp_model_config *out);
  * would describe the checkpoint ("--model.dim 80 ..."); both may be cut at their size. */
 int hp_hf_config_diff(const struct hp_model_config *hf, const struct hp_model_config *mc, char *msg, size_t msg_n,
                       char *flags, size_t flags_n);
+/* Writes DIR/config.json for the model (what hp_hf_export writes; dtype names torch_dtype). */
+hp_status_t hp_hf_write_config(const char *dir, const struct hp_model_config *mc, hp_dtype_t dtype);
+/* Streaming conversion (hf_convert.c; hp-ckpt from-hf / to-hf): one tensor in memory at a time
+ * (plus its q/k permutation and a dtype cast), no model and no gradients; the parameter list
+ * comes from mc. Collective over comm (NULL = one process): from-hf balances the tensors over
+ * the ranks by bytes, each writing its own rank file of the DCP directory (rank 0 the
+ * metadata, then out_dir is committed by rename); to-hf gives HF shard f to rank (f-1) % size.
+ * from-hf keeps each tensor's dtype (F32 / BF16 / F16; hp_dcp_load casts to the parameters'),
+ * checks config.json against mc (as hp_hf_import) and every tensor's shape and finiteness. */
+typedef struct hp_hf_convert_stats {
+    int64_t tensors;                /* converted by this rank */
+    int64_t bytes_read, bytes_written;
+    int64_t largest_tensor_bytes;   /* of the output, over all tensors */
+} hp_hf_convert_stats_t;
+hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const struct hp_model_config *mc, const char *out_dir,
+                                 hp_comm_t comm, hp_hf_convert_stats_t *stats);
+hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const struct hp_model_config *mc, const char *out_dir,
+                                   hp_dtype_t dtype, size_t max_shard_bytes, hp_comm_t comm,
+                                   hp_hf_convert_stats_t *stats);
 /* Name maps of the adapter: TorchTitan FQN <-> HF name. *permute = 1 for the q/k weights
  * whose rows are permuted (llama3). HP_ERR_NOT_FOUND for names without a mapping. */
 hp_status_t hp_hf_name_to_hf(const struct hp_model_config *mc, const char *fqn, char *out, size_t n, int *permute);

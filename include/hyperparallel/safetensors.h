@@ -116,6 +116,15 @@ hp_status_t hp_safetensors_write(const char *path, const hp_st_entry_t *entries,
  * bytes (after any dtype conversion), as the checkpoint metadata records it. */
 hp_status_t hp_safetensors_write_hashed(const char *path, const hp_st_entry_t *entries, int n,
                                         const char *const *meta, int n_meta, uint64_t *xxh3);
+/* Streaming: as hp_safetensors_write_hashed (xxh3 may be NULL), but for each entry whose
+ * tensor and raw are both NULL (dtype, ndim and shape give the stored layout) the writer calls
+ * fill(ctx, i, &t) just before it writes entry i, in entry order; *t must have that shape and
+ * its dtype (or be f32 stored as BF16 / F16) and stay valid until the next call. A file of many
+ * tensors is so written holding one of them in memory (hp-ckpt from-hf / to-hf). */
+typedef hp_status_t (*hp_st_fill_fn)(void *ctx, int i, const hp_tensor_t **t);
+hp_status_t hp_safetensors_write_stream(const char *path, const hp_st_entry_t *entries, int n,
+                                        const char *const *meta, int n_meta, hp_st_fill_fn fill,
+                                        void *ctx, uint64_t *xxh3);
 
 #ifdef __cplusplus
 }

@@ -174,6 +174,16 @@ static json_object *hf_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
     return c;
 }
 
+hp_status_t hp_hf_write_config(const char *dir, const hp_model_config_t *mc, hp_dtype_t dtype) {
+    json_object *cj = hf_config_json(mc, dtype);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    hp_status_t s = write_text(path, json_object_to_json_string_ext(cj, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+                                                                            JSON_C_TO_STRING_NOSLASHESCAPE));
+    json_object_put(cj);
+    return s;
+}
+
 /* One parameter as a full f32 tensor (gathered when sharded; collective over the mesh). */
 static hp_status_t full_of(const hp_param_t *p, hp_tensor_t *out, void **owned) {
     *owned = NULL;
@@ -265,13 +275,7 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
             s = write_text(path, json_object_to_json_string_ext(idx, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
                                                                          JSON_C_TO_STRING_NOSLASHESCAPE));
             json_object_put(idx);
-            if (s == HP_OK) {
-                json_object *cj = hf_config_json(mc, dtype);
-                snprintf(path, sizeof path, "%s/config.json", dir);
-                s = write_text(path, json_object_to_json_string_ext(cj, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
-                                                                            JSON_C_TO_STRING_NOSLASHESCAPE));
-                json_object_put(cj);
-            }
+            if (s == HP_OK) s = hp_hf_write_config(dir, mc, dtype);
             if (s == HP_OK) s = hp_dcp_fsync_path(dir, 1);
         } else {
             json_object_put(wm);
