@@ -4,7 +4,8 @@
  *   hp-ckpt list FOLDER                       committed step-N dirs; a step with a missing or truncated
  *                                             shard is marked INCOMPLETE (exit 1)
  *   hp-ckpt consolidate DIR OUT.safetensors   every tensor (and blob, as U8) of a DCP dir, whole
- *   hp-ckpt to-hf DIR OUT --model M --flavor F [--dtype bf16] [--max-shard-bytes N] [--model.KEY V ...]
+ *   hp-ckpt to-hf DIR OUT --model M --flavor F [--dtype bf16] [--max-shard-bytes N] [--tokenizer T]
+ *                                             [--model.KEY V ...]
  *   hp-ckpt from-hf HFDIR OUT [--model M] [--flavor F [--model.KEY V ...]]   the model from config.json;
  *                                             with --flavor it must agree with config.json
  *   hp-ckpt seed OUT --model M --flavor F --vocab V [--seed S] [--model.KEY V ...]   TorchTitan's seed checkpoint
@@ -12,6 +13,7 @@
  * (--model.dim 80 ...; hp_config_resolve_model) and the vocabulary from the checkpoint;
  * from-hf takes it from config.json (hp_hf_read_config). */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +26,7 @@
 #include <hyperparallel/model.h>
 #include <hyperparallel/parse.h>
 #include <hyperparallel/safetensors.h>
+#include <hyperparallel/tokenizer.h>
 
 static int usage(void) {
     fprintf(stderr,
@@ -31,6 +34,7 @@ static int usage(void) {
             "       hp-ckpt list FOLDER\n"
             "       hp-ckpt consolidate DIR OUT.safetensors\n"
             "       hp-ckpt to-hf DIR OUT --model llama3|qwen3 --flavor F [--dtype f32|bf16] [--max-shard-bytes N]\n"
+            "             [--tokenizer tokenizer.json]   (tokenizer files, generation_config.json, bos/eos/pad ids)\n"
             "       hp-ckpt from-hf HFDIR OUT [--model llama3|qwen3] [--flavor F]   (the model from config.json)\n"
             "       hp-ckpt seed OUT --model llama3|qwen3 --flavor F --vocab V [--seed S]\n"
             "  to-hf, from-hf and seed take the config's model.* overrides of the flavor as flags,\n"
@@ -230,6 +234,132 @@ static void print_stats(const char *what, const hp_hf_convert_stats_t *st) {
             (long long)st->largest_tensor_bytes);
 }
 
+/* to-hf --tokenizer: what transformers needs beside the weights (its AutoTokenizer and
+ * generate): tokenizer.json (its TemplateProcessing, or none, replaced by BOS + text, as Llama
+ * 3's tokenizer.json and hp-generate's prompts), tokenizer_config.json,
+ * generation_config.json, the bos/eos/pad ids in config.json, and a README.md. */
+static const char *tokenizer_;
+
+static hp_status_t put_json(const char *dir, const char *name, json_object *o) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    hp_status_t s = json_object_to_file_ext(p, o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+                                                      JSON_C_TO_STRING_NOSLASHESCAPE) == 0
+                        ? HP_OK
+                        : hp_error(HP_ERR_IO, "%s: cannot write: %s", p, json_util_get_last_err());
+    json_object_put(o);
+    return s;
+}
+
+static json_object *id_or_null(int32_t id) { return id >= 0 ? json_object_new_int(id) : NULL; }
+
+static hp_status_t export_tokenizer(const char *out, const char *src_dir, const hp_model_config_t *mc) {
+    hp_tokenizer_t tok = NULL;
+    HP_TRY(hp_tokenizer_load(&tok, tokenizer_));
+    hp_status_t s = HP_OK;
+    if (hp_tokenizer_vocab_size(tok) > mc->vocab_size)
+        s = hp_error(HP_ERR_INVALID_ARG, "hp-ckpt to-hf: --tokenizer %s has %d ids but the model's vocabulary is %d; "
+                     "hint: give the tokenizer the model was trained with", tokenizer_, hp_tokenizer_vocab_size(tok),
+                     mc->vocab_size);
+    int32_t bos = hp_tokenizer_bos_id(tok), eos = hp_tokenizer_eos_id(tok), pad = -1;
+    const char *pads[] = {"<pad>", "<|pad|>", "<|finetune_right_pad_id|>", "[PAD]"};
+    for (size_t i = 0; pad < 0 && i < sizeof pads / sizeof pads[0]; i++) pad = hp_tokenizer_token_to_id(tok, pads[i]);
+    if (pad < 0) pad = eos;   /* generate pads finished rows with it; Llama 3 does the same */
+    char bos_s[256] = "", eos_s[256] = "", pad_s[256] = "";
+    if (bos >= 0) snprintf(bos_s, sizeof bos_s, "%s", hp_tokenizer_id_to_token(tok, bos));
+    if (eos >= 0) snprintf(eos_s, sizeof eos_s, "%s", hp_tokenizer_id_to_token(tok, eos));
+    if (pad >= 0) snprintf(pad_s, sizeof pad_s, "%s", hp_tokenizer_id_to_token(tok, pad));
+    hp_tokenizer_free(tok);
+    if (s != HP_OK) return s;
+    /* tokenizer.json, with BOS prepended by HF as by us */
+    json_object *tj = json_object_from_file(tokenizer_), *pp = NULL;
+    if (!tj) return hp_error(HP_ERR_FORMAT, "%s: not readable as JSON: %s", tokenizer_, json_util_get_last_err());
+    /* the post-processor: BOS then the text, as Llama 3's tokenizer.json and hp-generate's
+     * prompt; a training template that also appends EOS would end every prompt */
+    int has_pp = json_object_object_get_ex(tj, "post_processor", &pp) && pp;
+    const char *pp_type = "";
+    json_object *ppt = NULL;
+    if (has_pp && json_object_object_get_ex(pp, "type", &ppt) && json_object_is_type(ppt, json_type_string))
+        pp_type = json_object_get_string(ppt);
+    if (bos >= 0 && has_pp && strcmp(pp_type, "TemplateProcessing") != 0)
+        fprintf(stderr, "hp-ckpt to-hf: warning: %s has a %s post-processor, kept; transformers will not prepend BOS "
+                "to prompts as hp-generate does\n", tokenizer_, pp_type[0] ? pp_type : "non-template");
+    if (bos >= 0 && (!has_pp || !strcmp(pp_type, "TemplateProcessing"))) {
+        json_object *tp = json_object_new_object(), *single = json_object_new_array(), *pair = json_object_new_array();
+        json_object *sb = json_object_new_object(), *sa = json_object_new_object(), *bt = json_object_new_object();
+        json_object_object_add(bt, "id", json_object_new_string(bos_s));
+        json_object_object_add(bt, "type_id", json_object_new_int(0));
+        json_object_object_add(sb, "SpecialToken", bt);
+        json_object *seq = json_object_new_object();
+        json_object_object_add(seq, "id", json_object_new_string("A"));
+        json_object_object_add(seq, "type_id", json_object_new_int(0));
+        json_object_object_add(sa, "Sequence", seq);
+        json_object_array_add(single, sb);
+        json_object_array_add(single, sa);
+        json_object_array_add(pair, json_object_get(sb));
+        json_object_array_add(pair, json_object_get(sa));
+        json_object *seqb = json_object_new_object(), *sbb = json_object_new_object();
+        json_object_object_add(seqb, "id", json_object_new_string("B"));
+        json_object_object_add(seqb, "type_id", json_object_new_int(1));
+        json_object_object_add(sbb, "Sequence", seqb);
+        json_object_array_add(pair, sbb);
+        json_object *sp = json_object_new_object(), *one = json_object_new_object(), *ids = json_object_new_array(),
+                    *toks = json_object_new_array();
+        json_object_object_add(one, "id", json_object_new_string(bos_s));
+        json_object_array_add(ids, json_object_new_int(bos));
+        json_object_array_add(toks, json_object_new_string(bos_s));
+        json_object_object_add(one, "ids", ids);
+        json_object_object_add(one, "tokens", toks);
+        json_object_object_add(sp, bos_s, one);
+        json_object_object_add(tp, "type", json_object_new_string("TemplateProcessing"));
+        json_object_object_add(tp, "single", single);
+        json_object_object_add(tp, "pair", pair);
+        json_object_object_add(tp, "special_tokens", sp);
+        json_object_object_add(tj, "post_processor", tp);
+    }
+    HP_TRY(put_json(out, "tokenizer.json", tj));
+    json_object *tc = json_object_new_object();
+    json_object_object_add(tc, "tokenizer_class", json_object_new_string("PreTrainedTokenizerFast"));
+    if (bos >= 0) json_object_object_add(tc, "bos_token", json_object_new_string(bos_s));
+    if (eos >= 0) json_object_object_add(tc, "eos_token", json_object_new_string(eos_s));
+    if (pad >= 0) json_object_object_add(tc, "pad_token", json_object_new_string(pad_s));
+    json_object_object_add(tc, "model_max_length", json_object_new_int(mc->max_seq_len));
+    json_object_object_add(tc, "clean_up_tokenization_spaces", json_object_new_boolean(0));
+    HP_TRY(put_json(out, "tokenizer_config.json", tc));
+    json_object *gc = json_object_new_object();
+    json_object_object_add(gc, "bos_token_id", id_or_null(bos));
+    json_object_object_add(gc, "eos_token_id", id_or_null(eos));
+    json_object_object_add(gc, "pad_token_id", id_or_null(pad));
+    json_object_object_add(gc, "do_sample", json_object_new_boolean(0));   /* greedy, as hp-generate's default */
+    HP_TRY(put_json(out, "generation_config.json", gc));
+    char p[4300];
+    snprintf(p, sizeof p, "%s/config.json", out);
+    json_object *cj = json_object_from_file(p);
+    if (!cj) return hp_error(HP_ERR_FORMAT, "%s: cannot read back: %s", p, json_util_get_last_err());
+    json_object_object_add(cj, "bos_token_id", id_or_null(bos));
+    json_object_object_add(cj, "eos_token_id", id_or_null(eos));
+    json_object_object_add(cj, "pad_token_id", id_or_null(pad));
+    HP_TRY(put_json(out, "config.json", cj));
+    snprintf(p, sizeof p, "%s/README.md", out);
+    FILE *f = fopen(p, "w");
+    if (!f) return hp_error(HP_ERR_IO, "%s: cannot write: %s", p, strerror(errno));
+    char dims[1024];
+    hp_config_describe_model(mc, dims, sizeof dims);
+    hp_dcp_metadata_t md = NULL;
+    long long step = -1;
+    if (hp_dcp_metadata_read(src_dir, &md) == HP_OK) step = (long long)hp_dcp_metadata_step(md);
+    hp_dcp_metadata_free(md);
+    char stepb[64] = "";
+    if (step >= 0) snprintf(stepb, sizeof stepb, " (training step %lld)", step);
+    fprintf(f, "# %s model exported by hyperparallel\n\nConverted by `hp-ckpt to-hf` from the checkpoint `%s`%s.\n\n"
+               "- model: %s/%s (%s in transformers)\n- dims: %s\n- tokenizer: `%s` (bos %d, eos %d, pad %d)\n\n"
+               "Load it with `transformers.pipeline(\"text-generation\", model=\"<this folder>\")`; generation is greedy "
+               "by default (generation_config.json).\n", mc->name, src_dir, stepb, mc->name, mc->flavor,
+            strcmp(mc->name, "qwen3") ? "LlamaForCausalLM" : "Qwen3ForCausalLM", dims, tokenizer_, bos, eos, pad);
+    if (fclose(f) != 0) return hp_error(HP_ERR_IO, "%s: write failed", p);
+    return HP_OK;
+}
+
 /* Streaming (hp_hf_convert_from_dcp): one tensor in memory at a time; under mpirun each rank
  * writes its share of the HF shards. */
 static int to_hf(const char *dir, const char *out, const char *model, const char *flavor, hp_dtype_t dt, size_t shard) {
@@ -251,6 +381,7 @@ static int to_hf(const char *dir, const char *out, const char *model, const char
     if (s == HP_OK) s = resolve(model, flavor, vocab, "the checkpoint's tok_embeddings.weight", &mc);
     hp_hf_convert_stats_t stats;
     if (s == HP_OK) s = hp_hf_convert_from_dcp(dir, &mc, out, dt, shard, world_, &stats);
+    if (s == HP_OK && rank_ == 0 && tokenizer_) s = export_tokenizer(out, dir, &mc);
     if (s == HP_OK && rank_ == 0) {
         char dims[1024];
         hp_config_describe_model(&mc, dims, sizeof dims);
@@ -319,7 +450,8 @@ static int seed(const char *out, const char *model, const char *flavor, int voca
     return s == HP_OK ? 0 : fail(s);
 }
 
-static const char *const ckpt_flags[] = {"--model", "--flavor", "--dtype", "--max-shard-bytes", "--vocab", "--seed"};
+static const char *const ckpt_flags[] = {"--model", "--flavor", "--dtype", "--max-shard-bytes", "--vocab", "--seed",
+                                         "--tokenizer"};
 #define N_CKPT_FLAGS (sizeof ckpt_flags / sizeof ckpt_flags[0])
 
 static int bad_args(void) {
@@ -382,6 +514,9 @@ int main(int argc, char **argv) {
                                       "HP_MODEL_MAX_VOCAB = 2^24", &x) != HP_OK)
                 return bad_args();
             vocab = x;
+        } else if ((r = hp_flag_value("hp-ckpt", argc, argv, &i, "--tokenizer", &v))) {
+            if (r < 0) return bad_args();
+            tokenizer_ = v;
         } else if ((r = hp_flag_value("hp-ckpt", argc, argv, &i, "--seed", &v))) {
             uint64_t x = 0;
             if (r < 0 || hp_parse_u64("hp-ckpt: --seed", v, UINT64_MAX, NULL, &x) != HP_OK) return bad_args();

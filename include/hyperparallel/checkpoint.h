@@ -180,7 +180,9 @@ hp_status_t hp_dcp_purge(const char *folder, int64_t keep);
  * Writes the model weights (rank 0 of a replicated model) with the model config in the
  * safetensors metadata, loadable by hp_model_load_weights / hp-generate. */
 hp_status_t hp_model_save_weights(hp_model_t m, const char *path);
-/* Creates a model from a file written by hp_model_save_weights (config from its metadata). */
+/* Creates a model from a file written by hp_model_save_weights (config from its metadata), or
+ * from an HF directory (config from its config.json, hp_hf_read_config; the context is
+ * max_seq_len, else max_position_embeddings capped at 4096). */
 hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_len, hp_model_t *out);
 
 /* --- HF interop (hf.c) ---------------------------------------------------------------------

@@ -154,6 +154,7 @@ static json_object *hf_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
     json_object_object_add(c, "initializer_range", json_object_new_double(0.02));
     json_object_object_add(c, "use_cache", json_object_new_boolean(1));
     json_object_object_add(c, "torch_dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));
+    json_object_object_add(c, "dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));   /* transformers 5 */
     if (mc->rope_scaling) {   /* HF's "llama3" rope type serves every model that reads rope_scaling */
         json_object *rs = json_object_new_object();
         json_object_object_add(rs, "rope_type", json_object_new_string("llama3"));
