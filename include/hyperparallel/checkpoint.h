@@ -191,12 +191,21 @@ hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_l
  * state-dict adapter (llama3 / qwen3) and Llama's q/k rotary permutation applied. Tensors are
  * gathered to rank 0 (collective over comm; comm NULL = single process); dtype HP_F32 or
  * HP_BF16. Import reads an HF directory (index json or one model.safetensors) into params,
- * any layout (reads this rank's box of each tensor). */
+ * any layout, reading from the files only this rank's boxes of each tensor (pread of their
+ * rows), casting F32 / BF16 / F16 to the parameters' f32. */
 struct hp_model_config;
 hp_status_t hp_hf_export(const char *dir, const struct hp_model_config *mc, const hp_param_t *params, int n_params,
                          hp_comm_t comm, hp_dtype_t dtype, size_t max_shard_bytes);
 hp_status_t hp_hf_import(const char *dir, const struct hp_model_config *mc, hp_param_t *params, int n_params,
                          hp_comm_t comm);
+/* Bytes hp_hf_import read on this process (only each rank's boxes: the rows of its shard of
+ * every tensor, q/k rows through the permutation) and the bytes of the tensors it loaded, since
+ * the last reset; process-wide, as hp_comm_counts_get. */
+typedef struct hp_hf_import_counts {
+    uint64_t bytes_read, bytes_total;
+} hp_hf_import_counts_t;
+void hp_hf_import_counts_get(hp_hf_import_counts_t *out);
+void hp_hf_import_counts_reset(void);
 /* The model config of an HF directory's config.json (hf_config.c): every field
  * LlamaForCausalLM / Qwen3ForCausalLM read (model_type, hidden_size, num_hidden_layers,
  * num_attention_heads, num_key_value_heads, head_dim, intermediate_size, vocab_size,

@@ -92,6 +92,10 @@ hp_status_t hp_safetensors_read(hp_safetensors_t st, const char *name, hp_tensor
 /* Copies the raw bytes of a tensor (nbytes must equal end - begin). */
 hp_status_t hp_safetensors_read_raw(hp_safetensors_t st, const char *name, void *buf,
                                     size_t nbytes);
+/* Copies bytes [offset, offset + nbytes) of a tensor's stored data (one pread; a range outside
+ * the tensor is HP_ERR_INVALID_ARG): the rows of a shard, for sharded loading. */
+hp_status_t hp_safetensors_read_bytes(hp_safetensors_t st, const char *name, uint64_t offset, void *buf,
+                                      size_t nbytes);
 
 /* One tensor to write: either an hp tensor (any strides; f32 may be stored as F32, BF16 or
  * F16 by setting `dtype`, otherwise HP_ST_AUTO) or, when tensor == NULL, `raw` contiguous

@@ -358,6 +358,17 @@ static hp_status_t check_hf_config(const char *dir, const hp_model_config_t *mc)
     return HP_OK;
 }
 
+/* The HF row of TorchTitan q/k row r (permute_rows: TT row h*hd + 2i + p = HF row h*hd + p*hd/2 + i). */
+static int64_t hf_row(int64_t r, int hd) {
+    int64_t h = r / hd, w = r % hd;
+    return h * hd + (w % 2) * (hd / 2) + w / 2;
+}
+
+static hp_hf_import_counts_t hf_counts_;   /* process-wide, as hp_comm_counts */
+
+void hp_hf_import_counts_get(hp_hf_import_counts_t *out) { *out = hf_counts_; }
+void hp_hf_import_counts_reset(void) { memset(&hf_counts_, 0, sizeof hf_counts_); }
+
 static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params,
                                 int warn) {
     HP_TRY(check_hf_config(dir, mc));
@@ -437,38 +448,57 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
                          "checkpoint's config.json", dir, hf, hs, mc->name, mc->flavor, params[i].name, ms);
             break;
         }
-        int64_t numel = 1;
-        for (int d = 0; d < nd; d++) numel *= gs[d];
-        if ((size_t)numel * 2 > buf_cap) {
-            free(buf);
-            buf_cap = (size_t)numel * 2;
-            buf = hp_malloc(sizeof(float) * buf_cap);
-            if (!buf) {
-                s = HP_ERR_OOM;
-                break;
-            }
-        }
-        hp_tensor_t full;
-        hp_tensor_init(&full, HP_F32, nd, gs, buf);
-        s = hp_safetensors_read(open_st[k], hf, &full, 1);
-        if (s != HP_OK) break;
-        int64_t first, bad = hp_tensor_count_nonfinite(&full, &first);
-        if (bad) {   /* damaged weights would convert and generate garbage with exit 0 */
-            s = hp_error(HP_ERR_FORMAT, "HF checkpoint %s: %s: tensor '%s' has %lld non-finite value(s) (NaN or inf) "
-                         "of %lld, the first at flat index %lld; expected finite weights (re-download or re-export "
-                         "the checkpoint)", dir, open_name[k], hf, (long long)bad, (long long)numel, (long long)first);
+        /* only this rank's boxes: the rows of each box (dim 0; q/k rows mapped through the
+         * permutation, one pread per run of consecutive HF rows) in the stored dtype, then the
+         * box's columns cast into the local tensor (PyTorch DCP's HuggingFaceStorageReader) */
+        hp_dtype_t sdt;
+        if (info->dtype == HP_ST_F32) sdt = HP_F32;
+        else if (info->dtype == HP_ST_BF16) sdt = HP_BF16;
+        else if (info->dtype == HP_ST_F16) sdt = HP_F16;
+        else {
+            s = hp_error(HP_ERR_UNSUPPORTED, "HF checkpoint %s: %s: tensor '%s' is %s; expected F32, BF16 or F16 "
+                         "weights", dir, open_name[k], hf, hp_st_dtype_name(info->dtype));
             break;
         }
-        float *src = buf;
-        if (pm) {
-            permute_rows(buf + numel, buf, gs[0], nd > 1 ? gs[1] : 1, mc->head_dim, 0);
-            src = buf + numel;
-        }
+        const int64_t cols = nd > 1 ? gs[1] : 1, esz = (int64_t)hp_dtype_size(sdt);
+        int64_t numel = 1;
+        for (int d = 0; d < nd; d++) numel *= gs[d];
+        hf_counts_.bytes_total += (uint64_t)(numel * esz);
         hp_dcp_box_t *boxes = NULL;
         int nbox = 0;
         s = hp_dcp_local_boxes(v, &boxes, &nbox);   /* this rank's piece, any layout */
-        for (int b = 0; s == HP_OK && b < nbox; b++)
-            hp_dcp_copy_box(&v->local, boxes[b].l, src, HP_F32, gs, boxes[b].g, boxes[b].s, nd);
+        for (int b = 0; s == HP_OK && b < nbox; b++) {
+            const int64_t r0 = boxes[b].g[0], nr = boxes[b].s[0];
+            if ((size_t)(nr * cols * esz) > buf_cap * sizeof(float)) {
+                free(buf);
+                buf_cap = (size_t)(nr * cols * esz + 3) / sizeof(float);
+                buf = hp_malloc(sizeof(float) * buf_cap);
+                if (!buf) {
+                    s = HP_ERR_OOM;
+                    break;
+                }
+            }
+            unsigned char *dst = (unsigned char *)buf;
+            for (int64_t r = 0; s == HP_OK && r < nr;) {
+                int64_t hr = pm ? hf_row(r0 + r, mc->head_dim) : r0 + r, run = 1;
+                while (r + run < nr && (pm ? hf_row(r0 + r + run, mc->head_dim) : r0 + r + run) == hr + run) run++;
+                s = hp_safetensors_read_bytes(open_st[k], hf, (uint64_t)(hr * cols * esz), dst + r * cols * esz,
+                                              (size_t)(run * cols * esz));
+                hf_counts_.bytes_read += (uint64_t)(run * cols * esz);
+                r += run;
+            }
+            if (s != HP_OK) break;
+            int64_t first, bad = hp_hf_count_nonfinite_raw(buf, nr * cols, sdt, &first);
+            if (bad) {   /* damaged weights would convert and generate garbage with exit 0 */
+                s = hp_error(HP_ERR_FORMAT, "HF checkpoint %s: %s: tensor '%s' has %lld non-finite value(s) (NaN or "
+                             "inf) in rows %lld..%lld, the first at flat index %lld; expected finite weights (re-download "
+                             "or re-export the checkpoint)", dir, open_name[k], hf, (long long)bad, (long long)r0,
+                             (long long)(r0 + nr - 1), (long long)(r0 * cols + first));
+                break;
+            }
+            int64_t csz[HP_MAX_DIMS] = {nr, cols}, off[HP_MAX_DIMS] = {0, nd > 1 ? boxes[b].g[1] : 0};
+            hp_dcp_copy_box(&v->local, boxes[b].l, buf, sdt, csz, off, boxes[b].s, nd);
+        }
         free(boxes);
     }
     if (s == HP_OK && nmiss)

@@ -78,7 +78,7 @@ static void permute_bytes(unsigned char *dst, const unsigned char *src, int64_t 
 }
 
 /* non-finite elements of n raw values (F32 / BF16 / F16); *first = the first index */
-static int64_t count_nonfinite_raw(const void *p, int64_t n, hp_dtype_t dt, int64_t *first) {
+int64_t hp_hf_count_nonfinite_raw(const void *p, int64_t n, hp_dtype_t dt, int64_t *first) {
     int64_t bad = 0;
     *first = -1;
     for (int64_t i = 0; i < n; i++) {
@@ -160,7 +160,7 @@ static hp_status_t to_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
     HP_TRY(grow(&c->buf, &c->cap, nb));
     HP_TRY(hp_safetensors_read_raw(c->st, c->hf[i], c->buf, nb));
     if (c->stats) c->stats->bytes_read += (int64_t)nb;
-    int64_t first, bad = count_nonfinite_raw(c->buf, numel, c->dt[i], &first);
+    int64_t first, bad = hp_hf_count_nonfinite_raw(c->buf, numel, c->dt[i], &first);
     if (bad)   /* damaged weights would convert and generate garbage with exit 0 */
         return hp_error(HP_ERR_FORMAT, "HF checkpoint %s: %s: tensor '%s' has %lld non-finite value(s) (NaN or inf) "
                         "of %lld, the first at flat index %lld; expected finite weights (re-download or re-export "

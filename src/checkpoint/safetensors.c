@@ -509,6 +509,17 @@ hp_status_t hp_safetensors_read_raw(hp_safetensors_t st, const char *name, void 
     return read_at(st, buf, nbytes, st->data_start + info->begin);
 }
 
+hp_status_t hp_safetensors_read_bytes(hp_safetensors_t st, const char *name, uint64_t offset, void *buf,
+                                      size_t nbytes) {
+    const hp_st_info_t *info;
+    HP_TRY(hp_safetensors_find(st, name, &info));
+    uint64_t len = info->end - info->begin;
+    if (offset > len || nbytes > len - offset)
+        return hp_error(HP_ERR_INVALID_ARG, "%s: tensor '%s' holds %llu bytes; a read of %zu at %llu is outside it",
+                        st->what, name, (unsigned long long)len, nbytes, (unsigned long long)offset);
+    return read_at(st, buf, nbytes, st->data_start + info->begin + offset);
+}
+
 /* ---- conversions ---------------------------------------------------------------------- */
 
 static int st_is_float(hp_st_dtype_t d) {
