@@ -1,7 +1,8 @@
 /* Streaming HF <-> DCP conversion (hp_hf_convert_to_dcp / hp_hf_convert_from_dcp, issue 18
  * item 2): bitwise round trips against hp_hf_export / hp_hf_import (llama3 with q/k
  * permutation, qwen3 tied), a bf16 folder kept bf16 in the DCP and cast on load, each rank's
- * share under 2 ranks (about half the bytes each), and the peak RSS of hp-ckpt from-hf / to-hf
+ * share under 2 ranks (about half the bytes each), hp_hf_import of a bf16 folder into Shard(1)
+ * matrices (the column copy of the sharded reader, q/k permuted), and the peak RSS of hp-ckpt from-hf / to-hf
  * on a 170 MB model bounded by 3x its largest tensor (34 MB) above a tiny conversion's. */
 // hp-test: ranks 1 2 timeout 120
 #define _GNU_SOURCE
@@ -17,6 +18,8 @@
 #include "hp_test_mpi.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/config.h"
+#include "hyperparallel/dtensor.h"
+#include "hyperparallel/mesh.h"
 #include "hyperparallel/model.h"
 
 static char ROOT[512];
@@ -118,6 +121,65 @@ static void round_trip(const char *tag, hp_model_config_t mc) {
     hp_model_destroy(back2);
 }
 
+/* hp_hf_import into a tensor-parallel-like layout: every matrix Shard(1) (columns: each rank
+ * reads its rows' full width, copies its columns), vectors Shard(0), over all ranks; every
+ * local piece equals the slice of the source (q/k columns through the row permutation). */
+static void sharded_columns(void) {
+    hp_model_config_t mc;
+    HP_CHECK_OK(hp_model_flavor("llama3", "debugmodel", &mc));
+    mc.dim = 48, mc.n_layers = 2, mc.n_heads = 4, mc.n_kv_heads = 2, mc.head_dim = 16, mc.hidden_dim = 80;
+    mc.vocab_size = 300, mc.max_seq_len = 16, mc.multiple_of = 0;
+    HP_CHECK_OK(hp_model_config_validate(&mc));
+    hp_model_t src = model_of(&mc);
+    if (!src) return;
+    fill_pattern(src);
+    char hf[700];
+    snprintf(hf, sizeof hf, "%s/cols_hf", ROOT);
+    HP_CHECK_OK(hp_hf_export(hf, &mc, hp_model_params(src), hp_model_num_params(src), WORLD, HP_BF16, 0));
+    hp_mesh_t mesh = NULL;
+    const char *names[1] = {"tp"};
+    int64_t shape[1] = {SIZE};
+    HP_CHECK_OK(hp_mesh_create(WORLD, 1, shape, names, &mesh));
+    int np = hp_model_num_params(src);
+    hp_param_t *ps = calloc((size_t)np, sizeof *ps);
+    for (int i = 0; i < np; i++) {
+        const hp_tensor_t *t = &hp_model_params(src)[i].value.local;
+        snprintf(ps[i].name, sizeof ps[i].name, "%s", hp_model_params(src)[i].name);
+        hp_placement_t pl = hp_shard(t->ndim > 1 ? 1 : 0);
+        HP_CHECK_OK(hp_dtensor_full(&ps[i].value, NULL, HP_F32, t->ndim, t->shape, mesh, 1, &pl, -7.0));
+    }
+    hp_hf_import_counts_t c0, c1;
+    hp_hf_import_counts_get(&c0);
+    HP_CHECK_OK(hp_hf_import(hf, &mc, ps, np, WORLD));
+    hp_hf_import_counts_get(&c1);
+    int bad = 0;
+    for (int i = 0; i < np && !bad; i++) {
+        const hp_tensor_t *t = &hp_model_params(src)[i].value.local, *l = &ps[i].value.local;
+        int64_t off[HP_MAX_DIMS] = {0};
+        HP_CHECK_OK(hp_dtensor_global_offset(&ps[i].value, off));
+        const int64_t cols = t->ndim > 1 ? t->shape[1] : 1, lc = l->ndim > 1 ? l->shape[1] : 1;
+        for (int64_t r = 0; r < l->shape[0] && !bad; r++)
+            for (int64_t c = 0; c < lc && !bad; c++) {
+                float want = hp_bf16_to_f32(hp_f32_to_bf16(((const float *)t->data)[(off[0] + r) * cols + off[1] + c]));
+                float got = ((const float *)l->data)[r * lc + c];
+                if (memcmp(&want, &got, 4) != 0) {
+                    bad = 1;
+                    HP_CHECK(0, "Shard(1) import: %s[%lld, %lld] = %g, expected %g", ps[i].name, (long long)(off[0] + r),
+                             (long long)(off[1] + c), got, want);
+                }
+            }
+    }
+    HP_CHECK(!bad, "every Shard(1) / Shard(0) piece is the source's slice");
+    /* matrices are read whole-width: the ranks read SIZE x the matrices' bytes, the vectors once */
+    HP_CHECK(c1.bytes_read - c0.bytes_read >= (c1.bytes_total - c0.bytes_total) / 2,
+             "read %llu of %llu bytes", (unsigned long long)(c1.bytes_read - c0.bytes_read),
+             (unsigned long long)(c1.bytes_total - c0.bytes_total));
+    for (int i = 0; i < np; i++) hp_dtensor_free(&ps[i].value);
+    free(ps);
+    hp_mesh_destroy(mesh);
+    hp_model_destroy(src);
+}
+
 /* peak RSS (KiB) of one command run as a child */
 static long child_maxrss(const char *cmd) {
     pid_t pid = fork();
@@ -196,6 +258,7 @@ int main(int argc, char **argv) {
     mc.vocab_size = 300, mc.max_seq_len = 16, mc.n_layers = 2;
     HP_CHECK_OK(hp_model_config_validate(&mc));
     round_trip("qwen3", mc);
+    sharded_columns();
     char tp[1200];
     snprintf(tp, sizeof tp, "%s/hp-ckpt", BDIR);
     if (SIZE == 1 && access(tp, X_OK) == 0) test_memory_bound();
