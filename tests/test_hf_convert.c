@@ -170,10 +170,11 @@ static void sharded_columns(void) {
             }
     }
     HP_CHECK(!bad, "every Shard(1) / Shard(0) piece is the source's slice");
-    /* matrices are read whole-width: the ranks read SIZE x the matrices' bytes, the vectors once */
-    HP_CHECK(c1.bytes_read - c0.bytes_read >= (c1.bytes_total - c0.bytes_total) / 2,
-             "read %llu of %llu bytes", (unsigned long long)(c1.bytes_read - c0.bytes_read),
-             (unsigned long long)(c1.bytes_total - c0.bytes_total));
+    /* each rank reads exactly its columns: the reads add up to the weights' bytes */
+    int64_t mine = (int64_t)(c1.bytes_read - c0.bytes_read), sum = 0;
+    HP_CHECK_OK(hp_all_reduce(&mine, &sum, 1, HP_I64, HP_SUM, WORLD, NULL));
+    HP_CHECK(sum == (int64_t)(c1.bytes_total - c0.bytes_total), "the ranks read %lld bytes of Shard(1) pieces, the "
+             "weights hold %llu", (long long)sum, (unsigned long long)(c1.bytes_total - c0.bytes_total));
     for (int i = 0; i < np; i++) hp_dtensor_free(&ps[i].value);
     free(ps);
     hp_mesh_destroy(mesh);

@@ -448,9 +448,9 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
                          "checkpoint's config.json", dir, hf, hs, mc->name, mc->flavor, params[i].name, ms);
             break;
         }
-        /* only this rank's boxes: the rows of each box (dim 0; q/k rows mapped through the
-         * permutation, one pread per run of consecutive HF rows) in the stored dtype, then the
-         * box's columns cast into the local tensor (PyTorch DCP's HuggingFaceStorageReader) */
+        /* only this rank's boxes (PyTorch DCP's HuggingFaceStorageReader): each box's rows (q/k
+         * rows mapped through the permutation) and columns, in the stored dtype, then cast into
+         * the local tensor */
         hp_dtype_t sdt;
         if (info->dtype == HP_ST_F32) sdt = HP_F32;
         else if (info->dtype == HP_ST_BF16) sdt = HP_BF16;
@@ -468,10 +468,14 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
         int nbox = 0;
         s = hp_dcp_local_boxes(v, &boxes, &nbox);   /* this rank's piece, any layout */
         for (int b = 0; s == HP_OK && b < nbox; b++) {
+            /* a box of whole rows is read by runs of rows; a column box (Shard(1)) by one read of
+             * its column segment per row, so no rank reads or holds more than its box */
             const int64_t r0 = boxes[b].g[0], nr = boxes[b].s[0];
-            if ((size_t)(nr * cols * esz) > buf_cap * sizeof(float)) {
+            const int64_t c0 = nd > 1 ? boxes[b].g[1] : 0, nc = nd > 1 ? boxes[b].s[1] : 1;
+            const int whole = nc == cols;
+            if ((size_t)(nr * nc * esz) > buf_cap * sizeof(float)) {
                 free(buf);
-                buf_cap = (size_t)(nr * cols * esz + 3) / sizeof(float);
+                buf_cap = (size_t)(nr * nc * esz + 3) / sizeof(float);
                 buf = hp_malloc(sizeof(float) * buf_cap);
                 if (!buf) {
                     s = HP_ERR_OOM;
@@ -481,22 +485,23 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
             unsigned char *dst = (unsigned char *)buf;
             for (int64_t r = 0; s == HP_OK && r < nr;) {
                 int64_t hr = pm ? hf_row(r0 + r, mc->head_dim) : r0 + r, run = 1;
-                while (r + run < nr && (pm ? hf_row(r0 + r + run, mc->head_dim) : r0 + r + run) == hr + run) run++;
-                s = hp_safetensors_read_bytes(open_st[k], hf, (uint64_t)(hr * cols * esz), dst + r * cols * esz,
-                                              (size_t)(run * cols * esz));
-                hf_counts_.bytes_read += (uint64_t)(run * cols * esz);
+                while (whole && r + run < nr && (pm ? hf_row(r0 + r + run, mc->head_dim) : r0 + r + run) == hr + run)
+                    run++;
+                s = hp_safetensors_read_bytes(open_st[k], hf, (uint64_t)((hr * cols + c0) * esz),
+                                              dst + r * nc * esz, (size_t)(run * nc * esz));
+                hf_counts_.bytes_read += (uint64_t)(run * nc * esz);
                 r += run;
             }
             if (s != HP_OK) break;
-            int64_t first, bad = hp_hf_count_nonfinite_raw(buf, nr * cols, sdt, &first);
+            int64_t first, bad = hp_hf_count_nonfinite_raw(buf, nr * nc, sdt, &first);
             if (bad) {   /* damaged weights would convert and generate garbage with exit 0 */
                 s = hp_error(HP_ERR_FORMAT, "HF checkpoint %s: %s: tensor '%s' has %lld non-finite value(s) (NaN or "
-                             "inf) in rows %lld..%lld, the first at flat index %lld; expected finite weights (re-download "
+                             "inf) in rows %lld..%lld, the first at row %lld; expected finite weights (re-download "
                              "or re-export the checkpoint)", dir, open_name[k], hf, (long long)bad, (long long)r0,
-                             (long long)(r0 + nr - 1), (long long)(r0 * cols + first));
+                             (long long)(r0 + nr - 1), (long long)(r0 + first / nc));
                 break;
             }
-            int64_t csz[HP_MAX_DIMS] = {nr, cols}, off[HP_MAX_DIMS] = {0, nd > 1 ? boxes[b].g[1] : 0};
+            int64_t csz[HP_MAX_DIMS] = {nr, nc}, off[HP_MAX_DIMS] = {0, 0};
             hp_dcp_copy_box(&v->local, boxes[b].l, buf, sdt, csz, off, boxes[b].s, nd);
         }
         free(boxes);
