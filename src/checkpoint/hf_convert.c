@@ -191,7 +191,7 @@ static hp_status_t st_to_hp_dtype(hp_st_dtype_t d, hp_dtype_t *out) {
 
 /* Finds every spec's HF tensor (file, name, dtype), checking shapes; missing ones are listed. */
 static hp_status_t locate(const char *dir, const hp_model_config_t *mc, const spec_t *spec, int n, char (*hf)[160],
-                          char (*file)[256], hp_dtype_t *dt) {
+                          char (*file)[256], hp_dtype_t *dt, int warn) {
     char path[4200];
     hp_hf_index_t wm = NULL;
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
@@ -252,6 +252,26 @@ static hp_status_t locate(const char *dir, const hp_model_config_t *mc, const sp
     if (s == HP_OK && nmiss)
         s = hp_error(HP_ERR_NOT_FOUND, "HF checkpoint %s lacks %d tensor(s) the %s model needs: %s%s", dir, nmiss,
                      mc->name, missing, nmiss > 6 ? ", ..." : "");
+    /* a tensor no parameter maps to (a vision tower, a bias the model lacks) is not converted,
+     * but not silently */
+    int extra = 0, total = 0;
+    if (s == HP_OK && warn) {
+        if (!wm) s = open_shard(dir, "model.safetensors", &st, cur, sizeof cur);
+        total = wm ? hp_hf_index_count(wm) : (s == HP_OK ? hp_safetensors_count(st) : 0);
+    }
+    for (int k = 0; s == HP_OK && k < total; k++) {
+        const char *key = NULL, *f = NULL;
+        if (wm) hp_hf_index_at(wm, k, &key, &f);
+        else key = hp_safetensors_info(st, k)->name;
+        int known = 0;
+        for (int i = 0; !known && i < n; i++) known = !strcmp(key, hf[i]);
+        if (!known && extra++ < 20)
+            hp_log(HP_LOG_WARN, "HF checkpoint %s: tensor '%s' is not a parameter of the %s model; not converted", dir,
+                   key, mc->name);
+    }
+    if (extra > 20)
+        hp_log(HP_LOG_WARN, "HF checkpoint %s: %d more tensors the %s model does not have; not converted", dir,
+               extra - 20, mc->name);
     hp_safetensors_close(st);
     hp_hf_index_free(wm);
     return s;
@@ -323,7 +343,7 @@ hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_model_config_t *mc
     if (s == HP_OK) model_specs(mc, spec);
     /* every rank checks the config and locates the tensors (headers only) */
     if (s == HP_OK) s = check_config(hf_dir, mc);
-    if (s == HP_OK) s = locate(hf_dir, mc, spec, n, hf, file, dt);
+    if (s == HP_OK) s = locate(hf_dir, mc, spec, n, hf, file, dt, rank == 0);
     HP_TRY(hp_dcp_agree(comm, s, "HF conversion: reading the checkpoint's headers"));
     for (int i = 0; i < n; i++) bytes[i] = spec_numel(&spec[i]) * (int64_t)hp_dtype_size(dt[i]);
     balance(bytes, n, world, owner);
