@@ -162,6 +162,21 @@ static void test_shape(const char *name) {
         HP_CHECK(err <= TOL_LOGITS, "%s: initial load logits rel err %.3g", name, err);
         hp_trainer_destroy(t);
     }
+    /* a tokenizer with fewer ids than the checkpoint's rows (a padded embedding) trains */
+    if (name == SHAPES[0]) {
+        snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s/tok260.json", ROOT);
+        snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/run_padded", ROOT);   /* its own checkpoints */
+        HP_CHECK_OK(hp_trainer_create(c, WORLD, &t));
+        if (t) {
+            hp_step_stats_t st1;
+            HP_CHECK_OK(hp_trainer_step(t, &st1));
+            HP_CHECK(isfinite(st1.loss) && hp_model_config(hp_trainer_model(t))->vocab_size == 264,
+                     "padded vocabulary: loss %g", st1.loss);
+            hp_trainer_destroy(t);
+        }
+        snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s/tok.json", ROOT);
+        snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/run_%s", ROOT, name);
+    }
     /* the same with a flavor: config.json disagrees, the fields are listed (once: the
      * debugmodel's init is most of this test's time) */
     snprintf(c->model.flavor, sizeof c->model.flavor, "debugmodel");
@@ -283,7 +298,9 @@ static void test_refusals(void) {
     HP_CHECK(mc.rope_theta == 10000.0f && !mc.rope_scaling && mc.max_seq_len == 16, "flavor hf: theta %g scaling %d",
              mc.rope_theta, mc.rope_scaling);
     HP_CHECK_ERR(hp_config_resolve_model(c, 300, "tokenizer.path 'x'", 16, &mc), HP_ERR_INVALID_ARG,
-                 "config.json 'vocab_size' = 264 does not match the vocabulary of tokenizer.path 'x'");
+                 "config.json 'vocab_size' = 264 is below the vocabulary of tokenizer.path 'x'");
+    HP_CHECK_OK(hp_config_resolve_model(c, 200, "a smaller tokenizer", 16, &mc));   /* padded rows: fine */
+    HP_CHECK(mc.vocab_size == 264, "the model keeps config.json's vocab_size: %d", mc.vocab_size);
     c->model.dim = 64;
     HP_CHECK_ERR(hp_config_resolve_model(c, 264, "the test", 16, &mc), HP_ERR_INVALID_ARG, "model.dim=64");
     free(c);
@@ -315,6 +332,8 @@ int main(int argc, char **argv) {
     if (f) fclose(f);
     snprintf(p, sizeof p, "%s/tok.json", ROOT);
     hp_test_train_tokenizer_vocab(text, n, 264, p);
+    snprintf(p, sizeof p, "%s/tok260.json", ROOT);
+    hp_test_train_tokenizer_vocab(text, n, 260, p);
     for (int i = 0; i < N_SHAPES; i++) test_shape(SHAPES[i]);
     test_refusals();
     if (!getenv("HP_KEEP")) {

@@ -1097,7 +1097,8 @@ static hp_status_t check_model_keys(const hp_config_t *c) {
 
 /* --- HF interop (owner hf) ---
  * model.flavor = hf: the model is the one of checkpoint.initial_load_path's config.json
- * (hp_hf_read_config); model.name must be its family and no model.* key may change it. */
+ * (hp_hf_read_config); model.name must be its family, no model.* key may change it, and
+ * the tokenizer's ids must fit its vocab_size. */
 static hp_status_t resolve_model_from_hf(const hp_config_t *c, int vocab_size, const char *vocab_from, int seq_len,
                                          hp_model_config_t *out) {
     const char *dir = c->checkpoint.initial_load_path;
@@ -1117,8 +1118,10 @@ static hp_status_t resolve_model_from_hf(const hp_config_t *c, int vocab_size, c
     if (strcmp(c->model.name, mc.name) != 0)
         return hp_error(HP_ERR_INVALID_ARG, "config key 'model.name' = %.100s, but %s/config.json describes a %s "
                         "model; hint: set model.name = %s", c->model.name, dir, mc.name, mc.name);
-    if (vocab_size > 0 && vocab_size != mc.vocab_size)
-        return hp_error(HP_ERR_INVALID_ARG, "%s/config.json 'vocab_size' = %d does not match the vocabulary of %s (%d "
+    /* HF checkpoints often pad the embedding beyond the tokenizer (Qwen3: 151936 rows for
+     * 151669 ids): every id must have a row, spare rows are harmless */
+    if (vocab_size > mc.vocab_size)
+        return hp_error(HP_ERR_INVALID_ARG, "%s/config.json 'vocab_size' = %d is below the vocabulary of %s (%d "
                         "tokens): the embedding rows are token ids; hint: use the checkpoint's tokenizer",
                         dir, mc.vocab_size, vocab_from ? vocab_from : "the data", vocab_size);
     if (seq_len > 0) mc.max_seq_len = seq_len;   /* the RoPE table covers the trained context */
