@@ -140,7 +140,7 @@ static void check_model(const char *name) {
     if (m3) {
         /* config.json says so first; without it, the tensor's shape */
         HP_CHECK_ERR(hp_hf_import(dir, &mc2, hp_model_params(m3), hp_model_num_params(m3), NULL), HP_ERR_INVALID_ARG,
-                     "config.json 'vocab_size' = 64, but the");
+                     "config.json 'vocab_size' = 64 (model.vocab_size = ");
         char cj[400], moved[420];
         snprintf(cj, sizeof cj, "%s/config.json", dir);
         snprintf(moved, sizeof moved, "%s.moved", cj);

@@ -1,15 +1,19 @@
-/* hp-ckpt: inspect and convert checkpoints (single process, no MPI needed).
+/* hp-ckpt: inspect and convert checkpoints (one process; to-hf / from-hf also under mpirun).
  *   hp-ckpt inspect DIR                       DCP step dir (tensors, shapes, chunks, sizes; verifies shard
  *                                             sizes and checksums, exit 1 when bad) or HF dir
  *   hp-ckpt list FOLDER                       committed step-N dirs; a step with a missing or truncated
  *                                             shard is marked INCOMPLETE (exit 1)
  *   hp-ckpt consolidate DIR OUT.safetensors   every tensor (and blob, as U8) of a DCP dir, whole
- *   hp-ckpt to-hf DIR OUT --model M --flavor F [--dtype bf16] [--max-shard-bytes N] [--model.KEY V ...]
- *   hp-ckpt from-hf HFDIR OUT --model M --flavor F [--model.KEY V ...]
+ *   hp-ckpt to-hf DIR OUT --model M --flavor F [--dtype bf16] [--max-shard-bytes N] [--tokenizer T]
+ *                                             [--model.KEY V ...]
+ *   hp-ckpt from-hf HFDIR OUT [--model M] [--flavor F [--model.KEY V ...]]   the model from config.json;
+ *                                             with --flavor it must agree with config.json
  *   hp-ckpt seed OUT --model M --flavor F --vocab V [--seed S] [--model.KEY V ...]   TorchTitan's seed checkpoint
- * to-hf / from-hf take the model shape from the flavor with the model.* overrides of the
- * config (--model.dim 80 ...; hp_config_resolve_model) and the vocabulary from the checkpoint. */
+ * to-hf takes the model shape from the flavor with the model.* overrides of the config
+ * (--model.dim 80 ...; hp_config_resolve_model) and the vocabulary from the checkpoint;
+ * from-hf takes it from config.json (hp_hf_read_config). */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,10 +21,12 @@
 #include <unistd.h>
 
 #include <hyperparallel/checkpoint.h>
+#include <hyperparallel/comm.h>
 #include <hyperparallel/config.h>
 #include <hyperparallel/model.h>
 #include <hyperparallel/parse.h>
 #include <hyperparallel/safetensors.h>
+#include <hyperparallel/tokenizer.h>
 
 static int usage(void) {
     fprintf(stderr,
@@ -28,14 +34,20 @@ static int usage(void) {
             "       hp-ckpt list FOLDER\n"
             "       hp-ckpt consolidate DIR OUT.safetensors\n"
             "       hp-ckpt to-hf DIR OUT --model llama3|qwen3 --flavor F [--dtype f32|bf16] [--max-shard-bytes N]\n"
-            "       hp-ckpt from-hf HFDIR OUT --model llama3|qwen3 --flavor F\n"
+            "             [--tokenizer tokenizer.json]   (tokenizer files, generation_config.json, bos/eos/pad ids)\n"
+            "       hp-ckpt from-hf HFDIR OUT [--model llama3|qwen3] [--flavor F]   (the model from config.json)\n"
             "       hp-ckpt seed OUT --model llama3|qwen3 --flavor F --vocab V [--seed S]\n"
             "  to-hf, from-hf and seed take the config's model.* overrides of the flavor as flags,\n"
             "  e.g. --model.dim 80 --model.n_heads=5 --model.qk_norm=true (docs/config.md)\n");
     return 2;
 }
 
+/* MPI world of to-hf / from-hf (one rank without mpirun); NULL for the other commands */
+static hp_comm_t world_;
+static int rank_;
+
 static int fail(hp_status_t s) {
+    if (rank_ != 0) return 1;   /* every rank has the same agreed message */
     fprintf(stderr, "hp-ckpt: %s: %s\n", hp_status_string(s), hp_last_error());
     return 1;
 }
@@ -194,13 +206,18 @@ static int consolidate(const char *dir, const char *out) {
 static hp_config_t model_cfg_;
 
 /* The model of --model/--flavor and the --model.* flags with the checkpoint's vocabulary;
- * `vocab_from` names where the vocabulary came from, so a model too large for memory names
- * that input. */
-static hp_status_t make_model(const char *name, const char *flavor, int vocab, const char *vocab_from,
-                              hp_model_config_t *mc, hp_model_t *m) {
+ * `vocab_from` names where the vocabulary came from. */
+static hp_status_t resolve(const char *name, const char *flavor, int vocab, const char *vocab_from,
+                           hp_model_config_t *mc) {
     snprintf(model_cfg_.model.name, sizeof model_cfg_.model.name, "%s", name);
     snprintf(model_cfg_.model.flavor, sizeof model_cfg_.model.flavor, "%s", flavor);
-    HP_TRY(hp_config_resolve_model(&model_cfg_, vocab, vocab_from, 0, mc));   /* names the model.* key */
+    return hp_config_resolve_model(&model_cfg_, vocab, vocab_from, 0, mc);   /* names the model.* key */
+}
+
+/* resolve, then the model itself (seed) */
+static hp_status_t make_model(const char *name, const char *flavor, int vocab, const char *vocab_from,
+                              hp_model_config_t *mc, hp_model_t *m) {
+    HP_TRY(resolve(name, flavor, vocab, vocab_from, mc));
     hp_status_t s = hp_model_create(mc, 1, 1, m);
     if (s != HP_OK) {
         char msg[1536];
@@ -211,6 +228,140 @@ static hp_status_t make_model(const char *name, const char *flavor, int vocab, c
     return HP_OK;
 }
 
+static void print_stats(const char *what, const hp_hf_convert_stats_t *st) {
+    fprintf(stderr, "hp-ckpt %s: rank 0 converted %lld tensors, read %lld bytes, wrote %lld bytes; largest tensor "
+            "%lld bytes\n", what, (long long)st->tensors, (long long)st->bytes_read, (long long)st->bytes_written,
+            (long long)st->largest_tensor_bytes);
+}
+
+/* to-hf --tokenizer: what transformers needs beside the weights (its AutoTokenizer and
+ * generate): tokenizer.json (its TemplateProcessing, or none, replaced by BOS + text, as Llama
+ * 3's tokenizer.json and hp-generate's prompts), tokenizer_config.json,
+ * generation_config.json, the bos/eos/pad ids in config.json, and a README.md. */
+static const char *tokenizer_;
+
+static hp_status_t put_json(const char *dir, const char *name, json_object *o) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    hp_status_t s = json_object_to_file_ext(p, o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+                                                      JSON_C_TO_STRING_NOSLASHESCAPE) == 0
+                        ? HP_OK
+                        : hp_error(HP_ERR_IO, "%s: cannot write: %s", p, json_util_get_last_err());
+    json_object_put(o);
+    return s;
+}
+
+static json_object *id_or_null(int32_t id) { return id >= 0 ? json_object_new_int(id) : NULL; }
+
+static hp_status_t export_tokenizer(const char *out, const char *src_dir, const hp_model_config_t *mc) {
+    hp_tokenizer_t tok = NULL;
+    HP_TRY(hp_tokenizer_load(&tok, tokenizer_));
+    hp_status_t s = HP_OK;
+    if (hp_tokenizer_vocab_size(tok) > mc->vocab_size)
+        s = hp_error(HP_ERR_INVALID_ARG, "hp-ckpt to-hf: --tokenizer %s has %d ids but the model's vocabulary is %d; "
+                     "hint: give the tokenizer the model was trained with", tokenizer_, hp_tokenizer_vocab_size(tok),
+                     mc->vocab_size);
+    int32_t bos = hp_tokenizer_bos_id(tok), eos = hp_tokenizer_eos_id(tok), pad = -1;
+    const char *pads[] = {"<pad>", "<|pad|>", "<|finetune_right_pad_id|>", "[PAD]"};
+    for (size_t i = 0; pad < 0 && i < sizeof pads / sizeof pads[0]; i++) pad = hp_tokenizer_token_to_id(tok, pads[i]);
+    if (pad < 0) pad = eos;   /* generate pads finished rows with it; Llama 3 does the same */
+    char bos_s[256] = "", eos_s[256] = "", pad_s[256] = "";
+    if (bos >= 0) snprintf(bos_s, sizeof bos_s, "%s", hp_tokenizer_id_to_token(tok, bos));
+    if (eos >= 0) snprintf(eos_s, sizeof eos_s, "%s", hp_tokenizer_id_to_token(tok, eos));
+    if (pad >= 0) snprintf(pad_s, sizeof pad_s, "%s", hp_tokenizer_id_to_token(tok, pad));
+    hp_tokenizer_free(tok);
+    if (s != HP_OK) return s;
+    /* tokenizer.json, with BOS prepended by HF as by us */
+    json_object *tj = json_object_from_file(tokenizer_), *pp = NULL;
+    if (!tj) return hp_error(HP_ERR_FORMAT, "%s: not readable as JSON: %s", tokenizer_, json_util_get_last_err());
+    /* the post-processor: BOS then the text, as Llama 3's tokenizer.json and hp-generate's
+     * prompt; a training template that also appends EOS would end every prompt */
+    int has_pp = json_object_object_get_ex(tj, "post_processor", &pp) && pp;
+    const char *pp_type = "";
+    json_object *ppt = NULL;
+    if (has_pp && json_object_object_get_ex(pp, "type", &ppt) && json_object_is_type(ppt, json_type_string))
+        pp_type = json_object_get_string(ppt);
+    if (bos >= 0 && has_pp && strcmp(pp_type, "TemplateProcessing") != 0)
+        fprintf(stderr, "hp-ckpt to-hf: warning: %s has a %s post-processor, kept; transformers will not prepend BOS "
+                "to prompts as hp-generate does\n", tokenizer_, pp_type[0] ? pp_type : "non-template");
+    if (bos >= 0 && (!has_pp || !strcmp(pp_type, "TemplateProcessing"))) {
+        json_object *tp = json_object_new_object(), *single = json_object_new_array(), *pair = json_object_new_array();
+        json_object *sb = json_object_new_object(), *sa = json_object_new_object(), *bt = json_object_new_object();
+        json_object_object_add(bt, "id", json_object_new_string(bos_s));
+        json_object_object_add(bt, "type_id", json_object_new_int(0));
+        json_object_object_add(sb, "SpecialToken", bt);
+        json_object *seq = json_object_new_object();
+        json_object_object_add(seq, "id", json_object_new_string("A"));
+        json_object_object_add(seq, "type_id", json_object_new_int(0));
+        json_object_object_add(sa, "Sequence", seq);
+        json_object_array_add(single, sb);
+        json_object_array_add(single, sa);
+        json_object_array_add(pair, json_object_get(sb));
+        json_object_array_add(pair, json_object_get(sa));
+        json_object *seqb = json_object_new_object(), *sbb = json_object_new_object();
+        json_object_object_add(seqb, "id", json_object_new_string("B"));
+        json_object_object_add(seqb, "type_id", json_object_new_int(1));
+        json_object_object_add(sbb, "Sequence", seqb);
+        json_object_array_add(pair, sbb);
+        json_object *sp = json_object_new_object(), *one = json_object_new_object(), *ids = json_object_new_array(),
+                    *toks = json_object_new_array();
+        json_object_object_add(one, "id", json_object_new_string(bos_s));
+        json_object_array_add(ids, json_object_new_int(bos));
+        json_object_array_add(toks, json_object_new_string(bos_s));
+        json_object_object_add(one, "ids", ids);
+        json_object_object_add(one, "tokens", toks);
+        json_object_object_add(sp, bos_s, one);
+        json_object_object_add(tp, "type", json_object_new_string("TemplateProcessing"));
+        json_object_object_add(tp, "single", single);
+        json_object_object_add(tp, "pair", pair);
+        json_object_object_add(tp, "special_tokens", sp);
+        json_object_object_add(tj, "post_processor", tp);
+    }
+    HP_TRY(put_json(out, "tokenizer.json", tj));
+    json_object *tc = json_object_new_object();
+    json_object_object_add(tc, "tokenizer_class", json_object_new_string("PreTrainedTokenizerFast"));
+    if (bos >= 0) json_object_object_add(tc, "bos_token", json_object_new_string(bos_s));
+    if (eos >= 0) json_object_object_add(tc, "eos_token", json_object_new_string(eos_s));
+    if (pad >= 0) json_object_object_add(tc, "pad_token", json_object_new_string(pad_s));
+    json_object_object_add(tc, "model_max_length", json_object_new_int(mc->max_seq_len));
+    json_object_object_add(tc, "clean_up_tokenization_spaces", json_object_new_boolean(0));
+    HP_TRY(put_json(out, "tokenizer_config.json", tc));
+    json_object *gc = json_object_new_object();
+    json_object_object_add(gc, "bos_token_id", id_or_null(bos));
+    json_object_object_add(gc, "eos_token_id", id_or_null(eos));
+    json_object_object_add(gc, "pad_token_id", id_or_null(pad));
+    json_object_object_add(gc, "do_sample", json_object_new_boolean(0));   /* greedy, as hp-generate's default */
+    HP_TRY(put_json(out, "generation_config.json", gc));
+    char p[4300];
+    snprintf(p, sizeof p, "%s/config.json", out);
+    json_object *cj = json_object_from_file(p);
+    if (!cj) return hp_error(HP_ERR_FORMAT, "%s: cannot read back: %s", p, json_util_get_last_err());
+    json_object_object_add(cj, "bos_token_id", id_or_null(bos));
+    json_object_object_add(cj, "eos_token_id", id_or_null(eos));
+    json_object_object_add(cj, "pad_token_id", id_or_null(pad));
+    HP_TRY(put_json(out, "config.json", cj));
+    snprintf(p, sizeof p, "%s/README.md", out);
+    FILE *f = fopen(p, "w");
+    if (!f) return hp_error(HP_ERR_IO, "%s: cannot write: %s", p, strerror(errno));
+    char dims[1024];
+    hp_config_describe_model(mc, dims, sizeof dims);
+    hp_dcp_metadata_t md = NULL;
+    long long step = -1;
+    if (hp_dcp_metadata_read(src_dir, &md) == HP_OK) step = (long long)hp_dcp_metadata_step(md);
+    hp_dcp_metadata_free(md);
+    char stepb[64] = "";
+    if (step >= 0) snprintf(stepb, sizeof stepb, " (training step %lld)", step);
+    fprintf(f, "# %s model exported by hyperparallel\n\nConverted by `hp-ckpt to-hf` from the checkpoint `%s`%s.\n\n"
+               "- model: %s/%s (%s in transformers)\n- dims: %s\n- tokenizer: `%s` (bos %d, eos %d, pad %d)\n\n"
+               "Load it with `transformers.pipeline(\"text-generation\", model=\"<this folder>\")`; generation is greedy "
+               "by default (generation_config.json).\n", mc->name, src_dir, stepb, mc->name, mc->flavor,
+            strcmp(mc->name, "qwen3") ? "LlamaForCausalLM" : "Qwen3ForCausalLM", dims, tokenizer_, bos, eos, pad);
+    if (fclose(f) != 0) return hp_error(HP_ERR_IO, "%s: write failed", p);
+    return HP_OK;
+}
+
+/* Streaming (hp_hf_convert_from_dcp): one tensor in memory at a time; under mpirun each rank
+ * writes its share of the HF shards. */
 static int to_hf(const char *dir, const char *out, const char *model, const char *flavor, hp_dtype_t dt, size_t shard) {
     hp_dcp_metadata_t md;
     hp_status_t s = hp_dcp_metadata_read(dir, &md);
@@ -225,74 +376,59 @@ static int to_hf(const char *dir, const char *out, const char *model, const char
     snprintf(what, sizeof what, "%s: tok_embeddings.weight rows (the vocabulary)", dir);
     s = hp_check_i64(what, emb->shape[0], 1, HP_MODEL_MAX_VOCAB, "at most HP_MODEL_MAX_VOCAB = 2^24 token ids");
     int vocab = (int)emb->shape[0];
-    hp_model_config_t mc;
-    hp_model_t m = NULL;
-    if (s == HP_OK) s = make_model(model, flavor, vocab, "the checkpoint's tok_embeddings.weight", &mc, &m);
-    int np = m ? hp_model_num_params(m) : 0;
-    hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
-    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
-    hp_dcp_state_t st = {ts, np, NULL, 0};
-    hp_dcp_load_options_t o = {0, 1, NULL, 0, 0};
-    if (s == HP_OK) s = hp_dcp_load(dir, &st, NULL, &o);
-    for (int i = 0; s == HP_OK && i < np; i++)
-        if (!ts[i].loaded) s = hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", dir, ts[i].name);
-    /* the load is not strict (the checkpoint may hold optimizer state): a model tensor the model
-     * lacks (more layers, an untied output) would be dropped without a word */
-    for (int i = 0; s == HP_OK && i < hp_dcp_metadata_count(md); i++) {
-        const hp_dcp_entry_t *e = hp_dcp_metadata_entry(md, i);
-        if (e->is_blob || strncmp(e->name, "optimizer.", 10) == 0 || hp_model_find_param(m, e->name)) continue;
-        s = hp_error(HP_ERR_INVALID_ARG, "%s holds model tensor '%s', which the %s/%s model (n_layers %d, "
-                     "tie_embeddings %s) lacks; hint: describe the trained model with --model.n_layers / --model.tie_embeddings "
-                     "(the model.* keys of its config)", dir, e->name, model, flavor, mc.n_layers,
-                     mc.tie_embeddings ? "true" : "false");
-    }
     hp_dcp_metadata_free(md);
-    if (s == HP_OK) s = hp_hf_export(out, &mc, hp_model_params(m), np, NULL, dt, shard);
-    if (s == HP_OK) {
+    hp_model_config_t mc;
+    if (s == HP_OK) s = resolve(model, flavor, vocab, "the checkpoint's tok_embeddings.weight", &mc);
+    hp_hf_convert_stats_t stats;
+    if (s == HP_OK) s = hp_hf_convert_from_dcp(dir, &mc, out, dt, shard, world_, &stats);
+    if (s == HP_OK && rank_ == 0 && tokenizer_) s = export_tokenizer(out, dir, &mc);
+    if (s == HP_OK && rank_ == 0) {
         char dims[1024];
         hp_config_describe_model(&mc, dims, sizeof dims);
         printf("wrote HF checkpoint %s (%s %s, vocab %d, %s; %s)\n", out, model, flavor, vocab, hp_dtype_name(dt), dims);
+        print_stats("to-hf", &stats);
     }
-    free(ts);
-    hp_model_destroy(m);
     return s == HP_OK ? 0 : fail(s);
 }
 
+/* The model comes from config.json (hp_hf_read_config); with --flavor, the flavor and the
+ * --model.* flags must describe the same model, or the command is refused listing the fields. */
 static int from_hf(const char *dir, const char *out, const char *model, const char *flavor) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    json_object *cj = json_object_from_file(path), *v = NULL;
-    if (!cj || !json_object_is_type(cj, json_type_object) || !json_object_object_get_ex(cj, "vocab_size", &v)) {
-        json_object_put(cj);
-        fprintf(stderr, "hp-ckpt: %s: missing, not a JSON object, or without vocab_size\n", path);
-        return 1;
-    }
-    /* json_object_get_int would clamp 1e12 to INT32_MAX and turn 1e9 or "2048" into a number */
+    hp_model_config_t hf, mc;
+    hp_status_t s = hp_hf_read_config(dir, &hf);
+    if (s != HP_OK) return fail(s);
+    char ov[1024];
+    hp_config_model_overrides(&model_cfg_, ov, sizeof ov);
+    if (!flavor && ov[0])
+        return fail(hp_error(HP_ERR_INVALID_ARG, "hp-ckpt from-hf: %s given without --flavor; the model comes from "
+                             "%s/config.json; hint: drop the --model.* flags, or add --flavor to check config.json "
+                             "against the flavor with them", ov, dir));
+    if (model && strcmp(model, hf.name) != 0)
+        return fail(hp_error(HP_ERR_INVALID_ARG, "hp-ckpt from-hf: --model %s, but %s/config.json describes a %s model "
+                             "(model_type '%s'); hint: use --model %s or leave --model out", model, dir, hf.name,
+                             strcmp(hf.name, "qwen3") ? "llama" : "qwen3", hf.name));
     char what[4300];
-    snprintf(what, sizeof what, "%s: 'vocab_size'", path);
-    hp_status_t vs = HP_OK;
-    int64_t vocab64 = 0;
-    if (!json_object_is_type(v, json_type_int))
-        vs = hp_error(HP_ERR_FORMAT, "%s expects an integer, got %s '%s'; hint: write e.g. \"vocab_size\": 128256", what,
-                      json_type_to_name(json_object_get_type(v)), json_object_to_json_string(v));
-    else
-        vs = hp_check_i64(what, (vocab64 = json_object_get_int64(v)), 1, HP_MODEL_MAX_VOCAB,
-                          "at most HP_MODEL_MAX_VOCAB = 2^24 token ids; is this the model's config.json?");
-    json_object_put(cj);
-    if (vs != HP_OK) return fail(vs);
-    int vocab = (int)vocab64;
-    hp_model_config_t mc;
-    hp_model_t m = NULL;
-    hp_status_t s = make_model(model, flavor, vocab, what, &mc, &m);
-    int np = m ? hp_model_num_params(m) : 0;
-    if (s == HP_OK) s = hp_hf_import(dir, &mc, hp_model_params(m), np, NULL);
-    hp_dcp_tensor_t *ts = calloc((size_t)np + 1, sizeof *ts);
-    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
-    hp_dcp_state_t st = {ts, np, NULL, 0};
-    if (s == HP_OK) s = hp_dcp_save(out, &st, NULL);
-    if (s == HP_OK) printf("wrote DCP checkpoint %s (%d tensors; use it as checkpoint.initial_load_path)\n", out, np);
-    free(ts);
-    hp_model_destroy(m);
+    snprintf(what, sizeof what, "%s/config.json: 'vocab_size'", dir);
+    if (flavor) {
+        s = resolve(model ? model : hf.name, flavor, hf.vocab_size, what, &mc);
+        char msg[1500], flags[700];
+        int n = s == HP_OK ? hp_hf_config_diff(&hf, &mc, msg, sizeof msg, flags, sizeof flags) : 0;
+        if (n)
+            s = hp_error(HP_ERR_INVALID_ARG, "hp-ckpt from-hf: %s/config.json disagrees with --flavor %s%s%s in %d "
+                         "field(s): %s; hint: leave --flavor out to take the model from config.json, or describe it "
+                         "with %s", dir, flavor, ov[0] ? " and " : "", ov, n, msg, flags);
+    } else {
+        mc = hf;
+    }
+    hp_hf_convert_stats_t stats;
+    if (s == HP_OK) s = hp_hf_convert_to_dcp(dir, &mc, out, world_, &stats);
+    if (s == HP_OK && rank_ == 0) {
+        char dims[1024];
+        hp_config_describe_model(&mc, dims, sizeof dims);
+        printf("wrote DCP checkpoint %s (%d tensors; %s %s; %s; use it as checkpoint.initial_load_path)\n", out,
+               3 + mc.n_layers * (9 + 2 * !!mc.qk_norm) - !!mc.tie_embeddings, mc.name, flavor ? flavor : "from config.json", dims);
+        print_stats("from-hf", &stats);
+    }
     return s == HP_OK ? 0 : fail(s);
 }
 
@@ -314,7 +450,8 @@ static int seed(const char *out, const char *model, const char *flavor, int voca
     return s == HP_OK ? 0 : fail(s);
 }
 
-static const char *const ckpt_flags[] = {"--model", "--flavor", "--dtype", "--max-shard-bytes", "--vocab", "--seed"};
+static const char *const ckpt_flags[] = {"--model", "--flavor", "--dtype", "--max-shard-bytes", "--vocab", "--seed",
+                                         "--tokenizer"};
 #define N_CKPT_FLAGS (sizeof ckpt_flags / sizeof ckpt_flags[0])
 
 static int bad_args(void) {
@@ -377,6 +514,9 @@ int main(int argc, char **argv) {
                                       "HP_MODEL_MAX_VOCAB = 2^24", &x) != HP_OK)
                 return bad_args();
             vocab = x;
+        } else if ((r = hp_flag_value("hp-ckpt", argc, argv, &i, "--tokenizer", &v))) {
+            if (r < 0) return bad_args();
+            tokenizer_ = v;
         } else if ((r = hp_flag_value("hp-ckpt", argc, argv, &i, "--seed", &v))) {
             uint64_t x = 0;
             if (r < 0 || hp_parse_u64("hp-ckpt: --seed", v, UINT64_MAX, NULL, &x) != HP_OK) return bad_args();
@@ -423,12 +563,22 @@ int main(int argc, char **argv) {
         return seed(pos[0], model, flavor, vocab, sd);
     }
     if (!strcmp(cmd, "consolidate")) return consolidate(pos[0], pos[1]);
-    if (!strcmp(cmd, "to-hf") || !strcmp(cmd, "from-hf")) {
-        if (!model || !flavor) {
+    if (!strcmp(cmd, "from-hf") || !strcmp(cmd, "to-hf")) {
+        if (!strcmp(cmd, "to-hf") && (!model || !flavor)) {
             fprintf(stderr, "hp-ckpt %s: --model and --flavor are required\n", cmd);
             return 2;
         }
-        return !strcmp(cmd, "to-hf") ? to_hf(pos[0], pos[1], model, flavor, dt, shard) : from_hf(pos[0], pos[1], model, flavor);
+        /* under mpirun every rank converts its share; alone, one process without MPI (a
+         * singleton MPI start costs a second or more) */
+        int under_mpirun = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_SIZE");
+        if (under_mpirun) {
+            if (hp_comm_init(&argc, &argv, &world_) != HP_OK) return fail(HP_ERR_STATE);
+            rank_ = hp_comm_rank(world_);
+        }
+        int rc = !strcmp(cmd, "from-hf") ? from_hf(pos[0], pos[1], model, flavor)
+                                         : to_hf(pos[0], pos[1], model, flavor, dt, shard);
+        if (world_) hp_comm_finalize();
+        return rc;
     }
     return usage();
 }

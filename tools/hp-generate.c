@@ -1,6 +1,8 @@
 /* hp-generate: sample text from weights written by hp-train.
- *   hp-generate --weights W.safetensors --tokenizer tokenizer.json [--prompt TEXT]
- *               [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
+ *   hp-generate --weights W.safetensors|HF_DIR --tokenizer tokenizer.json [--prompt TEXT]
+ *               [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--print-ids]
+ * --print-ids prints the token ids (prompt with BOS, then the generated ones) on a line
+ * "ids: ..." after the text (to compare with transformers' generate).
  * The prompt is prefilled into a KV cache (model.h) and each new token is one decode step.
  * The context window is the training sequence length stored with the weights; once prompt
  * plus output exceed it, every further token sees exactly the last window: the cache is
@@ -65,7 +67,8 @@ static int32_t sample(const float *logits, int V, float temperature, int top_k, 
 
 static void usage(FILE *f) {
     fprintf(f, "usage: hp-generate --weights FILE --tokenizer FILE [--prompt TEXT] [--max-new-tokens N]\n"
-               "                   [--temperature T] [--top-k K] [--top-p P] [--seed S]\n");
+               "                   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--print-ids]\n"
+               "  --weights: a weights file written by hp-train or an HF model folder\n");
 }
 
 int main(int argc, char **argv) {
@@ -74,12 +77,14 @@ int main(int argc, char **argv) {
     float temperature = 0.8f, top_p = 1.0f;
     unsigned long long seed = 0;
     static const char *const flags[] = {"--weights", "--tokenizer", "--prompt", "--max-new-tokens", "--temperature",
-                                        "--top-k", "--top-p", "--seed", "--help"};
+                                        "--top-k", "--top-p", "--seed", "--print-ids", "--help"};
+    int print_ids = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         hp_status_t s = HP_OK;
         int r;
         if (!strcmp(a, "--help")) { usage(stdout); return 0; }
+        if (!strcmp(a, "--print-ids")) { print_ids = 1; continue; }
         if ((r = hp_flag_value("hp-generate", argc, argv, &i, "--weights", &v)) > 0) weights = v;
         else if (!r && (r = hp_flag_value("hp-generate", argc, argv, &i, "--tokenizer", &v)) > 0) tokpath = v;
         else if (!r && (r = hp_flag_value("hp-generate", argc, argv, &i, "--prompt", &v)) > 0) prompt = v;
@@ -170,6 +175,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("%s\n", text);
+    if (print_ids) {
+        printf("ids:");
+        for (size_t i = 0; i < n; i++) printf(" %d", all[i]);
+        printf("\n");
+    }
     free(text);
     free(all);
     free(cands);

@@ -180,7 +180,9 @@ hp_status_t hp_dcp_purge(const char *folder, int64_t keep);
  * Writes the model weights (rank 0 of a replicated model) with the model config in the
  * safetensors metadata, loadable by hp_model_load_weights / hp-generate. */
 hp_status_t hp_model_save_weights(hp_model_t m, const char *path);
-/* Creates a model from a file written by hp_model_save_weights (config from its metadata). */
+/* Creates a model from a file written by hp_model_save_weights (config from its metadata), or
+ * from an HF directory (config from its config.json, hp_hf_read_config; the context is
+ * max_seq_len, else max_position_embeddings capped at 4096). */
 hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_len, hp_model_t *out);
 
 /* --- HF interop (hf.c) ---------------------------------------------------------------------
@@ -189,12 +191,55 @@ hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_l
  * state-dict adapter (llama3 / qwen3) and Llama's q/k rotary permutation applied. Tensors are
  * gathered to rank 0 (collective over comm; comm NULL = single process); dtype HP_F32 or
  * HP_BF16. Import reads an HF directory (index json or one model.safetensors) into params,
- * any layout (reads this rank's box of each tensor). */
+ * any layout, reading from the files only this rank's boxes of each tensor (pread of their
+ * rows), casting F32 / BF16 / F16 to the parameters' f32. */
 struct hp_model_config;
 hp_status_t hp_hf_export(const char *dir, const struct hp_model_config *mc, const hp_param_t *params, int n_params,
                          hp_comm_t comm, hp_dtype_t dtype, size_t max_shard_bytes);
 hp_status_t hp_hf_import(const char *dir, const struct hp_model_config *mc, hp_param_t *params, int n_params,
                          hp_comm_t comm);
+/* Bytes hp_hf_import read on this process (only each rank's boxes: the rows of its shard of
+ * every tensor, q/k rows through the permutation) and the bytes of the tensors it loaded, since
+ * the last reset; process-wide, as hp_comm_counts_get. */
+typedef struct hp_hf_import_counts {
+    uint64_t bytes_read, bytes_total;
+} hp_hf_import_counts_t;
+void hp_hf_import_counts_get(hp_hf_import_counts_t *out);
+void hp_hf_import_counts_reset(void);
+/* The model config of an HF directory's config.json (hf_config.c): every field
+ * LlamaForCausalLM / Qwen3ForCausalLM read (model_type, hidden_size, num_hidden_layers,
+ * num_attention_heads, num_key_value_heads, head_dim, intermediate_size, vocab_size,
+ * rms_norm_eps, rope_theta, rope_scaling / rope_parameters of type default or llama3,
+ * tie_word_embeddings, max_position_embeddings -> max_seq_len); flavor "config.json". A field
+ * the model cannot reproduce (another rope type, attention_bias, mlp_bias, a sliding window,
+ * another hidden_act, attention_dropout, partial_rotary_factor) is HP_ERR_UNSUPPORTED naming
+ * it; a missing or mistyped field is HP_ERR_FORMAT naming it. */
+hp_status_t hp_hf_read_config(const char *dir, struct hp_model_config *out);
+/* Compares the fields that change the numerics (all but max_seq_len) of the model of a
+ * config.json (hf) with another model config (mc); returns how many differ. msg gets
+ * "config.json 'hidden_size' = 80 (model.dim = 256), ..." and flags the hp-ckpt flags that
+ * would describe the checkpoint ("--model.dim 80 ..."); both may be cut at their size. */
+int hp_hf_config_diff(const struct hp_model_config *hf, const struct hp_model_config *mc, char *msg, size_t msg_n,
+                      char *flags, size_t flags_n);
+/* Writes DIR/config.json for the model (what hp_hf_export writes; dtype names torch_dtype). */
+hp_status_t hp_hf_write_config(const char *dir, const struct hp_model_config *mc, hp_dtype_t dtype);
+/* Streaming conversion (hf_convert.c; hp-ckpt from-hf / to-hf): one tensor in memory at a time
+ * (plus its q/k permutation and a dtype cast), no model and no gradients; the parameter list
+ * comes from mc. Collective over comm (NULL = one process): from-hf balances the tensors over
+ * the ranks by bytes, each writing its own rank file of the DCP directory (rank 0 the
+ * metadata, then out_dir is committed by rename); to-hf gives HF shard f to rank (f-1) % size.
+ * from-hf keeps each tensor's dtype (F32 / BF16 / F16; hp_dcp_load casts to the parameters'),
+ * checks config.json against mc (as hp_hf_import) and every tensor's shape and finiteness. */
+typedef struct hp_hf_convert_stats {
+    int64_t tensors;                /* converted by this rank */
+    int64_t bytes_read, bytes_written;
+    int64_t largest_tensor_bytes;   /* of the output, over all tensors */
+} hp_hf_convert_stats_t;
+hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const struct hp_model_config *mc, const char *out_dir,
+                                 hp_comm_t comm, hp_hf_convert_stats_t *stats);
+hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const struct hp_model_config *mc, const char *out_dir,
+                                   hp_dtype_t dtype, size_t max_shard_bytes, hp_comm_t comm,
+                                   hp_hf_convert_stats_t *stats);
 /* Name maps of the adapter: TorchTitan FQN <-> HF name. *permute = 1 for the q/k weights
  * whose rows are permuted (llama3). HP_ERR_NOT_FOUND for names without a mapping. */
 hp_status_t hp_hf_name_to_hf(const struct hp_model_config *mc, const char *fqn, char *out, size_t n, int *permute);

@@ -92,6 +92,10 @@ hp_status_t hp_safetensors_read(hp_safetensors_t st, const char *name, hp_tensor
 /* Copies the raw bytes of a tensor (nbytes must equal end - begin). */
 hp_status_t hp_safetensors_read_raw(hp_safetensors_t st, const char *name, void *buf,
                                     size_t nbytes);
+/* Copies bytes [offset, offset + nbytes) of a tensor's stored data (one pread; a range outside
+ * the tensor is HP_ERR_INVALID_ARG): the rows of a shard, for sharded loading. */
+hp_status_t hp_safetensors_read_bytes(hp_safetensors_t st, const char *name, uint64_t offset, void *buf,
+                                      size_t nbytes);
 
 /* One tensor to write: either an hp tensor (any strides; f32 may be stored as F32, BF16 or
  * F16 by setting `dtype`, otherwise HP_ST_AUTO) or, when tensor == NULL, `raw` contiguous
@@ -116,6 +120,15 @@ hp_status_t hp_safetensors_write(const char *path, const hp_st_entry_t *entries,
  * bytes (after any dtype conversion), as the checkpoint metadata records it. */
 hp_status_t hp_safetensors_write_hashed(const char *path, const hp_st_entry_t *entries, int n,
                                         const char *const *meta, int n_meta, uint64_t *xxh3);
+/* Streaming: as hp_safetensors_write_hashed (xxh3 may be NULL), but for each entry whose
+ * tensor and raw are both NULL (dtype, ndim and shape give the stored layout) the writer calls
+ * fill(ctx, i, &t) just before it writes entry i, in entry order; *t must have that shape and
+ * its dtype (or be f32 stored as BF16 / F16) and stay valid until the next call. A file of many
+ * tensors is so written holding one of them in memory (hp-ckpt from-hf / to-hf). */
+typedef hp_status_t (*hp_st_fill_fn)(void *ctx, int i, const hp_tensor_t **t);
+hp_status_t hp_safetensors_write_stream(const char *path, const hp_st_entry_t *entries, int n,
+                                        const char *const *meta, int n_meta, hp_st_fill_fn fill,
+                                        void *ctx, uint64_t *xxh3);
 
 #ifdef __cplusplus
 }

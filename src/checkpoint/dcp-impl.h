@@ -27,4 +27,7 @@ hp_status_t hp_dcp_json_parse(const char *json, size_t len, size_t max_bytes, co
 /* The message of a chunk whose XXH3-64 does not match metadata.json (file, tensor, how to skip). */
 hp_status_t hp_dcp_checksum_error(const char *dir, const char *file, const char *name, const char *key,
                                   uint64_t stored, uint64_t computed);
+/* Non-finite values among n raw F32 / BF16 / F16 values; *first = the first index (hf_convert.c). */
+int64_t hp_hf_count_nonfinite_raw(const void *p, int64_t n, hp_dtype_t dt, int64_t *first);
+
 #endif

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hyperparallel/checkpoint.h"
 #include "hyperparallel/model.h"
 #include "hyperparallel/safetensors.h"
 #include "dcp-impl.h"
@@ -153,6 +154,7 @@ static json_object *hf_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
     json_object_object_add(c, "initializer_range", json_object_new_double(0.02));
     json_object_object_add(c, "use_cache", json_object_new_boolean(1));
     json_object_object_add(c, "torch_dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));
+    json_object_object_add(c, "dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));   /* transformers 5 */
     if (mc->rope_scaling) {   /* HF's "llama3" rope type serves every model that reads rope_scaling */
         json_object *rs = json_object_new_object();
         json_object_object_add(rs, "rope_type", json_object_new_string("llama3"));
@@ -171,6 +173,16 @@ static json_object *hf_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
         json_object_object_add(c, "max_window_layers", json_object_new_int(mc->n_layers));
     }
     return c;
+}
+
+hp_status_t hp_hf_write_config(const char *dir, const hp_model_config_t *mc, hp_dtype_t dtype) {
+    json_object *cj = hf_config_json(mc, dtype);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    hp_status_t s = write_text(path, json_object_to_json_string_ext(cj, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+                                                                            JSON_C_TO_STRING_NOSLASHESCAPE));
+    json_object_put(cj);
+    return s;
 }
 
 /* One parameter as a full f32 tensor (gathered when sharded; collective over the mesh). */
@@ -264,13 +276,7 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
             s = write_text(path, json_object_to_json_string_ext(idx, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
                                                                          JSON_C_TO_STRING_NOSLASHESCAPE));
             json_object_put(idx);
-            if (s == HP_OK) {
-                json_object *cj = hf_config_json(mc, dtype);
-                snprintf(path, sizeof path, "%s/config.json", dir);
-                s = write_text(path, json_object_to_json_string_ext(cj, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
-                                                                            JSON_C_TO_STRING_NOSLASHESCAPE));
-                json_object_put(cj);
-            }
+            if (s == HP_OK) s = hp_hf_write_config(dir, mc, dtype);
             if (s == HP_OK) s = hp_dcp_fsync_path(dir, 1);
         } else {
             json_object_put(wm);
@@ -333,50 +339,35 @@ static void warn_extra_tensors(const char *dir, const hp_model_config_t *mc, hp_
     free(want);
 }
 
-/* The shape fields of DIR/config.json (those present) must be the model's: tensor shapes alone
- * would let extra layers or an untied lm_head be dropped with a warning. A missing file, or
- * a field of another type, is left to the tensor checks. */
+/* DIR/config.json, when present, must describe the model exactly (hp_hf_read_config, then
+ * every field that changes the numerics): shapes alone would let extra layers or an untied
+ * lm_head be dropped, and rope_theta, rope_scaling or eps would import silently wrong. */
 static hp_status_t check_hf_config(const char *dir, const hp_model_config_t *mc) {
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (access(path, R_OK) != 0) return HP_OK;
-    json_object *cj = json_object_from_file(path);
-    if (!cj || !json_object_is_type(cj, json_type_object)) {
-        json_object_put(cj);
-        return hp_error(HP_ERR_FORMAT, "HF checkpoint %s: config.json is not a JSON object", dir);
-    }
-    const struct { const char *hf, *key; int have; } f[] = {
-        {"hidden_size", "dim", mc->dim}, {"num_hidden_layers", "n_layers", mc->n_layers},
-        {"num_attention_heads", "n_heads", mc->n_heads}, {"num_key_value_heads", "n_kv_heads", mc->n_kv_heads},
-        {"head_dim", "head_dim", mc->head_dim}, {"intermediate_size", "hidden_dim", mc->hidden_dim},
-        {"vocab_size", "vocab_size", mc->vocab_size}};
-    hp_status_t s = HP_OK;
-    json_object *v;
-    for (size_t i = 0; s == HP_OK && i < sizeof f / sizeof f[0]; i++) {
-        if (!json_object_object_get_ex(cj, f[i].hf, &v) || !json_object_is_type(v, json_type_int)) continue;
-        int64_t x = json_object_get_int64(v);
-        if (x != f[i].have)
-            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json '%s' = %lld, but the %s/%s model has %s %d; "
-                         "hint: describe the checkpoint's model with model.%s = %lld (hp-ckpt from-hf: --model.%s %lld)",
-                         dir, f[i].hf, (long long)x, mc->name, mc->flavor, f[i].key, f[i].have, f[i].key, (long long)x,
-                         f[i].key, (long long)x);
-    }
-    if (s == HP_OK && json_object_object_get_ex(cj, "tie_word_embeddings", &v) &&
-        json_object_is_type(v, json_type_boolean) && json_object_get_boolean(v) != !!mc->tie_embeddings)
-        s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json 'tie_word_embeddings' = %s, but the %s/%s model "
-                     "has tie_embeddings %s; hint: set model.tie_embeddings = %s (hp-ckpt from-hf: "
-                     "--model.tie_embeddings %s)", dir, json_object_get_boolean(v) ? "true" : "false", mc->name,
-                     mc->flavor, mc->tie_embeddings ? "true" : "false", json_object_get_boolean(v) ? "true" : "false",
-                     json_object_get_boolean(v) ? "true" : "false");
-    if (s == HP_OK && json_object_object_get_ex(cj, "model_type", &v) && json_object_is_type(v, json_type_string)) {
-        const char *mt = json_object_get_string(v), *want = is_llama(mc) ? "llama" : "qwen3";
-        if (strcmp(mt, want) != 0)
-            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json 'model_type' = '%s', but the model is %s "
-                         "(model_type '%s'); hint: set model.name to the checkpoint's family", dir, mt, mc->name, want);
-    }
-    json_object_put(cj);
-    return s;
+    hp_model_config_t hf;
+    HP_TRY(hp_hf_read_config(dir, &hf));
+    char msg[1500], flags[700];
+    int n = hp_hf_config_diff(&hf, mc, msg, sizeof msg, flags, sizeof flags);
+    if (n)
+        return hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json disagrees with the %s/%s model in %d field(s): "
+                        "%s; hint: describe the checkpoint's model with those model.* keys (hp-ckpt from-hf: %s), or "
+                        "take the model from config.json (hp-ckpt from-hf without --flavor; hp-train with "
+                        "model.flavor = hf)", dir, mc->name, mc->flavor, n, msg, flags);
+    return HP_OK;
 }
+
+/* The HF row of TorchTitan q/k row r (permute_rows: TT row h*hd + 2i + p = HF row h*hd + p*hd/2 + i). */
+static int64_t hf_row(int64_t r, int hd) {
+    int64_t h = r / hd, w = r % hd;
+    return h * hd + (w % 2) * (hd / 2) + w / 2;
+}
+
+static hp_hf_import_counts_t hf_counts_;   /* process-wide, as hp_comm_counts */
+
+void hp_hf_import_counts_get(hp_hf_import_counts_t *out) { *out = hf_counts_; }
+void hp_hf_import_counts_reset(void) { memset(&hf_counts_, 0, sizeof hf_counts_); }
 
 static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params,
                                 int warn) {
@@ -443,43 +434,76 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
         int nd = v->local.ndim, same = info->ndim == nd;
         for (int d = 0; same && d < nd; d++) same = info->shape[d] == gs[d];
         if (!same) {
-            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: '%s' has %d dims / shape[0] %lld, expected the shape of '%s' "
-                         "(a different model config or flavor? set the model.* keys)", dir, hf, info->ndim,
-                         (long long)(info->ndim ? info->shape[0] : 0), params[i].name);
+            char hs[160], ms[160];
+            size_t l = 0;
+            for (int d = 0; d < info->ndim && l < sizeof hs; d++)
+                l += (size_t)snprintf(hs + l, sizeof hs - l, "%s%lld", d ? ", " : "", (long long)info->shape[d]);
+            if (!info->ndim) hs[0] = 0;
+            l = 0;
+            for (int d = 0; d < nd && l < sizeof ms; d++)
+                l += (size_t)snprintf(ms + l, sizeof ms - l, "%s%lld", d ? ", " : "", (long long)gs[d]);
+            if (!nd) ms[0] = 0;
+            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: '%s' has shape (%s), but the %s/%s model's '%s' has shape "
+                         "(%s); hint: a different model: describe it with the model.* keys, or take it from the "
+                         "checkpoint's config.json", dir, hf, hs, mc->name, mc->flavor, params[i].name, ms);
             break;
         }
+        /* only this rank's boxes (PyTorch DCP's HuggingFaceStorageReader): each box's rows (q/k
+         * rows mapped through the permutation) and columns, in the stored dtype, then cast into
+         * the local tensor */
+        hp_dtype_t sdt;
+        if (info->dtype == HP_ST_F32) sdt = HP_F32;
+        else if (info->dtype == HP_ST_BF16) sdt = HP_BF16;
+        else if (info->dtype == HP_ST_F16) sdt = HP_F16;
+        else {
+            s = hp_error(HP_ERR_UNSUPPORTED, "HF checkpoint %s: %s: tensor '%s' is %s; expected F32, BF16 or F16 "
+                         "weights", dir, open_name[k], hf, hp_st_dtype_name(info->dtype));
+            break;
+        }
+        const int64_t cols = nd > 1 ? gs[1] : 1, esz = (int64_t)hp_dtype_size(sdt);
         int64_t numel = 1;
         for (int d = 0; d < nd; d++) numel *= gs[d];
-        if ((size_t)numel * 2 > buf_cap) {
-            free(buf);
-            buf_cap = (size_t)numel * 2;
-            buf = hp_malloc(sizeof(float) * buf_cap);
-            if (!buf) {
-                s = HP_ERR_OOM;
-                break;
-            }
-        }
-        hp_tensor_t full;
-        hp_tensor_init(&full, HP_F32, nd, gs, buf);
-        s = hp_safetensors_read(open_st[k], hf, &full, 1);
-        if (s != HP_OK) break;
-        int64_t first, bad = hp_tensor_count_nonfinite(&full, &first);
-        if (bad) {   /* damaged weights would convert and generate garbage with exit 0 */
-            s = hp_error(HP_ERR_FORMAT, "HF checkpoint %s: %s: tensor '%s' has %lld non-finite value(s) (NaN or inf) "
-                         "of %lld, the first at flat index %lld; expected finite weights (re-download or re-export "
-                         "the checkpoint)", dir, open_name[k], hf, (long long)bad, (long long)numel, (long long)first);
-            break;
-        }
-        float *src = buf;
-        if (pm) {
-            permute_rows(buf + numel, buf, gs[0], nd > 1 ? gs[1] : 1, mc->head_dim, 0);
-            src = buf + numel;
-        }
+        hf_counts_.bytes_total += (uint64_t)(numel * esz);
         hp_dcp_box_t *boxes = NULL;
         int nbox = 0;
         s = hp_dcp_local_boxes(v, &boxes, &nbox);   /* this rank's piece, any layout */
-        for (int b = 0; s == HP_OK && b < nbox; b++)
-            hp_dcp_copy_box(&v->local, boxes[b].l, src, HP_F32, gs, boxes[b].g, boxes[b].s, nd);
+        for (int b = 0; s == HP_OK && b < nbox; b++) {
+            /* a box of whole rows is read by runs of rows; a column box (Shard(1)) by one read of
+             * its column segment per row, so no rank reads or holds more than its box */
+            const int64_t r0 = boxes[b].g[0], nr = boxes[b].s[0];
+            const int64_t c0 = nd > 1 ? boxes[b].g[1] : 0, nc = nd > 1 ? boxes[b].s[1] : 1;
+            const int whole = nc == cols;
+            if ((size_t)(nr * nc * esz) > buf_cap * sizeof(float)) {
+                free(buf);
+                buf_cap = (size_t)(nr * nc * esz + 3) / sizeof(float);
+                buf = hp_malloc(sizeof(float) * buf_cap);
+                if (!buf) {
+                    s = HP_ERR_OOM;
+                    break;
+                }
+            }
+            unsigned char *dst = (unsigned char *)buf;
+            for (int64_t r = 0; s == HP_OK && r < nr;) {
+                int64_t hr = pm ? hf_row(r0 + r, mc->head_dim) : r0 + r, run = 1;
+                while (whole && r + run < nr && (pm ? hf_row(r0 + r + run, mc->head_dim) : r0 + r + run) == hr + run)
+                    run++;
+                s = hp_safetensors_read_bytes(open_st[k], hf, (uint64_t)((hr * cols + c0) * esz),
+                                              dst + r * nc * esz, (size_t)(run * nc * esz));
+                hf_counts_.bytes_read += (uint64_t)(run * nc * esz);
+                r += run;
+            }
+            if (s != HP_OK) break;
+            int64_t first, bad = hp_hf_count_nonfinite_raw(buf, nr * nc, sdt, &first);
+            if (bad) {   /* damaged weights would convert and generate garbage with exit 0 */
+                s = hp_error(HP_ERR_FORMAT, "HF checkpoint %s: %s: tensor '%s' has %lld non-finite value(s) (NaN or "
+                             "inf) in rows %lld..%lld, the first at row %lld; expected finite weights (re-download "
+                             "or re-export the checkpoint)", dir, open_name[k], hf, (long long)bad, (long long)r0,
+                             (long long)(r0 + nr - 1), (long long)(r0 + first / nc));
+                break;
+            }
+            int64_t csz[HP_MAX_DIMS] = {nr, nc}, off[HP_MAX_DIMS] = {0, 0};
+            hp_dcp_copy_box(&v->local, boxes[b].l, buf, sdt, csz, off, boxes[b].s, nd);
+        }
         free(boxes);
     }
     if (s == HP_OK && nmiss)

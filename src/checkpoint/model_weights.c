@@ -63,8 +63,28 @@ hp_status_t hp_model_save_weights(hp_model_t m, const char *path) {
     return s;
 }
 
+/* An HF directory: the model from its config.json, the weights through hp_hf_import; the
+ * context is max_seq_len, else max_position_embeddings capped at 4096 (a KV cache for Llama
+ * 3.1's 131072 positions would be tens of GB). */
+static hp_status_t load_hf_dir(const char *dir, int max_batch, int max_seq_len, hp_model_t *out) {
+    hp_model_config_t cfg;
+    HP_TRY(hp_hf_read_config(dir, &cfg));
+    if (max_seq_len <= 0) max_seq_len = cfg.max_seq_len < 4096 ? cfg.max_seq_len : 4096;
+    cfg.max_seq_len = max_seq_len;
+    hp_model_t m = NULL;
+    HP_TRY(hp_model_create(&cfg, max_batch, max_seq_len, &m));
+    hp_status_t s = hp_hf_import(dir, &cfg, hp_model_params(m), hp_model_num_params(m), NULL);
+    if (s != HP_OK) {
+        hp_model_destroy(m);
+        return s;
+    }
+    *out = m;
+    return HP_OK;
+}
+
 hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_len, hp_model_t *out) {
     *out = NULL;
+    if (hp_hf_is_hf_dir(path)) return load_hf_dir(path, max_batch, max_seq_len, out);
     hp_safetensors_t st = NULL;
     HP_TRY(hp_safetensors_open(path, &st));
     hp_status_t s = HP_OK;

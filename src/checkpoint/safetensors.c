@@ -509,6 +509,17 @@ hp_status_t hp_safetensors_read_raw(hp_safetensors_t st, const char *name, void 
     return read_at(st, buf, nbytes, st->data_start + info->begin);
 }
 
+hp_status_t hp_safetensors_read_bytes(hp_safetensors_t st, const char *name, uint64_t offset, void *buf,
+                                      size_t nbytes) {
+    const hp_st_info_t *info;
+    HP_TRY(hp_safetensors_find(st, name, &info));
+    uint64_t len = info->end - info->begin;
+    if (offset > len || nbytes > len - offset)
+        return hp_error(HP_ERR_INVALID_ARG, "%s: tensor '%s' holds %llu bytes; a read of %zu at %llu is outside it",
+                        st->what, name, (unsigned long long)len, nbytes, (unsigned long long)offset);
+    return read_at(st, buf, nbytes, st->data_start + info->begin + offset);
+}
+
 /* ---- conversions ---------------------------------------------------------------------- */
 
 static int st_is_float(hp_st_dtype_t d) {
@@ -648,7 +659,8 @@ typedef struct {
     uint64_t nbytes;
 } entry_plan_t;
 
-static hp_status_t plan_entry(const hp_st_entry_t *e, entry_plan_t *p, const char *path) {
+/* streaming: an entry without data is filled when it is written */
+static hp_status_t plan_entry(const hp_st_entry_t *e, entry_plan_t *p, const char *path, int streaming) {
     if (!e->name || !e->name[0] || strlen(e->name) > HP_ST_MAX_NAME ||
         strcmp(e->name, "__metadata__") == 0)
         return hp_error(HP_ERR_INVALID_ARG, "%s: tensor name '%s' is empty, too long or reserved",
@@ -681,7 +693,7 @@ static hp_status_t plan_entry(const hp_st_entry_t *e, entry_plan_t *p, const cha
     }
     if (__builtin_mul_overflow(numel, (uint64_t)hp_st_dtype_size(p->dtype), &p->nbytes))
         return hp_error(HP_ERR_INVALID_ARG, "%s: tensor '%s' size overflows", path, e->name);
-    if (!e->tensor && p->nbytes > 0 && !e->raw)
+    if (!e->tensor && p->nbytes > 0 && !e->raw && !streaming)
         return hp_error(HP_ERR_INVALID_ARG, "%s: raw tensor '%s' has no data", path, e->name);
     return HP_OK;
 }
@@ -700,9 +712,17 @@ static hp_status_t write_bytes(FILE *f, const void *p, size_t n, const char *pat
 }
 
 static hp_status_t write_entry_data(FILE *f, const hp_st_entry_t *e, const entry_plan_t *p,
-                                    const char *path, uint64_t *hash) {
-    if (!e->tensor) return write_bytes(f, e->raw, (size_t)p->nbytes, path, hash);
+                                    const char *path, uint64_t *hash, hp_st_fill_fn fill, void *ctx, int i) {
     const hp_tensor_t *t = e->tensor;
+    if (!t && !e->raw && fill) {   /* streaming: the caller produces the tensor now */
+        HP_TRY(fill(ctx, i, &t));
+        int same = t && t->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+        if (!same || (st_to_hp(p->dtype) != (int)t->dtype && !(hp_dtype_is_float(t->dtype) && st_is_float(p->dtype))))
+            return hp_error(HP_ERR_INVALID_ARG, "%s: the tensor produced for '%s' does not have the declared shape "
+                            "and a dtype storable as %s", path, e->name, hp_st_dtype_name(p->dtype));
+    }
+    if (!t) return write_bytes(f, e->raw, (size_t)p->nbytes, path, hash);
     if (st_to_hp(p->dtype) == (int)t->dtype && hp_tensor_is_contiguous(t))
         return write_bytes(f, t->data, (size_t)p->nbytes, path, hash);
     hp_tensor_t tmp;
@@ -718,8 +738,23 @@ hp_status_t hp_safetensors_write(const char *path, const hp_st_entry_t *entries,
     return hp_safetensors_write_hashed(path, entries, n, meta, n_meta, NULL);
 }
 
+static hp_status_t write_impl(const char *path, const hp_st_entry_t *entries, int n, const char *const *meta,
+                              int n_meta, uint64_t *xxh3, hp_st_fill_fn fill, void *ctx);
+
 hp_status_t hp_safetensors_write_hashed(const char *path, const hp_st_entry_t *entries, int n,
                                         const char *const *meta, int n_meta, uint64_t *xxh3) {
+    return write_impl(path, entries, n, meta, n_meta, xxh3, NULL, NULL);
+}
+
+hp_status_t hp_safetensors_write_stream(const char *path, const hp_st_entry_t *entries, int n,
+                                        const char *const *meta, int n_meta, hp_st_fill_fn fill,
+                                        void *ctx, uint64_t *xxh3) {
+    if (!fill) return hp_error(HP_ERR_INVALID_ARG, "%s: hp_safetensors_write_stream needs a fill function", path);
+    return write_impl(path, entries, n, meta, n_meta, xxh3, fill, ctx);
+}
+
+static hp_status_t write_impl(const char *path, const hp_st_entry_t *entries, int n, const char *const *meta,
+                              int n_meta, uint64_t *xxh3, hp_st_fill_fn fill, void *ctx) {
     if (n < 0 || n_meta < 0 || (n > 0 && !entries) || (n_meta > 0 && !meta))
         return hp_error(HP_ERR_INVALID_ARG, "%s: bad entry or metadata count", path);
     for (int i = 0; i < n; i++)
@@ -745,7 +780,7 @@ hp_status_t hp_safetensors_write_hashed(const char *path, const hp_st_entry_t *e
     }
     uint64_t off = 0;
     for (int i = 0; s == HP_OK && i < n; i++) {
-        s = plan_entry(&entries[i], &plan[i], path);
+        s = plan_entry(&entries[i], &plan[i], path, fill != NULL);
         if (s != HP_OK) break;
         struct json_object *e = json_object_new_object();
         struct json_object *shape = json_object_new_array();
@@ -789,7 +824,7 @@ hp_status_t hp_safetensors_write_hashed(const char *path, const hp_st_entry_t *e
             if (s == HP_OK) s = write_all(f, js, jl, path);
             for (size_t i = jl; s == HP_OK && i < padded; i++) s = write_all(f, " ", 1, path);
         }
-        for (int i = 0; s == HP_OK && i < n; i++) s = write_entry_data(f, &entries[i], &plan[i], path, xxh3 ? &xxh3[i] : NULL);
+        for (int i = 0; s == HP_OK && i < n; i++) s = write_entry_data(f, &entries[i], &plan[i], path, xxh3 ? &xxh3[i] : NULL, fill, ctx, i);
         if (s == HP_OK && fflush(f) != 0)
             s = hp_error(HP_ERR_IO, "%s: flush failed: %s", path, strerror(errno));
         if (s == HP_OK && fsync(fileno(f)) != 0)

@@ -392,7 +392,14 @@ hp_status_t hp_ckpt_manager_load(hp_ckpt_manager_t m, const hp_ckpt_train_state_
             if (!st->model_config)
                 return hp_error(HP_ERR_INVALID_ARG, "checkpoint.initial_load_path %s is an HF checkpoint but no model "
                                 "config was given to the manager", m->initial);
+            hp_hf_import_counts_t c0, c1;
+            hp_hf_import_counts_get(&c0);
             HP_TRY(hp_hf_import(m->initial, st->model_config, st->params, st->n_params, m->comm));
+            hp_hf_import_counts_get(&c1);
+            if (m->rank == 0)   /* each rank reads only its shards' rows (docs/checkpoint.md) */
+                hp_log(HP_LOG_INFO, "checkpoint: HF initial load read %llu of the %llu bytes of the weights on rank 0",
+                       (unsigned long long)(c1.bytes_read - c0.bytes_read),
+                       (unsigned long long)(c1.bytes_total - c0.bytes_total));
         } else {
             HP_TRY(load_dir(m, m->initial, st, 1, loaded_step));
         }

@@ -4,6 +4,7 @@
  * line and the defaults obey the same rules and produce the same messages. */
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/checkpoint.h"   /* model.flavor = hf (owner hf) */
 
 #include <ctype.h>
 #include <errno.h>
@@ -51,7 +52,8 @@ static const hp_config_key_t schema_[] = {
       "The YAML file this config was read from (set by `--config FILE`; informational)."),
     /* model */
     K(model, name, STRING, "llama3", NULL, NULL, "Model family in the model registry (llama3, qwen3)."),
-    K(model, flavor, STRING, "debugmodel", NULL, NULL, "Size preset of the model family (e.g. debugmodel)."),
+    K(model, flavor, STRING, "debugmodel", NULL, NULL, "Size preset of the model family (e.g. debugmodel); hf = the model of the HF checkpoint at "
+      "checkpoint.initial_load_path (its config.json)."),
     KM_INT(dim, 1, HP_MODEL_MAX_DIM, "Model width (embedding and residual size); -1 = the flavor's.",
            "the model width; -1 (the default) keeps the flavor's"),
     KM_INT(n_layers, 1, HP_MODEL_MAX_LAYERS, "Transformer blocks; -1 = the flavor's.",
@@ -1099,9 +1101,47 @@ static hp_status_t check_model_keys(const hp_config_t *c) {
     return HP_OK;
 }
 
+/* --- HF interop (owner hf) ---
+ * model.flavor = hf: the model is the one of checkpoint.initial_load_path's config.json
+ * (hp_hf_read_config); model.name must be its family, no model.* key may change it, and
+ * the tokenizer's ids must fit its vocab_size. */
+static hp_status_t resolve_model_from_hf(const hp_config_t *c, int vocab_size, const char *vocab_from, int seq_len,
+                                         hp_model_config_t *out) {
+    const char *dir = c->checkpoint.initial_load_path;
+    if (!dir[0] || !hp_hf_is_hf_dir(dir))
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.flavor' = hf takes the model from the HF checkpoint at "
+                        "checkpoint.initial_load_path, but that is %s%s%s; hint: point checkpoint.initial_load_path "
+                        "at an HF folder (config.json + model.safetensors[.index.json]) or name a flavor",
+                        dir[0] ? "'" : "empty", dir, dir[0] ? "', not an HF folder" : "");
+    hp_model_config_t mc;
+    HP_TRY(hp_hf_read_config(dir, &mc));
+    char ov[1024];
+    hp_config_model_overrides(c, ov, sizeof ov);
+    if (ov[0])
+        return hp_error(HP_ERR_INVALID_ARG, "config keys %s change the model, but model.flavor = hf takes every "
+                        "dimension from %s/config.json; hint: remove them, or name a flavor with them (the "
+                        "checkpoint's config.json must then agree)", ov, dir);
+    if (strcmp(c->model.name, mc.name) != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.name' = %.100s, but %s/config.json describes a %s "
+                        "model; hint: set model.name = %s", c->model.name, dir, mc.name, mc.name);
+    /* HF checkpoints often pad the embedding beyond the tokenizer (Qwen3: 151936 rows for
+     * 151669 ids): every id must have a row, spare rows are harmless */
+    if (vocab_size > mc.vocab_size)
+        return hp_error(HP_ERR_INVALID_ARG, "%s/config.json 'vocab_size' = %d is below the vocabulary of %s (%d "
+                        "tokens): the embedding rows are token ids; hint: use the checkpoint's tokenizer",
+                        dir, mc.vocab_size, vocab_from ? vocab_from : "the data", vocab_size);
+    if (seq_len > 0) mc.max_seq_len = seq_len;   /* the RoPE table covers the trained context */
+    *out = mc;
+    return HP_OK;
+}
+/* --- end --- */
+
 hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const char *vocab_from, int seq_len,
                                     hp_model_config_t *out) {
     if (!c || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_config_resolve_model: NULL argument");
+    /* --- HF interop (owner hf) --- */
+    if (!strcmp(c->model.flavor, "hf")) return resolve_model_from_hf(c, vocab_size, vocab_from, seq_len, out);
+    /* --- end --- */
     hp_model_config_t base, mc;
     hp_status_t s = hp_model_flavor(c->model.name, c->model.flavor, &base);
     if (s != HP_OK) {

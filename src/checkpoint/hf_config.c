@@ -1,0 +1,329 @@
+/* HF config.json -> model config (every field LlamaForCausalLM / Qwen3ForCausalLM read), with
+ * each field the project cannot reproduce refused by name, and the comparison of two model
+ * configs field by field (a flavor against a checkpoint's config.json; docs/checkpoint.md). */
+#define _GNU_SOURCE
+#include <json-c/json.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hyperparallel/checkpoint.h"
+#include "hyperparallel/model.h"
+#include "hyperparallel/parse.h"
+
+typedef struct {
+    const char *path;   /* DIR/config.json, for the messages */
+    json_object *o;
+} cfg_t;
+
+/* a present, non-null value of key in o (NULL when absent or JSON null) */
+static json_object *get(json_object *o, const char *key) {
+    json_object *v = NULL;
+    if (!o || !json_object_object_get_ex(o, key, &v) || json_object_is_type(v, json_type_null)) return NULL;
+    return v;
+}
+
+static hp_status_t get_int(const cfg_t *c, const char *key, int required, int64_t def, int64_t lo, int64_t hi,
+                           int64_t *out) {
+    json_object *v = get(c->o, key);
+    if (!v) {
+        if (required)
+            return hp_error(HP_ERR_FORMAT, "%s: '%s' is missing; expected an integer (every LlamaConfig / Qwen3Config "
+                            "has it); hint: use the config.json saved with the weights", c->path, key);
+        *out = def;
+        return HP_OK;
+    }
+    char what[4400];
+    snprintf(what, sizeof what, "%s: '%s'", c->path, key);
+    if (!json_object_is_type(v, json_type_int))   /* json_object_get_int would take 1e9 or "2048" */
+        return hp_error(HP_ERR_FORMAT, "%s expects an integer, got %s '%s'", what,
+                        json_type_to_name(json_object_get_type(v)), json_object_to_json_string(v));
+    *out = json_object_get_int64(v);
+    return hp_check_i64(what, *out, lo, hi, NULL);
+}
+
+static hp_status_t get_num(const cfg_t *c, json_object *o, const char *key, int required, double def, double lo,
+                           double hi, double *out) {
+    json_object *v = get(o, key);
+    if (!v) {
+        if (required)
+            return hp_error(HP_ERR_FORMAT, "%s: '%s' is missing; expected a number; hint: use the config.json saved "
+                            "with the weights", c->path, key);
+        *out = def;
+        return HP_OK;
+    }
+    if (!json_object_is_type(v, json_type_int) && !json_object_is_type(v, json_type_double))
+        return hp_error(HP_ERR_FORMAT, "%s: '%s' expects a number, got %s '%s'", c->path, key,
+                        json_type_to_name(json_object_get_type(v)), json_object_to_json_string(v));
+    *out = json_object_get_double(v);
+    if (!(*out >= lo && *out <= hi))
+        return hp_error(HP_ERR_FORMAT, "%s: '%s' = %g is out of range: expected a number in [%g, %g]", c->path, key, *out,
+                        lo, hi);
+    return HP_OK;
+}
+
+static hp_status_t get_bool(const cfg_t *c, const char *key, int def, int *out) {
+    json_object *v = get(c->o, key);
+    if (!v) {
+        *out = def;
+        return HP_OK;
+    }
+    if (!json_object_is_type(v, json_type_boolean))
+        return hp_error(HP_ERR_FORMAT, "%s: '%s' expects true or false, got %s '%s'", c->path, key,
+                        json_type_to_name(json_object_get_type(v)), json_object_to_json_string(v));
+    *out = json_object_get_boolean(v);
+    return HP_OK;
+}
+
+static hp_status_t unsupported(const cfg_t *c, const char *key, const char *value, const char *expected) {
+    return hp_error(HP_ERR_UNSUPPORTED, "%s: '%s' = %s is not supported: the llama3 / qwen3 models here have %s; "
+                    "hint: this checkpoint needs a model the project does not implement (docs/checkpoint.md "
+                    "\"HF config.json\")", c->path, key, value, expected);
+}
+
+/* rope_scaling (transformers 4) or rope_parameters (transformers 5): none / "default" or
+ * "llama3"; every other type (linear, dynamic, yarn, longrope, ...) changes the frequencies
+ * in a way the model does not implement. */
+static hp_status_t read_rope(const cfg_t *c, hp_model_config_t *mc) {
+    json_object *rp = get(c->o, "rope_parameters"), *rs = get(c->o, "rope_scaling");
+    const char *rkey = rp ? "rope_parameters" : "rope_scaling";
+    json_object *r = rp ? rp : rs;
+    if (r && !json_object_is_type(r, json_type_object))
+        return hp_error(HP_ERR_FORMAT, "%s: '%s' expects an object (or null), got %s", c->path, rkey,
+                        json_type_to_name(json_object_get_type(r)));
+    double theta = 10000.0;
+    HP_TRY(get_num(c, c->o, "rope_theta", 0, theta, 1.0, 1e12, &theta));
+    if (r) HP_TRY(get_num(c, r, "rope_theta", 0, theta, 1.0, 1e12, &theta));
+    mc->rope_theta = (float)theta;
+    double prf = 1.0;
+    HP_TRY(get_num(c, c->o, "partial_rotary_factor", 0, prf, 0.0, 1.0, &prf));
+    if (r) HP_TRY(get_num(c, r, "partial_rotary_factor", 0, prf, 0.0, 1.0, &prf));
+    if (prf != 1.0) {
+        char b[64];
+        snprintf(b, sizeof b, "%g", prf);
+        return unsupported(c, "partial_rotary_factor", b, "RoPE over the whole head (1.0)");
+    }
+    mc->rope_scaling = 0;
+    if (!r) return HP_OK;
+    json_object *t = get(r, "rope_type");
+    if (!t) t = get(r, "type");
+    const char *type = t && json_object_is_type(t, json_type_string) ? json_object_get_string(t) : NULL;
+    if (!t) type = "default";
+    if (!type)
+        return hp_error(HP_ERR_FORMAT, "%s: '%s.rope_type' expects a string, got %s", c->path, rkey,
+                        json_type_to_name(json_object_get_type(t)));
+    if (!strcmp(type, "default")) return HP_OK;
+    if (strcmp(type, "llama3") != 0) {
+        char key[64], b[300];
+        snprintf(key, sizeof key, "%s.rope_type", rkey);
+        snprintf(b, sizeof b, "'%.200s'", type);
+        return unsupported(c, key, b, "plain RoPE (\"default\") or Llama 3.1's \"llama3\" frequency scaling");
+    }
+    double f, lo, hi;
+    int64_t orig;
+    cfg_t rc = {c->path, r};
+    HP_TRY(get_num(c, r, "factor", 1, 0, 1e-6, 1e6, &f));
+    HP_TRY(get_num(c, r, "low_freq_factor", 1, 0, 1e-6, 1e6, &lo));
+    HP_TRY(get_num(c, r, "high_freq_factor", 1, 0, 1e-6, 1e6, &hi));
+    HP_TRY(get_int(&rc, "original_max_position_embeddings", 1, 0, 1, HP_MODEL_MAX_SEQ_LEN, &orig));
+    if (!(hi > lo))
+        return hp_error(HP_ERR_FORMAT, "%s: '%s.high_freq_factor' = %g must be above low_freq_factor = %g (Llama 3.1: "
+                        "4 and 1)", c->path, rkey, hi, lo);
+    mc->rope_scaling = 1;
+    mc->rope_factor = (float)f;
+    mc->rope_low_freq_factor = (float)lo;
+    mc->rope_high_freq_factor = (float)hi;
+    mc->rope_original_max_pos = (int)orig;
+    return HP_OK;
+}
+
+/* The fields HF's classes have and the model does not: refused when set to anything but the
+ * value that makes them a no-op. */
+static hp_status_t refuse_unsupported(const cfg_t *c, int llama) {
+    json_object *v;
+    int b = 0;
+    if ((v = get(c->o, "hidden_act")) &&
+        (!json_object_is_type(v, json_type_string) || strcmp(json_object_get_string(v), "silu") != 0))
+        return unsupported(c, "hidden_act", json_object_to_json_string(v), "a SiLU-gated feed-forward (\"silu\")");
+    HP_TRY(get_bool(c, "attention_bias", 0, &b));
+    if (b) return unsupported(c, "attention_bias", "true", "q/k/v/o projections without bias");
+    HP_TRY(get_bool(c, "mlp_bias", 0, &b));
+    if (b) return unsupported(c, "mlp_bias", "true", "feed-forward projections without bias");
+    HP_TRY(get_bool(c, "use_sliding_window", 0, &b));
+    if (b) return unsupported(c, "use_sliding_window", "true", "full causal attention in every layer");
+    /* LlamaForCausalLM has no sliding window; a llama config.json with one is a Mistral-style
+     * model saved under model_type llama. Qwen3 keeps sliding_window set with
+     * use_sliding_window false, where HF ignores it. */
+    if (llama && (v = get(c->o, "sliding_window")))
+        return unsupported(c, "sliding_window", json_object_to_json_string(v), "full causal attention in every layer");
+    if ((v = get(c->o, "layer_types"))) {
+        if (!json_object_is_type(v, json_type_array))
+            return hp_error(HP_ERR_FORMAT, "%s: 'layer_types' expects an array of strings", c->path);
+        for (size_t i = 0; i < json_object_array_length(v); i++) {
+            json_object *e = json_object_array_get_idx(v, i);
+            if (!e || !json_object_is_type(e, json_type_string) ||
+                strcmp(json_object_get_string(e), "full_attention") != 0) {
+                char key[64];
+                snprintf(key, sizeof key, "layer_types[%zu]", i);
+                return unsupported(c, key, e ? json_object_to_json_string(e) : "null",
+                                   "full causal attention in every layer (\"full_attention\")");
+            }
+        }
+    }
+    double drop = 0;
+    HP_TRY(get_num(c, c->o, "attention_dropout", 0, 0.0, 0.0, 1.0, &drop));
+    if (drop != 0.0) {
+        char bb[64];
+        snprintf(bb, sizeof bb, "%g", drop);
+        return unsupported(c, "attention_dropout", bb, "no attention dropout (0.0, as TorchTitan)");
+    }
+    return HP_OK;
+}
+
+hp_status_t hp_hf_read_config(const char *dir, hp_model_config_t *out) {
+    if (!dir || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_hf_read_config: NULL argument");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (access(path, R_OK) != 0)
+        return hp_error(HP_ERR_NOT_FOUND, "HF checkpoint %s has no readable config.json; expected the config.json that "
+                        "transformers' save_pretrained writes beside the weights; hint: copy it from the model's "
+                        "folder, or describe the model with a flavor and model.* keys", dir);
+    json_object *o = json_object_from_file(path);
+    cfg_t c = {path, o};
+    hp_status_t s = HP_OK;
+    if (!o || !json_object_is_type(o, json_type_object)) {
+        json_object_put(o);
+        return hp_error(HP_ERR_FORMAT, "%s: not a JSON object; expected transformers' config.json", path);
+    }
+    int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv = 0, hd = 0, inter = 0, maxpos = 0;
+    /* vocab_size first: hp-ckpt's messages for it predate this reader */
+    s = get_int(&c, "vocab_size", 1, 0, 1, HP_MODEL_MAX_VOCAB, &vocab);
+    json_object *mt = s == HP_OK ? get(o, "model_type") : NULL;
+    const char *mts = mt && json_object_is_type(mt, json_type_string) ? json_object_get_string(mt) : NULL;
+    if (s == HP_OK && !mts)
+        s = hp_error(HP_ERR_FORMAT, "%s: 'model_type' is %s; expected the string \"llama\" or \"qwen3\"", path,
+                     mt ? "not a string" : "missing");
+    int llama = mts && !strcmp(mts, "llama");
+    if (s == HP_OK && !llama && strcmp(mts, "qwen3") != 0) {
+        char b[300];
+        snprintf(b, sizeof b, "'%.200s'", mts);
+        s = unsupported(&c, "model_type", b, "the architectures LlamaForCausalLM (\"llama\") and Qwen3ForCausalLM "
+                        "(\"qwen3\")");
+    }
+    hp_model_config_t mc;
+    if (s == HP_OK) s = hp_model_flavor(llama ? "llama3" : "qwen3", "debugmodel", &mc);
+    if (s == HP_OK) s = refuse_unsupported(&c, llama);
+    if (s == HP_OK) s = get_int(&c, "hidden_size", 1, 0, 1, HP_MODEL_MAX_DIM, &hidden);
+    if (s == HP_OK) s = get_int(&c, "num_hidden_layers", 1, 0, 1, HP_MODEL_MAX_LAYERS, &layers);
+    if (s == HP_OK) s = get_int(&c, "num_attention_heads", 1, 0, 1, HP_MODEL_MAX_HEADS, &heads);
+    if (s == HP_OK) s = get_int(&c, "num_key_value_heads", 0, heads, 1, HP_MODEL_MAX_HEADS, &kv);
+    if (s == HP_OK) s = get_int(&c, "head_dim", 0, heads ? hidden / heads : 0, 2, 512, &hd);
+    if (s == HP_OK) s = get_int(&c, "intermediate_size", 1, 0, 1, HP_MODEL_MAX_DIM, &inter);
+    /* HF's defaults: LlamaConfig 2048, Qwen3Config 32768 */
+    if (s == HP_OK) s = get_int(&c, "max_position_embeddings", 0, llama ? 2048 : 32768, 1, HP_MODEL_MAX_SEQ_LEN, &maxpos);
+    if (s == HP_OK && heads % kv != 0)
+        s = hp_error(HP_ERR_FORMAT, "%s: 'num_attention_heads' = %lld is not a multiple of 'num_key_value_heads' = %lld",
+                     path, (long long)heads, (long long)kv);
+    if (s == HP_OK && get(o, "head_dim") == NULL && hidden % heads != 0)
+        s = hp_error(HP_ERR_FORMAT, "%s: no 'head_dim', and 'hidden_size' = %lld is not divisible by "
+                     "'num_attention_heads' = %lld", path, (long long)hidden, (long long)heads);
+    if (s == HP_OK && hd % 2 != 0)
+        s = hp_error(HP_ERR_FORMAT, "%s: head_dim %lld must be even (RoPE rotates pairs of channels)", path, (long long)hd);
+    double eps = 1e-6;   /* LlamaConfig and Qwen3Config default */
+    if (s == HP_OK) s = get_num(&c, o, "rms_norm_eps", 0, eps, 1e-30, 1.0, &eps);
+    if (s == HP_OK) s = read_rope(&c, &mc);
+    int tie = 0;
+    if (s == HP_OK) s = get_bool(&c, "tie_word_embeddings", 0, &tie);
+    json_object_put(o);
+    if (s != HP_OK) return s;
+    snprintf(mc.flavor, sizeof mc.flavor, "config.json");
+    mc.dim = (int)hidden;
+    mc.n_layers = (int)layers;
+    mc.n_heads = (int)heads;
+    mc.n_kv_heads = (int)kv;
+    mc.head_dim = (int)hd;
+    mc.hidden_dim = (int)inter;   /* explicit: HF has no multiple_of rule */
+    mc.multiple_of = 0;
+    mc.ffn_dim_multiplier = 0;
+    mc.vocab_size = (int)vocab;
+    mc.norm_eps = (float)eps;
+    mc.qk_norm = !llama;
+    mc.tie_embeddings = tie;
+    mc.max_seq_len = (int)maxpos;
+    s = hp_model_config_validate(&mc);
+    if (s != HP_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", hp_last_error());
+        return hp_error(s, "%s: %s", path, msg);
+    }
+    *out = mc;
+    return HP_OK;
+}
+
+int hp_hf_config_diff(const hp_model_config_t *hf, const hp_model_config_t *mc, char *msg, size_t msg_n, char *flags,
+                      size_t flags_n) {
+    int n = 0;
+    size_t lm = 0, lf = 0;
+    if (msg_n) msg[0] = 0;
+    if (flags_n) flags[0] = 0;
+#define ADD(hfkey, key, hfv, mcv)                                                                              \
+    do {                                                                                                       \
+        n++;                                                                                                   \
+        if (lm < msg_n)                                                                                        \
+            lm += (size_t)snprintf(msg + lm, msg_n - lm, "%sconfig.json '%s' = %s (model.%s = %s)", n > 1 ? ", " : "", \
+                                   hfkey, hfv, key, mcv);                                                      \
+        if (lf < flags_n) lf += (size_t)snprintf(flags + lf, flags_n - lf, "%s--model.%s %s", n > 1 ? " " : "", key, hfv); \
+    } while (0)
+    char a[64], b[64];
+    int hl = strcmp(hf->name, "qwen3") != 0, ml = strcmp(mc->name, "qwen3") != 0;
+    if (hl != ml) {
+        n++;
+        if (lm < msg_n)
+            lm += (size_t)snprintf(msg + lm, msg_n - lm, "%sconfig.json 'model_type' = '%s' (model.name = %s)",
+                                   n > 1 ? ", " : "", hl ? "llama" : "qwen3", mc->name);
+        if (lf < flags_n) lf += (size_t)snprintf(flags + lf, flags_n - lf, "%s--model %s", n > 1 ? " " : "", hf->name);
+    }
+#define INT_F(hfkey, f)                                    \
+    if (hf->f != mc->f) {                                  \
+        snprintf(a, sizeof a, "%d", hf->f);                \
+        snprintf(b, sizeof b, "%d", mc->f);                \
+        ADD(hfkey, #f, a, b);                              \
+    }
+#define FLT_F(hfkey, f)                                    \
+    if (hf->f != mc->f) {                                  \
+        snprintf(a, sizeof a, "%.9g", (double)hf->f);      \
+        snprintf(b, sizeof b, "%.9g", (double)mc->f);      \
+        ADD(hfkey, #f, a, b);                              \
+    }
+#define BOOL_F(hfkey, f)                                   \
+    if (!hf->f != !mc->f) {                                \
+        snprintf(a, sizeof a, "%s", hf->f ? "true" : "false"); \
+        snprintf(b, sizeof b, "%s", mc->f ? "true" : "false"); \
+        ADD(hfkey, #f, a, b);                              \
+    }
+    INT_F("hidden_size", dim);
+    INT_F("num_hidden_layers", n_layers);
+    INT_F("num_attention_heads", n_heads);
+    INT_F("num_key_value_heads", n_kv_heads);
+    INT_F("head_dim", head_dim);
+    INT_F("intermediate_size", hidden_dim);
+    INT_F("vocab_size", vocab_size);
+    FLT_F("rms_norm_eps", norm_eps);
+    FLT_F("rope_theta", rope_theta);
+    BOOL_F("rope_scaling", rope_scaling);
+    if (hf->rope_scaling && mc->rope_scaling) {
+        FLT_F("rope_scaling.factor", rope_factor);
+        FLT_F("rope_scaling.low_freq_factor", rope_low_freq_factor);
+        FLT_F("rope_scaling.high_freq_factor", rope_high_freq_factor);
+        INT_F("rope_scaling.original_max_position_embeddings", rope_original_max_pos);
+    }
+    BOOL_F("tie_word_embeddings", tie_embeddings);
+    if (hl == ml) BOOL_F("model_type (q/k norm)", qk_norm);
+#undef INT_F
+#undef FLT_F
+#undef BOOL_F
+#undef ADD
+    return n;
+}

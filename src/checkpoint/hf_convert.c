@@ -1,0 +1,616 @@
+/* Streaming HF <-> DCP conversion (hp-ckpt from-hf / to-hf): one tensor in memory at a time,
+ * no model, no gradients. The parameter list comes from the model config (the same names and
+ * shapes as hp_model_params); under several ranks each converts its share of the tensors
+ * (from-hf: balanced by bytes, one rank file each) or of the HF shards (to-hf). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hyperparallel/checkpoint.h"
+#include "hyperparallel/model.h"
+#include "hyperparallel/safetensors.h"
+#include "dcp-impl.h"
+
+typedef struct {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+} spec_t;
+
+/* The model's parameters (hp_model_params order and shapes, tests/test_hf_convert.c checks
+ * both): embedding (V, D); per layer wq (H*hd, D), wk, wv (KV*hd, D), wo (D, H*hd), q/k norm
+ * (hd) with qk_norm, w1 (F, D), w2 (D, F), w3 (F, D), the two norms (D); norm (D); output (V, D)
+ * unless tied. */
+static int model_specs(const hp_model_config_t *mc, spec_t *out) {
+    int n = 0;
+    const int64_t V = mc->vocab_size, D = mc->dim, Q = (int64_t)mc->n_heads * mc->head_dim,
+                  K = (int64_t)mc->n_kv_heads * mc->head_dim, F = mc->hidden_dim, hd = mc->head_dim;
+#define PUT(nd, a, b, ...)                                                      \
+    do {                                                                        \
+        if (out) {                                                              \
+            snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__);             \
+            out[n].ndim = nd;                                                   \
+            out[n].shape[0] = a;                                                \
+            out[n].shape[1] = b;                                                \
+        }                                                                       \
+        n++;                                                                    \
+    } while (0)
+    PUT(2, V, D, "tok_embeddings.weight");
+    for (int l = 0; l < mc->n_layers; l++) {
+        PUT(2, Q, D, "layers.%d.attention.wq.weight", l);
+        PUT(2, K, D, "layers.%d.attention.wk.weight", l);
+        PUT(2, K, D, "layers.%d.attention.wv.weight", l);
+        PUT(2, D, Q, "layers.%d.attention.wo.weight", l);
+        if (mc->qk_norm) {
+            PUT(1, hd, 0, "layers.%d.attention.q_norm.weight", l);
+            PUT(1, hd, 0, "layers.%d.attention.k_norm.weight", l);
+        }
+        PUT(2, F, D, "layers.%d.feed_forward.w1.weight", l);
+        PUT(2, D, F, "layers.%d.feed_forward.w2.weight", l);
+        PUT(2, F, D, "layers.%d.feed_forward.w3.weight", l);
+        PUT(1, D, 0, "layers.%d.attention_norm.weight", l);
+        PUT(1, D, 0, "layers.%d.ffn_norm.weight", l);
+    }
+    PUT(1, D, 0, "norm.weight");
+    if (!mc->tie_embeddings) PUT(2, V, D, "output.weight");
+#undef PUT
+    return n;
+}
+
+static int64_t spec_numel(const spec_t *s) { return s->shape[0] * (s->ndim > 1 ? s->shape[1] : 1); }
+
+/* Rows of a (heads*hd, cols) q/k weight of esz-byte elements; to_hf as hf.c's permute_rows. */
+static void permute_bytes(unsigned char *dst, const unsigned char *src, int64_t rows, size_t row_bytes, int hd,
+                          int to_hf) {
+    int64_t nh = rows / hd, half = hd / 2;
+    for (int64_t h = 0; h < nh; h++)
+        for (int64_t i = 0; i < half; i++)
+            for (int p = 0; p < 2; p++) {
+                int64_t tt = h * hd + 2 * i + p, hfr = h * hd + p * half + i;
+                int64_t d = to_hf ? hfr : tt, s = to_hf ? tt : hfr;
+                memcpy(dst + (size_t)d * row_bytes, src + (size_t)s * row_bytes, row_bytes);
+            }
+}
+
+/* non-finite elements of n raw values (F32 / BF16 / F16); *first = the first index */
+int64_t hp_hf_count_nonfinite_raw(const void *p, int64_t n, hp_dtype_t dt, int64_t *first) {
+    int64_t bad = 0;
+    *first = -1;
+    for (int64_t i = 0; i < n; i++) {
+        int nf;
+        if (dt == HP_F32) {
+            uint32_t u;
+            memcpy(&u, (const char *)p + 4 * i, 4);
+            nf = (u & 0x7f800000u) == 0x7f800000u;
+        } else {
+            uint16_t h;
+            memcpy(&h, (const char *)p + 2 * i, 2);
+            nf = dt == HP_BF16 ? (h & 0x7f80u) == 0x7f80u : (h & 0x7c00u) == 0x7c00u;
+        }
+        if (nf && bad++ == 0) *first = i;
+    }
+    return bad;
+}
+
+static hp_status_t grow(void **buf, size_t *cap, size_t n) {
+    if (n <= *cap) return HP_OK;
+    free(*buf);
+    *buf = malloc(n ? n : 1);
+    *cap = *buf ? n : 0;
+    if (!*buf) return hp_error(HP_ERR_OOM, "HF conversion: no memory for a tensor of %zu bytes", n);
+    return HP_OK;
+}
+
+static hp_status_t write_json(const char *path, json_object *o) {
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    const char *txt = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+                                                            JSON_C_TO_STRING_NOSLASHESCAPE);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return hp_error(HP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    size_t n = strlen(txt);
+    int ok = fwrite(txt, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok) return hp_error(HP_ERR_IO, "%s: write failed (disk full?)", tmp);
+    if (rename(tmp, path) != 0) return hp_error(HP_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
+    return HP_OK;
+}
+
+/* ---- from-hf -------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *dir;
+    const hp_model_config_t *mc;
+    const spec_t *spec;
+    char (*hf)[160];          /* HF name per spec (tied lm_head -> embed_tokens) */
+    char (*file)[256];        /* shard file per spec */
+    hp_dtype_t *dt;           /* stored dtype per spec */
+    const int *mine;          /* spec index of this rank's entry k */
+    hp_safetensors_t st;      /* the open shard */
+    char st_name[256];
+    void *buf, *perm;
+    size_t cap, pcap;
+    hp_tensor_t t;
+    hp_hf_convert_stats_t *stats;
+} to_dcp_t;
+
+static hp_status_t open_shard(const char *dir, const char *fname, hp_safetensors_t *st, char *cur, size_t cn) {
+    if (*st && !strcmp(cur, fname)) return HP_OK;
+    hp_safetensors_close(*st);
+    *st = NULL;
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%s", dir, fname);
+    HP_TRY(hp_safetensors_open(p, st));
+    snprintf(cur, cn, "%s", fname);
+    return HP_OK;
+}
+
+static hp_status_t to_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
+    to_dcp_t *c = ctx;
+    int i = c->mine[k];
+    const spec_t *sp = &c->spec[i];
+    HP_TRY(open_shard(c->dir, c->file[i], &c->st, c->st_name, sizeof c->st_name));
+    int64_t numel = spec_numel(sp);
+    size_t nb = (size_t)numel * hp_dtype_size(c->dt[i]);
+    HP_TRY(grow(&c->buf, &c->cap, nb));
+    HP_TRY(hp_safetensors_read_raw(c->st, c->hf[i], c->buf, nb));
+    if (c->stats) c->stats->bytes_read += (int64_t)nb;
+    int64_t first, bad = hp_hf_count_nonfinite_raw(c->buf, numel, c->dt[i], &first);
+    if (bad)   /* damaged weights would convert and generate garbage with exit 0 */
+        return hp_error(HP_ERR_FORMAT, "HF checkpoint %s: %s: tensor '%s' has %lld non-finite value(s) (NaN or inf) "
+                        "of %lld, the first at flat index %lld; expected finite weights (re-download or re-export "
+                        "the checkpoint)", c->dir, c->file[i], c->hf[i], (long long)bad, (long long)numel,
+                        (long long)first);
+    void *data = c->buf;
+    char tmp[160];
+    int pm = 0;
+    HP_TRY(hp_hf_name_to_hf(c->mc, sp->name, tmp, sizeof tmp, &pm));
+    if (pm) {
+        HP_TRY(grow(&c->perm, &c->pcap, nb));
+        permute_bytes(c->perm, c->buf, sp->shape[0], (size_t)sp->shape[1] * hp_dtype_size(c->dt[i]), c->mc->head_dim, 0);
+        data = c->perm;
+    }
+    HP_TRY(hp_tensor_init(&c->t, c->dt[i], sp->ndim, sp->shape, data));
+    *out = &c->t;
+    return HP_OK;
+}
+
+static hp_status_t st_to_hp_dtype(hp_st_dtype_t d, hp_dtype_t *out) {
+    switch (d) {
+    case HP_ST_F32: *out = HP_F32; return HP_OK;
+    case HP_ST_BF16: *out = HP_BF16; return HP_OK;
+    case HP_ST_F16: *out = HP_F16; return HP_OK;
+    default: return HP_ERR_UNSUPPORTED;
+    }
+}
+
+/* Finds every spec's HF tensor (file, name, dtype), checking shapes; missing ones are listed. */
+static hp_status_t locate(const char *dir, const hp_model_config_t *mc, const spec_t *spec, int n, char (*hf)[160],
+                          char (*file)[256], hp_dtype_t *dt, int warn) {
+    char path[4200];
+    hp_hf_index_t wm = NULL;
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (access(path, R_OK) == 0) HP_TRY(hp_hf_index_read(path, &wm));
+    hp_safetensors_t st = NULL;
+    char cur[256] = "";
+    hp_status_t s = HP_OK;
+    char missing[512] = "";
+    int nmiss = 0;
+    for (int i = 0; s == HP_OK && i < n; i++) {
+        int pm;
+        s = hp_hf_name_to_hf(mc, spec[i].name, hf[i], sizeof hf[i], &pm);
+        if (s != HP_OK) break;
+        const char *fname = "model.safetensors";
+        if (wm) {
+            const char *v = hp_hf_index_find(wm, hf[i]);
+            if (!v && !strcmp(hf[i], "lm_head.weight") && (v = hp_hf_index_find(wm, "model.embed_tokens.weight")))
+                snprintf(hf[i], sizeof hf[i], "model.embed_tokens.weight");   /* tied in the file */
+            if (!v) {
+                if (nmiss < 6) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%s'", nmiss ? ", " : "", hf[i]);
+                nmiss++;
+                continue;
+            }
+            fname = v;
+        }
+        snprintf(file[i], sizeof file[i], "%s", fname);
+        s = open_shard(dir, fname, &st, cur, sizeof cur);
+        if (s != HP_OK) break;
+        const hp_st_info_t *info;
+        if (hp_safetensors_find(st, hf[i], &info) != HP_OK) {
+            if (!strcmp(hf[i], "lm_head.weight") && hp_safetensors_find(st, "model.embed_tokens.weight", &info) == HP_OK) {
+                snprintf(hf[i], sizeof hf[i], "model.embed_tokens.weight");
+            } else {
+                if (nmiss < 6) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%s'", nmiss ? ", " : "", hf[i]);
+                nmiss++;
+                continue;
+            }
+        }
+        int same = info->ndim == spec[i].ndim;
+        for (int d = 0; same && d < spec[i].ndim; d++) same = info->shape[d] == spec[i].shape[d];
+        if (!same) {
+            char hs[160] = "", ms[160] = "";
+            size_t l = 0;
+            for (int d = 0; d < info->ndim && l < sizeof hs; d++)
+                l += (size_t)snprintf(hs + l, sizeof hs - l, "%s%lld", d ? ", " : "", (long long)info->shape[d]);
+            l = 0;
+            for (int d = 0; d < spec[i].ndim && l < sizeof ms; d++)
+                l += (size_t)snprintf(ms + l, sizeof ms - l, "%s%lld", d ? ", " : "", (long long)spec[i].shape[d]);
+            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: '%s' has shape (%s), but the %s/%s model's '%s' has "
+                         "shape (%s); hint: a different model: take it from config.json", dir, hf[i], hs, mc->name,
+                         mc->flavor, spec[i].name, ms);
+            break;
+        }
+        if (st_to_hp_dtype(info->dtype, &dt[i]) != HP_OK)
+            s = hp_error(HP_ERR_UNSUPPORTED, "HF checkpoint %s: %s: tensor '%s' is %s; expected F32, BF16 or F16 weights",
+                         dir, fname, hf[i], hp_st_dtype_name(info->dtype));
+    }
+    if (s == HP_OK && nmiss)
+        s = hp_error(HP_ERR_NOT_FOUND, "HF checkpoint %s lacks %d tensor(s) the %s model needs: %s%s", dir, nmiss,
+                     mc->name, missing, nmiss > 6 ? ", ..." : "");
+    /* a tensor no parameter maps to (a vision tower, a bias the model lacks) is not converted,
+     * but not silently */
+    int extra = 0, total = 0;
+    if (s == HP_OK && warn) {
+        if (!wm) s = open_shard(dir, "model.safetensors", &st, cur, sizeof cur);
+        total = wm ? hp_hf_index_count(wm) : (s == HP_OK ? hp_safetensors_count(st) : 0);
+    }
+    for (int k = 0; s == HP_OK && k < total; k++) {
+        const char *key = NULL, *f = NULL;
+        if (wm) hp_hf_index_at(wm, k, &key, &f);
+        else key = hp_safetensors_info(st, k)->name;
+        int known = 0;
+        for (int i = 0; !known && i < n; i++) known = !strcmp(key, hf[i]);
+        if (!known && extra++ < 20)
+            hp_log(HP_LOG_WARN, "HF checkpoint %s: tensor '%s' is not a parameter of the %s model; not converted", dir,
+                   key, mc->name);
+    }
+    if (extra > 20)
+        hp_log(HP_LOG_WARN, "HF checkpoint %s: %d more tensors the %s model does not have; not converted", dir,
+               extra - 20, mc->name);
+    hp_safetensors_close(st);
+    hp_hf_index_free(wm);
+    return s;
+}
+
+/* owner[i]: greedy by bytes, the largest tensor first to the least-loaded rank (the same on
+ * every rank: it depends only on the shapes) */
+static void balance(const int64_t *bytes, int n, int world, int *owner) {
+    int64_t *load = calloc((size_t)world, sizeof *load);
+    char *done = calloc((size_t)n + 1, 1);
+    for (int k = 0; k < n; k++) {
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (!done[i] && (best < 0 || bytes[i] > bytes[best])) best = i;
+        int r = 0;
+        for (int q = 1; q < world; q++)
+            if (load[q] < load[r]) r = q;
+        owner[best] = r;
+        load[r] += bytes[best];
+        done[best] = 1;
+    }
+    free(load);
+    free(done);
+}
+
+static hp_status_t check_config(const char *dir, const hp_model_config_t *mc) {
+    hp_model_config_t hf;
+    HP_TRY(hp_hf_read_config(dir, &hf));
+    char msg[1500], flags[700];
+    if (hp_hf_config_diff(&hf, mc, msg, sizeof msg, flags, sizeof flags))
+        return hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json disagrees with the %s/%s model: %s; hint: "
+                        "describe it with %s, or take the model from config.json", dir, mc->name, mc->flavor, msg, flags);
+    return HP_OK;
+}
+
+/* Moves tmp to out (an older out is moved aside first and removed after). */
+static hp_status_t commit_dir(const char *tmp, const char *out) {
+    char old[4300];
+    snprintf(old, sizeof old, "%s.old-hf", out);
+    struct stat sb;
+    int had = stat(out, &sb) == 0;
+    if (had) {
+        hp_dcp_rmtree(old);
+        if (rename(out, old) != 0) return hp_error(HP_ERR_IO, "%s: cannot move the older copy aside: %s", out, strerror(errno));
+    }
+    if (rename(tmp, out) != 0) return hp_error(HP_ERR_IO, "%s: rename from %s failed: %s", out, tmp, strerror(errno));
+    if (had) hp_dcp_rmtree(old);
+    char parent[4300];
+    snprintf(parent, sizeof parent, "%s", out);
+    char *sl = strrchr(parent, '/');
+    if (sl) *sl = 0;
+    else snprintf(parent, sizeof parent, ".");
+    return hp_dcp_fsync_path(parent[0] ? parent : "/", 1);
+}
+
+hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_model_config_t *mc, const char *out_dir, hp_comm_t comm,
+                                 hp_hf_convert_stats_t *stats) {
+    int rank = comm ? hp_comm_rank(comm) : 0, world = comm ? hp_comm_size(comm) : 1;
+    if (stats) memset(stats, 0, sizeof *stats);
+    int n = model_specs(mc, NULL);
+    spec_t *spec = calloc((size_t)n, sizeof *spec);
+    char (*hf)[160] = calloc((size_t)n, sizeof *hf);
+    char (*file)[256] = calloc((size_t)n, sizeof *file);
+    hp_dtype_t *dt = calloc((size_t)n, sizeof *dt);
+    int64_t *bytes = calloc((size_t)n, sizeof *bytes), *sums = calloc((size_t)n, sizeof *sums);
+    int *owner = calloc((size_t)n, sizeof *owner), *mine = calloc((size_t)n, sizeof *mine);
+    hp_st_entry_t *ents = calloc((size_t)n, sizeof *ents);
+    hp_status_t s = spec && hf && file && dt && bytes && sums && owner && mine && ents ? HP_OK : HP_ERR_OOM;
+    if (s == HP_OK) model_specs(mc, spec);
+    /* every rank checks the config and locates the tensors (headers only) */
+    if (s == HP_OK) s = check_config(hf_dir, mc);
+    if (s == HP_OK) s = locate(hf_dir, mc, spec, n, hf, file, dt, rank == 0);
+    HP_TRY(hp_dcp_agree(comm, s, "HF conversion: reading the checkpoint's headers"));
+    for (int i = 0; i < n; i++) bytes[i] = spec_numel(&spec[i]) * (int64_t)hp_dtype_size(dt[i]);
+    balance(bytes, n, world, owner);
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp-hf", out_dir);
+    if (rank == 0) {
+        hp_dcp_rmtree(tmp);
+        s = hp_dcp_mkdirs(tmp);
+    }
+    HP_TRY(hp_dcp_agree(comm, s, "HF conversion: creating the output directory"));
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (owner[i] == rank) {
+            mine[k] = i;
+            ents[k] = (hp_st_entry_t){spec[i].name, NULL, hp_st_dtype_from_hp(dt[i]), NULL, spec[i].ndim, spec[i].shape};
+            k++;
+        }
+    to_dcp_t c;
+    memset(&c, 0, sizeof c);
+    c.dir = hf_dir;
+    c.mc = mc;
+    c.spec = spec;
+    c.hf = hf;
+    c.file = file;
+    c.dt = dt;
+    c.mine = mine;
+    c.stats = stats;
+    uint64_t *xx = calloc((size_t)k + 1, sizeof *xx);
+    char fn[64], path[4400];
+    snprintf(fn, sizeof fn, "__%d_0.safetensors", rank);
+    snprintf(path, sizeof path, "%s/%s", tmp, fn);
+    const char *meta[2] = {"format", "hyperparallel-dcp"};
+    if (!xx) s = HP_ERR_OOM;
+    if (s == HP_OK && k > 0) s = hp_safetensors_write_stream(path, ents, k, meta, 1, to_dcp_fill, &c, xx);
+    for (int j = 0; s == HP_OK && j < k; j++) {
+        sums[mine[j]] = (int64_t)xx[j];
+        if (stats) {
+            stats->tensors++;
+            stats->bytes_written += bytes[mine[j]];
+            if (bytes[mine[j]] > stats->largest_tensor_bytes) stats->largest_tensor_bytes = bytes[mine[j]];
+        }
+    }
+    hp_safetensors_close(c.st);
+    free(c.buf);
+    free(c.perm);
+    free(xx);
+    s = hp_dcp_agree(comm, s, "HF conversion: writing the rank files");
+    /* the checksums: every slot is written by one rank, the others hold 0 */
+    if (s == HP_OK && comm) s = hp_all_reduce(sums, sums, (size_t)n, HP_I64, HP_SUM, comm, NULL);
+    if (s == HP_OK && rank == 0) {
+        json_object *root = json_object_new_object(), *tens = json_object_new_object();
+        json_object_object_add(root, "magic", json_object_new_string("hyperparallel-dcp"));
+        json_object_object_add(root, "version", json_object_new_int(1));
+        json_object_object_add(root, "world_size", json_object_new_int(world));
+        json_object_object_add(root, "step", json_object_new_int64(0));
+        for (int i = 0; i < n; i++) {
+            json_object *e = json_object_new_object(), *shape = json_object_new_array(), *ch = json_object_new_array();
+            json_object *c1 = json_object_new_object(), *o = json_object_new_array(), *z = json_object_new_array();
+            json_object_object_add(e, "dtype", json_object_new_string(hp_st_dtype_name(hp_st_dtype_from_hp(dt[i]))));
+            for (int d = 0; d < spec[i].ndim; d++) {
+                json_object_array_add(shape, json_object_new_int64(spec[i].shape[d]));
+                json_object_array_add(o, json_object_new_int64(0));
+                json_object_array_add(z, json_object_new_int64(spec[i].shape[d]));
+            }
+            json_object_object_add(e, "shape", shape);
+            char f2[64], hex[24];
+            snprintf(f2, sizeof f2, "__%d_0.safetensors", owner[i]);
+            snprintf(hex, sizeof hex, "%016llx", (unsigned long long)(uint64_t)sums[i]);
+            json_object_object_add(c1, "offsets", o);
+            json_object_object_add(c1, "sizes", z);
+            json_object_object_add(c1, "file", json_object_new_string(f2));
+            json_object_object_add(c1, "key", json_object_new_string(spec[i].name));
+            json_object_object_add(c1, "rank", json_object_new_int(owner[i]));
+            json_object_object_add(c1, "xxh3", json_object_new_string(hex));
+            json_object_array_add(ch, c1);
+            json_object_object_add(e, "chunks", ch);
+            json_object_object_add(tens, spec[i].name, e);
+        }
+        json_object_object_add(root, "tensors", tens);
+        json_object_object_add(root, "blobs", json_object_new_object());
+        snprintf(path, sizeof path, "%s/metadata.json", tmp);
+        s = write_json(path, root);
+        json_object_put(root);
+        if (s == HP_OK) s = hp_dcp_fsync_path(tmp, 1);
+        if (s == HP_OK) s = commit_dir(tmp, out_dir);
+        if (s != HP_OK) hp_dcp_rmtree(tmp);
+    }
+    free(spec);
+    free(hf);
+    free(file);
+    free(dt);
+    free(bytes);
+    free(sums);
+    free(owner);
+    free(mine);
+    free(ents);
+    return hp_dcp_agree(comm, s, "HF conversion");
+}
+
+/* ---- to-hf ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *dcp_dir;
+    const hp_model_config_t *mc;
+    const spec_t *spec;
+    const int *idx;           /* spec index of this file's entry k */
+    float *buf, *perm;
+    size_t cap, pcap;
+    hp_dtensor_t dt;
+    hp_hf_convert_stats_t *stats;
+} from_dcp_t;
+
+static hp_status_t from_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
+    from_dcp_t *c = ctx;
+    const spec_t *sp = &c->spec[c->idx[k]];
+    int64_t numel = spec_numel(sp);
+    size_t nb = (size_t)numel * sizeof(float);
+    void *b = c->buf;
+    HP_TRY(grow(&b, &c->cap, nb));
+    c->buf = b;
+    memset(&c->dt, 0, sizeof c->dt);
+    HP_TRY(hp_tensor_init(&c->dt.local, HP_F32, sp->ndim, sp->shape, c->buf));
+    hp_dcp_tensor_t t1 = {sp->name, &c->dt, -1, 0};
+    hp_dcp_state_t st = {&t1, 1, NULL, 0};
+    hp_dcp_load_options_t o = {0, 1, NULL, 0, 0};
+    HP_TRY(hp_dcp_load(c->dcp_dir, &st, NULL, &o));
+    if (!t1.loaded) return hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", c->dcp_dir, sp->name);
+    if (c->stats) c->stats->bytes_read += (int64_t)nb;
+    char hf[160];
+    int pm = 0;
+    HP_TRY(hp_hf_name_to_hf(c->mc, sp->name, hf, sizeof hf, &pm));
+    float *data = c->buf;
+    if (pm) {
+        void *p = c->perm;
+        HP_TRY(grow(&p, &c->pcap, nb));
+        c->perm = p;
+        permute_bytes((unsigned char *)c->perm, (const unsigned char *)c->buf, sp->shape[0],
+                      (size_t)sp->shape[1] * sizeof(float), c->mc->head_dim, 1);
+        data = c->perm;
+    }
+    HP_TRY(hp_tensor_init(&c->dt.local, HP_F32, sp->ndim, sp->shape, data));
+    *out = &c->dt.local;
+    return HP_OK;
+}
+
+/* Every model tensor is in the checkpoint with its shape, and the checkpoint holds no model
+ * tensor the model lacks (more layers, an untied output would be dropped without a word). */
+static hp_status_t check_dcp_tensors(const char *dir, const hp_model_config_t *mc, const spec_t *spec, int n) {
+    hp_dcp_metadata_t md;
+    HP_TRY(hp_dcp_metadata_read(dir, &md));
+    hp_status_t s = HP_OK;
+    for (int i = 0; s == HP_OK && i < n; i++) {
+        const hp_dcp_entry_t *e = hp_dcp_metadata_find(md, spec[i].name);
+        int same = e && !e->is_blob && e->ndim == spec[i].ndim;
+        for (int d = 0; same && d < spec[i].ndim; d++) same = e->shape[d] == spec[i].shape[d];
+        if (!e)
+            s = hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", dir, spec[i].name);
+        else if (!same) {
+            char hs[160] = "";
+            size_t l = 0;
+            for (int d = 0; !e->is_blob && d < e->ndim && l < sizeof hs; d++)
+                l += (size_t)snprintf(hs + l, sizeof hs - l, "%s%lld", d ? ", " : "", (long long)e->shape[d]);
+            s = hp_error(HP_ERR_INVALID_ARG, "%s: '%s' has global shape (%s) in the checkpoint, but (%lld%s%lld) in the "
+                         "%s/%s model; hint: describe the trained model with the model.* keys of its config", dir,
+                         spec[i].name, hs, (long long)spec[i].shape[0], spec[i].ndim > 1 ? ", " : "",
+                         spec[i].ndim > 1 ? (long long)spec[i].shape[1] : 1LL, mc->name, mc->flavor);
+        }
+    }
+    for (int j = 0; s == HP_OK && j < hp_dcp_metadata_count(md); j++) {
+        const hp_dcp_entry_t *e = hp_dcp_metadata_entry(md, j);
+        if (e->is_blob || strncmp(e->name, "optimizer.", 10) == 0) continue;
+        int found = 0;
+        for (int i = 0; !found && i < n; i++) found = !strcmp(spec[i].name, e->name);
+        if (!found)
+            s = hp_error(HP_ERR_INVALID_ARG, "%s holds model tensor '%s', which the %s/%s model (n_layers %d, "
+                         "tie_embeddings %s) lacks; hint: describe the trained model with --model.n_layers / "
+                         "--model.tie_embeddings (the model.* keys of its config)", dir, e->name, mc->name, mc->flavor,
+                         mc->n_layers, mc->tie_embeddings ? "true" : "false");
+    }
+    hp_dcp_metadata_free(md);
+    return s;
+}
+
+hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t *mc, const char *out_dir,
+                                   hp_dtype_t dtype, size_t max_shard_bytes, hp_comm_t comm,
+                                   hp_hf_convert_stats_t *stats) {
+    int rank = comm ? hp_comm_rank(comm) : 0, world = comm ? hp_comm_size(comm) : 1;
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (dtype != HP_F32 && dtype != HP_BF16)
+        return hp_error(HP_ERR_INVALID_ARG, "HF export: dtype %s; expected f32 or bf16", hp_dtype_name(dtype));
+    if ((strcmp(mc->name, "qwen3") != 0) == !!mc->qk_norm)   /* LlamaForCausalLM has no q/k norm, Qwen3 always */
+        return hp_error(HP_ERR_UNSUPPORTED, "HF export: %s with qk_norm %s has no HF architecture; hint: use model.name "
+                        "qwen3 for a model with qk_norm, llama3 without", mc->name, mc->qk_norm ? "true" : "false");
+    if (!max_shard_bytes) max_shard_bytes = (size_t)5 << 30;
+    int n = model_specs(mc, NULL);
+    spec_t *spec = calloc((size_t)n, sizeof *spec);
+    char (*hf)[160] = calloc((size_t)n, sizeof *hf);
+    int *file_of = calloc((size_t)n, sizeof *file_of), *idx = calloc((size_t)n, sizeof *idx);
+    hp_st_entry_t *ents = calloc((size_t)n, sizeof *ents);
+    hp_status_t s = spec && hf && file_of && idx && ents ? HP_OK : HP_ERR_OOM;
+    if (s == HP_OK) model_specs(mc, spec);
+    if (s == HP_OK) s = check_dcp_tensors(dcp_dir, mc, spec, n);
+    size_t esz = hp_dtype_size(dtype), cur = 0, total = 0;
+    int nfiles = 1;
+    for (int i = 0; s == HP_OK && i < n; i++) {
+        int pm;
+        s = hp_hf_name_to_hf(mc, spec[i].name, hf[i], sizeof hf[i], &pm);
+        size_t nb = (size_t)spec_numel(&spec[i]) * esz;
+        if (cur > 0 && cur + nb > max_shard_bytes) {
+            nfiles++;
+            cur = 0;
+        }
+        cur += nb;
+        total += nb;
+        file_of[i] = nfiles;
+        if (stats && (int64_t)nb > stats->largest_tensor_bytes) stats->largest_tensor_bytes = (int64_t)nb;
+    }
+    if (s == HP_OK && rank == 0) s = hp_dcp_mkdirs(out_dir);
+    HP_TRY(hp_dcp_agree(comm, s, "HF export: creating the directory"));
+    from_dcp_t c;
+    memset(&c, 0, sizeof c);
+    c.dcp_dir = dcp_dir;
+    c.mc = mc;
+    c.spec = spec;
+    c.idx = idx;
+    c.stats = stats;
+    for (int f = 1; s == HP_OK && f <= nfiles; f++) {
+        if ((f - 1) % world != rank) continue;   /* each rank writes its share of the shards */
+        char fn[64], path[4400];
+        snprintf(fn, sizeof fn, "model-%05d-of-%05d.safetensors", f, nfiles);
+        snprintf(path, sizeof path, "%s/%s", out_dir, fn);
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (file_of[i] == f) {
+                idx[k] = i;
+                ents[k] = (hp_st_entry_t){hf[i], NULL, hp_st_dtype_from_hp(dtype), NULL, spec[i].ndim, spec[i].shape};
+                k++;
+                if (stats) stats->tensors++, stats->bytes_written += (int64_t)((size_t)spec_numel(&spec[i]) * esz);
+            }
+        const char *meta[2] = {"format", "pt"};
+        s = hp_safetensors_write_stream(path, ents, k, meta, 1, from_dcp_fill, &c, NULL);
+    }
+    free(c.buf);
+    free(c.perm);
+    s = hp_dcp_agree(comm, s, "HF export: writing the shards");
+    if (s == HP_OK && rank == 0) {
+        json_object *wm = json_object_new_object();
+        for (int i = 0; i < n; i++) {
+            char fn[64];
+            snprintf(fn, sizeof fn, "model-%05d-of-%05d.safetensors", file_of[i], nfiles);
+            json_object_object_add(wm, hf[i], json_object_new_string(fn));
+        }
+        json_object *ix = json_object_new_object(), *md = json_object_new_object();
+        json_object_object_add(md, "total_size", json_object_new_int64((int64_t)total));
+        json_object_object_add(ix, "metadata", md);
+        json_object_object_add(ix, "weight_map", wm);
+        char path[4400];
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
+        s = write_json(path, ix);
+        json_object_put(ix);
+        if (s == HP_OK) s = hp_hf_write_config(out_dir, mc, dtype);
+        if (s == HP_OK) s = hp_dcp_fsync_path(out_dir, 1);
+    }
+    free(spec);
+    free(hf);
+    free(file_of);
+    free(idx);
+    free(ents);
+    return hp_dcp_agree(comm, s, "HF export");
+}

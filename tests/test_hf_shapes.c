@@ -1,0 +1,347 @@
+/* HF folders made by transformers for shapes no preset has (tools/golden/make_hf_shapes.py,
+ * tests/data/hf_shapes/: one KV head, head_dim != hidden/heads, tied and untied, RoPE with and
+ * without llama3 scaling; llama and qwen3): the model config read from config.json alone, the
+ * weights imported three ways (hp_hf_import, hp-ckpt from-hf without --flavor, hp-train's
+ * initial load with model.flavor = hf), and logits against transformers' forward. Then the
+ * refusals (issue 18 acceptance 2): a flavor disagreeing with config.json, in a shape field or in
+ * one that changes no shape (rope_theta, rope_scaling, eps), and each unsupported field. */
+// hp-test: ranks 1 timeout 120
+#define _GNU_SOURCE
+#include <json-c/json.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hp_test.h"
+#include "hp_test_mpi.h"
+#include "hp_test_tokenizer.h"
+#include "hyperparallel/checkpoint.h"
+#include "hyperparallel/config.h"
+#include "hyperparallel/model.h"
+#include "hyperparallel/safetensors.h"
+#include "hyperparallel/trainer.h"
+
+/* As tests/test_golden.c: the C model in f32 against transformers' forward in f64 on the same
+ * f32 weights; f32 rounding through 2-3 layers of width <= 64 and a 264-way output stays below
+ * 1e-6 relative; 2e-5 of max |ref| is that file's bound. */
+#define TOL_LOGITS 2e-5
+
+static const char *const SHAPES[] = {"llama_kv1_untied", "llama_hd16_tied_rope3", "llama_mha_untied_rope3",
+                                     "qwen3_kv1_hd16_tied", "qwen3_untied_rope3"};
+#define N_SHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
+
+static char ROOT[] = "/tmp/hp_test_hf_shapes_XXXXXX";
+static char BDIR[1024], SRC[1024];
+static char OUT[1 << 16];
+static hp_comm_t WORLD;
+
+typedef struct {
+    int32_t tokens[64];   /* (B, T) */
+    float *logits;        /* (B, T, V) */
+    int B, T, V;
+} expected_t;
+
+static int load_expected(const char *dir, expected_t *e) {
+    char p[1400];
+    HP_ASSERT(snprintf(p, sizeof p, "%s/expected.safetensors", dir) < (int)sizeof p);
+    hp_safetensors_t st = NULL;
+    HP_CHECK_OK(hp_safetensors_open(p, &st));
+    if (!st) return 0;
+    const hp_st_info_t *ti = NULL, *li = NULL;
+    HP_CHECK_OK(hp_safetensors_find(st, "tokens", &ti));
+    HP_CHECK_OK(hp_safetensors_find(st, "logits", &li));
+    int ok = ti && li && ti->ndim == 2 && li->ndim == 3 && ti->shape[0] * ti->shape[1] <= 64;
+    if (ok) {
+        e->B = (int)ti->shape[0];
+        e->T = (int)ti->shape[1];
+        e->V = (int)li->shape[2];
+        e->logits = malloc(sizeof(float) * (size_t)(e->B * e->T * e->V));
+        HP_CHECK_OK(hp_safetensors_read_raw(st, "tokens", e->tokens, sizeof(int32_t) * (size_t)(e->B * e->T)));
+        HP_CHECK_OK(hp_safetensors_read_raw(st, "logits", e->logits, sizeof(float) * (size_t)(e->B * e->T * e->V)));
+    }
+    hp_safetensors_close(st);
+    return ok;
+}
+
+/* max |logits - ref| / max |ref| of m's forward over the expected tokens */
+static double logits_err(hp_model_t m, const expected_t *e) {
+    float loss = 0;
+    HP_CHECK_OK(hp_model_forward(m, e->tokens, NULL, e->B, e->T, 1.0f, &loss));
+    const float *l = hp_model_logits(m);
+    double md = 0, mr = 0;
+    for (int64_t i = 0; i < (int64_t)e->B * e->T * e->V; i++) {
+        md = fmax(md, fabs((double)l[i] - e->logits[i]));
+        mr = fmax(mr, fabs((double)e->logits[i]));
+    }
+    return md / (mr > 0 ? mr : 1);
+}
+
+static int run(const char *fmt, const char *a, const char *b) {
+    char args[3000], cmd[4096];
+    snprintf(args, sizeof args, fmt, a, b);
+    snprintf(cmd, sizeof cmd, "cd %s && %s 2>&1", ROOT, args);
+    return hp_test_run_capture(cmd, OUT, sizeof OUT);
+}
+
+static void test_shape(const char *name) {
+    char dir[1400];
+    snprintf(dir, sizeof dir, "%s/tests/data/hf_shapes/%s", SRC, name);
+    expected_t e = {0};
+    if (!load_expected(dir, &e)) return;
+    hp_model_config_t mc;
+    HP_CHECK_OK(hp_hf_read_config(dir, &mc));
+    HP_CHECK(mc.vocab_size == e.V, "%s: vocab %d vs logits %d", name, mc.vocab_size, e.V);
+    /* none of them is a preset: the flavor "config.json" */
+    HP_CHECK(!strcmp(mc.flavor, "config.json") && !strcmp(mc.name, strncmp(name, "qwen3", 5) ? "llama3" : "qwen3"),
+             "%s: %s/%s", name, mc.name, mc.flavor);
+    mc.max_seq_len = e.T;
+    hp_model_t m = NULL, m2 = NULL;
+    HP_CHECK_OK(hp_model_create(&mc, e.B, e.T, &m));
+    HP_CHECK_OK(hp_model_create(&mc, e.B, e.T, &m2));
+    if (!m || !m2) return;
+    /* 1. the library import */
+    HP_CHECK_OK(hp_hf_import(dir, &mc, hp_model_params(m), hp_model_num_params(m), NULL));
+    double err = logits_err(m, &e);
+    HP_CHECK(err <= TOL_LOGITS, "%s: hp_hf_import logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
+    printf("%s: dim %d L %d H %d KV %d hd %d F %d tied %d rope_scaling %d: logits rel err %.2g\n", name, mc.dim,
+           mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, mc.hidden_dim, mc.tie_embeddings, mc.rope_scaling, err);
+    /* negative control: norm.weight * (1 + 1e-4) scales every logit by 1e-4, 5x the bound */
+    hp_param_t *nw = hp_model_find_param(m, "norm.weight");
+    HP_ASSERT(nw);
+    float *w = nw->value.local.data;
+    for (int i = 0; i < mc.dim; i++) w[i] *= 1.0001f;
+    double eb = logits_err(m, &e);
+    HP_CHECK(eb > TOL_LOGITS, "%s: an injected 1e-4 error went unnoticed (rel err %.3g)", name, eb);
+    /* a config that changes no shape (rope_theta 1% off) is refused by the import, naming it */
+    hp_model_config_t bad = mc;
+    bad.rope_theta *= 1.01f;
+    HP_CHECK_ERR(hp_hf_import(dir, &bad, hp_model_params(m), hp_model_num_params(m), NULL), HP_ERR_INVALID_ARG,
+                 "config.json 'rope_theta' = ");
+    /* 2. hp-ckpt from-hf, model from config.json, then the DCP load */
+    char out[1500];
+    snprintf(out, sizeof out, "dcp_%s", name);
+    int rc = run("'%s/hp-ckpt' from-hf '%s' ", BDIR, dir);
+    HP_CHECK(rc != 0, "from-hf without OUT must fail");
+    char cmd[3000];
+    HP_ASSERT(snprintf(cmd, sizeof cmd, "'%s/hp-ckpt' from-hf '%s' %s", BDIR, dir, out) < (int)sizeof cmd);
+    rc = run("%s%s", cmd, "");
+    HP_CHECK(rc == 0 && strstr(OUT, "from config.json"), "%s: from-hf exit %d\n%s", name, rc, OUT);
+    int np = hp_model_num_params(m2);
+    hp_dcp_tensor_t *ts = calloc((size_t)np, sizeof *ts);
+    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m2)[i].name, &hp_model_params(m2)[i].value, -1, 0};
+    hp_dcp_state_t st = {ts, np, NULL, 0};
+    char p[1600];
+    snprintf(p, sizeof p, "%s/%s", ROOT, out);
+    HP_CHECK_OK(hp_dcp_load(p, &st, NULL, NULL));
+    err = logits_err(m2, &e);
+    HP_CHECK(err <= TOL_LOGITS, "%s: from-hf logits rel err %.3g", name, err);
+    free(ts);
+    /* 3. hp-train's initial load, the model from config.json (model.flavor = hf) */
+    hp_config_t *c = calloc(1, sizeof *c);
+    hp_config_defaults(c);
+    snprintf(c->model.name, sizeof c->model.name, "%s", mc.name);
+    snprintf(c->model.flavor, sizeof c->model.flavor, "hf");
+    HP_ASSERT(snprintf(c->checkpoint.initial_load_path, sizeof c->checkpoint.initial_load_path, "%s", dir) < (int)sizeof c->checkpoint.initial_load_path);
+    c->checkpoint.enable = 1;
+    snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/run_%s", ROOT, name);
+    snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s/tok.json", ROOT);
+    snprintf(c->data.path, sizeof c->data.path, "%s/corpus.txt", ROOT);
+    snprintf(c->data.format, sizeof c->data.format, "text");
+    c->training.seq_len = e.T;
+    c->training.local_batch_size = e.B;
+    c->training.steps = 1;
+    c->parallelism.data_parallel_shard_degree = 1;
+    c->metrics.peak_flops = -1;
+    hp_trainer_t t = NULL;
+    HP_CHECK_OK(hp_trainer_create(c, WORLD, &t));
+    if (t) {
+        err = logits_err(hp_trainer_model(t), &e);
+        HP_CHECK(err <= TOL_LOGITS, "%s: initial load logits rel err %.3g", name, err);
+        hp_trainer_destroy(t);
+    }
+    /* a tokenizer with fewer ids than the checkpoint's rows (a padded embedding) trains */
+    if (name == SHAPES[0]) {
+        snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s/tok260.json", ROOT);
+        snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/run_padded", ROOT);   /* its own checkpoints */
+        HP_CHECK_OK(hp_trainer_create(c, WORLD, &t));
+        if (t) {
+            hp_step_stats_t st1;
+            HP_CHECK_OK(hp_trainer_step(t, &st1));
+            HP_CHECK(isfinite(st1.loss) && hp_model_config(hp_trainer_model(t))->vocab_size == 264,
+                     "padded vocabulary: loss %g", st1.loss);
+            hp_trainer_destroy(t);
+        }
+        snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s/tok.json", ROOT);
+        snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/run_%s", ROOT, name);
+    }
+    /* the same with a flavor: config.json disagrees, the fields are listed (once: the
+     * debugmodel's init is most of this test's time) */
+    snprintf(c->model.flavor, sizeof c->model.flavor, "debugmodel");
+    if (name == SHAPES[0]) HP_CHECK_ERR(hp_trainer_create(c, WORLD, &t), HP_ERR_INVALID_ARG, "config.json disagrees with the");
+    if (name == SHAPES[0])
+        HP_CHECK(strstr(hp_last_error(), "config.json 'hidden_size' = ") && strstr(hp_last_error(), "model.flavor = hf"),
+                 "%s: the message lists the fields and the hint: %s", name, hp_last_error());
+    free(c);
+    hp_model_destroy(m);
+    hp_model_destroy(m2);
+    free(e.logits);
+}
+
+/* a copy of a shape's folder whose config.json gets `edit` (a JSON object merged in; a null
+ * value removes the key) */
+static void edited_copy(const char *name, const char *to, const char *edit) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/%s' && cp -r '%s/tests/data/hf_shapes/%s' '%s/%s'", ROOT, to, SRC, name, ROOT, to);
+    HP_CHECK(system(cmd) == 0, "%s", cmd);
+    char p[1600];
+    snprintf(p, sizeof p, "%s/%s/config.json", ROOT, to);
+    json_object *cj = json_object_from_file(p), *ed = json_tokener_parse(edit);
+    HP_ASSERT(cj && ed);
+    json_object_object_foreach(ed, k, v) {
+        if (!v) json_object_object_del(cj, k);
+        else json_object_object_add(cj, k, json_object_get(v));
+    }
+    HP_CHECK(json_object_to_file(p, cj) == 0, "write %s", p);
+    json_object_put(cj);
+    json_object_put(ed);
+}
+
+static void test_refusals(void) {
+    char d[1600];
+    /* unsupported fields, named */
+    const struct { const char *base, *edit, *want; } un[] = {
+        {"llama_kv1_untied", "{\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"rope_theta\": 10000.0}}",
+         "'rope_parameters.rope_type' = 'yarn' is not supported"},
+        {"llama_kv1_untied", "{\"rope_parameters\": null, \"rope_theta\": 10000.0, \"rope_scaling\": {\"type\": \"linear\", "
+         "\"factor\": 2.0}}", "'rope_scaling.rope_type' = 'linear' is not supported"},
+        {"llama_kv1_untied", "{\"attention_bias\": true}", "'attention_bias' = true is not supported"},
+        {"llama_kv1_untied", "{\"mlp_bias\": true}", "'mlp_bias' = true is not supported"},
+        {"llama_kv1_untied", "{\"sliding_window\": 4096}", "'sliding_window' = 4096 is not supported"},
+        {"qwen3_untied_rope3", "{\"use_sliding_window\": true}", "'use_sliding_window' = true is not supported"},
+        {"qwen3_untied_rope3", "{\"layer_types\": [\"full_attention\", \"sliding_attention\"]}",
+         "'layer_types[1]' = \"sliding_attention\" is not supported"},
+        {"llama_kv1_untied", "{\"hidden_act\": \"gelu\"}", "'hidden_act' = \"gelu\" is not supported"},
+        {"llama_kv1_untied", "{\"model_type\": \"mistral\"}", "'model_type' = 'mistral' is not supported"},
+        {"llama_kv1_untied", "{\"attention_dropout\": 0.1}", "'attention_dropout' = 0.1 is not supported"},
+        {"llama_kv1_untied", "{\"partial_rotary_factor\": 0.5}", "'partial_rotary_factor' = 0.5 is not supported"},
+        {"llama_kv1_untied", "{\"hidden_size\": null}", "'hidden_size' is missing"},
+        {"llama_kv1_untied", "{\"num_key_value_heads\": 3}", "is not a multiple of 'num_key_value_heads' = 3"},
+        {"llama_kv1_untied", "{\"head_dim\": 4096.0}", "'head_dim' expects an integer, got double"},
+    };
+    for (size_t i = 0; i < sizeof un / sizeof un[0]; i++) {
+        edited_copy(un[i].base, "edited", un[i].edit);
+        snprintf(d, sizeof d, "%s/edited", ROOT);
+        hp_model_config_t mc;
+        hp_clear_error();
+        hp_status_t s = hp_hf_read_config(d, &mc);
+        HP_CHECK(s != HP_OK && strstr(hp_last_error(), un[i].want) && strstr(hp_last_error(), "edited/config.json"),
+                 "%s: %s -> '%s', expected '%s'", un[i].base, un[i].edit, hp_last_error(), un[i].want);
+        /* hp-ckpt refuses it the same way and writes nothing */
+        int rc = run("'%s/hp-ckpt' from-hf edited %s", BDIR, "dcp_refused");
+        HP_CHECK(rc == 1 && strstr(OUT, un[i].want), "hp-ckpt on %s: exit %d\n%s", un[i].edit, rc, OUT);
+        snprintf(d, sizeof d, "%s/dcp_refused", ROOT);
+        HP_CHECK(access(d, F_OK) != 0, "a refused from-hf wrote dcp_refused");
+    }
+    /* the issue's silent cases, now refused: an export of llama3/debugmodel whose config.json says
+     * rope_theta 1e4 without rope_scaling and eps 1e-6 (Llama 2 / 3.0), shapes unchanged */
+    hp_model_config_t mc;
+    HP_CHECK_OK(hp_model_flavor("llama3", "debugmodel", &mc));
+    mc.vocab_size = 264;
+    mc.max_seq_len = 16;
+    HP_CHECK_OK(hp_model_config_validate(&mc));
+    hp_model_t m = NULL;
+    HP_CHECK_OK(hp_model_create(&mc, 1, 1, &m));
+    if (!m) return;
+    HP_CHECK_OK(hp_model_init_weights(m, 5));
+    snprintf(d, sizeof d, "%s/hf_debug", ROOT);
+    HP_CHECK_OK(hp_hf_export(d, &mc, hp_model_params(m), hp_model_num_params(m), NULL, HP_F32, 0));
+    /* positive control: the unedited export imports with the flavor (flavor and config.json agree) */
+    int rc = run("'%s/hp-ckpt' from-hf %s dcp_ok --model llama3 --flavor debugmodel", BDIR, "hf_debug");
+    HP_CHECK(rc == 0, "from-hf of an agreeing export: exit %d\n%s", rc, OUT);
+    char p[1700];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    json_object *cj = json_object_from_file(p);
+    HP_ASSERT(cj);
+    json_object_object_add(cj, "rope_theta", json_object_new_double(10000.0));
+    json_object_object_del(cj, "rope_scaling");
+    json_object_object_add(cj, "rms_norm_eps", json_object_new_double(1e-6));
+    HP_CHECK(json_object_to_file(p, cj) == 0, "write %s", p);
+    json_object_put(cj);
+    rc = run("'%s/hp-ckpt' from-hf %s dcp_bad --model llama3 --flavor debugmodel", BDIR, "hf_debug");
+    HP_CHECK(rc == 1 && strstr(OUT, "disagrees with --flavor debugmodel in 3 field(s)") &&
+                 strstr(OUT, "config.json 'rms_norm_eps' = 9.99999997e-07 (model.norm_eps = 9.99999975e-06)") &&
+                 strstr(OUT, "config.json 'rope_theta' = 10000 (model.rope_theta = 500000)") &&
+                 strstr(OUT, "config.json 'rope_scaling' = false (model.rope_scaling = true)") &&
+                 strstr(OUT, "--model.rope_theta 10000"),
+             "from-hf with rope_theta / rope_scaling / eps disagreeing: exit %d\n%s", rc, OUT);
+    /* the library import (hp-train's initial load with a flavor) refuses it too */
+    HP_CHECK_ERR(hp_hf_import(d, &mc, hp_model_params(m), hp_model_num_params(m), NULL), HP_ERR_INVALID_ARG,
+                 "config.json disagrees with the llama3/debugmodel model in 3 field(s)");
+    /* without --flavor it imports as the model config.json describes */
+    rc = run("'%s/hp-ckpt' from-hf %s dcp_llama2 --model llama3", BDIR, "hf_debug");
+    HP_CHECK(rc == 0 && strstr(OUT, "rope_theta 10000"), "from-hf from config.json: exit %d\n%s", rc, OUT);
+    rc = run("'%s/hp-ckpt' from-hf %s dcp_x --model qwen3", BDIR, "hf_debug");
+    HP_CHECK(rc == 1 && strstr(OUT, "--model qwen3, but"), "--model disagreeing: exit %d\n%s", rc, OUT);
+    rc = run("'%s/hp-ckpt' from-hf %s dcp_x --model.dim 64", BDIR, "hf_debug");
+    HP_CHECK(rc == 1 && strstr(OUT, "without --flavor"), "--model.* without --flavor: exit %d\n%s", rc, OUT);
+    /* model.flavor = hf needs an HF initial load */
+    hp_config_t *c = calloc(1, sizeof *c);
+    hp_config_defaults(c);
+    snprintf(c->model.flavor, sizeof c->model.flavor, "hf");
+    HP_CHECK_ERR(hp_config_resolve_model(c, 264, "the test", 16, &mc), HP_ERR_INVALID_ARG,
+                 "'model.flavor' = hf takes the model from the HF checkpoint at checkpoint.initial_load_path");
+    HP_ASSERT(snprintf(c->checkpoint.initial_load_path, sizeof c->checkpoint.initial_load_path, "%s", d) < (int)sizeof c->checkpoint.initial_load_path);
+    HP_CHECK_OK(hp_config_resolve_model(c, 264, "the test", 16, &mc));
+    HP_CHECK(mc.rope_theta == 10000.0f && !mc.rope_scaling && mc.max_seq_len == 16, "flavor hf: theta %g scaling %d",
+             mc.rope_theta, mc.rope_scaling);
+    HP_CHECK_ERR(hp_config_resolve_model(c, 300, "tokenizer.path 'x'", 16, &mc), HP_ERR_INVALID_ARG,
+                 "config.json 'vocab_size' = 264 is below the vocabulary of tokenizer.path 'x'");
+    HP_CHECK_OK(hp_config_resolve_model(c, 200, "a smaller tokenizer", 16, &mc));   /* padded rows: fine */
+    HP_CHECK(mc.vocab_size == 264, "the model keeps config.json's vocab_size: %d", mc.vocab_size);
+    c->model.dim = 64;
+    HP_CHECK_ERR(hp_config_resolve_model(c, 264, "the test", 16, &mc), HP_ERR_INVALID_ARG, "model.dim=64");
+    free(c);
+    hp_model_destroy(m);
+}
+
+int main(int argc, char **argv) {
+    WORLD = hp_test_mpi_init(&argc, &argv, NULL, NULL);
+    const char *bd = getenv("HP_BUILD_DIR"), *src = getenv("HP_SOURCE_DIR");
+    if (!realpath(bd && *bd ? bd : ".", BDIR)) snprintf(BDIR, sizeof BDIR, ".");
+    if (!realpath(src && *src ? src : "..", SRC)) snprintf(SRC, sizeof SRC, "..");
+    HP_ASSERT(mkdtemp(ROOT));
+    char tp[1200];
+    snprintf(tp, sizeof tp, "%s/hp-ckpt", BDIR);
+    if (access(tp, X_OK) != 0) {
+        printf("SKIP: %s not built\n", tp);
+        hp_comm_finalize();
+        return 0;
+    }
+    /* a corpus and a 264-token tokenizer (the folders' vocab) for the initial load */
+    static char text[1 << 15];
+    size_t n = 0;
+    for (int i = 0; i < 200; i++)
+        n += (size_t)snprintf(text + n, sizeof text - n, "the quick brown fox %d jumps over the lazy dog.\n%%\n", i);
+    char p[1200];
+    snprintf(p, sizeof p, "%s/corpus.txt", ROOT);
+    FILE *f = fopen(p, "w");
+    HP_CHECK(f && fwrite(text, 1, n, f) == n, "write %s", p);
+    if (f) fclose(f);
+    snprintf(p, sizeof p, "%s/tok.json", ROOT);
+    hp_test_train_tokenizer_vocab(text, n, 264, p);
+    snprintf(p, sizeof p, "%s/tok260.json", ROOT);
+    hp_test_train_tokenizer_vocab(text, n, 260, p);
+    for (int i = 0; i < N_SHAPES; i++) test_shape(SHAPES[i]);
+    test_refusals();
+    if (!getenv("HP_KEEP")) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", ROOT);
+        if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", ROOT);
+    }
+    int rc = hp_test_finish("test_hf_shapes");
+    hp_comm_finalize();
+    return rc;
+}
