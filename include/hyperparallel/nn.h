@@ -330,6 +330,10 @@ void hp_swiglu_forward(float *out, const float *h13, int N, int H);
 void hp_swiglu_backward(float *dh13, const float *dout, const float *h13, int N, int H);
 void hp_ref_swiglu_forward(float *out, const float *h13, int N, int H);
 void hp_ref_swiglu_backward(float *dh13, const float *dout, const float *h13, int N, int H);
+/* The twin of the CPU backend's adamw_update (backend.h; torch.optim.adamw's single-tensor
+ * arithmetic) in double: p = p (1 - lr wd) - lr / bc1 m' / (sqrt(v') / sqrt(bc2) + eps). */
+void hp_ref_adamw_update(float *p, float *m, float *v, const float *g, int64_t n, double lr, double b1, double b2,
+                         double eps, double wd, int64_t step);
 
 /* ---- kernels: embedding ----------------------------------------------------------------- */
 // out (N, C) = weight[tokens[n]]; tokens must be in [0, V) (checked by the caller)

@@ -8,6 +8,7 @@
 #include "hyperparallel/nn.h"
 #include "hyperparallel/nn_loss.h"
 #include "nn/nn-math.h"
+#include "nn/nn-simd.h"
 
 /* ---- linear ---------------------------------------------------------------------------- */
 
@@ -243,33 +244,24 @@ void hp_rope_apply(float *x, int ld, int B, int T, int n_heads, int head_dim,
 
 /* ---- SwiGLU ------------------------------------------------------------------------------ */
 
+/* Rows in parallel, each through the explicitly vectorised row kernel of the ISA path in use
+ * (nn-simd.h: the exp inlined lane-wise). */
 void hp_swiglu_forward(float *out, const float *h13, int N, int H) {
+    const hp_nn_simd_t *k = hp_nn_simd();
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float *a = h13 + (size_t)n * 2 * H, *b = a + H;
-        float *o = out + (size_t)n * H;
-#pragma omp simd
-        for (int j = 0; j < H; j++) {
-            float x = a[j];
-            o[j] = x / (1.0f + hp_nn_expf(-x)) * b[j];
-        }
+        const float *a = h13 + (size_t)n * 2 * H, *b = a + H;   // (N, 2H): gate | up
+        k->swiglu_fwd(out + (size_t)n * H, a, b, H);
     }
 }
 
 void hp_swiglu_backward(float *dh13, const float *dout, const float *h13, int N, int H) {
+    const hp_nn_simd_t *k = hp_nn_simd();
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *a = h13 + (size_t)n * 2 * H, *b = a + H;
-        const float *d = dout + (size_t)n * H;
-        float *da = dh13 + (size_t)n * 2 * H, *db = da + H;
-#pragma omp simd
-        for (int j = 0; j < H; j++) {
-            float x = a[j];
-            float sg = 1.0f / (1.0f + hp_nn_expf(-x));
-            float silu = x * sg;
-            db[j] = d[j] * silu;
-            da[j] = d[j] * b[j] * (sg * (1.0f + x * (1.0f - sg)));
-        }
+        float *da = dh13 + (size_t)n * 2 * H, *db = da + H;   // (N, 2H) =
+        k->swiglu_bwd(da, db, dout + (size_t)n * H, a, b, H);
     }
 }
 
@@ -303,20 +295,12 @@ void hp_embedding_backward(float *dweight, const float *dout, const int32_t *tok
 
 double hp_cross_entropy_forward(double *losses, float *lse, const float *logits, const int32_t *targets,
                                 int N, int V, int64_t *n_valid) {
+    const hp_nn_simd_t *k = hp_nn_simd();
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * V;
-        float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-        for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-        double s = 0.0;   // f32 exps summed in double, in index order
-        for (int v0 = 0; v0 < V; v0 += 256) {
-            float e[256];
-            int nv = V - v0 < 256 ? V - v0 : 256;
-#pragma omp simd
-            for (int v = 0; v < nv; v++) e[v] = hp_nn_expf(z[v0 + v] - mx);
-            for (int v = 0; v < nv; v++) s += (double)e[v];
-        }
+        const float mx = k->row_max(z, V);
+        const double s = k->exp_sum(z, mx, V);   // f32 exps summed in double, a fixed order
         double l = (double)mx + log(s);
         lse[n] = (float)l;
         int t = targets[n];
