@@ -4,7 +4,8 @@
  * so that the exp is vectorised explicitly rather than by the compiler's choice (GCC 12 -O2
  * left these loops scalar: "control flow in loop"). Parameters:
  *   HP_K_SFX  suffix of the generated names; HP_K_VW lanes; HP_K_ATTR function attribute;
- *   HP_K_SQRT_AVX / HP_K_SQRT_SSE: the square root as one vsqrtps / sqrtps (else per lane).
+ *   HP_K_SQRT_AVX / HP_K_SQRT_SSE: AVX / SSE intrinsics for the square root (vsqrtps / sqrtps)
+ *   and the float-to-double conversion (else per lane).
  * Tails (n % VW) run the same arithmetic one lane at a time through a one-lane vector load. */
 
 #define HP_K_CAT_(a, b) a##_##b
@@ -15,11 +16,11 @@
 typedef float HP_K_N(vf) __attribute__((vector_size(HP_K_VW * 4), aligned(4), may_alias));
 typedef int32_t HP_K_N(vi) __attribute__((vector_size(HP_K_VW * 4), aligned(4), may_alias));
 typedef uint32_t HP_K_N(vu) __attribute__((vector_size(HP_K_VW * 4), aligned(4), may_alias));
-typedef double HP_K_N(vd) __attribute__((vector_size(HP_K_VW * 8), aligned(8), may_alias));
+typedef double HP_K_N(vdh) __attribute__((vector_size(HP_K_VW * 4), aligned(8), may_alias));   // VW/2 doubles
 #define VF HP_K_N(vf)
 #define VI HP_K_N(vi)
 #define VU HP_K_N(vu)
-#define VD HP_K_N(vd)
+#define VDH HP_K_N(vdh)
 
 /* n (< VW) floats into a vector, the rest `fill`; and back */
 HP_K_INL VF HP_K_N(ldn)(const float *p, int n, float fill) {
@@ -105,12 +106,31 @@ static HP_K_ATTR float HP_K_N(row_max)(const float *z, int n) {
 
 /* sum of exp(z - shift) over z[0..n): f32 exps summed in double, lane-wise then the lanes in
  * order, then the tail: a fixed order (independent of threads). */
+/* the low and high halves of a float vector as doubles (one register each: a whole-width double
+ * vector would live on the stack) */
+HP_K_INL void HP_K_N(cvt_pd)(VF e, VDH *lo, VDH *hi) {
+#if defined(HP_K_SQRT_AVX)
+    *lo = (VDH)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)e));
+    *hi = (VDH)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)e, 1));
+#elif defined(HP_K_SQRT_SSE)
+    *lo = (VDH)_mm_cvtps_pd((__m128)e);
+    *hi = (VDH)_mm_cvtps_pd(_mm_movehl_ps((__m128)e, (__m128)e));
+#else
+    for (int l = 0; l < HP_K_VW / 2; l++) (*lo)[l] = e[l], (*hi)[l] = e[HP_K_VW / 2 + l];
+#endif
+}
 static HP_K_ATTR double HP_K_N(exp_sum)(const float *z, float shift, int n) {
-    VD acc = (VD){0};
+    VDH a0 = (VDH){0}, a1 = (VDH){0};
     int j = 0;
-    for (; j + HP_K_VW <= n; j += HP_K_VW) acc += __builtin_convertvector(HP_K_N(vexp)(LD(z + j) - shift), VD);
+    for (; j + HP_K_VW <= n; j += HP_K_VW) {
+        VDH lo, hi;
+        HP_K_N(cvt_pd)(HP_K_N(vexp)(LD(z + j) - shift), &lo, &hi);
+        a0 += lo;
+        a1 += hi;
+    }
     double s = 0.0;
-    for (int l = 0; l < HP_K_VW; l++) s += acc[l];
+    for (int l = 0; l < HP_K_VW / 2; l++) s += a0[l];
+    for (int l = 0; l < HP_K_VW / 2; l++) s += a1[l];
     if (j < n) {
         const VF e = HP_K_N(vexp)(HP_K_N(ldn)(z + j, n - j, -INFINITY) - shift);   // padding lanes: exp(-inf) = 0
         for (int l = 0; l < n - j; l++) s += (double)e[l];
@@ -169,7 +189,7 @@ static HP_K_ATTR void HP_K_N(adamw)(float *p, float *m, float *v, const float *g
 #undef VF
 #undef VI
 #undef VU
-#undef VD
+#undef VDH
 #undef HP_K_INL
 #undef HP_K_N
 #undef HP_K_CAT
