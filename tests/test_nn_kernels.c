@@ -252,6 +252,22 @@ static void test_adamw(int64_t n, int64_t step) {
     free(p); free(m); free(v); free(g); free(pr); free(mr); free(vr);
 }
 
+/* RMSNorm dW sums each channel's rows in order whatever the block width (64 channels, or 16
+ * when 64-wide blocks would leave threads idle): the same bits at 1 thread (wide) and at more
+ * threads than wide blocks (narrow). */
+static void test_rmsnorm_dw_blocks(int N, int C) {
+    float *x = rnd((size_t)N * C, 1), *dy = rnd((size_t)N * C, 1), *rs = rnd(N, 1);
+    float *a = zeros(C), *b = zeros(C);
+    const int nt = omp_get_max_threads();
+    omp_set_num_threads(1);
+    hp_rmsnorm_backward_weight(a, dy, x, rs, N, C);
+    omp_set_num_threads((C + 63) / 64 + 1);
+    hp_rmsnorm_backward_weight(b, dy, x, rs, N, C);
+    omp_set_num_threads(nt);
+    HP_CHECK(memcmp(a, b, sizeof(float) * (size_t)C) == 0, "rmsnorm dW differs between 64- and 16-channel blocks");
+    free(x); free(dy); free(rs); free(a); free(b);
+}
+
 /* Negative test of the shared harness at the swiglu / cross-entropy tolerances: an error of
  * 10x the tolerance in one element, and a NaN, fail. */
 static void test_negative(void) {
@@ -312,6 +328,7 @@ int main(void) {
         test_swiglu(4, 768);                 // whole vectors only
         test_cross_entropy(3, 7);            // vocab below one vector
         test_adamw(37, 1);
+        test_rmsnorm_dw_blocks(50, 200);     // three full 64-blocks and a tail
         test_adamw(3 * 16384 + 5, 7);        // several parallel chunks and a tail
     }
     HP_CHECK(hp_nn_set_isa(HP_NN_ISA_AUTO) == HP_OK, "restore");
