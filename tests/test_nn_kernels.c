@@ -327,6 +327,9 @@ int main(void) {
         test_cross_entropy(8, 2048);
         test_swiglu(4, 768);                 // whole vectors only
         test_cross_entropy(3, 7);            // vocab below one vector
+        test_rope(2, 5, 3, 12, HP_ROPE_INTERLEAVED, 0);   // a vector tail of 4 (AVX2) per head
+        test_rope(2, 5, 3, 12, HP_ROPE_HALF, 0);          // half 6: a tail of 2 (portable) / 6 (AVX2)
+        test_rope(1, 3, 2, 128, HP_ROPE_INTERLEAVED, 1);
         test_adamw(37, 1);
         test_rmsnorm_dw_blocks(50, 200);     // three full 64-blocks and a tail
         test_adamw(3 * 16384 + 5, 7);        // several parallel chunks and a tail

@@ -145,6 +145,58 @@ static HP_K_ATTR void HP_K_N(exp_scale)(float *d, const float *z, float shift, f
     if (j < n) HP_K_N(stn)(d + j, HP_K_N(vexp)(HP_K_N(ldn)(z + j, n - j, 0) - shift) * mul, n - j);
 }
 
+/* RoPE of one row's n_heads heads, in place (head h at v + h hd), inverse when sgn = -1.
+ * Interleaved pairs (x[2i], x[2i+1]): out = x c2 + swap(x) s2 with c2 = (c0 c0 c1 c1 ..) and
+ * s2 = (-s0 s0 -s1 s1 ..) (times sgn), built once per row in buf (2 hd floats) and applied to
+ * every head; rotate_half pairs (x[i], x[i + hd/2]): a' = a c - b s, b' = b c + a s. */
+HP_K_INL VF HP_K_N(swap_pairs)(VF x) {
+    VI m;
+    for (int l = 0; l < HP_K_VW; l++) m[l] = l ^ 1;
+    return __builtin_shuffle(x, m);
+}
+static HP_K_ATTR void HP_K_N(rope_row)(float *v, int n_heads, int hd, const float *c, const float *s, float sgn,
+                                       int interleaved, float *buf) {
+    const int half = hd / 2;
+    if (interleaved) {
+        float *c2 = buf, *s2 = buf + hd;
+        for (int i = 0; i < half; i++) {
+            c2[2 * i] = c2[2 * i + 1] = c[i];
+            s2[2 * i] = -(sgn * s[i]);
+            s2[2 * i + 1] = sgn * s[i];
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *x = v + (size_t)h * hd;
+            int j = 0;
+            for (; j + HP_K_VW <= hd; j += HP_K_VW) {
+                const VF xv = LD(x + j);
+                ST(x + j, xv * LD(c2 + j) + HP_K_N(swap_pairs)(xv) * LD(s2 + j));
+            }
+            if (j < hd) {   // hd - j is even: pairs stay in the vector
+                const int m = hd - j;
+                const VF xv = HP_K_N(ldn)(x + j, m, 0);
+                HP_K_N(stn)(x + j, xv * HP_K_N(ldn)(c2 + j, m, 0) + HP_K_N(swap_pairs)(xv) * HP_K_N(ldn)(s2 + j, m, 0), m);
+            }
+        }
+        return;
+    }
+    for (int h = 0; h < n_heads; h++) {
+        float *a = v + (size_t)h * hd, *b = a + half;
+        int i = 0;
+        for (; i + HP_K_VW <= half; i += HP_K_VW) {
+            const VF va = LD(a + i), vb = LD(b + i), vc = LD(c + i), vs = LD(s + i) * sgn;
+            ST(a + i, va * vc - vb * vs);
+            ST(b + i, vb * vc + va * vs);
+        }
+        if (i < half) {
+            const int m = half - i;
+            const VF va = HP_K_N(ldn)(a + i, m, 0), vb = HP_K_N(ldn)(b + i, m, 0), vc = HP_K_N(ldn)(c + i, m, 0),
+                     vs = HP_K_N(ldn)(s + i, m, 0) * sgn;
+            HP_K_N(stn)(a + i, va * vc - vb * vs, m);
+            HP_K_N(stn)(b + i, vb * vc + va * vs, m);
+        }
+    }
+}
+
 /* AdamW (torch.optim.adamw's single-tensor arithmetic, as backend_cpu.c's reference loop):
  * p = p decay - step_size m / (sqrt(v) / bc2_sqrt + eps), m = m + w1 (g - m), v = b2 v + w2 g^2. */
 HP_K_INL void HP_K_N(adamw1)(VF *p, VF *m, VF *v, VF g, float decay, float w1, float b2, float w2, float step_size,

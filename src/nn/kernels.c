@@ -239,32 +239,16 @@ void hp_rope_table(float *cos_t, float *sin_t, int T, int head_dim, float theta,
 
 void hp_rope_apply(float *x, int ld, int B, int T, int n_heads, int head_dim,
                    const float *cos_t, const float *sin_t, hp_rope_style_t style, int inverse) {
-    int half = head_dim / 2;
-    float sgn = inverse ? -1.0f : 1.0f;
-    int64_t rows = (int64_t)B * T;
+    const float sgn = inverse ? -1.0f : 1.0f;
+    const int64_t rows = (int64_t)B * T;
+    const int half = head_dim / 2;
+    const hp_nn_simd_t *k = hp_nn_simd();   // explicit-vector row kernel (nn-simd.h)
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        int t = (int)(r % T);
-        const float *c = cos_t + (size_t)t * half;
-        const float *s = sin_t + (size_t)t * half;
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + r * ld + (int64_t)h * head_dim;
-            if (style == HP_ROPE_INTERLEAVED) {
-#pragma omp simd
-                for (int i = 0; i < half; i++) {
-                    float a = v[2 * i], b = v[2 * i + 1], si = sgn * s[i];
-                    v[2 * i] = a * c[i] - b * si;
-                    v[2 * i + 1] = b * c[i] + a * si;
-                }
-            } else {
-#pragma omp simd
-                for (int i = 0; i < half; i++) {
-                    float a = v[i], b = v[i + half], si = sgn * s[i];
-                    v[i] = a * c[i] - b * si;
-                    v[i + half] = b * c[i] + a * si;
-                }
-            }
-        }
+        const int t = (int)(r % T);
+        float buf[2 * head_dim];   // this row's expanded cos / sin (interleaved style)
+        k->rope_row(x + r * ld, n_heads, head_dim, cos_t + (size_t)t * half, sin_t + (size_t)t * half, sgn,
+                    style == HP_ROPE_INTERLEAVED, buf);
     }
 }
 

@@ -32,10 +32,11 @@
 #undef HP_K_ATTR
 
 static const hp_nn_simd_t table_generic4 = {"portable", swiglu_fwd_generic4, swiglu_bwd_generic4, row_max_generic4,
-                                            exp_sum_generic4, exp_scale_generic4, adamw_generic4};
+                                            exp_sum_generic4, exp_scale_generic4, rope_row_generic4,
+                                            adamw_generic4};
 #ifdef HP_K_HAVE_AVX2
 static const hp_nn_simd_t table_avx2 = {"avx2", swiglu_fwd_avx2, swiglu_bwd_avx2, row_max_avx2,
-                                        exp_sum_avx2, exp_scale_avx2, adamw_avx2};
+                                        exp_sum_avx2, exp_scale_avx2, rope_row_avx2, adamw_avx2};
 #endif
 
 const hp_nn_simd_t *hp_nn_simd(void) {

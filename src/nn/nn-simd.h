@@ -15,6 +15,9 @@ typedef struct {
     float (*row_max)(const float *z, int n);                    /* n >= 1 */
     double (*exp_sum)(const float *z, float shift, int n);      /* sum exp(z - shift), in double */
     void (*exp_scale)(float *d, const float *z, float shift, float mul, int n);   /* d = exp(z - shift) mul */
+    /* RoPE of one row's heads in place; buf: 2 hd floats of scratch (kernels-simd.h) */
+    void (*rope_row)(float *v, int n_heads, int hd, const float *c, const float *s, float sgn, int interleaved,
+                     float *buf);
     /* one chunk of AdamW (backend_cpu.c's arithmetic, constants precomputed there) */
     void (*adamw)(float *p, float *m, float *v, const float *g, int64_t n, float decay, float w1, float b2,
                   float w2, float step_size, float bc2_sqrt, float eps);
