@@ -8,8 +8,9 @@
 # With BASE_BUILD set to the build directory of another commit (e.g. the previous one), each
 # round also runs that build's bench_train_step, so a change is measured against its parent
 # and PyTorch in one run under the same load.
-# Each round also runs PyTorch with torch.compile (inductor) as a second peer (COMPILE=0 skips
-# it; its compilation happens in untimed warm-up steps). SEQ=1024 / SEQ=2048 (and BATCH) run a
+# Each round also runs PyTorch with torch.compile (inductor) as a second peer, and the
+# interleaved run is repeated against it (COMPILE=0 skips both; the compilation happens in
+# untimed warm-up steps). SEQ=1024 / SEQ=2048 (and BATCH) run a
 # longer sequence, where attention dominates. The header lines name the CPU, hyperparallel's ISA
 # path, the OpenBLAS core and ATen's CPU capability; to reproduce the AVX2 configuration on an
 # AVX-512 machine: HP_NN_ISA=avx2 OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2.
@@ -118,5 +119,14 @@ if [ -f "$BUILD/libhyperparallel.so" ]; then
     printf '%-30s %14s %14s\n' "  tokens/s" "$i_hp_btps" "$i_pt_btps"
     printf '%-30s %14s %14s\n' "  MFU vs sgemm peak (%)" "$(pct "$i_hp_bgf")" "$(pct "$i_pt_bgf")"
     echo "speed-up over PyTorch (interleaved): median $(awk -v a="$i_hp_tps" -v b="$i_pt_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$i_hp_btps" -v b="$i_pt_btps" 'BEGIN{printf "%.2fx", a/b}')"
+    if [ "$COMPILE" != 0 ]; then
+        echo
+        echo "== interleaved with torch.compile: $PY $ROOT/bench/train_step_torch.py ${ARGS[*]} --interleave $BUILD/libhyperparallel.so --compile"
+        IC_OUT=$("$PY" "$ROOT/bench/train_step_torch.py" "${ARGS[@]}" --interleave "$BUILD/libhyperparallel.so" --compile)
+        echo "$IC_OUT"
+        read -r c_hp_tps c_hp_btps <<<"$(echo "$IC_OUT" | awk '/^RESULT hp_interleaved/ {print $4, $10}')"
+        read -r c_pt_tps c_pt_btps <<<"$(echo "$IC_OUT" | awk '/^RESULT torch_compile/ {print $4, $10}')"
+        echo "speed-up over torch.compile (interleaved): median $(awk -v a="$c_hp_tps" -v b="$c_pt_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$c_hp_btps" -v b="$c_pt_btps" 'BEGIN{printf "%.2fx", a/b}')"
+    fi
     echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 fi
