@@ -5,12 +5,14 @@
  * FLOPs are counted as hp_model_profile's users do (bench/train_step.c): forward
  * 2 * B * Hq * T * (T + 1) * hd (causal QK^T and PV), backward 2.5x that.
  *   bench_attention [--rounds 5] [--threads 2] [--no-old] [--isa auto|portable|avx2]
- *                   [--shape NAME] [--secs 0.25] [--cpu-time] [--tiles]
+ *                   [--shape NAME] [--secs 0.25] [--cpu-time] [--tiles] [--bwd-ab]
  * Each round times every (shape, kernel) for about --secs; best and median over rounds.
  * --cpu-time divides by process CPU seconds (all threads) instead of wall seconds, the peak
  * too: GFLOP per CPU-second, steadier than wall time on a machine shared with other jobs
  * (run it with OMP_WAIT_POLICY=passive so that idle workers do not count). --tiles instead
- * times the tile products on one thread, cblas_sgemm against the micro-kernel (tile_table). */
+ * times the tile products on one thread, cblas_sgemm against the micro-kernel (tile_table).
+ * --bwd-ab: the two "old" columns time the backward forced fused and forced split instead
+ * (hp_attention_set_backward), interleaved in the same rounds. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -99,7 +101,8 @@ enum { HP_ATT_DENSE, HP_ATT_QCOLS, HP_ATT_KEND, HP_ATT_KBEG };
 #define HP_T_VMAX(a, b) ((VF)_mm256_max_ps((__m256)(a), (__m256)(b)))
 #include "nn/attention-tiles.h"
 #define HAVE_UKR 1
-static void *const unused_tiles[] __attribute__((unused)) = {(void *)fwd_tile_bench, (void *)bwd_group_bench};
+static void *const unused_tiles[] __attribute__((unused)) = {(void *)fwd_tile_bench, (void *)bwd_group_bench,
+                                                             (void *)bwd_kv_bench, (void *)bwd_q_bench};
 #endif
 
 /* One thread, the shapes of a flash-attention tile (64 query rows, 64 keys): cblas_sgemm in
@@ -172,6 +175,8 @@ static const shape_t shapes[] = {
     {"hd128_T256", 2, 256, 8, 4, 128},
     {"hd128_T1024", 1, 1024, 4, 2, 128},
     {"hd128_T2048", 1, 2048, 4, 2, 128},
+    {"hd16_T2048_g1", 1, 2048, 8, 1, 16},   // one (b, kv head) group: the fused backward uses one thread
+    {"hd64_T2048_g1", 1, 2048, 8, 1, 64},
 };
 enum { N_SHAPES = sizeof shapes / sizeof shapes[0], N_KERNELS = 4 };   // old fwd, old bwd, new fwd, new bwd
 static const char *const kernel_names[N_KERNELS] = {"old fwd", "old bwd", "new fwd", "new bwd"};
@@ -182,9 +187,18 @@ typedef struct {
     float *qkv, *out, *lse, *dout, *g;
 } problem_t;
 
+static int bwd_ab = 0;   // --bwd-ab: the "old" columns time the backward forced fused / split
+
 static void run_kernel(problem_t *p, int kernel) {
     const shape_t *s = &p->s;
     const int ld = p->ld, qo = 0, ko = s->Hq * s->hd, vo = (s->Hq + s->Hkv) * s->hd;
+    if (bwd_ab && kernel < 2) {
+        hp_attention_set_backward(kernel == 0 ? HP_ATTENTION_BWD_FUSED : HP_ATTENTION_BWD_SPLIT);
+        hp_attention_backward(p->g + qo, ld, p->g + ko, ld, p->g + vo, ld, p->dout, p->out, p->lse, p->qkv + qo, ld,
+                              p->qkv + ko, ld, p->qkv + vo, ld, s->B, s->T, s->Hq, s->Hkv, s->hd);
+        hp_attention_set_backward(HP_ATTENTION_BWD_AUTO);
+        return;
+    }
     switch (kernel) {
     case 0:
         v16_attention_forward(p->out, p->lse, p->qkv + qo, ld, p->qkv + ko, ld, p->qkv + vo, ld, s->B, s->T, s->Hq,
@@ -225,10 +239,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) isa = argv[++i];
         else if (!strcmp(argv[i], "--no-old")) with_old = 0;
+        else if (!strcmp(argv[i], "--bwd-ab")) bwd_ab = 1;
         else if (!strcmp(argv[i], "--cpu-time")) use_cpu_time = 1;
         else if (!strcmp(argv[i], "--tiles")) tiles = 1;
         else {
-            fprintf(stderr, "usage: %s [--rounds N] [--threads N] [--secs S] [--shape NAME] [--isa auto|portable|avx2] [--no-old] [--cpu-time] [--tiles]\n",
+            fprintf(stderr, "usage: %s [--rounds N] [--threads N] [--secs S] [--shape NAME] [--isa auto|portable|avx2] [--no-old] [--bwd-ab] [--cpu-time] [--tiles]\n",
                     argv[0]);
             return 2;
         }
@@ -270,7 +285,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     // agreement of old and new on every shape (both are f32; differences are rounding)
-    for (int i = 0; i < np && with_old; i++) {
+    for (int i = 0; i < np && with_old && !bwd_ab; i++) {
         problem_t *p = &prob[i];
         const size_t N = (size_t)p->s.B * p->s.T, no = N * p->s.Hq * p->s.hd, ng = N * p->ld;
         float *o_old = malloc(sizeof(float) * no), *g_old = malloc(sizeof(float) * ng);
@@ -303,7 +318,7 @@ int main(int argc, char **argv) {
                 if (k < 2 && !with_old) continue;
                 const shape_t *s = &prob[i].s;
                 const double fwd = 2.0 * s->B * s->Hq * (double)s->T * (s->T + 1.0) * s->hd;
-                const double fl = (k & 1) ? 2.5 * fwd : fwd;
+                const double fl = ((k & 1) || (bwd_ab && k == 0)) ? 2.5 * fwd : fwd;
                 double t0 = now();
                 for (int n = 0; n < reps[i][k]; n++) run_kernel(&prob[i], k);
                 gf[((size_t)i * N_KERNELS + k) * rounds + r] = fl * reps[i][k] / (now() - t0) / 1e9;
@@ -324,9 +339,9 @@ int main(int argc, char **argv) {
             qsort(g, rounds, sizeof(double), cmp_double);
             const double best = g[rounds - 1], med = rounds % 2 ? g[rounds / 2] : 0.5 * (g[rounds / 2 - 1] + g[rounds / 2]);
             printf("%-12s %2d %5d %3d %3d %4d | %-8s %8.1f %8.1f %6.1f%% %6.1f%%\n", s->name, s->B, s->T, s->Hq, s->Hkv,
-                   s->hd, kernel_names[k], best, med, 100 * best / peak, 100 * med / peak);
+                   s->hd, bwd_ab && k < 2 ? (k ? "bwd split" : "bwd fused") : kernel_names[k], best, med, 100 * best / peak, 100 * med / peak);
             printf("RESULT %s %s best_gflops %.2f median_gflops %.2f best_pct %.1f median_pct %.1f\n", s->name,
-                   k == 0 ? "old_fwd" : k == 1 ? "old_bwd" : k == 2 ? "new_fwd" : "new_bwd", best, med,
+                   bwd_ab && k < 2 ? (k ? "bwd_split" : "bwd_fused") : k == 0 ? "old_fwd" : k == 1 ? "old_bwd" : k == 2 ? "new_fwd" : "new_bwd", best, med,
                    100 * best / peak, 100 * med / peak);
         }
     for (int i = 0; i < np; i++) {

@@ -2,7 +2,9 @@
  * of a model.h model on one rank, reporting tokens/s, GFLOP/s by TorchTitan's FLOPs-per-token
  * formula, and MFU against the cblas_sgemm peak measured in the same run with the same
  * thread count; plus the per-op time breakdown of hp_model_profile. Run through
- * tools/bench_train_step.sh, which also runs the PyTorch eager step (bench/train_step_torch.py).
+ * tools/bench_train_step.sh, which also runs the PyTorch eager and torch.compile steps
+ * (bench/train_step_torch.py). It prints the CPU model, the nn kernels' ISA path (hp_nn_isa,
+ * chosen from cpuid at run time) and the OpenBLAS core in use, so a result says what it ran on.
  *   bench_train_step [--model llama3] [--flavor debugmodel] [--batch 8] [--seq 256]
  *                    [--steps 5] [--warmup 2] [--threads 2] */
 #include <cblas.h>
@@ -13,9 +15,31 @@
 #include <string.h>
 
 #include "hyperparallel/model.h"
+#include "hyperparallel/nn.h"
 #include "hyperparallel/optim.h"
 
-void openblas_set_num_threads(int n);   /* OpenBLAS extension (cblas.h of some versions lacks it) */
+void openblas_set_num_threads(int n);   /* OpenBLAS extensions (cblas.h of some versions lacks them) */
+char *openblas_get_corename(void);
+char *openblas_get_config(void);
+
+/* The CPU's model name from /proc/cpuinfo (Linux), or "unknown". */
+static void cpu_model(char *buf, size_t n) {
+    snprintf(buf, n, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        const char *c = strchr(line, ':');
+        if (c && (!strncmp(line, "model name", 10) || !strncmp(line, "Model", 5))) {
+            c++;
+            while (*c == ' ' || *c == '\t') c++;
+            snprintf(buf, n, "%s", c);
+            buf[strcspn(buf, "\n")] = 0;
+            break;
+        }
+    }
+    fclose(f);
+}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -50,7 +74,8 @@ static double sgemm_peak(int n, int reps) {
 
 /* Register-only arithmetic peaks of this CPU (no memory traffic): 16 independent
  * accumulators per thread, every thread of the OpenMP team busy; GFLOP/s over the team.
- * f32: vfmadd231ps zmm (32 FLOP each). bf16: vdpbf16ps zmm (AVX512_BF16: 32 bf16 pairs
+ * f32: vfmadd231ps zmm (32 FLOP each), or on an AVX2-only CPU vfmadd231ps ymm (16 FLOP each,
+ * 12 accumulators, which with the two operands fill the 16 ymm registers). bf16: vdpbf16ps zmm (AVX512_BF16: 32 bf16 pairs
  * multiplied and added into 16 f32 lanes, 64 FLOP each), the fastest arithmetic a bf16
  * GEMM on this CPU could use. They bound what any kernel on these threads can reach. */
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -68,6 +93,20 @@ __attribute__((target("avx512f"))) static double f32_fma_peak_kernel(long iters,
     *sink = _mm512_reduce_add_ps(s);
     return 32.0 * 16.0 * (double)iters;
 }
+__attribute__((target("avx2,fma"))) static double f32_fma_peak_kernel_avx2(long iters, float *sink) {
+    __m256 acc[12], x = _mm256_set1_ps(1.0000001f), y = _mm256_set1_ps(0.9999999f);
+    for (int i = 0; i < 12; i++) acc[i] = _mm256_set1_ps((float)i);
+    for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) acc[i] = _mm256_fmadd_ps(acc[i], x, y);
+    }
+    __m256 s = acc[0];
+    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, acc[i]);
+    float l[8];
+    _mm256_storeu_ps(l, s);
+    *sink = l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7];
+    return 16.0 * 12.0 * (double)iters;
+}
 __attribute__((target("avx512f,avx512bf16"))) static double bf16_dot_peak_kernel(long iters, float *sink) {
     __m512 acc[16];
     __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3f80);   // 1.0
@@ -84,14 +123,17 @@ __attribute__((target("avx512f,avx512bf16"))) static double bf16_dot_peak_kernel
 /* kind 0: f32 FMA, 1: bf16 dot product. Best of 3; 0 when the CPU lacks the instructions. */
 static double arith_peak(int kind) {
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f") || (kind == 1 && !__builtin_cpu_supports("avx512bf16"))) return 0.0;
+    const int avx2_only = !__builtin_cpu_supports("avx512f");
+    if (kind == 0 && avx2_only && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0.0;
+    if (kind == 1 && (avx2_only || !__builtin_cpu_supports("avx512bf16"))) return 0.0;
     double best = 0;
     for (int r = 0; r < 3; r++) {
         double flops = 0, t0 = hp_clock_now_seconds();
 #pragma omp parallel reduction(+ : flops)
         {
             float sink;
-            flops += kind ? bf16_dot_peak_kernel(PEAK_ITERS, &sink) : f32_fma_peak_kernel(PEAK_ITERS, &sink);
+            flops += kind ? bf16_dot_peak_kernel(PEAK_ITERS, &sink)
+                          : avx2_only ? f32_fma_peak_kernel_avx2(PEAK_ITERS, &sink) : f32_fma_peak_kernel(PEAK_ITERS, &sink);
             if (sink == 1234.5f) printf(" ");   /* keeps the loop alive */
         }
         double g = flops / (hp_clock_now_seconds() - t0) / 1e9;
@@ -211,6 +253,14 @@ int main(int argc, char **argv) {
 
     printf("bench_train_step: %s %s, B=%d T=%d, %d threads, %lld params, %.1f MFLOP/token (TorchTitan formula)\n",
            model, flavor, B, T, threads, (long long)hp_model_param_count(&cfg, 0), fpt / 1e6);
+    {
+        char cpu[256];
+        cpu_model(cpu, sizeof cpu);
+        const char *core = openblas_get_corename(), *conf = openblas_get_config();
+        printf("cpu: %s; nn ISA path: %s (HP_NN_ISA to force); OpenBLAS core: %s (%s)\n", cpu,
+               hp_nn_isa_name(hp_nn_isa()), core ? core : "?", conf ? conf : "?");
+        printf("RESULT env isa %s openblas_core %s\n", hp_nn_isa_name(hp_nn_isa()), core ? core : "?");
+    }
     printf("sgemm peak (cblas_sgemm 1024^3 and 2048^3, best of reps before and after the steps): %.1f GFLOP/s\n", peak);
     {
         double pf = arith_peak(0), pb = arith_peak(1);

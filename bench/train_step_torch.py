@@ -11,6 +11,12 @@ With --interleave BUILD/libhyperparallel.so the same process also builds hyperpa
 debugmodel through ctypes (model.h / optim.h) and alternates one hyperparallel step and one
 PyTorch step, so both see the same machine load (the CI machine is shared); it prints a
 RESULT line for each.
+
+With --compile the model is wrapped in torch.compile (inductor, forward and backward through
+AOTAutograd, as TorchTitan's compile option does; the optimizer stays eager); the compilation
+happens in the warm-up steps, which are not timed (at least 2 are run). The RESULT line then
+reads "RESULT torch_compile". Every run also prints the CPU model and ATen's CPU capability
+(ATEN_CPU_CAPABILITY=avx2 forces the AVX2 kernels on an AVX-512 machine).
 """
 import argparse
 import ctypes
@@ -155,6 +161,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
     ap.add_argument("--interleave", default=None, help="path of libhyperparallel.so: alternate its steps with PyTorch's")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -166,6 +173,9 @@ def main():
         if p.ndim == 2:
             nn.init.normal_(p, std=0.02)
     nparams = sum(p.numel() for p in model.parameters())
+    step_model = torch.compile(model) if a.compile else model
+    if a.compile:
+        a.warmup = max(a.warmup, 2)  # the first calls compile forward and backward: never timed
     opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     tokens = torch.randint(0, VOCAB, (B, T))
     targets = torch.roll(tokens, -1, 1)
@@ -181,7 +191,7 @@ def main():
                 hp_times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         opt.zero_grad()
-        logits = model(tokens)
+        logits = step_model(tokens)
         loss = F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1), ignore_index=-100, reduction="sum") / valid
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -193,6 +203,9 @@ def main():
     emb = VOCAB * DIM
     fpt = 6 * (nparams - emb) + 6 * LAYERS * HEADS * 2 * (DIM // HEADS) * T  # TorchTitan formula
     tps = B * T / med
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown")
+    print(f"cpu: {cpu}; ATen CPU capability: {torch.backends.cpu.get_cpu_capability()}; "
+          f"mode: {'torch.compile (inductor)' if a.compile else 'eager'}")
     print(f"torch {torch.__version__}: llama3 debugmodel B={B} T={T}, {a.threads} threads, {nparams} params, "
           f"{fpt / 1e6:.1f} MFLOP/token; median step {med * 1e3:.1f} ms over {a.steps} steps; loss {loss.item():.4f}")
     best = min(times)
@@ -204,7 +217,7 @@ def main():
         print(f"RESULT hp_interleaved tokens_per_s {B * T / hmed:.1f} gflops {fpt * B * T / hmed / 1e9:.2f} "
               f"step_ms {hmed * 1e3:.1f} best_tokens_per_s {B * T / hbest:.1f} best_gflops "
               f"{fpt * B * T / hbest / 1e9:.2f} best_step_ms {hbest * 1e3:.1f}")
-    print(f"RESULT torch tokens_per_s {tps:.1f} gflops {fpt * tps / 1e9:.2f} step_ms {med * 1e3:.1f} "
+    print(f"RESULT {'torch_compile' if a.compile else 'torch'} tokens_per_s {tps:.1f} gflops {fpt * tps / 1e9:.2f} step_ms {med * 1e3:.1f} "
           f"best_tokens_per_s {B * T / best:.1f} best_gflops {fpt * B * T / best / 1e9:.2f} best_step_ms {best * 1e3:.1f} "
           f"mm_peak_gflops {peak:.1f}")
 

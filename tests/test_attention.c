@@ -4,7 +4,10 @@
 // portable instantiations); GQA ratios 1, 2, 4; T 1, 7, 100, 257 (not multiples of the 64-row
 // tiles); B 2; q/k/v at strides of a padded packed qkv row, gradients at other strides. Also: the
 // results do not depend on the thread count (bitwise), the paths agree with each other, the
-// harness rejects an injected error, and hp_nn_set_isa refuses a path the CPU lacks.
+// harness rejects an injected error, and hp_nn_set_isa refuses a path the CPU lacks. The backward
+// runs in both of its schedules, forced one at a time (hp_attention_set_backward): fused per
+// (b, kv head) and split (dK/dV per key tile, dQ per query tile), each against the reference,
+// and the two bitwise equal (the same products summed in the same order).
 // hp-test: ranks 1 timeout 300
 #include <math.h>
 #include <stdlib.h>
@@ -97,7 +100,14 @@ static void run(const case_t *c, float *o, float *lse, float *g) {
 static void check_case(const case_t *c, const char *path) {
     const size_t no = c->N * c->Hq * c->hd, ng = c->N * c->ldg;
     float *o = malloc(sizeof(float) * no), *lse = malloc(sizeof(float) * c->N * c->Hq), *g = malloc(sizeof(float) * ng);
+    float *gs = malloc(sizeof(float) * ng);
+    HP_CHECK(hp_attention_set_backward(HP_ATTENTION_BWD_SPLIT) == HP_OK, "force split");
+    run(c, o, lse, gs);
+    HP_CHECK(hp_attention_set_backward(HP_ATTENTION_BWD_FUSED) == HP_OK, "force fused");
     run(c, o, lse, g);
+    HP_CHECK(hp_attention_set_backward(HP_ATTENTION_BWD_AUTO) == HP_OK, "auto");
+    HP_CHECK(memcmp(g, gs, sizeof(float) * ng) == 0, "%s B%d T%d Hq%d Hkv%d hd%d: split and fused backward differ",
+             path, c->B, c->T, c->Hq, c->Hkv, c->hd);
     char what[128];
     snprintf(what, sizeof what, "%s B%d T%d Hq%d Hkv%d hd%d", path, c->B, c->T, c->Hq, c->Hkv, c->hd);
     double ro = close_ratio(o, c->o_ref, no, FWD_RTOL, FWD_ATOL);
@@ -106,9 +116,11 @@ static void check_case(const case_t *c, const char *path) {
     HP_CHECK(ro <= 1.0, "%s: forward out error ratio %.3g", what, ro);
     HP_CHECK(rl <= 1.0, "%s: lse error ratio %.3g", what, rl);
     HP_CHECK(rg <= 1.0, "%s: backward error ratio %.3g", what, rg);
+    double rs = close_ratio(gs, c->g_ref, ng, BWD_RTOL, BWD_ATOL);   // the split one on its own
+    HP_CHECK(rs <= 1.0, "%s: split backward error ratio %.3g", what, rs);
     worst_fwd = fmax(worst_fwd, fmax(ro, rl));
-    worst_bwd = fmax(worst_bwd, rg);
-    free(o); free(lse); free(g);
+    worst_bwd = fmax(worst_bwd, fmax(rg, rs));
+    free(o); free(lse); free(g); free(gs);
 }
 
 /* Same bits at 1 and 3 threads (every output element has one writer and a fixed order). */
@@ -118,13 +130,15 @@ static void check_threads(const case_t *c, const char *path) {
     float *o3 = malloc(sizeof(float) * no), *l3 = malloc(sizeof(float) * c->N * c->Hq), *g3 = malloc(sizeof(float) * ng);
     const int nt = omp_get_max_threads();
     omp_set_num_threads(1);
-    run(c, o1, l1, g1);
+    run(c, o1, l1, g1);   // auto: fused on 1 thread
     omp_set_num_threads(3);
-    run(c, o3, l3, g3);
+    HP_CHECK(hp_attention_set_backward(HP_ATTENTION_BWD_SPLIT) == HP_OK, "force split");
+    run(c, o3, l3, g3);   // split (forced) on 3 threads
+    HP_CHECK(hp_attention_set_backward(HP_ATTENTION_BWD_AUTO) == HP_OK, "auto");
     omp_set_num_threads(nt);
     HP_CHECK(memcmp(o1, o3, sizeof(float) * no) == 0 && memcmp(l1, l3, sizeof(float) * c->N * c->Hq) == 0 &&
                  memcmp(g1, g3, sizeof(float) * ng) == 0,
-             "%s T%d hd%d: results differ between 1 and 3 threads", path, c->T, c->hd);
+             "%s T%d hd%d: results differ between 1 thread (fused) and 3 threads (split)", path, c->T, c->hd);
     free(o1); free(l1); free(g1); free(o3); free(l3); free(g3);
 }
 
@@ -153,6 +167,7 @@ int main(void) {
     HP_CHECK(hp_nn_set_isa(HP_NN_ISA_AUTO) == HP_OK && hp_nn_isa() == paths[npaths - 1],
              "auto selects the best path (%s)", hp_nn_isa_name(hp_nn_isa()));
     HP_CHECK(hp_nn_set_isa((hp_nn_isa_t)42) == HP_ERR_UNSUPPORTED, "an unknown path is refused");
+    HP_CHECK(hp_attention_set_backward((hp_attention_bwd_t)7) == HP_ERR_INVALID_ARG, "an unknown backward mode is refused");
     HP_CHECK(!strcmp(hp_nn_isa_name(HP_NN_ISA_PORTABLE), "portable") && !strcmp(hp_nn_isa_name(HP_NN_ISA_AVX2), "avx2"),
              "path names");
 

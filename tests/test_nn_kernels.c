@@ -1,5 +1,7 @@
 // Optimised nn kernels against their plain reference twins (kernels_ref.c), on odd sizes
-// (tails of tiles and SIMD lanes), MHA and GQA, both RoPE styles, ignored targets.
+// (tails of tiles and SIMD lanes), MHA and GQA, both RoPE styles, ignored targets; every kernel
+// on each ISA path this CPU has, forced one at a time (hp_nn_set_isa: the explicit-vector
+// SwiGLU, cross-entropy and AdamW row kernels of kernels-simd.h, attention's tiles).
 // Tolerances: f32 kernels vs double references, |a - b| <= 1e-5 + 1e-4 |b| (GEMM-backed
 // kernels: 2e-5 + 2e-4 |b|, sums over up to 300 terms).
 // hp-test: ranks 1 timeout 120 coretype 1
@@ -7,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+#include "hyperparallel/backend.h"
 #include "hyperparallel/nn.h"
 #include "hyperparallel/nn_loss.h"
 #include "hp_test.h"
@@ -223,6 +226,61 @@ static void test_cross_entropy(int N, int V) {
     free(z); free(t); free(l); free(lr); free(lse); free(d); free(dr);
 }
 
+/* AdamW: the CPU backend's update (f32, vectorised) against the double twin. Tolerance: each of
+ * m', v' is one or two f32 operations from its inputs (<= 2 u relative, u = 6e-8, plus u |g|
+ * absolute where g - m cancels); p' adds the update lr/bc1 m'/(sqrt v'/sqrt bc2 + eps), whose
+ * four f32 operations give <= 5 u of |update| <= lr/bc1 * 1/sqrt(1-b2)...: rtol 1e-6 (16 u),
+ * atol 1e-9 (lr 1e-3, |g| <= 1e-2: u |g| = 6e-10). Odd n: vector tails; n > one chunk: the
+ * parallel chunks. */
+static void test_adamw(int64_t n, int64_t step) {
+    float *p = rnd(n, 0.05f), *m = rnd(n, 1e-3f), *v = rnd(n, 1e-5f), *g = rnd(n, 1e-2f);
+    for (int64_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+    if (n > 3) g[1] = 0.0f, m[1] = 0.0f, v[1] = 0.0f;   // all zero: the update is 0 / eps
+    float *pr = malloc(sizeof(float) * n), *mr = malloc(sizeof(float) * n), *vr = malloc(sizeof(float) * n);
+    memcpy(pr, p, sizeof(float) * n);
+    memcpy(mr, m, sizeof(float) * n);
+    memcpy(vr, v, sizeof(float) * n);
+    const hp_backend_t *be = hp_backend_cpu();
+    be->adamw_update(be->ctx, p, m, v, g, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
+    hp_ref_adamw_update(pr, mr, vr, g, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
+    CHECK_ARR(p, pr, (size_t)n, 1e-6, 1e-9, "adamw p");
+    CHECK_ARR(m, mr, (size_t)n, 1e-6, 1e-9, "adamw m");
+    CHECK_ARR(v, vr, (size_t)n, 1e-6, 1e-9, "adamw v");
+    // the harness sees an error of 10x the tolerance in one element
+    p[n / 2] = (float)(pr[n / 2] + 10.0 * (1e-9 + 1e-6 * fabs((double)pr[n / 2])));
+    HP_CHECK(!(close_ratio(p, pr, (size_t)n, 1e-6, 1e-9) <= 1.0), "adamw: an injected error passed");
+    free(p); free(m); free(v); free(g); free(pr); free(mr); free(vr);
+}
+
+/* RMSNorm dW sums each channel's rows in order whatever the block width (64 channels, or 16
+ * when 64-wide blocks would leave threads idle): the same bits at 1 thread (wide) and at more
+ * threads than wide blocks (narrow). */
+static void test_rmsnorm_dw_blocks(int N, int C) {
+    float *x = rnd((size_t)N * C, 1), *dy = rnd((size_t)N * C, 1), *rs = rnd(N, 1);
+    float *a = zeros(C), *b = zeros(C);
+    const int nt = omp_get_max_threads();
+    omp_set_num_threads(1);
+    hp_rmsnorm_backward_weight(a, dy, x, rs, N, C);
+    omp_set_num_threads((C + 63) / 64 + 1);
+    hp_rmsnorm_backward_weight(b, dy, x, rs, N, C);
+    omp_set_num_threads(nt);
+    HP_CHECK(memcmp(a, b, sizeof(float) * (size_t)C) == 0, "rmsnorm dW differs between 64- and 16-channel blocks");
+    free(x); free(dy); free(rs); free(a); free(b);
+}
+
+/* Negative test of the shared harness at the swiglu / cross-entropy tolerances: an error of
+ * 10x the tolerance in one element, and a NaN, fail. */
+static void test_negative(void) {
+    float *a = rnd(100, 1), *b = malloc(sizeof(float) * 100);
+    memcpy(b, a, sizeof(float) * 100);
+    HP_CHECK(close_ratio(a, b, 100, 1e-5, 1e-6) == 0.0, "identical arrays give ratio 0");
+    a[50] += (float)(10.0 * (1e-6 + 1e-5 * fabs((double)b[50])));
+    HP_CHECK(!(close_ratio(a, b, 100, 1e-5, 1e-6) <= 1.0), "an injected error of 10x the tolerance passed");
+    a[50] = NAN;
+    HP_CHECK(!(close_ratio(a, b, 100, 1e-5, 1e-6) <= 1.0), "a NaN passed");
+    free(a); free(b);
+}
+
 /* The flash kernels give bitwise identical results on repeated runs (fixed reduction order). */
 static void test_attention_determinism(void) {
     int B = 2, T = 100, Hq = 4, Hkv = 2, hd = 16, ld = (Hq + 2 * Hkv) * hd;
@@ -242,23 +300,40 @@ static void test_attention_determinism(void) {
 }
 
 int main(void) {
-    test_linear(37, 29, 41, 0);
-    test_linear(64, 96, 80, 1);
-    test_linear(1, 7, 3, 1);
-    test_rmsnorm(33, 96);
-    test_rmsnorm(5, 17);
-    test_rope(2, 19, 3, 16, HP_ROPE_INTERLEAVED, 1);
-    test_rope(2, 19, 3, 16, HP_ROPE_HALF, 0);
-    test_rope(1, 7, 2, 128, HP_ROPE_HALF, 0);
-    test_attention(2, 17, 4, 4, 16);     // MHA, T below one tile
-    test_attention(2, 130, 4, 2, 16);    // GQA, T spans three key tiles with a tail
-    test_attention(1, 70, 6, 2, 8);      // GQA rep 3
-    test_attention(1, 65, 2, 1, 128);    // qwen3-like head_dim
-    test_attention(3, 1, 2, 1, 16);      // single token
-    test_attention_determinism();
-    test_swiglu(13, 37);
-    test_embedding(50, 19, 11);
-    test_cross_entropy(40, 301);
-    test_cross_entropy(8, 2048);
+    // every ISA path this CPU has, one at a time
+    hp_nn_isa_t paths[2] = {HP_NN_ISA_PORTABLE, HP_NN_ISA_AVX2};
+    const int npaths = hp_nn_set_isa(HP_NN_ISA_AVX2) == HP_OK ? 2 : 1;
+    test_negative();
+    for (int pi = 0; pi < npaths; pi++) {
+        HP_CHECK(hp_nn_set_isa(paths[pi]) == HP_OK, "set %s", hp_nn_isa_name(paths[pi]));
+        printf("path %s\n", hp_nn_isa_name(paths[pi]));
+        test_linear(37, 29, 41, 0);
+        test_linear(64, 96, 80, 1);
+        test_linear(1, 7, 3, 1);
+        test_rmsnorm(33, 96);
+        test_rmsnorm(5, 17);
+        test_rope(2, 19, 3, 16, HP_ROPE_INTERLEAVED, 1);
+        test_rope(2, 19, 3, 16, HP_ROPE_HALF, 0);
+        test_rope(1, 7, 2, 128, HP_ROPE_HALF, 0);
+        test_attention(2, 17, 4, 4, 16);     // MHA, T below one tile
+        test_attention(2, 130, 4, 2, 16);    // GQA, T spans three key tiles with a tail
+        test_attention(1, 70, 6, 2, 8);      // GQA rep 3
+        test_attention(1, 65, 2, 1, 128);    // qwen3-like head_dim
+        test_attention(3, 1, 2, 1, 16);      // single token
+        test_attention_determinism();
+        test_swiglu(13, 37);
+        test_embedding(50, 19, 11);
+        test_cross_entropy(40, 301);
+        test_cross_entropy(8, 2048);
+        test_swiglu(4, 768);                 // whole vectors only
+        test_cross_entropy(3, 7);            // vocab below one vector
+        test_rope(2, 5, 3, 12, HP_ROPE_INTERLEAVED, 0);   // a vector tail of 4 (AVX2) per head
+        test_rope(2, 5, 3, 12, HP_ROPE_HALF, 0);          // half 6: a tail of 2 (portable) / 6 (AVX2)
+        test_rope(1, 3, 2, 128, HP_ROPE_INTERLEAVED, 1);
+        test_adamw(37, 1);
+        test_rmsnorm_dw_blocks(50, 200);     // three full 64-blocks and a tail
+        test_adamw(3 * 16384 + 5, 7);        // several parallel chunks and a tail
+    }
+    HP_CHECK(hp_nn_set_isa(HP_NN_ISA_AUTO) == HP_OK, "restore");
     return hp_test_finish("test_nn_kernels");
 }

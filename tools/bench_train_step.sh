@@ -8,7 +8,14 @@
 # With BASE_BUILD set to the build directory of another commit (e.g. the previous one), each
 # round also runs that build's bench_train_step, so a change is measured against its parent
 # and PyTorch in one run under the same load.
+# Each round also runs PyTorch with torch.compile (inductor) as a second peer, and the
+# interleaved run is repeated against it (COMPILE=0 skips both; the compilation happens in
+# untimed warm-up steps). SEQ=1024 / SEQ=2048 (and BATCH) run a
+# longer sequence, where attention dominates. The header lines name the CPU, hyperparallel's ISA
+# path, the OpenBLAS core and ATen's CPU capability; to reproduce the AVX2 configuration on an
+# AVX-512 machine: HP_NN_ISA=avx2 OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2.
 #   tools/bench_train_step.sh [BUILD_DIR] [extra args, e.g. --steps 5 --batch 8 --seq 256]
+#   SEQ=2048 ROUNDS=1 tools/bench_train_step.sh build
 #   BASE_BUILD=/path/to/base/build tools/bench_train_step.sh build
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,13 +24,15 @@ shift || true
 PY=${PYTHON:-/opt/torchvenv/bin/python}
 THREADS=${THREADS:-2}
 ROUNDS=${ROUNDS:-2}
-ARGS=(--batch 8 --seq 256 --threads "$THREADS" "$@")
+COMPILE=${COMPILE:-1}
+ARGS=(--batch "${BATCH:-8}" --seq "${SEQ:-256}" --threads "$THREADS" "$@")
 if [ ! -x "$BUILD/bench_train_step" ]; then
     echo "error: $BUILD/bench_train_step not found; build first: cmake --build $BUILD --target bench_train_step" >&2
     exit 1
 fi
 export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
-echo "machine: $(nproc) cores; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "environment: HP_NN_ISA=${HP_NN_ISA:-auto} OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-auto} ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-default}"
 HP_ALL="" PT_ALL=""
 for r in $(seq 1 "$ROUNDS"); do
     echo "== round $r/$ROUNDS hyperparallel: $BUILD/bench_train_step ${ARGS[*]}"
@@ -35,6 +44,12 @@ for r in $(seq 1 "$ROUNDS"); do
     PT_OUT=$("$PY" "$ROOT/bench/train_step_torch.py" "${ARGS[@]}")
     echo "$PT_OUT"
     PT_ALL="$PT_ALL"$'\n'"$(echo "$PT_OUT" | grep '^RESULT torch')"
+    if [ "$COMPILE" != 0 ]; then
+        echo "== round $r/$ROUNDS PyTorch torch.compile: $PY $ROOT/bench/train_step_torch.py ${ARGS[*]} --compile"
+        PC_OUT=$("$PY" "$ROOT/bench/train_step_torch.py" "${ARGS[@]}" --compile)
+        echo "$PC_OUT"
+        PC_ALL="${PC_ALL:-}"$'\n'"$(echo "$PC_OUT" | grep '^RESULT torch_compile')"
+    fi
     if [ -n "${BASE_BUILD:-}" ]; then
         echo "== round $r/$ROUNDS base build: $BASE_BUILD/bench_train_step ${ARGS[*]}"
         BASE_OUT=$("$BASE_BUILD/bench_train_step" "${ARGS[@]}")
@@ -48,18 +63,24 @@ read -r hp_tps hp_gf peak hp_ms <<<"$(echo "$HP_ALL" | awk '/RESULT/ {t=$4; g=$6
 read -r hp_btps hp_bgf hp_bms <<<"$(echo "$HP_ALL" | awk '/RESULT/ && (b=="" || $18<b) {b=$18; t=$14; g=$16} END {print t, g, b}')"
 read -r pt_tps pt_gf pt_ms <<<"$(echo "$PT_ALL" | awk '/RESULT/ {t=$4; g=$6; m=$8} END {print t, g, m}')"
 read -r pt_btps pt_bgf pt_bms <<<"$(echo "$PT_ALL" | awk '/RESULT/ && (b=="" || $14<b) {b=$14; t=$10; g=$12} END {print t, g, b}')"
+if [ "$COMPILE" != 0 ]; then
+    read -r pc_tps pc_gf pc_ms <<<"$(echo "$PC_ALL" | awk '/RESULT/ {t=$4; g=$6; m=$8} END {print t, g, m}')"
+    read -r pc_btps pc_bgf pc_bms <<<"$(echo "$PC_ALL" | awk '/RESULT/ && (b=="" || $14<b) {b=$14; t=$10; g=$12} END {print t, g, b}')"
+else
+    pc_tps=- pc_gf=- pc_ms=- pc_btps=- pc_bgf=- pc_bms=-
+fi
 pt_peak=$(echo "$PT_ALL" | awk '/RESULT/ && $16>p {p=$16} END {print p}')
-pct() { awk -v g="$1" -v p="$peak" 'BEGIN{printf "%.1f", 100*g/p}'; }
+pct() { [ "$1" = - ] && { echo -; return; }; awk -v g="$1" -v p="$peak" 'BEGIN{printf "%.1f", 100*g/p}'; }
 echo
-printf '%-30s %14s %14s\n' "" "hyperparallel" "PyTorch eager"
-printf '%-30s %14s %14s\n' "median step, last round (ms)" "$hp_ms" "$pt_ms"
-printf '%-30s %14s %14s\n' "  tokens/s" "$hp_tps" "$pt_tps"
-printf '%-30s %14s %14s\n' "  GFLOP/s" "$hp_gf" "$pt_gf"
-printf '%-30s %14s %14s\n' "  MFU vs sgemm peak (%)" "$(pct "$hp_gf")" "$(pct "$pt_gf")"
-printf '%-30s %14s %14s\n' "best step, all rounds (ms)" "$hp_bms" "$pt_bms"
-printf '%-30s %14s %14s\n' "  tokens/s" "$hp_btps" "$pt_btps"
-printf '%-30s %14s %14s\n' "  GFLOP/s" "$hp_bgf" "$pt_bgf"
-printf '%-30s %14s %14s\n' "  MFU vs sgemm peak (%)" "$(pct "$hp_bgf")" "$(pct "$pt_bgf")"
+printf '%-30s %14s %14s %14s\n' "" "hyperparallel" "PyTorch eager" "torch.compile"
+printf '%-30s %14s %14s %14s\n' "median step, last round (ms)" "$hp_ms" "$pt_ms" "$pc_ms"
+printf '%-30s %14s %14s %14s\n' "  tokens/s" "$hp_tps" "$pt_tps" "$pc_tps"
+printf '%-30s %14s %14s %14s\n' "  GFLOP/s" "$hp_gf" "$pt_gf" "$pc_gf"
+printf '%-30s %14s %14s %14s\n' "  MFU vs sgemm peak (%)" "$(pct "$hp_gf")" "$(pct "$pt_gf")" "$(pct "$pc_gf")"
+printf '%-30s %14s %14s %14s\n' "best step, all rounds (ms)" "$hp_bms" "$pt_bms" "$pc_bms"
+printf '%-30s %14s %14s %14s\n' "  tokens/s" "$hp_btps" "$pt_btps" "$pc_btps"
+printf '%-30s %14s %14s %14s\n' "  GFLOP/s" "$hp_bgf" "$pt_bgf" "$pc_bgf"
+printf '%-30s %14s %14s %14s\n' "  MFU vs sgemm peak (%)" "$(pct "$hp_bgf")" "$(pct "$pt_bgf")" "$(pct "$pc_bgf")"
 if [ -n "${BASE_BUILD:-}" ]; then
     read -r b_tps b_ms <<<"$(echo "$BASE_ALL" | awk '/RESULT/ {t=$4; m=$12} END {print t, m}')"
     read -r b_btps b_bms <<<"$(echo "$BASE_ALL" | awk '/RESULT/ && (b=="" || $18<b) {b=$18; t=$14} END {print t, b}')"
@@ -69,7 +90,10 @@ if [ -n "${BASE_BUILD:-}" ]; then
     echo "this build vs the base build: median $(awk -v a="$hp_tps" -v b="$b_tps" 'BEGIN{printf "%.3fx", a/b}'), best $(awk -v a="$hp_btps" -v b="$b_btps" 'BEGIN{printf "%.3fx", a/b}')"
 fi
 echo "sgemm peak (OpenBLAS cblas_sgemm, $THREADS threads, best seen in the rounds): $peak GFLOP/s; PyTorch's own torch.mm peak: $pt_peak GFLOP/s"
-echo "speed-up over PyTorch: median $(awk -v a="$hp_tps" -v b="$pt_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$hp_btps" -v b="$pt_btps" 'BEGIN{printf "%.2fx", a/b}') (goal >= 3x); MFU goal >= 50%"
+echo "speed-up over PyTorch eager: median $(awk -v a="$hp_tps" -v b="$pt_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$hp_btps" -v b="$pt_btps" 'BEGIN{printf "%.2fx", a/b}') (issue 13 goal >= 1.3x; MFU goal >= 75%)"
+if [ "$COMPILE" != 0 ]; then
+    echo "speed-up over torch.compile: median $(awk -v a="$hp_tps" -v b="$pc_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$hp_btps" -v b="$pc_btps" 'BEGIN{printf "%.2fx", a/b}')"
+fi
 # what 3x PyTorch's best step would need, against the highest register peaks seen
 read -r pk_f32 pk_bf16 mfpt <<<"$(echo "$PK_ALL" | awk '/RESULT peaks/ {if ($4>f) f=$4; if ($6>b) b=$6; m=$8} END {print f+0, b+0, m+0}')"
 if awk -v b="$pk_bf16" 'BEGIN{exit !(b > 0)}'; then
@@ -95,5 +119,14 @@ if [ -f "$BUILD/libhyperparallel.so" ]; then
     printf '%-30s %14s %14s\n' "  tokens/s" "$i_hp_btps" "$i_pt_btps"
     printf '%-30s %14s %14s\n' "  MFU vs sgemm peak (%)" "$(pct "$i_hp_bgf")" "$(pct "$i_pt_bgf")"
     echo "speed-up over PyTorch (interleaved): median $(awk -v a="$i_hp_tps" -v b="$i_pt_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$i_hp_btps" -v b="$i_pt_btps" 'BEGIN{printf "%.2fx", a/b}')"
+    if [ "$COMPILE" != 0 ]; then
+        echo
+        echo "== interleaved with torch.compile: $PY $ROOT/bench/train_step_torch.py ${ARGS[*]} --interleave $BUILD/libhyperparallel.so --compile"
+        IC_OUT=$("$PY" "$ROOT/bench/train_step_torch.py" "${ARGS[@]}" --interleave "$BUILD/libhyperparallel.so" --compile)
+        echo "$IC_OUT"
+        read -r c_hp_tps c_hp_btps <<<"$(echo "$IC_OUT" | awk '/^RESULT hp_interleaved/ {print $4, $10}')"
+        read -r c_pt_tps c_pt_btps <<<"$(echo "$IC_OUT" | awk '/^RESULT torch_compile/ {print $4, $10}')"
+        echo "speed-up over torch.compile (interleaved): median $(awk -v a="$c_hp_tps" -v b="$c_pt_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$c_hp_btps" -v b="$c_pt_btps" 'BEGIN{printf "%.2fx", a/b}')"
+    fi
     echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 fi

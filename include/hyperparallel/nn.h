@@ -293,9 +293,15 @@ const char *hp_nn_isa_name(hp_nn_isa_t isa);   /* "auto", "portable", "avx2" */
  * depend on the thread count. */
 void hp_attention_forward(float *out, float *lse, const float *q, int ldq, const float *k, int ldk,
                           const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd);
-/* dq/dk/dv (=) at row strides lddq/lddk/lddv; parallel over (b, kv head): each task owns dK,
- * dV of its kv head and dQ of the query heads in its group, so no atomics (B * Hkv tasks: fewer
- * than the threads leaves some idle). Stack scratch about 1.5 KiB per unit of hd + 33 KiB. */
+/* dq/dk/dv (=) at row strides lddq/lddk/lddv. Fused: parallel over (b, kv head), each task owns
+ * dK, dV of its kv head and dQ of the query heads in its group, so no atomics. With fewer such
+ * groups than threads (and T > 64) it splits instead: a dK/dV pass over (b, kv head, key tile)
+ * and a dQ pass over (b, query head, query tile), each recomputing the scores (1.4x the tile
+ * products); the two give the same bits. Stack scratch about 1.5 KiB per unit of hd + 33 KiB. */
+/* AUTO (default): split as above; FUSED / SPLIT force one (tests, benchmarks); another value is
+ * HP_ERR_INVALID_ARG. Not to be called while kernels run. */
+typedef enum { HP_ATTENTION_BWD_AUTO = 0, HP_ATTENTION_BWD_FUSED, HP_ATTENTION_BWD_SPLIT } hp_attention_bwd_t;
+hp_status_t hp_attention_set_backward(hp_attention_bwd_t mode);
 void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, int lddv,
                            const float *dout, const float *out,
                            const float *lse, const float *q, int ldq, const float *k, int ldk,
@@ -324,6 +330,10 @@ void hp_swiglu_forward(float *out, const float *h13, int N, int H);
 void hp_swiglu_backward(float *dh13, const float *dout, const float *h13, int N, int H);
 void hp_ref_swiglu_forward(float *out, const float *h13, int N, int H);
 void hp_ref_swiglu_backward(float *dh13, const float *dout, const float *h13, int N, int H);
+/* The twin of the CPU backend's adamw_update (backend.h; torch.optim.adamw's single-tensor
+ * arithmetic) in double: p = p (1 - lr wd) - lr / bc1 m' / (sqrt(v') / sqrt(bc2) + eps). */
+void hp_ref_adamw_update(float *p, float *m, float *v, const float *g, int64_t n, double lr, double b1, double b2,
+                         double eps, double wd, int64_t step);
 
 /* ---- kernels: embedding ----------------------------------------------------------------- */
 // out (N, C) = weight[tokens[n]]; tokens must be in [0, V) (checked by the caller)

@@ -330,6 +330,66 @@ static HP_T_ATTR void HP_T_N(fwd_tile)(float *out, int ldo, float *lse, const fl
     }
 }
 
+/* Backward helpers. bwd_qtile: query tile rows i0 .. i0 + nr of one head (q/dout/out at its
+ * columns, lse at its (T) row): Q^T scaled and dO^T packed (hd, BR); if qp, the Q and dO rows
+ * contiguous (BR, hd) (the B operands of dK, dV); D = rowsum(dO * O) and L = lse of the rows
+ * (0 past nr). */
+HP_T_INL void HP_T_N(bwd_qtile)(float *qt, float *dot, float *qp, float *dop, float *D, float *L, const float *q,
+                                int ldq, const float *dout, const float *out, int ldo, const float *lse, int i0,
+                                int nr, int nrp, int hd, float scale) {
+    const float *qb = q + (size_t)i0 * ldq, *dob = dout + (size_t)i0 * ldo;
+    HP_T_N(pack_t)(qt, qb, (size_t)ldq, nr, nrp, hd, scale);
+    HP_T_N(pack_t)(dot, dob, (size_t)ldo, nr, nrp, hd, 1.0f);
+    if (qp) {
+        HP_T_N(pack_rows)(qp, qb, (size_t)ldq, nr, hd);
+        HP_T_N(pack_rows)(dop, dob, (size_t)ldo, nr, hd);
+    }
+    for (int r = 0; r < nrp; r++) {
+        float dsum = 0.0f;
+        if (r < nr) {
+            const float *dor = dob + (size_t)r * ldo, *orow = out + (size_t)(i0 + r) * ldo;
+            VF vd = {0};
+            for (int d = 0; d < hd; d += HP_T_VW) vd += LD(dor + d) * LD(orow + d);
+            for (int x = 0; x < HP_T_VW; x++) dsum += vd[x];
+        }
+        D[r] = dsum;
+        L[r] = r < nr ? lse[i0 + r] : 0.0f;
+    }
+}
+
+/* bwd_pds: one (query tile, key tile) pair: S^T = K Q^T and dP^T = V dO^T, then in place
+ * P^T = exp(S^T - lse) and dS^T = P^T (dP^T - D) scale, VW query rows at a time (masked: 0). */
+HP_T_INL void HP_T_N(bwd_pds)(float *S, float *dP, const float *qt, const float *dot, const float *L, const float *D,
+                              const float *kb, int ldk, const float *vb, int ldv, int nc, int nrp, int off, int hd,
+                              float scale) {
+    const int dense = off >= nc - 1;
+    const VI iota = HP_T_N(viota)();
+    HP_T_N(gemm)(S, HP_ATT_BR, 0, kb, ldk, 1, qt, HP_ATT_BR, nc, nrp, hd, dense ? HP_ATT_DENSE : HP_ATT_QCOLS, off);
+    HP_T_N(gemm)(dP, HP_ATT_BR, 0, vb, ldv, 1, dot, HP_ATT_BR, nc, nrp, hd, dense ? HP_ATT_DENSE : HP_ATT_QCOLS, off);
+    for (int r = 0; r < nrp; r += HP_T_VW) {
+        int cf, ca;
+        HP_T_N(key_range)(r, off, nc, &cf, &ca);
+        const VI vis = iota + (r + off);
+        const VF Lr = LD(L + r), Dr = LD(D + r);
+        for (int c = 0; c < cf; c++) {
+            float *p = S + (size_t)c * HP_ATT_BR + r, *ds = dP + (size_t)c * HP_ATT_BR + r;
+            const VF e = HP_T_N(vexp)(LD(p) - Lr);
+            ST(p, e);
+            ST(ds, e * (LD(ds) - Dr) * scale);
+        }
+        for (int c = cf; c < ca; c++) {
+            float *p = S + (size_t)c * HP_ATT_BR + r, *ds = dP + (size_t)c * HP_ATT_BR + r;
+            const VF e = (VF)((VI)HP_T_N(vexp)(LD(p) - Lr) & (vis >= c));
+            ST(p, e);
+            ST(ds, e * (LD(ds) - Dr) * scale);
+        }
+        for (int c = ca; c < nc; c++) {   // masked: P = dS = 0
+            ST(S + (size_t)c * HP_ATT_BR + r, (VF){0});
+            ST(dP + (size_t)c * HP_ATT_BR + r, (VF){0});
+        }
+    }
+}
+
 /* One (batch, kv head) of the backward: dK, dV of the kv head (k/v/dk/dv point at its
  * columns) and dQ of its rep query heads h = 0 .. rep (q/dq/dout/out point at the first one's
  * columns, heads hd apart; lse at the first one's (T) row, heads T apart). Query tiles outer,
@@ -346,7 +406,6 @@ static HP_T_ATTR void HP_T_N(bwd_group)(float *dq, int lddq, float *dk, int lddk
     float qp[HP_ATT_BR * hd], dop[HP_ATT_BR * hd];   // (BR, hd) Q, dO rows, contiguous (B of dK, dV)
     float kp[HP_ATT_BC * hd];                        // (BC, hd) key rows, contiguous (B of dQ)
     float D[HP_ATT_BR], L[HP_ATT_BR];                // rowsum(dO * O), lse of the tile's rows
-    const VI iota = HP_T_N(viota)();
     for (int t = 0; t < T; t++) {
         memset(dk + (size_t)t * lddk, 0, sizeof(float) * (size_t)hd);
         memset(dv + (size_t)t * lddv, 0, sizeof(float) * (size_t)hd);
@@ -355,56 +414,15 @@ static HP_T_ATTR void HP_T_N(bwd_group)(float *dq, int lddq, float *dk, int lddk
         for (int i0 = 0; i0 < T; i0 += HP_ATT_BR) {
             const int nr = T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR;
             const int nrp = (nr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
-            const float *qb = q + (size_t)i0 * ldq + (size_t)h * hd;
-            const float *dob = dout + (size_t)i0 * ldo + (size_t)h * hd;
-            HP_T_N(pack_t)(qt, qb, (size_t)ldq, nr, nrp, hd, scale);
-            HP_T_N(pack_t)(dot, dob, (size_t)ldo, nr, nrp, hd, 1.0f);
-            HP_T_N(pack_rows)(qp, qb, (size_t)ldq, nr, hd);
-            HP_T_N(pack_rows)(dop, dob, (size_t)ldo, nr, hd);
-            for (int r = 0; r < nrp; r++) {
-                float dsum = 0.0f;
-                if (r < nr) {
-                    const float *dor = dob + (size_t)r * ldo, *orow = out + (size_t)(i0 + r) * ldo + (size_t)h * hd;
-                    VF vd = {0};
-                    for (int d = 0; d < hd; d += HP_T_VW) vd += LD(dor + d) * LD(orow + d);
-                    for (int x = 0; x < HP_T_VW; x++) dsum += vd[x];
-                }
-                D[r] = dsum;
-                L[r] = r < nr ? lse[(size_t)h * T + i0 + r] : 0.0f;
-            }
+            HP_T_N(bwd_qtile)(qt, dot, qp, dop, D, L, q + (size_t)h * hd, ldq, dout + (size_t)h * hd,
+                              out + (size_t)h * hd, ldo, lse + (size_t)h * T, i0, nr, nrp, hd, scale);
             memset(dqa, 0, sizeof(float) * (size_t)nr * hd);
             const int jend = i0 + nr;
             for (int j0 = 0; j0 < jend; j0 += HP_ATT_BC) {
                 const int nc = jend - j0 < HP_ATT_BC ? jend - j0 : HP_ATT_BC;
                 const int off = i0 - j0, dense = off >= nc - 1;
                 const float *kb = k + (size_t)j0 * ldk, *vb = v + (size_t)j0 * ldv;
-                HP_T_N(gemm)(S, HP_ATT_BR, 0, kb, ldk, 1, qt, HP_ATT_BR, nc, nrp, hd,
-                             dense ? HP_ATT_DENSE : HP_ATT_QCOLS, off);
-                HP_T_N(gemm)(dP, HP_ATT_BR, 0, vb, ldv, 1, dot, HP_ATT_BR, nc, nrp, hd,
-                             dense ? HP_ATT_DENSE : HP_ATT_QCOLS, off);
-                // P^T = exp(S^T - lse), dS^T = P^T (dP^T - D) scale, VW query rows at a time
-                for (int r = 0; r < nrp; r += HP_T_VW) {
-                    int cf, ca;
-                    HP_T_N(key_range)(r, off, nc, &cf, &ca);
-                    const VI vis = iota + (r + off);
-                    const VF Lr = LD(L + r), Dr = LD(D + r);
-                    for (int c = 0; c < cf; c++) {
-                        float *p = S + (size_t)c * HP_ATT_BR + r, *ds = dP + (size_t)c * HP_ATT_BR + r;
-                        const VF e = HP_T_N(vexp)(LD(p) - Lr);
-                        ST(p, e);
-                        ST(ds, e * (LD(ds) - Dr) * scale);
-                    }
-                    for (int c = cf; c < ca; c++) {
-                        float *p = S + (size_t)c * HP_ATT_BR + r, *ds = dP + (size_t)c * HP_ATT_BR + r;
-                        const VF e = (VF)((VI)HP_T_N(vexp)(LD(p) - Lr) & (vis >= c));
-                        ST(p, e);
-                        ST(ds, e * (LD(ds) - Dr) * scale);
-                    }
-                    for (int c = ca; c < nc; c++) {   // masked: P = dS = 0
-                        ST(S + (size_t)c * HP_ATT_BR + r, (VF){0});
-                        ST(dP + (size_t)c * HP_ATT_BR + r, (VF){0});
-                    }
-                }
+                HP_T_N(bwd_pds)(S, dP, qt, dot, L, D, kb, ldk, vb, ldv, nc, nrp, off, hd, scale);
                 // dQ (nr, hd) += dS K; dV (nc, hd) += P^T dO; dK (nc, hd) += dS^T Q
                 HP_T_N(pack_rows)(kp, kb, (size_t)ldk, nc, hd);
                 HP_T_N(gemm)(dqa, hd, 1, dP, 1, HP_ATT_BR, kp, hd, nr, hd, nc, dense ? HP_ATT_DENSE : HP_ATT_KEND, off);
@@ -417,6 +435,68 @@ static HP_T_ATTR void HP_T_N(bwd_group)(float *dq, int lddq, float *dk, int lddk
                 memcpy(dq + (size_t)(i0 + r) * lddq + (size_t)h * hd, dqa + (size_t)r * hd, sizeof(float) * (size_t)hd);
         }
     }
+}
+
+/* The split backward (attention.c picks it when there are fewer (batch, kv head) groups than
+ * threads): the same pairs and products as bwd_group, in two passes that each own their
+ * outputs. bwd_kv: key tile j0 of one group (pointers as bwd_group): dK, dV rows j0 .. j0 + BC
+ * (=), summed over heads h = 0 .. rep and query tiles from j0 on, in bwd_group's order (so the
+ * same bits). bwd_q: query tile i0 of one query head (q/dq/dout/out at its columns, lse at its
+ * row, k/v at its kv head's): dQ rows (=), summed over key tiles in bwd_group's order. Each
+ * recomputes S^T, P^T, dP^T, dS^T of its pairs: 7 tile products per pair instead of 5. */
+static HP_T_ATTR void HP_T_N(bwd_kv)(float *dk, int lddk, float *dv, int lddv, const float *dout, const float *out,
+                                     int ldo, const float *lse, const float *q, int ldq, const float *k, int ldk,
+                                     const float *v, int ldv, int T, int rep, int hd, float scale, int j0) {
+    float qt[hd * HP_ATT_BR], dot[hd * HP_ATT_BR];
+    float S[HP_ATT_BC * HP_ATT_BR], dP[HP_ATT_BC * HP_ATT_BR];
+    float qp[HP_ATT_BR * hd], dop[HP_ATT_BR * hd];
+    float D[HP_ATT_BR], L[HP_ATT_BR];
+    const int nk = T - j0 < HP_ATT_BC ? T - j0 : HP_ATT_BC;
+    for (int t = j0; t < j0 + nk; t++) {
+        memset(dk + (size_t)t * lddk, 0, sizeof(float) * (size_t)hd);
+        memset(dv + (size_t)t * lddv, 0, sizeof(float) * (size_t)hd);
+    }
+    const float *kb = k + (size_t)j0 * ldk, *vb = v + (size_t)j0 * ldv;
+    for (int h = 0; h < rep; h++) {
+        for (int i0 = j0 / HP_ATT_BR * HP_ATT_BR; i0 < T; i0 += HP_ATT_BR) {
+            const int nr = T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR;
+            if (i0 + nr <= j0) continue;   // no row of this tile sees key j0
+            const int nrp = (nr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
+            const int nc = i0 + nr - j0 < HP_ATT_BC ? i0 + nr - j0 : HP_ATT_BC;
+            const int off = i0 - j0, dense = off >= nc - 1;
+            HP_T_N(bwd_qtile)(qt, dot, qp, dop, D, L, q + (size_t)h * hd, ldq, dout + (size_t)h * hd,
+                              out + (size_t)h * hd, ldo, lse + (size_t)h * T, i0, nr, nrp, hd, scale);
+            HP_T_N(bwd_pds)(S, dP, qt, dot, L, D, kb, ldk, vb, ldv, nc, nrp, off, hd, scale);
+            HP_T_N(gemm)(dv + (size_t)j0 * lddv, lddv, 1, S, HP_ATT_BR, 1, dop, hd, nc, hd, nr,
+                         dense ? HP_ATT_DENSE : HP_ATT_KBEG, off);
+            HP_T_N(gemm)(dk + (size_t)j0 * lddk, lddk, 1, dP, HP_ATT_BR, 1, qp, hd, nc, hd, nr,
+                         dense ? HP_ATT_DENSE : HP_ATT_KBEG, off);
+        }
+    }
+}
+
+static HP_T_ATTR void HP_T_N(bwd_q)(float *dq, int lddq, const float *dout, const float *out, int ldo,
+                                    const float *lse, const float *q, int ldq, const float *k, int ldk,
+                                    const float *v, int ldv, int T, int hd, float scale, int i0) {
+    float qt[hd * HP_ATT_BR], dot[hd * HP_ATT_BR];
+    float S[HP_ATT_BC * HP_ATT_BR], dP[HP_ATT_BC * HP_ATT_BR];
+    float dqa[HP_ATT_BR * hd], kp[HP_ATT_BC * hd];
+    float D[HP_ATT_BR], L[HP_ATT_BR];
+    const int nr = T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR;
+    const int nrp = (nr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
+    HP_T_N(bwd_qtile)(qt, dot, NULL, NULL, D, L, q, ldq, dout, out, ldo, lse, i0, nr, nrp, hd, scale);
+    memset(dqa, 0, sizeof(float) * (size_t)nr * hd);
+    const int jend = i0 + nr;
+    for (int j0 = 0; j0 < jend; j0 += HP_ATT_BC) {
+        const int nc = jend - j0 < HP_ATT_BC ? jend - j0 : HP_ATT_BC;
+        const int off = i0 - j0, dense = off >= nc - 1;
+        const float *kb = k + (size_t)j0 * ldk, *vb = v + (size_t)j0 * ldv;
+        HP_T_N(bwd_pds)(S, dP, qt, dot, L, D, kb, ldk, vb, ldv, nc, nrp, off, hd, scale);
+        HP_T_N(pack_rows)(kp, kb, (size_t)ldk, nc, hd);
+        HP_T_N(gemm)(dqa, hd, 1, dP, 1, HP_ATT_BR, kp, hd, nr, hd, nc, dense ? HP_ATT_DENSE : HP_ATT_KEND, off);
+    }
+    for (int r = 0; r < nr; r++)
+        memcpy(dq + (size_t)(i0 + r) * lddq, dqa + (size_t)r * hd, sizeof(float) * (size_t)hd);
 }
 
 #undef LD

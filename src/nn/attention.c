@@ -10,7 +10,9 @@
  * at head_dim 16 and 40-83 for the others, against 63-88 for this micro-kernel in the same runs
  * (bench_attention --tiles, docs/performance.md "Attention on AVX2"); the micro-kernel also
  * applies the causal mask per micro-tile and reads P^T, dS^T in place.
- * Scratch is per task on the stack (sized by head_dim), so nothing is allocated.
+ * Scratch is per task on the stack (sized by head_dim), so nothing is allocated. The backward
+ * runs fused per (batch, kv head), or split into a dK/dV pass over key tiles and a dQ pass over
+ * query tiles when there are fewer groups than threads (hp_attention_set_backward).
  *
  * hp_attention_decode_forward serves inference (KV cache, model.h): a few new query rows
  * against cached keys/values, one plain score row per (row, head). */
@@ -80,6 +82,22 @@ typedef void (*hp_att_bwd_group_fn)(float *dq, int lddq, float *dk, int lddk, fl
                                     const float *out, int ldo, const float *lse, const float *q, int ldq,
                                     const float *k, int ldk, const float *v, int ldv, int T, int rep, int hd,
                                     float scale);
+typedef void (*hp_att_bwd_kv_fn)(float *dk, int lddk, float *dv, int lddv, const float *dout, const float *out,
+                                 int ldo, const float *lse, const float *q, int ldq, const float *k, int ldk,
+                                 const float *v, int ldv, int T, int rep, int hd, float scale, int j0);
+typedef void (*hp_att_bwd_q_fn)(float *dq, int lddq, const float *dout, const float *out, int ldo, const float *lse,
+                                const float *q, int ldq, const float *k, int ldk, const float *v, int ldv, int T,
+                                int hd, float scale, int i0);
+
+static int bwd_mode = HP_ATTENTION_BWD_AUTO;   // hp_attention_set_backward
+
+hp_status_t hp_attention_set_backward(hp_attention_bwd_t mode) {
+    if (mode != HP_ATTENTION_BWD_AUTO && mode != HP_ATTENTION_BWD_FUSED && mode != HP_ATTENTION_BWD_SPLIT)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_attention_set_backward: mode %d is not one of AUTO (0), FUSED (1), "
+                        "SPLIT (2)", (int)mode);
+    __atomic_store_n(&bwd_mode, (int)mode, __ATOMIC_RELAXED);
+    return HP_OK;
+}
 
 /* The instantiation for this call: the selected ISA if head_dim fits its vectors. */
 static int att_path(int hd) {
@@ -122,9 +140,45 @@ void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, 
     const float scale = 1.0f / sqrtf((float)hd);
     const int rep = Hq / Hkv, ldo = Hq * hd, path = att_path(hd);
     hp_att_bwd_group_fn group = path == 1 ? bwd_group_generic4 : bwd_group_generic1;
+    hp_att_bwd_kv_fn kvf = path == 1 ? bwd_kv_generic4 : bwd_kv_generic1;
+    hp_att_bwd_q_fn qf = path == 1 ? bwd_q_generic4 : bwd_q_generic1;
 #ifdef HP_ATT_HAVE_AVX2
-    if (path == 2) group = bwd_group_avx2;
+    if (path == 2) group = bwd_group_avx2, kvf = bwd_kv_avx2, qf = bwd_q_avx2;
 #endif
+    const int nt = T / HP_ATT_BR + (T % HP_ATT_BR != 0);   // query tiles = key tiles (BR == BC)
+    const int mode = __atomic_load_n(&bwd_mode, __ATOMIC_RELAXED);
+    // Split when some threads would get no (b, kv head) group: the two passes recompute the
+    // scores (7 tile products per pair instead of 5), which pays only when the fused loop
+    // leaves threads idle (B * Hkv = 1 on 2 threads: 3.5 against 5 units on the slowest one).
+    const int split = mode == HP_ATTENTION_BWD_SPLIT ||
+                      (mode == HP_ATTENTION_BWD_AUTO && nt >= 2 && (long)B * Hkv < omp_get_max_threads());
+    if (split) {
+        const long nkv = (long)B * Hkv * nt, nq = (long)B * Hq * nt;
+        // pass 1, parallel over (b, kv head, key tile): the task owns dK, dV rows of its key
+        // tile; the costliest (first, seen by every later query tile) first
+#pragma omp parallel for schedule(dynamic, 1)
+        for (long t = 0; t < nkv; t++) {
+            const int jt = (int)(t / ((long)B * Hkv)), bg = (int)(t % ((long)B * Hkv));
+            const int b = bg / Hkv, g = bg % Hkv;
+            const size_t r0 = (size_t)b * T, h0 = (size_t)g * rep;
+            kvf(dk + r0 * lddk + (size_t)g * hd, lddk, dv + r0 * lddv + (size_t)g * hd, lddv, dout + r0 * ldo + h0 * hd,
+                out + r0 * ldo + h0 * hd, ldo, lse + ((size_t)b * Hq + h0) * T, q + r0 * ldq + h0 * hd, ldq,
+                k + r0 * ldk + (size_t)g * hd, ldk, v + r0 * ldv + (size_t)g * hd, ldv, T, rep, hd, scale,
+                jt * HP_ATT_BC);
+        }
+        // pass 2, parallel over (b, query head, query tile): the task owns dQ rows of its
+        // query tile; the costliest (last, sees every key tile) first
+#pragma omp parallel for schedule(dynamic, 1)
+        for (long t = 0; t < nq; t++) {
+            const int it = nt - 1 - (int)(t / ((long)B * Hq)), bh = (int)(t % ((long)B * Hq));
+            const int b = bh / Hq, h = bh % Hq, g = h / rep;
+            const size_t r0 = (size_t)b * T;
+            qf(dq + r0 * lddq + (size_t)h * hd, lddq, dout + r0 * ldo + (size_t)h * hd, out + r0 * ldo + (size_t)h * hd,
+               ldo, lse + ((size_t)b * Hq + h) * T, q + r0 * ldq + (size_t)h * hd, ldq, k + r0 * ldk + (size_t)g * hd,
+               ldk, v + r0 * ldv + (size_t)g * hd, ldv, T, hd, scale, it * HP_ATT_BR);
+        }
+        return;
+    }
     // parallel over (b, kv head): the task owns dK, dV of head g and dQ of heads g*rep.. so
     // every output element is written by exactly one task, in a fixed order
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)

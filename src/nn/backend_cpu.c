@@ -6,6 +6,7 @@
 #include "hyperparallel/backend.h"
 #include "hyperparallel/nn.h"
 #include "hyperparallel/nn_loss.h"
+#include "nn/nn-simd.h"
 
 static void *cpu_alloc(void *ctx, size_t bytes) {
     (void)ctx;
@@ -138,14 +139,15 @@ static void cpu_adamw(void *ctx, float *p, float *m, float *v, const float *g, i
     const float step_size = (float)(lr / bc1);
     const float bc2_sqrt = (float)sqrt(bc2);
     const float feps = (float)eps;
-    for (int64_t i = 0; i < n; i++) {
-        float gi = g[i];
-        float pi = p[i] * decay;
-        float mi = m[i] + w1 * (gi - m[i]);
-        float vi = fb2 * v[i] + w2 * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + feps));
+    // elementwise, so chunks in parallel give the same bits at any thread count; each chunk
+    // through the ISA path's vector loop (nn-simd.h: vsqrtps, correctly rounded as sqrtf)
+    const hp_nn_simd_t *k = hp_nn_simd();
+    enum { CHUNK = 16384 };
+    const int64_t nch = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(static) if (nch > 1)
+    for (int64_t c = 0; c < nch; c++) {
+        const int64_t i0 = c * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
+        k->adamw(p + i0, m + i0, v + i0, g + i0, len, decay, w1, fb2, w2, step_size, bc2_sqrt, feps);
     }
 }
 

@@ -4,11 +4,12 @@
 #include <string.h>
 
 #include "hyperparallel/nn_loss.h"
-#include "nn/nn-math.h"
+#include "nn/nn-simd.h"
 
 void hp_cross_entropy_backward_shard(float *dlogits, const float *logits, const float *lse,
                                      const int32_t *targets, float dloss, int N, int V_local,
                                      int64_t vocab_offset) {
+    const hp_nn_simd_t *k = hp_nn_simd();   // the exps vectorised explicitly (nn-simd.h)
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *d = dlogits + (size_t)n * V_local;        // local (N, V/tp)
@@ -19,8 +20,7 @@ void hp_cross_entropy_backward_shard(float *dlogits, const float *logits, const 
             continue;
         }
         float l = lse[n];
-#pragma omp simd
-        for (int v = 0; v < V_local; v++) d[v] = hp_nn_expf(z[v] - l) * dloss;
+        k->exp_scale(d, z, l, dloss, V_local);
         if (t >= vocab_offset && t < vocab_offset + V_local) d[t - vocab_offset] -= dloss;
     }
 }

@@ -8,6 +8,7 @@
 #include "hyperparallel/nn.h"
 #include "hyperparallel/nn_loss.h"
 #include "nn/nn-math.h"
+#include "nn/nn-simd.h"
 
 /* ---- linear ---------------------------------------------------------------------------- */
 
@@ -147,7 +148,33 @@ void hp_rmsnorm_heads_backward_input(float *dinp, int ldo, const float *dout, in
 void hp_rmsnorm_heads_backward_weight(float *dweight, const float *dout, int lddo,
                                       const float *inp, int ldi, const float *rstd,
                                       int N, int n_heads, int C) {
-    // parallel over channel blocks; each block sums rows in a fixed order (no atomics)
+    // parallel over channel blocks; each channel sums its rows in order n (no atomics), so the
+    // bits do not depend on the block width: 64 channels (eight 8-lane accumulators, four
+    // cache lines of a row per visit) unless that leaves threads without a block
+    const int wide = (C + 63) / 64 >= omp_get_max_threads();
+    if (wide) {
+        enum { CB = 64 };
+#pragma omp parallel for schedule(static)
+        for (int cb = 0; cb < C; cb += CB) {
+            const int ce = cb + CB < C ? cb + CB : C;
+            float acc[CB] = {0};
+            for (int64_t n = 0; n < N; n++) {
+                for (int h = 0; h < n_heads; h++) {
+                    const float *x = inp + n * ldi + (int64_t)h * C + cb;
+                    const float *dy = dout + n * lddo + (int64_t)h * C + cb;
+                    const float s = rstd[n * n_heads + h];
+                    if (ce - cb == CB) {   // a full block: constant trip count, acc in registers
+#pragma omp simd
+                        for (int c = 0; c < CB; c++) acc[c] += dy[c] * x[c] * s;
+                    } else {
+                        for (int c = 0; c < ce - cb; c++) acc[c] += dy[c] * x[c] * s;
+                    }
+                }
+            }
+            for (int c = cb; c < ce; c++) dweight[c] += acc[c - cb];
+        }
+        return;
+    }
     enum { CB = 16 };
 #pragma omp parallel for schedule(static)
     for (int cb = 0; cb < C; cb += CB) {
@@ -212,64 +239,39 @@ void hp_rope_table(float *cos_t, float *sin_t, int T, int head_dim, float theta,
 
 void hp_rope_apply(float *x, int ld, int B, int T, int n_heads, int head_dim,
                    const float *cos_t, const float *sin_t, hp_rope_style_t style, int inverse) {
-    int half = head_dim / 2;
-    float sgn = inverse ? -1.0f : 1.0f;
-    int64_t rows = (int64_t)B * T;
+    const float sgn = inverse ? -1.0f : 1.0f;
+    const int64_t rows = (int64_t)B * T;
+    const int half = head_dim / 2;
+    const hp_nn_simd_t *k = hp_nn_simd();   // explicit-vector row kernel (nn-simd.h)
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        int t = (int)(r % T);
-        const float *c = cos_t + (size_t)t * half;
-        const float *s = sin_t + (size_t)t * half;
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + r * ld + (int64_t)h * head_dim;
-            if (style == HP_ROPE_INTERLEAVED) {
-#pragma omp simd
-                for (int i = 0; i < half; i++) {
-                    float a = v[2 * i], b = v[2 * i + 1], si = sgn * s[i];
-                    v[2 * i] = a * c[i] - b * si;
-                    v[2 * i + 1] = b * c[i] + a * si;
-                }
-            } else {
-#pragma omp simd
-                for (int i = 0; i < half; i++) {
-                    float a = v[i], b = v[i + half], si = sgn * s[i];
-                    v[i] = a * c[i] - b * si;
-                    v[i + half] = b * c[i] + a * si;
-                }
-            }
-        }
+        const int t = (int)(r % T);
+        float buf[2 * head_dim];   // this row's expanded cos / sin (interleaved style)
+        k->rope_row(x + r * ld, n_heads, head_dim, cos_t + (size_t)t * half, sin_t + (size_t)t * half, sgn,
+                    style == HP_ROPE_INTERLEAVED, buf);
     }
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------------------ */
 
+/* Rows in parallel, each through the explicitly vectorised row kernel of the ISA path in use
+ * (nn-simd.h: the exp inlined lane-wise). */
 void hp_swiglu_forward(float *out, const float *h13, int N, int H) {
+    const hp_nn_simd_t *k = hp_nn_simd();
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float *a = h13 + (size_t)n * 2 * H, *b = a + H;
-        float *o = out + (size_t)n * H;
-#pragma omp simd
-        for (int j = 0; j < H; j++) {
-            float x = a[j];
-            o[j] = x / (1.0f + hp_nn_expf(-x)) * b[j];
-        }
+        const float *a = h13 + (size_t)n * 2 * H, *b = a + H;   // (N, 2H): gate | up
+        k->swiglu_fwd(out + (size_t)n * H, a, b, H);
     }
 }
 
 void hp_swiglu_backward(float *dh13, const float *dout, const float *h13, int N, int H) {
+    const hp_nn_simd_t *k = hp_nn_simd();
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *a = h13 + (size_t)n * 2 * H, *b = a + H;
-        const float *d = dout + (size_t)n * H;
-        float *da = dh13 + (size_t)n * 2 * H, *db = da + H;
-#pragma omp simd
-        for (int j = 0; j < H; j++) {
-            float x = a[j];
-            float sg = 1.0f / (1.0f + hp_nn_expf(-x));
-            float silu = x * sg;
-            db[j] = d[j] * silu;
-            da[j] = d[j] * b[j] * (sg * (1.0f + x * (1.0f - sg)));
-        }
+        float *da = dh13 + (size_t)n * 2 * H, *db = da + H;   // (N, 2H) =
+        k->swiglu_bwd(da, db, dout + (size_t)n * H, a, b, H);
     }
 }
 
@@ -303,20 +305,12 @@ void hp_embedding_backward(float *dweight, const float *dout, const int32_t *tok
 
 double hp_cross_entropy_forward(double *losses, float *lse, const float *logits, const int32_t *targets,
                                 int N, int V, int64_t *n_valid) {
+    const hp_nn_simd_t *k = hp_nn_simd();
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * V;
-        float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-        for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-        double s = 0.0;   // f32 exps summed in double, in index order
-        for (int v0 = 0; v0 < V; v0 += 256) {
-            float e[256];
-            int nv = V - v0 < 256 ? V - v0 : 256;
-#pragma omp simd
-            for (int v = 0; v < nv; v++) e[v] = hp_nn_expf(z[v0 + v] - mx);
-            for (int v = 0; v < nv; v++) s += (double)e[v];
-        }
+        const float mx = k->row_max(z, V);
+        const double s = k->exp_sum(z, mx, V);   // f32 exps summed in double, a fixed order
         double l = (double)mx + log(s);
         lse[n] = (float)l;
         int t = targets[n];

@@ -197,6 +197,17 @@ void hp_ref_swiglu_backward(float *dh13, const float *dout, const float *h13, in
         }
 }
 
+void hp_ref_adamw_update(float *p, float *m, float *v, const float *g, int64_t n, double lr, double b1, double b2,
+                         double eps, double wd, int64_t step) {
+    const double bc1 = 1.0 - pow(b1, (double)step), bc2 = 1.0 - pow(b2, (double)step);
+    for (int64_t i = 0; i < n; i++) {
+        const double gi = g[i], mi = m[i] + (1.0 - b1) * (gi - m[i]), vi = b2 * v[i] + (1.0 - b2) * gi * gi;
+        p[i] = (float)(p[i] * (1.0 - lr * wd) - lr / bc1 * mi / (sqrt(vi) / sqrt(bc2) + eps));
+        m[i] = (float)mi;
+        v[i] = (float)vi;
+    }
+}
+
 void hp_ref_embedding_backward(float *dweight, const float *dout, const int32_t *tokens, int N, int C, int V) {
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++) dweight[(size_t)tokens[n] * C + c] += dout[(size_t)n * C + c];
