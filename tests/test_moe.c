@@ -4,12 +4,15 @@
 // the loop; every gradient (input, gate, experts, shared experts) equals central finite
 // differences of the loop; tokens_per_expert equals the loop's routing (each token reaches
 // exactly its top-k experts, no drops); two micro-batch contexts in flight keep their own
-// routing; the harness fails on an injected 1e-4 error; bad configs are named.
+// routing; the harness fails on an injected 1e-4 error; bad configs are named. The same module
+// equals a PyTorch re-implementation of TorchTitan's MoE (tools/golden/make_moe_golden.py,
+// tests/data/golden_moe.safetensors): outputs, tokens_per_expert and every gradient.
 // hp-test: ranks 1 timeout 60
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/nn.h"
+#include "hyperparallel/safetensors.h"
 #include "hp_test.h"
 
 enum { MAXP = 8 };
@@ -308,6 +311,125 @@ static void run_case(const char *label, const hp_moe_config_t *c, int B, int T, 
     prob_free(&p);
 }
 
+static float *st_read(hp_safetensors_t st, const char *name, int64_t *numel) {
+    const hp_st_info_t *ti = NULL;
+    if (hp_safetensors_find(st, name, &ti) != HP_OK) return NULL;
+    int64_t n = 1;
+    for (int i = 0; i < ti->ndim; i++) n *= ti->shape[i];
+    float *b = malloc(sizeof(float) * (size_t)n);
+    HP_ASSERT(hp_safetensors_read_raw(st, name, b, sizeof(float) * (size_t)n) == HP_OK);
+    if (numel) *numel = n;
+    return b;
+}
+
+static double worst_f(const float *a, const float *b, int64_t n, double tol) {
+    double w = 0;
+    for (int64_t i = 0; i < n; i++) w = fmax(w, fabs(a[i] - b[i]) / (tol * (1.0 + fabs(b[i]))));
+    return w;
+}
+
+/* One golden case (the configs must match CASES in make_moe_golden.py). */
+static void golden_case(hp_safetensors_t st, const char *nm, const hp_moe_config_t *c) {
+    char key[128];
+    int64_t nx = 0;
+    snprintf(key, sizeof key, "%s.x", nm);
+    float *x = st_read(st, key, &nx);
+    HP_CHECK(x != NULL, "golden %s: no x", nm);
+    if (!x) return;
+    const int D = c->dim, N = (int)(nx / D), E = c->n_experts;
+    static const char *pn[7] = {"gate", "w1", "w2", "w3", "sw1", "sw2", "sw3"};
+    const int np = c->n_shared_experts ? 7 : 4;
+    float *w[7], *g[7];
+    int64_t numel[7];
+    hp_param_t prm[7], *pp[7];
+    for (int i = 0; i < np; i++) {
+        snprintf(key, sizeof key, "%s.param.%s", nm, pn[i]);
+        w[i] = st_read(st, key, &numel[i]);
+        HP_ASSERT(w[i] != NULL);
+        g[i] = calloc((size_t)numel[i], sizeof(float));
+        make_param(&prm[i], pn[i], w[i], g[i], numel[i]);
+        pp[i] = &prm[i];
+    }
+    snprintf(key, sizeof key, "%s.expert_bias", nm);
+    float *bias = st_read(st, key, NULL);
+    float tpe[HP_MOE_MAX_EXPERTS] = {0};
+    hp_module_t mod;
+    hp_moe_impl_t impl;
+    HP_CHECK_OK(hp_moe_module_init(&mod, &impl, nm, c, pp, np, bias, tpe));
+    mod.id = 0;
+    hp_act_t act;
+    HP_CHECK_OK(hp_act_init(&act, 1, mod.ops->act_bytes(&mod, 1, N)));
+    act.B = 1;
+    act.T = N;
+    size_t sfl = mod.ops->grad_scratch_floats(&mod, 1, N);
+    act.grad_scratch = calloc(sfl, sizeof(float));
+    act.grad_scratch_floats = sfl;
+    snprintf(key, sizeof key, "%s.dout", nm);
+    float *dy = st_read(st, key, NULL);
+    float *y = calloc((size_t)N * D, sizeof(float)), *dx = calloc((size_t)N * D, sizeof(float));
+    hp_tensor_t tx, ty, tdy, tdx;
+    hp_tensor_view2(&tx, x, N, D);
+    hp_tensor_view2(&ty, y, N, D);
+    hp_tensor_view2(&tdy, dy, N, D);
+    hp_tensor_view2(&tdx, dx, N, D);
+    HP_CHECK_OK(hp_module_forward(&mod, &act, &tx, &ty));
+    HP_CHECK_OK(hp_module_backward_input(&mod, &act, &tdy, &tdx));
+    HP_CHECK_OK(hp_module_backward_weight(&mod, &act));
+    /* PyTorch ran in float64 on these float32 values and stored float32 (6e-8 relative); the
+     * module's f32 chain is bounded as in run_case: 2e-5 for outputs, 5e-5 for gradients */
+    snprintf(key, sizeof key, "%s.out", nm);
+    float *ref = st_read(st, key, NULL);
+    double wo = worst_f(y, ref, (int64_t)N * D, 2e-5);
+    HP_CHECK(wo <= 1.0, "golden %s: output differs from PyTorch (worst %.2f x tol)", nm, wo);
+    ref[5] += 1e-4f;
+    HP_CHECK(worst_f(y, ref, (int64_t)N * D, 2e-5) > 1.0, "golden %s: harness missed an injected error", nm);
+    free(ref);
+    snprintf(key, sizeof key, "%s.tokens_per_expert", nm);
+    ref = st_read(st, key, NULL);
+    HP_CHECK(memcmp(ref, tpe, sizeof(float) * (size_t)E) == 0, "golden %s: tokens_per_expert differs", nm);
+    free(ref);
+    snprintf(key, sizeof key, "%s.grad.x", nm);
+    ref = st_read(st, key, NULL);
+    double wg = worst_f(dx, ref, (int64_t)N * D, 5e-5);
+    HP_CHECK(wg <= 1.0, "golden %s: grad x differs from PyTorch (worst %.2f x tol)", nm, wg);
+    free(ref);
+    for (int i = 0; i < np; i++) {
+        snprintf(key, sizeof key, "%s.grad.%s", nm, pn[i]);
+        ref = st_read(st, key, NULL);
+        double wi = worst_f(g[i], ref, numel[i], 5e-5);
+        HP_CHECK(wi <= 1.0, "golden %s: grad %s differs from PyTorch (worst %.2f x tol)", nm, pn[i], wi);
+        wg = fmax(wg, wi);
+        free(ref);
+        free(w[i]);
+        free(g[i]);
+    }
+    printf("golden %s: output %.3f, grads %.3f of tol\n", nm, wo, wg);
+    free(act.grad_scratch);
+    hp_act_free(&act);
+    free(x); free(y); free(dy); free(dx); free(bias);
+}
+
+static void run_golden(void) {
+    const char *src = getenv("HP_SOURCE_DIR");
+    char path[512];
+    snprintf(path, sizeof path, "%s/tests/data/golden_moe.safetensors", src ? src : "..");
+    hp_safetensors_t st = NULL;
+    HP_CHECK_OK(hp_safetensors_open(path, &st));
+    if (!st) return;
+    hp_moe_config_t ds = {.dim = 16, .hidden = 12, .n_experts = 8, .top_k = 3, .score_fn = HP_MOE_SCORE_SIGMOID,
+                          .route_norm = 1, .route_scale = 2.5f, .n_shared_experts = 1, .shared_hidden = 12,
+                          .n_expert_groups = 4, .n_limited_groups = 2};
+    hp_moe_config_t qw = {.dim = 16, .hidden = 10, .n_experts = 6, .top_k = 2, .score_fn = HP_MOE_SCORE_SOFTMAX,
+                          .route_norm = 1, .route_scale = 1.0f};
+    hp_moe_config_t sb = {.dim = 12, .hidden = 8, .n_experts = 4, .top_k = 2, .score_fn = HP_MOE_SCORE_SOFTMAX,
+                          .route_norm = 0, .route_scale = 1.0f, .score_before_experts = 1,
+                          .n_shared_experts = 2, .shared_hidden = 6};
+    golden_case(st, "ds", &ds);
+    golden_case(st, "qw", &qw);
+    golden_case(st, "sb", &sb);
+    hp_safetensors_close(st);
+}
+
 int main(void) {
     // DeepSeek-V3 style: sigmoid, route_norm, route_scale, node-limited groups, shared expert,
     // scores after the experts, a selection bias
@@ -328,6 +450,8 @@ int main(void) {
     hp_moe_config_t all = {.dim = 6, .hidden = 4, .n_experts = 3, .top_k = 3, .score_fn = HP_MOE_SCORE_SIGMOID,
                            .route_norm = 0, .route_scale = 1.0f};
     run_case("top_k=E", &all, 1, 5, 14, 0);
+
+    run_golden();
 
     // bad configs are named
     hp_moe_config_t bad = qw;
