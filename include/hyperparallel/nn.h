@@ -241,6 +241,11 @@ hp_status_t hp_moe_config_check(const hp_moe_config_t *c, const char *what);
 hp_status_t hp_moe_module_init(hp_module_t *m, hp_moe_impl_t *impl, const char *name, const hp_moe_config_t *c,
                                hp_param_t **params, int n_params, float *expert_bias, float *tokens_per_expert);
 int hp_module_is_moe(const hp_module_t *m);
+/* TorchTitan's aux-loss-free load balancing for one layer: delta = coeff * sign(mean(c) - c),
+ * delta -= mean(delta), bias += delta. counts (E) are the step's tokens per expert summed over
+ * every rank that routes its own tokens (the batch mesh). Returns max(c) / mean(c) (the
+ * imbalance; 1 when balanced, 0 when no tokens). */
+double hp_moe_update_expert_bias(float *bias, const float *counts, int E, float coeff);
 /* Grouped experts over n_local experts whose rows of xs are [offsets[e], offsets[e+1]):
  * h1/h3 (R, F) = xs W1/W3[e]^T, a = silu(h1) h3, ys (R, D) = a W2[e]^T (all =). */
 void hp_moe_experts_forward(const hp_backend_t *be, float *ys, float *h1, float *h3, float *a, const float *xs,

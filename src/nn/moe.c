@@ -486,3 +486,24 @@ hp_status_t hp_moe_module_init(hp_module_t *m, hp_moe_impl_t *impl, const char *
 }
 
 int hp_module_is_moe(const hp_module_t *m) { return m && m->ops == &moe_ops; }
+
+double hp_moe_update_expert_bias(float *bias, const float *counts, int E, float coeff) {
+    double sum = 0.0, mx = 0.0;
+    for (int e = 0; e < E; e++) {
+        sum += counts[e];
+        mx = counts[e] > mx ? counts[e] : mx;
+    }
+    const double mean = sum / E;
+    if (coeff > 0.0f && bias) {
+        float delta[HP_MOE_MAX_EXPERTS];
+        double dm = 0.0;
+        for (int e = 0; e < E; e++) {
+            const double d = mean - counts[e];
+            delta[e] = coeff * (float)((d > 0) - (d < 0));
+            dm += delta[e];
+        }
+        dm /= E;
+        for (int e = 0; e < E; e++) bias[e] += delta[e] - (float)dm;
+    }
+    return mean > 0 ? mx / mean : 0.0;
+}

@@ -72,6 +72,14 @@ struct hp_trainer {
     /* --- tensor parallel (owner tp) --- */
     hp_mesh_t tp_mesh;          /* the world mesh's tp dim */
     hp_tp_t tp;
+    /* --- mixture of experts (owner moe): load balancing, routing metrics, expert_bias in
+     * checkpoints --- */
+    int n_moe, moe_ac_k;
+    hp_module_t **moe_mods;     /* the MoE modules, layer order */
+    float *moe_counts;          /* (n_moe, E) tokens per expert of a step, summed over dp */
+    hp_param_t *moe_ckpt_params;   /* params + one "layers.N.moe.expert_bias" per MoE layer */
+    float *moe_zero;            /* (E) the bias entries' (unused) gradient */
+    /* --- end --- */
 };
 
 /* hp_encode_fn over the tokenizer (documents get BOS/EOS from the data layer). */
@@ -250,6 +258,9 @@ static void pin_threads(const hp_config_t *c) {
 
 /* The rank-local part of the set-up (config rules, tokenizer, model allocation): no
  * collective runs here, so a rank that fails is agreed on before the first one. */
+static hp_status_t moe_check_layout(const hp_trainer_t t);   /* mixture of experts (owner moe) */
+static hp_status_t moe_setup(hp_trainer_t t, int ac_k);
+
 static hp_status_t build_local(hp_trainer_t t, int *ac_k_out) {
     const hp_config_t *c = &t->cfg;
     HP_TRY(hp_config_validate(c));
@@ -273,6 +284,7 @@ static hp_status_t build_local(hp_trainer_t t, int *ac_k_out) {
     char tok_what[HP_CONFIG_STR_MAX + 32];
     snprintf(tok_what, sizeof tok_what, "tokenizer.path '%s'", c->tokenizer.path);
     HP_TRY(hp_config_resolve_model(c, hp_tokenizer_vocab_size(t->tok), tok_what, t->T, &t->mcfg));
+    HP_TRY(moe_check_layout(t));   /* mixture of experts (owner moe) */
     HP_TRY(hp_model_create(&t->mcfg, t->B > t->val_B ? t->B : t->val_B, t->T, &t->model));
     *ac_k_out = ac_k;
     return HP_OK;
@@ -344,6 +356,7 @@ static hp_status_t build(hp_trainer_t t) {
     if (kind == HP_OPTIM_SGD) oc.momentum = c->optimizer.momentum;
     if (kind == HP_OPTIM_MUON) oc.muon_momentum = c->optimizer.momentum;
     HP_TRY(hp_optim_create(&oc, t->params, t->np, &t->opt));
+    HP_TRY(moe_setup(t, ac_k));   /* mixture of experts (owner moe) */
     hp_lr_decay_t decay;
     HP_TRY(hp_lr_decay_from_name(c->lr_scheduler.decay_type, &decay));
     HP_TRY(hp_lr_schedule_init(&t->lr, c->training.steps, c->lr_scheduler.warmup_steps, c->lr_scheduler.decay_ratio,
@@ -386,10 +399,102 @@ static hp_status_t build(hp_trainer_t t) {
     return HP_OK;
 }
 
+/* --- mixture of experts (owner moe) -------------------------------------------------------
+ * TorchTitan's aux-loss-free load balancing as an optimizer step pre-hook: the step's tokens
+ * per expert of every MoE layer, summed over the batch mesh (each dp rank routes its own
+ * tokens; TP ranks see the same tokens and are not summed), halved for layers whose block is
+ * recomputed by activation checkpointing (the recompute counts again), then per layer
+ * bias += coeff * sign(mean - c) - mean(...), and the counts are zeroed. The imbalance
+ * max/mean and the max/min tokens per expert of each layer go to the metrics (console, JSONL,
+ * TensorBoard) on logging steps. */
+static hp_status_t moe_pre_step(void *user, hp_optim_t opt) {
+    (void)opt;
+    hp_trainer_t t = user;
+    const int E = t->mcfg.moe_experts;
+    const size_t n = (size_t)t->n_moe * E;
+    for (int i = 0; i < t->n_moe; i++) {
+        hp_moe_impl_t *M = t->moe_mods[i]->impl;
+        memcpy(t->moe_counts + (size_t)i * E, M->tokens_per_expert, sizeof(float) * (size_t)E);
+        memset(M->tokens_per_expert, 0, sizeof(float) * (size_t)E);
+    }
+    if (t->dp_size > 1) HP_TRY(hp_all_reduce(t->moe_counts, t->moe_counts, n, HP_F32, HP_SUM, t->dp_comm, NULL));
+    const int64_t step = t->step + 1;
+    const int log = hp_metrics_should_log(t->metrics, step);
+    for (int i = 0; i < t->n_moe; i++) {
+        hp_moe_impl_t *M = t->moe_mods[i]->impl;
+        float *c = t->moe_counts + (size_t)i * E;
+        const int layer = atoi(t->moe_mods[i]->name + 7);   // "layers.N.moe"
+        if (t->moe_ac_k > 0 && (layer + 1) % t->moe_ac_k == 0)
+            for (int e = 0; e < E; e++) c[e] *= 0.5f;
+        const double imb = hp_moe_update_expert_bias(M->expert_bias, c, E, t->mcfg.moe_load_balance_coeff);
+        if (!log) continue;
+        float mx = c[0], mn = c[0];
+        for (int e = 1; e < E; e++) { mx = c[e] > mx ? c[e] : mx; mn = c[e] < mn ? c[e] : mn; }
+        char tag[64];
+        snprintf(tag, sizeof tag, "moe/layers.%d/imbalance_max_over_mean", layer);
+        HP_TRY(hp_metrics_log_scalar(t->metrics, tag, step, imb));
+        snprintf(tag, sizeof tag, "moe/layers.%d/tokens_per_expert_max", layer);
+        HP_TRY(hp_metrics_log_scalar(t->metrics, tag, step, mx));
+        snprintf(tag, sizeof tag, "moe/layers.%d/tokens_per_expert_min", layer);
+        HP_TRY(hp_metrics_log_scalar(t->metrics, tag, step, mn));
+    }
+    return HP_OK;
+}
+
+/* After the optimizer exists: finds the MoE modules, registers the hook and lists each
+ * expert_bias (f32, replicated) with the parameters the checkpoint saves. */
+static hp_status_t moe_setup(hp_trainer_t t, int ac_k) {
+    if (t->mcfg.moe_experts <= 0) return HP_OK;
+    const int E = t->mcfg.moe_experts;
+    hp_module_t *mods[4096];
+    const int nm = hp_model_modules(t->model, mods, 4096);
+    t->moe_mods = hp_calloc((size_t)t->mcfg.n_layers + 1, sizeof(hp_module_t *));
+    if (!t->moe_mods) return HP_ERR_OOM;
+    for (int i = 0; i < nm && i < 4096; i++)
+        if (hp_module_is_moe(mods[i])) t->moe_mods[t->n_moe++] = mods[i];
+    t->moe_ac_k = ac_k;
+    t->moe_counts = hp_calloc((size_t)t->n_moe * E, sizeof(float));
+    t->moe_zero = hp_calloc((size_t)E, sizeof(float));
+    t->moe_ckpt_params = hp_calloc((size_t)t->np + t->n_moe, sizeof(hp_param_t));
+    if (!t->moe_counts || !t->moe_zero || !t->moe_ckpt_params) return HP_ERR_OOM;
+    memcpy(t->moe_ckpt_params, t->params, sizeof(hp_param_t) * (size_t)t->np);
+    for (int i = 0; i < t->n_moe; i++) {
+        hp_param_t *p = &t->moe_ckpt_params[t->np + i];
+        hp_moe_impl_t *M = t->moe_mods[i]->impl;
+        const int64_t shape[1] = {E};
+        snprintf(p->name, sizeof p->name, "layers.%d.moe.expert_bias", atoi(t->moe_mods[i]->name + 7));
+        HP_TRY(hp_tensor_init(&p->value.local, HP_F32, 1, shape, M->expert_bias));
+        HP_TRY(hp_tensor_init(&p->grad.local, HP_F32, 1, shape, t->moe_zero));
+        p->value.global_shape[0] = p->grad.global_shape[0] = E;
+    }
+    return hp_optim_register_step_pre_hook(t->opt, moe_pre_step, t);
+}
+
+static void moe_destroy(hp_trainer_t t) {
+    free(t->moe_mods);
+    free(t->moe_counts);
+    free(t->moe_zero);
+    free(t->moe_ckpt_params);
+}
+
+/* Layouts the MoE layers do not support yet, named by key. */
+static hp_status_t moe_check_layout(const hp_trainer_t t) {
+    if (t->mcfg.moe_experts > 0 && t->pd.tp > 1)
+        return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.tensor_parallel_degree' = %d with the MoE model "
+                        "'%s': tensor parallel of MoE layers (TP of experts, ETP) is not implemented; hint: set "
+                        "--parallelism.tensor_parallel_degree=1 (FSDP and data parallel work)", t->pd.tp, t->mcfg.name);
+    return HP_OK;
+}
+/* --- end mixture of experts ---------------------------------------------------------------- */
+
 /* --- checkpoint (owner dcp): the state the manager saves and restores ---------------------- */
 static hp_ckpt_train_state_t ckpt_state(hp_trainer_t t) {
     hp_ckpt_train_state_t st = {t->params, t->np, hp_model_config(t->model),
                                 t->opt, t->dl, &t->step, &t->ckpt_seed};
+    if (t->moe_ckpt_params) {   /* mixture of experts (owner moe): expert_bias is checkpointed */
+        st.params = t->moe_ckpt_params;
+        st.n_params = t->np + t->n_moe;
+    }
     return st;
 }
 
@@ -491,6 +596,7 @@ void hp_trainer_destroy(hp_trainer_t t) {
     hp_ddp_destroy(t->ddp);
     hp_mesh_destroy(t->dp_mesh);
     hp_tp_destroy(t->tp);       /* tensor parallel (owner tp) */
+    moe_destroy(t);             /* mixture of experts (owner moe) */
     hp_mesh_destroy(t->tp_mesh);
     hp_model_destroy(t->model);
     if (t->meshes.world) hp_parallel_meshes_destroy(&t->meshes);

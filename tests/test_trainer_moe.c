@@ -1,0 +1,148 @@
+/* The trainer with the MoE models (deepseek_v3, qwen3_moe debug flavors, small overrides
+ * through the model.moe_* keys): training falls on one rank; the aux-loss-free expert_bias
+ * update runs as an optimizer pre-step hook (bias moves, sums to zero per layer, equal on
+ * every rank because the counts are summed over the batch mesh); per-layer imbalance and
+ * tokens per expert reach the JSONL metrics; on 2 ranks FSDP gives the losses of replicated
+ * data parallel (float32 all-gather; reduction order: 1e-5 relative) and an lr x 1.001 run
+ * does not; bad MoE keys are named. */
+// hp-test: ranks 1 2 timeout 300
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hp_test.h"
+#include "hp_test_mpi.h"
+#include "hp_test_corpus.h"
+#include "hyperparallel/comm.h"
+#include "hyperparallel/config.h"
+#include "hyperparallel/model.h"
+#include "hyperparallel/trainer.h"
+
+enum { N = 6 };
+
+static void moe_config(hp_config_t *c, int ws, const char *name) {
+    hp_test_base_config(c, ws);
+    snprintf(c->model.name, sizeof c->model.name, "%s", name);
+    c->model.dim = 64;
+    c->model.n_layers = 3;
+    c->model.n_heads = 4;
+    c->model.n_kv_heads = 2;
+    c->model.head_dim = 16;
+    c->model.hidden_dim = 96;
+    c->model.moe_hidden_dim = 32;
+    c->model.moe_num_experts = 8;
+    c->model.moe_top_k = 2;
+    c->model.moe_load_balance_coeff = 1e-2;   // large enough to move the bias visibly in a few steps
+    c->training.seq_len = 16;
+    c->training.steps = N;
+}
+
+/* Trains n steps; returns losses and, via bias_out (n_moe * E floats), the expert biases. */
+static int train(const hp_config_t *c, hp_comm_t world, double *losses, float *bias_out) {
+    hp_trainer_t t = NULL;
+    HP_CHECK_OK(hp_trainer_create(c, world, &t));
+    if (!t) return 0;
+    for (int i = 0; i < N; i++) {
+        hp_step_stats_t st;
+        HP_CHECK_OK(hp_trainer_step(t, &st));
+        losses[i] = st.loss;
+    }
+    hp_module_t *mods[512];
+    int nm = hp_model_modules(hp_trainer_model(t), mods, 512), k = 0;
+    for (int i = 0; i < nm; i++) {
+        if (!hp_module_is_moe(mods[i])) continue;
+        const hp_moe_impl_t *M = mods[i]->impl;
+        memcpy(bias_out + (size_t)k * M->c.n_experts, M->expert_bias, sizeof(float) * (size_t)M->c.n_experts);
+        k++;
+    }
+    hp_trainer_destroy(t);
+    return k;
+}
+
+int main(int argc, char **argv) {
+    int rank, ws;
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
+    hp_test_make_corpus(world, "hp_test_trainer_moe");
+    hp_config_t *c = calloc(1, sizeof *c), *f = calloc(1, sizeof *f);
+    double dl[N], fl[N];
+    float bias[64 * 8], fbias[64 * 8];
+    const char *models[2] = {"deepseek_v3", "qwen3_moe"};
+    for (int mi = 0; mi < 2; mi++) {
+        moe_config(c, ws, models[mi]);
+        if (ws == 1 && mi == 0) {   // metrics to JSONL at every step
+            snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/out", dir_);
+            snprintf(c->metrics.jsonl_file, sizeof c->metrics.jsonl_file, "metrics.jsonl");
+            c->metrics.log_freq = 1;
+        }
+        int n_moe = train(c, world, dl, bias);
+        HP_CHECK(n_moe == 2, "%s: %d MoE layers, expected 2 (1 dense of 3)", models[mi], n_moe);
+        HP_CHECK(isfinite(dl[N - 1]) && dl[N - 1] < dl[0] - 0.3, "%s: loss %.4f -> %.4f does not fall", models[mi],
+                 dl[0], dl[N - 1]);
+        for (int l = 0; l < n_moe; l++) {
+            double s = 0, a = 0;
+            for (int e = 0; e < 8; e++) { s += bias[l * 8 + e]; a += fabs(bias[l * 8 + e]); }
+            // N updates of +-coeff each, centred: sum 0 up to f32 rounding, some entry moved
+            HP_CHECK(fabs(s) < 1e-5 && a > 0.5e-2, "%s layer %d: expert_bias sum %.3g, |bias|_1 %.3g", models[mi], l,
+                     s, a);
+        }
+        if (ws > 1) {   // counts summed over the batch mesh: every rank holds the same bias
+            float mx[64 * 8], mn[64 * 8];
+            HP_CHECK_OK(hp_all_reduce(bias, mx, (size_t)n_moe * 8, HP_F32, HP_MAX, world, NULL));
+            HP_CHECK_OK(hp_all_reduce(bias, mn, (size_t)n_moe * 8, HP_F32, HP_MIN, world, NULL));
+            HP_CHECK(memcmp(mx, mn, sizeof(float) * (size_t)n_moe * 8) == 0, "%s: expert_bias differs across ranks",
+                     models[mi]);
+            // FSDP over 2 ranks == replicated data parallel
+            *f = *c;
+            f->parallelism.data_parallel_replicate_degree = 1;
+            f->parallelism.data_parallel_shard_degree = ws;
+            snprintf(f->training.mixed_precision_param, sizeof f->training.mixed_precision_param, "float32");
+            train(f, world, fl, fbias);
+            for (int i = 0; i < N; i++) HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
+            if (rank == 0)
+                printf("%s FSDP %d: losses %.6f .. %.6f (DP %.6f .. %.6f)\n", models[mi], ws, fl[0], fl[N - 1], dl[0],
+                       dl[N - 1]);
+            if (mi == 0) {   // negative test (STYLE rule 17)
+                f->optimizer.lr *= 1.001;
+                train(f, world, fl, fbias);
+                int caught = 0;
+                for (int i = 0; i < N; i++) caught |= fabs(fl[i] - dl[i]) > 1e-5 * fabs(dl[i]);
+                HP_CHECK(caught, "negative test: lr x 1.001 stays within the 1e-5 loss tolerance");
+            }
+        } else if (rank == 0) {
+            printf("%s: losses %.4f -> %.4f, bias[0] %+.4f\n", models[mi], dl[0], dl[N - 1], bias[0]);
+        }
+    }
+    if (ws == 1) {   // the JSONL has the per-layer routing metrics
+        char path[400], line[512];
+        snprintf(path, sizeof path, "%s/out/metrics.jsonl", dir_);
+        FILE *fp = fopen(path, "r");
+        int imb = 0, tmax = 0;
+        while (fp && fgets(line, sizeof line, fp)) {
+            imb += strstr(line, "\"moe/layers.1/imbalance_max_over_mean\"") != NULL;
+            tmax += strstr(line, "\"moe/layers.2/tokens_per_expert_max\"") != NULL;
+        }
+        if (fp) fclose(fp);
+        HP_CHECK(imb == N && tmax == N, "metrics.jsonl: %d imbalance and %d tokens_per_expert_max lines, expected %d",
+                 imb, tmax, N);
+    }
+    // bad MoE keys are named
+    hp_model_config_t mc;
+    moe_config(c, ws, "qwen3_moe");
+    c->model.moe_top_k = 9;
+    HP_CHECK_ERR(hp_config_resolve_model(c, 2048, "test", 16, &mc), HP_ERR_INVALID_ARG, "'model.moe_top_k' = 9");
+    moe_config(c, ws, "qwen3_moe");
+    c->parallelism.expert_parallel_degree = 3;
+    HP_CHECK_ERR(hp_config_resolve_model(c, 2048, "test", 16, &mc), HP_ERR_INVALID_ARG,
+                 "'parallelism.expert_parallel_degree' = 3 must divide model.moe_num_experts = 8");
+    moe_config(c, ws, "llama3");
+    c->model.moe_top_k = -1;
+    c->model.moe_num_experts = 4;
+    HP_CHECK_ERR(hp_config_resolve_model(c, 2048, "test", 16, &mc), HP_ERR_INVALID_ARG, "dense model");
+    free(f);
+    free(c);
+    int rc = hp_test_finish("test_trainer_moe");
+    hp_test_remove_corpus(world);
+    hp_comm_finalize();
+    return rc;
+}
