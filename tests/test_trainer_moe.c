@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
     hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
     hp_test_make_corpus(world, "hp_test_trainer_moe");
     hp_config_t *c = calloc(1, sizeof *c), *f = calloc(1, sizeof *f);
-    double dl[N], fl[N];
+    double dl[N], fl[N], ds_losses[N];
     float bias[64 * 8], fbias[64 * 8];
     const char *models[2] = {"deepseek_v3", "qwen3_moe"};
     for (int mi = 0; mi < 2; mi++) {
@@ -76,6 +76,7 @@ int main(int argc, char **argv) {
             c->metrics.log_freq = 1;
         }
         int n_moe = train(c, world, dl, bias);
+        if (mi == 0) memcpy(ds_losses, dl, sizeof dl);
         HP_CHECK(n_moe == 2, "%s: %d MoE layers, expected 2 (1 dense of 3)", models[mi], n_moe);
         HP_CHECK(isfinite(dl[N - 1]) && dl[N - 1] < dl[0] - 0.3, "%s: loss %.4f -> %.4f does not fall", models[mi],
                  dl[0], dl[N - 1]);
@@ -125,6 +126,52 @@ int main(int argc, char **argv) {
         if (fp) fclose(fp);
         HP_CHECK(imb == N && tmax == N, "metrics.jsonl: %d imbalance and %d tokens_per_expert_max lines, expected %d",
                  imb, tmax, N);
+    }
+    if (ws == 1) {   // expert_bias is checkpointed: 3 steps, save, resume, 3 more == 6 straight steps
+        moe_config(c, ws, "deepseek_v3");
+        snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/ck", dir_);
+        c->checkpoint.enable = true;
+        c->checkpoint.interval = 3;
+        c->checkpoint.last_save_model_only = false;
+        hp_trainer_t t = NULL;
+        double rl[N];
+        float b3[64 * 8];
+        HP_CHECK_OK(hp_trainer_create(c, world, &t));
+        for (int i = 0; t && i < 3; i++) {
+            hp_step_stats_t st;
+            HP_CHECK_OK(hp_trainer_step(t, &st));
+            rl[i] = st.loss;
+        }
+        if (t) {
+            hp_module_t *mods[512];
+            int nm = hp_model_modules(hp_trainer_model(t), mods, 512);
+            for (int i = 0; i < nm; i++)
+                if (hp_module_is_moe(mods[i])) { memcpy(b3, ((hp_moe_impl_t *)mods[i]->impl)->expert_bias, 32); break; }
+            hp_trainer_destroy(t);
+        }
+        t = NULL;
+        HP_CHECK_OK(hp_trainer_create(c, world, &t));
+        if (t) {
+            HP_CHECK(hp_trainer_current_step(t) == 3, "resumed at step %lld, expected 3",
+                     (long long)hp_trainer_current_step(t));
+            hp_module_t *mods[512];
+            int nm = hp_model_modules(hp_trainer_model(t), mods, 512);
+            for (int i = 0; i < nm; i++)
+                if (hp_module_is_moe(mods[i])) {
+                    HP_CHECK(memcmp(b3, ((hp_moe_impl_t *)mods[i]->impl)->expert_bias, 32) == 0,
+                             "expert_bias was not restored from the checkpoint");
+                    break;
+                }
+            for (int i = 3; i < N; i++) {
+                hp_step_stats_t st;
+                HP_CHECK_OK(hp_trainer_step(t, &st));
+                rl[i] = st.loss;
+            }
+            hp_trainer_destroy(t);
+            for (int i = 0; i < N; i++)
+                HP_CHECK(rl[i] == ds_losses[i], "resumed run step %d: loss %.9g, straight run %.9g", i + 1, rl[i],
+                         ds_losses[i]);
+        }
     }
     // bad MoE keys are named
     hp_model_config_t mc;
