@@ -122,7 +122,7 @@ enum {
     HP_NN_OP_ATTENTION_FWD, HP_NN_OP_ATTENTION_BWD,
     HP_NN_OP_SWIGLU_FWD, HP_NN_OP_SWIGLU_BWD,
     HP_NN_OP_CROSS_ENTROPY, HP_NN_OP_ELEMENTWISE,
-    HP_NN_OP_MOE_ROUTE, HP_NN_OP_MOE_EXPERTS, HP_NN_OP_MOE_COMBINE,   /* moe.c (docs/moe.md) */
+    HP_NN_OP_MOE_ROUTE, HP_NN_OP_MOE_EXPERTS, HP_NN_OP_MOE_COMBINE, HP_NN_OP_MOE_DISPATCH,   /* moe.c, ep.c */
     HP_NN_OP_COUNT
 };
 extern const char *const hp_nn_op_names[HP_NN_OP_COUNT];
@@ -228,10 +228,26 @@ typedef struct hp_moe_config {
     int n_shared_experts, shared_hidden;   /* 0: no shared experts */
     int n_expert_groups, n_limited_groups; /* node-limited routing; <= 1 groups: off */
 } hp_moe_config_t;
+/* A replaceable expert stage (expert parallelism, src/parallel/ep.c): takes the (N*K, D) rows
+ * in global expert-major order (offsets (E+1)) and returns the experts' outputs in the same
+ * order. Its per-micro-batch state lives in the activation context (act arena and gradient
+ * scratch), found again through *state, so micro-batches in flight never mix. */
+typedef struct hp_moe_dispatch {
+    size_t (*act_bytes)(void *ctx, const hp_module_t *moe, int N);        /* for N local tokens */
+    size_t (*scratch_floats)(void *ctx, const hp_module_t *moe, int N);
+    hp_status_t (*forward)(void *ctx, hp_module_t *moe, hp_act_t *act, float *ys, const float *xs,
+                           const int32_t *offsets, void **state);
+    /* dxs (=) from dys; scratch carved from act at *scratch_off (advanced), kept for the weight pass */
+    hp_status_t (*backward_input)(void *ctx, hp_module_t *moe, hp_act_t *act, void *state, float *dxs,
+                                  const float *dys, size_t *scratch_off);
+    hp_status_t (*backward_weight)(void *ctx, hp_module_t *moe, hp_act_t *act, void *state);
+} hp_moe_dispatch_t;
 typedef struct hp_moe_impl {
     hp_moe_config_t c;
     float *expert_bias;       /* (E) selection-only bias (NULL: none); caller-owned */
     float *tokens_per_expert; /* (E) += routed rows per forward (NULL: not counted); caller-owned */
+    const hp_moe_dispatch_t *dispatch;   /* NULL: every expert is local (one rank) */
+    void *dispatch_ctx;
 } hp_moe_impl_t;
 /* The config's bounds (top_k <= n_experts, groups dividing experts, ...); `what` prefixes the
  * message (a config key or module name). */

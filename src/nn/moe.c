@@ -45,6 +45,7 @@ typedef struct moe_saved {
     float *dh1, *dh3;   // (N*K, F)
     float *dlogits;     // (N, E)
     float *dsh1, *dsh3; // (N, Fs)
+    void *dstate;       // the dispatcher's state of this micro-batch (expert parallel)
     int N;
 } moe_saved_t;
 
@@ -57,8 +58,9 @@ static size_t moe_act_bytes(const hp_module_t *m, int B, int T) {
     const hp_moe_config_t *c = &M->c;
     const size_t N = (size_t)B * T, NK = N * c->top_k, E = c->n_experts, D = c->dim, F = c->hidden;
     const size_t Fs = moe_fs(c);
+    const size_t experts = M->dispatch ? M->dispatch->act_bytes(M->dispatch_ctx, m, (int)N) : 3 * fl(NK * F);
     return hp_arena_round(sizeof(moe_saved_t)) + fl(N * E) + 2 * fl(N * c->top_k) + fl(E) + fl(E + 1) +
-           2 * fl(NK) + 2 * fl(NK * D) + 3 * fl(NK * F) + (Fs ? 3 * fl(N * Fs) : 0);
+           2 * fl(NK) + 2 * fl(NK * D) + experts + (Fs ? 3 * fl(N * Fs) : 0);
 }
 
 static size_t moe_scratch(const hp_module_t *m, int B, int T) {
@@ -67,7 +69,8 @@ static size_t moe_scratch(const hp_module_t *m, int B, int T) {
     const size_t N = (size_t)B * T, NK = N * c->top_k, D = c->dim, F = c->hidden, E = c->n_experts;
     const size_t Fs = moe_fs(c);
     // kept: dys, dh1, dh3, dlogits, dsh1, dsh3; transient: da, dxs, dg, dsa
-    return NK * D + 2 * NK * F + N * E + 2 * N * Fs + NK * F + NK * D + NK + N * Fs;
+    const size_t experts = M->dispatch ? M->dispatch->scratch_floats(M->dispatch_ctx, m, (int)N) : 3 * NK * F;
+    return NK * D + N * E + 2 * N * Fs + NK * D + NK + N * Fs + experts;
 }
 
 /* ---- routing ---------------------------------------------------------------------------- */
@@ -249,9 +252,11 @@ static hp_status_t moe_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     s->row_of = hp_act_alloc(act, sizeof(int32_t) * NK);
     s->xs = hp_act_alloc(act, sizeof(float) * NK * D);
     s->ys = hp_act_alloc(act, sizeof(float) * NK * D);
-    s->h1 = hp_act_alloc(act, sizeof(float) * NK * F);
-    s->h3 = hp_act_alloc(act, sizeof(float) * NK * F);
-    s->a = hp_act_alloc(act, sizeof(float) * NK * F);
+    if (!M->dispatch) {
+        s->h1 = hp_act_alloc(act, sizeof(float) * NK * F);
+        s->h3 = hp_act_alloc(act, sizeof(float) * NK * F);
+        s->a = hp_act_alloc(act, sizeof(float) * NK * F);
+    }
     double t0 = omp_get_wtime();
     // router logits land in ys (free until the experts run): (N, E) <= (N*K, D) floats
     HP_ASSERT((size_t)E <= (size_t)K * D);
@@ -270,9 +275,13 @@ static hp_status_t moe_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     }
     prof(act, HP_NN_OP_MOE_ROUTE, t0);
     t0 = omp_get_wtime();
-    hp_moe_experts_forward(be, s->ys, s->h1, s->h3, s->a, s->xs, hp_param_w(P_W1(m)), hp_param_w(P_W2(m)),
-                           hp_param_w(P_W3(m)), s->offsets, E, D, F);
-    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    if (M->dispatch) {   // expert parallel: dispatch, local experts, combine back (profiles itself)
+        HP_TRY(M->dispatch->forward(M->dispatch_ctx, m, act, s->ys, s->xs, s->offsets, &s->dstate));
+    } else {
+        hp_moe_experts_forward(be, s->ys, s->h1, s->h3, s->a, s->xs, hp_param_w(P_W1(m)), hp_param_w(P_W2(m)),
+                               hp_param_w(P_W3(m)), s->offsets, E, D, F);
+        prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    }
     t0 = omp_get_wtime();
     // combine: out[n] += sum_k (gate) ys[row(n, k)], choices in their fixed order
 #pragma omp parallel for schedule(static)
@@ -316,14 +325,16 @@ static hp_status_t moe_backward_input(hp_module_t *m, hp_act_t *act, const hp_te
     s->dout = dy;
     size_t off = 0;
     s->dys = hp_act_scratch(act, &off, NK * D);
-    s->dh1 = hp_act_scratch(act, &off, NK * F);
-    s->dh3 = hp_act_scratch(act, &off, NK * F);
+    if (!M->dispatch) {
+        s->dh1 = hp_act_scratch(act, &off, NK * F);
+        s->dh3 = hp_act_scratch(act, &off, NK * F);
+    }
     s->dlogits = hp_act_scratch(act, &off, (size_t)N * E);
     if (Fs) {
         s->dsh1 = hp_act_scratch(act, &off, (size_t)N * Fs);
         s->dsh3 = hp_act_scratch(act, &off, (size_t)N * Fs);
     }
-    float *da = hp_act_scratch(act, &off, NK * F);
+    float *da = M->dispatch ? NULL : hp_act_scratch(act, &off, NK * F);
     float *dxs = hp_act_scratch(act, &off, NK * D);
     float *dg = hp_act_scratch(act, &off, NK);   // (N, K) gradient of the gate values
     double t0 = omp_get_wtime();
@@ -345,9 +356,13 @@ static hp_status_t moe_backward_input(hp_module_t *m, hp_act_t *act, const hp_te
     }
     prof(act, HP_NN_OP_MOE_COMBINE, t0);
     t0 = omp_get_wtime();
-    hp_moe_experts_backward_input(be, dxs, s->dh1, s->dh3, da, s->dys, s->h1, s->h3, hp_param_w(P_W1(m)),
-                                  hp_param_w(P_W2(m)), hp_param_w(P_W3(m)), s->offsets, E, D, F);
-    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    if (M->dispatch) {
+        HP_TRY(M->dispatch->backward_input(M->dispatch_ctx, m, act, s->dstate, dxs, s->dys, &off));
+    } else {
+        hp_moe_experts_backward_input(be, dxs, s->dh1, s->dh3, da, s->dys, s->h1, s->h3, hp_param_w(P_W1(m)),
+                                      hp_param_w(P_W2(m)), hp_param_w(P_W3(m)), s->offsets, E, D, F);
+        prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    }
     t0 = omp_get_wtime();
     // un-permute: dx[n] = sum_k (gate under score-before) dxs[row(n, k)], fixed k order
 #pragma omp parallel for schedule(static)
@@ -418,8 +433,11 @@ static hp_status_t moe_backward_weight(hp_module_t *m, hp_act_t *act) {
     const int N = s->N, E = c->n_experts, D = c->dim, F = c->hidden, Fs = moe_fs(c);
     const hp_backend_t *be = act->be;
     double t0 = omp_get_wtime();
-    hp_moe_experts_backward_weight(be, hp_param_g(P_W1(m)), hp_param_g(P_W2(m)), hp_param_g(P_W3(m)), s->dys,
-                                   s->dh1, s->dh3, s->a, s->xs, s->offsets, E, D, F);
+    if (M->dispatch)
+        HP_TRY(M->dispatch->backward_weight(M->dispatch_ctx, m, act, s->dstate));
+    else
+        hp_moe_experts_backward_weight(be, hp_param_g(P_W1(m)), hp_param_g(P_W2(m)), hp_param_g(P_W3(m)), s->dys,
+                                       s->dh1, s->dh3, s->a, s->xs, s->offsets, E, D, F);
     if (Fs > 0) {
         be->linear_backward_weight(be->ctx, hp_param_g(P_SW2(m)), NULL, s->dout, s->sa, N, Fs, D);
         be->linear_backward_weight(be->ctx, hp_param_g(P_SW1(m)), NULL, s->dsh1, s->x, N, D, Fs);

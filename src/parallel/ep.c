@@ -1,0 +1,316 @@
+/* Expert parallelism (include/hyperparallel/ep.h): expert sharding of the MoE modules over the
+ * ep mesh and the all-to-all dispatcher (hp_moe_dispatch_t) that runs their expert stage:
+ * counts, rows, permutation to local expert-major order, local grouped experts and back. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include "hyperparallel/ep.h"
+#include "hyperparallel/comm.h"
+#include "hyperparallel/dtensor.h"
+
+struct hp_ep {
+    hp_mesh_t mesh;
+    hp_comm_t comm;
+    int rank, size;
+    size_t expert_bytes;
+};
+
+#define W1(m) ((m)->params[1])   // local (E/ep, F, D)
+#define W2(m) ((m)->params[2])   // local (E/ep, D, F)
+#define W3(m) ((m)->params[3])
+
+typedef struct ep_state {
+    int R;              // rows this rank's experts received
+    int32_t *rc;        // (ep, El) rows from rank p for local expert j
+    int32_t *loff;      // (El + 1) local expert-major offsets
+    int32_t *perm;      // (Rmax) local expert-major row -> rank-major row
+    size_t *scnt, *sdis, *rcnt, *rdis;   // (ep) all_to_all_v counts / displacements (floats)
+    float *buf;         // (Rmax, D) rank-major rows (receive / send side)
+    float *xl, *yl;     // (Rmax, D) local expert-major input and output
+    float *h1, *h3, *a; // (Rmax, F)
+    float *dyl, *dh1, *dh3;   // backward, kept for the weight pass (gradient scratch)
+} ep_state_t;
+
+static void prof(hp_act_t *act, int op, double t0) {
+    if (act->prof) act->prof[op] += omp_get_wtime() - t0;
+}
+
+static size_t rmax(const hp_ep_t ep, const hp_module_t *m, int N) {
+    const hp_moe_impl_t *M = m->impl;
+    return (size_t)ep->size * N * M->c.top_k;
+}
+
+static size_t ep_act_bytes(void *ctx, const hp_module_t *m, int N) {
+    hp_ep_t ep = ctx;
+    const hp_moe_impl_t *M = m->impl;
+    const size_t R = rmax(ep, m, N), El = (size_t)M->c.n_experts / ep->size, D = M->c.dim, F = M->c.hidden;
+    return hp_arena_round(sizeof(ep_state_t)) + hp_arena_round(sizeof(int32_t) * ep->size * El) +
+           hp_arena_round(sizeof(int32_t) * (El + 1)) + hp_arena_round(sizeof(int32_t) * R) +
+           4 * hp_arena_round(sizeof(size_t) * ep->size) + 3 * hp_arena_round(sizeof(float) * R * D) +
+           3 * hp_arena_round(sizeof(float) * R * F);
+}
+
+static size_t ep_scratch(void *ctx, const hp_module_t *m, int N) {
+    hp_ep_t ep = ctx;
+    const hp_moe_impl_t *M = m->impl;
+    const size_t R = rmax(ep, m, N);
+    return R * (2 * (size_t)M->c.dim + 3 * (size_t)M->c.hidden);   // dyl, dxl; dh1, dh3, da
+}
+
+/* dst[i] = src[perm[i]] (gather) or dst[perm[i]] = src[i] (scatter), rows of w floats. */
+static void permute_rows(float *dst, const float *src, const int32_t *perm, int R, int w, int scatter) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < R; i++) {
+        const size_t di = scatter ? (size_t)perm[i] : (size_t)i, si = scatter ? (size_t)i : (size_t)perm[i];
+        memcpy(dst + di * w, src + si * w, sizeof(float) * (size_t)w);
+    }
+}
+
+static hp_status_t ep_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *ys, const float *xs,
+                              const int32_t *offsets, void **state) {
+    hp_ep_t ep = ctx;
+    hp_moe_impl_t *M = m->impl;
+    const int P = ep->size, E = M->c.n_experts, El = E / P, D = M->c.dim, F = M->c.hidden;
+    const int N = act->B * act->T;
+    const size_t Rm = rmax(ep, m, N);
+    double t0 = omp_get_wtime();
+    ep_state_t *s = hp_act_alloc(act, sizeof(*s));
+    *state = s;
+    s->rc = hp_act_alloc(act, sizeof(int32_t) * (size_t)P * El);
+    s->loff = hp_act_alloc(act, sizeof(int32_t) * (size_t)(El + 1));
+    s->perm = hp_act_alloc(act, sizeof(int32_t) * Rm);
+    s->scnt = hp_act_alloc(act, sizeof(size_t) * P);
+    s->sdis = hp_act_alloc(act, sizeof(size_t) * P);
+    s->rcnt = hp_act_alloc(act, sizeof(size_t) * P);
+    s->rdis = hp_act_alloc(act, sizeof(size_t) * P);
+    s->buf = hp_act_alloc(act, sizeof(float) * Rm * D);
+    s->xl = hp_act_alloc(act, sizeof(float) * Rm * D);
+    s->yl = hp_act_alloc(act, sizeof(float) * Rm * D);
+    s->h1 = hp_act_alloc(act, sizeof(float) * Rm * F);
+    s->h3 = hp_act_alloc(act, sizeof(float) * Rm * F);
+    s->a = hp_act_alloc(act, sizeof(float) * Rm * F);
+    // 1. count exchange: my rows per expert, block q (experts of rank q) to rank q
+    int32_t cnt[HP_MOE_MAX_EXPERTS];
+    for (int e = 0; e < E; e++) cnt[e] = offsets[e + 1] - offsets[e];
+    HP_TRY(hp_all_to_all(cnt, s->rc, (size_t)El, HP_I32, ep->comm, NULL));
+    // 2. splits: rows to rank q are contiguous in expert-major order
+    size_t so = 0, ro = 0;
+    for (int q = 0; q < P; q++) {
+        s->scnt[q] = (size_t)(offsets[(q + 1) * El] - offsets[q * El]) * D;
+        s->sdis[q] = so;
+        so += s->scnt[q];
+        size_t r = 0;
+        for (int j = 0; j < El; j++) r += (size_t)s->rc[q * El + j];
+        s->rcnt[q] = r * D;
+        s->rdis[q] = ro;
+        ro += s->rcnt[q];
+    }
+    s->R = (int)(ro / D);
+    HP_ASSERT((size_t)s->R <= Rm);
+    HP_TRY(hp_all_to_all_v(xs, s->scnt, s->sdis, s->buf, s->rcnt, s->rdis, HP_F32, ep->comm, NULL));
+    // 3. rank-major (p, j) -> expert-major (j, p)
+    s->loff[0] = 0;
+    for (int j = 0; j < El; j++) {
+        int n = 0;
+        for (int p = 0; p < P; p++) n += s->rc[p * El + j];
+        s->loff[j + 1] = s->loff[j] + n;
+    }
+    for (int j = 0, i = 0; j < El; j++)
+        for (int p = 0; p < P; p++) {
+            int base = (int)(s->rdis[p] / D);
+            for (int jj = 0; jj < j; jj++) base += s->rc[p * El + jj];
+            for (int r = 0; r < s->rc[p * El + j]; r++) s->perm[i++] = base + r;
+        }
+    permute_rows(s->xl, s->buf, s->perm, s->R, D, 0);
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    // 4. the local experts
+    t0 = omp_get_wtime();
+    hp_moe_experts_forward(act->be, s->yl, s->h1, s->h3, s->a, s->xl, hp_param_w(W1(m)), hp_param_w(W2(m)),
+                           hp_param_w(W3(m)), s->loff, El, D, F);
+    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    // 5. back: expert-major -> rank-major, reverse all_to_all_v
+    t0 = omp_get_wtime();
+    permute_rows(s->buf, s->yl, s->perm, s->R, D, 1);
+    HP_TRY(hp_all_to_all_v(s->buf, s->rcnt, s->rdis, ys, s->scnt, s->sdis, HP_F32, ep->comm, NULL));
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    return HP_OK;
+}
+
+static hp_status_t ep_backward_input(void *ctx, hp_module_t *m, hp_act_t *act, void *state, float *dxs,
+                                     const float *dys, size_t *off) {
+    hp_ep_t ep = ctx;
+    hp_moe_impl_t *M = m->impl;
+    ep_state_t *s = state;
+    const int El = M->c.n_experts / ep->size, D = M->c.dim, F = M->c.hidden;
+    const size_t Rm = rmax(ep, m, act->B * act->T);
+    s->dyl = hp_act_scratch(act, off, Rm * D);
+    s->dh1 = hp_act_scratch(act, off, Rm * F);
+    s->dh3 = hp_act_scratch(act, off, Rm * F);
+    float *da = hp_act_scratch(act, off, Rm * F), *dxl = hp_act_scratch(act, off, Rm * D);
+    double t0 = omp_get_wtime();
+    HP_TRY(hp_all_to_all_v(dys, s->scnt, s->sdis, s->buf, s->rcnt, s->rdis, HP_F32, ep->comm, NULL));
+    permute_rows(s->dyl, s->buf, s->perm, s->R, D, 0);
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    t0 = omp_get_wtime();
+    hp_moe_experts_backward_input(act->be, dxl, s->dh1, s->dh3, da, s->dyl, s->h1, s->h3, hp_param_w(W1(m)),
+                                  hp_param_w(W2(m)), hp_param_w(W3(m)), s->loff, El, D, F);
+    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    t0 = omp_get_wtime();
+    permute_rows(s->buf, dxl, s->perm, s->R, D, 1);
+    HP_TRY(hp_all_to_all_v(s->buf, s->rcnt, s->rdis, dxs, s->scnt, s->sdis, HP_F32, ep->comm, NULL));
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    return HP_OK;
+}
+
+static hp_status_t ep_backward_weight(void *ctx, hp_module_t *m, hp_act_t *act, void *state) {
+    hp_ep_t ep = ctx;
+    hp_moe_impl_t *M = m->impl;
+    ep_state_t *s = state;
+    double t0 = omp_get_wtime();
+    hp_moe_experts_backward_weight(act->be, hp_param_g(W1(m)), hp_param_g(W2(m)), hp_param_g(W3(m)), s->dyl, s->dh1,
+                                   s->dh3, s->a, s->xl, s->loff, M->c.n_experts / ep->size, M->c.dim, M->c.hidden);
+    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    return HP_OK;
+}
+
+static const hp_moe_dispatch_t ep_dispatch = {
+    ep_act_bytes, ep_scratch, ep_forward, ep_backward_input, ep_backward_weight,
+};
+
+int hp_ep_is_expert_param(const hp_param_t *p) { return p && strstr(p->name, ".moe.experts.") != NULL; }
+
+size_t hp_ep_local_expert_bytes(hp_ep_t ep) { return ep ? ep->expert_bytes : 0; }
+
+static void set_layout(hp_dtensor_t *d, hp_mesh_t mesh, hp_placement_t pl, int64_t local0, float *data) {
+    d->mesh = mesh;
+    d->mesh_ndim = 1;
+    d->placements[0] = pl;
+    if (data) {
+        d->local.shape[0] = local0;
+        int64_t st = 1;
+        for (int i = d->local.ndim - 1; i >= 0; i--) { d->local.stride[i] = st; st *= d->local.shape[i]; }
+        d->local.data = data;
+    }
+}
+
+/* Copies the (now smaller) parameters into storage of the local size in their old storage
+ * order, so stacked GEMM members (w1|w3, wq|wk|wv) stay adjacent and units contiguous;
+ * 16-float alignment between the others (the model's layout rule). */
+static hp_status_t compact(hp_model_t model) {
+    const int np = hp_model_num_params(model);
+    hp_param_t *P = hp_model_params(model);
+    size_t *off = hp_calloc((size_t)np, sizeof(size_t));
+    int *order = hp_calloc((size_t)np, sizeof(int));
+    if (!off || !order) { free(off); free(order); return HP_ERR_OOM; }
+    int n = 0;
+    for (int i = 0; i < np; i++) {   // distinct storage (a tied weight once), by address (insertion sort)
+        int dup = 0;
+        for (int j = 0; j < n; j++) dup |= P[order[j]].value.local.data == P[i].value.local.data;
+        if (dup) continue;
+        int k = n++;
+        while (k > 0 && (const float *)P[order[k - 1]].value.local.data > (const float *)P[i].value.local.data) {
+            order[k] = order[k - 1];
+            k--;
+        }
+        order[k] = i;
+    }
+    size_t cur = 0;
+    const float *prev_end = NULL;
+    for (int k = 0; k < n; k++) {
+        const hp_param_t *p = &P[order[k]];
+        const float *d = p->value.local.data;
+        off[order[k]] = d == prev_end ? cur : ((cur + 15) & ~(size_t)15);
+        cur = off[order[k]] + (size_t)hp_tensor_numel(&p->value.local);
+        prev_end = d + hp_tensor_numel(&p->value.local);
+    }
+    const size_t total = (cur + 15) & ~(size_t)15;
+    float *nv = hp_aligned_alloc(sizeof(float) * (total ? total : 16));
+    float *ng = hp_aligned_alloc(sizeof(float) * (total ? total : 16));
+    if (!nv || !ng) {
+        hp_free_aligned(nv); hp_free_aligned(ng); free(off); free(order);
+        return hp_error(HP_ERR_OOM, "expert parallel: %zu bytes for the local parameters", 2 * sizeof(float) * total);
+    }
+    memset(nv, 0, sizeof(float) * total);
+    memset(ng, 0, sizeof(float) * total);
+    for (int k = 0; k < n; k++) {
+        const hp_param_t *p = &P[order[k]];
+        const size_t cnt = (size_t)hp_tensor_numel(&p->value.local);
+        memcpy(nv + off[order[k]], p->value.local.data, sizeof(float) * cnt);
+        memcpy(ng + off[order[k]], p->grad.local.data, sizeof(float) * cnt);
+    }
+    for (int i = 0; i < np; i++)   // tied duplicates follow their first occurrence
+        for (int k = 0; k < n; k++)
+            if (P[order[k]].value.local.data == P[i].value.local.data) off[i] = off[order[k]];
+    for (int i = 0; i < np; i++) {
+        P[i].value.local.data = nv + off[i];
+        P[i].grad.local.data = ng + off[i];
+    }
+    hp_model_adopt_storage(model, nv, ng, total, off);
+    free(off);
+    free(order);
+    return HP_OK;
+}
+
+hp_status_t hp_ep_parallelize_model(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) {
+    if (!m || !mesh || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model: NULL argument");
+    *out = NULL;
+    const hp_model_config_t *c = hp_model_config(m);
+    if (hp_mesh_ndim(mesh) != 1)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model: the ep mesh must be 1-D (got %d dims)",
+                        hp_mesh_ndim(mesh));
+    const int P = (int)hp_mesh_size(mesh, 0);
+    if (c->moe_experts <= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "expert parallel: model '%s/%s' has no MoE layers; hint: use "
+                        "deepseek_v3 or qwen3_moe, or expert_parallel_degree 1", c->name, c->flavor);
+    if (c->moe_experts % P != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "expert parallel: degree %d does not divide the %d experts; hint: use a "
+                        "divisor of %d", P, c->moe_experts, c->moe_experts);
+    hp_ep_t ep = hp_calloc(1, sizeof(*ep));
+    if (!ep) return HP_ERR_OOM;
+    ep->mesh = mesh;
+    ep->comm = hp_mesh_get_comm(mesh, 0);
+    ep->size = P;
+    ep->rank = hp_mesh_get_local_rank(mesh, 0);
+    const int El = c->moe_experts / P;
+    // parameters: experts Shard(0) (local slice moved to the front), the rest Replicate
+    hp_param_t *ps = hp_model_params(m);
+    for (int i = 0; i < hp_model_num_params(m); i++) {
+        hp_param_t *p = &ps[i];
+        if (!hp_ep_is_expert_param(p)) {
+            set_layout(&p->value, mesh, hp_replicate(), 0, NULL);
+            set_layout(&p->grad, mesh, hp_replicate(), 0, NULL);
+            continue;
+        }
+        const size_t per = (size_t)(hp_tensor_numel(&p->value.local) / p->value.local.shape[0]);
+        float *v = p->value.local.data, *g = p->grad.local.data;
+        memmove(v, v + (size_t)ep->rank * El * per, sizeof(float) * El * per);
+        memmove(g, g + (size_t)ep->rank * El * per, sizeof(float) * El * per);
+        set_layout(&p->value, mesh, hp_shard(0), El, v);
+        set_layout(&p->grad, mesh, hp_shard(0), El, g);
+        ep->expert_bytes += sizeof(float) * El * per;
+    }
+    hp_status_t st = compact(m);
+    // the dispatcher on every MoE module; re-registering the module re-sizes the contexts
+    hp_module_t *mods[4096];
+    const int nm = hp_model_modules(m, mods, 4096);
+    for (int i = 0; st == HP_OK && i < nm && i < 4096; i++) {
+        hp_module_t *blk = mods[i];
+        for (int k = 0; k < blk->n_children && st == HP_OK; k++) {
+            hp_module_t *moe = blk->children[k];
+            if (!hp_module_is_moe(moe)) continue;
+            hp_moe_impl_t *M = moe->impl;
+            M->dispatch = &ep_dispatch;
+            M->dispatch_ctx = ep;
+            st = hp_model_replace_module(m, blk, moe, moe);
+        }
+    }
+    if (st != HP_OK) {
+        free(ep);
+        return st;
+    }
+    *out = ep;
+    return HP_OK;
+}
+
+void hp_ep_destroy(hp_ep_t ep) { free(ep); }
