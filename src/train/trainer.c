@@ -25,6 +25,7 @@
 #include "hyperparallel/ddp.h"
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/tp.h"
+#include "hyperparallel/ep.h"
 #include "hyperparallel/parallel_dims.h"
 #include "hyperparallel/tokenizer.h"
 
@@ -32,7 +33,7 @@
  * gradient after backward), FSDP (dp_shard > 1) and HSDP (both > 1) through fully_shard
  * (src/parallel/fsdp.c), tensor / sequence parallel (src/parallel/tp.c), alone or inside
  * any of those. PP, CP and EP are refused by ParallelDims. */
-#define HP_TRAINER_IMPLEMENTED (HP_PAR_DP_REPLICATE | HP_PAR_DP_SHARD | HP_PAR_TP)
+#define HP_TRAINER_IMPLEMENTED (HP_PAR_DP_REPLICATE | HP_PAR_DP_SHARD | HP_PAR_TP | HP_PAR_EP)   /* EP: owner moe */
 
 struct hp_trainer {
     hp_config_t cfg;
@@ -79,6 +80,9 @@ struct hp_trainer {
     float *moe_counts;          /* (n_moe, E) tokens per expert of a step, summed over dp */
     hp_param_t *moe_ckpt_params;   /* params + one "layers.N.moe.expert_bias" per MoE layer */
     float *moe_zero;            /* (E) the bias entries' (unused) gradient */
+    hp_mesh_t ep_mesh;          /* expert parallel: the sparse mesh's ep dim */
+    hp_ep_t ep;
+    hp_mesh_t ep_grad_mesh[2];  /* (efsdp), (dp_replicate): expert grads are summed over these */
     /* --- end --- */
 };
 
@@ -313,12 +317,24 @@ static hp_status_t build(hp_trainer_t t) {
         t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->tp_mesh, 0);
     }
     /* --- end tensor parallel --- */
+    /* --- expert parallel (owner moe): experts Shard(0) over the sparse mesh's ep dim before
+     * the weights are drawn; expert grads are summed over (efsdp, dp_replicate), the dense
+     * ones over the batch mesh as replicated data parallel (no FSDP / DDP under EP yet) --- */
+    if (t->pd.ep > 1) {
+        const char *epn[1] = {"ep"}, *efn[1] = {"efsdp"}, *drn[1] = {"dp_replicate"};
+        HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
+        HP_TRY(hp_ep_parallelize_model(t->model, t->ep_mesh, &t->ep));
+        if (hp_parallel_dims_efsdp(&t->pd) > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, efn, &t->ep_grad_mesh[0]));
+        if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
+        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // dense counted once, experts summed
+    }
+    /* --- end expert parallel --- */
     HP_TRY(hp_model_init_weights(t->model, (uint64_t)c->training.seed));
     t->flops_per_token = hp_model_flops_per_token(&t->mcfg, t->T);
     /* --- data parallel (owner fsdp) --- */
     t->params = hp_model_params(t->model);
     t->np = hp_model_num_params(t->model);
-    if (t->pd.dp_shard > 1) {
+    if (t->pd.dp_shard > 1 && !t->ep) {   /* expert parallel (owner moe): no FSDP under EP yet */
         /* fully_shard every unit (embedding, blocks, norm + output) over (dp_shard) or, with
          * dp_replicate > 1, HSDP over (dp_replicate, dp_shard); reductions are sums since the
          * loss is globally normalised (gradient divide factor 1, docs/fsdp.md) */
@@ -335,7 +351,7 @@ static hp_status_t build(hp_trainer_t t) {
         HP_TRY(hp_fully_shard(t->model, t->dp_mesh, &fo, &t->fsdp));
         t->params = hp_fsdp_params(t->fsdp);
         t->n_clip_comms = hp_fsdp_grad_comms(t->fsdp, t->clip_comms);   /* shard, replicate, tp */
-    } else if (t->dp_size > 1 && !t->mcfg.tie_embeddings) {
+    } else if (t->dp_size > 1 && !t->mcfg.tie_embeddings && !t->ep) {
         /* DDP: gradient buckets (1 MiB first, 25 MiB cap) all-reduced (SUM) asynchronously as
          * they fill during backward; no_sync on all micro-batches but the last. Tied
          * embeddings keep the per-parameter all-reduce after backward (step 4). */
@@ -479,6 +495,13 @@ static void moe_destroy(hp_trainer_t t) {
 
 /* Layouts the MoE layers do not support yet, named by key. */
 static hp_status_t moe_check_layout(const hp_trainer_t t) {
+    if (t->pd.ep > 1 && t->mcfg.moe_experts <= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'parallelism.expert_parallel_degree' = %d needs an MoE model; "
+                        "model.name = %s is dense; hint: use deepseek_v3 or qwen3_moe, or set the degree to 1",
+                        t->pd.ep, t->mcfg.name);
+    if (t->pd.etp > 1)
+        return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.expert_tensor_parallel_degree' = %d: expert "
+                        "tensor parallel is not implemented; hint: set it to 1", t->pd.etp);
     if (t->mcfg.moe_experts > 0 && t->pd.tp > 1)
         return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.tensor_parallel_degree' = %d with the MoE model "
                         "'%s': tensor parallel of MoE layers (TP of experts, ETP) is not implemented; hint: set "
@@ -597,6 +620,10 @@ void hp_trainer_destroy(hp_trainer_t t) {
     hp_mesh_destroy(t->dp_mesh);
     hp_tp_destroy(t->tp);       /* tensor parallel (owner tp) */
     moe_destroy(t);             /* mixture of experts (owner moe) */
+    hp_ep_destroy(t->ep);
+    hp_mesh_destroy(t->ep_grad_mesh[0]);
+    hp_mesh_destroy(t->ep_grad_mesh[1]);
+    hp_mesh_destroy(t->ep_mesh);
     hp_mesh_destroy(t->tp_mesh);
     hp_model_destroy(t->model);
     if (t->meshes.world) hp_parallel_meshes_destroy(&t->meshes);
@@ -657,10 +684,23 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     if (t->dp_size > 1 && !t->fsdp && !t->ddp) {
         for (int i = 0; i < np; i++) {
             hp_tensor_t *g = &params[i].grad.local;
+            if (t->ep && hp_ep_is_expert_param(&params[i])) continue;   /* expert parallel (owner moe): below */
             HP_TRY(hp_all_reduce(g->data, g->data, (size_t)hp_tensor_numel(g), HP_F32, HP_SUM, t->dp_comm,
                                  &t->grad_work[i]));
         }
-        for (int i = 0; i < np; i++) HP_TRY(hp_work_wait(&t->grad_work[i]));
+        for (int i = 0; i < np; i++)
+            if (t->grad_work[i]) HP_TRY(hp_work_wait(&t->grad_work[i]));
+    }
+    if (t->ep) {   /* expert parallel (owner moe): expert grads summed over the ranks holding the same experts */
+        for (int k = 0; k < 2; k++) {
+            if (!t->ep_grad_mesh[k]) continue;
+            hp_comm_t gc = hp_mesh_get_comm(t->ep_grad_mesh[k], 0);
+            for (int i = 0; i < np; i++) {
+                if (!hp_ep_is_expert_param(&params[i])) continue;
+                hp_tensor_t *g = &params[i].grad.local;
+                HP_TRY(hp_all_reduce(g->data, g->data, (size_t)hp_tensor_numel(g), HP_F32, HP_SUM, gc, NULL));
+            }
+        }
     }
     /* 5. global loss and finiteness (every rank agrees) */
     double global_loss;

@@ -1,0 +1,98 @@
+/* The trainer with expert parallelism (parallelism.expert_parallel_degree; ep borrows the
+ * dp_shard ranks as TorchTitan): for both MoE flavors, 10 steps with the aux-loss-free bias
+ * update on give the losses and gradient norms of replicated data parallel over the same
+ * ranks (the layout whose parity with one rank test_trainer and test_ddp show): ep = world,
+ * and on 4 ranks also ep 2 x efsdp 2 (expert grads summed over efsdp). Float32 GEMM row sets
+ * and reduction orders differ: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
+ * falls outside. Bad EP keys are named. */
+// hp-test: ranks 2 4 timeout 300
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hp_test.h"
+#include "hp_test_mpi.h"
+#include "hp_test_corpus.h"
+#include "hyperparallel/config.h"
+#include "hyperparallel/trainer.h"
+
+enum { N = 10 };
+
+static void moe_config(hp_config_t *c, int ws, const char *name) {
+    hp_test_base_config(c, ws);
+    snprintf(c->model.name, sizeof c->model.name, "%s", name);
+    c->model.dim = 64;
+    c->model.n_layers = 3;
+    c->model.n_heads = 4;
+    c->model.n_kv_heads = 2;
+    c->model.head_dim = 16;
+    c->model.hidden_dim = 96;
+    c->model.moe_hidden_dim = 32;
+    c->model.moe_num_experts = 8;
+    c->model.moe_top_k = 2;
+    c->model.moe_load_balance_coeff = 1e-2;
+    c->training.seq_len = 16;
+    c->training.steps = N;
+    c->validation.enable = false;
+}
+
+int main(int argc, char **argv) {
+    int rank, ws;
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
+    hp_test_make_corpus(world, "hp_test_trainer_ep");
+    hp_config_t *c = calloc(1, sizeof *c), *f = calloc(1, sizeof *f);
+    double dl[N], dn[N], fl[N], fn[N];
+    const char *models[2] = {"deepseek_v3", "qwen3_moe"};
+    for (int mi = 0; mi < 2; mi++) {
+        moe_config(c, ws, models[mi]);
+        hp_test_train_steps(c, world, N, dl, dn, 0);   // replicated data parallel
+        for (int ep = ws; ep >= 2; ep /= 2) {
+            *f = *c;
+            f->parallelism.data_parallel_replicate_degree = 1;
+            f->parallelism.data_parallel_shard_degree = ws;
+            f->parallelism.expert_parallel_degree = ep;
+            hp_test_train_steps(f, world, N, fl, fn, 0);
+            for (int i = 0; i < N; i++) {
+                HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
+                HP_CHECK_CLOSE(fn[i], dn[i], 1e-4, 0.0);
+            }
+            if (rank == 0)
+                printf("%s ep %d (efsdp %d): losses %.6f .. %.6f (DP %.6f .. %.6f)\n", models[mi], ep, ws / ep, fl[0],
+                       fl[N - 1], dl[0], dl[N - 1]);
+        }
+    }
+    {   // negative test (STYLE rule 17)
+        moe_config(c, ws, "qwen3_moe");
+        hp_test_train_steps(c, world, N, dl, dn, 0);
+        *f = *c;
+        f->parallelism.data_parallel_replicate_degree = 1;
+        f->parallelism.data_parallel_shard_degree = ws;
+        f->parallelism.expert_parallel_degree = ws;
+        f->optimizer.lr *= 1.001;
+        hp_test_train_steps(f, world, N, fl, fn, 0);
+        int caught = 0;
+        for (int i = 0; i < N; i++) caught |= fabs(fl[i] - dl[i]) > 1e-5 * fabs(dl[i]);
+        HP_CHECK(caught, "negative test: lr x 1.001 under EP stays within the 1e-5 loss tolerance");
+    }
+    // bad EP input named by key
+    hp_trainer_t t = NULL;
+    moe_config(c, ws, "qwen3_moe");
+    c->parallelism.data_parallel_replicate_degree = 1;
+    c->parallelism.data_parallel_shard_degree = ws;
+    c->parallelism.expert_parallel_degree = ws;
+    c->model.moe_num_experts = 6;
+    if (ws == 4) HP_CHECK_ERR(hp_trainer_create(c, world, &t), HP_ERR_INVALID_ARG, "'parallelism.expert_parallel_degree' = 4 must divide");
+    moe_config(c, ws, "llama3");
+    c->model.moe_num_experts = -1; c->model.moe_top_k = -1; c->model.moe_hidden_dim = -1; c->model.moe_load_balance_coeff = -1;
+    c->parallelism.data_parallel_replicate_degree = 1;
+    c->parallelism.data_parallel_shard_degree = ws;
+    c->parallelism.expert_parallel_degree = ws;
+    HP_CHECK_ERR(hp_trainer_create(c, world, &t), HP_ERR_INVALID_ARG, "needs an MoE model");
+    free(f);
+    free(c);
+    int rc = hp_test_finish("test_trainer_ep");
+    hp_test_remove_corpus(world);
+    hp_comm_finalize();
+    return rc;
+}
