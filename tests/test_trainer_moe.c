@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     hp_test_make_corpus(world, "hp_test_trainer_moe");
     hp_config_t *c = calloc(1, sizeof *c), *f = calloc(1, sizeof *f);
     double dl[N], fl[N], ds_losses[N];
-    float bias[64 * 8], fbias[64 * 8];
+    float bias[64 * 8], fbias[64 * 8], bias_ds[16];
     const char *models[2] = {"deepseek_v3", "qwen3_moe"};
     for (int mi = 0; mi < 2; mi++) {
         moe_config(c, ws, models[mi]);
@@ -76,7 +76,10 @@ int main(int argc, char **argv) {
             c->metrics.log_freq = 1;
         }
         int n_moe = train(c, world, dl, bias);
-        if (mi == 0) memcpy(ds_losses, dl, sizeof dl);
+        if (mi == 0) {
+            memcpy(ds_losses, dl, sizeof dl);
+            memcpy(bias_ds, bias, sizeof(float) * 16);
+        }
         HP_CHECK(n_moe == 2, "%s: %d MoE layers, expected 2 (1 dense of 3)", models[mi], n_moe);
         HP_CHECK(isfinite(dl[N - 1]) && dl[N - 1] < dl[0] - 0.3, "%s: loss %.4f -> %.4f does not fall", models[mi],
                  dl[0], dl[N - 1]);
@@ -113,6 +116,34 @@ int main(int argc, char **argv) {
         } else if (rank == 0) {
             printf("%s: losses %.4f -> %.4f, bias[0] %+.4f\n", models[mi], dl[0], dl[N - 1], bias[0]);
         }
+    }
+    if (ws == 1) {   // full activation checkpointing: the same losses, bias and (halved) routing counts
+        moe_config(c, ws, "deepseek_v3");
+        snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/ac", dir_);
+        snprintf(c->metrics.jsonl_file, sizeof c->metrics.jsonl_file, "metrics.jsonl");
+        c->metrics.log_freq = 1;
+        snprintf(c->activation_checkpoint.mode, sizeof c->activation_checkpoint.mode, "full");
+        double al[N];
+        float ab[64 * 8];
+        int n_moe = train(c, world, al, ab);
+        int same = n_moe == 2 && memcmp(ab, bias_ds, sizeof(float) * 16) == 0;
+        for (int i = 0; i < N; i++) same &= al[i] == ds_losses[i];
+        HP_CHECK(same, "full AC changed the MoE run (losses or expert_bias)");
+        char pa[400], pb[400], la[512], lb[512];
+        snprintf(pa, sizeof pa, "%s/ac/metrics.jsonl", dir_);
+        snprintf(pb, sizeof pb, "%s/out/metrics.jsonl", dir_);
+        FILE *fa = fopen(pa, "r"), *fb = fopen(pb, "r");
+        int n_cmp = 0, n_eq = 0;
+        while (fa && fb && fgets(la, sizeof la, fa)) {
+            if (!strstr(la, "tokens_per_expert_max")) continue;
+            while (fgets(lb, sizeof lb, fb) && !strstr(lb, "tokens_per_expert_max")) {}
+            n_cmp++;
+            n_eq += strcmp(la, lb) == 0;
+        }
+        if (fa) fclose(fa);
+        if (fb) fclose(fb);
+        HP_CHECK(n_cmp == 2 * N && n_eq == n_cmp, "full AC: %d of %d tokens_per_expert_max lines equal the run "
+                 "without AC (the recompute must not count twice)", n_eq, n_cmp);
     }
     if (ws == 1) {   // the JSONL has the per-layer routing metrics
         char path[400], line[512];
