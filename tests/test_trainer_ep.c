@@ -4,7 +4,8 @@
  * ranks (the layout whose parity with one rank test_trainer and test_ddp show): ep = world,
  * and on 4 ranks also ep 2 x efsdp 2 (expert grads summed over efsdp). Float32 GEMM row sets
  * and reduction orders differ: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
- * falls outside. Bad EP keys are named. */
+ * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
+ * (experts and expert_bias resharded). Bad EP keys are named. */
 // hp-test: ranks 2 4 timeout 300
 #include <math.h>
 #include <stdio.h>
@@ -74,6 +75,53 @@ int main(int argc, char **argv) {
         int caught = 0;
         for (int i = 0; i < N; i++) caught |= fabs(fl[i] - dl[i]) > 1e-5 * fabs(dl[i]);
         HP_CHECK(caught, "negative test: lr x 1.001 under EP stays within the 1e-5 loss tolerance");
+    }
+    {   // checkpoints reshard between layouts: 4 steps under EP, resume under replicated DP (and
+        // the reverse) for 6 more == 10 straight steps of the other layout (same 1e-5 bound)
+        char ck[2][256];
+        for (int dir = 0; dir < 2; dir++) {
+            moe_config(c, ws, "deepseek_v3");
+            hp_test_train_steps(c, world, N, dl, dn, 0);   // DP reference
+            hp_config_t *a = calloc(1, sizeof *a);
+            *a = *c;
+            snprintf(ck[dir], sizeof ck[dir], "%.240s/ck%d", dir_, dir);
+            snprintf(a->job.dump_folder, sizeof a->job.dump_folder, "%s", ck[dir]);
+            a->checkpoint.enable = true;
+            a->checkpoint.interval = 4;
+            a->checkpoint.last_save_model_only = false;
+            hp_config_t *b = calloc(1, sizeof *b);
+            *b = *a;
+            hp_config_t *epc = dir == 0 ? a : b;   // dir 0: EP first, DP second; dir 1: the reverse
+            epc->parallelism.data_parallel_replicate_degree = 1;
+            epc->parallelism.data_parallel_shard_degree = ws;
+            epc->parallelism.expert_parallel_degree = ws;
+            hp_trainer_t t = NULL;
+            HP_CHECK_OK(hp_trainer_create(a, world, &t));
+            for (int i = 0; t && i < 4; i++) {
+                hp_step_stats_t st;
+                HP_CHECK_OK(hp_trainer_step(t, &st));
+                fl[i] = st.loss;
+            }
+            if (t) hp_trainer_destroy(t);
+            t = NULL;
+            HP_CHECK_OK(hp_trainer_create(b, world, &t));
+            if (t) {
+                HP_CHECK(hp_trainer_current_step(t) == 4, "resume under the other layout at step %lld, expected 4",
+                         (long long)hp_trainer_current_step(t));
+                for (int i = 4; i < N; i++) {
+                    hp_step_stats_t st;
+                    HP_CHECK_OK(hp_trainer_step(t, &st));
+                    fl[i] = st.loss;
+                }
+                hp_trainer_destroy(t);
+            }
+            for (int i = 0; i < N; i++) HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
+            if (rank == 0)
+                printf("checkpoint %s -> %s at step 4: loss %.6f at step 10 (DP %.6f)\n", dir == 0 ? "EP" : "DP",
+                       dir == 0 ? "DP" : "EP", fl[N - 1], dl[N - 1]);
+            free(a);
+            free(b);
+        }
     }
     // bad EP input named by key
     hp_trainer_t t = NULL;
