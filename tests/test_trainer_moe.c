@@ -145,6 +145,24 @@ int main(int argc, char **argv) {
         HP_CHECK(n_cmp == 2 * N && n_eq == n_cmp, "full AC: %d of %d tokens_per_expert_max lines equal the run "
                  "without AC (the recompute must not count twice)", n_eq, n_cmp);
     }
+    if (ws == 2) {   // TP 2 (dense layers TP, MoE layers replicated over tp) == the single-rank run
+        moe_config(c, 1, "qwen3_moe");
+        double rl[N] = {0};
+        float rb[64 * 8];
+        hp_comm_t solo = NULL;
+        HP_CHECK_OK(hp_comm_split(world, rank == 0 ? 0 : -1, 0, &solo));
+        if (rank == 0) train(c, solo, rl, rb);
+        if (solo) hp_comm_destroy(solo);
+        HP_CHECK_OK(hp_broadcast(rl, N, HP_I64, 0, world, NULL));
+        c->parallelism.tensor_parallel_degree = 2;
+        c->parallelism.enable_sequence_parallel = false;
+        train(c, world, fl, fbias);
+        for (int i = 0; i < N; i++) HP_CHECK_CLOSE(fl[i], rl[i], 1e-4, 0.0);   // test_tp_trainer's bound
+        if (rank == 0) printf("qwen3_moe tp 2: losses %.6f .. %.6f (one rank %.6f .. %.6f)\n", fl[0], fl[N - 1], rl[0], rl[N - 1]);
+        hp_trainer_t t = NULL;
+        c->parallelism.enable_sequence_parallel = true;
+        HP_CHECK_ERR(hp_trainer_create(c, world, &t), HP_ERR_UNSUPPORTED, "'parallelism.enable_sequence_parallel' = true");
+    }
     if (ws == 1) {   // the JSONL has the per-layer routing metrics
         char path[400], line[512];
         snprintf(path, sizeof path, "%s/out/metrics.jsonl", dir_);

@@ -502,10 +502,18 @@ static hp_status_t moe_check_layout(const hp_trainer_t t) {
     if (t->pd.etp > 1)
         return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.expert_tensor_parallel_degree' = %d: expert "
                         "tensor parallel is not implemented; hint: set it to 1", t->pd.etp);
-    if (t->mcfg.moe_experts > 0 && t->pd.tp > 1)
-        return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.tensor_parallel_degree' = %d with the MoE model "
-                        "'%s': tensor parallel of MoE layers (TP of experts, ETP) is not implemented; hint: set "
-                        "--parallelism.tensor_parallel_degree=1 (FSDP and data parallel work)", t->pd.tp, t->mcfg.name);
+    /* TP with an MoE model: the dense layers follow the TP plan, the MoE layers run replicated
+     * over tp (their parameters Replicate; TP of the experts themselves is not implemented);
+     * sequence parallel would hand them a sequence shard, which needs a plan entry not written */
+    if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->cfg.parallelism.enable_sequence_parallel)
+        return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.enable_sequence_parallel' = true with "
+                        "tensor_parallel_degree %d and the MoE model '%s': sequence parallel around MoE layers is not "
+                        "implemented; hint: --parallelism.enable_sequence_parallel=false (the MoE layers then run "
+                        "replicated over tp)", t->pd.tp, t->mcfg.name);
+    if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->pd.ep > 1)
+        return hp_error(HP_ERR_UNSUPPORTED, "config keys 'parallelism.expert_parallel_degree' = %d and "
+                        "'parallelism.tensor_parallel_degree' = %d together are not implemented (ep x tp, ETP); hint: "
+                        "set one of them to 1", t->pd.ep, t->pd.tp);
     return HP_OK;
 }
 /* --- end mixture of experts ---------------------------------------------------------------- */
