@@ -4,7 +4,8 @@
  * (loss, logits, dense gradients; expert gradients equal the single-rank ones summed over the
  * ranks, sliced to the local experts); the all-to-all calls and bytes equal what the routing
  * implies (count exchange + 4 row exchanges per MoE layer, (N K + R) D floats each way); an
- * injected error fails the comparison. Both MoE flavors. */
+ * injected error fails the comparison. Both MoE flavors. Tensor parallel of the experts alone
+ * (F sharded over the ranks, same tokens everywhere) equals the single-rank model too. */
 // hp-test: ranks 2 4 timeout 120
 #include <math.h>
 #include <stdio.h>
@@ -157,11 +158,84 @@ static void run(const char *name, hp_comm_t world, int rank, int ws) {
     hp_mesh_destroy(mesh);
 }
 
+/* Tensor parallel of the experts (hp_ep_tensor_parallel_experts): every rank the same tokens,
+ * experts on F/ws features; logits and every gradient equal the single-rank model (expert
+ * grads: this rank's F slice); expert bytes 1/ws. */
+static void run_tp(const char *name, hp_comm_t world, int rank, int ws) {
+    hp_model_config_t c;
+    HP_CHECK_OK(hp_model_flavor(name, "debugmodel", &c));
+    c.dim = 48; c.n_layers = 3; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 12; c.hidden_dim = 64;
+    c.moe_hidden = 24; c.moe_experts = 8; c.moe_top_k = 2; c.vocab_size = 97; c.max_seq_len = 16;
+    HP_CHECK_OK(hp_model_config_validate(&c));
+    enum { B = 2, T = 16 };
+    int32_t tk[B * T], tg[B * T];
+    uint32_t s = 29u;
+    for (int i = 0; i < B * T; i++) { s = s * 1664525u + 1013904223u; tk[i] = (int32_t)((s >> 8) % 97u); }
+    for (int i = 0; i < B * T; i++) tg[i] = tk[(i + 1) % (B * T)];
+    hp_model_t ref = NULL, tm = NULL;
+    HP_CHECK_OK(hp_model_create(&c, B, T, &ref));
+    HP_CHECK_OK(hp_model_create(&c, B, T, &tm));
+    if (!ref || !tm) return;
+    HP_CHECK_OK(hp_model_init_weights(ref, 12));
+    hp_mesh_t mesh = NULL;
+    const int64_t shape[1] = {ws};
+    const char *dn[1] = {"tp"};
+    HP_CHECK_OK(hp_mesh_create(world, 1, shape, dn, &mesh));
+    hp_ep_t ep = NULL;
+    HP_CHECK_OK(hp_ep_tensor_parallel_experts(tm, mesh, &ep));
+    if (!ep) return;
+    HP_CHECK_OK(hp_model_init_weights(tm, 12));
+    const int n_moe = c.n_layers - c.moe_n_dense_layers, Fl = c.moe_hidden / ws;
+    HP_CHECK(hp_ep_local_expert_bytes(ep) * ws == (size_t)n_moe * 3 * 8 * c.moe_hidden * c.dim * sizeof(float),
+             "TP experts: local expert bytes %zu", hp_ep_local_expert_bytes(ep));
+    float lr = 0, lt = 0;
+    HP_CHECK_OK(hp_model_zero_grad(ref));
+    HP_CHECK_OK(hp_model_zero_grad(tm));
+    HP_CHECK_OK(hp_model_forward(ref, tk, tg, B, T, (float)(B * T), &lr));
+    HP_CHECK_OK(hp_model_backward(ref));
+    HP_CHECK_OK(hp_model_forward(tm, tk, tg, B, T, (float)(B * T), &lt));
+    HP_CHECK_OK(hp_model_backward(tm));
+    /* the F-split sums of the expert GEMMs reorder f32 sums: 1e-5 relative */
+    const double lg = rel(hp_model_logits(tm), hp_model_logits(ref), (size_t)B * T * c.vocab_size);
+    double gd = 0, ge = 0;
+    for (int i = 0; i < hp_model_num_params(ref); i++) {
+        hp_param_t *pr = &hp_model_params(ref)[i], *pt = hp_model_find_param(tm, pr->name);
+        if (!pt) { HP_CHECK(0, "no %s", pr->name); continue; }
+        if (!hp_ep_is_expert_param(pr)) {
+            gd = fmax(gd, rel(hp_param_g(pt), hp_param_g(pr), (size_t)hp_tensor_numel(&pr->grad.local)));
+            continue;
+        }
+        const int64_t E = pr->grad.local.shape[0], A = pr->grad.local.shape[1], Bd = pr->grad.local.shape[2];
+        const int w2 = strstr(pr->name, "experts.w2") != NULL;
+        const size_t n = (size_t)hp_tensor_numel(&pt->grad.local);
+        float *slice = malloc(sizeof(float) * n);
+        size_t k = 0;
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t a = 0; a < A; a++)
+                for (int64_t b = 0; b < Bd; b++) {
+                    const int64_t f = w2 ? b : a;
+                    if (f / Fl == rank) slice[k++] = hp_param_g(pr)[(e * A + a) * Bd + b];
+                }
+        HP_CHECK(k == n, "slice size");
+        ge = fmax(ge, rel(hp_param_g(pt), slice, n));
+        free(slice);
+    }
+    HP_CHECK(lg < 1e-5 && gd < 1e-5 && ge < 1e-5, "%s TP experts %d: logits %.2e, dense grads %.2e, expert grads %.2e",
+             name, ws, lg, gd, ge);
+    if (rank == 0) printf("%s tp-experts %d: logits %.2e, dense grads %.2e, expert grads %.2e\n", name, ws, lg, gd, ge);
+    hp_ep_destroy(ep);
+    hp_model_destroy(tm);
+    hp_model_destroy(ref);
+    hp_mesh_destroy(mesh);
+}
+
 int main(int argc, char **argv) {
     int rank, ws;
     hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
     run("deepseek_v3", world, rank, ws);
     run("qwen3_moe", world, rank, ws);
+    run_tp("deepseek_v3", world, rank, ws);
+    run_tp("qwen3_moe", world, rank, ws);
     // the degree must divide the experts (named)
     hp_model_config_t c;
     HP_CHECK_OK(hp_model_flavor("qwen3_moe", "debugmodel", &c));

@@ -4,7 +4,8 @@
  * every rank because the counts are summed over the batch mesh); per-layer imbalance and
  * tokens per expert reach the JSONL metrics; on 2 ranks FSDP gives the losses of replicated
  * data parallel (float32 all-gather; reduction order: 1e-5 relative) and an lr x 1.001 run
- * does not; bad MoE keys are named. */
+ * does not; TP 2 (experts tensor parallel on their hidden dim) equals the single-rank run; bad
+ * MoE keys are named. */
 // hp-test: ranks 1 2 timeout 300
 #include <math.h>
 #include <stdio.h>
@@ -38,6 +39,8 @@ static void moe_config(hp_config_t *c, int ws, const char *name) {
     c->training.steps = N;
 }
 
+static int64_t last_w1_local[3];   /* local shape of layers.1.moe.experts.w1 in the last train() */
+
 /* Trains n steps; returns losses and, via bias_out (n_moe * E floats), the expert biases. */
 static int train(const hp_config_t *c, hp_comm_t world, double *losses, float *bias_out) {
     hp_trainer_t t = NULL;
@@ -48,6 +51,8 @@ static int train(const hp_config_t *c, hp_comm_t world, double *losses, float *b
         HP_CHECK_OK(hp_trainer_step(t, &st));
         losses[i] = st.loss;
     }
+    const hp_param_t *w1 = hp_model_find_param(hp_trainer_model(t), "layers.1.moe.experts.w1");
+    for (int d = 0; d < 3; d++) last_w1_local[d] = w1 ? w1->value.local.shape[d] : -1;
     hp_module_t *mods[512];
     int nm = hp_model_modules(hp_trainer_model(t), mods, 512), k = 0;
     for (int i = 0; i < nm; i++) {
@@ -145,7 +150,7 @@ int main(int argc, char **argv) {
         HP_CHECK(n_cmp == 2 * N && n_eq == n_cmp, "full AC: %d of %d tokens_per_expert_max lines equal the run "
                  "without AC (the recompute must not count twice)", n_eq, n_cmp);
     }
-    if (ws == 2) {   // TP 2 (dense layers TP, MoE layers replicated over tp) == the single-rank run
+    if (ws == 2) {   // TP 2 (dense layers TP, experts sharded on their hidden dim) == the single-rank run
         moe_config(c, 1, "qwen3_moe");
         double rl[N] = {0};
         float rb[64 * 8];
@@ -158,6 +163,9 @@ int main(int argc, char **argv) {
         c->parallelism.enable_sequence_parallel = false;
         train(c, world, fl, fbias);
         for (int i = 0; i < N; i++) HP_CHECK_CLOSE(fl[i], rl[i], 1e-4, 0.0);   // test_tp_trainer's bound
+        HP_CHECK(last_w1_local[0] == 8 && last_w1_local[1] == 16 && last_w1_local[2] == 64,
+                 "tp 2: experts.w1 local (%lld, %lld, %lld), expected (8, 16, 64)", (long long)last_w1_local[0],
+                 (long long)last_w1_local[1], (long long)last_w1_local[2]);
         if (rank == 0) printf("qwen3_moe tp 2: losses %.6f .. %.6f (one rank %.6f .. %.6f)\n", fl[0], fl[N - 1], rl[0], rl[N - 1]);
         hp_trainer_t t = NULL;
         c->parallelism.enable_sequence_parallel = true;

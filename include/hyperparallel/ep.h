@@ -26,10 +26,16 @@ typedef struct hp_ep *hp_ep_t;
  * the worst case (every token of every ep rank routed to this rank's experts), so the step
  * allocates nothing. ep_mesh must outlive the handle. */
 hp_status_t hp_ep_parallelize_model(hp_model_t m, hp_mesh_t ep_mesh, hp_ep_t *out);
+/* Tensor parallel of the experts alone (EP = 1): every rank of the 1-D tp mesh keeps all
+ * experts on F/tp hidden features (w1/w3 Shard(1), w2 Shard(2)); the expert stage all-reduces
+ * its partial outputs (forward) and input gradients (backward) over tp. The MoE input must be
+ * Replicate over tp (no sequence parallel); router and shared experts stay replicated. Call
+ * after hp_tp_parallelize_model and before hp_model_init_weights. */
+hp_status_t hp_ep_tensor_parallel_experts(hp_model_t m, hp_mesh_t tp_mesh, hp_ep_t *out);
 void hp_ep_destroy(hp_ep_t ep);
 /* Whether p is a routed-expert parameter (sharded over ep). */
 int hp_ep_is_expert_param(const hp_param_t *p);
-/* Bytes of routed-expert parameters this rank holds (values only). */
+/* Bytes of routed-expert parameters this rank holds (values only; 1/ep or 1/tp of them). */
 size_t hp_ep_local_expert_bytes(hp_ep_t ep);
 
 #ifdef __cplusplus

@@ -14,6 +14,7 @@ struct hp_ep {
     hp_comm_t comm;
     int rank, size;
     size_t expert_bytes;
+    int tp;             /* 1: tensor parallel of the experts (hidden F sharded), not expert parallel */
 };
 
 #define W1(m) ((m)->params[1])   // local (E/ep, F, D)
@@ -178,6 +179,90 @@ static const hp_moe_dispatch_t ep_dispatch = {
     ep_act_bytes, ep_scratch, ep_forward, ep_backward_input, ep_backward_weight,
 };
 
+/* ---- tensor parallel of the experts: every rank holds all E experts on F/tp hidden features
+ * (w1/w3 Shard(1), w2 Shard(2)); the expert outputs and the input gradients are partial sums
+ * over tp, all-reduced. The router, shared experts and combine run replicated. ---- */
+
+typedef struct etp_state {
+    const float *xs;        // (N*K, D) the module's expert-major rows (its saved buffer)
+    const float *dys;       // (N*K, D) set by backward_input
+    float *h1, *h3, *a;     // (N*K, F/tp)
+    float *dh1, *dh3;       // (N*K, F/tp) gradient scratch, kept for the weight pass
+    const int32_t *offsets; // (E + 1) the module's saved offsets
+} etp_state_t;
+
+static int etp_fl(const hp_ep_t ep, const hp_module_t *m) { return ((const hp_moe_impl_t *)m->impl)->c.hidden / ep->size; }
+
+static size_t etp_act_bytes(void *ctx, const hp_module_t *m, int N) {
+    const hp_moe_impl_t *M = m->impl;
+    const size_t NK = (size_t)N * M->c.top_k;
+    return hp_arena_round(sizeof(etp_state_t)) + 3 * hp_arena_round(sizeof(float) * NK * etp_fl(ctx, m));
+}
+
+static size_t etp_scratch(void *ctx, const hp_module_t *m, int N) {
+    const hp_moe_impl_t *M = m->impl;
+    return 3 * (size_t)N * M->c.top_k * etp_fl(ctx, m);   // dh1, dh3, da
+}
+
+static hp_status_t etp_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *ys, const float *xs,
+                               const int32_t *offsets, void **state) {
+    hp_ep_t ep = ctx;
+    hp_moe_impl_t *M = m->impl;
+    const int N = act->B * act->T, E = M->c.n_experts, D = M->c.dim, Fl = etp_fl(ep, m);
+    const size_t NK = (size_t)N * M->c.top_k;
+    etp_state_t *s = hp_act_alloc(act, sizeof(*s));
+    *state = s;
+    s->xs = xs;
+    s->offsets = offsets;
+    s->h1 = hp_act_alloc(act, sizeof(float) * NK * Fl);
+    s->h3 = hp_act_alloc(act, sizeof(float) * NK * Fl);
+    s->a = hp_act_alloc(act, sizeof(float) * NK * Fl);
+    double t0 = omp_get_wtime();
+    hp_moe_experts_forward(act->be, ys, s->h1, s->h3, s->a, xs, hp_param_w(W1(m)), hp_param_w(W2(m)),
+                           hp_param_w(W3(m)), offsets, E, D, Fl);
+    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    t0 = omp_get_wtime();
+    HP_TRY(hp_all_reduce(ys, ys, NK * D, HP_F32, HP_SUM, ep->comm, NULL));   // Partial -> Replicate
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    return HP_OK;
+}
+
+static hp_status_t etp_backward_input(void *ctx, hp_module_t *m, hp_act_t *act, void *state, float *dxs,
+                                      const float *dys, size_t *off) {
+    hp_ep_t ep = ctx;
+    hp_moe_impl_t *M = m->impl;
+    etp_state_t *s = state;
+    const int N = act->B * act->T, E = M->c.n_experts, D = M->c.dim, Fl = etp_fl(ep, m);
+    const size_t NK = (size_t)N * M->c.top_k;
+    s->dys = dys;
+    s->dh1 = hp_act_scratch(act, off, NK * Fl);
+    s->dh3 = hp_act_scratch(act, off, NK * Fl);
+    float *da = hp_act_scratch(act, off, NK * Fl);
+    double t0 = omp_get_wtime();
+    hp_moe_experts_backward_input(act->be, dxs, s->dh1, s->dh3, da, dys, s->h1, s->h3, hp_param_w(W1(m)),
+                                  hp_param_w(W2(m)), hp_param_w(W3(m)), s->offsets, E, D, Fl);
+    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    t0 = omp_get_wtime();
+    HP_TRY(hp_all_reduce(dxs, dxs, NK * D, HP_F32, HP_SUM, ep->comm, NULL));   // partial over the F slices
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    return HP_OK;
+}
+
+static hp_status_t etp_backward_weight(void *ctx, hp_module_t *m, hp_act_t *act, void *state) {
+    hp_ep_t ep = ctx;
+    hp_moe_impl_t *M = m->impl;
+    etp_state_t *s = state;
+    double t0 = omp_get_wtime();
+    hp_moe_experts_backward_weight(act->be, hp_param_g(W1(m)), hp_param_g(W2(m)), hp_param_g(W3(m)), s->dys, s->dh1,
+                                   s->dh3, s->a, s->xs, s->offsets, M->c.n_experts, M->c.dim, etp_fl(ep, m));
+    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    return HP_OK;
+}
+
+static const hp_moe_dispatch_t etp_dispatch = {
+    etp_act_bytes, etp_scratch, etp_forward, etp_backward_input, etp_backward_weight,
+};
+
 int hp_ep_is_expert_param(const hp_param_t *p) { return p && strstr(p->name, ".moe.experts.") != NULL; }
 
 size_t hp_ep_local_expert_bytes(hp_ep_t ep) { return ep ? ep->expert_bytes : 0; }
@@ -252,6 +337,96 @@ static hp_status_t compact(hp_model_t model) {
     return HP_OK;
 }
 
+static hp_status_t shard_experts_tp(hp_model_t m, hp_ep_t ep);
+static hp_status_t install(hp_model_t m, hp_ep_t ep, const hp_moe_dispatch_t *d);
+
+hp_status_t hp_ep_tensor_parallel_experts(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) {
+    if (!m || !mesh || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_tensor_parallel_experts: NULL argument");
+    *out = NULL;
+    const hp_model_config_t *c = hp_model_config(m);
+    if (hp_mesh_ndim(mesh) != 1)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_tensor_parallel_experts: the tp mesh must be 1-D (got %d dims)",
+                        hp_mesh_ndim(mesh));
+    const int P = (int)hp_mesh_size(mesh, 0);
+    if (c->moe_experts <= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "tensor parallel of experts: model '%s/%s' has no MoE layers", c->name,
+                        c->flavor);
+    if (c->moe_hidden % P != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "tensor parallel of experts: degree %d does not divide the expert hidden "
+                        "size %d (model.moe_hidden_dim); hint: use a divisor of %d", P, c->moe_hidden, c->moe_hidden);
+    hp_ep_t ep = hp_calloc(1, sizeof(*ep));
+    if (!ep) return HP_ERR_OOM;
+    ep->mesh = mesh;
+    ep->comm = hp_mesh_get_comm(mesh, 0);
+    ep->size = P;
+    ep->rank = hp_mesh_get_local_rank(mesh, 0);
+    ep->tp = 1;
+    hp_status_t st = shard_experts_tp(m, ep);
+    if (st == HP_OK) st = compact(m);
+    if (st == HP_OK) st = install(m, ep, &etp_dispatch);
+    if (st != HP_OK) {
+        free(ep);
+        return st;
+    }
+    *out = ep;
+    return HP_OK;
+}
+
+/* w1/w3 (E, F, D) -> (E, F/tp, D) rows [r F/tp, (r+1) F/tp) of each expert; w2 (E, D, F) ->
+ * (E, D, F/tp) columns; moved to the front of their storage (destinations never pass their
+ * sources); DTensors Shard(1) / Shard(2) on the tp mesh. */
+static hp_status_t shard_experts_tp(hp_model_t m, hp_ep_t ep) {
+    hp_param_t *ps = hp_model_params(m);
+    const int P = ep->size, r = ep->rank;
+    for (int i = 0; i < hp_model_num_params(m); i++) {
+        hp_param_t *p = &ps[i];
+        if (!hp_ep_is_expert_param(p)) continue;
+        const int is_w2 = strstr(p->name, ".moe.experts.w2") != NULL;
+        const int64_t E = p->value.local.shape[0], A = p->value.local.shape[1], Bd = p->value.local.shape[2];
+        hp_dtensor_t *ts[2] = {&p->value, &p->grad};
+        for (int k = 0; k < 2; k++) {
+            hp_dtensor_t *d = ts[k];
+            float *v = d->local.data;
+            if (!is_w2) {   // (E, F, D): F = A
+                const int64_t Fl = A / P;
+                for (int64_t e = 0; e < E; e++)
+                    memmove(v + (size_t)(e * Fl * Bd), v + (size_t)((e * A + r * Fl) * Bd), sizeof(float) * (size_t)(Fl * Bd));
+                d->local.shape[1] = Fl;
+            } else {        // (E, D, F): F = Bd
+                const int64_t Fl = Bd / P;
+                for (int64_t row = 0; row < E * A; row++)
+                    memmove(v + (size_t)(row * Fl), v + (size_t)(row * Bd + r * Fl), sizeof(float) * (size_t)Fl);
+                d->local.shape[2] = Fl;
+            }
+            int64_t st = 1;
+            for (int j = d->local.ndim - 1; j >= 0; j--) { d->local.stride[j] = st; st *= d->local.shape[j]; }
+            d->mesh = ep->mesh;
+            d->mesh_ndim = 1;
+            d->placements[0] = hp_shard(is_w2 ? 2 : 1);
+        }
+        ep->expert_bytes += sizeof(float) * (size_t)hp_tensor_numel(&p->value.local);
+    }
+    return HP_OK;
+}
+
+/* The dispatcher on every MoE module; re-registering the module re-sizes the contexts. */
+static hp_status_t install(hp_model_t m, hp_ep_t ep, const hp_moe_dispatch_t *d) {
+    hp_module_t *mods[4096];
+    const int nm = hp_model_modules(m, mods, 4096);
+    for (int i = 0; i < nm && i < 4096; i++) {
+        hp_module_t *blk = mods[i];
+        for (int k = 0; k < blk->n_children; k++) {
+            hp_module_t *moe = blk->children[k];
+            if (!hp_module_is_moe(moe)) continue;
+            hp_moe_impl_t *M = moe->impl;
+            M->dispatch = d;
+            M->dispatch_ctx = ep;
+            HP_TRY(hp_model_replace_module(m, blk, moe, moe));
+        }
+    }
+    return HP_OK;
+}
+
 hp_status_t hp_ep_parallelize_model(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) {
     if (!m || !mesh || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model: NULL argument");
     *out = NULL;
@@ -291,20 +466,7 @@ hp_status_t hp_ep_parallelize_model(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) 
         ep->expert_bytes += sizeof(float) * El * per;
     }
     hp_status_t st = compact(m);
-    // the dispatcher on every MoE module; re-registering the module re-sizes the contexts
-    hp_module_t *mods[4096];
-    const int nm = hp_model_modules(m, mods, 4096);
-    for (int i = 0; st == HP_OK && i < nm && i < 4096; i++) {
-        hp_module_t *blk = mods[i];
-        for (int k = 0; k < blk->n_children && st == HP_OK; k++) {
-            hp_module_t *moe = blk->children[k];
-            if (!hp_module_is_moe(moe)) continue;
-            hp_moe_impl_t *M = moe->impl;
-            M->dispatch = &ep_dispatch;
-            M->dispatch_ctx = ep;
-            st = hp_model_replace_module(m, blk, moe, moe);
-        }
-    }
+    if (st == HP_OK) st = install(m, ep, &ep_dispatch);
     if (st != HP_OK) {
         free(ep);
         return st;

@@ -82,6 +82,7 @@ struct hp_trainer {
     float *moe_zero;            /* (E) the bias entries' (unused) gradient */
     hp_mesh_t ep_mesh;          /* expert parallel: the sparse mesh's ep dim */
     hp_ep_t ep;
+    hp_ep_t ep_tp;              /* tensor parallel of the experts (tp > 1, ep = 1) */
     hp_mesh_t ep_grad_mesh[2];  /* (efsdp), (dp_replicate): expert grads are summed over these */
     /* --- end --- */
 };
@@ -327,6 +328,9 @@ static hp_status_t build(hp_trainer_t t) {
         if (hp_parallel_dims_efsdp(&t->pd) > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, efn, &t->ep_grad_mesh[0]));
         if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
         t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // dense counted once, experts summed
+    } else if (t->pd.tp > 1 && t->mcfg.moe_experts > 0) {
+        /* TP of the experts alone (EP = 1): hidden F sharded over tp, partial outputs all-reduced */
+        HP_TRY(hp_ep_tensor_parallel_experts(t->model, t->tp_mesh, &t->ep_tp));
     }
     /* --- end expert parallel --- */
     HP_TRY(hp_model_init_weights(t->model, (uint64_t)c->training.seed));
@@ -502,14 +506,14 @@ static hp_status_t moe_check_layout(const hp_trainer_t t) {
     if (t->pd.etp > 1)
         return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.expert_tensor_parallel_degree' = %d: expert "
                         "tensor parallel is not implemented; hint: set it to 1", t->pd.etp);
-    /* TP with an MoE model: the dense layers follow the TP plan, the MoE layers run replicated
-     * over tp (their parameters Replicate; TP of the experts themselves is not implemented);
-     * sequence parallel would hand them a sequence shard, which needs a plan entry not written */
+    /* TP with an MoE model: the dense layers follow the TP plan, the routed experts are sharded
+     * on their hidden dim over tp (hp_ep_tensor_parallel_experts), router and shared experts
+     * replicated; sequence parallel would hand the MoE a sequence shard (a plan entry not written) */
     if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->cfg.parallelism.enable_sequence_parallel)
         return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.enable_sequence_parallel' = true with "
                         "tensor_parallel_degree %d and the MoE model '%s': sequence parallel around MoE layers is not "
-                        "implemented; hint: --parallelism.enable_sequence_parallel=false (the MoE layers then run "
-                        "replicated over tp)", t->pd.tp, t->mcfg.name);
+                        "implemented; hint: --parallelism.enable_sequence_parallel=false (the experts are then "
+                        "tensor parallel on their hidden dim)", t->pd.tp, t->mcfg.name);
     if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->pd.ep > 1)
         return hp_error(HP_ERR_UNSUPPORTED, "config keys 'parallelism.expert_parallel_degree' = %d and "
                         "'parallelism.tensor_parallel_degree' = %d together are not implemented (ep x tp, ETP); hint: "
@@ -629,6 +633,7 @@ void hp_trainer_destroy(hp_trainer_t t) {
     hp_tp_destroy(t->tp);       /* tensor parallel (owner tp) */
     moe_destroy(t);             /* mixture of experts (owner moe) */
     hp_ep_destroy(t->ep);
+    hp_ep_destroy(t->ep_tp);
     hp_mesh_destroy(t->ep_grad_mesh[0]);
     hp_mesh_destroy(t->ep_grad_mesh[1]);
     hp_mesh_destroy(t->ep_mesh);
