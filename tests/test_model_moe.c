@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/model.h"
+#include "hyperparallel/checkpoint.h"
 #include "hp_test.h"
 
 static void small(hp_model_config_t *c) {
@@ -175,7 +176,14 @@ int main(void) {
     hp_model_destroy(mm);
     hp_model_destroy(md);
 
-    // 5. bad configs are named
+    // 5. HF export / import of an MoE model is refused by name (no adapter yet)
+    HP_CHECK_OK(hp_model_flavor("qwen3_moe", "debugmodel", &c));
+    HP_CHECK_ERR(hp_hf_export("/tmp/hp_test_model_moe_hf", &c, NULL, 0, NULL, HP_F32, 0), HP_ERR_UNSUPPORTED,
+                 "no HF state-dict adapter");
+    HP_CHECK_ERR(hp_hf_import("/tmp/hp_test_model_moe_hf", &c, NULL, 0, NULL), HP_ERR_UNSUPPORTED,
+                 "no HF state-dict adapter");
+
+    // 6. bad configs are named
     HP_CHECK_OK(hp_model_flavor("qwen3_moe", "debugmodel", &c));
     c.moe_top_k = 9;
     HP_CHECK_ERR(hp_model_config_validate(&c), HP_ERR_INVALID_ARG, "top_k = 9");
