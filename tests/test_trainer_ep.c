@@ -5,7 +5,8 @@
  * and on 4 ranks also ep 2 x efsdp 2 (expert grads summed over efsdp). Float32 GEMM row sets
  * and reduction orders differ: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
  * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
- * (experts and expert_bias resharded). Bad EP keys are named. */
+ * (experts and expert_bias resharded). On 4 ranks ETP (experts over [ep 2, tp 2]) gives the
+ * losses of TP 2 x DP 2. Bad EP keys are named. */
 // hp-test: ranks 2 4 timeout 300
 #include <math.h>
 #include <stdio.h>
@@ -62,6 +63,30 @@ int main(int argc, char **argv) {
                 printf("%s ep %d (efsdp %d): losses %.6f .. %.6f (DP %.6f .. %.6f)\n", models[mi], ep, ws / ep, fl[0],
                        fl[N - 1], dl[0], dl[N - 1]);
         }
+    }
+    if (ws == 4) {   // ETP: experts over [ep 2, tp 2] == TP 2 x replicated DP 2 (experts TP'd on F)
+        for (int mi = 0; mi < 2; mi++) {
+            moe_config(c, 2, models[mi]);
+            c->parallelism.tensor_parallel_degree = 2;
+            c->parallelism.enable_sequence_parallel = false;
+            hp_test_train_steps(c, world, N, dl, dn, 0);
+            *f = *c;
+            f->parallelism.data_parallel_replicate_degree = 1;
+            f->parallelism.data_parallel_shard_degree = 2;
+            f->parallelism.expert_parallel_degree = 2;
+            f->parallelism.expert_tensor_parallel_degree = 2;
+            hp_test_train_steps(f, world, N, fl, fn, 0);
+            for (int i = 0; i < N; i++) {
+                HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
+                HP_CHECK_CLOSE(fn[i], dn[i], 1e-4, 0.0);
+            }
+            if (rank == 0)
+                printf("%s ETP ep 2 x tp 2: losses %.6f .. %.6f (TP 2 x DP 2 %.6f .. %.6f)\n", models[mi], fl[0],
+                       fl[N - 1], dl[0], dl[N - 1]);
+        }
+        hp_trainer_t t = NULL;   // ep borrowing tp ranks (etp 1) is refused by key
+        f->parallelism.expert_tensor_parallel_degree = 1;
+        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "expert_tensor_parallel_degree");
     }
     {   // negative test (STYLE rule 17)
         moe_config(c, ws, "qwen3_moe");

@@ -32,6 +32,12 @@ hp_status_t hp_ep_parallelize_model(hp_model_t m, hp_mesh_t ep_mesh, hp_ep_t *ou
  * Replicate over tp (no sequence parallel); router and shared experts stay replicated. Call
  * after hp_tp_parallelize_model and before hp_model_init_weights. */
 hp_status_t hp_ep_tensor_parallel_experts(hp_model_t m, hp_mesh_t tp_mesh, hp_ep_t *out);
+/* Expert tensor parallel on a 2-D (ep, tp) mesh: experts Shard(0) over ep and their hidden F
+ * over tp (w1/w3 Shard(1), w2 Shard(2)); tokens (Replicate over tp) are dispatched within
+ * each tp column over ep, and the combined outputs / input gradients, partial over the F
+ * slices, are all-reduced over tp. Dense parameters become (Replicate, their TP placement).
+ * Call after hp_tp_parallelize_model on the same tp dim and before hp_model_init_weights. */
+hp_status_t hp_ep_parallelize_model_etp(hp_model_t m, hp_mesh_t ep_tp_mesh, hp_ep_t *out);
 void hp_ep_destroy(hp_ep_t ep);
 /* Whether p is a routed-expert parameter (sharded over ep). */
 int hp_ep_is_expert_param(const hp_param_t *p);

@@ -15,7 +15,15 @@ struct hp_ep {
     int rank, size;
     size_t expert_bytes;
     int tp;             /* 1: tensor parallel of the experts (hidden F sharded), not expert parallel */
+    /* expert tensor parallel on [ep, tp]: the experts' hidden F is also sharded over tp_comm
+     * and the combined outputs / input gradients are all-reduced over it */
+    hp_comm_t tp_comm;
+    int tp_size, tp_rank;
 };
+
+static int ep_fl(const struct hp_ep *ep, const hp_module_t *m) {
+    return ((const hp_moe_impl_t *)m->impl)->c.hidden / (ep->tp_size > 1 ? ep->tp_size : 1);
+}
 
 #define W1(m) ((m)->params[1])   // local (E/ep, F, D)
 #define W2(m) ((m)->params[2])   // local (E/ep, D, F)
@@ -45,7 +53,7 @@ static size_t rmax(const hp_ep_t ep, const hp_module_t *m, int N) {
 static size_t ep_act_bytes(void *ctx, const hp_module_t *m, int N) {
     hp_ep_t ep = ctx;
     const hp_moe_impl_t *M = m->impl;
-    const size_t R = rmax(ep, m, N), El = (size_t)M->c.n_experts / ep->size, D = M->c.dim, F = M->c.hidden;
+    const size_t R = rmax(ep, m, N), El = (size_t)M->c.n_experts / ep->size, D = M->c.dim, F = ep_fl(ep, m);
     return hp_arena_round(sizeof(ep_state_t)) + hp_arena_round(sizeof(int32_t) * ep->size * El) +
            hp_arena_round(sizeof(int32_t) * (El + 1)) + hp_arena_round(sizeof(int32_t) * R) +
            4 * hp_arena_round(sizeof(size_t) * ep->size) + 3 * hp_arena_round(sizeof(float) * R * D) +
@@ -56,7 +64,7 @@ static size_t ep_scratch(void *ctx, const hp_module_t *m, int N) {
     hp_ep_t ep = ctx;
     const hp_moe_impl_t *M = m->impl;
     const size_t R = rmax(ep, m, N);
-    return R * (2 * (size_t)M->c.dim + 3 * (size_t)M->c.hidden);   // dyl, dxl; dh1, dh3, da
+    return R * (2 * (size_t)M->c.dim + 3 * (size_t)ep_fl(ep, m));   // dyl, dxl; dh1, dh3, da
 }
 
 /* dst[i] = src[perm[i]] (gather) or dst[perm[i]] = src[i] (scatter), rows of w floats. */
@@ -72,7 +80,7 @@ static hp_status_t ep_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *y
                               const int32_t *offsets, void **state) {
     hp_ep_t ep = ctx;
     hp_moe_impl_t *M = m->impl;
-    const int P = ep->size, E = M->c.n_experts, El = E / P, D = M->c.dim, F = M->c.hidden;
+    const int P = ep->size, E = M->c.n_experts, El = E / P, D = M->c.dim, F = ep_fl(ep, m);
     const int N = act->B * act->T;
     const size_t Rm = rmax(ep, m, N);
     double t0 = omp_get_wtime();
@@ -134,6 +142,8 @@ static hp_status_t ep_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *y
     t0 = omp_get_wtime();
     permute_rows(s->buf, s->yl, s->perm, s->R, D, 1);
     HP_TRY(hp_all_to_all_v(s->buf, s->rcnt, s->rdis, ys, s->scnt, s->sdis, HP_F32, ep->comm, NULL));
+    if (ep->tp_size > 1)   // ETP: each tp rank computed its F slice: Partial -> Replicate
+        HP_TRY(hp_all_reduce(ys, ys, (size_t)offsets[E] * D, HP_F32, HP_SUM, ep->tp_comm, NULL));
     prof(act, HP_NN_OP_MOE_DISPATCH, t0);
     return HP_OK;
 }
@@ -143,7 +153,7 @@ static hp_status_t ep_backward_input(void *ctx, hp_module_t *m, hp_act_t *act, v
     hp_ep_t ep = ctx;
     hp_moe_impl_t *M = m->impl;
     ep_state_t *s = state;
-    const int El = M->c.n_experts / ep->size, D = M->c.dim, F = M->c.hidden;
+    const int El = M->c.n_experts / ep->size, D = M->c.dim, F = ep_fl(ep, m);
     const size_t Rm = rmax(ep, m, act->B * act->T);
     s->dyl = hp_act_scratch(act, off, Rm * D);
     s->dh1 = hp_act_scratch(act, off, Rm * F);
@@ -160,6 +170,11 @@ static hp_status_t ep_backward_input(void *ctx, hp_module_t *m, hp_act_t *act, v
     t0 = omp_get_wtime();
     permute_rows(s->buf, dxl, s->perm, s->R, D, 1);
     HP_TRY(hp_all_to_all_v(s->buf, s->rcnt, s->rdis, dxs, s->scnt, s->sdis, HP_F32, ep->comm, NULL));
+    if (ep->tp_size > 1) {   // ETP: partial over the F slices
+        size_t floats = 0;
+        for (int q = 0; q < ep->size; q++) floats += s->scnt[q];
+        HP_TRY(hp_all_reduce(dxs, dxs, floats, HP_F32, HP_SUM, ep->tp_comm, NULL));
+    }
     prof(act, HP_NN_OP_MOE_DISPATCH, t0);
     return HP_OK;
 }
@@ -170,7 +185,7 @@ static hp_status_t ep_backward_weight(void *ctx, hp_module_t *m, hp_act_t *act, 
     ep_state_t *s = state;
     double t0 = omp_get_wtime();
     hp_moe_experts_backward_weight(act->be, hp_param_g(W1(m)), hp_param_g(W2(m)), hp_param_g(W3(m)), s->dyl, s->dh1,
-                                   s->dh3, s->a, s->xl, s->loff, M->c.n_experts / ep->size, M->c.dim, M->c.hidden);
+                                   s->dh3, s->a, s->xl, s->loff, M->c.n_experts / ep->size, M->c.dim, ep_fl(ep, m));
     prof(act, HP_NN_OP_MOE_EXPERTS, t0);
     return HP_OK;
 }
@@ -337,7 +352,7 @@ static hp_status_t compact(hp_model_t model) {
     return HP_OK;
 }
 
-static hp_status_t shard_experts_tp(hp_model_t m, hp_ep_t ep);
+static hp_status_t shard_experts_f(hp_model_t m, int P, int r);
 static hp_status_t install(hp_model_t m, hp_ep_t ep, const hp_moe_dispatch_t *d);
 
 hp_status_t hp_ep_tensor_parallel_experts(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) {
@@ -361,7 +376,16 @@ hp_status_t hp_ep_tensor_parallel_experts(hp_model_t m, hp_mesh_t mesh, hp_ep_t 
     ep->size = P;
     ep->rank = hp_mesh_get_local_rank(mesh, 0);
     ep->tp = 1;
-    hp_status_t st = shard_experts_tp(m, ep);
+    hp_status_t st = shard_experts_f(m, P, ep->rank);
+    hp_param_t *ps = hp_model_params(m);
+    for (int i = 0; i < hp_model_num_params(m); i++) {
+        hp_param_t *p = &ps[i];
+        if (!hp_ep_is_expert_param(p)) continue;
+        const int f_dim = strstr(p->name, ".moe.experts.w2") ? 2 : 1;
+        set_layout(&p->value, mesh, hp_shard(f_dim), 0, NULL);
+        set_layout(&p->grad, mesh, hp_shard(f_dim), 0, NULL);
+        ep->expert_bytes += sizeof(float) * (size_t)hp_tensor_numel(&p->value.local);
+    }
     if (st == HP_OK) st = compact(m);
     if (st == HP_OK) st = install(m, ep, &etp_dispatch);
     if (st != HP_OK) {
@@ -372,12 +396,11 @@ hp_status_t hp_ep_tensor_parallel_experts(hp_model_t m, hp_mesh_t mesh, hp_ep_t 
     return HP_OK;
 }
 
-/* w1/w3 (E, F, D) -> (E, F/tp, D) rows [r F/tp, (r+1) F/tp) of each expert; w2 (E, D, F) ->
- * (E, D, F/tp) columns; moved to the front of their storage (destinations never pass their
- * sources); DTensors Shard(1) / Shard(2) on the tp mesh. */
-static hp_status_t shard_experts_tp(hp_model_t m, hp_ep_t ep) {
+/* w1/w3 (E, F, D) -> (E, F/P, D) rows [r F/P, (r+1) F/P) of each expert; w2 (E, D, F) ->
+ * (E, D, F/P) columns; moved to the front of their storage (destinations never pass their
+ * sources). The caller sets the placements. */
+static hp_status_t shard_experts_f(hp_model_t m, int P, int r) {
     hp_param_t *ps = hp_model_params(m);
-    const int P = ep->size, r = ep->rank;
     for (int i = 0; i < hp_model_num_params(m); i++) {
         hp_param_t *p = &ps[i];
         if (!hp_ep_is_expert_param(p)) continue;
@@ -400,11 +423,7 @@ static hp_status_t shard_experts_tp(hp_model_t m, hp_ep_t ep) {
             }
             int64_t st = 1;
             for (int j = d->local.ndim - 1; j >= 0; j--) { d->local.stride[j] = st; st *= d->local.shape[j]; }
-            d->mesh = ep->mesh;
-            d->mesh_ndim = 1;
-            d->placements[0] = hp_shard(is_w2 ? 2 : 1);
         }
-        ep->expert_bytes += sizeof(float) * (size_t)hp_tensor_numel(&p->value.local);
     }
     return HP_OK;
 }
@@ -466,6 +485,73 @@ hp_status_t hp_ep_parallelize_model(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) 
         ep->expert_bytes += sizeof(float) * El * per;
     }
     hp_status_t st = compact(m);
+    if (st == HP_OK) st = install(m, ep, &ep_dispatch);
+    if (st != HP_OK) {
+        free(ep);
+        return st;
+    }
+    *out = ep;
+    return HP_OK;
+}
+
+hp_status_t hp_ep_parallelize_model_etp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *out) {
+    if (!m || !mesh2 || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_etp: NULL argument");
+    *out = NULL;
+    const hp_model_config_t *c = hp_model_config(m);
+    if (hp_mesh_ndim(mesh2) != 2)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_etp: the mesh must be 2-D (ep, tp), got %d dims",
+                        hp_mesh_ndim(mesh2));
+    const int P = (int)hp_mesh_size(mesh2, 0), Q = (int)hp_mesh_size(mesh2, 1);
+    if (c->moe_experts <= 0 || c->moe_experts % P != 0 || c->moe_hidden % Q != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "expert tensor parallel: model '%s/%s' with %d experts of hidden %d on an "
+                        "(ep %d, tp %d) mesh; ep must divide the experts and tp the expert hidden size", c->name,
+                        c->flavor, c->moe_experts, c->moe_hidden, P, Q);
+    hp_ep_t ep = hp_calloc(1, sizeof(*ep));
+    if (!ep) return HP_ERR_OOM;
+    ep->mesh = mesh2;
+    ep->comm = hp_mesh_get_comm(mesh2, 0);
+    ep->size = P;
+    ep->rank = hp_mesh_get_local_rank(mesh2, 0);
+    ep->tp_comm = hp_mesh_get_comm(mesh2, 1);
+    ep->tp_size = Q;
+    ep->tp_rank = hp_mesh_get_local_rank(mesh2, 1);
+    const int El = c->moe_experts / P;
+    hp_param_t *ps = hp_model_params(m);
+    for (int i = 0; i < hp_model_num_params(m); i++) {   // experts: this ep rank's experts first
+        hp_param_t *p = &ps[i];
+        hp_dtensor_t *ts[2] = {&p->value, &p->grad};
+        for (int k = 0; k < 2; k++) {
+            hp_dtensor_t *d = ts[k];
+            if (!hp_ep_is_expert_param(p)) {
+                /* dense: Replicate over ep, and the tensor-parallel placement (or Replicate) over tp */
+                hp_placement_t tpp = d->mesh && d->mesh_ndim == 1 ? d->placements[0] : hp_replicate();
+                d->mesh = mesh2;
+                d->mesh_ndim = 2;
+                d->placements[0] = hp_replicate();
+                d->placements[1] = tpp;
+                continue;
+            }
+            const size_t per = (size_t)(hp_tensor_numel(&d->local) / d->local.shape[0]);
+            float *v = d->local.data;
+            memmove(v, v + (size_t)ep->rank * El * per, sizeof(float) * El * per);
+            d->local.shape[0] = El;
+        }
+    }
+    hp_status_t st = shard_experts_f(m, Q, ep->tp_rank);
+    for (int i = 0; i < hp_model_num_params(m); i++) {
+        hp_param_t *p = &ps[i];
+        if (!hp_ep_is_expert_param(p)) continue;
+        const int f_dim = strstr(p->name, ".moe.experts.w2") ? 2 : 1;
+        hp_dtensor_t *ts[2] = {&p->value, &p->grad};
+        for (int k = 0; k < 2; k++) {
+            ts[k]->mesh = mesh2;
+            ts[k]->mesh_ndim = 2;
+            ts[k]->placements[0] = hp_shard(0);
+            ts[k]->placements[1] = hp_shard(f_dim);
+        }
+        ep->expert_bytes += sizeof(float) * (size_t)hp_tensor_numel(&p->value.local);
+    }
+    if (st == HP_OK) st = compact(m);
     if (st == HP_OK) st = install(m, ep, &ep_dispatch);
     if (st != HP_OK) {
         free(ep);

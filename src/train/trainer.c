@@ -83,6 +83,7 @@ struct hp_trainer {
     hp_mesh_t ep_mesh;          /* expert parallel: the sparse mesh's ep dim */
     hp_ep_t ep;
     hp_ep_t ep_tp;              /* tensor parallel of the experts (tp > 1, ep = 1) */
+    hp_mesh_t etp_mesh;         /* ETP: (dp_shard = ep, tp) */
     hp_mesh_t ep_grad_mesh[2];  /* (efsdp), (dp_replicate): expert grads are summed over these */
     /* --- end --- */
 };
@@ -321,7 +322,14 @@ static hp_status_t build(hp_trainer_t t) {
     /* --- expert parallel (owner moe): experts Shard(0) over the sparse mesh's ep dim before
      * the weights are drawn; expert grads are summed over (efsdp, dp_replicate), the dense
      * ones over the batch mesh as replicated data parallel (no FSDP / DDP under EP yet) --- */
-    if (t->pd.ep > 1) {
+    if (t->pd.ep > 1 && t->pd.tp > 1) {   /* ETP: (dp_shard = ep, tp) of the world mesh */
+        const char *n2[2] = {"dp_shard", "tp"}, *epn[1] = {"dp_shard"}, *drn[1] = {"dp_replicate"};
+        HP_TRY(hp_mesh_slice(t->meshes.world, 2, n2, &t->etp_mesh));
+        HP_TRY(hp_mesh_slice(t->meshes.world, 1, epn, &t->ep_mesh));
+        HP_TRY(hp_ep_parallelize_model_etp(t->model, t->etp_mesh, &t->ep));
+        if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.world, 1, drn, &t->ep_grad_mesh[1]));
+        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // after TP's tp comm
+    } else if (t->pd.ep > 1) {
         const char *epn[1] = {"ep"}, *efn[1] = {"efsdp"}, *drn[1] = {"dp_replicate"};
         HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
         HP_TRY(hp_ep_parallelize_model(t->model, t->ep_mesh, &t->ep));
@@ -503,9 +511,13 @@ static hp_status_t moe_check_layout(const hp_trainer_t t) {
         return hp_error(HP_ERR_INVALID_ARG, "config key 'parallelism.expert_parallel_degree' = %d needs an MoE model; "
                         "model.name = %s is dense; hint: use deepseek_v3 or qwen3_moe, or set the degree to 1",
                         t->pd.ep, t->mcfg.name);
-    if (t->pd.etp > 1)
+    /* ETP: experts over [ep, tp] with ep = dp_shard (cp 1), the layout ep.c implements */
+    const int etp = t->pd.ep > 1 && t->pd.tp > 1 && t->pd.etp == t->pd.tp;
+    if (t->pd.etp > 1 && (!etp || t->pd.ep != t->pd.dp_shard || t->pd.cp != 1))
         return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.expert_tensor_parallel_degree' = %d: expert "
-                        "tensor parallel is not implemented; hint: set it to 1", t->pd.etp);
+                        "tensor parallel is implemented for expert_parallel_degree = data_parallel_shard_degree "
+                        "(here %d and %d), context_parallel_degree 1 and an MoE model; hint: set those, or set it to 1",
+                        t->pd.etp, t->pd.ep, t->pd.dp_shard);
     /* TP with an MoE model: the dense layers follow the TP plan, the routed experts are sharded
      * on their hidden dim over tp (hp_ep_tensor_parallel_experts), router and shared experts
      * replicated; sequence parallel would hand the MoE a sequence shard (a plan entry not written) */
@@ -514,10 +526,11 @@ static hp_status_t moe_check_layout(const hp_trainer_t t) {
                         "tensor_parallel_degree %d and the MoE model '%s': sequence parallel around MoE layers is not "
                         "implemented; hint: --parallelism.enable_sequence_parallel=false (the experts are then "
                         "tensor parallel on their hidden dim)", t->pd.tp, t->mcfg.name);
-    if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->pd.ep > 1)
+    if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->pd.ep > 1 && !etp)
         return hp_error(HP_ERR_UNSUPPORTED, "config keys 'parallelism.expert_parallel_degree' = %d and "
-                        "'parallelism.tensor_parallel_degree' = %d together are not implemented (ep x tp, ETP); hint: "
-                        "set one of them to 1", t->pd.ep, t->pd.tp);
+                        "'parallelism.tensor_parallel_degree' = %d: EP borrowing tp ranks (expert_tensor_parallel_degree "
+                        "1) is not implemented; hint: set parallelism.expert_tensor_parallel_degree = %d (ETP) with "
+                        "expert_parallel_degree = data_parallel_shard_degree", t->pd.ep, t->pd.tp, t->pd.tp);
     return HP_OK;
 }
 /* --- end mixture of experts ---------------------------------------------------------------- */
@@ -637,6 +650,7 @@ void hp_trainer_destroy(hp_trainer_t t) {
     hp_mesh_destroy(t->ep_grad_mesh[0]);
     hp_mesh_destroy(t->ep_grad_mesh[1]);
     hp_mesh_destroy(t->ep_mesh);
+    hp_mesh_destroy(t->etp_mesh);
     hp_mesh_destroy(t->tp_mesh);
     hp_model_destroy(t->model);
     if (t->meshes.world) hp_parallel_meshes_destroy(&t->meshes);
