@@ -5,7 +5,8 @@
  * ranks, sliced to the local experts); the all-to-all calls and bytes equal what the routing
  * implies (count exchange + 4 row exchanges per MoE layer, (N K + R) D floats each way); an
  * injected error fails the comparison. Both MoE flavors. Tensor parallel of the experts alone
- * (F sharded over the ranks, same tokens everywhere) equals the single-rank model too. */
+ * (F sharded over the ranks, same tokens everywhere) and, on 4 ranks, expert tensor parallel
+ * on (ep 2, tp 2) equal the single-rank model too. */
 // hp-test: ranks 2 4 timeout 120
 #include <math.h>
 #include <stdio.h>
@@ -229,6 +230,79 @@ static void run_tp(const char *name, hp_comm_t world, int rank, int ws) {
     hp_mesh_destroy(mesh);
 }
 
+/* Expert tensor parallel on a (ep 2, tp 2) mesh of 4 ranks: ranks of one ep coordinate share
+ * tokens (Replicate over tp); logits equal the single-rank model; each rank's expert grads
+ * equal the single-rank ones summed over the ep column, sliced to its experts and F slice. */
+static void run_etp(const char *name, hp_comm_t world, int rank) {
+    hp_model_config_t c;
+    HP_CHECK_OK(hp_model_flavor(name, "debugmodel", &c));
+    c.dim = 48; c.n_layers = 3; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 12; c.hidden_dim = 64;
+    c.moe_hidden = 24; c.moe_experts = 8; c.moe_top_k = 2; c.vocab_size = 97; c.max_seq_len = 16;
+    HP_CHECK_OK(hp_model_config_validate(&c));
+    enum { B = 2, T = 16 };
+    const int er = rank / 2, tr = rank % 2, El = 4, Fl = 12;
+    int32_t tk[B * T], tg[B * T];
+    uint32_t s = 31u + 7u * (uint32_t)er;
+    for (int i = 0; i < B * T; i++) { s = s * 1664525u + 1013904223u; tk[i] = (int32_t)((s >> 8) % 97u); }
+    for (int i = 0; i < B * T; i++) tg[i] = tk[(i + 1) % (B * T)];
+    hp_model_t ref = NULL, em = NULL;
+    HP_CHECK_OK(hp_model_create(&c, B, T, &ref));
+    HP_CHECK_OK(hp_model_create(&c, B, T, &em));
+    if (!ref || !em) return;
+    HP_CHECK_OK(hp_model_init_weights(ref, 13));
+    hp_mesh_t mesh = NULL, col = NULL;
+    const int64_t shape[2] = {2, 2};
+    const char *dn[2] = {"ep", "tp"}, *epn[1] = {"ep"};
+    HP_CHECK_OK(hp_mesh_create(world, 2, shape, dn, &mesh));
+    HP_CHECK_OK(hp_mesh_slice(mesh, 1, epn, &col));
+    hp_ep_t ep = NULL;
+    HP_CHECK_OK(hp_ep_parallelize_model_etp(em, mesh, &ep));
+    if (!ep) return;
+    HP_CHECK_OK(hp_model_init_weights(em, 13));
+    HP_CHECK(hp_ep_local_expert_bytes(ep) * 4 == (size_t)2 * 3 * 8 * 24 * 48 * sizeof(float), "ETP expert bytes %zu",
+             hp_ep_local_expert_bytes(ep));
+    float lr = 0, le = 0;
+    HP_CHECK_OK(hp_model_zero_grad(ref));
+    HP_CHECK_OK(hp_model_zero_grad(em));
+    HP_CHECK_OK(hp_model_forward(ref, tk, tg, B, T, (float)(B * T), &lr));
+    HP_CHECK_OK(hp_model_backward(ref));
+    HP_CHECK_OK(hp_model_forward(em, tk, tg, B, T, (float)(B * T), &le));
+    HP_CHECK_OK(hp_model_backward(em));
+    const double lg = rel(hp_model_logits(em), hp_model_logits(ref), (size_t)B * T * c.vocab_size);
+    double ge = 0, gd = 0;
+    hp_comm_t cc = hp_mesh_get_comm(col, 0);
+    for (int i = 0; i < hp_model_num_params(ref); i++) {
+        hp_param_t *pr = &hp_model_params(ref)[i], *pe = hp_model_find_param(em, pr->name);
+        if (!pe) { HP_CHECK(0, "no %s", pr->name); continue; }
+        const size_t n = (size_t)hp_tensor_numel(&pr->grad.local);
+        if (!hp_ep_is_expert_param(pr)) {
+            gd = fmax(gd, rel(hp_param_g(pe), hp_param_g(pr), n));
+            continue;
+        }
+        float *sum = malloc(sizeof(float) * n), *slice = malloc(sizeof(float) * n);
+        HP_CHECK_OK(hp_all_reduce(hp_param_g(pr), sum, n, HP_F32, HP_SUM, cc, NULL));
+        const int64_t A = pr->grad.local.shape[1], Bd = pr->grad.local.shape[2];
+        const int w2 = strstr(pr->name, "experts.w2") != NULL;
+        size_t k = 0;
+        for (int64_t e = er * El; e < er * El + El; e++)
+            for (int64_t a = 0; a < A; a++)
+                for (int64_t b = 0; b < Bd; b++)
+                    if ((w2 ? b : a) / Fl == tr) slice[k++] = sum[(e * A + a) * Bd + b];
+        HP_CHECK(k == (size_t)hp_tensor_numel(&pe->grad.local), "ETP slice size");
+        ge = fmax(ge, rel(hp_param_g(pe), slice, k));
+        free(sum);
+        free(slice);
+    }
+    HP_CHECK(lg < 1e-5 && gd < 1e-5 && ge < 1e-5, "%s ETP: logits %.2e, dense grads %.2e, expert grads %.2e", name, lg,
+             gd, ge);
+    if (rank == 0) printf("%s ETP ep 2 x tp 2: logits %.2e, dense grads %.2e, expert grads %.2e\n", name, lg, gd, ge);
+    hp_ep_destroy(ep);
+    hp_model_destroy(em);
+    hp_model_destroy(ref);
+    hp_mesh_destroy(col);
+    hp_mesh_destroy(mesh);
+}
+
 int main(int argc, char **argv) {
     int rank, ws;
     hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
@@ -236,6 +310,10 @@ int main(int argc, char **argv) {
     run("qwen3_moe", world, rank, ws);
     run_tp("deepseek_v3", world, rank, ws);
     run_tp("qwen3_moe", world, rank, ws);
+    if (ws == 4) {
+        run_etp("deepseek_v3", world, rank);
+        run_etp("qwen3_moe", world, rank);
+    }
     // the degree must divide the experts (named)
     hp_model_config_t c;
     HP_CHECK_OK(hp_model_flavor("qwen3_moe", "debugmodel", &c));
