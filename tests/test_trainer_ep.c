@@ -6,7 +6,8 @@
  * and reduction orders differ: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
  * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
  * (experts and expert_bias resharded). On 4 ranks ETP (experts over [ep 2, tp 2]) gives the
- * losses of TP 2 x DP 2. Bad EP keys are named. */
+ * losses of TP 2 x DP 2; gradient accumulation and validation run under EP. Bad EP keys are
+ * named. */
 // hp-test: ranks 2 4 timeout 300
 #include <math.h>
 #include <stdio.h>
@@ -87,6 +88,18 @@ int main(int argc, char **argv) {
         hp_trainer_t t = NULL;   // ep borrowing tp ranks (etp 1) is refused by key
         f->parallelism.expert_tensor_parallel_degree = 1;
         HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "expert_tensor_parallel_degree");
+    }
+    {   // gradient accumulation (2 micro-batches per step) and validation under EP
+        moe_config(c, ws, "qwen3_moe");
+        c->training.global_batch_size = 2 * 2 * ws;
+        c->validation.enable = true;
+        hp_test_train_steps(c, world, 4, dl, dn, 1);
+        *f = *c;
+        f->parallelism.data_parallel_replicate_degree = 1;
+        f->parallelism.data_parallel_shard_degree = ws;
+        f->parallelism.expert_parallel_degree = ws;
+        hp_test_train_steps(f, world, 4, fl, fn, 1);
+        for (int i = 0; i < 4; i++) HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
     }
     {   // negative test (STYLE rule 17)
         moe_config(c, ws, "qwen3_moe");
