@@ -450,6 +450,10 @@ int main(void) {
     hp_moe_config_t all = {.dim = 6, .hidden = 4, .n_experts = 3, .top_k = 3, .score_fn = HP_MOE_SCORE_SIGMOID,
                            .route_norm = 0, .route_scale = 1.0f};
     run_case("top_k=E", &all, 1, 5, 14, 0);
+    // more experts than K x D floats per token (the router's buffers do not borrow the rows')
+    hp_moe_config_t wide = {.dim = 4, .hidden = 3, .n_experts = 16, .top_k = 1, .score_fn = HP_MOE_SCORE_SIGMOID,
+                            .route_norm = 0, .route_scale = 1.0f};
+    run_case("E > K*D", &wide, 2, 4, 15, 0);
 
     run_golden();
 

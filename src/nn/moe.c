@@ -97,7 +97,7 @@ static void route(const hp_moe_impl_t *M, moe_saved_t *s, const float *logits, i
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *sc = s->scores + (size_t)n * E;
-        const float *lg = logits + (size_t)n * E;
+        const float *lg = logits + (size_t)n * E;   // may be sc itself: each lg[e] is read before sc[e] is written
         if (c->score_fn == HP_MOE_SCORE_SOFTMAX) {
             float mx = lg[0];
             for (int e = 1; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
@@ -258,10 +258,9 @@ static hp_status_t moe_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
         s->a = hp_act_alloc(act, sizeof(float) * NK * F);
     }
     double t0 = omp_get_wtime();
-    // router logits land in ys (free until the experts run): (N, E) <= (N*K, D) floats
-    HP_ASSERT((size_t)E <= (size_t)K * D);
-    be->linear_forward(be->ctx, s->ys, x, hp_param_w(P_GATE(m)), NULL, N, D, E, 0);
-    route(M, s, s->ys, N);
+    // router logits into the scores buffer; route() turns each row into scores in place
+    be->linear_forward(be->ctx, s->scores, x, hp_param_w(P_GATE(m)), NULL, N, D, E, 0);
+    route(M, s, s->scores, N);
     permute(c, s, N);
     if (M->tokens_per_expert)   // load-balancing statistic (no gradient)
         for (int e = 0; e < E; e++) M->tokens_per_expert[e] += (float)s->counts[e];
