@@ -88,7 +88,7 @@ static void ref_topk(int *idx, const double *v, const int *allowed, int E, int K
 static double ref_moe(const prob_t *p, const double *x, double *out, double *counts, double *margin) {
     const hp_moe_config_t *c = &p->c;
     const int D = c->dim, F = c->hidden, E = c->n_experts, K = c->top_k, Fs = c->n_shared_experts * c->shared_hidden;
-    double loss = 0.0, mg = 1e30;
+    double loss = 0.0, mg = 1e30, cnt[HP_MOE_MAX_EXPERTS] = {0}, ssum[HP_MOE_MAX_EXPERTS] = {0};
     for (int n = 0; n < p->N; n++) {
         const double *xr = x + (size_t)n * D;
         double sc[HP_MOE_MAX_EXPERTS], ch[HP_MOE_MAX_EXPERTS], o[64] = {0};
@@ -105,6 +105,7 @@ static double ref_moe(const prob_t *p, const double *x, double *out, double *cou
             for (int e = 0; e < E; e++) sc[e] = 1.0 / (1.0 + exp(-sc[e]));
         }
         for (int e = 0; e < E; e++) ch[e] = sc[e] + p->bias[e];
+        for (int e = 0; e < E; e++) ssum[e] += sc[e];
         int allowed[HP_MOE_MAX_EXPERTS], *al = NULL;
         const int G = c->n_expert_groups;
         if (G > 1 && c->n_limited_groups < G) {
@@ -131,6 +132,7 @@ static double ref_moe(const prob_t *p, const double *x, double *out, double *cou
         for (int k = 0; k < K; k++) {
             const int e = ix[k];
             if (counts) counts[e] += 1;
+            cnt[e] += 1;
             double xin[64], a[64];
             for (int d = 0; d < D; d++) xin[d] = xr[d] * (c->score_before_experts ? gv[k] : 1.0);
             for (int f = 0; f < F; f++) {
@@ -164,6 +166,11 @@ static double ref_moe(const prob_t *p, const double *x, double *out, double *cou
             if (out) out[(size_t)n * D + d] = o[d];
             loss += o[d] * p->dout[(size_t)n * D + d];
         }
+    }
+    if (c->aux_loss_coeff > 0) {   // HyperParallel's aux loss: coeff * E * sum_e f_e p_e
+        double aux = 0;
+        for (int e = 0; e < E; e++) aux += cnt[e] / ((double)p->N * K) * (ssum[e] / p->N);
+        loss += c->aux_loss_coeff * E * aux;
     }
     if (margin) *margin = mg;
     return loss;
@@ -454,6 +461,13 @@ int main(void) {
     hp_moe_config_t wide = {.dim = 4, .hidden = 3, .n_experts = 16, .top_k = 1, .score_fn = HP_MOE_SCORE_SIGMOID,
                             .route_norm = 0, .route_scale = 1.0f};
     run_case("E > K*D", &wide, 2, 4, 15, 0);
+    // the auxiliary loss: its gradient reaches the gate and the input (finite differences of the loop with it)
+    hp_moe_config_t aux = qw;
+    aux.aux_loss_coeff = 0.5f;
+    run_case("aux loss", &aux, 3, 5, 16, 0);
+    aux = ds;
+    aux.aux_loss_coeff = 0.5f;
+    run_case("aux loss (sigmoid, groups)", &aux, 2, 7, 17, 1);
 
     run_golden();
 

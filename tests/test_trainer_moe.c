@@ -5,7 +5,7 @@
  * tokens per expert reach the JSONL metrics; on 2 ranks FSDP gives the losses of replicated
  * data parallel (float32 all-gather; reduction order: 1e-5 relative) and an lr x 1.001 run
  * does not; TP 2 (experts tensor parallel on their hidden dim) equals the single-rank run; bad
- * MoE keys are named. */
+ * MoE keys are named; HyperParallel's auxiliary loss is logged and changes training. */
 // hp-test: ranks 1 2 timeout 300
 #include <math.h>
 #include <stdio.h>
@@ -170,6 +170,35 @@ int main(int argc, char **argv) {
         hp_trainer_t t = NULL;
         c->parallelism.enable_sequence_parallel = true;
         HP_CHECK_ERR(hp_trainer_create(c, world, &t), HP_ERR_UNSUPPORTED, "'parallelism.enable_sequence_parallel' = true");
+    }
+    if (ws == 1) {   // HyperParallel's auxiliary loss: logged, changes the router's training, still trains
+        moe_config(c, ws, "deepseek_v3");
+        snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/aux", dir_);
+        snprintf(c->metrics.jsonl_file, sizeof c->metrics.jsonl_file, "metrics.jsonl");
+        c->metrics.log_freq = 1;
+        c->model.moe_aux_loss_coeff = 0.1;
+        double xl[N];
+        float xb[64 * 8];
+        train(c, world, xl, xb);
+        int differs = 0;
+        for (int i = 1; i < N; i++) differs |= xl[i] != ds_losses[i];
+        HP_CHECK(differs && xl[0] == ds_losses[0] && xl[N - 1] < xl[0] - 0.3,
+                 "aux loss: losses %.6f .. %.6f (without %.6f .. %.6f): step 1 must match, later steps differ", xl[0],
+                 xl[N - 1], ds_losses[0], ds_losses[N - 1]);
+        char path[400], line[512];
+        snprintf(path, sizeof path, "%s/aux/metrics.jsonl", dir_);
+        FILE *fp = fopen(path, "r");
+        int n_aux = 0, ok = 1;
+        while (fp && fgets(line, sizeof line, fp)) {
+            const char *q = strstr(line, "\"moe/aux_loss\": ");
+            if (!q) continue;
+            n_aux++;
+            // 2 layers x 0.1 x E sum f p: at least 0.1 x 2 x K/E x ... > 0, at most 0.1 x 2 x E
+            const double v = atof(q + 16);
+            ok &= v > 0.0 && v < 0.1 * 2 * 8;
+        }
+        if (fp) fclose(fp);
+        HP_CHECK(n_aux == N && ok, "metrics.jsonl: %d moe/aux_loss lines (expected %d), in range %d", n_aux, N, ok);
     }
     if (ws == 1) {   // the JSONL has the per-layer routing metrics
         char path[400], line[512];

@@ -57,7 +57,7 @@ typedef struct hp_config {
         int64_t moe_num_experts, moe_top_k, moe_hidden_dim, moe_num_shared_experts, moe_n_dense_layers;
         char moe_score_func[HP_CONFIG_STR_MAX];   /* default | sigmoid | softmax */
         int moe_route_norm, moe_score_before_experts;   /* tristate */
-        double moe_route_scale, moe_load_balance_coeff;
+        double moe_route_scale, moe_load_balance_coeff, moe_aux_loss_coeff;
         /* --- end --- */
     } model;
     struct {

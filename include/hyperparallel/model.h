@@ -53,6 +53,7 @@ typedef struct hp_model_config {
     int moe_expert_groups, moe_limited_groups;   /* node-limited routing; 0: off */
     int moe_n_dense_layers;
     float moe_load_balance_coeff; /* aux-loss-free expert_bias update step; 0: off */
+    float moe_aux_loss_coeff;     /* HyperParallel's auxiliary loss (hp_moe_config_t); 0: off */
     /* --- end --- */
 } hp_model_config_t;
 

@@ -227,6 +227,11 @@ typedef struct hp_moe_config {
     int score_before_experts; /* scale the expert input instead of its output */
     int n_shared_experts, shared_hidden;   /* 0: no shared experts */
     int n_expert_groups, n_limited_groups; /* node-limited routing; <= 1 groups: off */
+    /* HyperParallel's auxiliary load-balancing loss coeff * E * sum_e f_e p_e per micro-batch
+     * (f_e: share of the N*K routed slots, no gradient; p_e: mean score), its gradient added
+     * to the scores in backward independently of the main loss's normalisation (Megatron's
+     * MoEAuxLossAutoScaler at scale 1); 0: off */
+    float aux_loss_coeff;
 } hp_moe_config_t;
 /* A replaceable expert stage (expert parallelism, src/parallel/ep.c): takes the (N*K, D) rows
  * in global expert-major order (offsets (E+1)) and returns the experts' outputs in the same
@@ -248,6 +253,7 @@ typedef struct hp_moe_impl {
     float *tokens_per_expert; /* (E) += routed rows per forward (NULL: not counted); caller-owned */
     const hp_moe_dispatch_t *dispatch;   /* NULL: every expert is local (one rank) */
     void *dispatch_ctx;
+    double aux_loss_sum;      /* += the auxiliary loss of each forward (metrics; caller resets) */
 } hp_moe_impl_t;
 /* The config's bounds (top_k <= n_experts, groups dividing experts, ...); `what` prefixes the
  * message (a config key or module name). */

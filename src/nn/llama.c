@@ -138,6 +138,7 @@ void hp_model_moe_config(const hp_model_config_t *c, hp_moe_config_t *o) {
     o->shared_hidden = c->moe_hidden;
     o->n_expert_groups = c->moe_expert_groups;
     o->n_limited_groups = c->moe_limited_groups;
+    o->aux_loss_coeff = c->moe_aux_loss_coeff;
 }
 /* --- end --- */
 

@@ -264,6 +264,15 @@ static hp_status_t moe_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     permute(c, s, N);
     if (M->tokens_per_expert)   // load-balancing statistic (no gradient)
         for (int e = 0; e < E; e++) M->tokens_per_expert[e] += (float)s->counts[e];
+    if (c->aux_loss_coeff > 0.0f) {   // coeff * E * sum_e f_e p_e (fixed order, double)
+        double aux = 0.0;
+        for (int e = 0; e < E; e++) {
+            double p = 0.0;
+            for (int n = 0; n < N; n++) p += s->scores[(size_t)n * E + e];
+            aux += (double)s->counts[e] / (double)NK * (p / N);
+        }
+        M->aux_loss_sum += c->aux_loss_coeff * E * aux;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t j = 0; j < (int64_t)NK; j++) {
         const int slot = s->slot_of[j];
@@ -398,6 +407,9 @@ static hp_status_t moe_backward_input(hp_module_t *m, hp_act_t *act, const hp_te
         } else {
             for (int k = 0; k < K; k++) ds[ix[k]] += c->route_scale * g[k];
         }
+        if (c->aux_loss_coeff > 0.0f)   // d aux / d s[n, e] = coeff * E * f_e / N
+            for (int e = 0; e < E; e++)
+                ds[e] += c->aux_loss_coeff * (float)E * ((float)s->counts[e] / (float)NK) / (float)N;
         if (c->score_fn == HP_MOE_SCORE_SOFTMAX) {
             double dot = 0.0;
             for (int e = 0; e < E; e++) dot += (double)ds[e] * sc[e];
@@ -468,6 +480,8 @@ hp_status_t hp_moe_config_check(const hp_moe_config_t *c, const char *what) {
         return hp_error(HP_ERR_INVALID_ARG, "%s: score_func %d, expected sigmoid or softmax", what, c->score_fn);
     if (!(c->route_scale > 0.0f))
         return hp_error(HP_ERR_INVALID_ARG, "%s: route_scale = %g, expected > 0", what, c->route_scale);
+    if (!(c->aux_loss_coeff >= 0.0f))
+        return hp_error(HP_ERR_INVALID_ARG, "%s: aux_loss_coeff = %g, expected >= 0 (0: off)", what, c->aux_loss_coeff);
     if (c->n_shared_experts < 0 || (c->n_shared_experts > 0 && c->shared_hidden <= 0))
         return hp_error(HP_ERR_INVALID_ARG, "%s: num_shared_experts = %d with shared hidden %d, expected >= 0 (and "
                         "a hidden > 0 when shared experts are on)", what, c->n_shared_experts, c->shared_hidden);

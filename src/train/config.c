@@ -119,6 +119,9 @@ static const hp_config_key_t schema_[] = {
            "flavor's (false)."),
     KM_F32(moe_load_balance_coeff, 0, 1, "MoE: aux-loss-free load balancing, the expert_bias step per optimizer step "
            "(TorchTitan: 1e-3); 0 = off; -1 = the flavor's.", "0 (off) .. 1; -1 (the default) keeps the flavor's"),
+    KM_F32(moe_aux_loss_coeff, 0, 1000, "MoE: HyperParallel's auxiliary loss coeff x E x sum_e f_e p_e per layer and "
+           "micro-batch (its gradient added to the router, logged as moe/aux_loss); 0 = off (the flavors); -1 = the "
+           "flavor's.", "0 (off) or a small value such as 1e-3; -1 (the default) keeps the flavor's"),
     /* --- end --- */
     /* training */
     KI(training, steps, "10000", 1, I64, NULL, "Number of optimizer steps to train."),
@@ -1126,7 +1129,7 @@ static hp_status_t check_moe_keys(const hp_config_t *c, const hp_model_config_t 
                     c->model.moe_num_shared_experts != -1 || c->model.moe_n_dense_layers != -1 ||
                     strcmp(c->model.moe_score_func, "default") != 0 || c->model.moe_route_norm != -1 ||
                     c->model.moe_score_before_experts != -1 || c->model.moe_route_scale != -1 ||
-                    c->model.moe_load_balance_coeff != -1;
+                    c->model.moe_load_balance_coeff != -1 || c->model.moe_aux_loss_coeff != -1;
     if (base->moe_experts == 0) {
         if (set)
             return hp_error(HP_ERR_INVALID_ARG, "config keys 'model.moe_*' are set but model.name = %s is a dense model; "
@@ -1200,6 +1203,7 @@ hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const 
     if (c->model.moe_score_before_experts != -1) mc.moe_score_before_experts = c->model.moe_score_before_experts;
     if (c->model.moe_route_scale != -1) mc.moe_route_scale = (float)c->model.moe_route_scale;
     if (c->model.moe_load_balance_coeff != -1) mc.moe_load_balance_coeff = (float)c->model.moe_load_balance_coeff;
+    if (c->model.moe_aux_loss_coeff != -1) mc.moe_aux_loss_coeff = (float)c->model.moe_aux_loss_coeff;
     HP_TRY(check_moe_keys(c, &base, &mc));
     /* --- end --- */
 #undef SET_INT

@@ -448,6 +448,18 @@ static hp_status_t moe_pre_step(void *user, hp_optim_t opt) {
     if (t->dp_size > 1) HP_TRY(hp_all_reduce(t->moe_counts, t->moe_counts, n, HP_F32, HP_SUM, t->dp_comm, NULL));
     const int64_t step = t->step + 1;
     const int log = hp_metrics_should_log(t->metrics, step);
+    if (t->mcfg.moe_aux_loss_coeff > 0.0f) {   /* the auxiliary loss of the step, summed over layers and micro-batches */
+        float aux = 0.0f, all = 0.0f;
+        for (int i = 0; i < t->n_moe; i++) {
+            hp_moe_impl_t *M = t->moe_mods[i]->impl;
+            const int layer = atoi(t->moe_mods[i]->name + 7);
+            const int recomputed = t->moe_ac_k > 0 && (layer + 1) % t->moe_ac_k == 0;   // counted twice
+            aux += (float)(recomputed ? 0.5 * M->aux_loss_sum : M->aux_loss_sum);
+            M->aux_loss_sum = 0.0;
+        }
+        HP_TRY(hp_all_reduce(&aux, &all, 1, HP_F32, HP_SUM, t->dp_comm, NULL));
+        if (log) HP_TRY(hp_metrics_log_scalar(t->metrics, "moe/aux_loss", step, all / (t->dp_size > 0 ? t->dp_size : 1)));
+    }
     for (int i = 0; i < t->n_moe; i++) {
         hp_moe_impl_t *M = t->moe_mods[i]->impl;
         float *c = t->moe_counts + (size_t)i * E;
