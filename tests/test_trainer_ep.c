@@ -6,7 +6,7 @@
  * and reduction orders differ: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
  * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
  * (experts and expert_bias resharded). On 4 ranks ETP (experts over [ep 2, tp 2]) gives the
- * losses of TP 2 x DP 2; gradient accumulation and validation run under EP. Bad EP keys are
+ * losses of TP 2 x DP 2; gradient accumulation, validation and full AC run under EP. Bad EP keys are
  * named. */
 // hp-test: ranks 2 4 timeout 300
 #include <math.h>
@@ -99,6 +99,10 @@ int main(int argc, char **argv) {
         f->parallelism.data_parallel_shard_degree = ws;
         f->parallelism.expert_parallel_degree = ws;
         hp_test_train_steps(f, world, 4, fl, fn, 1);
+        for (int i = 0; i < 4; i++) HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
+        // and with full activation checkpointing (the recompute dispatches again)
+        snprintf(f->activation_checkpoint.mode, sizeof f->activation_checkpoint.mode, "full");
+        hp_test_train_steps(f, world, 4, fl, fn, 0);
         for (int i = 0; i < 4; i++) HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
     }
     {   // negative test (STYLE rule 17)
