@@ -4,7 +4,8 @@
  * (loss, logits, dense gradients; expert gradients equal the single-rank ones summed over the
  * ranks, sliced to the local experts); the all-to-all calls and bytes equal what the routing
  * implies (count exchange + 4 row exchanges per MoE layer, (N K + R) D floats each way); an
- * injected error fails the comparison. Both MoE flavors. Tensor parallel of the experts alone
+ * injected error fails the comparison; two micro-batch contexts in flight keep their own
+ * dispatch state. Both MoE flavors. Tensor parallel of the experts alone
  * (F sharded over the ranks, same tokens everywhere) and, on 4 ranks, expert tensor parallel
  * on (ep 2, tp 2) equal the single-rank model too. */
 // hp-test: ranks 2 4 timeout 120
@@ -150,6 +151,41 @@ static void run(const char *name, hp_comm_t world, int rank, int ws) {
              "%s ep %d: %llu all_to_all, %llu all_to_all_v of %llu bytes; routing implies %d, %d, %llu", name, ws,
              (unsigned long long)a2a, (unsigned long long)a2av, (unsigned long long)bytes, n_moe, 4 * n_moe,
              (unsigned long long)want_bytes);
+    /* two micro-batch contexts in flight (pipeline style): forward A, forward B, backward B,
+     * backward A; A's logits equal the single forward's, the grads equal two sequential steps */
+    {
+        int32_t tk2[B * T];
+        for (int i = 0; i < B * T; i++) tk2[i] = (tk[i] * 7 + 3) % 97;
+        hp_model_ctx_t ca = NULL, cb = NULL;
+        HP_CHECK_OK(hp_model_ctx_create(ep_m, B, T, 0, &ca));
+        HP_CHECK_OK(hp_model_ctx_create(ep_m, B, T, 0, &cb));
+        float la = 0, lb = 0;
+        const size_t ng = (size_t)hp_tensor_numel(&w1->grad.local);
+        float *g_seq = malloc(sizeof(float) * ng), *logit_a = malloc(sizeof(float) * (size_t)B * T * c.vocab_size);
+        // sequential reference: A then B
+        HP_CHECK_OK(hp_model_zero_grad(ep_m));
+        HP_CHECK_OK(hp_model_forward_ctx(ep_m, ca, tk, tg, B, T, (float)(B * T), &la));
+        memcpy(logit_a, hp_model_ctx_logits(ca), sizeof(float) * (size_t)B * T * c.vocab_size);
+        HP_CHECK_OK(hp_model_backward_ctx(ep_m, ca));
+        HP_CHECK_OK(hp_model_forward_ctx(ep_m, cb, tk2, tg, B, T, (float)(B * T), &lb));
+        HP_CHECK_OK(hp_model_backward_ctx(ep_m, cb));
+        memcpy(g_seq, hp_param_g(w1), sizeof(float) * ng);
+        // interleaved
+        HP_CHECK_OK(hp_model_zero_grad(ep_m));
+        HP_CHECK_OK(hp_model_forward_ctx(ep_m, ca, tk, tg, B, T, (float)(B * T), &la));
+        HP_CHECK_OK(hp_model_forward_ctx(ep_m, cb, tk2, tg, B, T, (float)(B * T), &lb));
+        HP_CHECK(memcmp(hp_model_ctx_logits(ca), logit_a, sizeof(float) * (size_t)B * T * c.vocab_size) == 0,
+                 "%s ep %d: a second micro-batch in flight changed the first one's logits", name, ws);
+        HP_CHECK_OK(hp_model_backward_ctx(ep_m, cb));
+        HP_CHECK_OK(hp_model_backward_ctx(ep_m, ca));
+        /* B's and A's grads are added in the other order: f32 addition of two terms */
+        HP_CHECK(rel(hp_param_g(w1), g_seq, ng) < 1e-6, "%s ep %d: micro-batches in flight mixed their dispatch "
+                 "state (expert grads %.2e off)", name, ws, rel(hp_param_g(w1), g_seq, ng));
+        free(g_seq);
+        free(logit_a);
+        hp_model_ctx_destroy(ca);
+        hp_model_ctx_destroy(cb);
+    }
     if (rank == 0)
         printf("%s ep %d: logits %.2e, dense grads %.2e, expert grads %.2e; %llu a2a, %llu a2a_v, %llu bytes\n",
                name, ws, lg, gd, ge, (unsigned long long)a2a, (unsigned long long)a2av, (unsigned long long)bytes);
