@@ -8,7 +8,7 @@
  * dispatch state. Both MoE flavors. Tensor parallel of the experts alone
  * (F sharded over the ranks, same tokens everywhere) and, on 4 ranks, expert tensor parallel
  * on (ep 2, tp 2) equal the single-rank model too. */
-// hp-test: ranks 2 4 timeout 120
+// hp-test: ranks 2 4 timeout 120 coretype 2
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
 // routing; the harness fails on an injected 1e-4 error; bad configs are named. The same module
 // equals a PyTorch re-implementation of TorchTitan's MoE (tools/golden/make_moe_golden.py,
 // tests/data/golden_moe.safetensors): outputs, tokens_per_expert and every gradient.
-// hp-test: ranks 1 timeout 60
+// hp-test: ranks 1 timeout 60 coretype 1
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
