@@ -7,7 +7,7 @@
  * injected error fails the comparison; two micro-batch contexts in flight keep their own
  * dispatch state. Both MoE flavors. Tensor parallel of the experts alone
  * (F sharded over the ranks, same tokens everywhere) and, on 4 ranks, expert tensor parallel
- * on (ep 2, tp 2) equal the single-rank model too. */
+ * on (ep 2, tp 2) and expert FSDP on (efsdp 2, ep 2) equal the single-rank model too. */
 // hp-test: ranks 2 4 timeout 120 coretype 2
 #include <math.h>
 #include <stdio.h>
@@ -339,6 +339,74 @@ static void run_etp(const char *name, hp_comm_t world, int rank) {
     hp_mesh_destroy(mesh);
 }
 
+/* Expert FSDP on the (efsdp 2, ep 2) mesh of 4 ranks, every rank its own tokens: rank
+ * (f, r) holds experts r*4 + f*2 .. +2; logits and dense grads equal the single-rank model on
+ * its tokens, expert grads equal the single-rank ones summed over all ranks (dispatch over ep,
+ * reduce-scatter over efsdp), sliced to its two experts; expert bytes 1/4. */
+static void run_efsdp(const char *name, hp_comm_t world, int rank) {
+    hp_model_config_t c;
+    HP_CHECK_OK(hp_model_flavor(name, "debugmodel", &c));
+    c.dim = 48; c.n_layers = 3; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 12; c.hidden_dim = 64;
+    c.moe_hidden = 24; c.moe_experts = 8; c.moe_top_k = 2; c.vocab_size = 97; c.max_seq_len = 16;
+    HP_CHECK_OK(hp_model_config_validate(&c));
+    enum { B = 2, T = 16 };
+    const int f = rank / 2, r = rank % 2, El = 4, Ef = 2;
+    int32_t tk[B * T], tg[B * T];
+    uint32_t s = 41u + 13u * (uint32_t)rank;
+    for (int i = 0; i < B * T; i++) { s = s * 1664525u + 1013904223u; tk[i] = (int32_t)((s >> 8) % 97u); }
+    for (int i = 0; i < B * T; i++) tg[i] = tk[(i + 1) % (B * T)];
+    hp_model_t ref = NULL, em = NULL;
+    HP_CHECK_OK(hp_model_create(&c, B, T, &ref));
+    HP_CHECK_OK(hp_model_create(&c, B, T, &em));
+    if (!ref || !em) return;
+    HP_CHECK_OK(hp_model_init_weights(ref, 14));
+    hp_mesh_t mesh = NULL;
+    const int64_t shape[2] = {2, 2};
+    const char *dn[2] = {"efsdp", "ep"};
+    HP_CHECK_OK(hp_mesh_create(world, 2, shape, dn, &mesh));
+    hp_ep_t ep = NULL;
+    HP_CHECK_OK(hp_ep_parallelize_model_efsdp(em, mesh, &ep));
+    if (!ep) return;
+    HP_CHECK_OK(hp_model_init_weights(em, 14));
+    HP_CHECK(hp_ep_local_expert_bytes(ep) * 4 == (size_t)2 * 3 * 8 * 24 * 48 * sizeof(float), "expert FSDP bytes %zu",
+             hp_ep_local_expert_bytes(ep));
+    const hp_param_t *w1 = hp_model_find_param(em, "layers.1.moe.experts.w1"), *rw1 = hp_model_find_param(ref, "layers.1.moe.experts.w1");
+    const size_t per = 24 * 48;
+    HP_CHECK(w1->value.local.shape[0] == Ef &&
+             memcmp(hp_param_w(w1), hp_param_w(rw1) + (size_t)(r * El + f * Ef) * per, sizeof(float) * Ef * per) == 0,
+             "rank %d: its experts are not the single-rank model's %d..%d", rank, r * El + f * Ef, r * El + f * Ef + 1);
+    float lr = 0, le = 0;
+    HP_CHECK_OK(hp_model_zero_grad(ref));
+    HP_CHECK_OK(hp_model_zero_grad(em));
+    HP_CHECK_OK(hp_model_forward(ref, tk, tg, B, T, (float)(B * T), &lr));
+    HP_CHECK_OK(hp_model_backward(ref));
+    HP_CHECK_OK(hp_model_forward(em, tk, tg, B, T, (float)(B * T), &le));
+    HP_CHECK_OK(hp_model_backward(em));
+    const double lg = rel(hp_model_logits(em), hp_model_logits(ref), (size_t)B * T * c.vocab_size);
+    double ge = 0, gd = 0;
+    for (int i = 0; i < hp_model_num_params(ref); i++) {
+        hp_param_t *pr = &hp_model_params(ref)[i], *pe = hp_model_find_param(em, pr->name);
+        if (!pe) { HP_CHECK(0, "no %s", pr->name); continue; }
+        const size_t n = (size_t)hp_tensor_numel(&pr->grad.local);
+        if (!hp_ep_is_expert_param(pr)) {
+            gd = fmax(gd, rel(hp_param_g(pe), hp_param_g(pr), n));
+            continue;
+        }
+        float *sum = malloc(sizeof(float) * n);
+        HP_CHECK_OK(hp_all_reduce(hp_param_g(pr), sum, n, HP_F32, HP_SUM, world, NULL));
+        const size_t pn = n / 8;
+        ge = fmax(ge, rel(hp_param_g(pe), sum + (size_t)(r * El + f * Ef) * pn, (size_t)Ef * pn));
+        free(sum);
+    }
+    HP_CHECK(lg < 1e-5 && gd < 1e-5 && ge < 1e-5, "%s expert FSDP: logits %.2e, dense grads %.2e, expert grads %.2e",
+             name, lg, gd, ge);
+    if (rank == 0) printf("%s ep 2 x efsdp 2: logits %.2e, dense grads %.2e, expert grads %.2e\n", name, lg, gd, ge);
+    hp_ep_destroy(ep);
+    hp_model_destroy(em);
+    hp_model_destroy(ref);
+    hp_mesh_destroy(mesh);
+}
+
 int main(int argc, char **argv) {
     int rank, ws;
     hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
@@ -349,6 +417,8 @@ int main(int argc, char **argv) {
     if (ws == 4) {
         run_etp("deepseek_v3", world, rank);
         run_etp("qwen3_moe", world, rank);
+        run_efsdp("deepseek_v3", world, rank);
+        run_efsdp("qwen3_moe", world, rank);
     }
     // the degree must divide the experts (named)
     hp_model_config_t c;

@@ -19,7 +19,29 @@ struct hp_ep {
      * and the combined outputs / input gradients are all-reduced over it */
     hp_comm_t tp_comm;
     int tp_size, tp_rank;
+    /* FSDP of the experts over efsdp: each rank keeps 1/efsdp of its ep rank's experts; the
+     * weights are all-gathered into ws_w for each use, the grads computed into ws_g and
+     * reduce-scattered (one layer at a time: the workspace is shared by the layers) */
+    hp_comm_t fs_comm;
+    int fs_size, fs_rank;
+    float *ws_w, *ws_g;     // (3, efsdp x shard floats)
 };
+
+/* The local experts' whole weights: the parameters themselves, or (expert FSDP) the shards
+ * all-gathered over efsdp into the workspace. */
+static hp_status_t ep_weights(struct hp_ep *ep, hp_module_t *m, const float **w) {
+    const hp_param_t *ps[3] = {m->params[1], m->params[2], m->params[3]};
+    if (ep->fs_size <= 1) {
+        for (int k = 0; k < 3; k++) w[k] = hp_param_w(ps[k]);
+        return HP_OK;
+    }
+    const size_t n = (size_t)hp_tensor_numel(&ps[0]->value.local), full = n * ep->fs_size;
+    for (int k = 0; k < 3; k++) {
+        HP_TRY(hp_all_gather(hp_param_w(ps[k]), ep->ws_w + k * full, n, HP_F32, ep->fs_comm, NULL));
+        w[k] = ep->ws_w + k * full;
+    }
+    return HP_OK;
+}
 
 static int ep_fl(const struct hp_ep *ep, const hp_module_t *m) {
     return ((const hp_moe_impl_t *)m->impl)->c.hidden / (ep->tp_size > 1 ? ep->tp_size : 1);
@@ -134,9 +156,10 @@ static hp_status_t ep_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *y
     permute_rows(s->xl, s->buf, s->perm, s->R, D, 0);
     prof(act, HP_NN_OP_MOE_DISPATCH, t0);
     // 4. the local experts
+    const float *w[3];
+    HP_TRY(ep_weights(ep, m, w));
     t0 = omp_get_wtime();
-    hp_moe_experts_forward(act->be, s->yl, s->h1, s->h3, s->a, s->xl, hp_param_w(W1(m)), hp_param_w(W2(m)),
-                           hp_param_w(W3(m)), s->loff, El, D, F);
+    hp_moe_experts_forward(act->be, s->yl, s->h1, s->h3, s->a, s->xl, w[0], w[1], w[2], s->loff, El, D, F);
     prof(act, HP_NN_OP_MOE_EXPERTS, t0);
     // 5. back: expert-major -> rank-major, reverse all_to_all_v
     t0 = omp_get_wtime();
@@ -163,9 +186,11 @@ static hp_status_t ep_backward_input(void *ctx, hp_module_t *m, hp_act_t *act, v
     HP_TRY(hp_all_to_all_v(dys, s->scnt, s->sdis, s->buf, s->rcnt, s->rdis, HP_F32, ep->comm, NULL));
     permute_rows(s->dyl, s->buf, s->perm, s->R, D, 0);
     prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    const float *w[3];
+    HP_TRY(ep_weights(ep, m, w));
     t0 = omp_get_wtime();
-    hp_moe_experts_backward_input(act->be, dxl, s->dh1, s->dh3, da, s->dyl, s->h1, s->h3, hp_param_w(W1(m)),
-                                  hp_param_w(W2(m)), hp_param_w(W3(m)), s->loff, El, D, F);
+    hp_moe_experts_backward_input(act->be, dxl, s->dh1, s->dh3, da, s->dyl, s->h1, s->h3, w[0], w[1], w[2], s->loff,
+                                  El, D, F);
     prof(act, HP_NN_OP_MOE_EXPERTS, t0);
     t0 = omp_get_wtime();
     permute_rows(s->buf, dxl, s->perm, s->R, D, 1);
@@ -184,9 +209,27 @@ static hp_status_t ep_backward_weight(void *ctx, hp_module_t *m, hp_act_t *act, 
     hp_moe_impl_t *M = m->impl;
     ep_state_t *s = state;
     double t0 = omp_get_wtime();
-    hp_moe_experts_backward_weight(act->be, hp_param_g(W1(m)), hp_param_g(W2(m)), hp_param_g(W3(m)), s->dyl, s->dh1,
-                                   s->dh3, s->a, s->xl, s->loff, M->c.n_experts / ep->size, M->c.dim, ep_fl(ep, m));
+    if (ep->fs_size <= 1) {
+        hp_moe_experts_backward_weight(act->be, hp_param_g(W1(m)), hp_param_g(W2(m)), hp_param_g(W3(m)), s->dyl,
+                                       s->dh1, s->dh3, s->a, s->xl, s->loff, M->c.n_experts / ep->size, M->c.dim,
+                                       ep_fl(ep, m));
+        prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+        return HP_OK;
+    }
+    // expert FSDP: whole local grads into the workspace, reduce-scattered (SUM) into the shards (+=)
+    const size_t n = (size_t)hp_tensor_numel(&W1(m)->grad.local), full = n * ep->fs_size;
+    memset(ep->ws_g, 0, sizeof(float) * 3 * full);
+    hp_moe_experts_backward_weight(act->be, ep->ws_g, ep->ws_g + full, ep->ws_g + 2 * full, s->dyl, s->dh1, s->dh3,
+                                   s->a, s->xl, s->loff, M->c.n_experts / ep->size, M->c.dim, ep_fl(ep, m));
     prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    t0 = omp_get_wtime();
+    hp_param_t *ps[3] = {W1(m), W2(m), W3(m)};
+    for (int k = 0; k < 3; k++) {
+        float *mine = ep->ws_g + k * full + (size_t)ep->fs_rank * n;   // in place: this rank's block
+        HP_TRY(hp_reduce_scatter(ep->ws_g + k * full, mine, n, HP_F32, HP_SUM, ep->fs_comm, NULL));
+        act->be->add_inplace(act->be->ctx, hp_param_g(ps[k]), mine, (int64_t)n);
+    }
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
     return HP_OK;
 }
 
@@ -561,4 +604,76 @@ hp_status_t hp_ep_parallelize_model_etp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *
     return HP_OK;
 }
 
-void hp_ep_destroy(hp_ep_t ep) { free(ep); }
+hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *out) {
+    if (!m || !mesh2 || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_efsdp: NULL argument");
+    *out = NULL;
+    const hp_model_config_t *c = hp_model_config(m);
+    if (hp_mesh_ndim(mesh2) != 2)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_efsdp: the mesh must be 2-D (efsdp, ep), got %d "
+                        "dims", hp_mesh_ndim(mesh2));
+    const int Fs = (int)hp_mesh_size(mesh2, 0), P = (int)hp_mesh_size(mesh2, 1);
+    if (c->moe_experts <= 0 || c->moe_experts % P != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "expert parallel: degree %d does not divide the %d experts", P,
+                        c->moe_experts);
+    const int El = c->moe_experts / P;
+    if (El % Fs != 0)
+        return hp_error(HP_ERR_UNSUPPORTED, "expert FSDP: efsdp %d does not divide the %d experts per ep rank; "
+                        "Shard(1) of the experts (efsdp x ep > experts) is not implemented; hint: use an "
+                        "expert_parallel_degree with experts / ep a multiple of %d", Fs, El, Fs);
+    const int Ef = El / Fs;
+    hp_ep_t ep = hp_calloc(1, sizeof(*ep));
+    if (!ep) return HP_ERR_OOM;
+    ep->mesh = mesh2;
+    ep->comm = hp_mesh_get_comm(mesh2, 1);
+    ep->size = P;
+    ep->rank = hp_mesh_get_local_rank(mesh2, 1);
+    ep->fs_comm = hp_mesh_get_comm(mesh2, 0);
+    ep->fs_size = Fs;
+    ep->fs_rank = hp_mesh_get_local_rank(mesh2, 0);
+    hp_param_t *ps = hp_model_params(m);
+    size_t ws = 0;
+    for (int i = 0; i < hp_model_num_params(m); i++) {
+        hp_param_t *p = &ps[i];
+        hp_dtensor_t *ts[2] = {&p->value, &p->grad};
+        const int expert = hp_ep_is_expert_param(p);
+        for (int k = 0; k < 2; k++) {
+            hp_dtensor_t *d = ts[k];
+            d->mesh = mesh2;
+            d->mesh_ndim = 2;
+            if (!expert) {   // dense: Replicate over (efsdp, ep), counted once by the norms
+                d->placements[0] = d->placements[1] = hp_replicate();
+                continue;
+            }
+            // this rank's experts r*El + f*Ef .. + Ef: ep's block, then efsdp's part of it
+            // (FSDP2 over TP's layout: _StridedShard(0, ep) on efsdp, Shard(0) on ep)
+            const size_t per = (size_t)(hp_tensor_numel(&d->local) / d->local.shape[0]);
+            float *v = d->local.data;
+            memmove(v, v + ((size_t)ep->rank * El + (size_t)ep->fs_rank * Ef) * per, sizeof(float) * Ef * per);
+            d->local.shape[0] = Ef;
+            d->placements[0] = hp_strided_shard(0, P);
+            d->placements[1] = hp_shard(0);
+            if (k == 0) {
+                ep->expert_bytes += sizeof(float) * Ef * per;
+                if (Ef * per * Fs > ws) ws = Ef * per * Fs;
+            }
+        }
+    }
+    ep->ws_w = hp_aligned_alloc(sizeof(float) * 3 * (ws ? ws : 1));
+    ep->ws_g = hp_aligned_alloc(sizeof(float) * 3 * (ws ? ws : 1));
+    hp_status_t st = ep->ws_w && ep->ws_g ? HP_OK : HP_ERR_OOM;
+    if (st == HP_OK) st = compact(m);
+    if (st == HP_OK) st = install(m, ep, &ep_dispatch);
+    if (st != HP_OK) {
+        hp_ep_destroy(ep);
+        return st;
+    }
+    *out = ep;
+    return HP_OK;
+}
+
+void hp_ep_destroy(hp_ep_t ep) {
+    if (!ep) return;
+    hp_free_aligned(ep->ws_w);
+    hp_free_aligned(ep->ws_g);
+    free(ep);
+}

@@ -83,7 +83,7 @@ struct hp_trainer {
     hp_mesh_t ep_mesh;          /* expert parallel: the sparse mesh's ep dim */
     hp_ep_t ep;
     hp_ep_t ep_tp;              /* tensor parallel of the experts (tp > 1, ep = 1) */
-    hp_mesh_t etp_mesh;         /* ETP: (dp_shard = ep, tp) */
+    hp_mesh_t etp_mesh;         /* ETP: (dp_shard = ep, tp); expert FSDP: (efsdp, ep) */
     hp_mesh_t ep_grad_mesh[2];  /* (efsdp), (dp_replicate): expert grads are summed over these */
     /* --- end --- */
 };
@@ -320,8 +320,9 @@ static hp_status_t build(hp_trainer_t t) {
     }
     /* --- end tensor parallel --- */
     /* --- expert parallel (owner moe): experts Shard(0) over the sparse mesh's ep dim before
-     * the weights are drawn; expert grads are summed over (efsdp, dp_replicate), the dense
-     * ones over the batch mesh as replicated data parallel (no FSDP / DDP under EP yet) --- */
+     * the weights are drawn, FSDP-sharded over efsdp when efsdp > 1; expert grads are summed
+     * over dp_replicate (and efsdp by the reduce-scatter), the dense ones over the batch mesh
+     * as replicated data parallel (no FSDP / DDP of the dense params under EP yet) --- */
     if (t->pd.ep > 1 && t->pd.tp > 1) {   /* ETP: (dp_shard = ep, tp) of the world mesh */
         const char *n2[2] = {"dp_shard", "tp"}, *epn[1] = {"dp_shard"}, *drn[1] = {"dp_replicate"};
         HP_TRY(hp_mesh_slice(t->meshes.world, 2, n2, &t->etp_mesh));
@@ -329,11 +330,19 @@ static hp_status_t build(hp_trainer_t t) {
         HP_TRY(hp_ep_parallelize_model_etp(t->model, t->etp_mesh, &t->ep));
         if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.world, 1, drn, &t->ep_grad_mesh[1]));
         t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // after TP's tp comm
+    } else if (t->pd.ep > 1 && hp_parallel_dims_efsdp(&t->pd) > 1) {
+        /* experts FSDP-sharded over efsdp (all-gather per use, reduce-scatter of the grads) */
+        const char *n2[2] = {"efsdp", "ep"}, *epn[1] = {"ep"}, *drn[1] = {"dp_replicate"};
+        HP_TRY(hp_mesh_slice(t->meshes.sparse, 2, n2, &t->etp_mesh));
+        HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
+        HP_TRY(hp_ep_parallelize_model_efsdp(t->model, t->etp_mesh, &t->ep));
+        if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
+        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 1);   // ep
+        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 0);   // efsdp
     } else if (t->pd.ep > 1) {
-        const char *epn[1] = {"ep"}, *efn[1] = {"efsdp"}, *drn[1] = {"dp_replicate"};
+        const char *epn[1] = {"ep"}, *drn[1] = {"dp_replicate"};
         HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
         HP_TRY(hp_ep_parallelize_model(t->model, t->ep_mesh, &t->ep));
-        if (hp_parallel_dims_efsdp(&t->pd) > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, efn, &t->ep_grad_mesh[0]));
         if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
         t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // dense counted once, experts summed
     } else if (t->pd.tp > 1 && t->mcfg.moe_experts > 0) {
