@@ -136,7 +136,7 @@ int main(int argc, char **argv) {
             hp_config_t *epc = dir == 0 ? a : b;   // dir 0: EP first, DP second; dir 1: the reverse
             epc->parallelism.data_parallel_replicate_degree = 1;
             epc->parallelism.data_parallel_shard_degree = ws;
-            epc->parallelism.expert_parallel_degree = ws;
+            epc->parallelism.expert_parallel_degree = ws == 4 ? 2 : ws;   // 4 ranks: ep 2 x efsdp 2 (strided shards)
             hp_trainer_t t = NULL;
             HP_CHECK_OK(hp_trainer_create(a, world, &t));
             for (int i = 0; t && i < 4; i++) {
