@@ -21,7 +21,7 @@ static const struct { const char *header; int layer; } headers[] = {
     {"mesh.h", MESH},
     {"dtensor.h", DTENSOR}, {"param.h", DTENSOR},
     {"backend.h", NN}, {"nn.h", NN}, {"model.h", NN}, {"nn_loss.h", NN},
-    {"fsdp.h", PARALLEL}, {"ddp.h", PARALLEL}, {"tp.h", PARALLEL}, {"zero.h", PARALLEL}, {"pp_schedule.h", PARALLEL}, {"pp.h", PARALLEL},
+    {"fsdp.h", PARALLEL}, {"ep.h", PARALLEL}, {"ddp.h", PARALLEL}, {"tp.h", PARALLEL}, {"zero.h", PARALLEL}, {"pp_schedule.h", PARALLEL}, {"pp.h", PARALLEL},
     {"safetensors.h", CHECKPOINT}, {"checkpoint.h", CHECKPOINT}, {"weights.h", CHECKPOINT},
     {"config.h", TRAIN}, {"parallel_dims.h", TRAIN}, {"data.h", TRAIN}, {"tokenizer.h", TRAIN},
     {"optim.h", TRAIN}, {"metrics.h", TRAIN}, {"trainer.h", TRAIN}, {"ckpt_manager.h", TRAIN},

@@ -53,6 +53,12 @@ typedef struct hp_config {
         int64_t rope_original_max_pos;
         int qk_norm, tie_embeddings;  /* tristate */
         int64_t max_seq_len;
+        /* --- mixture of experts (owner moe; docs/moe.md): -1 / "default" keep the flavor's --- */
+        int64_t moe_num_experts, moe_top_k, moe_hidden_dim, moe_num_shared_experts, moe_n_dense_layers;
+        char moe_score_func[HP_CONFIG_STR_MAX];   /* default | sigmoid | softmax */
+        int moe_route_norm, moe_score_before_experts;   /* tristate */
+        double moe_route_scale, moe_load_balance_coeff, moe_aux_loss_coeff;
+        /* --- end --- */
     } model;
     struct {
         int64_t steps;

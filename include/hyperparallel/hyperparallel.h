@@ -21,6 +21,7 @@
 #include "safetensors.h"
 #include "checkpoint.h"
 #include "fsdp.h"
+#include "ep.h"
 #include "ddp.h"
 #include "zero.h"
 #include "tp.h"

@@ -41,6 +41,20 @@ typedef struct hp_model_config {
     int qk_norm;            /* qwen3: RMSNorm over head_dim on q and k before RoPE */
     int tie_embeddings;     /* output projection uses tok_embeddings.weight */
     int max_seq_len;
+    /* --- mixture of experts (owner moe; docs/moe.md) --- moe_experts 0: every layer dense.
+     * Layers [0, moe_n_dense_layers) keep the dense feed_forward (hidden_dim); the others
+     * have an MoE of moe_experts routed experts of hidden moe_hidden, top moe_top_k, plus
+     * moe_shared_experts shared experts (one SwiGLU of hidden moe_shared_experts x moe_hidden). */
+    int moe_experts, moe_top_k, moe_hidden, moe_shared_experts;
+    int moe_score_fn;             /* hp_moe_score_fn_t (nn.h): sigmoid 0, softmax 1 */
+    int moe_route_norm;
+    float moe_route_scale;
+    int moe_score_before_experts;
+    int moe_expert_groups, moe_limited_groups;   /* node-limited routing; 0: off */
+    int moe_n_dense_layers;
+    float moe_load_balance_coeff; /* aux-loss-free expert_bias update step; 0: off */
+    float moe_aux_loss_coeff;     /* HyperParallel's auxiliary loss (hp_moe_config_t); 0: off */
+    /* --- end --- */
 } hp_model_config_t;
 
 /* Fills cfg with a named flavor. llama3: debugmodel, 1B, 8B, 70B, 405B; qwen3: debugmodel,
@@ -54,8 +68,17 @@ hp_status_t hp_model_config_validate(hp_model_config_t *cfg);
 /* Number of parameters; exclude_embedding drops tok_embeddings (when untied), as TorchTitan's
  * get_nparams_and_flops. */
 int64_t hp_model_param_count(const hp_model_config_t *cfg, int exclude_embedding);
+/* --- mixture of experts (owner moe) --- */
+/* Whether block `layer` has an MoE feed-forward; its hp_moe_config_t (nn.h). */
+int hp_model_layer_is_moe(const hp_model_config_t *cfg, int layer);
+void hp_model_moe_config(const hp_model_config_t *cfg, hp_moe_config_t *out);
+/* Parameters one token meets: routed experts counted top_k of n_experts (TorchTitan's
+ * nparams_sparse_active); equals hp_model_param_count for dense models. */
+int64_t hp_model_active_param_count(const hp_model_config_t *cfg, int exclude_embedding);
+/* --- end --- */
 /* TorchTitan's formula: 6 * (N - N_emb) + 6 * L * H * 2 * head_dim * seq_len
- * (N_emb not subtracted when embeddings are tied). */
+ * (N_emb not subtracted when embeddings are tied); N counts the active parameters of an MoE
+ * model (hp_model_active_param_count), as TorchTitan's MoE models. */
 double hp_model_flops_per_token(const hp_model_config_t *cfg, int seq_len);
 
 typedef struct hp_model *hp_model_t;

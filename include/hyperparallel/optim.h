@@ -79,6 +79,12 @@ void hp_optim_free(hp_optim_t opt);
 /* One step with learning rate cfg.lr * lr_factor (the schedule's factor for this step).
  * Uses each parameter's grad as it is (clip first). Never allocates. */
 hp_status_t hp_optim_step(hp_optim_t opt, double lr_factor);
+/* A step pre-hook (torch.optim.Optimizer.register_step_pre_hook): called at the start of
+ * every hp_optim_step, before any parameter changes; an error stops the step. At most
+ * HP_OPTIM_MAX_HOOKS; the MoE load-balancing update (docs/moe.md) is one. */
+#define HP_OPTIM_MAX_HOOKS 4
+typedef hp_status_t (*hp_optim_hook_fn)(void *user, hp_optim_t opt);
+hp_status_t hp_optim_register_step_pre_hook(hp_optim_t opt, hp_optim_hook_fn fn, void *user);
 /* Number of completed steps (PyTorch's state["step"]); settable for checkpoint loading. */
 int64_t hp_optim_get_step(hp_optim_t opt);
 void hp_optim_set_step(hp_optim_t opt, int64_t step);

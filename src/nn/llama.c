@@ -60,10 +60,95 @@ static void set_qwen3(hp_model_config_t *c, const char *flavor, int dim, int lay
     c->max_seq_len = 4096;
 }
 
+/* --- mixture of experts (owner moe; docs/moe.md) ---
+ * deepseek_v3: DeepSeek-V3's MoE (sigmoid router, node-limited groups, route_scale, one shared
+ * expert, dense first layers) on the llama attention of this project (MLA is not
+ * implemented: the attention term of the counts is GQA's, not DeepSeek's).
+ * qwen3_moe: Qwen3-MoE (softmax router with route_norm, no shared experts, qk-norm GQA). */
+static void set_moe(hp_model_config_t *c, int E, int K, int F, int shared, int score_fn, int norm, float scale,
+                    int groups, int limited, int dense) {
+    c->moe_experts = E;
+    c->moe_top_k = K;
+    c->moe_hidden = F;
+    c->moe_shared_experts = shared;
+    c->moe_score_fn = score_fn;
+    c->moe_route_norm = norm;
+    c->moe_route_scale = scale;
+    c->moe_expert_groups = groups;
+    c->moe_limited_groups = limited;
+    c->moe_n_dense_layers = dense;
+    c->moe_load_balance_coeff = 1e-3f;   // TorchTitan's default
+}
+
+static hp_status_t moe_flavor(const char *model_name, const char *flavor, hp_model_config_t *cfg, int *found) {
+    *found = 1;
+    if (strcmp(model_name, "deepseek_v3") == 0) {
+        if (strcmp(flavor, "debugmodel") == 0) {   // TorchTitan's deepseek_v3 debugmodel sizes
+            set_llama3(cfg, flavor, 256, 6, 16, 16, 256, 0.0f, 2048);
+            cfg->hidden_dim = 1024;
+            set_moe(cfg, 8, 3, 256, 2, HP_MOE_SCORE_SOFTMAX, 0, 1.0f, 0, 0, 1);
+        } else if (strcmp(flavor, "671B") == 0) {
+            set_llama3(cfg, flavor, 7168, 61, 128, 128, 256, 0.0f, 129280);
+            cfg->hidden_dim = 18432;
+            set_moe(cfg, 256, 8, 2048, 1, HP_MOE_SCORE_SIGMOID, 1, 2.5f, 8, 4, 3);
+        } else {
+            return hp_error(HP_ERR_INVALID_ARG, "model 'deepseek_v3': unknown flavor '%s'; valid flavors: "
+                            "debugmodel, 671B", flavor);
+        }
+        snprintf(cfg->name, sizeof(cfg->name), "deepseek_v3");
+        cfg->rope_scaling = 0;
+        cfg->rope_theta = 10000.0f;
+        cfg->max_seq_len = 4096;
+        return HP_OK;
+    }
+    if (strcmp(model_name, "qwen3_moe") == 0) {
+        if (strcmp(flavor, "debugmodel") == 0) {
+            set_qwen3(cfg, flavor, 256, 4, 16, 8, 32, 768, 2048);
+            set_moe(cfg, 8, 2, 256, 0, HP_MOE_SCORE_SOFTMAX, 1, 1.0f, 0, 0, 1);
+        } else if (strcmp(flavor, "30B-A3B") == 0) {   // Qwen3-30B-A3B: every layer MoE
+            set_qwen3(cfg, flavor, 2048, 48, 32, 4, 128, 6144, 151936);
+            set_moe(cfg, 128, 8, 768, 0, HP_MOE_SCORE_SOFTMAX, 1, 1.0f, 0, 0, 0);
+        } else {
+            return hp_error(HP_ERR_INVALID_ARG, "model 'qwen3_moe': unknown flavor '%s'; valid flavors: "
+                            "debugmodel, 30B-A3B", flavor);
+        }
+        snprintf(cfg->name, sizeof(cfg->name), "qwen3_moe");
+        cfg->tie_embeddings = 0;
+        return HP_OK;
+    }
+    *found = 0;
+    return HP_OK;
+}
+
+int hp_model_layer_is_moe(const hp_model_config_t *c, int layer) {
+    return c->moe_experts > 0 && layer >= c->moe_n_dense_layers;
+}
+
+void hp_model_moe_config(const hp_model_config_t *c, hp_moe_config_t *o) {
+    memset(o, 0, sizeof(*o));
+    o->dim = c->dim;
+    o->hidden = c->moe_hidden;
+    o->n_experts = c->moe_experts;
+    o->top_k = c->moe_top_k;
+    o->score_fn = c->moe_score_fn;
+    o->route_norm = c->moe_route_norm;
+    o->route_scale = c->moe_route_scale;
+    o->score_before_experts = c->moe_score_before_experts;
+    o->n_shared_experts = c->moe_shared_experts;
+    o->shared_hidden = c->moe_hidden;
+    o->n_expert_groups = c->moe_expert_groups;
+    o->n_limited_groups = c->moe_limited_groups;
+    o->aux_loss_coeff = c->moe_aux_loss_coeff;
+}
+/* --- end --- */
+
 hp_status_t hp_model_flavor(const char *model_name, const char *flavor, hp_model_config_t *cfg) {
     if (!model_name || !flavor || !cfg)
         return hp_error(HP_ERR_INVALID_ARG, "hp_model_flavor: model name, flavor and cfg must be non-NULL");
-    if (strcmp(model_name, "llama3") == 0) {
+    int moe_found = 0;
+    HP_TRY(moe_flavor(model_name, flavor, cfg, &moe_found));
+    if (moe_found) {
+    } else if (strcmp(model_name, "llama3") == 0) {
         if (strcmp(flavor, "debugmodel") == 0)
             set_llama3(cfg, flavor, 256, 6, 16, 16, 256, 0.0f, 2048);
         else if (strcmp(flavor, "1B") == 0) {
@@ -89,7 +174,8 @@ hp_status_t hp_model_flavor(const char *model_name, const char *flavor, hp_model
                             "debugmodel, 0.6B", flavor);
     } else {
         return hp_error(HP_ERR_INVALID_ARG, "unknown model '%s'; valid models: llama3 (debugmodel, 1B, "
-                        "8B, 70B, 405B), qwen3 (debugmodel, 0.6B)", model_name);
+                        "8B, 70B, 405B), qwen3 (debugmodel, 0.6B), deepseek_v3 (debugmodel, 671B), qwen3_moe (debugmodel, "
+                        "30B-A3B)", model_name);
     }
     return hp_model_config_validate(cfg);
 }
@@ -129,6 +215,22 @@ hp_status_t hp_model_config_validate(hp_model_config_t *c) {
         return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': rope scaling needs factor > 0, "
                         "original_max_pos > 0 and high_freq_factor > low_freq_factor", c->name, c->flavor);
     if (c->max_seq_len <= 0) c->max_seq_len = 4096;
+    if (c->moe_experts > 0) {   /* --- mixture of experts (owner moe) --- */
+        hp_moe_config_t mc;
+        hp_model_moe_config(c, &mc);
+        char what[96];
+        snprintf(what, sizeof what, "model config '%s/%s' (moe)", c->name, c->flavor);
+        HP_TRY(hp_moe_config_check(&mc, what));
+        if (c->moe_n_dense_layers < 0 || c->moe_n_dense_layers > c->n_layers)
+            return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': moe_n_dense_layers = %d, expected 0 .. n_layers "
+                            "(%d)", c->name, c->flavor, c->moe_n_dense_layers, c->n_layers);
+        if (!(c->moe_load_balance_coeff >= 0.0f))
+            return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': moe_load_balance_coeff = %g, expected >= 0 (0: "
+                            "off)", c->name, c->flavor, c->moe_load_balance_coeff);
+    } else if (c->moe_experts < 0) {
+        return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': moe_experts = %d, expected >= 0 (0: dense)",
+                        c->name, c->flavor, c->moe_experts);
+    }   /* --- end --- */
     /* Upper bounds: a dimension from a file or flag beyond them would overflow a product of
      * dims or ask for an absurd allocation instead of failing with a message. */
 #define HP_CFG_MAX(field, lim, why)                                                                          \
@@ -139,6 +241,7 @@ hp_status_t hp_model_config_validate(hp_model_config_t *c) {
     HP_CFG_MAX(max_seq_len, HP_MODEL_MAX_SEQ_LEN, "HP_MODEL_MAX_SEQ_LEN; RoPE tables and activations grow with it")
     HP_CFG_MAX(dim, HP_MODEL_MAX_DIM, "HP_MODEL_MAX_DIM")
     HP_CFG_MAX(hidden_dim, HP_MODEL_MAX_DIM, "HP_MODEL_MAX_DIM")
+    HP_CFG_MAX(moe_hidden, HP_MODEL_MAX_DIM, "HP_MODEL_MAX_DIM")
     HP_CFG_MAX(n_layers, HP_MODEL_MAX_LAYERS, "HP_MODEL_MAX_LAYERS")
     HP_CFG_MAX(n_heads, HP_MODEL_MAX_HEADS, "HP_MODEL_MAX_HEADS")
 #undef HP_CFG_MAX
@@ -155,22 +258,35 @@ hp_status_t hp_model_config_validate(hp_model_config_t *c) {
     return HP_OK;
 }
 
-static int64_t layer_params(const hp_model_config_t *c) {
+/* One block's parameters; an MoE block counts its routed experts `experts_counted` of E times
+ * (E for the total, top_k for the active count). */
+static int64_t block_params(const hp_model_config_t *c, int layer, int64_t experts_counted) {
     int64_t d = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim;
-    return d * qd + 2 * d * kd + qd * d + 3 * d * (int64_t)c->hidden_dim + 2 * d +
-           (c->qk_norm ? 2 * (int64_t)c->head_dim : 0);
+    int64_t attn = d * qd + 2 * d * kd + qd * d + 2 * d + (c->qk_norm ? 2 * (int64_t)c->head_dim : 0);
+    if (!hp_model_layer_is_moe(c, layer)) return attn + 3 * d * (int64_t)c->hidden_dim;
+    const int64_t F = c->moe_hidden;
+    return attn + (int64_t)c->moe_experts * d + experts_counted * 3 * d * F + 3 * d * F * c->moe_shared_experts;
 }
 
-int64_t hp_model_param_count(const hp_model_config_t *c, int exclude_embedding) {
-    int64_t emb = (int64_t)c->vocab_size * c->dim;
-    int64_t n = emb + (int64_t)c->n_layers * layer_params(c) + c->dim + (c->tie_embeddings ? 0 : emb);
+static int64_t count_params(const hp_model_config_t *c, int exclude_embedding, int active) {
+    int64_t emb = (int64_t)c->vocab_size * c->dim, layers = 0;
+    for (int l = 0; l < c->n_layers; l++) layers += block_params(c, l, active ? c->moe_top_k : c->moe_experts);
+    int64_t n = emb + layers + c->dim + (c->tie_embeddings ? 0 : emb);
     // tied embeddings still feed the output GEMM, so TorchTitan keeps them in the count
     if (exclude_embedding && !c->tie_embeddings) n -= emb;
     return n;
 }
 
+int64_t hp_model_param_count(const hp_model_config_t *c, int exclude_embedding) {
+    return count_params(c, exclude_embedding, 0);
+}
+
+int64_t hp_model_active_param_count(const hp_model_config_t *c, int exclude_embedding) {
+    return count_params(c, exclude_embedding, 1);
+}
+
 double hp_model_flops_per_token(const hp_model_config_t *c, int seq_len) {
-    return 6.0 * (double)hp_model_param_count(c, 1) +
+    return 6.0 * (double)hp_model_active_param_count(c, 1) +
            6.0 * c->n_layers * c->n_heads * (2.0 * c->head_dim) * (double)seq_len;
 }
 
@@ -227,6 +343,26 @@ static int llama_declare(const hp_model_config_t *c, int u, int has_embedding, n
             init_ones(decl(d, &n, L("attention.k_norm.weight"), 1, c->head_dim, 0, 0));
         }
         init_ones(decl(d, &n, L("attention_norm.weight"), 1, dm, 0, 0));
+        if (hp_model_layer_is_moe(c, l)) {   /* --- mixture of experts (owner moe) --- */
+            // TorchTitan MoE.init_weights: experts w1 std 0.02, w2/w3 and the gate depth-scaled
+            const int64_t E = c->moe_experts, F = c->moe_hidden, Fs = F * c->moe_shared_experts;
+            nn_pdecl_t *p = decl(d, &n, L("moe.experts.w1"), 3, E, F, 0);
+            p->shape[2] = dm;
+            p = decl(d, &n, L("moe.experts.w2"), 3, E, dm, 0);
+            p->shape[2] = F;
+            p->rng.p1 = depth;
+            p = decl(d, &n, L("moe.experts.w3"), 3, E, F, 0);
+            p->shape[2] = dm;
+            p->rng.p1 = depth;
+            decl(d, &n, L("moe.router.gate.weight"), 2, E, dm, 0)->rng.p1 = depth;
+            if (Fs > 0) {
+                decl(d, &n, L("moe.shared_experts.w1.weight"), 2, Fs, dm, 0);
+                decl(d, &n, L("moe.shared_experts.w2.weight"), 2, dm, Fs, 0)->rng.p1 = depth;
+                decl(d, &n, L("moe.shared_experts.w3.weight"), 2, Fs, dm, 0)->rng.p1 = depth;
+            }
+            init_ones(decl(d, &n, L("ffn_norm.weight"), 1, dm, 0, 0));
+            break;
+        }   /* --- end --- */
         decl(d, &n, L("feed_forward.w1.weight"), 2, hid, dm, 2);
         decl(d, &n, L("feed_forward.w2.weight"), 2, dm, hid, 0)->rng.p1 = depth;
         decl(d, &n, L("feed_forward.w3.weight"), 2, hid, dm, 2)->rng.p1 = depth;
@@ -281,8 +417,9 @@ static hp_status_t build_common(hp_model_t m, int u, hp_param_t **P, int np, hp_
         k = 4;
         hp_param_t *qn = NULL, *kn = NULL;
         if (c->qk_norm) { qn = P[k]; kn = P[k + 1]; k += 2; }
-        hp_param_t *an = P[k], *w13[2] = {P[k + 1], P[k + 3]}, *w2 = P[k + 2], *fn = P[k + 4];
-        HP_ASSERT(k + 5 == np);
+        const int moe = hp_model_layer_is_moe(c, l);
+        hp_param_t *an = P[k], *w13[2] = {P[k + 1], P[k + 3]}, *w2 = P[k + 2], *fn = P[np - 1];
+        HP_ASSERT(moe ? k + 6 + (c->moe_shared_experts ? 3 : 0) == np : k + 5 == np);
 #define N(suffix) (snprintf(nm, sizeof(nm), "layers.%d%s", l, suffix), nm)
         hp_module_t *attention_norm = new_rmsnorm(m, N(".attention_norm"), an, d, c->norm_eps, 1);
         hp_module_t *wqkv = new_linear(m, N(".attention.wqkv"), qkv, 3, d, (H + 2 * KV) * hd, 0);
@@ -292,9 +429,26 @@ static hp_status_t build_common(hp_model_t m, int u, hp_param_t **P, int np, hp_
         hp_module_t *attention, *ffn, *block;
         HP_TRY(nn_attention_new(m, N(".attention"), &ac, wqkv, wom, qn, kn, &attention));
         hp_module_t *ffn_norm = new_rmsnorm(m, N(".ffn_norm"), fn, d, c->norm_eps, 1);
+        if (!ffn_norm) return HP_ERR_OOM;
+        if (moe) {   /* --- mixture of experts (owner moe) --- */
+            hp_moe_config_t mc;
+            hp_model_moe_config(c, &mc);
+            const size_t E = (size_t)mc.n_experts;
+            // impl, then expert_bias (E) and tokens_per_expert (E) in the module's zeroed storage
+            hp_module_t *mm = nn_module_new(m, sizeof(hp_moe_impl_t) + 2 * E * sizeof(float));
+            if (!mm) return HP_ERR_OOM;
+            float *buf = (float *)((char *)mm->impl + sizeof(hp_moe_impl_t));
+            hp_param_t *mp[7] = {P[k + 4], P[k + 1], P[k + 2], P[k + 3], NULL, NULL, NULL};
+            const int nmp = mc.n_shared_experts ? 7 : 4;
+            if (nmp == 7) { mp[4] = P[k + 5]; mp[5] = P[k + 6]; mp[6] = P[k + 7]; }
+            HP_TRY(hp_moe_module_init(mm, mm->impl, N(".moe"), &mc, mp, nmp, buf, buf + E));
+            HP_TRY(nn_block_new(m, N(""), d, attention_norm, attention, ffn_norm, mm, &block));
+            *out = block;
+            return HP_OK;
+        }   /* --- end --- */
         hp_module_t *w13m = new_linear(m, N(".feed_forward.w13"), w13, 2, d, 2 * hid, 0);
         hp_module_t *w2m = new_linear(m, N(".feed_forward.w2"), &w2, 1, hid, d, 1);
-        if (!ffn_norm || !w13m || !w2m) return HP_ERR_OOM;
+        if (!w13m || !w2m) return HP_ERR_OOM;
         HP_TRY(nn_feed_forward_new(m, N(".feed_forward"), d, hid, w13m, w2m, &ffn));
         HP_TRY(nn_block_new(m, N(""), d, attention_norm, attention, ffn_norm, ffn, &block));
 #undef N
@@ -323,6 +477,8 @@ static hp_status_t qwen3_build(hp_model_t m, int u, hp_param_t **P, int np, hp_m
 static const nn_spec_t specs[] = {
     {"llama3", llama_n_units, llama_unit_kind, llama_declare, llama_build},
     {"qwen3", llama_n_units, llama_unit_kind, llama_declare, qwen3_build},
+    {"deepseek_v3", llama_n_units, llama_unit_kind, llama_declare, llama_build},   // moe: llama attention
+    {"qwen3_moe", llama_n_units, llama_unit_kind, llama_declare, qwen3_build},
 };
 
 const nn_spec_t *nn_spec_find(const char *name) {

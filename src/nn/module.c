@@ -410,4 +410,5 @@ const char *const hp_nn_op_names[HP_NN_OP_COUNT] = {
     "attention.fwd", "attention.bwd",
     "swiglu.fwd", "swiglu.bwd",
     "cross_entropy", "elementwise",
+    "moe.route", "moe.experts", "moe.combine", "moe.dispatch",
 };

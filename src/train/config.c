@@ -100,6 +100,31 @@ static const hp_config_key_t schema_[] = {
            "Longest context the model supports (RoPE table; HF max_position_embeddings); at least "
            "training.seq_len; -1 = training.seq_len.",
            "at least training.seq_len and at most HP_MODEL_MAX_SEQ_LEN = 2^20; -1 (the default) = training.seq_len"),
+    /* --- mixture of experts (owner moe; docs/moe.md) --- */
+    KM_INT(moe_num_experts, 1, HP_MOE_MAX_EXPERTS,
+           "MoE models (deepseek_v3, qwen3_moe): routed experts per MoE layer; -1 = the flavor's.",
+           "1 .. 512 routed experts; -1 (the default) keeps the flavor's"),
+    KM_INT(moe_top_k, 1, HP_MOE_MAX_EXPERTS, "MoE: experts each token is routed to (at most moe_num_experts); "
+           "-1 = the flavor's.", "1 .. model.moe_num_experts; -1 (the default) keeps the flavor's"),
+    KM_INT(moe_hidden_dim, 1, HP_MODEL_MAX_DIM, "MoE: hidden size of each routed (and shared) expert; -1 = the "
+           "flavor's.", "-1 (the default) keeps the flavor's"),
+    KM_INT(moe_num_shared_experts, 0, 64, "MoE: shared experts (one dense SwiGLU of moe_num_shared_experts x "
+           "moe_hidden_dim every token passes); 0 = none; -1 = the flavor's.", "0 = none; -1 (the default) keeps the flavor's"),
+    KM_INT(moe_n_dense_layers, 0, HP_MODEL_MAX_LAYERS, "MoE: the first layers keep a dense feed-forward; -1 = the "
+           "flavor's.", "0 .. model.n_layers; -1 (the default) keeps the flavor's"),
+    K(model, moe_score_func, ENUM, "default", "default|sigmoid|softmax", NULL,
+      "MoE router score function; default = the flavor's (deepseek_v3 671B sigmoid, the debug models softmax)."),
+    KM_TRI(moe_route_norm, "MoE: divide the top-k gate values by their sum; default = the flavor's."),
+    KM_F32(moe_route_scale, FLT_MIN, 1000, "MoE: gate values are multiplied by this; -1 = the flavor's.",
+           "a value > 0 such as 1 or 2.5; -1 (the default) keeps the flavor's"),
+    KM_TRI(moe_score_before_experts, "MoE: scale the expert input by the gate instead of its output; default = the "
+           "flavor's (false)."),
+    KM_F32(moe_load_balance_coeff, 0, 1, "MoE: aux-loss-free load balancing, the expert_bias step per optimizer step "
+           "(TorchTitan: 1e-3); 0 = off; -1 = the flavor's.", "0 (off) .. 1; -1 (the default) keeps the flavor's"),
+    KM_F32(moe_aux_loss_coeff, 0, 1000, "MoE: HyperParallel's auxiliary loss coeff x E x sum_e f_e p_e per layer and "
+           "micro-batch (its gradient added to the router, logged as moe/aux_loss); 0 = off (the flavors); -1 = the "
+           "flavor's.", "0 (off) or a small value such as 1e-3; -1 (the default) keeps the flavor's"),
+    /* --- end --- */
     /* training */
     KI(training, steps, "10000", 1, I64, NULL, "Number of optimizer steps to train."),
     KI(training, seq_len, "2048", 1, HP_MODEL_MAX_SEQ_LEN, NULL, "Tokens per sequence (context length of a training sample)."),
@@ -1055,8 +1080,13 @@ void hp_config_describe_model(const hp_model_config_t *mc, char *buf, size_t n) 
     else
         o += snprintf(buf + o, n - (size_t)o, "false");
     if (o < 0 || (size_t)o >= n) return;
-    snprintf(buf + o, n - (size_t)o, ", qk_norm %s, tie_embeddings %s, max_seq_len %d", mc->qk_norm ? "true" : "false",
-             mc->tie_embeddings ? "true" : "false", mc->max_seq_len);
+    o += snprintf(buf + o, n - (size_t)o, ", qk_norm %s, tie_embeddings %s, max_seq_len %d", mc->qk_norm ? "true" : "false",
+                  mc->tie_embeddings ? "true" : "false", mc->max_seq_len);
+    if (o < 0 || (size_t)o >= n || mc->moe_experts == 0) return;   /* mixture of experts (owner moe) */
+    snprintf(buf + o, n - (size_t)o, ", moe: %d experts top-%d hidden %d, %d shared, %s%s, route_scale %g, %d dense "
+             "layers, load_balance_coeff %g", mc->moe_experts, mc->moe_top_k, mc->moe_hidden, mc->moe_shared_experts,
+             mc->moe_score_fn == HP_MOE_SCORE_SIGMOID ? "sigmoid" : "softmax", mc->moe_route_norm ? " route_norm" : "",
+             mc->moe_route_scale, mc->moe_n_dense_layers, mc->moe_load_balance_coeff);
 }
 
 /* "" when the value came from a model.* key, " (the flavor's)" when from the flavor. */
@@ -1136,6 +1166,47 @@ static hp_status_t resolve_model_from_hf(const hp_config_t *c, int vocab_size, c
 }
 /* --- end --- */
 
+/* --- mixture of experts (owner moe): the MoE keys against each other and the flavor --- */
+static hp_status_t check_moe_keys(const hp_config_t *c, const hp_model_config_t *base, const hp_model_config_t *mc) {
+    const int set = c->model.moe_num_experts != -1 || c->model.moe_top_k != -1 || c->model.moe_hidden_dim != -1 ||
+                    c->model.moe_num_shared_experts != -1 || c->model.moe_n_dense_layers != -1 ||
+                    strcmp(c->model.moe_score_func, "default") != 0 || c->model.moe_route_norm != -1 ||
+                    c->model.moe_score_before_experts != -1 || c->model.moe_route_scale != -1 ||
+                    c->model.moe_load_balance_coeff != -1 || c->model.moe_aux_loss_coeff != -1;
+    if (base->moe_experts == 0) {
+        if (set)
+            return hp_error(HP_ERR_INVALID_ARG, "config keys 'model.moe_*' are set but model.name = %s is a dense model; "
+                            "hint: use model.name = deepseek_v3 or qwen3_moe", c->model.name);
+        return HP_OK;
+    }
+    if (mc->moe_top_k > mc->moe_experts)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.moe_top_k' = %d%s exceeds model.moe_num_experts = %d%s: "
+                        "each token picks top_k distinct experts; hint: lower model.moe_top_k or raise "
+                        "model.moe_num_experts", mc->moe_top_k, from_flavor((double)c->model.moe_top_k), mc->moe_experts,
+                        from_flavor((double)c->model.moe_num_experts));
+    if (mc->moe_n_dense_layers > mc->n_layers)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.moe_n_dense_layers' = %d%s exceeds model.n_layers = %d; "
+                        "hint: at most n_layers (then no layer is MoE)", mc->moe_n_dense_layers,
+                        from_flavor((double)c->model.moe_n_dense_layers), mc->n_layers);
+    if (mc->moe_expert_groups > 1 && mc->moe_experts % mc->moe_expert_groups != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.moe_num_experts' = %d is not divisible by the flavor's "
+                        "%d expert groups (node-limited routing); hint: use a multiple of %d", mc->moe_experts,
+                        mc->moe_expert_groups, mc->moe_expert_groups);
+    if (mc->moe_expert_groups > 1 &&
+        (int64_t)mc->moe_limited_groups * (mc->moe_experts / mc->moe_expert_groups) < mc->moe_top_k)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.moe_top_k' = %d exceeds the experts of the %d groups a "
+                        "token may use (%d each); hint: lower model.moe_top_k", mc->moe_top_k, mc->moe_limited_groups,
+                        mc->moe_experts / mc->moe_expert_groups);
+    const int64_t ep = c->parallelism.expert_parallel_degree;
+    if (ep > 1 && mc->moe_experts % ep != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'parallelism.expert_parallel_degree' = %lld must divide "
+                        "model.moe_num_experts = %d%s (each EP rank holds num_experts / ep whole experts); hint: use "
+                        "a divisor of %d", (long long)ep, mc->moe_experts, from_flavor((double)c->model.moe_num_experts),
+                        mc->moe_experts);
+    return HP_OK;
+}
+/* --- end --- */
+
 hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const char *vocab_from, int seq_len,
                                     hp_model_config_t *out) {
     if (!c || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_config_resolve_model: NULL argument");
@@ -1166,6 +1237,21 @@ hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const 
     SET_F32(ffn_dim_multiplier); SET_F32(norm_eps); SET_F32(rope_theta); SET_F32(rope_factor);
     SET_F32(rope_low_freq_factor); SET_F32(rope_high_freq_factor);
     SET_TRI(rope_scaling); SET_TRI(qk_norm); SET_TRI(tie_embeddings);
+    /* --- mixture of experts (owner moe) --- */
+    if (c->model.moe_num_experts != -1) mc.moe_experts = (int)c->model.moe_num_experts;
+    if (c->model.moe_top_k != -1) mc.moe_top_k = (int)c->model.moe_top_k;
+    if (c->model.moe_hidden_dim != -1) mc.moe_hidden = (int)c->model.moe_hidden_dim;
+    if (c->model.moe_num_shared_experts != -1) mc.moe_shared_experts = (int)c->model.moe_num_shared_experts;
+    if (c->model.moe_n_dense_layers != -1) mc.moe_n_dense_layers = (int)c->model.moe_n_dense_layers;
+    if (strcmp(c->model.moe_score_func, "sigmoid") == 0) mc.moe_score_fn = HP_MOE_SCORE_SIGMOID;
+    if (strcmp(c->model.moe_score_func, "softmax") == 0) mc.moe_score_fn = HP_MOE_SCORE_SOFTMAX;
+    if (c->model.moe_route_norm != -1) mc.moe_route_norm = c->model.moe_route_norm;
+    if (c->model.moe_score_before_experts != -1) mc.moe_score_before_experts = c->model.moe_score_before_experts;
+    if (c->model.moe_route_scale != -1) mc.moe_route_scale = (float)c->model.moe_route_scale;
+    if (c->model.moe_load_balance_coeff != -1) mc.moe_load_balance_coeff = (float)c->model.moe_load_balance_coeff;
+    if (c->model.moe_aux_loss_coeff != -1) mc.moe_aux_loss_coeff = (float)c->model.moe_aux_loss_coeff;
+    HP_TRY(check_moe_keys(c, &base, &mc));
+    /* --- end --- */
 #undef SET_INT
 #undef SET_F32
 #undef SET_TRI

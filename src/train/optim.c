@@ -33,7 +33,20 @@ struct hp_optim {
     float *ns_x, *ns_y, *ns_a, *ns_b;
     int n_states;
     int64_t *offset;    /* (n + 1) element offsets of the parameters, concatenated */
+    int n_hooks;        /* step pre-hooks */
+    hp_optim_hook_fn hook_fn[HP_OPTIM_MAX_HOOKS];
+    void *hook_user[HP_OPTIM_MAX_HOOKS];
 };
+
+hp_status_t hp_optim_register_step_pre_hook(hp_optim_t o, hp_optim_hook_fn fn, void *user) {
+    if (!o || !fn) return hp_error(HP_ERR_INVALID_ARG, "hp_optim_register_step_pre_hook: NULL optimizer or hook");
+    if (o->n_hooks >= HP_OPTIM_MAX_HOOKS)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_optim_register_step_pre_hook: already %d hooks (HP_OPTIM_MAX_HOOKS)",
+                        o->n_hooks);
+    o->hook_fn[o->n_hooks] = fn;
+    o->hook_user[o->n_hooks++] = user;
+    return HP_OK;
+}
 
 /* Calls fn(i, lo, hi, ctx) for the pieces [lo, hi) of parameter i that fall in [glo, ghi) of the
  * concatenation of all parameters (offset[] are the prefix sums of their sizes). */
@@ -392,6 +405,7 @@ hp_status_t hp_optim_step(hp_optim_t o, double lr_factor) {
     if (!(lr_factor >= 0) || !isfinite(lr_factor))
         return hp_error(HP_ERR_INVALID_ARG, "optimizer step: lr factor %g must be finite and >= 0",
                         lr_factor);
+    for (int h = 0; h < o->n_hooks; h++) HP_TRY(o->hook_fn[h](o->hook_user[h], o));
     const hp_optim_config_t *c = &o->cfg;
     o->step++;
     step_ctx_t ctx = {o, c->lr * lr_factor,

@@ -26,6 +26,7 @@
 #include "hyperparallel/ddp.h"
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/tp.h"
+#include "hyperparallel/ep.h"
 #include "hyperparallel/parallel_dims.h"
 #include "hyperparallel/pp.h"
 #include "hyperparallel/tokenizer.h"
@@ -33,8 +34,9 @@
 /* Parallelisms this build implements: replicated data parallel (one SUM all-reduce per
  * gradient after backward), FSDP (dp_shard > 1) and HSDP (both > 1) through fully_shard
  * (src/parallel/fsdp.c), tensor / sequence parallel (src/parallel/tp.c), pipeline parallel
- * (src/parallel/pp.c), alone or composed. CP and EP are refused by ParallelDims. */
-#define HP_TRAINER_IMPLEMENTED (HP_PAR_DP_REPLICATE | HP_PAR_DP_SHARD | HP_PAR_TP | HP_PAR_PP)
+ * (src/parallel/pp.c), expert parallel (src/parallel/ep.c), alone or composed. CP is refused
+ * by ParallelDims. */
+#define HP_TRAINER_IMPLEMENTED (HP_PAR_DP_REPLICATE | HP_PAR_DP_SHARD | HP_PAR_TP | HP_PAR_PP | HP_PAR_EP)
 
 struct hp_trainer {
     hp_config_t cfg;
@@ -77,6 +79,19 @@ struct hp_trainer {
     /* --- pipeline parallel (owner pp): NULL unless pipeline_parallel_degree > 1; then
      * t->model is the first local stage and t->params the whole model's table --- */
     struct trainer_pp *pp;
+    /* --- mixture of experts (owner moe): load balancing, routing metrics, expert_bias in
+     * checkpoints --- */
+    int n_moe, moe_ac_k;
+    hp_module_t **moe_mods;     /* the MoE modules, layer order */
+    float *moe_counts;          /* (n_moe, E) tokens per expert of a step, summed over dp */
+    hp_param_t *moe_ckpt_params;   /* params + one "layers.N.moe.expert_bias" per MoE layer */
+    float *moe_zero;            /* (E) the bias entries' (unused) gradient */
+    hp_mesh_t ep_mesh;          /* expert parallel: the sparse mesh's ep dim */
+    hp_ep_t ep;
+    hp_ep_t ep_tp;              /* tensor parallel of the experts (tp > 1, ep = 1) */
+    hp_mesh_t etp_mesh;         /* ETP: (dp_shard = ep, tp); expert FSDP: (efsdp, ep) */
+    hp_mesh_t ep_grad_mesh[2];  /* (efsdp), (dp_replicate): expert grads are summed over these */
+    /* --- end --- */
 };
 
 /* hp_encode_fn over the tokenizer (documents get BOS/EOS from the data layer). */
@@ -255,6 +270,9 @@ static void pin_threads(const hp_config_t *c) {
 
 /* The rank-local part of the set-up (config rules, tokenizer, model allocation): no
  * collective runs here, so a rank that fails is agreed on before the first one. */
+static hp_status_t moe_check_layout(const hp_trainer_t t);   /* mixture of experts (owner moe) */
+static hp_status_t moe_setup(hp_trainer_t t, int ac_k);
+
 static hp_status_t tp_plan(hp_trainer_t t, hp_tp_plan_entry_t plan[32], int *n);
 
 /* --- pipeline parallel (owner pp) ------------------------------------------------------------
@@ -677,6 +695,11 @@ static hp_status_t build_local(hp_trainer_t t, int *ac_k_out) {
     char tok_what[HP_CONFIG_STR_MAX + 32];
     snprintf(tok_what, sizeof tok_what, "tokenizer.path '%s'", c->tokenizer.path);
     HP_TRY(hp_config_resolve_model(c, hp_tokenizer_vocab_size(t->tok), tok_what, t->T, &t->mcfg));
+    HP_TRY(moe_check_layout(t));   /* mixture of experts (owner moe) */
+    if (t->pd.pp > 1 && t->mcfg.moe_experts > 0)   /* pipeline parallel (owner pp) */
+        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.pipeline_parallel_degree %d with the MoE model %s is not "
+                        "supported yet; hint: use pipeline parallel with a dense model, or MoE without it",
+                        t->pd.pp, t->mcfg.name);
     if (t->pd.pp > 1) HP_TRY(pp_create_stages(t));   /* pipeline parallel (owner pp): the local stages only */
     else HP_TRY(hp_model_create(&t->mcfg, t->B > t->val_B ? t->B : t->val_B, t->T, &t->model));
     *ac_k_out = ac_k;
@@ -711,11 +734,42 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
         t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->tp_mesh, 0);
     }
     /* --- end tensor parallel --- */
+    /* --- expert parallel (owner moe): experts Shard(0) over the sparse mesh's ep dim before
+     * the weights are drawn, FSDP-sharded over efsdp when efsdp > 1; expert grads are summed
+     * over dp_replicate (and efsdp by the reduce-scatter), the dense ones over the batch mesh
+     * as replicated data parallel (no FSDP / DDP of the dense params under EP yet) --- */
+    if (t->pd.ep > 1 && t->pd.tp > 1) {   /* ETP: (dp_shard = ep, tp) of the world mesh */
+        const char *n2[2] = {"dp_shard", "tp"}, *epn[1] = {"dp_shard"}, *drn[1] = {"dp_replicate"};
+        HP_TRY(hp_mesh_slice(t->meshes.world, 2, n2, &t->etp_mesh));
+        HP_TRY(hp_mesh_slice(t->meshes.world, 1, epn, &t->ep_mesh));
+        HP_TRY(hp_ep_parallelize_model_etp(t->model, t->etp_mesh, &t->ep));
+        if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.world, 1, drn, &t->ep_grad_mesh[1]));
+        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // after TP's tp comm
+    } else if (t->pd.ep > 1 && hp_parallel_dims_efsdp(&t->pd) > 1) {
+        /* experts FSDP-sharded over efsdp (all-gather per use, reduce-scatter of the grads) */
+        const char *n2[2] = {"efsdp", "ep"}, *epn[1] = {"ep"}, *drn[1] = {"dp_replicate"};
+        HP_TRY(hp_mesh_slice(t->meshes.sparse, 2, n2, &t->etp_mesh));
+        HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
+        HP_TRY(hp_ep_parallelize_model_efsdp(t->model, t->etp_mesh, &t->ep));
+        if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
+        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 1);   // ep
+        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 0);   // efsdp
+    } else if (t->pd.ep > 1) {
+        const char *epn[1] = {"ep"}, *drn[1] = {"dp_replicate"};
+        HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
+        HP_TRY(hp_ep_parallelize_model(t->model, t->ep_mesh, &t->ep));
+        if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
+        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // dense counted once, experts summed
+    } else if (t->pd.tp > 1 && t->mcfg.moe_experts > 0) {
+        /* TP of the experts alone (EP = 1): hidden F sharded over tp, partial outputs all-reduced */
+        HP_TRY(hp_ep_tensor_parallel_experts(t->model, t->tp_mesh, &t->ep_tp));
+    }
+    /* --- end expert parallel --- */
     HP_TRY(hp_model_init_weights(t->model, (uint64_t)c->training.seed));
     /* --- data parallel (owner fsdp) --- */
     t->params = hp_model_params(t->model);
     t->np = hp_model_num_params(t->model);
-    if (t->pd.dp_shard > 1) {
+    if (t->pd.dp_shard > 1 && !t->ep) {   /* expert parallel (owner moe): no FSDP under EP yet */
         /* fully_shard every unit (embedding, blocks, norm + output) over (dp_shard) or, with
          * dp_replicate > 1, HSDP over (dp_replicate, dp_shard); reductions are sums since the
          * loss is globally normalised (gradient divide factor 1, docs/fsdp.md) */
@@ -732,7 +786,7 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
         HP_TRY(hp_fully_shard(t->model, t->dp_mesh, &fo, &t->fsdp));
         t->params = hp_fsdp_params(t->fsdp);
         t->n_clip_comms = hp_fsdp_grad_comms(t->fsdp, t->clip_comms);   /* shard, replicate, tp */
-    } else if (t->dp_size > 1 && !t->mcfg.tie_embeddings) {
+    } else if (t->dp_size > 1 && !t->mcfg.tie_embeddings && !t->ep) {
         /* DDP: gradient buckets (1 MiB first, 25 MiB cap) all-reduced (SUM) asynchronously as
          * they fill during backward; no_sync on all micro-batches but the last. Tied
          * embeddings keep the per-parameter all-reduce after backward (step 4). */
@@ -763,6 +817,7 @@ static hp_status_t build(hp_trainer_t t) {
     if (kind == HP_OPTIM_SGD) oc.momentum = c->optimizer.momentum;
     if (kind == HP_OPTIM_MUON) oc.muon_momentum = c->optimizer.momentum;
     HP_TRY(hp_optim_create(&oc, t->params, t->np, &t->opt));
+    HP_TRY(moe_setup(t, ac_k));   /* mixture of experts (owner moe) */
     hp_lr_decay_t decay;
     HP_TRY(hp_lr_decay_from_name(c->lr_scheduler.decay_type, &decay));
     HP_TRY(hp_lr_schedule_init(&t->lr, c->training.steps, c->lr_scheduler.warmup_steps, c->lr_scheduler.decay_ratio,
@@ -805,10 +860,134 @@ static hp_status_t build(hp_trainer_t t) {
     return HP_OK;
 }
 
+/* --- mixture of experts (owner moe) -------------------------------------------------------
+ * TorchTitan's aux-loss-free load balancing as an optimizer step pre-hook: the step's tokens
+ * per expert of every MoE layer, summed over the batch mesh (each dp rank routes its own
+ * tokens; TP ranks see the same tokens and are not summed), halved for layers whose block is
+ * recomputed by activation checkpointing (the recompute counts again), then per layer
+ * bias += coeff * sign(mean - c) - mean(...), and the counts are zeroed. The imbalance
+ * max/mean and the max/min tokens per expert of each layer go to the metrics (console, JSONL,
+ * TensorBoard) on logging steps. */
+static hp_status_t moe_pre_step(void *user, hp_optim_t opt) {
+    (void)opt;
+    hp_trainer_t t = user;
+    const int E = t->mcfg.moe_experts;
+    const size_t n = (size_t)t->n_moe * E;
+    for (int i = 0; i < t->n_moe; i++) {
+        hp_moe_impl_t *M = t->moe_mods[i]->impl;
+        memcpy(t->moe_counts + (size_t)i * E, M->tokens_per_expert, sizeof(float) * (size_t)E);
+        memset(M->tokens_per_expert, 0, sizeof(float) * (size_t)E);
+    }
+    if (t->dp_size > 1) HP_TRY(hp_all_reduce(t->moe_counts, t->moe_counts, n, HP_F32, HP_SUM, t->dp_comm, NULL));
+    const int64_t step = t->step + 1;
+    const int log = hp_metrics_should_log(t->metrics, step);
+    if (t->mcfg.moe_aux_loss_coeff > 0.0f) {   /* the auxiliary loss of the step, summed over layers and micro-batches */
+        float aux = 0.0f, all = 0.0f;
+        for (int i = 0; i < t->n_moe; i++) {
+            hp_moe_impl_t *M = t->moe_mods[i]->impl;
+            const int layer = atoi(t->moe_mods[i]->name + 7);
+            const int recomputed = t->moe_ac_k > 0 && (layer + 1) % t->moe_ac_k == 0;   // counted twice
+            aux += (float)(recomputed ? 0.5 * M->aux_loss_sum : M->aux_loss_sum);
+            M->aux_loss_sum = 0.0;
+        }
+        HP_TRY(hp_all_reduce(&aux, &all, 1, HP_F32, HP_SUM, t->dp_comm, NULL));
+        if (log) HP_TRY(hp_metrics_log_scalar(t->metrics, "moe/aux_loss", step, all / (t->dp_size > 0 ? t->dp_size : 1)));
+    }
+    for (int i = 0; i < t->n_moe; i++) {
+        hp_moe_impl_t *M = t->moe_mods[i]->impl;
+        float *c = t->moe_counts + (size_t)i * E;
+        const int layer = atoi(t->moe_mods[i]->name + 7);   // "layers.N.moe"
+        if (t->moe_ac_k > 0 && (layer + 1) % t->moe_ac_k == 0)
+            for (int e = 0; e < E; e++) c[e] *= 0.5f;
+        const double imb = hp_moe_update_expert_bias(M->expert_bias, c, E, t->mcfg.moe_load_balance_coeff);
+        if (!log) continue;
+        float mx = c[0], mn = c[0];
+        for (int e = 1; e < E; e++) { mx = c[e] > mx ? c[e] : mx; mn = c[e] < mn ? c[e] : mn; }
+        char tag[64];
+        snprintf(tag, sizeof tag, "moe/layers.%d/imbalance_max_over_mean", layer);
+        HP_TRY(hp_metrics_log_scalar(t->metrics, tag, step, imb));
+        snprintf(tag, sizeof tag, "moe/layers.%d/tokens_per_expert_max", layer);
+        HP_TRY(hp_metrics_log_scalar(t->metrics, tag, step, mx));
+        snprintf(tag, sizeof tag, "moe/layers.%d/tokens_per_expert_min", layer);
+        HP_TRY(hp_metrics_log_scalar(t->metrics, tag, step, mn));
+    }
+    return HP_OK;
+}
+
+/* After the optimizer exists: finds the MoE modules, registers the hook and lists each
+ * expert_bias (f32, replicated) with the parameters the checkpoint saves. */
+static hp_status_t moe_setup(hp_trainer_t t, int ac_k) {
+    if (t->mcfg.moe_experts <= 0) return HP_OK;
+    const int E = t->mcfg.moe_experts;
+    hp_module_t *mods[4096];
+    const int nm = hp_model_modules(t->model, mods, 4096);
+    t->moe_mods = hp_calloc((size_t)t->mcfg.n_layers + 1, sizeof(hp_module_t *));
+    if (!t->moe_mods) return HP_ERR_OOM;
+    for (int i = 0; i < nm && i < 4096; i++)
+        if (hp_module_is_moe(mods[i])) t->moe_mods[t->n_moe++] = mods[i];
+    t->moe_ac_k = ac_k;
+    t->moe_counts = hp_calloc((size_t)t->n_moe * E, sizeof(float));
+    t->moe_zero = hp_calloc((size_t)E, sizeof(float));
+    t->moe_ckpt_params = hp_calloc((size_t)t->np + t->n_moe, sizeof(hp_param_t));
+    if (!t->moe_counts || !t->moe_zero || !t->moe_ckpt_params) return HP_ERR_OOM;
+    memcpy(t->moe_ckpt_params, t->params, sizeof(hp_param_t) * (size_t)t->np);
+    for (int i = 0; i < t->n_moe; i++) {
+        hp_param_t *p = &t->moe_ckpt_params[t->np + i];
+        hp_moe_impl_t *M = t->moe_mods[i]->impl;
+        const int64_t shape[1] = {E};
+        snprintf(p->name, sizeof p->name, "layers.%d.moe.expert_bias", atoi(t->moe_mods[i]->name + 7));
+        HP_TRY(hp_tensor_init(&p->value.local, HP_F32, 1, shape, M->expert_bias));
+        HP_TRY(hp_tensor_init(&p->grad.local, HP_F32, 1, shape, t->moe_zero));
+        p->value.global_shape[0] = p->grad.global_shape[0] = E;
+    }
+    return hp_optim_register_step_pre_hook(t->opt, moe_pre_step, t);
+}
+
+static void moe_destroy(hp_trainer_t t) {
+    free(t->moe_mods);
+    free(t->moe_counts);
+    free(t->moe_zero);
+    free(t->moe_ckpt_params);
+}
+
+/* Layouts the MoE layers do not support yet, named by key. */
+static hp_status_t moe_check_layout(const hp_trainer_t t) {
+    if (t->pd.ep > 1 && t->mcfg.moe_experts <= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'parallelism.expert_parallel_degree' = %d needs an MoE model; "
+                        "model.name = %s is dense; hint: use deepseek_v3 or qwen3_moe, or set the degree to 1",
+                        t->pd.ep, t->mcfg.name);
+    /* ETP: experts over [ep, tp] with ep = dp_shard (cp 1), the layout ep.c implements */
+    const int etp = t->pd.ep > 1 && t->pd.tp > 1 && t->pd.etp == t->pd.tp;
+    if (t->pd.etp > 1 && (!etp || t->pd.ep != t->pd.dp_shard || t->pd.cp != 1))
+        return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.expert_tensor_parallel_degree' = %d: expert "
+                        "tensor parallel is implemented for expert_parallel_degree = data_parallel_shard_degree "
+                        "(here %d and %d), context_parallel_degree 1 and an MoE model; hint: set those, or set it to 1",
+                        t->pd.etp, t->pd.ep, t->pd.dp_shard);
+    /* TP with an MoE model: the dense layers follow the TP plan, the routed experts are sharded
+     * on their hidden dim over tp (hp_ep_tensor_parallel_experts), router and shared experts
+     * replicated; sequence parallel would hand the MoE a sequence shard (a plan entry not written) */
+    if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->cfg.parallelism.enable_sequence_parallel)
+        return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.enable_sequence_parallel' = true with "
+                        "tensor_parallel_degree %d and the MoE model '%s': sequence parallel around MoE layers is not "
+                        "implemented; hint: --parallelism.enable_sequence_parallel=false (the experts are then "
+                        "tensor parallel on their hidden dim)", t->pd.tp, t->mcfg.name);
+    if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->pd.ep > 1 && !etp)
+        return hp_error(HP_ERR_UNSUPPORTED, "config keys 'parallelism.expert_parallel_degree' = %d and "
+                        "'parallelism.tensor_parallel_degree' = %d: EP borrowing tp ranks (expert_tensor_parallel_degree "
+                        "1) is not implemented; hint: set parallelism.expert_tensor_parallel_degree = %d (ETP) with "
+                        "expert_parallel_degree = data_parallel_shard_degree", t->pd.ep, t->pd.tp, t->pd.tp);
+    return HP_OK;
+}
+/* --- end mixture of experts ---------------------------------------------------------------- */
+
 /* --- checkpoint (owner dcp): the state the manager saves and restores ---------------------- */
 static hp_ckpt_train_state_t ckpt_state(hp_trainer_t t) {
     hp_ckpt_train_state_t st = {t->params, t->np, hp_model_config(t->model),
                                 t->opt, t->dl, &t->step, &t->ckpt_seed};
+    if (t->moe_ckpt_params) {   /* mixture of experts (owner moe): expert_bias is checkpointed */
+        st.params = t->moe_ckpt_params;
+        st.n_params = t->np + t->n_moe;
+    }
     return st;
 }
 
@@ -946,6 +1125,13 @@ void hp_trainer_destroy(hp_trainer_t t) {
     hp_ddp_destroy(t->ddp);
     hp_mesh_destroy(t->dp_mesh);
     hp_tp_destroy(t->tp);       /* tensor parallel (owner tp) */
+    moe_destroy(t);             /* mixture of experts (owner moe) */
+    hp_ep_destroy(t->ep);
+    hp_ep_destroy(t->ep_tp);
+    hp_mesh_destroy(t->ep_grad_mesh[0]);
+    hp_mesh_destroy(t->ep_grad_mesh[1]);
+    hp_mesh_destroy(t->ep_mesh);
+    hp_mesh_destroy(t->etp_mesh);
     hp_mesh_destroy(t->tp_mesh);
     hp_model_destroy(t->model);
     if (t->meshes.world) hp_parallel_meshes_destroy(&t->meshes);
@@ -1017,11 +1203,23 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
         for (int i = 0; i < np; i++) {
             hp_tensor_t *g = &params[i].grad.local;
             if (hp_tensor_numel(g) == 0) continue;   /* pipeline parallel: held by another stage */
+            if (t->ep && hp_ep_is_expert_param(&params[i])) continue;   /* expert parallel (owner moe): below */
             HP_TRY(hp_all_reduce(g->data, g->data, (size_t)hp_tensor_numel(g), HP_F32, HP_SUM, t->dp_comm,
                                  &t->grad_work[i]));
         }
         for (int i = 0; i < np; i++)
             if (t->grad_work[i]) HP_TRY(hp_work_wait(&t->grad_work[i]));
+    }
+    if (t->ep) {   /* expert parallel (owner moe): expert grads summed over the ranks holding the same experts */
+        for (int k = 0; k < 2; k++) {
+            if (!t->ep_grad_mesh[k]) continue;
+            hp_comm_t gc = hp_mesh_get_comm(t->ep_grad_mesh[k], 0);
+            for (int i = 0; i < np; i++) {
+                if (!hp_ep_is_expert_param(&params[i])) continue;
+                hp_tensor_t *g = &params[i].grad.local;
+                HP_TRY(hp_all_reduce(g->data, g->data, (size_t)hp_tensor_numel(g), HP_F32, HP_SUM, gc, NULL));
+            }
+        }
     }
     if (t->pp) HP_TRY(pp_tie_grads(t));   /* pipeline parallel (owner pp): tied copies summed */
     /* 5. global loss and finiteness (every rank agrees); under PP only the last stage has it */

@@ -1,0 +1,679 @@
+/* Expert parallelism (include/hyperparallel/ep.h): expert sharding of the MoE modules over the
+ * ep mesh and the all-to-all dispatcher (hp_moe_dispatch_t) that runs their expert stage:
+ * counts, rows, permutation to local expert-major order, local grouped experts and back. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include "hyperparallel/ep.h"
+#include "hyperparallel/comm.h"
+#include "hyperparallel/dtensor.h"
+
+struct hp_ep {
+    hp_mesh_t mesh;
+    hp_comm_t comm;
+    int rank, size;
+    size_t expert_bytes;
+    int tp;             /* 1: tensor parallel of the experts (hidden F sharded), not expert parallel */
+    /* expert tensor parallel on [ep, tp]: the experts' hidden F is also sharded over tp_comm
+     * and the combined outputs / input gradients are all-reduced over it */
+    hp_comm_t tp_comm;
+    int tp_size, tp_rank;
+    /* FSDP of the experts over efsdp: each rank keeps 1/efsdp of its ep rank's experts; the
+     * weights are all-gathered into ws_w for each use, the grads computed into ws_g and
+     * reduce-scattered (one layer at a time: the workspace is shared by the layers) */
+    hp_comm_t fs_comm;
+    int fs_size, fs_rank;
+    float *ws_w, *ws_g;     // (3, efsdp x shard floats)
+};
+
+/* The local experts' whole weights: the parameters themselves, or (expert FSDP) the shards
+ * all-gathered over efsdp into the workspace. */
+static hp_status_t ep_weights(struct hp_ep *ep, hp_module_t *m, const float **w) {
+    const hp_param_t *ps[3] = {m->params[1], m->params[2], m->params[3]};
+    if (ep->fs_size <= 1) {
+        for (int k = 0; k < 3; k++) w[k] = hp_param_w(ps[k]);
+        return HP_OK;
+    }
+    const size_t n = (size_t)hp_tensor_numel(&ps[0]->value.local), full = n * ep->fs_size;
+    for (int k = 0; k < 3; k++) {
+        HP_TRY(hp_all_gather(hp_param_w(ps[k]), ep->ws_w + k * full, n, HP_F32, ep->fs_comm, NULL));
+        w[k] = ep->ws_w + k * full;
+    }
+    return HP_OK;
+}
+
+static int ep_fl(const struct hp_ep *ep, const hp_module_t *m) {
+    return ((const hp_moe_impl_t *)m->impl)->c.hidden / (ep->tp_size > 1 ? ep->tp_size : 1);
+}
+
+#define W1(m) ((m)->params[1])   // local (E/ep, F, D)
+#define W2(m) ((m)->params[2])   // local (E/ep, D, F)
+#define W3(m) ((m)->params[3])
+
+typedef struct ep_state {
+    int R;              // rows this rank's experts received
+    int32_t *rc;        // (ep, El) rows from rank p for local expert j
+    int32_t *loff;      // (El + 1) local expert-major offsets
+    int32_t *perm;      // (Rmax) local expert-major row -> rank-major row
+    size_t *scnt, *sdis, *rcnt, *rdis;   // (ep) all_to_all_v counts / displacements (floats)
+    float *buf;         // (Rmax, D) rank-major rows (receive / send side)
+    float *xl, *yl;     // (Rmax, D) local expert-major input and output
+    float *h1, *h3, *a; // (Rmax, F)
+    float *dyl, *dh1, *dh3;   // backward, kept for the weight pass (gradient scratch)
+} ep_state_t;
+
+static void prof(hp_act_t *act, int op, double t0) {
+    if (act->prof) act->prof[op] += omp_get_wtime() - t0;
+}
+
+static size_t rmax(const hp_ep_t ep, const hp_module_t *m, int N) {
+    const hp_moe_impl_t *M = m->impl;
+    return (size_t)ep->size * N * M->c.top_k;
+}
+
+static size_t ep_act_bytes(void *ctx, const hp_module_t *m, int N) {
+    hp_ep_t ep = ctx;
+    const hp_moe_impl_t *M = m->impl;
+    const size_t R = rmax(ep, m, N), El = (size_t)M->c.n_experts / ep->size, D = M->c.dim, F = ep_fl(ep, m);
+    return hp_arena_round(sizeof(ep_state_t)) + hp_arena_round(sizeof(int32_t) * ep->size * El) +
+           hp_arena_round(sizeof(int32_t) * (El + 1)) + hp_arena_round(sizeof(int32_t) * R) +
+           4 * hp_arena_round(sizeof(size_t) * ep->size) + 3 * hp_arena_round(sizeof(float) * R * D) +
+           3 * hp_arena_round(sizeof(float) * R * F);
+}
+
+static size_t ep_scratch(void *ctx, const hp_module_t *m, int N) {
+    hp_ep_t ep = ctx;
+    const hp_moe_impl_t *M = m->impl;
+    const size_t R = rmax(ep, m, N);
+    return R * (2 * (size_t)M->c.dim + 3 * (size_t)ep_fl(ep, m));   // dyl, dxl; dh1, dh3, da
+}
+
+/* dst[i] = src[perm[i]] (gather) or dst[perm[i]] = src[i] (scatter), rows of w floats. */
+static void permute_rows(float *dst, const float *src, const int32_t *perm, int R, int w, int scatter) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < R; i++) {
+        const size_t di = scatter ? (size_t)perm[i] : (size_t)i, si = scatter ? (size_t)i : (size_t)perm[i];
+        memcpy(dst + di * w, src + si * w, sizeof(float) * (size_t)w);
+    }
+}
+
+static hp_status_t ep_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *ys, const float *xs,
+                              const int32_t *offsets, void **state) {
+    hp_ep_t ep = ctx;
+    hp_moe_impl_t *M = m->impl;
+    const int P = ep->size, E = M->c.n_experts, El = E / P, D = M->c.dim, F = ep_fl(ep, m);
+    const int N = act->B * act->T;
+    const size_t Rm = rmax(ep, m, N);
+    double t0 = omp_get_wtime();
+    ep_state_t *s = hp_act_alloc(act, sizeof(*s));
+    *state = s;
+    s->rc = hp_act_alloc(act, sizeof(int32_t) * (size_t)P * El);
+    s->loff = hp_act_alloc(act, sizeof(int32_t) * (size_t)(El + 1));
+    s->perm = hp_act_alloc(act, sizeof(int32_t) * Rm);
+    s->scnt = hp_act_alloc(act, sizeof(size_t) * P);
+    s->sdis = hp_act_alloc(act, sizeof(size_t) * P);
+    s->rcnt = hp_act_alloc(act, sizeof(size_t) * P);
+    s->rdis = hp_act_alloc(act, sizeof(size_t) * P);
+    s->buf = hp_act_alloc(act, sizeof(float) * Rm * D);
+    s->xl = hp_act_alloc(act, sizeof(float) * Rm * D);
+    s->yl = hp_act_alloc(act, sizeof(float) * Rm * D);
+    s->h1 = hp_act_alloc(act, sizeof(float) * Rm * F);
+    s->h3 = hp_act_alloc(act, sizeof(float) * Rm * F);
+    s->a = hp_act_alloc(act, sizeof(float) * Rm * F);
+    // 1. count exchange: my rows per expert, block q (experts of rank q) to rank q
+    int32_t cnt[HP_MOE_MAX_EXPERTS];
+    for (int e = 0; e < E; e++) cnt[e] = offsets[e + 1] - offsets[e];
+    HP_TRY(hp_all_to_all(cnt, s->rc, (size_t)El, HP_I32, ep->comm, NULL));
+    // 2. splits: rows to rank q are contiguous in expert-major order
+    size_t so = 0, ro = 0;
+    for (int q = 0; q < P; q++) {
+        s->scnt[q] = (size_t)(offsets[(q + 1) * El] - offsets[q * El]) * D;
+        s->sdis[q] = so;
+        so += s->scnt[q];
+        size_t r = 0;
+        for (int j = 0; j < El; j++) r += (size_t)s->rc[q * El + j];
+        s->rcnt[q] = r * D;
+        s->rdis[q] = ro;
+        ro += s->rcnt[q];
+    }
+    s->R = (int)(ro / D);
+    HP_ASSERT((size_t)s->R <= Rm);
+    HP_TRY(hp_all_to_all_v(xs, s->scnt, s->sdis, s->buf, s->rcnt, s->rdis, HP_F32, ep->comm, NULL));
+    // 3. rank-major (p, j) -> expert-major (j, p)
+    s->loff[0] = 0;
+    for (int j = 0; j < El; j++) {
+        int n = 0;
+        for (int p = 0; p < P; p++) n += s->rc[p * El + j];
+        s->loff[j + 1] = s->loff[j] + n;
+    }
+    for (int j = 0, i = 0; j < El; j++)
+        for (int p = 0; p < P; p++) {
+            int base = (int)(s->rdis[p] / D);
+            for (int jj = 0; jj < j; jj++) base += s->rc[p * El + jj];
+            for (int r = 0; r < s->rc[p * El + j]; r++) s->perm[i++] = base + r;
+        }
+    permute_rows(s->xl, s->buf, s->perm, s->R, D, 0);
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    // 4. the local experts
+    const float *w[3];
+    HP_TRY(ep_weights(ep, m, w));
+    t0 = omp_get_wtime();
+    hp_moe_experts_forward(act->be, s->yl, s->h1, s->h3, s->a, s->xl, w[0], w[1], w[2], s->loff, El, D, F);
+    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    // 5. back: expert-major -> rank-major, reverse all_to_all_v
+    t0 = omp_get_wtime();
+    permute_rows(s->buf, s->yl, s->perm, s->R, D, 1);
+    HP_TRY(hp_all_to_all_v(s->buf, s->rcnt, s->rdis, ys, s->scnt, s->sdis, HP_F32, ep->comm, NULL));
+    if (ep->tp_size > 1)   // ETP: each tp rank computed its F slice: Partial -> Replicate
+        HP_TRY(hp_all_reduce(ys, ys, (size_t)offsets[E] * D, HP_F32, HP_SUM, ep->tp_comm, NULL));
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    return HP_OK;
+}
+
+static hp_status_t ep_backward_input(void *ctx, hp_module_t *m, hp_act_t *act, void *state, float *dxs,
+                                     const float *dys, size_t *off) {
+    hp_ep_t ep = ctx;
+    hp_moe_impl_t *M = m->impl;
+    ep_state_t *s = state;
+    const int El = M->c.n_experts / ep->size, D = M->c.dim, F = ep_fl(ep, m);
+    const size_t Rm = rmax(ep, m, act->B * act->T);
+    s->dyl = hp_act_scratch(act, off, Rm * D);
+    s->dh1 = hp_act_scratch(act, off, Rm * F);
+    s->dh3 = hp_act_scratch(act, off, Rm * F);
+    float *da = hp_act_scratch(act, off, Rm * F), *dxl = hp_act_scratch(act, off, Rm * D);
+    double t0 = omp_get_wtime();
+    HP_TRY(hp_all_to_all_v(dys, s->scnt, s->sdis, s->buf, s->rcnt, s->rdis, HP_F32, ep->comm, NULL));
+    permute_rows(s->dyl, s->buf, s->perm, s->R, D, 0);
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    const float *w[3];
+    HP_TRY(ep_weights(ep, m, w));
+    t0 = omp_get_wtime();
+    hp_moe_experts_backward_input(act->be, dxl, s->dh1, s->dh3, da, s->dyl, s->h1, s->h3, w[0], w[1], w[2], s->loff,
+                                  El, D, F);
+    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    t0 = omp_get_wtime();
+    permute_rows(s->buf, dxl, s->perm, s->R, D, 1);
+    HP_TRY(hp_all_to_all_v(s->buf, s->rcnt, s->rdis, dxs, s->scnt, s->sdis, HP_F32, ep->comm, NULL));
+    if (ep->tp_size > 1) {   // ETP: partial over the F slices
+        size_t floats = 0;
+        for (int q = 0; q < ep->size; q++) floats += s->scnt[q];
+        HP_TRY(hp_all_reduce(dxs, dxs, floats, HP_F32, HP_SUM, ep->tp_comm, NULL));
+    }
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    return HP_OK;
+}
+
+static hp_status_t ep_backward_weight(void *ctx, hp_module_t *m, hp_act_t *act, void *state) {
+    hp_ep_t ep = ctx;
+    hp_moe_impl_t *M = m->impl;
+    ep_state_t *s = state;
+    double t0 = omp_get_wtime();
+    if (ep->fs_size <= 1) {
+        hp_moe_experts_backward_weight(act->be, hp_param_g(W1(m)), hp_param_g(W2(m)), hp_param_g(W3(m)), s->dyl,
+                                       s->dh1, s->dh3, s->a, s->xl, s->loff, M->c.n_experts / ep->size, M->c.dim,
+                                       ep_fl(ep, m));
+        prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+        return HP_OK;
+    }
+    // expert FSDP: whole local grads into the workspace, reduce-scattered (SUM) into the shards (+=)
+    const size_t n = (size_t)hp_tensor_numel(&W1(m)->grad.local), full = n * ep->fs_size;
+    memset(ep->ws_g, 0, sizeof(float) * 3 * full);
+    hp_moe_experts_backward_weight(act->be, ep->ws_g, ep->ws_g + full, ep->ws_g + 2 * full, s->dyl, s->dh1, s->dh3,
+                                   s->a, s->xl, s->loff, M->c.n_experts / ep->size, M->c.dim, ep_fl(ep, m));
+    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    t0 = omp_get_wtime();
+    hp_param_t *ps[3] = {W1(m), W2(m), W3(m)};
+    for (int k = 0; k < 3; k++) {
+        float *mine = ep->ws_g + k * full + (size_t)ep->fs_rank * n;   // in place: this rank's block
+        HP_TRY(hp_reduce_scatter(ep->ws_g + k * full, mine, n, HP_F32, HP_SUM, ep->fs_comm, NULL));
+        act->be->add_inplace(act->be->ctx, hp_param_g(ps[k]), mine, (int64_t)n);
+    }
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    return HP_OK;
+}
+
+static const hp_moe_dispatch_t ep_dispatch = {
+    ep_act_bytes, ep_scratch, ep_forward, ep_backward_input, ep_backward_weight,
+};
+
+/* ---- tensor parallel of the experts: every rank holds all E experts on F/tp hidden features
+ * (w1/w3 Shard(1), w2 Shard(2)); the expert outputs and the input gradients are partial sums
+ * over tp, all-reduced. The router, shared experts and combine run replicated. ---- */
+
+typedef struct etp_state {
+    const float *xs;        // (N*K, D) the module's expert-major rows (its saved buffer)
+    const float *dys;       // (N*K, D) set by backward_input
+    float *h1, *h3, *a;     // (N*K, F/tp)
+    float *dh1, *dh3;       // (N*K, F/tp) gradient scratch, kept for the weight pass
+    const int32_t *offsets; // (E + 1) the module's saved offsets
+} etp_state_t;
+
+static int etp_fl(const hp_ep_t ep, const hp_module_t *m) { return ((const hp_moe_impl_t *)m->impl)->c.hidden / ep->size; }
+
+static size_t etp_act_bytes(void *ctx, const hp_module_t *m, int N) {
+    const hp_moe_impl_t *M = m->impl;
+    const size_t NK = (size_t)N * M->c.top_k;
+    return hp_arena_round(sizeof(etp_state_t)) + 3 * hp_arena_round(sizeof(float) * NK * etp_fl(ctx, m));
+}
+
+static size_t etp_scratch(void *ctx, const hp_module_t *m, int N) {
+    const hp_moe_impl_t *M = m->impl;
+    return 3 * (size_t)N * M->c.top_k * etp_fl(ctx, m);   // dh1, dh3, da
+}
+
+static hp_status_t etp_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *ys, const float *xs,
+                               const int32_t *offsets, void **state) {
+    hp_ep_t ep = ctx;
+    hp_moe_impl_t *M = m->impl;
+    const int N = act->B * act->T, E = M->c.n_experts, D = M->c.dim, Fl = etp_fl(ep, m);
+    const size_t NK = (size_t)N * M->c.top_k;
+    etp_state_t *s = hp_act_alloc(act, sizeof(*s));
+    *state = s;
+    s->xs = xs;
+    s->offsets = offsets;
+    s->h1 = hp_act_alloc(act, sizeof(float) * NK * Fl);
+    s->h3 = hp_act_alloc(act, sizeof(float) * NK * Fl);
+    s->a = hp_act_alloc(act, sizeof(float) * NK * Fl);
+    double t0 = omp_get_wtime();
+    hp_moe_experts_forward(act->be, ys, s->h1, s->h3, s->a, xs, hp_param_w(W1(m)), hp_param_w(W2(m)),
+                           hp_param_w(W3(m)), offsets, E, D, Fl);
+    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    t0 = omp_get_wtime();
+    HP_TRY(hp_all_reduce(ys, ys, NK * D, HP_F32, HP_SUM, ep->comm, NULL));   // Partial -> Replicate
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    return HP_OK;
+}
+
+static hp_status_t etp_backward_input(void *ctx, hp_module_t *m, hp_act_t *act, void *state, float *dxs,
+                                      const float *dys, size_t *off) {
+    hp_ep_t ep = ctx;
+    hp_moe_impl_t *M = m->impl;
+    etp_state_t *s = state;
+    const int N = act->B * act->T, E = M->c.n_experts, D = M->c.dim, Fl = etp_fl(ep, m);
+    const size_t NK = (size_t)N * M->c.top_k;
+    s->dys = dys;
+    s->dh1 = hp_act_scratch(act, off, NK * Fl);
+    s->dh3 = hp_act_scratch(act, off, NK * Fl);
+    float *da = hp_act_scratch(act, off, NK * Fl);
+    double t0 = omp_get_wtime();
+    hp_moe_experts_backward_input(act->be, dxs, s->dh1, s->dh3, da, dys, s->h1, s->h3, hp_param_w(W1(m)),
+                                  hp_param_w(W2(m)), hp_param_w(W3(m)), s->offsets, E, D, Fl);
+    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    t0 = omp_get_wtime();
+    HP_TRY(hp_all_reduce(dxs, dxs, NK * D, HP_F32, HP_SUM, ep->comm, NULL));   // partial over the F slices
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    return HP_OK;
+}
+
+static hp_status_t etp_backward_weight(void *ctx, hp_module_t *m, hp_act_t *act, void *state) {
+    hp_ep_t ep = ctx;
+    hp_moe_impl_t *M = m->impl;
+    etp_state_t *s = state;
+    double t0 = omp_get_wtime();
+    hp_moe_experts_backward_weight(act->be, hp_param_g(W1(m)), hp_param_g(W2(m)), hp_param_g(W3(m)), s->dys, s->dh1,
+                                   s->dh3, s->a, s->xs, s->offsets, M->c.n_experts, M->c.dim, etp_fl(ep, m));
+    prof(act, HP_NN_OP_MOE_EXPERTS, t0);
+    return HP_OK;
+}
+
+static const hp_moe_dispatch_t etp_dispatch = {
+    etp_act_bytes, etp_scratch, etp_forward, etp_backward_input, etp_backward_weight,
+};
+
+int hp_ep_is_expert_param(const hp_param_t *p) { return p && strstr(p->name, ".moe.experts.") != NULL; }
+
+size_t hp_ep_local_expert_bytes(hp_ep_t ep) { return ep ? ep->expert_bytes : 0; }
+
+static void set_layout(hp_dtensor_t *d, hp_mesh_t mesh, hp_placement_t pl, int64_t local0, float *data) {
+    d->mesh = mesh;
+    d->mesh_ndim = 1;
+    d->placements[0] = pl;
+    if (data) {
+        d->local.shape[0] = local0;
+        int64_t st = 1;
+        for (int i = d->local.ndim - 1; i >= 0; i--) { d->local.stride[i] = st; st *= d->local.shape[i]; }
+        d->local.data = data;
+    }
+}
+
+/* Copies the (now smaller) parameters into storage of the local size in their old storage
+ * order, so stacked GEMM members (w1|w3, wq|wk|wv) stay adjacent and units contiguous;
+ * 16-float alignment between the others (the model's layout rule). */
+static hp_status_t compact(hp_model_t model) {
+    const int np = hp_model_num_params(model);
+    hp_param_t *P = hp_model_params(model);
+    size_t *off = hp_calloc((size_t)np, sizeof(size_t));
+    int *order = hp_calloc((size_t)np, sizeof(int));
+    if (!off || !order) { free(off); free(order); return HP_ERR_OOM; }
+    int n = 0;
+    for (int i = 0; i < np; i++) {   // distinct storage (a tied weight once), by address (insertion sort)
+        int dup = 0;
+        for (int j = 0; j < n; j++) dup |= P[order[j]].value.local.data == P[i].value.local.data;
+        if (dup) continue;
+        int k = n++;
+        while (k > 0 && (const float *)P[order[k - 1]].value.local.data > (const float *)P[i].value.local.data) {
+            order[k] = order[k - 1];
+            k--;
+        }
+        order[k] = i;
+    }
+    size_t cur = 0;
+    const float *prev_end = NULL;
+    for (int k = 0; k < n; k++) {
+        const hp_param_t *p = &P[order[k]];
+        const float *d = p->value.local.data;
+        off[order[k]] = d == prev_end ? cur : ((cur + 15) & ~(size_t)15);
+        cur = off[order[k]] + (size_t)hp_tensor_numel(&p->value.local);
+        prev_end = d + hp_tensor_numel(&p->value.local);
+    }
+    const size_t total = (cur + 15) & ~(size_t)15;
+    float *nv = hp_aligned_alloc(sizeof(float) * (total ? total : 16));
+    float *ng = hp_aligned_alloc(sizeof(float) * (total ? total : 16));
+    if (!nv || !ng) {
+        hp_free_aligned(nv); hp_free_aligned(ng); free(off); free(order);
+        return hp_error(HP_ERR_OOM, "expert parallel: %zu bytes for the local parameters", 2 * sizeof(float) * total);
+    }
+    memset(nv, 0, sizeof(float) * total);
+    memset(ng, 0, sizeof(float) * total);
+    for (int k = 0; k < n; k++) {
+        const hp_param_t *p = &P[order[k]];
+        const size_t cnt = (size_t)hp_tensor_numel(&p->value.local);
+        memcpy(nv + off[order[k]], p->value.local.data, sizeof(float) * cnt);
+        memcpy(ng + off[order[k]], p->grad.local.data, sizeof(float) * cnt);
+    }
+    for (int i = 0; i < np; i++)   // tied duplicates follow their first occurrence
+        for (int k = 0; k < n; k++)
+            if (P[order[k]].value.local.data == P[i].value.local.data) off[i] = off[order[k]];
+    for (int i = 0; i < np; i++) {
+        P[i].value.local.data = nv + off[i];
+        P[i].grad.local.data = ng + off[i];
+    }
+    hp_model_adopt_storage(model, nv, ng, total, off);
+    free(off);
+    free(order);
+    return HP_OK;
+}
+
+static hp_status_t shard_experts_f(hp_model_t m, int P, int r);
+static hp_status_t install(hp_model_t m, hp_ep_t ep, const hp_moe_dispatch_t *d);
+
+hp_status_t hp_ep_tensor_parallel_experts(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) {
+    if (!m || !mesh || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_tensor_parallel_experts: NULL argument");
+    *out = NULL;
+    const hp_model_config_t *c = hp_model_config(m);
+    if (hp_mesh_ndim(mesh) != 1)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_tensor_parallel_experts: the tp mesh must be 1-D (got %d dims)",
+                        hp_mesh_ndim(mesh));
+    const int P = (int)hp_mesh_size(mesh, 0);
+    if (c->moe_experts <= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "tensor parallel of experts: model '%s/%s' has no MoE layers", c->name,
+                        c->flavor);
+    if (c->moe_hidden % P != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "tensor parallel of experts: degree %d does not divide the expert hidden "
+                        "size %d (model.moe_hidden_dim); hint: use a divisor of %d", P, c->moe_hidden, c->moe_hidden);
+    hp_ep_t ep = hp_calloc(1, sizeof(*ep));
+    if (!ep) return HP_ERR_OOM;
+    ep->mesh = mesh;
+    ep->comm = hp_mesh_get_comm(mesh, 0);
+    ep->size = P;
+    ep->rank = hp_mesh_get_local_rank(mesh, 0);
+    ep->tp = 1;
+    hp_status_t st = shard_experts_f(m, P, ep->rank);
+    hp_param_t *ps = hp_model_params(m);
+    for (int i = 0; i < hp_model_num_params(m); i++) {
+        hp_param_t *p = &ps[i];
+        if (!hp_ep_is_expert_param(p)) continue;
+        const int f_dim = strstr(p->name, ".moe.experts.w2") ? 2 : 1;
+        set_layout(&p->value, mesh, hp_shard(f_dim), 0, NULL);
+        set_layout(&p->grad, mesh, hp_shard(f_dim), 0, NULL);
+        ep->expert_bytes += sizeof(float) * (size_t)hp_tensor_numel(&p->value.local);
+    }
+    if (st == HP_OK) st = compact(m);
+    if (st == HP_OK) st = install(m, ep, &etp_dispatch);
+    if (st != HP_OK) {
+        free(ep);
+        return st;
+    }
+    *out = ep;
+    return HP_OK;
+}
+
+/* w1/w3 (E, F, D) -> (E, F/P, D) rows [r F/P, (r+1) F/P) of each expert; w2 (E, D, F) ->
+ * (E, D, F/P) columns; moved to the front of their storage (destinations never pass their
+ * sources). The caller sets the placements. */
+static hp_status_t shard_experts_f(hp_model_t m, int P, int r) {
+    hp_param_t *ps = hp_model_params(m);
+    for (int i = 0; i < hp_model_num_params(m); i++) {
+        hp_param_t *p = &ps[i];
+        if (!hp_ep_is_expert_param(p)) continue;
+        const int is_w2 = strstr(p->name, ".moe.experts.w2") != NULL;
+        const int64_t E = p->value.local.shape[0], A = p->value.local.shape[1], Bd = p->value.local.shape[2];
+        hp_dtensor_t *ts[2] = {&p->value, &p->grad};
+        for (int k = 0; k < 2; k++) {
+            hp_dtensor_t *d = ts[k];
+            float *v = d->local.data;
+            if (!is_w2) {   // (E, F, D): F = A
+                const int64_t Fl = A / P;
+                for (int64_t e = 0; e < E; e++)
+                    memmove(v + (size_t)(e * Fl * Bd), v + (size_t)((e * A + r * Fl) * Bd), sizeof(float) * (size_t)(Fl * Bd));
+                d->local.shape[1] = Fl;
+            } else {        // (E, D, F): F = Bd
+                const int64_t Fl = Bd / P;
+                for (int64_t row = 0; row < E * A; row++)
+                    memmove(v + (size_t)(row * Fl), v + (size_t)(row * Bd + r * Fl), sizeof(float) * (size_t)Fl);
+                d->local.shape[2] = Fl;
+            }
+            int64_t st = 1;
+            for (int j = d->local.ndim - 1; j >= 0; j--) { d->local.stride[j] = st; st *= d->local.shape[j]; }
+        }
+    }
+    return HP_OK;
+}
+
+/* The dispatcher on every MoE module; re-registering the module re-sizes the contexts. */
+static hp_status_t install(hp_model_t m, hp_ep_t ep, const hp_moe_dispatch_t *d) {
+    hp_module_t *mods[4096];
+    const int nm = hp_model_modules(m, mods, 4096);
+    for (int i = 0; i < nm && i < 4096; i++) {
+        hp_module_t *blk = mods[i];
+        for (int k = 0; k < blk->n_children; k++) {
+            hp_module_t *moe = blk->children[k];
+            if (!hp_module_is_moe(moe)) continue;
+            hp_moe_impl_t *M = moe->impl;
+            M->dispatch = d;
+            M->dispatch_ctx = ep;
+            HP_TRY(hp_model_replace_module(m, blk, moe, moe));
+        }
+    }
+    return HP_OK;
+}
+
+hp_status_t hp_ep_parallelize_model(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) {
+    if (!m || !mesh || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model: NULL argument");
+    *out = NULL;
+    const hp_model_config_t *c = hp_model_config(m);
+    if (hp_mesh_ndim(mesh) != 1)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model: the ep mesh must be 1-D (got %d dims)",
+                        hp_mesh_ndim(mesh));
+    const int P = (int)hp_mesh_size(mesh, 0);
+    if (c->moe_experts <= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "expert parallel: model '%s/%s' has no MoE layers; hint: use "
+                        "deepseek_v3 or qwen3_moe, or expert_parallel_degree 1", c->name, c->flavor);
+    if (c->moe_experts % P != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "expert parallel: degree %d does not divide the %d experts; hint: use a "
+                        "divisor of %d", P, c->moe_experts, c->moe_experts);
+    hp_ep_t ep = hp_calloc(1, sizeof(*ep));
+    if (!ep) return HP_ERR_OOM;
+    ep->mesh = mesh;
+    ep->comm = hp_mesh_get_comm(mesh, 0);
+    ep->size = P;
+    ep->rank = hp_mesh_get_local_rank(mesh, 0);
+    const int El = c->moe_experts / P;
+    // parameters: experts Shard(0) (local slice moved to the front), the rest Replicate
+    hp_param_t *ps = hp_model_params(m);
+    for (int i = 0; i < hp_model_num_params(m); i++) {
+        hp_param_t *p = &ps[i];
+        if (!hp_ep_is_expert_param(p)) {
+            set_layout(&p->value, mesh, hp_replicate(), 0, NULL);
+            set_layout(&p->grad, mesh, hp_replicate(), 0, NULL);
+            continue;
+        }
+        const size_t per = (size_t)(hp_tensor_numel(&p->value.local) / p->value.local.shape[0]);
+        float *v = p->value.local.data, *g = p->grad.local.data;
+        memmove(v, v + (size_t)ep->rank * El * per, sizeof(float) * El * per);
+        memmove(g, g + (size_t)ep->rank * El * per, sizeof(float) * El * per);
+        set_layout(&p->value, mesh, hp_shard(0), El, v);
+        set_layout(&p->grad, mesh, hp_shard(0), El, g);
+        ep->expert_bytes += sizeof(float) * El * per;
+    }
+    hp_status_t st = compact(m);
+    if (st == HP_OK) st = install(m, ep, &ep_dispatch);
+    if (st != HP_OK) {
+        free(ep);
+        return st;
+    }
+    *out = ep;
+    return HP_OK;
+}
+
+hp_status_t hp_ep_parallelize_model_etp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *out) {
+    if (!m || !mesh2 || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_etp: NULL argument");
+    *out = NULL;
+    const hp_model_config_t *c = hp_model_config(m);
+    if (hp_mesh_ndim(mesh2) != 2)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_etp: the mesh must be 2-D (ep, tp), got %d dims",
+                        hp_mesh_ndim(mesh2));
+    const int P = (int)hp_mesh_size(mesh2, 0), Q = (int)hp_mesh_size(mesh2, 1);
+    if (c->moe_experts <= 0 || c->moe_experts % P != 0 || c->moe_hidden % Q != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "expert tensor parallel: model '%s/%s' with %d experts of hidden %d on an "
+                        "(ep %d, tp %d) mesh; ep must divide the experts and tp the expert hidden size", c->name,
+                        c->flavor, c->moe_experts, c->moe_hidden, P, Q);
+    hp_ep_t ep = hp_calloc(1, sizeof(*ep));
+    if (!ep) return HP_ERR_OOM;
+    ep->mesh = mesh2;
+    ep->comm = hp_mesh_get_comm(mesh2, 0);
+    ep->size = P;
+    ep->rank = hp_mesh_get_local_rank(mesh2, 0);
+    ep->tp_comm = hp_mesh_get_comm(mesh2, 1);
+    ep->tp_size = Q;
+    ep->tp_rank = hp_mesh_get_local_rank(mesh2, 1);
+    const int El = c->moe_experts / P;
+    hp_param_t *ps = hp_model_params(m);
+    for (int i = 0; i < hp_model_num_params(m); i++) {   // experts: this ep rank's experts first
+        hp_param_t *p = &ps[i];
+        hp_dtensor_t *ts[2] = {&p->value, &p->grad};
+        for (int k = 0; k < 2; k++) {
+            hp_dtensor_t *d = ts[k];
+            if (!hp_ep_is_expert_param(p)) {
+                /* dense: Replicate over ep, and the tensor-parallel placement (or Replicate) over tp */
+                hp_placement_t tpp = d->mesh && d->mesh_ndim == 1 ? d->placements[0] : hp_replicate();
+                d->mesh = mesh2;
+                d->mesh_ndim = 2;
+                d->placements[0] = hp_replicate();
+                d->placements[1] = tpp;
+                continue;
+            }
+            const size_t per = (size_t)(hp_tensor_numel(&d->local) / d->local.shape[0]);
+            float *v = d->local.data;
+            memmove(v, v + (size_t)ep->rank * El * per, sizeof(float) * El * per);
+            d->local.shape[0] = El;
+        }
+    }
+    hp_status_t st = shard_experts_f(m, Q, ep->tp_rank);
+    for (int i = 0; i < hp_model_num_params(m); i++) {
+        hp_param_t *p = &ps[i];
+        if (!hp_ep_is_expert_param(p)) continue;
+        const int f_dim = strstr(p->name, ".moe.experts.w2") ? 2 : 1;
+        hp_dtensor_t *ts[2] = {&p->value, &p->grad};
+        for (int k = 0; k < 2; k++) {
+            ts[k]->mesh = mesh2;
+            ts[k]->mesh_ndim = 2;
+            ts[k]->placements[0] = hp_shard(0);
+            ts[k]->placements[1] = hp_shard(f_dim);
+        }
+        ep->expert_bytes += sizeof(float) * (size_t)hp_tensor_numel(&p->value.local);
+    }
+    if (st == HP_OK) st = compact(m);
+    if (st == HP_OK) st = install(m, ep, &ep_dispatch);
+    if (st != HP_OK) {
+        free(ep);
+        return st;
+    }
+    *out = ep;
+    return HP_OK;
+}
+
+hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *out) {
+    if (!m || !mesh2 || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_efsdp: NULL argument");
+    *out = NULL;
+    const hp_model_config_t *c = hp_model_config(m);
+    if (hp_mesh_ndim(mesh2) != 2)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_efsdp: the mesh must be 2-D (efsdp, ep), got %d "
+                        "dims", hp_mesh_ndim(mesh2));
+    const int Fs = (int)hp_mesh_size(mesh2, 0), P = (int)hp_mesh_size(mesh2, 1);
+    if (c->moe_experts <= 0 || c->moe_experts % P != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "expert parallel: degree %d does not divide the %d experts", P,
+                        c->moe_experts);
+    const int El = c->moe_experts / P;
+    if (El % Fs != 0)
+        return hp_error(HP_ERR_UNSUPPORTED, "expert FSDP: efsdp %d does not divide the %d experts per ep rank; "
+                        "Shard(1) of the experts (efsdp x ep > experts) is not implemented; hint: use an "
+                        "expert_parallel_degree with experts / ep a multiple of %d", Fs, El, Fs);
+    const int Ef = El / Fs;
+    hp_ep_t ep = hp_calloc(1, sizeof(*ep));
+    if (!ep) return HP_ERR_OOM;
+    ep->mesh = mesh2;
+    ep->comm = hp_mesh_get_comm(mesh2, 1);
+    ep->size = P;
+    ep->rank = hp_mesh_get_local_rank(mesh2, 1);
+    ep->fs_comm = hp_mesh_get_comm(mesh2, 0);
+    ep->fs_size = Fs;
+    ep->fs_rank = hp_mesh_get_local_rank(mesh2, 0);
+    hp_param_t *ps = hp_model_params(m);
+    size_t ws = 0;
+    for (int i = 0; i < hp_model_num_params(m); i++) {
+        hp_param_t *p = &ps[i];
+        hp_dtensor_t *ts[2] = {&p->value, &p->grad};
+        const int expert = hp_ep_is_expert_param(p);
+        for (int k = 0; k < 2; k++) {
+            hp_dtensor_t *d = ts[k];
+            d->mesh = mesh2;
+            d->mesh_ndim = 2;
+            if (!expert) {   // dense: Replicate over (efsdp, ep), counted once by the norms
+                d->placements[0] = d->placements[1] = hp_replicate();
+                continue;
+            }
+            // this rank's experts r*El + f*Ef .. + Ef: ep's block, then efsdp's part of it
+            // (FSDP2 over TP's layout: _StridedShard(0, ep) on efsdp, Shard(0) on ep)
+            const size_t per = (size_t)(hp_tensor_numel(&d->local) / d->local.shape[0]);
+            float *v = d->local.data;
+            memmove(v, v + ((size_t)ep->rank * El + (size_t)ep->fs_rank * Ef) * per, sizeof(float) * Ef * per);
+            d->local.shape[0] = Ef;
+            d->placements[0] = hp_strided_shard(0, P);
+            d->placements[1] = hp_shard(0);
+            if (k == 0) {
+                ep->expert_bytes += sizeof(float) * Ef * per;
+                if (Ef * per * Fs > ws) ws = Ef * per * Fs;
+            }
+        }
+    }
+    ep->ws_w = hp_aligned_alloc(sizeof(float) * 3 * (ws ? ws : 1));
+    ep->ws_g = hp_aligned_alloc(sizeof(float) * 3 * (ws ? ws : 1));
+    hp_status_t st = ep->ws_w && ep->ws_g ? HP_OK : HP_ERR_OOM;
+    if (st == HP_OK) st = compact(m);
+    if (st == HP_OK) st = install(m, ep, &ep_dispatch);
+    if (st != HP_OK) {
+        hp_ep_destroy(ep);
+        return st;
+    }
+    *out = ep;
+    return HP_OK;
+}
+
+void hp_ep_destroy(hp_ep_t ep) {
+    if (!ep) return;
+    hp_free_aligned(ep->ws_w);
+    hp_free_aligned(ep->ws_g);
+    free(ep);
+}

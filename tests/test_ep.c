@@ -1,0 +1,443 @@
+/* Expert parallelism at the model level (src/parallel/ep.c): on 2 and 4 ranks each rank holds
+ * num_experts / ep experts (local shape, bytes 1/ep), drawn at their global indices; one
+ * forward/backward per rank on its own tokens equals the single-rank model on the same tokens
+ * (loss, logits, dense gradients; expert gradients equal the single-rank ones summed over the
+ * ranks, sliced to the local experts); the all-to-all calls and bytes equal what the routing
+ * implies (count exchange + 4 row exchanges per MoE layer, (N K + R) D floats each way); an
+ * injected error fails the comparison; two micro-batch contexts in flight keep their own
+ * dispatch state. Both MoE flavors. Tensor parallel of the experts alone
+ * (F sharded over the ranks, same tokens everywhere) and, on 4 ranks, expert tensor parallel
+ * on (ep 2, tp 2) and expert FSDP on (efsdp 2, ep 2) equal the single-rank model too. */
+// hp-test: ranks 2 4 timeout 120 coretype 2
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hp_test.h"
+#include "hp_test_mpi.h"
+#include "hyperparallel/comm.h"
+#include "hyperparallel/ep.h"
+#include "hyperparallel/mesh.h"
+#include "hyperparallel/model.h"
+
+static double rel(const float *a, const float *b, size_t n) {
+    double w = 0, s = 0;
+    for (size_t i = 0; i < n; i++) s = fmax(s, fabs(b[i]));
+    for (size_t i = 0; i < n; i++) w = fmax(w, fabs(a[i] - b[i]));
+    return s > 0 ? w / s : w;
+}
+
+static void run(const char *name, hp_comm_t world, int rank, int ws) {
+    hp_model_config_t c;
+    HP_CHECK_OK(hp_model_flavor(name, "debugmodel", &c));
+    c.dim = 48;
+    c.n_layers = 3;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 12;
+    c.hidden_dim = 64;
+    c.moe_hidden = 24;
+    c.moe_experts = 8;
+    c.moe_top_k = 2;
+    c.vocab_size = 97;
+    c.max_seq_len = 16;
+    HP_CHECK_OK(hp_model_config_validate(&c));
+    enum { B = 2, T = 16 };
+    const int NK = B * T * c.moe_top_k, E = c.moe_experts, El = E / ws, n_moe = c.n_layers - c.moe_n_dense_layers;
+    int32_t tk[B * T], tg[B * T];
+    uint32_t s = 17u + 101u * (uint32_t)rank;   // each rank its own tokens
+    for (int i = 0; i < B * T; i++) { s = s * 1664525u + 1013904223u; tk[i] = (int32_t)((s >> 8) % 97u); }
+    for (int i = 0; i < B * T; i++) tg[i] = tk[(i + 1) % (B * T)];
+
+    hp_model_t ref = NULL, ep_m = NULL;
+    HP_CHECK_OK(hp_model_create(&c, B, T, &ref));
+    HP_CHECK_OK(hp_model_create(&c, B, T, &ep_m));
+    if (!ref || !ep_m) return;
+    HP_CHECK_OK(hp_model_init_weights(ref, 11));
+    hp_mesh_t mesh = NULL;
+    const int64_t shape[1] = {ws};
+    const char *dn[1] = {"ep"};
+    HP_CHECK_OK(hp_mesh_create(world, 1, shape, dn, &mesh));
+    hp_ep_t ep = NULL;
+    HP_CHECK_OK(hp_ep_parallelize_model(ep_m, mesh, &ep));
+    if (!ep) return;
+    HP_CHECK_OK(hp_model_init_weights(ep_m, 11));   // the local experts at their global indices
+
+    // the local expert shard and its bytes
+    hp_param_t *w1 = hp_model_find_param(ep_m, "layers.1.moe.experts.w1");
+    HP_CHECK(w1 && w1->value.local.shape[0] == El && w1->value.global_shape[0] == E,
+             "experts.w1 local (%lld, ...) global %lld, expected %d of %d", w1 ? (long long)w1->value.local.shape[0] : -1,
+             w1 ? (long long)w1->value.global_shape[0] : -1, El, E);
+    const size_t full = (size_t)n_moe * 3 * E * c.moe_hidden * c.dim * sizeof(float);
+    HP_CHECK(hp_ep_local_expert_bytes(ep) * ws == full, "local expert bytes %zu x %d != %zu",
+             hp_ep_local_expert_bytes(ep), ws, full);
+    size_t pb_ep = 0, pb_ref = 0, gb, ab, wb;
+    hp_model_memory(ep_m, &pb_ep, &gb, &ab, &wb);
+    hp_model_memory(ref, &pb_ref, &gb, &ab, &wb);
+    HP_CHECK(pb_ref - pb_ep >= full - full / ws - 64 * 16 * sizeof(float),
+             "parameter storage %zu vs single-rank %zu: the remote experts were not freed", pb_ep, pb_ref);
+    const hp_param_t *rw1 = hp_model_find_param(ref, "layers.1.moe.experts.w1");
+    const size_t per = (size_t)c.moe_hidden * c.dim;
+    HP_CHECK(memcmp(hp_param_w(w1), hp_param_w(rw1) + (size_t)rank * El * per, sizeof(float) * El * per) == 0,
+             "rank %d's experts are not the single-rank model's experts %d..%d", rank, rank * El, rank * El + El - 1);
+
+    // one step each
+    float lr = 0, le = 0;
+    HP_CHECK_OK(hp_model_zero_grad(ref));
+    HP_CHECK_OK(hp_model_zero_grad(ep_m));
+    HP_CHECK_OK(hp_model_forward(ref, tk, tg, B, T, (float)(B * T), &lr));
+    hp_comm_counts_t c0, c1;
+    hp_comm_counts_get(&c0);
+    HP_CHECK_OK(hp_model_forward(ep_m, tk, tg, B, T, (float)(B * T), &le));
+    HP_CHECK_OK(hp_model_backward(ep_m));
+    hp_comm_counts_get(&c1);
+    HP_CHECK_OK(hp_model_backward(ref));
+    /* only the GEMM row sets differ (a local expert multiplies the rows of every rank at
+     * once): per-element f32 rounding of a few chained products, below 1e-5 relative */
+    const double lg = rel(hp_model_logits(ep_m), hp_model_logits(ref), (size_t)B * T * c.vocab_size);
+    HP_CHECK(lg < 1e-5 && fabs(le - lr) < 1e-5 * fabs(lr), "%s ep %d: logits differ by %.2e, loss %.9g vs %.9g",
+             name, ws, lg, le, lr);
+    // gradients: dense local == dense reference; experts == reference summed over ranks, local slice
+    double gd = 0, ge = 0;
+    for (int i = 0; i < hp_model_num_params(ref); i++) {
+        hp_param_t *pr = &hp_model_params(ref)[i];
+        hp_param_t *pe = hp_model_find_param(ep_m, pr->name);
+        HP_CHECK(pe != NULL, "no %s in the EP model", pr->name);
+        if (!pe) continue;
+        const size_t n = (size_t)hp_tensor_numel(&pr->grad.local);
+        if (hp_ep_is_expert_param(pr)) {
+            float *sum = malloc(sizeof(float) * n);
+            HP_CHECK_OK(hp_all_reduce(hp_param_g(pr), sum, n, HP_F32, HP_SUM, world, NULL));
+            const size_t pe_n = (size_t)hp_tensor_numel(&pe->grad.local);
+            ge = fmax(ge, rel(hp_param_g(pe), sum + (size_t)rank * pe_n, pe_n));
+            free(sum);
+        } else {
+            gd = fmax(gd, rel(hp_param_g(pe), hp_param_g(pr), n));
+        }
+    }
+    /* expert grads: the reference sums ws per-rank GEMMs, EP one GEMM over all rows (summation
+     * order), 1e-5 relative to the largest entry */
+    HP_CHECK(gd < 1e-5 && ge < 1e-5, "%s ep %d: dense grads %.2e, expert grads %.2e off", name, ws, gd, ge);
+    // negative: a 1e-4 relative error in one expert grad is seen
+    {
+        hp_param_t *pe = hp_model_find_param(ep_m, "layers.2.moe.experts.w2"), *pr = hp_model_find_param(ref, "layers.2.moe.experts.w2");
+        const size_t n = (size_t)hp_tensor_numel(&pr->grad.local), pe_n = (size_t)hp_tensor_numel(&pe->grad.local);
+        float *sum = malloc(sizeof(float) * n);
+        HP_CHECK_OK(hp_all_reduce(hp_param_g(pr), sum, n, HP_F32, HP_SUM, world, NULL));
+        double mx = 0;
+        for (size_t j = 0; j < pe_n; j++) mx = fmax(mx, fabs(sum[(size_t)rank * pe_n + j]));
+        hp_param_g(pe)[0] += (float)(1e-4 * mx);
+        HP_CHECK(rel(hp_param_g(pe), sum + (size_t)rank * pe_n, pe_n) >= 1e-5, "harness missed an injected error");
+        free(sum);
+    }
+    // all-to-all counts and bytes from the routing: R = rows of every rank for my experts
+    hp_module_t *mods[256];
+    int nm = hp_model_modules(ref, mods, 256);
+    uint64_t want_bytes = 0;
+    for (int i = 0; i < nm; i++) {
+        if (!hp_module_is_moe(mods[i])) continue;
+        const hp_moe_impl_t *M = mods[i]->impl;
+        float tot[64];
+        HP_CHECK_OK(hp_all_reduce(M->tokens_per_expert, tot, (size_t)E, HP_F32, HP_SUM, world, NULL));
+        double R = 0;
+        for (int e = rank * El; e < rank * El + El; e++) R += tot[e];
+        want_bytes += (uint64_t)(2.0 * (NK + R) * c.dim * sizeof(float));
+    }
+    const uint64_t a2a = c1.calls[HP_COMM_ALL_TO_ALL] - c0.calls[HP_COMM_ALL_TO_ALL];
+    const uint64_t a2av = c1.calls[HP_COMM_ALL_TO_ALL_V] - c0.calls[HP_COMM_ALL_TO_ALL_V];
+    const uint64_t bytes = c1.bytes[HP_COMM_ALL_TO_ALL_V] - c0.bytes[HP_COMM_ALL_TO_ALL_V];
+    HP_CHECK(a2a == (uint64_t)n_moe && a2av == 4u * (uint64_t)n_moe && bytes == want_bytes,
+             "%s ep %d: %llu all_to_all, %llu all_to_all_v of %llu bytes; routing implies %d, %d, %llu", name, ws,
+             (unsigned long long)a2a, (unsigned long long)a2av, (unsigned long long)bytes, n_moe, 4 * n_moe,
+             (unsigned long long)want_bytes);
+    /* two micro-batch contexts in flight (pipeline style): forward A, forward B, backward B,
+     * backward A; A's logits equal the single forward's, the grads equal two sequential steps */
+    {
+        int32_t tk2[B * T];
+        for (int i = 0; i < B * T; i++) tk2[i] = (tk[i] * 7 + 3) % 97;
+        hp_model_ctx_t ca = NULL, cb = NULL;
+        HP_CHECK_OK(hp_model_ctx_create(ep_m, B, T, 0, &ca));
+        HP_CHECK_OK(hp_model_ctx_create(ep_m, B, T, 0, &cb));
+        float la = 0, lb = 0;
+        const size_t ng = (size_t)hp_tensor_numel(&w1->grad.local);
+        float *g_seq = malloc(sizeof(float) * ng), *logit_a = malloc(sizeof(float) * (size_t)B * T * c.vocab_size);
+        // sequential reference: A then B
+        HP_CHECK_OK(hp_model_zero_grad(ep_m));
+        HP_CHECK_OK(hp_model_forward_ctx(ep_m, ca, tk, tg, B, T, (float)(B * T), &la));
+        memcpy(logit_a, hp_model_ctx_logits(ca), sizeof(float) * (size_t)B * T * c.vocab_size);
+        HP_CHECK_OK(hp_model_backward_ctx(ep_m, ca));
+        HP_CHECK_OK(hp_model_forward_ctx(ep_m, cb, tk2, tg, B, T, (float)(B * T), &lb));
+        HP_CHECK_OK(hp_model_backward_ctx(ep_m, cb));
+        memcpy(g_seq, hp_param_g(w1), sizeof(float) * ng);
+        // interleaved
+        HP_CHECK_OK(hp_model_zero_grad(ep_m));
+        HP_CHECK_OK(hp_model_forward_ctx(ep_m, ca, tk, tg, B, T, (float)(B * T), &la));
+        HP_CHECK_OK(hp_model_forward_ctx(ep_m, cb, tk2, tg, B, T, (float)(B * T), &lb));
+        HP_CHECK(memcmp(hp_model_ctx_logits(ca), logit_a, sizeof(float) * (size_t)B * T * c.vocab_size) == 0,
+                 "%s ep %d: a second micro-batch in flight changed the first one's logits", name, ws);
+        HP_CHECK_OK(hp_model_backward_ctx(ep_m, cb));
+        HP_CHECK_OK(hp_model_backward_ctx(ep_m, ca));
+        /* B's and A's grads are added in the other order: f32 addition of two terms */
+        HP_CHECK(rel(hp_param_g(w1), g_seq, ng) < 1e-6, "%s ep %d: micro-batches in flight mixed their dispatch "
+                 "state (expert grads %.2e off)", name, ws, rel(hp_param_g(w1), g_seq, ng));
+        free(g_seq);
+        free(logit_a);
+        hp_model_ctx_destroy(ca);
+        hp_model_ctx_destroy(cb);
+    }
+    if (rank == 0)
+        printf("%s ep %d: logits %.2e, dense grads %.2e, expert grads %.2e; %llu a2a, %llu a2a_v, %llu bytes\n",
+               name, ws, lg, gd, ge, (unsigned long long)a2a, (unsigned long long)a2av, (unsigned long long)bytes);
+    hp_ep_destroy(ep);
+    hp_model_destroy(ep_m);
+    hp_model_destroy(ref);
+    hp_mesh_destroy(mesh);
+}
+
+/* Tensor parallel of the experts (hp_ep_tensor_parallel_experts): every rank the same tokens,
+ * experts on F/ws features; logits and every gradient equal the single-rank model (expert
+ * grads: this rank's F slice); expert bytes 1/ws. */
+static void run_tp(const char *name, hp_comm_t world, int rank, int ws) {
+    hp_model_config_t c;
+    HP_CHECK_OK(hp_model_flavor(name, "debugmodel", &c));
+    c.dim = 48; c.n_layers = 3; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 12; c.hidden_dim = 64;
+    c.moe_hidden = 24; c.moe_experts = 8; c.moe_top_k = 2; c.vocab_size = 97; c.max_seq_len = 16;
+    HP_CHECK_OK(hp_model_config_validate(&c));
+    enum { B = 2, T = 16 };
+    int32_t tk[B * T], tg[B * T];
+    uint32_t s = 29u;
+    for (int i = 0; i < B * T; i++) { s = s * 1664525u + 1013904223u; tk[i] = (int32_t)((s >> 8) % 97u); }
+    for (int i = 0; i < B * T; i++) tg[i] = tk[(i + 1) % (B * T)];
+    hp_model_t ref = NULL, tm = NULL;
+    HP_CHECK_OK(hp_model_create(&c, B, T, &ref));
+    HP_CHECK_OK(hp_model_create(&c, B, T, &tm));
+    if (!ref || !tm) return;
+    HP_CHECK_OK(hp_model_init_weights(ref, 12));
+    hp_mesh_t mesh = NULL;
+    const int64_t shape[1] = {ws};
+    const char *dn[1] = {"tp"};
+    HP_CHECK_OK(hp_mesh_create(world, 1, shape, dn, &mesh));
+    hp_ep_t ep = NULL;
+    HP_CHECK_OK(hp_ep_tensor_parallel_experts(tm, mesh, &ep));
+    if (!ep) return;
+    HP_CHECK_OK(hp_model_init_weights(tm, 12));
+    const int n_moe = c.n_layers - c.moe_n_dense_layers, Fl = c.moe_hidden / ws;
+    HP_CHECK(hp_ep_local_expert_bytes(ep) * ws == (size_t)n_moe * 3 * 8 * c.moe_hidden * c.dim * sizeof(float),
+             "TP experts: local expert bytes %zu", hp_ep_local_expert_bytes(ep));
+    float lr = 0, lt = 0;
+    HP_CHECK_OK(hp_model_zero_grad(ref));
+    HP_CHECK_OK(hp_model_zero_grad(tm));
+    HP_CHECK_OK(hp_model_forward(ref, tk, tg, B, T, (float)(B * T), &lr));
+    HP_CHECK_OK(hp_model_backward(ref));
+    HP_CHECK_OK(hp_model_forward(tm, tk, tg, B, T, (float)(B * T), &lt));
+    HP_CHECK_OK(hp_model_backward(tm));
+    /* the F-split sums of the expert GEMMs reorder f32 sums: 1e-5 relative */
+    const double lg = rel(hp_model_logits(tm), hp_model_logits(ref), (size_t)B * T * c.vocab_size);
+    double gd = 0, ge = 0;
+    for (int i = 0; i < hp_model_num_params(ref); i++) {
+        hp_param_t *pr = &hp_model_params(ref)[i], *pt = hp_model_find_param(tm, pr->name);
+        if (!pt) { HP_CHECK(0, "no %s", pr->name); continue; }
+        if (!hp_ep_is_expert_param(pr)) {
+            gd = fmax(gd, rel(hp_param_g(pt), hp_param_g(pr), (size_t)hp_tensor_numel(&pr->grad.local)));
+            continue;
+        }
+        const int64_t E = pr->grad.local.shape[0], A = pr->grad.local.shape[1], Bd = pr->grad.local.shape[2];
+        const int w2 = strstr(pr->name, "experts.w2") != NULL;
+        const size_t n = (size_t)hp_tensor_numel(&pt->grad.local);
+        float *slice = malloc(sizeof(float) * n);
+        size_t k = 0;
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t a = 0; a < A; a++)
+                for (int64_t b = 0; b < Bd; b++) {
+                    const int64_t f = w2 ? b : a;
+                    if (f / Fl == rank) slice[k++] = hp_param_g(pr)[(e * A + a) * Bd + b];
+                }
+        HP_CHECK(k == n, "slice size");
+        ge = fmax(ge, rel(hp_param_g(pt), slice, n));
+        free(slice);
+    }
+    HP_CHECK(lg < 1e-5 && gd < 1e-5 && ge < 1e-5, "%s TP experts %d: logits %.2e, dense grads %.2e, expert grads %.2e",
+             name, ws, lg, gd, ge);
+    if (rank == 0) printf("%s tp-experts %d: logits %.2e, dense grads %.2e, expert grads %.2e\n", name, ws, lg, gd, ge);
+    hp_ep_destroy(ep);
+    hp_model_destroy(tm);
+    hp_model_destroy(ref);
+    hp_mesh_destroy(mesh);
+}
+
+/* Expert tensor parallel on a (ep 2, tp 2) mesh of 4 ranks: ranks of one ep coordinate share
+ * tokens (Replicate over tp); logits equal the single-rank model; each rank's expert grads
+ * equal the single-rank ones summed over the ep column, sliced to its experts and F slice. */
+static void run_etp(const char *name, hp_comm_t world, int rank) {
+    hp_model_config_t c;
+    HP_CHECK_OK(hp_model_flavor(name, "debugmodel", &c));
+    c.dim = 48; c.n_layers = 3; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 12; c.hidden_dim = 64;
+    c.moe_hidden = 24; c.moe_experts = 8; c.moe_top_k = 2; c.vocab_size = 97; c.max_seq_len = 16;
+    HP_CHECK_OK(hp_model_config_validate(&c));
+    enum { B = 2, T = 16 };
+    const int er = rank / 2, tr = rank % 2, El = 4, Fl = 12;
+    int32_t tk[B * T], tg[B * T];
+    uint32_t s = 31u + 7u * (uint32_t)er;
+    for (int i = 0; i < B * T; i++) { s = s * 1664525u + 1013904223u; tk[i] = (int32_t)((s >> 8) % 97u); }
+    for (int i = 0; i < B * T; i++) tg[i] = tk[(i + 1) % (B * T)];
+    hp_model_t ref = NULL, em = NULL;
+    HP_CHECK_OK(hp_model_create(&c, B, T, &ref));
+    HP_CHECK_OK(hp_model_create(&c, B, T, &em));
+    if (!ref || !em) return;
+    HP_CHECK_OK(hp_model_init_weights(ref, 13));
+    hp_mesh_t mesh = NULL, col = NULL;
+    const int64_t shape[2] = {2, 2};
+    const char *dn[2] = {"ep", "tp"}, *epn[1] = {"ep"};
+    HP_CHECK_OK(hp_mesh_create(world, 2, shape, dn, &mesh));
+    HP_CHECK_OK(hp_mesh_slice(mesh, 1, epn, &col));
+    hp_ep_t ep = NULL;
+    HP_CHECK_OK(hp_ep_parallelize_model_etp(em, mesh, &ep));
+    if (!ep) return;
+    HP_CHECK_OK(hp_model_init_weights(em, 13));
+    HP_CHECK(hp_ep_local_expert_bytes(ep) * 4 == (size_t)2 * 3 * 8 * 24 * 48 * sizeof(float), "ETP expert bytes %zu",
+             hp_ep_local_expert_bytes(ep));
+    float lr = 0, le = 0;
+    HP_CHECK_OK(hp_model_zero_grad(ref));
+    HP_CHECK_OK(hp_model_zero_grad(em));
+    HP_CHECK_OK(hp_model_forward(ref, tk, tg, B, T, (float)(B * T), &lr));
+    HP_CHECK_OK(hp_model_backward(ref));
+    HP_CHECK_OK(hp_model_forward(em, tk, tg, B, T, (float)(B * T), &le));
+    HP_CHECK_OK(hp_model_backward(em));
+    const double lg = rel(hp_model_logits(em), hp_model_logits(ref), (size_t)B * T * c.vocab_size);
+    double ge = 0, gd = 0;
+    hp_comm_t cc = hp_mesh_get_comm(col, 0);
+    for (int i = 0; i < hp_model_num_params(ref); i++) {
+        hp_param_t *pr = &hp_model_params(ref)[i], *pe = hp_model_find_param(em, pr->name);
+        if (!pe) { HP_CHECK(0, "no %s", pr->name); continue; }
+        const size_t n = (size_t)hp_tensor_numel(&pr->grad.local);
+        if (!hp_ep_is_expert_param(pr)) {
+            gd = fmax(gd, rel(hp_param_g(pe), hp_param_g(pr), n));
+            continue;
+        }
+        float *sum = malloc(sizeof(float) * n), *slice = malloc(sizeof(float) * n);
+        HP_CHECK_OK(hp_all_reduce(hp_param_g(pr), sum, n, HP_F32, HP_SUM, cc, NULL));
+        const int64_t A = pr->grad.local.shape[1], Bd = pr->grad.local.shape[2];
+        const int w2 = strstr(pr->name, "experts.w2") != NULL;
+        size_t k = 0;
+        for (int64_t e = er * El; e < er * El + El; e++)
+            for (int64_t a = 0; a < A; a++)
+                for (int64_t b = 0; b < Bd; b++)
+                    if ((w2 ? b : a) / Fl == tr) slice[k++] = sum[(e * A + a) * Bd + b];
+        HP_CHECK(k == (size_t)hp_tensor_numel(&pe->grad.local), "ETP slice size");
+        ge = fmax(ge, rel(hp_param_g(pe), slice, k));
+        free(sum);
+        free(slice);
+    }
+    HP_CHECK(lg < 1e-5 && gd < 1e-5 && ge < 1e-5, "%s ETP: logits %.2e, dense grads %.2e, expert grads %.2e", name, lg,
+             gd, ge);
+    if (rank == 0) printf("%s ETP ep 2 x tp 2: logits %.2e, dense grads %.2e, expert grads %.2e\n", name, lg, gd, ge);
+    hp_ep_destroy(ep);
+    hp_model_destroy(em);
+    hp_model_destroy(ref);
+    hp_mesh_destroy(col);
+    hp_mesh_destroy(mesh);
+}
+
+/* Expert FSDP on the (efsdp 2, ep 2) mesh of 4 ranks, every rank its own tokens: rank
+ * (f, r) holds experts r*4 + f*2 .. +2; logits and dense grads equal the single-rank model on
+ * its tokens, expert grads equal the single-rank ones summed over all ranks (dispatch over ep,
+ * reduce-scatter over efsdp), sliced to its two experts; expert bytes 1/4. */
+static void run_efsdp(const char *name, hp_comm_t world, int rank) {
+    hp_model_config_t c;
+    HP_CHECK_OK(hp_model_flavor(name, "debugmodel", &c));
+    c.dim = 48; c.n_layers = 3; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 12; c.hidden_dim = 64;
+    c.moe_hidden = 24; c.moe_experts = 8; c.moe_top_k = 2; c.vocab_size = 97; c.max_seq_len = 16;
+    HP_CHECK_OK(hp_model_config_validate(&c));
+    enum { B = 2, T = 16 };
+    const int f = rank / 2, r = rank % 2, El = 4, Ef = 2;
+    int32_t tk[B * T], tg[B * T];
+    uint32_t s = 41u + 13u * (uint32_t)rank;
+    for (int i = 0; i < B * T; i++) { s = s * 1664525u + 1013904223u; tk[i] = (int32_t)((s >> 8) % 97u); }
+    for (int i = 0; i < B * T; i++) tg[i] = tk[(i + 1) % (B * T)];
+    hp_model_t ref = NULL, em = NULL;
+    HP_CHECK_OK(hp_model_create(&c, B, T, &ref));
+    HP_CHECK_OK(hp_model_create(&c, B, T, &em));
+    if (!ref || !em) return;
+    HP_CHECK_OK(hp_model_init_weights(ref, 14));
+    hp_mesh_t mesh = NULL;
+    const int64_t shape[2] = {2, 2};
+    const char *dn[2] = {"efsdp", "ep"};
+    HP_CHECK_OK(hp_mesh_create(world, 2, shape, dn, &mesh));
+    hp_ep_t ep = NULL;
+    HP_CHECK_OK(hp_ep_parallelize_model_efsdp(em, mesh, &ep));
+    if (!ep) return;
+    HP_CHECK_OK(hp_model_init_weights(em, 14));
+    HP_CHECK(hp_ep_local_expert_bytes(ep) * 4 == (size_t)2 * 3 * 8 * 24 * 48 * sizeof(float), "expert FSDP bytes %zu",
+             hp_ep_local_expert_bytes(ep));
+    const hp_param_t *w1 = hp_model_find_param(em, "layers.1.moe.experts.w1"), *rw1 = hp_model_find_param(ref, "layers.1.moe.experts.w1");
+    const size_t per = 24 * 48;
+    HP_CHECK(w1->value.local.shape[0] == Ef &&
+             memcmp(hp_param_w(w1), hp_param_w(rw1) + (size_t)(r * El + f * Ef) * per, sizeof(float) * Ef * per) == 0,
+             "rank %d: its experts are not the single-rank model's %d..%d", rank, r * El + f * Ef, r * El + f * Ef + 1);
+    float lr = 0, le = 0;
+    HP_CHECK_OK(hp_model_zero_grad(ref));
+    HP_CHECK_OK(hp_model_zero_grad(em));
+    HP_CHECK_OK(hp_model_forward(ref, tk, tg, B, T, (float)(B * T), &lr));
+    HP_CHECK_OK(hp_model_backward(ref));
+    HP_CHECK_OK(hp_model_forward(em, tk, tg, B, T, (float)(B * T), &le));
+    HP_CHECK_OK(hp_model_backward(em));
+    const double lg = rel(hp_model_logits(em), hp_model_logits(ref), (size_t)B * T * c.vocab_size);
+    double ge = 0, gd = 0;
+    for (int i = 0; i < hp_model_num_params(ref); i++) {
+        hp_param_t *pr = &hp_model_params(ref)[i], *pe = hp_model_find_param(em, pr->name);
+        if (!pe) { HP_CHECK(0, "no %s", pr->name); continue; }
+        const size_t n = (size_t)hp_tensor_numel(&pr->grad.local);
+        if (!hp_ep_is_expert_param(pr)) {
+            gd = fmax(gd, rel(hp_param_g(pe), hp_param_g(pr), n));
+            continue;
+        }
+        float *sum = malloc(sizeof(float) * n);
+        HP_CHECK_OK(hp_all_reduce(hp_param_g(pr), sum, n, HP_F32, HP_SUM, world, NULL));
+        const size_t pn = n / 8;
+        ge = fmax(ge, rel(hp_param_g(pe), sum + (size_t)(r * El + f * Ef) * pn, (size_t)Ef * pn));
+        free(sum);
+    }
+    HP_CHECK(lg < 1e-5 && gd < 1e-5 && ge < 1e-5, "%s expert FSDP: logits %.2e, dense grads %.2e, expert grads %.2e",
+             name, lg, gd, ge);
+    if (rank == 0) printf("%s ep 2 x efsdp 2: logits %.2e, dense grads %.2e, expert grads %.2e\n", name, lg, gd, ge);
+    hp_ep_destroy(ep);
+    hp_model_destroy(em);
+    hp_model_destroy(ref);
+    hp_mesh_destroy(mesh);
+}
+
+int main(int argc, char **argv) {
+    int rank, ws;
+    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
+    run("deepseek_v3", world, rank, ws);
+    run("qwen3_moe", world, rank, ws);
+    run_tp("deepseek_v3", world, rank, ws);
+    run_tp("qwen3_moe", world, rank, ws);
+    if (ws == 4) {
+        run_etp("deepseek_v3", world, rank);
+        run_etp("qwen3_moe", world, rank);
+        run_efsdp("deepseek_v3", world, rank);
+        run_efsdp("qwen3_moe", world, rank);
+    }
+    // the degree must divide the experts (named)
+    hp_model_config_t c;
+    HP_CHECK_OK(hp_model_flavor("qwen3_moe", "debugmodel", &c));
+    c.moe_experts = 6;
+    c.moe_top_k = 2;
+    if (ws == 4) {
+        hp_model_t m = NULL;
+        HP_CHECK_OK(hp_model_create(&c, 1, 8, &m));
+        hp_mesh_t mesh = NULL;
+        const int64_t shape[1] = {ws};
+        const char *dn[1] = {"ep"};
+        HP_CHECK_OK(hp_mesh_create(world, 1, shape, dn, &mesh));
+        hp_ep_t ep = NULL;
+        HP_CHECK_ERR(hp_ep_parallelize_model(m, mesh, &ep), HP_ERR_INVALID_ARG, "does not divide the 6 experts");
+        hp_mesh_destroy(mesh);
+        hp_model_destroy(m);
+    }
+    int rc = hp_test_finish("test_ep");
+    hp_comm_finalize();
+    return rc;
+}
