@@ -98,6 +98,10 @@ typedef struct hp_config {
         int64_t pipeline_parallel_first_stage_less_layers;
         int64_t pipeline_parallel_last_stage_less_layers;
         char context_parallel_rotate_method[HP_CONFIG_STR_MAX];
+        /* --- context parallel (owner cp) --- */
+        char context_parallel_load_balancer[HP_CONFIG_STR_MAX];
+        int64_t context_parallel_ulysses_degree;
+        /* --- end --- */
     } parallelism;
     struct {
         char mode[HP_CONFIG_STR_MAX];

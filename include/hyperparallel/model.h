@@ -153,6 +153,13 @@ int hp_model_modules(hp_model_t m, hp_module_t **out, int cap);
  * re-created. A replaced unit module (parent NULL, old = hp_model_unit_module) keeps the
  * unit's hooks. */
 hp_status_t hp_model_replace_module(hp_model_t m, hp_module_t *parent, hp_module_t *old, hp_module_t *repl);
+/* --- context parallel (owner cp) --- */
+/* Context parallelism (cp.h, hp_cp_apply): re-sizes the model's own context to seq_len <=
+ * max_seq_len rows per sequence (a rank's T/cp) and makes every context's rows n_pos_segs
+ * equal segments at global positions pos_segs (kept by the caller; 0: positions from 0). The
+ * RoPE table keeps all max_seq_len positions. */
+hp_status_t hp_model_set_context_parallel(hp_model_t m, int seq_len, int n_pos_segs, const int *pos_segs);
+/* --- end --- */
 /* Creates the model for units [u0, u1) of cfg's model (0 <= u0 < u1 <= n_layers + 2). */
 hp_status_t hp_model_create_range(const hp_model_config_t *cfg, int u0, int u1, int max_batch, int max_seq_len,
                                   hp_model_t *out);

@@ -276,10 +276,12 @@ void hp_cp_destroy(hp_cp_t cp) {
     free(cp);
 }
 
+static int n_segs(const struct hp_cp *cp) { return cp->o.balancer == HP_CP_BALANCE_HEADTAIL ? 2 : 1; }
+
 void hp_cp_set_positions(hp_cp_t cp, hp_act_t *act) {
     act->pos0 = cp->pos_segs[0];
-    act->n_pos_segs = cp->o.balancer == HP_CP_BALANCE_HEADTAIL ? 2 : 0;
-    act->pos_segs = act->n_pos_segs ? cp->pos_segs : NULL;
+    act->n_pos_segs = n_segs(cp);
+    act->pos_segs = cp->pos_segs;
 }
 
 hp_status_t hp_cp_shard_tokens(hp_cp_t cp, int32_t *local, const int32_t *global, int B) {
@@ -618,24 +620,26 @@ hp_status_t hp_cp_core_new(hp_cp_t cp, const char *name, int n_heads, int n_kv_h
 }
 
 hp_status_t hp_cp_apply(hp_cp_t cp, hp_model_t model) {
+    /* The cores are found by kind among every module's children (a TP-wrapped attention keeps
+     * its children but not its ops); they take the heads cp was created with (every attention
+     * of a model has the same local heads). */
     hp_module_t *mods[4096];
     const int n = hp_model_modules(model, mods, 4096);
     if (n > 4096) return hp_error(HP_ERR_UNSUPPORTED, "hp_cp_apply: model has %d modules, more than 4096", n);
     int replaced = 0;
-    for (int i = 0; i < n; i++) {
-        hp_module_t *core = hp_attention_core(mods[i]);
-        if (!core || core->ops == &cp_core_ops) continue;
-        int hq = 0, hkv = 0;
-        hp_attention_local_heads(mods[i], &hq, &hkv);
-        hp_module_t *repl;
-        HP_TRY(hp_cp_core_new(cp, core->name, hq, hkv, &repl));
-        HP_TRY(hp_model_replace_module(model, mods[i], core, repl));
-        replaced++;
-    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < mods[i]->n_children; j++) {
+            hp_module_t *core = mods[i]->children[j];
+            if (strcmp(core->ops->kind, "sdpa") != 0) continue;
+            hp_module_t *repl;
+            HP_TRY(hp_cp_core_new(cp, core->name, cp->Hq_max, cp->Hkv_max, &repl));
+            HP_TRY(hp_model_replace_module(model, mods[i], core, repl));
+            replaced++;
+        }
     if (replaced == 0)
         return hp_error(HP_ERR_INVALID_ARG, "hp_cp_apply: the model has no attention module whose core could be "
                         "replaced");
-    return HP_OK;
+    return hp_model_set_context_parallel(model, cp->Tl, n_segs(cp), cp->pos_segs);
 }
 
 hp_status_t hp_cp_core_lse(hp_module_t *core, hp_act_t *act, const float **lse, int *n_heads, int *head0, int *rows,

@@ -1,0 +1,167 @@
+/* Trainer with context parallelism: the per-step losses and gradient norms of 10 AdamW steps
+ * equal the single-rank run of the same config (rank 0 alone on a split communicator) for
+ * cp 2 (allgather + head-tail, alltoall without balancing, Ulysses 2) and, on 4 ranks, cp 4
+ * (ring, hybrid Ulysses 2 x ring 2) and qwen3 at cp 4; cp 2 x FSDP 2 (FSDP over
+ * dp_shard x cp) equals the FSDP 2 run without CP on the same data; an lr 1% off fails the tolerance (negative test); bad CP input is refused by
+ * key with a hint (seq_len not divisible by 2 cp, cp not dividing the world, Ulysses degree
+ * not dividing cp or the heads, an unknown rotate method; CP x TP, refused until it matches). */
+// hp-test: ranks 2 4 timeout 600 coretype 2
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hp_test.h"
+#include "hp_test_mpi.h"
+#include "hp_test_corpus.h"
+#include "hyperparallel/comm.h"
+#include "hyperparallel/config.h"
+#include "hyperparallel/trainer.h"
+
+enum { N = 10 };
+
+/* Tolerance (as test_tp_trainer.c): CP changes only f32 summation orders (the attention of a
+ * row is merged from blocks by log-sum-exp, dK/dV and the weight gradients are summed over
+ * the cp ranks by FSDP's reduce-scatter), ~1e-6 relative per step; AdamW's normalised update
+ * and 10 steps amplify that to ~1e-5 on the loss, so 1e-4 (losses) / 1e-3 (gradient norms,
+ * which Adam's sign sensitivity near zero gradients moves more) hold with margin, while an lr
+ * 1% off moves the loss by ~1e-3 relative after a few steps (the negative test). */
+#define LOSS_RTOL 1e-4
+#define NORM_RTOL 1e-3
+
+static hp_comm_t world;
+static int rank, ws;
+
+/* The run without CP and TP on the first dps ranks alone (dps 1: the single-rank run; dps 2:
+ * FSDP 2, which test_trainer_fsdp proves equal to data parallel; it sees the same data as the
+ * dp_shard 2 x cp 2 run, since CP ranks share their batch coordinate). */
+static void reference(const hp_config_t *c, int dps, double *l, double *n) {
+    memset(l, 0, sizeof(double) * N);
+    memset(n, 0, sizeof(double) * N);
+    hp_comm_t solo = NULL;
+    HP_CHECK_OK(hp_comm_split(world, rank < dps ? 0 : -1, rank, &solo));
+    if (rank < dps) {
+        hp_config_t *r = calloc(1, sizeof *r);
+        *r = *c;
+        r->parallelism.data_parallel_replicate_degree = 1;
+        r->parallelism.data_parallel_shard_degree = dps;
+        r->parallelism.context_parallel_degree = 1;
+        r->parallelism.tensor_parallel_degree = 1;
+        r->parallelism.context_parallel_ulysses_degree = 1;
+        hp_test_train_steps(r, solo, N, l, n, 0);
+        free(r);
+    }
+    if (solo) hp_comm_destroy(solo);
+    HP_CHECK_OK(hp_broadcast(l, N, HP_I64, 0, world, NULL));
+    HP_CHECK_OK(hp_broadcast(n, N, HP_I64, 0, world, NULL));
+}
+
+/* Runs c under (dp_shard, cp, tp, ulysses, rotate, balancer); returns whether every step
+ * matched the reference (checked unless expect_fail). */
+static int variant(hp_config_t *c, const double *rl, const double *rn, int dps, int cp, int tp, int U, const char *rot,
+                   const char *lb, int expect_fail) {
+    c->parallelism.data_parallel_replicate_degree = 1;
+    c->parallelism.data_parallel_shard_degree = dps;
+    c->parallelism.context_parallel_degree = cp;
+    c->parallelism.tensor_parallel_degree = tp;
+    c->parallelism.context_parallel_ulysses_degree = U;
+    snprintf(c->parallelism.context_parallel_rotate_method, sizeof c->parallelism.context_parallel_rotate_method, "%s", rot);
+    snprintf(c->parallelism.context_parallel_load_balancer, sizeof c->parallelism.context_parallel_load_balancer, "%s", lb);
+    double l[N] = {0}, n[N] = {0};
+    hp_test_train_steps(c, world, N, l, n, 0);
+    int ok = 1;
+    for (int i = 0; i < N; i++) {
+        ok &= fabs(l[i] - rl[i]) <= LOSS_RTOL * fabs(rl[i]);
+        if (!expect_fail) {
+            HP_CHECK_CLOSE(l[i], rl[i], LOSS_RTOL, 0);
+            HP_CHECK_CLOSE(n[i], rn[i], NORM_RTOL, 0);
+        }
+    }
+    if (rank == 0)
+        printf("%s dp_shard %d cp %d (ulysses %d, %s, %s) tp %d: loss %.6f -> %.6f (single rank %.6f -> %.6f), "
+               "grad norm step 1 %.6f (%.6f)\n", c->model.name, dps, cp, U, rot, lb, tp, l[0], l[N - 1], rl[0],
+               rl[N - 1], n[0], rn[0]);
+    return ok;
+}
+
+static void errors(const hp_config_t *base) {
+    hp_config_t *d = calloc(1, sizeof *d);
+    hp_trainer_t t = NULL;
+    *d = *base;
+    d->parallelism.data_parallel_shard_degree = 1;
+    d->parallelism.context_parallel_degree = ws;
+    d->training.seq_len = 2 * ws * 4 + ws;   /* divisible by cp, not by 2 cp */
+    HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_INVALID_ARG, "training.seq_len");
+    HP_CHECK(strstr(hp_last_error(), "2 x cp") && strstr(hp_last_error(), "hint"), "seq_len error: %s",
+             hp_last_error());
+    *d = *base;
+    d->parallelism.data_parallel_shard_degree = 1;
+    d->parallelism.context_parallel_degree = 3;   /* does not divide the world */
+    HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_INVALID_ARG, "context_parallel_degree");
+    *d = *base;
+    d->parallelism.data_parallel_shard_degree = 1;
+    d->parallelism.context_parallel_degree = ws;
+    d->parallelism.context_parallel_ulysses_degree = 3;
+    HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_INVALID_ARG,
+                 "parallelism.context_parallel_ulysses_degree = 3 does not divide parallelism.context_parallel_degree");
+    if (ws >= 4) {
+        d->parallelism.context_parallel_ulysses_degree = 4;   /* the model has 2 kv heads */
+        HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_INVALID_ARG, "kv heads per tensor-parallel rank");
+    }
+    d->parallelism.context_parallel_ulysses_degree = 1;
+    if (ws >= 4) {   /* CP x TP is refused until it matches the single-rank run (docs/cp.md) */
+        d->parallelism.context_parallel_degree = 2;
+        d->parallelism.tensor_parallel_degree = 2;
+        HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_UNSUPPORTED, "tensor_parallel_degree = 2 is not supported");
+        d->parallelism.context_parallel_degree = ws;
+        d->parallelism.tensor_parallel_degree = 1;
+    }
+    snprintf(d->parallelism.context_parallel_rotate_method, sizeof d->parallelism.context_parallel_rotate_method, "ring");
+    HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_INVALID_ARG, "context_parallel_rotate_method");
+    free(d);
+}
+
+int main(int argc, char **argv) {
+    world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
+    hp_test_make_corpus(world, "hp_test_cp_trainer");
+    hp_config_t *c = calloc(1, sizeof *c);
+    hp_test_base_config(c, 1);
+    c->training.steps = N;
+    c->training.seq_len = 32;
+    c->validation.enable = false;
+    c->training.max_norm = 1.0;
+    c->model.n_layers = 2;
+    c->model.dim = 64;
+    c->model.n_heads = 4;
+    c->model.n_kv_heads = 2;
+    snprintf(c->training.mixed_precision_param, sizeof c->training.mixed_precision_param, "float32");
+    errors(c);
+    double rl[N], rn[N];
+    reference(c, 1, rl, rn);
+    variant(c, rl, rn, 1, ws, 1, 1, "allgather", "headtail", 0);
+    variant(c, rl, rn, 1, ws, 1, 1, "alltoall", "none", 0);
+    variant(c, rl, rn, 1, ws, 1, 2, "alltoall", "headtail", 0);   /* Ulysses (cp 2) / hybrid 2 x 2 (cp 4) */
+    if (ws >= 4) {
+        double fl[N], fn[N];
+        reference(c, 2, fl, fn);
+        variant(c, fl, fn, 2, 2, 1, 1, "alltoall", "headtail", 0);   /* FSDP over dp_shard x cp */
+    }
+    /* negative test: lr 1% off under CP must leave the loss tolerance on some step */
+    c->optimizer.lr *= 1.01;
+    int ok = variant(c, rl, rn, 1, ws, 1, 1, "allgather", "headtail", 1);
+    HP_CHECK(!ok, "negative test: lr x 1.01 under cp %d stays within the %.0e loss tolerance", ws, LOSS_RTOL);
+    c->optimizer.lr /= 1.01;
+    if (ws >= 4) {   /* qwen3 (qk-norm, rotate_half RoPE) */
+        snprintf(c->model.name, sizeof c->model.name, "qwen3");
+        c->model.head_dim = 16;
+        reference(c, 1, rl, rn);
+        variant(c, rl, rn, 1, 4, 1, 1, "alltoall", "headtail", 0);
+    }
+    free(c);
+    int rc = hp_test_finish("test_cp_trainer");
+    hp_test_remove_corpus(world);
+    hp_comm_finalize();
+    return rc;
+}
