@@ -1,10 +1,11 @@
 /* Trainer with context parallelism: the per-step losses and gradient norms of 10 AdamW steps
  * equal the single-rank run of the same config (rank 0 alone on a split communicator) for
  * cp 2 (allgather + head-tail, alltoall without balancing, Ulysses 2) and, on 4 ranks, cp 4
- * (ring, hybrid Ulysses 2 x ring 2) and qwen3 at cp 4; cp 2 x FSDP 2 (FSDP over
+ * (ring, hybrid Ulysses 2 x ring 2), cp 2 x TP 2 (sequence and loss parallel) and qwen3 at cp 4;
+ * cp 2 x FSDP 2 (FSDP over
  * dp_shard x cp) equals the FSDP 2 run without CP on the same data; an lr 1% off fails the tolerance (negative test); bad CP input is refused by
  * key with a hint (seq_len not divisible by 2 cp, cp not dividing the world, Ulysses degree
- * not dividing cp or the heads, an unknown rotate method; CP x TP, refused until it matches); on 2
+ * not dividing cp or the heads, an unknown rotate method, T/cp rows sequence parallel cannot split); on 2
  * ranks a checkpoint saved under cp 2 loads under cp 1 with the single-rank run's parameters. */
 // hp-test: ranks 2 4 timeout 600 coretype 2
 #include <math.h>
@@ -113,12 +114,17 @@ static void errors(const hp_config_t *base) {
         HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_INVALID_ARG, "kv heads per tensor-parallel rank");
     }
     d->parallelism.context_parallel_ulysses_degree = 1;
-    if (ws >= 4) {   /* CP x TP is refused until it matches the single-rank run (docs/cp.md) */
+    if (ws >= 4) {   /* sequence parallel splits the T/cp local rows over tp */
         d->parallelism.context_parallel_degree = 2;
         d->parallelism.tensor_parallel_degree = 2;
-        HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_UNSUPPORTED, "tensor_parallel_degree = 2 is not supported");
+        d->parallelism.enable_sequence_parallel = true;
+        snprintf(d->parallelism.context_parallel_load_balancer, sizeof d->parallelism.context_parallel_load_balancer, "none");
+        d->training.seq_len = 34;   /* cp 2 splits it (no balancing), 17 rows per rank do not split over tp 2 */
+        HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_INVALID_ARG, "rows per rank are not divisible by "
+                     "parallelism.tensor_parallel_degree");
+        *d = *base;
+        d->parallelism.data_parallel_shard_degree = 1;
         d->parallelism.context_parallel_degree = ws;
-        d->parallelism.tensor_parallel_degree = 1;
     }
     snprintf(d->parallelism.context_parallel_rotate_method, sizeof d->parallelism.context_parallel_rotate_method, "ring");
     HP_CHECK_ERR(hp_trainer_create(d, world, &t), HP_ERR_INVALID_ARG, "context_parallel_rotate_method");
@@ -209,6 +215,7 @@ int main(int argc, char **argv) {
     variant(c, rl, rn, 1, ws, 1, 1, "alltoall", "none", 0);
     variant(c, rl, rn, 1, ws, 1, 2, "alltoall", "headtail", 0);   /* Ulysses (cp 2) / hybrid 2 x 2 (cp 4) */
     if (ws >= 4) {
+        variant(c, rl, rn, 1, 2, 2, 1, "allgather", "headtail", 0);  /* CP x TP (sequence + loss parallel on) */
         double fl[N], fn[N];
         reference(c, 2, fl, fn);
         variant(c, fl, fn, 2, 2, 1, 1, "alltoall", "headtail", 0);   /* FSDP over dp_shard x cp */

@@ -73,7 +73,8 @@ int hp_cp_local_seq_len(hp_cp_t cp);   /* T / cp */
 size_t hp_cp_workspace_bytes(hp_cp_t cp);
 /* A new core module (owned by cp) for an attention with these local heads. */
 hp_status_t hp_cp_core_new(hp_cp_t cp, const char *name, int n_heads, int n_kv_heads, hp_module_t **out);
-/* Replaces every attention core of the model by a CP core (hp_model_replace_module), sizes the
+/* Turns every attention core ("sdpa") of the model into a CP core in place (ops and impl
+ * swapped, id and name kept, so wrappers holding the core see it), sizes the
  * model's own context for T/cp rows and puts its rows at this rank's global positions
  * (hp_model_set_context_parallel). Feed hp_model_forward the rank's hp_cp_shard_tokens. */
 hp_status_t hp_cp_apply(hp_cp_t cp, hp_model_t model);

@@ -523,7 +523,7 @@ static hp_status_t ring_backward(struct hp_cp *cp, const ring_dims_t *d, const f
 /* ---- the core module --------------------------------------------------------------------- */
 
 static size_t core_act_bytes(const hp_module_t *m, int B, int T) {
-    const cp_core_t *C = (const cp_core_t *)m;
+    const cp_core_t *C = m->impl;
     const size_t N = (size_t)B * T, hd = (size_t)C->cp->hd;
     const size_t qd = C->Hq * hd, qkvd = qd + 2 * C->Hkv * hd;
     size_t s = hp_arena_round(sizeof(cp_saved_t)) + hp_arena_round(sizeof(float) * N * C->Hq);   // lse
@@ -543,7 +543,7 @@ static hp_status_t check_call(const cp_core_t *C, const hp_act_t *act, const cha
 }
 
 static hp_status_t core_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
-    cp_core_t *C = (cp_core_t *)m;
+    cp_core_t *C = m->impl;
     struct hp_cp *cp = C->cp;
     HP_TRY(check_call(C, act, "cp attention forward"));
     const int B = act->B;
@@ -572,7 +572,7 @@ static hp_status_t core_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
 }
 
 static hp_status_t core_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
-    cp_core_t *C = (cp_core_t *)m;
+    cp_core_t *C = m->impl;
     struct hp_cp *cp = C->cp;
     cp_saved_t *s = hp_act_slot(act, m);
     const int B = s->B;
@@ -620,22 +620,23 @@ hp_status_t hp_cp_core_new(hp_cp_t cp, const char *name, int n_heads, int n_kv_h
 }
 
 hp_status_t hp_cp_apply(hp_cp_t cp, hp_model_t model) {
-    /* The cores are found by kind among every module's children (a TP-wrapped attention keeps
-     * its children but not its ops); they take the heads cp was created with (every attention
-     * of a model has the same local heads). */
+    /* Each "sdpa" core becomes a CP core in place (ops and impl swapped, id and name kept), as
+     * TP re-points a parallelized module: a wrapper that holds a copy of the attention (TP's
+     * inner module) reaches the same core pointer. Cores take the heads cp was created with
+     * (every attention of a model has the same local heads). */
     hp_module_t *mods[4096];
     const int n = hp_model_modules(model, mods, 4096);
     if (n > 4096) return hp_error(HP_ERR_UNSUPPORTED, "hp_cp_apply: model has %d modules, more than 4096", n);
     int replaced = 0;
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < mods[i]->n_children; j++) {
-            hp_module_t *core = mods[i]->children[j];
-            if (strcmp(core->ops->kind, "sdpa") != 0) continue;
-            hp_module_t *repl;
-            HP_TRY(hp_cp_core_new(cp, core->name, cp->Hq_max, cp->Hkv_max, &repl));
-            HP_TRY(hp_model_replace_module(model, mods[i], core, repl));
-            replaced++;
-        }
+    for (int i = 0; i < n; i++) {
+        hp_module_t *core = mods[i];
+        if (strcmp(core->ops->kind, "sdpa") != 0) continue;
+        hp_module_t *c;
+        HP_TRY(hp_cp_core_new(cp, core->name, cp->Hq_max, cp->Hkv_max, &c));
+        core->ops = &cp_core_ops;
+        core->impl = c->impl;
+        replaced++;
+    }
     if (replaced == 0)
         return hp_error(HP_ERR_INVALID_ARG, "hp_cp_apply: the model has no attention module whose core could be "
                         "replaced");
@@ -647,7 +648,7 @@ hp_status_t hp_cp_core_lse(hp_module_t *core, hp_act_t *act, const float **lse, 
     if (!core || core->ops != &cp_core_ops)
         return hp_error(HP_ERR_INVALID_ARG, "hp_cp_core_lse: module '%s' is not a CP attention core",
                         core ? core->name : "(null)");
-    cp_core_t *C = (cp_core_t *)core;
+    cp_core_t *C = core->impl;
     cp_saved_t *s = hp_act_slot(act, core);
     *lse = s->lse;
     *n_heads = C->Hq / C->cp->U;

@@ -274,11 +274,6 @@ static hp_status_t check_cp_layout(const hp_config_t *c, const hp_model_config_t
                         "tensor_parallel_degree %d; model.name %s, model.flavor %s); hint: use a Ulysses degree "
                         "that divides both, e.g. 1", U, hq, hkv, mc->n_heads, mc->n_kv_heads, pd->tp, c->model.name,
                         c->model.flavor);
-    if (cp > 1 && pd->tp > 1)   /* measured: the loss is ~1e-4 off the single-rank run (docs/cp.md) */
-        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.context_parallel_degree = %d with "
-                        "parallelism.tensor_parallel_degree = %d is not supported yet (CP x TP does not match the "
-                        "single-rank run; docs/cp.md); hint: use --parallelism.tensor_parallel_degree=1 with context "
-                        "parallel, or context_parallel_degree=1 with tensor parallel", cp, pd->tp);
     if (pd->tp > 1 && c->parallelism.enable_sequence_parallel && (T / cp) % pd->tp != 0)
         return hp_error(HP_ERR_INVALID_ARG, "training.seq_len / parallelism.context_parallel_degree = %d rows per "
                         "rank are not divisible by parallelism.tensor_parallel_degree %d (sequence parallel splits "
