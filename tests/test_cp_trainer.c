@@ -2,7 +2,8 @@
  * equal the single-rank run of the same config (rank 0 alone on a split communicator): on 2
  * ranks cp 2 with allgather + head-tail, alltoall without balancing, Ulysses 2, and qwen3; on 4
  * ranks cp 4 (ring; hybrid Ulysses 2 x ring 2) and cp 2 x TP 2 (sequence and loss parallel);
- * cp 2 x FSDP 2 (FSDP over dp_shard x cp) equals the FSDP 2 run without CP on the same data. An
+ * cp 2 x FSDP 2 (FSDP over dp_shard x cp) equals the FSDP 2 run without CP on the same data, and
+ * dp_replicate 2 x cp 2 (HSDP) the data-parallel run over 2 ranks. An
  * lr 1% off fails the tolerance (negative test); bad CP input is refused by key with a hint
  * (seq_len not divisible by 2 cp, cp not dividing the world, Ulysses degree not dividing cp or
  * the heads, an unknown rotate method, T/cp rows sequence parallel cannot split); a checkpoint
@@ -231,6 +232,26 @@ int main(int argc, char **argv) {
         double fl[N], fn[N];
         reference(c, 2, fl, fn);
         variant(c, fl, fn, 2, 2, 1, 1, "alltoall", "headtail", 0);   /* FSDP over dp_shard x cp */
+        /* CP x HSDP: (dp_replicate 2, dp_shard x cp 2) equals data parallel over 2 ranks */
+        double hl[N] = {0}, hn[N] = {0};
+        hp_comm_t two = NULL;
+        HP_CHECK_OK(hp_comm_split(world, rank < 2 ? 0 : -1, rank, &two));
+        c->parallelism.data_parallel_replicate_degree = 2;
+        c->parallelism.data_parallel_shard_degree = 1;
+        c->parallelism.context_parallel_degree = 1;
+        if (rank < 2) hp_test_train_steps(c, two, N, fl, fn, 0);
+        if (two) hp_comm_destroy(two);
+        HP_CHECK_OK(hp_broadcast(fl, N, HP_I64, 0, world, NULL));
+        HP_CHECK_OK(hp_broadcast(fn, N, HP_I64, 0, world, NULL));
+        c->parallelism.context_parallel_degree = 2;
+        hp_test_train_steps(c, world, N, hl, hn, 0);
+        for (int i = 0; i < N; i++) {
+            HP_CHECK_CLOSE(hl[i], fl[i], LOSS_RTOL, 0);
+            HP_CHECK_CLOSE(hn[i], fn[i], NORM_RTOL, 0);
+        }
+        if (rank == 0)
+            printf("HSDP dp_replicate 2 x cp 2: loss %.6f -> %.6f (data parallel 2: %.6f -> %.6f)\n", hl[0], hl[N - 1],
+                   fl[0], fl[N - 1]);
     }
     free(c);
     int rc = hp_test_finish("test_cp_trainer");
