@@ -120,11 +120,12 @@ int main(int argc, char **argv) {
         e.parallelism.tensor_parallel_degree = 3;
         HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_INVALID_ARG, "must equal the world size");
         e = *c;
-        /* dp_shard (FSDP) is implemented (tests/test_trainer_fsdp.c); context parallel is not */
+        /* context parallel is implemented (tests/test_cp_trainer.c); a bad Ulysses degree names its key */
         e.parallelism.data_parallel_replicate_degree = 1;
         e.parallelism.data_parallel_shard_degree = 1;
         e.parallelism.context_parallel_degree = ws;
-        if (ws > 1) HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_UNSUPPORTED, "context_parallel_degree");
+        e.parallelism.context_parallel_ulysses_degree = 3;
+        if (ws > 1) HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_INVALID_ARG, "context_parallel_ulysses_degree");
         e = *c;
         /* activation checkpointing: op-level SAC is refused, bad values name the key */
         snprintf(e.activation_checkpoint.mode, sizeof e.activation_checkpoint.mode, "selective");

@@ -106,6 +106,10 @@ typedef struct hp_config {
         char pipeline_parallel_schedule_csv[HP_CONFIG_STR_MAX];
         char module_fqns_per_model_part[HP_CONFIG_STR_MAX];
         char context_parallel_rotate_method[HP_CONFIG_STR_MAX];
+        /* --- context parallel (owner cp) --- */
+        char context_parallel_load_balancer[HP_CONFIG_STR_MAX];
+        int64_t context_parallel_ulysses_degree;
+        /* --- end --- */
     } parallelism;
     struct {
         char mode[HP_CONFIG_STR_MAX];

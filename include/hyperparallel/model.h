@@ -190,6 +190,13 @@ int hp_model_describe_params(const hp_model_config_t *cfg, int u0, int u1, hp_mo
  * context's arena: tensor parallel's gathered inputs): the model's own context is re-created
  * and contexts created before are refused afterwards (re-create them). */
 hp_status_t hp_model_refresh_contexts(hp_model_t m);
+/* --- context parallel (owner cp) --- */
+/* Context parallelism (cp.h, hp_cp_apply): re-sizes the model's own context to seq_len <=
+ * max_seq_len rows per sequence (a rank's T/cp) and makes every context's rows n_pos_segs
+ * equal segments at global positions pos_segs (kept by the caller; 0: positions from 0). The
+ * RoPE table keeps all max_seq_len positions. */
+hp_status_t hp_model_set_context_parallel(hp_model_t m, int seq_len, int n_pos_segs, const int *pos_segs);
+/* --- end --- */
 /* Creates the model for units [u0, u1) of cfg's model (0 <= u0 < u1 <= n_layers + 2). */
 hp_status_t hp_model_create_range(const hp_model_config_t *cfg, int u0, int u1, int max_batch, int max_seq_len,
                                   hp_model_t *out);

@@ -42,6 +42,13 @@ typedef struct hp_act {
      * whole sequence, the cache position under KV-cache decode, a shard's offset under
      * context parallelism. */
     int pos0;
+    /* --- context parallel (owner cp) --- */
+    /* Under head-tail load balancing a rank's rows of each sequence are n_pos_segs equal
+     * segments, segment i starting at global position pos_segs[i] (cp.h,
+     * hp_cp_set_positions); 0: one segment at pos0. */
+    int n_pos_segs;
+    const int *pos_segs;
+    /* --- end --- */
     /* Inference: the KV cache the attention modules append to and read (NULL: training). */
     struct hp_model_kv_cache *kv;
     /* Weight passes may be deferred past later input passes (a split-backward context):

@@ -116,6 +116,21 @@ static size_t attn_scratch(const hp_module_t *m, int B, int T) {
  * module's own (saved in forward: a wrapper may change act->T around the call). */
 static void rope_qk(hp_act_t *act, const attn_impl_t *A, float *x, int ld, int B, int T, int inverse) {
     const int half = A->c.head_dim / 2;
+    /* --- context parallel (owner cp): segments at their own global positions --- */
+    if (act->n_pos_segs > 0 && !act->kv) {
+        const int L = T / act->n_pos_segs;
+        for (int b = 0; b < B; b++)
+            for (int g = 0; g < act->n_pos_segs; g++) {
+                float *xs = x + ((size_t)b * T + (size_t)g * L) * ld;
+                const float *c = A->c.cos_t + (size_t)act->pos_segs[g] * half;
+                const float *n = A->c.sin_t + (size_t)act->pos_segs[g] * half;
+                act->be->rope_apply(act->be->ctx, xs, ld, 1, L, A->c.n_heads, A->c.head_dim, c, n, A->c.style, inverse);
+                act->be->rope_apply(act->be->ctx, xs + A->qd, ld, 1, L, A->c.n_kv, A->c.head_dim, c, n, A->c.style,
+                                    inverse);
+            }
+        return;
+    }
+    /* --- end --- */
     const float *cs = A->c.cos_t + (size_t)act->pos0 * half, *sn = A->c.sin_t + (size_t)act->pos0 * half;
     act->be->rope_apply(act->be->ctx, x, ld, B, T, A->c.n_heads, A->c.head_dim, cs, sn, A->c.style, inverse);
     act->be->rope_apply(act->be->ctx, x + A->qd, ld, B, T, A->c.n_kv, A->c.head_dim, cs, sn, A->c.style,

@@ -371,7 +371,7 @@ int hp_model_activation_checkpoint(hp_model_t m) { return m->ac_every; }
 static hp_status_t tree_changed(hp_model_t m) {
     m->ac_generation++;
     hp_model_ctx_t fresh;
-    HP_TRY(hp_model_ctx_create(m, m->max_batch, m->max_seq_len, 0, &fresh));
+    HP_TRY(hp_model_ctx_create(m, m->max_batch, m->ctx_seq_len > 0 ? m->ctx_seq_len : m->max_seq_len, 0, &fresh));
     hp_model_ctx_destroy(m->dflt);
     m->dflt = fresh;
     return HP_OK;
@@ -383,6 +383,24 @@ hp_status_t hp_model_refresh_contexts(hp_model_t m) {
         return hp_error(HP_ERR_STATE, "hp_model_refresh_contexts: a forward is waiting for its backward");
     return tree_changed(m);
 }
+/* --- context parallel (owner cp) --- */
+hp_status_t hp_model_set_context_parallel(hp_model_t m, int seq_len, int n_pos_segs, const int *pos_segs) {
+    if (!m || seq_len <= 0 || seq_len > m->max_seq_len || n_pos_segs < 0 || (n_pos_segs > 0 && !pos_segs) ||
+        (n_pos_segs > 0 && seq_len % n_pos_segs != 0))
+        return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_context_parallel: %d rows in %d segments, expected 1..%d "
+                        "rows (the model's max_seq_len) in equal segments", seq_len, n_pos_segs, m ? m->max_seq_len : 0);
+    for (int i = 0; i < n_pos_segs; i++)
+        if (pos_segs[i] < 0 || pos_segs[i] + seq_len / n_pos_segs > m->max_seq_len)
+            return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_context_parallel: segment %d at position %d runs past "
+                            "the RoPE table's %d positions", i, pos_segs[i], m->max_seq_len);
+    if (ctx_pending(m->dflt))
+        return hp_error(HP_ERR_STATE, "hp_model_set_context_parallel: a forward is waiting for its backward");
+    m->ctx_seq_len = seq_len;
+    m->n_pos_segs = n_pos_segs;
+    m->pos_segs = pos_segs;
+    return tree_changed(m);
+}
+/* --- end --- */
 
 hp_status_t hp_model_replace_module(hp_model_t m, hp_module_t *parent, hp_module_t *old, hp_module_t *repl) {
     if (!m || !old || !repl)
@@ -571,6 +589,8 @@ hp_status_t hp_model_ctx_begin(hp_model_ctx_t c, const int32_t *tokens, const in
     c->act.B = B;
     c->act.T = T / ks;
     c->act.pos0 = 0;
+    c->act.n_pos_segs = m->n_pos_segs;   /* context parallel (owner cp) */
+    c->act.pos_segs = m->pos_segs;
     memset(c->prof, 0, sizeof(c->prof));
     c->act.prof = c->prof;
     c->B = B;

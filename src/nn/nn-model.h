@@ -88,6 +88,12 @@ struct hp_model {
     hp_model_config_t cfg;
     const nn_spec_t *spec;
     int max_batch, max_seq_len;
+    /* --- context parallel (owner cp): rows of the model's own context (0: max_seq_len) and
+     * the global positions of a context's rows (hp_act_t.n_pos_segs / pos_segs) --- */
+    int ctx_seq_len;
+    int n_pos_segs;
+    const int *pos_segs;
+    /* --- end --- */
     int n_units_total;        /* the full model's units (global numbering) */
     int u0, u1;               /* the units this model holds: [u0, u1) */
     nn_unit_t *units;         /* [n_units_total]; entries outside [u0, u1) are empty */

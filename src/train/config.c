@@ -198,7 +198,16 @@ static const hp_config_key_t schema_[] = {
       "Modules of each pipeline stage: stages separated by ';', names by ',' (e.g. "
       "\"tok_embeddings,layers.0;layers.1,norm,output\"); overrides the layer split."),
     K(parallelism, context_parallel_rotate_method, ENUM, "allgather", "allgather|alltoall", NULL,
-      "How context parallel exchanges keys and values."),
+      "How context parallel exchanges keys and values: allgather (K/V all-gathered once, dK/dV "
+      "reduce-scattered) or alltoall (passed round the ring, the next block in flight during the current one)."),
+    /* --- context parallel (owner cp) --- */
+    K(parallelism, context_parallel_load_balancer, ENUM, "headtail", "headtail|none", NULL,
+      "Sequence layout over the cp ranks: headtail (2 cp chunks, rank r holds chunks r and 2 cp - 1 - r, so "
+      "causal work is balanced; seq_len divisible by 2 cp) or none (contiguous T/cp rows per rank)."),
+    KI(parallelism, context_parallel_ulysses_degree, "1", 1, I32, NULL,
+      "Ulysses (all-to-all sequence <-> heads) part of the cp degree: cp = ulysses x ring; must divide "
+      "context_parallel_degree and the (per-TP-rank) query and kv heads. 1 = ring attention only."),
+    /* --- end --- */
     /* activation_checkpoint */
     K(activation_checkpoint, mode, ENUM, "none", "none|full|selective", NULL,
       "Recompute activations in backward: none, every block (full) or selected blocks/ops (selective)."),

@@ -27,6 +27,7 @@
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/tp.h"
 #include "hyperparallel/ep.h"
+#include "hyperparallel/cp.h"   /* context parallel (owner cp) */
 #include "hyperparallel/parallel_dims.h"
 #include "hyperparallel/pp.h"
 #include "hyperparallel/tokenizer.h"
@@ -34,9 +35,9 @@
 /* Parallelisms this build implements: replicated data parallel (one SUM all-reduce per
  * gradient after backward), FSDP (dp_shard > 1) and HSDP (both > 1) through fully_shard
  * (src/parallel/fsdp.c), tensor / sequence parallel (src/parallel/tp.c), pipeline parallel
- * (src/parallel/pp.c), expert parallel (src/parallel/ep.c), alone or composed. CP is refused
- * by ParallelDims. */
-#define HP_TRAINER_IMPLEMENTED (HP_PAR_DP_REPLICATE | HP_PAR_DP_SHARD | HP_PAR_TP | HP_PAR_PP | HP_PAR_EP)
+ * (src/parallel/pp.c), expert parallel (src/parallel/ep.c), context parallel (src/parallel/cp.c)
+ * under FSDP over dp_shard x cp; compositions the trainer does not support are refused by key. */
+#define HP_TRAINER_IMPLEMENTED (HP_PAR_DP_REPLICATE | HP_PAR_DP_SHARD | HP_PAR_TP | HP_PAR_PP | HP_PAR_EP | HP_PAR_CP)
 
 struct hp_trainer {
     hp_config_t cfg;
@@ -91,6 +92,12 @@ struct hp_trainer {
     hp_ep_t ep_tp;              /* tensor parallel of the experts (tp > 1, ep = 1) */
     hp_mesh_t etp_mesh;         /* ETP: (dp_shard = ep, tp); expert FSDP: (efsdp, ep) */
     hp_mesh_t ep_grad_mesh[2];  /* (efsdp), (dp_replicate): expert grads are summed over these */
+    /* --- context parallel (owner cp) --- */
+    hp_mesh_t cp_mesh;          /* the world mesh's cp dim */
+    hp_cp_t cp;
+    int Tl;                     /* rows per sequence on this rank: T / cp */
+    int32_t *cp_inputs, *cp_labels;   /* (B, T/cp) this rank's rows of a micro-batch */
+    hp_mesh_t cp_fsdp_flat;     /* (dp_shard x cp) flattened: FSDP's shard dim */
     /* --- end --- */
 };
 
@@ -253,6 +260,46 @@ static hp_status_t check_tp_layout(const hp_config_t *c, const hp_model_config_t
     }
     return HP_OK;
 }
+
+/* --- context parallel (owner cp) --- */
+/* The CP keys against the run, named by key before the library's generic errors: the
+ * balancer's divisibility of seq_len, the Ulysses degree against cp and the (per-TP-rank)
+ * heads, and sequence parallel's split of the local rows. */
+static hp_status_t check_cp_layout(const hp_config_t *c, const hp_model_config_t *mc, const hp_parallel_dims_t *pd) {
+    hp_cp_rotate_t rot;
+    hp_cp_balancer_t lb;
+    HP_TRY(hp_cp_rotate_parse(c->parallelism.context_parallel_rotate_method,
+                              "parallelism.context_parallel_rotate_method", &rot));
+    HP_TRY(hp_cp_balancer_parse(c->parallelism.context_parallel_load_balancer,
+                                "parallelism.context_parallel_load_balancer", &lb));
+    const int cp = pd->cp, U = (int)c->parallelism.context_parallel_ulysses_degree, T = (int)c->training.seq_len;
+    if (cp == 1 && U == 1) return HP_OK;
+    if (U < 1 || cp % U != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "parallelism.context_parallel_ulysses_degree = %d does not divide "
+                        "parallelism.context_parallel_degree = %d; hint: cp = ulysses x ring degree, e.g. "
+                        "--parallelism.context_parallel_ulysses_degree=1 (ring only) or %d (Ulysses only)", U, cp, cp);
+    const int d = lb == HP_CP_BALANCE_HEADTAIL ? 2 * cp : cp;
+    if (T % d != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "training.seq_len = %d is not divisible by %s = %d "
+                        "(parallelism.context_parallel_degree = %d, context_parallel_load_balancer = %s); hint: "
+                        "use a seq_len that is a multiple of %d%s", T, d == cp ? "cp" : "2 x cp", d, cp,
+                        c->parallelism.context_parallel_load_balancer, d,
+                        d == cp ? "" : " or --parallelism.context_parallel_load_balancer=none");
+    const int hq = mc->n_heads / pd->tp, hkv = mc->n_kv_heads / pd->tp;
+    if (hq % U != 0 || hkv % U != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "parallelism.context_parallel_ulysses_degree = %d does not divide the "
+                        "model's %d heads and %d kv heads per tensor-parallel rank (n_heads %d, n_kv_heads %d, "
+                        "tensor_parallel_degree %d; model.name %s, model.flavor %s); hint: use a Ulysses degree "
+                        "that divides both, e.g. 1", U, hq, hkv, mc->n_heads, mc->n_kv_heads, pd->tp, c->model.name,
+                        c->model.flavor);
+    if (pd->tp > 1 && c->parallelism.enable_sequence_parallel && (T / cp) % pd->tp != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "training.seq_len / parallelism.context_parallel_degree = %d rows per "
+                        "rank are not divisible by parallelism.tensor_parallel_degree %d (sequence parallel splits "
+                        "them); hint: use a seq_len that is a multiple of %d or "
+                        "--parallelism.enable_sequence_parallel=false", T / cp, pd->tp, cp * pd->tp);
+    return HP_OK;
+}
+/* --- end context parallel --- */
 
 /* training.deterministic: no run-time choice of thread counts. Reduction orders are fixed by
  * construction (the comm layer's deterministic algorithms, static OpenMP partitions, chunked
@@ -696,10 +743,17 @@ static hp_status_t build_local(hp_trainer_t t, int *ac_k_out) {
     snprintf(tok_what, sizeof tok_what, "tokenizer.path '%s'", c->tokenizer.path);
     HP_TRY(hp_config_resolve_model(c, hp_tokenizer_vocab_size(t->tok), tok_what, t->T, &t->mcfg));
     HP_TRY(moe_check_layout(t));   /* mixture of experts (owner moe) */
+    HP_TRY(check_cp_layout(c, &t->mcfg, &t->pd));   /* context parallel (owner cp) */
     if (t->pd.pp > 1 && t->mcfg.moe_experts > 0)   /* pipeline parallel (owner pp) */
         return hp_error(HP_ERR_UNSUPPORTED, "parallelism.pipeline_parallel_degree %d with the MoE model %s is not "
                         "supported yet; hint: use pipeline parallel with a dense model, or MoE without it",
                         t->pd.pp, t->mcfg.name);
+    if (t->pd.pp > 1 && t->pd.cp > 1)
+        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.pipeline_parallel_degree %d with context_parallel_degree %d "
+                        "is not supported yet; hint: set one of them to 1", t->pd.pp, t->pd.cp);
+    if (t->pd.cp > 1 && t->mcfg.moe_experts > 0)
+        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.context_parallel_degree %d with the MoE model %s is not "
+                        "supported yet; hint: use context parallel with a dense model", t->pd.cp, t->mcfg.name);
     if (t->pd.pp > 1) HP_TRY(pp_create_stages(t));   /* pipeline parallel (owner pp): the local stages only */
     else HP_TRY(hp_model_create(&t->mcfg, t->B > t->val_B ? t->B : t->val_B, t->T, &t->model));
     *ac_k_out = ac_k;
@@ -765,16 +819,51 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
         HP_TRY(hp_ep_tensor_parallel_experts(t->model, t->tp_mesh, &t->ep_tp));
     }
     /* --- end expert parallel --- */
+    /* --- context parallel (owner cp): ring / Ulysses cores over the cp dim, after TP (on
+     * the local heads) and before FSDP, which then shards over dp_shard x cp --- */
+    t->Tl = t->T;
+    if (t->pd.cp > 1) {
+        const char *cpn[1] = {"cp"};
+        HP_TRY(hp_mesh_slice(t->meshes.world, 1, cpn, &t->cp_mesh));
+        hp_cp_options_t co = hp_cp_options_default();
+        HP_TRY(hp_cp_rotate_parse(c->parallelism.context_parallel_rotate_method,
+                                  "parallelism.context_parallel_rotate_method", &co.rotate));
+        HP_TRY(hp_cp_balancer_parse(c->parallelism.context_parallel_load_balancer,
+                                    "parallelism.context_parallel_load_balancer", &co.balancer));
+        co.ulysses_degree = (int)c->parallelism.context_parallel_ulysses_degree;
+        const int hd = t->mcfg.head_dim > 0 ? t->mcfg.head_dim : t->mcfg.dim / t->mcfg.n_heads;
+        HP_TRY(hp_cp_create(hp_mesh_get_comm(t->cp_mesh, 0), &co, t->B > t->val_B ? t->B : t->val_B, t->T,
+                            t->mcfg.n_heads / t->pd.tp, t->mcfg.n_kv_heads / t->pd.tp, hd, &t->cp));
+        HP_TRY(hp_cp_apply(t->cp, t->model));
+        t->Tl = t->T / t->pd.cp;
+    }
+    /* --- end context parallel --- */
     HP_TRY(hp_model_init_weights(t->model, (uint64_t)c->training.seed));
     /* --- data parallel (owner fsdp) --- */
     t->params = hp_model_params(t->model);
     t->np = hp_model_num_params(t->model);
-    if (t->pd.dp_shard > 1 && !t->ep) {   /* expert parallel (owner moe): no FSDP under EP yet */
+    if ((t->pd.dp_shard > 1 || t->pd.cp > 1) && !t->ep) {   /* owners cp (dp_shard x cp), moe (no FSDP under EP) */
         /* fully_shard every unit (embedding, blocks, norm + output) over (dp_shard) or, with
          * dp_replicate > 1, HSDP over (dp_replicate, dp_shard); reductions are sums since the
          * loss is globally normalised (gradient divide factor 1, docs/fsdp.md) */
         const char *names[2] = {"dp_replicate", "dp_shard"};
         const int two = t->pd.dp_replicate > 1;
+        if (t->pd.cp > 1) {   /* context parallel (owner cp): (dp_shard, cp) flattened, HSDP adds dp_replicate */
+            const char *sc[2] = {"dp_shard", "cp"};
+            hp_mesh_t flat = NULL;
+            HP_TRY(hp_mesh_flatten(t->meshes.world, 2, sc, "dp_shard_cp", &flat));
+            t->cp_fsdp_flat = flat;
+            if (two) {
+                const char *rn[1] = {"dp_replicate"};
+                hp_mesh_t rep = NULL;
+                HP_TRY(hp_mesh_slice(t->meshes.world, 1, rn, &rep));
+                hp_status_t cs = hp_mesh_concat(rep, flat, &t->dp_mesh);
+                hp_mesh_destroy(rep);
+                HP_TRY(cs);
+            } else {
+                HP_TRY(hp_mesh_slice(flat, 1, (const char *[]){"dp_shard_cp"}, &t->dp_mesh));
+            }
+        } else
         HP_TRY(hp_mesh_slice(t->meshes.world, two ? 2 : 1, two ? names : names + 1, &t->dp_mesh));
         hp_fsdp_options_t fo = hp_fsdp_default_options();
         fo.gradient_divide_factor = 1.0;
@@ -850,6 +939,11 @@ static hp_status_t build(hp_trainer_t t) {
     t->labels = hp_malloc(n * sizeof(int32_t));
     t->grad_work = hp_calloc((size_t)t->np + 1, sizeof(hp_work_t));
     if (!t->inputs || !t->labels || !t->grad_work) return HP_ERR_OOM;
+    if (t->cp) {   /* context parallel (owner cp) */
+        t->cp_inputs = hp_malloc(rows * (size_t)t->Tl * sizeof(int32_t));
+        t->cp_labels = hp_malloc(rows * (size_t)t->Tl * sizeof(int32_t));
+        if (!t->cp_inputs || !t->cp_labels) return HP_ERR_OOM;
+    }
 
     int metrics_rank = hp_parallel_dims_metrics_rank(&t->pd);
     hp_metrics_options_t mo = hp_metrics_options_from_config(c, t->rank, t->rank == metrics_rank, t->flops_per_token,
@@ -1134,6 +1228,11 @@ void hp_trainer_destroy(hp_trainer_t t) {
     hp_mesh_destroy(t->etp_mesh);
     hp_mesh_destroy(t->tp_mesh);
     hp_model_destroy(t->model);
+    hp_cp_destroy(t->cp);       /* context parallel (owner cp): after the model that uses its cores */
+    hp_mesh_destroy(t->cp_mesh);
+    hp_mesh_destroy(t->cp_fsdp_flat);
+    free(t->cp_inputs);
+    free(t->cp_labels);
     if (t->meshes.world) hp_parallel_meshes_destroy(&t->meshes);
     free(t);
 }
@@ -1184,8 +1283,16 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
             continue;
         }
         if (t->ddp) hp_ddp_set_requires_gradient_sync(t->ddp, a == t->accum - 1);   /* owner fsdp */
-        hp_status_t fs = hp_model_forward(t->model, t->inputs + a * bt, t->labels + a * bt, t->B, t->T,
-                                          (float)global_valid, &loss);
+        const int32_t *in = t->inputs + a * bt, *lab = t->labels + a * bt;
+        int Tf = t->T;
+        if (t->cp) {   /* context parallel (owner cp): this rank's rows; the divisor stays the batch's count */
+            HP_TRY(hp_cp_shard_tokens(t->cp, t->cp_inputs, in, t->B));
+            HP_TRY(hp_cp_shard_tokens(t->cp, t->cp_labels, lab, t->B));
+            in = t->cp_inputs;
+            lab = t->cp_labels;
+            Tf = t->Tl;
+        }
+        hp_status_t fs = hp_model_forward(t->model, in, lab, t->B, Tf, (float)global_valid, &loss);
         /* A non-finite local loss is not returned here: every rank must enter the same
          * collectives, so it flows into the global loss below and all ranks stop together. */
         if (fs == HP_ERR_NUMERIC) loss = NAN;
@@ -1226,8 +1333,10 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     double global_loss;
     {
         float lf = (float)local_loss, gf = 0.0f;
-        if (t->pp) HP_TRY(hp_all_reduce(&lf, &lf, 1, HP_F32, HP_SUM, t->pp->comm, NULL));
-        HP_TRY(hp_all_reduce(&lf, &gf, 1, HP_F32, HP_SUM, t->dp_comm, NULL));
+        if (t->pp) HP_TRY(hp_all_reduce(&lf, &lf, 1, HP_F32, HP_SUM, t->pp->comm, NULL));   /* owner pp */
+        /* the loss mesh: batch x cp (each cp rank holds part of every sequence's loss) */
+        hp_comm_t lc = t->cp ? hp_mesh_get_comm(t->meshes.loss, 0) : t->dp_comm;   /* owner cp */
+        HP_TRY(hp_all_reduce(&lf, &gf, 1, HP_F32, HP_SUM, lc, NULL));
         global_loss = gf;
     }
     double norm = 0.0;
@@ -1293,13 +1402,19 @@ hp_status_t hp_trainer_validate(hp_trainer_t t, double *loss) {
             sums[1] += (double)nv;
             continue;
         }
+        if (t->cp) {   /* context parallel (owner cp): this rank's rows, summed over the loss mesh below */
+            HP_TRY(hp_cp_shard_tokens(t->cp, t->cp_inputs, t->inputs, t->val_B));
+            HP_TRY(hp_cp_shard_tokens(t->cp, t->cp_labels, t->labels, t->val_B));
+            HP_TRY(hp_model_forward(t->model, t->cp_inputs, t->cp_labels, t->val_B, t->Tl, 1.0f, &l));
+        } else
         HP_TRY(hp_model_forward(t->model, t->inputs, t->labels, t->val_B, t->T, 1.0f, &l));
         sums[0] += l;
         sums[1] += (double)hp_model_valid_tokens(t->model);
     }
     float local[2] = {(float)sums[0], (float)sums[1]}, global[2];
-    if (t->pp) HP_TRY(hp_all_reduce(local, local, 2, HP_F32, HP_SUM, t->pp->comm, NULL));
-    HP_TRY(hp_all_reduce(local, global, 2, HP_F32, HP_SUM, t->dp_comm, NULL));
+    if (t->pp) HP_TRY(hp_all_reduce(local, local, 2, HP_F32, HP_SUM, t->pp->comm, NULL));   /* owner pp */
+    HP_TRY(hp_all_reduce(local, global, 2, HP_F32, HP_SUM, t->cp ? hp_mesh_get_comm(t->meshes.loss, 0) : t->dp_comm,
+                         NULL));   /* owner cp: the loss mesh */
     if (global[1] <= 0)
         return hp_error(HP_ERR_STATE, "the validation split yields no full batch of %d x %d tokens; lower "
                                       "validation.local_batch_size or raise data.validation_fraction", t->val_B, t->T);
