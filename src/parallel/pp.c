@@ -184,6 +184,7 @@ typedef struct stage {
     float **in_act, **out_act;   /* (n_mb) (mbs*T, dim): RECV_F target / F output */
     float **dout, **din;         /* (n_mb): RECV_B target / backward input gradient */
     hp_work_t *recv_f, *recv_b;  /* (n_mb) pending receives */
+    unsigned char *got_f, *got_b;   /* (n_mb) a receive was posted and not yet consumed */
     int n_bwd;                   /* backwards (B or I) run this step */
     int split;                   /* the list has I / W for this stage */
 } stage_t;
@@ -230,6 +231,8 @@ void hp_pp_destroy(hp_pp_t p) {
         free(s->din);
         free(s->recv_f);
         free(s->recv_b);
+        free(s->got_f);
+        free(s->got_b);
     }
     free(p->st);
     free(p->stage_to_rank);
@@ -369,7 +372,9 @@ hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_
         s->din = hp_calloc((size_t)n, sizeof(float *));
         s->recv_f = hp_calloc((size_t)n, sizeof(hp_work_t));
         s->recv_b = hp_calloc((size_t)n, sizeof(hp_work_t));
-        if (!s->ctx || !s->free_ctx || !s->ctx_of || !s->in_act || !s->out_act || !s->dout || !s->din || !s->recv_f ||
+        s->got_f = hp_calloc((size_t)n, 1);
+        s->got_b = hp_calloc((size_t)n, 1);
+        if (!s->got_f || !s->got_b || !s->ctx || !s->free_ctx || !s->ctx_of || !s->in_act || !s->out_act || !s->dout || !s->din || !s->recv_f ||
             !s->recv_b) { st = HP_ERR_OOM; goto fail; }
         for (int c = 0; c < s->n_ctx && st == HP_OK; c++) {
             st = hp_model_ctx_create(s->m, o->microbatch_size, o->seq_len, s->split ? HP_MODEL_CTX_SPLIT_BACKWARD : 0,
@@ -419,16 +424,17 @@ static hp_status_t drain(hp_pp_t p, hp_status_t st) {
         for (int m = 0; m < p->o.n_microbatches; m++) {
             stage_t *s = &p->st[i];
             hp_work_t *w[2] = {&s->recv_f[m], &s->recv_b[m]};
-            for (int j = 0; j < 2; j++)
+            unsigned char *got[2] = {&s->got_f[m], &s->got_b[m]};
+            for (int j = 0; j < 2; j++) {
                 if (*w[j]) {
                     hp_status_t r = hp_work_wait(w[j]);
-                    if (st == HP_OK) {
-                        st = r;
-                        if (st == HP_OK)
-                            st = hp_error(HP_ERR_STATE, "pipeline runtime: stage %d received %s of micro-batch %d "
-                                          "that no action used", s->id, j ? "a gradient" : "an activation", m);
-                    }
+                    if (st == HP_OK) st = r;
                 }
+                if (*got[j] && st == HP_OK)
+                    st = hp_error(HP_ERR_STATE, "pipeline runtime: stage %d received %s of micro-batch %d that no "
+                                  "action used", s->id, j ? "a gradient" : "an activation", m);
+                *got[j] = 0;
+            }
         }
     return st;
 }
@@ -450,8 +456,9 @@ static hp_status_t run_forward(hp_pp_t p, stage_t *s, int m, const int32_t *toke
                 return fmt_action_error(a, "runs before the forward of the previous stage on this rank");
             in = p->st[pl].out_act[m];
         } else {
-            if (!s->recv_f[m]) return fmt_action_error(a, "runs without its RECV_F");
-            HP_TRY(hp_work_wait(&s->recv_f[m]));
+            if (!s->got_f[m]) return fmt_action_error(a, "runs without its RECV_F");
+            if (s->recv_f[m]) HP_TRY(hp_work_wait(&s->recv_f[m]));
+            s->got_f[m] = 0;
             in = s->in_act[m];
         }
     }
@@ -487,8 +494,9 @@ static hp_status_t run_backward(hp_pp_t p, stage_t *s, int m, int type, const hp
         if (nl >= 0) {
             dout = p->st[nl].din[m];
         } else {
-            if (!s->recv_b[m]) return fmt_action_error(a, "runs without its RECV_B");
-            HP_TRY(hp_work_wait(&s->recv_b[m]));
+            if (!s->got_b[m]) return fmt_action_error(a, "runs without its RECV_B");
+            if (s->recv_b[m]) HP_TRY(hp_work_wait(&s->recv_b[m]));
+            s->got_b[m] = 0;
             dout = s->dout[m];
         }
     }
@@ -528,12 +536,14 @@ static hp_status_t run_action(hp_pp_t p, int k, const int32_t *tokens, const int
                            p->comm, &p->sends[k]);
     case HP_PP_RECV_F:
         if (s->first || !s->in_act[m]) return fmt_action_error(a, "receives from a stage on this rank or none");
-        if (s->recv_f[m]) return fmt_action_error(a, "is posted twice");
+        if (s->got_f[m]) return fmt_action_error(a, "is posted twice");
+        s->got_f[m] = 1;
         return hp_recv_tag(s->in_act[m], p->act_floats, HP_F32, p->stage_to_rank[s->id - 1],
                            msg_tag(p, s->id - 1, m, DIR_F), p->comm, &s->recv_f[m]);
     case HP_PP_RECV_B:
         if (s->last || !s->dout[m]) return fmt_action_error(a, "receives from a stage on this rank or none");
-        if (s->recv_b[m]) return fmt_action_error(a, "is posted twice");
+        if (s->got_b[m]) return fmt_action_error(a, "is posted twice");
+        s->got_b[m] = 1;
         return hp_recv_tag(s->dout[m], p->act_floats, HP_F32, p->stage_to_rank[s->id + 1],
                            msg_tag(p, s->id + 1, m, DIR_B), p->comm, &s->recv_b[m]);
     case HP_PP_UNSHARD: return p->hooks.unshard ? p->hooks.unshard(p->hooks.user, s->id) : HP_OK;
@@ -543,6 +553,15 @@ static hp_status_t run_action(hp_pp_t p, int k, const int32_t *tokens, const int
     }
 }
 
+/* Before F / B / I: completes the receive the action reads (a no-op when it is local or done). */
+static hp_status_t wait_input(hp_pp_t p, const hp_pp_action_t *a) {
+    stage_t *s = &p->st[p->local_of[a->stage]];
+    const int m = a->mb;
+    if (a->type == HP_PP_F && s->recv_f[m]) return hp_work_wait(&s->recv_f[m]);
+    if ((a->type == HP_PP_B || a->type == HP_PP_I) && s->recv_b[m]) return hp_work_wait(&s->recv_b[m]);
+    return HP_OK;
+}
+
 hp_status_t hp_pp_step(hp_pp_t p, const int32_t *tokens, const int32_t *targets, float loss_divisor,
                        double *loss_sum, int64_t *n_valid) {
     double ls = 0.0;
@@ -550,6 +569,8 @@ hp_status_t hp_pp_step(hp_pp_t p, const int32_t *tokens, const int32_t *targets,
     reset_step(p);
     hp_status_t st = HP_OK;
     for (int k = 0; k < p->n_acts && st == HP_OK; k++) {
+        st = wait_input(p, &p->acts[k]);   // a receive's wait is idle time, not the action's
+        if (st != HP_OK) break;
         p->t_start[k] = hp_clock_now_seconds();
         st = run_action(p, k, tokens, targets, loss_divisor, &ls, &nv);
         p->t_end[k] = hp_clock_now_seconds();
@@ -580,9 +601,11 @@ hp_status_t hp_pp_eval(hp_pp_t p, const int32_t *tokens, const int32_t *targets,
             stage_t *s = &p->st[i];
             const int prev_remote = !s->first && p->local_of[s->id - 1] < 0;
             const int next_remote = !s->last && p->local_of[s->id + 1] < 0;
-            if (prev_remote)
+            if (prev_remote) {
+                s->got_f[m] = 1;
                 st = hp_recv_tag(s->in_act[m], p->act_floats, HP_F32, p->stage_to_rank[s->id - 1],
                                  msg_tag(p, s->id - 1, m, DIR_F), p->comm, &s->recv_f[m]);
+            }
             hp_pp_action_t a = {s->id, HP_PP_F, m};
             if (st == HP_OK) st = run_forward(p, s, m, tokens, targets, loss_divisor, &ls, &nv, &a);
             if (st == HP_OK && next_remote) {
