@@ -4,9 +4,11 @@
  * relative loss, 1e-4 norm: fp32 summation order of the micro-batch gradients and of the
  * norm's cross-rank sum, as the data-parallel trainer tests); 2 ranks: GPipe, 1F1B,
  * Interleaved1F1B, LoopedBFS, a hand-written CSV, module_fqns_per_model_part, activation
- * checkpointing; 4 ranks: pp 4 (1F1B, Interleaved1F1B), pp 2 x TP 2 against the single rank,
+ * checkpointing, gradient accumulation; 4 ranks: pp 4 (all four schedules; 2, 4 and 8
+ * micro-batches), pp 2 x TP 2 against the single rank,
  * pp 2 x FSDP 2, pp 2 x DDP 2 against replicated DP 2; 8 ranks: pp 2 x FSDP 2 x TP 2 (llama3,
- * qwen3) against replicated DP 2 (TP's tolerance, 1e-4 / 1e-3). A run whose optimizer is 1e-3 off must fall outside the tolerance. A
+ * qwen3) against replicated DP 2 (TP's tolerance, 1e-4 / 1e-3), pp 2 x HSDP 2 x 2 against
+ * replicated DP 4. A run whose optimizer is 1e-3 off must fall outside the tolerance. A
  * checkpoint saved under pp 2 loads under pp 1 (2 ranks) and pp 4 (4 ranks) with the same
  * validation loss; bad schedules, CSVs and splits are refused naming the key; the final
  * weights file gathers every stage. */
@@ -85,6 +87,18 @@ static void set_pp(hp_config_t *f, int pp, const char *sched) {
     snprintf(f->parallelism.pipeline_parallel_schedule, sizeof f->parallelism.pipeline_parallel_schedule, "%s", sched);
 }
 
+/* c under pp 2 for 5 steps, saving the last one with the optimizer state (for the reshard loads). */
+static void ckpt_pp2(hp_config_t *f, const hp_config_t *c) {
+    *f = *c;
+    set_pp(f, 2, "1F1B");
+    f->training.steps = 5;
+    f->checkpoint.enable = true;
+    f->checkpoint.interval = 5;
+    f->checkpoint.keep_latest_k = 0;
+    f->checkpoint.last_save_model_only = false;
+    snprintf(f->checkpoint.folder, sizeof f->checkpoint.folder, "%s/ckpt_pp2", dir_);
+}
+
 int main(int argc, char **argv) {
     int rank, ws;
     hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
@@ -138,6 +152,20 @@ int main(int argc, char **argv) {
             run(f, world, world, l, n, NULL);
             close_all(l, rl, N, 1e-5, 1, "pp + full AC");
         }
+        // gradient accumulation: global batch 8 = 2 steps of the local 4, the schedule run twice
+        {
+            hp_config_t *r = calloc(1, sizeof *r);
+            *r = *c;
+            r->training.global_batch_size = 8;
+            double al[N], an[N];
+            run(r, one, world, al, an, NULL);
+            *f = *r;
+            set_pp(f, 2, "1F1B");
+            run(f, world, world, l, n, NULL);
+            close_all(l, al, N, 1e-5, 1, "pp 2 with gradient accumulation 2");
+            close_all(n, an, N, 1e-4, 1, "grad norm");
+            free(r);
+        }
         // negative (STYLE rule 17): lr x 1.001 must leave the tolerance on some step
         *f = *c;
         set_pp(f, 2, "1F1B");
@@ -146,14 +174,7 @@ int main(int argc, char **argv) {
         HP_CHECK(!close_all(l, rl, N, 1e-5, 0, ""), "a run with lr x 1.001 matched within 1e-5");
         // checkpoint: save under pp 2 at step 5, load under pp 1 on one rank: same validation loss
         {
-            *f = *c;
-            set_pp(f, 2, "1F1B");
-            f->training.steps = 5;
-            f->checkpoint.enable = true;
-            f->checkpoint.interval = 5;
-            f->checkpoint.keep_latest_k = 0;
-            f->checkpoint.last_save_model_only = false;
-            snprintf(f->checkpoint.folder, sizeof f->checkpoint.folder, "%s/ckpt_pp2", dir_);
+            ckpt_pp2(f, c);
             double v2 = 0, v1 = 0;
             run(f, world, world, l, n, &v2);
             hp_config_t *g = calloc(1, sizeof *g);
@@ -205,13 +226,32 @@ int main(int argc, char **argv) {
     } else if (ws == 4) {
         base(c, 1, "llama3");
         run(c, one, world, rl, rn, NULL);
-        const char *sched[2] = {"1F1B", "Interleaved1F1B"};
-        for (int k = 0; k < 2; k++) {
+        const char *sched[4] = {"1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS"};
+        for (int k = 0; k < 4; k++) {
             *f = *c;
             set_pp(f, 4, sched[k]);
             run(f, world, world, l, n, NULL);
             close_all(l, rl, N, 1e-5, 1, sched[k]);
             close_all(n, rn, N, 1e-4, 1, "grad norm");
+        }
+        // 8 micro-batches of 1 and 2 micro-batches of 2 (same global batch 8 per step)
+        {
+            hp_config_t *r = calloc(1, sizeof *r);
+            *r = *c;
+            r->training.local_batch_size = 8;
+            double bl[N], bn[N];
+            run(r, one, world, bl, bn, NULL);
+            const int mbs[2] = {1, 4};
+            const char *ss[2] = {"Interleaved1F1B", "GPipe"};
+            for (int k = 0; k < 2; k++) {
+                *f = *r;
+                set_pp(f, 4, ss[k]);
+                f->parallelism.pipeline_parallel_microbatch_size = mbs[k];
+                run(f, world, world, l, n, NULL);
+                close_all(l, bl, N, 1e-5, 1, k ? "pp 4 GPipe, 2 micro-batches of 4" : "pp 4 interleaved, 8 micro-batches");
+                close_all(n, bn, N, 1e-4, 1, "grad norm");
+            }
+            free(r);
         }
         // pp 2 x TP 2 (sequence + loss parallel inside each stage) against the single rank (TP's
         // tolerance, test_tp_trainer: 1e-4 loss, 1e-3 norm: TP reorders the GEMMs' sums)
@@ -240,14 +280,7 @@ int main(int argc, char **argv) {
         // checkpoint saved under pp 2 (ranks 0, 1) loads under pp 4 with the same validation loss
         {
             base(c, 1, "llama3");
-            *f = *c;
-            set_pp(f, 2, "1F1B");
-            f->training.steps = 5;
-            f->checkpoint.enable = true;
-            f->checkpoint.interval = 5;
-            f->checkpoint.keep_latest_k = 0;
-            f->checkpoint.last_save_model_only = false;
-            snprintf(f->checkpoint.folder, sizeof f->checkpoint.folder, "%s/ckpt_pp2", dir_);
+            ckpt_pp2(f, c);
             double v2 = 0, v4 = 0;
             run(f, two, world, l, n, &v2);
             hp_config_t *g = calloc(1, sizeof *g);
@@ -291,6 +324,20 @@ int main(int argc, char **argv) {
                                   l[N - 1], rl[0], rl[N - 1]);
         }
         hp_comm_destroy(pair);
+        // pp 2 x HSDP (dp_replicate 2 x dp_shard 2) against replicated DP 4 (every quad runs it)
+        hp_comm_t quad = NULL;
+        HP_CHECK_OK(hp_comm_split(world, rank / 4, rank, &quad));
+        base(c, 4, "llama3");
+        run(c, quad, world, rl, rn, NULL);
+        *f = *c;
+        set_pp(f, 2, "Interleaved1F1B");
+        f->parallelism.data_parallel_replicate_degree = 2;
+        f->parallelism.data_parallel_shard_degree = 2;
+        run(f, world, world, l, n, NULL);
+        close_all(l, rl, N, 1e-5, 1, "pp2 x HSDP 2x2");
+        close_all(n, rn, N, 1e-4, 1, "grad norm");
+        if (rank == 0) printf("pp 2 x HSDP 2x2: losses %.6f .. %.6f (DP 4 %.6f .. %.6f)\n", l[0], l[N - 1], rl[0], rl[N - 1]);
+        hp_comm_destroy(quad);
     }
     free(c);
     free(f);

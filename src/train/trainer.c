@@ -320,6 +320,21 @@ static void pin_threads(const hp_config_t *c) {
 static hp_status_t moe_check_layout(const hp_trainer_t t);   /* mixture of experts (owner moe) */
 static hp_status_t moe_setup(hp_trainer_t t, int ac_k);
 
+/* --- data parallel (owner fsdp): fully_shard's options from the config. Reductions are sums
+ * (the loss is globally normalised: divide factor 1); reshard_after_forward "default" is
+ * TorchTitan's `not pp_enabled` under pipeline parallel (no all-gather per micro-batch) and
+ * FSDP's own default (reshard all but the root) otherwise. --- */
+static hp_fsdp_options_t fsdp_options(const hp_config_t *c, int pp) {
+    hp_fsdp_options_t fo = hp_fsdp_default_options();
+    fo.gradient_divide_factor = 1.0;
+    fo.mp.param_dtype = strcmp(c->training.mixed_precision_param, "bfloat16") == 0 ? HP_BF16 : HP_F32;
+    fo.mp.reduce_dtype = strcmp(c->training.mixed_precision_reduce, "bfloat16") == 0 ? HP_BF16 : HP_F32;
+    const char *raf = c->parallelism.fsdp_reshard_after_forward;
+    fo.reshard_after_forward = strcmp(raf, "always") == 0 ? 1 : strcmp(raf, "never") == 0 ? 0
+                             : pp ? 0 : HP_FSDP_RESHARD_DEFAULT;
+    return fo;
+}
+
 static hp_status_t tp_plan(hp_trainer_t t, hp_tp_plan_entry_t plan[32], int *n);
 
 /* --- pipeline parallel (owner pp) ------------------------------------------------------------
@@ -629,13 +644,7 @@ static hp_status_t pp_parallelize_local(hp_trainer_t t, int ac_k) {
         const char *names[2] = {"dp_replicate", "dp_shard"};
         const int two = t->pd.dp_replicate > 1;
         HP_TRY(hp_mesh_slice(t->meshes.world, two ? 2 : 1, two ? names : names + 1, &t->dp_mesh));
-        hp_fsdp_options_t fo = hp_fsdp_default_options();
-        fo.gradient_divide_factor = 1.0;
-        fo.mp.param_dtype = strcmp(c->training.mixed_precision_param, "bfloat16") == 0 ? HP_BF16 : HP_F32;
-        fo.mp.reduce_dtype = strcmp(c->training.mixed_precision_reduce, "bfloat16") == 0 ? HP_BF16 : HP_F32;
-        const char *raf = c->parallelism.fsdp_reshard_after_forward;
-        // TorchTitan: reshard_after_forward defaults to `not pp_enabled` (no all-gather per micro-batch)
-        fo.reshard_after_forward = strcmp(raf, "always") == 0 ? 1 : 0;
+        const hp_fsdp_options_t fo = fsdp_options(c, 1);
         for (int i = 0; i < p->n_local; i++) HP_TRY(hp_fully_shard(p->m[i], t->dp_mesh, &fo, &p->fsdp[i]));
         t->n_clip_comms = hp_fsdp_grad_comms(p->fsdp[0], t->clip_comms);
     }
@@ -865,13 +874,7 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
             }
         } else
         HP_TRY(hp_mesh_slice(t->meshes.world, two ? 2 : 1, two ? names : names + 1, &t->dp_mesh));
-        hp_fsdp_options_t fo = hp_fsdp_default_options();
-        fo.gradient_divide_factor = 1.0;
-        fo.mp.param_dtype = strcmp(c->training.mixed_precision_param, "bfloat16") == 0 ? HP_BF16 : HP_F32;
-        fo.mp.reduce_dtype = strcmp(c->training.mixed_precision_reduce, "bfloat16") == 0 ? HP_BF16 : HP_F32;
-        const char *raf = c->parallelism.fsdp_reshard_after_forward;
-        fo.reshard_after_forward = strcmp(raf, "always") == 0 ? 1 : strcmp(raf, "never") == 0 ? 0
-                                                                                              : HP_FSDP_RESHARD_DEFAULT;
+        const hp_fsdp_options_t fo = fsdp_options(c, 0);
         HP_TRY(hp_fully_shard(t->model, t->dp_mesh, &fo, &t->fsdp));
         t->params = hp_fsdp_params(t->fsdp);
         t->n_clip_comms = hp_fsdp_grad_comms(t->fsdp, t->clip_comms);   /* shard, replicate, tp */
