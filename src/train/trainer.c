@@ -363,8 +363,7 @@ typedef struct trainer_pp {
     hp_param_t *norm;                   /* held entries counted by the gradient norm */
     int n_norm;
     int tie_idx;                        /* tied weight held here (first or last stage), else -1 */
-    float *tie_zero;                    /* a middle stage's zero contribution to the tie sum */
-    size_t tie_n;
+    hp_comm_t tie_comm;                 /* the first and last stage's ranks of this pp slice, else NULL */
     float absent_dummy;
 } trainer_pp_t;
 
@@ -386,7 +385,7 @@ static void pp_free(trainer_pp_t *p) {
     free(p->full);
     free(p->stage_of);
     free(p->norm);
-    free(p->tie_zero);
+    hp_comm_destroy(p->tie_comm);
     free(p);
 }
 
@@ -450,16 +449,15 @@ static hp_status_t pp_create_stages(hp_trainer_t t) {
     // the schedule kind (or the user's CSV) decides the stages per rank
     hp_pp_schedule_t *csv = NULL;
     hp_pp_kind_t kind = HP_PP_1F1B;
-    int single = 1;
+    int single = 1, csv_stages = 0;
     if (c->parallelism.pipeline_parallel_schedule_csv[0]) {
         HP_TRY(hp_pp_schedule_load_csv(c->parallelism.pipeline_parallel_schedule_csv, &csv));
-        int max_stage = -1;
-        for (int r = 0; r < hp_pp_schedule_n_ranks(csv); r++)
+        for (int r = 0; r < hp_pp_schedule_n_ranks(csv); r++)   // the CSV names its own stages
             for (int i = 0; i < hp_pp_schedule_len(csv, r); i++) {
                 const hp_pp_action_t *a = hp_pp_schedule_at(csv, r, i);
-                if (a && a->stage > max_stage) max_stage = a->stage;
+                if (a && a->stage + 1 > csv_stages) csv_stages = a->stage + 1;
             }
-        single = max_stage + 1 <= pp;
+        single = csv_stages <= pp;
     } else {
         hp_status_t ks = hp_pp_kind_from_name(c->parallelism.pipeline_parallel_schedule, &kind);
         if (ks != HP_OK)
@@ -484,15 +482,7 @@ static hp_status_t pp_create_stages(hp_trainer_t t) {
         st = hp_pp_num_stages(pp, single, L, (int)c->parallelism.pipeline_parallel_layers_per_stage,
                               (int)c->parallelism.pipeline_parallel_first_stage_less_layers,
                               (int)c->parallelism.pipeline_parallel_last_stage_less_layers, &p->S);
-        if (st == HP_OK && csv) {   // a CSV names its own stages
-            int max_stage = -1;
-            for (int r = 0; r < hp_pp_schedule_n_ranks(csv); r++)
-                for (int i = 0; i < hp_pp_schedule_len(csv, r); i++) {
-                    const hp_pp_action_t *a = hp_pp_schedule_at(csv, r, i);
-                    if (a && a->stage > max_stage) max_stage = a->stage;
-                }
-            p->S = max_stage + 1;
-        }
+        if (st == HP_OK && csv) p->S = csv_stages;
         if (st == HP_OK)
             st = hp_pp_split_layers(L, p->S, (int)c->parallelism.pipeline_parallel_first_stage_less_layers,
                                     (int)c->parallelism.pipeline_parallel_last_stage_less_layers, p->unit_lo);
@@ -542,17 +532,14 @@ static hp_status_t pp_full_table(hp_trainer_t t) {
     if (!d || !p->full || !p->stage_of || !p->norm) { free(d); return HP_ERR_OOM; }
     hp_model_describe_params(&t->mcfg, 0, nu, d, np);
     p->np = np;
-    int s = 0;
+    int s = 0, u = 0, u_end = hp_model_describe_params(&t->mcfg, 0, 1, NULL, 0);   // entries [.., u_end) are unit u's
     for (int i = 0; i < np; i++) {
-        // the stage of entry i: the units are in table order, so walk the split
-        int u = 0;
-        for (int k = 0, acc = 0; k < nu; k++) {   // unit of entry i in the full model
-            int n = hp_model_describe_params(&t->mcfg, k, k + 1, NULL, 0);
-            if (i < acc + n) { u = k; break; }
-            acc += n;
+        // the units are in table order: advance the unit, then the stage holding it
+        while (i >= u_end && u + 1 < nu) {
+            u++;
+            u_end += hp_model_describe_params(&t->mcfg, u, u + 1, NULL, 0);
         }
         while (s + 1 < p->S && p->unit_lo[s + 1] <= u) s++;
-        while (s > 0 && p->unit_lo[s] > u) s--;
         p->stage_of[i] = s;
         hp_param_t *e = &p->full[i];
         snprintf(e->name, sizeof e->name, "%s", d[i].name);
@@ -571,10 +558,7 @@ static hp_status_t pp_full_table(hp_trainer_t t) {
             if (!q) { free(d); return hp_error(HP_ERR_STATE, "pipeline: stage %d has no parameter '%s'", s, e->name); }
             *e = *q;
             if (!tied_here) p->norm[p->n_norm++] = *e;   // the second copy of a tied weight counts once
-            if (t->mcfg.tie_embeddings && i == 0) {
-                p->tie_idx = 0;
-                p->tie_n = (size_t)hp_tensor_numel(&e->grad.local);
-            }
+            if (t->mcfg.tie_embeddings && i == 0) p->tie_idx = 0;
         } else {
             hp_dtensor_t *v[2] = {&e->value, &e->grad};
             for (int k = 0; k < 2; k++) {
@@ -603,6 +587,8 @@ static hp_status_t pp_parallelize_local(hp_trainer_t t, int ac_k);
 static hp_status_t pp_parallelize(hp_trainer_t t, int ac_k) {
     trainer_pp_t *p = t->pp;
     HP_TRY(hp_comm_agree(t->world, pp_parallelize_local(t, ac_k), NULL));
+    // a tied weight's two copies (first and last stage) are summed between their ranks only
+    if (t->mcfg.tie_embeddings) HP_TRY(hp_comm_split(p->comm, p->tie_idx >= 0 ? 0 : -1, p->coord, &p->tie_comm));
     hp_pp_options_t po = {p->S, p->stage_to_rank, p->n_mb, p->mbs, t->T};
     hp_pp_hooks_t hooks = {t, pp_pre_backward, NULL, NULL, NULL};
     return hp_pp_create(p->comm, p->sched, p->m, p->ids, p->n_local, &po, &hooks, &p->rt);
@@ -653,20 +639,6 @@ static hp_status_t pp_parallelize_local(hp_trainer_t t, int ac_k) {
     t->np = p->np;
     p->comm = hp_mesh_get_comm(t->meshes.world, HP_PD_PP);
     t->clip_comms[t->n_clip_comms++] = p->comm;   // the norm's square summed over pp
-    if (t->mcfg.tie_embeddings && p->tie_idx < 0) {
-        // a middle stage: the tie's sum over pp needs its zero contribution of the shard size
-        hp_model_param_desc_t d;
-        hp_model_describe_params(&t->mcfg, 0, 1, &d, 1);
-        int64_t rows = d.shape[0], r0;
-        if (t->pd.dp_shard > 1) {
-            int coords[HP_PD_NDIM];
-            hp_parallel_dims_coords(&t->pd, t->rank, coords);
-            hp_shard_size_and_offset(rows, t->pd.dp_shard, coords[HP_PD_DP_SHARD], &rows, &r0);
-        }
-        p->tie_n = (size_t)(rows * d.shape[1]);
-        p->tie_zero = hp_calloc(p->tie_n + 1, sizeof(float));
-        if (!p->tie_zero) return HP_ERR_OOM;
-    }
     return HP_OK;
 }
 
@@ -674,8 +646,9 @@ static hp_status_t pp_parallelize_local(hp_trainer_t t, int ac_k) {
 static hp_status_t pp_tie_grads(hp_trainer_t t) {
     trainer_pp_t *p = t->pp;
     if (!t->mcfg.tie_embeddings) return HP_OK;
-    float *g = p->tie_idx >= 0 ? p->full[p->tie_idx].grad.local.data : p->tie_zero;
-    return hp_all_reduce(g, g, p->tie_n, HP_F32, HP_SUM, p->comm, NULL);
+    if (!p->tie_comm) return HP_OK;   // a middle stage holds no copy
+    hp_tensor_t *g = &p->full[p->tie_idx].grad.local;
+    return hp_all_reduce(g->data, g->data, (size_t)hp_tensor_numel(g), HP_F32, HP_SUM, p->tie_comm, NULL);
 }
 
 static hp_status_t pp_zero_grad(hp_trainer_t t) {
