@@ -99,6 +99,21 @@ static void ckpt_pp2(hp_config_t *f, const hp_config_t *c) {
     snprintf(f->checkpoint.folder, sizeof f->checkpoint.folder, "%s/ckpt_pp2", dir_);
 }
 
+/* A zero-bubble (ZB-H1) compute-only CSV for pp 2 x 4 micro-batches: rank 0 runs the input
+ * passes of two micro-batches and a forward before the first weight pass, so a weight pass
+ * runs long after its input pass (contexts live from F to W, FSDP's reduction after the last W,
+ * TP's gathered gradients per context). Written by world rank 0. */
+static void zb_csv(hp_comm_t world, int rank, char *path, size_t n) {
+    snprintf(path, n, "%s/zb.csv", dir_);
+    if (rank == 0) {
+        FILE *fp = fopen(path, "w");
+        fprintf(fp, "0F0,0F1,0F2,0I0,0F3,0I1,0W0,0I2,0W1,0I3,0W2,0W3\n"
+                    "1F0,1I0,1F1,1I1,1W0,1F2,1I2,1W1,1F3,1I3,1W2,1W3\n");
+        fclose(fp);
+    }
+    hp_barrier(world, NULL);
+}
+
 int main(int argc, char **argv) {
     int rank, ws;
     hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
@@ -263,18 +278,38 @@ int main(int argc, char **argv) {
         close_all(n, rn, N, 1e-3, 1, "grad norm");
         if (rank == 0) printf("pp 2 x TP 2: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n", l[0], l[N - 1], rl[0],
                               rl[N - 1]);
+        // the same with a zero-bubble CSV (I and W apart): TP's collectives in I, W deferred
+        {
+            char zb[320];
+            zb_csv(world, rank, zb, sizeof zb);
+            *f = *c;
+            set_pp(f, 2, "1F1B");
+            f->parallelism.tensor_parallel_degree = 2;
+            snprintf(f->parallelism.pipeline_parallel_schedule_csv, sizeof f->parallelism.pipeline_parallel_schedule_csv,
+                     "%s", zb);
+            run(f, world, world, l, n, NULL);
+            close_all(l, rl, N, 1e-4, 1, "pp2 zero-bubble CSV x TP2");
+            close_all(n, rn, N, 1e-3, 1, "grad norm");
+        }
         // pp 2 x FSDP 2 and pp 2 x DDP 2 against replicated DP 2 on ranks 0, 1
         base(c, 2, "llama3");
         run(c, two, world, rl, rn, NULL);
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++) {
             *f = *c;
             set_pp(f, 2, "1F1B");
-            f->parallelism.data_parallel_replicate_degree = k ? 2 : 1;
-            f->parallelism.data_parallel_shard_degree = k ? 1 : 2;
+            f->parallelism.data_parallel_replicate_degree = k == 1 ? 2 : 1;
+            f->parallelism.data_parallel_shard_degree = k == 1 ? 1 : 2;
+            if (k == 2) {   // FSDP with a zero-bubble CSV: the reduce-scatter follows the stage's last W
+                char zb[320];
+                zb_csv(world, rank, zb, sizeof zb);
+                snprintf(f->parallelism.pipeline_parallel_schedule_csv,
+                         sizeof f->parallelism.pipeline_parallel_schedule_csv, "%s", zb);
+            }
             run(f, world, world, l, n, NULL);
-            close_all(l, rl, N, 1e-5, 1, k ? "pp2 x DDP2" : "pp2 x FSDP2");
+            close_all(l, rl, N, 1e-5, 1, k == 2 ? "pp2 zero-bubble CSV x FSDP2" : k ? "pp2 x DDP2" : "pp2 x FSDP2");
             close_all(n, rn, N, 1e-4, 1, "grad norm");
-            if (rank == 0) printf("pp 2 x %s 2: losses %.6f .. %.6f (DP 2 %.6f .. %.6f)\n", k ? "DDP" : "FSDP", l[0],
+            if (rank == 0) printf("pp 2 x %s 2: losses %.6f .. %.6f (DP 2 %.6f .. %.6f)\n",
+                                  k == 2 ? "FSDP (zero bubble)" : k ? "DDP" : "FSDP", l[0],
                                   l[N - 1], rl[0], rl[N - 1]);
         }
         // checkpoint saved under pp 2 (ranks 0, 1) loads under pp 4 with the same validation loss

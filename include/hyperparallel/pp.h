@@ -53,7 +53,9 @@ typedef struct hp_pp *hp_pp_t;
 /* Called by the runtime around the actions that concern a data-parallel wrapper of a stage.
  * Any may be NULL (the action is then a no-op). pre_backward runs before every B and I of
  * stage `stage`; `last` is 1 for the stage's last backward of the step (FSDP: gradient sync
- * on for that one only). */
+ * on for that one only). Under a split backward (I now, W later) fully_shard keeps the
+ * parameters unsharded and the gradient buffer in place while weight passes are pending and
+ * reduces after the stage's last W, so the flag set at the last I governs that reduction. */
 typedef struct hp_pp_hooks {
     void *user;
     hp_status_t (*pre_backward)(void *user, int stage, int mb, int last);
