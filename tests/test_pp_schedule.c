@@ -1,10 +1,12 @@
 // hp-test: ranks 1 timeout 60
 /* The pipeline schedule layer against PyTorch (test/distributed/pipelining/test_schedule.py):
  * TestScheduleLowering (action parse round trip, unshard/reshard, reduce_grad, merge_bw,
- * send_recv with 11 and 24 simulated steps, the zb1p CSV with 113), TestValidateSchedule,
- * ScheduleUtilTests (stage-to-rank mappings), test_get_schedule_class, and TestSchedulePlan's
- * (L, n, P) grid for Interleaved1F1B and LoopedBFS: every generated order, its _add_send_recv
- * lowering, its simulated step count and its full lowering equal PyTorch's own output stored by
+ * send_recv with 11 and 24 simulated steps, the zb1p CSV with 113), TestScheduleCsv (DualPipeV
+ * against dualpipev_4rank_10mb), TestValidateSchedule, ScheduleUtilTests (stage-to-rank
+ * mappings), test_get_schedule_class, and TestSchedulePlan's (L, n, P) grid for Interleaved1F1B,
+ * LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble and DualPipeV (whose refusals are
+ * test_pipeline_order_for_v_schedules'): every generated order, its _add_send_recv lowering, its
+ * simulated step count and its full lowering equal PyTorch's own output stored by
  * tools/golden/make_pp_golden.py (tests/data/pp_schedule_golden.txt), as do GPipe and 1F1B.
  * Plus the CSV form, the grid text, bubble fractions against (P-1)/(n+P-1), negative cases (a
  * missing RECV deadlocks, malformed actions are named) and the hp-pp-schedule tool. */
@@ -70,16 +72,16 @@ static void loop_map(int *m, int num_stages, int pp) {
 /* ---- TestScheduleLowering.test_action_parse and malformed actions ------------------------ */
 static void test_action_parse(void) {
     static const struct { const char *text; hp_pp_action_t ref; } cases[] = {
-        {"1F0", {1, HP_PP_F, 0}},          {"2I1", {2, HP_PP_I, 1}},
-        {"0W3", {0, HP_PP_W, 3}},          {"0B3", {0, HP_PP_B, 3}},
-        {"1UNSHARD", {1, HP_PP_UNSHARD, HP_PP_NO_MB}}, {"3RESHARD", {3, HP_PP_RESHARD, HP_PP_NO_MB}},
-        {"2SEND_B2", {2, HP_PP_SEND_B, 2}}, {"1RECV_F1", {1, HP_PP_RECV_F, 1}},
+        {"1F0", {1, HP_PP_F, 0, 0, 0}},          {"2I1", {2, HP_PP_I, 1, 0, 0}},
+        {"0W3", {0, HP_PP_W, 3, 0, 0}},          {"0B3", {0, HP_PP_B, 3, 0, 0}},
+        {"1UNSHARD", {1, HP_PP_UNSHARD, HP_PP_NO_MB, 0, 0}}, {"3RESHARD", {3, HP_PP_RESHARD, HP_PP_NO_MB, 0, 0}},
+        {"2SEND_B2", {2, HP_PP_SEND_B, 2, 0, 0}}, {"1RECV_F1", {1, HP_PP_RECV_F, 1, 0, 0}},
         /* beyond PyTorch's list: the other types */
-        {"2SEND_F3", {2, HP_PP_SEND_F, 3}}, {"0RECV_B7", {0, HP_PP_RECV_B, 7}},
-        {"0REDUCE_GRAD", {0, HP_PP_REDUCE_GRAD, HP_PP_NO_MB}}, {"12F345", {12, HP_PP_F, 345}},
+        {"2SEND_F3", {2, HP_PP_SEND_F, 3, 0, 0}}, {"0RECV_B7", {0, HP_PP_RECV_B, 7, 0, 0}},
+        {"0REDUCE_GRAD", {0, HP_PP_REDUCE_GRAD, HP_PP_NO_MB, 0, 0}}, {"12F345", {12, HP_PP_F, 345, 0, 0}},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        hp_pp_action_t a = {-7, HP_PP_TYPE_COUNT, -7};
+        hp_pp_action_t a = {-7, HP_PP_TYPE_COUNT, -7, 0, 0};
         int bub = -1;
         HP_CHECK_OK(hp_pp_action_parse(cases[k].text, NULL, &a, &bub));
         HP_CHECK(bub == 0 && a.stage == cases[k].ref.stage && a.type == cases[k].ref.type && a.mb == cases[k].ref.mb,
@@ -108,15 +110,29 @@ static void test_action_parse(void) {
         {"1 F0", "'1 F0' is not a pipeline action", HP_ERR_INVALID_ARG},
         {"99999999F0", "stage index exceeds", HP_ERR_INVALID_ARG},
         {"0F99999999999", "microbatch index exceeds", HP_ERR_INVALID_ARG},
-        {"(0F0;3B1)OVERLAP_F_B", "not supported yet", HP_ERR_UNSUPPORTED},
+        {"(0F0;3F1)OVERLAP_F_B", "overlaps a forward and a full backward, got F and F", HP_ERR_INVALID_ARG},
+        {"(0F0;3B1)OVERLAP", "expected '(F;B)OVERLAP_F_B'", HP_ERR_INVALID_ARG},
+        {"(0F0 3B1)OVERLAP_F_B", "expected '(F;B)OVERLAP_F_B'", HP_ERR_INVALID_ARG},
+        {"(0F0;3Q1)OVERLAP_F_B", "'3Q1' is not a pipeline action", HP_ERR_INVALID_ARG},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++)
         HP_CHECK_ERR(hp_pp_action_parse(bad[k].text, NULL, &a, &bub), bad[k].st, bad[k].needle);
     HP_CHECK_ERR(hp_pp_action_parse("", "cell 3", &a, NULL), HP_ERR_INVALID_ARG, "cell 3: empty text is a bubble");
+    /* OVERLAP_F_B: PyTorch's "(F;B)OVERLAP_F_B" round trip, its leaves, is_compute_op */
+    HP_CHECK_OK(hp_pp_action_parse(" (0F7;7B3)OVERLAP_F_B ", NULL, &a, &bub));
+    HP_CHECK(a.type == HP_PP_OVERLAP_F_B && a.stage == 0 && a.mb == 7 && a.sub_stage == 7 && a.sub_mb == 3,
+             "overlap fields (%d %d %d %d)", a.stage, a.mb, a.sub_stage, a.sub_mb);
+    char obuf[48];
+    hp_pp_action_format(&a, obuf, sizeof obuf);
+    HP_CHECK(strcmp(obuf, "(0F7;7B3)OVERLAP_F_B") == 0, "overlap round trip: %s", obuf);
+    hp_pp_action_t lv[2];
+    HP_CHECK(hp_pp_action_leaves(&a, lv) == 2 && lv[0].type == HP_PP_F && lv[0].stage == 0 && lv[0].mb == 7 &&
+             lv[1].type == HP_PP_B && lv[1].stage == 7 && lv[1].mb == 3 && hp_pp_type_is_compute(HP_PP_OVERLAP_F_B),
+             "overlap leaves");
     /* appending a bad struct is refused */
     hp_pp_schedule_t *s;
     HP_CHECK_OK(hp_pp_schedule_create(1, &s));
-    hp_pp_action_t f_no_mb = {0, HP_PP_F, HP_PP_NO_MB}, neg = {-1, HP_PP_W, 0};
+    hp_pp_action_t f_no_mb = {0, HP_PP_F, HP_PP_NO_MB, 0, 0}, neg = {-1, HP_PP_W, 0, 0, 0};
     HP_CHECK_ERR(hp_pp_schedule_append(s, 0, &f_no_mb), HP_ERR_INVALID_ARG, "F needs a microbatch");
     HP_CHECK_ERR(hp_pp_schedule_append(s, 0, &neg), HP_ERR_INVALID_ARG, "stage -1 outside");
     HP_CHECK_ERR(hp_pp_schedule_append(s, 1, NULL), HP_ERR_INVALID_ARG, "rank 1 outside [0, 1)");
@@ -299,6 +315,82 @@ static void test_csv_zb1p(void) {
     hp_pp_schedule_free(o);
 }
 
+/* ---- TestScheduleCsv.test_csv_compare: ScheduleDualPipeV against dualpipev_4rank_10mb ---------- */
+/* PyTorch's regression artifact (BSD-3-Clause) test/distributed/pipelining/artifacts/
+ * dualpipev_4rank_10mb.csv, as data: DualPipeV's compute order for pp 4, 2 stages per rank, 10
+ * microbatches. */
+static const char dualpipev_4rank_10mb[] =
+    "0F0,0F1,0F2,0F3,0F4,0F5,0F6,7F0,7I0,7W0,7F1,7I1,7W1,7F2,7I2,7W2,7F3,(0F7;7B3)OVERLAP_F_B,"
+    "(7F4;0B0)OVERLAP_F_B,(0F8;7B4)OVERLAP_F_B,(7F5;0B1)OVERLAP_F_B,(0F9;7B5)OVERLAP_F_B,"
+    "(7F6;0B2)OVERLAP_F_B,7B6,(7F7;0B3)OVERLAP_F_B,7B7,(7F8;0B4)OVERLAP_F_B,7B8,(7F9;0B5)OVERLAP_F_B,7B9,"
+    "0I6,0W6,0I7,0W7,0I8,0W8,0I9,0W9\n"
+    "1F0,1F1,1F2,1F3,1F4,6F0,1F5,6F1,6I0,6W0,6F2,6I1,6W1,6F3,(1F6;6B2)OVERLAP_F_B,(6F4;1B0)OVERLAP_F_B,"
+    "(1F7;6B3)OVERLAP_F_B,(6F5;1B1)OVERLAP_F_B,(1F8;6B4)OVERLAP_F_B,(6F6;1B2)OVERLAP_F_B,"
+    "(1F9;6B5)OVERLAP_F_B,(6F7;1B3)OVERLAP_F_B,6B6,(6F8;1B4)OVERLAP_F_B,6B7,(6F9;1B5)OVERLAP_F_B,6B8,1B6,"
+    "6I9,1I7,6W9,1I8,1W7,1I9,1W8,1W9\n"
+    "2F0,2F1,2F2,5F0,2F3,5F1,2F4,5F2,5I0,5W0,5F3,(2F5;5B1)OVERLAP_F_B,(5F4;2B0)OVERLAP_F_B,"
+    "(2F6;5B2)OVERLAP_F_B,(5F5;2B1)OVERLAP_F_B,(2F7;5B3)OVERLAP_F_B,(5F6;2B2)OVERLAP_F_B,"
+    "(2F8;5B4)OVERLAP_F_B,(5F7;2B3)OVERLAP_F_B,(2F9;5B5)OVERLAP_F_B,(5F8;2B4)OVERLAP_F_B,5B6,"
+    "(5F9;2B5)OVERLAP_F_B,5B7,2B6,5B8,2I7,5I9,2I8,2W7,2I9,5W9,2W8,2W9\n"
+    "3F0,4F0,3F1,4F1,3F2,4F2,3F3,4F3,3F4,4B0,(4F4;3B0)OVERLAP_F_B,(3F5;4B1)OVERLAP_F_B,"
+    "(4F5;3B1)OVERLAP_F_B,(3F6;4B2)OVERLAP_F_B,(4F6;3B2)OVERLAP_F_B,(3F7;4B3)OVERLAP_F_B,"
+    "(4F7;3B3)OVERLAP_F_B,(3F8;4B4)OVERLAP_F_B,(4F8;3B4)OVERLAP_F_B,(3F9;4B5)OVERLAP_F_B,"
+    "(4F9;3B5)OVERLAP_F_B,4B6,3B6,4B7,3B7,4I8,3I8,4I9,3I9,4W8,3W8,4W9,3W9\n";
+
+static void test_csv_dualpipev(void) {
+    hp_pp_schedule_t *ref = NULL, *g = NULL, *gd = NULL, *low = NULL;
+    HP_CHECK_OK(hp_pp_schedule_from_csv(dualpipev_4rank_10mb, "dualpipev_4rank_10mb.csv", &ref));
+    HP_CHECK_OK(hp_pp_generate(HP_PP_DUALPIPEV, 4, 2, 10, &g));
+    if (!ref || !g) return;
+    HP_CHECK_OK(hp_pp_drop_bubbles(g, &gd));
+    HP_CHECK(gd && hp_pp_schedule_equal(gd, ref), "DualPipeV(pp 4, 10 microbatches) equals dualpipev_4rank_10mb.csv");
+    for (int r = 0; gd && r < 4; r++) {
+        HP_CHECK(hp_pp_schedule_len(gd, r) == hp_pp_schedule_len(ref, r), "rank %d: %d actions, the CSV %d", r,
+                 hp_pp_schedule_len(gd, r), hp_pp_schedule_len(ref, r));
+        for (int i = 0; i < hp_pp_schedule_len(ref, r) && i < hp_pp_schedule_len(gd, r); i++) {
+            char a[48], b[48];
+            hp_pp_action_format(hp_pp_schedule_at(gd, r, i), a, sizeof a);
+            hp_pp_action_format(hp_pp_schedule_at(ref, r, i), b, sizeof b);
+            if (strcmp(a, b) != 0) {
+                HP_CHECK(0, "rank %d timestep %d: %s, expected %s", r, i, a, b);
+                break;
+            }
+        }
+    }
+    /* the V mapping validates, lowers (comms around both halves of each overlap) and runs
+     * without deadlock; REDUCE_GRAD counts the B inside an OVERLAP_F_B */
+    int map[8], vmap[8], steps = -1;
+    HP_CHECK_OK(hp_pp_validate(ref, 4, 8, 10, map));
+    HP_ASSERT(hp_pp_stage_to_rank(HP_PP_STYLE_V, 4, 8, vmap) == HP_OK);
+    HP_CHECK(memcmp(map, vmap, sizeof map) == 0, "the schedule's stage-to-rank mapping is the V mapping");
+    HP_CHECK_OK(hp_pp_lower(ref, 8, 10, &low, NULL));
+    if (low) HP_CHECK_OK(hp_pp_simulate(low, vmap, 8, NULL, &steps));
+    int rg = 0, sends = 0;
+    for (int r = 0; low && r < 4; r++)
+        for (int i = 0; i < hp_pp_schedule_len(low, r); i++) {
+            const hp_pp_action_t *x = hp_pp_schedule_at(low, r, i);
+            rg += x->type == HP_PP_REDUCE_GRAD;
+            sends += x->type == HP_PP_SEND_F || x->type == HP_PP_SEND_B;
+        }
+    /* per microbatch 7 forward hand-overs, of which 3 -> 4 stays on rank 3 (the V's tip): 6 SEND_F,
+     * and 6 SEND_B the other way */
+    HP_CHECK(rg == 8 && sends == 2 * 6 * 10 && steps > 0, "lowered DualPipeV: %d REDUCE_GRAD (8), %d sends (%d), "
+             "%d simulated steps", rg, sends, 2 * 6 * 10, steps);
+    /* the overlap costs F + B in the unit-cost timing; the bubble is below 1F1B's at the same size */
+    hp_pp_timing_t t, t1;
+    hp_pp_schedule_t *one = NULL;
+    HP_CHECK_OK(hp_pp_timing(ref, 8, &t));
+    HP_CHECK_OK(hp_pp_generate(HP_PP_1F1B, 4, 1, 10, &one));
+    if (one) HP_CHECK_OK(hp_pp_timing(one, 4, &t1));
+    HP_CHECK(t.busy == 8 * 10 * 3 && t.bubble_fraction < t1.bubble_fraction, "DualPipeV busy %lld (240), bubble %.3f "
+             "< 1F1B's %.3f", (long long)t.busy, t.bubble_fraction, t1.bubble_fraction);
+    hp_pp_schedule_free(one);
+    hp_pp_schedule_free(ref);
+    hp_pp_schedule_free(g);
+    hp_pp_schedule_free(gd);
+    hp_pp_schedule_free(low);
+}
+
 /* ---- CSV form ------------------------------------------------------------------------------ */
 static void test_csv_format(void) {
     const char *rows[] = {"0F0 _ 0B0", "_", "1UNSHARD 1RECV_F0 1F0"};
@@ -434,7 +526,7 @@ static void test_grid_and_validate(void) {
     hp_pp_schedule_t *big = NULL;
     HP_CHECK_OK(hp_pp_generate(HP_PP_GPIPE, 4, 1, 64, &big));
     if (big) {
-        hp_pp_action_t f = {3, HP_PP_B, 99};
+        hp_pp_action_t f = {3, HP_PP_B, 99, 0, 0};
         HP_CHECK_OK(hp_pp_schedule_append(big, 3, &f));
         int at = hp_pp_schedule_len(big, 3) - 1;
         char needle[160];
@@ -509,7 +601,13 @@ static void test_mapping_and_names(void) {
              !hp_pp_kind_is_single_stage(HP_PP_INTERLEAVED_1F1B), "kind names");
     HP_CHECK_ERR(hp_pp_kind_from_name("ScheduleThatDoesNotExist", &k), HP_ERR_INVALID_ARG,
                  "Unknown schedule name 'ScheduleThatDoesNotExist'");
-    HP_CHECK_ERR(hp_pp_kind_from_name("dualpipev", &k), HP_ERR_UNSUPPORTED, "not implemented yet");
+    HP_CHECK_ERR(hp_pp_kind_from_name("PipelineScheduleMulti", &k), HP_ERR_UNSUPPORTED, "base class");
+    static const char *const zb_names[] = {"InterleavedZeroBubble", "zbvzerobubble", "DUALPIPEV"};
+    static const hp_pp_kind_t zb_kinds[] = {HP_PP_INTERLEAVED_ZB, HP_PP_ZBV, HP_PP_DUALPIPEV};
+    for (int i = 0; i < 3; i++) {
+        HP_CHECK_OK(hp_pp_kind_from_name(zb_names[i], &k));
+        HP_CHECK(k == zb_kinds[i] && hp_pp_kind_style(k) == (i ? HP_PP_STYLE_V : HP_PP_STYLE_LOOP), "%s", zb_names[i]);
+    }
 }
 
 /* ---- generators: errors, the 1F1B deviation, bubble fractions --------------------------------- */
@@ -627,7 +725,7 @@ static void test_golden(void) {
         cases++;
         const int S = L * P;
         int *map = malloc((size_t)S * sizeof *map);
-        loop_map(map, S, P);
+        HP_ASSERT(hp_pp_stage_to_rank(hp_pp_kind_style(kind), P, S, map) == HP_OK);
         HP_CHECK_OK(hp_pp_validate(s, P, S, n, NULL));
         /* the compute order: the multi-stage pipeline_order as is; the single-stage ones as stored
          * (after _add_reduce_grad, bubbles dropped), 1F1B's last rank numbered as PyTorch does */
@@ -652,8 +750,11 @@ static void test_golden(void) {
                      n, P);
             HP_CHECK_OK(hp_pp_simulate(sr, map, S, NULL, &sim_steps));
         }
-        HP_CHECK(sim_steps == steps, "%s L=%d n=%d P=%d: %d simulated steps, PyTorch %d", kindname, L, n, P, sim_steps,
-                 steps);
+        if (kind == HP_PP_DUALPIPEV)   /* PyTorch's simulator does not model OVERLAP_F_B: ours must finish */
+            HP_CHECK(steps == -1 && sim_steps > 0, "%s L=%d n=%d P=%d: %d simulated steps", kindname, L, n, P, sim_steps);
+        else
+            HP_CHECK(sim_steps == steps, "%s L=%d n=%d P=%d: %d simulated steps, PyTorch %d", kindname, L, n, P,
+                     sim_steps, steps);
         int lmap[1024];
         HP_CHECK_OK(hp_pp_lower(s, S, n, &low, S <= 1024 ? lmap : NULL));
         if (low) {
@@ -663,7 +764,7 @@ static void test_golden(void) {
         }
         hp_pp_timing_t t;
         HP_CHECK_OK(hp_pp_timing(s, S, &t));
-        if ((L == 2 && n == 8 && P == 4) || (L == 1 && n == 8 && P == 4))
+        if ((L == 2 && n == 8 && P == 4) || (L == 1 && n == 8 && P == 4) || (L == 2 && n == 10 && P == 4))
             printf("%-16s L=%d n=%-3d P=%d: %d simulated steps (PyTorch %d), bubble %.4f\n", hp_pp_kind_name(kind), L, n,
                    P, sim_steps, steps, t.bubble_fraction);
         hp_pp_schedule_free(ord);
@@ -674,7 +775,7 @@ static void test_golden(void) {
         hp_pp_schedule_free(s);
     }
     fclose(f);
-    HP_CHECK(cases >= 90 && errors == 12, "golden: %d cases, %d error cases", cases, errors);
+    HP_CHECK(cases == 152 && errors == 54, "golden: %d cases, %d error cases", cases, errors);
 }
 
 
@@ -759,7 +860,10 @@ static void test_tool(void) {
     EXPECT_TOOL("--schedule 1F1B --pp 4 --microbatches lots", 2, "--microbatches expects an integer, got 'lots'");
     EXPECT_TOOL("--schedule 1F1B --pp 4 --microbatchs 8", 2, "did you mean '--microbatches'");
     EXPECT_TOOL("--schedule ZBV --pp 4 --microbatches 8", 2, "Unknown schedule name 'ZBV'");
-    EXPECT_TOOL("--schedule DualPipeV --pp 4 --microbatches 8", 2, "not implemented yet");
+    EXPECT_TOOL("--schedule DualPipeV --pp 4 --microbatches 8", 0, "V mapping: rank r holds stages r and 7 - r");
+    EXPECT_TOOL("--schedule DualPipeV --pp 4 --microbatches 6", 2, "DualPipeV requires at least as many microbatches");
+    EXPECT_TOOL("--schedule ZBVZeroBubble --pp 2 --microbatches 4 --stages-per-rank 3", 2,
+                "ZBV requires exactly 2 stages per rank, but got 3");
     EXPECT_TOOL("--schedule 1F1B --pp 4 --microbatches 2", 2, "Number of microbatches (2) must be greater than or equal");
     EXPECT_TOOL("--schedule GPipe --pp 2 --microbatches 2 --stages-per-rank 2", 2, "single-stage schedule");
     EXPECT_TOOL("--schedule Interleaved1F1B --pp 4 --microbatches 9", 2, "multiple of the number of rounds (2)");
@@ -775,6 +879,7 @@ int main(void) {
     test_local_passes();
     test_send_recv();
     test_csv_zb1p();
+    test_csv_dualpipev();
     test_csv_format();
     test_grid_and_validate();
     test_lower();

@@ -118,8 +118,12 @@ int main(int argc, char **argv) {
             return 2;
         }
         num_stages = pp * L;
-        printf("%s: pp %d, %d stage(s) per rank (%d stages, stage s on rank s %% %d), %d microbatches\n",
-               hp_pp_kind_name(kind), pp, L, num_stages, pp, n);
+        if (hp_pp_kind_style(kind) == HP_PP_STYLE_V)
+            printf("%s: pp %d, %d stages per rank (%d stages, V mapping: rank r holds stages r and %d - r), %d "
+                   "microbatches\n", hp_pp_kind_name(kind), pp, L, num_stages, num_stages - 1, n);
+        else
+            printf("%s: pp %d, %d stage(s) per rank (%d stages, stage s on rank s %% %d), %d microbatches\n",
+                   hp_pp_kind_name(kind), pp, L, num_stages, pp, n);
     } else {
         if (L) {
             fprintf(stderr, TOOL ": --stages-per-rank applies to --schedule; a CSV names its stages\n");
@@ -140,6 +144,7 @@ int main(int argc, char **argv) {
                 const hp_pp_action_t *a = hp_pp_schedule_at(compute, r, i);
                 if (!a) continue;
                 if (a->stage + 1 > num_stages) num_stages = a->stage + 1;
+                if (a->type == HP_PP_OVERLAP_F_B && a->sub_stage + 1 > num_stages) num_stages = a->sub_stage + 1;
                 if (a->type == HP_PP_F && a->mb > max_f) max_f = a->mb;
             }
         if (!n) n = max_f + 1;

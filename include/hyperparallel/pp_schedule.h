@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-/* _ComputationType, in PyTorch's text form. OVERLAP_F_B (DualPipeV) is not modelled yet. */
+/* _ComputationType, in PyTorch's text form. */
 typedef enum hp_pp_type {
     HP_PP_F = 0,        /* "F"  forward */
     HP_PP_I,            /* "I"  backward input (dX) */
@@ -30,6 +30,8 @@ typedef enum hp_pp_type {
     HP_PP_SEND_B,       /* "SEND_B"      input gradient of stage s to stage s-1 */
     HP_PP_RECV_B,       /* "RECV_B"      output gradient into stage s from stage s+1 */
     HP_PP_REDUCE_GRAD,  /* "REDUCE_GRAD" the stage's gradient reduction after its last backward */
+    HP_PP_OVERLAP_F_B,  /* "(0F5;1B2)OVERLAP_F_B" DualPipeV: F of (stage, mb) and B of (sub_stage, sub_mb)
+                         * run together; both stages are on the action's rank */
     HP_PP_TYPE_COUNT
 } hp_pp_type_t;
 
@@ -39,17 +41,26 @@ enum {
     HP_PP_MAX_MB = 0x7ffffffe,       /* largest microbatch index an action may name */
 };
 
-/* _Action(stage_index, computation_type, microbatch_index). A list slot holding no action
- * (PyTorch's None, a bubble) is a NULL action pointer. */
+/* _Action(stage_index, computation_type, microbatch_index[, sub_actions]). A list slot holding
+ * no action (PyTorch's None, a bubble) is a NULL action pointer. OVERLAP_F_B is PyTorch's
+ * _Action(-1, OVERLAP_F_B, None, (F action, B action)): here stage / mb are the F's and
+ * sub_stage / sub_mb the full backward's (PyTorch's DualPipeV only makes (F; B) pairs, and
+ * that is the one pair accepted). Other types leave sub_stage / sub_mb at 0. */
 typedef struct hp_pp_action {
     int32_t stage;      /* [0, HP_PP_MAX_STAGE] */
     hp_pp_type_t type;
     int32_t mb;         /* [0, HP_PP_MAX_MB], or HP_PP_NO_MB for UNSHARD / RESHARD / REDUCE_GRAD */
+    int32_t sub_stage;  /* OVERLAP_F_B only: the B's stage */
+    int32_t sub_mb;     /* OVERLAP_F_B only: the B's microbatch */
 } hp_pp_action_t;
+
+/* The compute actions an action stands for: OVERLAP_F_B -> its F and its B (2), a compute or
+ * communication action -> itself (1). out holds 2. */
+int hp_pp_action_leaves(const hp_pp_action_t *a, hp_pp_action_t out[2]);
 
 /* "F", "SEND_B", ... ; NULL for a value outside the enum. */
 const char *hp_pp_type_name(hp_pp_type_t type);
-/* 1 for F, I, W, B (is_compute_op without OVERLAP_F_B). */
+/* 1 for F, I, W, B and OVERLAP_F_B (_Action.is_compute_op). */
 int hp_pp_type_is_compute(hp_pp_type_t type);
 
 /* Parses one action, "{stage}{TYPE}{mb}" with surrounding spaces allowed: "1F0", "2I1",
@@ -59,10 +70,11 @@ int hp_pp_type_is_compute(hp_pp_type_t type);
  * which ignores trailing text ("2BW0" would read as "2B"): the whole text must be one action.
  * `what` names the input in messages ("zb1p.csv:2: cell 4"; NULL: "action"). Errors
  * HP_ERR_INVALID_ARG naming the text, e.g. "action '0X1' is not a pipeline action: expected
- * {stage}{TYPE}{microbatch} ..."; "(0F0;1B1)OVERLAP_F_B" is HP_ERR_UNSUPPORTED (not yet). */
+ * {stage}{TYPE}{microbatch} ...". "(0F7;7B3)OVERLAP_F_B" is an overlap of exactly an F and a B
+ * on two stages; other sub-action pairs are refused by name. */
 hp_status_t hp_pp_action_parse(const char *text, const char *what, hp_pp_action_t *out, int *is_bubble);
 
-/* _Action.__repr__: "1F0", "1UNSHARD". Writes at most cap bytes (NUL included); returns the
+/* _Action.__repr__: "1F0", "1UNSHARD", "(0F7;7B3)OVERLAP_F_B". Writes at most cap bytes (NUL included); returns the
  * length of the full text (snprintf's rule). */
 int hp_pp_action_format(const hp_pp_action_t *a, char *buf, size_t cap);
 
@@ -117,32 +129,47 @@ typedef enum hp_pp_kind {
     HP_PP_1F1B,               /* Schedule1F1B, 1 stage per rank, n >= pp */
     HP_PP_INTERLEAVED_1F1B,   /* ScheduleInterleaved1F1B, L stages per rank, loop mapping */
     HP_PP_LOOPED_BFS,         /* ScheduleLoopedBFS, L stages per rank, loop mapping */
+    HP_PP_INTERLEAVED_ZB,     /* ScheduleInterleavedZeroBubble (ZB1P), L stages per rank, loop mapping, I / W */
+    HP_PP_ZBV,                /* ScheduleZBVZeroBubble, exactly 2 stages per rank, V mapping, I / W */
+    HP_PP_DUALPIPEV,          /* ScheduleDualPipeV, exactly 2 stages per rank, V mapping, OVERLAP_F_B, n >= 2 pp */
     HP_PP_KIND_COUNT
 } hp_pp_kind_t;
 
-/* get_schedule_class: case-insensitive "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS".
- * PyTorch's other names (InterleavedZeroBubble, ZBVZeroBubble, DualPipeV,
- * PipelineScheduleSingle, PipelineScheduleMulti) are HP_ERR_UNSUPPORTED (not yet); any other
- * name is HP_ERR_INVALID_ARG naming it and listing the valid options. */
+/* get_schedule_class: case-insensitive "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS",
+ * "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV". PyTorch's base-class names
+ * (PipelineScheduleSingle, PipelineScheduleMulti) are HP_ERR_UNSUPPORTED (they generate no
+ * order); any other name is HP_ERR_INVALID_ARG naming it and listing the valid options. */
 hp_status_t hp_pp_kind_from_name(const char *name, hp_pp_kind_t *out);
 const char *hp_pp_kind_name(hp_pp_kind_t kind);   /* "GPipe", ... */
 /* 1 for the single-stage schedules (GPipe, 1F1B), which TorchTitan gives one stage per rank;
  * the looped ones get 2 by default. */
 int hp_pp_kind_is_single_stage(hp_pp_kind_t kind);
+/* The stage-to-rank style a kind runs with: HP_PP_STYLE_V for ZBVZeroBubble and DualPipeV
+ * (rank r holds stages r and 2 pp - 1 - r), HP_PP_STYLE_LOOP otherwise. */
+hp_pp_style_t hp_pp_kind_style(hp_pp_kind_t kind);
 
 /* The compute-only order PyTorch computes for each rank (F and B; bubbles as NULL slots):
  *   GPipe            r bubbles, F0..F(n-1), 3(P-1-r) bubbles, B0..B(n-1)
  *   1F1B             r bubbles, F0..F(P-2-r), 2(P-1-r) bubbles, F/B pairs, then (bubble, B)
  *   Interleaved1F1B  _get_1f1b_rank_ops with rounds = max(1, n // P), mb_per_round = n / rounds
  *   LoopedBFS        r bubbles, all F of stage r, r+P, ..., 2(P-1-r) bubbles, B in reverse
- * with stage s on rank s % P. For GPipe and 1F1B this is the list before _add_reduce_grad:
+ *   InterleavedZeroBubble  _get_1f1b_rank_ops(enable_zero_bubble) with warm-up factor 1: I for
+ *                    B, the oldest pending W after each backward past the first r, then
+ *                    _add_bubbles_to_actions (an F waits for the previous stage's F)
+ * with stage s on rank s % P; and with the V mapping (stages r and 2P-1-r on rank r):
+ *   ZBVZeroBubble    warm-up 2(P-r)-1 F0, r (F1, F0), P-r (F1, I1, W1), steady (F0, I0, W0, F1,
+ *                    I1, W1), cool-down, on max(2P-1, n) microbatches, those >= n as bubbles
+ *   DualPipeV        PyTorch's eight steps with OVERLAP_F_B (F0+B1, F1+B0) in the main loop.
+ * For GPipe and 1F1B this is the list before _add_reduce_grad:
  * PyTorch's stored pipeline_order is hp_pp_add_reduce_grad of it (bubbles dropped). One
  * deliberate difference: Schedule1F1B numbers the last rank's forwards 1..n (its forward_mb
  * starts at 0 when there is no warm-up forward), an order that runs B0 before any F0 and fails
  * _validate_schedule; here they are 0..n-1, every other slot is PyTorch's.
  * Errors (HP_ERR_INVALID_ARG, PyTorch's messages): GPipe / 1F1B with stages_per_rank != 1;
- * 1F1B with n < pp; Interleaved1F1B with n % rounds != 0; pp, n, stages_per_rank < 1; more
- * than 2^24 compute actions in all. */
+ * 1F1B with n < pp; Interleaved1F1B / InterleavedZeroBubble with n % rounds != 0; ZBV and
+ * DualPipeV with stages_per_rank != 2 ("ZBV requires exactly 2 stages per rank, but got 3.");
+ * DualPipeV with n < 2 pp ("DualPipeV requires at least as many microbatches as stages"); pp,
+ * n, stages_per_rank < 1; more than 2^24 compute actions in all. */
 hp_status_t hp_pp_generate(hp_pp_kind_t kind, int pp, int stages_per_rank, int n_microbatches,
                            hp_pp_schedule_t **out);
 

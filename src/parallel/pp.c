@@ -606,7 +606,7 @@ hp_status_t hp_pp_eval(hp_pp_t p, const int32_t *tokens, const int32_t *targets,
                 st = hp_recv_tag(s->in_act[m], p->act_floats, HP_F32, p->stage_to_rank[s->id - 1],
                                  msg_tag(p, s->id - 1, m, DIR_F), p->comm, &s->recv_f[m]);
             }
-            hp_pp_action_t a = {s->id, HP_PP_F, m};
+            hp_pp_action_t a = {s->id, HP_PP_F, m, 0, 0};
             if (st == HP_OK) st = run_forward(p, s, m, tokens, targets, loss_divisor, &ls, &nv, &a);
             if (st == HP_OK && next_remote) {
                 if (k >= p->n_acts) st = hp_error(HP_ERR_STATE, "pipeline eval: more sends than the schedule has");

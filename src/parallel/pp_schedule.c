@@ -19,14 +19,26 @@ static const char *const type_names[HP_PP_TYPE_COUNT] = {
     [HP_PP_F] = "F", [HP_PP_I] = "I", [HP_PP_W] = "W", [HP_PP_B] = "B",
     [HP_PP_UNSHARD] = "UNSHARD", [HP_PP_RESHARD] = "RESHARD",
     [HP_PP_SEND_F] = "SEND_F", [HP_PP_RECV_F] = "RECV_F", [HP_PP_SEND_B] = "SEND_B", [HP_PP_RECV_B] = "RECV_B",
-    [HP_PP_REDUCE_GRAD] = "REDUCE_GRAD",
+    [HP_PP_REDUCE_GRAD] = "REDUCE_GRAD", [HP_PP_OVERLAP_F_B] = "OVERLAP_F_B",
 };
 
 const char *hp_pp_type_name(hp_pp_type_t type) {
     return (int)type >= 0 && type < HP_PP_TYPE_COUNT ? type_names[type] : NULL;
 }
 
-int hp_pp_type_is_compute(hp_pp_type_t t) { return t == HP_PP_F || t == HP_PP_I || t == HP_PP_W || t == HP_PP_B; }
+int hp_pp_type_is_compute(hp_pp_type_t t) {
+    return t == HP_PP_F || t == HP_PP_I || t == HP_PP_W || t == HP_PP_B || t == HP_PP_OVERLAP_F_B;
+}
+
+int hp_pp_action_leaves(const hp_pp_action_t *a, hp_pp_action_t out[2]) {
+    if (a->type != HP_PP_OVERLAP_F_B) {
+        out[0] = *a;
+        return 1;
+    }
+    out[0] = (hp_pp_action_t){a->stage, HP_PP_F, a->mb, 0, 0};
+    out[1] = (hp_pp_action_t){a->sub_stage, HP_PP_B, a->sub_mb, 0, 0};
+    return 2;
+}
 
 static int type_has_mb(hp_pp_type_t t) { return t != HP_PP_UNSHARD && t != HP_PP_RESHARD && t != HP_PP_REDUCE_GRAD; }
 
@@ -138,6 +150,9 @@ static hp_status_t oom(const char *what) { return hp_error(HP_ERR_OOM, "%s: out 
 /* ---- actions ------------------------------------------------------------------------------ */
 int hp_pp_action_format(const hp_pp_action_t *a, char *buf, size_t cap) {
     const char *t = hp_pp_type_name(a->type);
+    if (a->type == HP_PP_OVERLAP_F_B)
+        return snprintf(buf, cap, "(%dF%d;%dB%d)OVERLAP_F_B", (int)a->stage, (int)a->mb, (int)a->sub_stage,
+                        (int)a->sub_mb);
     if (!t) return snprintf(buf, cap, "%d?%d", (int)a->stage, (int)a->mb);
     if (a->mb == HP_PP_NO_MB) return snprintf(buf, cap, "%d%s", (int)a->stage, t);
     return snprintf(buf, cap, "%d%s%d", (int)a->stage, t, (int)a->mb);
@@ -163,6 +178,10 @@ static hp_status_t check_action(const hp_pp_action_t *a, const char *what) {
     if (!type_has_mb(a->type) && a->mb != HP_PP_NO_MB)
         return hp_error(HP_ERR_INVALID_ARG, "%s: %s takes no microbatch (HP_PP_NO_MB), got %d", what,
                         type_names[a->type], (int)a->mb);
+    if (a->type == HP_PP_OVERLAP_F_B &&
+        (a->sub_stage < 0 || a->sub_stage > HP_PP_MAX_STAGE || a->sub_mb < 0 || a->sub_mb > HP_PP_MAX_MB))
+        return hp_error(HP_ERR_INVALID_ARG, "%s: OVERLAP_F_B's backward (stage %d, microbatch %d) is outside [0, %d] x "
+                        "[0, %d]", what, (int)a->sub_stage, (int)a->sub_mb, HP_PP_MAX_STAGE, HP_PP_MAX_MB);
     return HP_OK;
 }
 
@@ -182,6 +201,33 @@ static int64_t read_uint(const char **p, int64_t max) {
     return big ? -2 : v;
 }
 
+/* "(aF m;bB k)OVERLAP_F_B": PyTorch's sub-action form, with exactly an F and then a B. */
+static hp_status_t parse_overlap(const char *text, size_t len, const char *what, const char *t, hp_pp_action_t *out) {
+    static const char tail[] = ")OVERLAP_F_B";
+    const size_t tl = sizeof tail - 1;
+    const char *semi = memchr(text, ';', len);
+    if (len < tl + 2 || memcmp(text + len - tl, tail, tl) != 0 || !semi)
+        return hp_error(HP_ERR_INVALID_ARG, "%s '%s' is not a pipeline action: a '(' starts an overlapped pair, "
+                        "expected '(F;B)OVERLAP_F_B' such as '(0F7;7B3)OVERLAP_F_B'", what, t);
+    char part[2][64];
+    const char *p0 = text + 1, *p1 = semi + 1;
+    const size_t n0 = (size_t)(semi - p0), n1 = (size_t)(text + len - tl - p1);
+    if (n0 >= sizeof part[0] || n1 >= sizeof part[1])
+        return hp_error(HP_ERR_INVALID_ARG, "%s '%s': a sub-action is too long", what, t);
+    memcpy(part[0], p0, n0);
+    part[0][n0] = 0;
+    memcpy(part[1], p1, n1);
+    part[1][n1] = 0;
+    hp_pp_action_t f, b;
+    HP_TRY(hp_pp_action_parse(part[0], what, &f, NULL));
+    HP_TRY(hp_pp_action_parse(part[1], what, &b, NULL));
+    if (f.type != HP_PP_F || b.type != HP_PP_B)
+        return hp_error(HP_ERR_INVALID_ARG, "%s '%s': OVERLAP_F_B overlaps a forward and a full backward, got %s and "
+                        "%s; write '(sF m;tB k)OVERLAP_F_B'", what, t, type_names[f.type], type_names[b.type]);
+    *out = (hp_pp_action_t){f.stage, HP_PP_OVERLAP_F_B, f.mb, b.stage, b.mb};
+    return HP_OK;
+}
+
 hp_status_t hp_pp_action_parse(const char *text, const char *what, hp_pp_action_t *out, int *is_bubble) {
     if (!what) what = "action";
     if (!text) return hp_error(HP_ERR_INVALID_ARG, "%s: NULL text", what);
@@ -196,8 +242,7 @@ hp_status_t hp_pp_action_parse(const char *text, const char *what, hp_pp_action_
     }
     char t[96];   /* the trimmed text, shown in messages */
     snprintf(t, sizeof t, "%.*s%s", (int)(len < 80 ? len : 80), text, len > 80 ? "..." : "");
-    if (text[0] == '(')
-        return hp_error(HP_ERR_UNSUPPORTED, "%s '%s': OVERLAP_F_B actions (DualPipeV) are not supported yet", what, t);
+    if (text[0] == '(') return parse_overlap(text, len, what, t, out);
     const char *p = text, *end = text + len;
     int64_t stage = read_uint(&p, HP_PP_MAX_STAGE);
     if (stage == -1) return hp_error(HP_ERR_INVALID_ARG, "%s '%s' is not a pipeline action: %s", what, t, PP_ACTION_HINT);
@@ -291,12 +336,12 @@ static hp_status_t row_push(pp_row_t *row, const hp_pp_action_t *a) {
         row->a = p;
         row->cap = cap;
     }
-    static const hp_pp_action_t bubble = {-1, PP_BUBBLE, HP_PP_NO_MB};
+    static const hp_pp_action_t bubble = {-1, PP_BUBBLE, HP_PP_NO_MB, 0, 0};
     row->a[row->len++] = a ? *a : bubble;
     return HP_OK;
 }
 static hp_status_t push(hp_pp_schedule_t *s, int rank, int32_t stage, hp_pp_type_t type, int32_t mb) {
-    hp_pp_action_t a = {stage, type, mb};
+    hp_pp_action_t a = {stage, type, mb, 0, 0};
     return row_push(&s->rows[rank], &a);
 }
 
@@ -370,6 +415,8 @@ int hp_pp_schedule_equal(const hp_pp_schedule_t *a, const hp_pp_schedule_t *b) {
             const hp_pp_action_t *x = &a->rows[r].a[i], *y = &b->rows[r].a[i];
             if (is_bubble(x) != is_bubble(y)) return 0;
             if (!is_bubble(x) && (x->stage != y->stage || x->type != y->type || x->mb != y->mb)) return 0;
+            if (!is_bubble(x) && x->type == HP_PP_OVERLAP_F_B && (x->sub_stage != y->sub_stage || x->sub_mb != y->sub_mb))
+                return 0;
         }
     }
     return 1;
@@ -640,14 +687,17 @@ hp_status_t hp_pp_stage_to_rank(hp_pp_style_t style, int pp, int num_stages, int
 }
 
 /* ---- generators ------------------------------------------------------------------------------ */
-static const char *const kind_names[HP_PP_KIND_COUNT] = {"GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS"};
+static const char *const kind_names[HP_PP_KIND_COUNT] = {"GPipe",         "1F1B",          "Interleaved1F1B", "LoopedBFS",
+                                                         "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
 
 const char *hp_pp_kind_name(hp_pp_kind_t k) { return (int)k >= 0 && k < HP_PP_KIND_COUNT ? kind_names[k] : NULL; }
 int hp_pp_kind_is_single_stage(hp_pp_kind_t k) { return k == HP_PP_GPIPE || k == HP_PP_1F1B; }
+hp_pp_style_t hp_pp_kind_style(hp_pp_kind_t k) {
+    return k == HP_PP_ZBV || k == HP_PP_DUALPIPEV ? HP_PP_STYLE_V : HP_PP_STYLE_LOOP;
+}
 
 hp_status_t hp_pp_kind_from_name(const char *name, hp_pp_kind_t *out) {
-    static const char *const later[] = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", "PipelineScheduleSingle",
-                                        "PipelineScheduleMulti"};
+    static const char *const later[] = {"PipelineScheduleSingle", "PipelineScheduleMulti"};
     for (int k = 0; k < HP_PP_KIND_COUNT; k++)
         if (name && strcasecmp(name, kind_names[k]) == 0) {
             *out = (hp_pp_kind_t)k;
@@ -655,10 +705,12 @@ hp_status_t hp_pp_kind_from_name(const char *name, hp_pp_kind_t *out) {
         }
     for (size_t k = 0; name && k < sizeof later / sizeof later[0]; k++)
         if (strcasecmp(name, later[k]) == 0)
-            return hp_error(HP_ERR_UNSUPPORTED, "schedule '%s' (PyTorch's %s) is not implemented yet; available: GPipe, "
-                            "1F1B, Interleaved1F1B, LoopedBFS (docs/pp.md)", name, later[k]);
+            return hp_error(HP_ERR_UNSUPPORTED, "schedule '%s': PyTorch's %s is a base class that generates no order; "
+                            "use one of GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, "
+                            "DualPipeV, or a CSV (docs/pp.md)", name, later[k]);
     return hp_error(HP_ERR_INVALID_ARG, "Unknown schedule name '%s'. The valid options are ['1F1B', 'Interleaved1F1B', "
-                    "'GPipe', 'LoopedBFS'] (case-insensitive)", name ? name : "(null)");
+                    "'GPipe', 'LoopedBFS', 'InterleavedZeroBubble', 'ZBVZeroBubble', 'DualPipeV'] (case-insensitive)",
+                    name ? name : "(null)");
 }
 
 static hp_status_t gen_gpipe(hp_pp_schedule_t *s, int P, int n) {
@@ -690,16 +742,24 @@ static hp_status_t gen_1f1b(hp_pp_schedule_t *s, int P, int n) {
     return HP_OK;
 }
 
-/* _get_1f1b_rank_ops without zero bubble, with Interleaved1F1B's stage functions. */
-static hp_status_t gen_interleaved(hp_pp_schedule_t *s, int P, int L, int n, int64_t mpr, int *fcnt, int *bcnt) {
+/* _get_1f1b_rank_ops with Interleaved1F1B's stage functions; zb: InterleavedZeroBubble's variant
+ * (warm-up factor 1, post-warm-up P-1-r bubbles, I for B, no cool-down bubbles, after each
+ * backward past the first r the W of the oldest backward; the remaining Ws at the end). wcnt is
+ * the per-local-stage W counter (zb only). */
+static hp_status_t gen_interleaved(hp_pp_schedule_t *s, int P, int L, int n, int64_t mpr, int zb, int *fcnt, int *bcnt,
+                                   int *wcnt) {
     const int64_t nl = (int64_t)n * L;
+    const hp_pp_type_t bt = zb ? HP_PP_I : HP_PP_B;
     for (int r = 0; r < P; r++) {
-        int64_t warm = (int64_t)(L - 1) * mpr + 2 * (int64_t)(P - 1 - r);
+        int64_t warm = (int64_t)(L - 1) * mpr + (zb ? 1 : 2) * (int64_t)(P - 1 - r);
         if (warm > nl) warm = nl;
         const int64_t fwd_bwd = nl - warm, cooldown = nl - fwd_bwd, total = warm + fwd_bwd + cooldown;
-        int64_t post = ((int64_t)L * P + 2 * (int64_t)(P - 1 - r)) - (warm + r);
+        int64_t post = zb ? P - r - 1 : ((int64_t)L * P + 2 * (int64_t)(P - 1 - r)) - (warm + r);
+        int64_t wdone = 0;   /* W ops issued: the W of backward op warm + wdone comes next */
         memset(fcnt, 0, (size_t)L * sizeof *fcnt);
         memset(bcnt, 0, (size_t)L * sizeof *bcnt);
+        memset(wcnt, 0, (size_t)L * sizeof *wcnt);
+#define BWD_LOC(op) (L - 1 - (int)((((op) - warm) / mpr) % L))
         for (int i = 0; i < r; i++) HP_TRY(row_push(&s->rows[r], NULL));
         for (int64_t op = 0; op < total; op++) {
             if (op < warm + fwd_bwd) {   /* warm-up and steady: a forward */
@@ -707,16 +767,202 @@ static hp_status_t gen_interleaved(hp_pp_schedule_t *s, int P, int L, int n, int
                 HP_TRY(push(s, r, loc * P + r, HP_PP_F, fcnt[loc]++));
                 if (op == warm - 1)
                     for (int64_t i = 0; i < post; i++) HP_TRY(row_push(&s->rows[r], NULL));
-            } else {   /* cooldown: a bubble to stay aligned with the other ranks' 1F1B */
+            } else if (!zb) {   /* cooldown: a bubble to stay aligned with the other ranks' 1F1B */
                 HP_TRY(row_push(&s->rows[r], NULL));
             }
             if (op >= warm) {
-                int loc = L - 1 - (int)(((op - warm) / mpr) % L);
-                HP_TRY(push(s, r, loc * P + r, HP_PP_B, bcnt[loc]++));
+                int loc = BWD_LOC(op);
+                HP_TRY(push(s, r, loc * P + r, bt, bcnt[loc]++));
+                if (zb && op - warm >= r) {
+                    int wl = BWD_LOC(warm + wdone);
+                    HP_TRY(push(s, r, wl * P + r, HP_PP_W, wcnt[wl]++));
+                    wdone++;
+                }
             }
         }
+        for (; zb && wdone < total - warm; wdone++) {
+            int wl = BWD_LOC(warm + wdone);
+            HP_TRY(push(s, r, wl * P + r, HP_PP_W, wcnt[wl]++));
+        }
+#undef BWD_LOC
     }
     return HP_OK;
+}
+
+/* ScheduleInterleavedZeroBubble._add_bubbles_to_actions: lock-step over the ranks; a rank whose
+ * next action is an F of stage s > 0 whose (s-1)F of that microbatch has not run in an earlier
+ * round gets a bubble instead (PyTorch's FULL_BACKWARD rule never fires: the list has I, not B);
+ * a bubble of the input is kept and passed. */
+static hp_status_t add_bubbles(hp_pp_schedule_t **sp) {
+    hp_pp_schedule_t *in = *sp, *o;
+    const int R = in->n_ranks;
+    HP_TRY(hp_pp_schedule_create(R, &o));
+    amap_t seen = {0}, fresh = {0};
+    int *pos = hp_calloc((size_t)R, sizeof *pos);
+    hp_status_t st = pos ? HP_OK : HP_ERR_OOM;
+    int64_t total = 0, guard = 0;
+    for (int r = 0; r < R; r++) total += in->rows[r].len;
+    for (int active = 1; st == HP_OK && active;) {
+        active = 0;
+        amap_free(&fresh);
+        for (int r = 0; r < R && st == HP_OK; r++) {
+            if (pos[r] >= in->rows[r].len) continue;
+            active = 1;
+            const hp_pp_action_t *a = &in->rows[r].a[pos[r]];
+            if (is_bubble(a)) {
+                pos[r]++;
+                st = row_push(&o->rows[r], NULL);
+            } else if (a->type == HP_PP_F && a->stage != 0 && !amap_has(&seen, a->stage - 1, HP_PP_F, a->mb)) {
+                st = row_push(&o->rows[r], NULL);
+            } else {
+                pos[r]++;
+                st = row_push(&o->rows[r], a);
+                if (st == HP_OK && amap_put(&fresh, akey(a->stage, a->type, a->mb), 0) < 0) st = oom("add_bubbles");
+            }
+        }
+        for (size_t i = 0; st == HP_OK && i < fresh.cap; i++)   /* seen |= this round's actions */
+            if (fresh.keys && fresh.used[i] && amap_put(&seen, fresh.keys[i], 0) < 0) st = oom("add_bubbles");
+        if (st == HP_OK && ++guard > 4 * total + 16)
+            st = hp_error(HP_ERR_STATE, "InterleavedZeroBubble: _add_bubbles_to_actions does not terminate");
+    }
+    amap_free(&seen);
+    amap_free(&fresh);
+    free(pos);
+    if (st != HP_OK) {
+        hp_pp_schedule_free(o);
+        return st;
+    }
+    hp_pp_schedule_free(in);
+    *sp = o;
+    return HP_OK;
+}
+
+/* ScheduleZBVZeroBubble._calculate_single_rank_operations (2 stages per rank, V mapping). */
+static hp_status_t gen_zbv(hp_pp_schedule_t *s, int P, int n) {
+    const int nm = n > 2 * P - 1 ? n : 2 * P - 1, S = 2 * P;
+    for (int r = 0; r < P; r++) {
+        const int c0 = r, c1 = S - 1 - r;
+        int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+        pp_row_t *row = &s->rows[r];
+        const int start = row->len;
+        for (int i = 0; i < r; i++) HP_TRY(row_push(row, NULL));
+        for (int i = 0; i < 2 * (P - r) - 1; i++) HP_TRY(push(s, r, c0, HP_PP_F, f0++));
+        for (int i = 0; i < r; i++) {
+            HP_TRY(push(s, r, c1, HP_PP_F, f1++));
+            HP_TRY(push(s, r, c0, HP_PP_F, f0++));
+        }
+        for (int i = 0; i < P - r; i++) {
+            HP_TRY(push(s, r, c1, HP_PP_F, f1++));
+            HP_TRY(push(s, r, c1, HP_PP_I, b1));
+            HP_TRY(push(s, r, c1, HP_PP_W, b1++));
+        }
+        while (f1 < f0 || f0 < nm) {
+            if (f0 < nm) HP_TRY(push(s, r, c0, HP_PP_F, f0++));
+            HP_TRY(push(s, r, c0, HP_PP_I, b0));
+            HP_TRY(push(s, r, c0, HP_PP_W, b0++));
+            HP_TRY(push(s, r, c1, HP_PP_F, f1++));
+            HP_TRY(push(s, r, c1, HP_PP_I, b1));
+            HP_TRY(push(s, r, c1, HP_PP_W, b1++));
+        }
+        int w0 = b0, w1 = b1;
+        for (int i = 0; i < r; i++) {
+            HP_TRY(push(s, r, c0, HP_PP_I, b0++));
+            HP_TRY(push(s, r, c1, HP_PP_I, b1++));
+        }
+        for (int i = 0; i < P - r; i++) {
+            HP_TRY(push(s, r, c0, HP_PP_I, b0++));
+            HP_TRY(push(s, r, c0, HP_PP_W, w0++));
+        }
+        while (w1 < b1) HP_TRY(push(s, r, c1, HP_PP_W, w1++));
+        while (w0 < b0) HP_TRY(push(s, r, c0, HP_PP_W, w0++));
+        for (int i = start; i < row->len; i++)   /* the microbatches past n become bubbles */
+            if (!is_bubble(&row->a[i]) && row->a[i].mb >= n) row->a[i] = (hp_pp_action_t){-1, PP_BUBBLE, HP_PP_NO_MB, 0, 0};
+    }
+    return HP_OK;
+}
+
+/* ScheduleDualPipeV._calculate_single_rank_operations (2 stages per rank, V mapping, n >= 2P). */
+typedef struct {
+    hp_pp_schedule_t *s;
+    int r, c[2];
+    int fcnt[2], icnt[2], wcnt[2];   /* per local stage: next F, next I-or-B, W issued */
+    int *wq, wq_head, wq_len;        /* pending W (local stage, mb), capacity 2n */
+} dpv_t;
+
+static hp_status_t dpv_act(dpv_t *d, int loc, hp_pp_type_t t) {
+    const int stage = d->c[loc];
+    if (t == HP_PP_F) return push(d->s, d->r, stage, HP_PP_F, d->fcnt[loc]++);
+    const int mb = d->icnt[loc]++;
+    if (t == HP_PP_B) d->wcnt[loc]++;
+    else d->wq[d->wq_head + d->wq_len++] = loc * (1 << 24) + mb;   /* an I: its W later */
+    return push(d->s, d->r, stage, t, mb);
+}
+
+static hp_status_t dpv_overlap(dpv_t *d, int floc, int bloc) {
+    hp_pp_action_t a = {d->c[floc], HP_PP_OVERLAP_F_B, d->fcnt[floc]++, d->c[bloc], d->icnt[bloc]++};
+    d->wcnt[bloc]++;
+    return row_push(&d->s->rows[d->r], &a);
+}
+
+static hp_status_t dpv_pending_w(dpv_t *d) {
+    if (!d->wq_len) return HP_OK;
+    const int v = d->wq[d->wq_head++];
+    d->wq_len--;
+    d->wcnt[v >> 24]++;
+    return push(d->s, d->r, d->c[v >> 24], HP_PP_W, v & ((1 << 24) - 1));
+}
+
+static hp_status_t gen_dualpipev(hp_pp_schedule_t *s, int P, int n) {
+    int *wq = hp_malloc((size_t)(4 * n + 4) * sizeof *wq);
+    if (!wq) return oom("DualPipeV");
+    hp_status_t st = HP_OK;
+    for (int r = 0; r < P && st == HP_OK; r++) {
+        dpv_t d = {s, r, {r, 2 * P - 1 - r}, {0, 0}, {0, 0}, {0, 0}, wq, 0, 0};
+#define DO(x)                        \
+    do {                             \
+        if ((st = (x)) != HP_OK) goto done; \
+    } while (0)
+        for (int i = 0; i < (P - r - 1) * 2; i++) DO(dpv_act(&d, 0, HP_PP_F));   /* 1: F0 */
+        for (int i = 0; i < r + 1; i++) {                                         /* 2: F0 F1 */
+            DO(dpv_act(&d, 0, HP_PP_F));
+            DO(dpv_act(&d, 1, HP_PP_F));
+        }
+        for (int i = 0; i < P - r - 1; i++) {                                     /* 3: I1 W F1 */
+            DO(dpv_act(&d, 1, HP_PP_I));
+            DO(dpv_pending_w(&d));
+            DO(dpv_act(&d, 1, HP_PP_F));
+        }
+        for (int i = 0; i < n - 2 * P + r + 1; i++) {                             /* 4: (F0 B1) (F1 B0) */
+            if (i == 0 && r == P - 1) {
+                DO(dpv_act(&d, 0, HP_PP_F));
+                DO(dpv_act(&d, 1, HP_PP_B));
+            } else {
+                DO(dpv_overlap(&d, 0, 1));
+            }
+            DO(dpv_overlap(&d, 1, 0));
+        }
+        for (int i = 0; i < P - r - 1; i++) {                                     /* 5: B1 (F1 B0) */
+            DO(dpv_act(&d, 1, HP_PP_B));
+            DO(dpv_overlap(&d, 1, 0));
+        }
+        int zb = 0;
+        const int s6 = r + 1;
+        for (int i = 0; i < s6; i++) {                                            /* 6: B1 B0, I from the middle */
+            if (i == s6 / 2 && r % 2 == 1) zb = 1;
+            DO(dpv_act(&d, 1, zb ? HP_PP_I : HP_PP_B));
+            if (i == s6 / 2 && r % 2 == 0) zb = 1;
+            DO(dpv_act(&d, 0, zb ? HP_PP_I : HP_PP_B));
+        }
+        for (int i = 0; i < P - r - 1; i++) {                                     /* 7: W B0 */
+            DO(dpv_pending_w(&d));
+            DO(dpv_act(&d, 0, zb ? HP_PP_I : HP_PP_B));
+        }
+        for (int i = 0; i < r + 1; i++) DO(dpv_pending_w(&d));                    /* 8: W */
+#undef DO
+    }
+done:
+    free(wq);
+    return st;
 }
 
 static hp_status_t gen_looped_bfs(hp_pp_schedule_t *s, int P, int L, int n) {
@@ -749,9 +995,16 @@ hp_status_t hp_pp_generate(hp_pp_kind_t kind, int pp, int L, int n, hp_pp_schedu
         return hp_error(HP_ERR_INVALID_ARG, "Number of microbatches (%d) must be greater than or equal to the number of "
                         "stages (%d).", n, pp);
     int64_t rounds = n / pp > 1 ? n / pp : 1, mpr = n / rounds;
-    if (kind == HP_PP_INTERLEAVED_1F1B && n % rounds != 0)
-        return hp_error(HP_ERR_INVALID_ARG, "Interleaved 1F1B requires the number of microbatches to be a multiple of "
-                        "the number of rounds (%lld), but got %d.", (long long)rounds, n);
+    if ((kind == HP_PP_INTERLEAVED_1F1B || kind == HP_PP_INTERLEAVED_ZB) && n % rounds != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "%s requires the number of microbatches to be a multiple of the number of "
+                        "rounds (%lld), but got %d.", kind == HP_PP_INTERLEAVED_ZB ? "Zero bubble" : "Interleaved 1F1B",
+                        (long long)rounds, n);
+    if ((kind == HP_PP_ZBV || kind == HP_PP_DUALPIPEV) && L != 2)
+        return hp_error(HP_ERR_INVALID_ARG, "ZBV requires exactly 2 stages per rank, but got %d. (%s runs the V "
+                        "mapping: rank r holds stages r and 2 pp - 1 - r)", L, name);
+    if (kind == HP_PP_DUALPIPEV && n < 2 * pp)
+        return hp_error(HP_ERR_INVALID_ARG, "DualPipeV requires at least as many microbatches as stages, but got %d "
+                        "microbatches and %d stages.", n, 2 * pp);
     hp_pp_schedule_t *s;
     HP_TRY(hp_pp_schedule_create(pp, &s));
     hp_status_t st = HP_OK;
@@ -760,10 +1013,16 @@ hp_status_t hp_pp_generate(hp_pp_kind_t kind, int pp, int L, int n, hp_pp_schedu
     case HP_PP_GPIPE: st = gen_gpipe(s, pp, n); break;
     case HP_PP_1F1B: st = gen_1f1b(s, pp, n); break;
     case HP_PP_INTERLEAVED_1F1B:
-        cnt = hp_calloc(2 * (size_t)L, sizeof *cnt);
-        st = cnt ? gen_interleaved(s, pp, L, n, mpr, cnt, cnt + L) : HP_ERR_OOM;
+    case HP_PP_INTERLEAVED_ZB: {
+        const int zb = kind == HP_PP_INTERLEAVED_ZB;
+        cnt = hp_calloc(3 * (size_t)L, sizeof *cnt);
+        st = cnt ? gen_interleaved(s, pp, L, n, mpr, zb, cnt, cnt + L, cnt + 2 * L) : HP_ERR_OOM;
+        if (st == HP_OK && zb) st = add_bubbles(&s);
         break;
+    }
     case HP_PP_LOOPED_BFS: st = gen_looped_bfs(s, pp, L, n); break;
+    case HP_PP_ZBV: st = gen_zbv(s, pp, n); break;
+    case HP_PP_DUALPIPEV: st = gen_dualpipev(s, pp, n); break;
     default: break;
     }
     free(cnt);
@@ -796,8 +1055,10 @@ static hp_status_t unshard_row(const pp_row_t *in, int K, pp_row_t *out) {
         }
         int c = 0;
         dst[c++] = a->stage;
+        const int two = a->type == HP_PP_OVERLAP_F_B && a->sub_stage != a->stage && K > 1;
+        if (two) dst[c++] = a->sub_stage;
         for (int j = 0; j < nn[i + 1] && c < K; j++)
-            if (src[j] != a->stage) dst[c++] = src[j];
+            if (src[j] != a->stage && !(two && src[j] == a->sub_stage)) dst[c++] = src[j];
         nn[i] = c;
     }
     int n_active = 0;
@@ -813,7 +1074,7 @@ static hp_status_t unshard_row(const pp_row_t *in, int K, pp_row_t *out) {
                 j++;
                 continue;
             }
-            hp_pp_action_t rs = {active[j], HP_PP_RESHARD, HP_PP_NO_MB};
+            hp_pp_action_t rs = {active[j], HP_PP_RESHARD, HP_PP_NO_MB, 0, 0};
             st = row_push(out, &rs);
             memmove(active + j, active + j + 1, (size_t)(n_active - j - 1) * sizeof *active);
             n_active--;
@@ -822,14 +1083,14 @@ static hp_status_t unshard_row(const pp_row_t *in, int K, pp_row_t *out) {
             int have = 0;
             for (int j = 0; j < n_active; j++) have |= active[j] == nx[q];
             if (have) continue;
-            hp_pp_action_t us = {nx[q], HP_PP_UNSHARD, HP_PP_NO_MB};
+            hp_pp_action_t us = {nx[q], HP_PP_UNSHARD, HP_PP_NO_MB, 0, 0};
             st = row_push(out, &us);
             active[n_active++] = nx[q];
         }
         if (st == HP_OK) st = row_push(out, a);
     }
     for (int j = 0; j < n_active && st == HP_OK; j++) {
-        hp_pp_action_t rs = {active[j], HP_PP_RESHARD, HP_PP_NO_MB};
+        hp_pp_action_t rs = {active[j], HP_PP_RESHARD, HP_PP_NO_MB, 0, 0};
         st = row_push(out, &rs);
     }
     free(next);
@@ -872,13 +1133,17 @@ static hp_status_t reduce_grad_row(const pp_row_t *in, int n_mb, pp_row_t *out) 
         const hp_pp_action_t *a = &in->a[i];
         if (is_bubble(a)) continue;
         st = row_push(out, a);
-        if (st != HP_OK || (a->type != HP_PP_B && a->type != HP_PP_W)) continue;
-        int64_t c = 0;
-        amap_get(&cnt, akey(a->stage, 0, HP_PP_NO_MB), &c);
-        if (amap_put(&cnt, akey(a->stage, 0, HP_PP_NO_MB), c + 1) < 0) st = oom("_add_reduce_grad");
-        else if (c + 1 == n_mb) {
-            hp_pp_action_t rg = {a->stage, HP_PP_REDUCE_GRAD, HP_PP_NO_MB};
-            st = row_push(out, &rg);
+        hp_pp_action_t lv[2];
+        const int nl = hp_pp_action_leaves(a, lv);
+        for (int k = 0; k < nl && st == HP_OK; k++) {   /* counting inside OVERLAP_F_B too */
+            if (lv[k].type != HP_PP_B && lv[k].type != HP_PP_W) continue;
+            int64_t c = 0;
+            amap_get(&cnt, akey(lv[k].stage, 0, HP_PP_NO_MB), &c);
+            if (amap_put(&cnt, akey(lv[k].stage, 0, HP_PP_NO_MB), c + 1) < 0) st = oom("_add_reduce_grad");
+            else if (c + 1 == n_mb) {
+                hp_pp_action_t rg = {lv[k].stage, HP_PP_REDUCE_GRAD, HP_PP_NO_MB, 0, 0};
+                st = row_push(out, &rg);
+            }
         }
     }
     amap_free(&cnt);
@@ -900,7 +1165,7 @@ static hp_status_t merge_bw_row(const pp_row_t *in, int unused, pp_row_t *out) {
         while (j < in->len && is_bubble(&in->a[j])) j++;
         const hp_pp_action_t *nx = j < in->len ? &in->a[j] : NULL;
         if (a->type == HP_PP_I && nx && nx->type == HP_PP_W && nx->stage == a->stage && nx->mb == a->mb) {
-            hp_pp_action_t b = {a->stage, HP_PP_B, a->mb};
+            hp_pp_action_t b = {a->stage, HP_PP_B, a->mb, 0, 0};
             HP_TRY(row_push(out, &b));
             i = j;   /* the W is consumed */
         } else {
@@ -932,11 +1197,12 @@ static hp_status_t check_mapping(const hp_pp_schedule_t *s, const int *stage_to_
     for (int r = 0; r < s->n_ranks; r++)
         for (int i = 0; i < s->rows[r].len; i++) {
             const hp_pp_action_t *a = &s->rows[r].a[i];
-            if (!is_bubble(a) && a->stage >= num_stages) {
+            const int32_t hi = a->type == HP_PP_OVERLAP_F_B && a->sub_stage > a->stage ? a->sub_stage : a->stage;
+            if (!is_bubble(a) && hi >= num_stages) {
                 char t[64];
                 return hp_error(HP_ERR_INVALID_ARG, "%s: rank %d, position %d: action %s names stage %d, but the "
                                 "schedule has num_stages %d (stages 0..%d)", what, r, i, act_str(a, t, sizeof t),
-                                (int)a->stage, num_stages, num_stages - 1);
+                                (int)hi, num_stages, num_stages - 1);
             }
         }
     return HP_OK;
@@ -989,28 +1255,35 @@ hp_status_t hp_pp_add_send_recv(const hp_pp_schedule_t *s, const int *stage_to_r
         left = 0;
         for (int r = 0; r < R && st == HP_OK; r++) {
             if (pos[r] >= s->rows[r].len) continue;
-            const hp_pp_action_t *a = &s->rows[r].a[pos[r]];
-            if (!is_bubble(a)) {
-                if (!sr_ready(a, &prev[r], num_stages)) {
+            const hp_pp_action_t *a0 = &s->rows[r].a[pos[r]];
+            if (!is_bubble(a0)) {
+                hp_pp_action_t lv[2];
+                const int nl = hp_pp_action_leaves(a0, lv);   /* an OVERLAP_F_B waits for both halves' inputs */
+                int ready = 1;
+                for (int k = 0; k < nl; k++) ready &= sr_ready(&lv[k], &prev[r], num_stages);
+                if (!ready) {
                     left++;
                     continue;
                 }
-                st = row_push(&o->rows[r], a);
-                if (st == HP_OK && amap_put(&prev[r], akey(a->stage, a->type, a->mb), 0) < 0) st = oom("_add_send_recv");
+                st = row_push(&o->rows[r], a0);
+                for (int k = 0; k < nl && st == HP_OK; k++) {
+                const hp_pp_action_t *a = &lv[k];
+                if (amap_put(&prev[r], akey(a->stage, a->type, a->mb), 0) < 0) st = oom("_add_send_recv");
                 /* an F whose next stage is elsewhere sends; the receiver gets the RECV now */
                 int fwd = a->type == HP_PP_F && a->stage != num_stages - 1 &&
                           stage_to_rank[a->stage + 1] != stage_to_rank[a->stage];
                 int bwd = (a->type == HP_PP_I || a->type == HP_PP_B) && a->stage != 0 &&
                           stage_to_rank[a->stage - 1] != stage_to_rank[a->stage];
                 if (st == HP_OK && (fwd || bwd)) {
-                    hp_pp_action_t send = {a->stage, fwd ? HP_PP_SEND_F : HP_PP_SEND_B, a->mb};
-                    hp_pp_action_t recv = {a->stage + (fwd ? 1 : -1), fwd ? HP_PP_RECV_F : HP_PP_RECV_B, a->mb};
+                    hp_pp_action_t send = {a->stage, fwd ? HP_PP_SEND_F : HP_PP_SEND_B, a->mb, 0, 0};
+                    hp_pp_action_t recv = {a->stage + (fwd ? 1 : -1), fwd ? HP_PP_RECV_F : HP_PP_RECV_B, a->mb, 0, 0};
                     int peer = stage_to_rank[recv.stage];
                     st = row_push(&o->rows[r], &send);
                     if (st == HP_OK && amap_put(&prev[r], akey(send.stage, send.type, send.mb), 0) < 0) st = oom("_add_send_recv");
                     if (st == HP_OK) st = row_push(&o->rows[peer], &recv);
                     if (st == HP_OK && amap_put(&prev[peer], akey(recv.stage, recv.type, recv.mb), 0) < 0)
                         st = oom("_add_send_recv");
+                }
                 }
             }
             pos[r]++;
@@ -1061,8 +1334,11 @@ hp_status_t hp_pp_validate(const hp_pp_schedule_t *s, int pp, int num_stages, in
     for (int i = 0; map && i < num_stages; i++) map[i] = -1;
     for (int r = 0; r < s->n_ranks && st == HP_OK; r++)
         for (int i = 0; i < s->rows[r].len && st == HP_OK; i++) {
-            const hp_pp_action_t *a = &s->rows[r].a[i];
-            if (is_bubble(a)) continue;
+            if (is_bubble(&s->rows[r].a[i])) continue;
+            hp_pp_action_t lv[2];
+            const int nl = hp_pp_action_leaves(&s->rows[r].a[i], lv);   /* an overlap's F and B, in order */
+            for (int k = 0; k < nl && st == HP_OK; k++) {
+            const hp_pp_action_t *a = &lv[k];
             char t[64], head[512];
             const int sid = a->stage;
             if (sid >= num_stages) {
@@ -1096,6 +1372,7 @@ hp_status_t hp_pp_validate(const hp_pp_schedule_t *s, int pp, int num_stages, in
             } else if (map[sid] != r) {
                 st = hp_error(HP_ERR_INVALID_ARG, "Rank %d, step %d: Stage %d is assigned to both rank %d and rank %d",
                               r, i, sid, r, map[sid]);
+            }
             }
         }
     for (int sid = 0; sid < num_stages && st == HP_OK; sid++) {
@@ -1149,7 +1426,7 @@ hp_status_t hp_pp_lower(const hp_pp_schedule_t *compute, int num_stages, int n, 
 /* ---- the lock-step simulator ------------------------------------------------------------------- */
 typedef struct { const int *s2r; int num_stages; amap_t *prev; } sim_t;
 
-static int sim_ready(const sim_t *S, const hp_pp_action_t *a) {
+static int sim_ready_leaf(const sim_t *S, const hp_pp_action_t *a) {
     const int s = a->stage, m = a->mb;
     const amap_t *own = &S->prev[S->s2r[s]];
     switch (a->type) {
@@ -1165,6 +1442,23 @@ static int sim_ready(const sim_t *S, const hp_pp_action_t *a) {
     case HP_PP_RECV_B: return s + 1 < S->num_stages && amap_has(&S->prev[S->s2r[s + 1]], s + 1, HP_PP_SEND_B, m);
     default: return 1;   /* UNSHARD, RESHARD, REDUCE_GRAD: local */
     }
+}
+
+/* An OVERLAP_F_B (which PyTorch's simulator does not model) is ready when both halves are. */
+static int sim_ready(const sim_t *S, const hp_pp_action_t *a) {
+    hp_pp_action_t lv[2];
+    const int nl = hp_pp_action_leaves(a, lv);
+    int ok = 1;
+    for (int k = 0; k < nl; k++) ok &= sim_ready_leaf(S, &lv[k]);
+    return ok;
+}
+
+static hp_status_t sim_mark(sim_t *S, int r, const hp_pp_action_t *a) {
+    hp_pp_action_t lv[2];
+    const int nl = hp_pp_action_leaves(a, lv);
+    for (int k = 0; k < nl; k++)
+        if (amap_put(&S->prev[r], akey(lv[k].stage, lv[k].type, lv[k].mb), 0) < 0) return oom("simulate");
+    return HP_OK;
 }
 
 hp_status_t hp_pp_simulate(const hp_pp_schedule_t *s, const int *stage_to_rank, int num_stages,
@@ -1192,7 +1486,7 @@ hp_status_t hp_pp_simulate(const hp_pp_schedule_t *s, const int *stage_to_rank, 
             const hp_pp_action_t *a = &s->rows[r].a[pos[r]];
             if (sim_ready(&S, a)) {
                 st = row_push(&o->rows[r], a);
-                if (st == HP_OK && amap_put(&S.prev[r], akey(a->stage, a->type, a->mb), 0) < 0) st = oom("simulate");
+                if (st == HP_OK) st = sim_mark(&S, r, a);
                 pos[r]++;
                 SKIP_BUBBLES(r);
                 progress = 1;
@@ -1208,7 +1502,7 @@ hp_status_t hp_pp_simulate(const hp_pp_schedule_t *s, const int *stage_to_rank, 
             const hp_pp_action_t *a = &s->rows[r].a[pos[r]];
             if (!sim_ready(&S, a)) continue;
             row->a[row->len - 1] = *a;
-            if (amap_put(&S.prev[r], akey(a->stage, a->type, a->mb), 0) < 0) st = oom("simulate");
+            st = sim_mark(&S, r, a);
             pos[r]++;
             SKIP_BUBBLES(r);
         }
@@ -1272,34 +1566,50 @@ hp_status_t hp_pp_timing(const hp_pp_schedule_t *s, int num_stages, hp_pp_timing
                                   "num_stages %d", r, pos[r], act_str(a, t, sizeof t), (int)a->stage, num_stages);
                     break;
                 }
-                int64_t t0 = free_at[r], t = 0;
-                int ok = 1;
-                if (a->type == HP_PP_F && a->stage > 0) ok = amap_get(&done, akey(a->stage - 1, HP_PP_F, a->mb), &t);
-                if (ok && a->type == HP_PP_F) t0 = t > t0 ? t : t0;
-                if (a->type == HP_PP_I || a->type == HP_PP_B) {
-                    ok = amap_get(&done, akey(a->stage, HP_PP_F, a->mb), &t);
-                    t0 = ok && t > t0 ? t : t0;
-                    if (ok && a->stage < num_stages - 1) {
-                        ok = amap_get(&done, akey(a->stage + 1, HP_PP_I, a->mb), &t);
+                hp_pp_action_t lv[2];
+                const int nl = hp_pp_action_leaves(a, lv);   /* an OVERLAP_F_B costs its F and its B */
+                if (nl == 2 && lv[1].stage >= num_stages) {
+                    char t[64];
+                    st = hp_error(HP_ERR_INVALID_ARG, "hp_pp_timing: rank %d, position %d: %s names stage %d >= "
+                                  "num_stages %d", r, pos[r], act_str(a, t, sizeof t), (int)lv[1].stage, num_stages);
+                    break;
+                }
+                int64_t t0 = free_at[r];
+                int ok = 1, cost = 0;
+                for (int k = 0; k < nl && ok; k++) {
+                    const hp_pp_action_t *x = &lv[k];
+                    int64_t t = 0;
+                    if (x->type == HP_PP_F && x->stage > 0) {
+                        ok = amap_get(&done, akey(x->stage - 1, HP_PP_F, x->mb), &t);
                         t0 = ok && t > t0 ? t : t0;
                     }
-                }
-                if (a->type == HP_PP_W) {
-                    ok = amap_get(&done, akey(a->stage, HP_PP_I, a->mb), &t);
-                    t0 = ok && t > t0 ? t : t0;
+                    if (x->type == HP_PP_I || x->type == HP_PP_B) {
+                        ok = amap_get(&done, akey(x->stage, HP_PP_F, x->mb), &t);
+                        t0 = ok && t > t0 ? t : t0;
+                        if (ok && x->stage < num_stages - 1) {
+                            ok = amap_get(&done, akey(x->stage + 1, HP_PP_I, x->mb), &t);
+                            t0 = ok && t > t0 ? t : t0;
+                        }
+                    }
+                    if (x->type == HP_PP_W) {
+                        ok = amap_get(&done, akey(x->stage, HP_PP_I, x->mb), &t);
+                        t0 = ok && t > t0 ? t : t0;
+                    }
+                    cost += x->type == HP_PP_B ? 2 : 1;
                 }
                 if (!ok) break;
-                const int cost = a->type == HP_PP_B ? 2 : 1;
                 const int64_t end = t0 + cost;
                 free_at[r] = end;
                 busy += cost;
                 makespan = end > makespan ? end : makespan;
-                int k = a->type == HP_PP_F ? HP_PP_F : a->type == HP_PP_W ? HP_PP_W : HP_PP_I;
-                if (amap_put(&done, akey(a->stage, k, a->mb), end) < 0 ||
-                    (a->type == HP_PP_B && amap_put(&done, akey(a->stage, HP_PP_W, a->mb), end) < 0)) {
-                    st = oom("hp_pp_timing");
-                    break;
+                for (int k = 0; k < nl && st == HP_OK; k++) {
+                    const hp_pp_action_t *x = &lv[k];
+                    int kk = x->type == HP_PP_F ? HP_PP_F : x->type == HP_PP_W ? HP_PP_W : HP_PP_I;
+                    if (amap_put(&done, akey(x->stage, kk, x->mb), end) < 0 ||
+                        (x->type == HP_PP_B && amap_put(&done, akey(x->stage, HP_PP_W, x->mb), end) < 0))
+                        st = oom("hp_pp_timing");
                 }
+                if (st != HP_OK) break;
                 progress = 1;
             }
             left += pos[r] < s->rows[r].len;
