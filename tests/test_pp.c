@@ -189,14 +189,16 @@ static double run_case_m(hp_comm_t world, const char *model, hp_pp_kind_t kind, 
         HP_CHECK(cb == want, "%s: context bytes %zu, contexts x bytes per context %zu", hp_pp_kind_name(kind), cb,
                  want);
         if (md && md->pairs == NULL && md->bits == NULL && md->ov == HP_PP_OVERLAP_DEFAULT) {   // the memory table
-            int64_t mx = 0, mine = (int64_t)cb;
-            HP_CHECK_OK(hp_all_reduce(&mine, &mx, 1, HP_I64, HP_MAX, world, NULL));
-            int ctxs = 0, cmax = 0;
-            for (int i = 0; i < nl; i++) ctxs += hp_pp_stage_peak_contexts(rt, i);
-            HP_CHECK_OK(hp_all_reduce(&ctxs, &cmax, 1, HP_I32, HP_MAX, world, NULL));
-            if (me == 0)
-                printf("memory pp %d %s n_mb %d: rank 0 %d contexts %zu bytes; peak rank %d contexts, %lld bytes\n", P,
-                       hp_pp_kind_name(kind), n_mb, ctxs, cb, cmax, (long long)mx);
+            int64_t mine[2] = {0, (int64_t)cb}, all[2 * 64];
+            for (int i = 0; i < nl; i++) mine[0] += hp_pp_stage_peak_contexts(rt, i);
+            if (P <= 64) {
+                HP_CHECK_OK(hp_all_gather(mine, all, 2, HP_I64, world, NULL));
+                if (me == 0) {
+                    printf("memory pp %d %s n_mb %d: contexts / bytes per rank:", P, hp_pp_kind_name(kind), n_mb);
+                    for (int r = 0; r < P; r++) printf(" %lld / %lld", (long long)all[2 * r], (long long)all[2 * r + 1]);
+                    printf("\n");
+                }
+            }
         }
     }
     // the reference: every micro-batch from zero gradients on the whole model

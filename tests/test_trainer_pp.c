@@ -142,6 +142,31 @@ int main(int argc, char **argv) {
         }
         base(c, 1, "llama3");
         run(c, one, world, rl, rn, NULL);
+        // the zero-bubble and V schedules (ZBV, DualPipeV on the V mapping: 2 stages per rank)
+        {
+            const char *zs[3] = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
+            double dl[N], dn[N];
+            for (int k = 0; k < 3; k++) {
+                *f = *c;
+                set_pp(f, 2, zs[k]);
+                run(f, world, world, l, n, NULL);
+                close_all(l, rl, N, 1e-5, 1, zs[k]);
+                close_all(n, rn, N, 1e-4, 1, "grad norm");
+                if (rank == 0) printf("llama3 pp 2 %s: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n", zs[k], l[0],
+                                      l[N - 1], rl[0], rl[N - 1]);
+                if (k == 2) memcpy(dl, l, sizeof dl), memcpy(dn, n, sizeof dn);
+            }
+            // OVERLAP_F_B run as F then B (HP_PP_OVERLAP=off): bitwise the same losses and norms
+            setenv("HP_PP_OVERLAP", "off", 1);
+            setenv("HP_PP_P2P", "coalesced", 1);
+            *f = *c;
+            set_pp(f, 2, "DualPipeV");
+            run(f, world, world, l, n, NULL);
+            unsetenv("HP_PP_OVERLAP");
+            unsetenv("HP_PP_P2P");
+            HP_CHECK(memcmp(l, dl, sizeof dl) == 0 && memcmp(n, dn, sizeof dn) == 0, "DualPipeV without the overlap "
+                     "(and coalesced p2p) differs bitwise: loss %.9g vs %.9g", l[N - 1], dl[N - 1]);
+        }
         // a hand-written compute-only CSV (GPipe's order) and a user split
         {
             char csv[320];
@@ -223,7 +248,15 @@ int main(int argc, char **argv) {
             HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "first_stage_less_layers 10");
             *f = *c;
             set_pp(f, 2, "zbvzerobubble");
-            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "pipeline_parallel_schedule");
+            f->parallelism.pipeline_parallel_layers_per_stage = 1;   // 8 stages: 4 per rank
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "needs exactly 2 stages per pp rank");
+            *f = *c;
+            set_pp(f, 2, "DualPipeV");
+            snprintf(f->model.name, sizeof f->model.name, "qwen3");
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "tied embeddings");
+            *f = *c;
+            set_pp(f, 2, "ZBV");
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "pipeline_parallel_schedule");
             *f = *c;
             set_pp(f, 2, "1F1B");
             char csv[320];
@@ -256,14 +289,14 @@ int main(int argc, char **argv) {
             r->training.local_batch_size = 8;
             double bl[N], bn[N];
             run(r, one, world, bl, bn, NULL);
-            const int mbs[2] = {1, 4};
-            const char *ss[2] = {"Interleaved1F1B", "GPipe"};
-            for (int k = 0; k < 2; k++) {
+            const int mbs[5] = {1, 4, 1, 1, 1};
+            const char *ss[5] = {"Interleaved1F1B", "GPipe", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
+            for (int k = 0; k < 5; k++) {   // the zero-bubble / V ones: 8 micro-batches >= 8 stages
                 *f = *r;
                 set_pp(f, 4, ss[k]);
                 f->parallelism.pipeline_parallel_microbatch_size = mbs[k];
                 run(f, world, world, l, n, NULL);
-                close_all(l, bl, N, 1e-5, 1, k ? "pp 4 GPipe, 2 micro-batches of 4" : "pp 4 interleaved, 8 micro-batches");
+                close_all(l, bl, N, 1e-5, 1, k >= 2 ? ss[k] : k ? "pp 4 GPipe, 2 micro-batches of 4" : "pp 4 interleaved, 8 micro-batches");
                 close_all(n, bn, N, 1e-4, 1, "grad norm");
             }
             free(r);
@@ -278,6 +311,18 @@ int main(int argc, char **argv) {
         close_all(n, rn, N, 1e-3, 1, "grad norm");
         if (rank == 0) printf("pp 2 x TP 2: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n", l[0], l[N - 1], rl[0],
                               rl[N - 1]);
+        {   // the zero-bubble / V schedules x TP 2
+            const char *zs[3] = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
+            for (int k = 0; k < 3; k++) {
+                *f = *c;
+                set_pp(f, 2, zs[k]);
+                f->parallelism.tensor_parallel_degree = 2;
+                run(f, world, world, l, n, NULL);
+                close_all(l, rl, N, 1e-4, 1, zs[k]);
+                close_all(n, rn, N, 1e-3, 1, "grad norm");
+                if (rank == 0) printf("pp 2 %s x TP 2: losses %.6f .. %.6f\n", zs[k], l[0], l[N - 1]);
+            }
+        }
         // the same with a zero-bubble CSV (I and W apart): TP's collectives in I, W deferred
         {
             char zb[320];
@@ -294,9 +339,10 @@ int main(int argc, char **argv) {
         // pp 2 x FSDP 2 and pp 2 x DDP 2 against replicated DP 2 on ranks 0, 1
         base(c, 2, "llama3");
         run(c, two, world, rl, rn, NULL);
-        for (int k = 0; k < 3; k++) {
+        const char *fs[6] = {"1F1B", "1F1B", "1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
+        for (int k = 0; k < 6; k++) {   // 3..5: the zero-bubble / V schedules x FSDP 2
             *f = *c;
-            set_pp(f, 2, "1F1B");
+            set_pp(f, 2, fs[k]);
             f->parallelism.data_parallel_replicate_degree = k == 1 ? 2 : 1;
             f->parallelism.data_parallel_shard_degree = k == 1 ? 1 : 2;
             if (k == 2) {   // FSDP with a zero-bubble CSV: the reduce-scatter follows the stage's last W
@@ -306,10 +352,10 @@ int main(int argc, char **argv) {
                          sizeof f->parallelism.pipeline_parallel_schedule_csv, "%s", zb);
             }
             run(f, world, world, l, n, NULL);
-            close_all(l, rl, N, 1e-5, 1, k == 2 ? "pp2 zero-bubble CSV x FSDP2" : k ? "pp2 x DDP2" : "pp2 x FSDP2");
+            close_all(l, rl, N, 1e-5, 1, k >= 3 ? fs[k] : k == 2 ? "pp2 zero-bubble CSV x FSDP2" : k ? "pp2 x DDP2" : "pp2 x FSDP2");
             close_all(n, rn, N, 1e-4, 1, "grad norm");
             if (rank == 0) printf("pp 2 x %s 2: losses %.6f .. %.6f (DP 2 %.6f .. %.6f)\n",
-                                  k == 2 ? "FSDP (zero bubble)" : k ? "DDP" : "FSDP", l[0],
+                                  k >= 3 ? fs[k] : k == 2 ? "FSDP (zero bubble)" : k ? "DDP" : "FSDP", l[0],
                                   l[N - 1], rl[0], rl[N - 1]);
         }
         // checkpoint saved under pp 2 (ranks 0, 1) loads under pp 4 with the same validation loss
