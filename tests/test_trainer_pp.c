@@ -3,12 +3,14 @@
  * the losses and gradient norms of the run without PP over the same global batch (1e-5
  * relative loss, 1e-4 norm: fp32 summation order of the micro-batch gradients and of the
  * norm's cross-rank sum, as the data-parallel trainer tests); 2 ranks: GPipe, 1F1B,
- * Interleaved1F1B, LoopedBFS, a hand-written CSV, module_fqns_per_model_part, activation
- * checkpointing, gradient accumulation; 4 ranks: pp 4 (all four schedules; 2, 4 and 8
- * micro-batches), pp 2 x TP 2 against the single rank,
- * pp 2 x FSDP 2, pp 2 x DDP 2 against replicated DP 2; 8 ranks: pp 2 x FSDP 2 x TP 2 (llama3,
- * qwen3) against replicated DP 2 (TP's tolerance, 1e-4 / 1e-3), pp 2 x HSDP 2 x 2 against
- * replicated DP 4. A run whose optimizer is 1e-3 off must fall outside the tolerance. A
+ * Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV (its run with
+ * the overlap off and coalesced p2p bitwise equal), a hand-written CSV,
+ * module_fqns_per_model_part, activation checkpointing, gradient accumulation; 4 ranks: pp 4
+ * (all seven schedules; 2, 4 and 8 micro-batches), pp 2 x TP 2 (Interleaved1F1B, the three new
+ * ones, a zero-bubble CSV) against the single rank, pp 2 x FSDP 2 (1F1B, the zero-bubble CSV,
+ * the three new ones), pp 2 x DDP 2 against replicated DP 2; 8 ranks: pp 2 x FSDP 2 x TP 2
+ * (llama3, qwen3) against replicated DP 2 (TP's tolerance, 1e-4 / 1e-3), pp 4 x FSDP 2 and
+ * pp 4 x TP 2 with the three new schedules, pp 2 x HSDP 2 x 2 against replicated DP 4. A run whose optimizer is 1e-3 off must fall outside the tolerance. A
  * checkpoint saved under pp 2 loads under pp 1 (2 ranks) and pp 4 (4 ranks) with the same
  * validation loss; bad schedules, CSVs and splits are refused naming the key; the final
  * weights file gathers every stage. */
@@ -403,6 +405,40 @@ int main(int argc, char **argv) {
             close_all(n, rn, N, 1e-3, 1, "grad norm");
             if (rank == 0) printf("%s pp 2 x FSDP 2 x TP 2: losses %.6f .. %.6f (DP 2 %.6f .. %.6f)\n", models[mi], l[0],
                                   l[N - 1], rl[0], rl[N - 1]);
+        }
+        // pp 4 x FSDP 2 and pp 4 x TP 2 with the zero-bubble / V schedules (8 micro-batches >= 8 stages)
+        {
+            const char *zs[3] = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
+            base(c, 2, "llama3");
+            c->training.local_batch_size = 8;
+            run(c, pair, world, rl, rn, NULL);
+            for (int k = 0; k < 3; k++) {
+                *f = *c;
+                set_pp(f, 4, zs[k]);
+                f->parallelism.data_parallel_replicate_degree = 1;
+                f->parallelism.data_parallel_shard_degree = 2;
+                run(f, world, world, l, n, NULL);
+                close_all(l, rl, N, 1e-5, 1, zs[k]);
+                close_all(n, rn, N, 1e-4, 1, "grad norm");
+                if (rank == 0) printf("pp 4 %s x FSDP 2: losses %.6f .. %.6f (DP 2 %.6f .. %.6f)\n", zs[k], l[0],
+                                      l[N - 1], rl[0], rl[N - 1]);
+            }
+            hp_comm_t self = NULL;
+            HP_CHECK_OK(hp_comm_split(world, rank, 0, &self));
+            base(c, 1, "llama3");
+            c->training.local_batch_size = 8;
+            run(c, self, world, rl, rn, NULL);
+            hp_comm_destroy(self);
+            for (int k = 0; k < 3; k++) {
+                *f = *c;
+                set_pp(f, 4, zs[k]);
+                f->parallelism.tensor_parallel_degree = 2;
+                run(f, world, world, l, n, NULL);
+                close_all(l, rl, N, 1e-4, 1, zs[k]);
+                close_all(n, rn, N, 1e-3, 1, "grad norm");
+                if (rank == 0) printf("pp 4 %s x TP 2: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n", zs[k], l[0],
+                                      l[N - 1], rl[0], rl[N - 1]);
+            }
         }
         hp_comm_destroy(pair);
         // pp 2 x HSDP (dp_replicate 2 x dp_shard 2) against replicated DP 4 (every quad runs it)
