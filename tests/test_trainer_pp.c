@@ -360,6 +360,18 @@ int main(int argc, char **argv) {
                                   k >= 3 ? fs[k] : k == 2 ? "FSDP (zero bubble)" : k ? "DDP" : "FSDP", l[0],
                                   l[N - 1], rl[0], rl[N - 1]);
         }
+        {   // the overlap's thread mode is refused with FSDP (collectives inside the stages); a bad env value named
+            hp_trainer_t t = NULL;
+            *f = *c;
+            set_pp(f, 2, "DualPipeV");
+            f->parallelism.data_parallel_replicate_degree = 1;
+            f->parallelism.data_parallel_shard_degree = 2;
+            setenv("HP_PP_OVERLAP", "thread", 1);
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "HP_PP_OVERLAP = thread");
+            setenv("HP_PP_OVERLAP", "sideways", 1);
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "HP_PP_OVERLAP = 'sideways'");
+            unsetenv("HP_PP_OVERLAP");
+        }
         // checkpoint saved under pp 2 (ranks 0, 1) loads under pp 4 with the same validation loss
         {
             base(c, 1, "llama3");

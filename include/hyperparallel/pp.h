@@ -72,8 +72,10 @@ typedef enum hp_pp_overlap {
     HP_PP_OVERLAP_OFF,           /* as the list [F, B] followed by its sends: both inputs waited first */
     HP_PP_OVERLAP_INTERLEAVE,    /* wait the F's input, F, post its send, wait the B's input, B, post its send:
                                   * the B's receive lands during the F, the F's send leaves during the B */
-    HP_PP_OVERLAP_THREAD,        /* the B on a second thread while the F runs (stages without collectives
-                                  * inside only: no TP / CP, no FSDP hooks; the F and B stages must differ) */
+    HP_PP_OVERLAP_THREAD,        /* the B on a second thread (created per action: a measurement mode) while
+                                  * the F runs; stages without collectives inside only (no FSDP / TP / CP:
+                                  * the runtime refuses FSDP hooks, the caller must refuse the rest, as
+                                  * the trainer does); the F and B stages must differ */
 } hp_pp_overlap_t;
 
 /* Point-to-point transport (HyperParallel's p2p transports). */
@@ -124,8 +126,9 @@ hp_status_t hp_pp_eval(hp_pp_t p, const int32_t *tokens, const int32_t *targets,
 void hp_pp_memory(hp_pp_t p, size_t *context_bytes, size_t *buffer_bytes);
 /* Contexts of local stage i (the schedule's peak in-flight micro-batches on that stage). */
 int hp_pp_stage_contexts(hp_pp_t p, int i);
-/* Most contexts of local stage i in use at once during the last hp_pp_step (measured: the
- * pool's high-water mark; equals hp_pp_stage_contexts when the schedule reaches its peak). */
+/* Most contexts of local stage i in use at once during the last hp_pp_step / hp_pp_eval
+ * (measured: the pool's high-water mark; equals hp_pp_stage_contexts when the schedule reaches
+ * its peak). */
 int hp_pp_stage_peak_contexts(hp_pp_t p, int i);
 /* Per-action record of the last step (for the benchmark): action i of this rank's list ran
  * from start[i] to end[i] seconds (hp_clock_now_seconds); returns the list length. */

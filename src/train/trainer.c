@@ -603,7 +603,15 @@ static hp_status_t pp_parallelize(hp_trainer_t t, int ac_k) {
     if (t->mcfg.tie_embeddings) HP_TRY(hp_comm_split(p->comm, p->tie_idx >= 0 ? 0 : -1, p->coord, &p->tie_comm));
     hp_pp_options_t po = {p->S, p->stage_to_rank, p->n_mb, p->mbs, t->T};
     hp_pp_hooks_t hooks = {t, pp_pre_backward, NULL, NULL, NULL};
-    return hp_pp_create(p->comm, p->sched, p->m, p->ids, p->n_local, &po, &hooks, &p->rt);
+    HP_TRY(hp_pp_create(p->comm, p->sched, p->m, p->ids, p->n_local, &po, &hooks, &p->rt));
+    // FSDP's and TP's collectives run inside the stages' modules: two threads would issue them
+    // in a rank-dependent order
+    if (hp_pp_overlap_mode(p->rt) == HP_PP_OVERLAP_THREAD && (t->pd.dp_shard > 1 || t->pd.tp > 1))
+        return hp_error(HP_ERR_UNSUPPORTED, "env HP_PP_OVERLAP = thread with parallelism.data_parallel_shard_degree %d "
+                        "/ tensor_parallel_degree %d: FSDP and TP issue collectives inside the stages, which two "
+                        "threads would order differently on each rank; hint: HP_PP_OVERLAP=interleave (the default)",
+                        t->pd.dp_shard, t->pd.tp);
+    return HP_OK;
 }
 
 static hp_status_t pp_parallelize_local(hp_trainer_t t, int ac_k) {
