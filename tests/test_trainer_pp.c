@@ -1,19 +1,20 @@
 /* The trainer under pipeline parallel (parallelism.pipeline_parallel_degree > 1): 10 steps of
  * llama3 (and qwen3 with tied embeddings, whose two copies' gradients are summed over pp) give
- * the losses and gradient norms of the run without PP over the same global batch (1e-5
- * relative loss, 1e-4 norm: fp32 summation order of the micro-batch gradients and of the
- * norm's cross-rank sum, as the data-parallel trainer tests); 2 ranks: GPipe, 1F1B,
- * Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV (its run with
- * the overlap off and coalesced p2p bitwise equal), a hand-written CSV,
- * module_fqns_per_model_part, activation checkpointing, gradient accumulation; 4 ranks: pp 4
- * (all seven schedules; 2, 4 and 8 micro-batches), pp 2 x TP 2 (Interleaved1F1B, the three new
- * ones, a zero-bubble CSV) against the single rank, pp 2 x FSDP 2 (1F1B, the zero-bubble CSV,
- * the three new ones), pp 2 x DDP 2 against replicated DP 2; 8 ranks: pp 2 x FSDP 2 x TP 2
- * (llama3, qwen3) against replicated DP 2 (TP's tolerance, 1e-4 / 1e-3), pp 4 x FSDP 2 and
- * pp 4 x TP 2 with the three new schedules, pp 2 x HSDP 2 x 2 against replicated DP 4. A run whose optimizer is 1e-3 off must fall outside the tolerance. A
+ * the losses and gradient norms of the run without PP over the same global batch (1e-5 relative
+ * loss, 1e-4 norm: fp32 summation order of the micro-batch gradients and of the norm's cross-rank
+ * sum, as the data-parallel trainer tests); 2 ranks: GPipe, 1F1B, Interleaved1F1B, LoopedBFS,
+ * InterleavedZeroBubble, ZBVZeroBubble, DualPipeV (its run with the overlap off and coalesced p2p
+ * bitwise equal), a hand-written CSV, module_fqns_per_model_part, activation checkpointing,
+ * gradient accumulation; 4 ranks: pp 4 (all seven schedules; 2, 4 and 8 micro-batches), pp 2 x TP
+ * 2 (Interleaved1F1B, the three new ones, a zero-bubble CSV) against the single rank, pp 2 x FSDP
+ * 2 (1F1B, the zero-bubble CSV, the three new ones), pp 2 x DDP 2 (1F1B, ZBV) against replicated
+ * DP 2; 8 ranks: pp 2 x FSDP 2 x TP 2 (llama3, qwen3) against replicated DP 2 (TP's tolerance,
+ * 1e-4 / 1e-3), pp 4 x FSDP 2 and pp 4 x TP 2 with the three new schedules, pp 2 x HSDP 2 x 2
+ * against replicated DP 4. A run whose optimizer is 1e-3 off must fall outside the tolerance. A
  * checkpoint saved under pp 2 loads under pp 1 (2 ranks) and pp 4 (4 ranks) with the same
- * validation loss; bad schedules, CSVs and splits are refused naming the key; the final
- * weights file gathers every stage. */
+ * validation loss; bad schedules, CSVs and splits are refused naming the key; the final weights
+ * file gathers every stage.
+ */
 // hp-test: ranks 2 4 8 timeout 900
 #include <math.h>
 #include <stdio.h>
@@ -298,7 +299,8 @@ int main(int argc, char **argv) {
                 set_pp(f, 4, ss[k]);
                 f->parallelism.pipeline_parallel_microbatch_size = mbs[k];
                 run(f, world, world, l, n, NULL);
-                close_all(l, bl, N, 1e-5, 1, k >= 2 ? ss[k] : k ? "pp 4 GPipe, 2 micro-batches of 4" : "pp 4 interleaved, 8 micro-batches");
+                const char *what = k >= 2 ? ss[k] : k ? "pp 4 GPipe, 2 micro-batches of 4" : "pp 4 interleaved, 8 mbs";
+                close_all(l, bl, N, 1e-5, 1, what);
                 close_all(n, bn, N, 1e-4, 1, "grad norm");
             }
             free(r);
@@ -341,12 +343,16 @@ int main(int argc, char **argv) {
         // pp 2 x FSDP 2 and pp 2 x DDP 2 against replicated DP 2 on ranks 0, 1
         base(c, 2, "llama3");
         run(c, two, world, rl, rn, NULL);
-        const char *fs[6] = {"1F1B", "1F1B", "1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
-        for (int k = 0; k < 6; k++) {   // 3..5: the zero-bubble / V schedules x FSDP 2
+        const char *fs[7] = {"1F1B", "1F1B", "1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV",
+                             "ZBVZeroBubble"};
+        const char *fname[7] = {"FSDP", "DDP", "FSDP (zero-bubble CSV)", "FSDP (InterleavedZeroBubble)",
+                                "FSDP (ZBVZeroBubble)", "FSDP (DualPipeV)", "DDP (ZBVZeroBubble)"};
+        for (int k = 0; k < 7; k++) {   // 3..5: the zero-bubble / V schedules x FSDP 2; 6: ZBV x DDP 2
             *f = *c;
             set_pp(f, 2, fs[k]);
-            f->parallelism.data_parallel_replicate_degree = k == 1 ? 2 : 1;
-            f->parallelism.data_parallel_shard_degree = k == 1 ? 1 : 2;
+            const int ddp = k == 1 || k == 6;
+            f->parallelism.data_parallel_replicate_degree = ddp ? 2 : 1;
+            f->parallelism.data_parallel_shard_degree = ddp ? 1 : 2;
             if (k == 2) {   // FSDP with a zero-bubble CSV: the reduce-scatter follows the stage's last W
                 char zb[320];
                 zb_csv(world, rank, zb, sizeof zb);
@@ -354,10 +360,9 @@ int main(int argc, char **argv) {
                          sizeof f->parallelism.pipeline_parallel_schedule_csv, "%s", zb);
             }
             run(f, world, world, l, n, NULL);
-            close_all(l, rl, N, 1e-5, 1, k >= 3 ? fs[k] : k == 2 ? "pp2 zero-bubble CSV x FSDP2" : k ? "pp2 x DDP2" : "pp2 x FSDP2");
+            close_all(l, rl, N, 1e-5, 1, fname[k]);
             close_all(n, rn, N, 1e-4, 1, "grad norm");
-            if (rank == 0) printf("pp 2 x %s 2: losses %.6f .. %.6f (DP 2 %.6f .. %.6f)\n",
-                                  k >= 3 ? fs[k] : k == 2 ? "FSDP (zero bubble)" : k ? "DDP" : "FSDP", l[0],
+            if (rank == 0) printf("pp 2 x %s 2: losses %.6f .. %.6f (DP 2 %.6f .. %.6f)\n", fname[k], l[0],
                                   l[N - 1], rl[0], rl[N - 1]);
         }
         {   // the overlap's thread mode is refused with FSDP (collectives inside the stages); a bad env value named
