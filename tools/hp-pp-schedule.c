@@ -18,8 +18,9 @@ static int usage(void) {
     fprintf(stderr,
             "usage: " TOOL " --schedule NAME --pp P --microbatches N [--stages-per-rank L] [--lower] [--save-csv OUT]\n"
             "       " TOOL " --csv FILE [--pp P] [--microbatches N] [--lower] [--save-csv OUT]\n"
-            "  NAME: GPipe, 1F1B (1 stage per rank), Interleaved1F1B, LoopedBFS (default 2 stages per rank,\n"
-            "        stage s on rank s %% P); case-insensitive, as PyTorch's get_schedule_class\n"
+            "  NAME: GPipe, 1F1B (1 stage per rank), Interleaved1F1B, LoopedBFS, InterleavedZeroBubble (default\n"
+            "        2 stages per rank, stage s on rank s %% P), ZBVZeroBubble, DualPipeV (2 stages per rank, V\n"
+            "        mapping); case-insensitive, as PyTorch's get_schedule_class\n"
             "  --csv FILE      a schedule, one row per rank (PyTorch's _load_csv); N defaults to the number of\n"
             "                  microbatches its forwards name. A CSV with SEND/RECV, UNSHARD/RESHARD or REDUCE_GRAD\n"
             "                  actions is taken verbatim (format compute_comms) and simulated as it is\n"
