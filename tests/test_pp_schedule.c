@@ -968,7 +968,9 @@ static void test_timeline_tool(void) {
     EXPECT_TOOL("--schedule 1F1B --pp 2", 2, "--schedule needs --pp and --microbatches");
     snprintf(out, sizeof out, "%s/dpv.svg", dir);
     remove(out);
-    rmdir(dir);
+    snprintf(out, sizeof out, "%s/run.svg", dir);
+    remove(out);
+    HP_CHECK(rmdir(dir) == 0, "the tool wrote only the files named (%s is empty)", dir);
 }
 
 int main(void) {
