@@ -12,6 +12,8 @@
 #include <hyperparallel/parse.h>
 #include <hyperparallel/pp_schedule.h>
 
+#include "pp-cli.h"
+
 #define TOOL "hp-pp-schedule"
 
 static int usage(void) {
@@ -55,8 +57,8 @@ static const char *const flags[] = {"--schedule", "--pp", "--microbatches", "--s
 #define N_FLAGS (sizeof flags / sizeof flags[0])
 
 int main(int argc, char **argv) {
-    const char *name = NULL, *csv = NULL, *save = NULL;
-    int32_t pp = 0, n = 0, L = 0;
+    const char *csv = NULL, *save = NULL;
+    pp_cli_t cli = {0};
     int lower = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -66,27 +68,14 @@ int main(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--lower")) {
             lower = 1;
-        } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--schedule", &v))) {
+        } else if ((r = pp_cli_flag(TOOL, argc, argv, &i, &cli))) {
             if (r < 0) return bad_args();
-            name = v;
         } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--csv", &v))) {
             if (r < 0) return bad_args();
             csv = v;
         } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--save-csv", &v))) {
             if (r < 0) return bad_args();
             save = v;
-        } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--pp", &v))) {
-            if (r < 0 || hp_parse_i32(TOOL ": --pp", v, 1, 1024, "pipeline ranks (parallelism.pipeline_parallel_degree)",
-                                      &pp) != HP_OK)
-                return bad_args();
-        } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--microbatches", &v))) {
-            if (r < 0 || hp_parse_i32(TOOL ": --microbatches", v, 1, 1 << 20, "microbatches per step (n_microbatches)",
-                                      &n) != HP_OK)
-                return bad_args();
-        } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--stages-per-rank", &v))) {
-            if (r < 0 || hp_parse_i32(TOOL ": --stages-per-rank", v, 1, 256,
-                                      "virtual stages per rank; 1 for GPipe and 1F1B", &L) != HP_OK)
-                return bad_args();
         } else if (a[0] == '-' && a[1]) {
             hp_flag_unknown_error(TOOL, a, flags, N_FLAGS);
             return bad_args();
@@ -95,6 +84,8 @@ int main(int argc, char **argv) {
             return usage();
         }
     }
+    const char *name = cli.schedule;
+    int32_t pp = cli.pp, n = cli.n, L = cli.L;
     if (!!name == !!csv) {
         fprintf(stderr, TOOL ": give exactly one of --schedule NAME and --csv FILE\n");
         return usage();

@@ -21,6 +21,8 @@
 #include <hyperparallel/parse.h>
 #include <hyperparallel/pp_schedule.h>
 
+#include "pp-cli.h"
+
 #define TOOL "hp-pp-timeline"
 #define MAX_RANKS 256
 
@@ -318,8 +320,8 @@ static const char *const flags[] = {"--schedule", "--pp", "--microbatches", "--s
                                     "--help"};
 
 int main(int argc, char **argv) {
-    const char *name = NULL, *in = NULL, *out = NULL;
-    int32_t pp = 0, n = 0, L = 0;
+    const char *in = NULL, *out = NULL;
+    pp_cli_t cli = {0};
     int png = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -329,20 +331,11 @@ int main(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--png")) {
             png = 1;
-        } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--schedule", &v))) {
+        } else if ((r = pp_cli_flag(TOOL, argc, argv, &i, &cli))) {
             if (r < 0) return bad_args();
-            name = v;
         } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "-o", &v))) {
             if (r < 0) return bad_args();
             out = v;
-        } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--pp", &v))) {
-            if (r < 0 || hp_parse_i32(TOOL ": --pp", v, 1, MAX_RANKS, "pipeline ranks", &pp) != HP_OK) return bad_args();
-        } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--microbatches", &v))) {
-            if (r < 0 || hp_parse_i32(TOOL ": --microbatches", v, 1, 4096, "microbatches per step", &n) != HP_OK)
-                return bad_args();
-        } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--stages-per-rank", &v))) {
-            if (r < 0 || hp_parse_i32(TOOL ": --stages-per-rank", v, 1, 64, "virtual stages per rank", &L) != HP_OK)
-                return bad_args();
         } else if (a[0] == '-' && a[1]) {
             hp_flag_unknown_error(TOOL, a, flags, sizeof flags / sizeof flags[0]);
             return bad_args();
@@ -352,6 +345,12 @@ int main(int argc, char **argv) {
             fprintf(stderr, TOOL ": unexpected argument '%s' (one timeline file at most)\n", a);
             return usage();
         }
+    }
+    const char *name = cli.schedule;
+    int32_t pp = cli.pp, n = cli.n, L = cli.L;
+    if (pp > MAX_RANKS) {
+        fprintf(stderr, TOOL ": --pp %d: at most %d ranks are drawn\n", pp, MAX_RANKS);
+        return 2;
     }
     if (!!name == !!in) {
         fprintf(stderr, TOOL ": give a recorded timeline RUN.csv or --schedule NAME (one of them)\n");
