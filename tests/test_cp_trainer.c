@@ -3,12 +3,13 @@
  * ranks cp 2 with allgather + head-tail, alltoall without balancing, Ulysses 2, and qwen3; on 4
  * ranks cp 4 (ring; hybrid Ulysses 2 x ring 2) and cp 2 x TP 2 (sequence and loss parallel);
  * cp 2 x FSDP 2 (FSDP over dp_shard x cp) equals the FSDP 2 run without CP on the same data, and
- * dp_replicate 2 x cp 2 (HSDP) the data-parallel run over 2 ranks. An
+ * dp_replicate 2 x cp 2 (HSDP) the data-parallel run over 2 ranks; on 8 ranks cp 2 x FSDP 2 x
+ * TP 2 (llama3 with allgather, qwen3 with alltoall) equals the FSDP 2 run. An
  * lr 1% off fails the tolerance (negative test); bad CP input is refused by key with a hint
  * (seq_len not divisible by 2 cp, cp not dividing the world, Ulysses degree not dividing cp or
  * the heads, an unknown rotate method, T/cp rows sequence parallel cannot split); a checkpoint
  * saved under cp 2 loads under cp 1 with the single-rank run's parameters. */
-// hp-test: ranks 2 4 timeout 600 coretype 2
+// hp-test: ranks 2 4 8 timeout 600 coretype 2
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,8 +209,26 @@ int main(int argc, char **argv) {
     c->model.n_heads = 4;
     c->model.n_kv_heads = 2;
     snprintf(c->training.mixed_precision_param, sizeof c->training.mixed_precision_param, "float32");
-    errors(c);
     double rl[N], rn[N];
+    if (ws == 8) {
+        /* cp 2 x FSDP 2 x TP 2 (FSDP over dp_shard x cp, TP with sequence and loss parallel),
+         * llama3 and qwen3, against the FSDP 2 run on the same data (CP and TP ranks share the
+         * batch coordinate of their dp_shard rank) */
+        for (int m = 0; m < 2; m++) {
+            if (m == 1) {
+                snprintf(c->model.name, sizeof c->model.name, "qwen3");
+                c->model.head_dim = 16;
+            }
+            reference(c, 2, rl, rn);
+            variant(c, rl, rn, 2, 2, 2, 1, m == 0 ? "allgather" : "alltoall", "headtail", 0);
+        }
+        free(c);
+        int rc = hp_test_finish("test_cp_trainer");
+        hp_test_remove_corpus(world);
+        hp_comm_finalize();
+        return rc;
+    }
+    errors(c);
     reference(c, 1, rl, rn);
     variant(c, rl, rn, 1, ws, 1, 1, "allgather", "headtail", 0);
     if (ws == 2) {

@@ -297,6 +297,10 @@ static hp_status_t check_cp_layout(const hp_config_t *c, const hp_model_config_t
                         "rank are not divisible by parallelism.tensor_parallel_degree %d (sequence parallel splits "
                         "them); hint: use a seq_len that is a multiple of %d or "
                         "--parallelism.enable_sequence_parallel=false", T / cp, pd->tp, cp * pd->tp);
+    if (c->parallelism.context_parallel_async && pd->tp > 1)
+        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.context_parallel_async with tensor_parallel_degree %d is not "
+                        "implemented (tensor parallelism wraps the attention whose projection hook starts the K/V "
+                        "collective); hint: --parallelism.context_parallel_async=false", pd->tp);
     return HP_OK;
 }
 /* --- end context parallel --- */
@@ -813,6 +817,7 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
         HP_TRY(hp_cp_balancer_parse(c->parallelism.context_parallel_load_balancer,
                                     "parallelism.context_parallel_load_balancer", &co.balancer));
         co.ulysses_degree = (int)c->parallelism.context_parallel_ulysses_degree;
+        co.async = c->parallelism.context_parallel_async;
         const int hd = t->mcfg.head_dim > 0 ? t->mcfg.head_dim : t->mcfg.dim / t->mcfg.n_heads;
         HP_TRY(hp_cp_create(hp_mesh_get_comm(t->cp_mesh, 0), &co, t->B > t->val_B ? t->B : t->val_B, t->T,
                             t->mcfg.n_heads / t->pd.tp, t->mcfg.n_kv_heads / t->pd.tp, hd, &t->cp));
