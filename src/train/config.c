@@ -209,7 +209,7 @@ static const hp_config_key_t schema_[] = {
       "context_parallel_degree and the (per-TP-rank) query and kv heads. 1 = ring attention only."),
     K(parallelism, context_parallel_async, BOOL, "false", NULL, NULL,
       "HyperParallel's AsyncContextParallel: start the K/V collective (Ulysses all-to-all, the all-gather, or "
-      "the ring's first transfer) from the q|k|v projection's post-forward hook and wait in the attention core; "
+      "the ring's first transfer) from the fused q/k/v projection's post-forward hook and wait in the attention core; "
       "bitwise the synchronous results. Not with tensor_parallel_degree > 1."),
     /* --- end --- */
     /* activation_checkpoint */
