@@ -5,7 +5,8 @@
  * ranks cp 4 (ring; hybrid Ulysses 2 x ring 2) and cp 2 x TP 2 (sequence and loss parallel);
  * cp 2 x FSDP 2 (FSDP over dp_shard x cp) equals the FSDP 2 run without CP on the same data, and
  * dp_replicate 2 x cp 2 (HSDP) the data-parallel run over 2 ranks; on 8 ranks cp 2 x FSDP 2 x
- * TP 2 (llama3 with allgather, qwen3 with alltoall) equals the FSDP 2 run. An
+ * TP 2 (llama3 with allgather, qwen3 with alltoall) equals the FSDP 2 run; on 4 ranks pp 2 x cp 2
+ * (llama3; qwen3 with the asynchronous core) equals the single-rank run. An
  * lr 1% off fails the tolerance (negative test); bad CP input is refused by key with a hint
  * (seq_len not divisible by 2 cp, cp not dividing the world, Ulysses degree not dividing cp or
  * the heads, an unknown rotate method, T/cp rows sequence parallel cannot split); a checkpoint
@@ -86,8 +87,9 @@ static int variant(hp_config_t *c, const double *rl, const double *rn, int dps, 
         }
     }
     if (rank == 0)
-        printf("%s dp_shard %d cp %d (ulysses %d, %s, %s%s) tp %d: loss %.6f -> %.6f (reference %.6f -> %.6f), "
-               "grad norm step 1 %.6f (%.6f)\n", c->model.name, dps, cp, U, rot, lb,
+        printf("%s pp %d dp_shard %d cp %d (ulysses %d, %s, %s%s) tp %d: loss %.6f -> %.6f (reference %.6f -> %.6f), "
+               "grad norm step 1 %.6f (%.6f)\n", c->model.name, (int)c->parallelism.pipeline_parallel_degree, dps, cp, U,
+               rot, lb,
                c->parallelism.context_parallel_async ? ", async" : "", tp, l[0], l[N - 1], rl[0], rl[N - 1], n[0], rn[0]);
     return ok;
 }
@@ -284,6 +286,20 @@ int main(int argc, char **argv) {
         if (rank == 0)
             printf("HSDP dp_replicate 2 x cp 2: loss %.6f -> %.6f (data parallel 2: %.6f -> %.6f)\n", hl[0], hl[N - 1],
                    fl[0], fl[N - 1]);
+        /* CP x PP: pp 2 (1F1B over the 2 micro-batches of the local batch) x cp 2, the CP cores
+         * installed per stage, FSDP over dp_shard x cp per stage; llama3 synchronous, qwen3
+         * (tied embeddings, qk-norm) with the asynchronous core */
+        c->parallelism.pipeline_parallel_degree = 2;
+        variant(c, rl, rn, 1, 2, 1, 1, "allgather", "headtail", 0);
+        c->parallelism.pipeline_parallel_degree = 1;
+        snprintf(c->model.name, sizeof c->model.name, "qwen3");
+        c->model.head_dim = 16;
+        reference(c, 1, rl, rn);
+        c->parallelism.pipeline_parallel_degree = 2;
+        c->parallelism.context_parallel_async = true;
+        variant(c, rl, rn, 1, 2, 1, 1, "alltoall", "headtail", 0);
+        c->parallelism.context_parallel_async = false;
+        c->parallelism.pipeline_parallel_degree = 1;
     }
     free(c);
     int rc = hp_test_finish("test_cp_trainer");
