@@ -5,7 +5,8 @@
  * ranks cp 4 (ring; hybrid Ulysses 2 x ring 2) and cp 2 x TP 2 (sequence and loss parallel);
  * cp 2 x FSDP 2 (FSDP over dp_shard x cp) equals the FSDP 2 run without CP on the same data, and
  * dp_replicate 2 x cp 2 (HSDP) the data-parallel run over 2 ranks; on 8 ranks cp 2 x FSDP 2 x
- * TP 2 (llama3 with allgather, qwen3 with alltoall) equals the FSDP 2 run; on 4 ranks pp 2 x cp 2
+ * TP 2 (llama3 with allgather, qwen3 with alltoall) equals the FSDP 2 run and pp 2 x cp 2 x TP 2
+ * (qwen3) the single-rank run; on 4 ranks pp 2 x cp 2
  * (llama3; qwen3 with the asynchronous core) equals the single-rank run. An
  * lr 1% off fails the tolerance (negative test); bad CP input is refused by key with a hint
  * (seq_len not divisible by 2 cp, cp not dividing the world, Ulysses degree not dividing cp or
@@ -234,6 +235,11 @@ int main(int argc, char **argv) {
             reference(c, 2, rl, rn);
             variant(c, rl, rn, 2, 2, 2, 1, m == 0 ? "allgather" : "alltoall", "headtail", 0);
         }
+        /* pp 2 x cp 2 x TP 2: per stage TP, then the CP cores on the local heads */
+        reference(c, 1, rl, rn);
+        c->parallelism.pipeline_parallel_degree = 2;
+        variant(c, rl, rn, 1, 2, 2, 1, "alltoall", "headtail", 0);
+        c->parallelism.pipeline_parallel_degree = 1;
         free(c);
         int rc = hp_test_finish("test_cp_trainer");
         hp_test_remove_corpus(world);
