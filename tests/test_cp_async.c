@@ -72,6 +72,7 @@ static void variant(const char *model, hp_cp_rotate_t rot, hp_cp_balancer_t lb, 
     mc.n_heads = 4;
     mc.n_kv_heads = 2;
     mc.head_dim = 16;
+    mc.hidden_dim = 128;   // the feed-forward is not what is tested: keep it small
     mc.max_seq_len = T;
     hp_cp_options_t o = hp_cp_options_default();
     o.rotate = rot;
