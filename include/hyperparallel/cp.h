@@ -86,6 +86,12 @@ hp_status_t hp_cp_core_new(hp_cp_t cp, const char *name, int n_heads, int n_kv_h
  * model's own context for T/cp rows and puts its rows at this rank's global positions
  * (hp_model_set_context_parallel). Feed hp_model_forward the rank's hp_cp_shard_tokens. */
 hp_status_t hp_cp_apply(hp_cp_t cp, hp_model_t model);
+/* Asynchronous variant under wrappers that take an attention's place (tensor parallelism's
+ * PrepareModuleInput): call before them; it records each attention with its core (a copy of
+ * the attention module, as the wrapper's own inner copy: same impl, id, params and children),
+ * so that hp_cp_apply afterwards finds the attention whose projection it hooks. Not needed
+ * without wrappers or with opt.async off. */
+hp_status_t hp_cp_prepare(hp_cp_t cp, hp_model_t model);
 /* Points act's RoPE positions at this rank's global positions (pos0 / pos_segs, nn.h). */
 void hp_cp_set_positions(hp_cp_t cp, hp_act_t *act);
 /* This rank's tokens (B, T/cp) of a global batch (B, T) (hp_cp_shard_rows on int32). */

@@ -130,6 +130,12 @@ typedef struct cp_core {
     struct cp_core *next;
 } cp_core_t;
 
+typedef struct cp_prep {   // an attention as it was before a wrapper took its place
+    hp_module_t attn;
+    hp_module_t *core;
+    struct cp_prep *next;
+} cp_prep_t;
+
 typedef struct cp_saved {
     const float *x;     // (B, Tl, qd + 2 kd) the parent's q | k | v rows
     float *xr;          // (B, Tr, qkvd_r) Ulysses layout (== x without Ulysses)
@@ -154,6 +160,7 @@ struct hp_cp {
     cp_core_t *pend_core;                  // ... for this core (NULL: none in flight)
     int pend_B;
     long n_async;                          // collectives started by a hook and consumed by a core
+    struct cp_prep *prep;                  // hp_cp_prepare: copies of the attentions and their cores
     double wait_s, comp_s;                 // seconds blocked in K/V waits, in block compute (hp_cp_timers)
 };
 
@@ -280,6 +287,10 @@ void hp_cp_destroy(hp_cp_t cp) {
     for (cp_core_t *c = cp->cores, *n; c; c = n) {
         n = c->next;
         free(c);
+    }
+    for (cp_prep_t *p = cp->prep, *n; p; p = n) {
+        n = p->next;
+        free(p);
     }
     if (cp->uly_comm) hp_comm_destroy(cp->uly_comm);
     if (cp->ring_comm) hp_comm_destroy(cp->ring_comm);
@@ -610,6 +621,10 @@ static hp_status_t core_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     s->lse = hp_act_alloc(act, sizeof(float) * (size_t)B * d.Hq * cp->Tr);
     const int async_on = cp->pend_core == C && cp->pend_B == B;   // the projection hook started it
     cp->pend_core = NULL;
+    if (C->attn && !async_on && (cp->U > 1 || cp->R > 1))   // never a silent fall-back to the synchronous core
+        return hp_error(HP_ERR_STATE, "cp attention '%s' (async): no K/V collective was started by the projection hook "
+                        "of '%s' for this forward (the projection did not run through hp_module_forward, or another "
+                        "core's collective was pending)", C->mod.name, C->attn->name);
     cp->n_async += async_on;
     if (cp->U > 1) {
         const segs_t S = qkv_segs(C);
@@ -680,7 +695,10 @@ static hp_status_t async_launch(void *user, hp_module_t *m, hp_act_t *act) {
     struct hp_cp *cp = C->cp;
     if (act->kv || act->T != cp->Tl || act->B > cp->max_B) return HP_OK;   // the core names the error
     const float *x = hp_attention_projection_rows(C->attn, act);
-    if (!x) return HP_OK;
+    if (!x)
+        return hp_error(HP_ERR_STATE, "cp attention '%s' (async): the projection's post-forward hook found no projection "
+                        "rows of attention '%s' in this forward (hp_cp_prepare must see the attention before a wrapper "
+                        "takes its place)", C->mod.name, C->attn->name);
     for (int i = 0; i < 2; i++) HP_TRY(wait_timed(cp, &cp->pend[i]));   // one left by a failed forward
     cp->pend_core = NULL;
     const int B = act->B;
@@ -742,12 +760,14 @@ hp_status_t hp_cp_apply(hp_cp_t cp, hp_model_t model) {
         hp_module_t *attn = NULL;   // async: the attention this core belongs to
         for (int j = 0; cp->o.async && j < n && !attn; j++)
             if (hp_attention_core(mods[j]) == core) attn = mods[j];
+        for (cp_prep_t *p = cp->o.async ? cp->prep : NULL; p && !attn; p = p->next)   // wrapped since hp_cp_prepare
+            if (p->core == core) attn = &p->attn;
         if (cp->o.async) {
             if (!attn)
                 return hp_error(HP_ERR_UNSUPPORTED, "hp_cp_apply: parallelism.context_parallel_async: the attention of "
-                                "core '%s' was not found as an attention module (a wrapper such as tensor "
-                                "parallelism's holds it); hint: set parallelism.context_parallel_async=false",
-                                core->name);
+                                "core '%s' was not found as an attention module (a wrapper holds it); hint: call "
+                                "hp_cp_prepare before the wrapper is applied, or set "
+                                "parallelism.context_parallel_async=false", core->name);
             ((cp_core_t *)c->impl)->attn = attn;
             HP_TRY(hp_module_add_hook(hp_attention_wqkv(attn), HP_HOOK_POST_FORWARD, async_launch, c->impl, NULL));
         }
@@ -759,6 +779,25 @@ hp_status_t hp_cp_apply(hp_cp_t cp, hp_model_t model) {
         return hp_error(HP_ERR_INVALID_ARG, "hp_cp_apply: the model has no attention module whose core could be "
                         "replaced");
     return hp_model_set_context_parallel(model, cp->Tl, n_segs(cp), cp->pos_segs);
+}
+
+hp_status_t hp_cp_prepare(hp_cp_t cp, hp_model_t model) {
+    if (!cp->o.async) return HP_OK;
+    hp_module_t *mods[4096];
+    const int n = hp_model_modules(model, mods, 4096);
+    if (n > 4096) return hp_error(HP_ERR_UNSUPPORTED, "hp_cp_prepare: model has %d modules, more than 4096", n);
+    for (int i = 0; i < n; i++) {
+        hp_module_t *core = hp_attention_core(mods[i]);
+        if (!core) continue;
+        cp_prep_t *p = hp_calloc(1, sizeof(*p));
+        if (!p) return HP_ERR_OOM;
+        p->attn = *mods[i];   // what the wrapper's inner copy will be: same impl, id, params, children
+        for (int k = 0; k < HP_HOOK_KINDS; k++) p->attn.n_hooks[k] = 0;   // a copy for lookups, never run
+        p->core = core;
+        p->next = cp->prep;
+        cp->prep = p;
+    }
+    return HP_OK;
 }
 
 hp_status_t hp_cp_core_lse(hp_module_t *core, hp_act_t *act, const float **lse, int *n_heads, int *head0, int *rows,

@@ -210,7 +210,7 @@ static const hp_config_key_t schema_[] = {
     K(parallelism, context_parallel_async, BOOL, "false", NULL, NULL,
       "HyperParallel's AsyncContextParallel: start the K/V collective (Ulysses all-to-all, the all-gather, or "
       "the ring's first transfer) from the fused q/k/v projection's post-forward hook and wait in the attention core; "
-      "bitwise the synchronous results. Not with tensor_parallel_degree > 1."),
+      "bitwise the synchronous results."),
     /* --- end --- */
     /* activation_checkpoint */
     K(activation_checkpoint, mode, ENUM, "none", "none|full|selective", NULL,

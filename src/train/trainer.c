@@ -297,17 +297,12 @@ static hp_status_t check_cp_layout(const hp_config_t *c, const hp_model_config_t
                         "rank are not divisible by parallelism.tensor_parallel_degree %d (sequence parallel splits "
                         "them); hint: use a seq_len that is a multiple of %d or "
                         "--parallelism.enable_sequence_parallel=false", T / cp, pd->tp, cp * pd->tp);
-    if (c->parallelism.context_parallel_async && pd->tp > 1)
-        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.context_parallel_async with tensor_parallel_degree %d is not "
-                        "implemented (tensor parallelism wraps the attention whose projection hook starts the K/V "
-                        "collective); hint: --parallelism.context_parallel_async=false", pd->tp);
     return HP_OK;
 }
 
-/* The CP handle over the cp mesh dim and its cores in each of the n models (the whole model,
- * or each local pipeline stage; a stage without attention has no core to replace), after TP
- * (the cores run the local heads) and before FSDP. Sets t->Tl, the rows a rank feeds. */
-static hp_status_t cp_install(hp_trainer_t t, hp_model_t *models, int n) {
+/* The CP handle over the cp mesh dim, before TP (on the local heads TP will leave); with the
+ * asynchronous core each attention is recorded before TP's wrapper takes its place. */
+static hp_status_t cp_prepare(hp_trainer_t t, hp_model_t *models, int n) {
     const hp_config_t *c = &t->cfg;
     t->Tl = t->T;
     if (t->pd.cp == 1) return HP_OK;
@@ -323,6 +318,15 @@ static hp_status_t cp_install(hp_trainer_t t, hp_model_t *models, int n) {
     const int hd = t->mcfg.head_dim > 0 ? t->mcfg.head_dim : t->mcfg.dim / t->mcfg.n_heads;
     HP_TRY(hp_cp_create(hp_mesh_get_comm(t->cp_mesh, 0), &co, t->B > t->val_B ? t->B : t->val_B, t->T,
                         t->mcfg.n_heads / t->pd.tp, t->mcfg.n_kv_heads / t->pd.tp, hd, &t->cp));
+    for (int i = 0; i < n; i++) HP_TRY(hp_cp_prepare(t->cp, models[i]));
+    return HP_OK;
+}
+
+/* The CP cores in each of the n models (the whole model, or each local pipeline stage; a
+ * stage without attention has no core to replace), after TP (the cores run the local heads)
+ * and before FSDP. Sets t->Tl, the rows a rank feeds. */
+static hp_status_t cp_install(hp_trainer_t t, hp_model_t *models, int n) {
+    if (!t->cp) return HP_OK;
     for (int i = 0; i < n; i++) {
         hp_module_t *mods[4096];
         const int nm = hp_model_modules(models[i], mods, 4096);
@@ -650,6 +654,7 @@ static hp_status_t pp_parallelize_local(hp_trainer_t t, int ac_k) {
     trainer_pp_t *p = t->pp;
     for (int i = 0; i < p->n_local; i++)
         if (ac_k > 0) HP_TRY(hp_model_set_activation_checkpoint(p->m[i], ac_k));
+    HP_TRY(cp_prepare(t, p->m, p->n_local));   /* context parallel (owner cp): before TP */
     if (t->pd.tp > 1) {   // TorchTitan's order: split, then TP per part (the plan's entries it holds)
         hp_tp_plan_entry_t plan[32], mine[32];
         int n = 0;
@@ -810,6 +815,7 @@ static hp_status_t tp_plan(hp_trainer_t t, hp_tp_plan_entry_t plan[32], int *n) 
 static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
     const hp_config_t *c = &t->cfg;
     if (ac_k > 0) HP_TRY(hp_model_set_activation_checkpoint(t->model, ac_k));
+    HP_TRY(cp_prepare(t, &t->model, 1));   /* context parallel (owner cp): before TP */
     /* --- tensor parallel (owner tp): TorchTitan's plan on the tp mesh, before the weights
      * are drawn (each rank draws its shards at their global indices) --- */
     if (t->pd.tp > 1) {
