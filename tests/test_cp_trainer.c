@@ -1,14 +1,19 @@
 /* Trainer with context parallelism: the per-step losses and gradient norms of 10 AdamW steps
  * equal the single-rank run of the same config (rank 0 alone on a split communicator): on 2
- * ranks cp 2 with allgather + head-tail, alltoall without balancing, Ulysses 2, and qwen3; on 4
- * ranks cp 4 (ring; hybrid Ulysses 2 x ring 2) and cp 2 x TP 2 (sequence and loss parallel);
+ * ranks cp 2 with allgather + head-tail (synchronous and parallelism.context_parallel_async), alltoall
+ * without balancing, Ulysses 2, and qwen3; on 4
+ * ranks cp 4 (ring; hybrid Ulysses 2 x ring 2) and cp 2 x TP 2 (sequence and loss parallel; the
+ * async core under TP bitwise equal to the synchronous run);
  * cp 2 x FSDP 2 (FSDP over dp_shard x cp) equals the FSDP 2 run without CP on the same data, and
- * dp_replicate 2 x cp 2 (HSDP) the data-parallel run over 2 ranks. An
+ * dp_replicate 2 x cp 2 (HSDP) the data-parallel run over 2 ranks; on 8 ranks cp 2 x FSDP 2 x
+ * TP 2 (llama3 with allgather, qwen3 with alltoall) equals the FSDP 2 run and pp 2 x cp 2 x TP 2
+ * (qwen3) the single-rank run; on 4 ranks pp 2 x cp 2
+ * (llama3; qwen3 with the asynchronous core) equals the single-rank run. An
  * lr 1% off fails the tolerance (negative test); bad CP input is refused by key with a hint
  * (seq_len not divisible by 2 cp, cp not dividing the world, Ulysses degree not dividing cp or
  * the heads, an unknown rotate method, T/cp rows sequence parallel cannot split); a checkpoint
  * saved under cp 2 loads under cp 1 with the single-rank run's parameters. */
-// hp-test: ranks 2 4 timeout 600 coretype 2
+// hp-test: ranks 2 4 8 timeout 600 coretype 2
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +42,7 @@ enum { N = 10 };
 
 static hp_comm_t world;
 static int rank, ws;
+static double last_l[N], last_n[N];   /* the last variant's losses and gradient norms */
 
 /* The run without CP and TP on the first dps ranks alone (dps 1: the single-rank run; dps 2:
  * FSDP 2, which test_trainer_fsdp proves equal to data parallel; it sees the same data as the
@@ -75,6 +81,8 @@ static int variant(hp_config_t *c, const double *rl, const double *rn, int dps, 
     snprintf(c->parallelism.context_parallel_load_balancer, sizeof c->parallelism.context_parallel_load_balancer, "%s", lb);
     double l[N] = {0}, n[N] = {0};
     hp_test_train_steps(c, world, N, l, n, 0);
+    memcpy(last_l, l, sizeof l);
+    memcpy(last_n, n, sizeof n);
     int ok = 1;
     for (int i = 0; i < N; i++) {
         ok &= fabs(l[i] - rl[i]) <= LOSS_RTOL * fabs(rl[i]);
@@ -84,9 +92,10 @@ static int variant(hp_config_t *c, const double *rl, const double *rn, int dps, 
         }
     }
     if (rank == 0)
-        printf("%s dp_shard %d cp %d (ulysses %d, %s, %s) tp %d: loss %.6f -> %.6f (single rank %.6f -> %.6f), "
-               "grad norm step 1 %.6f (%.6f)\n", c->model.name, dps, cp, U, rot, lb, tp, l[0], l[N - 1], rl[0],
-               rl[N - 1], n[0], rn[0]);
+        printf("%s pp %d dp_shard %d cp %d (ulysses %d, %s, %s%s) tp %d: loss %.6f -> %.6f (reference %.6f -> %.6f), "
+               "grad norm step 1 %.6f (%.6f)\n", c->model.name, (int)c->parallelism.pipeline_parallel_degree, dps, cp, U,
+               rot, lb,
+               c->parallelism.context_parallel_async ? ", async" : "", tp, l[0], l[N - 1], rl[0], rl[N - 1], n[0], rn[0]);
     return ok;
 }
 
@@ -208,14 +217,40 @@ int main(int argc, char **argv) {
     c->model.n_heads = 4;
     c->model.n_kv_heads = 2;
     snprintf(c->training.mixed_precision_param, sizeof c->training.mixed_precision_param, "float32");
-    errors(c);
     double rl[N], rn[N];
+    if (ws == 8) {
+        /* cp 2 x FSDP 2 x TP 2 (FSDP over dp_shard x cp, TP with sequence and loss parallel),
+         * llama3 and qwen3, against the FSDP 2 run on the same data (CP and TP ranks share the
+         * batch coordinate of their dp_shard rank) */
+        for (int m = 0; m < 2; m++) {
+            if (m == 1) {
+                snprintf(c->model.name, sizeof c->model.name, "qwen3");
+                c->model.head_dim = 16;
+            }
+            reference(c, 2, rl, rn);
+            variant(c, rl, rn, 2, 2, 2, 1, m == 0 ? "allgather" : "alltoall", "headtail", 0);
+        }
+        /* pp 2 x cp 2 x TP 2: per stage TP, then the CP cores on the local heads */
+        reference(c, 1, rl, rn);
+        c->parallelism.pipeline_parallel_degree = 2;
+        variant(c, rl, rn, 1, 2, 2, 1, "alltoall", "headtail", 0);
+        c->parallelism.pipeline_parallel_degree = 1;
+        free(c);
+        int rc = hp_test_finish("test_cp_trainer");
+        hp_test_remove_corpus(world);
+        hp_comm_finalize();
+        return rc;
+    }
+    errors(c);
     reference(c, 1, rl, rn);
     variant(c, rl, rn, 1, ws, 1, 1, "allgather", "headtail", 0);
     if (ws == 2) {
         ckpt_case(c);
         variant(c, rl, rn, 1, 2, 1, 1, "alltoall", "none", 0);
         variant(c, rl, rn, 1, 2, 1, 2, "alltoall", "headtail", 0);   /* Ulysses */
+        c->parallelism.context_parallel_async = true;   /* K/V all-gather from the projection hook */
+        variant(c, rl, rn, 1, 2, 1, 1, "allgather", "headtail", 0);
+        c->parallelism.context_parallel_async = false;
         /* negative test: lr 1% off under CP must leave the loss tolerance on some step */
         c->optimizer.lr *= 1.01;
         int ok = variant(c, rl, rn, 1, 2, 1, 1, "allgather", "headtail", 1);
@@ -229,6 +264,17 @@ int main(int argc, char **argv) {
     } else {
         variant(c, rl, rn, 1, 4, 1, 2, "alltoall", "headtail", 0);   /* hybrid Ulysses 2 x ring 2 */
         variant(c, rl, rn, 1, 2, 2, 1, "allgather", "headtail", 0);  /* CP x TP (sequence + loss parallel on) */
+        {   /* the async core under TP's attention wrapper (hp_cp_prepare): bitwise the synchronous run */
+            double sl[N], sn[N];
+            memcpy(sl, last_l, sizeof sl);
+            memcpy(sn, last_n, sizeof sn);
+            c->parallelism.context_parallel_async = true;
+            variant(c, rl, rn, 1, 2, 2, 1, "allgather", "headtail", 0);
+            c->parallelism.context_parallel_async = false;
+            HP_CHECK(memcmp(sl, last_l, sizeof sl) == 0 && memcmp(sn, last_n, sizeof sn) == 0,
+                     "cp 2 x TP 2: the async run's losses / gradient norms are not bitwise the synchronous run's "
+                     "(step 10 loss %.9g vs %.9g)", last_l[N - 1], sl[N - 1]);
+        }
         double fl[N], fn[N];
         reference(c, 2, fl, fn);
         variant(c, fl, fn, 2, 2, 1, 1, "alltoall", "headtail", 0);   /* FSDP over dp_shard x cp */
@@ -252,6 +298,20 @@ int main(int argc, char **argv) {
         if (rank == 0)
             printf("HSDP dp_replicate 2 x cp 2: loss %.6f -> %.6f (data parallel 2: %.6f -> %.6f)\n", hl[0], hl[N - 1],
                    fl[0], fl[N - 1]);
+        /* CP x PP: pp 2 (1F1B over the 2 micro-batches of the local batch) x cp 2, the CP cores
+         * installed per stage, FSDP over dp_shard x cp per stage; llama3 synchronous, qwen3
+         * (tied embeddings, qk-norm) with the asynchronous core */
+        c->parallelism.pipeline_parallel_degree = 2;
+        variant(c, rl, rn, 1, 2, 1, 1, "allgather", "headtail", 0);
+        c->parallelism.pipeline_parallel_degree = 1;
+        snprintf(c->model.name, sizeof c->model.name, "qwen3");
+        c->model.head_dim = 16;
+        reference(c, 1, rl, rn);
+        c->parallelism.pipeline_parallel_degree = 2;
+        c->parallelism.context_parallel_async = true;
+        variant(c, rl, rn, 1, 2, 1, 1, "alltoall", "headtail", 0);
+        c->parallelism.context_parallel_async = false;
+        c->parallelism.pipeline_parallel_degree = 1;
     }
     free(c);
     int rc = hp_test_finish("test_cp_trainer");

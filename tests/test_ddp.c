@@ -4,7 +4,7 @@
  * steps with and without gradient accumulation (no_sync until the last micro-batch), a
  * small bucket cap (many buckets), overlap on and off (bitwise equal losses); weights of
  * other ranks replaced by rank 0's at creation; DDP over an FSDP model is refused. */
-// hp-test: ranks 2 4 timeout 900 coretype 4
+// hp-test: ranks 2 timeout 900 coretype 4
 #include "test_ddp_util.h"
 
 #include "hyperparallel/fsdp.h"

@@ -4,7 +4,7 @@
  * gradient norm, final weights); overlap on and off give bitwise equal losses; gradient
  * accumulation with sync every micro-batch and with no sync until the last. Tolerances in
  * tests/test_fsdp_util.h. */
-// hp-test: ranks 2 4 8 timeout 900 coretype 4
+// hp-test: ranks 2 8 timeout 900 coretype 4
 #include "test_fsdp_util.h"
 #include "hp_test_mpi.h"
 

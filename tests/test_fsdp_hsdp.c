@@ -2,7 +2,7 @@
  * shard dim then all-reduce over the replicate dim, 10 AdamW steps against the single-rank
  * run; with gradient accumulation (no sync until the last micro-batch); and
  * reshard_after_forward = 2 on the 1-D mesh (post-forward copy sharded over groups of 2). */
-// hp-test: ranks 4 8 timeout 900 coretype 4
+// hp-test: ranks 8 timeout 900 coretype 4
 #include "test_fsdp_util.h"
 #include "hp_test_mpi.h"
 

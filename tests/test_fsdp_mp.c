@@ -2,7 +2,7 @@
  * 4 ranks against fully_shard over a 1-rank mesh under the same policy (the single-rank run
  * with bf16-rounded weights); reshard_after_forward True and False with f32 give identical
  * numbers to the default. */
-// hp-test: ranks 2 4 timeout 900 coretype 2
+// hp-test: ranks 4 timeout 900 coretype 2
 #include "test_fsdp_util.h"
 #include "hp_test_mpi.h"
 

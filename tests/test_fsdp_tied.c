@@ -10,7 +10,7 @@
  *   unsharded at the embedding's pre-forward, resharded after the root's forward (when
  *   reshard_after_forward says so), gathered for backward at the root's pre-backward, resharded
  *   and reduced once, after the embedding's backward. */
-// hp-test: ranks 2 4 timeout 900 coretype 2
+// hp-test: ranks 4 timeout 900 coretype 2
 #include "test_fsdp_util.h"
 #include "hp_test_mpi.h"
 

@@ -65,6 +65,13 @@ static uint64_t csv_hash(const hp_pp_schedule_t *s) {
     return h;
 }
 
+static void put(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    HP_ASSERT(f != NULL);
+    fputs(text, f);
+    fclose(f);
+}
+
 static void loop_map(int *m, int num_stages, int pp) {
     HP_ASSERT(hp_pp_stage_to_rank(HP_PP_STYLE_LOOP, pp, num_stages, m) == HP_OK);
 }
@@ -423,9 +430,7 @@ static void test_csv_format(void) {
         HP_CHECK_OK(hp_pp_schedule_load_csv(path, &back));
         HP_CHECK(back && hp_pp_schedule_equal(s, back), "save_csv / load_csv round trip");
         hp_pp_schedule_free(back);
-        FILE *f = fopen(path, "w");
-        fputs(" 0F0 ,\"0B0\"\n\n\"\"\n1F0,1B0", f);
-        fclose(f);
+        put(path, " 0F0 ,\"0B0\"\n\n\"\"\n1F0,1B0");
         back = NULL;
         HP_CHECK_OK(hp_pp_schedule_load_csv(path, &back));
         if (back) {
@@ -437,19 +442,14 @@ static void test_csv_format(void) {
         }
         hp_pp_schedule_free(back);
         /* a bad cell is named with file, line and cell */
-        f = fopen(path, "w");
-        fputs("0F0,0B0\n1F0,1Z0,1B0\n", f);
-        fclose(f);
+        put(path, "0F0,0B0\n1F0,1Z0,1B0\n");
         back = NULL;
         char needle[256];
         snprintf(needle, sizeof needle, "%s:2: cell 2: '1Z0' is not a pipeline action", path);
         HP_CHECK_ERR(hp_pp_schedule_load_csv(path, &back), HP_ERR_FORMAT, needle);
-        f = fopen(path, "w");
-        fclose(f);
+        put(path, "");
         HP_CHECK_ERR(hp_pp_schedule_load_csv(path, &back), HP_ERR_FORMAT, "no rows");
-        f = fopen(path, "w");
-        fputs("0F0,\"0B0\n", f);
-        fclose(f);
+        put(path, "0F0,\"0B0\n");
         HP_CHECK_ERR(hp_pp_schedule_load_csv(path, &back), HP_ERR_FORMAT, "unterminated quoted cell");
         HP_CHECK(back == NULL, "no schedule on error");
         remove(path);
@@ -780,6 +780,7 @@ static void test_golden(void) {
 
 
 /* ---- tools/hp-pp-schedule ---------------------------------------------------------------- */
+
 static char TOOL_OUT[1 << 17];
 
 static int run_tool(const char *bin, const char *args) {
@@ -837,20 +838,14 @@ static void test_tool(void) {
         EXPECT_TOOL(args, 2, "--lower needs a compute-only schedule");
         snprintf(args, sizeof args, "--csv %s --pp 2", csv);
         EXPECT_TOOL(args, 2, "--pp 2 but");
-        FILE *f = fopen(csv, "w");
-        fputs("0F0,2F0,2B0,0B0\n3F0,3B0,1F0,1B0\n", f);   /* valid per stage, but rank 1 waits for itself */
-        fclose(f);
+        put(csv, "0F0,2F0,2B0,0B0\n3F0,3B0,1F0,1B0\n");   /* valid per stage, but rank 1 waits for itself */
         snprintf(args, sizeof args, "--csv %s", csv);
         EXPECT_TOOL(args, 1, "Malformed compute schedule, can't schedule sends/recvs");
-        f = fopen(csv, "w");
-        fputs("0F0,0B0\n1F0,1BB0\n", f);
-        fclose(f);
+        put(csv, "0F0,0B0\n1F0,1BB0\n");
         char needle[1200];
         snprintf(needle, sizeof needle, "%s:2: cell 2: '1BB0' is not a pipeline action", csv);
         EXPECT_TOOL(args, 1, needle);
-        f = fopen(csv, "w");
-        fputs("0F0,0B0\n1B0,1F0\n", f);
-        fclose(f);
+        put(csv, "0F0,0B0\n1B0,1F0\n");
         EXPECT_TOOL(args, 1, "<-- ERROR HERE");
         remove(csv);
         EXPECT_TOOL(args, 1, "cannot open the schedule CSV");
@@ -874,6 +869,94 @@ static void test_tool(void) {
     EXPECT_TOOL("--help", 0, "usage: hp-pp-schedule");
 }
 
+/* ---- tools/hp-pp-timeline ------------------------------------------------------------------ */
+static int count_of(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+static int slurp(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return (int)n;
+}
+
+static void test_timeline_tool(void) {
+    const char *build = getenv("HP_BUILD_DIR");
+    char bin[1024];
+    snprintf(bin, sizeof bin, "%s/hp-pp-timeline", build ? build : ".");
+    if (access(bin, X_OK) != 0) {
+        printf("SKIP: %s not built (the timeline tool part of this test)\n", bin);
+        return;
+    }
+    char dir[] = "/tmp/hp_test_pp_timeline_XXXXXX";
+    HP_ASSERT(mkdtemp(dir) != NULL);
+    static char svg[1 << 18];
+    char args[2048], out[1100], run[1100];
+    /* the simulator alone: one rect per compute action (DualPipeV pp 2 n 4: 4 stages x 4 F, B as
+     * I + W or B or inside an overlap, the overlaps drawn as two half rects) and the bubble */
+    snprintf(out, sizeof out, "%s/dpv.svg", dir);
+    snprintf(args, sizeof args, "--schedule DualPipeV --pp 2 --microbatches 4 -o %s", out);
+    EXPECT_TOOL(args, 0, "simulated bubble");
+    hp_pp_schedule_t *g = NULL;
+    hp_pp_timing_t tm = {0};
+    HP_CHECK_OK(hp_pp_generate(HP_PP_DUALPIPEV, 2, 2, 4, &g));
+    if (g) HP_CHECK_OK(hp_pp_timing(g, 4, &tm));
+    int n_compute = 0, n_overlap = 0;
+    for (int r = 0; g && r < 2; r++)
+        for (int i = 0; i < hp_pp_schedule_len(g, r); i++) {
+            const hp_pp_action_t *a = hp_pp_schedule_at(g, r, i);
+            n_compute += a != NULL;
+            n_overlap += a && a->type == HP_PP_OVERLAP_F_B;
+        }
+    hp_pp_schedule_free(g);
+    char want[64];
+    snprintf(want, sizeof want, "bubble %.3f", tm.bubble_fraction);
+    HP_CHECK(slurp(out, svg, sizeof svg) > 0 && strstr(svg, want) && strstr(svg, "<svg") && strstr(svg, "</svg>"),
+             "DualPipeV SVG with '%s'", want);
+    /* 2 background rects + 6 legend swatches + per rank a row background; compute rects carry a
+     * stroke, an overlap's halves sit in a <g> */
+    HP_CHECK(count_of(svg, "stroke-width=\"0.5\"") == n_compute - n_overlap && count_of(svg, "<g><title>") == n_overlap &&
+                 n_overlap > 0,
+             "DualPipeV SVG: %d plain compute rects (want %d), %d overlaps (want %d)",
+             count_of(svg, "stroke-width=\"0.5\""), n_compute - n_overlap, count_of(svg, "<g><title>"), n_overlap);
+    /* a recorded run: 2 ranks, one micro-batch, 5 ms; compute 1 + 2 + 1 + 1 = 5 of 10 rank-ms -> 0.500
+     * measured; the simulator: F F B B with B = 2 -> makespan 6, busy 6 of 12 -> 0.500 */
+    snprintf(run, sizeof run, "%s/run.csv", dir);
+    put(run, "# hp-pp timeline: schedule=1F1B pp=2 stages=2 microbatches=1\nrank,action,start_ms,end_ms\n"
+             "0,0UNSHARD,0,0\n0,0F0,0,1\n0,0SEND_F0,1,1.1\n0,0RECV_B0,1.1,3\n0,0B0,3,5\n"
+             "1,1RECV_F0,0,1\n1,1F0,1,2\n1,1B0,2,3\n1,1SEND_B0,3,3.1\n");
+    snprintf(args, sizeof args, "%s", run);
+    EXPECT_TOOL(args, 0, "1F1B: measured bubble 0.500, simulated 0.500");
+    snprintf(out, sizeof out, "%s/run.svg", dir);
+    HP_CHECK(slurp(out, svg, sizeof svg) > 0 && strstr(svg, "measured run: bubble 0.500") &&
+                 strstr(svg, "step 5.00 ms") && count_of(svg, "height=\"4\"") == 5,
+             "run SVG: measured panel, 5 thin communication / FSDP bars");
+    /* malformed inputs are named with file and line; a missing file and a missing header */
+    put(run, "# hp-pp timeline: schedule=1F1B pp=2 stages=2 microbatches=1\n0,0F0,0,1\n0,0X0,1,2\n");
+    snprintf(want, sizeof want, "run.csv:3");
+    EXPECT_TOOL(args, 1, want);
+    put(run, "# hp-pp timeline: schedule=1F1B pp=1 stages=2 microbatches=1\n0,0F0,0,1\n1,1F0,1,2\n");
+    EXPECT_TOOL(args, 1, "actions of rank 1, but the header says pp=1");
+    put(run, "0,0F0,0,1\n");
+    EXPECT_TOOL(args, 1, "no '# hp-pp timeline:");
+    put(run, "# hp-pp timeline: schedule=1F1B pp=1 stages=1 microbatches=1\n0,0F0,2,1\n");
+    EXPECT_TOOL(args, 1, "start 2.000 <= end 1.000");
+    remove(run);
+    EXPECT_TOOL(args, 1, "cannot open the timeline");
+    EXPECT_TOOL("--schedule ZBV --pp 2 --microbatches 4", 2, "Unknown schedule name 'ZBV'");
+    EXPECT_TOOL("--schedule 1F1B --pp 2", 2, "--schedule needs --pp and --microbatches");
+    snprintf(out, sizeof out, "%s/dpv.svg", dir);
+    remove(out);
+    snprintf(out, sizeof out, "%s/run.svg", dir);
+    remove(out);
+    HP_CHECK(rmdir(dir) == 0, "the tool wrote only the files named (%s is empty)", dir);
+}
+
 int main(void) {
     test_action_parse();
     test_local_passes();
@@ -887,5 +970,6 @@ int main(void) {
     test_generators();
     test_golden();
     test_tool();
+    test_timeline_tool();
     return hp_test_finish("test_pp_schedule");
 }

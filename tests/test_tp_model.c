@@ -4,7 +4,7 @@
  * step; gradients gathered with full_tensor at steps 1 and 10 within 2e-5 of the largest
  * gradient of each parameter); shard initialisation equals the slice of the whole; bad plans
  * and non-divisible heads are clear errors. */
-// hp-test: ranks 2 4 timeout 240 coretype 4
+// hp-test: ranks 2 timeout 240 coretype 4
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

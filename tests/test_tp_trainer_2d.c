@@ -8,7 +8,7 @@
  * own layout and, resharded from the (_StridedShard, Shard) layout, under TP2 x DDP2 within
  * 1e-4; the final weights files of both hold full tensors (a 1-rank model loaded from either
  * gives the same loss on a fixed batch). */
-// hp-test: ranks 4 8 timeout 600 coretype 4
+// hp-test: ranks 8 timeout 600 coretype 4
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,7 +10,7 @@
  *   Shard(0) on tp from both users and FSDP shards its TP-local rows) gives the losses and
  *   norms of replicated DP over the first 2 ranks (1e-4 relative, norms 1e-3, as
  *   test_tp_trainer_2d). */
-// hp-test: ranks 2 4 timeout 900 coretype 2
+// hp-test: ranks 4 timeout 900 coretype 2
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,7 +7,8 @@
  * bitwise equal), a hand-written CSV, module_fqns_per_model_part, activation checkpointing,
  * gradient accumulation; 4 ranks: pp 4 (all seven schedules; 2, 4 and 8 micro-batches), pp 2 x TP
  * 2 (Interleaved1F1B, the three new ones, a zero-bubble CSV) against the single rank, pp 2 x FSDP
- * 2 (1F1B, the zero-bubble CSV, the three new ones), pp 2 x DDP 2 (1F1B, ZBV) against replicated
+ * 2 (1F1B, the zero-bubble CSV, the three new ones), pp 2 x CP 2 (InterleavedZeroBubble,
+ * DualPipeV; CP tolerance 1e-4 / 1e-3), pp 2 x DDP 2 (1F1B, ZBV) against replicated
  * DP 2; 8 ranks: pp 2 x FSDP 2 x TP 2 (llama3, qwen3) against replicated DP 2 (TP's tolerance,
  * 1e-4 / 1e-3), pp 4 x FSDP 2 and pp 4 x TP 2 with the three new schedules, pp 2 x HSDP 2 x 2
  * against replicated DP 4. A run whose optimizer is 1e-3 off must fall outside the tolerance. A
@@ -325,6 +326,19 @@ int main(int argc, char **argv) {
                 close_all(l, rl, N, 1e-4, 1, zs[k]);
                 close_all(n, rn, N, 1e-3, 1, "grad norm");
                 if (rank == 0) printf("pp 2 %s x TP 2: losses %.6f .. %.6f\n", zs[k], l[0], l[N - 1]);
+            }
+        }
+        {   // pp 2 x CP 2 with split-backward and V schedules: the CP cores' collectives in I
+            // (CP's tolerance, test_cp_trainer: 1e-4 loss, 1e-3 norm, attention sums reordered)
+            const char *zs[2] = {"InterleavedZeroBubble", "DualPipeV"};
+            for (int k = 0; k < 2; k++) {
+                *f = *c;
+                set_pp(f, 2, zs[k]);
+                f->parallelism.context_parallel_degree = 2;
+                run(f, world, world, l, n, NULL);
+                close_all(l, rl, N, 1e-4, 1, zs[k]);
+                close_all(n, rn, N, 1e-3, 1, "grad norm");
+                if (rank == 0) printf("pp 2 %s x CP 2: losses %.6f .. %.6f\n", zs[k], l[0], l[N - 1]);
             }
         }
         // the same with a zero-bubble CSV (I and W apart): TP's collectives in I, W deferred

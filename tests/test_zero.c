@@ -2,7 +2,7 @@
  * with the smallest running total, ties to the lowest rank); DDP + ZeRO-1 AdamW parity with
  * the single-rank run for 10 steps, with and without gradient accumulation; optimizer state
  * per rank about 1/W. */
-// hp-test: ranks 2 4 timeout 900 coretype 2
+// hp-test: ranks 4 timeout 900 coretype 2
 #include "test_ddp_util.h"
 #include "hp_test_mpi.h"
 

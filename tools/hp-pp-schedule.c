@@ -12,14 +12,17 @@
 #include <hyperparallel/parse.h>
 #include <hyperparallel/pp_schedule.h>
 
+#include "pp-cli.h"
+
 #define TOOL "hp-pp-schedule"
 
 static int usage(void) {
     fprintf(stderr,
             "usage: " TOOL " --schedule NAME --pp P --microbatches N [--stages-per-rank L] [--lower] [--save-csv OUT]\n"
             "       " TOOL " --csv FILE [--pp P] [--microbatches N] [--lower] [--save-csv OUT]\n"
-            "  NAME: GPipe, 1F1B (1 stage per rank), Interleaved1F1B, LoopedBFS (default 2 stages per rank,\n"
-            "        stage s on rank s %% P); case-insensitive, as PyTorch's get_schedule_class\n"
+            "  NAME: GPipe, 1F1B (1 stage per rank), Interleaved1F1B, LoopedBFS, InterleavedZeroBubble (default\n"
+            "        2 stages per rank, stage s on rank s %% P), ZBVZeroBubble, DualPipeV (2 stages per rank, V\n"
+            "        mapping); case-insensitive, as PyTorch's get_schedule_class\n"
             "  --csv FILE      a schedule, one row per rank (PyTorch's _load_csv); N defaults to the number of\n"
             "                  microbatches its forwards name. A CSV with SEND/RECV, UNSHARD/RESHARD or REDUCE_GRAD\n"
             "                  actions is taken verbatim (format compute_comms) and simulated as it is\n"
@@ -54,8 +57,8 @@ static const char *const flags[] = {"--schedule", "--pp", "--microbatches", "--s
 #define N_FLAGS (sizeof flags / sizeof flags[0])
 
 int main(int argc, char **argv) {
-    const char *name = NULL, *csv = NULL, *save = NULL;
-    int32_t pp = 0, n = 0, L = 0;
+    const char *csv = NULL, *save = NULL;
+    pp_cli_t cli = {0};
     int lower = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -65,27 +68,14 @@ int main(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--lower")) {
             lower = 1;
-        } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--schedule", &v))) {
+        } else if ((r = pp_cli_flag(TOOL, argc, argv, &i, &cli))) {
             if (r < 0) return bad_args();
-            name = v;
         } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--csv", &v))) {
             if (r < 0) return bad_args();
             csv = v;
         } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--save-csv", &v))) {
             if (r < 0) return bad_args();
             save = v;
-        } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--pp", &v))) {
-            if (r < 0 || hp_parse_i32(TOOL ": --pp", v, 1, 1024, "pipeline ranks (parallelism.pipeline_parallel_degree)",
-                                      &pp) != HP_OK)
-                return bad_args();
-        } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--microbatches", &v))) {
-            if (r < 0 || hp_parse_i32(TOOL ": --microbatches", v, 1, 1 << 20, "microbatches per step (n_microbatches)",
-                                      &n) != HP_OK)
-                return bad_args();
-        } else if ((r = hp_flag_value(TOOL, argc, argv, &i, "--stages-per-rank", &v))) {
-            if (r < 0 || hp_parse_i32(TOOL ": --stages-per-rank", v, 1, 256,
-                                      "virtual stages per rank; 1 for GPipe and 1F1B", &L) != HP_OK)
-                return bad_args();
         } else if (a[0] == '-' && a[1]) {
             hp_flag_unknown_error(TOOL, a, flags, N_FLAGS);
             return bad_args();
@@ -94,6 +84,8 @@ int main(int argc, char **argv) {
             return usage();
         }
     }
+    const char *name = cli.schedule;
+    int32_t pp = cli.pp, n = cli.n, L = cli.L;
     if (!!name == !!csv) {
         fprintf(stderr, TOOL ": give exactly one of --schedule NAME and --csv FILE\n");
         return usage();

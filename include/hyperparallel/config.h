@@ -109,6 +109,7 @@ typedef struct hp_config {
         /* --- context parallel (owner cp) --- */
         char context_parallel_load_balancer[HP_CONFIG_STR_MAX];
         int64_t context_parallel_ulysses_degree;
+        bool context_parallel_async;
         /* --- end --- */
     } parallelism;
     struct {

@@ -55,8 +55,16 @@ typedef struct hp_cp_options {
     hp_cp_rotate_t rotate;
     hp_cp_balancer_t balancer;
     int ulysses_degree;   /* 1: ring only; cp: Ulysses only; else hybrid (ring degree cp / ulysses) */
+    /* AsyncContextParallel: hp_cp_apply hooks each attention's q|k|v projection (post-forward)
+     * to start the collective on its raw rows there, and the core waits for it: Ulysses'
+     * all-to-all of q, k, v (hybrid: only that; the ring stays synchronous, as HyperParallel),
+     * else allgather's K/V all-gather or alltoall's first ring transfer. The core applies qk-norm
+     * and RoPE to the received rows itself (hp_attention_prepare_rows), so results are bitwise
+     * those of the synchronous core. A core called without its attention (hp_cp_core_new) runs
+     * synchronously. */
+    int async;
 } hp_cp_options_t;
-hp_cp_options_t hp_cp_options_default(void);   /* allgather, headtail, ulysses 1 */
+hp_cp_options_t hp_cp_options_default(void);   /* allgather, headtail, ulysses 1, synchronous */
 
 typedef struct hp_cp *hp_cp_t;
 /* cp_comm: the cp mesh dim (its size is the degree; rank w = ring index * ulysses + ulysses
@@ -78,6 +86,12 @@ hp_status_t hp_cp_core_new(hp_cp_t cp, const char *name, int n_heads, int n_kv_h
  * model's own context for T/cp rows and puts its rows at this rank's global positions
  * (hp_model_set_context_parallel). Feed hp_model_forward the rank's hp_cp_shard_tokens. */
 hp_status_t hp_cp_apply(hp_cp_t cp, hp_model_t model);
+/* Asynchronous variant under wrappers that take an attention's place (tensor parallelism's
+ * PrepareModuleInput): call before them; it records each attention with its core (a copy of
+ * the attention module, as the wrapper's own inner copy: same impl, id, params and children),
+ * so that hp_cp_apply afterwards finds the attention whose projection it hooks. Not needed
+ * without wrappers or with opt.async off. */
+hp_status_t hp_cp_prepare(hp_cp_t cp, hp_model_t model);
 /* Points act's RoPE positions at this rank's global positions (pos0 / pos_segs, nn.h). */
 void hp_cp_set_positions(hp_cp_t cp, hp_act_t *act);
 /* This rank's tokens (B, T/cp) of a global batch (B, T) (hp_cp_shard_rows on int32). */
@@ -90,6 +104,9 @@ hp_status_t hp_cp_core_lse(hp_module_t *core, hp_act_t *act, const float **lse, 
 /* Seconds this rank spent in ring block compute and blocked waiting for K/V (or dK/dV)
  * transfers since the last reset (the bench's overlap measure). */
 void hp_cp_timers(hp_cp_t cp, double *compute_s, double *wait_s, int reset);
+/* Asynchronous variant: how many collectives projection hooks started and cores waited for
+ * since hp_cp_create (one per attention forward; 0 when opt.async is off). */
+long hp_cp_async_count(hp_cp_t cp);
 
 #ifdef __cplusplus
 }

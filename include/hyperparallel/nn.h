@@ -212,6 +212,20 @@ void hp_attention_local_heads(const hp_module_t *attention, int *n_heads, int *n
  * [dq | dk | dv] in the same layout. */
 hp_module_t *hp_attention_core(hp_module_t *attention);
 hp_status_t hp_attention_set_core(hp_module_t *attention, hp_module_t *core);
+/* --- context parallel (owner cp): what the asynchronous CP core needs of its attention --- */
+/* The projection child (fused wq|wk|wv linear). */
+hp_module_t *hp_attention_wqkv(hp_module_t *attention);
+/* During the attention's forward (from the projection's post-forward hook to the core), its
+ * raw projection output (B*T, qd + 2 kd) [q | k | v] before qk-norm and RoPE; NULL when
+ * `attention` is not an attention module. Read it at once: RoPE later rotates it in place. */
+const float *hp_attention_projection_rows(hp_module_t *attention, hp_act_t *act);
+/* Applies in place to `rows` raw projection rows of width ld, [q (n_q heads) | k (n_k heads)]
+ * at global positions pos0, pos0 + 1, ..., what the attention's forward applies before its
+ * core (q-norm / k-norm under qk-norm, then RoPE), row by row with the same kernels, so a row
+ * comes out bitwise as on the rank that owns it. rstd: scratch (rows x max(n_q, n_k)). */
+hp_status_t hp_attention_prepare_rows(hp_module_t *attention, hp_act_t *act, float *x, int ld, int rows, int n_q,
+                                      int n_k, int pos0, float *rstd);
+/* --- end --- */
 hp_status_t hp_feed_forward_set_local_hidden(hp_module_t *feed_forward, int hidden);
 int hp_feed_forward_local_hidden(const hp_module_t *feed_forward);
 

@@ -242,6 +242,11 @@ typedef struct hp_pp_timing {
     double bubble_fraction; /* 1 - busy / (n_ranks * makespan) */
 } hp_pp_timing_t;
 hp_status_t hp_pp_timing(const hp_pp_schedule_t *compute, int num_stages, hp_pp_timing_t *out);
+/* The same, with each action's unit-cost start and end (malloc'd, free()): rank r's slot i is
+ * at index len(rank 0) + ... + len(rank r-1) + i; -1 for bubbles and communication actions.
+ * What hp-pp-timeline draws as the simulator's timeline. */
+hp_status_t hp_pp_timing_actions(const hp_pp_schedule_t *compute, int num_stages, hp_pp_timing_t *out,
+                                 int64_t **start, int64_t **end);
 
 #ifdef __cplusplus
 }

@@ -298,6 +298,39 @@ void hp_attention_local_heads(const hp_module_t *m, int *n_heads, int *n_kv_head
 
 hp_module_t *hp_attention_core(hp_module_t *m) { return m && m->ops == &attn_ops ? A_CORE(m) : NULL; }
 
+/* --- context parallel (owner cp): the asynchronous CP core's view of the attention --- */
+hp_module_t *hp_attention_wqkv(hp_module_t *m) { return m && m->ops == &attn_ops ? A_WQKV(m) : NULL; }
+
+const float *hp_attention_projection_rows(hp_module_t *m, hp_act_t *act) {
+    if (!m || m->ops != &attn_ops || m->id < 0 || m->id >= act->n_slots || !act->slots[m->id]) return NULL;
+    const attn_saved_t *s = hp_act_slot(act, m);
+    return s->qkv;
+}
+
+hp_status_t hp_attention_prepare_rows(hp_module_t *m, hp_act_t *act, float *x, int ld, int rows, int n_q, int n_k,
+                                      int pos0, float *rstd) {
+    if (!m || m->ops != &attn_ops)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_attention_prepare_rows: module '%s' is not an attention module",
+                        m ? m->name : "(null)");
+    const attn_impl_t *A = m->impl;
+    const int hd = A->c.head_dim, half = hd / 2;
+    if (rows <= 0 || pos0 < 0 || n_q < 0 || n_k < 0 || ld < (n_q + n_k) * hd)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_attention_prepare_rows '%s': rows=%d, pos0=%d, n_q=%d, n_k=%d, "
+                        "ld=%d, expected rows > 0, pos0 >= 0 and ld >= (n_q + n_k) x head_dim %d", m->name, rows,
+                        pos0, n_q, n_k, ld, hd);
+    if (A->c.qk_norm) {   // in place: each element is read before it is written (kernels.c)
+        if (n_q) act->be->rmsnorm_heads_forward(act->be->ctx, x, ld, rstd, x, ld, hp_param_w(m->params[0]), rows, n_q,
+                                                hd, A->c.eps);
+        if (n_k) act->be->rmsnorm_heads_forward(act->be->ctx, x + (size_t)n_q * hd, ld, rstd, x + (size_t)n_q * hd, ld,
+                                                hp_param_w(m->params[1]), rows, n_k, hd, A->c.eps);
+    }
+    const float *c = A->c.cos_t + (size_t)pos0 * half, *sn = A->c.sin_t + (size_t)pos0 * half;
+    if (n_q) act->be->rope_apply(act->be->ctx, x, ld, 1, rows, n_q, hd, c, sn, A->c.style, 0);
+    if (n_k) act->be->rope_apply(act->be->ctx, x + (size_t)n_q * hd, ld, 1, rows, n_k, hd, c, sn, A->c.style, 0);
+    return HP_OK;
+}
+/* --- end --- */
+
 /* ---- feed-forward ----------------------------------------------------------------------- */
 
 typedef struct ffn_impl {

@@ -30,7 +30,8 @@ hp_status_t hp_cp_balancer_parse(const char *s, const char *key, hp_cp_balancer_
 }
 
 hp_cp_options_t hp_cp_options_default(void) {
-    return (hp_cp_options_t){.rotate = HP_CP_ROTATE_ALLGATHER, .balancer = HP_CP_BALANCE_HEADTAIL, .ulysses_degree = 1};
+    return (hp_cp_options_t){.rotate = HP_CP_ROTATE_ALLGATHER, .balancer = HP_CP_BALANCE_HEADTAIL, .ulysses_degree = 1,
+                             .async = 0};
 }
 
 /* ---- sharding ---------------------------------------------------------------------------- */
@@ -125,8 +126,15 @@ typedef struct cp_core {
     hp_module_t mod;
     struct hp_cp *cp;
     int Hq, Hkv;        // the attention's local heads (this rank, before Ulysses)
+    hp_module_t *attn;  // async: the attention whose projection hook starts the collective
     struct cp_core *next;
 } cp_core_t;
+
+typedef struct cp_prep {   // an attention as it was before a wrapper took its place
+    hp_module_t attn;
+    hp_module_t *core;
+    struct cp_prep *next;
+} cp_prep_t;
 
 typedef struct cp_saved {
     const float *x;     // (B, Tl, qd + 2 kd) the parent's q | k | v rows
@@ -147,6 +155,12 @@ struct hp_cp {
     size_t ws_floats;
     float *kv_own, *kv_buf, *dkv_buf, *blk_out, *blk_lse, *attn_scratch, *a2a_send, *a2a_recv, *uly_dout, *uly_dx;
     cp_core_t *cores;
+    float *kv_raw, *rstd;                  // async: send buffer of the raw K|V rows; qk-norm scratch
+    hp_work_t pend[2];                     // async: the collective a projection hook started ...
+    cp_core_t *pend_core;                  // ... for this core (NULL: none in flight)
+    int pend_B;
+    long n_async;                          // collectives started by a hook and consumed by a core
+    struct cp_prep *prep;                  // hp_cp_prepare: copies of the attentions and their cores
     double wait_s, comp_s;                 // seconds blocked in K/V waits, in block compute (hp_cp_timers)
 };
 
@@ -244,9 +258,11 @@ hp_status_t hp_cp_create(hp_comm_t cp_comm, const hp_cp_options_t *opt, int max_
         cp->U > 1 ? B * cp->Tl * qkvd : 0,                                    // a2a_recv
         cp->U > 1 ? B * cp->Tr * qd_r : 0,                                    // uly_dout
         cp->U > 1 ? B * cp->Tr * (qd_r + 2 * kd_r) : 0,                       // uly_dx
+        o.async && cp->U == 1 ? kv : 0,                                       // kv_raw
+        o.async ? (size_t)cp->Tr * n_heads : 0,                               // rstd
     };
     float **ptrs[] = {&cp->kv_own, &cp->kv_buf, &cp->dkv_buf, &cp->blk_out, &cp->blk_lse, &cp->attn_scratch,
-                      &cp->a2a_send, &cp->a2a_recv, &cp->uly_dout, &cp->uly_dx};
+                      &cp->a2a_send, &cp->a2a_recv, &cp->uly_dout, &cp->uly_dx, &cp->kv_raw, &cp->rstd};
     size_t total = 0;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) total += (sizes[i] + 15) & ~(size_t)15;
     cp->ws = hp_calloc(total ? total : 1, sizeof(float));
@@ -266,9 +282,15 @@ hp_status_t hp_cp_create(hp_comm_t cp_comm, const hp_cp_options_t *opt, int max_
 
 void hp_cp_destroy(hp_cp_t cp) {
     if (!cp) return;
+    for (int i = 0; i < 2; i++)
+        if (cp->pend[i]) (void)hp_work_wait(&cp->pend[i]);   // a collective a failed forward left in flight
     for (cp_core_t *c = cp->cores, *n; c; c = n) {
         n = c->next;
         free(c);
+    }
+    for (cp_prep_t *p = cp->prep, *n; p; p = n) {
+        n = p->next;
+        free(p);
     }
     if (cp->uly_comm) hp_comm_destroy(cp->uly_comm);
     if (cp->ring_comm) hp_comm_destroy(cp->ring_comm);
@@ -297,8 +319,10 @@ typedef struct segs {
     int wr[3];
 } segs_t;
 
-/* seq -> heads: src (B, Tl, ld) -> dst (B, U Tl, sum wr) through an all-to-all. */
-static hp_status_t uly_seq2head(struct hp_cp *cp, float *dst, const float *src, int ld, const segs_t *S, int B) {
+/* seq -> heads: src (B, Tl, ld) -> dst (B, U Tl, sum wr) through an all-to-all, in two
+ * halves: pack + start (work NULL: blocking), and unpack once it has arrived. */
+static hp_status_t uly_seq2head_start(struct hp_cp *cp, const float *src, int ld, const segs_t *S, int B,
+                                      hp_work_t *work) {
     const int U = cp->U, Tl = cp->Tl;
     int wr = 0;
     for (int i = 0; i < S->n; i++) wr += S->wr[i];
@@ -309,11 +333,23 @@ static hp_status_t uly_seq2head(struct hp_cp *cp, float *dst, const float *src, 
             for (int i = 0; i < S->n; i++, o += S->wr[i - 1])
                 memcpy(o, src + (size_t)r * ld + S->off[i] + (size_t)d * S->wr[i], sizeof(float) * S->wr[i]);
         }
-    HP_TRY(hp_all_to_all(cp->a2a_send, cp->a2a_recv, blk, HP_F32, cp->uly_comm, NULL));
+    return hp_all_to_all(cp->a2a_send, cp->a2a_recv, blk, HP_F32, cp->uly_comm, work);
+}
+
+static void uly_seq2head_finish(struct hp_cp *cp, float *dst, const segs_t *S, int B) {
+    const int U = cp->U, Tl = cp->Tl;
+    int wr = 0;
+    for (int i = 0; i < S->n; i++) wr += S->wr[i];
+    const size_t blk = (size_t)B * Tl * wr;
     for (int s = 0; s < U; s++)
         for (int b = 0; b < B; b++)
             memcpy(dst + ((size_t)b * cp->Tr + (size_t)s * Tl) * wr, cp->a2a_recv + s * blk + (size_t)b * Tl * wr,
                    sizeof(float) * Tl * wr);
+}
+
+static hp_status_t uly_seq2head(struct hp_cp *cp, float *dst, const float *src, int ld, const segs_t *S, int B) {
+    HP_TRY(uly_seq2head_start(cp, src, ld, S, B, NULL));
+    uly_seq2head_finish(cp, dst, S, B);
     return HP_OK;
 }
 
@@ -413,30 +449,60 @@ static hp_status_t wait_timed(struct hp_cp *cp, hp_work_t *w) {
     return st;
 }
 
-static hp_status_t ring_forward(struct hp_cp *cp, const ring_dims_t *d, const float *xr, float *out, float *lse,
-                                int B) {
+/* Async: the ring's K/V of participant s arrived raw (before qk-norm and RoPE); k-norm and
+ * RoPE are applied to its K columns chunk by chunk at their global positions (U == 1). */
+static hp_status_t prepare_remote_kv(struct hp_cp *cp, const cp_core_t *C, hp_act_t *act, const ring_dims_t *d,
+                                     float *kv, int s, int B) {
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < cp->nc; j++)
+            HP_TRY(hp_attention_prepare_rows(C->attn, act, kv + ((size_t)b * cp->Tr + (size_t)j * cp->c) * 2 * d->kd,
+                                             2 * d->kd, cp->c, 0, d->Hkv, chunk_id(cp, s, j) * cp->c, cp->rstd));
+    return HP_OK;
+}
+
+/* act != NULL: the projection hook started the K/V collective (cp->pend); it is waited here. */
+static hp_status_t ring_forward(struct hp_cp *cp, const cp_core_t *C, hp_act_t *act, const ring_dims_t *d,
+                                const float *xr, float *out, float *lse, int B) {
     const int rows = B * cp->Tr, R = cp->R, nxt = (cp->g + 1) % R, prv = (cp->g - 1 + R) % R;
     for (size_t i = 0; i < (size_t)rows * d->qd; i++) out[i] = 0.0f;
     for (size_t i = 0; i < (size_t)B * d->Hq * cp->Tr; i++) lse[i] = -INFINITY;
     float *own = cp->o.rotate == HP_CP_ROTATE_ALLGATHER ? cp->kv_own : cp->kv_buf;
     pack_kv(own, xr, d, rows);
     hp_work_t ag = NULL;
-    if (cp->o.rotate == HP_CP_ROTATE_ALLGATHER && R > 1)   // in flight during the local block
-        HP_TRY(hp_all_gather(own, cp->kv_buf, d->kv, HP_F32, cp->ring_comm, &ag));
+    if (cp->o.rotate == HP_CP_ROTATE_ALLGATHER && R > 1) {   // in flight during the local block
+        if (act) {
+            ag = cp->pend[0];
+            cp->pend[0] = NULL;
+        } else {
+            HP_TRY(hp_all_gather(own, cp->kv_buf, d->kv, HP_F32, cp->ring_comm, &ag));
+        }
+    }
     for (int i = 0; i < R; i++) {
         const int s = (cp->g - i + R) % R;
         const float *kv;
         hp_work_t sw = NULL, rw = NULL;
         double t0 = omp_get_wtime();
         if (cp->o.rotate == HP_CP_ROTATE_ALLGATHER) {
-            if (i == 1) HP_TRY(wait_timed(cp, &ag));
+            if (i == 1) {
+                HP_TRY(wait_timed(cp, &ag));
+                t0 = omp_get_wtime();
+                for (int p = 0; act && p < R; p++)
+                    if (p != cp->g) HP_TRY(prepare_remote_kv(cp, C, act, d, cp->kv_buf + (size_t)p * d->kv, p, B));
+            }
             kv = i == 0 ? own : cp->kv_buf + (size_t)s * d->kv;
         } else {
             float *cur = cp->kv_buf + (size_t)(i % 2) * d->kv, *next = cp->kv_buf + (size_t)((i + 1) % 2) * d->kv;
             kv = cur;
-            if (i < R - 1) {   // the next block's transfer runs while this block computes
-                HP_TRY(hp_recv(next, d->kv, HP_F32, prv, cp->ring_comm, &rw));
-                HP_TRY(hp_send(cur, d->kv, HP_F32, nxt, cp->ring_comm, &sw));
+            if (act && i == 0) {   // the first transfer (raw rows) was posted by the projection hook
+                rw = cp->pend[0];
+                sw = cp->pend[1];
+                cp->pend[0] = cp->pend[1] = NULL;
+            } else {
+                if (act && i == 1) HP_TRY(prepare_remote_kv(cp, C, act, d, cur, s, B));
+                if (i < R - 1) {   // the next block's transfer runs while this block computes
+                    HP_TRY(hp_recv(next, d->kv, HP_F32, prv, cp->ring_comm, &rw));
+                    HP_TRY(hp_send(cur, d->kv, HP_F32, nxt, cp->ring_comm, &sw));
+                }
             }
         }
         ring_fwd_step(cp, d, xr, kv, s, out, lse, B);
@@ -553,16 +619,38 @@ static hp_status_t core_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     s->B = B;
     s->x = in->data;
     s->lse = hp_act_alloc(act, sizeof(float) * (size_t)B * d.Hq * cp->Tr);
+    const int async_on = cp->pend_core == C && cp->pend_B == B;   // the projection hook started it
+    cp->pend_core = NULL;
+    if (C->attn && !async_on && (cp->U > 1 || cp->R > 1))   // never a silent fall-back to the synchronous core
+        return hp_error(HP_ERR_STATE, "cp attention '%s' (async): no K/V collective was started by the projection hook "
+                        "of '%s' for this forward (the projection did not run through hp_module_forward, or another "
+                        "core's collective was pending)", C->mod.name, C->attn->name);
+    cp->n_async += async_on;
     if (cp->U > 1) {
         const segs_t S = qkv_segs(C);
         s->xr = hp_act_alloc(act, sizeof(float) * (size_t)B * cp->Tr * d.ld);
         s->out_r = hp_act_alloc(act, sizeof(float) * (size_t)B * cp->Tr * d.qd);
-        HP_TRY(uly_seq2head(cp, s->xr, s->x, C->Hq * cp->hd + 2 * C->Hkv * cp->hd, &S, B));
+        if (async_on) {   // raw rows arrived: qk-norm and RoPE at each group rank's positions
+            HP_TRY(wait_timed(cp, &cp->pend[0]));
+            uly_seq2head_finish(cp, s->xr, &S, B);
+            const int L = cp->Tl / n_segs(cp);
+            for (int b = 0; b < B; b++)
+                for (int v = 0; v < cp->U; v++)
+                    for (int g = 0; g < n_segs(cp); g++)
+                        HP_TRY(hp_attention_prepare_rows(C->attn, act, s->xr + ((size_t)b * cp->Tr + (size_t)v * cp->Tl +
+                                                                                (size_t)g * L) * d.ld,
+                                                         d.ld, L, d.Hq, d.Hkv,
+                                                         global_pos(cp->T, cp->W, cp->o.balancer, cp->g * cp->U + v,
+                                                                    g * L),
+                                                         cp->rstd));
+        } else {
+            HP_TRY(uly_seq2head(cp, s->xr, s->x, C->Hq * cp->hd + 2 * C->Hkv * cp->hd, &S, B));
+        }
     } else {
         s->xr = (float *)s->x;
         s->out_r = out->data;
     }
-    HP_TRY(ring_forward(cp, &d, s->xr, s->out_r, s->lse, B));
+    HP_TRY(ring_forward(cp, C, async_on && cp->U == 1 ? act : NULL, &d, s->xr, s->out_r, s->lse, B));
     if (cp->U > 1) {
         const segs_t S = q_segs(C);
         HP_TRY(uly_head2seq(cp, out->data, C->Hq * cp->hd, s->out_r, &S, B));
@@ -599,6 +687,42 @@ static const hp_module_ops_t cp_core_ops = {
     "cp_attention", core_act_bytes, NULL, core_forward, core_backward_input, NULL,
 };
 
+/* AsyncContextParallel: the q|k|v projection's post-forward hook starts the collective on the
+ * raw rows (before qk-norm and RoPE, which the core applies to what it receives). */
+static hp_status_t async_launch(void *user, hp_module_t *m, hp_act_t *act) {
+    (void)m;
+    cp_core_t *C = user;
+    struct hp_cp *cp = C->cp;
+    if (act->kv || act->T != cp->Tl || act->B > cp->max_B) return HP_OK;   // the core names the error
+    const float *x = hp_attention_projection_rows(C->attn, act);
+    if (!x)
+        return hp_error(HP_ERR_STATE, "cp attention '%s' (async): the projection's post-forward hook found no projection "
+                        "rows of attention '%s' in this forward (hp_cp_prepare must see the attention before a wrapper "
+                        "takes its place)", C->mod.name, C->attn->name);
+    for (int i = 0; i < 2; i++) HP_TRY(wait_timed(cp, &cp->pend[i]));   // one left by a failed forward
+    cp->pend_core = NULL;
+    const int B = act->B;
+    const ring_dims_t d = ring_dims(C, B);
+    if (cp->U > 1) {   // Ulysses / hybrid: the all-to-all of q, k and v
+        const segs_t S = qkv_segs(C);
+        HP_TRY(uly_seq2head_start(cp, x, C->Hq * cp->hd + 2 * C->Hkv * cp->hd, &S, B, &cp->pend[0]));
+    } else if (cp->R > 1) {
+        pack_kv(cp->kv_raw, x, &d, B * cp->Tl);   // d.ld is the projection's row width when U == 1
+        if (cp->o.rotate == HP_CP_ROTATE_ALLGATHER) {
+            HP_TRY(hp_all_gather(cp->kv_raw, cp->kv_buf, d.kv, HP_F32, cp->ring_comm, &cp->pend[0]));
+        } else {   // the first ring transfer: into the second K/V buffer, as ring_forward's step 0
+            const int R = cp->R;
+            HP_TRY(hp_recv(cp->kv_buf + d.kv, d.kv, HP_F32, (cp->g - 1 + R) % R, cp->ring_comm, &cp->pend[0]));
+            HP_TRY(hp_send(cp->kv_raw, d.kv, HP_F32, (cp->g + 1) % R, cp->ring_comm, &cp->pend[1]));
+        }
+    } else {
+        return HP_OK;
+    }
+    cp->pend_core = C;
+    cp->pend_B = B;
+    return HP_OK;
+}
+
 hp_status_t hp_cp_core_new(hp_cp_t cp, const char *name, int n_heads, int n_kv_heads, hp_module_t **out) {
     *out = NULL;
     HP_TRY(check_heads(cp, n_heads, n_kv_heads, "hp_cp_core_new"));
@@ -633,6 +757,20 @@ hp_status_t hp_cp_apply(hp_cp_t cp, hp_model_t model) {
         if (strcmp(core->ops->kind, "sdpa") != 0) continue;
         hp_module_t *c;
         HP_TRY(hp_cp_core_new(cp, core->name, cp->Hq_max, cp->Hkv_max, &c));
+        hp_module_t *attn = NULL;   // async: the attention this core belongs to
+        for (int j = 0; cp->o.async && j < n && !attn; j++)
+            if (hp_attention_core(mods[j]) == core) attn = mods[j];
+        for (cp_prep_t *p = cp->o.async ? cp->prep : NULL; p && !attn; p = p->next)   // wrapped since hp_cp_prepare
+            if (p->core == core) attn = &p->attn;
+        if (cp->o.async) {
+            if (!attn)
+                return hp_error(HP_ERR_UNSUPPORTED, "hp_cp_apply: parallelism.context_parallel_async: the attention of "
+                                "core '%s' was not found as an attention module (a wrapper holds it); hint: call "
+                                "hp_cp_prepare before the wrapper is applied, or set "
+                                "parallelism.context_parallel_async=false", core->name);
+            ((cp_core_t *)c->impl)->attn = attn;
+            HP_TRY(hp_module_add_hook(hp_attention_wqkv(attn), HP_HOOK_POST_FORWARD, async_launch, c->impl, NULL));
+        }
         core->ops = &cp_core_ops;
         core->impl = c->impl;
         replaced++;
@@ -641,6 +779,25 @@ hp_status_t hp_cp_apply(hp_cp_t cp, hp_model_t model) {
         return hp_error(HP_ERR_INVALID_ARG, "hp_cp_apply: the model has no attention module whose core could be "
                         "replaced");
     return hp_model_set_context_parallel(model, cp->Tl, n_segs(cp), cp->pos_segs);
+}
+
+hp_status_t hp_cp_prepare(hp_cp_t cp, hp_model_t model) {
+    if (!cp->o.async) return HP_OK;
+    hp_module_t *mods[4096];
+    const int n = hp_model_modules(model, mods, 4096);
+    if (n > 4096) return hp_error(HP_ERR_UNSUPPORTED, "hp_cp_prepare: model has %d modules, more than 4096", n);
+    for (int i = 0; i < n; i++) {
+        hp_module_t *core = hp_attention_core(mods[i]);
+        if (!core) continue;
+        cp_prep_t *p = hp_calloc(1, sizeof(*p));
+        if (!p) return HP_ERR_OOM;
+        p->attn = *mods[i];   // what the wrapper's inner copy will be: same impl, id, params, children
+        for (int k = 0; k < HP_HOOK_KINDS; k++) p->attn.n_hooks[k] = 0;   // a copy for lookups, never run
+        p->core = core;
+        p->next = cp->prep;
+        cp->prep = p;
+    }
+    return HP_OK;
 }
 
 hp_status_t hp_cp_core_lse(hp_module_t *core, hp_act_t *act, const float **lse, int *n_heads, int *head0, int *rows,
@@ -663,3 +820,5 @@ void hp_cp_timers(hp_cp_t cp, double *compute_s, double *wait_s, int reset) {
     if (wait_s) *wait_s = cp->wait_s;
     if (reset) cp->comp_s = cp->wait_s = 0.0;
 }
+
+long hp_cp_async_count(hp_cp_t cp) { return cp->n_async; }

@@ -1542,7 +1542,9 @@ hp_status_t hp_pp_simulate(const hp_pp_schedule_t *s, const int *stage_to_rank, 
 }
 
 /* ---- unit-cost timing (bubble fraction) -------------------------------------------------------- */
-hp_status_t hp_pp_timing(const hp_pp_schedule_t *s, int num_stages, hp_pp_timing_t *out) {
+/* ts / te (when not NULL): per slot (rank r's slot i at off[r] + i) the action's start and end,
+ * -1 for bubbles and communication. */
+static hp_status_t timing(const hp_pp_schedule_t *s, int num_stages, hp_pp_timing_t *out, int64_t *ts, int64_t *te) {
     if (!s || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_pp_timing: NULL schedule or out");
     if (num_stages < 1 || num_stages > HP_PP_MAX_STAGE + 1)
         return hp_error(HP_ERR_INVALID_ARG, "hp_pp_timing: num_stages %d outside [1, %d]", num_stages,
@@ -1599,6 +1601,12 @@ hp_status_t hp_pp_timing(const hp_pp_schedule_t *s, int num_stages, hp_pp_timing
                 }
                 if (!ok) break;
                 const int64_t end = t0 + cost;
+                if (ts) {
+                    size_t at = 0;
+                    for (int q = 0; q < r; q++) at += (size_t)s->rows[q].len;
+                    ts[at + (size_t)pos[r]] = t0;
+                    te[at + (size_t)pos[r]] = end;
+                }
                 free_at[r] = end;
                 busy += cost;
                 makespan = end > makespan ? end : makespan;
@@ -1636,5 +1644,34 @@ hp_status_t hp_pp_timing(const hp_pp_schedule_t *s, int num_stages, hp_pp_timing
     out->makespan = makespan;
     out->busy = busy;
     out->bubble_fraction = makespan > 0 ? 1.0 - (double)busy / ((double)R * (double)makespan) : 0.0;
+    return HP_OK;
+}
+
+hp_status_t hp_pp_timing(const hp_pp_schedule_t *s, int num_stages, hp_pp_timing_t *out) {
+    return timing(s, num_stages, out, NULL, NULL);
+}
+
+hp_status_t hp_pp_timing_actions(const hp_pp_schedule_t *s, int num_stages, hp_pp_timing_t *out, int64_t **start,
+                                 int64_t **end) {
+    if (!start || !end) return hp_error(HP_ERR_INVALID_ARG, "hp_pp_timing_actions: NULL start or end");
+    *start = *end = NULL;
+    if (!s) return hp_error(HP_ERR_INVALID_ARG, "hp_pp_timing_actions: NULL schedule");
+    size_t n = 0;
+    for (int r = 0; r < s->n_ranks; r++) n += (size_t)s->rows[r].len;
+    int64_t *a = hp_malloc((n + 1) * sizeof *a), *b = hp_malloc((n + 1) * sizeof *b);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return oom("hp_pp_timing_actions");
+    }
+    for (size_t i = 0; i < n; i++) a[i] = b[i] = -1;
+    hp_status_t st = timing(s, num_stages, out, a, b);
+    if (st != HP_OK) {
+        free(a);
+        free(b);
+        return st;
+    }
+    *start = a;
+    *end = b;
     return HP_OK;
 }

@@ -207,6 +207,10 @@ static const hp_config_key_t schema_[] = {
     KI(parallelism, context_parallel_ulysses_degree, "1", 1, I32, NULL,
       "Ulysses (all-to-all sequence <-> heads) part of the cp degree: cp = ulysses x ring; must divide "
       "context_parallel_degree and the (per-TP-rank) query and kv heads. 1 = ring attention only."),
+    K(parallelism, context_parallel_async, BOOL, "false", NULL, NULL,
+      "HyperParallel's AsyncContextParallel: start the K/V collective (Ulysses all-to-all, the all-gather, or "
+      "the ring's first transfer) from the fused q/k/v projection's post-forward hook and wait in the attention core; "
+      "bitwise the synchronous results."),
     /* --- end --- */
     /* activation_checkpoint */
     K(activation_checkpoint, mode, ENUM, "none", "none|full|selective", NULL,

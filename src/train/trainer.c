@@ -299,6 +299,61 @@ static hp_status_t check_cp_layout(const hp_config_t *c, const hp_model_config_t
                         "--parallelism.enable_sequence_parallel=false", T / cp, pd->tp, cp * pd->tp);
     return HP_OK;
 }
+
+/* The CP handle over the cp mesh dim, before TP (on the local heads TP will leave); with the
+ * asynchronous core each attention is recorded before TP's wrapper takes its place. */
+static hp_status_t cp_prepare(hp_trainer_t t, hp_model_t *models, int n) {
+    const hp_config_t *c = &t->cfg;
+    t->Tl = t->T;
+    if (t->pd.cp == 1) return HP_OK;
+    const char *cpn[1] = {"cp"};
+    HP_TRY(hp_mesh_slice(t->meshes.world, 1, cpn, &t->cp_mesh));
+    hp_cp_options_t co = hp_cp_options_default();
+    HP_TRY(hp_cp_rotate_parse(c->parallelism.context_parallel_rotate_method,
+                              "parallelism.context_parallel_rotate_method", &co.rotate));
+    HP_TRY(hp_cp_balancer_parse(c->parallelism.context_parallel_load_balancer,
+                                "parallelism.context_parallel_load_balancer", &co.balancer));
+    co.ulysses_degree = (int)c->parallelism.context_parallel_ulysses_degree;
+    co.async = c->parallelism.context_parallel_async;
+    const int hd = t->mcfg.head_dim > 0 ? t->mcfg.head_dim : t->mcfg.dim / t->mcfg.n_heads;
+    HP_TRY(hp_cp_create(hp_mesh_get_comm(t->cp_mesh, 0), &co, t->B > t->val_B ? t->B : t->val_B, t->T,
+                        t->mcfg.n_heads / t->pd.tp, t->mcfg.n_kv_heads / t->pd.tp, hd, &t->cp));
+    for (int i = 0; i < n; i++) HP_TRY(hp_cp_prepare(t->cp, models[i]));
+    return HP_OK;
+}
+
+/* The CP cores in each of the n models (the whole model, or each local pipeline stage; a
+ * stage without attention has no core to replace), after TP (the cores run the local heads)
+ * and before FSDP. Sets t->Tl, the rows a rank feeds. */
+static hp_status_t cp_install(hp_trainer_t t, hp_model_t *models, int n) {
+    if (!t->cp) return HP_OK;
+    for (int i = 0; i < n; i++) {
+        hp_module_t *mods[4096];
+        const int nm = hp_model_modules(models[i], mods, 4096);
+        int cores = 0;
+        for (int j = 0; j < nm && j < 4096; j++) cores += strcmp(mods[j]->ops->kind, "sdpa") == 0;
+        if (cores > 0 || n == 1) HP_TRY(hp_cp_apply(t->cp, models[i]));
+    }
+    t->Tl = t->T / t->pd.cp;
+    return HP_OK;
+}
+
+/* FSDP's mesh under CP: (dp_shard, cp) flattened; HSDP adds dp_replicate in front. */
+static hp_status_t cp_fsdp_mesh(hp_trainer_t t) {
+    const char *sc[2] = {"dp_shard", "cp"};
+    hp_mesh_t flat = NULL;
+    HP_TRY(hp_mesh_flatten(t->meshes.world, 2, sc, "dp_shard_cp", &flat));
+    t->cp_fsdp_flat = flat;
+    if (t->pd.dp_replicate > 1) {
+        const char *rn[1] = {"dp_replicate"};
+        hp_mesh_t rep = NULL;
+        HP_TRY(hp_mesh_slice(t->meshes.world, 1, rn, &rep));
+        hp_status_t cs = hp_mesh_concat(rep, flat, &t->dp_mesh);
+        hp_mesh_destroy(rep);
+        return cs;
+    }
+    return hp_mesh_slice(flat, 1, (const char *[]){"dp_shard_cp"}, &t->dp_mesh);
+}
 /* --- end context parallel --- */
 
 /* training.deterministic: no run-time choice of thread counts. Reduction orders are fixed by
@@ -601,7 +656,7 @@ static hp_status_t pp_parallelize(hp_trainer_t t, int ac_k) {
     HP_TRY(hp_comm_agree(t->world, pp_parallelize_local(t, ac_k), NULL));
     // a tied weight's two copies (first and last stage) are summed between their ranks only
     if (t->mcfg.tie_embeddings) HP_TRY(hp_comm_split(p->comm, p->tie_idx >= 0 ? 0 : -1, p->coord, &p->tie_comm));
-    hp_pp_options_t po = {p->S, p->stage_to_rank, p->n_mb, p->mbs, t->T};
+    hp_pp_options_t po = {p->S, p->stage_to_rank, p->n_mb, p->mbs, t->Tl};   /* owner cp: T/cp rows */
     hp_pp_hooks_t hooks = {t, pp_pre_backward, NULL, NULL, NULL};
     HP_TRY(hp_pp_create(p->comm, p->sched, p->m, p->ids, p->n_local, &po, &hooks, &p->rt));
     // FSDP's and TP's collectives run inside the stages' modules: two threads would issue them
@@ -619,6 +674,7 @@ static hp_status_t pp_parallelize_local(hp_trainer_t t, int ac_k) {
     trainer_pp_t *p = t->pp;
     for (int i = 0; i < p->n_local; i++)
         if (ac_k > 0) HP_TRY(hp_model_set_activation_checkpoint(p->m[i], ac_k));
+    HP_TRY(cp_prepare(t, p->m, p->n_local));   /* context parallel (owner cp): before TP */
     if (t->pd.tp > 1) {   // TorchTitan's order: split, then TP per part (the plan's entries it holds)
         hp_tp_plan_entry_t plan[32], mine[32];
         int n = 0;
@@ -645,11 +701,13 @@ static hp_status_t pp_parallelize_local(hp_trainer_t t, int ac_k) {
         }
         t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->tp_mesh, 0);
     }
+    HP_TRY(cp_install(t, p->m, p->n_local));   /* context parallel (owner cp): per stage, after TP */
     for (int i = 0; i < p->n_local; i++) HP_TRY(hp_model_init_weights(p->m[i], (uint64_t)c->training.seed));
-    if (t->pd.dp_shard > 1) {
+    if (t->pd.dp_shard > 1 || t->pd.cp > 1) {   /* owner cp: FSDP over dp_shard x cp sums the cp ranks' grads */
         const char *names[2] = {"dp_replicate", "dp_shard"};
         const int two = t->pd.dp_replicate > 1;
-        HP_TRY(hp_mesh_slice(t->meshes.world, two ? 2 : 1, two ? names : names + 1, &t->dp_mesh));
+        if (t->pd.cp > 1) HP_TRY(cp_fsdp_mesh(t));   /* owner cp */
+        else HP_TRY(hp_mesh_slice(t->meshes.world, two ? 2 : 1, two ? names : names + 1, &t->dp_mesh));
         const hp_fsdp_options_t fo = fsdp_options(c, 1);
         for (int i = 0; i < p->n_local; i++) HP_TRY(hp_fully_shard(p->m[i], t->dp_mesh, &fo, &p->fsdp[i]));
         t->n_clip_comms = hp_fsdp_grad_comms(p->fsdp[0], t->clip_comms);
@@ -750,9 +808,6 @@ static hp_status_t build_local(hp_trainer_t t, int *ac_k_out) {
         return hp_error(HP_ERR_UNSUPPORTED, "parallelism.pipeline_parallel_degree %d with the MoE model %s is not "
                         "supported yet; hint: use pipeline parallel with a dense model, or MoE without it",
                         t->pd.pp, t->mcfg.name);
-    if (t->pd.pp > 1 && t->pd.cp > 1)
-        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.pipeline_parallel_degree %d with context_parallel_degree %d "
-                        "is not supported yet; hint: set one of them to 1", t->pd.pp, t->pd.cp);
     if (t->pd.cp > 1 && t->mcfg.moe_experts > 0)
         return hp_error(HP_ERR_UNSUPPORTED, "parallelism.context_parallel_degree %d with the MoE model %s is not "
                         "supported yet; hint: use context parallel with a dense model", t->pd.cp, t->mcfg.name);
@@ -780,6 +835,7 @@ static hp_status_t tp_plan(hp_trainer_t t, hp_tp_plan_entry_t plan[32], int *n) 
 static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
     const hp_config_t *c = &t->cfg;
     if (ac_k > 0) HP_TRY(hp_model_set_activation_checkpoint(t->model, ac_k));
+    HP_TRY(cp_prepare(t, &t->model, 1));   /* context parallel (owner cp): before TP */
     /* --- tensor parallel (owner tp): TorchTitan's plan on the tp mesh, before the weights
      * are drawn (each rank draws its shards at their global indices) --- */
     if (t->pd.tp > 1) {
@@ -823,22 +879,7 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
     /* --- end expert parallel --- */
     /* --- context parallel (owner cp): ring / Ulysses cores over the cp dim, after TP (on
      * the local heads) and before FSDP, which then shards over dp_shard x cp --- */
-    t->Tl = t->T;
-    if (t->pd.cp > 1) {
-        const char *cpn[1] = {"cp"};
-        HP_TRY(hp_mesh_slice(t->meshes.world, 1, cpn, &t->cp_mesh));
-        hp_cp_options_t co = hp_cp_options_default();
-        HP_TRY(hp_cp_rotate_parse(c->parallelism.context_parallel_rotate_method,
-                                  "parallelism.context_parallel_rotate_method", &co.rotate));
-        HP_TRY(hp_cp_balancer_parse(c->parallelism.context_parallel_load_balancer,
-                                    "parallelism.context_parallel_load_balancer", &co.balancer));
-        co.ulysses_degree = (int)c->parallelism.context_parallel_ulysses_degree;
-        const int hd = t->mcfg.head_dim > 0 ? t->mcfg.head_dim : t->mcfg.dim / t->mcfg.n_heads;
-        HP_TRY(hp_cp_create(hp_mesh_get_comm(t->cp_mesh, 0), &co, t->B > t->val_B ? t->B : t->val_B, t->T,
-                            t->mcfg.n_heads / t->pd.tp, t->mcfg.n_kv_heads / t->pd.tp, hd, &t->cp));
-        HP_TRY(hp_cp_apply(t->cp, t->model));
-        t->Tl = t->T / t->pd.cp;
-    }
+    HP_TRY(cp_install(t, &t->model, 1));
     /* --- end context parallel --- */
     HP_TRY(hp_model_init_weights(t->model, (uint64_t)c->training.seed));
     /* --- data parallel (owner fsdp) --- */
@@ -850,22 +891,8 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
          * loss is globally normalised (gradient divide factor 1, docs/fsdp.md) */
         const char *names[2] = {"dp_replicate", "dp_shard"};
         const int two = t->pd.dp_replicate > 1;
-        if (t->pd.cp > 1) {   /* context parallel (owner cp): (dp_shard, cp) flattened, HSDP adds dp_replicate */
-            const char *sc[2] = {"dp_shard", "cp"};
-            hp_mesh_t flat = NULL;
-            HP_TRY(hp_mesh_flatten(t->meshes.world, 2, sc, "dp_shard_cp", &flat));
-            t->cp_fsdp_flat = flat;
-            if (two) {
-                const char *rn[1] = {"dp_replicate"};
-                hp_mesh_t rep = NULL;
-                HP_TRY(hp_mesh_slice(t->meshes.world, 1, rn, &rep));
-                hp_status_t cs = hp_mesh_concat(rep, flat, &t->dp_mesh);
-                hp_mesh_destroy(rep);
-                HP_TRY(cs);
-            } else {
-                HP_TRY(hp_mesh_slice(flat, 1, (const char *[]){"dp_shard_cp"}, &t->dp_mesh));
-            }
-        } else
+        if (t->pd.cp > 1) HP_TRY(cp_fsdp_mesh(t));   /* context parallel (owner cp): (dp_shard, cp) flattened */
+        else
         HP_TRY(hp_mesh_slice(t->meshes.world, two ? 2 : 1, two ? names : names + 1, &t->dp_mesh));
         const hp_fsdp_options_t fo = fsdp_options(c, 0);
         HP_TRY(hp_fully_shard(t->model, t->dp_mesh, &fo, &t->fsdp));
@@ -1277,7 +1304,14 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
             double ls = 0.0;
             int64_t nv = 0;
             t->pp->accum_last = a == t->accum - 1;
-            HP_TRY(hp_pp_step(t->pp->rt, t->inputs + a * bt, t->labels + a * bt, (float)global_valid, &ls, &nv));
+            const int32_t *pin = t->inputs + a * bt, *plab = t->labels + a * bt;
+            if (t->cp) {   /* context parallel (owner cp): this rank's rows of every sequence */
+                HP_TRY(hp_cp_shard_tokens(t->cp, t->cp_inputs, pin, t->B));
+                HP_TRY(hp_cp_shard_tokens(t->cp, t->cp_labels, plab, t->B));
+                pin = t->cp_inputs;
+                plab = t->cp_labels;
+            }
+            HP_TRY(hp_pp_step(t->pp->rt, pin, plab, (float)global_valid, &ls, &nv));
             local_loss += ls / (double)global_valid;
             continue;
         }
@@ -1396,7 +1430,12 @@ hp_status_t hp_trainer_validate(hp_trainer_t t, double *loss) {
         if (t->pp) {   /* pipeline parallel (owner pp): forward through the stages */
             double ls = 0.0;
             int64_t nv = 0;
-            HP_TRY(hp_pp_eval(t->pp->rt, t->inputs, t->labels, 1.0f, &ls, &nv));
+            if (t->cp) {   /* context parallel (owner cp) */
+                HP_TRY(hp_cp_shard_tokens(t->cp, t->cp_inputs, t->inputs, t->val_B));
+                HP_TRY(hp_cp_shard_tokens(t->cp, t->cp_labels, t->labels, t->val_B));
+            }
+            HP_TRY(hp_pp_eval(t->pp->rt, t->cp ? t->cp_inputs : t->inputs, t->cp ? t->cp_labels : t->labels, 1.0f,
+                              &ls, &nv));
             sums[0] += ls;
             sums[1] += (double)nv;
             continue;
