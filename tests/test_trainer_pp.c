@@ -149,11 +149,13 @@ int main(int argc, char **argv) {
         // the zero-bubble and V schedules (ZBV, DualPipeV on the V mapping: 2 stages per rank)
         {
             const char *zs[3] = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
-            double dl[N], dn[N];
+            double dl[N], dn[N], v0 = 0, v1 = 0;
+            run(c, one, world, l, n, &v0);   // the single rank's validation loss after 10 steps
             for (int k = 0; k < 3; k++) {
                 *f = *c;
                 set_pp(f, 2, zs[k]);
-                run(f, world, world, l, n, NULL);
+                run(f, world, world, l, n, &v1);   // validation through hp_pp_eval on the mapping
+                HP_CHECK(fabs(v1 - v0) <= 1e-5 * fabs(v0), "%s validation %.9g vs %.9g", zs[k], v1, v0);
                 close_all(l, rl, N, 1e-5, 1, zs[k]);
                 close_all(n, rn, N, 1e-4, 1, "grad norm");
                 if (rank == 0) printf("llama3 pp 2 %s: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n", zs[k], l[0],
