@@ -130,6 +130,12 @@ static double run_case_m(hp_comm_t world, const char *model, hp_pp_kind_t kind, 
     hp_pp_options_t o = {S, s2r, n_mb, MBS, TT};
     hp_pp_t rt = NULL;
     HP_CHECK_OK(hp_pp_create(world, lowered, stages, ids, nl, &o, NULL, &rt));
+    if (md && md->ov == HP_PP_OVERLAP_THREAD) {   // refused values leave the runtime as it was
+        HP_CHECK_ERR(hp_pp_set_transport(rt, (hp_pp_overlap_t)9, HP_PP_P2P_PER_OP), HP_ERR_INVALID_ARG,
+                     "overlap mode 9");
+        HP_CHECK_ERR(hp_pp_set_transport(rt, HP_PP_OVERLAP_OFF, (hp_pp_p2p_t)7), HP_ERR_INVALID_ARG, "p2p mode 7");
+        HP_CHECK(hp_pp_overlap_mode(rt) == HP_PP_OVERLAP_INTERLEAVE, "a refused mode changed the overlap mode");
+    }
     if (md) HP_CHECK_OK(hp_pp_set_transport(rt, md->ov, md->p2p));
     if (md && md->pairs) *md->pairs = hp_pp_coalesced_pairs(rt);
     // the step's data: n_mb sequences

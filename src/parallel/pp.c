@@ -850,7 +850,16 @@ void hp_pp_memory(hp_pp_t p, size_t *context_bytes, size_t *buffer_bytes) {
 
 hp_status_t hp_pp_set_transport(hp_pp_t p, hp_pp_overlap_t overlap, hp_pp_p2p_t p2p) {
     if (!p) return hp_error(HP_ERR_INVALID_ARG, "hp_pp_set_transport: the runtime is NULL");
-    return plan_transport(p, &p->hooks, overlap, p2p);
+    const hp_pp_overlap_t ov = p->ov;
+    const hp_pp_p2p_t pt = p->p2p;
+    hp_status_t st = plan_transport(p, &p->hooks, overlap, p2p);
+    if (st != HP_OK) {   // a refused mode leaves the previous plan in place (it was valid)
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", hp_last_error());
+        (void)plan_transport(p, &p->hooks, ov, pt);
+        return hp_error(st, "%s", msg);
+    }
+    return HP_OK;
 }
 
 hp_pp_overlap_t hp_pp_overlap_mode(hp_pp_t p) { return p ? p->ov : HP_PP_OVERLAP_DEFAULT; }
