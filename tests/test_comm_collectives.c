@@ -389,6 +389,26 @@ static void test_p2p(void) {
             ok = rl[i] == (float)(left * 1000 + i % 1000) && rr[i] == (float)(-right - 1);
         HP_CHECK(ok, "grouped ring exchange values");
     }
+    /* the same group without waiting (hp_group_end_work): one handle completes all four */
+    {
+        for (size_t i = 0; i < n; i++) rl[i] = rr[i] = 0.0f;
+        hp_work_t gw = NULL;
+        HP_CHECK_OK(hp_group_start());
+        HP_CHECK_OK(hp_send(sr, n, HP_F32, right, W, NULL));
+        HP_CHECK_OK(hp_send(sl, n, HP_F32, left, W, NULL));
+        HP_CHECK_OK(hp_recv(rl, n, HP_F32, left, W, NULL));
+        HP_CHECK_OK(hp_recv(rr, n, HP_F32, right, W, NULL));
+        HP_CHECK_OK(hp_group_end_work(&gw));
+        HP_CHECK(gw != NULL, "hp_group_end_work gave no handle");
+        HP_CHECK_OK(hp_work_wait(&gw));
+        if (N > 2) {
+            int ok = 1;
+            for (size_t i = 0; i < n && ok; i++)
+                ok = rl[i] == (float)(left * 1000 + i % 1000) && rr[i] == (float)(-right - 1);
+            HP_CHECK(ok, "grouped ring exchange values (hp_group_end_work)");
+        }
+        HP_CHECK_ERR(hp_group_end_work(&gw), HP_ERR_STATE, "outermost hp_group_start");
+    }
     /* async send/recv */
     hp_work_t ws = NULL, wr = NULL;
     for (int i = 0; i < 5; i++) in[i] = -1;

@@ -60,8 +60,38 @@ static void split_tests(void) {
                  HP_ERR_INVALID_ARG, "stage 1 is empty");
 }
 
+/* Transport of a case and, when bits is not NULL, a copy of the loss and every local gradient
+ * (malloc'd) for bitwise comparisons between transports. */
+typedef struct mode {
+    hp_pp_overlap_t ov;
+    hp_pp_p2p_t p2p;
+    float **bits;
+    size_t *n_bits;
+    int *pairs;   /* coalesced pairs of this rank's list */
+} pp_mode_t;
+
+/* The schedule's theoretical in-flight micro-batches of `stage` from its compute-only list: a
+ * context is live from its F to its B or W (OVERLAP_F_B: its F, then its B). */
+static int in_flight(const hp_pp_schedule_t *compute, int stage) {
+    int live = 0, peak = 0;
+    for (int r = 0; r < hp_pp_schedule_n_ranks(compute); r++)
+        for (int i = 0; i < hp_pp_schedule_len(compute, r); i++) {
+            const hp_pp_action_t *a = hp_pp_schedule_at(compute, r, i);
+            if (!a) continue;
+            hp_pp_action_t lv[2];
+            const int n = hp_pp_action_leaves(a, lv);
+            for (int j = 0; j < n; j++) {
+                if (lv[j].stage != stage) continue;
+                live += lv[j].type == HP_PP_F ? 1 : (lv[j].type == HP_PP_B || lv[j].type == HP_PP_W) ? -1 : 0;
+                if (live > peak) peak = live;
+            }
+        }
+    return peak;
+}
+
 /* One (model, schedule, n_mb) case on `world` (= the pp dim). Returns the worst error/bound. */
-static double run_case(hp_comm_t world, const char *model, hp_pp_kind_t kind, int n_mb, int negative) {
+static double run_case_m(hp_comm_t world, const char *model, hp_pp_kind_t kind, int n_mb, int negative,
+                         const pp_mode_t *md) {
     const int P = hp_comm_size(world), me = hp_comm_rank(world);
     const int L = hp_pp_kind_is_single_stage(kind) ? 1 : 2, S = P * L;
     hp_model_config_t cfg = dp_config(6);
@@ -100,6 +130,14 @@ static double run_case(hp_comm_t world, const char *model, hp_pp_kind_t kind, in
     hp_pp_options_t o = {S, s2r, n_mb, MBS, TT};
     hp_pp_t rt = NULL;
     HP_CHECK_OK(hp_pp_create(world, lowered, stages, ids, nl, &o, NULL, &rt));
+    if (md && md->ov == HP_PP_OVERLAP_THREAD) {   // refused values leave the runtime as it was
+        HP_CHECK_ERR(hp_pp_set_transport(rt, (hp_pp_overlap_t)9, HP_PP_P2P_PER_OP), HP_ERR_INVALID_ARG,
+                     "overlap mode 9");
+        HP_CHECK_ERR(hp_pp_set_transport(rt, HP_PP_OVERLAP_OFF, (hp_pp_p2p_t)7), HP_ERR_INVALID_ARG, "p2p mode 7");
+        HP_CHECK(hp_pp_overlap_mode(rt) == HP_PP_OVERLAP_INTERLEAVE, "a refused mode changed the overlap mode");
+    }
+    if (md) HP_CHECK_OK(hp_pp_set_transport(rt, md->ov, md->p2p));
+    if (md && md->pairs) *md->pairs = hp_pp_coalesced_pairs(rt);
     // the step's data: n_mb sequences
     const int V = cfg.vocab_size, N = n_mb * MBS * TT;
     int32_t *tok = hp_malloc(sizeof(int32_t) * (size_t)N), *tgt = hp_malloc(sizeof(int32_t) * (size_t)N);
@@ -109,6 +147,66 @@ static double run_case(hp_comm_t world, const char *model, hp_pp_kind_t kind, in
     double ls = 0.0;
     int64_t nv = 0;
     HP_CHECK_OK(hp_pp_step(rt, tok, tgt, (float)valid, &ls, &nv));
+    if (md && md->bits) {   // the loss and every local gradient, for a bitwise comparison
+        size_t nb = 1;
+        for (int i = 0; i < nl; i++)
+            for (int j = 0; j < hp_model_num_params(stages[i]); j++)
+                nb += (size_t)hp_tensor_numel(&hp_model_params(stages[i])[j].grad.local);
+        float *b = hp_malloc(sizeof(float) * nb);
+        size_t at = 0;
+        b[at++] = (float)ls;
+        for (int i = 0; i < nl; i++)
+            for (int j = 0; j < hp_model_num_params(stages[i]); j++) {
+                const hp_tensor_t *g = &hp_model_params(stages[i])[j].grad.local;
+                memcpy(b + at, g->data, sizeof(float) * (size_t)hp_tensor_numel(g));
+                at += (size_t)hp_tensor_numel(g);
+            }
+        *md->bits = b;
+        *md->n_bits = nb;
+    }
+    // memory: every local stage's pool holds the schedule's in-flight count, which the step
+    // reached (the measured high-water mark), and the context bytes are contexts x bytes each
+    if (!negative) {
+        size_t cb = 0, bb = 0, want = 0;
+        hp_pp_memory(rt, &cb, &bb);
+        for (int i = 0; i < nl; i++) {
+            const int th = in_flight(compute, ids[i]);
+            HP_CHECK(hp_pp_stage_contexts(rt, i) == th && hp_pp_stage_peak_contexts(rt, i) == th,
+                     "%s n_mb %d stage %d: %d contexts, %d in use at the peak, the schedule keeps %d in flight",
+                     hp_pp_kind_name(kind), n_mb, ids[i], hp_pp_stage_contexts(rt, i),
+                     hp_pp_stage_peak_contexts(rt, i), th);
+            hp_model_ctx_t one = NULL;
+            HP_CHECK_OK(hp_model_ctx_create(stages[i], MBS, TT, 0, &one));
+            size_t per = hp_model_ctx_bytes(one);
+            hp_model_ctx_destroy(one);
+            int split = 0;
+            for (int r = 0; r < hp_pp_schedule_n_ranks(compute); r++)
+                for (int q = 0; q < hp_pp_schedule_len(compute, r); q++) {
+                    const hp_pp_action_t *a = hp_pp_schedule_at(compute, r, q);
+                    split |= a && a->stage == ids[i] && (a->type == HP_PP_I || a->type == HP_PP_W);
+                }
+            if (split) {   // a zero-bubble stage's contexts keep every unit's gradient until W
+                HP_CHECK_OK(hp_model_ctx_create(stages[i], MBS, TT, HP_MODEL_CTX_SPLIT_BACKWARD, &one));
+                per = hp_model_ctx_bytes(one);
+                hp_model_ctx_destroy(one);
+            }
+            want += (size_t)th * per;
+        }
+        HP_CHECK(cb == want, "%s: context bytes %zu, contexts x bytes per context %zu", hp_pp_kind_name(kind), cb,
+                 want);
+        if (md && md->pairs == NULL && md->bits == NULL && md->ov == HP_PP_OVERLAP_DEFAULT) {   // the memory table
+            int64_t mine[2] = {0, (int64_t)cb}, all[2 * 64];
+            for (int i = 0; i < nl; i++) mine[0] += hp_pp_stage_peak_contexts(rt, i);
+            if (P <= 64) {
+                HP_CHECK_OK(hp_all_gather(mine, all, 2, HP_I64, world, NULL));
+                if (me == 0) {
+                    printf("memory pp %d %s n_mb %d: contexts / bytes per rank:", P, hp_pp_kind_name(kind), n_mb);
+                    for (int r = 0; r < P; r++) printf(" %lld / %lld", (long long)all[2 * r], (long long)all[2 * r + 1]);
+                    printf("\n");
+                }
+            }
+        }
+    }
     // the reference: every micro-batch from zero gradients on the whole model
     hp_model_t ref = NULL;
     HP_CHECK_OK(hp_model_create(&cfg, MBS, TT, &ref));
@@ -211,6 +309,31 @@ static double run_case(hp_comm_t world, const char *model, hp_pp_kind_t kind, in
     return worst;
 }
 
+static double run_case(hp_comm_t world, const char *model, hp_pp_kind_t kind, int n_mb, int negative) {
+    return run_case_m(world, model, kind, n_mb, negative, NULL);
+}
+
+/* The same case under transports a and b: bitwise equal loss and gradients. */
+static void same_bits(hp_comm_t world, hp_pp_kind_t kind, int n_mb, pp_mode_t a, pp_mode_t b, const char *what) {
+    float *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    a.bits = &x, a.n_bits = &nx, b.bits = &y, b.n_bits = &ny;
+    run_case_m(world, "llama3", kind, n_mb, 0, &a);
+    run_case_m(world, "llama3", kind, n_mb, 0, &b);
+    HP_CHECK(nx == ny && x && y && memcmp(x, y, sizeof(float) * nx) == 0, "%s %s n_mb %d: loss and gradients differ "
+             "bitwise (%zu vs %zu values)", what, hp_pp_kind_name(kind), n_mb, nx, ny);
+    // the comparison can fail: one bit of one gradient flipped
+    if (nx > 1 && y) {
+        uint32_t u;
+        memcpy(&u, &y[nx / 2], 4);
+        u ^= 1u;
+        memcpy(&y[nx / 2], &u, 4);
+        HP_CHECK(memcmp(x, y, sizeof(float) * nx) != 0, "a flipped bit went unnoticed");
+    }
+    free(x);
+    free(y);
+}
+
 int main(int argc, char **argv) {
     int rank, ws;
     hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
@@ -230,6 +353,39 @@ int main(int argc, char **argv) {
                                           hp_pp_kind_name(kinds[k]), n_mb, w);
                 }
         run_case(world, "llama3", HP_PP_1F1B, ws, 1);   // negative
+        // the zero-bubble and V schedules (issue 15): parity with the single-rank model; ZBV and
+        // DualPipeV on the V mapping (rank r: stages r and 2P-1-r, the middle pair in memory)
+        const hp_pp_kind_t zk[3] = {HP_PP_INTERLEAVED_ZB, HP_PP_ZBV, HP_PP_DUALPIPEV};
+        for (int k = 0; k < 3; k++)
+            for (int mi = 0; mi < (ws == 2 ? 2 : 1); mi++) {
+                const int n_mb = 2 * ws;   // DualPipeV needs n >= 2 pp
+                double w = run_case(world, models[mi], zk[k], n_mb, 0);
+                if (rank == 0) printf("pp %d %s %s n_mb %d: worst error / bound %.3g\n", ws, models[mi],
+                                      hp_pp_kind_name(zk[k]), n_mb, w);
+            }
+        // OVERLAP_F_B: interleaved (and on a second thread) bitwise equal to F then B
+        const pp_mode_t off = {HP_PP_OVERLAP_OFF, HP_PP_P2P_PER_OP, NULL, NULL, NULL},
+                     inter = {HP_PP_OVERLAP_INTERLEAVE, HP_PP_P2P_PER_OP, NULL, NULL, NULL},
+                     thr = {HP_PP_OVERLAP_THREAD, HP_PP_P2P_PER_OP, NULL, NULL, NULL};
+        same_bits(world, HP_PP_DUALPIPEV, 2 * ws, off, inter, "overlap interleave vs off");
+        if (ws == 2) same_bits(world, HP_PP_DUALPIPEV, 2 * ws, off, thr, "overlap thread vs off");
+        // coalesced same-peer send + receive pairs: bitwise equal to per-op, and some exist
+        {
+            int pairs = 0;
+            pp_mode_t co = {HP_PP_OVERLAP_DEFAULT, HP_PP_P2P_COALESCED, NULL, NULL, &pairs};
+            same_bits(world, HP_PP_1F1B, 2 * ws, off, co, "coalesced p2p vs per-op");
+            int all = 0;
+            HP_CHECK_OK(hp_all_reduce(&pairs, &all, 1, HP_I32, HP_SUM, world, NULL));
+            HP_CHECK(all > 0, "1F1B pp %d: no coalesced send / receive pair", ws);
+            if (rank == 0) printf("pp %d 1F1B: %d coalesced pairs over the ranks\n", ws, all);
+            same_bits(world, HP_PP_DUALPIPEV, 2 * ws, inter, co, "coalesced p2p + overlap vs per-op");
+        }
+        // memory at one micro-batch count: 1F1B, Interleaved1F1B, ZBV (the table in docs/pp.md)
+        {
+            const hp_pp_kind_t mk[3] = {HP_PP_1F1B, HP_PP_INTERLEAVED_1F1B, HP_PP_ZBV};
+            const pp_mode_t dflt = {HP_PP_OVERLAP_DEFAULT, HP_PP_P2P_DEFAULT, NULL, NULL, NULL};
+            for (int k = 0; k < 3; k++) run_case_m(world, "llama3", mk[k], 2 * ws, 0, &dflt);
+        }
     }
     int rc = hp_test_finish("test_pp");
     hp_comm_finalize();

@@ -1,17 +1,21 @@
 /* The trainer under pipeline parallel (parallelism.pipeline_parallel_degree > 1): 10 steps of
  * llama3 (and qwen3 with tied embeddings, whose two copies' gradients are summed over pp) give
- * the losses and gradient norms of the run without PP over the same global batch (1e-5
- * relative loss, 1e-4 norm: fp32 summation order of the micro-batch gradients and of the
- * norm's cross-rank sum, as the data-parallel trainer tests); 2 ranks: GPipe, 1F1B,
- * Interleaved1F1B, LoopedBFS, a hand-written CSV, module_fqns_per_model_part, activation
- * checkpointing, gradient accumulation; 4 ranks: pp 4 (all four schedules; 2, 4 and 8
- * micro-batches), pp 2 x TP 2 against the single rank,
- * pp 2 x FSDP 2, pp 2 x DDP 2 against replicated DP 2; 8 ranks: pp 2 x FSDP 2 x TP 2 (llama3,
- * qwen3) against replicated DP 2 (TP's tolerance, 1e-4 / 1e-3), pp 2 x HSDP 2 x 2 against
- * replicated DP 4. A run whose optimizer is 1e-3 off must fall outside the tolerance. A
+ * the losses and gradient norms of the run without PP over the same global batch (1e-5 relative
+ * loss, 1e-4 norm: fp32 summation order of the micro-batch gradients and of the norm's cross-rank
+ * sum, as the data-parallel trainer tests); 2 ranks: GPipe, 1F1B, Interleaved1F1B, LoopedBFS,
+ * InterleavedZeroBubble, ZBVZeroBubble, DualPipeV (its run with the overlap off and coalesced p2p
+ * bitwise equal), a hand-written CSV, module_fqns_per_model_part, activation checkpointing,
+ * gradient accumulation; 4 ranks: pp 4 (all seven schedules; 2, 4 and 8 micro-batches), pp 2 x TP
+ * 2 (Interleaved1F1B, the three new ones, a zero-bubble CSV) against the single rank, pp 2 x FSDP
+ * 2 (1F1B, the zero-bubble CSV, the three new ones), pp 2 x CP 2 (InterleavedZeroBubble,
+ * DualPipeV; CP tolerance 1e-4 / 1e-3), pp 2 x DDP 2 (1F1B, ZBV) against replicated
+ * DP 2; 8 ranks: pp 2 x FSDP 2 x TP 2 (llama3, qwen3) against replicated DP 2 (TP's tolerance,
+ * 1e-4 / 1e-3), pp 4 x FSDP 2 and pp 4 x TP 2 with the three new schedules, pp 2 x HSDP 2 x 2
+ * against replicated DP 4. A run whose optimizer is 1e-3 off must fall outside the tolerance. A
  * checkpoint saved under pp 2 loads under pp 1 (2 ranks) and pp 4 (4 ranks) with the same
- * validation loss; bad schedules, CSVs and splits are refused naming the key; the final
- * weights file gathers every stage. */
+ * validation loss; bad schedules, CSVs and splits are refused naming the key; the final weights
+ * file gathers every stage.
+ */
 // hp-test: ranks 2 4 8 timeout 900
 #include <math.h>
 #include <stdio.h>
@@ -99,6 +103,21 @@ static void ckpt_pp2(hp_config_t *f, const hp_config_t *c) {
     snprintf(f->checkpoint.folder, sizeof f->checkpoint.folder, "%s/ckpt_pp2", dir_);
 }
 
+/* A zero-bubble (ZB-H1) compute-only CSV for pp 2 x 4 micro-batches: rank 0 runs the input
+ * passes of two micro-batches and a forward before the first weight pass, so a weight pass
+ * runs long after its input pass (contexts live from F to W, FSDP's reduction after the last W,
+ * TP's gathered gradients per context). Written by world rank 0. */
+static void zb_csv(hp_comm_t world, int rank, char *path, size_t n) {
+    snprintf(path, n, "%s/zb.csv", dir_);
+    if (rank == 0) {
+        FILE *fp = fopen(path, "w");
+        fprintf(fp, "0F0,0F1,0F2,0I0,0F3,0I1,0W0,0I2,0W1,0I3,0W2,0W3\n"
+                    "1F0,1I0,1F1,1I1,1W0,1F2,1I2,1W1,1F3,1I3,1W2,1W3\n");
+        fclose(fp);
+    }
+    hp_barrier(world, NULL);
+}
+
 int main(int argc, char **argv) {
     int rank, ws;
     hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
@@ -127,6 +146,33 @@ int main(int argc, char **argv) {
         }
         base(c, 1, "llama3");
         run(c, one, world, rl, rn, NULL);
+        // the zero-bubble and V schedules (ZBV, DualPipeV on the V mapping: 2 stages per rank)
+        {
+            const char *zs[3] = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
+            double dl[N], dn[N], v0 = 0, v1 = 0;
+            run(c, one, world, l, n, &v0);   // the single rank's validation loss after 10 steps
+            for (int k = 0; k < 3; k++) {
+                *f = *c;
+                set_pp(f, 2, zs[k]);
+                run(f, world, world, l, n, &v1);   // validation through hp_pp_eval on the mapping
+                HP_CHECK(fabs(v1 - v0) <= 1e-5 * fabs(v0), "%s validation %.9g vs %.9g", zs[k], v1, v0);
+                close_all(l, rl, N, 1e-5, 1, zs[k]);
+                close_all(n, rn, N, 1e-4, 1, "grad norm");
+                if (rank == 0) printf("llama3 pp 2 %s: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n", zs[k], l[0],
+                                      l[N - 1], rl[0], rl[N - 1]);
+                if (k == 2) memcpy(dl, l, sizeof dl), memcpy(dn, n, sizeof dn);
+            }
+            // OVERLAP_F_B run as F then B (HP_PP_OVERLAP=off): bitwise the same losses and norms
+            setenv("HP_PP_OVERLAP", "off", 1);
+            setenv("HP_PP_P2P", "coalesced", 1);
+            *f = *c;
+            set_pp(f, 2, "DualPipeV");
+            run(f, world, world, l, n, NULL);
+            unsetenv("HP_PP_OVERLAP");
+            unsetenv("HP_PP_P2P");
+            HP_CHECK(memcmp(l, dl, sizeof dl) == 0 && memcmp(n, dn, sizeof dn) == 0, "DualPipeV without the overlap "
+                     "(and coalesced p2p) differs bitwise: loss %.9g vs %.9g", l[N - 1], dl[N - 1]);
+        }
         // a hand-written compute-only CSV (GPipe's order) and a user split
         {
             char csv[320];
@@ -208,7 +254,15 @@ int main(int argc, char **argv) {
             HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "first_stage_less_layers 10");
             *f = *c;
             set_pp(f, 2, "zbvzerobubble");
-            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "pipeline_parallel_schedule");
+            f->parallelism.pipeline_parallel_layers_per_stage = 1;   // 8 stages: 4 per rank
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "needs exactly 2 stages per pp rank");
+            *f = *c;
+            set_pp(f, 2, "DualPipeV");
+            snprintf(f->model.name, sizeof f->model.name, "qwen3");
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "tied embeddings");
+            *f = *c;
+            set_pp(f, 2, "ZBV");
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "pipeline_parallel_schedule");
             *f = *c;
             set_pp(f, 2, "1F1B");
             char csv[320];
@@ -241,14 +295,15 @@ int main(int argc, char **argv) {
             r->training.local_batch_size = 8;
             double bl[N], bn[N];
             run(r, one, world, bl, bn, NULL);
-            const int mbs[2] = {1, 4};
-            const char *ss[2] = {"Interleaved1F1B", "GPipe"};
-            for (int k = 0; k < 2; k++) {
+            const int mbs[5] = {1, 4, 1, 1, 1};
+            const char *ss[5] = {"Interleaved1F1B", "GPipe", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
+            for (int k = 0; k < 5; k++) {   // the zero-bubble / V ones: 8 micro-batches >= 8 stages
                 *f = *r;
                 set_pp(f, 4, ss[k]);
                 f->parallelism.pipeline_parallel_microbatch_size = mbs[k];
                 run(f, world, world, l, n, NULL);
-                close_all(l, bl, N, 1e-5, 1, k ? "pp 4 GPipe, 2 micro-batches of 4" : "pp 4 interleaved, 8 micro-batches");
+                const char *what = k >= 2 ? ss[k] : k ? "pp 4 GPipe, 2 micro-batches of 4" : "pp 4 interleaved, 8 mbs";
+                close_all(l, bl, N, 1e-5, 1, what);
                 close_all(n, bn, N, 1e-4, 1, "grad norm");
             }
             free(r);
@@ -263,19 +318,80 @@ int main(int argc, char **argv) {
         close_all(n, rn, N, 1e-3, 1, "grad norm");
         if (rank == 0) printf("pp 2 x TP 2: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n", l[0], l[N - 1], rl[0],
                               rl[N - 1]);
+        {   // the zero-bubble / V schedules x TP 2
+            const char *zs[3] = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
+            for (int k = 0; k < 3; k++) {
+                *f = *c;
+                set_pp(f, 2, zs[k]);
+                f->parallelism.tensor_parallel_degree = 2;
+                run(f, world, world, l, n, NULL);
+                close_all(l, rl, N, 1e-4, 1, zs[k]);
+                close_all(n, rn, N, 1e-3, 1, "grad norm");
+                if (rank == 0) printf("pp 2 %s x TP 2: losses %.6f .. %.6f\n", zs[k], l[0], l[N - 1]);
+            }
+        }
+        {   // pp 2 x CP 2 with split-backward and V schedules: the CP cores' collectives in I
+            // (CP's tolerance, test_cp_trainer: 1e-4 loss, 1e-3 norm, attention sums reordered)
+            const char *zs[2] = {"InterleavedZeroBubble", "DualPipeV"};
+            for (int k = 0; k < 2; k++) {
+                *f = *c;
+                set_pp(f, 2, zs[k]);
+                f->parallelism.context_parallel_degree = 2;
+                run(f, world, world, l, n, NULL);
+                close_all(l, rl, N, 1e-4, 1, zs[k]);
+                close_all(n, rn, N, 1e-3, 1, "grad norm");
+                if (rank == 0) printf("pp 2 %s x CP 2: losses %.6f .. %.6f\n", zs[k], l[0], l[N - 1]);
+            }
+        }
+        // the same with a zero-bubble CSV (I and W apart): TP's collectives in I, W deferred
+        {
+            char zb[320];
+            zb_csv(world, rank, zb, sizeof zb);
+            *f = *c;
+            set_pp(f, 2, "1F1B");
+            f->parallelism.tensor_parallel_degree = 2;
+            snprintf(f->parallelism.pipeline_parallel_schedule_csv, sizeof f->parallelism.pipeline_parallel_schedule_csv,
+                     "%s", zb);
+            run(f, world, world, l, n, NULL);
+            close_all(l, rl, N, 1e-4, 1, "pp2 zero-bubble CSV x TP2");
+            close_all(n, rn, N, 1e-3, 1, "grad norm");
+        }
         // pp 2 x FSDP 2 and pp 2 x DDP 2 against replicated DP 2 on ranks 0, 1
         base(c, 2, "llama3");
         run(c, two, world, rl, rn, NULL);
-        for (int k = 0; k < 2; k++) {
+        const char *fs[7] = {"1F1B", "1F1B", "1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV",
+                             "ZBVZeroBubble"};
+        const char *fname[7] = {"FSDP", "DDP", "FSDP (zero-bubble CSV)", "FSDP (InterleavedZeroBubble)",
+                                "FSDP (ZBVZeroBubble)", "FSDP (DualPipeV)", "DDP (ZBVZeroBubble)"};
+        for (int k = 0; k < 7; k++) {   // 3..5: the zero-bubble / V schedules x FSDP 2; 6: ZBV x DDP 2
             *f = *c;
-            set_pp(f, 2, "1F1B");
-            f->parallelism.data_parallel_replicate_degree = k ? 2 : 1;
-            f->parallelism.data_parallel_shard_degree = k ? 1 : 2;
+            set_pp(f, 2, fs[k]);
+            const int ddp = k == 1 || k == 6;
+            f->parallelism.data_parallel_replicate_degree = ddp ? 2 : 1;
+            f->parallelism.data_parallel_shard_degree = ddp ? 1 : 2;
+            if (k == 2) {   // FSDP with a zero-bubble CSV: the reduce-scatter follows the stage's last W
+                char zb[320];
+                zb_csv(world, rank, zb, sizeof zb);
+                snprintf(f->parallelism.pipeline_parallel_schedule_csv,
+                         sizeof f->parallelism.pipeline_parallel_schedule_csv, "%s", zb);
+            }
             run(f, world, world, l, n, NULL);
-            close_all(l, rl, N, 1e-5, 1, k ? "pp2 x DDP2" : "pp2 x FSDP2");
+            close_all(l, rl, N, 1e-5, 1, fname[k]);
             close_all(n, rn, N, 1e-4, 1, "grad norm");
-            if (rank == 0) printf("pp 2 x %s 2: losses %.6f .. %.6f (DP 2 %.6f .. %.6f)\n", k ? "DDP" : "FSDP", l[0],
+            if (rank == 0) printf("pp 2 x %s 2: losses %.6f .. %.6f (DP 2 %.6f .. %.6f)\n", fname[k], l[0],
                                   l[N - 1], rl[0], rl[N - 1]);
+        }
+        {   // the overlap's thread mode is refused with FSDP (collectives inside the stages); a bad env value named
+            hp_trainer_t t = NULL;
+            *f = *c;
+            set_pp(f, 2, "DualPipeV");
+            f->parallelism.data_parallel_replicate_degree = 1;
+            f->parallelism.data_parallel_shard_degree = 2;
+            setenv("HP_PP_OVERLAP", "thread", 1);
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "HP_PP_OVERLAP = thread");
+            setenv("HP_PP_OVERLAP", "sideways", 1);
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "HP_PP_OVERLAP = 'sideways'");
+            unsetenv("HP_PP_OVERLAP");
         }
         // checkpoint saved under pp 2 (ranks 0, 1) loads under pp 4 with the same validation loss
         {
@@ -322,6 +438,40 @@ int main(int argc, char **argv) {
             close_all(n, rn, N, 1e-3, 1, "grad norm");
             if (rank == 0) printf("%s pp 2 x FSDP 2 x TP 2: losses %.6f .. %.6f (DP 2 %.6f .. %.6f)\n", models[mi], l[0],
                                   l[N - 1], rl[0], rl[N - 1]);
+        }
+        // pp 4 x FSDP 2 and pp 4 x TP 2 with the zero-bubble / V schedules (8 micro-batches >= 8 stages)
+        {
+            const char *zs[3] = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
+            base(c, 2, "llama3");
+            c->training.local_batch_size = 8;
+            run(c, pair, world, rl, rn, NULL);
+            for (int k = 0; k < 3; k++) {
+                *f = *c;
+                set_pp(f, 4, zs[k]);
+                f->parallelism.data_parallel_replicate_degree = 1;
+                f->parallelism.data_parallel_shard_degree = 2;
+                run(f, world, world, l, n, NULL);
+                close_all(l, rl, N, 1e-5, 1, zs[k]);
+                close_all(n, rn, N, 1e-4, 1, "grad norm");
+                if (rank == 0) printf("pp 4 %s x FSDP 2: losses %.6f .. %.6f (DP 2 %.6f .. %.6f)\n", zs[k], l[0],
+                                      l[N - 1], rl[0], rl[N - 1]);
+            }
+            hp_comm_t self = NULL;
+            HP_CHECK_OK(hp_comm_split(world, rank, 0, &self));
+            base(c, 1, "llama3");
+            c->training.local_batch_size = 8;
+            run(c, self, world, rl, rn, NULL);
+            hp_comm_destroy(self);
+            for (int k = 0; k < 3; k++) {
+                *f = *c;
+                set_pp(f, 4, zs[k]);
+                f->parallelism.tensor_parallel_degree = 2;
+                run(f, world, world, l, n, NULL);
+                close_all(l, rl, N, 1e-4, 1, zs[k]);
+                close_all(n, rn, N, 1e-3, 1, "grad norm");
+                if (rank == 0) printf("pp 4 %s x TP 2: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n", zs[k], l[0],
+                                      l[N - 1], rl[0], rl[N - 1]);
+            }
         }
         hp_comm_destroy(pair);
         // pp 2 x HSDP (dp_replicate 2 x dp_shard 2) against replicated DP 4 (every quad runs it)

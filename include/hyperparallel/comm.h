@@ -123,6 +123,10 @@ hp_status_t hp_recv_tag(void *buf, size_t count, hp_dtype_t dt, int peer, int ta
                         hp_work_t *work);
 hp_status_t hp_group_start(void);
 hp_status_t hp_group_end(void);
+/* hp_group_end that does not wait: the queued sends and receives are posted together and
+ * *work completes them all (hp_work_wait / hp_work_test); work NULL is hp_group_end. Closes
+ * the outermost group only. (A coalesced p2p pair: PyTorch's batch_isend_irecv.) */
+hp_status_t hp_group_end_work(hp_work_t *work);
 
 /* --- asynchronous work ---------------------------------------------------------------- */
 /* Waits (with the comm timeout) and releases the handle; *work is set to NULL. */

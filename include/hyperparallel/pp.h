@@ -53,7 +53,9 @@ typedef struct hp_pp *hp_pp_t;
 /* Called by the runtime around the actions that concern a data-parallel wrapper of a stage.
  * Any may be NULL (the action is then a no-op). pre_backward runs before every B and I of
  * stage `stage`; `last` is 1 for the stage's last backward of the step (FSDP: gradient sync
- * on for that one only). */
+ * on for that one only). Under a split backward (I now, W later) fully_shard keeps the
+ * parameters unsharded and the gradient buffer in place while weight passes are pending and
+ * reduces after the stage's last W, so the flag set at the last I governs that reduction. */
 typedef struct hp_pp_hooks {
     void *user;
     hp_status_t (*pre_backward)(void *user, int stage, int mb, int last);
@@ -61,6 +63,28 @@ typedef struct hp_pp_hooks {
     hp_status_t (*reshard)(void *user, int stage);
     hp_status_t (*reduce_grad)(void *user, int stage);
 } hp_pp_hooks_t;
+
+/* How an OVERLAP_F_B action (DualPipeV) runs its F and its B (docs/pp.md "Overlap": measured,
+ * INTERLEAVE chosen). All three compute the same values bitwise: the F and the B are the same
+ * kernel calls on the same data, only their order against the communication differs. */
+typedef enum hp_pp_overlap {
+    HP_PP_OVERLAP_DEFAULT = 0,   /* env HP_PP_OVERLAP (off | interleave | thread), else INTERLEAVE */
+    HP_PP_OVERLAP_OFF,           /* as the list [F, B] followed by its sends: both inputs waited first */
+    HP_PP_OVERLAP_INTERLEAVE,    /* wait the F's input, F, post its send, wait the B's input, B, post its send:
+                                  * the B's receive lands during the F, the F's send leaves during the B */
+    HP_PP_OVERLAP_THREAD,        /* the B on a second thread (created per action: a measurement mode) while
+                                  * the F runs; stages without collectives inside only (no FSDP / TP / CP:
+                                  * the runtime refuses FSDP hooks, the caller must refuse the rest, as
+                                  * the trainer does); the F and B stages must differ */
+} hp_pp_overlap_t;
+
+/* Point-to-point transport (HyperParallel's p2p transports). */
+typedef enum hp_pp_p2p {
+    HP_PP_P2P_DEFAULT = 0,       /* env HP_PP_P2P (per_op | coalesced), else PER_OP */
+    HP_PP_P2P_PER_OP,            /* one asynchronous send / receive per SEND / RECV action */
+    HP_PP_P2P_COALESCED,         /* a SEND and a RECV with the same peer, adjacent in the list: one batched
+                                  * isend / irecv pair (hp_group_end_work), one handle */
+} hp_pp_p2p_t;
 
 typedef struct hp_pp_options {
     int num_stages;
@@ -102,9 +126,21 @@ hp_status_t hp_pp_eval(hp_pp_t p, const int32_t *tokens, const int32_t *targets,
 void hp_pp_memory(hp_pp_t p, size_t *context_bytes, size_t *buffer_bytes);
 /* Contexts of local stage i (the schedule's peak in-flight micro-batches on that stage). */
 int hp_pp_stage_contexts(hp_pp_t p, int i);
+/* Most contexts of local stage i in use at once during the last hp_pp_step / hp_pp_eval
+ * (measured: the pool's high-water mark; equals hp_pp_stage_contexts when the schedule reaches
+ * its peak). */
+int hp_pp_stage_peak_contexts(hp_pp_t p, int i);
 /* Per-action record of the last step (for the benchmark): action i of this rank's list ran
  * from start[i] to end[i] seconds (hp_clock_now_seconds); returns the list length. */
 int hp_pp_last_timeline(hp_pp_t p, const hp_pp_action_t **actions, const double **start, const double **end);
+/* Sets the overlap and p2p modes (DEFAULT: the env, else INTERLEAVE / PER_OP, which
+ * hp_pp_create applies); between steps only. Errors: THREAD with FSDP hooks or with an overlap
+ * of one stage's F and B; an unknown value or env text. */
+hp_status_t hp_pp_set_transport(hp_pp_t p, hp_pp_overlap_t overlap, hp_pp_p2p_t p2p);
+/* The modes in effect and the number of SEND / RECV pairs of this rank's list that run
+ * coalesced (0 under PER_OP). */
+hp_pp_overlap_t hp_pp_overlap_mode(hp_pp_t p);
+int hp_pp_coalesced_pairs(hp_pp_t p);
 
 #ifdef __cplusplus
 }

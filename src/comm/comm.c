@@ -1356,6 +1356,23 @@ hp_status_t hp_group_end(void) {
     return st;
 }
 
+hp_status_t hp_group_end_work(hp_work_t *work) {
+    if (!work) return hp_group_end();
+    *work = NULL;
+    if (t_group_depth != 1)
+        return hp_error(HP_ERR_STATE, "hp_group_end_work: needs the outermost hp_group_start (depth %d); hint: "
+                        "close inner groups with hp_group_end", t_group_depth);
+    t_group_depth = 0;
+    hp_work_t w = t_group_work;
+    t_group_work = NULL;
+    if (w->p2p_n == 0) {
+        work_put(w);
+        return HP_OK;
+    }
+    w->d = (hp_op_desc_t){.kind = w->p2p[0].is_send ? HP_COMM_SEND : HP_COMM_RECV};
+    return dispatch(w, work);   // one handle for the whole group, progressed as a p2p work
+}
+
 /* ---- agreement on failure ---------------------------------------------------------------- */
 
 /* The message this thread's last failed agreement returned: a status that is agreed again

@@ -91,6 +91,10 @@ typedef struct group {
                                 units (the tied group), else NULL: f->gfull is used */
     float *gcur;             /* the unsharded grads of the backward in progress */
     int accum_pending;
+    /* backward_input passes whose backward_weight has not run yet (zero-bubble schedules run
+     * I of several micro-batches before their W): the group stays unsharded, its gradient
+     * pointers stay on gcur, and it reshards and reduces after the last pending weight pass */
+    int pending_w;
     float *partial;          /* (S) HSDP reduce-scatter outputs kept without all-reduce */
     int partial_pending;
     int raf;                 /* 1 reshard, 0 keep, k >= 2 reshard to k */
@@ -278,7 +282,10 @@ static void point_model(hp_fsdp_t f, group_t *g, float *values, float *grads) {
     for (int j = 0; j < g->n; j++) {
         hp_param_t *mp = &f->mparams[g->p[j].index];
         mp->value.local.data = values ? values + g->p[j].unit_off : NULL;
-        mp->grad.local.data = grads ? grads + g->p[j].unit_off : NULL;
+        // a pending weight pass (split backward) keeps writing into the gradient buffer even
+        // when a later forward re-points the values
+        float *gr = grads ? grads : g->pending_w ? g->gcur : NULL;
+        mp->grad.local.data = gr ? gr + g->p[j].unit_off : NULL;
     }
 }
 
@@ -447,7 +454,9 @@ static hp_status_t pre_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
     HP_TRY(wait_unshard(f, g));
     // backward prefetch: the previous unit in post-forward order
     if (f->o.overlap && unit > f->u0) HP_TRY(unshard(f, &f->g[f->ug[unit - 1]]));
-    if (unit == g->u_hi) {   // the group's first unit in backward: its gradient buffer
+    // the group's first unit in backward: its gradient buffer (once while weight passes of
+    // earlier micro-batches are pending: they and this one add into the same buffer)
+    if (unit == g->u_hi && g->pending_w++ == 0) {
         if (!f->sync || g->accum_pending) {
             if (!g->accum) {
                 g->accum = hp_aligned_alloc(sizeof(float) * g->span);
@@ -472,7 +481,8 @@ static hp_status_t post_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
     const int unit = mod->unit;
     (void)act;
     group_t *g = &f->g[f->ug[unit]];
-    if (unit == g->u_lo) {   // the group's last unit in backward: reshard and reduce
+    // the group's last unit in backward: reshard and reduce after the last pending weight pass
+    if (unit == g->u_lo && (g->pending_w == 0 || --g->pending_w == 0)) {
         reshard(f, g, 0);
         event(f, "post_backward", g);
         if (!f->sync) {

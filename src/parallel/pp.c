@@ -6,6 +6,7 @@
 #include "hyperparallel/pp.h"
 
 #include <ctype.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,11 +181,13 @@ typedef struct stage {
     int n_ctx;
     hp_model_ctx_t *ctx;         /* (n_ctx) pool */
     int *free_ctx, n_free;       /* free list */
+    int hw;                      /* most contexts in use at once in the last step (measured) */
     int *ctx_of;                 /* (n_mb) pool index of micro-batch m, -1 none */
     float **in_act, **out_act;   /* (n_mb) (mbs*T, dim): RECV_F target / F output */
     float **dout, **din;         /* (n_mb): RECV_B target / backward input gradient */
     hp_work_t *recv_f, *recv_b;  /* (n_mb) pending receives */
     unsigned char *got_f, *got_b;   /* (n_mb) a receive was posted and not yet consumed */
+    int *rgrp_f, *rgrp_b;        /* (n_mb) the receive went in a coalesced pair: its handle is sends[k], else -1 */
     int n_bwd;                   /* backwards (B or I) run this step */
     int split;                   /* the list has I / W for this stage */
 } stage_t;
@@ -200,6 +203,12 @@ struct hp_pp {
     hp_pp_action_t *acts;        /* this rank's list (bubbles dropped) */
     int n_acts;
     hp_work_t *sends;            /* (n_acts) */
+    unsigned char *done;         /* (n_acts) a SEND posted early by an overlapped action this step */
+    int *early_f, *early_b;      /* (n_acts) OVERLAP_F_B at k: index of its F's SEND_F / B's SEND_B, or -1 */
+    unsigned char *pair;         /* (n_acts) actions k and k + 1 are one coalesced send / receive pair */
+    int n_pairs;
+    hp_pp_overlap_t ov;
+    hp_pp_p2p_t p2p;
     double *t_start, *t_end;
     hp_pp_hooks_t hooks;
     size_t ctx_bytes, buf_bytes;
@@ -233,7 +242,13 @@ void hp_pp_destroy(hp_pp_t p) {
         free(s->recv_b);
         free(s->got_f);
         free(s->got_b);
+        free(s->rgrp_f);
+        free(s->rgrp_b);
     }
+    free(p->done);
+    free(p->early_f);
+    free(p->early_b);
+    free(p->pair);
     free(p->st);
     free(p->stage_to_rank);
     free(p->local_of);
@@ -258,6 +273,81 @@ static hp_status_t fmt_action_error(const hp_pp_action_t *a, const char *what) {
     char t[64];
     hp_pp_action_format(a, t, sizeof t);
     return hp_error(HP_ERR_INVALID_ARG, "pipeline runtime: action '%s' %s", t, what);
+}
+
+/* Peer rank of a SEND / RECV action (-1 for other types). */
+static int peer_of(const hp_pp_t p, const hp_pp_action_t *a) {
+    switch (a->type) {
+    case HP_PP_SEND_F: case HP_PP_RECV_B: return a->stage + 1 < p->o.num_stages ? p->stage_to_rank[a->stage + 1] : -1;
+    case HP_PP_SEND_B: case HP_PP_RECV_F: return a->stage > 0 ? p->stage_to_rank[a->stage - 1] : -1;
+    default: return -1;
+    }
+}
+static int is_send(hp_pp_type_t t) { return t == HP_PP_SEND_F || t == HP_PP_SEND_B; }
+static int is_recv(hp_pp_type_t t) { return t == HP_PP_RECV_F || t == HP_PP_RECV_B; }
+
+static hp_status_t mode_from_env(const char *var, const char *const *names, int n, int dflt, int *out) {
+    const char *e = getenv(var);
+    *out = dflt;
+    if (!e || !*e) return HP_OK;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(e, names[i])) {
+            *out = i + 1;
+            return HP_OK;
+        }
+    return hp_error(HP_ERR_INVALID_ARG, "env %s = '%s'; expected %s%s%s%s%s", var, e, names[0], n > 1 ? " | " : "",
+                    n > 1 ? names[1] : "", n > 2 ? " | " : "", n > 2 ? names[2] : "");
+}
+
+/* The overlap and p2p modes, each overlap's early sends, the coalesced pairs. */
+static hp_status_t plan_transport(hp_pp_t p, const hp_pp_hooks_t *hooks, hp_pp_overlap_t ov, hp_pp_p2p_t p2p) {
+    static const char *const ov_names[3] = {"off", "interleave", "thread"};
+    static const char *const p2p_names[2] = {"per_op", "coalesced"};
+    int v = (int)ov;
+    if (v == HP_PP_OVERLAP_DEFAULT) HP_TRY(mode_from_env("HP_PP_OVERLAP", ov_names, 3, HP_PP_OVERLAP_INTERLEAVE, &v));
+    if (v < HP_PP_OVERLAP_OFF || v > HP_PP_OVERLAP_THREAD)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: overlap mode %d; expected an hp_pp_overlap_t", v);
+    p->ov = (hp_pp_overlap_t)v;
+    v = (int)p2p;
+    if (v == HP_PP_P2P_DEFAULT) HP_TRY(mode_from_env("HP_PP_P2P", p2p_names, 2, HP_PP_P2P_PER_OP, &v));
+    if (v < HP_PP_P2P_PER_OP || v > HP_PP_P2P_COALESCED)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: p2p mode %d; expected an hp_pp_p2p_t", v);
+    p->p2p = (hp_pp_p2p_t)v;
+    if (p->ov == HP_PP_OVERLAP_THREAD && hooks && (hooks->unshard || hooks->reshard || hooks->reduce_grad))
+        return hp_error(HP_ERR_UNSUPPORTED, "pipeline overlap mode 'thread' with FSDP hooks: the two halves would "
+                        "issue collectives from two threads; hint: HP_PP_OVERLAP=interleave");
+    p->n_pairs = 0;
+    memset(p->pair, 0, (size_t)p->n_acts);
+    for (int k = 0; k < p->n_acts; k++) {
+        const hp_pp_action_t *a = &p->acts[k];
+        p->early_f[k] = p->early_b[k] = -1;
+        if (a->type != HP_PP_OVERLAP_F_B) continue;
+        if (p->ov == HP_PP_OVERLAP_THREAD && a->stage == a->sub_stage)
+            return fmt_action_error(a, "overlaps an F and a B of one stage, which overlap mode 'thread' cannot run "
+                                    "on two threads; hint: HP_PP_OVERLAP=interleave");
+        // the sends of its two halves, between it and the next compute action
+        for (int j = k + 1; j < p->n_acts && !hp_pp_type_is_compute(p->acts[j].type); j++) {
+            const hp_pp_action_t *b = &p->acts[j];
+            if (b->type == HP_PP_SEND_F && b->stage == a->stage && b->mb == a->mb) p->early_f[k] = j;
+            if (b->type == HP_PP_SEND_B && b->stage == a->sub_stage && b->mb == a->sub_mb) p->early_b[k] = j;
+        }
+    }
+    for (int k = 0; k < p->n_acts; k++) {   // an early send is posted alone
+        if (p->early_f[k] >= 0) p->done[p->early_f[k]] = 1;
+        if (p->early_b[k] >= 0) p->done[p->early_b[k]] = 1;
+    }
+    if (p->p2p == HP_PP_P2P_COALESCED)
+        for (int k = 0; k + 1 < p->n_acts; k++) {
+            const hp_pp_action_t *a = &p->acts[k], *b = &p->acts[k + 1];
+            if (p->done[k] || p->done[k + 1]) continue;
+            const int one_each = (is_send(a->type) && is_recv(b->type)) || (is_recv(a->type) && is_send(b->type));
+            if (!one_each || peer_of(p, a) < 0 || peer_of(p, a) != peer_of(p, b)) continue;
+            p->pair[k] = 1;
+            p->n_pairs++;
+            k++;   // each action in one pair at most
+        }
+    memset(p->done, 0, (size_t)p->n_acts);
+    return HP_OK;
 }
 
 hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_model_t *stages,
@@ -318,7 +408,14 @@ hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_
         p->sends = hp_calloc((size_t)(len ? len : 1), sizeof(hp_work_t));
         p->t_start = hp_calloc((size_t)(len ? len : 1), sizeof(double));
         p->t_end = hp_calloc((size_t)(len ? len : 1), sizeof(double));
-        if (!p->acts || !p->sends || !p->t_start || !p->t_end) { st = HP_ERR_OOM; goto fail; }
+        p->done = hp_calloc((size_t)(len ? len : 1), 1);
+        p->pair = hp_calloc((size_t)(len ? len : 1), 1);
+        p->early_f = hp_calloc((size_t)(len ? len : 1), sizeof(int));
+        p->early_b = hp_calloc((size_t)(len ? len : 1), sizeof(int));
+        if (!p->acts || !p->sends || !p->t_start || !p->t_end || !p->done || !p->pair || !p->early_f || !p->early_b) {
+            st = HP_ERR_OOM;
+            goto fail;
+        }
         for (int i = 0; i < len; i++) {
             const hp_pp_action_t *a = hp_pp_schedule_at(lowered, me, i);
             if (!a) continue;
@@ -328,6 +425,13 @@ hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_
             }
             if (a->mb != HP_PP_NO_MB && a->mb >= n) {
                 st = fmt_action_error(a, "names a micro-batch beyond n_microbatches");
+                goto fail;
+            }
+            if (a->type == HP_PP_OVERLAP_F_B &&
+                (a->sub_stage < 0 || a->sub_stage >= S || p->local_of[a->sub_stage] < 0 || a->sub_mb < 0 ||
+                 a->sub_mb >= n)) {
+                st = fmt_action_error(a, "overlaps a backward of a stage this rank does not hold or a micro-batch "
+                                      "beyond n_microbatches");
                 goto fail;
             }
             p->acts[p->n_acts++] = *a;
@@ -355,12 +459,17 @@ hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_
         }
         int live = 0, peak = 0;
         for (int k = 0; k < p->n_acts; k++) {
-            const hp_pp_action_t *a = &p->acts[k];
-            if (a->stage != s->id) continue;
-            if (a->type == HP_PP_F) live++;
-            if (a->type == HP_PP_B || a->type == HP_PP_W) live--;
-            if (a->type == HP_PP_I || a->type == HP_PP_W) s->split = 1;
-            if (live > peak) peak = live;
+            // an OVERLAP_F_B is its F then its B (a context starts at F and ends at B or W)
+            hp_pp_action_t lv[2];
+            const int nlv = hp_pp_action_leaves(&p->acts[k], lv);
+            for (int j = 0; j < nlv; j++) {
+                const hp_pp_action_t *a = &lv[j];
+                if (a->stage != s->id) continue;
+                if (a->type == HP_PP_F) live++;
+                if (a->type == HP_PP_B || a->type == HP_PP_W) live--;
+                if (a->type == HP_PP_I || a->type == HP_PP_W) s->split = 1;
+                if (live > peak) peak = live;
+            }
         }
         s->n_ctx = peak > 0 ? peak : 1;
         s->ctx = hp_calloc((size_t)s->n_ctx, sizeof(hp_model_ctx_t));
@@ -374,6 +483,9 @@ hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_
         s->recv_b = hp_calloc((size_t)n, sizeof(hp_work_t));
         s->got_f = hp_calloc((size_t)n, 1);
         s->got_b = hp_calloc((size_t)n, 1);
+        s->rgrp_f = hp_calloc((size_t)n, sizeof(int));
+        s->rgrp_b = hp_calloc((size_t)n, sizeof(int));
+        if (!s->rgrp_f || !s->rgrp_b) { st = HP_ERR_OOM; goto fail; }
         if (!s->got_f || !s->got_b || !s->ctx || !s->free_ctx || !s->ctx_of || !s->in_act || !s->out_act || !s->dout || !s->din || !s->recv_f ||
             !s->recv_b) { st = HP_ERR_OOM; goto fail; }
         for (int c = 0; c < s->n_ctx && st == HP_OK; c++) {
@@ -394,6 +506,8 @@ hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_
             if (!s->first && !(s->din[m] = act_buf(p))) { st = HP_ERR_OOM; goto fail; }
         }
     }
+    st = plan_transport(p, hooks, HP_PP_OVERLAP_DEFAULT, HP_PP_P2P_DEFAULT);
+    if (st != HP_OK) goto fail;
     st = hp_comm_dup(pp_comm, &p->comm);
     if (st != HP_OK) goto fail;
     *out = p;
@@ -408,9 +522,21 @@ static void reset_step(hp_pp_t p) {
         stage_t *s = &p->st[i];
         s->n_free = s->n_ctx;
         for (int c = 0; c < s->n_ctx; c++) s->free_ctx[c] = s->n_ctx - 1 - c;
-        for (int m = 0; m < p->o.n_microbatches; m++) s->ctx_of[m] = -1;
+        for (int m = 0; m < p->o.n_microbatches; m++) s->ctx_of[m] = s->rgrp_f[m] = s->rgrp_b[m] = -1;
         s->n_bwd = 0;
+        s->hw = 0;
     }
+    memset(p->done, 0, (size_t)p->n_acts);
+}
+
+/* Completes micro-batch m's receive of direction dir on stage s: its own handle, or the
+ * coalesced pair's (a no-op when done or never posted). */
+static hp_status_t wait_recv(hp_pp_t p, stage_t *s, int m, int dir) {
+    hp_work_t *w = dir == DIR_F ? &s->recv_f[m] : &s->recv_b[m];
+    const int g = dir == DIR_F ? s->rgrp_f[m] : s->rgrp_b[m];
+    if (*w) return hp_work_wait(w);
+    if (g >= 0 && p->sends[g]) return hp_work_wait(&p->sends[g]);
+    return HP_OK;
 }
 
 /* Waits every outstanding operation (after an error too, so no buffer is left in flight). */
@@ -457,12 +583,13 @@ static hp_status_t run_forward(hp_pp_t p, stage_t *s, int m, const int32_t *toke
             in = p->st[pl].out_act[m];
         } else {
             if (!s->got_f[m]) return fmt_action_error(a, "runs without its RECV_F");
-            if (s->recv_f[m]) HP_TRY(hp_work_wait(&s->recv_f[m]));
+            HP_TRY(wait_recv(p, s, m, DIR_F));
             s->got_f[m] = 0;
             in = s->in_act[m];
         }
     }
     const int c = s->free_ctx[--s->n_free];
+    if (s->n_ctx - s->n_free > s->hw) s->hw = s->n_ctx - s->n_free;
     s->ctx_of[m] = c;
     hp_model_ctx_t ctx = s->ctx[c];
     if (s->first && !tokens) return hp_error(HP_ERR_INVALID_ARG, "pipeline step: the first stage needs tokens");
@@ -495,7 +622,7 @@ static hp_status_t run_backward(hp_pp_t p, stage_t *s, int m, int type, const hp
             dout = p->st[nl].din[m];
         } else {
             if (!s->got_b[m]) return fmt_action_error(a, "runs without its RECV_B");
-            if (s->recv_b[m]) HP_TRY(hp_work_wait(&s->recv_b[m]));
+            HP_TRY(wait_recv(p, s, m, DIR_B));
             s->got_b[m] = 0;
             dout = s->dout[m];
         }
@@ -508,6 +635,99 @@ static hp_status_t run_backward(hp_pp_t p, stage_t *s, int m, int type, const hp
         release_ctx(s, m);
     } else {
         HP_TRY(hp_model_backward_input_range(s->m, ctx, s->u0, s->u1, dout, s->first ? NULL : s->din[m]));
+    }
+    return HP_OK;
+}
+
+/* Posts the SEND / RECV at k: alone with its own handle (group < 0), or queued in the open
+ * coalesced group whose handle will be sends[group]. */
+static hp_status_t post_p2p(hp_pp_t p, int k, int group) {
+    const hp_pp_action_t *a = &p->acts[k];
+    stage_t *s = &p->st[p->local_of[a->stage]];
+    const int m = a->mb;
+    const int g = group >= 0;
+    switch (a->type) {
+    case HP_PP_SEND_F:
+        if (s->last || s->ctx_of[m] < 0) return fmt_action_error(a, "sends an activation that was not computed");
+        return hp_send_tag(s->out_act[m], p->act_floats, HP_F32, p->stage_to_rank[s->id + 1],
+                           msg_tag(p, s->id, m, DIR_F), p->comm, g ? NULL : &p->sends[k]);
+    case HP_PP_SEND_B:
+        if (s->first) return fmt_action_error(a, "sends an input gradient from the first stage");
+        return hp_send_tag(s->din[m], p->act_floats, HP_F32, p->stage_to_rank[s->id - 1], msg_tag(p, s->id, m, DIR_B),
+                           p->comm, g ? NULL : &p->sends[k]);
+    case HP_PP_RECV_F:
+        if (s->first || !s->in_act[m]) return fmt_action_error(a, "receives from a stage on this rank or none");
+        if (s->got_f[m]) return fmt_action_error(a, "is posted twice");
+        s->got_f[m] = 1;
+        s->rgrp_f[m] = group;
+        return hp_recv_tag(s->in_act[m], p->act_floats, HP_F32, p->stage_to_rank[s->id - 1],
+                           msg_tag(p, s->id - 1, m, DIR_F), p->comm, g ? NULL : &s->recv_f[m]);
+    case HP_PP_RECV_B:
+        if (s->last || !s->dout[m]) return fmt_action_error(a, "receives from a stage on this rank or none");
+        if (s->got_b[m]) return fmt_action_error(a, "is posted twice");
+        s->got_b[m] = 1;
+        s->rgrp_b[m] = group;
+        return hp_recv_tag(s->dout[m], p->act_floats, HP_F32, p->stage_to_rank[s->id + 1],
+                           msg_tag(p, s->id + 1, m, DIR_B), p->comm, g ? NULL : &s->recv_b[m]);
+    default: return fmt_action_error(a, "is not a send or receive");
+    }
+}
+
+/* Actions k and k + 1 (a SEND and a RECV with one peer) as one batched isend / irecv pair. */
+static hp_status_t post_pair(hp_pp_t p, int k) {
+    HP_TRY(hp_group_start());
+    hp_status_t st = post_p2p(p, k, k);
+    if (st == HP_OK) st = post_p2p(p, k + 1, k);
+    hp_status_t e = hp_group_end_work(&p->sends[k]);   // closes the group after an error too
+    return st != HP_OK ? st : e;
+}
+
+typedef struct bwd_job {
+    hp_pp_t p;
+    stage_t *s;
+    hp_pp_action_t a;
+    hp_status_t st;
+    char msg[512];
+} bwd_job_t;
+
+static void *bwd_thread(void *arg) {
+    bwd_job_t *j = arg;
+    j->st = run_backward(j->p, j->s, j->a.mb, HP_PP_B, &j->a);
+    if (j->st != HP_OK) snprintf(j->msg, sizeof j->msg, "%s", hp_last_error());
+    return NULL;
+}
+
+/* OVERLAP_F_B: the F of (stage, mb) and the B of (sub_stage, sub_mb), as hp_pp_overlap_t says.
+ * The kernels and their inputs are the same in every mode, so the results are bitwise equal. */
+static hp_status_t run_overlap(hp_pp_t p, int k, const int32_t *tokens, const int32_t *targets, float div,
+                               double *loss_sum, int64_t *n_valid) {
+    const hp_pp_action_t *a = &p->acts[k];
+    const hp_pp_action_t fa = {a->stage, HP_PP_F, a->mb, 0, 0}, ba = {a->sub_stage, HP_PP_B, a->sub_mb, 0, 0};
+    stage_t *sf = &p->st[p->local_of[a->stage]], *sb = &p->st[p->local_of[a->sub_stage]];
+    if (p->ov == HP_PP_OVERLAP_THREAD) {
+        bwd_job_t j = {p, sb, ba, HP_OK, ""};
+        pthread_t th;
+        if (pthread_create(&th, NULL, bwd_thread, &j) != 0)
+            return hp_error(HP_ERR_STATE, "pipeline overlap: pthread_create failed; hint: HP_PP_OVERLAP=interleave");
+        hp_status_t st = run_forward(p, sf, fa.mb, tokens, targets, div, loss_sum, n_valid, &fa);
+        if (st == HP_OK && p->early_f[k] >= 0) {
+            st = post_p2p(p, p->early_f[k], -1);
+            p->done[p->early_f[k]] = 1;
+        }
+        pthread_join(th, NULL);
+        HP_TRY(st);
+        if (j.st != HP_OK) return hp_error(j.st, "pipeline overlap: the backward on the second thread: %s", j.msg);
+    } else {
+        HP_TRY(run_forward(p, sf, fa.mb, tokens, targets, div, loss_sum, n_valid, &fa));
+        if (p->ov == HP_PP_OVERLAP_INTERLEAVE && p->early_f[k] >= 0) {   // leaves during the B
+            HP_TRY(post_p2p(p, p->early_f[k], -1));
+            p->done[p->early_f[k]] = 1;
+        }
+        HP_TRY(run_backward(p, sb, ba.mb, HP_PP_B, &ba));
+    }
+    if (p->ov != HP_PP_OVERLAP_OFF && p->early_b[k] >= 0) {
+        HP_TRY(post_p2p(p, p->early_b[k], -1));
+        p->done[p->early_b[k]] = 1;
     }
     return HP_OK;
 }
@@ -527,25 +747,10 @@ static hp_status_t run_action(hp_pp_t p, int k, const int32_t *tokens, const int
         release_ctx(s, m);
         return HP_OK;
     case HP_PP_SEND_F:
-        if (s->last || s->ctx_of[m] < 0) return fmt_action_error(a, "sends an activation that was not computed");
-        return hp_send_tag(s->out_act[m], p->act_floats, HP_F32, p->stage_to_rank[s->id + 1],
-                           msg_tag(p, s->id, m, DIR_F), p->comm, &p->sends[k]);
     case HP_PP_SEND_B:
-        if (s->first) return fmt_action_error(a, "sends an input gradient from the first stage");
-        return hp_send_tag(s->din[m], p->act_floats, HP_F32, p->stage_to_rank[s->id - 1], msg_tag(p, s->id, m, DIR_B),
-                           p->comm, &p->sends[k]);
     case HP_PP_RECV_F:
-        if (s->first || !s->in_act[m]) return fmt_action_error(a, "receives from a stage on this rank or none");
-        if (s->got_f[m]) return fmt_action_error(a, "is posted twice");
-        s->got_f[m] = 1;
-        return hp_recv_tag(s->in_act[m], p->act_floats, HP_F32, p->stage_to_rank[s->id - 1],
-                           msg_tag(p, s->id - 1, m, DIR_F), p->comm, &s->recv_f[m]);
-    case HP_PP_RECV_B:
-        if (s->last || !s->dout[m]) return fmt_action_error(a, "receives from a stage on this rank or none");
-        if (s->got_b[m]) return fmt_action_error(a, "is posted twice");
-        s->got_b[m] = 1;
-        return hp_recv_tag(s->dout[m], p->act_floats, HP_F32, p->stage_to_rank[s->id + 1],
-                           msg_tag(p, s->id + 1, m, DIR_B), p->comm, &s->recv_b[m]);
+    case HP_PP_RECV_B: return post_p2p(p, k, -1);
+    case HP_PP_OVERLAP_F_B: return run_overlap(p, k, tokens, targets, div, loss_sum, n_valid);
     case HP_PP_UNSHARD: return p->hooks.unshard ? p->hooks.unshard(p->hooks.user, s->id) : HP_OK;
     case HP_PP_RESHARD: return p->hooks.reshard ? p->hooks.reshard(p->hooks.user, s->id) : HP_OK;
     case HP_PP_REDUCE_GRAD: return p->hooks.reduce_grad ? p->hooks.reduce_grad(p->hooks.user, s->id) : HP_OK;
@@ -557,8 +762,12 @@ static hp_status_t run_action(hp_pp_t p, int k, const int32_t *tokens, const int
 static hp_status_t wait_input(hp_pp_t p, const hp_pp_action_t *a) {
     stage_t *s = &p->st[p->local_of[a->stage]];
     const int m = a->mb;
-    if (a->type == HP_PP_F && s->recv_f[m]) return hp_work_wait(&s->recv_f[m]);
-    if ((a->type == HP_PP_B || a->type == HP_PP_I) && s->recv_b[m]) return hp_work_wait(&s->recv_b[m]);
+    if (a->type == HP_PP_F) return wait_recv(p, s, m, DIR_F);
+    if (a->type == HP_PP_B || a->type == HP_PP_I) return wait_recv(p, s, m, DIR_B);
+    if (a->type == HP_PP_OVERLAP_F_B) {   // interleave: the B's receive is waited after the F
+        HP_TRY(wait_recv(p, s, m, DIR_F));
+        if (p->ov != HP_PP_OVERLAP_INTERLEAVE) return wait_recv(p, &p->st[p->local_of[a->sub_stage]], a->sub_mb, DIR_B);
+    }
     return HP_OK;
 }
 
@@ -569,6 +778,17 @@ hp_status_t hp_pp_step(hp_pp_t p, const int32_t *tokens, const int32_t *targets,
     reset_step(p);
     hp_status_t st = HP_OK;
     for (int k = 0; k < p->n_acts && st == HP_OK; k++) {
+        if (p->done[k]) {   // a send an overlapped action posted early
+            p->t_start[k] = p->t_end[k] = hp_clock_now_seconds();
+            continue;
+        }
+        if (p->pair[k]) {
+            p->t_start[k] = p->t_start[k + 1] = hp_clock_now_seconds();
+            st = post_pair(p, k);
+            p->t_end[k] = p->t_end[k + 1] = hp_clock_now_seconds();
+            k++;
+            continue;
+        }
         st = wait_input(p, &p->acts[k]);   // a receive's wait is idle time, not the action's
         if (st != HP_OK) break;
         p->t_start[k] = hp_clock_now_seconds();
@@ -627,6 +847,25 @@ void hp_pp_memory(hp_pp_t p, size_t *context_bytes, size_t *buffer_bytes) {
     if (context_bytes) *context_bytes = p ? p->ctx_bytes : 0;
     if (buffer_bytes) *buffer_bytes = p ? p->buf_bytes : 0;
 }
+
+hp_status_t hp_pp_set_transport(hp_pp_t p, hp_pp_overlap_t overlap, hp_pp_p2p_t p2p) {
+    if (!p) return hp_error(HP_ERR_INVALID_ARG, "hp_pp_set_transport: the runtime is NULL");
+    const hp_pp_overlap_t ov = p->ov;
+    const hp_pp_p2p_t pt = p->p2p;
+    hp_status_t st = plan_transport(p, &p->hooks, overlap, p2p);
+    if (st != HP_OK) {   // a refused mode leaves the previous plan in place (it was valid)
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", hp_last_error());
+        (void)plan_transport(p, &p->hooks, ov, pt);
+        return hp_error(st, "%s", msg);
+    }
+    return HP_OK;
+}
+
+hp_pp_overlap_t hp_pp_overlap_mode(hp_pp_t p) { return p ? p->ov : HP_PP_OVERLAP_DEFAULT; }
+int hp_pp_coalesced_pairs(hp_pp_t p) { return p ? p->n_pairs : 0; }
+
+int hp_pp_stage_peak_contexts(hp_pp_t p, int i) { return p && i >= 0 && i < p->n_local ? p->st[i].hw : 0; }
 
 int hp_pp_stage_contexts(hp_pp_t p, int i) { return p && i >= 0 && i < p->n_local ? p->st[i].n_ctx : 0; }
 

@@ -151,6 +151,10 @@ typedef struct tp_saved {
     const int32_t *tok;
     int64_t ntok;
     const float *edout;
+    /* a split-backward context's own copy of the gathered / sliced output gradient: the inner
+     * module keeps a pointer to it for its weight pass, which may run after the input passes
+     * of later micro-batches (zero-bubble pipeline schedules); allocated at its first use */
+    float *dbuf;
 } tp_saved_t;
 
 typedef struct tp_mod {
@@ -200,6 +204,7 @@ void hp_tp_destroy(hp_tp_t tp) {
         hp_free_aligned(t->dout_buf);
         hp_free_aligned(t->tmp2);
         hp_free_aligned(t->gsave);
+        for (int c = 0; c < t->n_saved; c++) hp_free_aligned(t->saved[c].dbuf);
         free(t->inner_ops_owned);
     }
     if (tp->model) hp_model_set_sharding(tp->model, 0, 0, NULL, NULL);
@@ -334,6 +339,26 @@ static tp_saved_t *saved_of(tp_mod_t *t, const hp_act_t *act, int create) {
     return s;
 }
 
+/* Where the output gradient a wrapper hands to its inner module goes: the module's shared
+ * buffer when the weight pass follows directly, else (a split-backward context) the context's
+ * own buffer, so a deferred weight pass reads its micro-batch's gradient. */
+static hp_status_t dout_dest(tp_mod_t *t, hp_act_t *act, size_t want, const char *what, float **out) {
+    HP_TRY(need_buf(t->dout_buf_n, want, t, what));
+    *out = t->dout_buf;
+    if (!act->keep_recompute) return HP_OK;
+    tp_saved_t *sv = saved_of(t, act, 1);
+    if (!sv)
+        return hp_error(HP_ERR_UNSUPPORTED, "tensor parallel '%s': more than %d split-backward micro-batch contexts; "
+                        "hint: fewer micro-batches in flight", t->m->name, TP_MAX_CTX);
+    if (!sv->dbuf) {   // once per context (the first step), reused by every later step
+        sv->dbuf = hp_aligned_alloc(sizeof(float) * t->dout_buf_n);
+        if (!sv->dbuf) return HP_ERR_OOM;
+        t->tp->buf_bytes += sizeof(float) * t->dout_buf_n;
+    }
+    *out = sv->dbuf;
+    return HP_OK;
+}
+
 static size_t w_scratch(const hp_module_t *m, int B, int T) {
     const tp_mod_t *t = (const tp_mod_t *)m->impl;
     int gathers = (t->style.kind == HP_TP_PREPARE_INPUT || t->style.kind == HP_TP_PREPARE_INPUT_OUTPUT) &&
@@ -379,9 +404,10 @@ static hp_status_t col_linear_backward_input(hp_module_t *m, hp_act_t *act, cons
     int64_t rows = hp_tensor_rows(dout);
     hp_tensor_t dy = *dout, dx;
     if (is_rep(&t->style.output_layout)) {   // this rank's columns of the replicated gradient
-        HP_TRY(need_buf(t->dout_buf_n, (size_t)(rows * L->out_features), t, "the output gradient"));
-        slice_cols(tp, t->dout_buf, dout->data, rows, L->out_features);
-        hp_tensor_view2(&dy, t->dout_buf, rows, L->out_features);
+        float *db;
+        HP_TRY(dout_dest(t, act, (size_t)(rows * L->out_features), "the output gradient", &db));
+        slice_cols(tp, db, dout->data, rows, L->out_features);
+        hp_tensor_view2(&dy, db, rows, L->out_features);
     }
     if (!din) return hp_module_backward_input(&t->inner, act, &dy, NULL);
     if (is_shard_seq(&t->style.input_layout)) {   // Partial (rows*k... ) -> reduce-scatter
@@ -450,10 +476,11 @@ static hp_status_t row_linear_backward_input(hp_module_t *m, hp_act_t *act, cons
     if (is_rep(&t->style.output_layout)) return hp_module_backward_input(&t->inner, act, dout, din);
     // Shard(seq) output: all-gather the gradient rows (kept for backward_weight)
     const int64_t lrows = hp_tensor_rows(dout), outer = outer_of(&t->style.output_layout, act);
-    HP_TRY(need_buf(t->dout_buf_n, (size_t)(lrows * tp->k * L->out_features), t, "the gathered output gradient"));
-    HP_TRY(gather_seq(tp, t->dout_buf, dout->data, outer, lrows / outer, L->out_features, t->tmp));
+    float *db;
+    HP_TRY(dout_dest(t, act, (size_t)(lrows * tp->k * L->out_features), "the gathered output gradient", &db));
+    HP_TRY(gather_seq(tp, db, dout->data, outer, lrows / outer, L->out_features, t->tmp));
     hp_tensor_t dy;
-    hp_tensor_view2(&dy, t->dout_buf, lrows * tp->k, L->out_features);
+    hp_tensor_view2(&dy, db, lrows * tp->k, L->out_features);
     return hp_module_backward_input(&t->inner, act, &dy, din);
 }
 
@@ -508,9 +535,10 @@ static hp_status_t row_emb_backward_input(hp_module_t *m, hp_act_t *act, const h
         return HP_OK;
     }
     const int64_t lrows = hp_tensor_rows(dout), outer = outer_of(&t->style.output_layout, act);
-    HP_TRY(need_buf(t->dout_buf_n, (size_t)(lrows * t->tp->k * E->dim), t, "the gathered output gradient"));
-    HP_TRY(gather_seq(t->tp, t->dout_buf, dout->data, outer, lrows / outer, E->dim, t->tmp));
-    sv->edout = t->dout_buf;   // used by this context's backward_weight, which follows directly
+    float *db;
+    HP_TRY(dout_dest(t, act, (size_t)(lrows * t->tp->k * E->dim), "the gathered output gradient", &db));
+    HP_TRY(gather_seq(t->tp, db, dout->data, outer, lrows / outer, E->dim, t->tmp));
+    sv->edout = db;   // used by this context's backward_weight
     return HP_OK;
 }
 
@@ -555,10 +583,11 @@ static hp_status_t col_emb_backward_input(hp_module_t *m, hp_act_t *act, const h
     const hp_embedding_impl_t *E = t->inner.impl;
     if (!is_rep(&t->style.output_layout)) return hp_module_backward_input(&t->inner, act, dout, din);
     const int64_t N = hp_tensor_rows(dout);
-    HP_TRY(need_buf(t->dout_buf_n, (size_t)(N * E->dim), t, "the output gradient"));
-    slice_cols(t->tp, t->dout_buf, dout->data, N, E->dim);
+    float *db;
+    HP_TRY(dout_dest(t, act, (size_t)(N * E->dim), "the output gradient", &db));
+    slice_cols(t->tp, db, dout->data, N, E->dim);
     hp_tensor_t dy;
-    hp_tensor_view2(&dy, t->dout_buf, N, E->dim);
+    hp_tensor_view2(&dy, db, N, E->dim);
     return hp_module_backward_input(&t->inner, act, &dy, din);
 }
 
@@ -658,13 +687,15 @@ static hp_status_t prep_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
                                                                     : &t->style.output_layout;
         const int64_t outer = outer_of(sp, act);
         if (is_rep(&t->style.output_layout)) {   // module output was full: gather the grad
-            HP_TRY(need_buf(t->dout_buf_n, (size_t)(rows * tp->k * C), t, "the output gradient"));
-            HP_TRY(gather_seq(tp, t->dout_buf, dout->data, outer, rows / outer, C, t->tmp));
-            hp_tensor_view2(&dy, t->dout_buf, rows * tp->k, C);
+            float *db;
+            HP_TRY(dout_dest(t, act, (size_t)(rows * tp->k * C), "the output gradient", &db));
+            HP_TRY(gather_seq(tp, db, dout->data, outer, rows / outer, C, t->tmp));
+            hp_tensor_view2(&dy, db, rows * tp->k, C);
         } else {                                  // module output was a shard: slice
-            HP_TRY(need_buf(t->dout_buf_n, (size_t)(rows / tp->k * C), t, "the output gradient"));
-            slice_seq(tp, t->dout_buf, dout->data, outer, rows / tp->k / outer, C);
-            hp_tensor_view2(&dy, t->dout_buf, rows / tp->k, C);
+            float *db;
+            HP_TRY(dout_dest(t, act, (size_t)(rows / tp->k * C), "the output gradient", &db));
+            slice_seq(tp, db, dout->data, outer, rows / tp->k / outer, C);
+            hp_tensor_view2(&dy, db, rows / tp->k, C);
         }
     }
     const int gathered = prep_in(t) && is_shard_seq(&t->style.input_layout) && is_rep(&t->style.desired_input_layout);

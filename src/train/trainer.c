@@ -518,6 +518,13 @@ static hp_status_t pp_create_stages(hp_trainer_t t) {
         if (ks != HP_OK)
             return hp_error(ks, "parallelism.pipeline_parallel_schedule: %s", hp_last_error());
         single = hp_pp_kind_is_single_stage(kind);
+        // the V schedules (ZBVZeroBubble, DualPipeV): rank r holds stages r and 2 pp - 1 - r, so
+        // the first and the last stage share rank 0; a tied weight would have two copies there
+        // that the optimizer does not keep equal (TorchTitan refuses weight tying under PP)
+        if (hp_pp_kind_style(kind) == HP_PP_STYLE_V && t->mcfg.tie_embeddings)
+            return hp_error(HP_ERR_UNSUPPORTED, "parallelism.pipeline_parallel_schedule = %s (V mapping: the first and "
+                            "last stage on pp rank 0) with the tied embeddings of model %s is not supported; hint: use "
+                            "InterleavedZeroBubble or Interleaved1F1B", hp_pp_kind_name(kind), c->model.name);
     }
     hp_status_t st = HP_OK;
     p->unit_lo = hp_calloc(HP_PP_MAX_STAGES + 1, sizeof(int));
@@ -542,6 +549,11 @@ static hp_status_t pp_create_stages(hp_trainer_t t) {
             st = hp_pp_split_layers(L, p->S, (int)c->parallelism.pipeline_parallel_first_stage_less_layers,
                                     (int)c->parallelism.pipeline_parallel_last_stage_less_layers, p->unit_lo);
     }
+    if (st == HP_OK && !csv && hp_pp_kind_style(kind) == HP_PP_STYLE_V && p->S != 2 * pp)
+        st = hp_error(HP_ERR_INVALID_ARG, "parallelism.pipeline_parallel_schedule = %s needs exactly 2 stages per pp rank "
+                      "(%d); the split gives %d (parallelism.pipeline_parallel_layers_per_stage / "
+                      "module_fqns_per_model_part); hint: leave layers_per_stage unset or give %d stages",
+                      hp_pp_kind_name(kind), 2 * pp, p->S, 2 * pp);
     if (st == HP_OK) st = pp_schedule(t, p, csv, kind);
     hp_pp_schedule_free(csv);
     HP_TRY(st);
@@ -646,7 +658,15 @@ static hp_status_t pp_parallelize(hp_trainer_t t, int ac_k) {
     if (t->mcfg.tie_embeddings) HP_TRY(hp_comm_split(p->comm, p->tie_idx >= 0 ? 0 : -1, p->coord, &p->tie_comm));
     hp_pp_options_t po = {p->S, p->stage_to_rank, p->n_mb, p->mbs, t->Tl};   /* owner cp: T/cp rows */
     hp_pp_hooks_t hooks = {t, pp_pre_backward, NULL, NULL, NULL};
-    return hp_pp_create(p->comm, p->sched, p->m, p->ids, p->n_local, &po, &hooks, &p->rt);
+    HP_TRY(hp_pp_create(p->comm, p->sched, p->m, p->ids, p->n_local, &po, &hooks, &p->rt));
+    // FSDP's and TP's collectives run inside the stages' modules: two threads would issue them
+    // in a rank-dependent order
+    if (hp_pp_overlap_mode(p->rt) == HP_PP_OVERLAP_THREAD && (t->pd.dp_shard > 1 || t->pd.tp > 1))
+        return hp_error(HP_ERR_UNSUPPORTED, "env HP_PP_OVERLAP = thread with parallelism.data_parallel_shard_degree %d "
+                        "/ tensor_parallel_degree %d: FSDP and TP issue collectives inside the stages, which two "
+                        "threads would order differently on each rank; hint: HP_PP_OVERLAP=interleave (the default)",
+                        t->pd.dp_shard, t->pd.tp);
+    return HP_OK;
 }
 
 static hp_status_t pp_parallelize_local(hp_trainer_t t, int ac_k) {
@@ -1147,10 +1167,13 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
         float mf[3] = {(float)mine[0], (float)mine[1], (float)mine[2]}, af[3 * 64];
         if (t->pd.pp <= 64 && hp_all_gather(mf, af, 3, HP_F32, p->comm, NULL) == HP_OK && t->rank == 0) {
             for (int r = 0; r < t->pd.pp; r++) for (int k = 0; k < 3; k++) all[3 * r + k] = af[3 * r + k];
-            hp_log(HP_LOG_INFO, "pipeline: %s, %d stages over %d pp ranks, %d micro-batches of %d sequences",
+            static const char *const ov[4] = {"default", "off", "interleave", "thread"};
+            hp_log(HP_LOG_INFO, "pipeline: %s, %d stages over %d pp ranks (%s mapping), %d micro-batches of %d "
+                   "sequences; OVERLAP_F_B %s, %d coalesced send/receive pairs on rank 0 (HP_PP_OVERLAP, HP_PP_P2P)",
                    t->cfg.parallelism.pipeline_parallel_schedule_csv[0] ? t->cfg.parallelism.pipeline_parallel_schedule_csv
                                                                     : t->cfg.parallelism.pipeline_parallel_schedule,
-                   p->S, t->pd.pp, p->n_mb, p->mbs);
+                   p->S, t->pd.pp, p->S > t->pd.pp && p->stage_to_rank[t->pd.pp] == t->pd.pp - 1 ? "V" : "loop",
+                   p->n_mb, p->mbs, ov[hp_pp_overlap_mode(p->rt) & 3], hp_pp_coalesced_pairs(p->rt));
             for (int r = 0; r < t->pd.pp; r++) {
                 char st[256] = "";
                 for (int s = 0, n = 0; s < p->S; s++)
