@@ -39,6 +39,7 @@ typedef struct hp_step_stats {
      * backward (replicated data parallel, expert grads, tied pipeline copies), the loss
      * all-reduce + gradient norm + clipping, the optimizer step, and the checkpoint save. */
     double data_s, fwd_bwd_s, reduce_s, clip_s, optim_s, ckpt_s;
+    double comm_wait_s;    /* of fwd_bwd_s: FSDP's exposed collective waits (0 without FSDP) */
 } hp_step_stats_t;
 
 /* One optimizer step (all micro-batches). *stats may be NULL. */

@@ -1248,6 +1248,7 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     if (t->pp) HP_TRY(pp_zero_grad(t));   /* pipeline parallel (owner pp) */
     else HP_TRY(hp_model_zero_grad(t->model));
     if (t->fsdp) HP_TRY(hp_fsdp_zero_grad(t->fsdp));   /* data parallel (owner fsdp) */
+    if (t->fsdp) hp_fsdp_reset_timers(t->fsdp);   /* step profile: exposed FSDP waits */
     double local_loss = 0.0;
     for (int64_t a = 0; a < t->accum; a++) {
         float loss = 0.0f;
@@ -1278,6 +1279,7 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
         local_loss += loss;
     }
     const double t_fb = hp_clock_now_seconds();
+    const double fsdp_wait = t->fsdp ? hp_fsdp_comm_wait_seconds(t->fsdp) : 0.0;
     /* 4. data parallel: gradients are sums over ranks (the loss is already globally
      * normalised), reduced asynchronously per parameter, then waited for. */
     int np = t->np;
@@ -1356,6 +1358,7 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
         stats->clip_s = t_clip - t_red;
         stats->optim_s = t_opt - t_clip;
         stats->ckpt_s = 0.0;
+        stats->comm_wait_s = fsdp_wait;
     }
     if (t->ckpt) {   /* checkpoint (owner dcp): interval / last-step save, async commit */
         hp_ckpt_train_state_t st = ckpt_state(t);
@@ -1483,10 +1486,10 @@ static void log_step_phases(const hp_step_stats_t *sum, double metrics_s, int64_
     const double s = sum->seconds, ms = 1e3 / (double)n;
     const double other = s - sum->data_s - sum->fwd_bwd_s - sum->reduce_s - sum->clip_s - sum->optim_s;
     hp_log(HP_LOG_INFO, "step phases (mean of %lld steps after the first): step %.1f ms = data %.2f ms (%.1f%%), "
-           "forward+backward %.1f ms (%.1f%%), grad reduce %.2f ms (%.1f%%), loss/norm/clip %.2f ms (%.1f%%), "
+           "forward+backward %.1f ms (%.1f%%; FSDP waits %.2f ms), grad reduce %.2f ms (%.1f%%), loss/norm/clip %.2f ms (%.1f%%), "
            "optimizer %.2f ms (%.1f%%), other %.2f ms; outside the step: checkpoint %.2f ms, metrics %.2f ms",
            (long long)n, s * ms, sum->data_s * ms, 100 * sum->data_s / s, sum->fwd_bwd_s * ms,
-           100 * sum->fwd_bwd_s / s, sum->reduce_s * ms, 100 * sum->reduce_s / s, sum->clip_s * ms,
+           100 * sum->fwd_bwd_s / s, sum->comm_wait_s * ms, sum->reduce_s * ms, 100 * sum->reduce_s / s, sum->clip_s * ms,
            100 * sum->clip_s / s, sum->optim_s * ms, 100 * sum->optim_s / s, other * ms, sum->ckpt_s * ms,
            metrics_s * ms);
 }
@@ -1508,7 +1511,7 @@ hp_status_t hp_trainer_train(hp_trainer_t t) {
         if (st.step > first) {   /* the first step pays for first touches and warm-up */
             sum.seconds += st.seconds, sum.data_s += st.data_s, sum.fwd_bwd_s += st.fwd_bwd_s;
             sum.reduce_s += st.reduce_s, sum.clip_s += st.clip_s, sum.optim_s += st.optim_s;
-            sum.ckpt_s += st.ckpt_s;
+            sum.ckpt_s += st.ckpt_s, sum.comm_wait_s += st.comm_wait_s;
             metrics_s += hp_clock_now_seconds() - tm;
             n_prof++;
         }
