@@ -35,7 +35,8 @@ static void run(const hp_config_t *c, hp_comm_t world, double *losses, int n, hp
         /* the phases telescope to the step's time (one clock read between each): only rounding */
         const double ph = st.data_s + st.fwd_bwd_s + st.reduce_s + st.clip_s + st.optim_s;
         HP_CHECK(st.data_s >= 0 && st.fwd_bwd_s > 0 && st.reduce_s >= 0 && st.clip_s >= 0 && st.optim_s > 0 &&
-                 st.ckpt_s >= 0 && fabs(ph - st.seconds) <= 1e-9 * (1.0 + st.seconds),
+                 st.ckpt_s >= 0 && fabs(ph - st.seconds) <= 1e-9 * (1.0 + st.seconds) && st.comm_wait_s >= 0 &&
+                 st.comm_wait_s <= st.fwd_bwd_s + st.reduce_s,
                  "step %lld phases: data %g fwd+bwd %g reduce %g clip %g optim %g, sum %g vs step %g s",
                  (long long)st.step, st.data_s, st.fwd_bwd_s, st.reduce_s, st.clip_s, st.optim_s, ph, st.seconds);
     }

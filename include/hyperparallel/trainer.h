@@ -39,7 +39,8 @@ typedef struct hp_step_stats {
      * backward (replicated data parallel, expert grads, tied pipeline copies), the loss
      * all-reduce + gradient norm + clipping, the optimizer step, and the checkpoint save. */
     double data_s, fwd_bwd_s, reduce_s, clip_s, optim_s, ckpt_s;
-    double comm_wait_s;    /* of fwd_bwd_s: FSDP's exposed collective waits (0 without FSDP) */
+    double comm_wait_s;    /* of fwd_bwd_s + reduce_s: FSDP's / DDP's exposed collective waits
+                            * (hp_fsdp_comm_wait_seconds; 0 without data parallel) */
 } hp_step_stats_t;
 
 /* One optimizer step (all micro-batches). *stats may be NULL. */

@@ -1248,7 +1248,8 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     if (t->pp) HP_TRY(pp_zero_grad(t));   /* pipeline parallel (owner pp) */
     else HP_TRY(hp_model_zero_grad(t->model));
     if (t->fsdp) HP_TRY(hp_fsdp_zero_grad(t->fsdp));   /* data parallel (owner fsdp) */
-    if (t->fsdp) hp_fsdp_reset_timers(t->fsdp);   /* step profile: exposed FSDP waits */
+    /* step profile: data parallel's exposed collective waits over forward, backward, reduce */
+    const double dp_wait0 = t->fsdp ? hp_fsdp_comm_wait_seconds(t->fsdp) : t->ddp ? hp_ddp_comm_wait_seconds(t->ddp) : 0.0;
     double local_loss = 0.0;
     for (int64_t a = 0; a < t->accum; a++) {
         float loss = 0.0f;
@@ -1279,7 +1280,6 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
         local_loss += loss;
     }
     const double t_fb = hp_clock_now_seconds();
-    const double fsdp_wait = t->fsdp ? hp_fsdp_comm_wait_seconds(t->fsdp) : 0.0;
     /* 4. data parallel: gradients are sums over ranks (the loss is already globally
      * normalised), reduced asynchronously per parameter, then waited for. */
     int np = t->np;
@@ -1310,6 +1310,8 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     }
     if (t->pp) HP_TRY(pp_tie_grads(t));   /* pipeline parallel (owner pp): tied copies summed */
     const double t_red = hp_clock_now_seconds();
+    const double dp_wait =
+        (t->fsdp ? hp_fsdp_comm_wait_seconds(t->fsdp) : t->ddp ? hp_ddp_comm_wait_seconds(t->ddp) : 0.0) - dp_wait0;
     /* 5. global loss and finiteness (every rank agrees); under PP only the last stage has it */
     double global_loss;
     {
@@ -1358,7 +1360,7 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
         stats->clip_s = t_clip - t_red;
         stats->optim_s = t_opt - t_clip;
         stats->ckpt_s = 0.0;
-        stats->comm_wait_s = fsdp_wait;
+        stats->comm_wait_s = dp_wait;
     }
     if (t->ckpt) {   /* checkpoint (owner dcp): interval / last-step save, async commit */
         hp_ckpt_train_state_t st = ckpt_state(t);
@@ -1486,7 +1488,7 @@ static void log_step_phases(const hp_step_stats_t *sum, double metrics_s, int64_
     const double s = sum->seconds, ms = 1e3 / (double)n;
     const double other = s - sum->data_s - sum->fwd_bwd_s - sum->reduce_s - sum->clip_s - sum->optim_s;
     hp_log(HP_LOG_INFO, "step phases (mean of %lld steps after the first): step %.1f ms = data %.2f ms (%.1f%%), "
-           "forward+backward %.1f ms (%.1f%%; FSDP waits %.2f ms), grad reduce %.2f ms (%.1f%%), loss/norm/clip %.2f ms (%.1f%%), "
+           "forward+backward %.1f ms (%.1f%%; data-parallel waits %.2f ms), grad reduce %.2f ms (%.1f%%), loss/norm/clip %.2f ms (%.1f%%), "
            "optimizer %.2f ms (%.1f%%), other %.2f ms; outside the step: checkpoint %.2f ms, metrics %.2f ms",
            (long long)n, s * ms, sum->data_s * ms, 100 * sum->data_s / s, sum->fwd_bwd_s * ms,
            100 * sum->fwd_bwd_s / s, sum->comm_wait_s * ms, sum->reduce_s * ms, 100 * sum->reduce_s / s, sum->clip_s * ms,
