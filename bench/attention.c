@@ -167,6 +167,7 @@ static void tile_table(int rounds) {
 typedef struct { const char *name; int B, T, Hq, Hkv, hd; } shape_t;
 static const shape_t shapes[] = {
     {"debug_hd16", 8, 256, 16, 16, 16},   // llama3 debugmodel: B 8, T 256, 16 heads of 16
+    {"debug_T2048", 8, 2048, 16, 16, 16},   // the debugmodel at T 2048 (bench_train_step SEQ=2048)
     {"hd16_T1024", 2, 1024, 16, 4, 16},
     {"hd16_T2048", 1, 2048, 8, 2, 16},
     {"hd64_T256", 4, 256, 8, 8, 64},

@@ -7,7 +7,8 @@
 // harness rejects an injected error, and hp_nn_set_isa refuses a path the CPU lacks. The backward
 // runs in both of its schedules, forced one at a time (hp_attention_set_backward): fused per
 // (b, kv head) and split (dK/dV per key tile, dQ per query tile), each against the reference,
-// and the two bitwise equal (the same products summed in the same order).
+// and the two bitwise equal (the same products summed in the same order). T 520: the long-sequence
+// schedules on contiguous copies of K, V, dK, dV, bitwise equal to the strided ones.
 // hp-test: ranks 1 timeout 300
 #include <math.h>
 #include <stdlib.h>
@@ -194,6 +195,19 @@ int main(void) {
     {
         case_t c;
         case_init(&c, 3, 130, 8, 2, 32);
+        for (int p = 0; p < npaths; p++) {
+            HP_CHECK(hp_nn_set_isa(paths[p]) == HP_OK, "set");
+            check_case(&c, hp_nn_isa_name(paths[p]));
+            check_threads(&c, hp_nn_isa_name(paths[p]));
+        }
+        case_free(&c);
+    }
+    // a long sequence (T >= 512: the kernels run on contiguous per-thread copies of K, V and
+    // dK, dV); against the reference, and bitwise against the strided schedules (forward on 3
+    // threads takes single tiles, the split backward never copies)
+    {
+        case_t c;
+        case_init(&c, 2, 520, 4, 2, 16);
         for (int p = 0; p < npaths; p++) {
             HP_CHECK(hp_nn_set_isa(paths[p]) == HP_OK, "set");
             check_case(&c, hp_nn_isa_name(paths[p]));

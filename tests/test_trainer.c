@@ -32,6 +32,13 @@ static void run(const hp_config_t *c, hp_comm_t world, double *losses, int n, hp
         HP_CHECK_OK(hp_trainer_step(t, &st));
         losses[i] = st.loss;
         HP_CHECK(st.step == i + 1 && st.valid_tokens > 0 && isfinite(st.grad_norm), "step stats %lld", (long long)st.step);
+        /* the phases telescope to the step's time (one clock read between each): only rounding */
+        const double ph = st.data_s + st.fwd_bwd_s + st.reduce_s + st.clip_s + st.optim_s;
+        HP_CHECK(st.data_s >= 0 && st.fwd_bwd_s > 0 && st.reduce_s >= 0 && st.clip_s >= 0 && st.optim_s > 0 &&
+                 st.ckpt_s >= 0 && fabs(ph - st.seconds) <= 1e-9 * (1.0 + st.seconds) && st.comm_wait_s >= 0 &&
+                 st.comm_wait_s <= st.fwd_bwd_s + st.reduce_s,
+                 "step %lld phases: data %g fwd+bwd %g reduce %g clip %g optim %g, sum %g vs step %g s",
+                 (long long)st.step, st.data_s, st.fwd_bwd_s, st.reduce_s, st.clip_s, st.optim_s, ph, st.seconds);
     }
     if (keep) *keep = t;
     else hp_trainer_destroy(t);

@@ -32,12 +32,23 @@ typedef struct hp_step_stats {
     int64_t tokens;        /* input tokens this rank processed in the step */
     int64_t valid_tokens;  /* global valid targets (the loss divisor) */
     double seconds;        /* wall time of the step */
+    /* Where the step's wall time went (seconds; all but ckpt_s sum to `seconds`, which ends
+     * before the checkpoint save):
+     * pulling the batch and the valid-target count (with its all-reduce), forward + backward
+     * (FSDP's all-gathers and reduce-scatters run inside), the gradient reduction after
+     * backward (replicated data parallel, expert grads, tied pipeline copies), the loss
+     * all-reduce + gradient norm + clipping, the optimizer step, and the checkpoint save. */
+    double data_s, fwd_bwd_s, reduce_s, clip_s, optim_s, ckpt_s;
+    double comm_wait_s;    /* of fwd_bwd_s + reduce_s: FSDP's / DDP's exposed collective waits
+                            * (hp_fsdp_comm_wait_seconds; 0 without data parallel) */
 } hp_step_stats_t;
 
 /* One optimizer step (all micro-batches). *stats may be NULL. */
 hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats);
 /* Runs the remaining training.steps steps with logging and validation; then writes the final
- * weights (rank 0) to job.dump_folder/weights.safetensors when dump_folder is set.
+ * weights (rank 0) to job.dump_folder/weights.safetensors when dump_folder is set. At the end
+ * rank 0 logs (INFO) the mean step's phases (hp_step_stats_t) and the metrics logging time
+ * over the steps after the first, as shares of the step: what is not compute in the loop.
  * Interruption: after every step the ranks agree (one all-reduce) on whether any got a
  * signal through hp_dcp_interrupt (hp-train's SIGTERM / SIGINT handler); then a pending or
  * cut-short checkpoint save is abandoned (its step-N.tmp-* directory removed) and the call

@@ -18,6 +18,7 @@
  * against cached keys/values, one plain score row per (row, head). */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 #include "hyperparallel/nn.h"
@@ -91,6 +92,36 @@ typedef void (*hp_att_bwd_q_fn)(float *dq, int lddq, const float *dout, const fl
 
 static int bwd_mode = HP_ATTENTION_BWD_AUTO;   // hp_attention_set_backward
 
+/* Long sequences: a (batch, kv head) group's K, V rows and its dK, dV sums are used again by
+ * every later query tile, but in the model's activations they lie one row of all heads apart
+ * (3 KB at the debugmodel's fused QKV), a stride that maps a head's rows onto 1/16 of the L2
+ * sets and a page each, so past T ~ 512 they no longer stay in cache and the hardware
+ * prefetchers do not follow them. The fused backward then runs on contiguous (T, hd) copies
+ * (same arithmetic, only the strides differ: the same bits). The copies live in a per-thread
+ * workspace allocated on first use and kept (grown when T * hd grows), so the step loop
+ * allocates only in its first step; if the allocation fails, the strided path runs. */
+enum { HP_ATT_CONTIG_MIN_T = 512 };
+static _Thread_local float *att_ws;
+static _Thread_local size_t att_ws_n;
+
+static float *att_workspace(size_t n) {
+    if (n <= att_ws_n) return att_ws;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n * sizeof(float)) != 0) return NULL;   // caller falls back, no error
+    free(att_ws);
+    att_ws = p;
+    att_ws_n = n;
+    return att_ws;
+}
+
+/* dst (n, hd) contiguous = src rows (stride ld); att_store_rows the other way. */
+static void att_copy_rows(float *dst, const float *src, size_t ld, int n, int hd) {
+    for (int r = 0; r < n; r++) memcpy(dst + (size_t)r * hd, src + (size_t)r * ld, sizeof(float) * (size_t)hd);
+}
+static void att_store_rows(float *dst, size_t ld, const float *src, int n, int hd) {
+    for (int r = 0; r < n; r++) memcpy(dst + (size_t)r * ld, src + (size_t)r * hd, sizeof(float) * (size_t)hd);
+}
+
 hp_status_t hp_attention_set_backward(hp_attention_bwd_t mode) {
     if (mode != HP_ATTENTION_BWD_AUTO && mode != HP_ATTENTION_BWD_FUSED && mode != HP_ATTENTION_BWD_SPLIT)
         return hp_error(HP_ERR_INVALID_ARG, "hp_attention_set_backward: mode %d is not one of AUTO (0), FUSED (1), "
@@ -120,6 +151,29 @@ void hp_attention_forward(float *out, float *lse, const float *q, int ldq, const
     // With many (b, head) pairs a thread takes all tiles of one in order (its K, V stay in
     // cache); with few, single tiles, the costliest (last) first.
     const int whole = nbh >= 4L * omp_get_max_threads();
+    if (whole && T >= HP_ATT_CONTIG_MIN_T && (ldk != hd || ldv != hd)) {
+        // long sequences: one (b, head) per task on contiguous copies of its K, V rows
+        // (att_workspace); the same tiles in the same order, so the same bits
+#pragma omp parallel for schedule(dynamic, 1)
+        for (long bh = 0; bh < nbh; bh++) {
+            const int b = (int)(bh / Hq), h = (int)(bh % Hq), g = h / rep;
+            const size_t r0 = (size_t)b * T, th = (size_t)T * hd;
+            const float *gk = k + r0 * ldk + (size_t)g * hd, *gv = v + r0 * ldv + (size_t)g * hd;
+            float *ws = att_workspace(2 * th);   // (T, hd) K, V
+            if (ws) {
+                att_copy_rows(ws, gk, (size_t)ldk, T, hd);
+                att_copy_rows(ws + th, gv, (size_t)ldv, T, hd);
+            }
+            for (int qt = 0; qt < nqt; qt++) {
+                const int i0 = qt * HP_ATT_BR, nr = T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR;
+                const int rest = T - i0 - nr, npre = rest < HP_ATT_BR ? rest : HP_ATT_BR;
+                tile(out + r0 * ldo + (size_t)h * hd, ldo, lse + ((size_t)b * Hq + h) * T,
+                     q + r0 * ldq + (size_t)h * hd, ldq, ws ? ws : gk, ws ? hd : ldk, ws ? ws + th : gv,
+                     ws ? hd : ldv, i0, nr, npre, hd, scale);
+            }
+        }
+        return;
+    }
 #pragma omp parallel for schedule(dynamic, whole ? nqt : 1)
     for (long t = 0; t < ntask; t++) {
         const long bh = whole ? t / nqt : t % nbh;
@@ -181,14 +235,27 @@ void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, 
     }
     // parallel over (b, kv head): the task owns dK, dV of head g and dQ of heads g*rep.. so
     // every output element is written by exactly one task, in a fixed order
+    const int contig = T >= HP_ATT_CONTIG_MIN_T && (ldk != hd || ldv != hd || lddk != hd || lddv != hd);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++) {
         for (int g = 0; g < Hkv; g++) {
-            const size_t r0 = (size_t)b * T, h0 = (size_t)g * rep;
-            group(dq + r0 * lddq + h0 * hd, lddq, dk + r0 * lddk + (size_t)g * hd, lddk, dv + r0 * lddv + (size_t)g * hd,
-                  lddv, dout + r0 * ldo + h0 * hd, out + r0 * ldo + h0 * hd, ldo, lse + ((size_t)b * Hq + h0) * T,
-                  q + r0 * ldq + h0 * hd, ldq, k + r0 * ldk + (size_t)g * hd, ldk, v + r0 * ldv + (size_t)g * hd, ldv, T,
-                  rep, hd, scale);
+            const size_t r0 = (size_t)b * T, h0 = (size_t)g * rep, th = (size_t)T * hd;
+            float *gdk = dk + r0 * lddk + (size_t)g * hd, *gdv = dv + r0 * lddv + (size_t)g * hd;
+            const float *gk = k + r0 * ldk + (size_t)g * hd, *gv = v + r0 * ldv + (size_t)g * hd;
+            float *ws = contig ? att_workspace(4 * th) : NULL;   // (T, hd) K, V, dK, dV
+            if (ws) {
+                att_copy_rows(ws, gk, (size_t)ldk, T, hd);
+                att_copy_rows(ws + th, gv, (size_t)ldv, T, hd);
+                group(dq + r0 * lddq + h0 * hd, lddq, ws + 2 * th, hd, ws + 3 * th, hd, dout + r0 * ldo + h0 * hd,
+                      out + r0 * ldo + h0 * hd, ldo, lse + ((size_t)b * Hq + h0) * T, q + r0 * ldq + h0 * hd, ldq, ws,
+                      hd, ws + th, hd, T, rep, hd, scale);
+                att_store_rows(gdk, (size_t)lddk, ws + 2 * th, T, hd);
+                att_store_rows(gdv, (size_t)lddv, ws + 3 * th, T, hd);
+                continue;
+            }
+            group(dq + r0 * lddq + h0 * hd, lddq, gdk, lddk, gdv, lddv, dout + r0 * ldo + h0 * hd,
+                  out + r0 * ldo + h0 * hd, ldo, lse + ((size_t)b * Hq + h0) * T, q + r0 * ldq + h0 * hd, ldq, gk, ldk,
+                  gv, ldv, T, rep, hd, scale);
         }
     }
 }

@@ -318,10 +318,15 @@ static hp_status_t red_finish(hp_fsdp_t f, red_t *e) {
     const int hsdp_partial = f->R > 1 && !f->all_reduce;
     float *dst = hsdp_partial ? g->partial : g->gshard;
     const float post = (float)f->post_div;
-    for (size_t i = 0; i < g->S; i++) {
-        float v = f->rdt == HP_BF16 ? hp_bf16_to_f32(((const uint16_t *)e->out)[i]) : ((const float *)e->out)[i];
-        if (f->post_div != 1.0) v /= post;
-        dst[i] += v;
+    if (f->rdt != HP_BF16 && f->post_div == 1.0) {   // the common case as a plain loop (vectorised)
+        const float *src = e->out;
+        for (size_t i = 0; i < g->S; i++) dst[i] += src[i];
+    } else {
+        for (size_t i = 0; i < g->S; i++) {
+            float v = f->rdt == HP_BF16 ? hp_bf16_to_f32(((const uint16_t *)e->out)[i]) : ((const float *)e->out)[i];
+            if (f->post_div != 1.0) v /= post;
+            dst[i] += v;
+        }
     }
     if (hsdp_partial) g->partial_pending = 1;
     e->stage = 0;

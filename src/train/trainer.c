@@ -1293,10 +1293,13 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
                                       "lower training.steps or set --data.loop=true", (long long)step);
     int64_t global_valid = global[0];
     hp_metrics_add_tokens(t->metrics, t->accum * bt);
+    const double t_data = hp_clock_now_seconds();   /* phases of the step (hp_step_stats_t) */
     /* 3. forward/backward per micro-batch; grads accumulate */
     if (t->pp) HP_TRY(pp_zero_grad(t));   /* pipeline parallel (owner pp) */
     else HP_TRY(hp_model_zero_grad(t->model));
     if (t->fsdp) HP_TRY(hp_fsdp_zero_grad(t->fsdp));   /* data parallel (owner fsdp) */
+    /* step profile: data parallel's exposed collective waits over forward, backward, reduce */
+    const double dp_wait0 = t->fsdp ? hp_fsdp_comm_wait_seconds(t->fsdp) : t->ddp ? hp_ddp_comm_wait_seconds(t->ddp) : 0.0;
     double local_loss = 0.0;
     for (int64_t a = 0; a < t->accum; a++) {
         float loss = 0.0f;
@@ -1333,6 +1336,7 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
         HP_TRY(hp_model_backward(t->model));
         local_loss += loss;
     }
+    const double t_fb = hp_clock_now_seconds();
     /* 4. data parallel: gradients are sums over ranks (the loss is already globally
      * normalised), reduced asynchronously per parameter, then waited for. */
     int np = t->np;
@@ -1362,6 +1366,9 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
         }
     }
     if (t->pp) HP_TRY(pp_tie_grads(t));   /* pipeline parallel (owner pp): tied copies summed */
+    const double t_red = hp_clock_now_seconds();
+    const double dp_wait =
+        (t->fsdp ? hp_fsdp_comm_wait_seconds(t->fsdp) : t->ddp ? hp_ddp_comm_wait_seconds(t->ddp) : 0.0) - dp_wait0;
     /* 5. global loss and finiteness (every rank agrees); under PP only the last stage has it */
     double global_loss;
     {
@@ -1392,7 +1399,9 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     HP_TRY(cs);
     /* 6. optimizer and schedule */
     double factor = hp_lr_schedule_factor(&t->lr, step - 1);
+    const double t_clip = hp_clock_now_seconds();
     HP_TRY(hp_optim_step(t->opt, factor));
+    const double t_opt = hp_clock_now_seconds();
     t->step = step;
     if (stats) {
         stats->step = step;
@@ -1401,11 +1410,19 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
         stats->lr = t->cfg.optimizer.lr * factor;
         stats->tokens = t->accum * bt;
         stats->valid_tokens = global_valid;
-        stats->seconds = hp_clock_now_seconds() - t0;
+        stats->seconds = t_opt - t0;
+        stats->data_s = t_data - t0;
+        stats->fwd_bwd_s = t_fb - t_data;
+        stats->reduce_s = t_red - t_fb;
+        stats->clip_s = t_clip - t_red;
+        stats->optim_s = t_opt - t_clip;
+        stats->ckpt_s = 0.0;
+        stats->comm_wait_s = dp_wait;
     }
     if (t->ckpt) {   /* checkpoint (owner dcp): interval / last-step save, async commit */
         hp_ckpt_train_state_t st = ckpt_state(t);
         HP_TRY(hp_ckpt_manager_maybe_save(t->ckpt, step, t->cfg.training.steps, &st));
+        if (stats) stats->ckpt_s = hp_clock_now_seconds() - t_opt;
     }
     return HP_OK;
 }
@@ -1527,15 +1544,41 @@ static hp_status_t interrupted(hp_trainer_t t, int sig) {
     return hp_error(HP_ERR_STATE, "interrupted by %s (signal %d) %s; %s", signal_name(sig), sig, what, last);
 }
 
+/* --- step profile (owner perf): the mean step's phases after the first step, rank 0 --- */
+static void log_step_phases(const hp_step_stats_t *sum, double metrics_s, int64_t n) {
+    if (n <= 0 || sum->seconds <= 0) return;
+    const double s = sum->seconds, ms = 1e3 / (double)n;
+    const double other = s - sum->data_s - sum->fwd_bwd_s - sum->reduce_s - sum->clip_s - sum->optim_s;
+    hp_log(HP_LOG_INFO, "step phases (mean of %lld steps after the first): step %.1f ms = data %.2f ms (%.1f%%), "
+           "forward+backward %.1f ms (%.1f%%; data-parallel waits %.2f ms), grad reduce %.2f ms (%.1f%%), loss/norm/clip %.2f ms (%.1f%%), "
+           "optimizer %.2f ms (%.1f%%), other %.2f ms; outside the step: checkpoint %.2f ms, metrics %.2f ms",
+           (long long)n, s * ms, sum->data_s * ms, 100 * sum->data_s / s, sum->fwd_bwd_s * ms,
+           100 * sum->fwd_bwd_s / s, sum->comm_wait_s * ms, sum->reduce_s * ms, 100 * sum->reduce_s / s, sum->clip_s * ms,
+           100 * sum->clip_s / s, sum->optim_s * ms, 100 * sum->optim_s / s, other * ms, sum->ckpt_s * ms,
+           metrics_s * ms);
+}
+/* --- end --- */
+
 hp_status_t hp_trainer_train(hp_trainer_t t) {
     const hp_config_t *c = &t->cfg;
+    hp_step_stats_t sum = {0};   /* step profile: phases summed over the steps after the first */
+    double metrics_s = 0.0;
+    int64_t n_prof = 0, first = t->step + 1;
     while (t->step < c->training.steps) {
         hp_step_stats_t st;
         hp_status_t ss = hp_trainer_step(t, &st);
         int sig = 0;
         if (ss != HP_OK) return ss;   /* agreed inside the step (a failed save says if a signal came) */
+        const double tm = hp_clock_now_seconds();
         if (hp_metrics_should_log(t->metrics, st.step))
             HP_TRY(hp_metrics_log(t->metrics, st.step, st.loss, NAN, st.grad_norm, st.lr, NULL));
+        if (st.step > first) {   /* the first step pays for first touches and warm-up */
+            sum.seconds += st.seconds, sum.data_s += st.data_s, sum.fwd_bwd_s += st.fwd_bwd_s;
+            sum.reduce_s += st.reduce_s, sum.clip_s += st.clip_s, sum.optim_s += st.optim_s;
+            sum.ckpt_s += st.ckpt_s, sum.comm_wait_s += st.comm_wait_s;
+            metrics_s += hp_clock_now_seconds() - tm;
+            n_prof++;
+        }
         HP_TRY(agree_interrupt(t, &sig));
         if (sig) return interrupted(t, sig);
         if (t->val_dl && c->validation.freq > 0 && st.step % c->validation.freq == 0) {
@@ -1544,5 +1587,6 @@ hp_status_t hp_trainer_train(hp_trainer_t t) {
             HP_TRY(hp_metrics_log_scalar(t->metrics, "validation_metrics/loss", st.step, vl));
         }
     }
+    if (t->rank == 0) log_step_phases(&sum, metrics_s, n_prof);
     return c->job.dump_folder[0] ? save_final_weights(t) : HP_OK;
 }
