@@ -248,7 +248,7 @@ static void panel(FILE *o, const run_t *run, double lo, double hi, int y, const 
         fprintf(o, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#999\"/><text x=\"%.1f\" y=\"%d\" "
                 "class=\"t\">%g</text>\n", x, ay - 10, x, ay - 6, x, ay + 6, t);
     }
-    fprintf(o, "<text x=\"%d\" y=\"%d\" class=\"t\">%s</text>\n", W_SVG - 20, ay + 6, unit);
+    fprintf(o, "<text x=\"%d\" y=\"%d\" class=\"t\">time (%s)</text>\n", W_SVG - 40, ay + 20, unit);
 }
 
 static int write_svg(const char *path, const char *title, const run_t *real, double real_bubble, const run_t *sim,
