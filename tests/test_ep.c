@@ -16,6 +16,7 @@
 
 #include "hp_test.h"
 #include "hp_test_mpi.h"
+#include "hyperparallel/checkpoint.h"
 #include "hyperparallel/comm.h"
 #include "hyperparallel/dtensor.h"
 #include "hyperparallel/ep.h"
@@ -383,6 +384,30 @@ static void run_efsdp(const char *name, hp_comm_t world, int rank, int E) {
                  hp_placement_equal(pe->value.placements[1], hp_shard(0)),
                  "rank %d: %s is not the single-rank model's slice (placement on efsdp, dim %d)", rank, pr->name, dim1);
         free(want);
+    }
+    if (!strcmp(name, "qwen3_moe")) {   // HF import into this layout reads exactly this rank's slices
+        char dir[64];
+        snprintf(dir, sizeof dir, "/tmp/hp_test_ep_hf_%d_%d_XXXXXX", E, rank);
+        HP_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+        HP_CHECK_OK(hp_hf_export(dir, &c, hp_model_params(ref), hp_model_num_params(ref), NULL, HP_F32, 0));
+        for (int i = 0; i < hp_model_num_params(em); i++) {
+            hp_param_t *pe = &hp_model_params(em)[i];
+            if (hp_ep_is_expert_param(pe)) memset(hp_param_w(pe), 0, sizeof(float) * (size_t)hp_tensor_numel(&pe->value.local));
+        }
+        HP_CHECK_OK(hp_hf_import(dir, &c, hp_model_params(em), hp_model_num_params(em), NULL));
+        for (int i = 0; i < hp_model_num_params(ref); i++) {
+            const hp_param_t *pr = &hp_model_params(ref)[i], *pe = hp_model_find_param(em, pr->name);
+            if (!hp_ep_is_expert_param(pr) || !pe) continue;
+            const size_t n = (size_t)hp_tensor_numel(&pe->value.local);
+            float *want = malloc(sizeof(float) * n);
+            efsdp_slice(want, hp_param_w(pr), pr->value.local.shape, r, f, El, Ef, dim1);
+            HP_CHECK(memcmp(hp_param_w(pe), want, sizeof(float) * n) == 0, "rank %d: HF import of %s under expert FSDP "
+                     "(Shard(%d)) is not the single-rank slice", rank, pr->name, dim1);
+            free(want);
+        }
+        char cmd[100];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        HP_CHECK(system(cmd) == 0, "rm %s", dir);
     }
     float lr = 0, le = 0;
     HP_CHECK_OK(hp_model_zero_grad(ref));
