@@ -187,7 +187,8 @@ static hp_status_t refuse_unsupported(const cfg_t *c, int llama) {
 static hp_status_t read_qwen3_moe(const cfg_t *c, hp_model_config_t *mc) {
     int64_t ne = 0, k = 0, mh = 0, step = 1;
     int norm = 0;
-    HP_TRY(get_int(c, "num_experts", 1, 0, 1, 1 << 16, &ne));
+    /* transformers 5 writes num_local_experts (its attribute map of num_experts), 4.x num_experts */
+    HP_TRY(get_int(c, get(c->o, "num_experts") ? "num_experts" : "num_local_experts", 1, 0, 1, 1 << 16, &ne));
     HP_TRY(get_int(c, "num_experts_per_tok", 1, 0, 1, ne, &k));
     HP_TRY(get_int(c, "moe_intermediate_size", 1, 0, 1, HP_MODEL_MAX_DIM, &mh));
     HP_TRY(get_int(c, "decoder_sparse_step", 0, 1, 1, HP_MODEL_MAX_LAYERS, &step));
