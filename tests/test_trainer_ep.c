@@ -162,6 +162,21 @@ int main(int argc, char **argv) {
         hp_comm_finalize();
         return rc;
     }
+    {   // under EP fully_shard owns the dense params (storage released, gathered per unit) while the
+        // experts stay the model's own ep shards
+        moe_config(f, ws, models[1]);
+        set_ep(f, 1, ws, 1, ws, 1);
+        hp_trainer_t t = NULL;
+        HP_CHECK_OK(hp_trainer_create(f, world, &t));
+        if (t) {
+            const hp_param_t *wq = hp_model_find_param(hp_trainer_model(t), "layers.0.attention.wq.weight"),
+                             *w1 = hp_model_find_param(hp_trainer_model(t), "layers.1.moe.experts.w1");
+            HP_CHECK(wq && !wq->value.local.data && w1 && w1->value.local.data && w1->value.local.shape[0] == 8 / ws,
+                     "dense params not FSDP-managed (wq data %p) or experts not local (w1 %lld experts)",
+                     wq ? wq->value.local.data : NULL, w1 ? (long long)w1->value.local.shape[0] : -1LL);
+            hp_trainer_destroy(t);
+        }
+    }
     for (int mi = 0; mi < 2; mi++)
         for (int ep = ws; ep >= 2; ep /= 2) {   // ep = world, and ep 2 x efsdp 2 on 4 ranks
             moe_config(f, ws, models[mi]);

@@ -117,7 +117,8 @@ hp_status_t hp_fsdp_full_value(hp_fsdp_t f, int i, float *out);
 hp_status_t hp_fsdp_full_grad(hp_fsdp_t f, int i, float *out);
 
 /* Persistent bytes of this rank: sharded parameters (padded), sharded gradients (padded),
- * and the transient workspace (gathered parameters / gradients and collective buffers). */
+ * both with the ignored parameters held whole, and the transient workspace (gathered
+ * parameters / gradients and collective buffers). */
 void hp_fsdp_memory(hp_fsdp_t f, size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes);
 
 /* Event log (PyTorch's patched unshard / reshard / post_backward in its FSDP tests):

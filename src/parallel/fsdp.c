@@ -960,6 +960,7 @@ hp_status_t hp_fsdp_full_grad(hp_fsdp_t f, int i, float *out) { return full_of(f
 void hp_fsdp_memory(hp_fsdp_t f, size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes) {
     size_t s = 0;
     for (int u = 0; u < f->n_groups; u++) s += sizeof(float) * f->g[u].S;
+    s += sizeof(float) * f->ign_floats;   /* ignored params: held whole in our storage */
     if (param_bytes) *param_bytes = s;
     if (grad_bytes) *grad_bytes = s;
     if (workspace_bytes) *workspace_bytes = f->ws_bytes;
