@@ -3,7 +3,7 @@
  * the sparse mesh): for both MoE flavors, 10 steps with the aux-loss-free bias update on give
  * the losses and gradient norms of the single-rank run of the same global batch (a token file
  * whose rows the one rank reads in the order the dp ranks read theirs): ep = world and, on 4
- * ranks, ep 2 x efsdp 2 and ETP (ep 2 x tp 2); on 8 ranks ep 4 x TP 2 x FSDP 4 (ETP, dense TP +
+ * ranks, ep 2 x efsdp 2, ETP (ep 2 x tp 2) and 2 experts on ep 2 x efsdp 2 (Shard(1)); on 8 ranks ep 4 x TP 2 x FSDP 4 (ETP, dense TP +
  * FSDP) and HSDP 2 x ep 2 x efsdp 2. Float32 GEMM row sets and reduction orders differ, and
  * Adam turns relative gradient differences of ~1e-7 into parameter differences of up to
  * lr x 1e-3 near zero gradients: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
@@ -195,6 +195,11 @@ int main(int argc, char **argv) {
         hp_trainer_t t = NULL;   // ep borrowing tp ranks (etp 1) is refused by key
         f->parallelism.expert_tensor_parallel_degree = 1;
         HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "expert_tensor_parallel_degree");
+        // 2 experts over ep 2 x efsdp 2: efsdp x ep > E, the experts FSDP-sharded on dim 1 (Shard(1))
+        moe_config(f, ws, "qwen3_moe");
+        f->model.moe_num_experts = 2;
+        set_ep(f, 1, 4, 1, 2, 1);
+        check_vs_solo("qwen3_moe 2 experts, ep 2 x efsdp 2 (Shard(1))", f, world, 4);
     }
     {   // gradient accumulation (2 micro-batches per step) and validation under EP
         moe_config(c, ws, "qwen3_moe");
