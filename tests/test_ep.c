@@ -16,7 +16,9 @@
 
 #include "hp_test.h"
 #include "hp_test_mpi.h"
+#include "hyperparallel/checkpoint.h"
 #include "hyperparallel/comm.h"
+#include "hyperparallel/dtensor.h"
 #include "hyperparallel/ep.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/model.h"
@@ -28,27 +30,29 @@ static double rel(const float *a, const float *b, size_t n) {
     return s > 0 ? w / s : w;
 }
 
+/* The small MoE model every run here uses: the flavor's debugmodel on dim 48, 3 layers, E
+ * experts of hidden 24, top-2 (2 experts: no expert groups). */
+static void small_config(hp_model_config_t *c, const char *name, int E) {
+    HP_CHECK_OK(hp_model_flavor(name, "debugmodel", c));
+    c->dim = 48; c->n_layers = 3; c->n_heads = 4; c->n_kv_heads = 2; c->head_dim = 12; c->hidden_dim = 64;
+    c->moe_hidden = 24; c->moe_experts = E; c->moe_top_k = 2; c->vocab_size = 97; c->max_seq_len = 16;
+    if (E <= 2 && c->moe_expert_groups > 1) c->moe_expert_groups = c->moe_limited_groups = 0;
+    HP_CHECK_OK(hp_model_config_validate(c));
+}
+
+/* n tokens from an LCG seeded with seed (ids < 97) and their next-token targets. */
+static void lcg_tokens(int32_t *tk, int32_t *tg, int n, uint32_t seed) {
+    for (int i = 0; i < n; i++) { seed = seed * 1664525u + 1013904223u; tk[i] = (int32_t)((seed >> 8) % 97u); }
+    for (int i = 0; i < n; i++) tg[i] = tk[(i + 1) % n];
+}
+
 static void run(const char *name, hp_comm_t world, int rank, int ws) {
     hp_model_config_t c;
-    HP_CHECK_OK(hp_model_flavor(name, "debugmodel", &c));
-    c.dim = 48;
-    c.n_layers = 3;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 12;
-    c.hidden_dim = 64;
-    c.moe_hidden = 24;
-    c.moe_experts = 8;
-    c.moe_top_k = 2;
-    c.vocab_size = 97;
-    c.max_seq_len = 16;
-    HP_CHECK_OK(hp_model_config_validate(&c));
+    small_config(&c, name, 8);
     enum { B = 2, T = 16 };
     const int NK = B * T * c.moe_top_k, E = c.moe_experts, El = E / ws, n_moe = c.n_layers - c.moe_n_dense_layers;
     int32_t tk[B * T], tg[B * T];
-    uint32_t s = 17u + 101u * (uint32_t)rank;   // each rank its own tokens
-    for (int i = 0; i < B * T; i++) { s = s * 1664525u + 1013904223u; tk[i] = (int32_t)((s >> 8) % 97u); }
-    for (int i = 0; i < B * T; i++) tg[i] = tk[(i + 1) % (B * T)];
+    lcg_tokens(tk, tg, B * T, 17u + 101u * (uint32_t)rank);   // each rank its own tokens
 
     hp_model_t ref = NULL, ep_m = NULL;
     HP_CHECK_OK(hp_model_create(&c, B, T, &ref));
@@ -200,15 +204,10 @@ static void run(const char *name, hp_comm_t world, int rank, int ws) {
  * grads: this rank's F slice); expert bytes 1/ws. */
 static void run_tp(const char *name, hp_comm_t world, int rank, int ws) {
     hp_model_config_t c;
-    HP_CHECK_OK(hp_model_flavor(name, "debugmodel", &c));
-    c.dim = 48; c.n_layers = 3; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 12; c.hidden_dim = 64;
-    c.moe_hidden = 24; c.moe_experts = 8; c.moe_top_k = 2; c.vocab_size = 97; c.max_seq_len = 16;
-    HP_CHECK_OK(hp_model_config_validate(&c));
+    small_config(&c, name, 8);
     enum { B = 2, T = 16 };
     int32_t tk[B * T], tg[B * T];
-    uint32_t s = 29u;
-    for (int i = 0; i < B * T; i++) { s = s * 1664525u + 1013904223u; tk[i] = (int32_t)((s >> 8) % 97u); }
-    for (int i = 0; i < B * T; i++) tg[i] = tk[(i + 1) % (B * T)];
+    lcg_tokens(tk, tg, B * T, 29u);
     hp_model_t ref = NULL, tm = NULL;
     HP_CHECK_OK(hp_model_create(&c, B, T, &ref));
     HP_CHECK_OK(hp_model_create(&c, B, T, &tm));
@@ -271,16 +270,11 @@ static void run_tp(const char *name, hp_comm_t world, int rank, int ws) {
  * equal the single-rank ones summed over the ep column, sliced to its experts and F slice. */
 static void run_etp(const char *name, hp_comm_t world, int rank) {
     hp_model_config_t c;
-    HP_CHECK_OK(hp_model_flavor(name, "debugmodel", &c));
-    c.dim = 48; c.n_layers = 3; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 12; c.hidden_dim = 64;
-    c.moe_hidden = 24; c.moe_experts = 8; c.moe_top_k = 2; c.vocab_size = 97; c.max_seq_len = 16;
-    HP_CHECK_OK(hp_model_config_validate(&c));
+    small_config(&c, name, 8);
     enum { B = 2, T = 16 };
     const int er = rank / 2, tr = rank % 2, El = 4, Fl = 12;
     int32_t tk[B * T], tg[B * T];
-    uint32_t s = 31u + 7u * (uint32_t)er;
-    for (int i = 0; i < B * T; i++) { s = s * 1664525u + 1013904223u; tk[i] = (int32_t)((s >> 8) % 97u); }
-    for (int i = 0; i < B * T; i++) tg[i] = tk[(i + 1) % (B * T)];
+    lcg_tokens(tk, tg, B * T, 31u + 7u * (uint32_t)er);
     hp_model_t ref = NULL, em = NULL;
     HP_CHECK_OK(hp_model_create(&c, B, T, &ref));
     HP_CHECK_OK(hp_model_create(&c, B, T, &em));
@@ -339,22 +333,30 @@ static void run_etp(const char *name, hp_comm_t world, int rank) {
     hp_mesh_destroy(mesh);
 }
 
-/* Expert FSDP on the (efsdp 2, ep 2) mesh of 4 ranks, every rank its own tokens: rank
- * (f, r) holds experts r*4 + f*2 .. +2; logits and dense grads equal the single-rank model on
- * its tokens, expert grads equal the single-rank ones summed over all ranks (dispatch over ep,
- * reduce-scatter over efsdp), sliced to its two experts; expert bytes 1/4. */
-static void run_efsdp(const char *name, hp_comm_t world, int rank) {
+/* This rank's shard of an expert tensor (E, d1, rest) of the single-rank model: Shard(0)
+ * experts r El + f Ef .. + Ef, or (dim1) experts r El .. + El on rows [f d1/2, (f+1) d1/2). */
+static void efsdp_slice(float *out, const float *full, const int64_t *shape, int r, int f, int El, int Ef, int dim1) {
+    const int64_t d1 = shape[1], rest = shape[2], c = dim1 ? d1 / 2 : d1;
+    for (int e = 0; e < Ef; e++) {
+        const int ge = dim1 ? r * El + e : r * El + f * Ef + e;
+        memcpy(out + (size_t)e * c * rest, full + ((size_t)ge * d1 + (dim1 ? (size_t)f * c : 0)) * rest,
+               sizeof(float) * (size_t)(c * rest));
+    }
+}
+
+/* Expert FSDP on the (efsdp 2, ep 2) mesh of 4 ranks, every rank its own tokens: with 8
+ * experts (Shard(0)) rank (f, r) holds experts r*4 + f*2 .. +2; with 2 (efsdp x ep = 4 > 2:
+ * TorchTitan's Shard(1)) expert r on half of its dim 1 (F rows of w1/w3, D rows of w2). Its
+ * weights are the single-rank model's slice; logits and dense grads equal the single-rank
+ * model on its tokens, expert grads equal the single-rank ones summed over all ranks
+ * (dispatch over ep, reduce-scatter over efsdp), sliced alike; expert bytes 1/4. */
+static void run_efsdp(const char *name, hp_comm_t world, int rank, int E) {
     hp_model_config_t c;
-    HP_CHECK_OK(hp_model_flavor(name, "debugmodel", &c));
-    c.dim = 48; c.n_layers = 3; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 12; c.hidden_dim = 64;
-    c.moe_hidden = 24; c.moe_experts = 8; c.moe_top_k = 2; c.vocab_size = 97; c.max_seq_len = 16;
-    HP_CHECK_OK(hp_model_config_validate(&c));
+    small_config(&c, name, E);
     enum { B = 2, T = 16 };
-    const int f = rank / 2, r = rank % 2, El = 4, Ef = 2;
+    const int dim1 = 2 * 2 > E, f = rank / 2, r = rank % 2, El = E / 2, Ef = dim1 ? El : El / 2;
     int32_t tk[B * T], tg[B * T];
-    uint32_t s = 41u + 13u * (uint32_t)rank;
-    for (int i = 0; i < B * T; i++) { s = s * 1664525u + 1013904223u; tk[i] = (int32_t)((s >> 8) % 97u); }
-    for (int i = 0; i < B * T; i++) tg[i] = tk[(i + 1) % (B * T)];
+    lcg_tokens(tk, tg, B * T, 41u + 13u * (uint32_t)rank);
     hp_model_t ref = NULL, em = NULL;
     HP_CHECK_OK(hp_model_create(&c, B, T, &ref));
     HP_CHECK_OK(hp_model_create(&c, B, T, &em));
@@ -368,13 +370,45 @@ static void run_efsdp(const char *name, hp_comm_t world, int rank) {
     HP_CHECK_OK(hp_ep_parallelize_model_efsdp(em, mesh, &ep));
     if (!ep) return;
     HP_CHECK_OK(hp_model_init_weights(em, 14));
-    HP_CHECK(hp_ep_local_expert_bytes(ep) * 4 == (size_t)2 * 3 * 8 * 24 * 48 * sizeof(float), "expert FSDP bytes %zu",
+    HP_CHECK(hp_ep_local_expert_bytes(ep) * 4 == (size_t)2 * 3 * E * 24 * 48 * sizeof(float), "expert FSDP bytes %zu",
              hp_ep_local_expert_bytes(ep));
-    const hp_param_t *w1 = hp_model_find_param(em, "layers.1.moe.experts.w1"), *rw1 = hp_model_find_param(ref, "layers.1.moe.experts.w1");
-    const size_t per = 24 * 48;
-    HP_CHECK(w1->value.local.shape[0] == Ef &&
-             memcmp(hp_param_w(w1), hp_param_w(rw1) + (size_t)(r * El + f * Ef) * per, sizeof(float) * Ef * per) == 0,
-             "rank %d: its experts are not the single-rank model's %d..%d", rank, r * El + f * Ef, r * El + f * Ef + 1);
+    for (int i = 0; i < hp_model_num_params(ref); i++) {   // every expert tensor is the reference's slice
+        const hp_param_t *pr = &hp_model_params(ref)[i], *pe = hp_model_find_param(em, pr->name);
+        if (!hp_ep_is_expert_param(pr) || !pe) continue;
+        const size_t n = (size_t)hp_tensor_numel(&pe->value.local);
+        float *want = malloc(sizeof(float) * n);
+        efsdp_slice(want, hp_param_w(pr), pr->value.local.shape, r, f, El, Ef, dim1);
+        HP_CHECK(pe->value.local.shape[0] == Ef && pe->value.local.shape[1] * (dim1 ? 2 : 1) == pr->value.local.shape[1] &&
+                 memcmp(hp_param_w(pe), want, sizeof(float) * n) == 0 &&
+                 hp_placement_equal(pe->value.placements[0], dim1 ? hp_shard(1) : hp_strided_shard(0, 2)) &&
+                 hp_placement_equal(pe->value.placements[1], hp_shard(0)),
+                 "rank %d: %s is not the single-rank model's slice (placement on efsdp, dim %d)", rank, pr->name, dim1);
+        free(want);
+    }
+    if (!strcmp(name, "qwen3_moe")) {   // HF import into this layout reads exactly this rank's slices
+        char dir[64];
+        snprintf(dir, sizeof dir, "/tmp/hp_test_ep_hf_%d_%d_XXXXXX", E, rank);
+        HP_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+        HP_CHECK_OK(hp_hf_export(dir, &c, hp_model_params(ref), hp_model_num_params(ref), NULL, HP_F32, 0));
+        for (int i = 0; i < hp_model_num_params(em); i++) {
+            hp_param_t *pe = &hp_model_params(em)[i];
+            if (hp_ep_is_expert_param(pe)) memset(hp_param_w(pe), 0, sizeof(float) * (size_t)hp_tensor_numel(&pe->value.local));
+        }
+        HP_CHECK_OK(hp_hf_import(dir, &c, hp_model_params(em), hp_model_num_params(em), NULL));
+        for (int i = 0; i < hp_model_num_params(ref); i++) {
+            const hp_param_t *pr = &hp_model_params(ref)[i], *pe = hp_model_find_param(em, pr->name);
+            if (!hp_ep_is_expert_param(pr) || !pe) continue;
+            const size_t n = (size_t)hp_tensor_numel(&pe->value.local);
+            float *want = malloc(sizeof(float) * n);
+            efsdp_slice(want, hp_param_w(pr), pr->value.local.shape, r, f, El, Ef, dim1);
+            HP_CHECK(memcmp(hp_param_w(pe), want, sizeof(float) * n) == 0, "rank %d: HF import of %s under expert FSDP "
+                     "(Shard(%d)) is not the single-rank slice", rank, pr->name, dim1);
+            free(want);
+        }
+        char cmd[100];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        HP_CHECK(system(cmd) == 0, "rm %s", dir);
+    }
     float lr = 0, le = 0;
     HP_CHECK_OK(hp_model_zero_grad(ref));
     HP_CHECK_OK(hp_model_zero_grad(em));
@@ -392,15 +426,18 @@ static void run_efsdp(const char *name, hp_comm_t world, int rank) {
             gd = fmax(gd, rel(hp_param_g(pe), hp_param_g(pr), n));
             continue;
         }
-        float *sum = malloc(sizeof(float) * n);
+        float *sum = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
         HP_CHECK_OK(hp_all_reduce(hp_param_g(pr), sum, n, HP_F32, HP_SUM, world, NULL));
-        const size_t pn = n / 8;
-        ge = fmax(ge, rel(hp_param_g(pe), sum + (size_t)(r * El + f * Ef) * pn, (size_t)Ef * pn));
+        efsdp_slice(want, sum, pr->value.local.shape, r, f, El, Ef, dim1);
+        ge = fmax(ge, rel(hp_param_g(pe), want, (size_t)hp_tensor_numel(&pe->grad.local)));
         free(sum);
+        free(want);
     }
     HP_CHECK(lg < 1e-5 && gd < 1e-5 && ge < 1e-5, "%s expert FSDP: logits %.2e, dense grads %.2e, expert grads %.2e",
              name, lg, gd, ge);
-    if (rank == 0) printf("%s ep 2 x efsdp 2: logits %.2e, dense grads %.2e, expert grads %.2e\n", name, lg, gd, ge);
+    if (rank == 0)
+        printf("%s ep 2 x efsdp 2, %d experts (Shard(%d)): logits %.2e, dense grads %.2e, expert grads %.2e\n", name, E,
+               dim1, lg, gd, ge);
     hp_ep_destroy(ep);
     hp_model_destroy(em);
     hp_model_destroy(ref);
@@ -417,8 +454,10 @@ int main(int argc, char **argv) {
     if (ws == 4) {
         run_etp("deepseek_v3", world, rank);
         run_etp("qwen3_moe", world, rank);
-        run_efsdp("deepseek_v3", world, rank);
-        run_efsdp("qwen3_moe", world, rank);
+        run_efsdp("deepseek_v3", world, rank, 8);
+        run_efsdp("qwen3_moe", world, rank, 8);
+        run_efsdp("deepseek_v3", world, rank, 2);   // efsdp x ep > E: Shard(1)
+        run_efsdp("qwen3_moe", world, rank, 2);
     }
     // the degree must divide the experts (named)
     hp_model_config_t c;

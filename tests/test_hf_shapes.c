@@ -190,6 +190,48 @@ static void test_shape(const char *name) {
     free(e.logits);
 }
 
+/* --- mixture of experts (owner moe): the Qwen3-MoE folder (one tensor per expert, mlp.gate,
+ * num_local_experts / mlp_only_layers in config.json): the qwen3_moe model from config.json,
+ * hp_hf_import, logits against transformers' (the same f32-vs-f64 bound; the routing's top-2
+ * margins of these tokens are far above f32 rounding, or the error would be O(1)); the
+ * negative control; the offline converter refuses it by name --- */
+static void test_moe_shape(const char *name) {
+    char dir[1400];
+    snprintf(dir, sizeof dir, "%s/tests/data/hf_shapes/%s", SRC, name);
+    expected_t e = {0};
+    if (!load_expected(dir, &e)) return;
+    hp_model_config_t mc;
+    HP_CHECK_OK(hp_hf_read_config(dir, &mc));
+    HP_CHECK(!strcmp(mc.name, "qwen3_moe") && mc.moe_experts == 4 && mc.moe_top_k == 2 && mc.moe_hidden == 16 &&
+             mc.moe_route_norm && mc.moe_n_dense_layers == 1 && mc.hidden_dim == 48 && mc.tie_embeddings,
+             "%s: config.json read as %s, %d experts top-%d hidden %d, norm %d, %d dense", name, mc.name, mc.moe_experts,
+             mc.moe_top_k, mc.moe_hidden, mc.moe_route_norm, mc.moe_n_dense_layers);
+    mc.max_seq_len = e.T;
+    hp_model_t m = NULL;
+    HP_CHECK_OK(hp_model_create(&mc, e.B, e.T, &m));
+    if (!m) return;
+    HP_CHECK_OK(hp_hf_import(dir, &mc, hp_model_params(m), hp_model_num_params(m), NULL));
+    double err = logits_err(m, &e);
+    HP_CHECK(err <= TOL_LOGITS, "%s: hp_hf_import logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
+    printf("%s: %d experts top-%d of hidden %d, %d dense layer: logits rel err %.2g\n", name, mc.moe_experts,
+           mc.moe_top_k, mc.moe_hidden, mc.moe_n_dense_layers, err);
+    hp_param_t *w2 = hp_model_find_param(m, "layers.2.moe.experts.w2");   // negative control: one expert's down_proj
+    HP_ASSERT(w2);
+    float *w = w2->value.local.data;
+    for (int64_t i = 0; i < hp_tensor_numel(&w2->value.local) / 4; i++) w[3 * hp_tensor_numel(&w2->value.local) / 4 + i] *= 1.01f;
+    double eb = logits_err(m, &e);
+    HP_CHECK(eb > TOL_LOGITS, "%s: expert 3's down_proj x 1.01 went unnoticed (rel err %.3g)", name, eb);
+    hp_model_config_t bad = mc;   // a routing key that changes no shape is named
+    bad.moe_top_k = 1;
+    HP_CHECK_ERR(hp_hf_import(dir, &bad, hp_model_params(m), hp_model_num_params(m), NULL), HP_ERR_INVALID_ARG,
+                 "config.json 'num_experts_per_tok' = 2 (model.moe_top_k = 1)");
+    int rc = run("'%s/hp-ckpt' from-hf '%s' dcp_moe", BDIR, dir);
+    HP_CHECK(rc != 0 && strstr(OUT, "offline DCP <-> HF converter"), "%s: from-hf exit %d\n%s", name, rc, OUT);
+    hp_model_destroy(m);
+    free(e.logits);
+}
+/* --- end --- */
+
 /* a copy of a shape's folder whose config.json gets `edit` (a JSON object merged in; a null
  * value removes the key) */
 static void edited_copy(const char *name, const char *to, const char *edit) {
@@ -335,6 +377,7 @@ int main(int argc, char **argv) {
     snprintf(p, sizeof p, "%s/tok260.json", ROOT);
     hp_test_train_tokenizer_vocab(text, n, 260, p);
     for (int i = 0; i < N_SHAPES; i++) test_shape(SHAPES[i]);
+    test_moe_shape("qwen3_moe_e4_top2_tied");   /* mixture of experts (owner moe) */
     test_refusals();
     if (!getenv("HP_KEEP")) {
         char cmd[600];

@@ -5,6 +5,7 @@
 // every (token, choice) once, training on one rank (the loss falls), bad configs named.
 // hp-test: ranks 1 timeout 120
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/model.h"
@@ -176,12 +177,75 @@ int main(void) {
     hp_model_destroy(mm);
     hp_model_destroy(md);
 
-    // 5. HF export / import of an MoE model is refused by name (no adapter yet)
-    HP_CHECK_OK(hp_model_flavor("qwen3_moe", "debugmodel", &c));
-    HP_CHECK_ERR(hp_hf_export("/tmp/hp_test_model_moe_hf", &c, NULL, 0, NULL, HP_F32, 0), HP_ERR_UNSUPPORTED,
-                 "no HF state-dict adapter");
-    HP_CHECK_ERR(hp_hf_import("/tmp/hp_test_model_moe_hf", &c, NULL, 0, NULL), HP_ERR_UNSUPPORTED,
-                 "no HF state-dict adapter");
+    // 5. HF export / import of qwen3_moe with HF's names (Qwen3MoeForCausalLM: one tensor per
+    // expert, mlp.gate the router): export -> config.json read back -> import into a fresh model
+    // gives bitwise the same parameters and logits; a changed expert is seen; DeepSeek-V3 (MLA
+    // in HF) and a qwen3_moe HF cannot express are refused by name
+    {
+        char dir[] = "/tmp/hp_test_model_moe_hf_XXXXXX";
+        HP_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+        hp_model_config_t q;
+        HP_CHECK_OK(hp_model_flavor("qwen3_moe", "debugmodel", &q));
+        q.dim = 32; q.n_layers = 3; q.n_heads = 4; q.n_kv_heads = 2; q.head_dim = 8; q.hidden_dim = 48;
+        q.moe_hidden = 16; q.moe_experts = 4; q.moe_top_k = 2; q.vocab_size = 64; q.max_seq_len = 16;
+        HP_CHECK_OK(hp_model_config_validate(&q));
+        hp_model_t a = NULL, b = NULL;
+        HP_CHECK_OK(hp_model_create(&q, B, T, &a));
+        HP_CHECK_OK(hp_model_create(&q, B, T, &b));
+        HP_CHECK_OK(hp_model_init_weights(a, 21));
+        HP_CHECK_OK(hp_model_init_weights(b, 22));
+        HP_CHECK_OK(hp_hf_export(dir, &q, hp_model_params(a), hp_model_num_params(a), NULL, HP_F32, 40000));
+        char path[200];
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        FILE *f = fopen(path, "r");
+        char idx[1 << 16] = {0};
+        if (f) { size_t nread = fread(idx, 1, sizeof idx - 1, f); idx[nread] = 0; fclose(f); }
+        HP_CHECK(strstr(idx, "\"model.layers.1.mlp.experts.3.gate_proj.weight\"") &&
+                 strstr(idx, "\"model.layers.2.mlp.experts.0.down_proj.weight\"") &&
+                 strstr(idx, "\"model.layers.1.mlp.gate.weight\"") && strstr(idx, "\"model.layers.0.mlp.up_proj.weight\"") &&
+                 !strstr(idx, "moe.experts") && !strstr(idx, "model.layers.0.mlp.experts"),
+                 "HF index lacks the per-expert / router names (or keeps TorchTitan's)");
+        hp_model_config_t back;
+        HP_CHECK_OK(hp_hf_read_config(dir, &back));
+        char msg[1500], flags[700];
+        HP_CHECK(strcmp(back.name, "qwen3_moe") == 0 && hp_hf_config_diff(&back, &q, msg, sizeof msg, flags, sizeof flags) == 0,
+                 "config.json read back as %s differs: %s", back.name, msg);
+        HP_CHECK_OK(hp_hf_import(dir, &q, hp_model_params(b), hp_model_num_params(b), NULL));
+        int same = 1;
+        for (int i = 0; i < hp_model_num_params(a); i++) {
+            const hp_param_t *pa = &hp_model_params(a)[i], *pb = &hp_model_params(b)[i];
+            same &= memcmp(hp_param_w(pa), hp_param_w(pb), sizeof(float) * (size_t)hp_tensor_numel(&pa->value.local)) == 0;
+        }
+        float la = 0, lb = 0;
+        for (int i = 0; i < B * T; i++) tk[i] %= 64, tg[i] %= 64;
+        HP_CHECK_OK(hp_model_forward(a, tk, tg, B, T, (float)(B * T), &la));
+        HP_CHECK_OK(hp_model_forward(b, tk, tg, B, T, (float)(B * T), &lb));
+        HP_CHECK(same && la == lb && memcmp(hp_model_logits(a), hp_model_logits(b), sizeof(float) * (size_t)B * T * 64) == 0,
+                 "HF round trip of qwen3_moe: parameters %s, loss %.7f vs %.7f", same ? "equal" : "differ", la, lb);
+        // negative: one expert's weight changed in the exported model is not what the import of the old files gives
+        hp_param_w(hp_model_find_param(a, "layers.2.moe.experts.w3"))[16 * 32 * 3 + 5] += 1e-3f;
+        HP_CHECK(memcmp(hp_param_w(hp_model_find_param(a, "layers.2.moe.experts.w3")),
+                        hp_param_w(hp_model_find_param(b, "layers.2.moe.experts.w3")), sizeof(float) * 4 * 16 * 32) != 0,
+                 "the comparison missed a changed expert 3");
+        // a config.json with other MoE keys is refused naming them
+        hp_model_config_t q2 = q;
+        q2.moe_top_k = 1;
+        HP_CHECK_ERR(hp_hf_import(dir, &q2, hp_model_params(b), hp_model_num_params(b), NULL), HP_ERR_INVALID_ARG,
+                     "'num_experts_per_tok' = 2 (model.moe_top_k = 1)");
+        q2 = q;
+        q2.moe_route_scale = 2.0f;
+        HP_CHECK_ERR(hp_hf_export(dir, &q2, hp_model_params(a), hp_model_num_params(a), NULL, HP_F32, 0),
+                     HP_ERR_UNSUPPORTED, "model.moe_route_scale");
+        printf("qwen3_moe HF round trip (%s): parameters and logits bitwise equal\n", dir);
+        hp_model_destroy(a);
+        hp_model_destroy(b);
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        HP_CHECK(system(cmd) == 0, "rm %s", dir);
+    }
+    HP_CHECK_OK(hp_model_flavor("deepseek_v3", "debugmodel", &c));
+    HP_CHECK_ERR(hp_hf_export("/tmp/hp_test_model_moe_hf", &c, NULL, 0, NULL, HP_F32, 0), HP_ERR_UNSUPPORTED, "MLA");
+    HP_CHECK_ERR(hp_hf_import("/tmp/hp_test_model_moe_hf", &c, NULL, 0, NULL), HP_ERR_UNSUPPORTED, "MLA");
 
     // 6. bad configs are named
     HP_CHECK_OK(hp_model_flavor("qwen3_moe", "debugmodel", &c));

@@ -1,15 +1,18 @@
 /* The trainer with expert parallelism (parallelism.expert_parallel_degree; ep borrows the
- * dp_shard ranks as TorchTitan): for both MoE flavors, 10 steps with the aux-loss-free bias
- * update on give the losses and gradient norms of replicated data parallel over the same
- * ranks (the layout whose parity with one rank test_trainer and test_ddp show): ep = world,
- * and on 4 ranks also ep 2 x efsdp 2 (expert grads summed over efsdp). Float32 GEMM row sets
- * and reduction orders differ: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
+ * dp_shard ranks as TorchTitan; the dense params FSDP-sharded over dp_shard, the experts over
+ * the sparse mesh): for both MoE flavors, 10 steps with the aux-loss-free bias update on give
+ * the losses and gradient norms of the single-rank run of the same global batch (a token file
+ * whose rows the one rank reads in the order the dp ranks read theirs): ep = world and, on 4
+ * ranks, ep 2 x efsdp 2, ETP (ep 2 x tp 2) and 2 experts on ep 2 x efsdp 2 (Shard(1)); on 8 ranks ep 4 x TP 2 x FSDP 4 (ETP, dense TP +
+ * FSDP) and HSDP 2 x ep 2 x efsdp 2. Float32 GEMM row sets and reduction orders differ, and
+ * Adam turns relative gradient differences of ~1e-7 into parameter differences of up to
+ * lr x 1e-3 near zero gradients: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
  * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
- * (experts and expert_bias resharded). On 4 ranks ETP (experts over [ep 2, tp 2]) gives the
- * losses of TP 2 x DP 2; gradient accumulation, validation and full AC run under EP. Bad EP keys are
- * named. */
-// hp-test: ranks 2 4 timeout 300
+ * (experts and expert_bias resharded); gradient accumulation, validation and full AC run
+ * under EP. Bad EP keys are named. */
+// hp-test: ranks 2 4 8 timeout 300
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +41,96 @@ static void moe_config(hp_config_t *c, int ws, const char *name) {
     c->training.seq_len = 16;
     c->training.steps = N;
     c->validation.enable = false;
+    // FSDP (the dense params under EP) all-gathers in f32 (TorchTitan's default is bf16), as the
+    // single-rank and replicated runs compute
+    snprintf(c->training.mixed_precision_param, sizeof c->training.mixed_precision_param, "float32");
+}
+
+/* Token files for a data-parallel degree dp: rank 0 writes x_dp<dp>.bin (dp contiguous shards,
+ * shard r = the rows rank r reads) and y_dp<dp>.bin (the same rows, interleaved: row
+ * (k dp + r) B + b of y = row k B + b of shard r), so one rank with local batch dp x B reads
+ * at step k exactly the dp ranks' rows of step k. Rows are T + 1 tokens (the bin loader's
+ * window), each an arithmetic progression mod 251 (learnable, so the loss moves). */
+static void write_bins(hp_comm_t world, int dp, int B, int T) {
+    const int R = N * B, Wt = T + 1;   // rows per shard: N steps, no wrap
+    if (hp_comm_rank(world) == 0) {
+        uint16_t *x = calloc((size_t)dp * R * Wt, sizeof *x), *y = calloc((size_t)dp * R * Wt, sizeof *y);
+        uint32_t st = 12345u + (uint32_t)dp;
+        for (int r = 0; r < dp; r++)
+            for (int i = 0; i < R; i++) {
+                st = st * 1664525u + 1013904223u;
+                const int a = 1 + (int)(st >> 28), b = (int)((st >> 8) % 251);
+                uint16_t *row = x + ((size_t)r * R + i) * Wt;
+                for (int t = 0; t < Wt; t++) row[t] = (uint16_t)((a * t + b) % 251);
+                const int k = i / B, bb = i % B;
+                memcpy(y + ((size_t)(k * dp + r) * B + bb) * Wt, row, sizeof *row * (size_t)Wt);
+            }
+        for (int f = 0; f < 2; f++) {
+            char path[300];
+            snprintf(path, sizeof path, "%s/%c_dp%d.bin", dir_, f ? 'y' : 'x', dp);
+            FILE *fp = fopen(path, "wb");
+            HP_CHECK(fp && fwrite(f ? y : x, sizeof *x, (size_t)dp * R * Wt, fp) == (size_t)dp * R * Wt, "write %s", path);
+            if (fp) fclose(fp);
+        }
+        free(x);
+        free(y);
+    }
+    hp_barrier(world, NULL);
+}
+
+static void use_bin(hp_config_t *c, char which, int dp) {
+    snprintf(c->data.path, sizeof c->data.path, "%.200s/%c_dp%d.bin", dir_, which, dp);
+    snprintf(c->data.format, sizeof c->data.format, "bin");
+    c->data.validation_fraction = 0.0;
+}
+
+/* The single-rank run of layout f's global batch (dp ranks x B rows): rank 0 alone, local batch
+ * dp x B, on the interleaved file; results broadcast to every rank. */
+static void solo_steps(const hp_config_t *f, hp_comm_t world, int dp, double *l, double *n) {
+    hp_config_t *c = calloc(1, sizeof *c);
+    *c = *f;
+    c->parallelism.data_parallel_replicate_degree = 1;
+    c->parallelism.data_parallel_shard_degree = 1;
+    c->parallelism.tensor_parallel_degree = 1;
+    c->parallelism.expert_parallel_degree = 1;
+    c->parallelism.expert_tensor_parallel_degree = 1;
+    c->training.local_batch_size = dp * f->training.local_batch_size;
+    c->training.global_batch_size = -1;
+    use_bin(c, 'y', dp);
+    hp_comm_t solo = NULL;
+    HP_CHECK_OK(hp_comm_split(world, hp_comm_rank(world) == 0 ? 0 : -1, 0, &solo));
+    if (solo) hp_test_train_steps(c, solo, N, l, n, 0);
+    if (solo) hp_comm_destroy(solo);
+    HP_CHECK_OK(hp_broadcast(l, N, HP_I64, 0, world, NULL));   // doubles as 8-byte words
+    HP_CHECK_OK(hp_broadcast(n, N, HP_I64, 0, world, NULL));
+    free(c);
+}
+
+/* Trains layout f (dp data-parallel ranks) on the sharded file and checks it against the
+ * single-rank run of the same global batch (losses 1e-5, norms 1e-4: see the top). */
+static void check_vs_solo(const char *what, hp_config_t *f, hp_comm_t world, int dp) {
+    double sl[N], sn[N], fl[N], fn[N];
+    solo_steps(f, world, dp, sl, sn);
+    use_bin(f, 'x', dp);
+    hp_test_train_steps(f, world, N, fl, fn, 0);
+    for (int i = 0; i < N; i++) {
+        HP_CHECK_CLOSE(fl[i], sl[i], 1e-5, 0.0);
+        HP_CHECK_CLOSE(fn[i], sn[i], 1e-4, 0.0);
+    }
+    double dmax = 0;
+    for (int i = 0; i < N; i++) dmax = fmax(dmax, fabs(fl[i] - sl[i]) / fabs(sl[i]));
+    if (hp_comm_rank(world) == 0)
+        printf("%s: losses %.6f .. %.6f (one rank %.6f .. %.6f, max rel diff %.1e)\n", what, fl[0], fl[N - 1], sl[0],
+               sl[N - 1], dmax);
+}
+
+static void set_ep(hp_config_t *f, int rep, int shard, int tp, int ep, int etp) {
+    f->parallelism.data_parallel_replicate_degree = rep;
+    f->parallelism.data_parallel_shard_degree = shard;
+    f->parallelism.tensor_parallel_degree = tp;
+    f->parallelism.enable_sequence_parallel = false;
+    f->parallelism.expert_parallel_degree = ep;
+    f->parallelism.expert_tensor_parallel_degree = etp;
 }
 
 int main(int argc, char **argv) {
@@ -47,47 +140,66 @@ int main(int argc, char **argv) {
     hp_config_t *c = calloc(1, sizeof *c), *f = calloc(1, sizeof *f);
     double dl[N], dn[N], fl[N], fn[N];
     const char *models[2] = {"deepseek_v3", "qwen3_moe"};
-    for (int mi = 0; mi < 2; mi++) {
-        moe_config(c, ws, models[mi]);
-        hp_test_train_steps(c, world, N, dl, dn, 0);   // replicated data parallel
-        for (int ep = ws; ep >= 2; ep /= 2) {
-            *f = *c;
-            f->parallelism.data_parallel_replicate_degree = 1;
-            f->parallelism.data_parallel_shard_degree = ws;
-            f->parallelism.expert_parallel_degree = ep;
-            hp_test_train_steps(f, world, N, fl, fn, 0);
-            for (int i = 0; i < N; i++) {
-                HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
-                HP_CHECK_CLOSE(fn[i], dn[i], 1e-4, 0.0);
-            }
-            if (rank == 0)
-                printf("%s ep %d (efsdp %d): losses %.6f .. %.6f (DP %.6f .. %.6f)\n", models[mi], ep, ws / ep, fl[0],
-                       fl[N - 1], dl[0], dl[N - 1]);
+    char what[128];
+    const int B = 2, T = 16;   // moe_config's local batch and sequence
+    write_bins(world, ws, B, T);
+    if (ws == 8) {   // ep x TP x FSDP and HSDP x ep x efsdp against the single rank, both flavors
+        write_bins(world, 4, B, T);
+        for (int mi = 0; mi < 2; mi++) {
+            moe_config(f, ws, models[mi]);
+            set_ep(f, 1, 4, 2, 4, 2);   // dense: TP 2 x FSDP 4; experts: ep 4 x etp 2
+            snprintf(what, sizeof what, "%s ep 4 x tp 2 x fsdp 4 (ETP)", models[mi]);
+            check_vs_solo(what, f, world, 4);
+            moe_config(f, ws, models[mi]);
+            set_ep(f, 2, 4, 1, 2, 1);   // dense: HSDP (2, 4); experts: ep 2 x efsdp 2, summed over dp_replicate
+            snprintf(what, sizeof what, "%s hsdp 2 x 4, ep 2 x efsdp 2", models[mi]);
+            check_vs_solo(what, f, world, 8);
+        }
+        free(f);
+        free(c);
+        int rc = hp_test_finish("test_trainer_ep");
+        hp_test_remove_corpus(world);
+        hp_comm_finalize();
+        return rc;
+    }
+    {   // under EP fully_shard owns the dense params (storage released, gathered per unit) while the
+        // experts stay the model's own ep shards
+        moe_config(f, ws, models[1]);
+        set_ep(f, 1, ws, 1, ws, 1);
+        hp_trainer_t t = NULL;
+        HP_CHECK_OK(hp_trainer_create(f, world, &t));
+        if (t) {
+            const hp_param_t *wq = hp_model_find_param(hp_trainer_model(t), "layers.0.attention.wq.weight"),
+                             *w1 = hp_model_find_param(hp_trainer_model(t), "layers.1.moe.experts.w1");
+            HP_CHECK(wq && !wq->value.local.data && w1 && w1->value.local.data && w1->value.local.shape[0] == 8 / ws,
+                     "dense params not FSDP-managed (wq data %p) or experts not local (w1 %lld experts)",
+                     wq ? wq->value.local.data : NULL, w1 ? (long long)w1->value.local.shape[0] : -1LL);
+            hp_trainer_destroy(t);
         }
     }
-    if (ws == 4) {   // ETP: experts over [ep 2, tp 2] == TP 2 x replicated DP 2 (experts TP'd on F)
+    for (int mi = 0; mi < 2; mi++)
+        for (int ep = ws; ep >= 2; ep /= 2) {   // ep = world, and ep 2 x efsdp 2 on 4 ranks
+            moe_config(f, ws, models[mi]);
+            set_ep(f, 1, ws, 1, ep, 1);
+            snprintf(what, sizeof what, "%s ep %d (efsdp %d)", models[mi], ep, ws / ep);
+            check_vs_solo(what, f, world, ws);
+        }
+    if (ws == 4) {   // ETP: experts over [ep 2, tp 2], dense TP 2 x FSDP 2
+        write_bins(world, 2, B, T);
         for (int mi = 0; mi < 2; mi++) {
-            moe_config(c, 2, models[mi]);
-            c->parallelism.tensor_parallel_degree = 2;
-            c->parallelism.enable_sequence_parallel = false;
-            hp_test_train_steps(c, world, N, dl, dn, 0);
-            *f = *c;
-            f->parallelism.data_parallel_replicate_degree = 1;
-            f->parallelism.data_parallel_shard_degree = 2;
-            f->parallelism.expert_parallel_degree = 2;
-            f->parallelism.expert_tensor_parallel_degree = 2;
-            hp_test_train_steps(f, world, N, fl, fn, 0);
-            for (int i = 0; i < N; i++) {
-                HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
-                HP_CHECK_CLOSE(fn[i], dn[i], 1e-4, 0.0);
-            }
-            if (rank == 0)
-                printf("%s ETP ep 2 x tp 2: losses %.6f .. %.6f (TP 2 x DP 2 %.6f .. %.6f)\n", models[mi], fl[0],
-                       fl[N - 1], dl[0], dl[N - 1]);
+            moe_config(f, ws, models[mi]);
+            set_ep(f, 1, 2, 2, 2, 2);
+            snprintf(what, sizeof what, "%s ETP ep 2 x tp 2", models[mi]);
+            check_vs_solo(what, f, world, 2);
         }
         hp_trainer_t t = NULL;   // ep borrowing tp ranks (etp 1) is refused by key
         f->parallelism.expert_tensor_parallel_degree = 1;
         HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "expert_tensor_parallel_degree");
+        // 2 experts over ep 2 x efsdp 2: efsdp x ep > E, the experts FSDP-sharded on dim 1 (Shard(1))
+        moe_config(f, ws, "qwen3_moe");
+        f->model.moe_num_experts = 2;
+        set_ep(f, 1, 4, 1, 2, 1);
+        check_vs_solo("qwen3_moe 2 experts, ep 2 x efsdp 2 (Shard(1))", f, world, 4);
     }
     {   // gradient accumulation (2 micro-batches per step) and validation under EP
         moe_config(c, ws, "qwen3_moe");
@@ -105,13 +217,12 @@ int main(int argc, char **argv) {
         hp_test_train_steps(f, world, 4, fl, fn, 0);
         for (int i = 0; i < 4; i++) HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
     }
-    {   // negative test (STYLE rule 17)
+    {   // negative test (STYLE rule 17): the single-rank reference against an lr x 1.001 EP run
         moe_config(c, ws, "qwen3_moe");
-        hp_test_train_steps(c, world, N, dl, dn, 0);
+        solo_steps(c, world, ws, dl, dn);
         *f = *c;
-        f->parallelism.data_parallel_replicate_degree = 1;
-        f->parallelism.data_parallel_shard_degree = ws;
-        f->parallelism.expert_parallel_degree = ws;
+        set_ep(f, 1, ws, 1, ws, 1);
+        use_bin(f, 'x', ws);
         f->optimizer.lr *= 1.001;
         hp_test_train_steps(f, world, N, fl, fn, 0);
         int caught = 0;

@@ -38,13 +38,20 @@ hp_status_t hp_ep_tensor_parallel_experts(hp_model_t m, hp_mesh_t tp_mesh, hp_ep
  * slices, are all-reduced over tp. Dense parameters become (Replicate, their TP placement).
  * Call after hp_tp_parallelize_model on the same tp dim and before hp_model_init_weights. */
 hp_status_t hp_ep_parallelize_model_etp(hp_model_t m, hp_mesh_t ep_tp_mesh, hp_ep_t *out);
-/* Expert parallel with FSDP of the experts over efsdp (TorchTitan's dp2ep, Shard(0)): on the
- * 2-D (efsdp, ep) sparse mesh each rank keeps experts [r E/ep + f E/(ep efsdp), +E/(ep efsdp))
- * (placements _StridedShard(0, ep), Shard(0)); the dispatcher all-gathers its ep rank's
- * experts over efsdp before each use and reduce-scatters their grads (SUM) into the shards.
- * Dense parameters become Replicate over both dims. E/ep must be a multiple of efsdp
- * (Shard(1) is not implemented). */
+/* Expert parallel with FSDP of the experts over efsdp (TorchTitan's dp2ep): on the 2-D
+ * (efsdp, ep) sparse mesh each rank keeps experts [r E/ep + f E/(ep efsdp), +E/(ep efsdp))
+ * (placements _StridedShard(0, ep), Shard(0)); when efsdp x ep > E (TorchTitan's rule) it keeps
+ * all E/ep experts of its ep rank on 1/efsdp of their dim 1 (Shard(1), Shard(0)): w1/w3 rows
+ * of F, w2 rows of D. The dispatcher all-gathers its ep rank's experts over efsdp before each
+ * use and reduce-scatters their grads (SUM) into the shards. Dense parameters become Replicate
+ * over both dims. Shard(0) needs efsdp dividing E/ep, Shard(1) efsdp dividing F and D. */
 hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t efsdp_ep_mesh, hp_ep_t *out);
+/* Hands the dense parameters back to their own plans (TorchTitan: the dense parts keep
+ * theirs): the Replicate-over-ep layout the calls above gave them becomes a plain tensor again,
+ * or under ETP their tensor-parallel placement on the tp mesh. Call before fully_shard of the
+ * dense parameters over the dense fsdp mesh, with the experts as its ignored_params
+ * (hp_ep_is_expert_param): the experts stay as above. */
+hp_status_t hp_ep_restore_dense_layout(hp_ep_t ep, hp_model_t m);
 void hp_ep_destroy(hp_ep_t ep);
 /* Whether p is a routed-expert parameter (sharded over ep). */
 int hp_ep_is_expert_param(const hp_param_t *p);

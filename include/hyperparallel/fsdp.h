@@ -54,6 +54,12 @@ typedef struct hp_fsdp_options {
     /* set_force_sum_reduction_for_comms: SUM with pre-divide p and post-divide f/p
      * (p = largest power of two with f % p == 0 and f/p > p... PyTorch's rule). */
     int force_sum_reduction;
+    /* fully_shard's ignored_params: NULL = none; else parameters for which it returns nonzero
+     * are left to their owner (expert parallel's experts, managed over efsdp by ep.c): not
+     * sharded, not gathered, not reduced; fully_shard moves them into storage of its own
+     * (the model's is released), hp_fsdp_params lists them unchanged (their own layout) and
+     * hp_fsdp_zero_grad zeroes their gradients. */
+    int (*ignored_params)(const hp_param_t *p);
 } hp_fsdp_options_t;
 
 /* reshard Default, no mixed precision (all f32), overlap on, divide factor unset. */
@@ -111,7 +117,8 @@ hp_status_t hp_fsdp_full_value(hp_fsdp_t f, int i, float *out);
 hp_status_t hp_fsdp_full_grad(hp_fsdp_t f, int i, float *out);
 
 /* Persistent bytes of this rank: sharded parameters (padded), sharded gradients (padded),
- * and the transient workspace (gathered parameters / gradients and collective buffers). */
+ * both with the ignored parameters held whole, and the transient workspace (gathered
+ * parameters / gradients and collective buffers). */
 void hp_fsdp_memory(hp_fsdp_t f, size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes);
 
 /* Event log (PyTorch's patched unshard / reshard / post_backward in its FSDP tests):

@@ -28,6 +28,7 @@ static const struct { const char *tt, *hf; } layer_map[] = {
     {"feed_forward.w3.weight", "mlp.up_proj.weight"},
     {"attention_norm.weight", "input_layernorm.weight"},
     {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"moe.router.gate.weight", "mlp.gate.weight"},   /* Qwen3-MoE's router (owner moe) */
 };
 static const struct { const char *tt, *hf; } top_map[] = {
     {"tok_embeddings.weight", "model.embed_tokens.weight"},
@@ -35,16 +36,45 @@ static const struct { const char *tt, *hf; } top_map[] = {
     {"output.weight", "lm_head.weight"},
 };
 
-static int is_llama(const hp_model_config_t *mc) { return strcmp(mc->name, "qwen3") != 0; }
+static int is_llama(const hp_model_config_t *mc) { return strcmp(mc->name, "qwen3") != 0 && strcmp(mc->name, "qwen3_moe") != 0; }
+static int is_qwen3_moe(const hp_model_config_t *mc) { return strcmp(mc->name, "qwen3_moe") == 0; }
 
-/* --- mixture of experts (owner moe): HF's MoE checkpoints store one tensor per expert
- * (mlp.experts.E.gate_proj.weight) and DeepSeek-V3's use MLA attention; neither mapping is
- * written yet, so MoE models are refused by name instead of failing on the first weight --- */
+/* --- mixture of experts (owner moe): Qwen3-MoE (Qwen3MoeForCausalLM) maps; DeepSeek-V3's HF
+ * checkpoints use MLA attention, which this project's deepseek_v3 (GQA) does not have, so it is
+ * refused by name; so is a qwen3_moe whose router or experts HF cannot express --- */
 static hp_status_t refuse_moe(const hp_model_config_t *mc, const char *what) {
     if (mc->moe_experts <= 0) return HP_OK;
-    return hp_error(HP_ERR_UNSUPPORTED, "HF %s: the MoE model '%s' (%d experts) has no HF state-dict adapter yet "
-                    "(per-expert tensors, mlp.gate); hint: use the DCP checkpoint or weights.safetensors, which "
-                    "keep the TorchTitan names", what, mc->name, mc->moe_experts);
+    if (!is_qwen3_moe(mc))
+        return hp_error(HP_ERR_UNSUPPORTED, "HF %s: the MoE model '%s' has no HF state-dict adapter: DeepSeek-V3's HF "
+                        "checkpoints use MLA attention, which this model (GQA attention) does not have; hint: use the "
+                        "DCP checkpoint or weights.safetensors (TorchTitan names), or qwen3_moe", what, mc->name);
+    const char *key = mc->moe_shared_experts > 0                ? "model.moe_num_shared_experts (HF: 0)"
+                      : mc->moe_score_fn != HP_MOE_SCORE_SOFTMAX ? "model.moe_score_func (HF: softmax)"
+                      : mc->moe_route_scale != 1.0f             ? "model.moe_route_scale (HF: 1)"
+                      : mc->moe_score_before_experts            ? "model.moe_score_before_experts (HF: false)"
+                      : mc->moe_expert_groups > 1               ? "model.moe_n_expert_groups (HF: none)"
+                                                                : NULL;
+    if (key)
+        return hp_error(HP_ERR_UNSUPPORTED, "HF %s: Qwen3MoeForCausalLM cannot express this qwen3_moe model's %s; hint: "
+                        "keep the flavor's value, or use the DCP checkpoint", what, key);
+    return HP_OK;
+}
+
+static int parse_layer(const char *name, const char *prefix, int *layer, int *used);
+
+/* The routed experts: TorchTitan's 3-D layers.N.moe.experts.w1 / w2 / w3 (E, ., .) are HF's E
+ * tensors model.layers.N.mlp.experts.e.gate_proj / down_proj / up_proj.weight. 1 when fqn is
+ * one (out: expert e's HF name). */
+static int expert_hf_name(const char *fqn, int e, char *out, size_t n) {
+    int layer, used;
+    if (!parse_layer(fqn, "layers.", &layer, &used)) return 0;
+    const char *w = fqn + used, *proj = !strcmp(w, "moe.experts.w1")   ? "gate_proj"
+                                        : !strcmp(w, "moe.experts.w2") ? "down_proj"
+                                        : !strcmp(w, "moe.experts.w3") ? "up_proj"
+                                                                       : NULL;
+    if (!proj) return 0;
+    snprintf(out, n, "model.layers.%d.mlp.experts.%d.%s.weight", layer, e, proj);
+    return 1;
 }
 /* --- end --- */
 
@@ -79,6 +109,10 @@ hp_status_t hp_hf_name_to_hf(const hp_model_config_t *mc, const char *fqn, char 
                 return HP_OK;
             }
     }
+    char tmp[160];
+    if (expert_hf_name(fqn, 0, tmp, sizeof tmp))   /* mixture of experts (owner moe) */
+        return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: '%s' is one HF tensor per expert (%s, ...), not one "
+                        "name", mc->name, fqn, tmp);
     return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: no HF name for '%s'", mc->name, fqn);
 }
 
@@ -139,9 +173,22 @@ static json_object *hf_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
     json_object *c = json_object_new_object();
     int llama = is_llama(mc);
     json_object *arch = json_object_new_array();
-    json_object_array_add(arch, json_object_new_string(llama ? "LlamaForCausalLM" : "Qwen3ForCausalLM"));
+    const int qm = is_qwen3_moe(mc);
+    json_object_array_add(arch, json_object_new_string(llama ? "LlamaForCausalLM" : qm ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"));
     json_object_object_add(c, "architectures", arch);
-    json_object_object_add(c, "model_type", json_object_new_string(llama ? "llama" : "qwen3"));
+    json_object_object_add(c, "model_type", json_object_new_string(llama ? "llama" : qm ? "qwen3_moe" : "qwen3"));
+    if (qm) {   /* mixture of experts (owner moe): the first moe_n_dense_layers are mlp_only_layers */
+        json_object_object_add(c, "num_experts", json_object_new_int(mc->moe_experts));
+        json_object_object_add(c, "num_experts_per_tok", json_object_new_int(mc->moe_top_k));
+        json_object_object_add(c, "moe_intermediate_size", json_object_new_int(mc->moe_hidden));
+        json_object_object_add(c, "norm_topk_prob", json_object_new_boolean(mc->moe_route_norm));
+        json_object_object_add(c, "decoder_sparse_step", json_object_new_int(1));
+        json_object *dense = json_object_new_array();
+        for (int l = 0; l < mc->moe_n_dense_layers; l++) json_object_array_add(dense, json_object_new_int(l));
+        json_object_object_add(c, "mlp_only_layers", dense);
+        json_object_object_add(c, "output_router_logits", json_object_new_boolean(0));
+        json_object_object_add(c, "router_aux_loss_coef", json_object_new_double(mc->moe_aux_loss_coeff));
+    }
     json_object_object_add(c, "hidden_size", json_object_new_int(mc->dim));
     json_object_object_add(c, "intermediate_size", json_object_new_int(mc->hidden_dim));
     json_object_object_add(c, "num_hidden_layers", json_object_new_int(mc->n_layers));
@@ -223,19 +270,53 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
     hp_status_t s = HP_OK;
     if (rank == 0) s = hp_dcp_mkdirs(dir);
     HP_TRY(hp_dcp_agree(comm, s, "HF export: creating the directory"));
-    /* every rank takes part in the gathers; rank 0 keeps the data */
-    hp_tensor_t *full = hp_calloc((size_t)n_params + 1, sizeof *full);
+    /* every rank takes part in the gathers; rank 0 keeps the data. Entries: one per
+     * parameter, E per routed-expert parameter (views of its expert slices, owner moe) */
+    char tmpn[160];
+    int n_ent = 0;
+    for (int i = 0; i < n_params; i++)
+        n_ent += expert_hf_name(params[i].name, 0, tmpn, sizeof tmpn) ? mc->moe_experts : 1;
+    hp_tensor_t *full = hp_calloc((size_t)n_params + 1, sizeof *full), *ent_t = hp_calloc((size_t)n_ent + 1, sizeof *ent_t);
     void **owned = hp_calloc((size_t)n_params + 1, sizeof *owned);
     float **perm = hp_calloc((size_t)n_params + 1, sizeof *perm);
-    char (*names)[160] = hp_calloc((size_t)n_params + 1, sizeof *names);
-    int *file_of = hp_calloc((size_t)n_params + 1, sizeof *file_of);
-    if (!full || !owned || !perm || !names || !file_of) s = HP_ERR_OOM;
+    char (*names)[160] = hp_calloc((size_t)n_ent + 1, sizeof *names);
+    int *file_of = hp_calloc((size_t)n_ent + 1, sizeof *file_of);
+    if (!full || !ent_t || !owned || !perm || !names || !file_of) s = HP_ERR_OOM;
     size_t esz = hp_dtype_size(dtype), cur = 0, total = 0;
-    int nfiles = 1;
+    int nfiles = 1, k_ent = 0;
     for (int i = 0; s == HP_OK && i < n_params; i++) {
-        int pm;
-        s = hp_hf_name_to_hf(mc, params[i].name, names[i], sizeof names[i], &pm);
+        int pm = 0;
+        const int expert = expert_hf_name(params[i].name, 0, tmpn, sizeof tmpn);
+        if (!expert) s = hp_hf_name_to_hf(mc, params[i].name, names[k_ent], sizeof names[k_ent], &pm);
         if (s == HP_OK) s = full_of(&params[i], &full[i], &owned[i]);
+        if (s == HP_OK && expert) {   /* E contiguous (A, B) slices of the (E, A, B) tensor */
+            if (full[i].ndim != 3 || full[i].shape[0] != mc->moe_experts || !hp_tensor_is_contiguous(&full[i])) {
+                s = hp_error(HP_ERR_INVALID_ARG, "HF export: '%s' is not a contiguous (%d, ., .) expert tensor",
+                             params[i].name, mc->moe_experts);
+                break;
+            }
+            const int64_t A = full[i].shape[1], Bc = full[i].shape[2];
+            for (int e = 0; e < mc->moe_experts; e++, k_ent++) {
+                expert_hf_name(params[i].name, e, names[k_ent], sizeof names[k_ent]);
+                hp_tensor_t *v = &ent_t[k_ent];
+                *v = full[i];
+                v->ndim = 2;
+                v->shape[0] = A;
+                v->shape[1] = Bc;
+                v->stride[0] = Bc;
+                v->stride[1] = 1;
+                v->data = (float *)full[i].data + (size_t)e * (size_t)(A * Bc);
+                size_t nb = (size_t)(A * Bc) * esz;
+                if (cur > 0 && cur + nb > max_shard_bytes) {
+                    nfiles++;
+                    cur = 0;
+                }
+                cur += nb;
+                total += nb;
+                file_of[k_ent] = nfiles;
+            }
+            continue;
+        }
         if (s == HP_OK && pm) {
             int64_t rows = full[i].shape[0], cols = full[i].ndim > 1 ? full[i].shape[1] : 1;
             if (full[i].ndim != 2 || rows % mc->head_dim || !hp_tensor_is_contiguous(&full[i])) {
@@ -251,6 +332,8 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
             permute_rows(perm[i], full[i].data, rows, cols, mc->head_dim, 1);
             full[i].data = perm[i];
         }
+        if (s != HP_OK) break;
+        ent_t[k_ent] = full[i];
         size_t nb = (size_t)hp_tensor_numel(&full[i]) * esz;
         if (cur > 0 && cur + nb > max_shard_bytes) {
             nfiles++;
@@ -258,20 +341,20 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
         }
         cur += nb;
         total += nb;
-        file_of[i] = nfiles;
+        file_of[k_ent++] = nfiles;
     }
     if (s == HP_OK && rank == 0) {
         json_object *wm = json_object_new_object();
-        hp_st_entry_t *ents = hp_calloc((size_t)n_params + 1, sizeof *ents);
+        hp_st_entry_t *ents = hp_calloc((size_t)n_ent + 1, sizeof *ents);
         if (!ents) s = HP_ERR_OOM;
         for (int f = 1; s == HP_OK && f <= nfiles; f++) {
             char fn[64], path[4200];
             snprintf(fn, sizeof fn, "model-%05d-of-%05d.safetensors", f, nfiles);
             snprintf(path, sizeof path, "%s/%s", dir, fn);
             int k = 0;
-            for (int i = 0; i < n_params; i++)
+            for (int i = 0; i < n_ent; i++)
                 if (file_of[i] == f) {
-                    ents[k++] = (hp_st_entry_t){names[i], &full[i], hp_st_dtype_from_hp(dtype), NULL, 0, NULL};
+                    ents[k++] = (hp_st_entry_t){names[i], &ent_t[i], hp_st_dtype_from_hp(dtype), NULL, 0, NULL};
                     json_object_object_add(wm, names[i], json_object_new_string(fn));
                 }
             const char *meta[2] = {"format", "pt"};
@@ -299,6 +382,7 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
         free(perm[i]);
     }
     free(full);
+    free(ent_t);
     free(owned);
     free(perm);
     free(names);
@@ -319,11 +403,19 @@ static int is_extra(const char *tn, char (*want)[160], int nw, int tied) {
  * the names of the index's weight_map, or of the single file's tensors. */
 static void warn_extra_tensors(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params,
                                hp_hf_index_t wm, hp_safetensors_t single) {
-    char (*want)[160] = hp_calloc((size_t)n_params + 1, sizeof *want);
+    char tmp[160];
+    size_t cap = 1;
+    for (int i = 0; i < n_params; i++)
+        cap += expert_hf_name(params[i].name, 0, tmp, sizeof tmp) ? (size_t)mc->moe_experts : 1;
+    char (*want)[160] = hp_calloc(cap, sizeof *want);
     if (!want) return;
     int nw = 0;
     for (int i = 0; i < n_params; i++) {
         int pm;
+        if (expert_hf_name(params[i].name, 0, tmp, sizeof tmp)) {   /* one HF tensor per expert (owner moe) */
+            for (int e = 0; e < mc->moe_experts; e++) expert_hf_name(params[i].name, e, want[nw++], sizeof want[0]);
+            continue;
+        }
         if (hp_hf_name_to_hf(mc, params[i].name, want[nw], sizeof want[nw], &pm) == HP_OK) nw++;
     }
     int tied = 1;   /* tied embeddings: lm_head.weight is read from model.embed_tokens.weight */
@@ -381,6 +473,123 @@ static hp_hf_import_counts_t hf_counts_;   /* process-wide, as hp_comm_counts */
 void hp_hf_import_counts_get(hp_hf_import_counts_t *out) { *out = hf_counts_; }
 void hp_hf_import_counts_reset(void) { memset(&hf_counts_, 0, sizeof hf_counts_); }
 
+/* Index k of file fname among the open safetensors files (opened when not; the oldest of 32
+ * closed to make room). */
+static hp_status_t open_file(const char *dir, const char *fname, hp_safetensors_t *open_st, char (*open_name)[256],
+                             int *n_open, int *kout) {
+    int k = 0;
+    for (; k < *n_open; k++)
+        if (!strcmp(open_name[k], fname)) break;
+    if (k == *n_open) {
+        if (*n_open == 32) {
+            hp_safetensors_close(open_st[0]);
+            memmove(open_st, open_st + 1, sizeof open_st[0] * 31);
+            memmove(open_name, open_name + 1, sizeof open_name[0] * 31);
+            (*n_open)--;
+            k = *n_open;
+        }
+        char fp[4400];
+        snprintf(fp, sizeof fp, "%s/%s", dir, fname);
+        HP_TRY(hp_safetensors_open(fp, &open_st[k]));
+        snprintf(open_name[k], sizeof open_name[k], "%s", fname);
+        (*n_open)++;
+    }
+    *kout = k;
+    return HP_OK;
+}
+
+static hp_status_t stored_dtype(const char *dir, const char *file, const char *hf, const hp_st_info_t *info,
+                                hp_dtype_t *sdt) {
+    if (info->dtype == HP_ST_F32) *sdt = HP_F32;
+    else if (info->dtype == HP_ST_BF16) *sdt = HP_BF16;
+    else if (info->dtype == HP_ST_F16) *sdt = HP_F16;
+    else
+        return hp_error(HP_ERR_UNSUPPORTED, "HF checkpoint %s: %s: tensor '%s' is %s; expected F32, BF16 or F16 "
+                        "weights", dir, file, hf, hp_st_dtype_name(info->dtype));
+    return HP_OK;
+}
+
+/* --- mixture of experts (owner moe): a routed-expert parameter (E, A, B) from HF's E tensors
+ * (A, B): only this rank's boxes (its experts, and under Shard(1) / TP its rows / columns),
+ * each expert's rows read as column segments. */
+static hp_status_t import_experts(const char *dir, const hp_model_config_t *mc, hp_param_t *p, hp_hf_index_t wm,
+                                  hp_safetensors_t *open_st, char (*open_name)[256], int *n_open, float **buf,
+                                  size_t *buf_cap) {
+    hp_dtensor_t *v = &p->value;
+    const int64_t *gs = v->mesh ? v->global_shape : v->local.shape;
+    if (v->local.ndim != 3 || gs[0] != mc->moe_experts)
+        return hp_error(HP_ERR_INVALID_ARG, "HF import: '%s' is not a (%d, ., .) expert tensor", p->name, mc->moe_experts);
+    hp_dcp_box_t *boxes = NULL;
+    int nbox = 0;
+    hp_status_t s = hp_dcp_local_boxes(v, &boxes, &nbox);
+    for (int b = 0; s == HP_OK && b < nbox; b++) {
+        const int64_t r0 = boxes[b].g[1], nr = boxes[b].s[1], c0 = boxes[b].g[2], nc = boxes[b].s[2];
+        for (int64_t e = boxes[b].g[0]; s == HP_OK && e < boxes[b].g[0] + boxes[b].s[0]; e++) {
+            char hf[160];
+            expert_hf_name(p->name, (int)e, hf, sizeof hf);
+            const char *fname = "model.safetensors";
+            if (wm && !(fname = hp_hf_index_find(wm, hf))) {
+                s = hp_error(HP_ERR_NOT_FOUND, "HF checkpoint %s lacks '%s' (expert %lld of the %s model's '%s')", dir,
+                             hf, (long long)e, mc->name, p->name);
+                break;
+            }
+            int k = 0;
+            const hp_st_info_t *info;
+            s = open_file(dir, fname, open_st, open_name, n_open, &k);
+            if (s == HP_OK && hp_safetensors_find(open_st[k], hf, &info) != HP_OK)
+                s = hp_error(HP_ERR_NOT_FOUND, "HF checkpoint %s: %s lacks '%s' (expert %lld of '%s')", dir, fname, hf,
+                             (long long)e, p->name);
+            if (s != HP_OK) break;
+            if (info->ndim != 2 || info->shape[0] != gs[1] || info->shape[1] != gs[2]) {
+                s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: '%s' has shape (%lld, %lld), but expert %lld of the "
+                             "%s/%s model's '%s' is (%lld, %lld); hint: a different model: describe it with the "
+                             "model.moe_* keys, or take it from the checkpoint's config.json", dir, hf,
+                             info->ndim > 0 ? (long long)info->shape[0] : 0LL,
+                             info->ndim > 1 ? (long long)info->shape[1] : 0LL, (long long)e, mc->name, mc->flavor,
+                             p->name, (long long)gs[1], (long long)gs[2]);
+                break;
+            }
+            hp_dtype_t sdt = HP_F32;
+            s = stored_dtype(dir, fname, hf, info, &sdt);
+            if (s != HP_OK) break;
+            const int64_t esz = (int64_t)hp_dtype_size(sdt);
+            hf_counts_.bytes_total += (uint64_t)(gs[1] * gs[2] * esz);
+            if ((size_t)(nr * nc * esz) > *buf_cap * sizeof(float)) {
+                free(*buf);
+                *buf_cap = (size_t)(nr * nc * esz + 3) / sizeof(float);
+                *buf = hp_malloc(sizeof(float) * *buf_cap);
+                if (!*buf) {
+                    s = HP_ERR_OOM;
+                    break;
+                }
+            }
+            unsigned char *dst = (unsigned char *)*buf;
+            if (nc == gs[2]) {   // whole rows: one read
+                s = hp_safetensors_read_bytes(open_st[k], hf, (uint64_t)(r0 * gs[2] * esz), dst, (size_t)(nr * nc * esz));
+            } else {
+                for (int64_t r = 0; s == HP_OK && r < nr; r++)
+                    s = hp_safetensors_read_bytes(open_st[k], hf, (uint64_t)(((r0 + r) * gs[2] + c0) * esz),
+                                                  dst + r * nc * esz, (size_t)(nc * esz));
+            }
+            hf_counts_.bytes_read += (uint64_t)(nr * nc * esz);
+            if (s != HP_OK) break;
+            int64_t first, bad = hp_hf_count_nonfinite_raw(*buf, nr * nc, sdt, &first);
+            if (bad) {
+                s = hp_error(HP_ERR_FORMAT, "HF checkpoint %s: %s: tensor '%s' has %lld non-finite value(s) (NaN or "
+                             "inf); expected finite weights (re-download or re-export the checkpoint)", dir, fname, hf,
+                             (long long)bad);
+                break;
+            }
+            int64_t csz[HP_MAX_DIMS] = {1, nr, nc}, off[HP_MAX_DIMS] = {0, 0, 0}, len[HP_MAX_DIMS] = {1, nr, nc};
+            int64_t loff[HP_MAX_DIMS] = {boxes[b].l[0] + (e - boxes[b].g[0]), boxes[b].l[1], boxes[b].l[2]};
+            hp_dcp_copy_box(&v->local, loff, *buf, sdt, csz, off, len, 3);
+        }
+    }
+    free(boxes);
+    return s;
+}
+/* --- end --- */
+
 static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params,
                                 int warn) {
     HP_TRY(check_hf_config(dir, mc));
@@ -399,6 +608,10 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
     for (int i = 0; s == HP_OK && i < n_params; i++) {
         char hf[160];
         int pm;
+        if (expert_hf_name(params[i].name, 0, hf, sizeof hf)) {   /* mixture of experts (owner moe) */
+            s = import_experts(dir, mc, &params[i], wm, open_st, open_name, &n_open, &buf, &buf_cap);
+            continue;
+        }
         s = hp_hf_name_to_hf(mc, params[i].name, hf, sizeof hf, &pm);
         if (s != HP_OK) break;
         const char *fname = "model.safetensors";
@@ -414,23 +627,8 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
             fname = v;
         }
         int k = 0;
-        for (; k < n_open; k++)
-            if (!strcmp(open_name[k], fname)) break;
-        if (k == n_open) {
-            if (n_open == 32) {
-                hp_safetensors_close(open_st[0]);
-                memmove(open_st, open_st + 1, sizeof open_st[0] * 31);
-                memmove(open_name, open_name + 1, sizeof open_name[0] * 31);
-                n_open--;
-                k = n_open;
-            }
-            char fp[4400];
-            snprintf(fp, sizeof fp, "%s/%s", dir, fname);
-            s = hp_safetensors_open(fp, &open_st[k]);
-            if (s != HP_OK) break;
-            snprintf(open_name[k], sizeof open_name[k], "%s", fname);
-            n_open++;
-        }
+        s = open_file(dir, fname, open_st, open_name, &n_open, &k);
+        if (s != HP_OK) break;
         const hp_st_info_t *info;
         if (hp_safetensors_find(open_st[k], hf, &info) != HP_OK) {
             if (!strcmp(hf, "lm_head.weight") && hp_safetensors_find(open_st[k], "model.embed_tokens.weight", &info) == HP_OK) {
@@ -463,15 +661,9 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
         /* only this rank's boxes (PyTorch DCP's HuggingFaceStorageReader): each box's rows (q/k
          * rows mapped through the permutation) and columns, in the stored dtype, then cast into
          * the local tensor */
-        hp_dtype_t sdt;
-        if (info->dtype == HP_ST_F32) sdt = HP_F32;
-        else if (info->dtype == HP_ST_BF16) sdt = HP_BF16;
-        else if (info->dtype == HP_ST_F16) sdt = HP_F16;
-        else {
-            s = hp_error(HP_ERR_UNSUPPORTED, "HF checkpoint %s: %s: tensor '%s' is %s; expected F32, BF16 or F16 "
-                         "weights", dir, open_name[k], hf, hp_st_dtype_name(info->dtype));
-            break;
-        }
+        hp_dtype_t sdt = HP_F32;
+        s = stored_dtype(dir, open_name[k], hf, info, &sdt);
+        if (s != HP_OK) break;
         const int64_t cols = nd > 1 ? gs[1] : 1, esz = (int64_t)hp_dtype_size(sdt);
         int64_t numel = 1;
         for (int d = 0; d < nd; d++) numel *= gs[d];

@@ -182,6 +182,45 @@ static hp_status_t refuse_unsupported(const cfg_t *c, int llama) {
     return HP_OK;
 }
 
+/* --- mixture of experts (owner moe): Qwen3MoeConfig's routing keys. decoder_sparse_step 1 and
+ * mlp_only_layers [0, k) (dense first layers) are the layouts the qwen3_moe model has. */
+static hp_status_t read_qwen3_moe(const cfg_t *c, hp_model_config_t *mc) {
+    int64_t ne = 0, k = 0, mh = 0, step = 1;
+    int norm = 0;
+    /* transformers 5 writes num_local_experts (its attribute map of num_experts), 4.x num_experts */
+    HP_TRY(get_int(c, get(c->o, "num_experts") ? "num_experts" : "num_local_experts", 1, 0, 1, 1 << 16, &ne));
+    HP_TRY(get_int(c, "num_experts_per_tok", 1, 0, 1, ne, &k));
+    HP_TRY(get_int(c, "moe_intermediate_size", 1, 0, 1, HP_MODEL_MAX_DIM, &mh));
+    HP_TRY(get_int(c, "decoder_sparse_step", 0, 1, 1, HP_MODEL_MAX_LAYERS, &step));
+    HP_TRY(get_bool(c, "norm_topk_prob", 0, &norm));
+    if (step != 1) {
+        char b[32];
+        snprintf(b, sizeof b, "%lld", (long long)step);
+        return unsupported(c, "decoder_sparse_step", b, "MoE in every layer after the mlp_only_layers (1)");
+    }
+    int dense = 0;
+    json_object *v = get(c->o, "mlp_only_layers");
+    if (v && !json_object_is_type(v, json_type_array))
+        return hp_error(HP_ERR_FORMAT, "%s: 'mlp_only_layers' expects an array of layer indices", c->path);
+    for (size_t i = 0; v && i < json_object_array_length(v); i++) {
+        json_object *e = json_object_array_get_idx(v, i);
+        if (!e || !json_object_is_type(e, json_type_int) || json_object_get_int64(e) != (int64_t)i) {
+            char key[64];
+            snprintf(key, sizeof key, "mlp_only_layers[%zu]", i);
+            return unsupported(c, key, e ? json_object_to_json_string(e) : "null",
+                               "the first layers dense, in order (0, 1, ..., as model.moe_n_dense_layers)");
+        }
+        dense++;
+    }
+    mc->moe_experts = (int)ne;
+    mc->moe_top_k = (int)k;
+    mc->moe_hidden = (int)mh;
+    mc->moe_route_norm = norm;
+    mc->moe_n_dense_layers = dense;
+    return HP_OK;
+}
+/* --- end --- */
+
 hp_status_t hp_hf_read_config(const char *dir, hp_model_config_t *out) {
     if (!dir || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_hf_read_config: NULL argument");
     char path[4200];
@@ -206,14 +245,16 @@ hp_status_t hp_hf_read_config(const char *dir, hp_model_config_t *out) {
         s = hp_error(HP_ERR_FORMAT, "%s: 'model_type' is %s; expected the string \"llama\" or \"qwen3\"", path,
                      mt ? "not a string" : "missing");
     int llama = mts && !strcmp(mts, "llama");
-    if (s == HP_OK && !llama && strcmp(mts, "qwen3") != 0) {
+    const int qmoe = mts && !strcmp(mts, "qwen3_moe");   /* mixture of experts (owner moe) */
+    if (s == HP_OK && !llama && !qmoe && strcmp(mts, "qwen3") != 0) {
         char b[300];
         snprintf(b, sizeof b, "'%.200s'", mts);
-        s = unsupported(&c, "model_type", b, "the architectures LlamaForCausalLM (\"llama\") and Qwen3ForCausalLM "
-                        "(\"qwen3\")");
+        s = unsupported(&c, "model_type", b, "the architectures LlamaForCausalLM (\"llama\"), Qwen3ForCausalLM "
+                        "(\"qwen3\") and Qwen3MoeForCausalLM (\"qwen3_moe\")");
     }
     hp_model_config_t mc;
-    if (s == HP_OK) s = hp_model_flavor(llama ? "llama3" : "qwen3", "debugmodel", &mc);
+    if (s == HP_OK) s = hp_model_flavor(llama ? "llama3" : qmoe ? "qwen3_moe" : "qwen3", "debugmodel", &mc);
+    if (s == HP_OK && qmoe) s = read_qwen3_moe(&c, &mc);
     if (s == HP_OK) s = refuse_unsupported(&c, llama);
     if (s == HP_OK) s = get_int(&c, "hidden_size", 1, 0, 1, HP_MODEL_MAX_DIM, &hidden);
     if (s == HP_OK) s = get_int(&c, "num_hidden_layers", 1, 0, 1, HP_MODEL_MAX_LAYERS, &layers);
@@ -277,12 +318,13 @@ int hp_hf_config_diff(const hp_model_config_t *hf, const hp_model_config_t *mc, 
         if (lf < flags_n) lf += (size_t)snprintf(flags + lf, flags_n - lf, "%s--model.%s %s", n > 1 ? " " : "", key, hfv); \
     } while (0)
     char a[64], b[64];
-    int hl = strcmp(hf->name, "qwen3") != 0, ml = strcmp(mc->name, "qwen3") != 0;
+    /* 0 llama, 1 qwen3, 2 qwen3_moe (owner moe) */
+    int hl = !strcmp(hf->name, "qwen3_moe") ? 2 : !strcmp(hf->name, "qwen3"), ml = !strcmp(mc->name, "qwen3_moe") ? 2 : !strcmp(mc->name, "qwen3");
     if (hl != ml) {
         n++;
         if (lm < msg_n)
             lm += (size_t)snprintf(msg + lm, msg_n - lm, "%sconfig.json 'model_type' = '%s' (model.name = %s)",
-                                   n > 1 ? ", " : "", hl ? "llama" : "qwen3", mc->name);
+                                   n > 1 ? ", " : "", hl == 2 ? "qwen3_moe" : hl ? "qwen3" : "llama", mc->name);
         if (lf < flags_n) lf += (size_t)snprintf(flags + lf, flags_n - lf, "%s--model %s", n > 1 ? " " : "", hf->name);
     }
 #define INT_F(hfkey, f)                                    \
@@ -320,6 +362,20 @@ int hp_hf_config_diff(const hp_model_config_t *hf, const hp_model_config_t *mc, 
         INT_F("rope_scaling.original_max_position_embeddings", rope_original_max_pos);
     }
     BOOL_F("tie_word_embeddings", tie_embeddings);
+    if (hl == 2 && ml == 2) {   /* mixture of experts (owner moe): the config keys' names */
+#define MOE_F(hfkey, key, f)                               \
+    if (hf->f != mc->f) {                                  \
+        snprintf(a, sizeof a, "%d", hf->f);                \
+        snprintf(b, sizeof b, "%d", mc->f);                \
+        ADD(hfkey, key, a, b);                             \
+    }
+        MOE_F("num_experts", "moe_num_experts", moe_experts);
+        MOE_F("num_experts_per_tok", "moe_top_k", moe_top_k);
+        MOE_F("moe_intermediate_size", "moe_hidden_dim", moe_hidden);
+        MOE_F("norm_topk_prob", "moe_route_norm", moe_route_norm);
+        MOE_F("mlp_only_layers (count)", "moe_n_dense_layers", moe_n_dense_layers);
+#undef MOE_F
+    }
     if (hl == ml) BOOL_F("model_type (q/k norm)", qk_norm);
 #undef INT_F
 #undef FLT_F

@@ -62,6 +62,16 @@ static int model_specs(const hp_model_config_t *mc, spec_t *out) {
     return n;
 }
 
+/* --- mixture of experts (owner moe): the offline converter's specs are the dense models';
+ * MoE checkpoints go through hp_hf_import / hp_hf_export (one HF tensor per expert) --- */
+static hp_status_t refuse_moe_convert(const hp_model_config_t *mc, const char *what) {
+    if (mc->moe_experts <= 0) return HP_OK;
+    return hp_error(HP_ERR_UNSUPPORTED, "hp-ckpt %s: the MoE model '%s' is not handled by the offline DCP <-> HF "
+                    "converter; hint: load the HF directory directly (checkpoint.initial_load_path, or "
+                    "hp_hf_import / hp_hf_export), which map qwen3_moe's per-expert tensors", what, mc->name);
+}
+/* --- end --- */
+
 static int64_t spec_numel(const spec_t *s) { return s->shape[0] * (s->ndim > 1 ? s->shape[1] : 1); }
 
 /* Rows of a (heads*hd, cols) q/k weight of esz-byte elements; to_hf as hf.c's permute_rows. */
@@ -331,6 +341,7 @@ hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_model_config_t *mc
                                  hp_hf_convert_stats_t *stats) {
     int rank = comm ? hp_comm_rank(comm) : 0, world = comm ? hp_comm_size(comm) : 1;
     if (stats) memset(stats, 0, sizeof *stats);
+    HP_TRY(refuse_moe_convert(mc, "from-hf"));   /* mixture of experts (owner moe) */
     int n = model_specs(mc, NULL);
     spec_t *spec = calloc((size_t)n, sizeof *spec);
     char (*hf)[160] = calloc((size_t)n, sizeof *hf);
@@ -538,6 +549,7 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t 
         return hp_error(HP_ERR_UNSUPPORTED, "HF export: %s with qk_norm %s has no HF architecture; hint: use model.name "
                         "qwen3 for a model with qk_norm, llama3 without", mc->name, mc->qk_norm ? "true" : "false");
     if (!max_shard_bytes) max_shard_bytes = (size_t)5 << 30;
+    HP_TRY(refuse_moe_convert(mc, "to-hf"));   /* mixture of experts (owner moe) */
     int n = model_specs(mc, NULL);
     spec_t *spec = calloc((size_t)n, sizeof *spec);
     char (*hf)[160] = calloc((size_t)n, sizeof *hf);

@@ -24,8 +24,25 @@ struct hp_ep {
      * reduce-scattered (one layer at a time: the workspace is shared by the layers) */
     hp_comm_t fs_comm;
     int fs_size, fs_rank;
+    int fs_dim1;            /* Shard(1) over efsdp (efsdp x ep > E): each rank keeps 1/efsdp of
+                               dim 1 of every local expert; gathered blocks are re-laid out */
     float *ws_w, *ws_g;     // (3, efsdp x shard floats)
+    hp_mesh_t dense_tp;     /* ETP: the tp mesh of the dense parameters' TP plan */
 };
+
+/* Shard(1) re-layout between the whole local experts (El, d1, rest) and the rank-major blocks
+ * of a collective over efsdp (Fs, El, d1/Fs, rest); loc: the local shard (El, d1/Fs, rest).
+ * to_blocks 0: whole[e, f c + i] = blocks[f, e, i]; 1: the reverse. */
+static void dim1_blocks(const hp_tensor_t *loc, int Fs, float *whole, float *blocks, int to_blocks) {
+    const int64_t El = loc->shape[0], c = loc->shape[1], rest = loc->shape[2];
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int f = 0; f < Fs; f++)
+        for (int64_t e = 0; e < El; e++) {
+            float *w = whole + ((size_t)e * Fs * c + (size_t)f * c) * rest, *b = blocks + (((size_t)f * El + e) * c) * rest;
+            if (to_blocks) memcpy(b, w, sizeof(float) * (size_t)(c * rest));
+            else memcpy(w, b, sizeof(float) * (size_t)(c * rest));
+        }
+}
 
 /* The local experts' whole weights: the parameters themselves, or (expert FSDP) the shards
  * all-gathered over efsdp into the workspace. */
@@ -37,7 +54,10 @@ static hp_status_t ep_weights(struct hp_ep *ep, hp_module_t *m, const float **w)
     }
     const size_t n = (size_t)hp_tensor_numel(&ps[0]->value.local), full = n * ep->fs_size;
     for (int k = 0; k < 3; k++) {
-        HP_TRY(hp_all_gather(hp_param_w(ps[k]), ep->ws_w + k * full, n, HP_F32, ep->fs_comm, NULL));
+        // Shard(1): gathered (efsdp, El, d1/efsdp, rest) into ws_g (free outside the weight pass)
+        float *dst = ep->fs_dim1 ? ep->ws_g + k * full : ep->ws_w + k * full;
+        HP_TRY(hp_all_gather(hp_param_w(ps[k]), dst, n, HP_F32, ep->fs_comm, NULL));
+        if (ep->fs_dim1) dim1_blocks(&ps[k]->value.local, ep->fs_size, ep->ws_w + k * full, dst, 0);
         w[k] = ep->ws_w + k * full;
     }
     return HP_OK;
@@ -225,8 +245,13 @@ static hp_status_t ep_backward_weight(void *ctx, hp_module_t *m, hp_act_t *act, 
     t0 = omp_get_wtime();
     hp_param_t *ps[3] = {W1(m), W2(m), W3(m)};
     for (int k = 0; k < 3; k++) {
-        float *mine = ep->ws_g + k * full + (size_t)ep->fs_rank * n;   // in place: this rank's block
-        HP_TRY(hp_reduce_scatter(ep->ws_g + k * full, mine, n, HP_F32, HP_SUM, ep->fs_comm, NULL));
+        float *src = ep->ws_g + k * full;
+        if (ep->fs_dim1) {   // Shard(1): rank-major blocks in ws_w (the weights are re-gathered per use)
+            dim1_blocks(&ps[k]->grad.local, ep->fs_size, src, ep->ws_w + k * full, 1);
+            src = ep->ws_w + k * full;
+        }
+        float *mine = src + (size_t)ep->fs_rank * n;   // in place: this rank's block
+        HP_TRY(hp_reduce_scatter(src, mine, n, HP_F32, HP_SUM, ep->fs_comm, NULL));
         act->be->add_inplace(act->be->ctx, hp_param_g(ps[k]), mine, (int64_t)n);
     }
     prof(act, HP_NN_OP_MOE_DISPATCH, t0);
@@ -398,6 +423,29 @@ static hp_status_t compact(hp_model_t model) {
 static hp_status_t shard_experts_f(hp_model_t m, int P, int r);
 static hp_status_t install(hp_model_t m, hp_ep_t ep, const hp_moe_dispatch_t *d);
 
+/* A handle dispatching over dim `dim` of `mesh` (the ep dim; tp for TP of the experts). */
+static hp_ep_t ep_new(hp_mesh_t mesh, int dim) {
+    hp_ep_t ep = hp_calloc(1, sizeof(*ep));
+    if (!ep) return NULL;
+    ep->mesh = mesh;
+    ep->comm = hp_mesh_get_comm(mesh, dim);
+    ep->size = (int)hp_mesh_size(mesh, dim);
+    ep->rank = hp_mesh_get_local_rank(mesh, dim);
+    return ep;
+}
+
+/* The common tail: compacts the storage, installs dispatcher d; on failure frees the handle. */
+static hp_status_t ep_finish(hp_model_t m, hp_ep_t ep, const hp_moe_dispatch_t *d, hp_status_t st, hp_ep_t *out) {
+    if (st == HP_OK) st = compact(m);
+    if (st == HP_OK) st = install(m, ep, d);
+    if (st != HP_OK) {
+        hp_ep_destroy(ep);
+        return st;
+    }
+    *out = ep;
+    return HP_OK;
+}
+
 hp_status_t hp_ep_tensor_parallel_experts(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) {
     if (!m || !mesh || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_tensor_parallel_experts: NULL argument");
     *out = NULL;
@@ -412,12 +460,8 @@ hp_status_t hp_ep_tensor_parallel_experts(hp_model_t m, hp_mesh_t mesh, hp_ep_t 
     if (c->moe_hidden % P != 0)
         return hp_error(HP_ERR_INVALID_ARG, "tensor parallel of experts: degree %d does not divide the expert hidden "
                         "size %d (model.moe_hidden_dim); hint: use a divisor of %d", P, c->moe_hidden, c->moe_hidden);
-    hp_ep_t ep = hp_calloc(1, sizeof(*ep));
+    hp_ep_t ep = ep_new(mesh, 0);
     if (!ep) return HP_ERR_OOM;
-    ep->mesh = mesh;
-    ep->comm = hp_mesh_get_comm(mesh, 0);
-    ep->size = P;
-    ep->rank = hp_mesh_get_local_rank(mesh, 0);
     ep->tp = 1;
     hp_status_t st = shard_experts_f(m, P, ep->rank);
     hp_param_t *ps = hp_model_params(m);
@@ -429,14 +473,7 @@ hp_status_t hp_ep_tensor_parallel_experts(hp_model_t m, hp_mesh_t mesh, hp_ep_t 
         set_layout(&p->grad, mesh, hp_shard(f_dim), 0, NULL);
         ep->expert_bytes += sizeof(float) * (size_t)hp_tensor_numel(&p->value.local);
     }
-    if (st == HP_OK) st = compact(m);
-    if (st == HP_OK) st = install(m, ep, &etp_dispatch);
-    if (st != HP_OK) {
-        free(ep);
-        return st;
-    }
-    *out = ep;
-    return HP_OK;
+    return ep_finish(m, ep, &etp_dispatch, st, out);
 }
 
 /* w1/w3 (E, F, D) -> (E, F/P, D) rows [r F/P, (r+1) F/P) of each expert; w2 (E, D, F) ->
@@ -503,12 +540,8 @@ hp_status_t hp_ep_parallelize_model(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) 
     if (c->moe_experts % P != 0)
         return hp_error(HP_ERR_INVALID_ARG, "expert parallel: degree %d does not divide the %d experts; hint: use a "
                         "divisor of %d", P, c->moe_experts, c->moe_experts);
-    hp_ep_t ep = hp_calloc(1, sizeof(*ep));
+    hp_ep_t ep = ep_new(mesh, 0);
     if (!ep) return HP_ERR_OOM;
-    ep->mesh = mesh;
-    ep->comm = hp_mesh_get_comm(mesh, 0);
-    ep->size = P;
-    ep->rank = hp_mesh_get_local_rank(mesh, 0);
     const int El = c->moe_experts / P;
     // parameters: experts Shard(0) (local slice moved to the front), the rest Replicate
     hp_param_t *ps = hp_model_params(m);
@@ -527,14 +560,7 @@ hp_status_t hp_ep_parallelize_model(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) 
         set_layout(&p->grad, mesh, hp_shard(0), El, g);
         ep->expert_bytes += sizeof(float) * El * per;
     }
-    hp_status_t st = compact(m);
-    if (st == HP_OK) st = install(m, ep, &ep_dispatch);
-    if (st != HP_OK) {
-        free(ep);
-        return st;
-    }
-    *out = ep;
-    return HP_OK;
+    return ep_finish(m, ep, &ep_dispatch, HP_OK, out);
 }
 
 hp_status_t hp_ep_parallelize_model_etp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *out) {
@@ -549,12 +575,8 @@ hp_status_t hp_ep_parallelize_model_etp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *
         return hp_error(HP_ERR_INVALID_ARG, "expert tensor parallel: model '%s/%s' with %d experts of hidden %d on an "
                         "(ep %d, tp %d) mesh; ep must divide the experts and tp the expert hidden size", c->name,
                         c->flavor, c->moe_experts, c->moe_hidden, P, Q);
-    hp_ep_t ep = hp_calloc(1, sizeof(*ep));
+    hp_ep_t ep = ep_new(mesh2, 0);
     if (!ep) return HP_ERR_OOM;
-    ep->mesh = mesh2;
-    ep->comm = hp_mesh_get_comm(mesh2, 0);
-    ep->size = P;
-    ep->rank = hp_mesh_get_local_rank(mesh2, 0);
     ep->tp_comm = hp_mesh_get_comm(mesh2, 1);
     ep->tp_size = Q;
     ep->tp_rank = hp_mesh_get_local_rank(mesh2, 1);
@@ -568,6 +590,7 @@ hp_status_t hp_ep_parallelize_model_etp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *
             if (!hp_ep_is_expert_param(p)) {
                 /* dense: Replicate over ep, and the tensor-parallel placement (or Replicate) over tp */
                 hp_placement_t tpp = d->mesh && d->mesh_ndim == 1 ? d->placements[0] : hp_replicate();
+                if (d->mesh && d->mesh_ndim == 1 && !ep->dense_tp) ep->dense_tp = d->mesh;
                 d->mesh = mesh2;
                 d->mesh_ndim = 2;
                 d->placements[0] = hp_replicate();
@@ -594,14 +617,7 @@ hp_status_t hp_ep_parallelize_model_etp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *
         }
         ep->expert_bytes += sizeof(float) * (size_t)hp_tensor_numel(&p->value.local);
     }
-    if (st == HP_OK) st = compact(m);
-    if (st == HP_OK) st = install(m, ep, &ep_dispatch);
-    if (st != HP_OK) {
-        free(ep);
-        return st;
-    }
-    *out = ep;
-    return HP_OK;
+    return ep_finish(m, ep, &ep_dispatch, st, out);
 }
 
 hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *out) {
@@ -616,20 +632,25 @@ hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t
         return hp_error(HP_ERR_INVALID_ARG, "expert parallel: degree %d does not divide the %d experts", P,
                         c->moe_experts);
     const int El = c->moe_experts / P;
-    if (El % Fs != 0)
-        return hp_error(HP_ERR_UNSUPPORTED, "expert FSDP: efsdp %d does not divide the %d experts per ep rank; "
-                        "Shard(1) of the experts (efsdp x ep > experts) is not implemented; hint: use an "
-                        "expert_parallel_degree with experts / ep a multiple of %d", Fs, El, Fs);
-    const int Ef = El / Fs;
-    hp_ep_t ep = hp_calloc(1, sizeof(*ep));
+    /* TorchTitan's rule: Shard(1) when efsdp x ep > E (fewer local experts than efsdp ranks),
+     * else Shard(0) (here over whole experts: efsdp must divide E / ep) */
+    const int dim1 = Fs * P > c->moe_experts;
+    if (!dim1 && El % Fs != 0)
+        return hp_error(HP_ERR_UNSUPPORTED, "expert FSDP: efsdp %d does not divide the %d experts per ep rank "
+                        "(uneven Shard(0) is not implemented); hint: use an expert_parallel_degree with experts / "
+                        "ep a multiple of %d", Fs, El, Fs);
+    if (dim1 && (c->moe_hidden % Fs != 0 || c->dim % Fs != 0))
+        return hp_error(HP_ERR_INVALID_ARG, "expert FSDP with Shard(1) (efsdp %d x ep %d > %d experts): efsdp must "
+                        "divide model.moe_hidden_dim (%d) and model.dim (%d), the experts' dim 1; hint: use an efsdp "
+                        "(data_parallel_shard_degree / expert_parallel_degree) dividing both", Fs, P, c->moe_experts,
+                        c->moe_hidden, c->dim);
+    const int Ef = dim1 ? El : El / Fs;
+    hp_ep_t ep = ep_new(mesh2, 1);
     if (!ep) return HP_ERR_OOM;
-    ep->mesh = mesh2;
-    ep->comm = hp_mesh_get_comm(mesh2, 1);
-    ep->size = P;
-    ep->rank = hp_mesh_get_local_rank(mesh2, 1);
     ep->fs_comm = hp_mesh_get_comm(mesh2, 0);
     ep->fs_size = Fs;
     ep->fs_rank = hp_mesh_get_local_rank(mesh2, 0);
+    ep->fs_dim1 = dim1;
     hp_param_t *ps = hp_model_params(m);
     size_t ws = 0;
     for (int i = 0; i < hp_model_num_params(m); i++) {
@@ -648,26 +669,54 @@ hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t
             // (FSDP2 over TP's layout: _StridedShard(0, ep) on efsdp, Shard(0) on ep)
             const size_t per = (size_t)(hp_tensor_numel(&d->local) / d->local.shape[0]);
             float *v = d->local.data;
-            memmove(v, v + ((size_t)ep->rank * El + (size_t)ep->fs_rank * Ef) * per, sizeof(float) * Ef * per);
+            memmove(v, v + ((size_t)ep->rank * El + (size_t)(dim1 ? 0 : ep->fs_rank) * Ef) * per,
+                    sizeof(float) * Ef * per);
             d->local.shape[0] = Ef;
             d->placements[0] = hp_strided_shard(0, P);
             d->placements[1] = hp_shard(0);
+            if (dim1) {   // rows [f c, (f+1) c) of each local expert's dim 1: (Shard(1), Shard(0))
+                const int64_t d1 = d->local.shape[1], cc = d1 / Fs, rest = (int64_t)per / d1;
+                for (int64_t e = 0; e < Ef; e++)   // destinations never pass their sources
+                    memmove(v + (size_t)(e * cc * rest), v + (size_t)((e * d1 + ep->fs_rank * cc) * rest),
+                            sizeof(float) * (size_t)(cc * rest));
+                d->local.shape[1] = cc;
+                d->local.stride[0] = cc * rest;
+                d->placements[0] = hp_shard(1);
+            }
             if (k == 0) {
-                ep->expert_bytes += sizeof(float) * Ef * per;
-                if (Ef * per * Fs > ws) ws = Ef * per * Fs;
+                const size_t held = (size_t)hp_tensor_numel(&d->local);
+                ep->expert_bytes += sizeof(float) * held;
+                if (held * Fs > ws) ws = held * Fs;
             }
         }
     }
     ep->ws_w = hp_aligned_alloc(sizeof(float) * 3 * (ws ? ws : 1));
     ep->ws_g = hp_aligned_alloc(sizeof(float) * 3 * (ws ? ws : 1));
     hp_status_t st = ep->ws_w && ep->ws_g ? HP_OK : HP_ERR_OOM;
-    if (st == HP_OK) st = compact(m);
-    if (st == HP_OK) st = install(m, ep, &ep_dispatch);
-    if (st != HP_OK) {
-        hp_ep_destroy(ep);
-        return st;
+    return ep_finish(m, ep, &ep_dispatch, st, out);
+}
+
+hp_status_t hp_ep_restore_dense_layout(hp_ep_t ep, hp_model_t m) {
+    if (!ep || !m) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_restore_dense_layout: NULL argument");
+    hp_param_t *ps = hp_model_params(m);
+    for (int i = 0; i < hp_model_num_params(m); i++) {
+        hp_param_t *p = &ps[i];
+        if (hp_ep_is_expert_param(p)) continue;
+        hp_dtensor_t *ts[2] = {&p->value, &p->grad};
+        for (int k = 0; k < 2; k++) {
+            hp_dtensor_t *d = ts[k];
+            if (d->mesh != ep->mesh) continue;   // already its own plan's layout
+            if (ep->tp_size > 1 && ep->dense_tp) {   // ETP: (Replicate, tp placement) -> tp placement on tp
+                d->placements[0] = d->placements[1];
+                d->mesh = ep->dense_tp;
+                d->mesh_ndim = 1;
+            } else {   // Replicate over ep (and efsdp): a plain tensor again
+                d->mesh = NULL;
+                d->mesh_ndim = 0;
+                d->placements[0] = d->placements[1] = hp_replicate();
+            }
+        }
     }
-    *out = ep;
     return HP_OK;
 }
 

@@ -153,6 +153,9 @@ struct hp_fsdp {
     int n_events;
     char (*events)[FSDP_EVENT_LEN];
     double wait_s;
+    /* ignored_params: their values / grads in storage of our own (the model's is released) */
+    float *ign_v, *ign_g;
+    size_t ign_floats;
 };
 
 static size_t esize(hp_dtype_t dt) { return dt == HP_F32 ? 4 : 2; }
@@ -515,12 +518,13 @@ static const char *unit_name(hp_model_t m, int u, char *buf, size_t n) {
 /* The TP mesh of the model's DTensor parameters (parallelize_module ran first), or NULL when
  * every parameter is a plain tensor. FSDP then shards the TP-local tensor's dim 0 over the
  * data-parallel dims and records the 2-D layout (see sharded_layout). */
-static hp_status_t tp_mesh_of(const hp_param_t *mp, int np, hp_mesh_t mesh, hp_mesh_t *tpm) {
+static hp_status_t tp_mesh_of(const hp_param_t *mp, int np, hp_mesh_t mesh, int (*ignored)(const hp_param_t *),
+                             hp_mesh_t *tpm) {
     *tpm = NULL;
     char b1[256], b2[256];
     for (int i = 0; i < np; i++) {
         const hp_dtensor_t *v = &mp[i].value;
-        if (!v->mesh) continue;
+        if (!v->mesh || (ignored && ignored(&mp[i]))) continue;
         if (v->mesh_ndim != 1)
             return hp_error(HP_ERR_UNSUPPORTED, "fully_shard: parameter '%s' is a DTensor on a %d-D mesh; expected "
                             "plain tensors or tensor-parallel DTensors on a 1-D mesh", mp[i].name, v->mesh_ndim);
@@ -604,9 +608,11 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
                         o.gradient_divide_factor);
     hp_param_t *mp = hp_model_params(model);
     const int np = hp_model_num_params(model);
-    for (int i = 0; i < np; i++) HP_TRY(hp_fsdp_validate_param(&mp[i]));
+    int (*const ign)(const hp_param_t *) = o.ignored_params;
+    for (int i = 0; i < np; i++)
+        if (!ign || !ign(&mp[i])) HP_TRY(hp_fsdp_validate_param(&mp[i]));
     hp_mesh_t tpm = NULL;
-    HP_TRY(tp_mesh_of(mp, np, mesh, &tpm));
+    HP_TRY(tp_mesh_of(mp, np, mesh, ign, &tpm));
     HP_TRY(hp_dp_register(model, "fully_shard"));
 
     hp_status_t st = HP_OK;
@@ -701,7 +707,10 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
             hp_model_unit_span(model, units[k], &uoff[k], &uspan[k]);
             base[k] = (g->span + 15) / 16 * 16;   // 16-float aligned, as the model's layout
             g->span = base[k] + uspan[k];
-            g->n += cnt[k];
+            for (int i = first[k]; i < first[k] + cnt[k]; i++) {
+                if (ign && ign(&mp[i])) { f->pg[i] = -1; continue; }   // left to its owner
+                g->n++;
+            }
         }
         g->p = hp_calloc((size_t)g->n, sizeof(fparam_t));
         if (!g->p) { st = HP_ERR_OOM; goto fail; }
@@ -716,7 +725,9 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
         g->raf = raf == HP_FSDP_RESHARD_DEFAULT ? (is_root ? 0 : 1) : raf;
         size_t S = 0, S_pf = 0;
         for (int j = 0, k = 0, jk = 0; j < g->n; j++, jk++) {
-            if (jk == cnt[k]) { k++; jk = 0; }
+            while (jk == cnt[k] || f->pg[first[k] + jk] < 0) {   // next unit, or skip an ignored param
+                if (jk == cnt[k]) { k++; jk = 0; } else jk++;
+            }
             fparam_t *p = &g->p[j];
             p->index = first[k] + jk;
             const hp_param_t *q = &mp[p->index];
@@ -814,8 +825,35 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
         }
     }
 
+    // ignored params move to storage of our own, listed with their own layout
+    for (int i = 0; i < np; i++)
+        if (f->pg[i] < 0) f->ign_floats += (size_t)hp_tensor_numel(&mp[i].value.local);
+    if (f->ign_floats) {
+        f->ign_v = hp_aligned_alloc(sizeof(float) * f->ign_floats);
+        f->ign_g = hp_aligned_alloc(sizeof(float) * f->ign_floats);
+        if (!f->ign_v || !f->ign_g) { st = HP_ERR_OOM; goto fail; }
+    }
+    hp_param_t *ign_keep = f->ign_floats ? hp_calloc((size_t)np, sizeof(hp_param_t)) : NULL;
+    if (f->ign_floats && !ign_keep) { st = HP_ERR_OOM; goto fail; }
+    for (size_t i = 0, off = 0; i < (size_t)np; i++) {
+        if (f->pg[i] >= 0) continue;
+        const size_t n = (size_t)hp_tensor_numel(&mp[i].value.local);
+        memcpy(f->ign_v + off, mp[i].value.local.data, sizeof(float) * n);
+        memcpy(f->ign_g + off, mp[i].grad.local.data, sizeof(float) * n);
+        ign_keep[i] = mp[i];
+        ign_keep[i].value.local.data = f->ign_v + off;
+        ign_keep[i].grad.local.data = f->ign_g + off;
+        f->params[i] = ign_keep[i];
+        off += n;
+    }
     // the model's full-size storage is no longer needed: its params point at our buffers
     hp_model_release_storage(model);
+    for (int i = 0; i < np; i++)
+        if (f->pg[i] < 0) {
+            mp[i].value.local.data = ign_keep[i].value.local.data;
+            mp[i].grad.local.data = ign_keep[i].grad.local.data;
+        }
+    free(ign_keep);
     {
         const hp_module_hook_fn h[HP_HOOK_KINDS] = {pre_forward, post_forward, pre_backward, post_backward};
         st = hp_dp_attach_hooks(model, f, h);
@@ -854,6 +892,8 @@ void hp_fsdp_destroy(hp_fsdp_t f) {
             hp_free_aligned(f->slots[i].send);
         }
     hp_free_aligned(f->gfull);
+    hp_free_aligned(f->ign_v);
+    hp_free_aligned(f->ign_g);
     if (f->rs_premul) (void)hp_redop_destroy(f->rs_op, f->shard_comm);
     if (f->pf_comm) (void)hp_comm_destroy(f->pf_comm);
     if (f->model) {
@@ -886,6 +926,7 @@ hp_status_t hp_fsdp_zero_grad(hp_fsdp_t f) {
                             g->accum_pending ? "set_requires_gradient_sync(false)" : "set_requires_all_reduce(false)");
         memset(g->gshard, 0, sizeof(float) * g->S);
     }
+    if (f->ign_floats) memset(f->ign_g, 0, sizeof(float) * f->ign_floats);
     return HP_OK;
 }
 
@@ -911,6 +952,11 @@ int hp_fsdp_grad_comms(hp_fsdp_t f, hp_comm_t *comms) {
 static hp_status_t full_of(hp_fsdp_t f, int i, int grad, float *out) {
     if (i < 0 || i >= f->n_params)
         return hp_error(HP_ERR_INVALID_ARG, "fsdp full tensor: param index %d outside [0, %d)", i, f->n_params);
+    if (f->pg[i] < 0) {   // ignored: the owner's local tensor
+        const hp_dtensor_t *d = grad ? &f->params[i].grad : &f->params[i].value;
+        memcpy(out, d->local.data, sizeof(float) * (size_t)hp_tensor_numel(&d->local));
+        return HP_OK;
+    }
     const group_t *g = &f->g[f->pg[i]];
     const fparam_t *p = &g->p[f->pj[i]];
     size_t pad = (size_t)(p->chunk * p->rest);
@@ -929,6 +975,7 @@ hp_status_t hp_fsdp_full_grad(hp_fsdp_t f, int i, float *out) { return full_of(f
 void hp_fsdp_memory(hp_fsdp_t f, size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes) {
     size_t s = 0;
     for (int u = 0; u < f->n_groups; u++) s += sizeof(float) * f->g[u].S;
+    s += sizeof(float) * f->ign_floats;   /* ignored params: held whole in our storage */
     if (param_bytes) *param_bytes = s;
     if (grad_bytes) *grad_bytes = s;
     if (workspace_bytes) *workspace_bytes = f->ws_bytes;

@@ -92,6 +92,10 @@ struct hp_trainer {
     hp_ep_t ep_tp;              /* tensor parallel of the experts (tp > 1, ep = 1) */
     hp_mesh_t etp_mesh;         /* ETP: (dp_shard = ep, tp); expert FSDP: (efsdp, ep) */
     hp_mesh_t ep_grad_mesh[2];  /* (efsdp), (dp_replicate): expert grads are summed over these */
+    /* dense FSDP under EP: the norm is sqrt(dense^2 + experts^2), each over its own comms */
+    hp_param_t *ep_norm_p;      /* (np) the dense params, then the experts (descriptors) */
+    int ep_n_dense, ep_n_expert_comms;
+    hp_comm_t ep_expert_comms[3];
     /* --- context parallel (owner cp) --- */
     hp_mesh_t cp_mesh;          /* the world mesh's cp dim */
     hp_cp_t cp;
@@ -374,6 +378,8 @@ static void pin_threads(const hp_config_t *c) {
  * collective runs here, so a rank that fails is agreed on before the first one. */
 static hp_status_t moe_check_layout(const hp_trainer_t t);   /* mixture of experts (owner moe) */
 static hp_status_t moe_setup(hp_trainer_t t, int ac_k);
+static hp_status_t ep_norm_setup(hp_trainer_t t);
+static hp_status_t ep_grad_norm(hp_trainer_t t, double *norm);
 
 /* --- data parallel (owner fsdp): fully_shard's options from the config. Reductions are sums
  * (the loss is globally normalised: divide factor 1); reshard_after_forward "default" is
@@ -848,8 +854,8 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
     /* --- end tensor parallel --- */
     /* --- expert parallel (owner moe): experts Shard(0) over the sparse mesh's ep dim before
      * the weights are drawn, FSDP-sharded over efsdp when efsdp > 1; expert grads are summed
-     * over dp_replicate (and efsdp by the reduce-scatter), the dense ones over the batch mesh
-     * as replicated data parallel (no FSDP / DDP of the dense params under EP yet) --- */
+     * over dp_replicate (and efsdp by the reduce-scatter); the dense ones are FSDP-sharded
+     * over the dense fsdp mesh below (fully_shard with the experts ignored) --- */
     if (t->pd.ep > 1 && t->pd.tp > 1) {   /* ETP: (dp_shard = ep, tp) of the world mesh */
         const char *n2[2] = {"dp_shard", "tp"}, *epn[1] = {"dp_shard"}, *drn[1] = {"dp_replicate"};
         HP_TRY(hp_mesh_slice(t->meshes.world, 2, n2, &t->etp_mesh));
@@ -885,7 +891,7 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
     /* --- data parallel (owner fsdp) --- */
     t->params = hp_model_params(t->model);
     t->np = hp_model_num_params(t->model);
-    if ((t->pd.dp_shard > 1 || t->pd.cp > 1) && !t->ep) {   /* owners cp (dp_shard x cp), moe (no FSDP under EP) */
+    if (t->pd.dp_shard > 1 || t->pd.cp > 1) {   /* owners cp (dp_shard x cp), moe (dense params under EP) */
         /* fully_shard every unit (embedding, blocks, norm + output) over (dp_shard) or, with
          * dp_replicate > 1, HSDP over (dp_replicate, dp_shard); reductions are sums since the
          * loss is globally normalised (gradient divide factor 1, docs/fsdp.md) */
@@ -894,10 +900,17 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
         if (t->pd.cp > 1) HP_TRY(cp_fsdp_mesh(t));   /* context parallel (owner cp): (dp_shard, cp) flattened */
         else
         HP_TRY(hp_mesh_slice(t->meshes.world, two ? 2 : 1, two ? names : names + 1, &t->dp_mesh));
-        const hp_fsdp_options_t fo = fsdp_options(c, 0);
+        hp_fsdp_options_t fo = fsdp_options(c, 0);
+        if (t->ep) {   /* expert parallel (owner moe): the experts stay on the sparse mesh (ep.c) */
+            HP_TRY(hp_ep_restore_dense_layout(t->ep, t->model));
+            fo.ignored_params = hp_ep_is_expert_param;
+            t->ep_n_expert_comms = t->n_clip_comms;
+            memcpy(t->ep_expert_comms, t->clip_comms, sizeof t->clip_comms);
+        }
         HP_TRY(hp_fully_shard(t->model, t->dp_mesh, &fo, &t->fsdp));
         t->params = hp_fsdp_params(t->fsdp);
         t->n_clip_comms = hp_fsdp_grad_comms(t->fsdp, t->clip_comms);   /* shard, replicate, tp */
+        if (t->ep) HP_TRY(ep_norm_setup(t));   /* expert parallel (owner moe) */
     } else if (t->dp_size > 1 && !t->mcfg.tie_embeddings && !t->ep) {
         /* DDP: gradient buckets (1 MiB first, 25 MiB cap) all-reduced (SUM) asynchronously as
          * they fill during backward; no_sync on all micro-batches but the last. Tied
@@ -1065,6 +1078,32 @@ static void moe_destroy(hp_trainer_t t) {
     free(t->moe_counts);
     free(t->moe_zero);
     free(t->moe_ckpt_params);
+    free(t->ep_norm_p);
+}
+
+/* Dense FSDP under EP: the dense params are DTensors of the dense fsdp mesh (their squares
+ * summed over FSDP's comms), the experts of the sparse mesh (summed over ep / efsdp / tp): one
+ * comm list cannot count both once, so the norm is sqrt(dense^2 + experts^2). The table holds
+ * descriptors of t->params (their storage does not move). */
+static hp_status_t ep_norm_setup(hp_trainer_t t) {
+    t->ep_norm_p = hp_calloc((size_t)t->np + 1, sizeof(hp_param_t));
+    if (!t->ep_norm_p) return HP_ERR_OOM;
+    int n = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < t->np; i++)
+            if (hp_ep_is_expert_param(&t->params[i]) == pass) t->ep_norm_p[n++] = t->params[i];
+    t->ep_n_dense = 0;
+    for (int i = 0; i < t->np; i++) t->ep_n_dense += !hp_ep_is_expert_param(&t->params[i]);
+    return HP_OK;
+}
+
+static hp_status_t ep_grad_norm(hp_trainer_t t, double *norm) {
+    double dn = 0.0, en = 0.0;
+    HP_TRY(hp_grad_norm(t->ep_norm_p, t->ep_n_dense, t->clip_comms, t->n_clip_comms, &dn));
+    HP_TRY(hp_grad_norm(t->ep_norm_p + t->ep_n_dense, t->np - t->ep_n_dense, t->ep_expert_comms,
+                        t->ep_n_expert_comms, &en));
+    *norm = sqrt(dn * dn + en * en);
+    return HP_OK;
 }
 
 /* Layouts the MoE layers do not support yet, named by key. */
@@ -1383,6 +1422,10 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     hp_status_t cs;
     if (t->pp) {   /* pipeline parallel (owner pp): the norm counts a tied weight once */
         cs = hp_grad_norm(t->pp->norm, t->pp->n_norm, t->clip_comms, t->n_clip_comms, &norm);
+        if (cs == HP_OK && t->cfg.training.max_norm > 0)
+            cs = hp_clip_grads_with_norm(params, np, t->cfg.training.max_norm, norm);
+    } else if (t->ep_norm_p) {   /* expert parallel (owner moe): dense (FSDP comms) and expert parts */
+        cs = ep_grad_norm(t, &norm);
         if (cs == HP_OK && t->cfg.training.max_norm > 0)
             cs = hp_clip_grads_with_norm(params, np, t->cfg.training.max_norm, norm);
     } else {

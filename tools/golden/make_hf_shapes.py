@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Makes the small HF model folders of tests/test_hf_shapes.c with transformers: shapes no
 preset has (GQA with one KV head, head_dim != hidden/heads, tied and untied embeddings, RoPE
-with and without Llama 3.1 "llama3" scaling; llama and qwen3), fp32 weights drawn at a scale
+with and without Llama 3.1 "llama3" scaling; llama and qwen3; a Qwen3-MoE (Qwen3MoeForCausalLM:
+4 experts top-2, norm_topk_prob, one dense first layer), whose experts transformers saves one
+tensor per expert), fp32 weights drawn at a scale
 that gives logits of order 1, and the expected logits of fixed random tokens.
 
 Each folder tests/data/hf_shapes/NAME/ holds what save_pretrained writes (config.json,
@@ -46,6 +48,11 @@ SHAPES = [
          head_dim=8, intermediate_size=80, num_hidden_layers=2, tie_word_embeddings=False, rope_theta=1000000.0,
          rope_scaling=dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
                            original_max_position_embeddings=64), rms_norm_eps=1e-6),
+    # qwen3_moe: layer 0 dense (mlp_only_layers), layers 1-2 MoE of 4 experts (hidden 16), top-2, tied
+    dict(name="qwen3_moe_e4_top2_tied", arch="qwen3_moe", hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+         head_dim=8, intermediate_size=48, num_hidden_layers=3, tie_word_embeddings=True, rope_theta=1000000.0,
+         rope_scaling=None, rms_norm_eps=1e-6, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0]),
 ]
 
 
@@ -54,8 +61,11 @@ def build(spec, seed):
     rope = dict(spec["rope_scaling"] or {"rope_type": "default"})
     rope["rope_theta"] = spec["rope_theta"]
     common = dict(vocab_size=VOCAB, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, **kw)
-    Cfg = transformers.LlamaConfig if spec["arch"] == "llama" else transformers.Qwen3Config
-    Model = transformers.LlamaForCausalLM if spec["arch"] == "llama" else transformers.Qwen3ForCausalLM
+    if spec["arch"] == "qwen3_moe":   # the per-expert loop (torch's grouped_mm has no float64)
+        common["experts_implementation"] = "eager"
+    Cfg, Model = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                  "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+                  "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM)}[spec["arch"]]
     try:   # transformers 5: rope_parameters; 4.x: rope_theta + rope_scaling
         cfg = Cfg(rope_parameters=rope, **common)
         assert cfg.rope_parameters["rope_theta"] == spec["rope_theta"]
@@ -75,7 +85,10 @@ def build(spec, seed):
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "../../tests/data/hf_shapes")
+    only = sys.argv[2:]   # names to (re)make; default all
     for i, spec in enumerate(SHAPES):
+        if only and spec["name"] not in only:
+            continue
         d = os.path.join(out, spec["name"])
         model = build(spec, i)
         model.save_pretrained(d, safe_serialization=True)
