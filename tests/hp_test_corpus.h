@@ -6,6 +6,7 @@
 #define HP_TEST_CORPUS_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,6 +106,48 @@ static inline void hp_test_train_steps(const hp_config_t *c, hp_comm_t comm, int
         HP_CHECK(isfinite(vl) && vl > 0, "validation loss %g", vl);
     }
     hp_trainer_destroy(t);
+}
+
+/* Token files for a data-parallel degree dp, in dir_: rank 0 writes x_dp<dp>.bin (dp contiguous
+ * shards, shard r = the rows data-parallel rank r reads over `steps` steps of B rows) and
+ * y_dp<dp>.bin (the same rows interleaved: row (k dp + r) B + b of y = row k B + b of shard r),
+ * so one rank with local batch dp x B reads at step k exactly the dp ranks' rows of step k: the
+ * single-rank run of a data-parallel layout's global batch. Rows are T + 1 tokens (the bin
+ * loader's window), each an arithmetic progression mod 251 (learnable, so the loss moves; the
+ * vocabulary must hold 251 ids). Collective over world. */
+static inline void hp_test_write_dp_bins(hp_comm_t world, int dp, int B, int T, int steps) {
+    const int R = steps * B, Wt = T + 1;   // rows per shard: no wrap
+    if (hp_comm_rank(world) == 0) {
+        uint16_t *x = calloc((size_t)dp * R * Wt, sizeof *x), *y = calloc((size_t)dp * R * Wt, sizeof *y);
+        uint32_t st = 12345u + (uint32_t)dp;
+        for (int r = 0; r < dp; r++)
+            for (int i = 0; i < R; i++) {
+                st = st * 1664525u + 1013904223u;
+                const int a = 1 + (int)(st >> 28), b = (int)((st >> 8) % 251);
+                uint16_t *row = x + ((size_t)r * R + i) * Wt;
+                for (int t = 0; t < Wt; t++) row[t] = (uint16_t)((a * t + b) % 251);
+                const int k = i / B, bb = i % B;
+                memcpy(y + ((size_t)(k * dp + r) * B + bb) * Wt, row, sizeof *row * (size_t)Wt);
+            }
+        for (int f = 0; f < 2; f++) {
+            char path[300];
+            snprintf(path, sizeof path, "%s/%c_dp%d.bin", dir_, f ? 'y' : 'x', dp);
+            FILE *fp = fopen(path, "wb");
+            HP_CHECK(fp && fwrite(f ? y : x, sizeof *x, (size_t)dp * R * Wt, fp) == (size_t)dp * R * Wt, "write %s", path);
+            if (fp) fclose(fp);
+        }
+        free(x);
+        free(y);
+    }
+    hp_barrier(world, NULL);
+}
+
+/* Points c at x_dp<dp>.bin ('x': the data-parallel layout) or y_dp<dp>.bin ('y': the single
+ * rank with local batch dp x B). */
+static inline void hp_test_use_bin(hp_config_t *c, char which, int dp) {
+    snprintf(c->data.path, sizeof c->data.path, "%.200s/%c_dp%d.bin", dir_, which, dp);
+    snprintf(c->data.format, sizeof c->data.format, "bin");
+    c->data.validation_fraction = 0.0;
 }
 
 /* Removes the directory (rank 0, after every rank is done) unless HP_KEEP is set. */

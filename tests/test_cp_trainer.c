@@ -4,10 +4,11 @@
  * without balancing, Ulysses 2, and qwen3; on 4
  * ranks cp 4 (ring; hybrid Ulysses 2 x ring 2) and cp 2 x TP 2 (sequence and loss parallel; the
  * async core under TP bitwise equal to the synchronous run);
- * cp 2 x FSDP 2 (FSDP over dp_shard x cp) equals the FSDP 2 run without CP on the same data, and
- * dp_replicate 2 x cp 2 (HSDP) the data-parallel run over 2 ranks; on 8 ranks cp 2 x FSDP 2 x
- * TP 2 (llama3 with allgather, qwen3 with alltoall) equals the FSDP 2 run and pp 2 x cp 2 x TP 2
- * (qwen3) the single-rank run; on 4 ranks pp 2 x cp 2
+ * cp 2 x FSDP 2 (FSDP over dp_shard x cp) and dp_replicate 2 x cp 2 (HSDP) equal the
+ * single-rank run of the same global batch (two data-parallel ranks' rows: local batch 2 B on
+ * the interleaved token file, hp_test_write_dp_bins); on 8 ranks cp 2 x FSDP 2 x TP 2 (llama3
+ * with allgather, qwen3 with alltoall) equals the single-rank run of its global batch likewise
+ * and pp 2 x cp 2 x TP 2 (qwen3) the single-rank run; on 4 ranks pp 2 x cp 2
  * (llama3; qwen3 with the asynchronous core) equals the single-rank run. An
  * lr 1% off fails the tolerance (negative test); bad CP input is refused by key with a hint
  * (seq_len not divisible by 2 cp, cp not dividing the world, Ulysses degree not dividing cp or
@@ -44,19 +45,25 @@ static hp_comm_t world;
 static int rank, ws;
 static double last_l[N], last_n[N];   /* the last variant's losses and gradient norms */
 
-/* The run without CP and TP on the first dps ranks alone (dps 1: the single-rank run; dps 2:
- * FSDP 2, which test_trainer_fsdp proves equal to data parallel; it sees the same data as the
- * dp_shard 2 x cp 2 run, since CP ranks share their batch coordinate). */
+/* The single-rank run: rank 0 alone, without CP, TP or data parallelism. With dps > 1 the
+ * layout reads x_dp<dps>.bin (CP and TP ranks share their dp_shard rank's rows) and the single
+ * rank reads y_dp<dps>.bin with local batch dps x B: the same global batch each step
+ * (hp_test_write_dp_bins). */
 static void reference(const hp_config_t *c, int dps, double *l, double *n) {
     memset(l, 0, sizeof(double) * N);
     memset(n, 0, sizeof(double) * N);
     hp_comm_t solo = NULL;
-    HP_CHECK_OK(hp_comm_split(world, rank < dps ? 0 : -1, rank, &solo));
-    if (rank < dps) {
+    HP_CHECK_OK(hp_comm_split(world, rank == 0 ? 0 : -1, rank, &solo));
+    if (rank == 0) {
         hp_config_t *r = calloc(1, sizeof *r);
         *r = *c;
+        if (dps > 1) {
+            hp_test_use_bin(r, 'y', dps);
+            r->training.local_batch_size = dps * c->training.local_batch_size;
+            r->training.global_batch_size = -1;
+        }
         r->parallelism.data_parallel_replicate_degree = 1;
-        r->parallelism.data_parallel_shard_degree = dps;
+        r->parallelism.data_parallel_shard_degree = 1;
         r->parallelism.context_parallel_degree = 1;
         r->parallelism.tensor_parallel_degree = 1;
         r->parallelism.context_parallel_ulysses_degree = 1;
@@ -220,8 +227,12 @@ int main(int argc, char **argv) {
     double rl[N], rn[N];
     if (ws == 8) {
         /* cp 2 x FSDP 2 x TP 2 (FSDP over dp_shard x cp, TP with sequence and loss parallel),
-         * llama3 and qwen3, against the FSDP 2 run on the same data (CP and TP ranks share the
-         * batch coordinate of their dp_shard rank) */
+         * llama3 and qwen3, against the single-rank run of the same global batch (its two
+         * dp_shard ranks' rows, from the token files) */
+        hp_test_write_dp_bins(world, 2, (int)c->training.local_batch_size, (int)c->training.seq_len, N);
+        hp_config_t *keep = calloc(1, sizeof *keep);
+        *keep = *c;
+        hp_test_use_bin(c, 'x', 2);
         for (int m = 0; m < 2; m++) {
             if (m == 1) {
                 snprintf(c->model.name, sizeof c->model.name, "qwen3");
@@ -230,6 +241,10 @@ int main(int argc, char **argv) {
             reference(c, 2, rl, rn);
             variant(c, rl, rn, 2, 2, 2, 1, m == 0 ? "allgather" : "alltoall", "headtail", 0);
         }
+        *c = *keep;
+        free(keep);
+        snprintf(c->model.name, sizeof c->model.name, "qwen3");
+        c->model.head_dim = 16;
         /* pp 2 x cp 2 x TP 2: per stage TP, then the CP cores on the local heads */
         reference(c, 1, rl, rn);
         c->parallelism.pipeline_parallel_degree = 2;
@@ -275,20 +290,18 @@ int main(int argc, char **argv) {
                      "cp 2 x TP 2: the async run's losses / gradient norms are not bitwise the synchronous run's "
                      "(step 10 loss %.9g vs %.9g)", last_l[N - 1], sl[N - 1]);
         }
+        /* cp 2 x FSDP 2 (FSDP over dp_shard x cp) and CP x HSDP (dp_replicate 2 x cp 2), each
+         * against the single-rank run of the same global batch (the token files) */
+        hp_test_write_dp_bins(world, 2, (int)c->training.local_batch_size, (int)c->training.seq_len, N);
+        hp_config_t *keep = calloc(1, sizeof *keep);
+        *keep = *c;
+        hp_test_use_bin(c, 'x', 2);
         double fl[N], fn[N];
         reference(c, 2, fl, fn);
-        variant(c, fl, fn, 2, 2, 1, 1, "alltoall", "headtail", 0);   /* FSDP over dp_shard x cp */
-        /* CP x HSDP: (dp_replicate 2, dp_shard x cp 2) equals data parallel over 2 ranks */
+        variant(c, fl, fn, 2, 2, 1, 1, "alltoall", "headtail", 0);
         double hl[N] = {0}, hn[N] = {0};
-        hp_comm_t two = NULL;
-        HP_CHECK_OK(hp_comm_split(world, rank < 2 ? 0 : -1, rank, &two));
         c->parallelism.data_parallel_replicate_degree = 2;
         c->parallelism.data_parallel_shard_degree = 1;
-        c->parallelism.context_parallel_degree = 1;
-        if (rank < 2) hp_test_train_steps(c, two, N, fl, fn, 0);
-        if (two) hp_comm_destroy(two);
-        HP_CHECK_OK(hp_broadcast(fl, N, HP_I64, 0, world, NULL));
-        HP_CHECK_OK(hp_broadcast(fn, N, HP_I64, 0, world, NULL));
         c->parallelism.context_parallel_degree = 2;
         hp_test_train_steps(c, world, N, hl, hn, 0);
         for (int i = 0; i < N; i++) {
@@ -296,8 +309,10 @@ int main(int argc, char **argv) {
             HP_CHECK_CLOSE(hn[i], fn[i], NORM_RTOL, 0);
         }
         if (rank == 0)
-            printf("HSDP dp_replicate 2 x cp 2: loss %.6f -> %.6f (data parallel 2: %.6f -> %.6f)\n", hl[0], hl[N - 1],
-                   fl[0], fl[N - 1]);
+            printf("HSDP dp_replicate 2 x cp 2: loss %.6f -> %.6f (single rank, local batch 2 B: %.6f -> %.6f)\n",
+                   hl[0], hl[N - 1], fl[0], fl[N - 1]);
+        *c = *keep;
+        free(keep);
         /* CP x PP: pp 2 (1F1B over the 2 micro-batches of the local batch) x cp 2, the CP cores
          * installed per stage, FSDP over dp_shard x cp per stage; llama3 synchronous, qwen3
          * (tied embeddings, qk-norm) with the asynchronous core */
