@@ -898,7 +898,7 @@ static hp_status_t run_transposed(hp_pp_t p, stage_t *s, int m, const int32_t *t
         if (s->n_free == 0) return fmt_action_error(a, "finds no free micro-batch context (more in flight than planned)");
         if (!p->mp_got[m]) return fmt_action_error(a, "runs without its MPIPE_RECV_F");
         if (!tokens) return hp_error(HP_ERR_INVALID_ARG, "pipeline step: the first stage needs tokens");
-        HP_TRY(hp_work_wait(&p->mp_recv[m]));
+        if (p->mp_recv[m]) HP_TRY(hp_work_wait(&p->mp_recv[m]));   // wait_input usually did
         p->mp_got[m] = 0;
         const int c = s->free_ctx[--s->n_free];
         if (s->n_ctx - s->n_free > s->hw) s->hw = s->n_ctx - s->n_free;
@@ -970,7 +970,7 @@ static hp_status_t run_action(hp_pp_t p, int k, const int32_t *tokens, const int
 /* Before F / B / I: completes the receive the action reads (a no-op when it is local or done). */
 static hp_status_t wait_input(hp_pp_t p, const hp_pp_action_t *a) {
     if (a->type == HP_PP_MPIPE_F || a->type == HP_PP_MPIPE_SEND_F || a->type == HP_PP_MPIPE_RECV_F) return HP_OK;
-    if (a->type == HP_PP_TRANSPOSE_F) return p->mp_got[a->mb] ? hp_work_wait(&p->mp_recv[a->mb]) : HP_OK;
+    if (a->type == HP_PP_TRANSPOSE_F) return p->mp_recv[a->mb] ? hp_work_wait(&p->mp_recv[a->mb]) : HP_OK;
     stage_t *s = &p->st[p->local_of[a->stage]];
     if (a->type == HP_PP_TRANSPOSE_B) return wait_recv(p, s, a->mb, DIR_B);
     const int m = a->mb;
