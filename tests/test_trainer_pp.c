@@ -4,7 +4,7 @@
  * loss, 1e-4 norm: fp32 summation order of the micro-batch gradients and of the norm's cross-rank
  * sum, as the data-parallel trainer tests); 2 ranks: GPipe, 1F1B, Interleaved1F1B, LoopedBFS,
  * InterleavedZeroBubble, ZBVZeroBubble, DualPipeV (its run with the overlap off and coalesced p2p
- * bitwise equal), a hand-written CSV, module_fqns_per_model_part, activation checkpointing,
+ * bitwise equal), MPipeTranspose (T = 0 and 1, HyperParallel's), a hand-written CSV, module_fqns_per_model_part, activation checkpointing,
  * gradient accumulation; 4 ranks: pp 4 (all seven schedules; 2, 4 and 8 micro-batches), pp 2 x TP
  * 2 (Interleaved1F1B, the three new ones, a zero-bubble CSV) against the single rank, pp 2 x FSDP
  * 2 (1F1B, the zero-bubble CSV, the three new ones), pp 2 x CP 2 (InterleavedZeroBubble,
@@ -172,6 +172,32 @@ int main(int argc, char **argv) {
             unsetenv("HP_PP_P2P");
             HP_CHECK(memcmp(l, dl, sizeof dl) == 0 && memcmp(n, dn, sizeof dn) == 0, "DualPipeV without the overlap "
                      "(and coalesced p2p) differs bitwise: loss %.9g vs %.9g", l[N - 1], dl[N - 1]);
+        }
+        // HyperParallel's MPipeTranspose: T = 0 (the embedding) and T = 1 (stage 0 = the embedding and
+        // layer 0, exactly the preprocess); validation through hp_pp_eval; refusals by key
+        {
+            double v0 = 0, v1 = 0;
+            run(c, one, world, l, n, &v0);
+            for (int T = 0; T <= 1; T++) {
+                *f = *c;
+                set_pp(f, 2, "MPipeTranspose");
+                f->parallelism.pipeline_parallel_mpipe_transpose_layers = T;
+                run(f, world, world, l, n, &v1);
+                HP_CHECK(fabs(v1 - v0) <= 1e-5 * fabs(v0), "MPipe T %d validation %.9g vs %.9g", T, v1, v0);
+                close_all(l, rl, N, 1e-5, 1, T ? "MPipeTranspose T 1" : "MPipeTranspose T 0");
+                close_all(n, rn, N, 1e-4, 1, "grad norm");
+                if (rank == 0) printf("llama3 pp 2 MPipeTranspose T %d: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n",
+                                      T, l[0], l[N - 1], rl[0], rl[N - 1]);
+            }
+            hp_trainer_t t = NULL;
+            *f = *c;
+            set_pp(f, 2, "mpipetranspose");
+            f->parallelism.pipeline_parallel_mpipe_transpose_layers = 2;   // stage 0 holds one layer
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "pipeline_parallel_mpipe_transpose_layers = 2");
+            *f = *c;
+            set_pp(f, 2, "MPipeTranspose");
+            snprintf(f->model.name, sizeof f->model.name, "qwen3");
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "MPipeTranspose with the tied");
         }
         // a hand-written compute-only CSV (GPipe's order) and a user split
         {
