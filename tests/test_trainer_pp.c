@@ -8,7 +8,7 @@
  * gradient accumulation; 4 ranks: pp 4 (all seven schedules; 2, 4 and 8 micro-batches), pp 2 x TP
  * 2 (Interleaved1F1B, the three new ones, a zero-bubble CSV) against the single rank, pp 2 x FSDP
  * 2 (1F1B, the zero-bubble CSV, the three new ones), pp 2 x CP 2 (InterleavedZeroBubble,
- * DualPipeV; CP tolerance 1e-4 / 1e-3), pp 2 x DDP 2 (1F1B, ZBV) against replicated
+ * DualPipeV; CP tolerance 1e-4 / 1e-3), pp 2 x DDP 2 (1F1B, ZBV, MPipeTranspose) against replicated
  * DP 2; 8 ranks: pp 2 x FSDP 2 x TP 2 (llama3, qwen3) against replicated DP 2 (TP's tolerance,
  * 1e-4 / 1e-3), pp 4 x FSDP 2 and pp 4 x TP 2 with the three new schedules, pp 2 x HSDP 2 x 2
  * against replicated DP 4. A run whose optimizer is 1e-3 off must fall outside the tolerance. A
@@ -385,14 +385,16 @@ int main(int argc, char **argv) {
         // pp 2 x FSDP 2 and pp 2 x DDP 2 against replicated DP 2 on ranks 0, 1
         base(c, 2, "llama3");
         run(c, two, world, rl, rn, NULL);
-        const char *fs[7] = {"1F1B", "1F1B", "1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV",
-                             "ZBVZeroBubble"};
-        const char *fname[7] = {"FSDP", "DDP", "FSDP (zero-bubble CSV)", "FSDP (InterleavedZeroBubble)",
-                                "FSDP (ZBVZeroBubble)", "FSDP (DualPipeV)", "DDP (ZBVZeroBubble)"};
-        for (int k = 0; k < 7; k++) {   // 3..5: the zero-bubble / V schedules x FSDP 2; 6: ZBV x DDP 2
+        const char *fs[8] = {"1F1B", "1F1B", "1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV",
+                             "ZBVZeroBubble", "MPipeTranspose"};
+        const char *fname[8] = {"FSDP", "DDP", "FSDP (zero-bubble CSV)", "FSDP (InterleavedZeroBubble)",
+                                "FSDP (ZBVZeroBubble)", "FSDP (DualPipeV)", "DDP (ZBVZeroBubble)",
+                                "DDP (MPipeTranspose T 1)"};
+        for (int k = 0; k < 8; k++) {   // 3..5: the zero-bubble / V schedules x FSDP 2; 6: ZBV x DDP 2; 7: MPipe
             *f = *c;
             set_pp(f, 2, fs[k]);
-            const int ddp = k == 1 || k == 6;
+            if (k == 7) f->parallelism.pipeline_parallel_mpipe_transpose_layers = 1;
+            const int ddp = k == 1 || k == 6 || k == 7;
             f->parallelism.data_parallel_replicate_degree = ddp ? 2 : 1;
             f->parallelism.data_parallel_shard_degree = ddp ? 1 : 2;
             if (k == 2) {   // FSDP with a zero-bubble CSV: the reduce-scatter follows the stage's last W
@@ -415,6 +417,10 @@ int main(int argc, char **argv) {
             f->parallelism.data_parallel_shard_degree = 2;
             setenv("HP_PP_OVERLAP", "thread", 1);
             HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "HP_PP_OVERLAP = thread");
+            unsetenv("HP_PP_OVERLAP");
+            set_pp(f, 2, "MPipeTranspose");   // the replica takes plain parameters: not under FSDP
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "MPipeTranspose with data_parallel_shard_degree 2");
+            set_pp(f, 2, "DualPipeV");
             setenv("HP_PP_OVERLAP", "sideways", 1);
             HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "HP_PP_OVERLAP = 'sideways'");
             unsetenv("HP_PP_OVERLAP");
