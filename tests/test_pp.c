@@ -370,7 +370,37 @@ static void same_bits(hp_comm_t world, hp_pp_kind_t kind, int n_mb, pp_mode_t a,
 /* HyperParallel's MPipe transpose: T = 0 (the embedding) and, at pp 2, T = 1 with stage 0 holding
  * exactly the preprocess (w_in 1) and more (w_in 0, qwen3's tied embedding); the harness's
  * negative too. */
+/* A preprocess larger than stage 0 is refused on every rank (only stage 0's rank can see it). */
+static void mpipe_refusal(hp_comm_t world, int ws) {
+    const int me = hp_comm_rank(world), S = 2 * ws, n_mb = ws;
+    hp_model_config_t cfg = dp_config(6);
+    cfg.dim = 64, cfg.n_heads = 4, cfg.n_kv_heads = 2, cfg.head_dim = 0, cfg.hidden_dim = 128, cfg.vocab_size = 256;
+    HP_ASSERT(hp_model_config_validate(&cfg) == HP_OK);
+    int lo[HP_PP_MAX_STAGES + 1], s2r[HP_PP_MAX_STAGES], ids[4], nl = 0;
+    HP_CHECK_OK(hp_pp_split_layers(cfg.n_layers, S, 1, 1, lo));
+    hp_pp_schedule_t *compute = NULL, *lowered = NULL;
+    HP_CHECK_OK(hp_pp_generate(HP_PP_MPIPE, ws, 2, n_mb, &compute));
+    HP_CHECK_OK(hp_pp_lower(compute, S, n_mb, &lowered, s2r));
+    hp_model_t stages[4];
+    for (int s = 0; s < S; s++)
+        if (s2r[s] == me) {
+            ids[nl] = s;
+            HP_CHECK_OK(hp_model_create_range(&cfg, lo[s], lo[s + 1], MBS, TT, &stages[nl++]));
+        }
+    hp_pp_options_t o = {S, s2r, n_mb, MBS, TT};
+    hp_pp_t rt = NULL;
+    const int T = lo[1];   // one layer more than stage 0 holds
+    HP_CHECK_ERR(hp_pp_create_mpipe(world, lowered, stages, ids, nl, &o, NULL, T, &rt), HP_ERR_INVALID_ARG,
+                 "MPipe's preprocess is units");
+    HP_CHECK(rt == NULL, "a refused runtime was returned");
+    for (int i = 0; i < nl; i++) hp_model_destroy(stages[i]);
+    hp_pp_schedule_free(compute);
+    hp_pp_schedule_free(lowered);
+}
+
 static void mpipe_cases(hp_comm_t world, int ws, int rank) {
+    const double t0 = hp_clock_now_seconds();
+    mpipe_refusal(world, ws);
     {
             static const int mc[][3] = {{0, 1, 0}, {1, 1, 0}, {1, 0, 1}, {0, 1, 2}};   // T, w_in, qwen3 (2: negative)
             for (size_t c = 0; c < sizeof mc / sizeof mc[0]; c++) {
@@ -387,6 +417,7 @@ static void mpipe_cases(hp_comm_t world, int ws, int rank) {
             }
             g_mpipe_T = 0, g_mpipe_w_in = 1;
         }
+    if (rank == 0) printf("pp %d MPipeTranspose cases: %.1f s\n", ws, hp_clock_now_seconds() - t0);   // for the suite budget
 }
 
 int main(int argc, char **argv) {

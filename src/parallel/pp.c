@@ -634,6 +634,9 @@ hp_status_t hp_pp_create_mpipe(hp_comm_t pp_comm, const hp_pp_schedule_t *lowere
         }
     }
     st = mpipe_setup(p, lowered, stages, n_local);
+    // only stage 0's rank can check the preprocess against its units: every rank learns its answer
+    // (p->mp is the same on all, read from every rank's list), so no rank waits in the dup below
+    if (p->mp) st = hp_comm_agree(pp_comm, st, NULL);
     if (st != HP_OK) goto fail;
     st = plan_transport(p, hooks, HP_PP_OVERLAP_DEFAULT, HP_PP_P2P_DEFAULT);
     if (st != HP_OK) goto fail;
