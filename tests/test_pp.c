@@ -7,7 +7,8 @@
  * any summation order of n terms; the loss within two f32 roundings of its partials). A
  * corrupted gradient (1 ulp-scale relative error 2^-12 on one element) must fail that check.
  * Per-rank parameter bytes are 1/pp of the model plus the embedding / head imbalance; the
- * split rule and its errors are TorchTitan's. */
+ * split rule and its errors are TorchTitan's. HyperParallel's MPipeTranspose (helpers' replica
+ * forwards, stage 0's transposed F / B) passes the same parity check at T = 0 and 1. */
 // hp-test: ranks 1 2 4   timeout 600
 #include <math.h>
 #include <stdio.h>
@@ -82,12 +83,18 @@ static int in_flight(const hp_pp_schedule_t *compute, int stage) {
             const int n = hp_pp_action_leaves(a, lv);
             for (int j = 0; j < n; j++) {
                 if (lv[j].stage != stage) continue;
-                live += lv[j].type == HP_PP_F ? 1 : (lv[j].type == HP_PP_B || lv[j].type == HP_PP_W) ? -1 : 0;
+                const hp_pp_type_t t = lv[j].type;
+                live += t == HP_PP_F || t == HP_PP_TRANSPOSE_F ? 1
+                        : (t == HP_PP_B || t == HP_PP_W || t == HP_PP_TRANSPOSE_B) ? -1 : 0;
                 if (live > peak) peak = live;
             }
         }
     return peak;
 }
+
+/* MPipe cases: the transposed layers T and stage 0's first_stage_less_layers (1: stage 0 holds
+ * the embedding and one layer at pp 2, the embedding alone at pp 4; 0: two layers at pp 2). */
+static int g_mpipe_T = 0, g_mpipe_w_in = 1;
 
 /* One (model, schedule, n_mb) case on `world` (= the pp dim). Returns the worst error/bound. */
 static double run_case_m(hp_comm_t world, const char *model, hp_pp_kind_t kind, int n_mb, int negative,
@@ -112,7 +119,8 @@ static double run_case_m(hp_comm_t world, const char *model, hp_pp_kind_t kind, 
         exit(1);
     }
     int lo[HP_PP_MAX_STAGES + 1];
-    HP_CHECK_OK(hp_pp_split_layers(cfg.n_layers, S, 1, 1, lo));
+    const int mpipe = kind == HP_PP_MPIPE;
+    HP_CHECK_OK(hp_pp_split_layers(cfg.n_layers, S, mpipe ? g_mpipe_w_in : 1, 1, lo));
     hp_pp_schedule_t *compute = NULL, *lowered = NULL;
     int s2r[HP_PP_MAX_STAGES];
     HP_CHECK_OK(hp_pp_generate(kind, P, L, n_mb, &compute));
@@ -129,7 +137,9 @@ static double run_case_m(hp_comm_t world, const char *model, hp_pp_kind_t kind, 
         }
     hp_pp_options_t o = {S, s2r, n_mb, MBS, TT};
     hp_pp_t rt = NULL;
-    HP_CHECK_OK(hp_pp_create(world, lowered, stages, ids, nl, &o, NULL, &rt));
+    if (mpipe) HP_CHECK_OK(hp_pp_create_mpipe(world, lowered, stages, ids, nl, &o, NULL, g_mpipe_T, &rt));
+    else HP_CHECK_OK(hp_pp_create(world, lowered, stages, ids, nl, &o, NULL, &rt));
+    HP_ASSERT(rt != NULL);
     if (md && md->ov == HP_PP_OVERLAP_THREAD) {   // refused values leave the runtime as it was
         HP_CHECK_ERR(hp_pp_set_transport(rt, (hp_pp_overlap_t)9, HP_PP_P2P_PER_OP), HP_ERR_INVALID_ARG,
                      "overlap mode 9");
@@ -191,6 +201,29 @@ static double run_case_m(hp_comm_t world, const char *model, hp_pp_kind_t kind, 
                 hp_model_ctx_destroy(one);
             }
             want += (size_t)th * per;
+        }
+        if (mpipe) {   // a helper's replica: one context per MPIPE_F; the broadcast is the preprocess's bytes
+            const int NT = P < n_mb ? P : n_mb, helper = me >= 1 && me < NT;
+            hp_model_param_desc_t d[64];
+            const int nd = hp_model_describe_params(&cfg, 0, g_mpipe_T + 1, d, 64);
+            size_t pre = 0;
+            for (int i = 0; i < nd; i++) {
+                size_t e = 1;
+                for (int k = 0; k < d[i].ndim; k++) e *= (size_t)d[i].shape[k];
+                pre += sizeof(float) * e;
+            }
+            HP_CHECK(hp_pp_mpipe_forwards(rt) == helper && hp_pp_mpipe_broadcast_bytes(rt) == pre,
+                     "MPipe T %d rank %d: %d replica forwards (expected %d), broadcast %zu bytes (the preprocess has %zu)",
+                     g_mpipe_T, me, hp_pp_mpipe_forwards(rt), helper, hp_pp_mpipe_broadcast_bytes(rt), pre);
+            if (helper) {
+                hp_model_t rep = NULL;
+                hp_model_ctx_t one = NULL;
+                HP_CHECK_OK(hp_model_create_range(&cfg, 0, g_mpipe_T + 1, MBS, TT, &rep));
+                HP_CHECK_OK(hp_model_ctx_create(rep, MBS, TT, 0, &one));
+                want += hp_model_ctx_bytes(one);
+                hp_model_ctx_destroy(one);
+                hp_model_destroy(rep);
+            }
         }
         HP_CHECK(cb == want, "%s: context bytes %zu, contexts x bytes per context %zu", hp_pp_kind_name(kind), cb,
                  want);
@@ -334,6 +367,59 @@ static void same_bits(hp_comm_t world, hp_pp_kind_t kind, int n_mb, pp_mode_t a,
     free(y);
 }
 
+/* HyperParallel's MPipe transpose: T = 0 (the embedding) and, at pp 2, T = 1 with stage 0 holding
+ * exactly the preprocess (w_in 1) and more (w_in 0, qwen3's tied embedding); the harness's
+ * negative too. */
+/* A preprocess larger than stage 0 is refused on every rank (only stage 0's rank can see it). */
+static void mpipe_refusal(hp_comm_t world, int ws) {
+    const int me = hp_comm_rank(world), S = 2 * ws, n_mb = ws;
+    hp_model_config_t cfg = dp_config(6);
+    cfg.dim = 64, cfg.n_heads = 4, cfg.n_kv_heads = 2, cfg.head_dim = 0, cfg.hidden_dim = 128, cfg.vocab_size = 256;
+    HP_ASSERT(hp_model_config_validate(&cfg) == HP_OK);
+    int lo[HP_PP_MAX_STAGES + 1], s2r[HP_PP_MAX_STAGES], ids[4], nl = 0;
+    HP_CHECK_OK(hp_pp_split_layers(cfg.n_layers, S, 1, 1, lo));
+    hp_pp_schedule_t *compute = NULL, *lowered = NULL;
+    HP_CHECK_OK(hp_pp_generate(HP_PP_MPIPE, ws, 2, n_mb, &compute));
+    HP_CHECK_OK(hp_pp_lower(compute, S, n_mb, &lowered, s2r));
+    hp_model_t stages[4];
+    for (int s = 0; s < S; s++)
+        if (s2r[s] == me) {
+            ids[nl] = s;
+            HP_CHECK_OK(hp_model_create_range(&cfg, lo[s], lo[s + 1], MBS, TT, &stages[nl++]));
+        }
+    hp_pp_options_t o = {S, s2r, n_mb, MBS, TT};
+    hp_pp_t rt = NULL;
+    const int T = lo[1];   // one layer more than stage 0 holds
+    HP_CHECK_ERR(hp_pp_create_mpipe(world, lowered, stages, ids, nl, &o, NULL, T, &rt), HP_ERR_INVALID_ARG,
+                 "MPipe's preprocess is units");
+    HP_CHECK(rt == NULL, "a refused runtime was returned");
+    for (int i = 0; i < nl; i++) hp_model_destroy(stages[i]);
+    hp_pp_schedule_free(compute);
+    hp_pp_schedule_free(lowered);
+}
+
+static void mpipe_cases(hp_comm_t world, int ws, int rank) {
+    const double t0 = hp_clock_now_seconds();
+    mpipe_refusal(world, ws);
+    {
+            static const int mc[][3] = {{0, 1, 0}, {1, 1, 0}, {1, 0, 1}, {0, 1, 2}};   // T, w_in, qwen3 (2: negative)
+            for (size_t c = 0; c < sizeof mc / sizeof mc[0]; c++) {
+                if (ws == 4 && mc[c][0] > 0) continue;   // pp 4's 8 stages: stage 0 holds the embedding alone
+                g_mpipe_T = mc[c][0], g_mpipe_w_in = mc[c][1];
+                const char *mname = mc[c][2] == 1 ? "qwen3" : "llama3";
+                for (int n_mb = ws; n_mb <= 2 * ws; n_mb += ws) {
+                    if (mc[c][2] == 2 && n_mb > ws) continue;
+                    double w = run_case(world, mname, HP_PP_MPIPE, n_mb, mc[c][2] == 2);
+                    if (rank == 0) printf("pp %d %s MPipeTranspose T %d (stage 0 units [0, %d)) n_mb %d%s: worst error / "
+                                          "bound %.3g\n", ws, mname, g_mpipe_T, ws == 2 ? 3 - g_mpipe_w_in : 1, n_mb,
+                                          mc[c][2] == 2 ? " (negative)" : "", w);
+                }
+            }
+            g_mpipe_T = 0, g_mpipe_w_in = 1;
+        }
+    if (rank == 0) printf("pp %d MPipeTranspose cases: %.1f s\n", ws, hp_clock_now_seconds() - t0);   // for the suite budget
+}
+
 int main(int argc, char **argv) {
     int rank, ws;
     hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
@@ -353,6 +439,7 @@ int main(int argc, char **argv) {
                                           hp_pp_kind_name(kinds[k]), n_mb, w);
                 }
         run_case(world, "llama3", HP_PP_1F1B, ws, 1);   // negative
+        mpipe_cases(world, ws, rank);
         // the zero-bubble and V schedules (issue 15): parity with the single-rank model; ZBV and
         // DualPipeV on the V mapping (rank r: stages r and 2P-1-r, the middle pair in memory)
         const hp_pp_kind_t zk[3] = {HP_PP_INTERLEAVED_ZB, HP_PP_ZBV, HP_PP_DUALPIPEV};

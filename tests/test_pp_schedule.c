@@ -957,6 +957,130 @@ static void test_timeline_tool(void) {
     HP_CHECK(rmdir(dir) == 0, "the tool wrote only the files named (%s is empty)", dir);
 }
 
+/* HyperParallel's ScheduleMPipeTranspose (PyTorch has none, so no golden lines): checked by its
+ * rules against Interleaved1F1B's order, then lowered, simulated and timed. */
+static int same_action(const hp_pp_action_t *a, int stage, hp_pp_type_t t, int mb) {
+    return a && a->stage == stage && a->type == t && a->mb == mb;
+}
+static void test_mpipe(void) {
+    static const int cases[][3] = {{2, 2, 2}, {2, 4, 2}, {2, 8, 2}, {3, 3, 2}, {4, 4, 2}, {4, 8, 2}, {4, 2, 2}, {2, 4, 3}};
+    hp_pp_kind_t k = HP_PP_KIND_COUNT;
+    HP_CHECK_OK(hp_pp_kind_from_name("mpipetranspose", &k));
+    HP_CHECK(k == HP_PP_MPIPE && strcmp(hp_pp_kind_name(k), "MPipeTranspose") == 0 && hp_pp_kind_style(k) == HP_PP_STYLE_LOOP,
+             "MPipeTranspose's name and mapping");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int P = cases[c][0], n = cases[c][1], L = cases[c][2], S = P * L, NT = P < n ? P : n;
+        hp_pp_schedule_t *mp = NULL, *base = NULL, *low = NULL, *sim = NULL, *back = NULL;
+        HP_CHECK_OK(hp_pp_generate(HP_PP_MPIPE, P, L, n, &mp));
+        HP_CHECK_OK(hp_pp_generate(HP_PP_INTERLEAVED_1F1B, P, L, n, &base));
+        if (!mp || !base) continue;
+        /* the rules: Interleaved1F1B's slots, rank m's first bubble -> 0MPIPE_F{m}, stage 0's F / B of
+         * m -> TRANSPOSE_F / TRANSPOSE_B, for m in 1 .. NT-1; nothing else changes */
+        int n_mf = 0, n_tf = 0, n_tb = 0, bad = 0;
+        for (int r = 0; r < P; r++) {
+            bad += hp_pp_schedule_len(mp, r) != hp_pp_schedule_len(base, r);
+            for (int i = 0; i < hp_pp_schedule_len(base, r) && i < hp_pp_schedule_len(mp, r); i++) {
+                const hp_pp_action_t *a = hp_pp_schedule_at(mp, r, i), *b = hp_pp_schedule_at(base, r, i);
+                if (r >= 1 && r < NT && i == 0) {
+                    bad += b != NULL || !same_action(a, 0, HP_PP_MPIPE_F, r);
+                    n_mf += a && a->type == HP_PP_MPIPE_F;
+                } else if (b && b->stage == 0 && b->mb >= 1 && b->mb < NT) {
+                    bad += !same_action(a, 0, b->type == HP_PP_F ? HP_PP_TRANSPOSE_F : HP_PP_TRANSPOSE_B, b->mb);
+                    n_tf += a && a->type == HP_PP_TRANSPOSE_F;
+                    n_tb += a && a->type == HP_PP_TRANSPOSE_B;
+                } else {
+                    bad += (a == NULL) != (b == NULL) || (a && !same_action(a, b->stage, b->type, b->mb));
+                }
+            }
+        }
+        HP_CHECK(bad == 0 && n_mf == NT - 1 && n_tf == NT - 1 && n_tb == NT - 1,
+                 "MPipe pp %d n %d L %d: %d slots off the rules, %d MPIPE_F, %d TRANSPOSE_F, %d TRANSPOSE_B (expected %d)",
+                 P, n, L, bad, n_mf, n_tf, n_tb, NT - 1);
+        int map[16];
+        HP_CHECK_OK(hp_pp_validate(mp, P, S, n, map));
+        HP_CHECK(map[0] == 0, "stage 0 stays on rank 0 (the helpers' MPIPE_F own no stage)");
+        HP_CHECK_OK(hp_pp_lower(mp, S, n, &low, map));
+        if (low) {
+            /* each helper sends right after its MPIPE_F; rank 0 receives before the TRANSPOSE_F */
+            for (int m = 1; m < NT; m++) {
+                int f = -1, snd = -1, rcv = -1, tf = -1;
+                for (int i = 0; i < hp_pp_schedule_len(low, m); i++) {
+                    const hp_pp_action_t *a = hp_pp_schedule_at(low, m, i);
+                    if (same_action(a, 0, HP_PP_MPIPE_F, m)) f = i;
+                    if (same_action(a, 0, HP_PP_MPIPE_SEND_F, m)) snd = i;
+                    HP_CHECK(!(a && a->type == HP_PP_UNSHARD && a->stage == 0), "the replica is not unsharded as stage 0");
+                }
+                for (int i = 0; i < hp_pp_schedule_len(low, 0); i++) {
+                    const hp_pp_action_t *a = hp_pp_schedule_at(low, 0, i);
+                    if (same_action(a, 0, HP_PP_MPIPE_RECV_F, m)) rcv = i;
+                    if (same_action(a, 0, HP_PP_TRANSPOSE_F, m)) tf = i;
+                }
+                HP_CHECK(f >= 0 && snd == f + 1 && rcv >= 0 && tf > rcv, "MPipe pp %d n %d mb %d: MPIPE_F at %d, "
+                         "MPIPE_SEND_F at %d, MPIPE_RECV_F at %d, TRANSPOSE_F at %d", P, n, m, f, snd, rcv, tf);
+            }
+            int steps = 0;
+            HP_CHECK_OK(hp_pp_simulate(low, map, S, &sim, &steps));
+            HP_CHECK(steps > 0, "simulated");
+            char *csv = NULL;   /* the text form round-trips */
+            HP_CHECK_OK(hp_pp_schedule_to_csv(low, &csv));
+            if (csv) HP_CHECK_OK(hp_pp_schedule_from_csv(csv, "mpipe.csv", &back));
+            HP_CHECK(back && hp_pp_schedule_equal(back, low), "MPipe's lowered CSV round-trips");
+            free(csv);
+        }
+        /* unit costs: the helpers' forwards fill idle slots; stage 0's rank keeps its whole F
+         * (a unit cost cannot express that only the part after the preprocess remains), so the
+         * makespan equals Interleaved1F1B's and the bubble drops by exactly the added busy slots */
+        hp_pp_timing_t tm, tb;
+        HP_CHECK_OK(hp_pp_timing(mp, S, &tm));
+        HP_CHECK_OK(hp_pp_timing(base, S, &tb));
+        HP_CHECK(tm.makespan == tb.makespan && tm.busy == tb.busy + NT - 1 &&
+                 (NT == 1 || tm.bubble_fraction < tb.bubble_fraction),
+                 "MPipe pp %d n %d: makespan %lld vs %lld, busy %lld vs %lld, bubble %.4f vs %.4f", P, n,
+                 (long long)tm.makespan, (long long)tb.makespan, (long long)tm.busy, (long long)tb.busy,
+                 tm.bubble_fraction, tb.bubble_fraction);
+        hp_pp_schedule_free(mp);
+        hp_pp_schedule_free(base);
+        hp_pp_schedule_free(low);
+        hp_pp_schedule_free(sim);
+        hp_pp_schedule_free(back);
+    }
+    /* the five actions' text round-trips */
+    static const char *const texts[] = {"0MPIPE_F1", "0MPIPE_SEND_F1", "0MPIPE_RECV_F3", "0TRANSPOSE_F1", "0TRANSPOSE_B2"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        hp_pp_action_t a;
+        char t[64];
+        HP_CHECK_OK(hp_pp_action_parse(texts[i], NULL, &a, NULL));
+        hp_pp_action_format(&a, t, sizeof t);
+        HP_CHECK(strcmp(t, texts[i]) == 0 && a.stage == 0, "'%s' round-trips as '%s'", texts[i], t);
+    }
+    HP_CHECK(hp_pp_type_is_compute(HP_PP_MPIPE_F) && hp_pp_type_is_compute(HP_PP_TRANSPOSE_B) &&
+             !hp_pp_type_is_compute(HP_PP_MPIPE_SEND_F), "MPipe compute / communication types");
+    /* negatives: a TRANSPOSE_F without a helper's MPIPE_F, an MPIPE_F on stage 0's rank, a lowered
+     * list without its MPIPE_RECV_F (deadlocks) */
+    {
+        const char *rows1[] = {"0F0 0TRANSPOSE_F1 0B0 0TRANSPOSE_B1", "1F0 1B0 1F1 1B1"};
+        hp_pp_schedule_t *x = sched(2, rows1);
+        HP_CHECK_ERR(hp_pp_validate(x, 2, 2, 2, NULL), HP_ERR_INVALID_ARG, "has 0 MPIPE_F and 1 TRANSPOSE_F");
+        hp_pp_schedule_free(x);
+        const char *rows2[] = {"0F0 0MPIPE_F1 0TRANSPOSE_F1 0B0 0TRANSPOSE_B1", "1F0 1B0 1F1 1B1"};
+        x = sched(2, rows2);
+        HP_CHECK_ERR(hp_pp_validate(x, 2, 2, 2, NULL), HP_ERR_INVALID_ARG, "on stage 0's own rank");
+        hp_pp_schedule_free(x);
+        const char *rows3[] = {"0F0 0SEND_F0 0TRANSPOSE_F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0TRANSPOSE_B1",
+                               "0MPIPE_F1 0MPIPE_SEND_F1 1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1"};
+        x = sched(2, rows3);
+        const int m2[2] = {0, 1};
+        int steps = 0;
+        HP_CHECK_ERR(hp_pp_simulate(x, m2, 2, NULL, &steps), HP_ERR_INVALID_ARG, "waits for 0MPIPE_RECV_F1");
+        hp_pp_schedule_free(x);
+        const char *rows4[] = {"0F0 0SEND_F0 0MPIPE_RECV_F1 0TRANSPOSE_F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0TRANSPOSE_B1",
+                               "0MPIPE_F1 0MPIPE_SEND_F1 1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1"};
+        x = sched(2, rows4);
+        HP_CHECK_OK(hp_pp_simulate(x, m2, 2, NULL, &steps));
+        hp_pp_schedule_free(x);
+    }
+}
+
 int main(void) {
     test_action_parse();
     test_local_passes();
@@ -968,6 +1092,7 @@ int main(void) {
     test_lower();
     test_mapping_and_names();
     test_generators();
+    test_mpipe();
     test_golden();
     test_tool();
     test_timeline_tool();

@@ -4,11 +4,11 @@
  * loss, 1e-4 norm: fp32 summation order of the micro-batch gradients and of the norm's cross-rank
  * sum, as the data-parallel trainer tests); 2 ranks: GPipe, 1F1B, Interleaved1F1B, LoopedBFS,
  * InterleavedZeroBubble, ZBVZeroBubble, DualPipeV (its run with the overlap off and coalesced p2p
- * bitwise equal), a hand-written CSV, module_fqns_per_model_part, activation checkpointing,
+ * bitwise equal), MPipeTranspose (T = 0 and 1, HyperParallel's), a hand-written CSV, module_fqns_per_model_part, activation checkpointing,
  * gradient accumulation; 4 ranks: pp 4 (all seven schedules; 2, 4 and 8 micro-batches), pp 2 x TP
  * 2 (Interleaved1F1B, the three new ones, a zero-bubble CSV) against the single rank, pp 2 x FSDP
  * 2 (1F1B, the zero-bubble CSV, the three new ones), pp 2 x CP 2 (InterleavedZeroBubble,
- * DualPipeV; CP tolerance 1e-4 / 1e-3), pp 2 x DDP 2 (1F1B, ZBV) against replicated
+ * DualPipeV; CP tolerance 1e-4 / 1e-3), pp 2 x DDP 2 (1F1B, ZBV, MPipeTranspose) against replicated
  * DP 2; 8 ranks: pp 2 x FSDP 2 x TP 2 (llama3, qwen3) against replicated DP 2 (TP's tolerance,
  * 1e-4 / 1e-3), pp 4 x FSDP 2 and pp 4 x TP 2 with the three new schedules, pp 2 x HSDP 2 x 2
  * against replicated DP 4. A run whose optimizer is 1e-3 off must fall outside the tolerance. A
@@ -172,6 +172,43 @@ int main(int argc, char **argv) {
             unsetenv("HP_PP_P2P");
             HP_CHECK(memcmp(l, dl, sizeof dl) == 0 && memcmp(n, dn, sizeof dn) == 0, "DualPipeV without the overlap "
                      "(and coalesced p2p) differs bitwise: loss %.9g vs %.9g", l[N - 1], dl[N - 1]);
+        }
+        // HyperParallel's MPipeTranspose: T = 0 (the embedding) and T = 1 (stage 0 = the embedding and
+        // layer 0, exactly the preprocess); validation through hp_pp_eval; refusals by key
+        {
+            double v0 = 0, v1 = 0;
+            run(c, one, world, l, n, &v0);
+            for (int T = 0; T <= 1; T++) {
+                *f = *c;
+                set_pp(f, 2, "MPipeTranspose");
+                f->parallelism.pipeline_parallel_mpipe_transpose_layers = T;
+                run(f, world, world, l, n, &v1);
+                HP_CHECK(fabs(v1 - v0) <= 1e-5 * fabs(v0), "MPipe T %d validation %.9g vs %.9g", T, v1, v0);
+                close_all(l, rl, N, 1e-5, 1, T ? "MPipeTranspose T 1" : "MPipeTranspose T 0");
+                close_all(n, rn, N, 1e-4, 1, "grad norm");
+                if (rank == 0) printf("llama3 pp 2 MPipeTranspose T %d: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n",
+                                      T, l[0], l[N - 1], rl[0], rl[N - 1]);
+            }
+            hp_trainer_t t = NULL;
+            *f = *c;
+            set_pp(f, 2, "mpipetranspose");
+            f->parallelism.pipeline_parallel_mpipe_transpose_layers = 2;   // stage 0 holds one layer
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "pipeline_parallel_mpipe_transpose_layers = 2");
+            // qwen3's tied embeddings: stage 0's copy (and the replicas refreshed from it) and the
+            // last stage's, their gradients summed, equal the single rank
+            hp_config_t *q = calloc(1, sizeof *q);
+            double ql[N], qn[N];
+            base(q, 1, "qwen3");
+            run(q, one, world, ql, qn, NULL);
+            *f = *q;
+            set_pp(f, 2, "MPipeTranspose");
+            f->parallelism.pipeline_parallel_mpipe_transpose_layers = 1;
+            run(f, world, world, l, n, NULL);
+            close_all(l, ql, N, 1e-5, 1, "qwen3 MPipeTranspose T 1");
+            close_all(n, qn, N, 1e-4, 1, "grad norm");
+            if (rank == 0) printf("qwen3 pp 2 MPipeTranspose T 1: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n",
+                                  l[0], l[N - 1], ql[0], ql[N - 1]);
+            free(q);
         }
         // a hand-written compute-only CSV (GPipe's order) and a user split
         {
@@ -359,14 +396,16 @@ int main(int argc, char **argv) {
         // pp 2 x FSDP 2 and pp 2 x DDP 2 against replicated DP 2 on ranks 0, 1
         base(c, 2, "llama3");
         run(c, two, world, rl, rn, NULL);
-        const char *fs[7] = {"1F1B", "1F1B", "1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV",
-                             "ZBVZeroBubble"};
-        const char *fname[7] = {"FSDP", "DDP", "FSDP (zero-bubble CSV)", "FSDP (InterleavedZeroBubble)",
-                                "FSDP (ZBVZeroBubble)", "FSDP (DualPipeV)", "DDP (ZBVZeroBubble)"};
-        for (int k = 0; k < 7; k++) {   // 3..5: the zero-bubble / V schedules x FSDP 2; 6: ZBV x DDP 2
+        const char *fs[8] = {"1F1B", "1F1B", "1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV",
+                             "ZBVZeroBubble", "MPipeTranspose"};
+        const char *fname[8] = {"FSDP", "DDP", "FSDP (zero-bubble CSV)", "FSDP (InterleavedZeroBubble)",
+                                "FSDP (ZBVZeroBubble)", "FSDP (DualPipeV)", "DDP (ZBVZeroBubble)",
+                                "DDP (MPipeTranspose T 1)"};
+        for (int k = 0; k < 8; k++) {   // 3..5: the zero-bubble / V schedules x FSDP 2; 6: ZBV x DDP 2; 7: MPipe
             *f = *c;
             set_pp(f, 2, fs[k]);
-            const int ddp = k == 1 || k == 6;
+            if (k == 7) f->parallelism.pipeline_parallel_mpipe_transpose_layers = 1;
+            const int ddp = k == 1 || k == 6 || k == 7;
             f->parallelism.data_parallel_replicate_degree = ddp ? 2 : 1;
             f->parallelism.data_parallel_shard_degree = ddp ? 1 : 2;
             if (k == 2) {   // FSDP with a zero-bubble CSV: the reduce-scatter follows the stage's last W
@@ -389,6 +428,10 @@ int main(int argc, char **argv) {
             f->parallelism.data_parallel_shard_degree = 2;
             setenv("HP_PP_OVERLAP", "thread", 1);
             HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "HP_PP_OVERLAP = thread");
+            unsetenv("HP_PP_OVERLAP");
+            set_pp(f, 2, "MPipeTranspose");   // the replica takes plain parameters: not under FSDP
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "MPipeTranspose with data_parallel_shard_degree 2");
+            set_pp(f, 2, "DualPipeV");
             setenv("HP_PP_OVERLAP", "sideways", 1);
             HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_INVALID_ARG, "HP_PP_OVERLAP = 'sideways'");
             unsetenv("HP_PP_OVERLAP");

@@ -189,14 +189,19 @@ static double measured_bubble(const run_t *run, double *t_lo, double *t_hi) {
 /* ---- SVG ---------------------------------------------------------------------------------- */
 static const char *colour(hp_pp_type_t t) {
     switch (t) {
-    case HP_PP_F: return "#4c78a8";
-    case HP_PP_B: return "#54a24b";
+    case HP_PP_F:
+    case HP_PP_TRANSPOSE_F: return "#4c78a8";   /* MPipe's stage-0 F / B read as F / B */
+    case HP_PP_MPIPE_F: return "#9ecae9";       /* a helper's replica forward: a lighter F */
+    case HP_PP_B:
+    case HP_PP_TRANSPOSE_B: return "#54a24b";
     case HP_PP_I: return "#f58518";
     case HP_PP_W: return "#b279a2";
     case HP_PP_SEND_F:
     case HP_PP_RECV_F:
     case HP_PP_SEND_B:
-    case HP_PP_RECV_B: return "#9d9d9d";
+    case HP_PP_RECV_B:
+    case HP_PP_MPIPE_SEND_F:
+    case HP_PP_MPIPE_RECV_F: return "#9d9d9d";
     default: return "#3d3d3d";   /* UNSHARD, RESHARD, REDUCE_GRAD */
     }
 }

@@ -99,6 +99,7 @@ typedef struct hp_config {
         bool enable_loss_parallel;
         bool enable_sequence_parallel;
         char pipeline_parallel_schedule[HP_CONFIG_STR_MAX];
+        int64_t pipeline_parallel_mpipe_transpose_layers;
         int64_t pipeline_parallel_microbatch_size;
         int64_t pipeline_parallel_layers_per_stage;
         int64_t pipeline_parallel_first_stage_less_layers;

@@ -106,11 +106,22 @@ typedef struct hp_pp_options {
 hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_model_t *stages,
                          const int *stage_ids, int n_local, const hp_pp_options_t *o, const hp_pp_hooks_t *hooks,
                          hp_pp_t *out);
+/* hp_pp_create for a schedule with MPipe's actions (MPIPE_F / TRANSPOSE_F / TRANSPOSE_B,
+ * HP_PP_MPIPE; docs/pp.md "MPipe"): the preprocess is units [0, transpose_layers + 1)
+ * (tok_embeddings and the first transpose_layers layers), part of stage 0, which must hold them
+ * all. Every rank without stage 0 gets a replica of them (created here by hp_model_create_range),
+ * refreshed from stage 0's parameters by a broadcast over pp_comm at the start of each
+ * hp_pp_step; the replicas' gradients are never written. hp_pp_create is this with
+ * transpose_layers 0 (the embedding only). */
+hp_status_t hp_pp_create_mpipe(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_model_t *stages,
+                               const int *stage_ids, int n_local, const hp_pp_options_t *o, const hp_pp_hooks_t *hooks,
+                               int transpose_layers, hp_pp_t *out);
 void hp_pp_destroy(hp_pp_t p);
 
 /* One run of this rank's action list over n_microbatches micro-batches: tokens and targets are
  * (n_microbatches x microbatch_size, T) int32 (micro-batch m = rows [m*mbs, (m+1)*mbs)); the
- * first stage reads tokens, the last targets (others may pass NULL). Each micro-batch's loss is
+ * first stage reads tokens, the last targets (others may pass NULL; under MPipe a helping rank
+ * with an MPIPE_F reads tokens too). Each micro-batch's loss is
  * its summed cross-entropy / loss_divisor; gradients accumulate (+=) into the stage models.
  * *loss_sum / *n_valid receive the sums over micro-batches on a rank holding the last stage (0
  * elsewhere). Every receive and send is complete on return. */
@@ -139,6 +150,11 @@ int hp_pp_last_timeline(hp_pp_t p, const hp_pp_action_t **actions, const double 
 hp_status_t hp_pp_set_transport(hp_pp_t p, hp_pp_overlap_t overlap, hp_pp_p2p_t p2p);
 /* The modes in effect and the number of SEND / RECV pairs of this rank's list that run
  * coalesced (0 under PER_OP). */
+/* MPipe: bytes of preprocess parameters each hp_pp_step broadcasts from stage 0's rank (the
+ * replicas' refresh; 0 when the schedule transposes nothing), and the micro-batches whose
+ * preprocess forward this rank ran on its replica in the last step. */
+size_t hp_pp_mpipe_broadcast_bytes(hp_pp_t p);
+int hp_pp_mpipe_forwards(hp_pp_t p);
 hp_pp_overlap_t hp_pp_overlap_mode(hp_pp_t p);
 int hp_pp_coalesced_pairs(hp_pp_t p);
 

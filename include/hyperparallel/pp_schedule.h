@@ -32,6 +32,17 @@ typedef enum hp_pp_type {
     HP_PP_REDUCE_GRAD,  /* "REDUCE_GRAD" the stage's gradient reduction after its last backward */
     HP_PP_OVERLAP_F_B,  /* "(0F5;1B2)OVERLAP_F_B" DualPipeV: F of (stage, mb) and B of (sub_stage, sub_mb)
                          * run together; both stages are on the action's rank */
+    /* HyperParallel's MPipe transpose (ScheduleMPipeTranspose, docs/pp.md "MPipe"): the
+     * preprocess units (tok_embeddings + the first T layers, part of stage 0) of micro-batch mb
+     * run forward on a helping rank's replica; stage 0 continues from that activation and runs
+     * the preprocess backward itself (recomputing its forward from the tokens). */
+    HP_PP_MPIPE_F,      /* "MPIPE_F"      0MPIPE_F1: the replica's preprocess forward of mb on a helping rank
+                         * (stage is 0: the units are stage 0's; the replica holds no gradients) */
+    HP_PP_MPIPE_SEND_F, /* "MPIPE_SEND_F" the helper's preprocess output to stage 0's rank (MPIPE_FWD_SEND) */
+    HP_PP_MPIPE_RECV_F, /* "MPIPE_RECV_F" on stage 0's rank: that activation */
+    HP_PP_TRANSPOSE_F,  /* "TRANSPOSE_F"  stage 0's F of mb starting after the preprocess, from MPIPE_RECV_F */
+    HP_PP_TRANSPOSE_B,  /* "TRANSPOSE_B"  stage 0's B of mb: the rest's backward, then the preprocess forward
+                         * recomputed from the tokens and its backward (MPIPE_TRANSPOSE_BWD) */
     HP_PP_TYPE_COUNT
 } hp_pp_type_t;
 
@@ -60,7 +71,7 @@ int hp_pp_action_leaves(const hp_pp_action_t *a, hp_pp_action_t out[2]);
 
 /* "F", "SEND_B", ... ; NULL for a value outside the enum. */
 const char *hp_pp_type_name(hp_pp_type_t type);
-/* 1 for F, I, W, B and OVERLAP_F_B (_Action.is_compute_op). */
+/* 1 for F, I, W, B, OVERLAP_F_B (_Action.is_compute_op) and MPIPE_F, TRANSPOSE_F, TRANSPOSE_B. */
 int hp_pp_type_is_compute(hp_pp_type_t type);
 
 /* Parses one action, "{stage}{TYPE}{mb}" with surrounding spaces allowed: "1F0", "2I1",
@@ -132,11 +143,14 @@ typedef enum hp_pp_kind {
     HP_PP_INTERLEAVED_ZB,     /* ScheduleInterleavedZeroBubble (ZB1P), L stages per rank, loop mapping, I / W */
     HP_PP_ZBV,                /* ScheduleZBVZeroBubble, exactly 2 stages per rank, V mapping, I / W */
     HP_PP_DUALPIPEV,          /* ScheduleDualPipeV, exactly 2 stages per rank, V mapping, OVERLAP_F_B, n >= 2 pp */
+    HP_PP_MPIPE,              /* HyperParallel's ScheduleMPipeTranspose: Interleaved1F1B (loop mapping, L stages per
+                               * rank) plus, for mb in 1 .. min(pp, n) - 1, rank mb's 0MPIPE_F{mb} in its first
+                               * bubble and stage 0's TRANSPOSE_F / TRANSPOSE_B of mb for its F / B */
     HP_PP_KIND_COUNT
 } hp_pp_kind_t;
 
 /* get_schedule_class: case-insensitive "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS",
- * "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV". PyTorch's base-class names
+ * "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", and HyperParallel's "MPipeTranspose". PyTorch's base-class names
  * (PipelineScheduleSingle, PipelineScheduleMulti) are HP_ERR_UNSUPPORTED (they generate no
  * order); any other name is HP_ERR_INVALID_ARG naming it and listing the valid options. */
 hp_status_t hp_pp_kind_from_name(const char *name, hp_pp_kind_t *out);
@@ -160,6 +174,9 @@ hp_pp_style_t hp_pp_kind_style(hp_pp_kind_t kind);
  *   ZBVZeroBubble    warm-up 2(P-r)-1 F0, r (F1, F0), P-r (F1, I1, W1), steady (F0, I0, W0, F1,
  *                    I1, W1), cool-down, on max(2P-1, n) microbatches, those >= n as bubbles
  *   DualPipeV        PyTorch's eight steps with OVERLAP_F_B (F0+B1, F1+B0) in the main loop.
+ *   MPipeTranspose   Interleaved1F1B's lists; for mb in 1 .. min(pp, n) - 1 rank mb's first slot (a
+ *                    bubble there) becomes 0MPIPE_F{mb} and stage 0's F / B of mb become 0TRANSPOSE_F{mb}
+ *                    / 0TRANSPOSE_B{mb} (HyperParallel's ScheduleMPipeTranspose; not in PyTorch).
  * For GPipe and 1F1B this is the list before _add_reduce_grad:
  * PyTorch's stored pipeline_order is hp_pp_add_reduce_grad of it (bubbles dropped). One
  * deliberate difference: Schedule1F1B numbers the last rank's forwards 1..n (its forward_mb

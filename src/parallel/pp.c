@@ -214,11 +214,29 @@ struct hp_pp {
     size_t ctx_bytes, buf_bytes;
     int dim;
     size_t act_floats;           /* mbs * T * dim */
+    /* MPipe (docs/pp.md "MPipe"): the preprocess is units [0, mp_hi) of stage 0 */
+    int mp;                      /* the schedule transposes micro-batches */
+    int mp_hi;                   /* T + 1 */
+    int mp_root;                 /* pp rank of stage 0 */
+    hp_model_t mp_rep;           /* the replica (ranks without stage 0) */
+    hp_model_ctx_t *mp_ctx;      /* (n_mb) replica context of an MPIPE_F of this rank, else NULL */
+    float **mp_out, **mp_in;     /* (n_mb) helper: the replica's output; stage 0: the MPIPE_RECV_F target */
+    float *mp_grad;              /* (mbs*T, dim) stage 0: gradient of the preprocess output in TRANSPOSE_B */
+    int *mp_src;                 /* (n_mb) pp rank of micro-batch m's MPIPE_F, -1 none */
+    hp_work_t *mp_recv;          /* (n_mb) */
+    unsigned char *mp_got;       /* (n_mb) */
+    float **mp_bc;               /* (mp_nbc) parameters broadcast each step (stage 0's or the replica's) */
+    size_t *mp_bcn;              /* (mp_nbc) their floats */
+    int mp_nbc;
+    size_t mp_bc_bytes;
+    int mp_fwd;                  /* MPIPE_F run in the last step */
 };
 
 static int msg_tag(const hp_pp_t p, int sender_stage, int mb, int dir) {
     return 1 + (sender_stage * p->o.n_microbatches + mb) * 2 + dir;
 }
+/* MPIPE_SEND_F / MPIPE_RECV_F of micro-batch mb: after every stage's tags. */
+static int mp_tag(const hp_pp_t p, int mb) { return 1 + p->o.num_stages * p->o.n_microbatches * 2 + mb; }
 
 void hp_pp_destroy(hp_pp_t p) {
     if (!p) return;
@@ -245,6 +263,21 @@ void hp_pp_destroy(hp_pp_t p) {
         free(s->rgrp_f);
         free(s->rgrp_b);
     }
+    for (int m = 0; m < p->o.n_microbatches; m++) {
+        if (p->mp_ctx && p->mp_ctx[m]) hp_model_ctx_destroy(p->mp_ctx[m]);
+        if (p->mp_out) hp_free_aligned(p->mp_out[m]);
+        if (p->mp_in) hp_free_aligned(p->mp_in[m]);
+    }
+    hp_free_aligned(p->mp_grad);
+    if (p->mp_rep) hp_model_destroy(p->mp_rep);
+    free(p->mp_ctx);
+    free(p->mp_out);
+    free(p->mp_in);
+    free(p->mp_src);
+    free(p->mp_recv);
+    free(p->mp_got);
+    free(p->mp_bc);
+    free(p->mp_bcn);
     free(p->done);
     free(p->early_f);
     free(p->early_b);
@@ -350,9 +383,96 @@ static hp_status_t plan_transport(hp_pp_t p, const hp_pp_hooks_t *hooks, hp_pp_o
     return HP_OK;
 }
 
+/* MPipe: whether any rank's list transposes (the same answer on every rank: the broadcast is
+ * collective), the replica on ranks without stage 0, the buffers, the broadcast list. */
+static hp_status_t mpipe_setup(hp_pp_t p, const hp_pp_schedule_t *lowered, hp_model_t *stages, int n_local) {
+    const int n = p->o.n_microbatches, P = p->size;
+    for (int r = 0; r < P; r++)
+        for (int i = 0; i < hp_pp_schedule_len(lowered, r); i++) {
+            const hp_pp_action_t *a = hp_pp_schedule_at(lowered, r, i);
+            if (!a) continue;
+            if (a->type == HP_PP_MPIPE_F || a->type == HP_PP_TRANSPOSE_F || a->type == HP_PP_TRANSPOSE_B ||
+                a->type == HP_PP_MPIPE_SEND_F || a->type == HP_PP_MPIPE_RECV_F)
+                p->mp = 1;
+        }
+    if (!p->mp) return HP_OK;
+    const hp_model_config_t *cfg = n_local ? hp_model_config(stages[0]) : NULL;
+    const int T = p->mp_hi - 1;
+    if (!cfg) return hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: MPipe on a rank with no stage");
+    if (T < 0 || T > cfg->n_layers)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: MPipe transpose_layers %d; expected 0 .. %d (the model's "
+                        "layers)", T, cfg->n_layers);
+    p->mp_hi = T + 1;
+    p->mp_root = p->stage_to_rank[0];
+    const int l0 = p->local_of[0];
+    if (l0 >= 0 && p->st[l0].u1 < p->mp_hi)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: MPipe's preprocess is units [0, %d) (tok_embeddings and %d "
+                        "layers), but stage 0 holds units [0, %d); hint: lower the transpose layers to %d or give "
+                        "stage 0 more layers", p->mp_hi, T, p->st[l0].u1, p->st[l0].u1 - 1);
+    if (l0 >= 0 && p->st[l0].last)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: MPipe needs at least 2 stages (stage 0 must not hold the "
+                        "head)");
+    p->mp_ctx = hp_calloc((size_t)n, sizeof *p->mp_ctx);
+    p->mp_out = hp_calloc((size_t)n, sizeof *p->mp_out);
+    p->mp_in = hp_calloc((size_t)n, sizeof *p->mp_in);
+    p->mp_src = hp_calloc((size_t)n, sizeof *p->mp_src);
+    p->mp_recv = hp_calloc((size_t)n, sizeof *p->mp_recv);
+    p->mp_got = hp_calloc((size_t)n, 1);
+    if (!p->mp_ctx || !p->mp_out || !p->mp_in || !p->mp_src || !p->mp_recv || !p->mp_got) return HP_ERR_OOM;
+    for (int m = 0; m < n; m++) p->mp_src[m] = -1;
+    for (int r = 0; r < P; r++)
+        for (int i = 0; i < hp_pp_schedule_len(lowered, r); i++) {
+            const hp_pp_action_t *a = hp_pp_schedule_at(lowered, r, i);
+            if (a && a->type == HP_PP_MPIPE_F && a->mb >= 0 && a->mb < n) p->mp_src[a->mb] = r;
+        }
+    hp_model_t src = NULL;
+    if (l0 >= 0) {
+        src = p->st[l0].m;
+        for (int k = 0; k < p->n_acts; k++)
+            if (p->acts[k].type == HP_PP_MPIPE_RECV_F && !p->mp_in[p->acts[k].mb] && !(p->mp_in[p->acts[k].mb] = act_buf(p)))
+                return HP_ERR_OOM;
+        if (!(p->mp_grad = act_buf(p))) return HP_ERR_OOM;
+    } else {
+        HP_TRY(hp_model_create_range(cfg, 0, p->mp_hi, p->o.microbatch_size, p->o.seq_len, &p->mp_rep));
+        src = p->mp_rep;
+        for (int k = 0; k < p->n_acts; k++) {
+            const int m = p->acts[k].mb;
+            if (p->acts[k].type != HP_PP_MPIPE_F || p->mp_ctx[m]) continue;
+            HP_TRY(hp_model_ctx_create(p->mp_rep, p->o.microbatch_size, p->o.seq_len, 0, &p->mp_ctx[m]));
+            p->ctx_bytes += hp_model_ctx_bytes(p->mp_ctx[m]);
+            if (!(p->mp_out[m] = act_buf(p))) return HP_ERR_OOM;
+        }
+    }
+    // the broadcast list: the preprocess units' parameters, in table order (the same on both sides)
+    int first = 0, cnt = 0, last = 0;
+    hp_model_unit_params(src, 0, &first, &cnt);
+    for (int u = 0; u < p->mp_hi; u++) {
+        int f, c;
+        hp_model_unit_params(src, u, &f, &c);
+        last = f + c;
+    }
+    p->mp_nbc = last - first;
+    p->mp_bc = hp_calloc((size_t)(p->mp_nbc ? p->mp_nbc : 1), sizeof *p->mp_bc);
+    p->mp_bcn = hp_calloc((size_t)(p->mp_nbc ? p->mp_nbc : 1), sizeof *p->mp_bcn);
+    if (!p->mp_bc || !p->mp_bcn) return HP_ERR_OOM;
+    hp_param_t *par = hp_model_params(src);
+    for (int i = 0; i < p->mp_nbc; i++) {
+        p->mp_bc[i] = par[first + i].value.local.data;
+        p->mp_bcn[i] = (size_t)hp_tensor_numel(&par[first + i].value.local);
+        p->mp_bc_bytes += sizeof(float) * p->mp_bcn[i];
+    }
+    return HP_OK;
+}
+
 hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_model_t *stages,
                          const int *stage_ids, int n_local, const hp_pp_options_t *o, const hp_pp_hooks_t *hooks,
                          hp_pp_t *out) {
+    return hp_pp_create_mpipe(pp_comm, lowered, stages, stage_ids, n_local, o, hooks, 0, out);
+}
+
+hp_status_t hp_pp_create_mpipe(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_model_t *stages,
+                               const int *stage_ids, int n_local, const hp_pp_options_t *o, const hp_pp_hooks_t *hooks,
+                               int transpose_layers, hp_pp_t *out) {
     *out = NULL;
     if (!pp_comm || !lowered || !o || (n_local > 0 && (!stages || !stage_ids)))
         return hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: pp_comm, lowered, options, stages must be non-NULL");
@@ -363,7 +483,7 @@ hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_
     if (S < 1 || S > HP_PP_MAX_STAGES || n < 1 || o->microbatch_size < 1 || o->seq_len < 1)
         return hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: %d stages, %d micro-batches of %d x %d tokens; expected "
                         "positive sizes and at most %d stages", S, n, o->microbatch_size, o->seq_len, HP_PP_MAX_STAGES);
-    if ((int64_t)S * n * 2 + 2 > HP_P2P_MAX_TAG)
+    if ((int64_t)S * n * 2 + n + 2 > HP_P2P_MAX_TAG)
         return hp_error(HP_ERR_INVALID_ARG, "pipeline: %d stages x %d micro-batches exceed the message tags (%d)", S, n,
                         HP_P2P_MAX_TAG);
     // the whole schedule must run to the end: simulate it (deadlock = "Schedule is not progressing")
@@ -375,6 +495,7 @@ hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_
     hp_pp_t p = hp_calloc(1, sizeof *p);
     if (!p) return HP_ERR_OOM;
     p->o = *o;
+    p->mp_hi = transpose_layers + 1;
     p->rank = me;
     p->size = P;
     p->n_local = n_local;
@@ -419,7 +540,13 @@ hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_
         for (int i = 0; i < len; i++) {
             const hp_pp_action_t *a = hp_pp_schedule_at(lowered, me, i);
             if (!a) continue;
-            if (a->stage >= S || p->local_of[a->stage] < 0) {
+            const int replica = a->type == HP_PP_MPIPE_F || a->type == HP_PP_MPIPE_SEND_F;
+            if (replica && (a->stage != 0 || p->local_of[0] >= 0)) {
+                st = fmt_action_error(a, "runs the preprocess replica on stage 0's own rank (or names a stage "
+                                      "other than 0); hint: MPipe's helpers are the ranks without stage 0");
+                goto fail;
+            }
+            if (!replica && (a->stage >= S || p->local_of[a->stage] < 0)) {
                 st = fmt_action_error(a, "names a stage this rank does not hold");
                 goto fail;
             }
@@ -465,8 +592,8 @@ hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_
             for (int j = 0; j < nlv; j++) {
                 const hp_pp_action_t *a = &lv[j];
                 if (a->stage != s->id) continue;
-                if (a->type == HP_PP_F) live++;
-                if (a->type == HP_PP_B || a->type == HP_PP_W) live--;
+                if (a->type == HP_PP_F || a->type == HP_PP_TRANSPOSE_F) live++;
+                if (a->type == HP_PP_B || a->type == HP_PP_W || a->type == HP_PP_TRANSPOSE_B) live--;
                 if (a->type == HP_PP_I || a->type == HP_PP_W) s->split = 1;
                 if (live > peak) peak = live;
             }
@@ -506,6 +633,11 @@ hp_status_t hp_pp_create(hp_comm_t pp_comm, const hp_pp_schedule_t *lowered, hp_
             if (!s->first && !(s->din[m] = act_buf(p))) { st = HP_ERR_OOM; goto fail; }
         }
     }
+    st = mpipe_setup(p, lowered, stages, n_local);
+    // only stage 0's rank can check the preprocess against its units: every rank learns its answer
+    // (p->mp is the same on all, read from every rank's list), so no rank waits in the dup below
+    if (p->mp) st = hp_comm_agree(pp_comm, st, NULL);
+    if (st != HP_OK) goto fail;
     st = plan_transport(p, hooks, HP_PP_OVERLAP_DEFAULT, HP_PP_P2P_DEFAULT);
     if (st != HP_OK) goto fail;
     st = hp_comm_dup(pp_comm, &p->comm);
@@ -562,6 +694,16 @@ static hp_status_t drain(hp_pp_t p, hp_status_t st) {
                 *got[j] = 0;
             }
         }
+    for (int m = 0; p->mp && m < p->o.n_microbatches; m++) {
+        if (p->mp_recv[m]) {
+            hp_status_t r = hp_work_wait(&p->mp_recv[m]);
+            if (st == HP_OK) st = r;
+        }
+        if (p->mp_got[m] && st == HP_OK)
+            st = hp_error(HP_ERR_STATE, "pipeline runtime: stage 0 received the preprocess output of micro-batch %d "
+                          "(MPIPE_RECV_F) that no TRANSPOSE_F used", m);
+        p->mp_got[m] = 0;
+    }
     return st;
 }
 
@@ -732,12 +874,82 @@ static hp_status_t run_overlap(hp_pp_t p, int k, const int32_t *tokens, const in
     return HP_OK;
 }
 
+/* MPipe on a helping rank: the replica's preprocess forward of micro-batch m (MPIPE_F), its
+ * output sent to stage 0's rank (MPIPE_SEND_F). */
+static hp_status_t run_mpipe_replica(hp_pp_t p, int k, const int32_t *tokens) {
+    const hp_pp_action_t *a = &p->acts[k];
+    const int m = a->mb;
+    if (!p->mp_ctx[m]) return fmt_action_error(a, "has no replica context (not planned at create)");
+    if (a->type == HP_PP_MPIPE_F) {
+        if (!tokens) return hp_error(HP_ERR_INVALID_ARG, "pipeline step: MPipe's helping rank %d needs the tokens "
+                                     "(it runs the preprocess forward of micro-batch %d)", p->rank, m);
+        HP_TRY(hp_model_ctx_begin(p->mp_ctx[m], mb_rows(tokens, p, m), NULL, p->o.microbatch_size, p->o.seq_len, 1.0f));
+        HP_TRY(hp_model_forward_range(p->mp_rep, p->mp_ctx[m], 0, p->mp_hi, NULL, p->mp_out[m]));
+        p->mp_fwd++;
+        return HP_OK;
+    }
+    return hp_send_tag(p->mp_out[m], p->act_floats, HP_F32, p->mp_root, mp_tag(p, m), p->comm, &p->sends[k]);
+}
+
+/* MPipe on stage 0: TRANSPOSE_F continues micro-batch m from the received preprocess output;
+ * TRANSPOSE_B runs the rest's backward, recomputes the preprocess forward from the tokens and
+ * runs its backward with that gradient: the preprocess gradients accumulate here only. */
+static hp_status_t run_transposed(hp_pp_t p, stage_t *s, int m, const int32_t *tokens, float div,
+                                  const hp_pp_action_t *a) {
+    if (a->type == HP_PP_TRANSPOSE_F) {
+        if (s->ctx_of[m] >= 0) return fmt_action_error(a, "runs the forward of a micro-batch twice in one step");
+        if (s->n_free == 0) return fmt_action_error(a, "finds no free micro-batch context (more in flight than planned)");
+        if (!p->mp_got[m]) return fmt_action_error(a, "runs without its MPIPE_RECV_F");
+        if (!tokens) return hp_error(HP_ERR_INVALID_ARG, "pipeline step: the first stage needs tokens");
+        if (p->mp_recv[m]) HP_TRY(hp_work_wait(&p->mp_recv[m]));   // wait_input usually did
+        p->mp_got[m] = 0;
+        const int c = s->free_ctx[--s->n_free];
+        if (s->n_ctx - s->n_free > s->hw) s->hw = s->n_ctx - s->n_free;
+        s->ctx_of[m] = c;
+        HP_TRY(hp_model_ctx_begin(s->ctx[c], mb_rows(tokens, p, m), NULL, p->o.microbatch_size, p->o.seq_len, div));
+        if (p->mp_hi < s->u1) return hp_model_forward_range(s->m, s->ctx[c], p->mp_hi, s->u1, p->mp_in[m], s->out_act[m]);
+        memcpy(s->out_act[m], p->mp_in[m], sizeof(float) * p->act_floats);   // stage 0 is the preprocess only
+        return HP_OK;
+    }
+    if (s->ctx_of[m] < 0) return fmt_action_error(a, "runs without the micro-batch's forward");
+    const float *dout = NULL;
+    const int nl = p->local_of[s->id + 1];
+    if (nl >= 0) {
+        dout = p->st[nl].din[m];
+    } else {
+        if (!s->got_b[m]) return fmt_action_error(a, "runs without its RECV_B");
+        HP_TRY(wait_recv(p, s, m, DIR_B));
+        s->got_b[m] = 0;
+        dout = s->dout[m];
+    }
+    const int last = ++s->n_bwd == p->o.n_microbatches;
+    if (p->hooks.pre_backward) HP_TRY(p->hooks.pre_backward(p->hooks.user, s->id, m, last));
+    hp_model_ctx_t ctx = s->ctx[s->ctx_of[m]];
+    const float *g = dout;
+    if (p->mp_hi < s->u1) {
+        HP_TRY(hp_model_backward_range(s->m, ctx, p->mp_hi, s->u1, dout, p->mp_grad));
+        g = p->mp_grad;
+    }
+    HP_TRY(hp_model_forward_range(s->m, ctx, 0, p->mp_hi, NULL, NULL));   // the recompute (MPIPE_TRANSPOSE_BWD)
+    HP_TRY(hp_model_backward_range(s->m, ctx, 0, p->mp_hi, g, NULL));
+    release_ctx(s, m);
+    return HP_OK;
+}
+
 static hp_status_t run_action(hp_pp_t p, int k, const int32_t *tokens, const int32_t *targets, float div,
                               double *loss_sum, int64_t *n_valid) {
     const hp_pp_action_t *a = &p->acts[k];
+    if (a->type == HP_PP_MPIPE_F || a->type == HP_PP_MPIPE_SEND_F) return run_mpipe_replica(p, k, tokens);
     stage_t *s = &p->st[p->local_of[a->stage]];
     const int m = a->mb;
     switch (a->type) {
+    case HP_PP_TRANSPOSE_F:
+    case HP_PP_TRANSPOSE_B: return run_transposed(p, s, m, tokens, div, a);
+    case HP_PP_MPIPE_RECV_F:
+        if (!p->mp_in[m] || p->mp_src[m] < 0) return fmt_action_error(a, "receives a preprocess output no helper sends");
+        if (p->mp_got[m]) return fmt_action_error(a, "is posted twice");
+        p->mp_got[m] = 1;
+        return hp_recv_tag(p->mp_in[m], p->act_floats, HP_F32, p->mp_src[m], mp_tag(p, m), p->comm, &p->mp_recv[m]);
     case HP_PP_F: return run_forward(p, s, m, tokens, targets, div, loss_sum, n_valid, a);
     case HP_PP_B:
     case HP_PP_I: return run_backward(p, s, m, a->type, a);
@@ -760,7 +972,10 @@ static hp_status_t run_action(hp_pp_t p, int k, const int32_t *tokens, const int
 
 /* Before F / B / I: completes the receive the action reads (a no-op when it is local or done). */
 static hp_status_t wait_input(hp_pp_t p, const hp_pp_action_t *a) {
+    if (a->type == HP_PP_MPIPE_F || a->type == HP_PP_MPIPE_SEND_F || a->type == HP_PP_MPIPE_RECV_F) return HP_OK;
+    if (a->type == HP_PP_TRANSPOSE_F) return p->mp_recv[a->mb] ? hp_work_wait(&p->mp_recv[a->mb]) : HP_OK;
     stage_t *s = &p->st[p->local_of[a->stage]];
+    if (a->type == HP_PP_TRANSPOSE_B) return wait_recv(p, s, a->mb, DIR_B);
     const int m = a->mb;
     if (a->type == HP_PP_F) return wait_recv(p, s, m, DIR_F);
     if (a->type == HP_PP_B || a->type == HP_PP_I) return wait_recv(p, s, m, DIR_B);
@@ -777,6 +992,10 @@ hp_status_t hp_pp_step(hp_pp_t p, const int32_t *tokens, const int32_t *targets,
     int64_t nv = 0;
     reset_step(p);
     hp_status_t st = HP_OK;
+    p->mp_fwd = 0;
+    // MPipe: the replicas take stage 0's current preprocess parameters (MPIPE_PARAM_BROADCAST)
+    for (int i = 0; p->mp && i < p->mp_nbc && st == HP_OK; i++)
+        st = hp_broadcast(p->mp_bc[i], p->mp_bcn[i], HP_F32, p->mp_root, p->comm, NULL);
     for (int k = 0; k < p->n_acts && st == HP_OK; k++) {
         if (p->done[k]) {   // a send an overlapped action posted early
             p->t_start[k] = p->t_end[k] = hp_clock_now_seconds();
@@ -861,6 +1080,9 @@ hp_status_t hp_pp_set_transport(hp_pp_t p, hp_pp_overlap_t overlap, hp_pp_p2p_t 
     }
     return HP_OK;
 }
+
+size_t hp_pp_mpipe_broadcast_bytes(hp_pp_t p) { return p && p->mp ? p->mp_bc_bytes : 0; }
+int hp_pp_mpipe_forwards(hp_pp_t p) { return p ? p->mp_fwd : 0; }
 
 hp_pp_overlap_t hp_pp_overlap_mode(hp_pp_t p) { return p ? p->ov : HP_PP_OVERLAP_DEFAULT; }
 int hp_pp_coalesced_pairs(hp_pp_t p) { return p ? p->n_pairs : 0; }

@@ -20,6 +20,8 @@ static const char *const type_names[HP_PP_TYPE_COUNT] = {
     [HP_PP_UNSHARD] = "UNSHARD", [HP_PP_RESHARD] = "RESHARD",
     [HP_PP_SEND_F] = "SEND_F", [HP_PP_RECV_F] = "RECV_F", [HP_PP_SEND_B] = "SEND_B", [HP_PP_RECV_B] = "RECV_B",
     [HP_PP_REDUCE_GRAD] = "REDUCE_GRAD", [HP_PP_OVERLAP_F_B] = "OVERLAP_F_B",
+    [HP_PP_MPIPE_F] = "MPIPE_F", [HP_PP_MPIPE_SEND_F] = "MPIPE_SEND_F", [HP_PP_MPIPE_RECV_F] = "MPIPE_RECV_F",
+    [HP_PP_TRANSPOSE_F] = "TRANSPOSE_F", [HP_PP_TRANSPOSE_B] = "TRANSPOSE_B",
 };
 
 const char *hp_pp_type_name(hp_pp_type_t type) {
@@ -27,7 +29,23 @@ const char *hp_pp_type_name(hp_pp_type_t type) {
 }
 
 int hp_pp_type_is_compute(hp_pp_type_t t) {
-    return t == HP_PP_F || t == HP_PP_I || t == HP_PP_W || t == HP_PP_B || t == HP_PP_OVERLAP_F_B;
+    return t == HP_PP_F || t == HP_PP_I || t == HP_PP_W || t == HP_PP_B || t == HP_PP_OVERLAP_F_B ||
+           t == HP_PP_MPIPE_F || t == HP_PP_TRANSPOSE_F || t == HP_PP_TRANSPOSE_B;
+}
+
+/* MPipe: stage 0's TRANSPOSE_F / TRANSPOSE_B are its F / B for every rule about the stage's
+ * order and its neighbours (validation, counts, readiness of stage 1, sends); their own extra
+ * input is checked where it matters. MPIPE_F / MPIPE_SEND_F name stage 0 but run on a helping
+ * rank's replica, which is not stage 0: they own no stage. */
+static hp_pp_type_t base_type(hp_pp_type_t t) {
+    return t == HP_PP_TRANSPOSE_F ? HP_PP_F : t == HP_PP_TRANSPOSE_B ? HP_PP_B : t;
+}
+static int on_replica(hp_pp_type_t t) { return t == HP_PP_MPIPE_F || t == HP_PP_MPIPE_SEND_F; }
+/* hp_pp_action_leaves with TRANSPOSE_F / TRANSPOSE_B read as F / B. */
+static int base_leaves(const hp_pp_action_t *a, hp_pp_action_t out[2]) {
+    const int n = hp_pp_action_leaves(a, out);
+    for (int k = 0; k < n; k++) out[k].type = base_type(out[k].type);
+    return n;
 }
 
 int hp_pp_action_leaves(const hp_pp_action_t *a, hp_pp_action_t out[2]) {
@@ -165,7 +183,8 @@ static const char *act_str(const hp_pp_action_t *a, char *buf, size_t cap) {
 
 #define PP_ACTION_HINT \
     "expected {stage}{TYPE}{microbatch} such as 1F0, 2I1, 0W3, 0B3, 2SEND_B2, 1RECV_F1, 1UNSHARD or 0REDUCE_GRAD, " \
-    "TYPE one of F I W B UNSHARD RESHARD REDUCE_GRAD SEND_F RECV_F SEND_B RECV_B"
+    "TYPE one of F I W B UNSHARD RESHARD REDUCE_GRAD SEND_F RECV_F SEND_B RECV_B (MPipe: MPIPE_F MPIPE_SEND_F " \
+    "MPIPE_RECV_F TRANSPOSE_F TRANSPOSE_B)"
 
 static hp_status_t check_action(const hp_pp_action_t *a, const char *what) {
     if ((int)a->type < 0 || a->type >= HP_PP_TYPE_COUNT)
@@ -249,7 +268,8 @@ hp_status_t hp_pp_action_parse(const char *text, const char *what, hp_pp_action_
     if (stage == -2)
         return hp_error(HP_ERR_INVALID_ARG, "%s '%s': stage index exceeds %d (HP_PP_MAX_STAGE)", what, t, HP_PP_MAX_STAGE);
     /* longest names first; no name is a prefix of another of the same first letter otherwise */
-    static const hp_pp_type_t order[] = {HP_PP_REDUCE_GRAD, HP_PP_UNSHARD, HP_PP_RESHARD, HP_PP_SEND_F, HP_PP_RECV_F,
+    static const hp_pp_type_t order[] = {HP_PP_MPIPE_SEND_F, HP_PP_MPIPE_RECV_F, HP_PP_MPIPE_F, HP_PP_TRANSPOSE_F,
+                                         HP_PP_TRANSPOSE_B, HP_PP_REDUCE_GRAD, HP_PP_UNSHARD, HP_PP_RESHARD, HP_PP_SEND_F, HP_PP_RECV_F,
                                          HP_PP_SEND_B,      HP_PP_RECV_B,  HP_PP_F,       HP_PP_I,      HP_PP_B,
                                          HP_PP_W};
     int type = -1;
@@ -688,7 +708,8 @@ hp_status_t hp_pp_stage_to_rank(hp_pp_style_t style, int pp, int num_stages, int
 
 /* ---- generators ------------------------------------------------------------------------------ */
 static const char *const kind_names[HP_PP_KIND_COUNT] = {"GPipe",         "1F1B",          "Interleaved1F1B", "LoopedBFS",
-                                                         "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
+                                                         "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV",
+                                                         "MPipeTranspose"};
 
 const char *hp_pp_kind_name(hp_pp_kind_t k) { return (int)k >= 0 && k < HP_PP_KIND_COUNT ? kind_names[k] : NULL; }
 int hp_pp_kind_is_single_stage(hp_pp_kind_t k) { return k == HP_PP_GPIPE || k == HP_PP_1F1B; }
@@ -707,9 +728,10 @@ hp_status_t hp_pp_kind_from_name(const char *name, hp_pp_kind_t *out) {
         if (strcasecmp(name, later[k]) == 0)
             return hp_error(HP_ERR_UNSUPPORTED, "schedule '%s': PyTorch's %s is a base class that generates no order; "
                             "use one of GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, "
-                            "DualPipeV, or a CSV (docs/pp.md)", name, later[k]);
+                            "DualPipeV, MPipeTranspose, or a CSV (docs/pp.md)", name, later[k]);
     return hp_error(HP_ERR_INVALID_ARG, "Unknown schedule name '%s'. The valid options are ['1F1B', 'Interleaved1F1B', "
-                    "'GPipe', 'LoopedBFS', 'InterleavedZeroBubble', 'ZBVZeroBubble', 'DualPipeV'] (case-insensitive)",
+                    "'GPipe', 'LoopedBFS', 'InterleavedZeroBubble', 'ZBVZeroBubble', 'DualPipeV', 'MPipeTranspose'] "
+                    "(case-insensitive)",
                     name ? name : "(null)");
 }
 
@@ -965,6 +987,26 @@ done:
     return st;
 }
 
+/* ScheduleMPipeTranspose over Interleaved1F1B's lists: for mb in 1 .. min(P, n) - 1, rank mb
+ * computes the preprocess forward of mb in its first slot (Interleaved1F1B starts rank r with r
+ * bubbles) and stage 0 (on rank 0) runs TRANSPOSE_F / TRANSPOSE_B of mb for its F / B. */
+static hp_status_t mpipe_transpose(hp_pp_schedule_t *s, int P, int n) {
+    const int nt = P < n ? P : n;
+    for (int m = 1; m < nt; m++) {
+        pp_row_t *row = &s->rows[m];
+        if (row->len == 0 || !is_bubble(&row->a[0]))
+            return hp_error(HP_ERR_STATE, "MPipeTranspose: rank %d does not start with a bubble", m);
+        row->a[0] = (hp_pp_action_t){0, HP_PP_MPIPE_F, m, 0, 0};
+        for (int i = 0; i < s->rows[0].len; i++) {
+            hp_pp_action_t *a = &s->rows[0].a[i];
+            if (is_bubble(a) || a->stage != 0 || a->mb != m) continue;
+            if (a->type == HP_PP_F) a->type = HP_PP_TRANSPOSE_F;
+            else if (a->type == HP_PP_B) a->type = HP_PP_TRANSPOSE_B;
+        }
+    }
+    return HP_OK;
+}
+
 static hp_status_t gen_looped_bfs(hp_pp_schedule_t *s, int P, int L, int n) {
     for (int r = 0; r < P; r++) {
         for (int i = 0; i < r; i++) HP_TRY(row_push(&s->rows[r], NULL));
@@ -995,7 +1037,7 @@ hp_status_t hp_pp_generate(hp_pp_kind_t kind, int pp, int L, int n, hp_pp_schedu
         return hp_error(HP_ERR_INVALID_ARG, "Number of microbatches (%d) must be greater than or equal to the number of "
                         "stages (%d).", n, pp);
     int64_t rounds = n / pp > 1 ? n / pp : 1, mpr = n / rounds;
-    if ((kind == HP_PP_INTERLEAVED_1F1B || kind == HP_PP_INTERLEAVED_ZB) && n % rounds != 0)
+    if ((kind == HP_PP_INTERLEAVED_1F1B || kind == HP_PP_INTERLEAVED_ZB || kind == HP_PP_MPIPE) && n % rounds != 0)
         return hp_error(HP_ERR_INVALID_ARG, "%s requires the number of microbatches to be a multiple of the number of "
                         "rounds (%lld), but got %d.", kind == HP_PP_INTERLEAVED_ZB ? "Zero bubble" : "Interleaved 1F1B",
                         (long long)rounds, n);
@@ -1013,11 +1055,13 @@ hp_status_t hp_pp_generate(hp_pp_kind_t kind, int pp, int L, int n, hp_pp_schedu
     case HP_PP_GPIPE: st = gen_gpipe(s, pp, n); break;
     case HP_PP_1F1B: st = gen_1f1b(s, pp, n); break;
     case HP_PP_INTERLEAVED_1F1B:
-    case HP_PP_INTERLEAVED_ZB: {
+    case HP_PP_INTERLEAVED_ZB:
+    case HP_PP_MPIPE: {
         const int zb = kind == HP_PP_INTERLEAVED_ZB;
         cnt = hp_calloc(3 * (size_t)L, sizeof *cnt);
         st = cnt ? gen_interleaved(s, pp, L, n, mpr, zb, cnt, cnt + L, cnt + 2 * L) : HP_ERR_OOM;
         if (st == HP_OK && zb) st = add_bubbles(&s);
+        if (st == HP_OK && kind == HP_PP_MPIPE) st = mpipe_transpose(s, pp, n);
         break;
     }
     case HP_PP_LOOPED_BFS: st = gen_looped_bfs(s, pp, L, n); break;
@@ -1048,7 +1092,7 @@ static hp_status_t unshard_row(const pp_row_t *in, int K, pp_row_t *out) {
     for (int i = len - 1; i >= 0 && st == HP_OK; i--) {
         const hp_pp_action_t *a = &in->a[i];
         int32_t *dst = next + (size_t)i * K, *src = next + (size_t)(i + 1) * K;
-        if (is_bubble(a)) {
+        if (is_bubble(a) || on_replica(a->type)) {   /* the replica is not stage 0: nothing to unshard */
             memcpy(dst, src, (size_t)K * sizeof *dst);
             nn[i] = nn[i + 1];
             continue;
@@ -1134,8 +1178,8 @@ static hp_status_t reduce_grad_row(const pp_row_t *in, int n_mb, pp_row_t *out) 
         if (is_bubble(a)) continue;
         st = row_push(out, a);
         hp_pp_action_t lv[2];
-        const int nl = hp_pp_action_leaves(a, lv);
-        for (int k = 0; k < nl && st == HP_OK; k++) {   /* counting inside OVERLAP_F_B too */
+        const int nl = base_leaves(a, lv);
+        for (int k = 0; k < nl && st == HP_OK; k++) {   /* counting inside OVERLAP_F_B (and TRANSPOSE_B) too */
             if (lv[k].type != HP_PP_B && lv[k].type != HP_PP_W) continue;
             int64_t c = 0;
             amap_get(&cnt, akey(lv[k].stage, 0, HP_PP_NO_MB), &c);
@@ -1235,6 +1279,10 @@ static void describe_wait(sb_t *b, const hp_pp_action_t *a, int num_stages, cons
         if (s + 1 >= num_stages) sb_printf(b, "a SEND_B of stage %d, which does not exist", s + 1);
         else sb_printf(b, "%dSEND_B%d on rank %d", s + 1, m, s2r[s + 1]);
         break;
+    case HP_PP_TRANSPOSE_F: sb_printf(b, "0MPIPE_RECV_F%d on rank %d", m, s2r[0]); break;
+    case HP_PP_TRANSPOSE_B: sb_printf(b, "0RECV_B%d, 1I%d or 1B%d on rank %d", m, m, m, s2r[0]); break;
+    case HP_PP_MPIPE_SEND_F: sb_printf(b, "0MPIPE_F%d on the same rank", m); break;
+    case HP_PP_MPIPE_RECV_F: sb_printf(b, "0MPIPE_SEND_F%d on a helping rank", m); break;
     default: sb_printf(b, "nothing"); break;
     }
 }
@@ -1258,9 +1306,11 @@ hp_status_t hp_pp_add_send_recv(const hp_pp_schedule_t *s, const int *stage_to_r
             const hp_pp_action_t *a0 = &s->rows[r].a[pos[r]];
             if (!is_bubble(a0)) {
                 hp_pp_action_t lv[2];
-                const int nl = hp_pp_action_leaves(a0, lv);   /* an OVERLAP_F_B waits for both halves' inputs */
+                const int nl = base_leaves(a0, lv);   /* an OVERLAP_F_B waits for both halves' inputs */
                 int ready = 1;
                 for (int k = 0; k < nl; k++) ready &= sr_ready(&lv[k], &prev[r], num_stages);
+                /* MPipe: stage 0's TRANSPOSE_F reads the helper's activation */
+                if (a0->type == HP_PP_TRANSPOSE_F) ready &= amap_has(&prev[r], 0, HP_PP_MPIPE_RECV_F, a0->mb);
                 if (!ready) {
                     left++;
                     continue;
@@ -1274,6 +1324,14 @@ hp_status_t hp_pp_add_send_recv(const hp_pp_schedule_t *s, const int *stage_to_r
                           stage_to_rank[a->stage + 1] != stage_to_rank[a->stage];
                 int bwd = (a->type == HP_PP_I || a->type == HP_PP_B) && a->stage != 0 &&
                           stage_to_rank[a->stage - 1] != stage_to_rank[a->stage];
+                if (st == HP_OK && a->type == HP_PP_MPIPE_F) {   /* to stage 0's rank, after the replica's F */
+                    hp_pp_action_t send = {0, HP_PP_MPIPE_SEND_F, a->mb, 0, 0}, recv = {0, HP_PP_MPIPE_RECV_F, a->mb, 0, 0};
+                    const int peer = stage_to_rank[0];
+                    st = row_push(&o->rows[r], &send);
+                    if (st == HP_OK && amap_put(&prev[r], akey(0, send.type, send.mb), 0) < 0) st = oom("_add_send_recv");
+                    if (st == HP_OK) st = row_push(&o->rows[peer], &recv);
+                    if (st == HP_OK && amap_put(&prev[peer], akey(0, recv.type, recv.mb), 0) < 0) st = oom("_add_send_recv");
+                }
                 if (st == HP_OK && (fwd || bwd)) {
                     hp_pp_action_t send = {a->stage, fwd ? HP_PP_SEND_F : HP_PP_SEND_B, a->mb, 0, 0};
                     hp_pp_action_t recv = {a->stage + (fwd ? 1 : -1), fwd ? HP_PP_RECV_F : HP_PP_RECV_B, a->mb, 0, 0};
@@ -1329,14 +1387,27 @@ hp_status_t hp_pp_validate(const hp_pp_schedule_t *s, int pp, int num_stages, in
                         s->n_ranks);
     int *map = hp_malloc((size_t)num_stages * sizeof *map);
     int64_t *cnt = hp_calloc((size_t)num_stages * 4, sizeof *cnt);   /* distinct F, B, I, W per stage */
+    int *mp = hp_calloc((size_t)n * 2, sizeof *mp);   /* MPipe: per microbatch MPIPE_F and TRANSPOSE_F seen */
     amap_t seen = {0};
-    hp_status_t st = map && cnt ? HP_OK : HP_ERR_OOM;
+    hp_status_t st = map && cnt && mp ? HP_OK : HP_ERR_OOM;
     for (int i = 0; map && i < num_stages; i++) map[i] = -1;
     for (int r = 0; r < s->n_ranks && st == HP_OK; r++)
         for (int i = 0; i < s->rows[r].len && st == HP_OK; i++) {
-            if (is_bubble(&s->rows[r].a[i])) continue;
+            const hp_pp_action_t *a0 = &s->rows[r].a[i];
+            if (is_bubble(a0)) continue;
+            if (a0->type == HP_PP_MPIPE_F || a0->type == HP_PP_TRANSPOSE_F) {
+                if (a0->stage != 0 || a0->mb >= n) {
+                    char t[64], head[512];
+                    snprintf(head, sizeof head, "Rank %d, step %d: %s: MPipe's preprocess is part of stage 0 and the "
+                             "microbatch must be < %d", r, i, act_str(a0, t, sizeof t), n);
+                    st = error_with_grid(s, i, head);
+                    break;
+                }
+                mp[(size_t)a0->mb * 2 + (a0->type == HP_PP_TRANSPOSE_F)]++;
+            }
+            if (on_replica(a0->type)) continue;   /* the helper's replica, not stage 0 */
             hp_pp_action_t lv[2];
-            const int nl = hp_pp_action_leaves(&s->rows[r].a[i], lv);   /* an overlap's F and B, in order */
+            const int nl = base_leaves(a0, lv);   /* an overlap's F and B, in order */
             for (int k = 0; k < nl && st == HP_OK; k++) {
             const hp_pp_action_t *a = &lv[k];
             char t[64], head[512];
@@ -1386,9 +1457,21 @@ hp_status_t hp_pp_validate(const hp_pp_schedule_t *s, int pp, int num_stages, in
             st = hp_error(HP_ERR_INVALID_ARG, "Invalid backward microbatches for stage %d: expected %d total backwards, "
                           "but got B=%lld, I=%lld, W=%lld", sid, n, (long long)b, (long long)ii, (long long)w);
     }
+    for (int m = 0; m < n && st == HP_OK; m++)
+        if (mp[2 * m] != mp[2 * m + 1] || mp[2 * m] > 1)
+            st = hp_error(HP_ERR_INVALID_ARG, "MPipe: microbatch %d has %d MPIPE_F and %d TRANSPOSE_F; stage 0 "
+                          "continues a transposed microbatch from exactly one helper's MPIPE_F (and one of each at "
+                          "most)", m, mp[2 * m], mp[2 * m + 1]);
+    for (int r = 0; r < s->n_ranks && st == HP_OK && map[0] >= 0; r++)
+        for (int i = 0; i < s->rows[r].len && st == HP_OK; i++)
+            if (!is_bubble(&s->rows[r].a[i]) && s->rows[r].a[i].type == HP_PP_MPIPE_F && r == map[0])
+                st = hp_error(HP_ERR_INVALID_ARG, "MPipe: rank %d, step %d: MPIPE_F of microbatch %d on stage 0's own "
+                              "rank; hint: a helping rank (one not holding stage 0) computes the preprocess forward",
+                              r, i, (int)s->rows[r].a[i].mb);
     if (st == HP_OK && stage_to_rank_out) memcpy(stage_to_rank_out, map, (size_t)num_stages * sizeof *map);
     free(map);
     free(cnt);
+    free(mp);
     amap_free(&seen);
     return st;
 }
@@ -1424,12 +1507,18 @@ hp_status_t hp_pp_lower(const hp_pp_schedule_t *compute, int num_stages, int n, 
 }
 
 /* ---- the lock-step simulator ------------------------------------------------------------------- */
-typedef struct { const int *s2r; int num_stages; amap_t *prev; } sim_t;
+typedef struct { const int *s2r; int num_stages; amap_t *prev; int n_ranks; } sim_t;
 
-static int sim_ready_leaf(const sim_t *S, const hp_pp_action_t *a) {
+static int sim_ready_leaf(const sim_t *S, int r, const hp_pp_action_t *a) {
     const int s = a->stage, m = a->mb;
     const amap_t *own = &S->prev[S->s2r[s]];
     switch (a->type) {
+    case HP_PP_MPIPE_F: return 1;   /* the tokens are on every rank */
+    case HP_PP_MPIPE_SEND_F: return amap_has(&S->prev[r], 0, HP_PP_MPIPE_F, m);
+    case HP_PP_MPIPE_RECV_F:
+        for (int q = 0; q < S->n_ranks; q++)
+            if (q != r && amap_has(&S->prev[q], 0, HP_PP_MPIPE_SEND_F, m)) return 1;
+        return 0;
     case HP_PP_F: return s == 0 || amap_has(own, s, HP_PP_RECV_F, m) || amap_has(own, s - 1, HP_PP_F, m);
     case HP_PP_I:
     case HP_PP_B:
@@ -1445,17 +1534,18 @@ static int sim_ready_leaf(const sim_t *S, const hp_pp_action_t *a) {
 }
 
 /* An OVERLAP_F_B (which PyTorch's simulator does not model) is ready when both halves are. */
-static int sim_ready(const sim_t *S, const hp_pp_action_t *a) {
+static int sim_ready(const sim_t *S, int r, const hp_pp_action_t *a) {
     hp_pp_action_t lv[2];
-    const int nl = hp_pp_action_leaves(a, lv);
+    const int nl = base_leaves(a, lv);
     int ok = 1;
-    for (int k = 0; k < nl; k++) ok &= sim_ready_leaf(S, &lv[k]);
+    for (int k = 0; k < nl; k++) ok &= sim_ready_leaf(S, r, &lv[k]);
+    if (a->type == HP_PP_TRANSPOSE_F) ok &= amap_has(&S->prev[S->s2r[0]], 0, HP_PP_MPIPE_RECV_F, a->mb);
     return ok;
 }
 
 static hp_status_t sim_mark(sim_t *S, int r, const hp_pp_action_t *a) {
     hp_pp_action_t lv[2];
-    const int nl = hp_pp_action_leaves(a, lv);
+    const int nl = base_leaves(a, lv);
     for (int k = 0; k < nl; k++)
         if (amap_put(&S->prev[r], akey(lv[k].stage, lv[k].type, lv[k].mb), 0) < 0) return oom("simulate");
     return HP_OK;
@@ -1469,7 +1559,7 @@ hp_status_t hp_pp_simulate(const hp_pp_schedule_t *s, const int *stage_to_rank, 
     const int R = s->n_ranks;
     hp_pp_schedule_t *o;
     HP_TRY(hp_pp_schedule_create(R, &o));
-    sim_t S = {stage_to_rank, num_stages, hp_calloc((size_t)R, sizeof(amap_t))};
+    sim_t S = {stage_to_rank, num_stages, hp_calloc((size_t)R, sizeof(amap_t)), R};
     int *pos = hp_calloc((size_t)R, sizeof *pos);
     hp_status_t st = S.prev && pos ? HP_OK : HP_ERR_OOM;
     /* bubbles of the input are dropped: skip them at each rank's cursor */
@@ -1484,7 +1574,7 @@ hp_status_t hp_pp_simulate(const hp_pp_schedule_t *s, const int *stage_to_rank, 
         for (int r = 0; r < R && st == HP_OK; r++) {
             if (pos[r] >= s->rows[r].len) continue;
             const hp_pp_action_t *a = &s->rows[r].a[pos[r]];
-            if (sim_ready(&S, a)) {
+            if (sim_ready(&S, r, a)) {
                 st = row_push(&o->rows[r], a);
                 if (st == HP_OK) st = sim_mark(&S, r, a);
                 pos[r]++;
@@ -1500,7 +1590,7 @@ hp_status_t hp_pp_simulate(const hp_pp_schedule_t *s, const int *stage_to_rank, 
             pp_row_t *row = &o->rows[r];
             if (row->len == 0 || !is_bubble(&row->a[row->len - 1])) continue;
             const hp_pp_action_t *a = &s->rows[r].a[pos[r]];
-            if (!sim_ready(&S, a)) continue;
+            if (!sim_ready(&S, r, a)) continue;
             row->a[row->len - 1] = *a;
             st = sim_mark(&S, r, a);
             pos[r]++;
@@ -1569,7 +1659,7 @@ static hp_status_t timing(const hp_pp_schedule_t *s, int num_stages, hp_pp_timin
                     break;
                 }
                 hp_pp_action_t lv[2];
-                const int nl = hp_pp_action_leaves(a, lv);   /* an OVERLAP_F_B costs its F and its B */
+                const int nl = base_leaves(a, lv);   /* an OVERLAP_F_B costs its F and its B */
                 if (nl == 2 && lv[1].stage >= num_stages) {
                     char t[64];
                     st = hp_error(HP_ERR_INVALID_ARG, "hp_pp_timing: rank %d, position %d: %s names stage %d >= "
@@ -1578,6 +1668,11 @@ static hp_status_t timing(const hp_pp_schedule_t *s, int num_stages, hp_pp_timin
                 }
                 int64_t t0 = free_at[r];
                 int ok = 1, cost = 0;
+                if (a->type == HP_PP_TRANSPOSE_F) {   /* after the helper's preprocess forward */
+                    int64_t t = 0;
+                    ok = amap_get(&done, akey(0, HP_PP_MPIPE_F, a->mb), &t);
+                    t0 = ok && t > t0 ? t : t0;
+                }
                 for (int k = 0; k < nl && ok; k++) {
                     const hp_pp_action_t *x = &lv[k];
                     int64_t t = 0;
@@ -1612,7 +1707,7 @@ static hp_status_t timing(const hp_pp_schedule_t *s, int num_stages, hp_pp_timin
                 makespan = end > makespan ? end : makespan;
                 for (int k = 0; k < nl && st == HP_OK; k++) {
                     const hp_pp_action_t *x = &lv[k];
-                    int kk = x->type == HP_PP_F ? HP_PP_F : x->type == HP_PP_W ? HP_PP_W : HP_PP_I;
+                    int kk = x->type == HP_PP_F || x->type == HP_PP_MPIPE_F ? x->type : x->type == HP_PP_W ? HP_PP_W : HP_PP_I;
                     if (amap_put(&done, akey(x->stage, kk, x->mb), end) < 0 ||
                         (x->type == HP_PP_B && amap_put(&done, akey(x->stage, HP_PP_W, x->mb), end) < 0))
                         st = oom("hp_pp_timing");

@@ -181,8 +181,11 @@ static const hp_config_key_t schema_[] = {
     K(parallelism, enable_sequence_parallel, BOOL, "true", NULL, NULL,
       "Under TP, shard norms and residuals along the sequence (SP)."),
     K(parallelism, pipeline_parallel_schedule, ENUM, "1f1b",
-      "gpipe|1f1b|interleaved1f1b|loopedbfs|interleavedzerobubble|zbvzerobubble|dualpipev", NULL,
-      "Pipeline schedule (names as TorchTitan's, case-insensitive)."),
+      "gpipe|1f1b|interleaved1f1b|loopedbfs|interleavedzerobubble|zbvzerobubble|dualpipev|mpipetranspose", NULL,
+      "Pipeline schedule (names as TorchTitan's, case-insensitive; MPipeTranspose is HyperParallel's)."),
+    KI(parallelism, pipeline_parallel_mpipe_transpose_layers, "0", 0, I32, NULL,
+      "MPipeTranspose: transformer layers in the transposed preprocess besides tok_embeddings (HyperParallel's "
+      "num_transpose_layers); stage 0 must hold them."),
     KI(parallelism, pipeline_parallel_microbatch_size, "1", 1, I32, NULL,
       "Sequences per pipeline microbatch; microbatches = local_batch_size / this."),
     KI(parallelism, pipeline_parallel_layers_per_stage, "-1", -1, I32, NULL,

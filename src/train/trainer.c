@@ -426,6 +426,7 @@ typedef struct trainer_pp {
     int tie_idx;                        /* tied weight held here (first or last stage), else -1 */
     hp_comm_t tie_comm;                 /* the first and last stage's ranks of this pp slice, else NULL */
     float absent_dummy;
+    int mpipe;                          /* the schedule has MPipe's transposed actions */
 } trainer_pp_t;
 
 static void pp_free(trainer_pp_t *p) {
@@ -563,6 +564,30 @@ static hp_status_t pp_create_stages(hp_trainer_t t) {
     if (st == HP_OK) st = pp_schedule(t, p, csv, kind);
     hp_pp_schedule_free(csv);
     HP_TRY(st);
+    // MPipe (HyperParallel's ScheduleMPipeTranspose): helpers run a replica of stage 0's
+    // preprocess units [0, T + 1) refreshed by a broadcast of plain parameters each step
+    for (int r = 0; r < hp_pp_schedule_n_ranks(p->sched); r++)
+        for (int i = 0; i < hp_pp_schedule_len(p->sched, r); i++) {
+            const hp_pp_action_t *a = hp_pp_schedule_at(p->sched, r, i);
+            p->mpipe |= a && (a->type == HP_PP_MPIPE_F || a->type == HP_PP_TRANSPOSE_F);
+        }
+    if (p->mpipe) {
+        const int64_t T = c->parallelism.pipeline_parallel_mpipe_transpose_layers;
+        if (T + 1 > p->unit_lo[1])
+            return hp_error(HP_ERR_INVALID_ARG, "parallelism.pipeline_parallel_mpipe_transpose_layers = %lld: the "
+                            "preprocess (tok_embeddings and %lld layers) must be part of stage 0, which holds "
+                            "tok_embeddings and %d layer(s); hint: at most %d, or lower "
+                            "parallelism.pipeline_parallel_first_stage_less_layers", (long long)T, (long long)T,
+                            p->unit_lo[1] - 1, p->unit_lo[1] - 1);
+        if (t->pd.dp_shard > 1 || t->pd.tp > 1 || t->pd.cp > 1)
+            return hp_error(HP_ERR_UNSUPPORTED, "parallelism.pipeline_parallel_schedule = MPipeTranspose with "
+                            "data_parallel_shard_degree %d / tensor_parallel_degree %d / context_parallel_degree %d is "
+                            "not supported: the helpers' replica takes stage 0's plain (unsharded, unsplit) parameters; "
+                            "hint: use Interleaved1F1B, or MPipeTranspose with pp (and DDP) only", t->pd.dp_shard,
+                            t->pd.tp, t->pd.cp);
+        // tied embeddings: the replica is refreshed from stage 0's copy, which the tie's gradient sum
+        // and the optimizer keep equal to the last stage's (test_trainer_pp runs qwen3)
+    }
     for (int s = 0; s < p->S; s++) p->n_local += p->stage_to_rank[s] == p->coord;
     p->ids = hp_calloc((size_t)p->n_local + 1, sizeof(int));
     p->m = hp_calloc((size_t)p->n_local + 1, sizeof(hp_model_t));
@@ -664,7 +689,8 @@ static hp_status_t pp_parallelize(hp_trainer_t t, int ac_k) {
     if (t->mcfg.tie_embeddings) HP_TRY(hp_comm_split(p->comm, p->tie_idx >= 0 ? 0 : -1, p->coord, &p->tie_comm));
     hp_pp_options_t po = {p->S, p->stage_to_rank, p->n_mb, p->mbs, t->Tl};   /* owner cp: T/cp rows */
     hp_pp_hooks_t hooks = {t, pp_pre_backward, NULL, NULL, NULL};
-    HP_TRY(hp_pp_create(p->comm, p->sched, p->m, p->ids, p->n_local, &po, &hooks, &p->rt));
+    HP_TRY(hp_pp_create_mpipe(p->comm, p->sched, p->m, p->ids, p->n_local, &po, &hooks,
+                              (int)t->cfg.parallelism.pipeline_parallel_mpipe_transpose_layers, &p->rt));
     // FSDP's and TP's collectives run inside the stages' modules: two threads would issue them
     // in a rank-dependent order
     if (hp_pp_overlap_mode(p->rt) == HP_PP_OVERLAP_THREAD && (t->pd.dp_shard > 1 || t->pd.tp > 1))
@@ -1223,6 +1249,10 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
                        "p2p buffers %.2f MiB", r, st, all[3 * r] / 1048576.0, all[3 * r + 1] / 1048576.0,
                        all[3 * r + 2] / 1048576.0);
             }
+            if (p->mpipe)
+                hp_log(HP_LOG_INFO, "pipeline MPipe: preprocess units [0, %lld) replicated on the helpers, %.2f MiB "
+                       "broadcast from stage 0 per step", (long long)t->cfg.parallelism.pipeline_parallel_mpipe_transpose_layers + 1,
+                       (double)hp_pp_mpipe_broadcast_bytes(p->rt) / 1048576.0);
         }
     }
     if (t->rank == 0) {
