@@ -326,6 +326,35 @@ int main(int argc, char **argv) {
                 f->optimizer.lr *= 1.001;
                 run_pp(f, world, world, pl, pn);
                 HP_CHECK(!close_all(pl, rl, 1e-5, 0, ""), "pp 2 MoE run with lr x 1.001 matched within 1e-5");
+                // the bias update matters here: without it the losses leave the tolerance, so the
+                // matches above also say every stage moved its layers' biases as the single rank did
+                f->optimizer.lr = c->optimizer.lr;
+                f->model.moe_load_balance_coeff = 0.0;
+                run_pp(f, world, world, pl, pn);
+                HP_CHECK(!close_all(pl, rl, 1e-5, 0, ""), "pp 2 MoE run without the bias update matched within 1e-5");
+                // the auxiliary loss is per forward pass (N = its tokens): PP's 4 micro-batches of
+                // one sequence against the single rank accumulating 4 batches of one sequence
+                hp_config_t *r = calloc(1, sizeof *r);
+                *r = *c;
+                r->model.moe_aux_loss_coeff = 0.1;
+                r->training.local_batch_size = 1;
+                r->training.global_batch_size = 4;
+                double al[NP], an[NP], bl[NP], bn[NP];
+                run_pp(r, one, world, al, an);
+                *f = *r;
+                f->training.local_batch_size = 4;
+                f->parallelism.pipeline_parallel_degree = 2;
+                snprintf(f->parallelism.pipeline_parallel_schedule, sizeof f->parallelism.pipeline_parallel_schedule,
+                         "1F1B");
+                run_pp(f, world, world, pl, pn);
+                close_all(pl, al, 1e-5, 1, "qwen3_moe pp 2 1F1B with the aux loss");
+                close_all(pn, an, 1e-4, 1, "grad norm");
+                f->model.moe_aux_loss_coeff = 0.0;   // and the aux loss changes that run
+                run_pp(f, world, world, bl, bn);
+                HP_CHECK(!close_all(bl, al, 1e-5, 0, ""), "pp 2 without the aux loss matched the run with it");
+                if (rank == 0) printf("qwen3_moe pp 2 with the aux loss: losses %.6f .. %.6f (one rank, accum 4: %.6f "
+                                      ".. %.6f)\n", pl[0], pl[NP - 1], al[0], al[NP - 1]);
+                free(r);
             }
         }
         hp_comm_destroy(one);
