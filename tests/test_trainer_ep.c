@@ -195,6 +195,15 @@ int main(int argc, char **argv) {
         hp_trainer_t t = NULL;   // ep borrowing tp ranks (etp 1) is refused by key
         f->parallelism.expert_tensor_parallel_degree = 1;
         HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "expert_tensor_parallel_degree");
+        // experts are not sharded inside pipeline stages yet: pp 2 x ep 2 and pp 2 x tp 2 refused by key
+        moe_config(f, ws, "qwen3_moe");
+        set_ep(f, 1, 2, 1, 2, 1);
+        f->parallelism.pipeline_parallel_degree = 2;
+        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED,
+                     "parallelism.pipeline_parallel_degree 2 with the MoE model qwen3_moe and "
+                     "parallelism.expert_parallel_degree 2");
+        set_ep(f, 1, 1, 2, 1, 1);
+        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "tensor_parallel_degree 2 is not supported");
         // 2 experts over ep 2 x efsdp 2: efsdp x ep > E, the experts FSDP-sharded on dim 1 (Shard(1))
         moe_config(f, ws, "qwen3_moe");
         f->model.moe_num_experts = 2;
