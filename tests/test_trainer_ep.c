@@ -9,7 +9,9 @@
  * lr x 1e-3 near zero gradients: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
  * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
  * (experts and expert_bias resharded); gradient accumulation, validation and full AC run
- * under EP. Bad EP keys are named. */
+ * under EP. Pipeline parallel of both flavors with data parallel (pp 2 x FSDP 2, pp 2 x DDP 2, 4
+ * ranks) equals the single rank too; PP x EP and PP x TP of MoE models are refused by key. Bad EP
+ * keys are named. */
 // hp-test: ranks 2 4 8 timeout 300
 #include <math.h>
 #include <stdint.h>
@@ -94,6 +96,7 @@ static void solo_steps(const hp_config_t *f, hp_comm_t world, int dp, double *l,
     c->parallelism.tensor_parallel_degree = 1;
     c->parallelism.expert_parallel_degree = 1;
     c->parallelism.expert_tensor_parallel_degree = 1;
+    c->parallelism.pipeline_parallel_degree = 1;
     c->training.local_batch_size = dp * f->training.local_batch_size;
     c->training.global_batch_size = -1;
     use_bin(c, 'y', dp);
@@ -195,6 +198,25 @@ int main(int argc, char **argv) {
         hp_trainer_t t = NULL;   // ep borrowing tp ranks (etp 1) is refused by key
         f->parallelism.expert_tensor_parallel_degree = 1;
         HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "expert_tensor_parallel_degree");
+        // pipeline parallel of the MoE models with data parallel: pp 2 x FSDP 2 (deepseek_v3) and pp 2 x
+        // DDP 2 (qwen3_moe), 1F1B, bias update on (counts summed over dp and pp) == the single rank
+        for (int mi = 0; mi < 2; mi++) {
+            moe_config(f, ws, models[mi]);
+            set_ep(f, mi ? 2 : 1, mi ? 1 : 2, 1, 1, 1);
+            f->parallelism.pipeline_parallel_degree = 2;
+            snprintf(f->parallelism.pipeline_parallel_schedule, sizeof f->parallelism.pipeline_parallel_schedule, "1F1B");
+            snprintf(what, sizeof what, "%s pp 2 x %s 2", models[mi], mi ? "DDP" : "FSDP");
+            check_vs_solo(what, f, world, 2);
+        }
+        // experts are not sharded inside pipeline stages yet: pp 2 x ep 2 and pp 2 x tp 2 refused by key
+        moe_config(f, ws, "qwen3_moe");
+        set_ep(f, 1, 2, 1, 2, 1);
+        f->parallelism.pipeline_parallel_degree = 2;
+        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED,
+                     "parallelism.pipeline_parallel_degree 2 with the MoE model qwen3_moe and "
+                     "parallelism.expert_parallel_degree 2");
+        set_ep(f, 1, 1, 2, 1, 1);
+        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "tensor_parallel_degree 2 is not supported");
         // 2 experts over ep 2 x efsdp 2: efsdp x ep > E, the experts FSDP-sharded on dim 1 (Shard(1))
         moe_config(f, ws, "qwen3_moe");
         f->model.moe_num_experts = 2;

@@ -5,7 +5,12 @@
  * tokens per expert reach the JSONL metrics; on 2 ranks FSDP gives the losses of replicated
  * data parallel (float32 all-gather; reduction order: 1e-5 relative) and an lr x 1.001 run
  * does not; TP 2 (experts tensor parallel on their hidden dim) equals the single-rank run; bad
- * MoE keys are named; HyperParallel's auxiliary loss is logged and changes training. */
+ * MoE keys are named; HyperParallel's auxiliary loss is logged and changes training. Pipeline
+ * parallel (2 ranks): pp 2 with 1F1B and InterleavedZeroBubble, both models (4 layers, dense
+ * first), bias update on, 10 steps equal the single-rank run over the same batch (the PP tests'
+ * 1e-5 loss / 1e-4 norm: fp32 order of the micro-batch gradient sums; routing counts are
+ * integers, so the biases match exactly while no top-k tie flips) and an lr x 1.001 run does
+ * not. */
 // hp-test: ranks 1 2 timeout 300
 #include <math.h>
 #include <stdio.h>
@@ -37,6 +42,47 @@ static void moe_config(hp_config_t *c, int ws, const char *name) {
     c->model.moe_load_balance_coeff = 1e-2;   // large enough to move the bias visibly in a few steps
     c->training.seq_len = 16;
     c->training.steps = N;
+}
+
+enum { NP = 10 };   /* steps of the pipeline-parallel comparisons */
+
+/* Runs c for NP steps on `comm` when this rank is in it; losses and norms reach every rank of
+ * world from world rank 0 (as test_trainer_pp's run). */
+static void run_pp(const hp_config_t *c, hp_comm_t comm, hp_comm_t world, double *l, double *n) {
+    double buf[2 * NP] = {0};
+    if (comm) {
+        hp_trainer_t t = NULL;
+        HP_CHECK_OK(hp_trainer_create(c, comm, &t));
+        for (int i = 0; t && i < NP; i++) {
+            hp_step_stats_t st;
+            HP_CHECK_OK(hp_trainer_step(t, &st));
+            buf[i] = st.loss;
+            buf[NP + i] = st.grad_norm;
+        }
+        hp_trainer_destroy(t);
+    }
+    HP_CHECK_OK(hp_broadcast(buf, sizeof buf, HP_U8, 0, world, NULL));   // doubles as bytes
+    for (int i = 0; i < NP; i++) l[i] = buf[i], n[i] = buf[NP + i];
+}
+
+static int close_all(const double *a, const double *b, double rtol, int report, const char *what) {
+    int ok = 1;
+    for (int i = 0; i < NP; i++) {
+        const int c = fabs(a[i] - b[i]) <= rtol * fabs(b[i]);
+        if (report) HP_CHECK(c, "%s step %d: %.9g vs %.9g", what, i + 1, a[i], b[i]);
+        ok &= c;
+    }
+    return ok;
+}
+
+/* The expert_bias of every MoE layer of t's model (E = 8 each) into out; returns the count. */
+static int biases(hp_trainer_t t, float *out) {
+    if (!t) return 0;
+    hp_module_t *mods[512];
+    int nm = hp_model_modules(hp_trainer_model(t), mods, 512), k = 0;
+    for (int i = 0; i < nm; i++)
+        if (hp_module_is_moe(mods[i])) memcpy(out + 8 * k++, ((hp_moe_impl_t *)mods[i]->impl)->expert_bias, 32);
+    return k;
 }
 
 static int64_t last_w1_local[3];   /* local shape of layers.1.moe.experts.w1 in the last train() */
@@ -258,6 +304,114 @@ int main(int argc, char **argv) {
                 HP_CHECK(rl[i] == ds_losses[i], "resumed run step %d: loss %.9g, straight run %.9g", i + 1, rl[i],
                          ds_losses[i]);
         }
+    }
+    if (ws == 2) {   // pipeline parallel: pp 2 against the single rank over the same global batch
+        hp_comm_t one = NULL;
+        HP_CHECK_OK(hp_comm_split(world, rank == 0 ? 0 : -1, rank, &one));
+        double rl[NP], rn[NP], pl[NP], pn[NP];
+        const char *sched[2] = {"1F1B", "InterleavedZeroBubble"};
+        for (int mi = 0; mi < 2; mi++) {
+            moe_config(c, 1, models[mi]);
+            c->model.n_layers = 4;   // layer 0 dense, 1 .. 3 MoE: 4 stages for the interleaved schedule
+            c->training.steps = NP;
+            c->training.local_batch_size = 4;
+            c->training.max_norm = 1.0;
+            snprintf(c->training.mixed_precision_param, sizeof c->training.mixed_precision_param, "float32");
+            run_pp(c, one, world, rl, rn);
+            for (int k = 0; k < 2; k++) {
+                *f = *c;
+                f->parallelism.pipeline_parallel_degree = 2;
+                snprintf(f->parallelism.pipeline_parallel_schedule, sizeof f->parallelism.pipeline_parallel_schedule,
+                         "%s", sched[k]);
+                run_pp(f, world, world, pl, pn);
+                char what[96];
+                snprintf(what, sizeof what, "%s pp 2 %s", models[mi], sched[k]);
+                close_all(pl, rl, 1e-5, 1, what);
+                close_all(pn, rn, 1e-4, 1, "grad norm");
+                if (rank == 0)
+                    printf("%s: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n", what, pl[0], pl[NP - 1], rl[0],
+                           rl[NP - 1]);
+            }
+            if (mi == 1) {   // negative (STYLE rule 17): lr x 1.001 must leave the tolerance on some step
+                f->optimizer.lr *= 1.001;
+                run_pp(f, world, world, pl, pn);
+                HP_CHECK(!close_all(pl, rl, 1e-5, 0, ""), "pp 2 MoE run with lr x 1.001 matched within 1e-5");
+                // the bias update matters here: without it the losses leave the tolerance, so the
+                // matches above also say every stage moved its layers' biases as the single rank did
+                f->optimizer.lr = c->optimizer.lr;
+                f->model.moe_load_balance_coeff = 0.0;
+                run_pp(f, world, world, pl, pn);
+                HP_CHECK(!close_all(pl, rl, 1e-5, 0, ""), "pp 2 MoE run without the bias update matched within 1e-5");
+                // the auxiliary loss is per forward pass (N = its tokens): PP's 4 micro-batches of
+                // one sequence against the single rank accumulating 4 batches of one sequence
+                hp_config_t *r = calloc(1, sizeof *r);
+                *r = *c;
+                r->model.moe_aux_loss_coeff = 0.1;
+                r->training.local_batch_size = 1;
+                r->training.global_batch_size = 4;
+                double al[NP], an[NP], bl[NP], bn[NP];
+                run_pp(r, one, world, al, an);
+                *f = *r;
+                f->training.local_batch_size = 4;
+                f->parallelism.pipeline_parallel_degree = 2;
+                snprintf(f->parallelism.pipeline_parallel_schedule, sizeof f->parallelism.pipeline_parallel_schedule,
+                         "1F1B");
+                run_pp(f, world, world, pl, pn);
+                close_all(pl, al, 1e-5, 1, "qwen3_moe pp 2 1F1B with the aux loss");
+                close_all(pn, an, 1e-4, 1, "grad norm");
+                f->model.moe_aux_loss_coeff = 0.0;   // and the aux loss changes that run
+                run_pp(f, world, world, bl, bn);
+                HP_CHECK(!close_all(bl, al, 1e-5, 0, ""), "pp 2 without the aux loss matched the run with it");
+                if (rank == 0) printf("qwen3_moe pp 2 with the aux loss: losses %.6f .. %.6f (one rank, accum 4: %.6f "
+                                      ".. %.6f)\n", pl[0], pl[NP - 1], al[0], al[NP - 1]);
+                free(r);
+            }
+        }
+        {   // checkpoint: saved under pp 2 at step 5 (each stage's expert_bias), loaded under pp 1 on one
+            // rank: the biases of all 3 MoE layers equal the single rank's after 5 steps (bitwise:
+            // integer counts and sign updates, the same routing)
+            float bref[3 * 8], bload[3 * 8];
+            *f = *c;
+            f->training.steps = 5;
+            int nb = 0;
+            if (one) {
+                hp_trainer_t t = NULL;
+                HP_CHECK_OK(hp_trainer_create(f, one, &t));
+                for (int i = 0; t && i < 5; i++) {
+                    hp_step_stats_t st;
+                    HP_CHECK_OK(hp_trainer_step(t, &st));
+                }
+                nb = biases(t, bref);
+                hp_trainer_destroy(t);
+            }
+            snprintf(f->job.dump_folder, sizeof f->job.dump_folder, "%s/ckpp", dir_);
+            f->checkpoint.enable = true;
+            f->checkpoint.interval = 5;
+            f->checkpoint.last_save_model_only = false;
+            f->parallelism.pipeline_parallel_degree = 2;
+            snprintf(f->parallelism.pipeline_parallel_schedule, sizeof f->parallelism.pipeline_parallel_schedule, "1F1B");
+            hp_trainer_t t = NULL;
+            HP_CHECK_OK(hp_trainer_create(f, world, &t));
+            for (int i = 0; t && i < 5; i++) {
+                hp_step_stats_t st;
+                HP_CHECK_OK(hp_trainer_step(t, &st));
+            }
+            hp_trainer_destroy(t);
+            t = NULL;
+            if (one) {
+                f->parallelism.pipeline_parallel_degree = 1;
+                f->checkpoint.exclude_from_loading.n = 1;
+                snprintf(f->checkpoint.exclude_from_loading.items[0], HP_CONFIG_STR_MAX, "dataloader");
+                HP_CHECK_OK(hp_trainer_create(f, one, &t));
+                HP_CHECK(t && hp_trainer_current_step(t) == 5, "pp 2 checkpoint not loaded under pp 1 (step %lld)",
+                         t ? (long long)hp_trainer_current_step(t) : -1LL);
+                HP_CHECK(nb == 3 && biases(t, bload) == 3 && memcmp(bref, bload, sizeof bref) == 0,
+                         "expert_bias after loading the pp 2 checkpoint differs from the single rank's (%d layers)", nb);
+                hp_trainer_destroy(t);
+            }
+            hp_barrier(world, NULL);
+        }
+        hp_comm_destroy(one);
     }
     // bad MoE keys are named
     hp_model_config_t mc;

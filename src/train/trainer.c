@@ -83,8 +83,11 @@ struct hp_trainer {
     /* --- mixture of experts (owner moe): load balancing, routing metrics, expert_bias in
      * checkpoints --- */
     int n_moe, moe_ac_k;
-    hp_module_t **moe_mods;     /* the MoE modules, layer order */
-    float *moe_counts;          /* (n_moe, E) tokens per expert of a step, summed over dp */
+    hp_module_t **moe_mods;     /* the MoE modules held here (under PP: the local stages'), layer order */
+    int n_moe_all;              /* the model's MoE layers (n_moe unless PP) */
+    int *moe_layer;             /* (n_moe_all) layer index of each MoE layer */
+    int *moe_slot;              /* (n_moe) row of moe_counts of each held module */
+    float *moe_counts;          /* (n_moe_all, E) tokens per expert of a step, summed over dp (and pp) */
     hp_param_t *moe_ckpt_params;   /* params + one "layers.N.moe.expert_bias" per MoE layer */
     float *moe_zero;            /* (E) the bias entries' (unused) gradient */
     hp_mesh_t ep_mesh;          /* expert parallel: the sparse mesh's ep dim */
@@ -836,10 +839,14 @@ static hp_status_t build_local(hp_trainer_t t, int *ac_k_out) {
     HP_TRY(hp_config_resolve_model(c, hp_tokenizer_vocab_size(t->tok), tok_what, t->T, &t->mcfg));
     HP_TRY(moe_check_layout(t));   /* mixture of experts (owner moe) */
     HP_TRY(check_cp_layout(c, &t->mcfg, &t->pd));   /* context parallel (owner cp) */
-    if (t->pd.pp > 1 && t->mcfg.moe_experts > 0)   /* pipeline parallel (owner pp) */
-        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.pipeline_parallel_degree %d with the MoE model %s is not "
-                        "supported yet; hint: use pipeline parallel with a dense model, or MoE without it",
-                        t->pd.pp, t->mcfg.name);
+    /* pipeline parallel (owner pp) with an MoE model: the stages hold MoE layers like dense
+     * ones; expert parallel and the experts' TP are applied by parallelize() only */
+    if (t->pd.pp > 1 && t->mcfg.moe_experts > 0 && (t->pd.ep > 1 || t->pd.tp > 1))
+        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.pipeline_parallel_degree %d with the MoE model %s and "
+                        "parallelism.expert_parallel_degree %d / tensor_parallel_degree %d is not supported yet "
+                        "(experts are not sharded inside pipeline stages); hint: set expert_parallel_degree and "
+                        "tensor_parallel_degree to 1 under pipeline parallel, or pipeline_parallel_degree to 1",
+                        t->pd.pp, t->mcfg.name, t->pd.ep, t->pd.tp);
     if (t->pd.cp > 1 && t->mcfg.moe_experts > 0)
         return hp_error(HP_ERR_UNSUPPORTED, "parallelism.context_parallel_degree %d with the MoE model %s is not "
                         "supported yet; hint: use context parallel with a dense model", t->pd.cp, t->mcfg.name);
@@ -1028,13 +1035,17 @@ static hp_status_t moe_pre_step(void *user, hp_optim_t opt) {
     (void)opt;
     hp_trainer_t t = user;
     const int E = t->mcfg.moe_experts;
-    const size_t n = (size_t)t->n_moe * E;
+    const size_t n = (size_t)t->n_moe_all * E;
+    memset(t->moe_counts, 0, sizeof(float) * n);
     for (int i = 0; i < t->n_moe; i++) {
         hp_moe_impl_t *M = t->moe_mods[i]->impl;
-        memcpy(t->moe_counts + (size_t)i * E, M->tokens_per_expert, sizeof(float) * (size_t)E);
+        memcpy(t->moe_counts + (size_t)t->moe_slot[i] * E, M->tokens_per_expert, sizeof(float) * (size_t)E);
         memset(M->tokens_per_expert, 0, sizeof(float) * (size_t)E);
     }
     if (t->dp_size > 1) HP_TRY(hp_all_reduce(t->moe_counts, t->moe_counts, n, HP_F32, HP_SUM, t->dp_comm, NULL));
+    /* pipeline parallel (owner pp): each layer's row is held by one stage (zeros elsewhere): the
+     * sum over pp gathers every layer's counts on every rank, so the logging rank logs them all */
+    if (t->pp) HP_TRY(hp_all_reduce(t->moe_counts, t->moe_counts, n, HP_F32, HP_SUM, t->pp->comm, NULL));
     const int64_t step = t->step + 1;
     const int log = hp_metrics_should_log(t->metrics, step);
     if (t->mcfg.moe_aux_loss_coeff > 0.0f) {   /* the auxiliary loss of the step, summed over layers and micro-batches */
@@ -1047,15 +1058,18 @@ static hp_status_t moe_pre_step(void *user, hp_optim_t opt) {
             M->aux_loss_sum = 0.0;
         }
         HP_TRY(hp_all_reduce(&aux, &all, 1, HP_F32, HP_SUM, t->dp_comm, NULL));
+        if (t->pp) HP_TRY(hp_all_reduce(&all, &all, 1, HP_F32, HP_SUM, t->pp->comm, NULL));   /* owner pp: every stage's layers */
         if (log) HP_TRY(hp_metrics_log_scalar(t->metrics, "moe/aux_loss", step, all / (t->dp_size > 0 ? t->dp_size : 1)));
     }
-    for (int i = 0; i < t->n_moe; i++) {
-        hp_moe_impl_t *M = t->moe_mods[i]->impl;
-        float *c = t->moe_counts + (size_t)i * E;
-        const int layer = atoi(t->moe_mods[i]->name + 7);   // "layers.N.moe"
+    for (int j = 0; j < t->n_moe_all; j++) {   // every MoE layer; the bias of those held here moves
+        float *bias = NULL;
+        for (int i = 0; i < t->n_moe; i++)
+            if (t->moe_slot[i] == j) bias = ((hp_moe_impl_t *)t->moe_mods[i]->impl)->expert_bias;
+        float *c = t->moe_counts + (size_t)j * E;
+        const int layer = t->moe_layer[j];
         if (t->moe_ac_k > 0 && (layer + 1) % t->moe_ac_k == 0)
             for (int e = 0; e < E; e++) c[e] *= 0.5f;
-        const double imb = hp_moe_update_expert_bias(M->expert_bias, c, E, t->mcfg.moe_load_balance_coeff);
+        const double imb = hp_moe_update_expert_bias(bias, c, E, bias ? t->mcfg.moe_load_balance_coeff : 0.0f);
         if (!log) continue;
         float mx = c[0], mn = c[0];
         for (int e = 1; e < E; e++) { mx = c[e] > mx ? c[e] : mx; mn = c[e] < mn ? c[e] : mn; }
@@ -1075,23 +1089,55 @@ static hp_status_t moe_pre_step(void *user, hp_optim_t opt) {
 static hp_status_t moe_setup(hp_trainer_t t, int ac_k) {
     if (t->mcfg.moe_experts <= 0) return HP_OK;
     const int E = t->mcfg.moe_experts;
-    hp_module_t *mods[4096];
-    const int nm = hp_model_modules(t->model, mods, 4096);
-    t->moe_mods = hp_calloc((size_t)t->mcfg.n_layers + 1, sizeof(hp_module_t *));
-    if (!t->moe_mods) return HP_ERR_OOM;
-    for (int i = 0; i < nm && i < 4096; i++)
-        if (hp_module_is_moe(mods[i])) t->moe_mods[t->n_moe++] = mods[i];
+    const int L = t->mcfg.n_layers;
+    t->moe_mods = hp_calloc((size_t)L + 1, sizeof(hp_module_t *));
+    t->moe_layer = hp_calloc((size_t)L + 1, sizeof(int));
+    t->moe_slot = hp_calloc((size_t)L + 1, sizeof(int));
+    if (!t->moe_mods || !t->moe_layer || !t->moe_slot) return HP_ERR_OOM;
+    for (int l = 0; l < L; l++)
+        if (hp_model_layer_is_moe(&t->mcfg, l)) t->moe_layer[t->n_moe_all++] = l;
+    /* pipeline parallel (owner pp): the MoE modules of every local stage */
+    const int n_models = t->pp ? t->pp->n_local : 1;
+    for (int k = 0; k < n_models; k++) {
+        hp_module_t *mods[4096];
+        const int nm = hp_model_modules(t->pp ? t->pp->m[k] : t->model, mods, 4096);
+        for (int i = 0; i < nm && i < 4096; i++) {
+            if (!hp_module_is_moe(mods[i])) continue;
+            const int layer = atoi(mods[i]->name + 7);   // "layers.N.moe"
+            int j = 0;
+            while (j < t->n_moe_all && t->moe_layer[j] != layer) j++;
+            if (j == t->n_moe_all || t->n_moe >= L)
+                return hp_error(HP_ERR_STATE, "moe: module '%s' is not an MoE layer of model %s", mods[i]->name,
+                                t->mcfg.name);
+            t->moe_slot[t->n_moe] = j;
+            t->moe_mods[t->n_moe++] = mods[i];
+        }
+    }
     t->moe_ac_k = ac_k;
-    t->moe_counts = hp_calloc((size_t)t->n_moe * E, sizeof(float));
+    t->moe_counts = hp_calloc((size_t)t->n_moe_all * E, sizeof(float));
     t->moe_zero = hp_calloc((size_t)E, sizeof(float));
-    t->moe_ckpt_params = hp_calloc((size_t)t->np + t->n_moe, sizeof(hp_param_t));
+    t->moe_ckpt_params = hp_calloc((size_t)t->np + t->n_moe_all, sizeof(hp_param_t));
     if (!t->moe_counts || !t->moe_zero || !t->moe_ckpt_params) return HP_ERR_OOM;
     memcpy(t->moe_ckpt_params, t->params, sizeof(hp_param_t) * (size_t)t->np);
-    for (int i = 0; i < t->n_moe; i++) {
-        hp_param_t *p = &t->moe_ckpt_params[t->np + i];
-        hp_moe_impl_t *M = t->moe_mods[i]->impl;
+    for (int j = 0; j < t->n_moe_all; j++) {   // every rank lists every layer's bias, in layer order
+        hp_param_t *p = &t->moe_ckpt_params[t->np + j];
+        hp_moe_impl_t *M = NULL;
+        for (int i = 0; i < t->n_moe; i++)
+            if (t->moe_slot[i] == j) M = t->moe_mods[i]->impl;
+        snprintf(p->name, sizeof p->name, "layers.%d.moe.expert_bias", t->moe_layer[j]);
+        if (!M) {   /* pipeline parallel (owner pp): another stage's layer, a placeholder as in pp_full_table */
+            hp_dtensor_t *v[2] = {&p->value, &p->grad};
+            for (int k = 0; k < 2; k++) {
+                v[k]->mesh = t->meshes.world;
+                v[k]->mesh_ndim = hp_mesh_ndim(t->meshes.world);
+                for (int a = 0; a < v[k]->mesh_ndim; a++) v[k]->placements[a] = hp_replicate();
+                const int64_t zero[1] = {0};
+                HP_TRY(hp_tensor_init(&v[k]->local, HP_F32, 1, zero, t->moe_zero));
+                v[k]->global_shape[0] = E;
+            }
+            continue;
+        }
         const int64_t shape[1] = {E};
-        snprintf(p->name, sizeof p->name, "layers.%d.moe.expert_bias", atoi(t->moe_mods[i]->name + 7));
         HP_TRY(hp_tensor_init(&p->value.local, HP_F32, 1, shape, M->expert_bias));
         HP_TRY(hp_tensor_init(&p->grad.local, HP_F32, 1, shape, t->moe_zero));
         p->value.global_shape[0] = p->grad.global_shape[0] = E;
@@ -1101,6 +1147,8 @@ static hp_status_t moe_setup(hp_trainer_t t, int ac_k) {
 
 static void moe_destroy(hp_trainer_t t) {
     free(t->moe_mods);
+    free(t->moe_layer);
+    free(t->moe_slot);
     free(t->moe_counts);
     free(t->moe_zero);
     free(t->moe_ckpt_params);
@@ -1168,7 +1216,7 @@ static hp_ckpt_train_state_t ckpt_state(hp_trainer_t t) {
                                 t->opt, t->dl, &t->step, &t->ckpt_seed};
     if (t->moe_ckpt_params) {   /* mixture of experts (owner moe): expert_bias is checkpointed */
         st.params = t->moe_ckpt_params;
-        st.n_params = t->np + t->n_moe;
+        st.n_params = t->np + t->n_moe_all;
     }
     return st;
 }
