@@ -48,44 +48,6 @@ static void moe_config(hp_config_t *c, int ws, const char *name) {
     snprintf(c->training.mixed_precision_param, sizeof c->training.mixed_precision_param, "float32");
 }
 
-/* Token files for a data-parallel degree dp: rank 0 writes x_dp<dp>.bin (dp contiguous shards,
- * shard r = the rows rank r reads) and y_dp<dp>.bin (the same rows, interleaved: row
- * (k dp + r) B + b of y = row k B + b of shard r), so one rank with local batch dp x B reads
- * at step k exactly the dp ranks' rows of step k. Rows are T + 1 tokens (the bin loader's
- * window), each an arithmetic progression mod 251 (learnable, so the loss moves). */
-static void write_bins(hp_comm_t world, int dp, int B, int T) {
-    const int R = N * B, Wt = T + 1;   // rows per shard: N steps, no wrap
-    if (hp_comm_rank(world) == 0) {
-        uint16_t *x = calloc((size_t)dp * R * Wt, sizeof *x), *y = calloc((size_t)dp * R * Wt, sizeof *y);
-        uint32_t st = 12345u + (uint32_t)dp;
-        for (int r = 0; r < dp; r++)
-            for (int i = 0; i < R; i++) {
-                st = st * 1664525u + 1013904223u;
-                const int a = 1 + (int)(st >> 28), b = (int)((st >> 8) % 251);
-                uint16_t *row = x + ((size_t)r * R + i) * Wt;
-                for (int t = 0; t < Wt; t++) row[t] = (uint16_t)((a * t + b) % 251);
-                const int k = i / B, bb = i % B;
-                memcpy(y + ((size_t)(k * dp + r) * B + bb) * Wt, row, sizeof *row * (size_t)Wt);
-            }
-        for (int f = 0; f < 2; f++) {
-            char path[300];
-            snprintf(path, sizeof path, "%s/%c_dp%d.bin", dir_, f ? 'y' : 'x', dp);
-            FILE *fp = fopen(path, "wb");
-            HP_CHECK(fp && fwrite(f ? y : x, sizeof *x, (size_t)dp * R * Wt, fp) == (size_t)dp * R * Wt, "write %s", path);
-            if (fp) fclose(fp);
-        }
-        free(x);
-        free(y);
-    }
-    hp_barrier(world, NULL);
-}
-
-static void use_bin(hp_config_t *c, char which, int dp) {
-    snprintf(c->data.path, sizeof c->data.path, "%.200s/%c_dp%d.bin", dir_, which, dp);
-    snprintf(c->data.format, sizeof c->data.format, "bin");
-    c->data.validation_fraction = 0.0;
-}
-
 /* The single-rank run of layout f's global batch (dp ranks x B rows): rank 0 alone, local batch
  * dp x B, on the interleaved file; results broadcast to every rank. */
 static void solo_steps(const hp_config_t *f, hp_comm_t world, int dp, double *l, double *n) {
@@ -99,7 +61,7 @@ static void solo_steps(const hp_config_t *f, hp_comm_t world, int dp, double *l,
     c->parallelism.pipeline_parallel_degree = 1;
     c->training.local_batch_size = dp * f->training.local_batch_size;
     c->training.global_batch_size = -1;
-    use_bin(c, 'y', dp);
+    hp_test_use_bin(c, 'y', dp);
     hp_comm_t solo = NULL;
     HP_CHECK_OK(hp_comm_split(world, hp_comm_rank(world) == 0 ? 0 : -1, 0, &solo));
     if (solo) hp_test_train_steps(c, solo, N, l, n, 0);
@@ -114,7 +76,7 @@ static void solo_steps(const hp_config_t *f, hp_comm_t world, int dp, double *l,
 static void check_vs_solo(const char *what, hp_config_t *f, hp_comm_t world, int dp) {
     double sl[N], sn[N], fl[N], fn[N];
     solo_steps(f, world, dp, sl, sn);
-    use_bin(f, 'x', dp);
+    hp_test_use_bin(f, 'x', dp);
     hp_test_train_steps(f, world, N, fl, fn, 0);
     for (int i = 0; i < N; i++) {
         HP_CHECK_CLOSE(fl[i], sl[i], 1e-5, 0.0);
@@ -145,9 +107,9 @@ int main(int argc, char **argv) {
     const char *models[2] = {"deepseek_v3", "qwen3_moe"};
     char what[128];
     const int B = 2, T = 16;   // moe_config's local batch and sequence
-    write_bins(world, ws, B, T);
+    hp_test_write_dp_bins(world, ws, B, T, N);
     if (ws == 8) {   // ep x TP x FSDP and HSDP x ep x efsdp against the single rank, both flavors
-        write_bins(world, 4, B, T);
+        hp_test_write_dp_bins(world, 4, B, T, N);
         for (int mi = 0; mi < 2; mi++) {
             moe_config(f, ws, models[mi]);
             set_ep(f, 1, 4, 2, 4, 2);   // dense: TP 2 x FSDP 4; experts: ep 4 x etp 2
@@ -188,7 +150,7 @@ int main(int argc, char **argv) {
             check_vs_solo(what, f, world, ws);
         }
     if (ws == 4) {   // ETP: experts over [ep 2, tp 2], dense TP 2 x FSDP 2
-        write_bins(world, 2, B, T);
+        hp_test_write_dp_bins(world, 2, B, T, N);
         for (int mi = 0; mi < 2; mi++) {
             moe_config(f, ws, models[mi]);
             set_ep(f, 1, 2, 2, 2, 2);
@@ -244,7 +206,7 @@ int main(int argc, char **argv) {
         solo_steps(c, world, ws, dl, dn);
         *f = *c;
         set_ep(f, 1, ws, 1, ws, 1);
-        use_bin(f, 'x', ws);
+        hp_test_use_bin(f, 'x', ws);
         f->optimizer.lr *= 1.001;
         hp_test_train_steps(f, world, N, fl, fn, 0);
         int caught = 0;
