@@ -754,21 +754,26 @@ static void release_ctx(stage_t *s, int m) {
     s->ctx_of[m] = -1;
 }
 
+/* The output gradient of a stage that is not the last: the next stage's input gradient when it
+ * is on this rank, else the received one (its RECV_B must have run). */
+static hp_status_t stage_dout(hp_pp_t p, stage_t *s, int m, const hp_pp_action_t *a, const float **dout) {
+    const int nl = p->local_of[s->id + 1];
+    if (nl >= 0) {
+        *dout = p->st[nl].din[m];
+        return HP_OK;
+    }
+    if (!s->got_b[m]) return fmt_action_error(a, "runs without its RECV_B");
+    HP_TRY(wait_recv(p, s, m, DIR_B));
+    s->got_b[m] = 0;
+    *dout = s->dout[m];
+    return HP_OK;
+}
+
 /* B or I: the output gradient (the loss, a local neighbour's input gradient, or received). */
 static hp_status_t run_backward(hp_pp_t p, stage_t *s, int m, int type, const hp_pp_action_t *a) {
     if (s->ctx_of[m] < 0) return fmt_action_error(a, "runs without the micro-batch's forward");
     const float *dout = NULL;
-    if (!s->last) {
-        int nl = p->local_of[s->id + 1];
-        if (nl >= 0) {
-            dout = p->st[nl].din[m];
-        } else {
-            if (!s->got_b[m]) return fmt_action_error(a, "runs without its RECV_B");
-            HP_TRY(wait_recv(p, s, m, DIR_B));
-            s->got_b[m] = 0;
-            dout = s->dout[m];
-        }
-    }
+    if (!s->last) HP_TRY(stage_dout(p, s, m, a, &dout));
     const int last = ++s->n_bwd == p->o.n_microbatches;
     if (p->hooks.pre_backward) HP_TRY(p->hooks.pre_backward(p->hooks.user, s->id, m, last));
     hp_model_ctx_t ctx = s->ctx[s->ctx_of[m]];
@@ -913,15 +918,7 @@ static hp_status_t run_transposed(hp_pp_t p, stage_t *s, int m, const int32_t *t
     }
     if (s->ctx_of[m] < 0) return fmt_action_error(a, "runs without the micro-batch's forward");
     const float *dout = NULL;
-    const int nl = p->local_of[s->id + 1];
-    if (nl >= 0) {
-        dout = p->st[nl].din[m];
-    } else {
-        if (!s->got_b[m]) return fmt_action_error(a, "runs without its RECV_B");
-        HP_TRY(wait_recv(p, s, m, DIR_B));
-        s->got_b[m] = 0;
-        dout = s->dout[m];
-    }
+    HP_TRY(stage_dout(p, s, m, a, &dout));
     const int last = ++s->n_bwd == p->o.n_microbatches;
     if (p->hooks.pre_backward) HP_TRY(p->hooks.pre_backward(p->hooks.user, s->id, m, last));
     hp_model_ctx_t ctx = s->ctx[s->ctx_of[m]];
