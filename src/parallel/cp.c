@@ -319,13 +319,18 @@ typedef struct segs {
     int wr[3];
 } segs_t;
 
+/* A row's width per Ulysses rank: the sum of its segments' widths. */
+static int segs_width(const segs_t *S) {
+    int wr = 0;
+    for (int i = 0; i < S->n; i++) wr += S->wr[i];
+    return wr;
+}
+
 /* seq -> heads: src (B, Tl, ld) -> dst (B, U Tl, sum wr) through an all-to-all, in two
  * halves: pack + start (work NULL: blocking), and unpack once it has arrived. */
 static hp_status_t uly_seq2head_start(struct hp_cp *cp, const float *src, int ld, const segs_t *S, int B,
                                       hp_work_t *work) {
-    const int U = cp->U, Tl = cp->Tl;
-    int wr = 0;
-    for (int i = 0; i < S->n; i++) wr += S->wr[i];
+    const int U = cp->U, Tl = cp->Tl, wr = segs_width(S);
     const size_t blk = (size_t)B * Tl * wr;
     for (int d = 0; d < U; d++)
         for (int r = 0; r < B * Tl; r++) {
@@ -337,9 +342,7 @@ static hp_status_t uly_seq2head_start(struct hp_cp *cp, const float *src, int ld
 }
 
 static void uly_seq2head_finish(struct hp_cp *cp, float *dst, const segs_t *S, int B) {
-    const int U = cp->U, Tl = cp->Tl;
-    int wr = 0;
-    for (int i = 0; i < S->n; i++) wr += S->wr[i];
+    const int U = cp->U, Tl = cp->Tl, wr = segs_width(S);
     const size_t blk = (size_t)B * Tl * wr;
     for (int s = 0; s < U; s++)
         for (int b = 0; b < B; b++)
@@ -355,9 +358,7 @@ static hp_status_t uly_seq2head(struct hp_cp *cp, float *dst, const float *src, 
 
 /* heads -> seq: src (B, U Tl, sum wr) -> dst (B, Tl, ld) (=), the inverse of uly_seq2head. */
 static hp_status_t uly_head2seq(struct hp_cp *cp, float *dst, int ld, const float *src, const segs_t *S, int B) {
-    const int U = cp->U, Tl = cp->Tl;
-    int wr = 0;
-    for (int i = 0; i < S->n; i++) wr += S->wr[i];
+    const int U = cp->U, Tl = cp->Tl, wr = segs_width(S);
     const size_t blk = (size_t)B * Tl * wr;
     for (int d = 0; d < U; d++)
         for (int b = 0; b < B; b++)
