@@ -21,6 +21,7 @@
 #include "hyperparallel/model.h"
 #include "hyperparallel/pp.h"
 #include "hyperparallel/pp_schedule.h"
+#include "pp_bench.h"
 
 #define CHECK(expr)                                                             \
     do {                                                                        \
@@ -97,18 +98,11 @@ int main(int argc, char **argv) {
     }
     omp_set_num_threads(1);
     hp_model_config_t cfg;
-    CHECK(hp_model_flavor("llama3", "debugmodel", &cfg));
-    cfg.n_layers = layers;
-    cfg.dim = dim;
-    cfg.head_dim = 0;
-    cfg.max_seq_len = T;
-    CHECK(hp_model_config_validate(&cfg));
+    CHECK(pp_bench_config(layers, dim, T, &cfg));
     const int N = n_mb * mbs * T;
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)N), *tgt = malloc(sizeof(int32_t) * (size_t)N);
-    for (int i = 0; i < N; i++) {
-        tok[i] = (int32_t)((i * 2654435761u) % (unsigned)cfg.vocab_size);
-        tgt[i] = (int32_t)((i * 40503u + 7) % (unsigned)cfg.vocab_size);
-    }
+    int32_t *tok, *tgt;
+    pp_bench_tokens(N, cfg.vocab_size, &tok, &tgt);
+    if (!tok || !tgt) CHECK(HP_ERR_OOM);
     if (me == 0)
         printf("bench_pp: %d ranks, llama3 %d layers dim %d, %d micro-batches of %d x %d tokens, 1 thread per rank\n"
                "%-22s %7s %10s %12s %12s %10s\n",
