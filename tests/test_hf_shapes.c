@@ -194,7 +194,7 @@ static void test_shape(const char *name) {
  * num_local_experts / mlp_only_layers in config.json): the qwen3_moe model from config.json,
  * hp_hf_import, logits against transformers' (the same f32-vs-f64 bound; the routing's top-2
  * margins of these tokens are far above f32 rounding, or the error would be O(1)); the
- * negative control; the offline converter refuses it by name --- */
+ * negative control; the offline converter (hp-ckpt from-hf) gives the same logits --- */
 static void test_moe_shape(const char *name) {
     char dir[1400];
     snprintf(dir, sizeof dir, "%s/tests/data/hf_shapes/%s", SRC, name);
@@ -225,8 +225,20 @@ static void test_moe_shape(const char *name) {
     bad.moe_top_k = 1;
     HP_CHECK_ERR(hp_hf_import(dir, &bad, hp_model_params(m), hp_model_num_params(m), NULL), HP_ERR_INVALID_ARG,
                  "config.json 'num_experts_per_tok' = 2 (model.moe_top_k = 1)");
+    /* the offline converter: each expert's three HF tensors into the (E, ., .) DCP tensors; the
+     * converted checkpoint gives transformers' logits again (the model's experts reloaded) */
     int rc = run("'%s/hp-ckpt' from-hf '%s' dcp_moe", BDIR, dir);
-    HP_CHECK(rc != 0 && strstr(OUT, "offline DCP <-> HF converter"), "%s: from-hf exit %d\n%s", name, rc, OUT);
+    HP_CHECK(rc == 0 && strstr(OUT, "qwen3_moe from config.json"), "%s: from-hf exit %d\n%s", name, rc, OUT);
+    int np = hp_model_num_params(m);
+    hp_dcp_tensor_t *ts = calloc((size_t)np, sizeof *ts);
+    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
+    hp_dcp_state_t st = {ts, np, NULL, 0};
+    char p[1600];
+    snprintf(p, sizeof p, "%s/dcp_moe", ROOT);
+    if (rc == 0) HP_CHECK_OK(hp_dcp_load(p, &st, NULL, NULL));
+    err = logits_err(m, &e);
+    HP_CHECK(rc == 0 && err <= TOL_LOGITS, "%s: hp-ckpt from-hf logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
+    free(ts);
     hp_model_destroy(m);
     free(e.logits);
 }

@@ -33,10 +33,10 @@ static int usage(void) {
             "usage: hp-ckpt inspect DIR\n"
             "       hp-ckpt list FOLDER\n"
             "       hp-ckpt consolidate DIR OUT.safetensors\n"
-            "       hp-ckpt to-hf DIR OUT --model llama3|qwen3 --flavor F [--dtype f32|bf16] [--max-shard-bytes N]\n"
+            "       hp-ckpt to-hf DIR OUT --model llama3|qwen3|qwen3_moe --flavor F [--dtype f32|bf16] [--max-shard-bytes N]\n"
             "             [--tokenizer tokenizer.json]   (tokenizer files, generation_config.json, bos/eos/pad ids)\n"
-            "       hp-ckpt from-hf HFDIR OUT [--model llama3|qwen3] [--flavor F]   (the model from config.json)\n"
-            "       hp-ckpt seed OUT --model llama3|qwen3 --flavor F --vocab V [--seed S]\n"
+            "       hp-ckpt from-hf HFDIR OUT [--model llama3|qwen3|qwen3_moe] [--flavor F]   (the model from config.json)\n"
+            "       hp-ckpt seed OUT --model llama3|qwen3|qwen3_moe --flavor F --vocab V [--seed S]\n"
             "  to-hf, from-hf and seed take the config's model.* overrides of the flavor as flags,\n"
             "  e.g. --model.dim 80 --model.n_heads=5 --model.qk_norm=true (docs/config.md)\n");
     return 2;
@@ -339,6 +339,11 @@ static hp_status_t export_tokenizer(const char *out, const char *src_dir, const 
     json_object_object_add(cj, "bos_token_id", id_or_null(bos));
     json_object_object_add(cj, "eos_token_id", id_or_null(eos));
     json_object_object_add(cj, "pad_token_id", id_or_null(pad));
+    char arch[96] = "?";   /* what hp_hf_write_config named (architectures[0]) */
+    json_object *ar = NULL;
+    if (json_object_object_get_ex(cj, "architectures", &ar) && json_object_is_type(ar, json_type_array) &&
+        json_object_array_length(ar) > 0)
+        snprintf(arch, sizeof arch, "%s", json_object_get_string(json_object_array_get_idx(ar, 0)));
     HP_TRY(put_json(out, "config.json", cj));
     snprintf(p, sizeof p, "%s/README.md", out);
     FILE *f = fopen(p, "w");
@@ -355,7 +360,7 @@ static hp_status_t export_tokenizer(const char *out, const char *src_dir, const 
                "- model: %s/%s (%s in transformers)\n- dims: %s\n- tokenizer: `%s` (bos %d, eos %d, pad %d)\n\n"
                "Load it with `transformers.pipeline(\"text-generation\", model=\"<this folder>\")`; generation is greedy "
                "by default (generation_config.json).\n", mc->name, src_dir, stepb, mc->name, mc->flavor,
-            strcmp(mc->name, "qwen3") ? "LlamaForCausalLM" : "Qwen3ForCausalLM", dims, tokenizer_, bos, eos, pad);
+            arch, dims, tokenizer_, bos, eos, pad);
     if (fclose(f) != 0) return hp_error(HP_ERR_IO, "%s: write failed", p);
     return HP_OK;
 }
@@ -426,7 +431,8 @@ static int from_hf(const char *dir, const char *out, const char *model, const ch
         char dims[1024];
         hp_config_describe_model(&mc, dims, sizeof dims);
         printf("wrote DCP checkpoint %s (%d tensors; %s %s; %s; use it as checkpoint.initial_load_path)\n", out,
-               3 + mc.n_layers * (9 + 2 * !!mc.qk_norm) - !!mc.tie_embeddings, mc.name, flavor ? flavor : "from config.json", dims);
+               hp_model_describe_params(&mc, 0, mc.n_layers + 2, NULL, 0), mc.name, flavor ? flavor : "from config.json",
+               dims);
         print_stats("from-hf", &stats);
     }
     return s == HP_OK ? 0 : fail(s);

@@ -28,6 +28,11 @@ hp_status_t hp_dcp_json_parse(const char *json, size_t len, size_t max_bytes, co
 hp_status_t hp_dcp_checksum_error(const char *dir, const char *file, const char *name, const char *key,
                                   uint64_t stored, uint64_t computed);
 /* Non-finite values among n raw F32 / BF16 / F16 values; *first = the first index (hf_convert.c). */
+/* HF interop internals shared by hf.c and hf_convert.c: the HF name of expert e of a routed-expert
+ * parameter (1 when fqn is one), and whether the model has an HF architecture. */
+struct hp_model_config;
+int hp_hf_expert_name(const char *fqn, int e, char *out, size_t n);
+hp_status_t hp_hf_check_exportable(const struct hp_model_config *mc, const char *what);
 int64_t hp_hf_count_nonfinite_raw(const void *p, int64_t n, hp_dtype_t dt, int64_t *first);
 
 #endif

@@ -76,6 +76,20 @@ static int expert_hf_name(const char *fqn, int e, char *out, size_t n) {
     snprintf(out, n, "model.layers.%d.mlp.experts.%d.%s.weight", layer, e, proj);
     return 1;
 }
+int hp_hf_expert_name(const char *fqn, int e, char *out, size_t n) { return expert_hf_name(fqn, e, out, n); }
+
+/* The model has an HF architecture (hp_hf_export, hp-ckpt to-hf / from-hf). */
+hp_status_t hp_hf_check_exportable(const hp_model_config_t *mc, const char *what) {
+    HP_TRY(refuse_moe(mc, what));
+    /* HF's classes fix what a custom config could change: LlamaForCausalLM has no q/k norm,
+     * Qwen3ForCausalLM (and Qwen3MoeForCausalLM) always has one */
+    if (is_llama(mc) == !!mc->qk_norm)
+        return hp_error(HP_ERR_UNSUPPORTED, "HF %s: %s with qk_norm %s has no HF architecture (%s); hint: %s", what,
+                        mc->name, mc->qk_norm ? "true" : "false",
+                        is_llama(mc) ? "LlamaForCausalLM has no q_norm/k_norm" : "Qwen3ForCausalLM always has q_norm/k_norm",
+                        is_llama(mc) ? "use model.name qwen3 for a model with qk_norm" : "keep model.qk_norm true for qwen3");
+    return HP_OK;
+}
 /* --- end --- */
 
 /* "<prefix><layer>." with a decimal layer below HP_MODEL_MAX_LAYERS (names come from files:
@@ -256,17 +270,10 @@ static hp_status_t full_of(const hp_param_t *p, hp_tensor_t *out, void **owned) 
 hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_param_t *params, int n_params,
                          hp_comm_t comm, hp_dtype_t dtype, size_t max_shard_bytes) {
     int rank = comm ? hp_comm_rank(comm) : 0;
-    HP_TRY(refuse_moe(mc, "export"));   /* mixture of experts (owner moe) */
+    HP_TRY(hp_hf_check_exportable(mc, "export"));
     if (dtype != HP_F32 && dtype != HP_BF16)
         return hp_error(HP_ERR_INVALID_ARG, "HF export: dtype %s; expected f32 or bf16", hp_dtype_name(dtype));
     if (!max_shard_bytes) max_shard_bytes = (size_t)5 << 30;
-    /* HF's classes fix what a custom config could change: LlamaForCausalLM has no q/k norm,
-     * Qwen3ForCausalLM always has one */
-    if (is_llama(mc) == !!mc->qk_norm)
-        return hp_error(HP_ERR_UNSUPPORTED, "HF export: %s with qk_norm %s has no HF architecture (%s); hint: %s",
-                        mc->name, mc->qk_norm ? "true" : "false",
-                        is_llama(mc) ? "LlamaForCausalLM has no q_norm/k_norm" : "Qwen3ForCausalLM always has q_norm/k_norm",
-                        is_llama(mc) ? "use model.name qwen3 for a model with qk_norm" : "keep model.qk_norm true for qwen3");
     hp_status_t s = HP_OK;
     if (rank == 0) s = hp_dcp_mkdirs(dir);
     HP_TRY(hp_dcp_agree(comm, s, "HF export: creating the directory"));

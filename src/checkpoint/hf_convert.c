@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <json-c/json.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,63 +17,92 @@
 #include "hyperparallel/safetensors.h"
 #include "dcp-impl.h"
 
+/* A model parameter (hp_model_describe_params: the same names, order and shapes as
+ * hp_model_params) and its HF tensors: one, or E for a routed expert's (E, A, B) parameter
+ * (HF's E tensors (A, B), owner moe). */
 typedef struct {
-    char name[96];
+    char name[HP_PARAM_NAME_MAX];
     int ndim;
-    int64_t shape[2];
+    int64_t shape[3];
+    int n_hf;
 } spec_t;
 
-/* The model's parameters (hp_model_params order and shapes, tests/test_hf_convert.c checks
- * both): embedding (V, D); per layer wq (H*hd, D), wk, wv (KV*hd, D), wo (D, H*hd), q/k norm
- * (hd) with qk_norm, w1 (F, D), w2 (D, F), w3 (F, D), the two norms (D); norm (D); output (V, D)
- * unless tied. */
-static int model_specs(const hp_model_config_t *mc, spec_t *out) {
-    int n = 0;
-    const int64_t V = mc->vocab_size, D = mc->dim, Q = (int64_t)mc->n_heads * mc->head_dim,
-                  K = (int64_t)mc->n_kv_heads * mc->head_dim, F = mc->hidden_dim, hd = mc->head_dim;
-#define PUT(nd, a, b, ...)                                                      \
-    do {                                                                        \
-        if (out) {                                                              \
-            snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__);             \
-            out[n].ndim = nd;                                                   \
-            out[n].shape[0] = a;                                                \
-            out[n].shape[1] = b;                                                \
-        }                                                                       \
-        n++;                                                                    \
-    } while (0)
-    PUT(2, V, D, "tok_embeddings.weight");
-    for (int l = 0; l < mc->n_layers; l++) {
-        PUT(2, Q, D, "layers.%d.attention.wq.weight", l);
-        PUT(2, K, D, "layers.%d.attention.wk.weight", l);
-        PUT(2, K, D, "layers.%d.attention.wv.weight", l);
-        PUT(2, D, Q, "layers.%d.attention.wo.weight", l);
-        if (mc->qk_norm) {
-            PUT(1, hd, 0, "layers.%d.attention.q_norm.weight", l);
-            PUT(1, hd, 0, "layers.%d.attention.k_norm.weight", l);
-        }
-        PUT(2, F, D, "layers.%d.feed_forward.w1.weight", l);
-        PUT(2, D, F, "layers.%d.feed_forward.w2.weight", l);
-        PUT(2, F, D, "layers.%d.feed_forward.w3.weight", l);
-        PUT(1, D, 0, "layers.%d.attention_norm.weight", l);
-        PUT(1, D, 0, "layers.%d.ffn_norm.weight", l);
+/* One HF tensor: expert e (-1: the whole parameter) of spec `spec`, its name and 2-D shape. */
+typedef struct {
+    int spec, e;
+    char hf[160];
+    char file[256];
+    hp_dtype_t dt;
+    int ndim;
+    int64_t shape[2];
+} hf_ent_t;
+
+static int model_specs(const hp_model_config_t *mc, spec_t **out) {
+    *out = NULL;
+    const int nu = mc->n_layers + 2;   /* embedding, blocks, head */
+    int n = hp_model_describe_params(mc, 0, nu, NULL, 0);
+    if (n < 0) return -1;
+    hp_model_param_desc_t *d = calloc((size_t)n + 1, sizeof *d);
+    spec_t *sp = calloc((size_t)n + 1, sizeof *sp);
+    if (!d || !sp) {
+        free(d);
+        free(sp);
+        hp_error(HP_ERR_OOM, "HF conversion: no memory for %d parameter descriptions", n);
+        return -1;
     }
-    PUT(1, D, 0, "norm.weight");
-    if (!mc->tie_embeddings) PUT(2, V, D, "output.weight");
-#undef PUT
+    hp_model_describe_params(mc, 0, nu, d, n);
+    for (int i = 0; i < n; i++) {
+        char tmp[160];
+        memcpy(sp[i].name, d[i].name, sizeof sp[i].name);
+        sp[i].ndim = d[i].ndim;
+        memcpy(sp[i].shape, d[i].shape, sizeof sp[i].shape);
+        sp[i].n_hf = hp_hf_expert_name(sp[i].name, 0, tmp, sizeof tmp) ? (int)sp[i].shape[0] : 1;
+    }
+    free(d);
+    *out = sp;
     return n;
 }
 
-/* --- mixture of experts (owner moe): the offline converter's specs are the dense models';
- * MoE checkpoints go through hp_hf_import / hp_hf_export (one HF tensor per expert) --- */
-static hp_status_t refuse_moe_convert(const hp_model_config_t *mc, const char *what) {
-    if (mc->moe_experts <= 0) return HP_OK;
-    return hp_error(HP_ERR_UNSUPPORTED, "hp-ckpt %s: the MoE model '%s' is not handled by the offline DCP <-> HF "
-                    "converter; hint: load the HF directory directly (checkpoint.initial_load_path, or "
-                    "hp_hf_import / hp_hf_export), which map qwen3_moe's per-expert tensors", what, mc->name);
+/* The HF tensors of the specs, in order (*out: calloc'ed, names and shapes filled). */
+static int hf_entries(const hp_model_config_t *mc, const spec_t *spec, int n, hf_ent_t **out) {
+    int m = 0;
+    for (int i = 0; i < n; i++) m += spec[i].n_hf;
+    hf_ent_t *h = calloc((size_t)m + 1, sizeof *h);
+    *out = h;
+    if (!h) {
+        hp_error(HP_ERR_OOM, "HF conversion: no memory for %d HF tensor names", m);
+        return -1;
+    }
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        char tmp[160];
+        if (!hp_hf_expert_name(spec[i].name, 0, tmp, sizeof tmp)) {
+            int pm;
+            h[k] = (hf_ent_t){.spec = i, .e = -1, .ndim = spec[i].ndim, .shape = {spec[i].shape[0], spec[i].shape[1]}};
+            if (hp_hf_name_to_hf(mc, spec[i].name, h[k].hf, sizeof h[k].hf, &pm) != HP_OK) return -1;
+            k++;
+            continue;
+        }
+        for (int e = 0; e < spec[i].n_hf; e++, k++) {
+            h[k] = (hf_ent_t){.spec = i, .e = e, .ndim = 2, .shape = {spec[i].shape[1], spec[i].shape[2]}};
+            hp_hf_expert_name(spec[i].name, e, h[k].hf, sizeof h[k].hf);
+        }
+    }
+    return m;
 }
-/* --- end --- */
 
-static int64_t spec_numel(const spec_t *s) { return s->shape[0] * (s->ndim > 1 ? s->shape[1] : 1); }
+static void shape_str(char *out, size_t n, int ndim, const int64_t *shape) {
+    size_t l = 0;
+    out[0] = 0;
+    for (int d = 0; d < ndim && l < n; d++) l += (size_t)snprintf(out + l, n - l, "%s%lld", d ? ", " : "", (long long)shape[d]);
+}
+
+static int64_t spec_numel(const spec_t *s) {
+    int64_t n = 1;
+    for (int d = 0; d < s->ndim; d++) n *= s->shape[d];
+    return n;
+}
+static int64_t ent_numel(const hf_ent_t *h) { return h->shape[0] * (h->ndim > 1 ? h->shape[1] : 1); }
 
 /* Rows of a (heads*hd, cols) q/k weight of esz-byte elements; to_hf as hf.c's permute_rows. */
 static void permute_bytes(unsigned char *dst, const unsigned char *src, int64_t rows, size_t row_bytes, int hd,
@@ -137,9 +167,9 @@ typedef struct {
     const char *dir;
     const hp_model_config_t *mc;
     const spec_t *spec;
-    char (*hf)[160];          /* HF name per spec (tied lm_head -> embed_tokens) */
-    char (*file)[256];        /* shard file per spec */
-    hp_dtype_t *dt;           /* stored dtype per spec */
+    const hf_ent_t *ent;      /* the HF tensors (tied lm_head -> embed_tokens) */
+    const int *first;         /* first HF tensor of each spec */
+    const hp_dtype_t *dt;     /* stored dtype per spec */
     const int *mine;          /* spec index of this rank's entry k */
     hp_safetensors_t st;      /* the open shard */
     char st_name[256];
@@ -160,29 +190,35 @@ static hp_status_t open_shard(const char *dir, const char *fname, hp_safetensors
     return HP_OK;
 }
 
+/* One DCP tensor: its HF tensor, or a routed expert's E HF tensors one after the other. */
 static hp_status_t to_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
     to_dcp_t *c = ctx;
     int i = c->mine[k];
     const spec_t *sp = &c->spec[i];
-    HP_TRY(open_shard(c->dir, c->file[i], &c->st, c->st_name, sizeof c->st_name));
-    int64_t numel = spec_numel(sp);
-    size_t nb = (size_t)numel * hp_dtype_size(c->dt[i]);
+    size_t esz = hp_dtype_size(c->dt[i]), nb = (size_t)spec_numel(sp) * esz;
     HP_TRY(grow(&c->buf, &c->cap, nb));
-    HP_TRY(hp_safetensors_read_raw(c->st, c->hf[i], c->buf, nb));
-    if (c->stats) c->stats->bytes_read += (int64_t)nb;
-    int64_t first, bad = hp_hf_count_nonfinite_raw(c->buf, numel, c->dt[i], &first);
-    if (bad)   /* damaged weights would convert and generate garbage with exit 0 */
-        return hp_error(HP_ERR_FORMAT, "HF checkpoint %s: %s: tensor '%s' has %lld non-finite value(s) (NaN or inf) "
-                        "of %lld, the first at flat index %lld; expected finite weights (re-download or re-export "
-                        "the checkpoint)", c->dir, c->file[i], c->hf[i], (long long)bad, (long long)numel,
-                        (long long)first);
+    size_t off = 0;
+    for (int j = c->first[i]; j < c->first[i] + sp->n_hf; j++) {
+        const hf_ent_t *h = &c->ent[j];
+        int64_t numel = ent_numel(h);
+        HP_TRY(open_shard(c->dir, h->file, &c->st, c->st_name, sizeof c->st_name));
+        HP_TRY(hp_safetensors_read_raw(c->st, h->hf, (char *)c->buf + off, (size_t)numel * esz));
+        if (c->stats) c->stats->bytes_read += (int64_t)((size_t)numel * esz);
+        int64_t first, bad = hp_hf_count_nonfinite_raw((char *)c->buf + off, numel, c->dt[i], &first);
+        if (bad)   /* damaged weights would convert and generate garbage with exit 0 */
+            return hp_error(HP_ERR_FORMAT, "HF checkpoint %s: %s: tensor '%s' has %lld non-finite value(s) (NaN or inf) "
+                            "of %lld, the first at flat index %lld; expected finite weights (re-download or re-export "
+                            "the checkpoint)", c->dir, h->file, h->hf, (long long)bad, (long long)numel,
+                            (long long)first);
+        off += (size_t)numel * esz;
+    }
     void *data = c->buf;
     char tmp[160];
     int pm = 0;
-    HP_TRY(hp_hf_name_to_hf(c->mc, sp->name, tmp, sizeof tmp, &pm));
+    if (c->ent[c->first[i]].e < 0) HP_TRY(hp_hf_name_to_hf(c->mc, sp->name, tmp, sizeof tmp, &pm));
     if (pm) {
         HP_TRY(grow(&c->perm, &c->pcap, nb));
-        permute_bytes(c->perm, c->buf, sp->shape[0], (size_t)sp->shape[1] * hp_dtype_size(c->dt[i]), c->mc->head_dim, 0);
+        permute_bytes(c->perm, c->buf, sp->shape[0], (size_t)sp->shape[1] * esz, c->mc->head_dim, 0);
         data = c->perm;
     }
     HP_TRY(hp_tensor_init(&c->t, c->dt[i], sp->ndim, sp->shape, data));
@@ -199,9 +235,12 @@ static hp_status_t st_to_hp_dtype(hp_st_dtype_t d, hp_dtype_t *out) {
     }
 }
 
-/* Finds every spec's HF tensor (file, name, dtype), checking shapes; missing ones are listed. */
-static hp_status_t locate(const char *dir, const hp_model_config_t *mc, const spec_t *spec, int n, char (*hf)[160],
-                          char (*file)[256], hp_dtype_t *dt, int warn) {
+static int cmp_name(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* Finds every HF tensor (file, dtype), checking shapes; missing ones are listed. dt: the dtype of
+ * each spec (a routed expert's E tensors must agree). */
+static hp_status_t locate(const char *dir, const hp_model_config_t *mc, const spec_t *spec, hf_ent_t *ent, int m,
+                          hp_dtype_t *dt, int warn) {
     char path[4200];
     hp_hf_index_t wm = NULL;
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
@@ -211,53 +250,57 @@ static hp_status_t locate(const char *dir, const hp_model_config_t *mc, const sp
     hp_status_t s = HP_OK;
     char missing[512] = "";
     int nmiss = 0;
-    for (int i = 0; s == HP_OK && i < n; i++) {
-        int pm;
-        s = hp_hf_name_to_hf(mc, spec[i].name, hf[i], sizeof hf[i], &pm);
-        if (s != HP_OK) break;
+    for (int j = 0; s == HP_OK && j < m; j++) {
+        hf_ent_t *h = &ent[j];
+        const spec_t *sp = &spec[h->spec];
         const char *fname = "model.safetensors";
         if (wm) {
-            const char *v = hp_hf_index_find(wm, hf[i]);
-            if (!v && !strcmp(hf[i], "lm_head.weight") && (v = hp_hf_index_find(wm, "model.embed_tokens.weight")))
-                snprintf(hf[i], sizeof hf[i], "model.embed_tokens.weight");   /* tied in the file */
+            const char *v = hp_hf_index_find(wm, h->hf);
+            if (!v && !strcmp(h->hf, "lm_head.weight") && (v = hp_hf_index_find(wm, "model.embed_tokens.weight")))
+                snprintf(h->hf, sizeof h->hf, "model.embed_tokens.weight");   /* tied in the file */
             if (!v) {
-                if (nmiss < 6) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%s'", nmiss ? ", " : "", hf[i]);
+                if (nmiss < 6) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%s'", nmiss ? ", " : "", h->hf);
                 nmiss++;
                 continue;
             }
             fname = v;
         }
-        snprintf(file[i], sizeof file[i], "%s", fname);
+        snprintf(h->file, sizeof h->file, "%s", fname);
         s = open_shard(dir, fname, &st, cur, sizeof cur);
         if (s != HP_OK) break;
         const hp_st_info_t *info;
-        if (hp_safetensors_find(st, hf[i], &info) != HP_OK) {
-            if (!strcmp(hf[i], "lm_head.weight") && hp_safetensors_find(st, "model.embed_tokens.weight", &info) == HP_OK) {
-                snprintf(hf[i], sizeof hf[i], "model.embed_tokens.weight");
+        if (hp_safetensors_find(st, h->hf, &info) != HP_OK) {
+            if (!strcmp(h->hf, "lm_head.weight") && hp_safetensors_find(st, "model.embed_tokens.weight", &info) == HP_OK) {
+                snprintf(h->hf, sizeof h->hf, "model.embed_tokens.weight");
             } else {
-                if (nmiss < 6) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%s'", nmiss ? ", " : "", hf[i]);
+                if (nmiss < 6) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%s'", nmiss ? ", " : "", h->hf);
                 nmiss++;
                 continue;
             }
         }
-        int same = info->ndim == spec[i].ndim;
-        for (int d = 0; same && d < spec[i].ndim; d++) same = info->shape[d] == spec[i].shape[d];
+        int same = info->ndim == h->ndim;
+        for (int d = 0; same && d < h->ndim; d++) same = info->shape[d] == h->shape[d];
         if (!same) {
-            char hs[160] = "", ms[160] = "";
-            size_t l = 0;
-            for (int d = 0; d < info->ndim && l < sizeof hs; d++)
-                l += (size_t)snprintf(hs + l, sizeof hs - l, "%s%lld", d ? ", " : "", (long long)info->shape[d]);
-            l = 0;
-            for (int d = 0; d < spec[i].ndim && l < sizeof ms; d++)
-                l += (size_t)snprintf(ms + l, sizeof ms - l, "%s%lld", d ? ", " : "", (long long)spec[i].shape[d]);
-            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: '%s' has shape (%s), but the %s/%s model's '%s' has "
-                         "shape (%s); hint: a different model: take it from config.json", dir, hf[i], hs, mc->name,
-                         mc->flavor, spec[i].name, ms);
+            char hs[160], ms[160];
+            shape_str(hs, sizeof hs, info->ndim, info->shape);
+            shape_str(ms, sizeof ms, h->ndim, h->shape);
+            char which[64] = "";
+            if (h->e >= 0) snprintf(which, sizeof which, "expert %d of ", h->e);
+            s = hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: '%s' has shape (%s), but %sthe %s/%s model's '%s' has "
+                         "shape (%s); hint: a different model: take it from config.json", dir, h->hf, hs, which,
+                         mc->name, mc->flavor, sp->name, ms);
             break;
         }
-        if (st_to_hp_dtype(info->dtype, &dt[i]) != HP_OK)
+        if (st_to_hp_dtype(info->dtype, &h->dt) != HP_OK) {
             s = hp_error(HP_ERR_UNSUPPORTED, "HF checkpoint %s: %s: tensor '%s' is %s; expected F32, BF16 or F16 weights",
-                         dir, fname, hf[i], hp_st_dtype_name(info->dtype));
+                         dir, fname, h->hf, hp_st_dtype_name(info->dtype));
+            break;
+        }
+        if (h->e <= 0) dt[h->spec] = h->dt;
+        else if (h->dt != dt[h->spec])   /* one DCP tensor holds the E experts */
+            s = hp_error(HP_ERR_UNSUPPORTED, "HF checkpoint %s: tensor '%s' is %s but expert 0 of '%s' is %s; expected one "
+                         "dtype for a layer's experts (re-export the checkpoint in one dtype)", dir, h->hf,
+                         hp_dtype_name(h->dt), sp->name, hp_dtype_name(dt[h->spec]));
     }
     if (s == HP_OK && nmiss)
         s = hp_error(HP_ERR_NOT_FOUND, "HF checkpoint %s lacks %d tensor(s) the %s model needs: %s%s", dir, nmiss,
@@ -269,12 +312,15 @@ static hp_status_t locate(const char *dir, const hp_model_config_t *mc, const sp
         if (!wm) s = open_shard(dir, "model.safetensors", &st, cur, sizeof cur);
         total = wm ? hp_hf_index_count(wm) : (s == HP_OK ? hp_safetensors_count(st) : 0);
     }
+    const char **names = total ? malloc((size_t)m * sizeof *names) : NULL;   /* sorted, for bsearch */
+    if (total && !names) s = hp_error(HP_ERR_OOM, "HF conversion: no memory for %d names", m);
+    for (int j = 0; names && j < m; j++) names[j] = ent[j].hf;
+    if (names) qsort(names, (size_t)m, sizeof *names, cmp_name);
     for (int k = 0; s == HP_OK && k < total; k++) {
         const char *key = NULL, *f = NULL;
         if (wm) hp_hf_index_at(wm, k, &key, &f);
         else key = hp_safetensors_info(st, k)->name;
-        int known = 0;
-        for (int i = 0; !known && i < n; i++) known = !strcmp(key, hf[i]);
+        int known = bsearch(&key, names, (size_t)m, sizeof *names, cmp_name) != NULL;
         if (!known && extra++ < 20)
             hp_log(HP_LOG_WARN, "HF checkpoint %s: tensor '%s' is not a parameter of the %s model; not converted", dir,
                    key, mc->name);
@@ -282,6 +328,7 @@ static hp_status_t locate(const char *dir, const hp_model_config_t *mc, const sp
     if (extra > 20)
         hp_log(HP_LOG_WARN, "HF checkpoint %s: %d more tensors the %s model does not have; not converted", dir,
                extra - 20, mc->name);
+    free(names);
     hp_safetensors_close(st);
     hp_hf_index_free(wm);
     return s;
@@ -341,20 +388,27 @@ hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_model_config_t *mc
                                  hp_hf_convert_stats_t *stats) {
     int rank = comm ? hp_comm_rank(comm) : 0, world = comm ? hp_comm_size(comm) : 1;
     if (stats) memset(stats, 0, sizeof *stats);
-    HP_TRY(refuse_moe_convert(mc, "from-hf"));   /* mixture of experts (owner moe) */
-    int n = model_specs(mc, NULL);
-    spec_t *spec = calloc((size_t)n, sizeof *spec);
-    char (*hf)[160] = calloc((size_t)n, sizeof *hf);
-    char (*file)[256] = calloc((size_t)n, sizeof *file);
-    hp_dtype_t *dt = calloc((size_t)n, sizeof *dt);
-    int64_t *bytes = calloc((size_t)n, sizeof *bytes), *sums = calloc((size_t)n, sizeof *sums);
-    int *owner = calloc((size_t)n, sizeof *owner), *mine = calloc((size_t)n, sizeof *mine);
-    hp_st_entry_t *ents = calloc((size_t)n, sizeof *ents);
-    hp_status_t s = spec && hf && file && dt && bytes && sums && owner && mine && ents ? HP_OK : HP_ERR_OOM;
-    if (s == HP_OK) model_specs(mc, spec);
+    HP_TRY(hp_hf_check_exportable(mc, "import"));
+    spec_t *spec = NULL;
+    hf_ent_t *ent = NULL;
+    int n = model_specs(mc, &spec);
+    int m = n < 0 ? -1 : hf_entries(mc, spec, n, &ent);
+    if (n < 0 || m < 0) {
+        hp_status_t e = hp_error(HP_ERR_INVALID_ARG, "HF conversion: %s", hp_last_error());
+        free(spec);
+        free(ent);
+        return e;
+    }
+    hp_dtype_t *dt = calloc((size_t)n + 1, sizeof *dt);
+    int64_t *bytes = calloc((size_t)n + 1, sizeof *bytes), *sums = calloc((size_t)n + 1, sizeof *sums);
+    int *owner = calloc((size_t)n + 1, sizeof *owner), *mine = calloc((size_t)n + 1, sizeof *mine);
+    int *first = calloc((size_t)n + 1, sizeof *first);
+    hp_st_entry_t *ents = calloc((size_t)n + 1, sizeof *ents);
+    hp_status_t s = dt && bytes && sums && owner && mine && first && ents ? HP_OK : HP_ERR_OOM;
+    for (int i = 0, j = 0; s == HP_OK && i < n; j += spec[i].n_hf, i++) first[i] = j;
     /* every rank checks the config and locates the tensors (headers only) */
     if (s == HP_OK) s = check_config(hf_dir, mc);
-    if (s == HP_OK) s = locate(hf_dir, mc, spec, n, hf, file, dt, rank == 0);
+    if (s == HP_OK) s = locate(hf_dir, mc, spec, ent, m, dt, rank == 0);
     HP_TRY(hp_dcp_agree(comm, s, "HF conversion: reading the checkpoint's headers"));
     for (int i = 0; i < n; i++) bytes[i] = spec_numel(&spec[i]) * (int64_t)hp_dtype_size(dt[i]);
     balance(bytes, n, world, owner);
@@ -377,8 +431,8 @@ hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_model_config_t *mc
     c.dir = hf_dir;
     c.mc = mc;
     c.spec = spec;
-    c.hf = hf;
-    c.file = file;
+    c.ent = ent;
+    c.first = first;
     c.dt = dt;
     c.mine = mine;
     c.stats = stats;
@@ -443,8 +497,8 @@ hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_model_config_t *mc
         if (s != HP_OK) hp_dcp_rmtree(tmp);
     }
     free(spec);
-    free(hf);
-    free(file);
+    free(ent);
+    free(first);
     free(dt);
     free(bytes);
     free(sums);
@@ -460,43 +514,84 @@ typedef struct {
     const char *dcp_dir;
     const hp_model_config_t *mc;
     const spec_t *spec;
-    const int *idx;           /* spec index of this file's entry k */
+    const hf_ent_t *ent;
+    const int *idx;           /* HF tensor index of this file's entry k */
+    int loaded;               /* the spec held in buf (-1: none): a routed expert's E tensors read it once */
     float *buf, *perm;
     size_t cap, pcap;
     hp_dtensor_t dt;
+    hp_tensor_t view;
     hp_hf_convert_stats_t *stats;
 } from_dcp_t;
 
 static hp_status_t from_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
     from_dcp_t *c = ctx;
-    const spec_t *sp = &c->spec[c->idx[k]];
+    const hf_ent_t *h = &c->ent[c->idx[k]];
+    const spec_t *sp = &c->spec[h->spec];
     int64_t numel = spec_numel(sp);
     size_t nb = (size_t)numel * sizeof(float);
-    void *b = c->buf;
-    HP_TRY(grow(&b, &c->cap, nb));
-    c->buf = b;
-    memset(&c->dt, 0, sizeof c->dt);
-    HP_TRY(hp_tensor_init(&c->dt.local, HP_F32, sp->ndim, sp->shape, c->buf));
-    hp_dcp_tensor_t t1 = {sp->name, &c->dt, -1, 0};
-    hp_dcp_state_t st = {&t1, 1, NULL, 0};
-    hp_dcp_load_options_t o = {0, 1, NULL, 0, 0};
-    HP_TRY(hp_dcp_load(c->dcp_dir, &st, NULL, &o));
-    if (!t1.loaded) return hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", c->dcp_dir, sp->name);
-    if (c->stats) c->stats->bytes_read += (int64_t)nb;
-    char hf[160];
-    int pm = 0;
-    HP_TRY(hp_hf_name_to_hf(c->mc, sp->name, hf, sizeof hf, &pm));
-    float *data = c->buf;
-    if (pm) {
-        void *p = c->perm;
-        HP_TRY(grow(&p, &c->pcap, nb));
-        c->perm = p;
-        permute_bytes((unsigned char *)c->perm, (const unsigned char *)c->buf, sp->shape[0],
-                      (size_t)sp->shape[1] * sizeof(float), c->mc->head_dim, 1);
-        data = c->perm;
+    if (c->loaded != h->spec) {
+        c->loaded = -1;
+        void *b = c->buf;
+        HP_TRY(grow(&b, &c->cap, nb));
+        c->buf = b;
+        memset(&c->dt, 0, sizeof c->dt);
+        HP_TRY(hp_tensor_init(&c->dt.local, HP_F32, sp->ndim, sp->shape, c->buf));
+        hp_dcp_tensor_t t1 = {sp->name, &c->dt, -1, 0};
+        hp_dcp_state_t st = {&t1, 1, NULL, 0};
+        hp_dcp_load_options_t o = {0, 1, NULL, 0, 0};
+        HP_TRY(hp_dcp_load(c->dcp_dir, &st, NULL, &o));
+        if (!t1.loaded) return hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", c->dcp_dir, sp->name);
+        if (c->stats) c->stats->bytes_read += (int64_t)nb;
+        c->loaded = h->spec;
     }
-    HP_TRY(hp_tensor_init(&c->dt.local, HP_F32, sp->ndim, sp->shape, data));
-    *out = &c->dt.local;
+    float *data = c->buf;
+    if (h->e >= 0) {   /* expert e's (A, B) slice of the (E, A, B) tensor */
+        data = c->buf + (size_t)h->e * (size_t)ent_numel(h);
+    } else {
+        char hf[160];
+        int pm = 0;
+        HP_TRY(hp_hf_name_to_hf(c->mc, sp->name, hf, sizeof hf, &pm));
+        if (pm) {
+            void *p = c->perm;
+            HP_TRY(grow(&p, &c->pcap, nb));
+            c->perm = p;
+            permute_bytes((unsigned char *)c->perm, (const unsigned char *)c->buf, sp->shape[0],
+                          (size_t)sp->shape[1] * sizeof(float), c->mc->head_dim, 1);
+            data = c->perm;
+        }
+    }
+    HP_TRY(hp_tensor_init(&c->view, HP_F32, h->ndim, h->shape, data));
+    *out = &c->view;
+    return HP_OK;
+}
+
+/* A DCP tensor of the trainer that is not a parameter: an MoE layer's expert_bias (owner moe),
+ * which Qwen3MoeForCausalLM has no tensor for. */
+static int is_expert_bias(const char *name) {
+    size_t n = strlen(name), k = strlen(".moe.expert_bias");
+    return n > k && !strcmp(name + n - k, ".moe.expert_bias");
+}
+
+/* The expert_bias the HF model will not have: a trained (non-zero) one changes the routing. */
+static hp_status_t warn_expert_bias(const char *dir, hp_dcp_metadata_t md) {
+    for (int j = 0; j < hp_dcp_metadata_count(md); j++) {
+        const hp_dcp_entry_t *e = hp_dcp_metadata_entry(md, j);
+        if (e->is_blob || !is_expert_bias(e->name) || e->ndim != 1 || e->shape[0] > 4096) continue;
+        float b[4096];
+        hp_dtensor_t t;
+        memset(&t, 0, sizeof t);
+        HP_TRY(hp_tensor_init(&t.local, HP_F32, 1, e->shape, b));
+        hp_dcp_tensor_t t1 = {e->name, &t, -1, 0};
+        hp_dcp_state_t st = {&t1, 1, NULL, 0};
+        hp_dcp_load_options_t o = {0, 1, NULL, 0, 0};
+        HP_TRY(hp_dcp_load(dir, &st, NULL, &o));
+        double mx = 0;
+        for (int64_t i = 0; i < e->shape[0]; i++) mx = fmax(mx, fabs((double)b[i]));
+        if (mx > 0)
+            hp_log(HP_LOG_WARN, "%s: '%s' (load balancing, max |bias| %.3g) is not exported: the HF model has no expert "
+                   "bias, so it selects experts by the unbiased scores", dir, e->name, mx);
+    }
     return HP_OK;
 }
 
@@ -513,19 +608,17 @@ static hp_status_t check_dcp_tensors(const char *dir, const hp_model_config_t *m
         if (!e)
             s = hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", dir, spec[i].name);
         else if (!same) {
-            char hs[160] = "";
-            size_t l = 0;
-            for (int d = 0; !e->is_blob && d < e->ndim && l < sizeof hs; d++)
-                l += (size_t)snprintf(hs + l, sizeof hs - l, "%s%lld", d ? ", " : "", (long long)e->shape[d]);
-            s = hp_error(HP_ERR_INVALID_ARG, "%s: '%s' has global shape (%s) in the checkpoint, but (%lld%s%lld) in the "
-                         "%s/%s model; hint: describe the trained model with the model.* keys of its config", dir,
-                         spec[i].name, hs, (long long)spec[i].shape[0], spec[i].ndim > 1 ? ", " : "",
-                         spec[i].ndim > 1 ? (long long)spec[i].shape[1] : 1LL, mc->name, mc->flavor);
+            char hs[160] = "", ms[160];
+            if (!e->is_blob) shape_str(hs, sizeof hs, e->ndim, e->shape);
+            shape_str(ms, sizeof ms, spec[i].ndim, spec[i].shape);
+            s = hp_error(HP_ERR_INVALID_ARG, "%s: '%s' has global shape (%s) in the checkpoint, but (%s) in the %s/%s "
+                         "model; hint: describe the trained model with the model.* keys of its config", dir,
+                         spec[i].name, hs, ms, mc->name, mc->flavor);
         }
     }
     for (int j = 0; s == HP_OK && j < hp_dcp_metadata_count(md); j++) {
         const hp_dcp_entry_t *e = hp_dcp_metadata_entry(md, j);
-        if (e->is_blob || strncmp(e->name, "optimizer.", 10) == 0) continue;
+        if (e->is_blob || strncmp(e->name, "optimizer.", 10) == 0 || is_expert_bias(e->name)) continue;
         int found = 0;
         for (int i = 0; !found && i < n; i++) found = !strcmp(spec[i].name, e->name);
         if (!found)
@@ -534,6 +627,7 @@ static hp_status_t check_dcp_tensors(const char *dir, const hp_model_config_t *m
                          "--model.tie_embeddings (the model.* keys of its config)", dir, e->name, mc->name, mc->flavor,
                          mc->n_layers, mc->tie_embeddings ? "true" : "false");
     }
+    if (s == HP_OK) s = warn_expert_bias(dir, md);
     hp_dcp_metadata_free(md);
     return s;
 }
@@ -545,32 +639,33 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t 
     if (stats) memset(stats, 0, sizeof *stats);
     if (dtype != HP_F32 && dtype != HP_BF16)
         return hp_error(HP_ERR_INVALID_ARG, "HF export: dtype %s; expected f32 or bf16", hp_dtype_name(dtype));
-    if ((strcmp(mc->name, "qwen3") != 0) == !!mc->qk_norm)   /* LlamaForCausalLM has no q/k norm, Qwen3 always */
-        return hp_error(HP_ERR_UNSUPPORTED, "HF export: %s with qk_norm %s has no HF architecture; hint: use model.name "
-                        "qwen3 for a model with qk_norm, llama3 without", mc->name, mc->qk_norm ? "true" : "false");
+    HP_TRY(hp_hf_check_exportable(mc, "export"));
     if (!max_shard_bytes) max_shard_bytes = (size_t)5 << 30;
-    HP_TRY(refuse_moe_convert(mc, "to-hf"));   /* mixture of experts (owner moe) */
-    int n = model_specs(mc, NULL);
-    spec_t *spec = calloc((size_t)n, sizeof *spec);
-    char (*hf)[160] = calloc((size_t)n, sizeof *hf);
-    int *file_of = calloc((size_t)n, sizeof *file_of), *idx = calloc((size_t)n, sizeof *idx);
-    hp_st_entry_t *ents = calloc((size_t)n, sizeof *ents);
-    hp_status_t s = spec && hf && file_of && idx && ents ? HP_OK : HP_ERR_OOM;
-    if (s == HP_OK) model_specs(mc, spec);
+    spec_t *spec = NULL;
+    hf_ent_t *ent = NULL;
+    int n = model_specs(mc, &spec);
+    int m = n < 0 ? -1 : hf_entries(mc, spec, n, &ent);
+    if (n < 0 || m < 0) {
+        hp_status_t e = hp_error(HP_ERR_INVALID_ARG, "HF export: %s", hp_last_error());
+        free(spec);
+        free(ent);
+        return e;
+    }
+    int *file_of = calloc((size_t)m + 1, sizeof *file_of), *idx = calloc((size_t)m + 1, sizeof *idx);
+    hp_st_entry_t *ents = calloc((size_t)m + 1, sizeof *ents);
+    hp_status_t s = file_of && idx && ents ? HP_OK : HP_ERR_OOM;
     if (s == HP_OK) s = check_dcp_tensors(dcp_dir, mc, spec, n);
     size_t esz = hp_dtype_size(dtype), cur = 0, total = 0;
     int nfiles = 1;
-    for (int i = 0; s == HP_OK && i < n; i++) {
-        int pm;
-        s = hp_hf_name_to_hf(mc, spec[i].name, hf[i], sizeof hf[i], &pm);
-        size_t nb = (size_t)spec_numel(&spec[i]) * esz;
+    for (int j = 0; s == HP_OK && j < m; j++) {
+        size_t nb = (size_t)ent_numel(&ent[j]) * esz;
         if (cur > 0 && cur + nb > max_shard_bytes) {
             nfiles++;
             cur = 0;
         }
         cur += nb;
         total += nb;
-        file_of[i] = nfiles;
+        file_of[j] = nfiles;
         if (stats && (int64_t)nb > stats->largest_tensor_bytes) stats->largest_tensor_bytes = (int64_t)nb;
     }
     if (s == HP_OK && rank == 0) s = hp_dcp_mkdirs(out_dir);
@@ -580,7 +675,9 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t 
     c.dcp_dir = dcp_dir;
     c.mc = mc;
     c.spec = spec;
+    c.ent = ent;
     c.idx = idx;
+    c.loaded = -1;
     c.stats = stats;
     for (int f = 1; s == HP_OK && f <= nfiles; f++) {
         if ((f - 1) % world != rank) continue;   /* each rank writes its share of the shards */
@@ -588,12 +685,12 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t 
         snprintf(fn, sizeof fn, "model-%05d-of-%05d.safetensors", f, nfiles);
         snprintf(path, sizeof path, "%s/%s", out_dir, fn);
         int k = 0;
-        for (int i = 0; i < n; i++)
-            if (file_of[i] == f) {
-                idx[k] = i;
-                ents[k] = (hp_st_entry_t){hf[i], NULL, hp_st_dtype_from_hp(dtype), NULL, spec[i].ndim, spec[i].shape};
+        for (int j = 0; j < m; j++)
+            if (file_of[j] == f) {
+                idx[k] = j;
+                ents[k] = (hp_st_entry_t){ent[j].hf, NULL, hp_st_dtype_from_hp(dtype), NULL, ent[j].ndim, ent[j].shape};
                 k++;
-                if (stats) stats->tensors++, stats->bytes_written += (int64_t)((size_t)spec_numel(&spec[i]) * esz);
+                if (stats) stats->tensors++, stats->bytes_written += (int64_t)((size_t)ent_numel(&ent[j]) * esz);
             }
         const char *meta[2] = {"format", "pt"};
         s = hp_safetensors_write_stream(path, ents, k, meta, 1, from_dcp_fill, &c, NULL);
@@ -603,10 +700,10 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t 
     s = hp_dcp_agree(comm, s, "HF export: writing the shards");
     if (s == HP_OK && rank == 0) {
         json_object *wm = json_object_new_object();
-        for (int i = 0; i < n; i++) {
+        for (int j = 0; j < m; j++) {
             char fn[64];
-            snprintf(fn, sizeof fn, "model-%05d-of-%05d.safetensors", file_of[i], nfiles);
-            json_object_object_add(wm, hf[i], json_object_new_string(fn));
+            snprintf(fn, sizeof fn, "model-%05d-of-%05d.safetensors", file_of[j], nfiles);
+            json_object_object_add(wm, ent[j].hf, json_object_new_string(fn));
         }
         json_object *ix = json_object_new_object(), *md = json_object_new_object();
         json_object_object_add(md, "total_size", json_object_new_int64((int64_t)total));
@@ -620,7 +717,7 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t 
         if (s == HP_OK) s = hp_dcp_fsync_path(out_dir, 1);
     }
     free(spec);
-    free(hf);
+    free(ent);
     free(file_of);
     free(idx);
     free(ents);
