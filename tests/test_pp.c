@@ -10,6 +10,7 @@
  * split rule and its errors are TorchTitan's. HyperParallel's MPipeTranspose (helpers' replica
  * forwards, stage 0's transposed F / B) passes the same parity check at T = 0 and 1. */
 // hp-test: ranks 1 2 4   timeout 600
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +97,16 @@ static int in_flight(const hp_pp_schedule_t *compute, int stage) {
  * the embedding and one layer at pp 2, the embedding alone at pp 4; 0: two layers at pp 2). */
 static int g_mpipe_T = 0, g_mpipe_w_in = 1;
 
+/* Threads of this process (/proc/self/task entries; -1 where there is no /proc). */
+static int thread_count(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
 /* One (model, schedule, n_mb) case on `world` (= the pp dim). Returns the worst error/bound. */
 static double run_case_m(hp_comm_t world, const char *model, hp_pp_kind_t kind, int n_mb, int negative,
                          const pp_mode_t *md) {
@@ -146,6 +157,7 @@ static double run_case_m(hp_comm_t world, const char *model, hp_pp_kind_t kind, 
         HP_CHECK_ERR(hp_pp_set_transport(rt, HP_PP_OVERLAP_OFF, (hp_pp_p2p_t)7), HP_ERR_INVALID_ARG, "p2p mode 7");
         HP_CHECK(hp_pp_overlap_mode(rt) == HP_PP_OVERLAP_INTERLEAVE, "a refused mode changed the overlap mode");
     }
+    const int threads0 = thread_count();
     if (md) HP_CHECK_OK(hp_pp_set_transport(rt, md->ov, md->p2p));
     if (md && md->pairs) *md->pairs = hp_pp_coalesced_pairs(rt);
     // the step's data: n_mb sequences
@@ -173,6 +185,14 @@ static double run_case_m(hp_comm_t world, const char *model, hp_pp_kind_t kind, 
             }
         *md->bits = b;
         *md->n_bits = nb;
+    }
+    if (md && md->ov == HP_PP_OVERLAP_THREAD) {   // one worker for every step: no thread per OVERLAP_F_B
+        // the worker starts with the mode (one thread more), and the steps start none
+        const int before = thread_count();
+        for (int i = 0; i < nl; i++) HP_CHECK_OK(hp_model_zero_grad(stages[i]));   // the same gradients again
+        HP_CHECK_OK(hp_pp_step(rt, tok, tgt, (float)valid, &ls, &nv));
+        HP_CHECK(before > threads0 && thread_count() == before, "overlap thread: %d threads before the mode, %d "
+                 "after a step, %d after another", threads0, before, thread_count());
     }
     // memory: every local stage's pool holds the schedule's in-flight count, which the step
     // reached (the measured high-water mark), and the context bytes are contexts x bytes each

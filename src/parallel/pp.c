@@ -230,6 +230,9 @@ struct hp_pp {
     int mp_nbc;
     size_t mp_bc_bytes;
     int mp_fwd;                  /* MPIPE_F run in the last step */
+    /* overlap mode 'thread': one worker made at set-up runs the B halves (and keeps its own
+     * OpenMP team between steps); the step loop only hands it jobs */
+    struct bwd_worker *worker;
 };
 
 static int msg_tag(const hp_pp_t p, int sender_stage, int mb, int dir) {
@@ -237,6 +240,73 @@ static int msg_tag(const hp_pp_t p, int sender_stage, int mb, int dir) {
 }
 /* MPIPE_SEND_F / MPIPE_RECV_F of micro-batch mb: after every stage's tags. */
 static int mp_tag(const hp_pp_t p, int mb) { return 1 + p->o.num_stages * p->o.n_microbatches * 2 + mb; }
+
+typedef struct bwd_job {
+    hp_pp_t p;
+    stage_t *s;
+    hp_pp_action_t a;
+    hp_status_t st;
+    char msg[512];
+} bwd_job_t;
+
+typedef struct bwd_worker {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int pending, quit;           /* a job was handed over and not finished; the worker should exit */
+    bwd_job_t job;
+} bwd_worker_t;
+
+static hp_status_t run_backward(hp_pp_t p, stage_t *s, int m, int type, const hp_pp_action_t *a);
+
+static void *worker_main(void *arg) {
+    bwd_worker_t *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->pending && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->quit) break;
+        pthread_mutex_unlock(&w->mu);
+        bwd_job_t *j = &w->job;
+        j->st = run_backward(j->p, j->s, j->a.mb, HP_PP_B, &j->a);
+        if (j->st != HP_OK) snprintf(j->msg, sizeof j->msg, "%s", hp_last_error());
+        pthread_mutex_lock(&w->mu);
+        w->pending = 0;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static hp_status_t worker_start(hp_pp_t p) {
+    if (p->worker) return HP_OK;
+    bwd_worker_t *w = calloc(1, sizeof *w);
+    if (!w) return HP_ERR_OOM;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    if (pthread_create(&w->th, NULL, worker_main, w) != 0) {
+        pthread_cond_destroy(&w->cv);
+        pthread_mutex_destroy(&w->mu);
+        free(w);
+        return hp_error(HP_ERR_STATE, "pipeline overlap mode 'thread': pthread_create failed; hint: "
+                        "HP_PP_OVERLAP=interleave");
+    }
+    p->worker = w;
+    return HP_OK;
+}
+
+static void worker_stop(hp_pp_t p) {
+    bwd_worker_t *w = p->worker;
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->quit = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->th, NULL);
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+    p->worker = NULL;
+}
 
 void hp_pp_destroy(hp_pp_t p) {
     if (!p) return;
@@ -278,6 +348,7 @@ void hp_pp_destroy(hp_pp_t p) {
     free(p->mp_got);
     free(p->mp_bc);
     free(p->mp_bcn);
+    worker_stop(p);
     free(p->done);
     free(p->early_f);
     free(p->early_b);
@@ -349,6 +420,7 @@ static hp_status_t plan_transport(hp_pp_t p, const hp_pp_hooks_t *hooks, hp_pp_o
     if (p->ov == HP_PP_OVERLAP_THREAD && hooks && (hooks->unshard || hooks->reshard || hooks->reduce_grad))
         return hp_error(HP_ERR_UNSUPPORTED, "pipeline overlap mode 'thread' with FSDP hooks: the two halves would "
                         "issue collectives from two threads; hint: HP_PP_OVERLAP=interleave");
+    if (p->ov == HP_PP_OVERLAP_THREAD) HP_TRY(worker_start(p));
     p->n_pairs = 0;
     memset(p->pair, 0, (size_t)p->n_acts);
     for (int k = 0; k < p->n_acts; k++) {
@@ -829,21 +901,6 @@ static hp_status_t post_pair(hp_pp_t p, int k) {
     return st != HP_OK ? st : e;
 }
 
-typedef struct bwd_job {
-    hp_pp_t p;
-    stage_t *s;
-    hp_pp_action_t a;
-    hp_status_t st;
-    char msg[512];
-} bwd_job_t;
-
-static void *bwd_thread(void *arg) {
-    bwd_job_t *j = arg;
-    j->st = run_backward(j->p, j->s, j->a.mb, HP_PP_B, &j->a);
-    if (j->st != HP_OK) snprintf(j->msg, sizeof j->msg, "%s", hp_last_error());
-    return NULL;
-}
-
 /* OVERLAP_F_B: the F of (stage, mb) and the B of (sub_stage, sub_mb), as hp_pp_overlap_t says.
  * The kernels and their inputs are the same in every mode, so the results are bitwise equal. */
 static hp_status_t run_overlap(hp_pp_t p, int k, const int32_t *tokens, const int32_t *targets, float div,
@@ -852,18 +909,24 @@ static hp_status_t run_overlap(hp_pp_t p, int k, const int32_t *tokens, const in
     const hp_pp_action_t fa = {a->stage, HP_PP_F, a->mb, 0, 0}, ba = {a->sub_stage, HP_PP_B, a->sub_mb, 0, 0};
     stage_t *sf = &p->st[p->local_of[a->stage]], *sb = &p->st[p->local_of[a->sub_stage]];
     if (p->ov == HP_PP_OVERLAP_THREAD) {
-        bwd_job_t j = {p, sb, ba, HP_OK, ""};
-        pthread_t th;
-        if (pthread_create(&th, NULL, bwd_thread, &j) != 0)
-            return hp_error(HP_ERR_STATE, "pipeline overlap: pthread_create failed; hint: HP_PP_OVERLAP=interleave");
+        bwd_worker_t *w = p->worker;
+        if (!w) return hp_error(HP_ERR_STATE, "pipeline overlap mode 'thread': no worker (set-up failed)");
+        pthread_mutex_lock(&w->mu);
+        w->job = (bwd_job_t){p, sb, ba, HP_OK, ""};
+        w->pending = 1;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
         hp_status_t st = run_forward(p, sf, fa.mb, tokens, targets, div, loss_sum, n_valid, &fa);
         if (st == HP_OK && p->early_f[k] >= 0) {
             st = post_p2p(p, p->early_f[k], -1);
             p->done[p->early_f[k]] = 1;
         }
-        pthread_join(th, NULL);
+        pthread_mutex_lock(&w->mu);
+        while (w->pending) pthread_cond_wait(&w->cv, &w->mu);
+        pthread_mutex_unlock(&w->mu);
         HP_TRY(st);
-        if (j.st != HP_OK) return hp_error(j.st, "pipeline overlap: the backward on the second thread: %s", j.msg);
+        if (w->job.st != HP_OK)
+            return hp_error(w->job.st, "pipeline overlap: the backward on the second thread: %s", w->job.msg);
     } else {
         HP_TRY(run_forward(p, sf, fa.mb, tokens, targets, div, loss_sum, n_valid, &fa));
         if (p->ov == HP_PP_OVERLAP_INTERLEAVE && p->early_f[k] >= 0) {   // leaves during the B
