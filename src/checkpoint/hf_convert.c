@@ -91,6 +91,21 @@ static int hf_entries(const hp_model_config_t *mc, const spec_t *spec, int n, hf
     return m;
 }
 
+/* The specs and their HF tensors (*spec and *ent calloc'ed), or an error naming `what`. */
+static hp_status_t plan_tensors(const hp_model_config_t *mc, const char *what, spec_t **spec, int *n, hf_ent_t **ent,
+                                int *m) {
+    *ent = NULL;
+    *n = model_specs(mc, spec);
+    *m = *n < 0 ? -1 : hf_entries(mc, *spec, *n, ent);
+    if (*n >= 0 && *m >= 0) return HP_OK;
+    hp_status_t e = hp_error(HP_ERR_INVALID_ARG, "%s: %s", what, hp_last_error());
+    free(*spec);
+    free(*ent);
+    *spec = NULL;
+    *ent = NULL;
+    return e;
+}
+
 static void shape_str(char *out, size_t n, int ndim, const int64_t *shape) {
     size_t l = 0;
     out[0] = 0;
@@ -391,14 +406,8 @@ hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_model_config_t *mc
     HP_TRY(hp_hf_check_exportable(mc, "import"));
     spec_t *spec = NULL;
     hf_ent_t *ent = NULL;
-    int n = model_specs(mc, &spec);
-    int m = n < 0 ? -1 : hf_entries(mc, spec, n, &ent);
-    if (n < 0 || m < 0) {
-        hp_status_t e = hp_error(HP_ERR_INVALID_ARG, "HF conversion: %s", hp_last_error());
-        free(spec);
-        free(ent);
-        return e;
-    }
+    int n, m;
+    HP_TRY(plan_tensors(mc, "HF conversion", &spec, &n, &ent, &m));
     hp_dtype_t *dt = calloc((size_t)n + 1, sizeof *dt);
     int64_t *bytes = calloc((size_t)n + 1, sizeof *bytes), *sums = calloc((size_t)n + 1, sizeof *sums);
     int *owner = calloc((size_t)n + 1, sizeof *owner), *mine = calloc((size_t)n + 1, sizeof *mine);
@@ -643,14 +652,8 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t 
     if (!max_shard_bytes) max_shard_bytes = (size_t)5 << 30;
     spec_t *spec = NULL;
     hf_ent_t *ent = NULL;
-    int n = model_specs(mc, &spec);
-    int m = n < 0 ? -1 : hf_entries(mc, spec, n, &ent);
-    if (n < 0 || m < 0) {
-        hp_status_t e = hp_error(HP_ERR_INVALID_ARG, "HF export: %s", hp_last_error());
-        free(spec);
-        free(ent);
-        return e;
-    }
+    int n, m;
+    HP_TRY(plan_tensors(mc, "HF export", &spec, &n, &ent, &m));
     int *file_of = calloc((size_t)m + 1, sizeof *file_of), *idx = calloc((size_t)m + 1, sizeof *idx);
     hp_st_entry_t *ents = calloc((size_t)m + 1, sizeof *ents);
     hp_status_t s = file_of && idx && ents ? HP_OK : HP_ERR_OOM;
