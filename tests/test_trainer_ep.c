@@ -1,10 +1,13 @@
 /* The trainer with expert parallelism (parallelism.expert_parallel_degree; ep borrows the
- * dp_shard ranks as TorchTitan; the dense params FSDP-sharded over dp_shard, the experts over
- * the sparse mesh): for both MoE flavors, 10 steps with the aux-loss-free bias update on give
- * the losses and gradient norms of the single-rank run of the same global batch (a token file
- * whose rows the one rank reads in the order the dp ranks read theirs): ep = world and, on 4
- * ranks, ep 2 x efsdp 2, ETP (ep 2 x tp 2) and 2 experts on ep 2 x efsdp 2 (Shard(1)); on 8 ranks ep 4 x TP 2 x FSDP 4 (ETP, dense TP +
- * FSDP) and HSDP 2 x ep 2 x efsdp 2. Float32 GEMM row sets and reduction orders differ, and
+ * dp_shard x cp ranks as TorchTitan; the dense params FSDP-sharded over dp_shard x cp, the
+ * experts over the sparse mesh): for both MoE flavors, 10 steps with the aux-loss-free bias
+ * update on give the losses and gradient norms of the single-rank run of the same global batch
+ * (a token file whose rows the one rank reads in the order the dp ranks read theirs): ep = world;
+ * on 2 ranks cp 2 x ep 2 and cp 2 alone (qwen3_moe); on 4 ranks ep 2 x efsdp 2, ETP (ep 2 x tp
+ * 2), 2 experts on ep 2 x efsdp 2 (Shard(1)), cp 2 x dp_shard 2 with ep 2 x efsdp 2 and with ep
+ * 4, cp 2 x tp 2 with ETP ep 2; on 8 ranks ETP x expert FSDP (ep 2 x etp 2 x efsdp 2, dense TP 2
+ * x FSDP 4; the same with cp 2 x dp_shard 2; 2 experts in Shard(1), 1/8 of each expert tensor
+ * per rank, checkpointed at step 4 and resumed under TP 2 with ep 1) and HSDP 2 x ep 2 x efsdp 2. Float32 GEMM row sets and reduction orders differ, and
  * Adam turns relative gradient differences of ~1e-7 into parameter differences of up to
  * lr x 1e-3 near zero gradients: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
  * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
