@@ -115,6 +115,46 @@ static void check_expert_share(hp_trainer_t t, int share, const char *what) {
     HP_CHECK(n > 0, "%s: no expert parameters", what);
 }
 
+/* 4 steps of layout a saved (each rank holding 1/share_a of every expert tensor), resumed under
+ * layout b (1/share_b; 0: the experts are fully_shard's, not checked) for 6 more: all 10 losses
+ * are the single rank's sl (the same 1e-5). */
+static void reshard_run(const char *what, hp_config_t *a, hp_config_t *b, hp_comm_t world, const char *ck, int share_a,
+                        int share_b, const double *sl) {
+    double fl[N];
+    hp_config_t *cs[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cs[k]->job.dump_folder, sizeof cs[k]->job.dump_folder, "%.200s/%s", dir_, ck);
+        cs[k]->checkpoint.enable = true;
+        cs[k]->checkpoint.interval = 4;
+        cs[k]->checkpoint.last_save_model_only = false;
+    }
+    hp_trainer_t t = NULL;
+    HP_CHECK_OK(hp_trainer_create(a, world, &t));
+    if (t) check_expert_share(t, share_a, what);
+    for (int i = 0; t && i < 4; i++) {
+        hp_step_stats_t st;
+        HP_CHECK_OK(hp_trainer_step(t, &st));
+        fl[i] = st.loss;
+    }
+    if (t) hp_trainer_destroy(t);
+    t = NULL;
+    HP_CHECK_OK(hp_trainer_create(b, world, &t));
+    if (t) {
+        HP_CHECK(hp_trainer_current_step(t) == 4, "%s: resume at step %lld, expected 4", what,
+                 (long long)hp_trainer_current_step(t));
+        if (share_b > 0) check_expert_share(t, share_b, what);
+        for (int i = 4; i < N; i++) {
+            hp_step_stats_t st;
+            HP_CHECK_OK(hp_trainer_step(t, &st));
+            fl[i] = st.loss;
+        }
+        hp_trainer_destroy(t);
+    }
+    for (int i = 0; i < N; i++) HP_CHECK_CLOSE(fl[i], sl[i], 1e-5, 0.0);
+    if (hp_comm_rank(world) == 0)
+        printf("checkpoint %s at step 4: loss %.6f at step 10 (one rank %.6f)\n", what, fl[N - 1], sl[N - 1]);
+}
+
 static void set_ep(hp_config_t *f, int rep, int shard, int tp, int ep, int etp) {
     f->parallelism.context_parallel_degree = 1;
     f->parallelism.data_parallel_replicate_degree = rep;
@@ -163,39 +203,10 @@ int main(int argc, char **argv) {
             set_ep(f, 1, 4, 2, 2, 2);
             check_vs_solo_out("qwen3_moe 2 experts, ep 2 x etp 2 x efsdp 2 (Shard(1))", f, world, 4, sl);
             hp_config_t *b = calloc(1, sizeof *b);
-            snprintf(f->job.dump_folder, sizeof f->job.dump_folder, "%.240s/ck_etp", dir_);
-            f->checkpoint.enable = true;
-            f->checkpoint.interval = 4;
-            f->checkpoint.last_save_model_only = false;
             *b = *f;
             b->parallelism.expert_parallel_degree = 1;
             b->parallelism.expert_tensor_parallel_degree = 1;
-            hp_trainer_t t = NULL;
-            HP_CHECK_OK(hp_trainer_create(f, world, &t));
-            if (t) check_expert_share(t, 8, "ep 2 x etp 2 x efsdp 2");
-            for (int i = 0; t && i < 4; i++) {
-                hp_step_stats_t st;
-                HP_CHECK_OK(hp_trainer_step(t, &st));
-                fl[i] = st.loss;
-            }
-            if (t) hp_trainer_destroy(t);
-            t = NULL;
-            HP_CHECK_OK(hp_trainer_create(b, world, &t));
-            if (t) {
-                HP_CHECK(hp_trainer_current_step(t) == 4, "resume at step %lld, expected 4",
-                         (long long)hp_trainer_current_step(t));
-                check_expert_share(t, 2, "tp 2, ep 1");
-                for (int i = 4; i < N; i++) {
-                    hp_step_stats_t st;
-                    HP_CHECK_OK(hp_trainer_step(t, &st));
-                    fl[i] = st.loss;
-                }
-                hp_trainer_destroy(t);
-            }
-            for (int i = 0; i < N; i++) HP_CHECK_CLOSE(fl[i], sl[i], 1e-5, 0.0);
-            if (rank == 0)
-                printf("checkpoint ep 2 x etp 2 x efsdp 2 -> tp 2 (ep 1) at step 4: loss %.6f at step 10 (one rank "
-                       "%.6f)\n", fl[N - 1], sl[N - 1]);
+            reshard_run("ep 2 x etp 2 x efsdp 2 -> tp 2 (ep 1)", f, b, world, "ck_etp", 8, 2, sl);
             free(b);
         }
         free(f);
@@ -278,7 +289,15 @@ int main(int argc, char **argv) {
         moe_config(f, ws, "qwen3_moe");   // cp 2 x dp_shard 2, ep 4: ep spans dp_shard x cp
         set_ep(f, 1, 2, 1, 4, 1);
         f->parallelism.context_parallel_degree = 2;
-        check_vs_solo("qwen3_moe cp 2 x dp_shard 2, ep 4", f, world, 2);
+        double sl[N];
+        check_vs_solo_out("qwen3_moe cp 2 x dp_shard 2, ep 4", f, world, 2, sl);
+        {   // saved under cp 2 x dp_shard 2 with ep 4 (2 experts per rank), resumed with ep 1 (FSDP over dp_shard x cp)
+            hp_config_t *b = calloc(1, sizeof *b);
+            *b = *f;
+            b->parallelism.expert_parallel_degree = 1;
+            reshard_run("cp 2 x dp_shard 2, ep 4 -> ep 1", f, b, world, "ck_cp", 4, 0, sl);
+            free(b);
+        }
         moe_config(f, ws, "qwen3_moe");   // ETP with cp: ep 2 over the cp ranks x etp 2 (efsdp 1)
         set_ep(f, 1, 1, 2, 2, 2);
         f->parallelism.context_parallel_degree = 2;
