@@ -28,8 +28,18 @@ static void test_validation(void) {
     /* ep borrows from dp_shard*cp*tp = 8. */
     HP_CHECK_OK(hp_parallel_dims_init(&pd, 1, 4, 1, 2, 1, 8, 1, 8));
     HP_CHECK(hp_parallel_dims_efsdp(&pd) == 1, "efsdp");
-    HP_CHECK_OK(hp_parallel_dims_init(&pd, 1, 4, 1, 2, 1, 4, 2, 8));
+    HP_CHECK_OK(hp_parallel_dims_init(&pd, 1, 4, 1, 2, 1, 4, 1, 8));
     HP_CHECK(hp_parallel_dims_efsdp(&pd) == 2, "efsdp 2");
+    /* ETP (etp = tp): ep and efsdp split dp_shard*cp alone, efsdp = dp_shard*cp*tp/(ep*etp). */
+    HP_CHECK_OK(hp_parallel_dims_init(&pd, 1, 4, 1, 2, 1, 4, 2, 8));
+    HP_CHECK(hp_parallel_dims_efsdp(&pd) == 1, "ETP efsdp 1");
+    HP_CHECK_OK(hp_parallel_dims_init(&pd, 1, 4, 1, 2, 1, 2, 2, 8));
+    HP_CHECK(hp_parallel_dims_efsdp(&pd) == 2, "ETP efsdp 2");
+    HP_CHECK_OK(hp_parallel_dims_init(&pd, 1, 2, 2, 1, 1, 2, 1, 4));
+    HP_CHECK(hp_parallel_dims_efsdp(&pd) == 2, "cp: efsdp 2");
+    HP_CHECK_ERR(hp_parallel_dims_init(&pd, 1, 2, 1, 2, 1, 4, 2, 4), HP_ERR_INVALID_ARG,
+                 "'parallelism.expert_parallel_degree' = 4 must divide parallelism.data_parallel_shard_degree * "
+                 "context_parallel_degree = 2*1 = 2 with expert_tensor_parallel_degree");
 
     HP_CHECK_ERR(hp_parallel_dims_init(&pd, 1, 3, 1, 1, 1, 1, 1, 8), HP_ERR_INVALID_ARG,
                  "parallelism.data_parallel_replicate_degree * data_parallel_shard_degree * context_parallel_degree * "
@@ -104,11 +114,11 @@ static int group_sum(hp_mesh_t m, int dim, int rank) {
     return out;
 }
 
-static void check_mesh(hp_comm_t world, int r, int s, int c, int t, int p, int e) {
+static void check_mesh_etp(hp_comm_t world, int r, int s, int c, int t, int p, int e, int et) {
     int rank = hp_comm_rank(world), n = hp_comm_size(world);
     hp_parallel_dims_t pd;
     hp_parallel_meshes_t m;
-    HP_CHECK_OK(hp_parallel_dims_init(&pd, r, s, c, t, p, e, 1, n));
+    HP_CHECK_OK(hp_parallel_dims_init(&pd, r, s, c, t, p, e, et, n));
     HP_CHECK_OK(hp_parallel_dims_build_mesh(&pd, world, &m));
     if (!m.world) return;
     char buf[256];
@@ -136,19 +146,29 @@ static void check_mesh(hp_comm_t world, int r, int s, int c, int t, int p, int e
     if (e > 1) {
         HP_CHECK(m.sparse != NULL, "sparse mesh");
         if (m.sparse) {
-            /* ep groups: consecutive runs of e ranks; efsdp groups: stride e inside a dp_shard*cp*tp block. */
-            int base = rank - rank % e, sum = 0;
-            for (int y = base; y < base + e; y++) sum += y;
-            HP_CHECK(group_sum(m.sparse, 3, rank) == sum, "ep group");
-            int block = pd.dp_shard * pd.cp * pd.tp, b0 = rank - rank % block, esum = 0;
-            for (int y = b0; y < b0 + block; y++)
-                if (y % e == rank % e) esum += y;
-            HP_CHECK(group_sum(m.sparse, 2, rank) == esum, "efsdp group");
+            /* Inside a dp_shard*cp*tp block the local index is (f*e + j)*et + q: ep groups vary j
+             * (consecutive runs of e ranks when et = 1), efsdp groups f, etp groups q (tp's). */
+            int block = pd.dp_shard * pd.cp * pd.tp, b0 = rank - rank % block, L = rank % block;
+            int f = L / (e * et), j = L / et % e, q = L % et, sum[3] = {0, 0, 0};
+            for (int y = b0; y < b0 + block; y++) {
+                int yl = y - b0, yf = yl / (e * et), yj = yl / et % e, yq = yl % et;
+                sum[0] += yj == j && yq == q ? y : 0;   // efsdp: f varies
+                sum[1] += yf == f && yq == q ? y : 0;   // ep: j varies
+                sum[2] += yf == f && yj == j ? y : 0;   // etp: q varies
+            }
+            HP_CHECK(hp_mesh_ndim(m.sparse) == (et > 1 ? 5 : 4), "sparse ndim %d", hp_mesh_ndim(m.sparse));
+            HP_CHECK(group_sum(m.sparse, 3, rank) == sum[1], "ep group");
+            HP_CHECK(group_sum(m.sparse, 2, rank) == sum[0], "efsdp group");
+            if (et > 1) HP_CHECK(group_sum(m.sparse, 4, rank) == sum[2], "etp group");
         }
     } else {
         HP_CHECK(m.sparse == NULL, "no sparse mesh without ep");
     }
     hp_parallel_meshes_destroy(&m);
+}
+
+static void check_mesh(hp_comm_t world, int r, int s, int c, int t, int p, int e) {
+    check_mesh_etp(world, r, s, c, t, p, e, 1);
 }
 
 int main(int argc, char **argv) {
@@ -167,7 +187,10 @@ int main(int argc, char **argv) {
         check_mesh(world, 2, 2, 2, 1, 1, 1);
         check_mesh(world, 2, -1, 1, 2, 1, 2);
         check_mesh(world, 1, 2, 2, 2, 1, 4);
+        check_mesh_etp(world, 1, 4, 1, 2, 1, 2, 2);   // ETP ep 2 x efsdp 2
+        check_mesh_etp(world, 1, 2, 2, 2, 1, 2, 2);   // ETP with cp: (efsdp, ep) over dp_shard x cp
     }
+    if (n == 4) check_mesh(world, 1, 2, 2, 1, 1, 2);   // cp: ep 2 x efsdp 2 over dp_shard x cp
     /* The mesh refuses a world size it was not validated for. */
     hp_parallel_dims_t pd;
     hp_parallel_meshes_t m;

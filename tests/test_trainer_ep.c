@@ -1,10 +1,13 @@
 /* The trainer with expert parallelism (parallelism.expert_parallel_degree; ep borrows the
- * dp_shard ranks as TorchTitan; the dense params FSDP-sharded over dp_shard, the experts over
- * the sparse mesh): for both MoE flavors, 10 steps with the aux-loss-free bias update on give
- * the losses and gradient norms of the single-rank run of the same global batch (a token file
- * whose rows the one rank reads in the order the dp ranks read theirs): ep = world and, on 4
- * ranks, ep 2 x efsdp 2, ETP (ep 2 x tp 2) and 2 experts on ep 2 x efsdp 2 (Shard(1)); on 8 ranks ep 4 x TP 2 x FSDP 4 (ETP, dense TP +
- * FSDP) and HSDP 2 x ep 2 x efsdp 2. Float32 GEMM row sets and reduction orders differ, and
+ * dp_shard x cp ranks as TorchTitan; the dense params FSDP-sharded over dp_shard x cp, the
+ * experts over the sparse mesh): for both MoE flavors, 10 steps with the aux-loss-free bias
+ * update on give the losses and gradient norms of the single-rank run of the same global batch
+ * (a token file whose rows the one rank reads in the order the dp ranks read theirs): ep = world;
+ * on 2 ranks cp 2 x ep 2 and cp 2 alone (qwen3_moe); on 4 ranks ep 2 x efsdp 2, ETP (ep 2 x tp
+ * 2), 2 experts on ep 2 x efsdp 2 (Shard(1)), cp 2 x dp_shard 2 with ep 2 x efsdp 2 and with ep
+ * 4, cp 2 x tp 2 with ETP ep 2; on 8 ranks ETP x expert FSDP (ep 2 x etp 2 x efsdp 2, dense TP 2
+ * x FSDP 4; the same with cp 2 x dp_shard 2; 2 experts in Shard(1), 1/8 of each expert tensor
+ * per rank, checkpointed at step 4 and resumed under TP 2 with ep 1) and HSDP 2 x ep 2 x efsdp 2. Float32 GEMM row sets and reduction orders differ, and
  * Adam turns relative gradient differences of ~1e-7 into parameter differences of up to
  * lr x 1e-3 near zero gradients: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
  * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
@@ -56,6 +59,7 @@ static void solo_steps(const hp_config_t *f, hp_comm_t world, int dp, double *l,
     c->parallelism.data_parallel_replicate_degree = 1;
     c->parallelism.data_parallel_shard_degree = 1;
     c->parallelism.tensor_parallel_degree = 1;
+    c->parallelism.context_parallel_degree = 1;
     c->parallelism.expert_parallel_degree = 1;
     c->parallelism.expert_tensor_parallel_degree = 1;
     c->parallelism.pipeline_parallel_degree = 1;
@@ -72,10 +76,12 @@ static void solo_steps(const hp_config_t *f, hp_comm_t world, int dp, double *l,
 }
 
 /* Trains layout f (dp data-parallel ranks) on the sharded file and checks it against the
- * single-rank run of the same global batch (losses 1e-5, norms 1e-4: see the top). */
-static void check_vs_solo(const char *what, hp_config_t *f, hp_comm_t world, int dp) {
+ * single-rank run of the same global batch (losses 1e-5, norms 1e-4: see the top); the
+ * single-rank losses to solo_out when given. */
+static void check_vs_solo_out(const char *what, hp_config_t *f, hp_comm_t world, int dp, double *solo_out) {
     double sl[N], sn[N], fl[N], fn[N];
     solo_steps(f, world, dp, sl, sn);
+    if (solo_out) memcpy(solo_out, sl, sizeof sl);
     hp_test_use_bin(f, 'x', dp);
     hp_test_train_steps(f, world, N, fl, fn, 0);
     for (int i = 0; i < N; i++) {
@@ -89,7 +95,68 @@ static void check_vs_solo(const char *what, hp_config_t *f, hp_comm_t world, int
                sl[N - 1], dmax);
 }
 
+static void check_vs_solo(const char *what, hp_config_t *f, hp_comm_t world, int dp) {
+    check_vs_solo_out(what, f, world, dp, NULL);
+}
+
+/* Every routed-expert tensor of the trainer's model holds 1/share of its global elements. */
+static void check_expert_share(hp_trainer_t t, int share, const char *what) {
+    hp_model_t m = hp_trainer_model(t);
+    hp_param_t *ps = hp_model_params(m);
+    int n = 0;
+    for (int i = 0; i < hp_model_num_params(m); i++) {
+        if (!strstr(ps[i].name, ".moe.experts.")) continue;
+        int64_t g = 1;
+        for (int d = 0; d < ps[i].value.local.ndim; d++) g *= ps[i].value.global_shape[d];
+        HP_CHECK(hp_tensor_numel(&ps[i].value.local) * share == g, "%s: %s holds %lld of %lld elements, expected 1/%d",
+                 what, ps[i].name, (long long)hp_tensor_numel(&ps[i].value.local), (long long)g, share);
+        n++;
+    }
+    HP_CHECK(n > 0, "%s: no expert parameters", what);
+}
+
+/* 4 steps of layout a saved (each rank holding 1/share_a of every expert tensor), resumed under
+ * layout b (1/share_b; 0: the experts are fully_shard's, not checked) for 6 more: all 10 losses
+ * are the single rank's sl (the same 1e-5). */
+static void reshard_run(const char *what, hp_config_t *a, hp_config_t *b, hp_comm_t world, const char *ck, int share_a,
+                        int share_b, const double *sl) {
+    double fl[N];
+    hp_config_t *cs[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cs[k]->job.dump_folder, sizeof cs[k]->job.dump_folder, "%.200s/%s", dir_, ck);
+        cs[k]->checkpoint.enable = true;
+        cs[k]->checkpoint.interval = 4;
+        cs[k]->checkpoint.last_save_model_only = false;
+    }
+    hp_trainer_t t = NULL;
+    HP_CHECK_OK(hp_trainer_create(a, world, &t));
+    if (t) check_expert_share(t, share_a, what);
+    for (int i = 0; t && i < 4; i++) {
+        hp_step_stats_t st;
+        HP_CHECK_OK(hp_trainer_step(t, &st));
+        fl[i] = st.loss;
+    }
+    if (t) hp_trainer_destroy(t);
+    t = NULL;
+    HP_CHECK_OK(hp_trainer_create(b, world, &t));
+    if (t) {
+        HP_CHECK(hp_trainer_current_step(t) == 4, "%s: resume at step %lld, expected 4", what,
+                 (long long)hp_trainer_current_step(t));
+        if (share_b > 0) check_expert_share(t, share_b, what);
+        for (int i = 4; i < N; i++) {
+            hp_step_stats_t st;
+            HP_CHECK_OK(hp_trainer_step(t, &st));
+            fl[i] = st.loss;
+        }
+        hp_trainer_destroy(t);
+    }
+    for (int i = 0; i < N; i++) HP_CHECK_CLOSE(fl[i], sl[i], 1e-5, 0.0);
+    if (hp_comm_rank(world) == 0)
+        printf("checkpoint %s at step 4: loss %.6f at step 10 (one rank %.6f)\n", what, fl[N - 1], sl[N - 1]);
+}
+
 static void set_ep(hp_config_t *f, int rep, int shard, int tp, int ep, int etp) {
+    f->parallelism.context_parallel_degree = 1;
     f->parallelism.data_parallel_replicate_degree = rep;
     f->parallelism.data_parallel_shard_degree = shard;
     f->parallelism.tensor_parallel_degree = tp;
@@ -108,17 +175,39 @@ int main(int argc, char **argv) {
     char what[128];
     const int B = 2, T = 16;   // moe_config's local batch and sequence
     hp_test_write_dp_bins(world, ws, B, T, N);
-    if (ws == 8) {   // ep x TP x FSDP and HSDP x ep x efsdp against the single rank, both flavors
+    if (ws == 8) {   // ETP x expert FSDP and HSDP x ep x efsdp against the single rank, both flavors
         hp_test_write_dp_bins(world, 4, B, T, N);
         for (int mi = 0; mi < 2; mi++) {
             moe_config(f, ws, models[mi]);
-            set_ep(f, 1, 4, 2, 4, 2);   // dense: TP 2 x FSDP 4; experts: ep 4 x etp 2
-            snprintf(what, sizeof what, "%s ep 4 x tp 2 x fsdp 4 (ETP)", models[mi]);
+            set_ep(f, 1, 4, 2, 2, 2);   // dense: TP 2 x FSDP 4; experts: efsdp 2 x ep 2 x etp 2 (Shard(0))
+            snprintf(what, sizeof what, "%s ep 2 x etp 2 x efsdp 2, dense tp 2 x fsdp 4", models[mi]);
             check_vs_solo(what, f, world, 4);
             moe_config(f, ws, models[mi]);
             set_ep(f, 2, 4, 1, 2, 1);   // dense: HSDP (2, 4); experts: ep 2 x efsdp 2, summed over dp_replicate
             snprintf(what, sizeof what, "%s hsdp 2 x 4, ep 2 x efsdp 2", models[mi]);
             check_vs_solo(what, f, world, 8);
+            moe_config(f, ws, models[mi]);   // ETP x expert FSDP with cp: (efsdp 2, ep 2) over dp_shard 2 x cp 2
+            set_ep(f, 1, 2, 2, 2, 2);
+            f->parallelism.context_parallel_degree = 2;
+            snprintf(what, sizeof what, "%s cp 2 x dp_shard 2 x tp 2, ep 2 x etp 2 x efsdp 2", models[mi]);
+            if (mi == 0) hp_test_write_dp_bins(world, 2, B, T, N);
+            check_vs_solo(what, f, world, 2);
+        }
+        {   /* 2 experts on efsdp 2 x ep 2 x etp 2 (efsdp x ep > E: Shard(1), w1/w3's F slice of etp split
+             * again over efsdp, _StridedShard(1, etp)): each rank holds 1/8 of every expert tensor; 4
+             * steps saved under it resume under dp_shard 4 x tp 2 with ep 1 (the experts TP on F
+             * alone) for 6 more: all 10 losses are the single rank's (the same 1e-5) */
+            double sl[N];
+            moe_config(f, ws, "qwen3_moe");
+            f->model.moe_num_experts = 2;
+            set_ep(f, 1, 4, 2, 2, 2);
+            check_vs_solo_out("qwen3_moe 2 experts, ep 2 x etp 2 x efsdp 2 (Shard(1))", f, world, 4, sl);
+            hp_config_t *b = calloc(1, sizeof *b);
+            *b = *f;
+            b->parallelism.expert_parallel_degree = 1;
+            b->parallelism.expert_tensor_parallel_degree = 1;
+            reshard_run("ep 2 x etp 2 x efsdp 2 -> tp 2 (ep 1)", f, b, world, "ck_etp", 8, 2, sl);
+            free(b);
         }
         free(f);
         free(c);
@@ -179,11 +268,56 @@ int main(int argc, char **argv) {
                      "parallelism.expert_parallel_degree 2");
         set_ep(f, 1, 1, 2, 1, 1);
         HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "tensor_parallel_degree 2 is not supported");
+        set_ep(f, 1, 1, 1, 1, 1);   // nor context parallel of an MoE model inside pipeline stages
+        f->parallelism.context_parallel_degree = 2;
+        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED,
+                     "parallelism.context_parallel_degree 2 with the MoE model qwen3_moe and "
+                     "parallelism.pipeline_parallel_degree 2 is not supported yet");
+        f->parallelism.pipeline_parallel_degree = 1;   // ETP needs expert parallel
+        set_ep(f, 1, 2, 2, 1, 2);
+        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED,
+                     "'parallelism.expert_tensor_parallel_degree' = 2: expert tensor parallel needs "
+                     "expert_parallel_degree > 1");
+        // context parallel x EP: ep borrows from dp_shard x cp; each cp rank routes its sequence shard
+        for (int mi = 0; mi < 2; mi++) {   // cp 2 x dp_shard 2, ep 2 x efsdp 2 (efsdp spans the cp ranks)
+            moe_config(f, ws, models[mi]);
+            set_ep(f, 1, 2, 1, 2, 1);
+            f->parallelism.context_parallel_degree = 2;
+            snprintf(what, sizeof what, "%s cp 2 x dp_shard 2, ep 2 x efsdp 2", models[mi]);
+            check_vs_solo(what, f, world, 2);
+        }
+        moe_config(f, ws, "qwen3_moe");   // cp 2 x dp_shard 2, ep 4: ep spans dp_shard x cp
+        set_ep(f, 1, 2, 1, 4, 1);
+        f->parallelism.context_parallel_degree = 2;
+        double sl[N];
+        check_vs_solo_out("qwen3_moe cp 2 x dp_shard 2, ep 4", f, world, 2, sl);
+        {   // saved under cp 2 x dp_shard 2 with ep 4 (2 experts per rank), resumed with ep 1 (FSDP over dp_shard x cp)
+            hp_config_t *b = calloc(1, sizeof *b);
+            *b = *f;
+            b->parallelism.expert_parallel_degree = 1;
+            reshard_run("cp 2 x dp_shard 2, ep 4 -> ep 1", f, b, world, "ck_cp", 4, 0, sl);
+            free(b);
+        }
+        moe_config(f, ws, "qwen3_moe");   // ETP with cp: ep 2 over the cp ranks x etp 2 (efsdp 1)
+        set_ep(f, 1, 1, 2, 2, 2);
+        f->parallelism.context_parallel_degree = 2;
+        hp_test_write_dp_bins(world, 1, B, T, N);
+        check_vs_solo("qwen3_moe cp 2 x tp 2, ep 2 x etp 2", f, world, 1);
         // 2 experts over ep 2 x efsdp 2: efsdp x ep > E, the experts FSDP-sharded on dim 1 (Shard(1))
         moe_config(f, ws, "qwen3_moe");
         f->model.moe_num_experts = 2;
         set_ep(f, 1, 4, 1, 2, 1);
         check_vs_solo("qwen3_moe 2 experts, ep 2 x efsdp 2 (Shard(1))", f, world, 4);
+    }
+    if (ws == 2) {   // context parallel of an MoE model: cp 2 x ep 2 (ep over the cp ranks), and cp 2 with ep 1
+        hp_test_write_dp_bins(world, 1, B, T, N);
+        for (int ep = 2; ep >= 1; ep--) {
+            moe_config(f, ws, "qwen3_moe");
+            set_ep(f, 1, 1, 1, ep, 1);
+            f->parallelism.context_parallel_degree = 2;
+            snprintf(what, sizeof what, "qwen3_moe cp 2, ep %d", ep);
+            check_vs_solo(what, f, world, 1);
+        }
     }
     {   // gradient accumulation (2 micro-batches per step) and validation under EP
         moe_config(c, ws, "qwen3_moe");

@@ -44,7 +44,13 @@ hp_status_t hp_ep_parallelize_model_etp(hp_model_t m, hp_mesh_t ep_tp_mesh, hp_e
  * all E/ep experts of its ep rank on 1/efsdp of their dim 1 (Shard(1), Shard(0)): w1/w3 rows
  * of F, w2 rows of D. The dispatcher all-gathers its ep rank's experts over efsdp before each
  * use and reduce-scatters their grads (SUM) into the shards. Dense parameters become Replicate
- * over both dims. Shard(0) needs efsdp dividing E/ep, Shard(1) efsdp dividing F and D. */
+ * over both dims. Shard(0) needs efsdp dividing E/ep, Shard(1) efsdp dividing F and D.
+ * On a 3-D (efsdp, ep, etp) mesh the experts are also tensor parallel over etp (ETP x expert
+ * FSDP): each rank first keeps its F/etp slice (w1/w3 Shard(1), w2 Shard(2) on etp), efsdp then
+ * shards that as above (Shard(1) splits w1/w3's F slice again, _StridedShard(1, etp) on efsdp,
+ * and w2's D); the gathered experts run as under ETP (outputs and input gradients all-reduced
+ * over etp). Dense parameters become (Replicate, Replicate, their TP placement); call after
+ * hp_tp_parallelize_model on the same tp ranks. Shard(1) then needs efsdp dividing F/etp and D. */
 hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t efsdp_ep_mesh, hp_ep_t *out);
 /* Hands the dense parameters back to their own plans (TorchTitan: the dense parts keep
  * theirs): the Replicate-over-ep layout the calls above gave them becomes a plain tensor again,

@@ -31,7 +31,7 @@ typedef struct hp_parallel_dims {
 
 /* Validates and resolves (dp_shard = -1 takes world / (dp_replicate*cp*tp*pp)). Errors name
  * the config key: every degree >= 1 (dp_shard may be -1), the product equals world_size,
- * ep divides dp_shard*cp*tp, etp is 1 or tp. */
+ * ep divides dp_shard*cp*tp, etp is 1 or tp, and with etp = tp > 1 ep divides dp_shard*cp. */
 hp_status_t hp_parallel_dims_init(hp_parallel_dims_t *pd, int dp_replicate, int dp_shard, int cp, int tp, int pp,
                                   int ep, int etp, int world_size);
 hp_status_t hp_parallel_dims_from_config(const hp_config_t *cfg, int world_size, hp_parallel_dims_t *out);
@@ -40,8 +40,11 @@ hp_status_t hp_parallel_dims_from_config(const hp_config_t *cfg, int world_size,
 static inline int hp_parallel_dims_dp(const hp_parallel_dims_t *p) { return p->dp_replicate * p->dp_shard; }
 static inline int hp_parallel_dims_loss(const hp_parallel_dims_t *p) { return hp_parallel_dims_dp(p) * p->cp; }
 static inline int hp_parallel_dims_fsdp(const hp_parallel_dims_t *p) { return p->dp_shard * p->cp; }
-/* Expert-FSDP degree of the sparse mesh: dp_shard*cp*tp/ep. */
-static inline int hp_parallel_dims_efsdp(const hp_parallel_dims_t *p) { return p->dp_shard * p->cp * p->tp / p->ep; }
+/* Expert-FSDP degree of the sparse mesh: dp_shard*cp*tp/(ep*etp) (etp 1: dp_shard*cp*tp/ep;
+ * ETP, etp = tp: dp_shard*cp/ep). */
+static inline int hp_parallel_dims_efsdp(const hp_parallel_dims_t *p) {
+    return p->dp_shard * p->cp * p->tp / (p->ep * p->etp);
+}
 /* Ranks that see the same data and divide throughput (TorchTitan's tps divisor cp*tp*pp). */
 static inline int hp_parallel_dims_non_dp(const hp_parallel_dims_t *p) { return p->cp * p->tp * p->pp; }
 
@@ -80,7 +83,8 @@ hp_status_t hp_parallel_dims_check_implemented(const hp_parallel_dims_t *pd, uns
  *   loss  = dp_replicate x dp_shard x cp   loss all-reduce, finite-flag, MoE counts
  *   fsdp  = dp_shard x cp             FSDP shards over the cp ranks too
  * `sparse` (pp, dp_replicate, efsdp, ep) exists only when ep > 1 (NULL otherwise): ep borrows
- * ranks from dp_shard x cp x tp. */
+ * ranks from dp_shard x cp x tp; under ETP (etp = tp > 1) it is (pp, dp_replicate, efsdp, ep,
+ * etp), (efsdp, ep) over dp_shard x cp and etp the ranks of tp. */
 typedef struct hp_parallel_meshes {
     hp_mesh_t world;
     hp_mesh_t batch;

@@ -624,13 +624,18 @@ hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t
     if (!m || !mesh2 || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_efsdp: NULL argument");
     *out = NULL;
     const hp_model_config_t *c = hp_model_config(m);
-    if (hp_mesh_ndim(mesh2) != 2)
-        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_efsdp: the mesh must be 2-D (efsdp, ep), got %d "
-                        "dims", hp_mesh_ndim(mesh2));
-    const int Fs = (int)hp_mesh_size(mesh2, 0), P = (int)hp_mesh_size(mesh2, 1);
+    const int nd = hp_mesh_ndim(mesh2);
+    if (nd != 2 && nd != 3)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_efsdp: the mesh must be 2-D (efsdp, ep) or 3-D "
+                        "(efsdp, ep, etp), got %d dims", nd);
+    const int Fs = (int)hp_mesh_size(mesh2, 0), P = (int)hp_mesh_size(mesh2, 1), Q = nd == 3 ? (int)hp_mesh_size(mesh2, 2) : 1;
     if (c->moe_experts <= 0 || c->moe_experts % P != 0)
         return hp_error(HP_ERR_INVALID_ARG, "expert parallel: degree %d does not divide the %d experts", P,
                         c->moe_experts);
+    if (c->moe_hidden % Q != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "expert tensor parallel: etp %d does not divide the expert hidden size %d "
+                        "(model.moe_hidden_dim); hint: use a tensor_parallel_degree dividing %d", Q, c->moe_hidden,
+                        c->moe_hidden);
     const int El = c->moe_experts / P;
     /* TorchTitan's rule: Shard(1) when efsdp x ep > E (fewer local experts than efsdp ranks),
      * else Shard(0) (here over whole experts: efsdp must divide E / ep) */
@@ -639,11 +644,11 @@ hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t
         return hp_error(HP_ERR_UNSUPPORTED, "expert FSDP: efsdp %d does not divide the %d experts per ep rank "
                         "(uneven Shard(0) is not implemented); hint: use an expert_parallel_degree with experts / "
                         "ep a multiple of %d", Fs, El, Fs);
-    if (dim1 && (c->moe_hidden % Fs != 0 || c->dim % Fs != 0))
+    if (dim1 && ((c->moe_hidden / Q) % Fs != 0 || c->dim % Fs != 0))
         return hp_error(HP_ERR_INVALID_ARG, "expert FSDP with Shard(1) (efsdp %d x ep %d > %d experts): efsdp must "
-                        "divide model.moe_hidden_dim (%d) and model.dim (%d), the experts' dim 1; hint: use an efsdp "
-                        "(data_parallel_shard_degree / expert_parallel_degree) dividing both", Fs, P, c->moe_experts,
-                        c->moe_hidden, c->dim);
+                        "divide model.moe_hidden_dim / etp (%d / %d) and model.dim (%d), the experts' dim 1; hint: use "
+                        "an efsdp (data_parallel_shard_degree x context_parallel_degree / expert_parallel_degree) "
+                        "dividing both", Fs, P, c->moe_experts, c->moe_hidden, Q, c->dim);
     const int Ef = dim1 ? El : El / Fs;
     hp_ep_t ep = ep_new(mesh2, 1);
     if (!ep) return HP_ERR_OOM;
@@ -651,20 +656,34 @@ hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t
     ep->fs_size = Fs;
     ep->fs_rank = hp_mesh_get_local_rank(mesh2, 0);
     ep->fs_dim1 = dim1;
+    if (Q > 1) {   // ETP: the experts' hidden F over etp, outputs / input grads all-reduced over it
+        ep->tp_comm = hp_mesh_get_comm(mesh2, 2);
+        ep->tp_size = Q;
+        ep->tp_rank = hp_mesh_get_local_rank(mesh2, 2);
+    }
     hp_param_t *ps = hp_model_params(m);
+    // ETP: first each rank's F slice of every expert (ETP's local layout), then efsdp's part below
+    hp_status_t st = Q > 1 ? shard_experts_f(m, Q, ep->tp_rank) : HP_OK;
     size_t ws = 0;
-    for (int i = 0; i < hp_model_num_params(m); i++) {
+    for (int i = 0; st == HP_OK && i < hp_model_num_params(m); i++) {
         hp_param_t *p = &ps[i];
         hp_dtensor_t *ts[2] = {&p->value, &p->grad};
         const int expert = hp_ep_is_expert_param(p);
+        const int f_dim = strstr(p->name, ".moe.experts.w2") ? 2 : 1;   // the F dim etp shards
         for (int k = 0; k < 2; k++) {
             hp_dtensor_t *d = ts[k];
-            d->mesh = mesh2;
-            d->mesh_ndim = 2;
-            if (!expert) {   // dense: Replicate over (efsdp, ep), counted once by the norms
+            if (!expert) {   // dense: Replicate over (efsdp, ep), over etp its TP placement (or Replicate)
+                hp_placement_t tpp = d->mesh && d->mesh_ndim == 1 ? d->placements[0] : hp_replicate();
+                if (Q > 1 && d->mesh && d->mesh_ndim == 1 && !ep->dense_tp) ep->dense_tp = d->mesh;
+                d->mesh = mesh2;
+                d->mesh_ndim = nd;
                 d->placements[0] = d->placements[1] = hp_replicate();
+                if (nd == 3) d->placements[2] = tpp;
                 continue;
             }
+            d->mesh = mesh2;
+            d->mesh_ndim = nd;
+            if (nd == 3) d->placements[2] = hp_shard(f_dim);
             // this rank's experts r*El + f*Ef .. + Ef: ep's block, then efsdp's part of it
             // (FSDP2 over TP's layout: _StridedShard(0, ep) on efsdp, Shard(0) on ep)
             const size_t per = (size_t)(hp_tensor_numel(&d->local) / d->local.shape[0]);
@@ -681,7 +700,10 @@ hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t
                             sizeof(float) * (size_t)(cc * rest));
                 d->local.shape[1] = cc;
                 d->local.stride[0] = cc * rest;
-                d->placements[0] = hp_shard(1);
+                /* ETP's w1/w3 hold F slice t of the tp ranks; efsdp splits that slice again:
+                 * F index t F/etp + f c, i.e. _StridedShard(1, etp) on efsdp, Shard(1) on etp
+                 * (w2's dim 1 is D, not sharded by etp) */
+                d->placements[0] = Q > 1 && f_dim == 1 ? hp_strided_shard(1, Q) : hp_shard(1);
             }
             if (k == 0) {
                 const size_t held = (size_t)hp_tensor_numel(&d->local);
@@ -690,9 +712,11 @@ hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t
             }
         }
     }
-    ep->ws_w = hp_aligned_alloc(sizeof(float) * 3 * (ws ? ws : 1));
-    ep->ws_g = hp_aligned_alloc(sizeof(float) * 3 * (ws ? ws : 1));
-    hp_status_t st = ep->ws_w && ep->ws_g ? HP_OK : HP_ERR_OOM;
+    if (st == HP_OK) {
+        ep->ws_w = hp_aligned_alloc(sizeof(float) * 3 * (ws ? ws : 1));
+        ep->ws_g = hp_aligned_alloc(sizeof(float) * 3 * (ws ? ws : 1));
+        st = ep->ws_w && ep->ws_g ? HP_OK : HP_ERR_OOM;
+    }
     return ep_finish(m, ep, &ep_dispatch, st, out);
 }
 
@@ -706,8 +730,8 @@ hp_status_t hp_ep_restore_dense_layout(hp_ep_t ep, hp_model_t m) {
         for (int k = 0; k < 2; k++) {
             hp_dtensor_t *d = ts[k];
             if (d->mesh != ep->mesh) continue;   // already its own plan's layout
-            if (ep->tp_size > 1 && ep->dense_tp) {   // ETP: (Replicate, tp placement) -> tp placement on tp
-                d->placements[0] = d->placements[1];
+            if (ep->tp_size > 1 && ep->dense_tp) {   // ETP: (.., Replicate, tp placement) -> tp placement on tp
+                d->placements[0] = d->placements[d->mesh_ndim - 1];
                 d->mesh = ep->dense_tp;
                 d->mesh_ndim = 1;
             } else {   // Replicate over ep (and efsdp): a plain tensor again

@@ -56,6 +56,15 @@ hp_status_t hp_parallel_dims_init(hp_parallel_dims_t *pd, int dp_replicate, int 
                         "config key 'parallelism.expert_tensor_parallel_degree' = %d must be 1 or "
                         "parallelism.tensor_parallel_degree (%d)",
                         etp, tp);
+    /* ETP: the experts' tp dim is tp itself, so ep and efsdp split dp_shard*cp alone
+     * (TorchTitan v0.2.2: efsdp = dp_shard*cp*tp / (etp*ep)) */
+    if (etp > 1 && ((int64_t)dp_shard * cp) % ep != 0)
+        return hp_error(HP_ERR_INVALID_ARG,
+                        "config key 'parallelism.expert_parallel_degree' = %d must divide "
+                        "parallelism.data_parallel_shard_degree * context_parallel_degree = %d*%d = %lld with "
+                        "expert_tensor_parallel_degree = tensor_parallel_degree = %d (the experts' tp ranks are tp's); "
+                        "hint: use a divisor of %lld, or expert_tensor_parallel_degree 1",
+                        ep, dp_shard, cp, (long long)dp_shard * cp, etp, (long long)dp_shard * cp);
     *pd = (hp_parallel_dims_t){dp_replicate, dp_shard, cp, tp, pp, ep, etp, world_size};
     return HP_OK;
 }
@@ -165,10 +174,11 @@ hp_status_t hp_parallel_dims_build_mesh(const hp_parallel_dims_t *pd, hp_comm_t 
     if (st == HP_OK) st = hp_mesh_flatten(out->world, 2, fsdp, "fsdp", &out->fsdp);
     if (st == HP_OK && pd->ep > 1) {
         /* dp_shard, cp and tp are the innermost world dims, so (efsdp, ep) is their product
-         * unflattened row-major: ranks of one ep group are consecutive. */
-        const int64_t sparse[4] = {pd->pp, pd->dp_replicate, hp_parallel_dims_efsdp(pd), pd->ep};
-        const char *names[4] = {"pp", "dp_replicate", "efsdp", "ep"};
-        st = hp_mesh_create(world, 4, sparse, names, &out->sparse);
+         * unflattened row-major: ranks of one ep group are consecutive. Under ETP (etp = tp)
+         * (efsdp, ep) unflattens dp_shard x cp and etp is the world's tp dim, innermost. */
+        const int64_t sparse[5] = {pd->pp, pd->dp_replicate, hp_parallel_dims_efsdp(pd), pd->ep, pd->etp};
+        const char *names[5] = {"pp", "dp_replicate", "efsdp", "ep", "etp"};
+        st = hp_mesh_create(world, pd->etp > 1 ? 5 : 4, sparse, names, &out->sparse);
     }
     if (st != HP_OK) {
         char msg[1024];

@@ -93,7 +93,7 @@ struct hp_trainer {
     hp_mesh_t ep_mesh;          /* expert parallel: the sparse mesh's ep dim */
     hp_ep_t ep;
     hp_ep_t ep_tp;              /* tensor parallel of the experts (tp > 1, ep = 1) */
-    hp_mesh_t etp_mesh;         /* ETP: (dp_shard = ep, tp); expert FSDP: (efsdp, ep) */
+    hp_mesh_t etp_mesh;         /* ETP: (ep, etp); expert FSDP: (efsdp, ep), with ETP (efsdp, ep, etp) */
     hp_mesh_t ep_grad_mesh[2];  /* (efsdp), (dp_replicate): expert grads are summed over these */
     /* dense FSDP under EP: the norm is sqrt(dense^2 + experts^2), each over its own comms */
     hp_param_t *ep_norm_p;      /* (np) the dense params, then the experts (descriptors) */
@@ -847,9 +847,13 @@ static hp_status_t build_local(hp_trainer_t t, int *ac_k_out) {
                         "(experts are not sharded inside pipeline stages); hint: set expert_parallel_degree and "
                         "tensor_parallel_degree to 1 under pipeline parallel, or pipeline_parallel_degree to 1",
                         t->pd.pp, t->mcfg.name, t->pd.ep, t->pd.tp);
-    if (t->pd.cp > 1 && t->mcfg.moe_experts > 0)
-        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.context_parallel_degree %d with the MoE model %s is not "
-                        "supported yet; hint: use context parallel with a dense model", t->pd.cp, t->mcfg.name);
+    /* context parallel with an MoE model: each cp rank routes its sequence shard (dispatched
+     * over ep, which borrows from dp_shard x cp); not yet inside pipeline stages */
+    if (t->pd.cp > 1 && t->mcfg.moe_experts > 0 && t->pd.pp > 1)
+        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.context_parallel_degree %d with the MoE model %s and "
+                        "parallelism.pipeline_parallel_degree %d is not supported yet; hint: set "
+                        "pipeline_parallel_degree 1 (context parallel of MoE models runs without pipeline stages)",
+                        t->pd.cp, t->mcfg.name, t->pd.pp);
     if (t->pd.pp > 1) HP_TRY(pp_create_stages(t));   /* pipeline parallel (owner pp): the local stages only */
     else HP_TRY(hp_model_create(&t->mcfg, t->B > t->val_B ? t->B : t->val_B, t->T, &t->model));
     *ac_k_out = ac_k;
@@ -889,13 +893,23 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
      * the weights are drawn, FSDP-sharded over efsdp when efsdp > 1; expert grads are summed
      * over dp_replicate (and efsdp by the reduce-scatter); the dense ones are FSDP-sharded
      * over the dense fsdp mesh below (fully_shard with the experts ignored) --- */
-    if (t->pd.ep > 1 && t->pd.tp > 1) {   /* ETP: (dp_shard = ep, tp) of the world mesh */
-        const char *n2[2] = {"dp_shard", "tp"}, *epn[1] = {"dp_shard"}, *drn[1] = {"dp_replicate"};
-        HP_TRY(hp_mesh_slice(t->meshes.world, 2, n2, &t->etp_mesh));
-        HP_TRY(hp_mesh_slice(t->meshes.world, 1, epn, &t->ep_mesh));
+    if (t->pd.ep > 1 && t->pd.etp > 1 && hp_parallel_dims_efsdp(&t->pd) == 1) {   /* ETP: the sparse (ep, etp) */
+        const char *n2[2] = {"ep", "etp"}, *epn[1] = {"ep"}, *drn[1] = {"dp_replicate"};
+        HP_TRY(hp_mesh_slice(t->meshes.sparse, 2, n2, &t->etp_mesh));
+        HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
         HP_TRY(hp_ep_parallelize_model_etp(t->model, t->etp_mesh, &t->ep));
-        if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.world, 1, drn, &t->ep_grad_mesh[1]));
+        if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
         t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // after TP's tp comm
+    } else if (t->pd.ep > 1 && t->pd.etp > 1) {
+        /* ETP with expert FSDP: the sparse (efsdp, ep, etp); F over etp, the F slices FSDP-sharded
+         * over efsdp (all-gathered per use, grads reduce-scattered) */
+        const char *n3[3] = {"efsdp", "ep", "etp"}, *epn[1] = {"ep"}, *drn[1] = {"dp_replicate"};
+        HP_TRY(hp_mesh_slice(t->meshes.sparse, 3, n3, &t->etp_mesh));
+        HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
+        HP_TRY(hp_ep_parallelize_model_efsdp(t->model, t->etp_mesh, &t->ep));
+        if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
+        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 1);   // ep, after TP's tp comm
+        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 0);   // efsdp
     } else if (t->pd.ep > 1 && hp_parallel_dims_efsdp(&t->pd) > 1) {
         /* experts FSDP-sharded over efsdp (all-gather per use, reduce-scatter of the grads) */
         const char *n2[2] = {"efsdp", "ep"}, *epn[1] = {"ep"}, *drn[1] = {"dp_replicate"};
@@ -1026,7 +1040,8 @@ static hp_status_t build(hp_trainer_t t) {
 /* --- mixture of experts (owner moe) -------------------------------------------------------
  * TorchTitan's aux-loss-free load balancing as an optimizer step pre-hook: the step's tokens
  * per expert of every MoE layer, summed over the batch mesh (each dp rank routes its own
- * tokens; TP ranks see the same tokens and are not summed), halved for layers whose block is
+ * tokens; TP ranks see the same tokens and are not summed; under CP over the loss mesh,
+ * batch x cp, since each cp rank routes its own sequence shard), halved for layers whose block is
  * recomputed by activation checkpointing (the recompute counts again), then per layer
  * bias += coeff * sign(mean - c) - mean(...), and the counts are zeroed. The imbalance
  * max/mean and the max/min tokens per expert of each layer go to the metrics (console, JSONL,
@@ -1042,7 +1057,11 @@ static hp_status_t moe_pre_step(void *user, hp_optim_t opt) {
         memcpy(t->moe_counts + (size_t)t->moe_slot[i] * E, M->tokens_per_expert, sizeof(float) * (size_t)E);
         memset(M->tokens_per_expert, 0, sizeof(float) * (size_t)E);
     }
-    if (t->dp_size > 1) HP_TRY(hp_all_reduce(t->moe_counts, t->moe_counts, n, HP_F32, HP_SUM, t->dp_comm, NULL));
+    /* context parallel: each cp rank routes its sequence shard, so the sum runs over the loss
+     * mesh (batch x cp); tp ranks route the same tokens and stay out */
+    hp_comm_t cc = t->cp ? hp_mesh_get_comm(t->meshes.loss, 0) : t->dp_comm;
+    const int csize = t->dp_size * t->pd.cp;
+    if (csize > 1) HP_TRY(hp_all_reduce(t->moe_counts, t->moe_counts, n, HP_F32, HP_SUM, cc, NULL));
     /* pipeline parallel (owner pp): each layer's row is held by one stage (zeros elsewhere): the
      * sum over pp gathers every layer's counts on every rank, so the logging rank logs them all */
     if (t->pp) HP_TRY(hp_all_reduce(t->moe_counts, t->moe_counts, n, HP_F32, HP_SUM, t->pp->comm, NULL));
@@ -1057,9 +1076,9 @@ static hp_status_t moe_pre_step(void *user, hp_optim_t opt) {
             aux += (float)(recomputed ? 0.5 * M->aux_loss_sum : M->aux_loss_sum);
             M->aux_loss_sum = 0.0;
         }
-        HP_TRY(hp_all_reduce(&aux, &all, 1, HP_F32, HP_SUM, t->dp_comm, NULL));
+        HP_TRY(hp_all_reduce(&aux, &all, 1, HP_F32, HP_SUM, cc, NULL));
         if (t->pp) HP_TRY(hp_all_reduce(&all, &all, 1, HP_F32, HP_SUM, t->pp->comm, NULL));   /* owner pp: every stage's layers */
-        if (log) HP_TRY(hp_metrics_log_scalar(t->metrics, "moe/aux_loss", step, all / (t->dp_size > 0 ? t->dp_size : 1)));
+        if (log) HP_TRY(hp_metrics_log_scalar(t->metrics, "moe/aux_loss", step, all / (csize > 0 ? csize : 1)));
     }
     for (int j = 0; j < t->n_moe_all; j++) {   // every MoE layer; the bias of those held here moves
         float *bias = NULL;
@@ -1186,13 +1205,14 @@ static hp_status_t moe_check_layout(const hp_trainer_t t) {
         return hp_error(HP_ERR_INVALID_ARG, "config key 'parallelism.expert_parallel_degree' = %d needs an MoE model; "
                         "model.name = %s is dense; hint: use deepseek_v3 or qwen3_moe, or set the degree to 1",
                         t->pd.ep, t->mcfg.name);
-    /* ETP: experts over [ep, tp] with ep = dp_shard (cp 1), the layout ep.c implements */
+    /* ETP: experts over the sparse [efsdp, ep, etp] (ep x efsdp = dp_shard x cp, etp = tp) */
     const int etp = t->pd.ep > 1 && t->pd.tp > 1 && t->pd.etp == t->pd.tp;
-    if (t->pd.etp > 1 && (!etp || t->pd.ep != t->pd.dp_shard || t->pd.cp != 1))
+    if (t->pd.etp > 1 && (!etp || t->mcfg.moe_experts <= 0))
         return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.expert_tensor_parallel_degree' = %d: expert "
-                        "tensor parallel is implemented for expert_parallel_degree = data_parallel_shard_degree "
-                        "(here %d and %d), context_parallel_degree 1 and an MoE model; hint: set those, or set it to 1",
-                        t->pd.etp, t->pd.ep, t->pd.dp_shard);
+                        "tensor parallel needs expert_parallel_degree > 1 (here %d) and an MoE model (model.name %s); "
+                        "hint: set expert_parallel_degree, or set expert_tensor_parallel_degree to 1 (with "
+                        "expert_parallel_degree 1 the experts are then tensor parallel on their hidden dim)",
+                        t->pd.etp, t->pd.ep, t->mcfg.name);
     /* TP with an MoE model: the dense layers follow the TP plan, the routed experts are sharded
      * on their hidden dim over tp (hp_ep_tensor_parallel_experts), router and shared experts
      * replicated; sequence parallel would hand the MoE a sequence shard (a plan entry not written) */
@@ -1204,8 +1224,9 @@ static hp_status_t moe_check_layout(const hp_trainer_t t) {
     if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->pd.ep > 1 && !etp)
         return hp_error(HP_ERR_UNSUPPORTED, "config keys 'parallelism.expert_parallel_degree' = %d and "
                         "'parallelism.tensor_parallel_degree' = %d: EP borrowing tp ranks (expert_tensor_parallel_degree "
-                        "1) is not implemented; hint: set parallelism.expert_tensor_parallel_degree = %d (ETP) with "
-                        "expert_parallel_degree = data_parallel_shard_degree", t->pd.ep, t->pd.tp, t->pd.tp);
+                        "1) is not implemented; hint: set parallelism.expert_tensor_parallel_degree = %d (ETP) with an "
+                        "expert_parallel_degree dividing data_parallel_shard_degree x context_parallel_degree", t->pd.ep,
+                        t->pd.tp, t->pd.tp);
     return HP_OK;
 }
 /* --- end mixture of experts ---------------------------------------------------------------- */
