@@ -4,7 +4,8 @@
  * the losses and gradient norms of the single-rank run of the same global batch (a token file
  * whose rows the one rank reads in the order the dp ranks read theirs): ep = world and, on 4
  * ranks, ep 2 x efsdp 2, ETP (ep 2 x tp 2) and 2 experts on ep 2 x efsdp 2 (Shard(1)); on 8 ranks ep 4 x TP 2 x FSDP 4 (ETP, dense TP +
- * FSDP) and HSDP 2 x ep 2 x efsdp 2. Float32 GEMM row sets and reduction orders differ, and
+ * FSDP) and HSDP 2 x ep 2 x efsdp 2, and inside pipeline stages pp 2 x ETP, pp 2 x ep 2 x efsdp 2
+ * and pp 2 x HSDP 2 x 2 with ep 2. Float32 GEMM row sets and reduction orders differ, and
  * Adam turns relative gradient differences of ~1e-7 into parameter differences of up to
  * lr x 1e-3 near zero gradients: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
  * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
@@ -142,6 +143,22 @@ int main(int argc, char **argv) {
             set_ep(f, 2, 4, 1, 2, 1);   // dense: HSDP (2, 4); experts: ep 2 x efsdp 2, summed over dp_replicate
             snprintf(what, sizeof what, "%s hsdp 2 x 4, ep 2 x efsdp 2", models[mi]);
             check_vs_solo(what, f, world, 8);
+        }
+        // inside pipeline stages (1F1B; route scale 24 as on 4 ranks): pp 2 x ETP (ep 2 x tp 2, dense TP 2 x
+        // FSDP 2) for both flavors, pp 2 x ep 2 x efsdp 2 (dense FSDP 4) and pp 2 x HSDP 2 x 2 with ep 2 (expert
+        // grads summed over dp_replicate inside the stage)
+        hp_test_write_dp_bins(world, 2, B, T, N);
+        for (int k = 0; k < 4; k++) {
+            static const int lay[4][5] = {{1, 2, 2, 2, 2}, {1, 2, 2, 2, 2}, {1, 4, 1, 2, 1}, {2, 2, 1, 2, 1}};
+            static const char *const name[4] = {"pp 2 x ETP (ep 2 x tp 2)", "pp 2 x ETP (ep 2 x tp 2)",
+                                                "pp 2 x ep 2 x efsdp 2", "pp 2 x hsdp 2 x 2, ep 2"};
+            moe_config(f, ws, models[k == 1 || k == 3]);
+            set_ep(f, lay[k][0], lay[k][1], lay[k][2], lay[k][3], lay[k][4]);
+            f->parallelism.pipeline_parallel_degree = 2;
+            snprintf(f->parallelism.pipeline_parallel_schedule, sizeof f->parallelism.pipeline_parallel_schedule, "1F1B");
+            f->model.moe_route_scale = 24;
+            snprintf(what, sizeof what, "%s %s", models[k == 1 || k == 3], name[k]);
+            check_vs_solo(what, f, world, lay[k][0] * lay[k][1]);
         }
         free(f);
         free(c);
