@@ -29,6 +29,7 @@
 #include "hp_test.h"
 #include "hp_test_mpi.h"
 #include "hp_test_corpus.h"
+#include "hyperparallel/checkpoint.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
 #include "hyperparallel/trainer.h"
@@ -283,8 +284,11 @@ int main(int argc, char **argv) {
                 run->checkpoint.enable = true;
                 run->checkpoint.interval = from[k] < 0 ? 4 : 1000;
                 run->checkpoint.last_save_model_only = false;
-                // a resume reads step 4 of the first runs' folder (and saves its last step there)
-                snprintf(run->job.dump_folder, sizeof run->job.dump_folder, "%.240s/ckpp%d", dir_, from[k] < 0 ? k : from[k]);
+                // a resume reads step 4 of the first runs' folder (and saves its last step there); each run
+                // writes its final weights to its own folder
+                snprintf(run->job.dump_folder, sizeof run->job.dump_folder, "%.240s/outpp%d", dir_, k);
+                snprintf(run->checkpoint.folder, sizeof run->checkpoint.folder, "%.240s/ckpp%d", dir_,
+                         from[k] < 0 ? k : from[k]);
                 if (from[k] >= 0) {
                     run->checkpoint.load_step = 4;
                     run->checkpoint.exclude_from_loading.n = 1;
@@ -314,6 +318,7 @@ int main(int argc, char **argv) {
                         HP_CHECK_OK(hp_trainer_step(t, &st));
                         out[i] = st.loss;
                     }
+                    if (from[k] >= 0) HP_CHECK_OK(hp_trainer_train(t));   // no steps left: the final weights
                     hp_trainer_destroy(t);
                 }
                 HP_CHECK_OK(hp_broadcast(out, from[k] < 0 ? 4 : N - 4, HP_I64, 0, world, NULL));
@@ -336,6 +341,37 @@ int main(int argc, char **argv) {
                 }
             }
             HP_CHECK(n_ref > 0 && n_held > 0, "no MoE layer's expert_bias compared (%d, %d)", n_ref, n_held);
+            // the final weights files hold the full model (the MoE keys in their metadata): pp 2 x ep 2's (each
+            // stage's experts gathered over ep, sent to rank 0) and the DP 2 resume's equal the DP 2 -> DP 2
+            // file within Adam's lr x 1e-3 per step near zero gradients (see the top), over 10 steps
+            hp_barrier(world, NULL);
+            if (rank == 0) {
+                hp_model_t wm[3] = {NULL, NULL, NULL};
+                for (int k = 0; k < 3; k++) {
+                    char wp[400];
+                    snprintf(wp, sizeof wp, "%.240s/outpp%d/weights.safetensors", dir_, k + 2);
+                    HP_CHECK_OK(hp_model_load_weights(wp, 1, T, &wm[k]));
+                }
+                for (int k = 1; k < 3 && wm[0]; k++) {
+                    if (!wm[k]) continue;
+                    double dmax = 0;
+                    int n_cmp = 0;
+                    for (int i = 0; i < hp_model_num_params(wm[0]); i++) {
+                        const hp_param_t *a = &hp_model_params(wm[0])[i], *q = hp_model_find_param(wm[k], a->name);
+                        HP_CHECK(q && hp_tensor_numel(&q->value.local) == hp_tensor_numel(&a->value.local),
+                                 "final weights: '%s' missing or of another size", a->name);
+                        if (!q || hp_tensor_numel(&q->value.local) != hp_tensor_numel(&a->value.local)) continue;
+                        n_cmp += strstr(a->name, ".moe.experts.") != NULL;
+                        const float *x = a->value.local.data, *y = q->value.local.data;
+                        for (int64_t j = 0; j < hp_tensor_numel(&a->value.local); j++) dmax = fmax(dmax, fabs(x[j] - y[j]));
+                    }
+                    HP_CHECK(dmax <= N * run->optimizer.lr * 1e-3 && n_cmp > 0, "final weights of %s: max |diff| %.3g from DP 2's (%d expert "
+                             "tensors)", k == 1 ? "pp 2 x ep 2 -> DP 2" : "DP 2 -> pp 2 x ep 2", dmax, n_cmp);
+                    printf("final weights of %s: max |diff| %.2g from DP 2 -> DP 2's\n",
+                           k == 1 ? "pp 2 x ep 2 -> DP 2" : "DP 2 -> pp 2 x ep 2", dmax);
+                }
+                for (int k = 0; k < 3; k++) hp_model_destroy(wm[k]);
+            }
             for (int d = 0; d < 2; d++)
                 for (int i = 0; i < N; i++) HP_CHECK_CLOSE(got[d][i], ref[i], 1e-5, 0.0);
             if (rank == 0)
