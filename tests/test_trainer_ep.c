@@ -12,7 +12,8 @@
  * (experts and expert_bias resharded); gradient accumulation, validation and full AC run
  * under EP. Pipeline parallel of both flavors (4 ranks) equals the single rank too: with data
  * parallel (pp 2 x FSDP 2, pp 2 x DDP 2), with expert parallel inside the stages (pp 2 x ep 2,
- * dense FSDP 2 per stage, under 1F1B and InterleavedZeroBubble) and with tensor parallel (pp 2 x
+ * dense FSDP 2 per stage, under 1F1B, InterleavedZeroBubble, ZBVZeroBubble and DualPipeV) and with
+ * tensor parallel (pp 2 x
  * tp 2, experts TP on their hidden dim), each expert tensor held 1/ep or 1/tp per rank; a route
  * scale of 24 lifts the experts' share of the gradient norm above its bound, so a norm that misses
  * a stage's experts fails; an lr x 1.001 run of pp 2 x ep 2 and of pp 2 x tp 2 falls outside. A
@@ -217,7 +218,8 @@ int main(int argc, char **argv) {
         // pp 2 x ep 2 (dense FSDP 2 in each stage, experts ep 2) under 1F1B and under
         // InterleavedZeroBubble (2 stages per rank, I/W split: the all-to-alls of backward_input and the
         // expert grads of backward_weight run apart), and pp 2 x tp 2 (dense TP plan, experts TP on
-        // their hidden dim) under 1F1B
+        // their hidden dim) under 1F1B; ZBVZeroBubble and DualPipeV (V mapping; DualPipeV's OVERLAP_F_B
+        // runs one micro-batch's F and another's B back to back) below
         for (int mi = 0; mi < 2; mi++)
             for (int sk = 0; sk < 3; sk++) {
                 static const char *const sched[3] = {"1F1B", "InterleavedZeroBubble", "1F1B"};
@@ -379,6 +381,22 @@ int main(int argc, char **argv) {
                        "(DP 2 -> DP 2 %.6f)\n", got[0][N - 1], got[1][N - 1], ref[N - 1]);
             free(run);
             if (two) hp_comm_destroy(two);
+        }
+        // the V schedules with EP inside the stages: ZBVZeroBubble (2 micro-batches) and DualPipeV (at least
+        // as many micro-batches as its 4 stages: local batch 4, the dp-2 token files rewritten for it)
+        for (int k = 0; k < 2; k++) {
+            moe_config(f, ws, models[k]);
+            set_ep(f, 1, 2, 1, 2, 1);
+            f->model.moe_route_scale = 24;
+            f->parallelism.pipeline_parallel_degree = 2;
+            snprintf(f->parallelism.pipeline_parallel_schedule, sizeof f->parallelism.pipeline_parallel_schedule, "%s",
+                     k ? "DualPipeV" : "ZBVZeroBubble");
+            if (k) {
+                f->training.local_batch_size = 4;
+                hp_test_write_dp_bins(world, 2, 4, T, N);
+            }
+            snprintf(what, sizeof what, "%s pp 2 x ep 2 (%s)", models[k], f->parallelism.pipeline_parallel_schedule);
+            check_vs_solo(what, f, world, 2);
         }
         // what stays refused under PP x EP: the runtime's second thread (HP_PP_OVERLAP=thread) would issue
         // EP's all-to-alls in a rank-dependent order
