@@ -12,14 +12,14 @@
  * (experts and expert_bias resharded); gradient accumulation, validation and full AC run
  * under EP. Pipeline parallel of both flavors (4 ranks) equals the single rank too: with data
  * parallel (pp 2 x FSDP 2, pp 2 x DDP 2), with expert parallel inside the stages (pp 2 x ep 2,
- * dense FSDP 2 per stage, under 1F1B, InterleavedZeroBubble, ZBVZeroBubble and DualPipeV) and with
- * tensor parallel (pp 2 x
- * tp 2, experts TP on their hidden dim), each expert tensor held 1/ep or 1/tp per rank; a route
- * scale of 24 lifts the experts' share of the gradient norm above its bound, so a norm that misses
- * a stage's experts fails; an lr x 1.001 run of pp 2 x ep 2 and of pp 2 x tp 2 falls outside. A
- * checkpoint saved under pp 2 x ep 2 resumes under DP 2 and the reverse (experts and expert_bias
- * resharded across the stages); HP_PP_OVERLAP=thread stays refused with EP. Bad EP keys are
- * named. */
+ * dense FSDP 2 per stage, under 1F1B, InterleavedZeroBubble, ZBVZeroBubble and DualPipeV) and
+ * with tensor parallel (pp 2 x tp 2, experts TP on their hidden dim), each expert tensor held 1/ep
+ * or 1/tp per rank; a route scale of 24 lifts the experts' share of the gradient norm above its
+ * bound, so a norm that misses a stage's experts fails; an lr x 1.001 run of pp 2 x ep 2 and of
+ * pp 2 x tp 2 falls outside. A checkpoint saved under pp 2 x ep 2 resumes under DP 2 and the
+ * reverse (experts and expert_bias resharded across the stages, the final weights files equal
+ * tensor by tensor); gradient accumulation, full AC and validation under pp 2 x ep 2 equal DP 2;
+ * HP_PP_OVERLAP=thread stays refused with EP. Bad EP keys are named. */
 // hp-test: ranks 2 4 8 timeout 300
 #include <math.h>
 #include <stdint.h>
@@ -380,6 +380,45 @@ int main(int argc, char **argv) {
                 printf("checkpoint pp 2 x ep 2 -> DP 2 and DP 2 -> pp 2 x ep 2 at step 4: loss %.6f and %.6f at step 10 "
                        "(DP 2 -> DP 2 %.6f)\n", got[0][N - 1], got[1][N - 1], ref[N - 1]);
             free(run);
+            if (two) hp_comm_destroy(two);
+        }
+        {   // gradient accumulation (2 steps of the schedule per optimizer step), full AC (the recompute
+            // dispatches again) and validation (hp_pp_eval through the stages) under pp 2 x ep 2 == DP 2 on
+            // ranks 0 and 1 (the same rows: both dp 2; 1e-5 on the losses and the validation loss)
+            hp_comm_t two = NULL;
+            HP_CHECK_OK(hp_comm_split(world, rank < 2 ? 0 : -1, rank, &two));
+            double vl[2] = {0, 0};
+            for (int k = 0; k < 2; k++) {
+                moe_config(c, 2, "deepseek_v3");
+                c->training.global_batch_size = 2 * B * 2;
+                c->validation.enable = true;
+                c->validation.steps = 2;
+                snprintf(c->activation_checkpoint.mode, sizeof c->activation_checkpoint.mode, "full");
+                if (k) {
+                    set_ep(c, 1, 2, 1, 2, 1);
+                    c->parallelism.pipeline_parallel_degree = 2;
+                }
+                double *out = k ? fl : dl;
+                t = NULL;
+                if (k || two) HP_CHECK_OK(hp_trainer_create(c, k ? world : two, &t));
+                for (int i = 0; t && i < 4; i++) {
+                    hp_step_stats_t st;
+                    HP_CHECK_OK(hp_trainer_step(t, &st));
+                    out[i] = st.loss;
+                }
+                if (t) HP_CHECK(hp_trainer_grad_accum(t) == 2, "grad accumulation %lld, expected 2",
+                                (long long)hp_trainer_grad_accum(t));
+                if (t) HP_CHECK_OK(hp_trainer_validate(t, &vl[k]));
+                if (t) hp_trainer_destroy(t);
+            }
+            HP_CHECK_OK(hp_broadcast(dl, 4, HP_I64, 0, world, NULL));
+            HP_CHECK_OK(hp_broadcast(vl, 1, HP_I64, 0, world, NULL));
+            for (int i = 0; i < 4; i++) HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
+            HP_CHECK(isfinite(vl[0]) && fabs(vl[1] - vl[0]) <= 1e-5 * fabs(vl[0]), "validation under pp 2 x ep 2 %.7g, "
+                     "DP 2 %.7g", vl[1], vl[0]);
+            if (rank == 0)
+                printf("pp 2 x ep 2 with grad accumulation 2, full AC: loss %.6f at step 4 (DP 2 %.6f), validation %.6f "
+                       "(DP 2 %.6f)\n", fl[3], dl[3], vl[1], vl[0]);
             if (two) hp_comm_destroy(two);
         }
         // the V schedules with EP inside the stages: ZBVZeroBubble (2 micro-batches) and DualPipeV (at least
