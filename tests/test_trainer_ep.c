@@ -365,10 +365,12 @@ int main(int argc, char **argv) {
                         if (!q || hp_tensor_numel(&q->value.local) != hp_tensor_numel(&a->value.local)) continue;
                         n_cmp += strstr(a->name, ".moe.experts.") != NULL;
                         const float *x = a->value.local.data, *y = q->value.local.data;
-                        for (int64_t j = 0; j < hp_tensor_numel(&a->value.local); j++) dmax = fmax(dmax, fabs(x[j] - y[j]));
+                        for (int64_t j = 0; j < hp_tensor_numel(&a->value.local); j++)
+                            dmax = fmax(dmax, fabs(x[j] - y[j]));
                     }
-                    HP_CHECK(dmax <= N * run->optimizer.lr * 1e-3 && n_cmp > 0, "final weights of %s: max |diff| %.3g from DP 2's (%d expert "
-                             "tensors)", k == 1 ? "pp 2 x ep 2 -> DP 2" : "DP 2 -> pp 2 x ep 2", dmax, n_cmp);
+                    HP_CHECK(dmax <= N * run->optimizer.lr * 1e-3 && n_cmp > 0, "final weights of %s: max |diff| %.3g "
+                             "from DP 2's (%d expert tensors)", k == 1 ? "pp 2 x ep 2 -> DP 2" : "DP 2 -> pp 2 x ep 2",
+                             dmax, n_cmp);
                     printf("final weights of %s: max |diff| %.2g from DP 2 -> DP 2's\n",
                            k == 1 ? "pp 2 x ep 2 -> DP 2" : "DP 2 -> pp 2 x ep 2", dmax);
                 }
