@@ -436,7 +436,7 @@ int main(int argc, char **argv) {
                 f->training.local_batch_size = 4;
                 hp_test_write_dp_bins(world, 2, 4, T, N);
             }
-            snprintf(what, sizeof what, "%s pp 2 x ep 2 (%s)", models[k], f->parallelism.pipeline_parallel_schedule);
+            snprintf(what, sizeof what, "%s pp 2 x ep 2 (%.40s)", models[k], f->parallelism.pipeline_parallel_schedule);
             check_vs_solo(what, f, world, 2);
         }
         // what stays refused under PP x EP: the runtime's second thread (HP_PP_OVERLAP=thread) would issue
