@@ -7,14 +7,23 @@
  * 2), 2 experts on ep 2 x efsdp 2 (Shard(1)), cp 2 x dp_shard 2 with ep 2 x efsdp 2 and with ep
  * 4, cp 2 x tp 2 with ETP ep 2; on 8 ranks ETP x expert FSDP (ep 2 x etp 2 x efsdp 2, dense TP 2
  * x FSDP 4; the same with cp 2 x dp_shard 2; 2 experts in Shard(1), 1/8 of each expert tensor
- * per rank, checkpointed at step 4 and resumed under TP 2 with ep 1) and HSDP 2 x ep 2 x efsdp 2. Float32 GEMM row sets and reduction orders differ, and
+ * per rank, checkpointed at step 4 and resumed under TP 2 with ep 1) and HSDP 2 x ep 2 x efsdp 2,
+ * and inside pipeline stages pp 2 x ETP, pp 2 x ep 2 x efsdp 2 and pp 2 x HSDP 2 x 2 with ep 2.
+ * Float32 GEMM row sets and reduction orders differ, and
  * Adam turns relative gradient differences of ~1e-7 into parameter differences of up to
  * lr x 1e-3 near zero gradients: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
  * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
  * (experts and expert_bias resharded); gradient accumulation, validation and full AC run
- * under EP. Pipeline parallel of both flavors with data parallel (pp 2 x FSDP 2, pp 2 x DDP 2, 4
- * ranks) equals the single rank too; PP x EP and PP x TP of MoE models are refused by key. Bad EP
- * keys are named. */
+ * under EP. Pipeline parallel of both flavors (4 ranks) equals the single rank too: with data
+ * parallel (pp 2 x FSDP 2, pp 2 x DDP 2), with expert parallel inside the stages (pp 2 x ep 2,
+ * dense FSDP 2 per stage, under 1F1B, InterleavedZeroBubble, ZBVZeroBubble and DualPipeV) and
+ * with tensor parallel (pp 2 x tp 2, experts TP on their hidden dim), each expert tensor held 1/ep
+ * or 1/tp per rank; a route scale of 24 lifts the experts' share of the gradient norm above its
+ * bound, so a norm that misses a stage's experts fails; an lr x 1.001 run of pp 2 x ep 2 and of
+ * pp 2 x tp 2 falls outside. A checkpoint saved under pp 2 x ep 2 resumes under DP 2 and the
+ * reverse (experts and expert_bias resharded across the stages, the final weights files equal
+ * tensor by tensor); gradient accumulation, full AC and validation under pp 2 x ep 2 equal DP 2;
+ * HP_PP_OVERLAP=thread stays refused with EP. Bad EP keys are named. */
 // hp-test: ranks 2 4 8 timeout 300
 #include <math.h>
 #include <stdint.h>
@@ -25,7 +34,9 @@
 #include "hp_test.h"
 #include "hp_test_mpi.h"
 #include "hp_test_corpus.h"
+#include "hyperparallel/checkpoint.h"
 #include "hyperparallel/config.h"
+#include "hyperparallel/model.h"
 #include "hyperparallel/trainer.h"
 
 enum { N = 10 };
@@ -155,6 +166,22 @@ static void reshard_run(const char *what, hp_config_t *a, hp_config_t *b, hp_com
         printf("checkpoint %s at step 4: loss %.6f at step 10 (one rank %.6f)\n", what, fl[N - 1], sl[N - 1]);
 }
 
+/* The negative test (STYLE rule 17) of a layout: its lr x 1.001 run leaves the 1e-5 loss bound
+ * of the single-rank run of the same global batch. */
+static void check_lr_outside(const char *what, const hp_config_t *f, hp_comm_t world, int dp) {
+    double sl[N], sn[N], fl[N], fn[N];
+    hp_config_t *g = calloc(1, sizeof *g);
+    *g = *f;
+    solo_steps(g, world, dp, sl, sn);
+    hp_test_use_bin(g, 'x', dp);
+    g->optimizer.lr *= 1.001;
+    hp_test_train_steps(g, world, N, fl, fn, 0);
+    int caught = 0;
+    for (int i = 0; i < N; i++) caught |= fabs(fl[i] - sl[i]) > 1e-5 * fabs(sl[i]);
+    HP_CHECK(caught, "negative test: lr x 1.001 under %s stays within the 1e-5 loss tolerance", what);
+    free(g);
+}
+
 static void set_ep(hp_config_t *f, int rep, int shard, int tp, int ep, int etp) {
     f->parallelism.context_parallel_degree = 1;
     f->parallelism.data_parallel_replicate_degree = rep;
@@ -209,6 +236,22 @@ int main(int argc, char **argv) {
             reshard_run("ep 2 x etp 2 x efsdp 2 -> tp 2 (ep 1)", f, b, world, "ck_etp", 8, 2, sl);
             free(b);
         }
+        // inside pipeline stages (1F1B; route scale 24 as on 4 ranks): pp 2 x ETP (ep 2 x tp 2, dense TP 2 x
+        // FSDP 2) for both flavors, pp 2 x ep 2 x efsdp 2 (dense FSDP 4) and pp 2 x HSDP 2 x 2 with ep 2 (expert
+        // grads summed over dp_replicate inside the stage)
+        hp_test_write_dp_bins(world, 2, B, T, N);
+        for (int k = 0; k < 4; k++) {
+            static const int lay[4][5] = {{1, 2, 2, 2, 2}, {1, 2, 2, 2, 2}, {1, 4, 1, 2, 1}, {2, 2, 1, 2, 1}};
+            static const char *const name[4] = {"pp 2 x ETP (ep 2 x tp 2)", "pp 2 x ETP (ep 2 x tp 2)",
+                                                "pp 2 x ep 2 x efsdp 2", "pp 2 x hsdp 2 x 2, ep 2"};
+            moe_config(f, ws, models[k == 1 || k == 3]);
+            set_ep(f, lay[k][0], lay[k][1], lay[k][2], lay[k][3], lay[k][4]);
+            f->parallelism.pipeline_parallel_degree = 2;
+            snprintf(f->parallelism.pipeline_parallel_schedule, sizeof f->parallelism.pipeline_parallel_schedule, "1F1B");
+            f->model.moe_route_scale = 24;
+            snprintf(what, sizeof what, "%s %s", models[k == 1 || k == 3], name[k]);
+            check_vs_solo(what, f, world, lay[k][0] * lay[k][1]);
+        }
         free(f);
         free(c);
         int rc = hp_test_finish("test_trainer_ep");
@@ -240,6 +283,7 @@ int main(int argc, char **argv) {
         }
     if (ws == 4) {   // ETP: experts over [ep 2, tp 2], dense TP 2 x FSDP 2
         hp_test_write_dp_bins(world, 2, B, T, N);
+        hp_test_write_dp_bins(world, 1, B, T, N);   // pp 2 x tp 2: one dp rank
         for (int mi = 0; mi < 2; mi++) {
             moe_config(f, ws, models[mi]);
             set_ep(f, 1, 2, 2, 2, 2);
@@ -259,15 +303,241 @@ int main(int argc, char **argv) {
             snprintf(what, sizeof what, "%s pp 2 x %s 2", models[mi], mi ? "DDP" : "FSDP");
             check_vs_solo(what, f, world, 2);
         }
-        // experts are not sharded inside pipeline stages yet: pp 2 x ep 2 and pp 2 x tp 2 refused by key
+        // pipeline parallel x expert parallel / x TP of the MoE models, bias update on (counts summed over
+        // the stage's dp x ep ranks, rows of each stage's layers gathered over pp), == the single rank:
+        // pp 2 x ep 2 (dense FSDP 2 in each stage, experts ep 2) under 1F1B and under
+        // InterleavedZeroBubble (2 stages per rank, I/W split: the all-to-alls of backward_input and the
+        // expert grads of backward_weight run apart), and pp 2 x tp 2 (dense TP plan, experts TP on
+        // their hidden dim) under 1F1B; ZBVZeroBubble and DualPipeV (V mapping; DualPipeV's OVERLAP_F_B
+        // runs one micro-batch's F and another's B back to back) below
+        for (int mi = 0; mi < 2; mi++)
+            for (int sk = 0; sk < 3; sk++) {
+                static const char *const sched[3] = {"1F1B", "InterleavedZeroBubble", "1F1B"};
+                moe_config(f, ws, models[mi]);
+                if (sk < 2) set_ep(f, 1, 2, 1, 2, 1);
+                else set_ep(f, 1, 1, 2, 1, 1);
+                f->model.moe_route_scale = 24;   // the experts' share of the norm above its 1e-4 bound (see below)
+                f->parallelism.pipeline_parallel_degree = 2;
+                snprintf(f->parallelism.pipeline_parallel_schedule, sizeof f->parallelism.pipeline_parallel_schedule,
+                         "%s", sched[sk]);
+                snprintf(what, sizeof what, "%s pp 2 x %s 2 (%s)", models[mi], sk < 2 ? "ep" : "tp", sched[sk]);
+                check_vs_solo(what, f, world, sk < 2 ? 2 : 1);
+                if (mi == 0 && sk != 1) check_lr_outside(what, f, world, sk < 2 ? 2 : 1);
+            }
+        {   // the experts held per rank under pp 2 x ep 2 and pp 2 x tp 2: 1/ep of the experts, 1/tp of their
+            // hidden dim, of the stage's MoE layers only
+            for (int k = 0; k < 2; k++) {
+                moe_config(f, ws, "qwen3_moe");
+                if (k == 0) set_ep(f, 1, 2, 1, 2, 1);
+                else set_ep(f, 1, 1, 2, 1, 1);
+                f->parallelism.pipeline_parallel_degree = 2;
+                t = NULL;
+                HP_CHECK_OK(hp_trainer_create(f, world, &t));
+                if (!t) continue;
+                const hp_model_t m = hp_trainer_model(t);   // this rank's stage
+                int n_exp = 0, bad = 0;
+                for (int i = 0; i < hp_model_num_params(m); i++) {
+                    const hp_param_t *q = &hp_model_params(m)[i];
+                    if (!strstr(q->name, ".moe.experts.")) continue;
+                    n_exp++;
+                    const int w2 = strstr(q->name, ".w2") != NULL;
+                    const int64_t e = q->value.local.shape[0], fdim = q->value.local.shape[w2 ? 2 : 1];
+                    const int64_t want_e = k == 0 ? 8 / 2 : 8, want_f = k == 0 ? 32 : 32 / 2;
+                    bad |= e != want_e || fdim != want_f || hp_tensor_numel(&q->value.local) * 2 !=
+                           q->value.global_shape[0] * q->value.global_shape[1] * q->value.global_shape[2];
+                }
+                // each stage holds its own MoE layers' experts: (w1, w2, w3) per MoE layer over the two
+                // stages, held by each of a stage's 2 ranks
+                int32_t all = n_exp;
+                HP_CHECK_OK(hp_all_reduce(&all, &all, 1, HP_I32, HP_SUM, world, NULL));
+                int n_moe = 0;   // the flavor's MoE layers (qwen3_moe's debugmodel: layer 0 dense)
+                for (int l = 0; l < 3; l++) n_moe += hp_model_layer_is_moe(hp_model_config(m), l);
+                HP_CHECK(n_exp > 0 && all == 2 * 3 * n_moe && !bad, "pp 2 x %s 2 rank %d: %d expert tensors here, %d on "
+                         "all ranks (expected %d); local shapes %s1/%s", k == 0 ? "ep" : "tp", rank, n_exp, (int)all,
+                         6 * n_moe, bad ? "not " : "", k == 0 ? "ep" : "tp");
+                hp_trainer_destroy(t);
+            }
+        }
+        {   // checkpoints reshard between pp 2 x ep 2 (world) and DP 2 on ranks 0 and 1 (both dp 2, the same
+            // rows): 4 steps under one, saved; resumed at step 4 under the other for 6 steps (the per-rank
+            // dataloader blob is not loaded across world sizes: every resume reads the data from its start),
+            // against DP 2 resumed from its own step 4 (1e-5): the experts and each stage's expert_bias are
+            // gathered from / split into the stages
+            hp_comm_t two = NULL;
+            HP_CHECK_OK(hp_comm_split(world, rank < 2 ? 0 : -1, rank, &two));
+            double ref[N], got[2][N];
+            float bias[3][3 * 8];   // resumes k = 2, 3, 4: expert_bias of layers 0..2 held here after loading (E = 8)
+            int held[3][3];
+            memset(held, 0, sizeof held);
+            hp_config_t *run = calloc(1, sizeof *run);
+            for (int k = 0; k < 5; k++) {   // DP 2 save, pp x ep save, DP 2 <- DP 2, DP 2 <- pp x ep, pp x ep <- DP 2
+                static const int from[5] = {-1, -1, 0, 1, 0}, pp_run[5] = {0, 1, 0, 0, 1};
+                moe_config(run, 2, "qwen3_moe");
+                run->checkpoint.enable = true;
+                run->checkpoint.interval = from[k] < 0 ? 4 : 1000;
+                run->checkpoint.last_save_model_only = false;
+                // a resume reads step 4 of the first runs' folder (and saves its last step there); each run
+                // writes its final weights to its own folder
+                snprintf(run->job.dump_folder, sizeof run->job.dump_folder, "%.240s/outpp%d", dir_, k);
+                snprintf(run->checkpoint.folder, sizeof run->checkpoint.folder, "%.240s/ckpp%d", dir_,
+                         from[k] < 0 ? k : from[k]);
+                if (from[k] >= 0) {
+                    run->checkpoint.load_step = 4;
+                    run->checkpoint.exclude_from_loading.n = 1;
+                    snprintf(run->checkpoint.exclude_from_loading.items[0], HP_CONFIG_STR_MAX, "dataloader");
+                }
+                if (pp_run[k]) {
+                    set_ep(run, 1, 2, 1, 2, 1);
+                    run->parallelism.pipeline_parallel_degree = 2;
+                }
+                double *out = k == 0 ? ref : k == 1 ? got[0] : k == 2 ? ref + 4 : k == 3 ? got[0] + 4 : got[1] + 4;
+                hp_comm_t comm = pp_run[k] ? world : two;
+                t = NULL;
+                if (comm) HP_CHECK_OK(hp_trainer_create(run, comm, &t));
+                if (t) {
+                    HP_CHECK(hp_trainer_current_step(t) == (from[k] < 0 ? 0 : 4), "run %d starts at step %lld", k,
+                             (long long)hp_trainer_current_step(t));
+                    hp_module_t *mods[512];
+                    const int nm = from[k] < 0 ? 0 : hp_model_modules(hp_trainer_model(t), mods, 512);
+                    for (int i = 0; i < nm && i < 512; i++) {
+                        if (!hp_module_is_moe(mods[i])) continue;
+                        const int l = atoi(mods[i]->name + 7);   // "layers.N.moe"
+                        memcpy(bias[k - 2] + 8 * l, ((hp_moe_impl_t *)mods[i]->impl)->expert_bias, sizeof(float) * 8);
+                        held[k - 2][l] = 1;
+                    }
+                    for (int i = 0; i < (from[k] < 0 ? 4 : N - 4); i++) {
+                        hp_step_stats_t st;
+                        HP_CHECK_OK(hp_trainer_step(t, &st));
+                        out[i] = st.loss;
+                    }
+                    if (from[k] >= 0) HP_CHECK_OK(hp_trainer_train(t));   // no steps left: the final weights
+                    hp_trainer_destroy(t);
+                }
+                HP_CHECK_OK(hp_broadcast(out, from[k] < 0 ? 4 : N - 4, HP_I64, 0, world, NULL));
+            }
+            memcpy(got[1], ref, sizeof(double) * 4);
+            // the loaded expert_bias (sign updates, so equal unless a count ties) is the DP run's: from the
+            // pp 2 x ep 2 save on DP 2, and split into each stage from the DP 2 save
+            HP_CHECK_OK(hp_broadcast(bias[0], 3 * 8, HP_F32, 0, world, NULL));
+            HP_CHECK_OK(hp_broadcast(held[0], 3, HP_I32, 0, world, NULL));
+            int n_held = 0, n_ref = 0;
+            for (int l = 0; l < 3; l++) {
+                n_ref += held[0][l];
+                for (int k = 1; k < 3; k++) {
+                    n_held += held[k][l];
+                    for (int e = 0; held[k][l] && e < 8; e++)
+                        HP_CHECK(held[0][l] && fabsf(bias[k][8 * l + e] - bias[0][8 * l + e]) <= 1e-6f,
+                                 "resume %s layer %d expert %d: expert_bias %.7g, the DP 2 resume's %.7g",
+                                 k == 1 ? "pp 2 x ep 2 -> DP 2" : "DP 2 -> pp 2 x ep 2", l, e, bias[k][8 * l + e],
+                                 bias[0][8 * l + e]);
+                }
+            }
+            HP_CHECK(n_ref > 0 && n_held > 0, "no MoE layer's expert_bias compared (%d, %d)", n_ref, n_held);
+            // the final weights files hold the full model (the MoE keys in their metadata): pp 2 x ep 2's (each
+            // stage's experts gathered over ep, sent to rank 0) and the DP 2 resume's equal the DP 2 -> DP 2
+            // file within Adam's lr x 1e-3 per step near zero gradients (see the top), over 10 steps
+            hp_barrier(world, NULL);
+            if (rank == 0) {
+                hp_model_t wm[3] = {NULL, NULL, NULL};
+                for (int k = 0; k < 3; k++) {
+                    char wp[400];
+                    snprintf(wp, sizeof wp, "%.240s/outpp%d/weights.safetensors", dir_, k + 2);
+                    HP_CHECK_OK(hp_model_load_weights(wp, 1, T, &wm[k]));
+                }
+                for (int k = 1; k < 3 && wm[0]; k++) {
+                    if (!wm[k]) continue;
+                    double dmax = 0;
+                    int n_cmp = 0;
+                    for (int i = 0; i < hp_model_num_params(wm[0]); i++) {
+                        const hp_param_t *a = &hp_model_params(wm[0])[i], *q = hp_model_find_param(wm[k], a->name);
+                        HP_CHECK(q && hp_tensor_numel(&q->value.local) == hp_tensor_numel(&a->value.local),
+                                 "final weights: '%s' missing or of another size", a->name);
+                        if (!q || hp_tensor_numel(&q->value.local) != hp_tensor_numel(&a->value.local)) continue;
+                        n_cmp += strstr(a->name, ".moe.experts.") != NULL;
+                        const float *x = a->value.local.data, *y = q->value.local.data;
+                        for (int64_t j = 0; j < hp_tensor_numel(&a->value.local); j++)
+                            dmax = fmax(dmax, fabs(x[j] - y[j]));
+                    }
+                    HP_CHECK(dmax <= N * run->optimizer.lr * 1e-3 && n_cmp > 0, "final weights of %s: max |diff| %.3g "
+                             "from DP 2's (%d expert tensors)", k == 1 ? "pp 2 x ep 2 -> DP 2" : "DP 2 -> pp 2 x ep 2",
+                             dmax, n_cmp);
+                    printf("final weights of %s: max |diff| %.2g from DP 2 -> DP 2's\n",
+                           k == 1 ? "pp 2 x ep 2 -> DP 2" : "DP 2 -> pp 2 x ep 2", dmax);
+                }
+                for (int k = 0; k < 3; k++) hp_model_destroy(wm[k]);
+            }
+            for (int d = 0; d < 2; d++)
+                for (int i = 0; i < N; i++) HP_CHECK_CLOSE(got[d][i], ref[i], 1e-5, 0.0);
+            if (rank == 0)
+                printf("checkpoint pp 2 x ep 2 -> DP 2 and DP 2 -> pp 2 x ep 2 at step 4: loss %.6f and %.6f at step 10 "
+                       "(DP 2 -> DP 2 %.6f)\n", got[0][N - 1], got[1][N - 1], ref[N - 1]);
+            free(run);
+            if (two) hp_comm_destroy(two);
+        }
+        {   // gradient accumulation (2 steps of the schedule per optimizer step), full AC (the recompute
+            // dispatches again) and validation (hp_pp_eval through the stages) under pp 2 x ep 2 == DP 2 on
+            // ranks 0 and 1 (the same rows: both dp 2; 1e-5 on the losses and the validation loss)
+            hp_comm_t two = NULL;
+            HP_CHECK_OK(hp_comm_split(world, rank < 2 ? 0 : -1, rank, &two));
+            double vl[2] = {0, 0};
+            for (int k = 0; k < 2; k++) {
+                moe_config(c, 2, "deepseek_v3");
+                c->training.global_batch_size = 2 * B * 2;
+                c->validation.enable = true;
+                c->validation.steps = 2;
+                snprintf(c->activation_checkpoint.mode, sizeof c->activation_checkpoint.mode, "full");
+                if (k) {
+                    set_ep(c, 1, 2, 1, 2, 1);
+                    c->parallelism.pipeline_parallel_degree = 2;
+                }
+                double *out = k ? fl : dl;
+                t = NULL;
+                if (k || two) HP_CHECK_OK(hp_trainer_create(c, k ? world : two, &t));
+                for (int i = 0; t && i < 4; i++) {
+                    hp_step_stats_t st;
+                    HP_CHECK_OK(hp_trainer_step(t, &st));
+                    out[i] = st.loss;
+                }
+                if (t) HP_CHECK(hp_trainer_grad_accum(t) == 2, "grad accumulation %lld, expected 2",
+                                (long long)hp_trainer_grad_accum(t));
+                if (t) HP_CHECK_OK(hp_trainer_validate(t, &vl[k]));
+                if (t) hp_trainer_destroy(t);
+            }
+            HP_CHECK_OK(hp_broadcast(dl, 4, HP_I64, 0, world, NULL));
+            HP_CHECK_OK(hp_broadcast(vl, 1, HP_I64, 0, world, NULL));
+            for (int i = 0; i < 4; i++) HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
+            HP_CHECK(isfinite(vl[0]) && fabs(vl[1] - vl[0]) <= 1e-5 * fabs(vl[0]), "validation under pp 2 x ep 2 %.7g, "
+                     "DP 2 %.7g", vl[1], vl[0]);
+            if (rank == 0)
+                printf("pp 2 x ep 2 with grad accumulation 2, full AC: loss %.6f at step 4 (DP 2 %.6f), validation %.6f "
+                       "(DP 2 %.6f)\n", fl[3], dl[3], vl[1], vl[0]);
+            if (two) hp_comm_destroy(two);
+        }
+        // the V schedules with EP inside the stages: ZBVZeroBubble (2 micro-batches) and DualPipeV (at least
+        // as many micro-batches as its 4 stages: local batch 4, the dp-2 token files rewritten for it)
+        for (int k = 0; k < 2; k++) {
+            moe_config(f, ws, models[k]);
+            set_ep(f, 1, 2, 1, 2, 1);
+            f->model.moe_route_scale = 24;
+            f->parallelism.pipeline_parallel_degree = 2;
+            snprintf(f->parallelism.pipeline_parallel_schedule, sizeof f->parallelism.pipeline_parallel_schedule, "%s",
+                     k ? "DualPipeV" : "ZBVZeroBubble");
+            if (k) {
+                f->training.local_batch_size = 4;
+                hp_test_write_dp_bins(world, 2, 4, T, N);
+            }
+            snprintf(what, sizeof what, "%s pp 2 x ep 2 (%.40s)", models[k], f->parallelism.pipeline_parallel_schedule);
+            check_vs_solo(what, f, world, 2);
+        }
+        // what stays refused under PP x EP: the runtime's second thread (HP_PP_OVERLAP=thread) would issue
+        // EP's all-to-alls in a rank-dependent order
         moe_config(f, ws, "qwen3_moe");
         set_ep(f, 1, 2, 1, 2, 1);
         f->parallelism.pipeline_parallel_degree = 2;
-        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED,
-                     "parallelism.pipeline_parallel_degree 2 with the MoE model qwen3_moe and "
-                     "parallelism.expert_parallel_degree 2");
-        set_ep(f, 1, 1, 2, 1, 1);
-        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "tensor_parallel_degree 2 is not supported");
+        setenv("HP_PP_OVERLAP", "thread", 1);
+        t = NULL;
+        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "expert_parallel_degree 2: FSDP, TP and EP");
+        unsetenv("HP_PP_OVERLAP");
         set_ep(f, 1, 1, 1, 1, 1);   // nor context parallel of an MoE model inside pipeline stages
         f->parallelism.context_parallel_degree = 2;
         HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED,
@@ -279,6 +549,7 @@ int main(int argc, char **argv) {
                      "'parallelism.expert_tensor_parallel_degree' = 2: expert tensor parallel needs "
                      "expert_parallel_degree > 1");
         // context parallel x EP: ep borrows from dp_shard x cp; each cp rank routes its sequence shard
+        hp_test_write_dp_bins(world, 2, B, T, N);   // the pp cases above wrote files of local batch 4
         for (int mi = 0; mi < 2; mi++) {   // cp 2 x dp_shard 2, ep 2 x efsdp 2 (efsdp spans the cp ranks)
             moe_config(f, ws, models[mi]);
             set_ep(f, 1, 2, 1, 2, 1);

@@ -10,6 +10,7 @@
 
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/nn.h"
 #include "hyperparallel/parse.h"
 #include "hyperparallel/safetensors.h"
 
@@ -31,13 +32,24 @@ static const meta_field_t meta_fields[] = {
 };
 #define N_META_FIELDS ((int)(sizeof meta_fields / sizeof meta_fields[0]))
 
+/* Mixture of experts (owner moe): written for MoE models only; a file without them keeps the
+ * flavor's (files written before these keys existed). */
+static const meta_field_t meta_moe_fields[] = {
+    META_INT(moe_experts, 0, HP_MOE_MAX_EXPERTS), META_INT(moe_top_k, 0, HP_MOE_MAX_EXPERTS),
+    META_INT(moe_hidden, 0, HP_MODEL_MAX_DIM), META_INT(moe_shared_experts, 0, 64), META_INT(moe_score_fn, 0, 1),
+    META_INT(moe_route_norm, 0, 1), META_FLT(moe_route_scale), META_INT(moe_score_before_experts, 0, 1),
+    META_INT(moe_expert_groups, 0, HP_MOE_MAX_EXPERTS), META_INT(moe_limited_groups, 0, HP_MOE_MAX_EXPERTS),
+    META_INT(moe_n_dense_layers, 0, HP_MODEL_MAX_LAYERS), META_FLT(moe_load_balance_coeff), META_FLT(moe_aux_loss_coeff),
+};
+#define N_META_MOE ((int)(sizeof meta_moe_fields / sizeof meta_moe_fields[0]))
+
 hp_status_t hp_model_save_weights(hp_model_t m, const char *path) {
     const hp_model_config_t *cfg = hp_model_config(m);
     int np = hp_model_num_params(m);
     hp_param_t *params = hp_model_params(m);
     hp_st_entry_t *entries = hp_calloc((size_t)np, sizeof *entries);
-    char (*vals)[64] = hp_calloc(N_META_FIELDS, 64);
-    const char **meta = hp_calloc(2 * (N_META_FIELDS + 3), sizeof(char *));
+    char (*vals)[64] = hp_calloc(N_META_FIELDS + N_META_MOE, 64);
+    const char **meta = hp_calloc(2 * (N_META_FIELDS + N_META_MOE + 3), sizeof(char *));
     if (!entries || !vals || !meta) {
         free(entries); free(vals); free(meta);
         return HP_ERR_OOM;
@@ -51,11 +63,13 @@ hp_status_t hp_model_save_weights(hp_model_t m, const char *path) {
     meta[k++] = "format"; meta[k++] = "hyperparallel-weights";
     meta[k++] = "model.name"; meta[k++] = cfg->name;
     meta[k++] = "model.flavor"; meta[k++] = cfg->flavor;
-    for (int i = 0; i < N_META_FIELDS; i++) {
-        const char *base = (const char *)cfg + meta_fields[i].offset;
-        if (meta_fields[i].kind == 'i') snprintf(vals[i], 64, "%d", *(const int *)base);
+    const int n_fields = N_META_FIELDS + (cfg->moe_experts > 0 ? N_META_MOE : 0);
+    for (int i = 0; i < n_fields; i++) {
+        const meta_field_t *f = i < N_META_FIELDS ? &meta_fields[i] : &meta_moe_fields[i - N_META_FIELDS];
+        const char *base = (const char *)cfg + f->offset;
+        if (f->kind == 'i') snprintf(vals[i], 64, "%d", *(const int *)base);
         else snprintf(vals[i], 64, "%.9g", *(const float *)base);
-        meta[k++] = meta_fields[i].key;
+        meta[k++] = f->key;
         meta[k++] = vals[i];
     }
     hp_status_t s = hp_safetensors_write(path, entries, np, meta, k / 2);
@@ -98,18 +112,20 @@ hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_l
     }
     hp_model_config_t cfg;
     s = hp_model_flavor(name, flavor, &cfg);
-    for (int i = 0; s == HP_OK && i < N_META_FIELDS; i++) {
-        const char *v = hp_safetensors_metadata(st, meta_fields[i].key);
+    for (int i = 0; s == HP_OK && i < N_META_FIELDS + N_META_MOE; i++) {
+        const meta_field_t *f = i < N_META_FIELDS ? &meta_fields[i] : &meta_moe_fields[i - N_META_FIELDS];
+        const char *v = hp_safetensors_metadata(st, f->key);
+        if (!v && i >= N_META_FIELDS) continue;   /* optional: the flavor's MoE settings */
         if (!v) {
-            s = hp_error(HP_ERR_FORMAT, "%s: __metadata__ lacks '%s'", path, meta_fields[i].key);
+            s = hp_error(HP_ERR_FORMAT, "%s: __metadata__ lacks '%s'", path, f->key);
             break;
         }
-        char *base = (char *)&cfg + meta_fields[i].offset;
+        char *base = (char *)&cfg + f->offset;
         char what[4200];
-        snprintf(what, sizeof what, "%s: __metadata__ '%s'", path, meta_fields[i].key);
+        snprintf(what, sizeof what, "%s: __metadata__ '%s'", path, f->key);
         int32_t iv;
-        if (meta_fields[i].kind == 'i') {
-            s = hp_parse_i32(what, v, meta_fields[i].min, meta_fields[i].max,
+        if (f->kind == 'i') {
+            s = hp_parse_i32(what, v, f->min, f->max,
                              "the model dimension limits are HP_MODEL_MAX_* in model.h; is the file damaged?", &iv);
             if (s == HP_OK) *(int *)base = iv;
         } else {

@@ -72,7 +72,7 @@ struct hp_trainer {
     hp_ddp_t ddp;              /* dp_replicate only: bucketed async all-reduce in backward */
     hp_param_t *params;         /* what the optimizer, clipping and checkpoints see */
     int np;
-    hp_comm_t clip_comms[3];
+    hp_comm_t clip_comms[6];   /* FSDP's (shard, replicate, tp) or tp / ep / efsdp, then pp */
     int n_clip_comms;
     /* --- tensor parallel (owner tp) --- */
     hp_mesh_t tp_mesh;          /* the world mesh's tp dim */
@@ -98,7 +98,8 @@ struct hp_trainer {
     /* dense FSDP under EP: the norm is sqrt(dense^2 + experts^2), each over its own comms */
     hp_param_t *ep_norm_p;      /* (np) the dense params, then the experts (descriptors) */
     int ep_n_dense, ep_n_expert_comms;
-    hp_comm_t ep_expert_comms[3];
+    hp_comm_t ep_expert_comms[6];
+    int ep_n_norm;              /* entries of ep_norm_p */
     /* --- context parallel (owner cp) --- */
     hp_mesh_t cp_mesh;          /* the world mesh's cp dim */
     hp_cp_t cp;
@@ -381,7 +382,7 @@ static void pin_threads(const hp_config_t *c) {
  * collective runs here, so a rank that fails is agreed on before the first one. */
 static hp_status_t moe_check_layout(const hp_trainer_t t);   /* mixture of experts (owner moe) */
 static hp_status_t moe_setup(hp_trainer_t t, int ac_k);
-static hp_status_t ep_norm_setup(hp_trainer_t t);
+static hp_status_t ep_norm_setup(hp_trainer_t t, const hp_param_t *ps, int np);
 static hp_status_t ep_grad_norm(hp_trainer_t t, double *norm);
 
 /* --- data parallel (owner fsdp): fully_shard's options from the config. Reductions are sums
@@ -400,6 +401,7 @@ static hp_fsdp_options_t fsdp_options(const hp_config_t *c, int pp) {
 }
 
 static hp_status_t tp_plan(hp_trainer_t t, hp_tp_plan_entry_t plan[32], int *n);
+static hp_status_t ep_apply(hp_trainer_t t, hp_model_t m, int first, hp_ep_t *ep, hp_ep_t *ep_tp);   /* owner moe */
 
 /* --- pipeline parallel (owner pp) ------------------------------------------------------------
  * TorchTitan's pipeline_llm: the schedule's stage count, the split of the units, the loop
@@ -417,6 +419,7 @@ typedef struct trainer_pp {
     hp_model_t *m;                      /* (n_local) */
     hp_fsdp_t *fsdp;                    /* (n_local) or NULL entries */
     hp_tp_t *tp;
+    hp_ep_t *ep, *ep_tp;                /* (n_local) owner moe: expert parallel / TP of the experts per stage */
     hp_pp_schedule_t *sched;            /* every pp rank's lowered list */
     hp_pp_t rt;
     hp_comm_t comm;                     /* the world mesh's pp dim */
@@ -439,10 +442,14 @@ static void pp_free(trainer_pp_t *p) {
     for (int i = 0; i < p->n_local; i++) {
         if (p->fsdp) hp_fsdp_destroy(p->fsdp[i]);
         if (p->tp) hp_tp_destroy(p->tp[i]);
+        if (p->ep) hp_ep_destroy(p->ep[i]);   /* owner moe */
+        if (p->ep_tp) hp_ep_destroy(p->ep_tp[i]);
         if (p->m) hp_model_destroy(p->m[i]);
     }
     free(p->fsdp);
     free(p->tp);
+    free(p->ep);
+    free(p->ep_tp);
     free(p->m);
     free(p->ids);
     free(p->unit_lo);
@@ -596,7 +603,9 @@ static hp_status_t pp_create_stages(hp_trainer_t t) {
     p->m = hp_calloc((size_t)p->n_local + 1, sizeof(hp_model_t));
     p->fsdp = hp_calloc((size_t)p->n_local + 1, sizeof(hp_fsdp_t));
     p->tp = hp_calloc((size_t)p->n_local + 1, sizeof(hp_tp_t));
-    if (!p->ids || !p->m || !p->fsdp || !p->tp) return HP_ERR_OOM;
+    p->ep = hp_calloc((size_t)p->n_local + 1, sizeof(hp_ep_t));   /* owner moe */
+    p->ep_tp = hp_calloc((size_t)p->n_local + 1, sizeof(hp_ep_t));
+    if (!p->ids || !p->m || !p->fsdp || !p->tp || !p->ep || !p->ep_tp) return HP_ERR_OOM;
     for (int s = 0, i = 0; s < p->S; s++)
         if (p->stage_to_rank[s] == p->coord) p->ids[i++] = s;
     for (int i = 0; i < p->n_local; i++) {
@@ -694,13 +703,13 @@ static hp_status_t pp_parallelize(hp_trainer_t t, int ac_k) {
     hp_pp_hooks_t hooks = {t, pp_pre_backward, NULL, NULL, NULL};
     HP_TRY(hp_pp_create_mpipe(p->comm, p->sched, p->m, p->ids, p->n_local, &po, &hooks,
                               (int)t->cfg.parallelism.pipeline_parallel_mpipe_transpose_layers, &p->rt));
-    // FSDP's and TP's collectives run inside the stages' modules: two threads would issue them
-    // in a rank-dependent order
-    if (hp_pp_overlap_mode(p->rt) == HP_PP_OVERLAP_THREAD && (t->pd.dp_shard > 1 || t->pd.tp > 1))
+    // FSDP's and TP's collectives and EP's all-to-alls run inside the stages' modules: two
+    // threads would issue them in a rank-dependent order
+    if (hp_pp_overlap_mode(p->rt) == HP_PP_OVERLAP_THREAD && (t->pd.dp_shard > 1 || t->pd.tp > 1 || t->pd.ep > 1))
         return hp_error(HP_ERR_UNSUPPORTED, "env HP_PP_OVERLAP = thread with parallelism.data_parallel_shard_degree %d "
-                        "/ tensor_parallel_degree %d: FSDP and TP issue collectives inside the stages, which two "
-                        "threads would order differently on each rank; hint: HP_PP_OVERLAP=interleave (the default)",
-                        t->pd.dp_shard, t->pd.tp);
+                        "/ tensor_parallel_degree %d / expert_parallel_degree %d: FSDP, TP and EP issue collectives "
+                        "inside the stages, which two threads would order differently on each rank; hint: "
+                        "HP_PP_OVERLAP=interleave (the default)", t->pd.dp_shard, t->pd.tp, t->pd.ep);
     return HP_OK;
 }
 
@@ -736,6 +745,10 @@ static hp_status_t pp_parallelize_local(hp_trainer_t t, int ac_k) {
         }
         t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->tp_mesh, 0);
     }
+    /* expert parallel / the experts' TP (owner moe): per stage, after TP, before init */
+    for (int i = 0; i < p->n_local; i++) HP_TRY(ep_apply(t, p->m[i], i == 0, &p->ep[i], &p->ep_tp[i]));
+    t->ep = p->ep[0];       /* borrowed: pp_free destroys the stages' handles */
+    t->ep_tp = p->ep_tp[0];
     HP_TRY(cp_install(t, p->m, p->n_local));   /* context parallel (owner cp): per stage, after TP */
     for (int i = 0; i < p->n_local; i++) HP_TRY(hp_model_init_weights(p->m[i], (uint64_t)c->training.seed));
     if (t->pd.dp_shard > 1 || t->pd.cp > 1) {   /* owner cp: FSDP over dp_shard x cp sums the cp ranks' grads */
@@ -743,15 +756,28 @@ static hp_status_t pp_parallelize_local(hp_trainer_t t, int ac_k) {
         const int two = t->pd.dp_replicate > 1;
         if (t->pd.cp > 1) HP_TRY(cp_fsdp_mesh(t));   /* owner cp */
         else HP_TRY(hp_mesh_slice(t->meshes.world, two ? 2 : 1, two ? names : names + 1, &t->dp_mesh));
-        const hp_fsdp_options_t fo = fsdp_options(c, 1);
+        hp_fsdp_options_t fo = fsdp_options(c, 1);
+        if (t->ep) {   /* expert parallel (owner moe): the experts stay on the sparse mesh, as without PP */
+            for (int i = 0; i < p->n_local; i++) HP_TRY(hp_ep_restore_dense_layout(p->ep[i], p->m[i]));
+            fo.ignored_params = hp_ep_is_expert_param;
+            t->ep_n_expert_comms = t->n_clip_comms;
+            memcpy(t->ep_expert_comms, t->clip_comms, sizeof t->clip_comms);
+        }
         for (int i = 0; i < p->n_local; i++) HP_TRY(hp_fully_shard(p->m[i], t->dp_mesh, &fo, &p->fsdp[i]));
         t->n_clip_comms = hp_fsdp_grad_comms(p->fsdp[0], t->clip_comms);
+    } else if (t->ep) {
+        return hp_error(HP_ERR_STATE, "pipeline: expert parallel without FSDP of the dense parameters "
+                        "(data_parallel_shard_degree %d)", t->pd.dp_shard);
     }
     HP_TRY(pp_full_table(t));
     t->params = p->full;
     t->np = p->np;
     p->comm = hp_mesh_get_comm(t->meshes.world, HP_PD_PP);
     t->clip_comms[t->n_clip_comms++] = p->comm;   // the norm's square summed over pp
+    if (t->ep) {   /* owner moe: dense and expert parts, each summed over its comms and pp */
+        t->ep_expert_comms[t->ep_n_expert_comms++] = p->comm;
+        HP_TRY(ep_norm_setup(t, p->norm, p->n_norm));
+    }
     return HP_OK;
 }
 
@@ -839,14 +865,8 @@ static hp_status_t build_local(hp_trainer_t t, int *ac_k_out) {
     HP_TRY(hp_config_resolve_model(c, hp_tokenizer_vocab_size(t->tok), tok_what, t->T, &t->mcfg));
     HP_TRY(moe_check_layout(t));   /* mixture of experts (owner moe) */
     HP_TRY(check_cp_layout(c, &t->mcfg, &t->pd));   /* context parallel (owner cp) */
-    /* pipeline parallel (owner pp) with an MoE model: the stages hold MoE layers like dense
-     * ones; expert parallel and the experts' TP are applied by parallelize() only */
-    if (t->pd.pp > 1 && t->mcfg.moe_experts > 0 && (t->pd.ep > 1 || t->pd.tp > 1))
-        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.pipeline_parallel_degree %d with the MoE model %s and "
-                        "parallelism.expert_parallel_degree %d / tensor_parallel_degree %d is not supported yet "
-                        "(experts are not sharded inside pipeline stages); hint: set expert_parallel_degree and "
-                        "tensor_parallel_degree to 1 under pipeline parallel, or pipeline_parallel_degree to 1",
-                        t->pd.pp, t->mcfg.name, t->pd.ep, t->pd.tp);
+    /* pipeline parallel (owner pp) with an MoE model: each stage's MoE layers get expert
+     * parallel / the experts' TP as the whole model does (ep_apply, per local stage) */
     /* context parallel with an MoE model: each cp rank routes its sequence shard (dispatched
      * over ep, which borrows from dp_shard x cp); not yet inside pipeline stages */
     if (t->pd.cp > 1 && t->mcfg.moe_experts > 0 && t->pd.pp > 1)
@@ -874,6 +894,66 @@ static hp_status_t tp_plan(hp_trainer_t t, hp_tp_plan_entry_t plan[32], int *n) 
     return check_tp_layout(c, &t->mcfg, t->pd.tp);
 }
 
+/* --- expert parallel (owner moe): experts Shard(0) over the sparse mesh's ep dim before
+ * the weights are drawn, FSDP-sharded over efsdp when efsdp > 1; expert grads are summed
+ * over dp_replicate (and efsdp by the reduce-scatter); the dense ones are FSDP-sharded over
+ * the dense fsdp mesh (fully_shard with the experts ignored). Applied to one model: the whole
+ * model, or one pipeline stage (under PP every rank of an ep group is in the same stage: the
+ * sparse mesh's pp dim is outermost, so its ep / efsdp / dp_replicate slices stay inside one
+ * pp coordinate, and the ranks run the same action list, so their all-to-alls line up). The
+ * meshes and the norm's comms are made on the first call. --- */
+static hp_status_t ep_apply(hp_trainer_t t, hp_model_t m, int first, hp_ep_t *ep, hp_ep_t *ep_tp) {
+    const char *drn[1] = {"dp_replicate"}, *epn[1] = {"ep"};
+    const int efsdp = hp_parallel_dims_efsdp(&t->pd);
+    if (t->pd.ep > 1 && t->pd.etp > 1 && efsdp == 1) {   /* ETP: the sparse (ep, etp) */
+        if (first) {
+            const char *n2[2] = {"ep", "etp"};
+            HP_TRY(hp_mesh_slice(t->meshes.sparse, 2, n2, &t->etp_mesh));
+            HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
+            if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
+            t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // after TP's tp comm
+        }
+        return hp_ep_parallelize_model_etp(m, t->etp_mesh, ep);
+    }
+    if (t->pd.ep > 1 && t->pd.etp > 1) {
+        /* ETP with expert FSDP: the sparse (efsdp, ep, etp); F over etp, the F slices FSDP-sharded
+         * over efsdp (all-gathered per use, grads reduce-scattered) */
+        if (first) {
+            const char *n3[3] = {"efsdp", "ep", "etp"};
+            HP_TRY(hp_mesh_slice(t->meshes.sparse, 3, n3, &t->etp_mesh));
+            HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
+            if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
+            t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 1);   // ep, after TP's tp comm
+            t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 0);   // efsdp
+        }
+        return hp_ep_parallelize_model_efsdp(m, t->etp_mesh, ep);
+    }
+    if (t->pd.ep > 1 && efsdp > 1) {
+        /* experts FSDP-sharded over efsdp (all-gather per use, reduce-scatter of the grads) */
+        if (first) {
+            const char *n2[2] = {"efsdp", "ep"};
+            HP_TRY(hp_mesh_slice(t->meshes.sparse, 2, n2, &t->etp_mesh));
+            HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
+            if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
+            t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 1);   // ep
+            t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 0);   // efsdp
+        }
+        return hp_ep_parallelize_model_efsdp(m, t->etp_mesh, ep);
+    }
+    if (t->pd.ep > 1) {
+        if (first) {
+            HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
+            if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
+            t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // dense counted once, experts summed
+        }
+        return hp_ep_parallelize_model(m, t->ep_mesh, ep);
+    }
+    /* TP of the experts alone (EP = 1): hidden F sharded over tp, partial outputs all-reduced */
+    if (t->pd.tp > 1 && t->mcfg.moe_experts > 0) return hp_ep_tensor_parallel_experts(m, t->tp_mesh, ep_tp);
+    return HP_OK;
+}
+/* --- end expert parallel --- */
+
 /* AC, TP, init and data parallel of the (whole) model. */
 static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
     const hp_config_t *c = &t->cfg;
@@ -889,47 +969,7 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
         t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->tp_mesh, 0);
     }
     /* --- end tensor parallel --- */
-    /* --- expert parallel (owner moe): experts Shard(0) over the sparse mesh's ep dim before
-     * the weights are drawn, FSDP-sharded over efsdp when efsdp > 1; expert grads are summed
-     * over dp_replicate (and efsdp by the reduce-scatter); the dense ones are FSDP-sharded
-     * over the dense fsdp mesh below (fully_shard with the experts ignored) --- */
-    if (t->pd.ep > 1 && t->pd.etp > 1 && hp_parallel_dims_efsdp(&t->pd) == 1) {   /* ETP: the sparse (ep, etp) */
-        const char *n2[2] = {"ep", "etp"}, *epn[1] = {"ep"}, *drn[1] = {"dp_replicate"};
-        HP_TRY(hp_mesh_slice(t->meshes.sparse, 2, n2, &t->etp_mesh));
-        HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
-        HP_TRY(hp_ep_parallelize_model_etp(t->model, t->etp_mesh, &t->ep));
-        if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
-        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // after TP's tp comm
-    } else if (t->pd.ep > 1 && t->pd.etp > 1) {
-        /* ETP with expert FSDP: the sparse (efsdp, ep, etp); F over etp, the F slices FSDP-sharded
-         * over efsdp (all-gathered per use, grads reduce-scattered) */
-        const char *n3[3] = {"efsdp", "ep", "etp"}, *epn[1] = {"ep"}, *drn[1] = {"dp_replicate"};
-        HP_TRY(hp_mesh_slice(t->meshes.sparse, 3, n3, &t->etp_mesh));
-        HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
-        HP_TRY(hp_ep_parallelize_model_efsdp(t->model, t->etp_mesh, &t->ep));
-        if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
-        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 1);   // ep, after TP's tp comm
-        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 0);   // efsdp
-    } else if (t->pd.ep > 1 && hp_parallel_dims_efsdp(&t->pd) > 1) {
-        /* experts FSDP-sharded over efsdp (all-gather per use, reduce-scatter of the grads) */
-        const char *n2[2] = {"efsdp", "ep"}, *epn[1] = {"ep"}, *drn[1] = {"dp_replicate"};
-        HP_TRY(hp_mesh_slice(t->meshes.sparse, 2, n2, &t->etp_mesh));
-        HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
-        HP_TRY(hp_ep_parallelize_model_efsdp(t->model, t->etp_mesh, &t->ep));
-        if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
-        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 1);   // ep
-        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->etp_mesh, 0);   // efsdp
-    } else if (t->pd.ep > 1) {
-        const char *epn[1] = {"ep"}, *drn[1] = {"dp_replicate"};
-        HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
-        HP_TRY(hp_ep_parallelize_model(t->model, t->ep_mesh, &t->ep));
-        if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
-        t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // dense counted once, experts summed
-    } else if (t->pd.tp > 1 && t->mcfg.moe_experts > 0) {
-        /* TP of the experts alone (EP = 1): hidden F sharded over tp, partial outputs all-reduced */
-        HP_TRY(hp_ep_tensor_parallel_experts(t->model, t->tp_mesh, &t->ep_tp));
-    }
-    /* --- end expert parallel --- */
+    HP_TRY(ep_apply(t, t->model, 1, &t->ep, &t->ep_tp));   /* expert parallel (owner moe), before init */
     /* --- context parallel (owner cp): ring / Ulysses cores over the cp dim, after TP (on
      * the local heads) and before FSDP, which then shards over dp_shard x cp --- */
     HP_TRY(cp_install(t, &t->model, 1));
@@ -957,7 +997,7 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
         HP_TRY(hp_fully_shard(t->model, t->dp_mesh, &fo, &t->fsdp));
         t->params = hp_fsdp_params(t->fsdp);
         t->n_clip_comms = hp_fsdp_grad_comms(t->fsdp, t->clip_comms);   /* shard, replicate, tp */
-        if (t->ep) HP_TRY(ep_norm_setup(t));   /* expert parallel (owner moe) */
+        if (t->ep) HP_TRY(ep_norm_setup(t, t->params, t->np));   /* expert parallel (owner moe) */
     } else if (t->dp_size > 1 && !t->mcfg.tie_embeddings && !t->ep) {
         /* DDP: gradient buckets (1 MiB first, 25 MiB cap) all-reduced (SUM) asynchronously as
          * they fill during backward; no_sync on all micro-batches but the last. Tied
@@ -1176,24 +1216,27 @@ static void moe_destroy(hp_trainer_t t) {
 
 /* Dense FSDP under EP: the dense params are DTensors of the dense fsdp mesh (their squares
  * summed over FSDP's comms), the experts of the sparse mesh (summed over ep / efsdp / tp): one
- * comm list cannot count both once, so the norm is sqrt(dense^2 + experts^2). The table holds
- * descriptors of t->params (their storage does not move). */
-static hp_status_t ep_norm_setup(hp_trainer_t t) {
-    t->ep_norm_p = hp_calloc((size_t)t->np + 1, sizeof(hp_param_t));
+ * comm list cannot count both once, so the norm is sqrt(dense^2 + experts^2); under PP both
+ * lists end with the pp comm (each stage's layers). The table holds descriptors of ps (t->params,
+ * or under PP the entries held here, a tied weight's second copy left out; storage does not
+ * move). */
+static hp_status_t ep_norm_setup(hp_trainer_t t, const hp_param_t *ps, int np) {
+    t->ep_norm_p = hp_calloc((size_t)np + 1, sizeof(hp_param_t));
     if (!t->ep_norm_p) return HP_ERR_OOM;
     int n = 0;
     for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < t->np; i++)
-            if (hp_ep_is_expert_param(&t->params[i]) == pass) t->ep_norm_p[n++] = t->params[i];
+        for (int i = 0; i < np; i++)
+            if (hp_ep_is_expert_param(&ps[i]) == pass) t->ep_norm_p[n++] = ps[i];
     t->ep_n_dense = 0;
-    for (int i = 0; i < t->np; i++) t->ep_n_dense += !hp_ep_is_expert_param(&t->params[i]);
+    for (int i = 0; i < np; i++) t->ep_n_dense += !hp_ep_is_expert_param(&ps[i]);
+    t->ep_n_norm = np;
     return HP_OK;
 }
 
 static hp_status_t ep_grad_norm(hp_trainer_t t, double *norm) {
     double dn = 0.0, en = 0.0;
     HP_TRY(hp_grad_norm(t->ep_norm_p, t->ep_n_dense, t->clip_comms, t->n_clip_comms, &dn));
-    HP_TRY(hp_grad_norm(t->ep_norm_p + t->ep_n_dense, t->np - t->ep_n_dense, t->ep_expert_comms,
+    HP_TRY(hp_grad_norm(t->ep_norm_p + t->ep_n_dense, t->ep_n_norm - t->ep_n_dense, t->ep_expert_comms,
                         t->ep_n_expert_comms, &en));
     *norm = sqrt(dn * dn + en * en);
     return HP_OK;
@@ -1375,9 +1418,10 @@ void hp_trainer_destroy(hp_trainer_t t) {
     hp_token_ids_free(&t->scratch);
     hp_tokenizer_free(t->tok);
     hp_optim_free(t->opt);
-    if (t->pp) {   /* pipeline parallel (owner pp): the stages (t->model among them) and their FSDP */
+    if (t->pp) {   /* pipeline parallel (owner pp): the stages (t->model among them), their FSDP and EP */
         pp_free(t->pp);
         t->model = NULL;
+        t->ep = t->ep_tp = NULL;
     }
     hp_fsdp_destroy(t->fsdp);   /* data parallel (owner fsdp) */
     hp_ddp_destroy(t->ddp);
@@ -1497,8 +1541,8 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
             if (!t->ep_grad_mesh[k]) continue;
             hp_comm_t gc = hp_mesh_get_comm(t->ep_grad_mesh[k], 0);
             for (int i = 0; i < np; i++) {
-                if (!hp_ep_is_expert_param(&params[i])) continue;
                 hp_tensor_t *g = &params[i].grad.local;
+                if (!hp_ep_is_expert_param(&params[i]) || hp_tensor_numel(g) == 0) continue;   // PP: another stage's
                 HP_TRY(hp_all_reduce(g->data, g->data, (size_t)hp_tensor_numel(g), HP_F32, HP_SUM, gc, NULL));
             }
         }
@@ -1519,11 +1563,11 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     }
     double norm = 0.0;
     hp_status_t cs;
-    if (t->pp) {   /* pipeline parallel (owner pp): the norm counts a tied weight once */
+    if (t->pp && !t->ep_norm_p) {   /* pipeline parallel (owner pp): the norm counts a tied weight once */
         cs = hp_grad_norm(t->pp->norm, t->pp->n_norm, t->clip_comms, t->n_clip_comms, &norm);
         if (cs == HP_OK && t->cfg.training.max_norm > 0)
             cs = hp_clip_grads_with_norm(params, np, t->cfg.training.max_norm, norm);
-    } else if (t->ep_norm_p) {   /* expert parallel (owner moe): dense (FSDP comms) and expert parts */
+    } else if (t->ep_norm_p) {   /* expert parallel (owner moe): dense (FSDP comms) and expert parts (and pp) */
         cs = ep_grad_norm(t, &norm);
         if (cs == HP_OK && t->cfg.training.max_norm > 0)
             cs = hp_clip_grads_with_norm(params, np, t->cfg.training.max_norm, norm);
