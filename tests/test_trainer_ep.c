@@ -4,7 +4,9 @@
  * the losses and gradient norms of the single-rank run of the same global batch (a token file
  * whose rows the one rank reads in the order the dp ranks read theirs): ep = world and, on 4
  * ranks, ep 2 x efsdp 2, ETP (ep 2 x tp 2) and 2 experts on ep 2 x efsdp 2 (Shard(1)); on 8 ranks ep 4 x TP 2 x FSDP 4 (ETP, dense TP +
- * FSDP) and HSDP 2 x ep 2 x efsdp 2. Float32 GEMM row sets and reduction orders differ, and
+ * FSDP) and HSDP 2 x ep 2 x efsdp 2. Sequence parallel around the MoE layers (the MoE input
+ * Shard(seq) over tp): tp 2 + SP (EP 1) and ep 2 borrowing tp 2 (etp 1) on 2 ranks, ETP ep 2 x
+ * tp 2 + SP and ep 4 over dp_shard 2 x tp 2 on 4 ranks. Float32 GEMM row sets and reduction orders differ, and
  * Adam turns relative gradient differences of ~1e-7 into parameter differences of up to
  * lr x 1e-3 near zero gradients: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
  * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
@@ -89,6 +91,20 @@ static void check_vs_solo(const char *what, hp_config_t *f, hp_comm_t world, int
                sl[N - 1], dmax);
 }
 
+/* The single-rank reference against layout f trained with lr x 1.001 (STYLE rule 17): some
+ * step's loss must leave the 1e-5 bound. */
+static void check_lr_caught(const char *what, hp_config_t *f, hp_comm_t world, int dp) {
+    double sl[N], sn[N], fl[N], fn[N];
+    solo_steps(f, world, dp, sl, sn);
+    hp_test_use_bin(f, 'x', dp);
+    f->optimizer.lr *= 1.001;
+    hp_test_train_steps(f, world, N, fl, fn, 0);
+    f->optimizer.lr /= 1.001;
+    int caught = 0;
+    for (int i = 0; i < N; i++) caught |= fabs(fl[i] - sl[i]) > 1e-5 * fabs(sl[i]);
+    HP_CHECK(caught, "negative test: %s with lr x 1.001 stays within the 1e-5 loss tolerance", what);
+}
+
 static void set_ep(hp_config_t *f, int rep, int shard, int tp, int ep, int etp) {
     f->parallelism.data_parallel_replicate_degree = rep;
     f->parallelism.data_parallel_shard_degree = shard;
@@ -149,6 +165,24 @@ int main(int argc, char **argv) {
             snprintf(what, sizeof what, "%s ep %d (efsdp %d)", models[mi], ep, ws / ep);
             check_vs_solo(what, f, world, ws);
         }
+    if (ws == 2) {   // sequence parallel around the MoE layers (the MoE input Shard(seq) over tp 2, dp 1)
+        hp_test_write_dp_bins(world, 1, B, T, N);
+        for (int mi = 0; mi < 2; mi++) {
+            moe_config(f, ws, models[mi]);
+            set_ep(f, 1, 1, 2, 1, 1);   // TP 2 + SP, experts on F/2: rows to both tp ranks, partials summed
+            f->parallelism.enable_sequence_parallel = true;
+            snprintf(what, sizeof what, "%s tp 2 + SP (EP 1)", models[mi]);
+            check_vs_solo(what, f, world, 1);
+            set_ep(f, 1, 1, 2, 2, 1);   // ep 2 borrowing the tp ranks (etp 1): each routes its own shard
+            f->parallelism.enable_sequence_parallel = true;
+            snprintf(what, sizeof what, "%s ep 2 borrowing tp 2 + SP", models[mi]);
+            check_vs_solo(what, f, world, 1);
+        }
+        check_lr_caught("ep 2 borrowing tp 2", f, world, 1);
+        hp_trainer_t t = NULL;   // EP borrowing tp without SP would dispatch every token tp times: refused by key
+        f->parallelism.enable_sequence_parallel = false;
+        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "'parallelism.enable_sequence_parallel' = false");
+    }
     if (ws == 4) {   // ETP: experts over [ep 2, tp 2], dense TP 2 x FSDP 2
         hp_test_write_dp_bins(world, 2, B, T, N);
         for (int mi = 0; mi < 2; mi++) {
@@ -156,10 +190,20 @@ int main(int argc, char **argv) {
             set_ep(f, 1, 2, 2, 2, 2);
             snprintf(what, sizeof what, "%s ETP ep 2 x tp 2", models[mi]);
             check_vs_solo(what, f, world, 2);
+            f->parallelism.enable_sequence_parallel = true;   // the same with SP: rows to the F slices' 2 ranks
+            snprintf(what, sizeof what, "%s ETP ep 2 x tp 2 + SP", models[mi]);
+            check_vs_solo(what, f, world, 2);
+            set_ep(f, 1, 2, 2, 4, 1);   // ep 4 over dp_shard 2 x tp 2 (etp 1), dense TP 2 x FSDP 2
+            f->parallelism.enable_sequence_parallel = true;
+            snprintf(what, sizeof what, "%s ep 4 over dp_shard 2 x tp 2 + SP", models[mi]);
+            check_vs_solo(what, f, world, 2);
         }
-        hp_trainer_t t = NULL;   // ep borrowing tp ranks (etp 1) is refused by key
-        f->parallelism.expert_tensor_parallel_degree = 1;
-        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "expert_tensor_parallel_degree");
+        check_lr_caught("ep 4 over dp_shard 2 x tp 2", f, world, 2);
+        hp_trainer_t t = NULL;   // ep borrowing tp with expert FSDP (ep 2 < dp_shard x tp) is refused by key
+        set_ep(f, 1, 2, 2, 2, 1);
+        f->parallelism.enable_sequence_parallel = true;
+        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED,
+                     "expert_parallel_degree = data_parallel_shard_degree x tensor_parallel_degree");
         // pipeline parallel of the MoE models with data parallel: pp 2 x FSDP 2 (deepseek_v3) and pp 2 x
         // DDP 2 (qwen3_moe), 1F1B, bias update on (counts summed over dp and pp) == the single rank
         for (int mi = 0; mi < 2; mi++) {
