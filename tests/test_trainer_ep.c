@@ -10,7 +10,8 @@
  * Adam turns relative gradient differences of ~1e-7 into parameter differences of up to
  * lr x 1e-3 near zero gradients: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
  * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
- * (experts and expert_bias resharded); gradient accumulation, validation and full AC run
+ * (experts and expert_bias resharded), and one saved under ep 2 borrowing tp 2 resumes under
+ * tp 2 + SP with EP 1; gradient accumulation, validation and full AC run
  * under EP. Pipeline parallel of both flavors with data parallel (pp 2 x FSDP 2, pp 2 x DDP 2, 4
  * ranks) equals the single rank too; PP x EP and PP x TP of MoE models are refused by key. Bad EP
  * keys are named. */
@@ -182,6 +183,45 @@ int main(int argc, char **argv) {
         hp_trainer_t t = NULL;   // EP borrowing tp without SP would dispatch every token tp times: refused by key
         f->parallelism.enable_sequence_parallel = false;
         HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "'parallelism.enable_sequence_parallel' = false");
+        // a checkpoint saved under ep 2 borrowing tp 2 (experts Shard(0) over ep) resumes under tp 2 + SP with
+        // EP 1 (experts Shard(F) over tp): 4 + 6 steps == 10 straight steps of the second layout (1e-5)
+        moe_config(c, ws, "deepseek_v3");
+        set_ep(c, 1, 1, 2, 1, 1);
+        c->parallelism.enable_sequence_parallel = true;
+        hp_test_use_bin(c, 'x', 1);
+        hp_test_train_steps(c, world, N, dl, dn, 0);
+        hp_config_t *a = calloc(1, sizeof *a);
+        *a = *c;
+        snprintf(a->job.dump_folder, sizeof a->job.dump_folder, "%.240s/ck_borrow", dir_);
+        a->checkpoint.enable = true;
+        a->checkpoint.interval = 4;
+        a->checkpoint.last_save_model_only = false;
+        a->parallelism.expert_parallel_degree = 2;
+        HP_CHECK_OK(hp_trainer_create(a, world, &t));
+        for (int i = 0; t && i < 4; i++) {
+            hp_step_stats_t st;
+            HP_CHECK_OK(hp_trainer_step(t, &st));
+            fl[i] = st.loss;
+        }
+        if (t) hp_trainer_destroy(t);
+        t = NULL;
+        a->parallelism.expert_parallel_degree = 1;
+        HP_CHECK_OK(hp_trainer_create(a, world, &t));
+        if (t) {
+            HP_CHECK(hp_trainer_current_step(t) == 4, "resume under tp 2 + SP at step %lld, expected 4",
+                     (long long)hp_trainer_current_step(t));
+            for (int i = 4; i < N; i++) {
+                hp_step_stats_t st;
+                HP_CHECK_OK(hp_trainer_step(t, &st));
+                fl[i] = st.loss;
+            }
+            hp_trainer_destroy(t);
+        }
+        for (int i = 0; i < N; i++) HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
+        if (rank == 0)
+            printf("checkpoint ep 2 borrowing tp 2 -> tp 2 + SP at step 4: loss %.6f at step 10 (straight %.6f)\n",
+                   fl[N - 1], dl[N - 1]);
+        free(a);
     }
     if (ws == 4) {   // ETP: experts over [ep 2, tp 2], dense TP 2 x FSDP 2
         hp_test_write_dp_bins(world, 2, B, T, N);
