@@ -11,7 +11,8 @@
  * lr x 1e-3 near zero gradients: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
  * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
  * (experts and expert_bias resharded), and one saved under ep 2 borrowing tp 2 resumes under
- * tp 2 + SP with EP 1; gradient accumulation, validation and full AC run
+ * tp 2 + SP with EP 1; gradient accumulation with full AC under ep 2 borrowing tp 2 + SP equals
+ * the single rank's batch of the two micro-batches; gradient accumulation, validation and full AC run
  * under EP. Pipeline parallel of both flavors with data parallel (pp 2 x FSDP 2, pp 2 x DDP 2, 4
  * ranks) equals the single rank too; PP x EP and PP x TP of MoE models are refused by key. Bad EP
  * keys are named. */
@@ -180,6 +181,30 @@ int main(int argc, char **argv) {
             check_vs_solo(what, f, world, 1);
         }
         check_lr_caught("ep 2 borrowing tp 2", f, world, 1);
+        {   // gradient accumulation (2 micro-batches of B) with full AC under ep 2 borrowing tp 2 + SP == the single
+            // rank's batch of 2 B: the router / shared-expert grads are summed over tp once, after both
+            moe_config(c, 1, "qwen3_moe");
+            hp_test_use_bin(c, 'x', 1);
+            c->training.local_batch_size = 2 * B;
+            hp_comm_t solo = NULL;
+            HP_CHECK_OK(hp_comm_split(world, rank == 0 ? 0 : -1, 0, &solo));
+            if (solo) hp_test_train_steps(c, solo, N / 2, dl, dn, 0);
+            if (solo) hp_comm_destroy(solo);
+            HP_CHECK_OK(hp_broadcast(dl, N / 2, HP_I64, 0, world, NULL));
+            HP_CHECK_OK(hp_broadcast(dn, N / 2, HP_I64, 0, world, NULL));
+            set_ep(c, 1, 1, 2, 2, 1);
+            c->parallelism.enable_sequence_parallel = true;
+            c->training.local_batch_size = B;
+            c->training.global_batch_size = 2 * B;
+            snprintf(c->activation_checkpoint.mode, sizeof c->activation_checkpoint.mode, "full");
+            hp_test_train_steps(c, world, N / 2, fl, fn, 0);
+            for (int i = 0; i < N / 2; i++) {
+                HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
+                HP_CHECK_CLOSE(fn[i], dn[i], 1e-4, 0.0);
+            }
+            if (rank == 0) printf("ep 2 borrowing tp 2 + SP, accumulation 2, full AC: loss %.6f at step %d (one rank %.6f)\n",
+                                  fl[N / 2 - 1], N / 2, dl[N / 2 - 1]);
+        }
         hp_trainer_t t = NULL;   // EP borrowing tp without SP would dispatch every token tp times: refused by key
         f->parallelism.enable_sequence_parallel = false;
         HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "'parallelism.enable_sequence_parallel' = false");
