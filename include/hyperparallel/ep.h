@@ -21,7 +21,8 @@ typedef struct hp_ep *hp_ep_t;
 
 /* Shards the experts of every MoE module of m over ep_mesh (1-D, size dividing the number
  * of experts) and installs the dispatcher; the parameter storage is compacted to the local
- * size. Call before hp_model_init_weights (each rank draws its experts at their global
+ * size. The other parameters become Replicate over ep, except those that already have a
+ * mesh (the TP plan's layout when the ep mesh spans tp ranks: they keep it). Call before hp_model_init_weights (each rank draws its experts at their global
  * indices) or after loading full weights (the local slice is kept). Buffers are sized for
  * the worst case (every token of every ep rank routed to this rank's experts), so the step
  * allocates nothing. ep_mesh must outlive the handle. */
