@@ -4,7 +4,8 @@
  * the losses and gradient norms of the single-rank run of the same global batch (a token file
  * whose rows the one rank reads in the order the dp ranks read theirs): ep = world and, on 4
  * ranks, ep 2 x efsdp 2, ETP (ep 2 x tp 2) and 2 experts on ep 2 x efsdp 2 (Shard(1)); on 8 ranks ep 4 x TP 2 x FSDP 4 (ETP, dense TP +
- * FSDP) and HSDP 2 x ep 2 x efsdp 2. Sequence parallel around the MoE layers (the MoE input
+ * FSDP, also with SP), HSDP 2 x ep 2 x efsdp 2 and HSDP 2 x 2 x tp 2 with ep 4 borrowing
+ * dp_shard x tp (SP on). Sequence parallel around the MoE layers (the MoE input
  * Shard(seq) over tp): tp 2 + SP (EP 1) and ep 2 borrowing tp 2 (etp 1) on 2 ranks, ETP ep 2 x
  * tp 2 + SP and ep 4 over dp_shard 2 x tp 2 on 4 ranks. Float32 GEMM row sets and reduction orders differ, and
  * Adam turns relative gradient differences of ~1e-7 into parameter differences of up to
@@ -132,6 +133,13 @@ int main(int argc, char **argv) {
             moe_config(f, ws, models[mi]);
             set_ep(f, 1, 4, 2, 4, 2);   // dense: TP 2 x FSDP 4; experts: ep 4 x etp 2
             snprintf(what, sizeof what, "%s ep 4 x tp 2 x fsdp 4 (ETP)", models[mi]);
+            check_vs_solo(what, f, world, 4);
+            f->parallelism.enable_sequence_parallel = true;
+            snprintf(what, sizeof what, "%s ep 4 x tp 2 x fsdp 4 (ETP) + SP", models[mi]);
+            check_vs_solo(what, f, world, 4);
+            set_ep(f, 2, 2, 2, 4, 1);   // dense: TP 2 x HSDP (2, 2); experts: ep 4 over dp_shard x tp, summed over dp_replicate
+            f->parallelism.enable_sequence_parallel = true;
+            snprintf(what, sizeof what, "%s hsdp 2 x 2 x tp 2, ep 4 borrowing tp + SP", models[mi]);
             check_vs_solo(what, f, world, 4);
             moe_config(f, ws, models[mi]);
             set_ep(f, 2, 4, 1, 2, 1);   // dense: HSDP (2, 4); experts: ep 2 x efsdp 2, summed over dp_replicate
