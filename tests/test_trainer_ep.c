@@ -8,8 +8,13 @@
  * 4, cp 2 x tp 2 with ETP ep 2; on 8 ranks ETP x expert FSDP (ep 2 x etp 2 x efsdp 2, dense TP 2
  * x FSDP 4; the same with cp 2 x dp_shard 2; 2 experts in Shard(1), 1/8 of each expert tensor
  * per rank, checkpointed at step 4 and resumed under TP 2 with ep 1) and HSDP 2 x ep 2 x efsdp 2,
- * and inside pipeline stages pp 2 x ETP, pp 2 x ep 2 x efsdp 2 and pp 2 x HSDP 2 x 2 with ep 2.
- * Float32 GEMM row sets and reduction orders differ, and
+ * and inside pipeline stages pp 2 x ETP, pp 2 x ep 2 x efsdp 2 and pp 2 x HSDP 2 x 2 with ep 2;
+ * ETP ep 4 x TP 2 x FSDP 4 with SP and HSDP 2 x 2 x tp 2 with ep 4 borrowing dp_shard x tp (SP
+ * on). Sequence parallel around the MoE layers (the MoE input Shard(seq) over tp): tp 2 + SP (EP
+ * 1) and ep 2 borrowing tp 2 (etp 1) on 2 ranks, ETP ep 2 x tp 2 + SP and ep 4 over dp_shard 2 x
+ * tp 2 on 4 ranks; one checkpoint saved under ep 2 borrowing tp 2 resumes under tp 2 + SP with EP
+ * 1, and gradient accumulation with full AC under ep 2 borrowing tp 2 + SP equals the single
+ * rank's batch of the two micro-batches. Float32 GEMM row sets and reduction orders differ, and
  * Adam turns relative gradient differences of ~1e-7 into parameter differences of up to
  * lr x 1e-3 near zero gradients: 1e-5 relative on the loss, 1e-4 on the norm; an lr x 1.001 run
  * falls outside. A checkpoint saved under EP resumes under replicated DP and the reverse
@@ -209,6 +214,18 @@ int main(int argc, char **argv) {
             set_ep(f, 1, 4, 2, 2, 2);   // dense: TP 2 x FSDP 4; experts: efsdp 2 x ep 2 x etp 2 (Shard(0))
             snprintf(what, sizeof what, "%s ep 2 x etp 2 x efsdp 2, dense tp 2 x fsdp 4", models[mi]);
             check_vs_solo(what, f, world, 4);
+            f->parallelism.enable_sequence_parallel = true;   // SP with expert FSDP: refused by key
+            hp_trainer_t t = NULL;
+            HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED,
+                         "'parallelism.enable_sequence_parallel' = true with expert FSDP degree 2");
+            set_ep(f, 1, 4, 2, 4, 2);   // experts: ep 4 x etp 2 (efsdp 1)
+            f->parallelism.enable_sequence_parallel = true;
+            snprintf(what, sizeof what, "%s ep 4 x tp 2 x fsdp 4 (ETP) + SP", models[mi]);
+            check_vs_solo(what, f, world, 4);
+            set_ep(f, 2, 2, 2, 4, 1);   // dense: TP 2 x HSDP (2, 2); experts: ep 4 over dp_shard x tp, summed over dp_replicate
+            f->parallelism.enable_sequence_parallel = true;
+            snprintf(what, sizeof what, "%s hsdp 2 x 2 x tp 2, ep 4 borrowing tp + SP", models[mi]);
+            check_vs_solo(what, f, world, 4);
             moe_config(f, ws, models[mi]);
             set_ep(f, 2, 4, 1, 2, 1);   // dense: HSDP (2, 4); experts: ep 2 x efsdp 2, summed over dp_replicate
             snprintf(what, sizeof what, "%s hsdp 2 x 4, ep 2 x efsdp 2", models[mi]);
@@ -281,6 +298,87 @@ int main(int argc, char **argv) {
             snprintf(what, sizeof what, "%s ep %d (efsdp %d)", models[mi], ep, ws / ep);
             check_vs_solo(what, f, world, ws);
         }
+    if (ws == 2) {   // sequence parallel around the MoE layers (the MoE input Shard(seq) over tp 2, dp 1)
+        hp_test_write_dp_bins(world, 1, B, T, N);
+        for (int mi = 0; mi < 2; mi++) {
+            moe_config(f, ws, models[mi]);
+            set_ep(f, 1, 1, 2, 1, 1);   // TP 2 + SP, experts on F/2: rows to both tp ranks, partials summed
+            f->parallelism.enable_sequence_parallel = true;
+            snprintf(what, sizeof what, "%s tp 2 + SP (EP 1)", models[mi]);
+            check_vs_solo(what, f, world, 1);
+            set_ep(f, 1, 1, 2, 2, 1);   // ep 2 borrowing the tp ranks (etp 1): each routes its own shard
+            f->parallelism.enable_sequence_parallel = true;
+            snprintf(what, sizeof what, "%s ep 2 borrowing tp 2 + SP", models[mi]);
+            check_vs_solo(what, f, world, 1);
+        }
+        check_lr_outside("ep 2 borrowing tp 2", f, world, 1);
+        {   // gradient accumulation (2 micro-batches of B) with full AC under ep 2 borrowing tp 2 + SP == the single
+            // rank's batch of 2 B: the router / shared-expert grads are summed over tp once, after both
+            moe_config(c, 1, "qwen3_moe");
+            hp_test_use_bin(c, 'x', 1);
+            c->training.local_batch_size = 2 * B;
+            hp_comm_t solo = NULL;
+            HP_CHECK_OK(hp_comm_split(world, rank == 0 ? 0 : -1, 0, &solo));
+            if (solo) hp_test_train_steps(c, solo, N / 2, dl, dn, 0);
+            if (solo) hp_comm_destroy(solo);
+            HP_CHECK_OK(hp_broadcast(dl, N / 2, HP_I64, 0, world, NULL));
+            HP_CHECK_OK(hp_broadcast(dn, N / 2, HP_I64, 0, world, NULL));
+            set_ep(c, 1, 1, 2, 2, 1);
+            c->parallelism.enable_sequence_parallel = true;
+            c->training.local_batch_size = B;
+            c->training.global_batch_size = 2 * B;
+            snprintf(c->activation_checkpoint.mode, sizeof c->activation_checkpoint.mode, "full");
+            hp_test_train_steps(c, world, N / 2, fl, fn, 0);
+            for (int i = 0; i < N / 2; i++) {
+                HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
+                HP_CHECK_CLOSE(fn[i], dn[i], 1e-4, 0.0);
+            }
+            if (rank == 0) printf("ep 2 borrowing tp 2 + SP, accumulation 2, full AC: loss %.6f at step %d (one rank %.6f)\n",
+                                  fl[N / 2 - 1], N / 2, dl[N / 2 - 1]);
+        }
+        hp_trainer_t t = NULL;   // EP borrowing tp without SP would dispatch every token tp times: refused by key
+        f->parallelism.enable_sequence_parallel = false;
+        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "'parallelism.enable_sequence_parallel' = false");
+        // a checkpoint saved under ep 2 borrowing tp 2 (experts Shard(0) over ep) resumes under tp 2 + SP with
+        // EP 1 (experts Shard(F) over tp): 4 + 6 steps == 10 straight steps of the second layout (1e-5)
+        moe_config(c, ws, "deepseek_v3");
+        set_ep(c, 1, 1, 2, 1, 1);
+        c->parallelism.enable_sequence_parallel = true;
+        hp_test_use_bin(c, 'x', 1);
+        hp_test_train_steps(c, world, N, dl, dn, 0);
+        hp_config_t *a = calloc(1, sizeof *a);
+        *a = *c;
+        snprintf(a->job.dump_folder, sizeof a->job.dump_folder, "%.240s/ck_borrow", dir_);
+        a->checkpoint.enable = true;
+        a->checkpoint.interval = 4;
+        a->checkpoint.last_save_model_only = false;
+        a->parallelism.expert_parallel_degree = 2;
+        HP_CHECK_OK(hp_trainer_create(a, world, &t));
+        for (int i = 0; t && i < 4; i++) {
+            hp_step_stats_t st;
+            HP_CHECK_OK(hp_trainer_step(t, &st));
+            fl[i] = st.loss;
+        }
+        if (t) hp_trainer_destroy(t);
+        t = NULL;
+        a->parallelism.expert_parallel_degree = 1;
+        HP_CHECK_OK(hp_trainer_create(a, world, &t));
+        if (t) {
+            HP_CHECK(hp_trainer_current_step(t) == 4, "resume under tp 2 + SP at step %lld, expected 4",
+                     (long long)hp_trainer_current_step(t));
+            for (int i = 4; i < N; i++) {
+                hp_step_stats_t st;
+                HP_CHECK_OK(hp_trainer_step(t, &st));
+                fl[i] = st.loss;
+            }
+            hp_trainer_destroy(t);
+        }
+        for (int i = 0; i < N; i++) HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
+        if (rank == 0)
+            printf("checkpoint ep 2 borrowing tp 2 -> tp 2 + SP at step 4: loss %.6f at step 10 (straight %.6f)\n",
+                   fl[N - 1], dl[N - 1]);
+        free(a);
+    }
     if (ws == 4) {   // ETP: experts over [ep 2, tp 2], dense TP 2 x FSDP 2
         hp_test_write_dp_bins(world, 2, B, T, N);
         hp_test_write_dp_bins(world, 1, B, T, N);   // pp 2 x tp 2: one dp rank
@@ -289,10 +387,20 @@ int main(int argc, char **argv) {
             set_ep(f, 1, 2, 2, 2, 2);
             snprintf(what, sizeof what, "%s ETP ep 2 x tp 2", models[mi]);
             check_vs_solo(what, f, world, 2);
+            f->parallelism.enable_sequence_parallel = true;   // the same with SP: rows to the F slices' 2 ranks
+            snprintf(what, sizeof what, "%s ETP ep 2 x tp 2 + SP", models[mi]);
+            check_vs_solo(what, f, world, 2);
+            set_ep(f, 1, 2, 2, 4, 1);   // ep 4 over dp_shard 2 x tp 2 (etp 1), dense TP 2 x FSDP 2
+            f->parallelism.enable_sequence_parallel = true;
+            snprintf(what, sizeof what, "%s ep 4 over dp_shard 2 x tp 2 + SP", models[mi]);
+            check_vs_solo(what, f, world, 2);
         }
-        hp_trainer_t t = NULL;   // ep borrowing tp ranks (etp 1) is refused by key
-        f->parallelism.expert_tensor_parallel_degree = 1;
-        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED, "expert_tensor_parallel_degree");
+        check_lr_outside("ep 4 over dp_shard 2 x tp 2", f, world, 2);
+        hp_trainer_t t = NULL;   // ep borrowing tp with expert FSDP (ep 2 < dp_shard x tp) is refused by key
+        set_ep(f, 1, 2, 2, 2, 1);
+        f->parallelism.enable_sequence_parallel = true;
+        HP_CHECK_ERR(hp_trainer_create(f, world, &t), HP_ERR_UNSUPPORTED,
+                     "expert_parallel_degree = data_parallel_shard_degree x context_parallel_degree x tensor_parallel_degree");
         // pipeline parallel of the MoE models with data parallel: pp 2 x FSDP 2 (deepseek_v3) and pp 2 x
         // DDP 2 (qwen3_moe), 1F1B, bias update on (counts summed over dp and pp) == the single rank
         for (int mi = 0; mi < 2; mi++) {

@@ -4,7 +4,8 @@
  * every rank because the counts are summed over the batch mesh); per-layer imbalance and
  * tokens per expert reach the JSONL metrics; on 2 ranks FSDP gives the losses of replicated
  * data parallel (float32 all-gather; reduction order: 1e-5 relative) and an lr x 1.001 run
- * does not; TP 2 (experts tensor parallel on their hidden dim) equals the single-rank run; bad
+ * does not; TP 2 (experts tensor parallel on their hidden dim) equals the single-rank run, also
+ * with sequence parallel (EP 1, and EP 2 borrowing the tp ranks: the same expert_bias); bad
  * MoE keys are named; HyperParallel's auxiliary loss is logged and changes training. Pipeline
  * parallel (2 ranks): pp 2 with 1F1B and InterleavedZeroBubble, both models (4 layers, dense
  * first), bias update on, 10 steps equal the single-rank run over the same batch (the PP tests'
@@ -199,12 +200,15 @@ int main(int argc, char **argv) {
     if (ws == 2) {   // TP 2 (dense layers TP, experts sharded on their hidden dim) == the single-rank run
         moe_config(c, 1, "qwen3_moe");
         double rl[N] = {0};
-        float rb[64 * 8];
+        float rb[64 * 8] = {0};
+        int n_moe = 0;
         hp_comm_t solo = NULL;
         HP_CHECK_OK(hp_comm_split(world, rank == 0 ? 0 : -1, 0, &solo));
-        if (rank == 0) train(c, solo, rl, rb);
+        if (rank == 0) n_moe = train(c, solo, rl, rb);
         if (solo) hp_comm_destroy(solo);
         HP_CHECK_OK(hp_broadcast(rl, N, HP_I64, 0, world, NULL));
+        HP_CHECK_OK(hp_broadcast(rb, 64 * 8, HP_F32, 0, world, NULL));
+        HP_CHECK_OK(hp_broadcast(&n_moe, 1, HP_I32, 0, world, NULL));
         c->parallelism.tensor_parallel_degree = 2;
         c->parallelism.enable_sequence_parallel = false;
         train(c, world, fl, fbias);
@@ -213,9 +217,25 @@ int main(int argc, char **argv) {
                  "tp 2: experts.w1 local (%lld, %lld, %lld), expected (8, 16, 64)", (long long)last_w1_local[0],
                  (long long)last_w1_local[1], (long long)last_w1_local[2]);
         if (rank == 0) printf("qwen3_moe tp 2: losses %.6f .. %.6f (one rank %.6f .. %.6f)\n", fl[0], fl[N - 1], rl[0], rl[N - 1]);
-        hp_trainer_t t = NULL;
-        c->parallelism.enable_sequence_parallel = true;
-        HP_CHECK_ERR(hp_trainer_create(c, world, &t), HP_ERR_UNSUPPORTED, "'parallelism.enable_sequence_parallel' = true");
+        // sequence parallel around the MoE layers: each tp rank routes its own sequence shard, so the
+        // tokens per expert are summed over tp too; the bias update then equals the single rank's
+        // (integer counts; equal while no top-k tie flips)
+        for (int ep = 1; ep <= 2; ep++) {   // TP of the experts (EP 1), and EP 2 borrowing the tp ranks
+            c->parallelism.enable_sequence_parallel = true;
+            c->parallelism.expert_parallel_degree = ep;
+            const int k = train(c, world, fl, fbias);
+            HP_CHECK(k == n_moe && k > 0, "tp 2 + SP, ep %d: %d MoE layers, the single rank %d", ep, k, n_moe);
+            for (int i = 0; i < N; i++) HP_CHECK_CLOSE(fl[i], rl[i], 1e-4, 0.0);
+            double bmax = 0, bmove = 0;
+            for (int i = 0; i < k * 8; i++) bmove = fmax(bmove, fabs((double)rb[i]));
+            HP_CHECK(bmove > 0, "the single-rank expert_bias did not move");
+            for (int i = 0; i < k * 8; i++) bmax = fmax(bmax, fabs((double)fbias[i] - rb[i]));
+            HP_CHECK(bmax <= 1e-6, "tp 2 + SP, ep %d: expert_bias differs from the single rank's by %.3g", ep, bmax);
+            if (rank == 0) printf("qwen3_moe tp 2 + SP, ep %d: losses %.6f .. %.6f, expert_bias max diff %.1e\n", ep, fl[0],
+                                  fl[N - 1], bmax);
+        }
+        c->parallelism.expert_parallel_degree = 1;
+        c->parallelism.enable_sequence_parallel = false;
     }
     if (ws == 1) {   // HyperParallel's auxiliary loss: logged, changes the router's training, still trains
         moe_config(c, ws, "deepseek_v3");

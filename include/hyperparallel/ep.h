@@ -21,7 +21,8 @@ typedef struct hp_ep *hp_ep_t;
 
 /* Shards the experts of every MoE module of m over ep_mesh (1-D, size dividing the number
  * of experts) and installs the dispatcher; the parameter storage is compacted to the local
- * size. Call before hp_model_init_weights (each rank draws its experts at their global
+ * size. The other parameters become Replicate over ep, except those that already have a
+ * mesh (the TP plan's layout when the ep mesh spans tp ranks: they keep it). Call before hp_model_init_weights (each rank draws its experts at their global
  * indices) or after loading full weights (the local slice is kept). Buffers are sized for
  * the worst case (every token of every ep rank routed to this rank's experts), so the step
  * allocates nothing. ep_mesh must outlive the handle. */
@@ -58,6 +59,20 @@ hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t efsdp_ep_mesh,
  * dense parameters over the dense fsdp mesh, with the experts as its ignored_params
  * (hp_ep_is_expert_param): the experts stay as above. */
 hp_status_t hp_ep_restore_dense_layout(hp_ep_t ep, hp_model_t m);
+/* Sequence parallel around the MoE layers (TorchTitan's MoE layouts with SP on): the MoE
+ * input arrives Shard(seq) over the 1-D tp_mesh and each tp rank routes its own tokens.
+ * With the experts' F sharded over tp (hp_ep_tensor_parallel_experts, ETP) every expert row
+ * goes to the tp ranks holding its expert's F slices and their partial outputs (and input
+ * gradients) come back summed (all-gather to Replicate, Partial -> Shard(seq)); with EP over
+ * ranks that include tp (hp_ep_parallelize_model on an ep mesh spanning tp, ETP degree 1)
+ * the tokens are dispatched as they are. The router's and shared experts' gradients are then
+ * Partial over tp: hp_ep_reduce_sequence_parallel_grads sums them. Call after the handle is
+ * made and before hp_model_init_weights; not with expert FSDP. */
+hp_status_t hp_ep_enable_sequence_parallel(hp_ep_t ep, hp_model_t m, hp_mesh_t tp_mesh);
+/* After the step's backward (all micro-batches): all-reduces (SUM) over tp the local gradients
+ * of the MoE modules' router and shared-expert parameters among params (their FSDP shards or
+ * whole tensors); a no-op without sequence parallel. */
+hp_status_t hp_ep_reduce_sequence_parallel_grads(hp_ep_t ep, hp_param_t *params, int n);
 void hp_ep_destroy(hp_ep_t ep);
 /* Whether p is a routed-expert parameter (sharded over ep). */
 int hp_ep_is_expert_param(const hp_param_t *p);

@@ -28,6 +28,16 @@ struct hp_ep {
                                dim 1 of every local expert; gathered blocks are re-laid out */
     float *ws_w, *ws_g;     // (3, efsdp x shard floats)
     hp_mesh_t dense_tp;     /* ETP: the tp mesh of the dense parameters' TP plan */
+    /* sequence parallel around the MoE layers (hp_ep_enable_sequence_parallel): the MoE input
+     * is Shard(seq) over sp_comm (the tp dim), each tp rank routes its own tokens; the router's
+     * and shared experts' grads are Partial over it. With the experts' F also sharded over tp
+     * (sq = tp: TP of the experts, ETP) every row goes to the sq ranks holding its expert's F
+     * slices over g_comm (the (ep, tp) ranks, ep-major) and the sq partial outputs coming back
+     * are summed by the sender (TorchTitan's all-gather to Replicate + reduce-scatter) */
+    hp_comm_t sp_comm;
+    int sq;
+    hp_mesh_t g_mesh;       // (ep x tp) flattened (ETP)
+    hp_comm_t g_comm;
 };
 
 /* Shard(1) re-layout between the whole local experts (El, d1, rest) and the rank-major blocks
@@ -73,7 +83,9 @@ static int ep_fl(const struct hp_ep *ep, const hp_module_t *m) {
 
 typedef struct ep_state {
     int R;              // rows this rank's experts received
-    int32_t *rc;        // (ep, El) rows from rank p for local expert j
+    int32_t *rc;        // (G, El) rows from rank p for local expert j (G = ep, or ep x tp)
+    int32_t *sc;        // (G, El) rows to rank g per expert of its ep rank
+    size_t *qdis;       // (G) receive displacements of the returning rows (sq > 1)
     int32_t *loff;      // (El + 1) local expert-major offsets
     int32_t *perm;      // (Rmax) local expert-major row -> rank-major row
     size_t *scnt, *sdis, *rcnt, *rdis;   // (ep) all_to_all_v counts / displacements (floats)
@@ -87,18 +99,24 @@ static void prof(hp_act_t *act, int op, double t0) {
     if (act->prof) act->prof[op] += omp_get_wtime() - t0;
 }
 
+/* Ranks each row goes to per ep rank (1, or tp when the experts' F is sharded over the tp
+ * ranks and the tokens are sequence-sharded over them) and the ranks of the exchange. */
+static int ep_q(const struct hp_ep *ep) { return ep->sq > 1 ? ep->sq : 1; }
+static int ep_g(const struct hp_ep *ep) { return ep->size * ep_q(ep); }
+
 static size_t rmax(const hp_ep_t ep, const hp_module_t *m, int N) {
     const hp_moe_impl_t *M = m->impl;
-    return (size_t)ep->size * N * M->c.top_k;
+    return (size_t)ep_g(ep) * N * M->c.top_k;
 }
 
 static size_t ep_act_bytes(void *ctx, const hp_module_t *m, int N) {
     hp_ep_t ep = ctx;
     const hp_moe_impl_t *M = m->impl;
-    const size_t R = rmax(ep, m, N), El = (size_t)M->c.n_experts / ep->size, D = M->c.dim, F = ep_fl(ep, m);
-    return hp_arena_round(sizeof(ep_state_t)) + hp_arena_round(sizeof(int32_t) * ep->size * El) +
+    const size_t R = rmax(ep, m, N), El = (size_t)M->c.n_experts / ep->size, D = M->c.dim, F = ep_fl(ep, m),
+                 G = (size_t)ep_g(ep);
+    return hp_arena_round(sizeof(ep_state_t)) + 2 * hp_arena_round(sizeof(int32_t) * G * El) +
            hp_arena_round(sizeof(int32_t) * (El + 1)) + hp_arena_round(sizeof(int32_t) * R) +
-           4 * hp_arena_round(sizeof(size_t) * ep->size) + 3 * hp_arena_round(sizeof(float) * R * D) +
+           5 * hp_arena_round(sizeof(size_t) * G) + 3 * hp_arena_round(sizeof(float) * R * D) +
            3 * hp_arena_round(sizeof(float) * R * F);
 }
 
@@ -118,57 +136,81 @@ static void permute_rows(float *dst, const float *src, const int32_t *perm, int 
     }
 }
 
+/* sq > 1: the rows came back from the sq ranks holding the F slices of each ep rank's
+ * experts (block g = (q, t) at qdis[g]); their partial sums, added in t order, go to dst at
+ * the rows of ep rank q's experts. */
+static void sum_slices(float *dst, const float *ret, const ep_state_t *s, int P, int Q) {
+    for (int q = 0; q < P; q++) {
+        const int64_t n = (int64_t)s->scnt[q * Q];
+        float *d = dst + s->sdis[q * Q];
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++) {
+            float acc = ret[s->qdis[q * Q] + (size_t)i];
+            for (int t = 1; t < Q; t++) acc += ret[s->qdis[q * Q + t] + (size_t)i];
+            d[i] = acc;
+        }
+    }
+}
+
 static hp_status_t ep_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *ys, const float *xs,
                               const int32_t *offsets, void **state) {
     hp_ep_t ep = ctx;
     hp_moe_impl_t *M = m->impl;
-    const int P = ep->size, E = M->c.n_experts, El = E / P, D = M->c.dim, F = ep_fl(ep, m);
+    const int P = ep->size, Q = ep_q(ep), G = P * Q, E = M->c.n_experts, El = E / P, D = M->c.dim, F = ep_fl(ep, m);
+    hp_comm_t gc = Q > 1 ? ep->g_comm : ep->comm;
     const int N = act->B * act->T;
     const size_t Rm = rmax(ep, m, N);
     double t0 = omp_get_wtime();
     ep_state_t *s = hp_act_alloc(act, sizeof(*s));
     *state = s;
-    s->rc = hp_act_alloc(act, sizeof(int32_t) * (size_t)P * El);
+    s->rc = hp_act_alloc(act, sizeof(int32_t) * (size_t)G * El);
+    s->sc = hp_act_alloc(act, sizeof(int32_t) * (size_t)G * El);
     s->loff = hp_act_alloc(act, sizeof(int32_t) * (size_t)(El + 1));
     s->perm = hp_act_alloc(act, sizeof(int32_t) * Rm);
-    s->scnt = hp_act_alloc(act, sizeof(size_t) * P);
-    s->sdis = hp_act_alloc(act, sizeof(size_t) * P);
-    s->rcnt = hp_act_alloc(act, sizeof(size_t) * P);
-    s->rdis = hp_act_alloc(act, sizeof(size_t) * P);
+    s->scnt = hp_act_alloc(act, sizeof(size_t) * G);
+    s->sdis = hp_act_alloc(act, sizeof(size_t) * G);
+    s->rcnt = hp_act_alloc(act, sizeof(size_t) * G);
+    s->rdis = hp_act_alloc(act, sizeof(size_t) * G);
+    s->qdis = hp_act_alloc(act, sizeof(size_t) * G);
     s->buf = hp_act_alloc(act, sizeof(float) * Rm * D);
     s->xl = hp_act_alloc(act, sizeof(float) * Rm * D);
     s->yl = hp_act_alloc(act, sizeof(float) * Rm * D);
     s->h1 = hp_act_alloc(act, sizeof(float) * Rm * F);
     s->h3 = hp_act_alloc(act, sizeof(float) * Rm * F);
     s->a = hp_act_alloc(act, sizeof(float) * Rm * F);
-    // 1. count exchange: my rows per expert, block q (experts of rank q) to rank q
-    int32_t cnt[HP_MOE_MAX_EXPERTS];
-    for (int e = 0; e < E; e++) cnt[e] = offsets[e + 1] - offsets[e];
-    HP_TRY(hp_all_to_all(cnt, s->rc, (size_t)El, HP_I32, ep->comm, NULL));
-    // 2. splits: rows to rank q are contiguous in expert-major order
-    size_t so = 0, ro = 0;
-    for (int q = 0; q < P; q++) {
-        s->scnt[q] = (size_t)(offsets[(q + 1) * El] - offsets[q * El]) * D;
-        s->sdis[q] = so;
-        so += s->scnt[q];
+    // 1. count exchange: my rows per expert, block g (the experts of ep rank g / Q) to rank g
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < El; j++) {
+            const int e = (g / Q) * El + j;
+            s->sc[g * El + j] = offsets[e + 1] - offsets[e];
+        }
+    HP_TRY(hp_all_to_all(s->sc, s->rc, (size_t)El, HP_I32, gc, NULL));
+    // 2. splits: rows to ep rank q are contiguous in expert-major order (sent to each of its Q ranks)
+    size_t ro = 0, qo = 0;
+    for (int g = 0; g < G; g++) {
+        const int q = g / Q;
+        s->scnt[g] = (size_t)(offsets[(q + 1) * El] - offsets[q * El]) * D;
+        s->sdis[g] = (size_t)offsets[q * El] * D;
+        s->qdis[g] = qo;
+        qo += s->scnt[g];
         size_t r = 0;
-        for (int j = 0; j < El; j++) r += (size_t)s->rc[q * El + j];
-        s->rcnt[q] = r * D;
-        s->rdis[q] = ro;
-        ro += s->rcnt[q];
+        for (int j = 0; j < El; j++) r += (size_t)s->rc[g * El + j];
+        s->rcnt[g] = r * D;
+        s->rdis[g] = ro;
+        ro += s->rcnt[g];
     }
     s->R = (int)(ro / D);
     HP_ASSERT((size_t)s->R <= Rm);
-    HP_TRY(hp_all_to_all_v(xs, s->scnt, s->sdis, s->buf, s->rcnt, s->rdis, HP_F32, ep->comm, NULL));
+    HP_TRY(hp_all_to_all_v(xs, s->scnt, s->sdis, s->buf, s->rcnt, s->rdis, HP_F32, gc, NULL));
     // 3. rank-major (p, j) -> expert-major (j, p)
     s->loff[0] = 0;
     for (int j = 0; j < El; j++) {
         int n = 0;
-        for (int p = 0; p < P; p++) n += s->rc[p * El + j];
+        for (int p = 0; p < G; p++) n += s->rc[p * El + j];
         s->loff[j + 1] = s->loff[j] + n;
     }
     for (int j = 0, i = 0; j < El; j++)
-        for (int p = 0; p < P; p++) {
+        for (int p = 0; p < G; p++) {
             int base = (int)(s->rdis[p] / D);
             for (int jj = 0; jj < j; jj++) base += s->rc[p * El + jj];
             for (int r = 0; r < s->rc[p * El + j]; r++) s->perm[i++] = base + r;
@@ -184,9 +226,14 @@ static hp_status_t ep_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *y
     // 5. back: expert-major -> rank-major, reverse all_to_all_v
     t0 = omp_get_wtime();
     permute_rows(s->buf, s->yl, s->perm, s->R, D, 1);
-    HP_TRY(hp_all_to_all_v(s->buf, s->rcnt, s->rdis, ys, s->scnt, s->sdis, HP_F32, ep->comm, NULL));
-    if (ep->tp_size > 1)   // ETP: each tp rank computed its F slice: Partial -> Replicate
-        HP_TRY(hp_all_reduce(ys, ys, (size_t)offsets[E] * D, HP_F32, HP_SUM, ep->tp_comm, NULL));
+    if (Q > 1) {   // F slices of the (sequence-sharded) rows: Q partial outputs per row, summed here
+        HP_TRY(hp_all_to_all_v(s->buf, s->rcnt, s->rdis, s->yl, s->scnt, s->qdis, HP_F32, gc, NULL));   // yl: free
+        sum_slices(ys, s->yl, s, P, Q);
+    } else {
+        HP_TRY(hp_all_to_all_v(s->buf, s->rcnt, s->rdis, ys, s->scnt, s->sdis, HP_F32, gc, NULL));
+        if (ep->tp_size > 1)   // ETP, tokens Replicate over tp: each tp rank computed its F slice: Partial -> Replicate
+            HP_TRY(hp_all_reduce(ys, ys, (size_t)offsets[E] * D, HP_F32, HP_SUM, ep->tp_comm, NULL));
+    }
     prof(act, HP_NN_OP_MOE_DISPATCH, t0);
     return HP_OK;
 }
@@ -196,14 +243,15 @@ static hp_status_t ep_backward_input(void *ctx, hp_module_t *m, hp_act_t *act, v
     hp_ep_t ep = ctx;
     hp_moe_impl_t *M = m->impl;
     ep_state_t *s = state;
-    const int El = M->c.n_experts / ep->size, D = M->c.dim, F = ep_fl(ep, m);
+    const int P = ep->size, Q = ep_q(ep), El = M->c.n_experts / P, D = M->c.dim, F = ep_fl(ep, m);
+    hp_comm_t gc = Q > 1 ? ep->g_comm : ep->comm;
     const size_t Rm = rmax(ep, m, act->B * act->T);
     s->dyl = hp_act_scratch(act, off, Rm * D);
     s->dh1 = hp_act_scratch(act, off, Rm * F);
     s->dh3 = hp_act_scratch(act, off, Rm * F);
     float *da = hp_act_scratch(act, off, Rm * F), *dxl = hp_act_scratch(act, off, Rm * D);
     double t0 = omp_get_wtime();
-    HP_TRY(hp_all_to_all_v(dys, s->scnt, s->sdis, s->buf, s->rcnt, s->rdis, HP_F32, ep->comm, NULL));
+    HP_TRY(hp_all_to_all_v(dys, s->scnt, s->sdis, s->buf, s->rcnt, s->rdis, HP_F32, gc, NULL));
     permute_rows(s->dyl, s->buf, s->perm, s->R, D, 0);
     prof(act, HP_NN_OP_MOE_DISPATCH, t0);
     const float *w[3];
@@ -214,11 +262,16 @@ static hp_status_t ep_backward_input(void *ctx, hp_module_t *m, hp_act_t *act, v
     prof(act, HP_NN_OP_MOE_EXPERTS, t0);
     t0 = omp_get_wtime();
     permute_rows(s->buf, dxl, s->perm, s->R, D, 1);
-    HP_TRY(hp_all_to_all_v(s->buf, s->rcnt, s->rdis, dxs, s->scnt, s->sdis, HP_F32, ep->comm, NULL));
-    if (ep->tp_size > 1) {   // ETP: partial over the F slices
-        size_t floats = 0;
-        for (int q = 0; q < ep->size; q++) floats += s->scnt[q];
-        HP_TRY(hp_all_reduce(dxs, dxs, floats, HP_F32, HP_SUM, ep->tp_comm, NULL));
+    if (Q > 1) {   // partial over the F slices: the Q copies of each row's gradient summed here
+        HP_TRY(hp_all_to_all_v(s->buf, s->rcnt, s->rdis, dxl, s->scnt, s->qdis, HP_F32, gc, NULL));   // dxl: free
+        sum_slices(dxs, dxl, s, P, Q);
+    } else {
+        HP_TRY(hp_all_to_all_v(s->buf, s->rcnt, s->rdis, dxs, s->scnt, s->sdis, HP_F32, gc, NULL));
+        if (ep->tp_size > 1) {   // ETP, tokens Replicate over tp: partial over the F slices
+            size_t floats = 0;
+            for (int q = 0; q < P; q++) floats += s->scnt[q];
+            HP_TRY(hp_all_reduce(dxs, dxs, floats, HP_F32, HP_SUM, ep->tp_comm, NULL));
+        }
     }
     prof(act, HP_NN_OP_MOE_DISPATCH, t0);
     return HP_OK;
@@ -548,6 +601,7 @@ hp_status_t hp_ep_parallelize_model(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) 
     for (int i = 0; i < hp_model_num_params(m); i++) {
         hp_param_t *p = &ps[i];
         if (!hp_ep_is_expert_param(p)) {
+            if (p->value.mesh) continue;   // EP borrowing tp ranks: the dense TP plan's layout stays
             set_layout(&p->value, mesh, hp_replicate(), 0, NULL);
             set_layout(&p->grad, mesh, hp_replicate(), 0, NULL);
             continue;
@@ -744,8 +798,55 @@ hp_status_t hp_ep_restore_dense_layout(hp_ep_t ep, hp_model_t m) {
     return HP_OK;
 }
 
+hp_status_t hp_ep_enable_sequence_parallel(hp_ep_t ep, hp_model_t m, hp_mesh_t tp_mesh) {
+    if (!ep || !m || !tp_mesh || hp_mesh_ndim(tp_mesh) != 1)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_enable_sequence_parallel: NULL argument or a tp mesh not 1-D");
+    if (ep->sp_comm) return hp_error(HP_ERR_STATE, "hp_ep_enable_sequence_parallel: already enabled");
+    if (ep->fs_size > 1)
+        return hp_error(HP_ERR_UNSUPPORTED, "sequence parallel around MoE layers with expert FSDP (efsdp %d) is not "
+                        "implemented", ep->fs_size);
+    ep->sp_comm = hp_mesh_get_comm(tp_mesh, 0);
+    const int k = (int)hp_mesh_size(tp_mesh, 0);
+    if (ep->tp) {   // TP of the experts (EP 1): the all-to-all dispatcher with one ep rank and the F slices over tp
+        if (ep->comm != ep->sp_comm)
+            return hp_error(HP_ERR_INVALID_ARG, "hp_ep_enable_sequence_parallel: tp_mesh is not the experts' tp mesh");
+        ep->tp_comm = ep->g_comm = ep->comm;
+        ep->tp_size = ep->size;
+        ep->tp_rank = ep->rank;
+        ep->size = 1;
+        ep->rank = 0;
+        ep->sq = ep->tp_size;
+        return install(m, ep, &ep_dispatch);
+    }
+    if (ep->tp_size > 1) {   // ETP: rows go to the tp ranks of their ep rank over the flattened (ep, tp)
+        if (ep->tp_size != k || hp_mesh_ndim(ep->mesh) != 2)
+            return hp_error(HP_ERR_INVALID_ARG, "hp_ep_enable_sequence_parallel: tp mesh of %d ranks, experts' F over %d",
+                            k, ep->tp_size);
+        const char *names[2] = {hp_mesh_dim_name(ep->mesh, 0), hp_mesh_dim_name(ep->mesh, 1)};
+        HP_TRY(hp_mesh_flatten(ep->mesh, 2, names, "ep_tp", &ep->g_mesh));
+        ep->g_comm = hp_mesh_get_comm(ep->g_mesh, 0);
+        ep->sq = ep->tp_size;
+        return install(m, ep, &ep_dispatch);
+    }
+    return HP_OK;   // EP over ranks that include tp: each tp rank dispatches its own tokens as it is
+}
+
+hp_status_t hp_ep_reduce_sequence_parallel_grads(hp_ep_t ep, hp_param_t *params, int n) {
+    if (!ep || (!params && n > 0)) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_reduce_sequence_parallel_grads: NULL");
+    if (!ep->sp_comm || hp_comm_size(ep->sp_comm) == 1) return HP_OK;
+    for (int i = 0; i < n; i++) {   // router gate and shared experts: each tp rank saw its own tokens
+        hp_param_t *p = &params[i];
+        if (hp_ep_is_expert_param(p) || !strstr(p->name, ".moe.")) continue;
+        hp_tensor_t *g = &p->grad.local;
+        if (hp_tensor_numel(g) == 0 || !g->data) continue;
+        HP_TRY(hp_all_reduce(g->data, g->data, (size_t)hp_tensor_numel(g), HP_F32, HP_SUM, ep->sp_comm, NULL));
+    }
+    return HP_OK;
+}
+
 void hp_ep_destroy(hp_ep_t ep) {
     if (!ep) return;
+    hp_mesh_destroy(ep->g_mesh);
     hp_free_aligned(ep->ws_w);
     hp_free_aligned(ep->ws_g);
     free(ep);

@@ -93,6 +93,8 @@ struct hp_trainer {
     hp_mesh_t ep_mesh;          /* expert parallel: the sparse mesh's ep dim */
     hp_ep_t ep;
     hp_ep_t ep_tp;              /* tensor parallel of the experts (tp > 1, ep = 1) */
+    hp_ep_t ep_sp;              /* ep or ep_tp under sequence parallel (tp > 1): the MoE input is
+                                   Shard(seq) over tp, counts and router grads summed over tp */
     hp_mesh_t etp_mesh;         /* ETP: (ep, etp); expert FSDP: (efsdp, ep), with ETP (efsdp, ep, etp) */
     hp_mesh_t ep_grad_mesh[2];  /* (efsdp), (dp_replicate): expert grads are summed over these */
     /* dense FSDP under EP: the norm is sqrt(dense^2 + experts^2), each over its own comms */
@@ -944,7 +946,10 @@ static hp_status_t ep_apply(hp_trainer_t t, hp_model_t m, int first, hp_ep_t *ep
         if (first) {
             HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, epn, &t->ep_mesh));
             if (t->pd.dp_replicate > 1) HP_TRY(hp_mesh_slice(t->meshes.sparse, 1, drn, &t->ep_grad_mesh[1]));
-            t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // dense counted once, experts summed
+            if (t->pd.tp > 1)   /* ep borrows tp ranks (etp 1): dense keep the TP plan's comms, experts sum over ep only */
+                t->ep_expert_comms[t->ep_n_expert_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);
+            else
+                t->clip_comms[t->n_clip_comms++] = hp_mesh_get_comm(t->ep_mesh, 0);   // dense counted once, experts summed
         }
         return hp_ep_parallelize_model(m, t->ep_mesh, ep);
     }
@@ -970,6 +975,12 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
     }
     /* --- end tensor parallel --- */
     HP_TRY(ep_apply(t, t->model, 1, &t->ep, &t->ep_tp));   /* expert parallel (owner moe), before init */
+    /* sequence parallel around the MoE layers: the MoE input stays Shard(seq) over tp, each tp
+     * rank routes its own tokens (TorchTitan's MoE layouts with SP on) */
+    if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && c->parallelism.enable_sequence_parallel) {
+        t->ep_sp = t->ep ? t->ep : t->ep_tp;
+        HP_TRY(hp_ep_enable_sequence_parallel(t->ep_sp, t->model, t->tp_mesh));
+    }
     /* --- context parallel (owner cp): ring / Ulysses cores over the cp dim, after TP (on
      * the local heads) and before FSDP, which then shards over dp_shard x cp --- */
     HP_TRY(cp_install(t, &t->model, 1));
@@ -991,8 +1002,10 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
         if (t->ep) {   /* expert parallel (owner moe): the experts stay on the sparse mesh (ep.c) */
             HP_TRY(hp_ep_restore_dense_layout(t->ep, t->model));
             fo.ignored_params = hp_ep_is_expert_param;
-            t->ep_n_expert_comms = t->n_clip_comms;
-            memcpy(t->ep_expert_comms, t->clip_comms, sizeof t->clip_comms);
+            if (!t->ep_n_expert_comms) {   // EP borrowing tp set its own (ep) above
+                t->ep_n_expert_comms = t->n_clip_comms;
+                memcpy(t->ep_expert_comms, t->clip_comms, sizeof t->clip_comms);
+            }
         }
         HP_TRY(hp_fully_shard(t->model, t->dp_mesh, &fo, &t->fsdp));
         t->params = hp_fsdp_params(t->fsdp);
@@ -1006,6 +1019,8 @@ static hp_status_t parallelize(hp_trainer_t t, int ac_k) {
         dop.average = 0;
         HP_TRY(hp_ddp_create(t->model, t->dp_comm, &dop, &t->ddp));
     }
+    /* expert parallel (owner moe) borrowing tp ranks without FSDP: dense over the TP comms, experts over ep */
+    if (t->ep && !t->ep_norm_p && t->ep_n_expert_comms) HP_TRY(ep_norm_setup(t, t->params, t->np));
     /* --- end data parallel --- */
     return HP_OK;
 }
@@ -1080,8 +1095,9 @@ static hp_status_t build(hp_trainer_t t) {
 /* --- mixture of experts (owner moe) -------------------------------------------------------
  * TorchTitan's aux-loss-free load balancing as an optimizer step pre-hook: the step's tokens
  * per expert of every MoE layer, summed over the batch mesh (each dp rank routes its own
- * tokens; TP ranks see the same tokens and are not summed; under CP over the loss mesh,
- * batch x cp, since each cp rank routes its own sequence shard), halved for layers whose block is
+ * tokens; TP ranks see the same tokens and are not summed, except under sequence parallel,
+ * where each routes its own sequence shard and they are; under CP over the loss mesh, batch x
+ * cp, since each cp rank routes its own sequence shard), halved for layers whose block is
  * recomputed by activation checkpointing (the recompute counts again), then per layer
  * bias += coeff * sign(mean - c) - mean(...), and the counts are zeroed. The imbalance
  * max/mean and the max/min tokens per expert of each layer go to the metrics (console, JSONL,
@@ -1098,10 +1114,13 @@ static hp_status_t moe_pre_step(void *user, hp_optim_t opt) {
         memset(M->tokens_per_expert, 0, sizeof(float) * (size_t)E);
     }
     /* context parallel: each cp rank routes its sequence shard, so the sum runs over the loss
-     * mesh (batch x cp); tp ranks route the same tokens and stay out */
+     * mesh (batch x cp) */
     hp_comm_t cc = t->cp ? hp_mesh_get_comm(t->meshes.loss, 0) : t->dp_comm;
     const int csize = t->dp_size * t->pd.cp;
     if (csize > 1) HP_TRY(hp_all_reduce(t->moe_counts, t->moe_counts, n, HP_F32, HP_SUM, cc, NULL));
+    /* sequence parallel: each tp rank routed its own sequence shard (TorchTitan sums over tp too) */
+    hp_comm_t spc = t->ep_sp ? hp_mesh_get_comm(t->tp_mesh, 0) : NULL;
+    if (spc) HP_TRY(hp_all_reduce(t->moe_counts, t->moe_counts, n, HP_F32, HP_SUM, spc, NULL));
     /* pipeline parallel (owner pp): each layer's row is held by one stage (zeros elsewhere): the
      * sum over pp gathers every layer's counts on every rank, so the logging rank logs them all */
     if (t->pp) HP_TRY(hp_all_reduce(t->moe_counts, t->moe_counts, n, HP_F32, HP_SUM, t->pp->comm, NULL));
@@ -1117,6 +1136,10 @@ static hp_status_t moe_pre_step(void *user, hp_optim_t opt) {
             M->aux_loss_sum = 0.0;
         }
         HP_TRY(hp_all_reduce(&aux, &all, 1, HP_F32, HP_SUM, cc, NULL));
+        if (spc) {   // mean over the tp ranks' sequence shards as well
+            HP_TRY(hp_all_reduce(&all, &all, 1, HP_F32, HP_SUM, spc, NULL));
+            all /= (float)t->pd.tp;
+        }
         if (t->pp) HP_TRY(hp_all_reduce(&all, &all, 1, HP_F32, HP_SUM, t->pp->comm, NULL));   /* owner pp: every stage's layers */
         if (log) HP_TRY(hp_metrics_log_scalar(t->metrics, "moe/aux_loss", step, all / (csize > 0 ? csize : 1)));
     }
@@ -1256,20 +1279,40 @@ static hp_status_t moe_check_layout(const hp_trainer_t t) {
                         "hint: set expert_parallel_degree, or set expert_tensor_parallel_degree to 1 (with "
                         "expert_parallel_degree 1 the experts are then tensor parallel on their hidden dim)",
                         t->pd.etp, t->pd.ep, t->mcfg.name);
-    /* TP with an MoE model: the dense layers follow the TP plan, the routed experts are sharded
-     * on their hidden dim over tp (hp_ep_tensor_parallel_experts), router and shared experts
-     * replicated; sequence parallel would hand the MoE a sequence shard (a plan entry not written) */
-    if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->cfg.parallelism.enable_sequence_parallel)
+    /* TP with an MoE model: the dense layers follow the TP plan; the routed experts are sharded
+     * on their hidden dim over tp (hp_ep_tensor_parallel_experts, ETP) or EP borrows the tp
+     * ranks (etp 1). Under sequence parallel each tp rank routes its own sequence shard
+     * (hp_ep_enable_sequence_parallel). EP borrowing tp needs that: with a Replicate MoE input
+     * every tp rank would dispatch the same tokens. */
+    const int borrow = t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->pd.ep > 1 && t->pd.etp == 1;
+    if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->pd.pp > 1 && t->cfg.parallelism.enable_sequence_parallel)
         return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.enable_sequence_parallel' = true with "
-                        "tensor_parallel_degree %d and the MoE model '%s': sequence parallel around MoE layers is not "
-                        "implemented; hint: --parallelism.enable_sequence_parallel=false (the experts are then "
-                        "tensor parallel on their hidden dim)", t->pd.tp, t->mcfg.name);
-    if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->pd.ep > 1 && !etp)
+                        "tensor_parallel_degree %d, pipeline_parallel_degree %d and the MoE model '%s': sequence "
+                        "parallel around MoE layers is not implemented inside pipeline stages; hint: "
+                        "--parallelism.enable_sequence_parallel=false (the experts are then tensor parallel on their "
+                        "hidden dim, or ETP)", t->pd.tp, t->pd.pp, t->mcfg.name);
+    if (borrow && !t->cfg.parallelism.enable_sequence_parallel)
+        return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.enable_sequence_parallel' = false with "
+                        "expert_parallel_degree %d borrowing tensor_parallel_degree %d ranks (expert_tensor_parallel_degree "
+                        "1): the tokens must be sequence-sharded over tp before dispatch (TorchTitan's EP + TP); hint: "
+                        "--parallelism.enable_sequence_parallel=true, or expert_tensor_parallel_degree = %d (ETP)",
+                        t->pd.ep, t->pd.tp, t->pd.tp);
+    if (borrow && t->pd.ep != t->pd.dp_shard * t->pd.cp * t->pd.tp)
         return hp_error(HP_ERR_UNSUPPORTED, "config keys 'parallelism.expert_parallel_degree' = %d and "
-                        "'parallelism.tensor_parallel_degree' = %d: EP borrowing tp ranks (expert_tensor_parallel_degree "
-                        "1) is not implemented; hint: set parallelism.expert_tensor_parallel_degree = %d (ETP) with an "
-                        "expert_parallel_degree dividing data_parallel_shard_degree x context_parallel_degree", t->pd.ep,
-                        t->pd.tp, t->pd.tp);
+                        "'parallelism.tensor_parallel_degree' = %d with expert_tensor_parallel_degree 1: EP borrowing tp "
+                        "ranks is implemented for expert_parallel_degree = data_parallel_shard_degree x "
+                        "context_parallel_degree x tensor_parallel_degree (= %d here, expert FSDP degree 1); hint: set "
+                        "expert_parallel_degree to %d, or expert_tensor_parallel_degree = %d (ETP)", t->pd.ep, t->pd.tp,
+                        t->pd.dp_shard * t->pd.cp * t->pd.tp, t->pd.dp_shard * t->pd.cp * t->pd.tp, t->pd.tp);
+    const int efsdp = hp_parallel_dims_efsdp(&t->pd);
+    if (t->mcfg.moe_experts > 0 && t->pd.tp > 1 && t->pd.ep > 1 && efsdp > 1 &&
+        t->cfg.parallelism.enable_sequence_parallel)
+        return hp_error(HP_ERR_UNSUPPORTED, "config key 'parallelism.enable_sequence_parallel' = true with expert FSDP "
+                        "degree %d (expert_parallel_degree %d x expert_tensor_parallel_degree %d of data_parallel_shard_degree "
+                        "x context_parallel_degree x tensor_parallel_degree = %d ranks): sequence parallel around MoE "
+                        "layers is implemented for expert FSDP degree 1; hint: --parallelism.enable_sequence_parallel=false, "
+                        "or expert_parallel_degree = %d", efsdp, t->pd.ep, t->pd.etp, t->pd.dp_shard * t->pd.cp * t->pd.tp,
+                        t->pd.dp_shard * t->pd.cp * t->pd.tp / t->pd.etp);
     return HP_OK;
 }
 /* --- end mixture of experts ---------------------------------------------------------------- */
@@ -1547,6 +1590,8 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
             }
         }
     }
+    /* sequence parallel around MoE layers (owner moe): the router and shared experts saw this tp rank's tokens */
+    if (t->ep_sp) HP_TRY(hp_ep_reduce_sequence_parallel_grads(t->ep_sp, params, np));
     if (t->pp) HP_TRY(pp_tie_grads(t));   /* pipeline parallel (owner pp): tied copies summed */
     const double t_red = hp_clock_now_seconds();
     const double dp_wait =
