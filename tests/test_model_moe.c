@@ -22,6 +22,10 @@ static void small(hp_model_config_t *c) {
     c->moe_hidden = 24;
     c->vocab_size = 97;
     c->max_seq_len = 16;
+    c->kv_lora_rank = 16;   // deepseek_v3's MLA (the GQA models ignore these)
+    c->qk_nope_head_dim = 8;
+    c->qk_rope_head_dim = 4;
+    c->v_head_dim = 12;
 }
 
 static void tokens(int32_t *t, int32_t *y, int n, int V, uint32_t s) {
