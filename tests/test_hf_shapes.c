@@ -1,6 +1,6 @@
 /* HF folders made by transformers for shapes no preset has (tools/golden/make_hf_shapes.py,
  * tests/data/hf_shapes/: one KV head, head_dim != hidden/heads, tied and untied, RoPE with and
- * without llama3 scaling; llama and qwen3): the model config read from config.json alone, the
+ * without llama3 scaling; llama and qwen3; Qwen3-MoE and DeepSeek-V3 with MLA): the model config read from config.json alone, the
  * weights imported three ways (hp_hf_import, hp-ckpt from-hf without --flavor, hp-train's
  * initial load with model.flavor = hf), and logits against transformers' forward. Then the
  * refusals (issue 18 acceptance 2): a flavor disagreeing with config.json, in a shape field or in
@@ -244,6 +244,63 @@ static void test_moe_shape(const char *name) {
 }
 /* --- end --- */
 
+/* DeepSeek-V3 (DeepseekV3ForCausalLM, MLA with q_lora, YaRN with mscale == mscale_all_dim,
+ * group-limited sigmoid routing, a shared expert): the deepseek_v3 model from config.json alone,
+ * hp_hf_import, logits against transformers' (same bound; the model keeps config.json's
+ * max_position_embeddings 256 > the original 64, so YaRN applies as in HF); a kv_b_proj change
+ * is caught; a field that changes no shape (mscale) is named; hp-ckpt from-hf converts it. */
+static void test_deepseek_shape(const char *name) {
+    char dir[1400];
+    snprintf(dir, sizeof dir, "%s/tests/data/hf_shapes/%s", SRC, name);
+    expected_t e = {0};
+    if (!load_expected(dir, &e)) return;
+    hp_model_config_t mc;
+    HP_CHECK_OK(hp_hf_read_config(dir, &mc));
+    HP_CHECK(!strcmp(mc.name, "deepseek_v3") && mc.mla && mc.q_lora_rank == 12 && mc.kv_lora_rank == 16 &&
+             mc.qk_nope_head_dim == 8 && mc.qk_rope_head_dim == 4 && mc.v_head_dim == 12 && mc.moe_experts == 4 &&
+             mc.moe_top_k == 2 && mc.moe_shared_experts == 1 && mc.moe_expert_groups == 2 && mc.moe_limited_groups == 1 &&
+             mc.moe_route_scale == 2.5f && mc.moe_route_norm && mc.moe_score_fn == HP_MOE_SCORE_SIGMOID &&
+             mc.moe_n_dense_layers == 1 && hp_model_mla_yarn(&mc) && fabsf(mc.mla_mscale - 0.7f) < 1e-7f &&
+             mc.rope_original_max_pos == 64 && mc.rope_factor == 4.0f,
+             "%s: config.json read as %s mla %d (q_lora %d kv_lora %d %d/%d/%d), %d experts top-%d, yarn %d", name,
+             mc.name, mc.mla, mc.q_lora_rank, mc.kv_lora_rank, mc.qk_nope_head_dim, mc.qk_rope_head_dim, mc.v_head_dim,
+             mc.moe_experts, mc.moe_top_k, hp_model_mla_yarn(&mc));
+    hp_model_t m = NULL;
+    HP_CHECK_OK(hp_model_create(&mc, e.B, e.T, &m));   // the RoPE table for T rows; max_seq_len stays 256
+    if (!m) return;
+    HP_CHECK_OK(hp_hf_import(dir, &mc, hp_model_params(m), hp_model_num_params(m), NULL));
+    double err = logits_err(m, &e);
+    HP_CHECK(err <= TOL_LOGITS, "%s: hp_hf_import logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
+    printf("%s: MLA + %d experts top-%d (%d groups), YaRN: logits rel err %.2g\n", name, mc.moe_experts, mc.moe_top_k,
+           mc.moe_expert_groups, err);
+    hp_param_t *kvb = hp_model_find_param(m, "layers.2.attention.wkv_b.weight");   // negative control
+    HP_ASSERT(kvb);
+    float *w = kvb->value.local.data;
+    const float keep = w[5];
+    w[5] *= 1.01f;
+    double eb = logits_err(m, &e);
+    HP_CHECK(eb > TOL_LOGITS, "%s: one kv_b_proj entry x 1.01 went unnoticed (rel err %.3g)", name, eb);
+    w[5] = keep;
+    hp_model_config_t bad = mc;   // a YaRN field that changes no shape is named
+    bad.mla_mscale = 1.0f;
+    HP_CHECK_ERR(hp_hf_import(dir, &bad, hp_model_params(m), hp_model_num_params(m), NULL), HP_ERR_INVALID_ARG,
+                 "config.json 'rope_parameters.mscale' = 0.699999988 (model.mla_mscale = 1)");
+    int rc = run("'%s/hp-ckpt' from-hf '%s' dcp_ds", BDIR, dir);
+    HP_CHECK(rc == 0 && strstr(OUT, "deepseek_v3 from config.json"), "%s: from-hf exit %d\n%s", name, rc, OUT);
+    int np = hp_model_num_params(m);
+    hp_dcp_tensor_t *ts = calloc((size_t)np, sizeof *ts);
+    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
+    hp_dcp_state_t st = {ts, np, NULL, 0};
+    char p[1600];
+    snprintf(p, sizeof p, "%s/dcp_ds", ROOT);
+    if (rc == 0) HP_CHECK_OK(hp_dcp_load(p, &st, NULL, NULL));
+    err = logits_err(m, &e);
+    HP_CHECK(rc == 0 && err <= TOL_LOGITS, "%s: hp-ckpt from-hf logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
+    free(ts);
+    hp_model_destroy(m);
+    free(e.logits);
+}
+
 /* a copy of a shape's folder whose config.json gets `edit` (a JSON object merged in; a null
  * value removes the key) */
 static void edited_copy(const char *name, const char *to, const char *edit) {
@@ -390,6 +447,7 @@ int main(int argc, char **argv) {
     hp_test_train_tokenizer_vocab(text, n, 260, p);
     for (int i = 0; i < N_SHAPES; i++) test_shape(SHAPES[i]);
     test_moe_shape("qwen3_moe_e4_top2_tied");   /* mixture of experts (owner moe) */
+    test_deepseek_shape("deepseek_v3_mla_e4_yarn");
     test_refusals();
     if (!getenv("HP_KEEP")) {
         char cmd[600];
