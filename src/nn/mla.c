@@ -4,7 +4,9 @@
  * and on k_pe (one for every head), the causal SDPA core and wo. The core has one head width
  * hc = max(qk_nope + qk_rope, v_head): the narrower of q|k and v is zero-padded to it (zero
  * channels add nothing to q.k and give zero output columns, which are dropped), and q is
- * pre-scaled by scale * sqrt(hc) so that the core's 1/sqrt(hc) gives MLA's softmax scale. */
+ * pre-scaled by scale * sqrt(hc) so that the core's 1/sqrt(hc) gives MLA's softmax scale. The
+ * core is the model's "sdpa" module, so context parallel swaps it for ring / Ulysses attention
+ * over the same [q | k | v] rows; RoPE then follows the context's position segments. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -64,10 +66,22 @@ static size_t mla_scratch(const hp_module_t *m, int B, int T) {
 }
 
 /* RoPE on `heads` blocks of `rope` channels at column off + h * stride of rows (B*T, ld), at
- * positions pos0 + t. */
+ * positions pos0 + t, or (context parallel) the context's segments at their global positions. */
 static void rope_heads(hp_act_t *act, const mla_impl_t *A, float *x, int ld, int B, int T, int heads, int stride,
                        int off, int inverse) {
     const int half = A->c.rope / 2;
+    if (act->n_pos_segs > 0 && !act->kv) {
+        const int L = T / act->n_pos_segs;
+        for (int b = 0; b < B; b++)
+            for (int g = 0; g < act->n_pos_segs; g++) {
+                float *xs = x + ((size_t)b * T + (size_t)g * L) * ld;
+                const float *cs = A->c.cos_t + (size_t)act->pos_segs[g] * half, *sn = A->c.sin_t + (size_t)act->pos_segs[g] * half;
+                for (int h = 0; h < heads; h++)
+                    act->be->rope_apply(act->be->ctx, xs + (size_t)h * stride + off, ld, 1, L, 1, A->c.rope, cs, sn,
+                                        HP_ROPE_INTERLEAVED, inverse);
+            }
+        return;
+    }
     const float *cs = A->c.cos_t + (size_t)act->pos0 * half, *sn = A->c.sin_t + (size_t)act->pos0 * half;
     for (int h = 0; h < heads; h++)
         act->be->rope_apply(act->be->ctx, x + (size_t)h * stride + off, ld, B, T, 1, A->c.rope, cs, sn,
@@ -77,9 +91,6 @@ static void rope_heads(hp_act_t *act, const mla_impl_t *A, float *x, int ld, int
 static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     mla_impl_t *A = m->impl;
     const nn_mla_cfg_t *c = &A->c;
-    if (act->n_pos_segs > 0 && !act->kv)
-        return hp_error(HP_ERR_UNSUPPORTED, "MLA attention '%s': context parallel rows (global position segments) "
-                        "are not supported; hint: parallelism.context_parallel_degree 1 with MLA models", m->name);
     const int N = act->B * act->T, H = A->H, qk = c->nope + c->rope, hc = c->hc, kvl = c->kv_lora;
     const int lda = kvl + c->rope, ldb = c->nope + c->v, ld3 = 3 * H * hc;
     mla_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
