@@ -248,7 +248,8 @@ int main(void) {
         HP_CHECK(system(cmd) == 0, "rm %s", dir);
     }
     // DeepSeek-V3 (DeepseekV3ForCausalLM: MLA, shared experts, sigmoid routing over groups): the
-    // same round trip, for q_lora 0 (q_proj) and > 0 (q_a_proj, q_a_layernorm, q_b_proj), YaRN on
+    // same round trip (with expert_bias as e_score_correction_bias), for q_lora 0 (q_proj) and > 0
+    // (q_a_proj, q_a_layernorm, q_b_proj), YaRN on
     for (int ql = 0; ql <= 8; ql += 8) {
         char dir[] = "/tmp/hp_test_model_moe_ds_XXXXXX";
         HP_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -264,7 +265,22 @@ int main(void) {
         HP_CHECK_OK(hp_model_create(&d, B, T, &b));
         HP_CHECK_OK(hp_model_init_weights(a, 31));
         HP_CHECK_OK(hp_model_init_weights(b, 32));
-        HP_CHECK_OK(hp_hf_export(dir, &d, hp_model_params(a), hp_model_num_params(a), NULL, HP_F32, 0));
+        // the trainer's list: the parameters and each MoE layer's expert_bias (e_score_correction_bias)
+        const int npa = hp_model_num_params(a);
+        hp_param_t *la_ = calloc((size_t)npa + 2, sizeof *la_), *lb_ = calloc((size_t)npa + 2, sizeof *lb_);
+        float bias_a[2][4], bias_b[2][4] = {{0}};
+        memcpy(la_, hp_model_params(a), sizeof(hp_param_t) * (size_t)npa);
+        memcpy(lb_, hp_model_params(b), sizeof(hp_param_t) * (size_t)npa);
+        for (int j = 0; j < 2; j++) {
+            const int64_t shape[1] = {4};
+            for (int e = 0; e < 4; e++) bias_a[j][e] = 0.01f * (float)(e - j) + 0.003f;
+            snprintf(la_[npa + j].name, sizeof la_[npa + j].name, "layers.%d.moe.expert_bias", j + 1);
+            snprintf(lb_[npa + j].name, sizeof lb_[npa + j].name, "layers.%d.moe.expert_bias", j + 1);
+            HP_CHECK_OK(hp_tensor_init(&la_[npa + j].value.local, HP_F32, 1, shape, bias_a[j]));
+            HP_CHECK_OK(hp_tensor_init(&lb_[npa + j].value.local, HP_F32, 1, shape, bias_b[j]));
+            la_[npa + j].value.global_shape[0] = lb_[npa + j].value.global_shape[0] = 4;
+        }
+        HP_CHECK_OK(hp_hf_export(dir, &d, la_, npa + 2, NULL, HP_F32, 0));
         char path[200];
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
         FILE *f = fopen(path, "r");
@@ -283,7 +299,12 @@ int main(void) {
         char msg[1500], flags[700];
         HP_CHECK(strcmp(back.name, "deepseek_v3") == 0 && hp_hf_config_diff(&back, &d, msg, sizeof msg, flags, sizeof flags) == 0,
                  "deepseek_v3 config.json read back as %s differs: %s", back.name, msg);
-        HP_CHECK_OK(hp_hf_import(dir, &d, hp_model_params(b), hp_model_num_params(b), NULL));
+        HP_CHECK(strstr(idx, "\"model.layers.2.mlp.gate.e_score_correction_bias\"") != NULL,
+                 "deepseek_v3 HF index lacks e_score_correction_bias");
+        HP_CHECK_OK(hp_hf_import(dir, &d, lb_, npa + 2, NULL));
+        HP_CHECK(memcmp(bias_a, bias_b, sizeof bias_a) == 0, "expert_bias did not survive the HF round trip");
+        free(la_);
+        free(lb_);
         int same = 1;
         for (int i = 0; i < hp_model_num_params(a); i++) {
             const hp_param_t *pa = &hp_model_params(a)[i], *pb = &hp_model_params(b)[i];

@@ -58,6 +58,12 @@ static const struct { const char *tt, *hf; } mla_map[] = {
     {"moe.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight"},
 };
 static int is_qwen3_moe(const hp_model_config_t *mc) { return strcmp(mc->name, "qwen3_moe") == 0; }
+/* The trainer checkpoints each MoE layer's expert_bias as "layers.N.moe.expert_bias": DeepSeek-V3's
+ * HF name is mlp.gate.e_score_correction_bias; Qwen3-MoE has none (skipped both ways). */
+static int is_expert_bias(const char *name) {
+    const size_t n = strlen(name), k = strlen(".moe.expert_bias");
+    return n > k && !strcmp(name + n - k, ".moe.expert_bias");
+}
 
 /* --- mixture of experts (owner moe): Qwen3-MoE (Qwen3MoeForCausalLM) and DeepSeek-V3
  * (DeepseekV3ForCausalLM) maps; a model whose router or experts HF cannot express is refused by
@@ -152,6 +158,10 @@ hp_status_t hp_hf_name_to_hf(const hp_model_config_t *mc, const char *fqn, char 
             return HP_OK;
         }
     int layer, used = 0;
+    if (is_deepseek(mc) && parse_layer(fqn, "layers.", &layer, &used) && !strcmp(fqn + used, "moe.expert_bias")) {
+        snprintf(out, n, "model.layers.%d.mlp.gate.e_score_correction_bias", layer);
+        return HP_OK;
+    }
     if (is_deepseek(mc) && parse_layer(fqn, "layers.", &layer, &used))
         for (size_t i = 0; i < sizeof mla_map / sizeof mla_map[0]; i++)
             if (!strcmp(fqn + used, mla_map[i].tt)) {
@@ -181,6 +191,11 @@ hp_status_t hp_hf_name_from_hf(const hp_model_config_t *mc, const char *hf, char
             return HP_OK;
         }
     int layer, used = 0;
+    if (is_deepseek(mc) && parse_layer(hf, "model.layers.", &layer, &used) &&
+        !strcmp(hf + used, "mlp.gate.e_score_correction_bias")) {
+        snprintf(out, n, "layers.%d.moe.expert_bias", layer);
+        return HP_OK;
+    }
     if (is_deepseek(mc) && parse_layer(hf, "model.layers.", &layer, &used))
         for (size_t i = 0; i < sizeof mla_map / sizeof mla_map[0]; i++)
             if (!strcmp(hf + used, mla_map[i].hf)) {
@@ -394,7 +409,8 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
     char tmpn[160];
     int n_ent = 0;
     for (int i = 0; i < n_params; i++)
-        n_ent += expert_hf_name(params[i].name, 0, tmpn, sizeof tmpn) ? mc->moe_experts : 1;
+        n_ent += expert_hf_name(params[i].name, 0, tmpn, sizeof tmpn) ? mc->moe_experts
+                 : is_expert_bias(params[i].name) && !is_deepseek(mc) ? 0 : 1;
     hp_tensor_t *full = hp_calloc((size_t)n_params + 1, sizeof *full), *ent_t = hp_calloc((size_t)n_ent + 1, sizeof *ent_t);
     void **owned = hp_calloc((size_t)n_params + 1, sizeof *owned);
     float **perm = hp_calloc((size_t)n_params + 1, sizeof *perm);
@@ -405,6 +421,7 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
     int nfiles = 1, k_ent = 0;
     for (int i = 0; s == HP_OK && i < n_params; i++) {
         int pm = 0;
+        if (is_expert_bias(params[i].name) && !is_deepseek(mc)) continue;   /* no HF tensor */
         const int expert = expert_hf_name(params[i].name, 0, tmpn, sizeof tmpn);
         if (!expert) s = hp_hf_name_to_hf(mc, params[i].name, names[k_ent], sizeof names[k_ent], &pm);
         if (s == HP_OK) s = full_of(&params[i], &full[i], &owned[i]);
@@ -731,6 +748,7 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
             s = import_experts(dir, mc, &params[i], wm, open_st, open_name, &n_open, &buf, &buf_cap);
             continue;
         }
+        if (is_expert_bias(params[i].name) && !is_deepseek(mc)) continue;   /* Qwen3-MoE: no HF tensor, kept */
         s = hp_hf_name_to_hf(mc, params[i].name, hf, sizeof hf, &pm);
         if (s != HP_OK) break;
         const char *fname = "model.safetensors";

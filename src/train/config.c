@@ -1230,7 +1230,9 @@ static hp_status_t resolve_model_from_hf(const hp_config_t *c, int vocab_size, c
         return hp_error(HP_ERR_INVALID_ARG, "%s/config.json 'vocab_size' = %d is below the vocabulary of %s (%d "
                         "tokens): the embedding rows are token ids; hint: use the checkpoint's tokenizer",
                         dir, mc.vocab_size, vocab_from ? vocab_from : "the data", vocab_size);
-    if (seq_len > 0) mc.max_seq_len = seq_len;   /* the RoPE table covers the trained context */
+    /* the RoPE table covers the trained context; MLA keeps config.json's longer context, which
+     * decides whether YaRN applies (hp_model_mla_yarn) */
+    if (seq_len > 0 && !(mc.mla && mc.max_seq_len >= seq_len)) mc.max_seq_len = seq_len;
     *out = mc;
     return HP_OK;
 }
