@@ -190,6 +190,39 @@ static void test_shape(const char *name) {
     free(e.logits);
 }
 
+/* hp-train's initial load (model.flavor = hf) of an MoE folder: the trainer's list has each MoE
+ * layer's expert_bias (deepseek_v3: read from mlp.gate.e_score_correction_bias; qwen3_moe: none,
+ * skipped); the logits are transformers' again. */
+static void trainer_load(const char *name, const char *model, const char *dir, const expected_t *ep) {
+    expected_t e = *ep;
+    double err;
+    hp_config_t *c = calloc(1, sizeof *c);
+    hp_config_defaults(c);
+    snprintf(c->model.name, sizeof c->model.name, "%s", model);
+    snprintf(c->model.flavor, sizeof c->model.flavor, "hf");
+    HP_ASSERT(snprintf(c->checkpoint.initial_load_path, sizeof c->checkpoint.initial_load_path, "%s", dir) <
+              (int)sizeof c->checkpoint.initial_load_path);
+    c->checkpoint.enable = 1;
+    snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/run_%s", ROOT, name);
+    snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s/tok.json", ROOT);
+    snprintf(c->data.path, sizeof c->data.path, "%s/corpus.txt", ROOT);
+    snprintf(c->data.format, sizeof c->data.format, "text");
+    c->training.seq_len = e.T;
+    c->training.local_batch_size = e.B;
+    c->training.steps = 1;
+    c->parallelism.data_parallel_shard_degree = 1;
+    c->metrics.peak_flops = -1;
+    hp_trainer_t t = NULL;
+    HP_CHECK_OK(hp_trainer_create(c, WORLD, &t));
+    if (t) {
+        err = logits_err(hp_trainer_model(t), &e);
+        HP_CHECK(err <= TOL_LOGITS, "%s: initial load logits rel err %.3g", name, err);
+        printf("%s: hp-train initial load (model.flavor = hf): logits rel err %.2g\n", name, err);
+        hp_trainer_destroy(t);
+    }
+    free(c);
+}
+
 /* --- mixture of experts (owner moe): the Qwen3-MoE folder (one tensor per expert, mlp.gate,
  * num_local_experts / mlp_only_layers in config.json): the qwen3_moe model from config.json,
  * hp_hf_import, logits against transformers' (the same f32-vs-f64 bound; the routing's top-2
@@ -239,6 +272,7 @@ static void test_moe_shape(const char *name) {
     err = logits_err(m, &e);
     HP_CHECK(rc == 0 && err <= TOL_LOGITS, "%s: hp-ckpt from-hf logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
     free(ts);
+    trainer_load(name, "qwen3_moe", dir, &e);
     hp_model_destroy(m);
     free(e.logits);
 }
@@ -297,33 +331,7 @@ static void test_deepseek_shape(const char *name) {
     err = logits_err(m, &e);
     HP_CHECK(rc == 0 && err <= TOL_LOGITS, "%s: hp-ckpt from-hf logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
     free(ts);
-    /* hp-train's initial load (model.flavor = hf): the trainer's list has each MoE layer's
-     * expert_bias, read from mlp.gate.e_score_correction_bias */
-    hp_config_t *c = calloc(1, sizeof *c);
-    hp_config_defaults(c);
-    snprintf(c->model.name, sizeof c->model.name, "deepseek_v3");
-    snprintf(c->model.flavor, sizeof c->model.flavor, "hf");
-    HP_ASSERT(snprintf(c->checkpoint.initial_load_path, sizeof c->checkpoint.initial_load_path, "%s", dir) <
-              (int)sizeof c->checkpoint.initial_load_path);
-    c->checkpoint.enable = 1;
-    snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/run_%s", ROOT, name);
-    snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s/tok.json", ROOT);
-    snprintf(c->data.path, sizeof c->data.path, "%s/corpus.txt", ROOT);
-    snprintf(c->data.format, sizeof c->data.format, "text");
-    c->training.seq_len = e.T;
-    c->training.local_batch_size = e.B;
-    c->training.steps = 1;
-    c->parallelism.data_parallel_shard_degree = 1;
-    c->metrics.peak_flops = -1;
-    hp_trainer_t t = NULL;
-    HP_CHECK_OK(hp_trainer_create(c, WORLD, &t));
-    if (t) {
-        err = logits_err(hp_trainer_model(t), &e);
-        HP_CHECK(err <= TOL_LOGITS, "%s: initial load logits rel err %.3g", name, err);
-        printf("%s: hp-train initial load (model.flavor = hf): logits rel err %.2g\n", name, err);
-        hp_trainer_destroy(t);
-    }
-    free(c);
+    trainer_load(name, "deepseek_v3", dir, &e);
     hp_model_destroy(m);
     free(e.logits);
 }
