@@ -36,6 +36,7 @@ static void small_config(hp_model_config_t *c, const char *name, int E) {
     HP_CHECK_OK(hp_model_flavor(name, "debugmodel", c));
     c->dim = 48; c->n_layers = 3; c->n_heads = 4; c->n_kv_heads = 2; c->head_dim = 12; c->hidden_dim = 64;
     c->moe_hidden = 24; c->moe_experts = E; c->moe_top_k = 2; c->vocab_size = 97; c->max_seq_len = 16;
+    c->kv_lora_rank = 16; c->qk_nope_head_dim = 8; c->qk_rope_head_dim = 4; c->v_head_dim = 12;   // MLA (deepseek_v3)
     if (E <= 2 && c->moe_expert_groups > 1) c->moe_expert_groups = c->moe_limited_groups = 0;
     HP_CHECK_OK(hp_model_config_validate(c));
 }

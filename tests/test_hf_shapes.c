@@ -1,6 +1,6 @@
 /* HF folders made by transformers for shapes no preset has (tools/golden/make_hf_shapes.py,
  * tests/data/hf_shapes/: one KV head, head_dim != hidden/heads, tied and untied, RoPE with and
- * without llama3 scaling; llama and qwen3): the model config read from config.json alone, the
+ * without llama3 scaling; llama and qwen3; Qwen3-MoE and DeepSeek-V3 with MLA): the model config read from config.json alone, the
  * weights imported three ways (hp_hf_import, hp-ckpt from-hf without --flavor, hp-train's
  * initial load with model.flavor = hf), and logits against transformers' forward. Then the
  * refusals (issue 18 acceptance 2): a flavor disagreeing with config.json, in a shape field or in
@@ -190,6 +190,39 @@ static void test_shape(const char *name) {
     free(e.logits);
 }
 
+/* hp-train's initial load (model.flavor = hf) of an MoE folder: the trainer's list has each MoE
+ * layer's expert_bias (deepseek_v3: read from mlp.gate.e_score_correction_bias; qwen3_moe: none,
+ * skipped); the logits are transformers' again. */
+static void trainer_load(const char *name, const char *model, const char *dir, const expected_t *ep) {
+    expected_t e = *ep;
+    double err;
+    hp_config_t *c = calloc(1, sizeof *c);
+    hp_config_defaults(c);
+    snprintf(c->model.name, sizeof c->model.name, "%s", model);
+    snprintf(c->model.flavor, sizeof c->model.flavor, "hf");
+    HP_ASSERT(snprintf(c->checkpoint.initial_load_path, sizeof c->checkpoint.initial_load_path, "%s", dir) <
+              (int)sizeof c->checkpoint.initial_load_path);
+    c->checkpoint.enable = 1;
+    snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/run_%s", ROOT, name);
+    snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s/tok.json", ROOT);
+    snprintf(c->data.path, sizeof c->data.path, "%s/corpus.txt", ROOT);
+    snprintf(c->data.format, sizeof c->data.format, "text");
+    c->training.seq_len = e.T;
+    c->training.local_batch_size = e.B;
+    c->training.steps = 1;
+    c->parallelism.data_parallel_shard_degree = 1;
+    c->metrics.peak_flops = -1;
+    hp_trainer_t t = NULL;
+    HP_CHECK_OK(hp_trainer_create(c, WORLD, &t));
+    if (t) {
+        err = logits_err(hp_trainer_model(t), &e);
+        HP_CHECK(err <= TOL_LOGITS, "%s: initial load logits rel err %.3g", name, err);
+        printf("%s: hp-train initial load (model.flavor = hf): logits rel err %.2g\n", name, err);
+        hp_trainer_destroy(t);
+    }
+    free(c);
+}
+
 /* --- mixture of experts (owner moe): the Qwen3-MoE folder (one tensor per expert, mlp.gate,
  * num_local_experts / mlp_only_layers in config.json): the qwen3_moe model from config.json,
  * hp_hf_import, logits against transformers' (the same f32-vs-f64 bound; the routing's top-2
@@ -239,10 +272,69 @@ static void test_moe_shape(const char *name) {
     err = logits_err(m, &e);
     HP_CHECK(rc == 0 && err <= TOL_LOGITS, "%s: hp-ckpt from-hf logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
     free(ts);
+    trainer_load(name, "qwen3_moe", dir, &e);
     hp_model_destroy(m);
     free(e.logits);
 }
 /* --- end --- */
+
+/* DeepSeek-V3 (DeepseekV3ForCausalLM, MLA with q_lora, YaRN with mscale == mscale_all_dim,
+ * group-limited sigmoid routing, a shared expert): the deepseek_v3 model from config.json alone,
+ * hp_hf_import, logits against transformers' (same bound; the model keeps config.json's
+ * max_position_embeddings 256 > the original 64, so YaRN applies as in HF); a kv_b_proj change
+ * is caught; a field that changes no shape (mscale) is named; hp-ckpt from-hf converts it. */
+static void test_deepseek_shape(const char *name) {
+    char dir[1400];
+    snprintf(dir, sizeof dir, "%s/tests/data/hf_shapes/%s", SRC, name);
+    expected_t e = {0};
+    if (!load_expected(dir, &e)) return;
+    hp_model_config_t mc;
+    HP_CHECK_OK(hp_hf_read_config(dir, &mc));
+    HP_CHECK(!strcmp(mc.name, "deepseek_v3") && mc.mla && mc.q_lora_rank == 12 && mc.kv_lora_rank == 16 &&
+             mc.qk_nope_head_dim == 8 && mc.qk_rope_head_dim == 4 && mc.v_head_dim == 12 && mc.moe_experts == 4 &&
+             mc.moe_top_k == 2 && mc.moe_shared_experts == 1 && mc.moe_expert_groups == 2 && mc.moe_limited_groups == 1 &&
+             mc.moe_route_scale == 2.5f && mc.moe_route_norm && mc.moe_score_fn == HP_MOE_SCORE_SIGMOID &&
+             mc.moe_n_dense_layers == 1 && hp_model_mla_yarn(&mc) && fabsf(mc.mla_mscale - 0.7f) < 1e-7f &&
+             mc.rope_original_max_pos == 64 && mc.rope_factor == 4.0f,
+             "%s: config.json read as %s mla %d (q_lora %d kv_lora %d %d/%d/%d), %d experts top-%d, yarn %d", name,
+             mc.name, mc.mla, mc.q_lora_rank, mc.kv_lora_rank, mc.qk_nope_head_dim, mc.qk_rope_head_dim, mc.v_head_dim,
+             mc.moe_experts, mc.moe_top_k, hp_model_mla_yarn(&mc));
+    hp_model_t m = NULL;
+    HP_CHECK_OK(hp_model_create(&mc, e.B, e.T, &m));   // the RoPE table for T rows; max_seq_len stays 256
+    if (!m) return;
+    HP_CHECK_OK(hp_hf_import(dir, &mc, hp_model_params(m), hp_model_num_params(m), NULL));
+    double err = logits_err(m, &e);
+    HP_CHECK(err <= TOL_LOGITS, "%s: hp_hf_import logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
+    printf("%s: MLA + %d experts top-%d (%d groups), YaRN: logits rel err %.2g\n", name, mc.moe_experts, mc.moe_top_k,
+           mc.moe_expert_groups, err);
+    hp_param_t *kvb = hp_model_find_param(m, "layers.2.attention.wkv_b.weight");   // negative control
+    HP_ASSERT(kvb);
+    float *w = kvb->value.local.data;
+    const float keep = w[5];
+    w[5] *= 1.01f;
+    double eb = logits_err(m, &e);
+    HP_CHECK(eb > TOL_LOGITS, "%s: one kv_b_proj entry x 1.01 went unnoticed (rel err %.3g)", name, eb);
+    w[5] = keep;
+    hp_model_config_t bad = mc;   // a YaRN field that changes no shape is named
+    bad.mla_mscale = 1.0f;
+    HP_CHECK_ERR(hp_hf_import(dir, &bad, hp_model_params(m), hp_model_num_params(m), NULL), HP_ERR_INVALID_ARG,
+                 "config.json 'rope_parameters.mscale' = 0.699999988 (model.mla_mscale = 1)");
+    int rc = run("'%s/hp-ckpt' from-hf '%s' dcp_ds", BDIR, dir);
+    HP_CHECK(rc == 0 && strstr(OUT, "deepseek_v3 from config.json"), "%s: from-hf exit %d\n%s", name, rc, OUT);
+    int np = hp_model_num_params(m);
+    hp_dcp_tensor_t *ts = calloc((size_t)np, sizeof *ts);
+    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
+    hp_dcp_state_t st = {ts, np, NULL, 0};
+    char p[1600];
+    snprintf(p, sizeof p, "%s/dcp_ds", ROOT);
+    if (rc == 0) HP_CHECK_OK(hp_dcp_load(p, &st, NULL, NULL));
+    err = logits_err(m, &e);
+    HP_CHECK(rc == 0 && err <= TOL_LOGITS, "%s: hp-ckpt from-hf logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
+    free(ts);
+    trainer_load(name, "deepseek_v3", dir, &e);
+    hp_model_destroy(m);
+    free(e.logits);
+}
 
 /* a copy of a shape's folder whose config.json gets `edit` (a JSON object merged in; a null
  * value removes the key) */
@@ -390,6 +482,7 @@ int main(int argc, char **argv) {
     hp_test_train_tokenizer_vocab(text, n, 260, p);
     for (int i = 0; i < N_SHAPES; i++) test_shape(SHAPES[i]);
     test_moe_shape("qwen3_moe_e4_top2_tied");   /* mixture of experts (owner moe) */
+    test_deepseek_shape("deepseek_v3_mla_e4_yarn");
     test_refusals();
     if (!getenv("HP_KEEP")) {
         char cmd[600];

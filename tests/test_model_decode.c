@@ -1,5 +1,5 @@
 // KV-cache inference (model.h: hp_model_kv_cache_create, hp_model_prefill, hp_model_decode):
-// for llama3 and qwen3 (GQA, qk-norm, both RoPE styles) the logits of prefill and of each
+// for llama3, qwen3 (GQA, qk-norm, both RoPE styles) and deepseek_v3 (MLA) the logits of prefill and of each
 // decoded position equal the matching row of a full hp_model_forward over the same prefix;
 // chunked prefill; the decode attention kernel against the reference; no heap allocation
 // per decoded token; errors for a full cache, bad token ids and TP / FSDP models.
@@ -42,7 +42,11 @@ static hp_model_config_t small_config(const char *name) {
     c.n_kv_heads = 2;
     c.vocab_size = 256;
     c.max_seq_len = 256;
-    if (c.qk_norm) { c.head_dim = 24; c.hidden_dim = 128; }
+    if (c.mla) {   // deepseek_v3: MLA (the cache holds per-head k and zero-padded v rows), YaRN on, MoE layers
+        c.hidden_dim = 128; c.moe_hidden = 32; c.moe_experts = 4; c.moe_top_k = 2;
+        c.kv_lora_rank = 16; c.qk_nope_head_dim = 8; c.qk_rope_head_dim = 8; c.v_head_dim = 12; c.q_lora_rank = 12;
+        c.rope_original_max_pos = 64;
+    } else if (c.qk_norm) { c.head_dim = 24; c.hidden_dim = 128; }
     else { c.head_dim = 0; c.hidden_dim = 0; c.multiple_of = 32; }
     HP_CHECK_OK(hp_model_config_validate(&c));
     return c;
@@ -202,5 +206,6 @@ int main(void) {
     test_decode_kernel(24);
     test_model_decode("llama3");
     test_model_decode("qwen3");
+    test_model_decode("deepseek_v3");
     return hp_test_finish("test_model_decode");
 }

@@ -22,6 +22,10 @@ static void small(hp_model_config_t *c) {
     c->moe_hidden = 24;
     c->vocab_size = 97;
     c->max_seq_len = 16;
+    c->kv_lora_rank = 16;   // deepseek_v3's MLA (the GQA models ignore these)
+    c->qk_nope_head_dim = 8;
+    c->qk_rope_head_dim = 4;
+    c->v_head_dim = 12;
 }
 
 static void tokens(int32_t *t, int32_t *y, int n, int V, uint32_t s) {
@@ -179,8 +183,8 @@ int main(void) {
 
     // 5. HF export / import of qwen3_moe with HF's names (Qwen3MoeForCausalLM: one tensor per
     // expert, mlp.gate the router): export -> config.json read back -> import into a fresh model
-    // gives bitwise the same parameters and logits; a changed expert is seen; DeepSeek-V3 (MLA
-    // in HF) and a qwen3_moe HF cannot express are refused by name
+    // gives bitwise the same parameters and logits; a changed expert is seen; a qwen3_moe HF
+    // cannot express is refused by name
     {
         char dir[] = "/tmp/hp_test_model_moe_hf_XXXXXX";
         HP_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -243,9 +247,93 @@ int main(void) {
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         HP_CHECK(system(cmd) == 0, "rm %s", dir);
     }
-    HP_CHECK_OK(hp_model_flavor("deepseek_v3", "debugmodel", &c));
-    HP_CHECK_ERR(hp_hf_export("/tmp/hp_test_model_moe_hf", &c, NULL, 0, NULL, HP_F32, 0), HP_ERR_UNSUPPORTED, "MLA");
-    HP_CHECK_ERR(hp_hf_import("/tmp/hp_test_model_moe_hf", &c, NULL, 0, NULL), HP_ERR_UNSUPPORTED, "MLA");
+    // DeepSeek-V3 (DeepseekV3ForCausalLM: MLA, shared experts, sigmoid routing over groups): the
+    // same round trip (with expert_bias as e_score_correction_bias), for q_lora 0 (q_proj) and > 0
+    // (q_a_proj, q_a_layernorm, q_b_proj), YaRN on
+    for (int ql = 0; ql <= 8; ql += 8) {
+        char dir[] = "/tmp/hp_test_model_moe_ds_XXXXXX";
+        HP_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+        hp_model_config_t d;
+        HP_CHECK_OK(hp_model_flavor("deepseek_v3", "debugmodel", &d));
+        small(&d);
+        d.q_lora_rank = ql; d.moe_experts = 4; d.moe_top_k = 2; d.moe_score_fn = HP_MOE_SCORE_SIGMOID;
+        d.moe_route_norm = 1; d.moe_route_scale = 2.5f; d.moe_expert_groups = 2; d.moe_limited_groups = 1;
+        d.max_seq_len = 64; d.rope_original_max_pos = 32; d.rope_factor = 4.0f;
+        HP_CHECK_OK(hp_model_config_validate(&d));
+        hp_model_t a = NULL, b = NULL;
+        HP_CHECK_OK(hp_model_create(&d, B, T, &a));
+        HP_CHECK_OK(hp_model_create(&d, B, T, &b));
+        HP_CHECK_OK(hp_model_init_weights(a, 31));
+        HP_CHECK_OK(hp_model_init_weights(b, 32));
+        // the trainer's list: the parameters and each MoE layer's expert_bias (e_score_correction_bias)
+        const int npa = hp_model_num_params(a);
+        hp_param_t *la_ = calloc((size_t)npa + 2, sizeof *la_), *lb_ = calloc((size_t)npa + 2, sizeof *lb_);
+        float bias_a[2][4], bias_b[2][4] = {{0}};
+        memcpy(la_, hp_model_params(a), sizeof(hp_param_t) * (size_t)npa);
+        memcpy(lb_, hp_model_params(b), sizeof(hp_param_t) * (size_t)npa);
+        for (int j = 0; j < 2; j++) {
+            const int64_t shape[1] = {4};
+            for (int e = 0; e < 4; e++) bias_a[j][e] = 0.01f * (float)(e - j) + 0.003f;
+            snprintf(la_[npa + j].name, sizeof la_[npa + j].name, "layers.%d.moe.expert_bias", j + 1);
+            snprintf(lb_[npa + j].name, sizeof lb_[npa + j].name, "layers.%d.moe.expert_bias", j + 1);
+            HP_CHECK_OK(hp_tensor_init(&la_[npa + j].value.local, HP_F32, 1, shape, bias_a[j]));
+            HP_CHECK_OK(hp_tensor_init(&lb_[npa + j].value.local, HP_F32, 1, shape, bias_b[j]));
+            la_[npa + j].value.global_shape[0] = lb_[npa + j].value.global_shape[0] = 4;
+        }
+        HP_CHECK_OK(hp_hf_export(dir, &d, la_, npa + 2, NULL, HP_F32, 0));
+        char path[200];
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        FILE *f = fopen(path, "r");
+        char idx[1 << 16] = {0};
+        if (f) { size_t nread = fread(idx, 1, sizeof idx - 1, f); idx[nread] = 0; fclose(f); }
+        HP_CHECK(strstr(idx, ql ? "\"model.layers.1.self_attn.q_b_proj.weight\"" : "\"model.layers.1.self_attn.q_proj.weight\"") &&
+                 (!ql || strstr(idx, "\"model.layers.0.self_attn.q_a_layernorm.weight\"")) &&
+                 strstr(idx, "\"model.layers.2.self_attn.kv_a_proj_with_mqa.weight\"") &&
+                 strstr(idx, "\"model.layers.2.self_attn.kv_a_layernorm.weight\"") &&
+                 strstr(idx, "\"model.layers.2.self_attn.kv_b_proj.weight\"") &&
+                 strstr(idx, "\"model.layers.2.mlp.shared_experts.down_proj.weight\"") &&
+                 strstr(idx, "\"model.layers.1.mlp.experts.3.up_proj.weight\"") && !strstr(idx, "wkv"),
+                 "deepseek_v3 HF index (q_lora %d) lacks the MLA / shared-expert names", ql);
+        hp_model_config_t back;
+        HP_CHECK_OK(hp_hf_read_config(dir, &back));
+        char msg[1500], flags[700];
+        HP_CHECK(strcmp(back.name, "deepseek_v3") == 0 && hp_hf_config_diff(&back, &d, msg, sizeof msg, flags, sizeof flags) == 0,
+                 "deepseek_v3 config.json read back as %s differs: %s", back.name, msg);
+        HP_CHECK(strstr(idx, "\"model.layers.2.mlp.gate.e_score_correction_bias\"") != NULL,
+                 "deepseek_v3 HF index lacks e_score_correction_bias");
+        HP_CHECK_OK(hp_hf_import(dir, &d, lb_, npa + 2, NULL));
+        HP_CHECK(memcmp(bias_a, bias_b, sizeof bias_a) == 0, "expert_bias did not survive the HF round trip");
+        free(la_);
+        free(lb_);
+        int same = 1;
+        for (int i = 0; i < hp_model_num_params(a); i++) {
+            const hp_param_t *pa = &hp_model_params(a)[i], *pb = &hp_model_params(b)[i];
+            same &= memcmp(hp_param_w(pa), hp_param_w(pb), sizeof(float) * (size_t)hp_tensor_numel(&pa->value.local)) == 0;
+        }
+        float la = 0, lb = 0;
+        HP_CHECK_OK(hp_model_forward(a, tk, tg, B, T, (float)(B * T), &la));
+        HP_CHECK_OK(hp_model_forward(b, tk, tg, B, T, (float)(B * T), &lb));
+        HP_CHECK(same && la == lb, "HF round trip of deepseek_v3 (q_lora %d): parameters %s, loss %.7f vs %.7f", ql,
+                 same ? "equal" : "differ", la, lb);
+        hp_model_config_t d2 = d;   // config fields that change no shape are named
+        d2.moe_route_scale = 1.0f;
+        HP_CHECK_ERR(hp_hf_import(dir, &d2, hp_model_params(b), hp_model_num_params(b), NULL), HP_ERR_INVALID_ARG,
+                     "'routed_scaling_factor' = 2.5 (model.moe_route_scale = 1)");
+        d2 = d;
+        d2.max_seq_len = 32;   // YaRN off here, on in config.json
+        HP_CHECK_ERR(hp_hf_import(dir, &d2, hp_model_params(b), hp_model_num_params(b), NULL), HP_ERR_INVALID_ARG,
+                     "'rope_parameters.rope_type' = yarn");
+        d2 = d;
+        d2.moe_score_fn = HP_MOE_SCORE_SOFTMAX;   // HF routes with a sigmoid
+        HP_CHECK_ERR(hp_hf_export(dir, &d2, hp_model_params(a), hp_model_num_params(a), NULL, HP_F32, 0),
+                     HP_ERR_UNSUPPORTED, "model.moe_score_func (HF: sigmoid)");
+        printf("deepseek_v3 HF round trip (q_lora %d): parameters and loss bitwise equal\n", ql);
+        hp_model_destroy(a);
+        hp_model_destroy(b);
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        HP_CHECK(system(cmd) == 0, "rm %s", dir);
+    }
 
     // 6. bad configs are named
     HP_CHECK_OK(hp_model_flavor("qwen3_moe", "debugmodel", &c));

@@ -1,7 +1,8 @@
 // Finite-difference gradient checks for every layer: linear (with and without bias),
 // RMSNorm, head-wise RMSNorm (qk-norm), RoPE (both styles, Llama 3.1 scaling), causal
 // attention (MHA, GQA), SwiGLU, embedding, cross-entropy (ignore index, divisor), and whole
-// models (llama3 untied GQA; qwen3 tied with qk-norm) which cover the transformer block, the
+// models (llama3 untied GQA; qwen3 tied with qk-norm; deepseek_v3's MLA attention with and
+// without q_lora, V and q|k padded, YaRN) which cover the transformer block, the
 // attention and feed-forward modules, the final norm and the (tied) output projection.
 //
 // Method: the f32 kernels compute L = sum(R * y) (R random) accumulated in double; central
@@ -150,7 +151,7 @@ static double rope_loss(void *c_) {
 static void check_rope(hp_rope_style_t st, int scaled) {
     int B = 2, T = 9, H = 2, hd = 8, ld = H * hd;
     size_t n = (size_t)B * T * ld;
-    hp_rope_scaling_t sc = {scaled, 8.0f, 1.0f, 4.0f, 16};
+    hp_rope_scaling_t sc = {scaled, 8.0f, 1.0f, 4.0f, 16, 0, 0.0f, 0.0f};
     rope_t c = {rnd(n, 1), zeros(n), zeros((size_t)T * hd / 2), zeros((size_t)T * hd / 2), rnd(n, 1), B, T, H, hd, ld, st};
     hp_rope_table(c.cos_t, c.sin_t, T, hd, 10000.0f, &sc);
     float *g = malloc(sizeof(float) * n);
@@ -246,6 +247,7 @@ static double model_loss(void *c_) {
     HP_ASSERT(hp_model_forward(c->m, c->tok, c->tgt, c->B, c->T, c->div, &loss) == HP_OK);
     return hp_model_loss_sum(c->m) / c->div;   // double: the f32 loss would quantise the differences
 }
+static int mla_q_lora, mla_v;   // deepseek_v3's MLA case
 static void check_model(const char *name) {
     hp_model_config_t cfg;
     HP_ASSERT(hp_model_flavor(name, "debugmodel", &cfg) == HP_OK);
@@ -253,6 +255,14 @@ static void check_model(const char *name) {
     cfg.head_dim = strcmp(name, "qwen3") == 0 ? 8 : 0;
     cfg.hidden_dim = strcmp(name, "qwen3") == 0 ? 40 : 0;
     cfg.multiple_of = 16;
+    if (cfg.mla) {   // deepseek_v3: MLA on dense blocks (MoE routing is not smooth), YaRN on
+        cfg.hidden_dim = 40;
+        cfg.moe_n_dense_layers = cfg.n_layers;
+        cfg.q_lora_rank = mla_q_lora;
+        cfg.kv_lora_rank = 6; cfg.qk_nope_head_dim = 4; cfg.qk_rope_head_dim = 4; cfg.v_head_dim = mla_v;
+        cfg.rope_factor = 4.0f; cfg.rope_original_max_pos = 4; cfg.max_seq_len = 32;
+        HP_CHECK_OK(hp_model_config_validate(&cfg));
+    }
     hp_model_t m = NULL;
     HP_CHECK_OK(hp_model_create(&cfg, 2, 7, &m));
     if (!m) return;
@@ -309,6 +319,10 @@ int main(void) {
     check_cross_entropy();
     check_model("llama3");
     check_model("qwen3");
+    mla_q_lora = 0; mla_v = 6;    // wq; V padded to the q|k width 8
+    check_model("deepseek_v3");
+    mla_q_lora = 5; mla_v = 10;   // wq_a, q_norm, wq_b; q|k padded to the V width 10
+    check_model("deepseek_v3");
     printf("worst |fd - analytic| / tolerance: %.3g\n", worst_ratio);
     return hp_test_finish("test_nn_gradcheck");
 }

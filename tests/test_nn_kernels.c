@@ -123,7 +123,7 @@ static void test_rmsnorm(int N, int C) {
 }
 
 static void test_rope(int B, int T, int H, int hd, hp_rope_style_t style, int scaled) {
-    hp_rope_scaling_t sc = {scaled, 8.0f, 1.0f, 4.0f, 64};
+    hp_rope_scaling_t sc = {scaled, 8.0f, 1.0f, 4.0f, 64, 0, 0.0f, 0.0f};
     float *c = zeros((size_t)T * hd / 2), *s = zeros((size_t)T * hd / 2);
     hp_rope_table(c, s, T, hd, 500000.0f, &sc);
     // table: angle of pair i at t is t * freq_i; for pair 0 freq is 1 (no scaling of high freq)

@@ -1,4 +1,5 @@
-/* Tensor parallel on the llama3 / qwen3 debugmodel flavors (2 layers, T = 16, B = 2): for the
+/* Tensor parallel on the llama3 / qwen3 debugmodel flavors and a small deepseek_v3 (MLA, with
+ * and without q_lora; 2 layers, T = 16, B = 2): for the
  * TorchTitan plan with and without sequence parallel and loss_parallel, 10 SGD steps on the
  * TP model equal the single-rank model computed in the same program (losses rel 2e-5 at every
  * step; gradients gathered with full_tensor at steps 1 and 10 within 2e-5 of the largest
@@ -26,11 +27,19 @@ static int g_rank, g_size;
 /* Negative test (STYLE rule 17): rank 1 scales its shard of layers.0.attention.wq's gradient
  * by 1 + 1e-4 after backward; the comparison must report it. */
 static int g_inject, g_caught;
+static int g_q_lora;   /* deepseek_v3: model.q_lora_rank */
 
 static hp_model_config_t cfg_of(const char *name) {
     hp_model_config_t c;
     HP_ASSERT(hp_model_flavor(name, "debugmodel", &c) == HP_OK);
     c.n_layers = 2;   // debugmodel shapes (dim 256, 16 heads), two blocks to keep the test fast
+    if (c.mla) {      // deepseek_v3: a small MLA (latent 16, q|k 8 + 4, v 12) and MoE on layer 1
+        c.dim = 64; c.n_heads = 4; c.hidden_dim = 96; c.moe_hidden = 16; c.moe_experts = 4; c.moe_top_k = 2;
+        c.kv_lora_rank = 16; c.qk_nope_head_dim = 8; c.qk_rope_head_dim = 4; c.v_head_dim = 12;
+        c.q_lora_rank = g_q_lora;
+        c.moe_n_dense_layers = g_q_lora ? 1 : 2;   // sequence parallel around MoE layers is another test's
+        HP_ASSERT(hp_model_config_validate(&c) == HP_OK);
+    }
     return c;
 }
 
@@ -100,7 +109,8 @@ static void run_parity(const char *name, hp_mesh_t mesh, int sp, int lp) {
     if (!tpm || (g_rank == 0 && !ref)) return;
     // TP model: parallelize first, then initialise the shards (layout-independent init)
     hp_tp_plan_entry_t plan[32];
-    int np = strcmp(name, "qwen3") == 0 ? hp_tp_qwen3_plan(plan, 32, sp, lp) : hp_tp_llama3_plan(plan, 32, sp, lp);
+    int np = c.mla ? hp_tp_deepseek_v3_plan(plan, 32, sp, lp, c.q_lora_rank)
+             : strcmp(name, "qwen3") == 0 ? hp_tp_qwen3_plan(plan, 32, sp, lp) : hp_tp_llama3_plan(plan, 32, sp, lp);
     hp_tp_t tp = NULL;
     HP_CHECK_OK(hp_tp_parallelize_model(&tp, tpm, mesh, plan, np));
     if (!tp) { if (ref) hp_model_destroy(ref); hp_model_destroy(tpm); return; }
@@ -218,6 +228,10 @@ int main(int argc, char **argv) {
         for (int lp = 0; lp <= 1; lp++) run_parity("llama3", mesh, sp, lp);
     run_parity("qwen3", mesh, 1, 1);
     run_parity("qwen3", mesh, 0, 0);
+    run_parity("deepseek_v3", mesh, 1, 1);   // MLA (dense blocks): wq, wkv_b colwise, wo rowwise; k_pe's grad reduced
+    g_q_lora = 8;
+    run_parity("deepseek_v3", mesh, 0, 0);   // wq_a, q_norm replicated, wq_b colwise; layer 1 MoE
+    g_q_lora = 0;
     // negative test: the injected 1e-4 error in one rank's gradient shard must be reported
     g_inject = 1;
     run_parity("llama3", mesh, 0, 0);

@@ -59,6 +59,10 @@ typedef struct hp_config {
         int moe_route_norm, moe_score_before_experts;   /* tristate */
         double moe_route_scale, moe_load_balance_coeff, moe_aux_loss_coeff;
         /* --- end --- */
+        /* --- MLA attention (deepseek_v3; docs/moe.md): -1 keeps the flavor's --- */
+        int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+        double mla_mscale;
+        /* --- end --- */
     } model;
     struct {
         int64_t steps;

@@ -55,6 +55,19 @@ typedef struct hp_model_config {
     float moe_load_balance_coeff; /* aux-loss-free expert_bias update step; 0: off */
     float moe_aux_loss_coeff;     /* HyperParallel's auxiliary loss (hp_moe_config_t); 0: off */
     /* --- end --- */
+    /* --- MLA: DeepSeek-V3's multi-head latent attention (deepseek_v3; docs/moe.md) --- mla 1:
+     * q = wq x (q_lora_rank 0) or wq_b q_norm(wq_a x); [c | k_pe] = wkv_a x; [k_nope | v] per
+     * head = wkv_b kv_norm(c); RoPE (interleaved pairs) on q's last qk_rope_head_dim channels
+     * of each head and on k_pe (one shared by every head). hp_model_config_validate derives
+     * n_kv_heads = n_heads and head_dim = max(qk_nope + qk_rope, v_head_dim) (the attention
+     * core's head width: the narrower of q|k and v is zero-padded). YaRN RoPE (TorchTitan's
+     * deepseek_v3 precompute_freqs_cis: beta_fast / beta_slow correction range, linear ramp)
+     * and the softmax scale qk_head^-0.5 x mscale^2, mscale = 0.1 mla_mscale ln(rope_factor) + 1,
+     * apply when max_seq_len > rope_original_max_pos. */
+    int mla;
+    int q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    float mla_mscale, rope_beta_fast, rope_beta_slow;
+    /* --- end --- */
 } hp_model_config_t;
 
 /* Fills cfg with a named flavor. llama3: debugmodel, 1B, 8B, 70B, 405B; qwen3: debugmodel,
@@ -76,7 +89,12 @@ void hp_model_moe_config(const hp_model_config_t *cfg, hp_moe_config_t *out);
  * nparams_sparse_active); equals hp_model_param_count for dense models. */
 int64_t hp_model_active_param_count(const hp_model_config_t *cfg, int exclude_embedding);
 /* --- end --- */
-/* TorchTitan's formula: 6 * (N - N_emb) + 6 * L * H * 2 * head_dim * seq_len
+/* MLA: whether YaRN (and the mscale^2 softmax factor) applies: max_seq_len > the original
+ * context; the softmax scale of the attention scores. */
+int hp_model_mla_yarn(const hp_model_config_t *cfg);
+double hp_model_mla_softmax_scale(const hp_model_config_t *cfg);
+/* TorchTitan's formula: 6 * (N - N_emb) + 6 * L * H * 2 * head_dim * seq_len (MLA: H *
+ * (qk_nope + qk_rope + v_head) in place of H * 2 * head_dim, TorchTitan's deepseek_v3)
  * (N_emb not subtracted when embeddings are tied); N counts the active parameters of an MoE
  * model (hp_model_active_param_count), as TorchTitan's MoE models. */
 double hp_model_flops_per_token(const hp_model_config_t *cfg, int seq_len);

@@ -228,6 +228,15 @@ hp_status_t hp_attention_prepare_rows(hp_module_t *attention, hp_act_t *act, flo
 /* --- end --- */
 hp_status_t hp_feed_forward_set_local_hidden(hp_module_t *feed_forward, int hidden);
 int hp_feed_forward_local_hidden(const hp_module_t *feed_forward);
+/* MLA attention (kind "mla_attention", DeepSeek-V3; src/nn/mla.c, docs/moe.md): children the q
+ * path (wq, or wq_a, q_norm, wq_b), wkv_a, kv_norm, wkv_b, core (causal SDPA over zero-padded
+ * heads), wo. Tensor parallel shards the heads (wq / wq_b and wkv_b colwise, wo rowwise); the
+ * rotary key k_pe is shared by every head, so its gradient, summed over the local heads, is
+ * completed by `fn` (an all-reduce over the TP ranks) on (rows, qk_rope_head_dim) floats. */
+typedef hp_status_t (*hp_mla_reduce_fn)(void *ctx, float *buf, size_t n);
+hp_status_t hp_mla_set_head_reduce(hp_module_t *mla, hp_mla_reduce_fn fn, void *ctx);
+/* Its local heads (0 when `mla` is not an MLA module). */
+int hp_mla_local_heads(const hp_module_t *mla);
 
 /* ---- mixture of experts (src/nn/moe.c, docs/moe.md) -----------------------------------
  * TorchTitan's MoE feed-forward as one module: TokenChoiceTopKRouter (gate (E, D) in f32,
@@ -357,9 +366,13 @@ typedef struct hp_rope_scaling {
     int enabled;
     float factor, low_freq_factor, high_freq_factor;
     int original_max_pos;
+    /* YaRN (DeepSeek-V3, enabled ignored): freq / factor blended with freq by a linear ramp
+     * over the correction range of beta_fast / beta_slow rotations at original_max_pos */
+    int yarn;
+    float beta_fast, beta_slow;
 } hp_rope_scaling_t;
 // cos, sin (T, hd/2): angles pos * freq_i, freq_i = theta^(-2i/hd) with optional Llama 3.1
-// scaling, computed in f32 as PyTorch's precompute (then cos/sin of the f32 angle)
+// or YaRN scaling, computed in f32 as PyTorch's precompute (then cos/sin of the f32 angle)
 void hp_rope_table(float *cos_t, float *sin_t, int T, int head_dim, float theta,
                    const hp_rope_scaling_t *scaling);
 // x (N = B*T rows, each holding n_heads heads of head_dim at row stride ld) rotated in place

@@ -96,6 +96,13 @@ void hp_tp_destroy(hp_tp_t tp);
  * loss_parallel: output keeps vocab-sharded logits (Shard(-1)), else they are replicated. */
 int hp_tp_llama3_plan(hp_tp_plan_entry_t *plan, int cap, int enable_sequence_parallel, int enable_loss_parallel);
 int hp_tp_qwen3_plan(hp_tp_plan_entry_t *plan, int cap, int enable_sequence_parallel, int enable_loss_parallel);
+/* TorchTitan's deepseek_v3 plan for the MLA attention: wq (q_lora_rank 0) or wq_b colwise, wkv_b
+ * colwise, wo rowwise (heads split over tp); wq_a, q_norm, wkv_a, kv_norm stay replicated
+ * (NoParallel); the dense feed-forward and the rest as llama3's. The colwise projections reduce
+ * their own input gradients (wkv_a's is already complete), and the shared k_pe gradient is summed
+ * over the TP ranks (hp_mla_set_head_reduce). */
+int hp_tp_deepseek_v3_plan(hp_tp_plan_entry_t *plan, int cap, int enable_sequence_parallel, int enable_loss_parallel,
+                           int q_lora_rank);
 
 /* Bytes of the TP buffers (gathered inputs / output gradients kept for backward, scratch). */
 size_t hp_tp_buffer_bytes(hp_tp_t tp);

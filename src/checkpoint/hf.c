@@ -36,14 +36,51 @@ static const struct { const char *tt, *hf; } top_map[] = {
     {"output.weight", "lm_head.weight"},
 };
 
-static int is_llama(const hp_model_config_t *mc) { return strcmp(mc->name, "qwen3") != 0 && strcmp(mc->name, "qwen3_moe") != 0; }
-static int is_qwen3_moe(const hp_model_config_t *mc) { return strcmp(mc->name, "qwen3_moe") == 0; }
+static int is_deepseek(const hp_model_config_t *mc) { return mc->mla; }
+static int is_llama(const hp_model_config_t *mc) {
+    return strcmp(mc->name, "qwen3") != 0 && strcmp(mc->name, "qwen3_moe") != 0 && !is_deepseek(mc);
+}
 
-/* --- mixture of experts (owner moe): Qwen3-MoE (Qwen3MoeForCausalLM) maps; DeepSeek-V3's HF
- * checkpoints use MLA attention, which this project's deepseek_v3 (GQA) does not have, so it is
- * refused by name; so is a qwen3_moe whose router or experts HF cannot express --- */
+/* DeepSeek-V3 (DeepseekV3ForCausalLM): the MLA attention and the shared experts; its router,
+ * routed experts and dense layers use the common names. HF keeps the interleaved RoPE layout
+ * (rope_interleave true): nothing is permuted. */
+static const struct { const char *tt, *hf; } mla_map[] = {
+    {"attention.wq.weight", "self_attn.q_proj.weight"},
+    {"attention.wq_a.weight", "self_attn.q_a_proj.weight"},
+    {"attention.q_norm.weight", "self_attn.q_a_layernorm.weight"},
+    {"attention.wq_b.weight", "self_attn.q_b_proj.weight"},
+    {"attention.wkv_a.weight", "self_attn.kv_a_proj_with_mqa.weight"},
+    {"attention.kv_norm.weight", "self_attn.kv_a_layernorm.weight"},
+    {"attention.wkv_b.weight", "self_attn.kv_b_proj.weight"},
+    {"attention.wo.weight", "self_attn.o_proj.weight"},
+    {"moe.shared_experts.w1.weight", "mlp.shared_experts.gate_proj.weight"},
+    {"moe.shared_experts.w2.weight", "mlp.shared_experts.down_proj.weight"},
+    {"moe.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight"},
+};
+static int is_qwen3_moe(const hp_model_config_t *mc) { return strcmp(mc->name, "qwen3_moe") == 0; }
+/* The trainer checkpoints each MoE layer's expert_bias as "layers.N.moe.expert_bias": DeepSeek-V3's
+ * HF name is mlp.gate.e_score_correction_bias; Qwen3-MoE has none (skipped both ways). */
+static int is_expert_bias(const char *name) {
+    const size_t n = strlen(name), k = strlen(".moe.expert_bias");
+    return n > k && !strcmp(name + n - k, ".moe.expert_bias");
+}
+
+/* --- mixture of experts (owner moe): Qwen3-MoE (Qwen3MoeForCausalLM) and DeepSeek-V3
+ * (DeepseekV3ForCausalLM) maps; a model whose router or experts HF cannot express is refused by
+ * the config key --- */
 static hp_status_t refuse_moe(const hp_model_config_t *mc, const char *what) {
     if (mc->moe_experts <= 0) return HP_OK;
+    if (is_deepseek(mc)) {   /* DeepseekV3TopkRouter: sigmoid, bias for selection, groups, norm, scale */
+        const char *key = mc->moe_score_fn != HP_MOE_SCORE_SIGMOID ? "model.moe_score_func (HF: sigmoid)"
+                          : mc->moe_shared_experts < 1            ? "model.moe_num_shared_experts (HF: >= 1)"
+                          : mc->moe_score_before_experts          ? "model.moe_score_before_experts (HF: false)"
+                          : mc->moe_n_dense_layers >= mc->n_layers ? "model.moe_n_dense_layers (HF: < n_layers)"
+                                                                  : NULL;
+        if (key)
+            return hp_error(HP_ERR_UNSUPPORTED, "HF %s: DeepseekV3ForCausalLM cannot express this deepseek_v3 model's "
+                            "%s; hint: set it (the 671B flavor has HF's values), or use the DCP checkpoint", what, key);
+        return HP_OK;
+    }
     if (!is_qwen3_moe(mc))
         return hp_error(HP_ERR_UNSUPPORTED, "HF %s: the MoE model '%s' has no HF state-dict adapter: DeepSeek-V3's HF "
                         "checkpoints use MLA attention, which this model (GQA attention) does not have; hint: use the "
@@ -81,6 +118,12 @@ int hp_hf_expert_name(const char *fqn, int e, char *out, size_t n) { return expe
 /* The model has an HF architecture (hp_hf_export, hp-ckpt to-hf / from-hf). */
 hp_status_t hp_hf_check_exportable(const hp_model_config_t *mc, const char *what) {
     HP_TRY(refuse_moe(mc, what));
+    if (is_deepseek(mc)) {
+        if (mc->moe_experts <= 0)
+            return hp_error(HP_ERR_UNSUPPORTED, "HF %s: deepseek_v3 without routed experts has no HF architecture; hint: "
+                            "keep model.moe_num_experts", what);
+        return HP_OK;
+    }
     /* HF's classes fix what a custom config could change: LlamaForCausalLM has no q/k norm,
      * Qwen3ForCausalLM (and Qwen3MoeForCausalLM) always has one */
     if (is_llama(mc) == !!mc->qk_norm)
@@ -115,6 +158,16 @@ hp_status_t hp_hf_name_to_hf(const hp_model_config_t *mc, const char *fqn, char 
             return HP_OK;
         }
     int layer, used = 0;
+    if (is_deepseek(mc) && parse_layer(fqn, "layers.", &layer, &used) && !strcmp(fqn + used, "moe.expert_bias")) {
+        snprintf(out, n, "model.layers.%d.mlp.gate.e_score_correction_bias", layer);
+        return HP_OK;
+    }
+    if (is_deepseek(mc) && parse_layer(fqn, "layers.", &layer, &used))
+        for (size_t i = 0; i < sizeof mla_map / sizeof mla_map[0]; i++)
+            if (!strcmp(fqn + used, mla_map[i].tt)) {
+                snprintf(out, n, "model.layers.%d.%s", layer, mla_map[i].hf);
+                return HP_OK;
+            }
     if (parse_layer(fqn, "layers.", &layer, &used)) {
         for (size_t i = 0; i < sizeof layer_map / sizeof layer_map[0]; i++)
             if (!strcmp(fqn + used, layer_map[i].tt)) {
@@ -138,6 +191,17 @@ hp_status_t hp_hf_name_from_hf(const hp_model_config_t *mc, const char *hf, char
             return HP_OK;
         }
     int layer, used = 0;
+    if (is_deepseek(mc) && parse_layer(hf, "model.layers.", &layer, &used) &&
+        !strcmp(hf + used, "mlp.gate.e_score_correction_bias")) {
+        snprintf(out, n, "layers.%d.moe.expert_bias", layer);
+        return HP_OK;
+    }
+    if (is_deepseek(mc) && parse_layer(hf, "model.layers.", &layer, &used))
+        for (size_t i = 0; i < sizeof mla_map / sizeof mla_map[0]; i++)
+            if (!strcmp(hf + used, mla_map[i].hf)) {
+                snprintf(out, n, "layers.%d.%s", layer, mla_map[i].tt);
+                return HP_OK;
+            }
     if (parse_layer(hf, "model.layers.", &layer, &used)) {
         for (size_t i = 0; i < sizeof layer_map / sizeof layer_map[0]; i++)
             if (!strcmp(hf + used, layer_map[i].hf)) {
@@ -183,7 +247,70 @@ static hp_status_t write_text(const char *path, const char *text) {
     return HP_OK;
 }
 
+/* DeepseekV3Config: MLA sizes, MoE routing, YaRN (rope_parameters; mscale == mscale_all_dim, so
+ * HF's attention_factor is 1 and its softmax scale gets mscale^2 as TorchTitan's), or plain
+ * RoPE when YaRN is off (max_seq_len <= the original context). */
+static json_object *deepseek_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
+    json_object *c = json_object_new_object(), *arch = json_object_new_array();
+    json_object_array_add(arch, json_object_new_string("DeepseekV3ForCausalLM"));
+    json_object_object_add(c, "architectures", arch);
+    json_object_object_add(c, "model_type", json_object_new_string("deepseek_v3"));
+#define I(k, v) json_object_object_add(c, k, json_object_new_int(v))
+    I("hidden_size", mc->dim);
+    I("intermediate_size", mc->hidden_dim);
+    I("moe_intermediate_size", mc->moe_hidden);
+    I("num_hidden_layers", mc->n_layers);
+    I("num_attention_heads", mc->n_heads);
+    I("num_key_value_heads", mc->n_heads);
+    I("n_shared_experts", mc->moe_shared_experts);
+    I("n_routed_experts", mc->moe_experts);
+    I("num_experts_per_tok", mc->moe_top_k);
+    I("first_k_dense_replace", mc->moe_n_dense_layers);
+    I("n_group", mc->moe_expert_groups > 1 ? mc->moe_expert_groups : 1);
+    I("topk_group", mc->moe_expert_groups > 1 ? mc->moe_limited_groups : 1);
+    I("kv_lora_rank", mc->kv_lora_rank);
+    I("qk_nope_head_dim", mc->qk_nope_head_dim);
+    I("qk_rope_head_dim", mc->qk_rope_head_dim);
+    I("v_head_dim", mc->v_head_dim);
+    I("vocab_size", mc->vocab_size);
+    I("max_position_embeddings", mc->max_seq_len > 0 ? mc->max_seq_len : 4096);
+#undef I
+    json_object_object_add(c, "q_lora_rank", mc->q_lora_rank ? json_object_new_int(mc->q_lora_rank) : NULL);
+    json_object_object_add(c, "routed_scaling_factor", json_object_new_double(mc->moe_route_scale));
+    json_object_object_add(c, "norm_topk_prob", json_object_new_boolean(mc->moe_route_norm));
+    json_object_object_add(c, "scoring_func", json_object_new_string("sigmoid"));
+    json_object_object_add(c, "topk_method", json_object_new_string("noaux_tc"));
+    json_object_object_add(c, "rope_interleave", json_object_new_boolean(1));
+    json_object_object_add(c, "rms_norm_eps", json_object_new_double(mc->norm_eps));
+    json_object_object_add(c, "rope_theta", json_object_new_double(mc->rope_theta));
+    json_object *rs = json_object_new_object();
+    json_object_object_add(rs, "rope_theta", json_object_new_double(mc->rope_theta));
+    if (hp_model_mla_yarn(mc)) {
+        json_object_object_add(rs, "rope_type", json_object_new_string("yarn"));
+        json_object_object_add(rs, "factor", json_object_new_double(mc->rope_factor));
+        json_object_object_add(rs, "beta_fast", json_object_new_double(mc->rope_beta_fast));
+        json_object_object_add(rs, "beta_slow", json_object_new_double(mc->rope_beta_slow));
+        json_object_object_add(rs, "mscale", json_object_new_double(mc->mla_mscale));
+        json_object_object_add(rs, "mscale_all_dim", json_object_new_double(mc->mla_mscale));
+        json_object_object_add(rs, "original_max_position_embeddings", json_object_new_int(mc->rope_original_max_pos));
+    } else {
+        json_object_object_add(rs, "rope_type", json_object_new_string("default"));
+    }
+    json_object_object_add(c, "rope_parameters", rs);
+    json_object_object_add(c, "tie_word_embeddings", json_object_new_boolean(mc->tie_embeddings));
+    json_object_object_add(c, "hidden_act", json_object_new_string("silu"));
+    json_object_object_add(c, "attention_bias", json_object_new_boolean(0));
+    json_object_object_add(c, "attention_dropout", json_object_new_double(0.0));
+    json_object_object_add(c, "initializer_range", json_object_new_double(0.02));
+    json_object_object_add(c, "use_cache", json_object_new_boolean(1));
+    json_object_object_add(c, "num_nextn_predict_layers", json_object_new_int(0));
+    json_object_object_add(c, "torch_dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));
+    json_object_object_add(c, "dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));
+    return c;
+}
+
 static json_object *hf_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
+    if (is_deepseek(mc)) return deepseek_config_json(mc, dt);
     json_object *c = json_object_new_object();
     int llama = is_llama(mc);
     json_object *arch = json_object_new_array();
@@ -282,7 +409,8 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
     char tmpn[160];
     int n_ent = 0;
     for (int i = 0; i < n_params; i++)
-        n_ent += expert_hf_name(params[i].name, 0, tmpn, sizeof tmpn) ? mc->moe_experts : 1;
+        n_ent += expert_hf_name(params[i].name, 0, tmpn, sizeof tmpn) ? mc->moe_experts
+                 : is_expert_bias(params[i].name) && !is_deepseek(mc) ? 0 : 1;
     hp_tensor_t *full = hp_calloc((size_t)n_params + 1, sizeof *full), *ent_t = hp_calloc((size_t)n_ent + 1, sizeof *ent_t);
     void **owned = hp_calloc((size_t)n_params + 1, sizeof *owned);
     float **perm = hp_calloc((size_t)n_params + 1, sizeof *perm);
@@ -293,6 +421,7 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
     int nfiles = 1, k_ent = 0;
     for (int i = 0; s == HP_OK && i < n_params; i++) {
         int pm = 0;
+        if (is_expert_bias(params[i].name) && !is_deepseek(mc)) continue;   /* no HF tensor */
         const int expert = expert_hf_name(params[i].name, 0, tmpn, sizeof tmpn);
         if (!expert) s = hp_hf_name_to_hf(mc, params[i].name, names[k_ent], sizeof names[k_ent], &pm);
         if (s == HP_OK) s = full_of(&params[i], &full[i], &owned[i]);
@@ -619,6 +748,7 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
             s = import_experts(dir, mc, &params[i], wm, open_st, open_name, &n_open, &buf, &buf_cap);
             continue;
         }
+        if (is_expert_bias(params[i].name) && !is_deepseek(mc)) continue;   /* Qwen3-MoE: no HF tensor, kept */
         s = hp_hf_name_to_hf(mc, params[i].name, hf, sizeof hf, &pm);
         if (s != HP_OK) break;
         const char *fname = "model.safetensors";

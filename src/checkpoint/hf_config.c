@@ -221,6 +221,109 @@ static hp_status_t read_qwen3_moe(const cfg_t *c, hp_model_config_t *mc) {
 }
 /* --- end --- */
 
+/* --- DeepseekV3Config: MLA sizes, routing, YaRN. HF always routes with a sigmoid
+ * (scoring_func / topk_method, when present, must say so) and applies YaRN whenever rope_type is
+ * "yarn"; the model applies it when max_seq_len > the original context, and scales the softmax
+ * by mscale^2 with HF's attention_factor 1 (mscale == mscale_all_dim). --- */
+static hp_status_t read_deepseek_v3(const cfg_t *c, hp_model_config_t *mc, int64_t maxpos) {
+    int64_t ne, k, mh, sh, dense, ng, tg, ql = 0, kvl, nope, rope, v;
+    int norm = 0, il = 1;
+    double rsf = 1.0;
+    HP_TRY(get_int(c, "n_routed_experts", 1, 0, 1, 1 << 16, &ne));
+    HP_TRY(get_int(c, "num_experts_per_tok", 1, 0, 1, ne, &k));
+    HP_TRY(get_int(c, "moe_intermediate_size", 1, 0, 1, HP_MODEL_MAX_DIM, &mh));
+    HP_TRY(get_int(c, "n_shared_experts", 0, 1, 1, 64, &sh));
+    HP_TRY(get_int(c, "first_k_dense_replace", 0, 0, 0, HP_MODEL_MAX_LAYERS, &dense));
+    HP_TRY(get_int(c, "n_group", 0, 1, 1, ne, &ng));
+    HP_TRY(get_int(c, "topk_group", 0, ng, 1, ng, &tg));
+    HP_TRY(get_bool(c, "norm_topk_prob", 0, &norm));
+    HP_TRY(get_num(c, c->o, "routed_scaling_factor", 0, 1.0, 1e-6, 1e6, &rsf));
+    HP_TRY(get_int(c, "q_lora_rank", 0, 0, 0, HP_MODEL_MAX_DIM, &ql));   /* null: a full q_proj */
+    HP_TRY(get_int(c, "kv_lora_rank", 1, 0, 1, HP_MODEL_MAX_DIM, &kvl));
+    HP_TRY(get_int(c, "qk_nope_head_dim", 1, 0, 0, 512, &nope));
+    HP_TRY(get_int(c, "qk_rope_head_dim", 1, 0, 2, 512, &rope));
+    HP_TRY(get_int(c, "v_head_dim", 1, 0, 1, 512, &v));
+    HP_TRY(get_bool(c, "rope_interleave", 1, &il));
+    if (!il) return unsupported(c, "rope_interleave", "false", "interleaved RoPE pairs (true, TorchTitan's layout)");
+    const char *fixed[2][2] = {{"scoring_func", "sigmoid"}, {"topk_method", "noaux_tc"}};
+    for (int i = 0; i < 2; i++) {
+        json_object *x = get(c->o, fixed[i][0]);
+        if (x && (!json_object_is_type(x, json_type_string) || strcmp(json_object_get_string(x), fixed[i][1]) != 0))
+            return unsupported(c, fixed[i][0], json_object_to_json_string(x), fixed[i][1]);
+    }
+    if (ne % ng != 0)
+        return hp_error(HP_ERR_FORMAT, "%s: 'n_routed_experts' = %lld is not divisible by 'n_group' = %lld", c->path,
+                        (long long)ne, (long long)ng);
+    mc->moe_experts = (int)ne;
+    mc->moe_top_k = (int)k;
+    mc->moe_hidden = (int)mh;
+    mc->moe_shared_experts = (int)sh;
+    mc->moe_n_dense_layers = (int)dense;
+    mc->moe_expert_groups = ng > 1 ? (int)ng : 0;
+    mc->moe_limited_groups = ng > 1 ? (int)tg : 0;
+    mc->moe_route_norm = norm;
+    mc->moe_route_scale = (float)rsf;
+    mc->moe_score_fn = HP_MOE_SCORE_SIGMOID;
+    mc->moe_score_before_experts = 0;
+    mc->q_lora_rank = (int)ql;
+    mc->kv_lora_rank = (int)kvl;
+    mc->qk_nope_head_dim = (int)nope;
+    mc->qk_rope_head_dim = (int)rope;
+    mc->v_head_dim = (int)v;
+    json_object *rp = get(c->o, "rope_parameters"), *rs = get(c->o, "rope_scaling");
+    const char *rkey = rp ? "rope_parameters" : "rope_scaling";
+    json_object *r = rp ? rp : rs;
+    double theta = 10000.0;
+    HP_TRY(get_num(c, c->o, "rope_theta", 0, theta, 1.0, 1e12, &theta));
+    if (r) HP_TRY(get_num(c, r, "rope_theta", 0, theta, 1.0, 1e12, &theta));
+    mc->rope_theta = (float)theta;
+    mc->rope_scaling = 0;
+    json_object *t = r ? get(r, "rope_type") : NULL;
+    if (r && !t) t = get(r, "type");
+    const char *type = t && json_object_is_type(t, json_type_string) ? json_object_get_string(t) : "default";
+    char key[64];
+    if (!strcmp(type, "default")) {   /* no YaRN: the model's condition max_seq_len > original is false */
+        mc->rope_original_max_pos = (int)maxpos;
+        return HP_OK;
+    }
+    snprintf(key, sizeof key, "%s.rope_type", rkey);
+    if (strcmp(type, "yarn") != 0) {
+        char b[300];
+        snprintf(b, sizeof b, "'%.200s'", type);
+        return unsupported(c, key, b, "plain RoPE (\"default\") or DeepSeek's \"yarn\"");
+    }
+    cfg_t rc = {c->path, r};
+    double f, bf = 32, bs = 1, ms = 1, msa = 0, af = 0;
+    int64_t orig;
+    HP_TRY(get_num(c, r, "factor", 1, 0, 1e-6, 1e6, &f));
+    HP_TRY(get_num(c, r, "beta_fast", 0, bf, 1e-6, 1e6, &bf));
+    HP_TRY(get_num(c, r, "beta_slow", 0, bs, 1e-6, 1e6, &bs));
+    HP_TRY(get_num(c, r, "mscale", 0, ms, 0, 1e6, &ms));
+    HP_TRY(get_num(c, r, "mscale_all_dim", 0, msa, 0, 1e6, &msa));
+    HP_TRY(get_num(c, r, "attention_factor", 0, 0, 0, 1e6, &af));
+    HP_TRY(get_int(&rc, "original_max_position_embeddings", 1, 0, 1, HP_MODEL_MAX_SEQ_LEN, &orig));
+    snprintf(key, sizeof key, "%s.mscale_all_dim", rkey);
+    if (msa != ms || !(ms > 0) || (af != 0 && af != 1)) {
+        char b[128];
+        snprintf(b, sizeof b, "%g (mscale %g, attention_factor %g)", msa, ms, af);
+        return unsupported(c, key, b, "mscale_all_dim == mscale > 0 (HF's attention_factor 1 and the softmax scale "
+                           "x mscale^2, TorchTitan's deepseek_v3)");
+    }
+    if (maxpos <= orig) {
+        char b[128];
+        snprintf(b, sizeof b, "%lld with original_max_position_embeddings %lld", (long long)maxpos, (long long)orig);
+        return unsupported(c, "max_position_embeddings", b, "a context above the original one (TorchTitan applies "
+                           "YaRN only then; HF always does)");
+    }
+    mc->rope_factor = (float)f;
+    mc->rope_beta_fast = (float)bf;
+    mc->rope_beta_slow = (float)bs;
+    mc->mla_mscale = (float)ms;
+    mc->rope_original_max_pos = (int)orig;
+    return HP_OK;
+}
+/* --- end --- */
+
 hp_status_t hp_hf_read_config(const char *dir, hp_model_config_t *out) {
     if (!dir || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_hf_read_config: NULL argument");
     char path[4200];
@@ -246,14 +349,16 @@ hp_status_t hp_hf_read_config(const char *dir, hp_model_config_t *out) {
                      mt ? "not a string" : "missing");
     int llama = mts && !strcmp(mts, "llama");
     const int qmoe = mts && !strcmp(mts, "qwen3_moe");   /* mixture of experts (owner moe) */
-    if (s == HP_OK && !llama && !qmoe && strcmp(mts, "qwen3") != 0) {
+    const int ds = mts && !strcmp(mts, "deepseek_v3");
+    if (s == HP_OK && !llama && !qmoe && !ds && strcmp(mts, "qwen3") != 0) {
         char b[300];
         snprintf(b, sizeof b, "'%.200s'", mts);
         s = unsupported(&c, "model_type", b, "the architectures LlamaForCausalLM (\"llama\"), Qwen3ForCausalLM "
-                        "(\"qwen3\") and Qwen3MoeForCausalLM (\"qwen3_moe\")");
+                        "(\"qwen3\"), Qwen3MoeForCausalLM (\"qwen3_moe\") and DeepseekV3ForCausalLM (\"deepseek_v3\")");
     }
     hp_model_config_t mc;
-    if (s == HP_OK) s = hp_model_flavor(llama ? "llama3" : qmoe ? "qwen3_moe" : "qwen3", "debugmodel", &mc);
+    if (s == HP_OK)
+        s = hp_model_flavor(llama ? "llama3" : qmoe ? "qwen3_moe" : ds ? "deepseek_v3" : "qwen3", "debugmodel", &mc);
     if (s == HP_OK && qmoe) s = read_qwen3_moe(&c, &mc);
     if (s == HP_OK) s = refuse_unsupported(&c, llama);
     if (s == HP_OK) s = get_int(&c, "hidden_size", 1, 0, 1, HP_MODEL_MAX_DIM, &hidden);
@@ -274,7 +379,7 @@ hp_status_t hp_hf_read_config(const char *dir, hp_model_config_t *out) {
         s = hp_error(HP_ERR_FORMAT, "%s: head_dim %lld must be even (RoPE rotates pairs of channels)", path, (long long)hd);
     double eps = 1e-6;   /* LlamaConfig and Qwen3Config default */
     if (s == HP_OK) s = get_num(&c, o, "rms_norm_eps", 0, eps, 1e-30, 1.0, &eps);
-    if (s == HP_OK) s = read_rope(&c, &mc);
+    if (s == HP_OK) s = ds ? read_deepseek_v3(&c, &mc, maxpos) : read_rope(&c, &mc);
     int tie = 0;
     if (s == HP_OK) s = get_bool(&c, "tie_word_embeddings", 0, &tie);
     json_object_put(o);
@@ -290,7 +395,8 @@ hp_status_t hp_hf_read_config(const char *dir, hp_model_config_t *out) {
     mc.ffn_dim_multiplier = 0;
     mc.vocab_size = (int)vocab;
     mc.norm_eps = (float)eps;
-    mc.qk_norm = !llama;
+    mc.qk_norm = !llama && !ds;
+    if (ds) mc.n_kv_heads = mc.head_dim = 0;   /* MLA: derived (HF's head_dim is the RoPE width) */
     mc.tie_embeddings = tie;
     mc.max_seq_len = (int)maxpos;
     s = hp_model_config_validate(&mc);
@@ -319,12 +425,15 @@ int hp_hf_config_diff(const hp_model_config_t *hf, const hp_model_config_t *mc, 
     } while (0)
     char a[64], b[64];
     /* 0 llama, 1 qwen3, 2 qwen3_moe (owner moe) */
-    int hl = !strcmp(hf->name, "qwen3_moe") ? 2 : !strcmp(hf->name, "qwen3"), ml = !strcmp(mc->name, "qwen3_moe") ? 2 : !strcmp(mc->name, "qwen3");
+    /* 3 deepseek_v3 */
+    int hl = hf->mla ? 3 : !strcmp(hf->name, "qwen3_moe") ? 2 : !strcmp(hf->name, "qwen3"),
+        ml = mc->mla ? 3 : !strcmp(mc->name, "qwen3_moe") ? 2 : !strcmp(mc->name, "qwen3");
     if (hl != ml) {
         n++;
         if (lm < msg_n)
             lm += (size_t)snprintf(msg + lm, msg_n - lm, "%sconfig.json 'model_type' = '%s' (model.name = %s)",
-                                   n > 1 ? ", " : "", hl == 2 ? "qwen3_moe" : hl ? "qwen3" : "llama", mc->name);
+                                   n > 1 ? ", " : "", hl == 3 ? "deepseek_v3" : hl == 2 ? "qwen3_moe" : hl ? "qwen3" : "llama",
+                                   mc->name);
         if (lf < flags_n) lf += (size_t)snprintf(flags + lf, flags_n - lf, "%s--model %s", n > 1 ? " " : "", hf->name);
     }
 #define INT_F(hfkey, f)                                    \
@@ -375,6 +484,48 @@ int hp_hf_config_diff(const hp_model_config_t *hf, const hp_model_config_t *mc, 
         MOE_F("norm_topk_prob", "moe_route_norm", moe_route_norm);
         MOE_F("mlp_only_layers (count)", "moe_n_dense_layers", moe_n_dense_layers);
 #undef MOE_F
+    }
+    if (hl == 3 && ml == 3) {   /* DeepseekV3Config's names */
+#define DS_I(hfkey, key, f)                                \
+    if (hf->f != mc->f) {                                  \
+        snprintf(a, sizeof a, "%d", hf->f);                \
+        snprintf(b, sizeof b, "%d", mc->f);                \
+        ADD(hfkey, key, a, b);                             \
+    }
+#define DS_F(hfkey, key, f)                                \
+    if (hf->f != mc->f) {                                  \
+        snprintf(a, sizeof a, "%.9g", (double)hf->f);      \
+        snprintf(b, sizeof b, "%.9g", (double)mc->f);      \
+        ADD(hfkey, key, a, b);                             \
+    }
+        DS_I("n_routed_experts", "moe_num_experts", moe_experts);
+        DS_I("num_experts_per_tok", "moe_top_k", moe_top_k);
+        DS_I("moe_intermediate_size", "moe_hidden_dim", moe_hidden);
+        DS_I("n_shared_experts", "moe_num_shared_experts", moe_shared_experts);
+        DS_I("first_k_dense_replace", "moe_n_dense_layers", moe_n_dense_layers);
+        DS_I("n_group", "moe_n_expert_groups", moe_expert_groups);
+        DS_I("topk_group", "moe_n_limited_groups", moe_limited_groups);
+        DS_I("norm_topk_prob", "moe_route_norm", moe_route_norm);
+        DS_F("routed_scaling_factor", "moe_route_scale", moe_route_scale);
+        DS_I("scoring_func (sigmoid)", "moe_score_func", moe_score_fn);
+        DS_I("q_lora_rank", "q_lora_rank", q_lora_rank);
+        DS_I("kv_lora_rank", "kv_lora_rank", kv_lora_rank);
+        DS_I("qk_nope_head_dim", "qk_nope_head_dim", qk_nope_head_dim);
+        DS_I("qk_rope_head_dim", "qk_rope_head_dim", qk_rope_head_dim);
+        DS_I("v_head_dim", "v_head_dim", v_head_dim);
+        if (hp_model_mla_yarn(hf) != hp_model_mla_yarn(mc)) {
+            snprintf(a, sizeof a, "%s", hp_model_mla_yarn(hf) ? "yarn" : "default");
+            snprintf(b, sizeof b, "%s", hp_model_mla_yarn(mc) ? "yarn" : "default");
+            ADD("rope_parameters.rope_type", "max_seq_len / rope_original_max_pos", a, b);
+        } else if (hp_model_mla_yarn(hf)) {
+            DS_F("rope_parameters.factor", "rope_factor", rope_factor);
+            DS_F("rope_parameters.mscale", "mla_mscale", mla_mscale);
+            DS_F("rope_parameters.beta_fast", "rope_beta_fast", rope_beta_fast);
+            DS_F("rope_parameters.beta_slow", "rope_beta_slow", rope_beta_slow);
+            DS_I("rope_parameters.original_max_position_embeddings", "rope_original_max_pos", rope_original_max_pos);
+        }
+#undef DS_I
+#undef DS_F
     }
     if (hl == ml) BOOL_F("model_type (q/k norm)", qk_norm);
 #undef INT_F

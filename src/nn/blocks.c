@@ -73,6 +73,28 @@ static const hp_module_ops_t core_ops = {
     "sdpa", core_act_bytes, NULL, core_forward, core_backward_input, NULL,
 };
 
+hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, int n_heads, int n_kv, int head_dim, int layer,
+                             hp_module_t **out) {
+    hp_module_t *core = nn_module_new(m, sizeof(core_impl_t));
+    if (!core) return HP_ERR_OOM;
+    core_impl_t *C = core->impl;
+    C->n_heads = n_heads;
+    C->n_kv = n_kv;
+    C->hd = head_dim;
+    C->layer = layer;
+    void *ci = core->impl;
+    hp_module_base_init(core, &core_ops, name, ci);
+    *out = core;
+    return HP_OK;
+}
+
+void nn_sdpa_core_set_heads(hp_module_t *core, int n_heads, int n_kv) {
+    if (core->ops != &core_ops) return;   // a replacement core sizes itself
+    core_impl_t *C = core->impl;
+    C->n_heads = n_heads;
+    C->n_kv = n_kv;
+}
+
 /* ---- attention ------------------------------------------------------------------------ */
 
 typedef struct attn_impl {

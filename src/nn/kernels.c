@@ -212,11 +212,28 @@ void hp_rmsnorm_backward_weight(float *dweight, const float *dout, const float *
 void hp_rope_table(float *cos_t, float *sin_t, int T, int head_dim, float theta,
                    const hp_rope_scaling_t *scaling) {
     int half = head_dim / 2;
+    int ylo = 0, yhi = 0;
+    if (scaling && scaling->yarn) {
+        /* TorchTitan deepseek_v3 find_correction_range: dims where beta rotations fit in the
+         * original context, floor / ceil, clamped to [0, hd - 1] (in double as Python's math) */
+        const double two_pi = 2.0 * M_PI, lb = 2.0 * log((double)theta);
+        double lo = floor(head_dim * log(scaling->original_max_pos / (scaling->beta_fast * two_pi)) / lb);
+        double hi = ceil(head_dim * log(scaling->original_max_pos / (scaling->beta_slow * two_pi)) / lb);
+        ylo = lo < 0 ? 0 : (int)lo;
+        yhi = hi > head_dim - 1 ? head_dim - 1 : (int)hi;
+    }
     for (int i = 0; i < half; i++) {
         // as torch: 1 / theta ** (arange(0, hd, 2).float() / hd), in f32
         float expo = (float)(2 * i) / (float)head_dim;
         float freq = 1.0f / powf(theta, expo);
-        if (scaling && scaling->enabled) {
+        if (scaling && scaling->yarn) {
+            // smooth = 1 - clamp((i - low) / (high - low), 0, 1) (f32 as torch), max += 0.001 if equal
+            const float mx = ylo == yhi ? (float)yhi + 0.001f : (float)yhi;
+            float ramp = ((float)i - (float)ylo) / (mx - (float)ylo);
+            ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+            const float smooth = 1.0f - ramp;
+            freq = freq / scaling->factor * (1.0f - smooth) + freq * smooth;
+        } else if (scaling && scaling->enabled) {
             // Llama 3.1: long wavelengths divided by factor, a smooth blend in between
             float lo_wl = (float)scaling->original_max_pos / scaling->low_freq_factor;
             float hi_wl = (float)scaling->original_max_pos / scaling->high_freq_factor;

@@ -61,9 +61,9 @@ static void set_qwen3(hp_model_config_t *c, const char *flavor, int dim, int lay
 }
 
 /* --- mixture of experts (owner moe; docs/moe.md) ---
- * deepseek_v3: DeepSeek-V3's MoE (sigmoid router, node-limited groups, route_scale, one shared
- * expert, dense first layers) on the llama attention of this project (MLA is not
- * implemented: the attention term of the counts is GQA's, not DeepSeek's).
+ * deepseek_v3: DeepSeek-V3 as TorchTitan's deepseek_v3: MLA attention (src/nn/mla.c) with
+ * YaRN RoPE, and DeepSeek's MoE (sigmoid router, node-limited groups, route_scale, one shared
+ * expert, dense first layers).
  * qwen3_moe: Qwen3-MoE (softmax router with route_norm, no shared experts, qk-norm GQA). */
 static void set_moe(hp_model_config_t *c, int E, int K, int F, int shared, int score_fn, int norm, float scale,
                     int groups, int limited, int dense) {
@@ -80,6 +80,24 @@ static void set_moe(hp_model_config_t *c, int E, int K, int F, int shared, int s
     c->moe_load_balance_coeff = 1e-3f;   // TorchTitan's default
 }
 
+/* MLA sizes and YaRN (TorchTitan deepseek_v3 DeepSeekV3ModelArgs). */
+static void set_mla(hp_model_config_t *c, int q_lora, int kv_lora, int nope, int rope, int v, float mscale) {
+    c->mla = 1;
+    c->q_lora_rank = q_lora;
+    c->kv_lora_rank = kv_lora;
+    c->qk_nope_head_dim = nope;
+    c->qk_rope_head_dim = rope;
+    c->v_head_dim = v;
+    c->mla_mscale = mscale;
+    c->rope_theta = 10000.0f;
+    c->rope_factor = 40.0f;
+    c->rope_beta_fast = 32.0f;
+    c->rope_beta_slow = 1.0f;
+    c->rope_original_max_pos = 4096;
+    c->max_seq_len = 16384;
+    c->head_dim = 0;   // derived: the core's head width
+}
+
 static hp_status_t moe_flavor(const char *model_name, const char *flavor, hp_model_config_t *cfg, int *found) {
     *found = 1;
     if (strcmp(model_name, "deepseek_v3") == 0) {
@@ -87,18 +105,18 @@ static hp_status_t moe_flavor(const char *model_name, const char *flavor, hp_mod
             set_llama3(cfg, flavor, 256, 6, 16, 16, 256, 0.0f, 2048);
             cfg->hidden_dim = 1024;
             set_moe(cfg, 8, 3, 256, 2, HP_MOE_SCORE_SOFTMAX, 0, 1.0f, 0, 0, 1);
+            set_mla(cfg, 0, 512, 128, 64, 128, 0.70f);
         } else if (strcmp(flavor, "671B") == 0) {
             set_llama3(cfg, flavor, 7168, 61, 128, 128, 256, 0.0f, 129280);
             cfg->hidden_dim = 18432;
             set_moe(cfg, 256, 8, 2048, 1, HP_MOE_SCORE_SIGMOID, 1, 2.5f, 8, 4, 3);
+            set_mla(cfg, 1536, 512, 128, 64, 128, 1.0f);
         } else {
             return hp_error(HP_ERR_INVALID_ARG, "model 'deepseek_v3': unknown flavor '%s'; valid flavors: "
                             "debugmodel, 671B", flavor);
         }
         snprintf(cfg->name, sizeof(cfg->name), "deepseek_v3");
-        cfg->rope_scaling = 0;
-        cfg->rope_theta = 10000.0f;
-        cfg->max_seq_len = 4096;
+        cfg->rope_scaling = 0;   // YaRN (set_mla), not Llama 3.1's
         return HP_OK;
     }
     if (strcmp(model_name, "qwen3_moe") == 0) {
@@ -180,6 +198,50 @@ hp_status_t hp_model_flavor(const char *model_name, const char *flavor, hp_model
     return hp_model_config_validate(cfg);
 }
 
+int hp_model_mla_yarn(const hp_model_config_t *c) {
+    return c->mla && c->max_seq_len > c->rope_original_max_pos;   // TorchTitan: seqlen > original_seq_len
+}
+
+double hp_model_mla_softmax_scale(const hp_model_config_t *c) {
+    double s = 1.0 / sqrt((double)(c->qk_nope_head_dim + c->qk_rope_head_dim));
+    if (hp_model_mla_yarn(c)) {
+        const double ms = 0.1 * c->mla_mscale * log((double)c->rope_factor) + 1.0;
+        s *= ms * ms;
+    }
+    return s;
+}
+
+/* MLA: the sizes, and the derived n_kv_heads (= n_heads) and head_dim (the core's width). */
+static hp_status_t mla_validate(hp_model_config_t *c) {
+#define MLA_BAD(field, cond, want)                                                                           \
+    if (cond)                                                                                                \
+        return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s' (MLA): " #field " = %d, expected " want, \
+                        c->name, c->flavor, (int)c->field);
+    MLA_BAD(q_lora_rank, c->q_lora_rank < 0 || c->q_lora_rank > HP_MODEL_MAX_DIM, "0 (a full wq) .. 2^20")
+    MLA_BAD(kv_lora_rank, c->kv_lora_rank <= 0 || c->kv_lora_rank > HP_MODEL_MAX_DIM, "1 .. 2^20")
+    MLA_BAD(qk_nope_head_dim, c->qk_nope_head_dim < 0 || c->qk_nope_head_dim > 512, "0 .. 512")
+    MLA_BAD(qk_rope_head_dim, c->qk_rope_head_dim <= 0 || c->qk_rope_head_dim % 2 || c->qk_rope_head_dim > 512,
+            "an even 2 .. 512 (RoPE rotates pairs)")
+    MLA_BAD(v_head_dim, c->v_head_dim <= 0 || c->v_head_dim > 512, "1 .. 512")
+#undef MLA_BAD
+    if (c->qk_norm || c->rope_scaling)
+        return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': qk_norm %d / rope_scaling %d do not apply to MLA "
+                        "attention (its norms are q_norm over q_lora_rank and kv_norm over kv_lora_rank, its RoPE "
+                        "scaling YaRN); hint: leave model.qk_norm and model.rope_scaling at the flavor's",
+                        c->name, c->flavor, c->qk_norm, c->rope_scaling);
+    if (c->max_seq_len > c->rope_original_max_pos &&
+        (!(c->rope_factor > 0.0f) || !(c->rope_beta_fast > c->rope_beta_slow) || !(c->rope_beta_slow > 0.0f) ||
+         c->rope_original_max_pos <= 0))
+        return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s' (MLA YaRN): rope_factor %g, beta_fast %g, beta_slow "
+                        "%g, rope_original_max_pos %d; expected factor > 0, beta_fast > beta_slow > 0, original > 0",
+                        c->name, c->flavor, c->rope_factor, c->rope_beta_fast, c->rope_beta_slow,
+                        c->rope_original_max_pos);
+    const int qk = c->qk_nope_head_dim + c->qk_rope_head_dim, hc = qk > c->v_head_dim ? qk : c->v_head_dim;
+    c->n_kv_heads = c->n_heads;   // every head has its own k_nope and v; k_pe is shared
+    c->head_dim = (hc + 1) & ~1;
+    return HP_OK;
+}
+
 hp_status_t hp_model_config_validate(hp_model_config_t *c) {
     if (!c) return hp_error(HP_ERR_INVALID_ARG, "hp_model_config_validate: cfg is NULL");
 #define HP_CFG_POS(field)                                                                       \
@@ -188,6 +250,7 @@ hp_status_t hp_model_config_validate(hp_model_config_t *c) {
                         c->name, c->flavor, (int)c->field);
     HP_CFG_POS(dim) HP_CFG_POS(n_layers) HP_CFG_POS(n_heads) HP_CFG_POS(vocab_size)
 #undef HP_CFG_POS
+    if (c->mla) HP_TRY(mla_validate(c));
     if (c->n_kv_heads <= 0) c->n_kv_heads = c->n_heads;
     if (c->n_heads % c->n_kv_heads != 0)
         return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': n_heads %d is not a multiple of "
@@ -263,6 +326,12 @@ hp_status_t hp_model_config_validate(hp_model_config_t *c) {
 static int64_t block_params(const hp_model_config_t *c, int layer, int64_t experts_counted) {
     int64_t d = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim;
     int64_t attn = d * qd + 2 * d * kd + qd * d + 2 * d + (c->qk_norm ? 2 * (int64_t)c->head_dim : 0);
+    if (c->mla) {   // wq or wq_a, q_norm, wq_b; wkv_a, kv_norm, wkv_b, wo; the two block norms
+        const int64_t H = c->n_heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim, ql = c->q_lora_rank,
+                      kvl = c->kv_lora_rank;
+        attn = (ql ? d * ql + ql + ql * H * qk : d * H * qk) + d * (kvl + c->qk_rope_head_dim) + kvl +
+               kvl * H * (c->qk_nope_head_dim + c->v_head_dim) + H * c->v_head_dim * d + 2 * d;
+    }
     if (!hp_model_layer_is_moe(c, layer)) return attn + 3 * d * (int64_t)c->hidden_dim;
     const int64_t F = c->moe_hidden;
     return attn + (int64_t)c->moe_experts * d + experts_counted * 3 * d * F + 3 * d * F * c->moe_shared_experts;
@@ -286,8 +355,10 @@ int64_t hp_model_active_param_count(const hp_model_config_t *c, int exclude_embe
 }
 
 double hp_model_flops_per_token(const hp_model_config_t *c, int seq_len) {
-    return 6.0 * (double)hp_model_active_param_count(c, 1) +
-           6.0 * c->n_layers * c->n_heads * (2.0 * c->head_dim) * (double)seq_len;
+    // TorchTitan's head_dims: 2 head_dim, or qk_nope + qk_rope + v_head (deepseek_v3)
+    const double hds = c->mla ? (double)(c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim)
+                              : 2.0 * c->head_dim;
+    return 6.0 * (double)hp_model_active_param_count(c, 1) + 6.0 * c->n_layers * c->n_heads * hds * (double)seq_len;
 }
 
 /* ---- the builders ------------------------------------------------------------------------- */
@@ -334,6 +405,21 @@ static int llama_declare(const hp_model_config_t *c, int u, int has_embedding, n
         const int l = u - 1;
         const float depth = 0.02f / sqrtf(2.0f * (float)(l + 1));   // TorchTitan depth init
 #define L(suffix) (snprintf(nm, sizeof(nm), "layers.%d.%s", l, suffix), nm)
+        if (c->mla) {   // TorchTitan deepseek_v3 Attention: linears std 0.02, wo depth-scaled, norms ones
+            const int64_t H = c->n_heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim, ql = c->q_lora_rank,
+                          kvl = c->kv_lora_rank;
+            if (ql) {
+                decl(d, &n, L("attention.wq_a.weight"), 2, ql, dm, 0);
+                init_ones(decl(d, &n, L("attention.q_norm.weight"), 1, ql, 0, 0));
+                decl(d, &n, L("attention.wq_b.weight"), 2, H * qk, ql, 0);
+            } else {
+                decl(d, &n, L("attention.wq.weight"), 2, H * qk, dm, 0);
+            }
+            decl(d, &n, L("attention.wkv_a.weight"), 2, kvl + c->qk_rope_head_dim, dm, 0);
+            init_ones(decl(d, &n, L("attention.kv_norm.weight"), 1, kvl, 0, 0));
+            decl(d, &n, L("attention.wkv_b.weight"), 2, H * (c->qk_nope_head_dim + c->v_head_dim), kvl, 0);
+            decl(d, &n, L("attention.wo.weight"), 2, dm, H * c->v_head_dim, 0)->rng.p1 = depth;
+        } else {
         decl(d, &n, L("attention.wq.weight"), 2, qd, dm, 1);
         decl(d, &n, L("attention.wk.weight"), 2, kd, dm, 1);
         decl(d, &n, L("attention.wv.weight"), 2, kd, dm, 1);
@@ -341,6 +427,7 @@ static int llama_declare(const hp_model_config_t *c, int u, int has_embedding, n
         if (c->qk_norm) {
             init_ones(decl(d, &n, L("attention.q_norm.weight"), 1, c->head_dim, 0, 0));
             init_ones(decl(d, &n, L("attention.k_norm.weight"), 1, c->head_dim, 0, 0));
+        }
         }
         init_ones(decl(d, &n, L("attention_norm.weight"), 1, dm, 0, 0));
         if (hp_model_layer_is_moe(c, l)) {   /* --- mixture of experts (owner moe) --- */
@@ -397,6 +484,36 @@ static hp_module_t *new_rmsnorm(hp_model_t m, const char *name, hp_param_t *w, i
     return mod;
 }
 
+/* MLA attention of block l over its params P (declared order). */
+static hp_status_t build_mla(hp_model_t m, int l, hp_param_t **P, hp_module_t **out) {
+    const hp_model_config_t *c = hp_model_config(m);
+    const int d = c->dim, H = c->n_heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim, ql = c->q_lora_rank,
+              kvl = c->kv_lora_rank;
+    char nm[HP_PARAM_NAME_MAX];
+#define N(suffix) (snprintf(nm, sizeof(nm), "layers.%d.attention.%s", l, suffix), nm)
+    hp_module_t *kids[7];
+    int n = 0, p = 0;
+    if (ql) {
+        kids[n++] = new_linear(m, N("wq_a"), &P[p++], 1, d, ql, 0);
+        kids[n++] = new_rmsnorm(m, N("q_norm"), P[p++], ql, c->norm_eps, 0);
+        kids[n++] = new_linear(m, N("wq_b"), &P[p++], 1, ql, H * qk, 0);
+    } else {
+        kids[n++] = new_linear(m, N("wq"), &P[p++], 1, d, H * qk, 0);
+    }
+    kids[n++] = new_linear(m, N("wkv_a"), &P[p++], 1, d, kvl + c->qk_rope_head_dim, 0);
+    kids[n++] = new_rmsnorm(m, N("kv_norm"), P[p++], kvl, c->norm_eps, 0);
+    kids[n++] = new_linear(m, N("wkv_b"), &P[p++], 1, kvl, H * (c->qk_nope_head_dim + c->v_head_dim), 0);
+    kids[n++] = new_linear(m, N("wo"), &P[p++], 1, H * c->v_head_dim, d, 1);
+    for (int i = 0; i < n; i++)
+        if (!kids[i]) return HP_ERR_OOM;
+    ((hp_linear_impl_t *)kids[ql ? 3 : 1]->impl)->accumulate_input_grad = 1;   // wkv_a adds to the q path's din
+#undef N
+    snprintf(nm, sizeof(nm), "layers.%d.attention", l);
+    nn_mla_cfg_t mc = {d, H, l, ql, kvl, c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim, c->head_dim,
+                       (float)hp_model_mla_softmax_scale(c), m->cos_t, m->sin_t};
+    return nn_mla_new(m, nm, &mc, kids, n, out);
+}
+
 static hp_status_t build_common(hp_model_t m, int u, hp_param_t **P, int np, hp_module_t **out,
                                 hp_rope_style_t style) {
     const hp_model_config_t *c = hp_model_config(m);
@@ -412,22 +529,26 @@ static hp_status_t build_common(hp_model_t m, int u, hp_param_t **P, int np, hp_
     }
     case NN_UNIT_BLOCK: {
         const int l = u - 1;
-        int k = 0;
+        int k = c->mla ? (c->q_lora_rank ? 7 : 5) : 4 + (c->qk_norm ? 2 : 0);
         hp_param_t *qkv[3] = {P[0], P[1], P[2]}, *wo = P[3];
-        k = 4;
         hp_param_t *qn = NULL, *kn = NULL;
-        if (c->qk_norm) { qn = P[k]; kn = P[k + 1]; k += 2; }
+        if (c->qk_norm) { qn = P[4]; kn = P[5]; }
         const int moe = hp_model_layer_is_moe(c, l);
         hp_param_t *an = P[k], *w13[2] = {P[k + 1], P[k + 3]}, *w2 = P[k + 2], *fn = P[np - 1];
         HP_ASSERT(moe ? k + 6 + (c->moe_shared_experts ? 3 : 0) == np : k + 5 == np);
 #define N(suffix) (snprintf(nm, sizeof(nm), "layers.%d%s", l, suffix), nm)
         hp_module_t *attention_norm = new_rmsnorm(m, N(".attention_norm"), an, d, c->norm_eps, 1);
-        hp_module_t *wqkv = new_linear(m, N(".attention.wqkv"), qkv, 3, d, (H + 2 * KV) * hd, 0);
-        hp_module_t *wom = new_linear(m, N(".attention.wo"), &wo, 1, H * hd, d, 1);
-        if (!attention_norm || !wqkv || !wom) return HP_ERR_OOM;
-        nn_attention_cfg_t ac = {d, H, KV, hd, l, c->qk_norm, c->norm_eps, style, m->cos_t, m->sin_t};
+        if (!attention_norm) return HP_ERR_OOM;
         hp_module_t *attention, *ffn, *block;
-        HP_TRY(nn_attention_new(m, N(".attention"), &ac, wqkv, wom, qn, kn, &attention));
+        if (c->mla) {
+            HP_TRY(build_mla(m, l, P, &attention));
+        } else {
+            hp_module_t *wqkv = new_linear(m, N(".attention.wqkv"), qkv, 3, d, (H + 2 * KV) * hd, 0);
+            hp_module_t *wom = new_linear(m, N(".attention.wo"), &wo, 1, H * hd, d, 1);
+            if (!wqkv || !wom) return HP_ERR_OOM;
+            nn_attention_cfg_t ac = {d, H, KV, hd, l, c->qk_norm, c->norm_eps, style, m->cos_t, m->sin_t};
+            HP_TRY(nn_attention_new(m, N(".attention"), &ac, wqkv, wom, qn, kn, &attention));
+        }
         hp_module_t *ffn_norm = new_rmsnorm(m, N(".ffn_norm"), fn, d, c->norm_eps, 1);
         if (!ffn_norm) return HP_ERR_OOM;
         if (moe) {   /* --- mixture of experts (owner moe) --- */
@@ -477,7 +598,7 @@ static hp_status_t qwen3_build(hp_model_t m, int u, hp_param_t **P, int np, hp_m
 static const nn_spec_t specs[] = {
     {"llama3", llama_n_units, llama_unit_kind, llama_declare, llama_build},
     {"qwen3", llama_n_units, llama_unit_kind, llama_declare, qwen3_build},
-    {"deepseek_v3", llama_n_units, llama_unit_kind, llama_declare, llama_build},   // moe: llama attention
+    {"deepseek_v3", llama_n_units, llama_unit_kind, llama_declare, llama_build},   // MLA attention, MoE
     {"qwen3_moe", llama_n_units, llama_unit_kind, llama_declare, qwen3_build},
 };
 

@@ -205,8 +205,9 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
     m->params = hp_calloc((size_t)(np ? np : 1), sizeof(hp_param_t));
     m->decl = hp_calloc((size_t)(np ? np : 1), sizeof(nn_pdecl_t));
     m->param_off = hp_calloc((size_t)(np ? np : 1), sizeof(size_t));
-    m->cos_t = hp_malloc(sizeof(float) * (size_t)max_seq_len * (hd / 2));
-    m->sin_t = hp_malloc(sizeof(float) * (size_t)max_seq_len * (hd / 2));
+    const int rd = c->mla ? c->qk_rope_head_dim : hd;   // the rotated channels per head
+    m->cos_t = hp_malloc(sizeof(float) * (size_t)max_seq_len * (rd / 2));
+    m->sin_t = hp_malloc(sizeof(float) * (size_t)max_seq_len * (rd / 2));
     if (!m->units || !m->params || !m->decl || !m->param_off || !m->cos_t || !m->sin_t) { st = HP_ERR_OOM; goto fail; }
     // 2. storage layout: units contiguous, a group's members adjacent (one stacked GEMM)
     size_t off = 0;
@@ -249,8 +250,8 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
 
     // 3. RoPE tables (positions [0, max_seq_len))
     hp_rope_scaling_t sc = {c->rope_scaling, c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
-                            c->rope_original_max_pos};
-    hp_rope_table(m->cos_t, m->sin_t, max_seq_len, hd, c->rope_theta, &sc);
+                            c->rope_original_max_pos, hp_model_mla_yarn(c), c->rope_beta_fast, c->rope_beta_slow};
+    hp_rope_table(m->cos_t, m->sin_t, max_seq_len, rd, c->rope_theta, &sc);
 
     // 4. the module trees, unit by unit; blocks get their checkpoint wrapper up front
     for (int u = u0; u < u1; u++) {
@@ -816,6 +817,8 @@ hp_status_t hp_model_set_local_heads(hp_model_t m, int tp, int ffn_tp) {
         hp_module_t *mod = m->mods[i];
         if (strcmp(mod->ops->kind, "attention") == 0)
             HP_TRY(hp_attention_set_local_heads(mod, c->n_heads / tp, c->n_kv_heads / tp));
+        else if (strcmp(mod->ops->kind, "mla_attention") == 0)
+            HP_TRY(nn_mla_set_local_heads(mod, c->n_heads / tp));
         else if (strcmp(mod->ops->kind, "feed_forward") == 0)
             HP_TRY(hp_feed_forward_set_local_hidden(mod, c->hidden_dim / ffn_tp));
     }

@@ -58,6 +58,26 @@ typedef struct nn_attention_cfg {
  * replaceable child: causal SDPA), wo (accumulates into the residual). */
 hp_status_t nn_attention_new(hp_model_t m, const char *name, const nn_attention_cfg_t *c, hp_module_t *wqkv,
                              hp_module_t *wo, hp_param_t *q_norm, hp_param_t *k_norm, hp_module_t **out);
+/* The causal SDPA core over rows [q | k | v] (n_heads, n_kv heads of head_dim): training, and
+ * KV-cache decode reading layer `layer` of the cache. set_heads: local heads (tensor parallel). */
+hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, int n_heads, int n_kv, int head_dim, int layer,
+                             hp_module_t **out);
+void nn_sdpa_core_set_heads(hp_module_t *core, int n_heads, int n_kv);
+
+/* MLA attention (DeepSeek-V3, mla.c). Children, in order: the q path (wq, or wq_a, q_norm,
+ * wq_b), wkv_a, kv_norm, wkv_b, then the core (created here), wo (accumulates into the
+ * residual; its input grad is written with =, wkv_a's added with +=). */
+typedef struct nn_mla_cfg {
+    int dim, n_heads, layer;
+    int q_lora, kv_lora, nope, rope, v;   /* model.q_lora_rank .. v_head_dim */
+    int hc;                               /* the core's head width: max(nope + rope, v) */
+    float scale;                          /* the softmax scale of q.k */
+    const float *cos_t, *sin_t;           /* (max_T, rope/2) */
+} nn_mla_cfg_t;
+hp_status_t nn_mla_new(hp_model_t m, const char *name, const nn_mla_cfg_t *c, hp_module_t *const *kids, int n_kids,
+                       hp_module_t **out);
+hp_status_t nn_mla_set_local_heads(hp_module_t *mla, int n_heads);
+
 /* feed_forward: w13 (fused linear), SwiGLU, w2 (accumulates into the residual). */
 hp_status_t nn_feed_forward_new(hp_model_t m, const char *name, int dim, int hidden, hp_module_t *w13,
                                 hp_module_t *w2, hp_module_t **out);

@@ -752,6 +752,12 @@ hp_status_t hp_cp_apply(hp_cp_t cp, hp_model_t model) {
     hp_module_t *mods[4096];
     const int n = hp_model_modules(model, mods, 4096);
     if (n > 4096) return hp_error(HP_ERR_UNSUPPORTED, "hp_cp_apply: model has %d modules, more than 4096", n);
+    for (int i = 0; cp->o.async && i < n; i++)   // the async core re-applies RoPE through the GQA attention
+        if (strcmp(mods[i]->ops->kind, "mla_attention") == 0)
+            return hp_error(HP_ERR_UNSUPPORTED, "hp_cp_apply: parallelism.context_parallel_async with the MLA "
+                            "attention of '%s' (model '%s') is not supported; hint: "
+                            "parallelism.context_parallel_async=false (the synchronous ring / Ulysses cores run MLA)",
+                            mods[i]->name, hp_model_config(model)->name);
     int replaced = 0;
     for (int i = 0; i < n; i++) {
         hp_module_t *core = mods[i];

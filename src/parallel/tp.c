@@ -133,6 +133,26 @@ int hp_tp_llama3_plan(hp_tp_plan_entry_t *plan, int cap, int sp, int loss_parall
     return n;
 }
 
+int hp_tp_deepseek_v3_plan(hp_tp_plan_entry_t *plan, int cap, int sp, int loss_parallel, int q_lora_rank) {
+    // torchtitan deepseek_v3 apply_non_moe_tp: the llama entries with the attention's replaced
+    hp_tp_plan_entry_t all[32];
+    const int n_all = hp_tp_llama3_plan(all, 32, sp, loss_parallel);
+    hp_placement_t seq = sp ? hp_shard(1) : hp_replicate();
+    int n = 0;
+    for (int i = 0; i < n_all && i < 32; i++) {
+        if (!strncmp(all[i].pattern, "layers.*.attention.", 19)) continue;
+        if (plan && n < cap) plan[n] = all[i];
+        n++;
+        if (!strcmp(all[i].pattern, "layers.*.attention")) {
+            n = plan_add(plan, cap, n, q_lora_rank > 0 ? "layers.*.attention.wq_b" : "layers.*.attention.wq",
+                         hp_tp_colwise());
+            n = plan_add(plan, cap, n, "layers.*.attention.wkv_b", hp_tp_colwise());
+            n = plan_add(plan, cap, n, "layers.*.attention.wo", hp_tp_with_output(hp_tp_rowwise(), seq, 1));
+        }
+    }
+    return n;
+}
+
 int hp_tp_qwen3_plan(hp_tp_plan_entry_t *plan, int cap, int sp, int loss_parallel) {
     // torchtitan qwen3 uses the llama plan; its q_norm/k_norm (SequenceParallel over the head
     // dim there) are parameters of the attention module here, reduced by its wrapper
@@ -207,7 +227,13 @@ void hp_tp_destroy(hp_tp_t tp) {
         for (int c = 0; c < t->n_saved; c++) hp_free_aligned(t->saved[c].dbuf);
         free(t->inner_ops_owned);
     }
-    if (tp->model) hp_model_set_sharding(tp->model, 0, 0, NULL, NULL);
+    if (tp->model) {
+        hp_model_set_sharding(tp->model, 0, 0, NULL, NULL);
+        hp_module_t *mods[4096];
+        const int n = hp_model_modules(tp->model, mods, 4096);
+        for (int i = 0; i < n && i < 4096; i++)
+            if (strcmp(mods[i]->ops->kind, "mla_attention") == 0) (void)hp_mla_set_head_reduce(mods[i], NULL, NULL);
+    }
     hp_free_aligned(tp->scratch);
     free(tp->mods);
     free(tp);
@@ -1226,6 +1252,8 @@ static hp_status_t parallelize(hp_tp_t tp, hp_module_t **mods, int n, const hp_t
         if (!attn_kind) break;
         const char *kind = mods[i]->ops->kind;
         int is_attn = strcmp(kind, "attention") == 0, is_ffn = strcmp(kind, "feed_forward") == 0;
+        const int is_mla = strcmp(kind, "mla_attention") == 0;
+        is_attn |= is_mla;
         if (!is_attn && !is_ffn) continue;
         int col = 0, row = 0;
         for (int c = 0; c < mods[i]->n_children; c++)
@@ -1235,7 +1263,11 @@ static hp_status_t parallelize(hp_tp_t tp, hp_module_t **mods, int n, const hp_t
                     row += styles[j]->kind == HP_TP_ROWWISE;
                 }
         if (col + row == 0) continue;
-        if (col != 1 || row != 1)
+        if (is_mla && (col != 2 || row != 1))
+            st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: MLA attention '%s' needs wq (or wq_b) and wkv_b "
+                          "ColwiseParallel and wo RowwiseParallel (got %d colwise, %d rowwise); hint: use "
+                          "hp_tp_deepseek_v3_plan", mods[i]->name, col, row);
+        else if (!is_mla && (col != 1 || row != 1))
             st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: module '%s' needs its input projection(s) "
                           "ColwiseParallel and its output projection RowwiseParallel (got %d colwise, %d rowwise); "
                           "hint: shard wq, wk, wv / w1, w3 colwise and wo / w2 rowwise", mods[i]->name, col, row);
@@ -1255,7 +1287,8 @@ static hp_status_t parallelize(hp_tp_t tp, hp_module_t **mods, int n, const hp_t
     }
     if (st == HP_OK) {
         for (int i = 0; i < n; i++)
-            if (styles[i] && prep_in(&tms[i]) && !tms[i].style.use_local_output)
+            if (styles[i] && prep_in(&tms[i]) && !tms[i].style.use_local_output &&
+                strcmp(mods[i]->ops->kind, "mla_attention") != 0)   // MLA: the colwise projections reduce their own
                 tms[i].din_partial = mark_children(mods[i], styles, mods, n, tms) > 0;
         int count = 0;
         for (int i = 0; i < n; i++) count += styles[i] != NULL;
@@ -1306,6 +1339,14 @@ hp_status_t hp_tp_parallelize_modules(hp_tp_t *out, hp_module_t *const *modules,
 }
 
 /* ---- the model ------------------------------------------------------------------------------- */
+
+/* MLA: the k_pe gradient summed over the local heads, completed over the TP ranks. */
+static hp_status_t mla_head_reduce(void *ctx, float *buf, size_t n) {
+    hp_tp_t tp = ctx;
+    return hp_all_reduce(buf, buf, n, HP_F32, HP_SUM, tp->comm, NULL);
+}
+
+static hp_module_t *unwrapped(hp_module_t *m) { return is_wrapped(m) ? &mod_of(m)->inner : m; }
 
 static hp_status_t model_localize(void *ctx, int attn_k, int ffn_k) {
     return hp_model_set_local_heads((hp_model_t)ctx, attn_k, ffn_k);
@@ -1417,6 +1458,11 @@ hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp
         return st;
     }
     hp_status_t st = parallelize(tp, mods, n, plan, n_plan, reduce_own, model_localize, model, "model");
+    for (int i = 0; st == HP_OK && i < n; i++) {   // MLA with sharded heads: the shared k_pe's gradient
+        hp_module_t *u = unwrapped(mods[i]);
+        if (strcmp(u->ops->kind, "mla_attention") == 0 && hp_mla_local_heads(u) != c->n_heads)
+            st = hp_mla_set_head_reduce(u, mla_head_reduce, tp);
+    }
     // qk-norm reduction only when heads are sharded
     if (st == HP_OK) {
         tp->model = model;

@@ -125,6 +125,22 @@ static const hp_config_key_t schema_[] = {
            "micro-batch (its gradient added to the router, logged as moe/aux_loss); 0 = off (the flavors); -1 = the "
            "flavor's.", "0 (off) or a small value such as 1e-3; -1 (the default) keeps the flavor's"),
     /* --- end --- */
+    /* --- MLA attention (deepseek_v3; docs/moe.md) --- */
+    KM_INT(q_lora_rank, 0, HP_MODEL_MAX_DIM, "MLA (deepseek_v3): rank of the query projection wq_a -> q_norm -> wq_b; "
+           "0 = one full wq; -1 = the flavor's (debugmodel 0, 671B 1536).", "0 (a full wq) or a rank; -1 (the default) "
+           "keeps the flavor's"),
+    KM_INT(kv_lora_rank, 1, HP_MODEL_MAX_DIM, "MLA: width of the compressed key/value latent (wkv_a, kv_norm, wkv_b); "
+           "-1 = the flavor's (512).", "-1 (the default) keeps the flavor's"),
+    KM_INT(qk_nope_head_dim, 0, 512, "MLA: per-head query/key channels without RoPE; -1 = the flavor's (128).",
+           "0 .. 512; -1 (the default) keeps the flavor's"),
+    KM_INT(qk_rope_head_dim, 2, 512, "MLA: per-head query/key channels with RoPE (the key part k_pe is shared by every "
+           "head); even; -1 = the flavor's (64).", "an even 2 .. 512; -1 (the default) keeps the flavor's"),
+    KM_INT(v_head_dim, 1, 512, "MLA: per-head value channels; -1 = the flavor's (128).",
+           "1 .. 512; -1 (the default) keeps the flavor's"),
+    KM_F32(mla_mscale, 0, 100, "MLA YaRN: the softmax scale gets (0.1 mla_mscale ln(rope_factor) + 1)^2 when "
+           "max_seq_len > rope_original_max_pos; -1 = the flavor's (debugmodel 0.7, 671B 1).",
+           "a value >= 0 such as 1; -1 (the default) keeps the flavor's"),
+    /* --- end --- */
     /* training */
     KI(training, steps, "10000", 1, I64, NULL, "Number of optimizer steps to train."),
     KI(training, seq_len, "2048", 1, HP_MODEL_MAX_SEQ_LEN, NULL, "Tokens per sequence (context length of a training sample)."),
@@ -1098,6 +1114,11 @@ void hp_config_describe_model(const hp_model_config_t *mc, char *buf, size_t n) 
     if (o < 0 || (size_t)o >= n) return;
     o += snprintf(buf + o, n - (size_t)o, ", qk_norm %s, tie_embeddings %s, max_seq_len %d", mc->qk_norm ? "true" : "false",
                   mc->tie_embeddings ? "true" : "false", mc->max_seq_len);
+    if (o >= 0 && (size_t)o < n && mc->mla)   /* MLA: head_dim above is the core's padded width */
+        o += snprintf(buf + o, n - (size_t)o, ", MLA: q_lora_rank %d, kv_lora_rank %d, qk_nope %d + qk_rope %d, v_head %d, "
+                      "YaRN %s (factor %g, mscale %g, original %d)", mc->q_lora_rank, mc->kv_lora_rank,
+                      mc->qk_nope_head_dim, mc->qk_rope_head_dim, mc->v_head_dim, hp_model_mla_yarn(mc) ? "on" : "off",
+                      mc->rope_factor, mc->mla_mscale, mc->rope_original_max_pos);
     if (o < 0 || (size_t)o >= n || mc->moe_experts == 0) return;   /* mixture of experts (owner moe) */
     snprintf(buf + o, n - (size_t)o, ", moe: %d experts top-%d hidden %d, %d shared, %s%s, route_scale %g, %d dense "
              "layers, load_balance_coeff %g", mc->moe_experts, mc->moe_top_k, mc->moe_hidden, mc->moe_shared_experts,
@@ -1134,6 +1155,39 @@ static hp_status_t check_head_dim(const char *origin, int head_dim) {
 
 /* Checks between model.* keys that are set (the flavor's values are checked by
  * hp_config_resolve_model); part of hp_config_validate. */
+/* MLA keys (deepseek_v3): they size the MLA attention, which has no head_dim / n_kv_heads of
+ * its own (both derived: hp_model_config_validate); on a GQA model they are refused. */
+static hp_status_t apply_mla_keys(const hp_config_t *c, const hp_model_config_t *base, hp_model_config_t *mc) {
+    const struct { const char *key; int64_t v; } k[] = {
+        {"q_lora_rank", c->model.q_lora_rank}, {"kv_lora_rank", c->model.kv_lora_rank},
+        {"qk_nope_head_dim", c->model.qk_nope_head_dim}, {"qk_rope_head_dim", c->model.qk_rope_head_dim},
+        {"v_head_dim", c->model.v_head_dim}, {"mla_mscale", c->model.mla_mscale != -1 ? 0 : -1}};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (k[i].v != -1 && !base->mla)
+            return hp_error(HP_ERR_INVALID_ARG, "config key 'model.%s' sizes MLA attention, which model.name = %s does "
+                            "not have (grouped-query attention); hint: use model.name = deepseek_v3, or leave "
+                            "model.%s at -1", k[i].key, c->model.name, k[i].key);
+    if (!base->mla) return HP_OK;
+    if (c->model.head_dim != -1 || c->model.n_kv_heads != -1)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.%s' = %lld does not apply to %s's MLA attention: every "
+                        "head has its own keys and values (n_kv_heads = n_heads) and the head widths are "
+                        "model.qk_nope_head_dim, qk_rope_head_dim and v_head_dim; hint: leave model.%s at -1",
+                        c->model.head_dim != -1 ? "head_dim" : "n_kv_heads",
+                        (long long)(c->model.head_dim != -1 ? c->model.head_dim : c->model.n_kv_heads), c->model.name,
+                        c->model.head_dim != -1 ? "head_dim" : "n_kv_heads");
+    if (c->model.q_lora_rank != -1) mc->q_lora_rank = (int)c->model.q_lora_rank;
+    if (c->model.kv_lora_rank != -1) mc->kv_lora_rank = (int)c->model.kv_lora_rank;
+    if (c->model.qk_nope_head_dim != -1) mc->qk_nope_head_dim = (int)c->model.qk_nope_head_dim;
+    if (c->model.qk_rope_head_dim != -1) mc->qk_rope_head_dim = (int)c->model.qk_rope_head_dim;
+    if (c->model.v_head_dim != -1) mc->v_head_dim = (int)c->model.v_head_dim;
+    if (c->model.mla_mscale != -1) mc->mla_mscale = (float)c->model.mla_mscale;
+    if (mc->qk_rope_head_dim % 2 != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.qk_rope_head_dim' = %d must be even: RoPE rotates pairs "
+                        "of channels; hint: use %d or %d", mc->qk_rope_head_dim, mc->qk_rope_head_dim - 1,
+                        mc->qk_rope_head_dim + 1);
+    return HP_OK;
+}
+
 static hp_status_t check_model_keys(const hp_config_t *c) {
     if (c->model.head_dim != -1) HP_TRY(check_head_dim("config key", (int)c->model.head_dim));
     if (c->model.n_heads != -1 && c->model.n_kv_heads != -1)
@@ -1176,7 +1230,9 @@ static hp_status_t resolve_model_from_hf(const hp_config_t *c, int vocab_size, c
         return hp_error(HP_ERR_INVALID_ARG, "%s/config.json 'vocab_size' = %d is below the vocabulary of %s (%d "
                         "tokens): the embedding rows are token ids; hint: use the checkpoint's tokenizer",
                         dir, mc.vocab_size, vocab_from ? vocab_from : "the data", vocab_size);
-    if (seq_len > 0) mc.max_seq_len = seq_len;   /* the RoPE table covers the trained context */
+    /* the RoPE table covers the trained context; MLA keeps config.json's longer context, which
+     * decides whether YaRN applies (hp_model_mla_yarn) */
+    if (seq_len > 0 && !(mc.mla && mc.max_seq_len >= seq_len)) mc.max_seq_len = seq_len;
     *out = mc;
     return HP_OK;
 }
@@ -1268,6 +1324,7 @@ hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const 
     if (c->model.moe_aux_loss_coeff != -1) mc.moe_aux_loss_coeff = (float)c->model.moe_aux_loss_coeff;
     HP_TRY(check_moe_keys(c, &base, &mc));
     /* --- end --- */
+    HP_TRY(apply_mla_keys(c, &base, &mc));
 #undef SET_INT
 #undef SET_F32
 #undef SET_TRI

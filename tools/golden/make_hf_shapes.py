@@ -3,7 +3,8 @@
 preset has (GQA with one KV head, head_dim != hidden/heads, tied and untied embeddings, RoPE
 with and without Llama 3.1 "llama3" scaling; llama and qwen3; a Qwen3-MoE (Qwen3MoeForCausalLM:
 4 experts top-2, norm_topk_prob, one dense first layer), whose experts transformers saves one
-tensor per expert), fp32 weights drawn at a scale
+tensor per expert; a DeepSeek-V3 (DeepseekV3ForCausalLM: MLA with q_lora, YaRN, group-limited
+sigmoid routing, a shared expert)), fp32 weights drawn at a scale
 that gives logits of order 1, and the expected logits of fixed random tokens.
 
 Each folder tests/data/hf_shapes/NAME/ holds what save_pretrained writes (config.json,
@@ -53,6 +54,17 @@ SHAPES = [
          head_dim=8, intermediate_size=48, num_hidden_layers=3, tie_word_embeddings=True, rope_theta=1000000.0,
          rope_scaling=None, rms_norm_eps=1e-6, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0]),
+    # deepseek_v3: MLA (q_lora 12, kv_lora 16, q|k 8 + 4, v 12, interleaved RoPE) with YaRN whose HF
+    # semantics equal TorchTitan's (mscale == mscale_all_dim: attention_factor 1, softmax scale x mscale^2;
+    # max_position_embeddings 256 > the original 64); layer 0 dense, layers 1-2 MoE of 4 experts in 2 groups
+    # (topk_group 1), top-2, sigmoid router with norm_topk_prob and routed_scaling_factor, one shared expert
+    dict(name="deepseek_v3_mla_e4_yarn", arch="deepseek_v3", hidden_size=32, num_attention_heads=4,
+         num_key_value_heads=4, intermediate_size=48, num_hidden_layers=3, tie_word_embeddings=False,
+         rope_theta=10000.0, rope_scaling=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0, mscale=0.7,
+                                               mscale_all_dim=0.7, original_max_position_embeddings=64),
+         rms_norm_eps=1e-6, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1,
+         first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+         q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12, rope_interleave=True),
 ]
 
 
@@ -61,11 +73,12 @@ def build(spec, seed):
     rope = dict(spec["rope_scaling"] or {"rope_type": "default"})
     rope["rope_theta"] = spec["rope_theta"]
     common = dict(vocab_size=VOCAB, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, **kw)
-    if spec["arch"] == "qwen3_moe":   # the per-expert loop (torch's grouped_mm has no float64)
+    if spec["arch"] in ("qwen3_moe", "deepseek_v3"):   # the per-expert loop (torch's grouped_mm has no float64)
         common["experts_implementation"] = "eager"
     Cfg, Model = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
                   "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-                  "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM)}[spec["arch"]]
+                  "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+                  "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM)}[spec["arch"]]
     try:   # transformers 5: rope_parameters; 4.x: rope_theta + rope_scaling
         cfg = Cfg(rope_parameters=rope, **common)
         assert cfg.rope_parameters["rope_theta"] == spec["rope_theta"]
