@@ -73,17 +73,38 @@ static void round_trip(const char *tag, hp_model_config_t mc) {
     /* the share: every tensor converted once; each rank within one largest tensor of half */
     int64_t mine[2] = {st.tensors, st.bytes_written}, all[2] = {0, 0};
     HP_CHECK_OK(hp_all_reduce(mine, all, 2, HP_I64, HP_SUM, WORLD, NULL));
-    HP_CHECK(all[0] == hp_model_num_params(src), "%s: %lld tensors converted, the model has %d", tag,
-             (long long)all[0], hp_model_num_params(src));
+    int moe_layers = 0;   /* each MoE layer's expert_bias is a DCP tensor too */
+    for (int l = 0; l < mc.n_layers; l++) moe_layers += hp_model_layer_is_moe(&mc, l);
+    HP_CHECK(all[0] == hp_model_num_params(src) + moe_layers, "%s: %lld tensors converted, the model has %d (+ %d "
+             "expert_bias)", tag, (long long)all[0], hp_model_num_params(src), moe_layers);
     HP_CHECK(llabs(st.bytes_written * SIZE - all[1]) <= st.largest_tensor_bytes * SIZE,
              "%s: rank %d wrote %lld of %lld bytes (largest tensor %lld)", tag, RANK, (long long)st.bytes_written,
              (long long)all[1], (long long)st.largest_tensor_bytes);
     /* strict load: the converter's parameter list is the model's, names and shapes */
     int np = hp_model_num_params(back);
-    hp_dcp_tensor_t *ts = calloc((size_t)np, sizeof *ts);
+    hp_dcp_tensor_t *ts = calloc((size_t)np + HP_MODEL_MAX_LAYERS, sizeof *ts);
     for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(back)[i].name, &hp_model_params(back)[i].value, -1, 0};
-    hp_dcp_state_t s = {ts, np, NULL, 0};
+    /* and each MoE layer's expert_bias (what the trainer's initial load asks for): zeros, as
+     * Qwen3-MoE has no HF tensor for it */
+    static char bnames[HP_MODEL_MAX_LAYERS][48];
+    static float bias[HP_MODEL_MAX_LAYERS][64];
+    static hp_dtensor_t bt[HP_MODEL_MAX_LAYERS];
+    int nt = np;
+    for (int l = 0; l < mc.n_layers && mc.moe_experts <= 64; l++) {
+        if (!hp_model_layer_is_moe(&mc, l)) continue;
+        snprintf(bnames[l], sizeof bnames[l], "layers.%d.moe.expert_bias", l);
+        for (int e = 0; e < 64; e++) bias[l][e] = 1.0f;
+        memset(&bt[l], 0, sizeof bt[l]);
+        int64_t bs[1] = {mc.moe_experts};
+        HP_CHECK_OK(hp_tensor_init(&bt[l].local, HP_F32, 1, bs, bias[l]));
+        ts[nt++] = (hp_dcp_tensor_t){bnames[l], &bt[l], -1, 0};
+    }
+    hp_dcp_state_t s = {ts, nt, NULL, 0};
     HP_CHECK_OK(hp_dcp_load(dcp, &s, NULL, NULL));
+    for (int l = 0; l < mc.n_layers && mc.moe_experts <= 64; l++)
+        for (int e = 0; hp_model_layer_is_moe(&mc, l) && e < mc.moe_experts; e++)
+            HP_CHECK(bias[l][e] == 0.0f, "%s: layer %d's expert_bias[%d] = %g after from-hf, expected 0", tag, l, e,
+                     bias[l][e]);
     const char *first = NULL;
     HP_CHECK(params_equal(src, back, 0, &first), "%s: HF -> DCP differs at %s", tag, first ? first : "?");
     /* negative control: one flipped bit is seen */

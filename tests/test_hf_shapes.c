@@ -268,7 +268,9 @@ static void test_moe_shape(const char *name) {
     hp_dcp_state_t st = {ts, np, NULL, 0};
     char p[1600];
     snprintf(p, sizeof p, "%s/dcp_moe", ROOT);
-    if (rc == 0) HP_CHECK_OK(hp_dcp_load(p, &st, NULL, NULL));
+    hp_dcp_load_options_t lo = {0, 1, NULL, 0, 0};   /* the checkpoint also holds each MoE layer's expert_bias */
+    if (rc == 0) HP_CHECK_OK(hp_dcp_load(p, &st, NULL, &lo));
+    for (int i = 0; rc == 0 && i < np; i++) HP_CHECK(ts[i].loaded, "%s: from-hf lacks %s", name, ts[i].name);
     err = logits_err(m, &e);
     HP_CHECK(rc == 0 && err <= TOL_LOGITS, "%s: hp-ckpt from-hf logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
     free(ts);
@@ -327,7 +329,9 @@ static void test_deepseek_shape(const char *name) {
     hp_dcp_state_t st = {ts, np, NULL, 0};
     char p[1600];
     snprintf(p, sizeof p, "%s/dcp_ds", ROOT);
-    if (rc == 0) HP_CHECK_OK(hp_dcp_load(p, &st, NULL, NULL));
+    hp_dcp_load_options_t lo = {0, 1, NULL, 0, 0};   /* the checkpoint also holds each MoE layer's expert_bias */
+    if (rc == 0) HP_CHECK_OK(hp_dcp_load(p, &st, NULL, &lo));
+    for (int i = 0; rc == 0 && i < np; i++) HP_CHECK(ts[i].loaded, "%s: from-hf lacks %s", name, ts[i].name);
     err = logits_err(m, &e);
     HP_CHECK(rc == 0 && err <= TOL_LOGITS, "%s: hp-ckpt from-hf logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
     free(ts);

@@ -365,6 +365,13 @@ static hp_status_t export_tokenizer(const char *out, const char *src_dir, const 
     return HP_OK;
 }
 
+/* MoE layers: each one's expert_bias is a DCP tensor of its own. */
+static int moe_layers(const hp_model_config_t *mc) {
+    int n = 0;
+    for (int l = 0; l < mc->n_layers; l++) n += hp_model_layer_is_moe(mc, l);
+    return n;
+}
+
 /* Streaming (hp_hf_convert_from_dcp): one tensor in memory at a time; under mpirun each rank
  * writes its share of the HF shards. */
 static int to_hf(const char *dir, const char *out, const char *model, const char *flavor, hp_dtype_t dt, size_t shard) {
@@ -431,8 +438,8 @@ static int from_hf(const char *dir, const char *out, const char *model, const ch
         char dims[1024];
         hp_config_describe_model(&mc, dims, sizeof dims);
         printf("wrote DCP checkpoint %s (%d tensors; %s %s; %s; use it as checkpoint.initial_load_path)\n", out,
-               hp_model_describe_params(&mc, 0, mc.n_layers + 2, NULL, 0), mc.name, flavor ? flavor : "from config.json",
-               dims);
+               hp_model_describe_params(&mc, 0, mc.n_layers + 2, NULL, 0) + moe_layers(&mc), mc.name,
+               flavor ? flavor : "from config.json", dims);
         print_stats("from-hf", &stats);
     }
     return s == HP_OK ? 0 : fail(s);

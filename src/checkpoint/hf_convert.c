@@ -25,6 +25,7 @@ typedef struct {
     int ndim;
     int64_t shape[3];
     int n_hf;
+    int bias;                 /* an MoE layer's expert_bias, not a parameter (model_specs) */
 } spec_t;
 
 /* One HF tensor: expert e (-1: the whole parameter) of spec `spec`, its name and 2-D shape. */
@@ -37,13 +38,19 @@ typedef struct {
     int64_t shape[2];
 } hf_ent_t;
 
+/* The parameters, then each MoE layer's expert_bias (the trainer checkpoints it as
+ * "layers.N.moe.expert_bias" and its initial load asks for it): DeepSeek-V3's HF
+ * mlp.gate.e_score_correction_bias (n_hf 1), none in Qwen3-MoE (n_hf 0: from-hf writes zeros,
+ * the value training starts from; to-hf leaves it out). */
 static int model_specs(const hp_model_config_t *mc, spec_t **out) {
     *out = NULL;
     const int nu = mc->n_layers + 2;   /* embedding, blocks, head */
     int n = hp_model_describe_params(mc, 0, nu, NULL, 0);
     if (n < 0) return -1;
+    int nb = 0;
+    for (int l = 0; l < mc->n_layers; l++) nb += hp_model_layer_is_moe(mc, l);
     hp_model_param_desc_t *d = calloc((size_t)n + 1, sizeof *d);
-    spec_t *sp = calloc((size_t)n + 1, sizeof *sp);
+    spec_t *sp = calloc((size_t)(n + nb) + 1, sizeof *sp);
     if (!d || !sp) {
         free(d);
         free(sp);
@@ -59,6 +66,17 @@ static int model_specs(const hp_model_config_t *mc, spec_t **out) {
         sp[i].n_hf = hp_hf_expert_name(sp[i].name, 0, tmp, sizeof tmp) ? (int)sp[i].shape[0] : 1;
     }
     free(d);
+    for (int l = 0; l < mc->n_layers; l++) {
+        if (!hp_model_layer_is_moe(mc, l)) continue;
+        spec_t *b = &sp[n++];
+        char tmp[160];
+        int pm;
+        snprintf(b->name, sizeof b->name, "layers.%d.moe.expert_bias", l);
+        b->ndim = 1;
+        b->shape[0] = mc->moe_experts;
+        b->n_hf = hp_hf_name_to_hf(mc, b->name, tmp, sizeof tmp, &pm) == HP_OK;
+        b->bias = 1;
+    }
     *out = sp;
     return n;
 }
@@ -76,6 +94,7 @@ static int hf_entries(const hp_model_config_t *mc, const spec_t *spec, int n, hf
     int k = 0;
     for (int i = 0; i < n; i++) {
         char tmp[160];
+        if (spec[i].n_hf == 0) continue;   /* no HF tensor */
         if (!hp_hf_expert_name(spec[i].name, 0, tmp, sizeof tmp)) {
             int pm;
             h[k] = (hf_ent_t){.spec = i, .e = -1, .ndim = spec[i].ndim, .shape = {spec[i].shape[0], spec[i].shape[1]}};
@@ -212,6 +231,7 @@ static hp_status_t to_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
     const spec_t *sp = &c->spec[i];
     size_t esz = hp_dtype_size(c->dt[i]), nb = (size_t)spec_numel(sp) * esz;
     HP_TRY(grow(&c->buf, &c->cap, nb));
+    if (sp->n_hf == 0) memset(c->buf, 0, nb);   /* expert_bias without an HF tensor: training starts at 0 */
     size_t off = 0;
     for (int j = c->first[i]; j < c->first[i] + sp->n_hf; j++) {
         const hf_ent_t *h = &c->ent[j];
@@ -230,7 +250,7 @@ static hp_status_t to_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
     void *data = c->buf;
     char tmp[160];
     int pm = 0;
-    if (c->ent[c->first[i]].e < 0) HP_TRY(hp_hf_name_to_hf(c->mc, sp->name, tmp, sizeof tmp, &pm));
+    if (sp->n_hf > 0 && c->ent[c->first[i]].e < 0) HP_TRY(hp_hf_name_to_hf(c->mc, sp->name, tmp, sizeof tmp, &pm));
     if (pm) {
         HP_TRY(grow(&c->perm, &c->pcap, nb));
         permute_bytes(c->perm, c->buf, sp->shape[0], (size_t)sp->shape[1] * esz, c->mc->head_dim, 0);
@@ -414,7 +434,10 @@ hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_model_config_t *mc
     int *first = calloc((size_t)n + 1, sizeof *first);
     hp_st_entry_t *ents = calloc((size_t)n + 1, sizeof *ents);
     hp_status_t s = dt && bytes && sums && owner && mine && first && ents ? HP_OK : HP_ERR_OOM;
-    for (int i = 0, j = 0; s == HP_OK && i < n; j += spec[i].n_hf, i++) first[i] = j;
+    for (int i = 0, j = 0; s == HP_OK && i < n; j += spec[i].n_hf, i++) {
+        first[i] = j;
+        dt[i] = HP_F32;   /* located below; an expert_bias without an HF tensor stays f32 zeros */
+    }
     /* every rank checks the config and locates the tensors (headers only) */
     if (s == HP_OK) s = check_config(hf_dir, mc);
     if (s == HP_OK) s = locate(hf_dir, mc, spec, ent, m, dt, rank == 0);
@@ -526,6 +549,7 @@ typedef struct {
     const hf_ent_t *ent;
     const int *idx;           /* HF tensor index of this file's entry k */
     int loaded;               /* the spec held in buf (-1: none): a routed expert's E tensors read it once */
+    const unsigned char *has; /* the checkpoint holds spec i (an expert_bias may be absent: zeros) */
     float *buf, *perm;
     size_t cap, pcap;
     hp_dtensor_t dt;
@@ -549,8 +573,10 @@ static hp_status_t from_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
         hp_dcp_tensor_t t1 = {sp->name, &c->dt, -1, 0};
         hp_dcp_state_t st = {&t1, 1, NULL, 0};
         hp_dcp_load_options_t o = {0, 1, NULL, 0, 0};
-        HP_TRY(hp_dcp_load(c->dcp_dir, &st, NULL, &o));
-        if (!t1.loaded) return hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", c->dcp_dir, sp->name);
+        if (sp->bias && !c->has[h->spec]) memset(c->buf, 0, nb);   /* a checkpoint of the parameters only */
+        else HP_TRY(hp_dcp_load(c->dcp_dir, &st, NULL, &o));
+        if (!t1.loaded && !(sp->bias && !c->has[h->spec]))
+            return hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", c->dcp_dir, sp->name);
         if (c->stats) c->stats->bytes_read += (int64_t)nb;
         c->loaded = h->spec;
     }
@@ -575,8 +601,7 @@ static hp_status_t from_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
     return HP_OK;
 }
 
-/* A DCP tensor of the trainer that is not a parameter: an MoE layer's expert_bias (owner moe),
- * which Qwen3MoeForCausalLM has no tensor for. */
+/* A DCP tensor of the trainer that is not a parameter: an MoE layer's expert_bias (owner moe). */
 static int is_expert_bias(const char *name) {
     size_t n = strlen(name), k = strlen(".moe.expert_bias");
     return n > k && !strcmp(name + n - k, ".moe.expert_bias");
@@ -606,14 +631,20 @@ static hp_status_t warn_expert_bias(const char *dir, hp_dcp_metadata_t md) {
 
 /* Every model tensor is in the checkpoint with its shape, and the checkpoint holds no model
  * tensor the model lacks (more layers, an untied output would be dropped without a word). */
-static hp_status_t check_dcp_tensors(const char *dir, const hp_model_config_t *mc, const spec_t *spec, int n) {
+static hp_status_t check_dcp_tensors(const char *dir, const hp_model_config_t *mc, const spec_t *spec, int n,
+                                     unsigned char *has) {
     hp_dcp_metadata_t md;
     HP_TRY(hp_dcp_metadata_read(dir, &md));
     hp_status_t s = HP_OK;
+    int bias_dropped = 0;
     for (int i = 0; s == HP_OK && i < n; i++) {
         const hp_dcp_entry_t *e = hp_dcp_metadata_find(md, spec[i].name);
         int same = e && !e->is_blob && e->ndim == spec[i].ndim;
         for (int d = 0; same && d < spec[i].ndim; d++) same = e->shape[d] == spec[i].shape[d];
+        has[i] = e != NULL;
+        bias_dropped |= spec[i].bias && spec[i].n_hf == 0;
+        if (!e && spec[i].bias)   /* a checkpoint of the parameters only: the bias training starts from, 0 */
+            continue;
         if (!e)
             s = hp_error(HP_ERR_NOT_FOUND, "%s lacks '%s' (another model or flavor?)", dir, spec[i].name);
         else if (!same) {
@@ -636,7 +667,7 @@ static hp_status_t check_dcp_tensors(const char *dir, const hp_model_config_t *m
                          "--model.tie_embeddings (the model.* keys of its config)", dir, e->name, mc->name, mc->flavor,
                          mc->n_layers, mc->tie_embeddings ? "true" : "false");
     }
-    if (s == HP_OK) s = warn_expert_bias(dir, md);
+    if (s == HP_OK && bias_dropped) s = warn_expert_bias(dir, md);
     hp_dcp_metadata_free(md);
     return s;
 }
@@ -657,7 +688,9 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t 
     int *file_of = calloc((size_t)m + 1, sizeof *file_of), *idx = calloc((size_t)m + 1, sizeof *idx);
     hp_st_entry_t *ents = calloc((size_t)m + 1, sizeof *ents);
     hp_status_t s = file_of && idx && ents ? HP_OK : HP_ERR_OOM;
-    if (s == HP_OK) s = check_dcp_tensors(dcp_dir, mc, spec, n);
+    unsigned char *has = calloc((size_t)n + 1, 1);
+    if (s == HP_OK && !has) s = HP_ERR_OOM;
+    if (s == HP_OK) s = check_dcp_tensors(dcp_dir, mc, spec, n, has);
     size_t esz = hp_dtype_size(dtype), cur = 0, total = 0;
     int nfiles = 1;
     for (int j = 0; s == HP_OK && j < m; j++) {
@@ -681,6 +714,7 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t 
     c.ent = ent;
     c.idx = idx;
     c.loaded = -1;
+    c.has = has;
     c.stats = stats;
     for (int f = 1; s == HP_OK && f <= nfiles; f++) {
         if ((f - 1) % world != rank) continue;   /* each rank writes its share of the shards */
@@ -721,6 +755,7 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t 
     }
     free(spec);
     free(ent);
+    free(has);
     free(file_of);
     free(idx);
     free(ents);
