@@ -86,6 +86,27 @@ static int run(const char *fmt, const char *a, const char *b) {
     return hp_test_run_capture(cmd, OUT, sizeof OUT);
 }
 
+/* hp-train for one step of the (e.B, e.T) batch, the model from dir's config.json
+ * (model.flavor = hf) and dir as checkpoint.initial_load_path. */
+static void hf_initial_load_config(hp_config_t *c, const char *model, const char *name, const char *dir,
+                                   const expected_t *ep) {
+    const expected_t e = *ep;
+    hp_config_defaults(c);
+    snprintf(c->model.name, sizeof c->model.name, "%s", model);
+    snprintf(c->model.flavor, sizeof c->model.flavor, "hf");
+    HP_ASSERT(snprintf(c->checkpoint.initial_load_path, sizeof c->checkpoint.initial_load_path, "%s", dir) < (int)sizeof c->checkpoint.initial_load_path);
+    c->checkpoint.enable = 1;
+    snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/run_%s", ROOT, name);
+    snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s/tok.json", ROOT);
+    snprintf(c->data.path, sizeof c->data.path, "%s/corpus.txt", ROOT);
+    snprintf(c->data.format, sizeof c->data.format, "text");
+    c->training.seq_len = e.T;
+    c->training.local_batch_size = e.B;
+    c->training.steps = 1;
+    c->parallelism.data_parallel_shard_degree = 1;
+    c->metrics.peak_flops = -1;
+}
+
 static void test_shape(const char *name) {
     char dir[1400];
     snprintf(dir, sizeof dir, "%s/tests/data/hf_shapes/%s", SRC, name);
@@ -141,20 +162,7 @@ static void test_shape(const char *name) {
     free(ts);
     /* 3. hp-train's initial load, the model from config.json (model.flavor = hf) */
     hp_config_t *c = calloc(1, sizeof *c);
-    hp_config_defaults(c);
-    snprintf(c->model.name, sizeof c->model.name, "%s", mc.name);
-    snprintf(c->model.flavor, sizeof c->model.flavor, "hf");
-    HP_ASSERT(snprintf(c->checkpoint.initial_load_path, sizeof c->checkpoint.initial_load_path, "%s", dir) < (int)sizeof c->checkpoint.initial_load_path);
-    c->checkpoint.enable = 1;
-    snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/run_%s", ROOT, name);
-    snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s/tok.json", ROOT);
-    snprintf(c->data.path, sizeof c->data.path, "%s/corpus.txt", ROOT);
-    snprintf(c->data.format, sizeof c->data.format, "text");
-    c->training.seq_len = e.T;
-    c->training.local_batch_size = e.B;
-    c->training.steps = 1;
-    c->parallelism.data_parallel_shard_degree = 1;
-    c->metrics.peak_flops = -1;
+    hf_initial_load_config(c, mc.name, name, dir, &e);
     hp_trainer_t t = NULL;
     HP_CHECK_OK(hp_trainer_create(c, WORLD, &t));
     if (t) {
@@ -197,21 +205,7 @@ static void trainer_load(const char *name, const char *model, const char *dir, c
     expected_t e = *ep;
     double err;
     hp_config_t *c = calloc(1, sizeof *c);
-    hp_config_defaults(c);
-    snprintf(c->model.name, sizeof c->model.name, "%s", model);
-    snprintf(c->model.flavor, sizeof c->model.flavor, "hf");
-    HP_ASSERT(snprintf(c->checkpoint.initial_load_path, sizeof c->checkpoint.initial_load_path, "%s", dir) <
-              (int)sizeof c->checkpoint.initial_load_path);
-    c->checkpoint.enable = 1;
-    snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/run_%s", ROOT, name);
-    snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s/tok.json", ROOT);
-    snprintf(c->data.path, sizeof c->data.path, "%s/corpus.txt", ROOT);
-    snprintf(c->data.format, sizeof c->data.format, "text");
-    c->training.seq_len = e.T;
-    c->training.local_batch_size = e.B;
-    c->training.steps = 1;
-    c->parallelism.data_parallel_shard_degree = 1;
-    c->metrics.peak_flops = -1;
+    hf_initial_load_config(c, model, name, dir, &e);
     hp_trainer_t t = NULL;
     HP_CHECK_OK(hp_trainer_create(c, WORLD, &t));
     if (t) {
