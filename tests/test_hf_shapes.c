@@ -217,6 +217,31 @@ static void trainer_load(const char *name, const char *model, const char *dir, c
     free(c);
 }
 
+/* hp-ckpt from-hf of an MoE folder into ROOT/out: every parameter of m is in the DCP checkpoint
+ * (which also holds each MoE layer's expert_bias) and gives transformers' logits again; then
+ * hp-train's initial load from the folder. */
+static void moe_from_hf(const char *name, const char *model, const char *dir, const char *out, hp_model_t m,
+                        const expected_t *e) {
+    char fmt[1700], want[64];
+    snprintf(fmt, sizeof fmt, "'%%s/hp-ckpt' from-hf '%%s' %s", out);
+    snprintf(want, sizeof want, "%s from config.json", model);
+    int rc = run(fmt, BDIR, dir);
+    HP_CHECK(rc == 0 && strstr(OUT, want), "%s: from-hf exit %d\n%s", name, rc, OUT);
+    int np = hp_model_num_params(m);
+    hp_dcp_tensor_t *ts = calloc((size_t)np, sizeof *ts);
+    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
+    hp_dcp_state_t st = {ts, np, NULL, 0};
+    char p[1600];
+    snprintf(p, sizeof p, "%s/%s", ROOT, out);
+    hp_dcp_load_options_t lo = {0, 1, NULL, 0, 0};
+    if (rc == 0) HP_CHECK_OK(hp_dcp_load(p, &st, NULL, &lo));
+    for (int i = 0; rc == 0 && i < np; i++) HP_CHECK(ts[i].loaded, "%s: from-hf lacks %s", name, ts[i].name);
+    double err = logits_err(m, e);
+    HP_CHECK(rc == 0 && err <= TOL_LOGITS, "%s: hp-ckpt from-hf logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
+    free(ts);
+    trainer_load(name, model, dir, e);
+}
+
 /* --- mixture of experts (owner moe): the Qwen3-MoE folder (one tensor per expert, mlp.gate,
  * num_local_experts / mlp_only_layers in config.json): the qwen3_moe model from config.json,
  * hp_hf_import, logits against transformers' (the same f32-vs-f64 bound; the routing's top-2
@@ -254,21 +279,7 @@ static void test_moe_shape(const char *name) {
                  "config.json 'num_experts_per_tok' = 2 (model.moe_top_k = 1)");
     /* the offline converter: each expert's three HF tensors into the (E, ., .) DCP tensors; the
      * converted checkpoint gives transformers' logits again (the model's experts reloaded) */
-    int rc = run("'%s/hp-ckpt' from-hf '%s' dcp_moe", BDIR, dir);
-    HP_CHECK(rc == 0 && strstr(OUT, "qwen3_moe from config.json"), "%s: from-hf exit %d\n%s", name, rc, OUT);
-    int np = hp_model_num_params(m);
-    hp_dcp_tensor_t *ts = calloc((size_t)np, sizeof *ts);
-    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
-    hp_dcp_state_t st = {ts, np, NULL, 0};
-    char p[1600];
-    snprintf(p, sizeof p, "%s/dcp_moe", ROOT);
-    hp_dcp_load_options_t lo = {0, 1, NULL, 0, 0};   /* the checkpoint also holds each MoE layer's expert_bias */
-    if (rc == 0) HP_CHECK_OK(hp_dcp_load(p, &st, NULL, &lo));
-    for (int i = 0; rc == 0 && i < np; i++) HP_CHECK(ts[i].loaded, "%s: from-hf lacks %s", name, ts[i].name);
-    err = logits_err(m, &e);
-    HP_CHECK(rc == 0 && err <= TOL_LOGITS, "%s: hp-ckpt from-hf logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
-    free(ts);
-    trainer_load(name, "qwen3_moe", dir, &e);
+    moe_from_hf(name, "qwen3_moe", dir, "dcp_moe", m, &e);
     hp_model_destroy(m);
     free(e.logits);
 }
@@ -315,21 +326,7 @@ static void test_deepseek_shape(const char *name) {
     bad.mla_mscale = 1.0f;
     HP_CHECK_ERR(hp_hf_import(dir, &bad, hp_model_params(m), hp_model_num_params(m), NULL), HP_ERR_INVALID_ARG,
                  "config.json 'rope_parameters.mscale' = 0.699999988 (model.mla_mscale = 1)");
-    int rc = run("'%s/hp-ckpt' from-hf '%s' dcp_ds", BDIR, dir);
-    HP_CHECK(rc == 0 && strstr(OUT, "deepseek_v3 from config.json"), "%s: from-hf exit %d\n%s", name, rc, OUT);
-    int np = hp_model_num_params(m);
-    hp_dcp_tensor_t *ts = calloc((size_t)np, sizeof *ts);
-    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){hp_model_params(m)[i].name, &hp_model_params(m)[i].value, -1, 0};
-    hp_dcp_state_t st = {ts, np, NULL, 0};
-    char p[1600];
-    snprintf(p, sizeof p, "%s/dcp_ds", ROOT);
-    hp_dcp_load_options_t lo = {0, 1, NULL, 0, 0};   /* the checkpoint also holds each MoE layer's expert_bias */
-    if (rc == 0) HP_CHECK_OK(hp_dcp_load(p, &st, NULL, &lo));
-    for (int i = 0; rc == 0 && i < np; i++) HP_CHECK(ts[i].loaded, "%s: from-hf lacks %s", name, ts[i].name);
-    err = logits_err(m, &e);
-    HP_CHECK(rc == 0 && err <= TOL_LOGITS, "%s: hp-ckpt from-hf logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
-    free(ts);
-    trainer_load(name, "deepseek_v3", dir, &e);
+    moe_from_hf(name, "deepseek_v3", dir, "dcp_ds", m, &e);
     hp_model_destroy(m);
     free(e.logits);
 }
