@@ -56,6 +56,7 @@ static const struct { const char *tt, *hf; } mla_map[] = {
     {"moe.shared_experts.w1.weight", "mlp.shared_experts.gate_proj.weight"},
     {"moe.shared_experts.w2.weight", "mlp.shared_experts.down_proj.weight"},
     {"moe.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight"},
+    {"moe.expert_bias", "mlp.gate.e_score_correction_bias"},   /* the trainer's checkpoint entry */
 };
 static int is_qwen3_moe(const hp_model_config_t *mc) { return strcmp(mc->name, "qwen3_moe") == 0; }
 /* The trainer checkpoints each MoE layer's expert_bias as "layers.N.moe.expert_bias": DeepSeek-V3's
@@ -158,10 +159,6 @@ hp_status_t hp_hf_name_to_hf(const hp_model_config_t *mc, const char *fqn, char 
             return HP_OK;
         }
     int layer, used = 0;
-    if (is_deepseek(mc) && parse_layer(fqn, "layers.", &layer, &used) && !strcmp(fqn + used, "moe.expert_bias")) {
-        snprintf(out, n, "model.layers.%d.mlp.gate.e_score_correction_bias", layer);
-        return HP_OK;
-    }
     if (is_deepseek(mc) && parse_layer(fqn, "layers.", &layer, &used))
         for (size_t i = 0; i < sizeof mla_map / sizeof mla_map[0]; i++)
             if (!strcmp(fqn + used, mla_map[i].tt)) {
@@ -191,11 +188,6 @@ hp_status_t hp_hf_name_from_hf(const hp_model_config_t *mc, const char *hf, char
             return HP_OK;
         }
     int layer, used = 0;
-    if (is_deepseek(mc) && parse_layer(hf, "model.layers.", &layer, &used) &&
-        !strcmp(hf + used, "mlp.gate.e_score_correction_bias")) {
-        snprintf(out, n, "layers.%d.moe.expert_bias", layer);
-        return HP_OK;
-    }
     if (is_deepseek(mc) && parse_layer(hf, "model.layers.", &layer, &used))
         for (size_t i = 0; i < sizeof mla_map / sizeof mla_map[0]; i++)
             if (!strcmp(hf + used, mla_map[i].hf)) {
