@@ -32,6 +32,7 @@ hp_status_t hp_dcp_checksum_error(const char *dir, const char *file, const char 
  * parameter (1 when fqn is one), and whether the model has an HF architecture. */
 struct hp_model_config;
 int hp_hf_expert_name(const char *fqn, int e, char *out, size_t n);
+int hp_hf_is_expert_bias(const char *name);   /* "layers.N.moe.expert_bias", the trainer's entry */
 hp_status_t hp_hf_check_exportable(const struct hp_model_config *mc, const char *what);
 int64_t hp_hf_count_nonfinite_raw(const void *p, int64_t n, hp_dtype_t dt, int64_t *first);
 

@@ -115,6 +115,7 @@ static int expert_hf_name(const char *fqn, int e, char *out, size_t n) {
     return 1;
 }
 int hp_hf_expert_name(const char *fqn, int e, char *out, size_t n) { return expert_hf_name(fqn, e, out, n); }
+int hp_hf_is_expert_bias(const char *name) { return is_expert_bias(name); }
 
 /* The model has an HF architecture (hp_hf_export, hp-ckpt to-hf / from-hf). */
 hp_status_t hp_hf_check_exportable(const hp_model_config_t *mc, const char *what) {

@@ -601,17 +601,11 @@ static hp_status_t from_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
     return HP_OK;
 }
 
-/* A DCP tensor of the trainer that is not a parameter: an MoE layer's expert_bias (owner moe). */
-static int is_expert_bias(const char *name) {
-    size_t n = strlen(name), k = strlen(".moe.expert_bias");
-    return n > k && !strcmp(name + n - k, ".moe.expert_bias");
-}
-
 /* The expert_bias the HF model will not have: a trained (non-zero) one changes the routing. */
 static hp_status_t warn_expert_bias(const char *dir, hp_dcp_metadata_t md) {
     for (int j = 0; j < hp_dcp_metadata_count(md); j++) {
         const hp_dcp_entry_t *e = hp_dcp_metadata_entry(md, j);
-        if (e->is_blob || !is_expert_bias(e->name) || e->ndim != 1 || e->shape[0] > 4096) continue;
+        if (e->is_blob || !hp_hf_is_expert_bias(e->name) || e->ndim != 1 || e->shape[0] > 4096) continue;
         float b[4096];
         hp_dtensor_t t;
         memset(&t, 0, sizeof t);
@@ -658,7 +652,7 @@ static hp_status_t check_dcp_tensors(const char *dir, const hp_model_config_t *m
     }
     for (int j = 0; s == HP_OK && j < hp_dcp_metadata_count(md); j++) {
         const hp_dcp_entry_t *e = hp_dcp_metadata_entry(md, j);
-        if (e->is_blob || strncmp(e->name, "optimizer.", 10) == 0 || is_expert_bias(e->name)) continue;
+        if (e->is_blob || strncmp(e->name, "optimizer.", 10) == 0 || hp_hf_is_expert_bias(e->name)) continue;
         int found = 0;
         for (int i = 0; !found && i < n; i++) found = !strcmp(spec[i].name, e->name);
         if (!found)
