@@ -47,27 +47,7 @@
 enum { N = 10 };
 
 static void moe_config(hp_config_t *c, int ws, const char *name) {
-    hp_test_base_config(c, ws);
-    snprintf(c->model.name, sizeof c->model.name, "%s", name);
-    c->model.dim = 64;
-    c->model.n_layers = 3;
-    c->model.n_heads = 4;
-    if (strcmp(name, "deepseek_v3") == 0) {   // MLA: a small latent and small heads (q|k 12, v 16)
-        c->model.kv_lora_rank = 16;
-        c->model.qk_nope_head_dim = 8;
-        c->model.qk_rope_head_dim = 4;
-        c->model.v_head_dim = 16;
-    } else {
-        c->model.n_kv_heads = 2;
-        c->model.head_dim = 16;
-    }
-    c->model.hidden_dim = 96;
-    c->model.moe_hidden_dim = 32;
-    c->model.moe_num_experts = 8;
-    c->model.moe_top_k = 2;
-    c->model.moe_load_balance_coeff = 1e-2;
-    c->training.seq_len = 16;
-    c->training.steps = N;
+    hp_test_moe_config(c, ws, name, N);
     c->validation.enable = false;
     // FSDP (the dense params under EP) all-gathers in f32 (TorchTitan's default is bf16), as the
     // single-rank and replicated runs compute
