@@ -436,18 +436,21 @@ int hp_hf_config_diff(const hp_model_config_t *hf, const hp_model_config_t *mc, 
                                    mc->name);
         if (lf < flags_n) lf += (size_t)snprintf(flags + lf, flags_n - lf, "%s--model %s", n > 1 ? " " : "", hf->name);
     }
-#define INT_F(hfkey, f)                                    \
+/* field f, named config key `key` (the field's own name by INT_F / FLT_F) */
+#define INT_KF(hfkey, key, f)                              \
     if (hf->f != mc->f) {                                  \
         snprintf(a, sizeof a, "%d", hf->f);                \
         snprintf(b, sizeof b, "%d", mc->f);                \
-        ADD(hfkey, #f, a, b);                              \
+        ADD(hfkey, key, a, b);                             \
     }
-#define FLT_F(hfkey, f)                                    \
+#define FLT_KF(hfkey, key, f)                              \
     if (hf->f != mc->f) {                                  \
         snprintf(a, sizeof a, "%.9g", (double)hf->f);      \
         snprintf(b, sizeof b, "%.9g", (double)mc->f);      \
-        ADD(hfkey, #f, a, b);                              \
+        ADD(hfkey, key, a, b);                             \
     }
+#define INT_F(hfkey, f) INT_KF(hfkey, #f, f)
+#define FLT_F(hfkey, f) FLT_KF(hfkey, #f, f)
 #define BOOL_F(hfkey, f)                                   \
     if (!hf->f != !mc->f) {                                \
         snprintf(a, sizeof a, "%s", hf->f ? "true" : "false"); \
@@ -472,64 +475,45 @@ int hp_hf_config_diff(const hp_model_config_t *hf, const hp_model_config_t *mc, 
     }
     BOOL_F("tie_word_embeddings", tie_embeddings);
     if (hl == 2 && ml == 2) {   /* mixture of experts (owner moe): the config keys' names */
-#define MOE_F(hfkey, key, f)                               \
-    if (hf->f != mc->f) {                                  \
-        snprintf(a, sizeof a, "%d", hf->f);                \
-        snprintf(b, sizeof b, "%d", mc->f);                \
-        ADD(hfkey, key, a, b);                             \
-    }
-        MOE_F("num_experts", "moe_num_experts", moe_experts);
-        MOE_F("num_experts_per_tok", "moe_top_k", moe_top_k);
-        MOE_F("moe_intermediate_size", "moe_hidden_dim", moe_hidden);
-        MOE_F("norm_topk_prob", "moe_route_norm", moe_route_norm);
-        MOE_F("mlp_only_layers (count)", "moe_n_dense_layers", moe_n_dense_layers);
-#undef MOE_F
+        INT_KF("num_experts", "moe_num_experts", moe_experts);
+        INT_F("num_experts_per_tok", moe_top_k);
+        INT_KF("moe_intermediate_size", "moe_hidden_dim", moe_hidden);
+        INT_F("norm_topk_prob", moe_route_norm);
+        INT_F("mlp_only_layers (count)", moe_n_dense_layers);
     }
     if (hl == 3 && ml == 3) {   /* DeepseekV3Config's names */
-#define DS_I(hfkey, key, f)                                \
-    if (hf->f != mc->f) {                                  \
-        snprintf(a, sizeof a, "%d", hf->f);                \
-        snprintf(b, sizeof b, "%d", mc->f);                \
-        ADD(hfkey, key, a, b);                             \
-    }
-#define DS_F(hfkey, key, f)                                \
-    if (hf->f != mc->f) {                                  \
-        snprintf(a, sizeof a, "%.9g", (double)hf->f);      \
-        snprintf(b, sizeof b, "%.9g", (double)mc->f);      \
-        ADD(hfkey, key, a, b);                             \
-    }
-        DS_I("n_routed_experts", "moe_num_experts", moe_experts);
-        DS_I("num_experts_per_tok", "moe_top_k", moe_top_k);
-        DS_I("moe_intermediate_size", "moe_hidden_dim", moe_hidden);
-        DS_I("n_shared_experts", "moe_num_shared_experts", moe_shared_experts);
-        DS_I("first_k_dense_replace", "moe_n_dense_layers", moe_n_dense_layers);
-        DS_I("n_group", "moe_n_expert_groups", moe_expert_groups);
-        DS_I("topk_group", "moe_n_limited_groups", moe_limited_groups);
-        DS_I("norm_topk_prob", "moe_route_norm", moe_route_norm);
-        DS_F("routed_scaling_factor", "moe_route_scale", moe_route_scale);
-        DS_I("scoring_func (sigmoid)", "moe_score_func", moe_score_fn);
-        DS_I("q_lora_rank", "q_lora_rank", q_lora_rank);
-        DS_I("kv_lora_rank", "kv_lora_rank", kv_lora_rank);
-        DS_I("qk_nope_head_dim", "qk_nope_head_dim", qk_nope_head_dim);
-        DS_I("qk_rope_head_dim", "qk_rope_head_dim", qk_rope_head_dim);
-        DS_I("v_head_dim", "v_head_dim", v_head_dim);
+        INT_KF("n_routed_experts", "moe_num_experts", moe_experts);
+        INT_F("num_experts_per_tok", moe_top_k);
+        INT_KF("moe_intermediate_size", "moe_hidden_dim", moe_hidden);
+        INT_KF("n_shared_experts", "moe_num_shared_experts", moe_shared_experts);
+        INT_F("first_k_dense_replace", moe_n_dense_layers);
+        INT_KF("n_group", "moe_n_expert_groups", moe_expert_groups);
+        INT_KF("topk_group", "moe_n_limited_groups", moe_limited_groups);
+        INT_F("norm_topk_prob", moe_route_norm);
+        FLT_F("routed_scaling_factor", moe_route_scale);
+        INT_KF("scoring_func (sigmoid)", "moe_score_func", moe_score_fn);
+        INT_F("q_lora_rank", q_lora_rank);
+        INT_F("kv_lora_rank", kv_lora_rank);
+        INT_F("qk_nope_head_dim", qk_nope_head_dim);
+        INT_F("qk_rope_head_dim", qk_rope_head_dim);
+        INT_F("v_head_dim", v_head_dim);
         if (hp_model_mla_yarn(hf) != hp_model_mla_yarn(mc)) {
             snprintf(a, sizeof a, "%s", hp_model_mla_yarn(hf) ? "yarn" : "default");
             snprintf(b, sizeof b, "%s", hp_model_mla_yarn(mc) ? "yarn" : "default");
             ADD("rope_parameters.rope_type", "max_seq_len / rope_original_max_pos", a, b);
         } else if (hp_model_mla_yarn(hf)) {
-            DS_F("rope_parameters.factor", "rope_factor", rope_factor);
-            DS_F("rope_parameters.mscale", "mla_mscale", mla_mscale);
-            DS_F("rope_parameters.beta_fast", "rope_beta_fast", rope_beta_fast);
-            DS_F("rope_parameters.beta_slow", "rope_beta_slow", rope_beta_slow);
-            DS_I("rope_parameters.original_max_position_embeddings", "rope_original_max_pos", rope_original_max_pos);
+            FLT_F("rope_parameters.factor", rope_factor);
+            FLT_F("rope_parameters.mscale", mla_mscale);
+            FLT_F("rope_parameters.beta_fast", rope_beta_fast);
+            FLT_F("rope_parameters.beta_slow", rope_beta_slow);
+            INT_F("rope_parameters.original_max_position_embeddings", rope_original_max_pos);
         }
-#undef DS_I
-#undef DS_F
     }
     if (hl == ml) BOOL_F("model_type (q/k norm)", qk_norm);
 #undef INT_F
 #undef FLT_F
+#undef INT_KF
+#undef FLT_KF
 #undef BOOL_F
 #undef ADD
     return n;
