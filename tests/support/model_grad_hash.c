@@ -1,6 +1,7 @@
-/* Hash of the loss, the logits and every gradient of one forward + backward (llama3 and qwen3
- * debugmodel, 3 layers, B 2, T 64) through the whole-model API: two builds of different
- * commits give the same hashes when their results are bitwise equal. Not built by CMake:
+/* Hash of the loss, the logits and every gradient of one forward + backward (the debugmodel of
+ * each family: llama3, qwen3, deepseek_v3, qwen3_moe; 3 layers, B 2, T 64) through the
+ * whole-model API: two builds of different commits give the same hashes when their results are
+ * bitwise equal. tools/layout_fingerprint.sh builds and runs it. Not built by CMake:
  *   gcc -O2 -fopenmp -I include tests/support/model_grad_hash.c -o /tmp/gh -Lbuild -lhyperparallel -Wl,-rpath,$PWD/build
  *   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 /tmp/gh
  * (docs/testing.md: the redesign of issue 12 against its parent commit). */
@@ -10,8 +11,8 @@
 #include "hyperparallel/model.h"
 static uint64_t fnv(uint64_t h, const void *p, size_t n) { const unsigned char *c = p; for (size_t i = 0; i < n; i++) { h ^= c[i]; h *= 1099511628211ull; } return h; }
 int main(void) {
-    const char *names[2] = {"llama3", "qwen3"};
-    for (int k = 0; k < 2; k++) {
+    const char *names[4] = {"llama3", "qwen3", "deepseek_v3", "qwen3_moe"};
+    for (int k = 0; k < 4; k++) {
         hp_model_config_t c; hp_model_flavor(names[k], "debugmodel", &c); c.n_layers = 3; hp_model_config_validate(&c);
         hp_model_t m; if (hp_model_create(&c, 2, 64, &m) != HP_OK) return 1;
         hp_model_init_weights(m, 7);
