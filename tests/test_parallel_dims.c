@@ -13,6 +13,7 @@
 #include "hyperparallel/config.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/parallel_dims.h"
+#include "hyperparallel/parallel_config.h"
 #include "hyperparallel/status.h"
 
 static void test_validation(void) {

@@ -11,6 +11,7 @@
 #include "param.h"
 #include "status.h"
 #include "zero.h"
+#include "clip.h"   /* hp_grad_norm, hp_clip_grad_norm (the parallel layer) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -127,23 +128,6 @@ hp_status_t hp_lr_schedule_init(hp_lr_schedule_t *s, int64_t training_steps, int
  * s < warmup: (s+1)/warmup; s < warmup+stable: 1; else p = (s+1-warmup-stable)/decay and
  * f = 1-p | 1-sqrt(p) | (1+cos(pi p))/2, returned as min + (1-min) f. */
 double hp_lr_schedule_factor(const hp_lr_schedule_t *s, int64_t step);
-
-/* ---- gradient clipping by global L2 norm (torch.nn.utils.clip_grad_norm_) ---------------- */
-
-/* Global L2 norm of every gradient. Each rank sums the squares of its local shards, counting
- * a parameter replicated over a mesh dim only on local rank 0 of that dim (so the sum over
- * all ranks counts it once); the sum is then SUM-all-reduced over each of `comms` in turn
- * (for example the world, or the dp_shard, tp and pp communicators). n_comms == 0: local. */
-hp_status_t hp_grad_norm(const hp_param_t *params, int n_params, const hp_comm_t *comms,
-                         int n_comms, double *total_norm);
-/* Computes the norm as above, then scales every gradient by min(1, max_norm / (norm + 1e-6))
- * as PyTorch. A non-finite norm leaves the gradients alone and returns HP_ERR_NUMERIC (with
- * *total_norm set) so the trainer can skip the step. */
-hp_status_t hp_clip_grad_norm(hp_param_t *params, int n_params, double max_norm,
-                              const hp_comm_t *comms, int n_comms, double *total_norm);
-/* The scaling step alone (torch.nn.utils.clip_grads_with_norm_), for a norm computed over
- * another set of parameters (a pipeline counts a tied weight's two copies once). */
-hp_status_t hp_clip_grads_with_norm(hp_param_t *params, int n_params, double max_norm, double total_norm);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,6 @@
 
 #include <stdbool.h>
 #include <stdint.h>
-#include "config.h"
 #include "mesh.h"
 #include "status.h"
 
@@ -34,7 +33,6 @@ typedef struct hp_parallel_dims {
  * ep divides dp_shard*cp*tp, etp is 1 or tp, and with etp = tp > 1 ep divides dp_shard*cp. */
 hp_status_t hp_parallel_dims_init(hp_parallel_dims_t *pd, int dp_replicate, int dp_shard, int cp, int tp, int pp,
                                   int ep, int etp, int world_size);
-hp_status_t hp_parallel_dims_from_config(const hp_config_t *cfg, int world_size, hp_parallel_dims_t *out);
 
 /* Derived sizes. */
 static inline int hp_parallel_dims_dp(const hp_parallel_dims_t *p) { return p->dp_replicate * p->dp_shard; }

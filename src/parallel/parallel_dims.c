@@ -69,25 +69,6 @@ hp_status_t hp_parallel_dims_init(hp_parallel_dims_t *pd, int dp_replicate, int 
     return HP_OK;
 }
 
-static hp_status_t narrow(const char *key, int64_t v, int *out) {
-    if (v < -1 || v > (1 << 24))
-        return hp_error(HP_ERR_INVALID_ARG, "config key 'parallelism.%s' = %lld is out of range", key, (long long)v);
-    *out = (int)v;
-    return HP_OK;
-}
-
-hp_status_t hp_parallel_dims_from_config(const hp_config_t *cfg, int world_size, hp_parallel_dims_t *out) {
-    int r = 0, s = 0, c = 0, t = 0, p = 0, e = 0, et = 0;
-    HP_TRY(narrow("data_parallel_replicate_degree", cfg->parallelism.data_parallel_replicate_degree, &r));
-    HP_TRY(narrow("data_parallel_shard_degree", cfg->parallelism.data_parallel_shard_degree, &s));
-    HP_TRY(narrow("context_parallel_degree", cfg->parallelism.context_parallel_degree, &c));
-    HP_TRY(narrow("tensor_parallel_degree", cfg->parallelism.tensor_parallel_degree, &t));
-    HP_TRY(narrow("pipeline_parallel_degree", cfg->parallelism.pipeline_parallel_degree, &p));
-    HP_TRY(narrow("expert_parallel_degree", cfg->parallelism.expert_parallel_degree, &e));
-    HP_TRY(narrow("expert_tensor_parallel_degree", cfg->parallelism.expert_tensor_parallel_degree, &et));
-    return hp_parallel_dims_init(out, r, s, c, t, p, e, et, world_size);
-}
-
 void hp_parallel_dims_coords(const hp_parallel_dims_t *pd, int rank, int coords[HP_PD_NDIM]) {
     const int size[HP_PD_NDIM] = {pd->pp, pd->dp_replicate, pd->dp_shard, pd->cp, pd->tp};
     for (int d = HP_PD_NDIM - 1; d >= 0; d--) {   /* tp fastest */

@@ -1,0 +1,81 @@
+/* Private to the composition (parallel.c, pipeline.c, ep_apply.c, grad_finalizer.c): the body of
+ * hp_parallel_t and of the gradient finalizer. */
+#ifndef HP_PARALLEL_IMPL_H
+#define HP_PARALLEL_IMPL_H
+
+#include "hyperparallel/parallelize.h"
+#include "hyperparallel/ep.h"
+#include "hyperparallel/pp.h"
+
+#define HP_GRAD_MAX_REDUCTIONS 16
+
+struct hp_grad_finalizer {
+    hp_parallel_t par;
+    int n_red;
+    struct {
+        hp_grad_phase_t phase;
+        hp_grad_reduce_fn fn;
+        void *ctx;
+    } red[HP_GRAD_MAX_REDUCTIONS];   /* phase order, registration order within a phase */
+    struct {
+        int exists;
+        int n_comms;
+        hp_comm_t comms[HP_GRAD_MAX_COMMS];
+        hp_param_t *members;          /* (n) descriptors of the norm table's entries in the group */
+        int n;
+    } group[HP_GRAD_GROUPS];
+    int built;                        /* members listed (first use, after the table is final) */
+};
+
+/* The pipeline's state (pipeline.c); NULL without pipeline parallel. */
+typedef struct hp_pipeline hp_pipeline_t;
+
+struct hp_parallel {
+    int n_parts;
+    int owns_parts;               /* the pipeline made the parts: destroyed with p */
+    hp_model_t *parts;            /* (n_parts) */
+    hp_tp_t *tp;                  /* (n_parts) per-part handles, NULL where not applied */
+    hp_ep_t *ep, *ep_tp;          /* expert parallel / TP of the experts alone */
+    hp_fsdp_t *fsdp;
+    hp_ddp_t ddp;                 /* one part only */
+    hp_ep_t ep_sp;                /* sequence parallel around MoE (borrowed: ep[0] or ep_tp[0]) */
+    hp_mesh_t ep_mesh, etp_mesh;  /* slices of the sparse mesh (owned) */
+    hp_mesh_t ep_rep_mesh;        /* the sparse mesh's dp_replicate (owned; NULL when 1) */
+    hp_mesh_t sp_mesh;            /* the tp mesh under sequence parallel around MoE (borrowed) */
+    hp_cp_t cp;                   /* context parallel (one per rank) */
+    int ac_every_k;
+    int tp_degree;
+    int batch, seq_len, rows;     /* largest (B, T) fed; rows per sequence on this rank (T / cp) */
+    int32_t *cp_tokens, *cp_targets;   /* (batch, rows) this rank's rows of a batch */
+    int np_total;                 /* entries of the whole model's table */
+    hp_work_t *grad_work;         /* (np_total) replicated data parallel's per-parameter all-reduce */
+    hp_comm_t dp_comm;            /* replicated data parallel without DDP buckets, else NULL */
+    int dp_expert_skip;           /* that all-reduce leaves the experts to their own groups */
+    hp_pipeline_t *pipe;
+    struct hp_grad_finalizer fin;
+    int n_meshes;
+    hp_mesh_t meshes[8];          /* adopted (hp_parallel_adopt_mesh) */
+};
+
+/* An empty composition of n parts (hp_parallel_create, hp_pipeline_split); np_total: entries of
+ * the whole model's table. */
+hp_status_t hp_parallel_new(int n_parts, int batch, int seq_len, int np_total, hp_parallel_t *out);
+/* The norm table: the entries this rank holds, a tied weight's second copy left out. */
+hp_param_t *hp_parallel_norm_params(hp_parallel_t p, int *n);
+/* pipeline.c's parts of the public functions. */
+void hp_pipeline_free(hp_pipeline_t *pl);
+hp_param_t *hp_pipeline_params(hp_pipeline_t *pl, int *n);
+hp_param_t *hp_pipeline_norm_params(hp_pipeline_t *pl, int *n);
+hp_status_t hp_pipeline_step(hp_parallel_t p, const int32_t *tokens, const int32_t *targets, float divisor,
+                             int last, double *loss);
+hp_status_t hp_pipeline_eval(hp_parallel_t p, const int32_t *tokens, const int32_t *targets, double *loss_sum,
+                             int64_t *n_valid);
+hp_comm_t hp_pipeline_comm(hp_pipeline_t *pl);
+hp_mesh_t hp_pipeline_world_mesh(hp_pipeline_t *pl);   /* the placeholders' mesh */
+hp_status_t hp_pipeline_gather(hp_parallel_t p, hp_comm_t world, hp_model_t full);
+int hp_pipeline_stage_of_part(hp_pipeline_t *pl, int i);
+/* Context parallel before tensor parallel's wrappers (the asynchronous core hooks each
+ * attention's q|k|v projection as it is now): creates p->cp for tp_degree-local heads. */
+hp_status_t hp_parallel_cp_prepare(hp_parallel_t p, hp_mesh_t cp_mesh, const hp_cp_options_t *o, int tp_degree);
+
+#endif
