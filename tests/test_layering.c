@@ -10,9 +10,9 @@
 #include <string.h>
 #include "hp_test.h"
 
-enum { CORE, COMM, MESH, DTENSOR, NN, PARALLEL, CHECKPOINT, TRAIN, N_LAYERS };
+enum { CORE, COMM, MESH, DTENSOR, NN, PARALLEL, CHECKPOINT, MODELS, TRAIN, N_LAYERS };
 static const char *const layer_names[N_LAYERS] = {"core", "comm", "mesh", "dtensor", "nn", "parallel",
-                                                  "checkpoint", "train"};
+                                                  "checkpoint", "models", "train"};
 
 static const struct { const char *header; int layer; } headers[] = {
     {"status.h", CORE}, {"dtype.h", CORE}, {"arena.h", CORE}, {"tensor.h", CORE}, {"rng.h", CORE},
@@ -22,8 +22,10 @@ static const struct { const char *header; int layer; } headers[] = {
     {"dtensor.h", DTENSOR}, {"param.h", DTENSOR},
     {"backend.h", NN}, {"nn.h", NN}, {"model.h", NN}, {"nn_loss.h", NN}, {"attention_block.h", NN},
     {"fsdp.h", PARALLEL}, {"ep.h", PARALLEL}, {"ddp.h", PARALLEL}, {"tp.h", PARALLEL}, {"zero.h", PARALLEL}, {"pp_schedule.h", PARALLEL}, {"pp.h", PARALLEL}, {"cp.h", PARALLEL},
+    {"parallel_dims.h", PARALLEL}, {"parallelize.h", PARALLEL}, {"clip.h", PARALLEL}, {"moe_balance.h", PARALLEL},
     {"safetensors.h", CHECKPOINT}, {"checkpoint.h", CHECKPOINT}, {"weights.h", CHECKPOINT},
-    {"config.h", TRAIN}, {"parallel_dims.h", TRAIN}, {"data.h", TRAIN}, {"tokenizer.h", TRAIN},
+    {"model_parallelize.h", MODELS},
+    {"config.h", TRAIN}, {"parallel_config.h", TRAIN}, {"data.h", TRAIN}, {"tokenizer.h", TRAIN},
     {"optim.h", TRAIN}, {"metrics.h", TRAIN}, {"trainer.h", TRAIN}, {"ckpt_manager.h", TRAIN},
     {"hyperparallel.h", TRAIN},
 };
