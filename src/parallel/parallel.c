@@ -148,9 +148,9 @@ static int part_holds(hp_module_t **mods, int nm, const char *pattern) {
 hp_status_t hp_apply_tp(hp_parallel_t p, hp_mesh_t tp_mesh, const hp_tp_plan_entry_t *plan, int n_plan) {
     if (!tp_mesh || hp_mesh_ndim(tp_mesh) != 1)
         return hp_error(HP_ERR_INVALID_ARG, "hp_apply_tp: a 1-D tp mesh is required");
-    if (p->n_parts == 1) {
+    if (!p->pipe) {
         HP_TRY(hp_tp_parallelize_model(&p->tp[0], p->parts[0], tp_mesh, plan, n_plan));
-    } else {   // TorchTitan's order: split, then TP per part with the plan entries it holds
+    } else {   // TorchTitan's order: split, then TP per stage with the plan entries it holds
         hp_tp_plan_entry_t *mine = hp_calloc((size_t)n_plan + 1, sizeof *mine);
         if (!mine) return HP_ERR_OOM;
         hp_status_t s = HP_OK;
