@@ -37,6 +37,7 @@ struct hp_pipeline {
     int mpipe;                    /* the schedule has MPipe's transposed actions */
     int transpose_layers;
     char schedule_name[128];
+    hp_parallel_dims_t pd;
 };
 
 void hp_pipeline_free(hp_pipeline_t *pl) {
@@ -189,6 +190,7 @@ hp_status_t hp_pipeline_split(const hp_model_config_t *cfg, const hp_parallel_di
     hp_pipeline_t *pl = hp_calloc(1, sizeof *pl);
     if (!pl) return HP_ERR_OOM;
     pl->cfg = *cfg;
+    pl->pd = *pd;
     pl->tie_idx = -1;
     pl->pp = pd->pp;
     pl->per = pd->world_size / pd->pp;
@@ -342,10 +344,12 @@ hp_status_t hp_apply_pp(hp_parallel_t p, hp_comm_t world, hp_mesh_t world_mesh) 
                               &pl->rt));
     // FSDP's and TP's collectives, CP's and EP's all-to-alls run inside the stages' modules: two
     // threads would issue them in a rank-dependent order
-    if (hp_pp_overlap_mode(pl->rt) == HP_PP_OVERLAP_THREAD && (p->fsdp[0] || p->tp[0] || p->ep[0] || p->cp))
-        return hp_error(HP_ERR_UNSUPPORTED, "env HP_PP_OVERLAP = thread with FSDP, tensor, context or expert parallel "
-                        "inside the stages: they issue collectives inside the stages, which two threads would order "
-                        "differently on each rank; hint: HP_PP_OVERLAP=interleave (the default)");
+    const hp_parallel_dims_t *pd = &pl->pd;
+    if (hp_pp_overlap_mode(pl->rt) == HP_PP_OVERLAP_THREAD && (pd->dp_shard > 1 || pd->tp > 1 || pd->ep > 1 || pd->cp > 1))
+        return hp_error(HP_ERR_UNSUPPORTED, "env HP_PP_OVERLAP = thread with parallelism.context_parallel_degree %d / "
+                        "data_parallel_shard_degree %d / tensor_parallel_degree %d / expert_parallel_degree %d: FSDP, TP "
+                        "and EP issue collectives inside the stages (CP too), which two threads would order differently "
+                        "on each rank; hint: HP_PP_OVERLAP=interleave (the default)", pd->cp, pd->dp_shard, pd->tp, pd->ep);
     return HP_OK;
 }
 
