@@ -178,6 +178,32 @@ static inline void hp_test_use_bin(hp_config_t *c, char which, int dp) {
     c->data.validation_fraction = 0.0;
 }
 
+/* The single-rank run of layout f's global batch (dp data-parallel ranks x B rows): rank 0 alone
+ * with every parallelism degree 1 and local batch dp x B, on the interleaved file y_dp<dp>.bin
+ * (hp_test_write_dp_bins), n steps; the losses and norms reach every rank of world. */
+static inline void hp_test_solo_steps(const hp_config_t *f, hp_comm_t world, int dp, int n, double *losses,
+                                      double *norms) {
+    hp_config_t *c = calloc(1, sizeof *c);
+    *c = *f;
+    c->parallelism.data_parallel_replicate_degree = 1;
+    c->parallelism.data_parallel_shard_degree = 1;
+    c->parallelism.tensor_parallel_degree = 1;
+    c->parallelism.context_parallel_degree = 1;
+    c->parallelism.expert_parallel_degree = 1;
+    c->parallelism.expert_tensor_parallel_degree = 1;
+    c->parallelism.pipeline_parallel_degree = 1;
+    c->training.local_batch_size = dp * f->training.local_batch_size;
+    c->training.global_batch_size = -1;
+    hp_test_use_bin(c, 'y', dp);
+    hp_comm_t solo = NULL;
+    HP_CHECK_OK(hp_comm_split(world, hp_comm_rank(world) == 0 ? 0 : -1, 0, &solo));
+    if (solo) hp_test_train_steps(c, solo, n, losses, norms, 0);
+    if (solo) hp_comm_destroy(solo);
+    HP_CHECK_OK(hp_broadcast(losses, (size_t)n, HP_I64, 0, world, NULL));   // doubles as 8-byte words
+    HP_CHECK_OK(hp_broadcast(norms, (size_t)n, HP_I64, 0, world, NULL));
+    free(c);
+}
+
 /* Removes the directory (rank 0, after every rank is done) unless HP_KEEP is set. */
 static inline void hp_test_remove_corpus(hp_comm_t world) {
     hp_barrier(world, NULL);

@@ -517,9 +517,6 @@ static hp_status_t pp_create_stages(hp_trainer_t t) {
         return hp_error(HP_ERR_UNSUPPORTED, "validation.local_batch_size %d differs from training.local_batch_size %d; "
                         "under pipeline parallel validation runs the training micro-batches; hint: leave "
                         "validation.local_batch_size at -1", t->val_B, t->B);
-    if (strcmp(c->optimizer.name, "muon") == 0)
-        return hp_error(HP_ERR_UNSUPPORTED, "optimizer.name = muon is not supported with pipeline parallel yet; hint: "
-                        "use adamw or sgd");
     // the schedule kind (or the user's CSV) decides the stages per rank
     hp_pp_schedule_t *csv = NULL;
     hp_pp_kind_t kind = HP_PP_1F1B;
