@@ -1,22 +1,22 @@
 /* Muon under every layout (docs/optim.md "Muon under sharding").
  * (1) The optimizer alone: matrices sharded over a mesh as the parallelisms lay them out (FSDP
- * Shard(0) with uneven rows, TP rowwise Shard(1); on 4 ranks HSDP [Replicate, Shard(0)], FSDP
- * over colwise TP [_StridedShard(0, 2), Shard(0)] and over rowwise TP [Shard(0), Shard(1)]),
- * tall and wide, next to a pipeline placeholder (global shape, no local elements) and an AdamW
- * norm, stepped 3 times from the same full gradients, equal bitwise the single-rank Muon steps of
- * the whole matrices (value and momentum): the gathered update is the very matrix the single
- * rank builds and Newton-Schulz runs the same f32 GEMMs on it, so the bound is 0. Negative: one
- * gradient element of the last rank x (1 + 1e-6) moves rank 0's shard (Newton-Schulz mixes the
- * whole matrix, so a shard-local Muon would not see it).
+ * Shard(0) with uneven rows and with fewer rows than ranks, TP rowwise Shard(1); on 4 ranks
+ * HSDP [Replicate, Shard(0)], FSDP over colwise TP [_StridedShard(0, 2), Shard(0)] and over
+ * rowwise TP [Shard(0), Shard(1)]), tall and wide, next to a pipeline placeholder (global shape,
+ * no local elements) and an AdamW norm, stepped 3 times from the same full gradients, equal
+ * bitwise the single-rank Muon steps of the whole matrices (value and momentum): the gathered
+ * update is the very matrix the single rank builds and Newton-Schulz runs the same f32 GEMMs on
+ * it, so the bound is 0. Negative: one gradient element of the last rank x (1 + 1e-6) moves
+ * rank 0's shard (Newton-Schulz mixes the whole matrix, so a shard-local Muon would not see it).
  * (2) The trainer with optimizer.name = muon, 10 steps against the single-rank run of the same
  * global batch: on 2 ranks FSDP 2, TP 2, EP 2 (qwen3_moe, dense FSDP 2) and PP 2 (1F1B); on 4
- * ranks FSDP 2 x TP 2. Bound: losses 1e-5 relative (1e-4 with TP), gradient norms 1e-4 (1e-3
- * with TP). Why it holds: the gradients differ only by the fp32 order of their reductions
- * (~1e-7 relative; TP also splits the row-parallel K sums, ~1e-6), and both runs orthogonalise
- * the same full matrix with the same f32 Newton-Schulz, a fixed smooth polynomial map; the update
- * moves by the map's slope times those differences and the loss by g.dw of that, first order in
- * rounding, as for the AdamW trainer tests (docs/testing.md). Negative: FSDP with lr x 1.001
- * leaves the loss bound. */
+ * ranks FSDP 2 x TP 2 and PP 2 x FSDP 2. Bound: losses 1e-5 relative (1e-4 with TP), gradient
+ * norms 1e-4 (1e-3 with TP). Why it holds: the gradients differ only by the fp32 order of their
+ * reductions (~1e-7 relative; TP also splits the row-parallel K sums, ~1e-6), and both runs
+ * orthogonalise the same full matrix with the same f32 Newton-Schulz, a fixed smooth polynomial
+ * map; the update moves by the map's slope times those differences and the loss by g.dw of
+ * that, first order in rounding, as for the AdamW trainer tests (docs/testing.md; measured
+ * 8e-8). Negative: FSDP with lr x 1.001 leaves the loss bound (measured 4e-5). */
 // hp-test: ranks 2 4 timeout 600
 #include <math.h>
 #include <stdio.h>
@@ -34,10 +34,12 @@
 
 /* ---- (1) the optimizer step on sharded matrices --------------------------------------------- */
 
-enum { NM = 3, STEPS = 3 };   // matrices per optimizer; steps
+enum { NM = 4, STEPS = 3 };   // matrices per optimizer; steps
 static const char *mat_names[NM] = {"layers.0.attention.wq.weight", "layers.0.feed_forward.w2.weight",
-                                    "layers.1.attention.wo.weight"};
-static const int64_t mat_shapes[NM][2] = {{7, 5}, {6, 10}, {12, 8}};   // tall (transposed), wide, tall
+                                    "layers.1.attention.wo.weight", "layers.1.attention.wk.weight"};
+/* tall (transposed), wide, tall; one row (Shard(0): one rank holds it all, the others none, and
+ * every rank of the group must still take part in the gather) */
+static const int64_t mat_shapes[NM][2] = {{7, 5}, {6, 10}, {12, 8}, {1, 6}};
 
 static float value_at(int m, int64_t i) { return (float)sin(0.37 * (double)i + m) * 0.5f; }
 static float grad_at(int m, int s, int64_t i) { return (float)cos(0.11 * (double)i * (s + 1) + 0.7 * m) * 0.1f; }
@@ -85,7 +87,8 @@ static void reference(hp_muon_adjust_lr_t adjust, float *ref_v, float *ref_b, in
         hp_optim_state_at(o, k, &pi, &slot, &st);
         if (pi < NM) memcpy(ref_b + pi * stride, st.data, sizeof(float) * (size_t)hp_tensor_numel(&st));
     }
-    for (int m = 0; m < NM; m++) memcpy(ref_v + m * stride, store[m][0], sizeof(float) * (size_t)(mat_shapes[m][0] * mat_shapes[m][1]));
+    for (int m = 0; m < NM; m++)
+        memcpy(ref_v + m * stride, store[m][0], sizeof(float) * (size_t)(mat_shapes[m][0] * mat_shapes[m][1]));
     hp_optim_free(o);
     for (int m = 0; m <= NM; m++) free(store[m][0]), free(store[m][1]);
 }
@@ -250,6 +253,7 @@ static void small_llama(hp_config_t *c, int ws) {
 
 static void set_layout(hp_config_t *c, int dp, int tp, int ep, int pp) {
     snprintf(c->optimizer.name, sizeof c->optimizer.name, "muon");
+    c->optimizer.lr = 0.01;   // Muon's usual scale: lr x 1.001 then moves the loss 4x past the bound
     snprintf(c->training.mixed_precision_param, sizeof c->training.mixed_precision_param, "float32");
     c->parallelism.data_parallel_replicate_degree = 1;
     c->parallelism.data_parallel_shard_degree = dp;
@@ -313,6 +317,9 @@ static void trainer_cases(hp_comm_t world, int ws) {
         small_llama(c, ws);
         set_layout(c, 2, 2, 1, 1);
         check_vs_solo("FSDP 2 x TP 2", c, world, 2, 1e-4, 1e-3, 1.0, 0);
+        small_llama(c, ws);   // each stage's matrices gathered over its own dp_shard pair, the others' placeholders
+        set_layout(c, 2, 1, 1, 2);
+        check_vs_solo("PP 2 x FSDP 2 (1F1B)", c, world, 2, 1e-5, 1e-4, 1.0, 0);
     }
     free(c);
 }

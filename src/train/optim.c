@@ -147,10 +147,12 @@ static int shards_a_dim(const hp_dtensor_t *t) {
     return 0;
 }
 
-/* Where Muon finds parameter p's whole matrix: here when the local value has every element of
- * the global shape; over its shard group when a mesh dim shards it; a value that is neither
- * (Replicate on every dim, fewer local elements) is a pipeline placeholder for another stage's
- * parameter. A Partial value has no matrix to orthogonalise yet. */
+/* Where Muon finds parameter p's whole matrix: over its shard group when a mesh dim (of size
+ * > 1) shards it, decided by the placements alone so every rank of the group gathers, even one
+ * whose piece happens to be the whole (uneven Shard of fewer rows than ranks); here when the
+ * local value has every element of the global shape; a value that is neither (Replicate on
+ * every dim, fewer local elements) is a pipeline placeholder for another stage's parameter. A
+ * Partial value has no matrix to orthogonalise yet. */
 static hp_status_t muon_where(const hp_param_t *p, muon_where_t *where) {
     const hp_dtensor_t *v = &p->value;
     for (int d = 0; v->mesh && d < v->mesh_ndim; d++)
@@ -159,7 +161,7 @@ static hp_status_t muon_where(const hp_param_t *p, muon_where_t *where) {
                             "Newton-Schulz needs the reduced matrix; hint: reduce the value before building the "
                             "optimizer", p->name, d);
     const int64_t whole = v->mesh ? v->global_shape[0] * v->global_shape[1] : hp_tensor_numel(&v->local);
-    *where = hp_tensor_numel(&v->local) == whole ? MUON_HERE : shards_a_dim(v) ? MUON_GATHER : MUON_ABSENT;
+    *where = shards_a_dim(v) ? MUON_GATHER : hp_tensor_numel(&v->local) == whole ? MUON_HERE : MUON_ABSENT;
     return HP_OK;
 }
 
@@ -435,7 +437,8 @@ static hp_status_t muon_update(hp_optim_t o, hp_param_t *prm, pstate_t *ps, doub
     const int gather = ps->where == MUON_GATHER;
     float *p = prm->value.local.data;
     const int64_t lrows = prm->value.local.shape[0], lcols = prm->value.local.shape[1];   // local (lrows, lcols)
-    const int64_t rows = gather ? prm->value.global_shape[0] : lrows, cols = gather ? prm->value.global_shape[1] : lcols;
+    const int64_t rows = gather ? prm->value.global_shape[0] : lrows;   // the whole (rows, cols)
+    const int64_t cols = gather ? prm->value.global_shape[1] : lcols;
     const int transpose = rows > cols;
     float *x = o->ns_x, *whole = transpose ? o->ns_y : x;   // (rows, cols), then x (m, n)
     float *u = gather ? o->ns_u : whole;                     // local (lrows, lcols)
