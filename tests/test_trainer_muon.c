@@ -238,14 +238,7 @@ static void optimizer_cases(hp_comm_t world, int ws) {
 enum { N = 10, B = 2, T = 16 };
 
 static void small_llama(hp_config_t *c, int ws) {
-    hp_test_base_config(c, ws);
-    c->model.dim = 64;
-    c->model.n_heads = 4;
-    c->model.n_kv_heads = 2;
-    c->model.head_dim = 16;
-    c->model.hidden_dim = 128;
-    c->model.n_layers = 2;
-    c->training.seq_len = T;
+    hp_test_small_config(c, ws, "llama3", 2);   // seq_len T
     c->training.local_batch_size = B;
     c->training.steps = N;
     c->validation.enable = false;
