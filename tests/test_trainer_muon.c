@@ -17,7 +17,7 @@
  * map; the update moves by the map's slope times those differences and the loss by g.dw of
  * that, first order in rounding, as for the AdamW trainer tests (docs/testing.md; measured
  * 8e-8). Negative: FSDP with lr x 1.001 leaves the loss bound (measured 4e-5). */
-// hp-test: ranks 2 4 timeout 600
+// hp-test: ranks 4 timeout 300 coretype 2
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
