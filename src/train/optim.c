@@ -208,10 +208,11 @@ static hp_status_t check_config(const hp_optim_config_t *c) {
     }
     if (c->kind == HP_OPTIM_MUON) {
         if (!(c->muon_momentum >= 0 && c->muon_momentum < 1) || c->ns_steps < 0 || c->ns_steps >= 100)
-            return hp_error(HP_ERR_INVALID_ARG, "Muon: momentum %g must be in [0, 1) and ns_steps "
-                            "%d in [0, 100)", c->muon_momentum, c->ns_steps);
+            return hp_error(HP_ERR_INVALID_ARG, "Muon (optimizer.name = muon): momentum %g (optimizer.momentum) must be "
+                            "in [0, 1) and ns_steps %d in [0, 100)", c->muon_momentum, c->ns_steps);
         if (c->muon_adamw_lr < 0)
-            return hp_error(HP_ERR_INVALID_ARG, "Muon: muon_adamw_lr %g must be >= 0", c->muon_adamw_lr);
+            return hp_error(HP_ERR_INVALID_ARG, "Muon (optimizer.name = muon): muon_adamw_lr %g must be >= 0",
+                            c->muon_adamw_lr);
     }
     return HP_OK;
 }
