@@ -87,31 +87,39 @@ static inline void hp_test_base_config(hp_config_t *c, int world) {
     snprintf(c->tokenizer.path, sizeof c->tokenizer.path, "%s", tok_);
 }
 
+/* The small model of the pipeline, Muon and MoE trainer tests: dim 64, 4 heads of 16 (2 kv
+ * heads), hidden 128, n_layers blocks, 16-token sequences. */
+static inline void hp_test_small_config(hp_config_t *c, int world, const char *name, int n_layers) {
+    hp_test_base_config(c, world);
+    snprintf(c->model.name, sizeof c->model.name, "%s", name);
+    c->model.dim = 64;
+    c->model.n_heads = 4;
+    c->model.n_kv_heads = 2;
+    c->model.head_dim = 16;
+    c->model.hidden_dim = 128;
+    c->model.n_layers = n_layers;
+    c->training.seq_len = 16;
+}
+
 /* The small MoE model the MoE trainer tests share (model name deepseek_v3 or qwen3_moe): dim 64,
  * 3 layers (the first dense), 8 experts of hidden 32, top-2, a bias step of 1e-2 (large enough
  * to move the bias visibly in a few steps), 16-token sequences, `steps` steps; deepseek_v3's MLA
  * with a small latent and small heads (q|k 12, v 16). */
 static inline void hp_test_moe_config(hp_config_t *c, int world, const char *name, int steps) {
-    hp_test_base_config(c, world);
-    snprintf(c->model.name, sizeof c->model.name, "%s", name);
-    c->model.dim = 64;
-    c->model.n_layers = 3;
-    c->model.n_heads = 4;
-    if (strcmp(name, "deepseek_v3") == 0) {
+    hp_test_small_config(c, world, name, 3);
+    if (strcmp(name, "deepseek_v3") == 0) {   // MLA: its own head sizes, not the dense ones
+        c->model.n_kv_heads = -1;
+        c->model.head_dim = -1;
         c->model.kv_lora_rank = 16;
         c->model.qk_nope_head_dim = 8;
         c->model.qk_rope_head_dim = 4;
         c->model.v_head_dim = 16;
-    } else {
-        c->model.n_kv_heads = 2;
-        c->model.head_dim = 16;
     }
     c->model.hidden_dim = 96;
     c->model.moe_hidden_dim = 32;
     c->model.moe_num_experts = 8;
     c->model.moe_top_k = 2;
     c->model.moe_load_balance_coeff = 1e-2;
-    c->training.seq_len = 16;
     c->training.steps = steps;
 }
 
@@ -176,6 +184,32 @@ static inline void hp_test_use_bin(hp_config_t *c, char which, int dp) {
     snprintf(c->data.path, sizeof c->data.path, "%.200s/%c_dp%d.bin", dir_, which, dp);
     snprintf(c->data.format, sizeof c->data.format, "bin");
     c->data.validation_fraction = 0.0;
+}
+
+/* The single-rank run of layout f's global batch (dp data-parallel ranks x B rows): rank 0 alone
+ * with every parallelism degree 1 and local batch dp x B, on the interleaved file y_dp<dp>.bin
+ * (hp_test_write_dp_bins), n steps; the losses and norms reach every rank of world. */
+static inline void hp_test_solo_steps(const hp_config_t *f, hp_comm_t world, int dp, int n, double *losses,
+                                      double *norms) {
+    hp_config_t *c = calloc(1, sizeof *c);
+    *c = *f;
+    c->parallelism.data_parallel_replicate_degree = 1;
+    c->parallelism.data_parallel_shard_degree = 1;
+    c->parallelism.tensor_parallel_degree = 1;
+    c->parallelism.context_parallel_degree = 1;
+    c->parallelism.expert_parallel_degree = 1;
+    c->parallelism.expert_tensor_parallel_degree = 1;
+    c->parallelism.pipeline_parallel_degree = 1;
+    c->training.local_batch_size = dp * f->training.local_batch_size;
+    c->training.global_batch_size = -1;
+    hp_test_use_bin(c, 'y', dp);
+    hp_comm_t solo = NULL;
+    HP_CHECK_OK(hp_comm_split(world, hp_comm_rank(world) == 0 ? 0 : -1, 0, &solo));
+    if (solo) hp_test_train_steps(c, solo, n, losses, norms, 0);
+    if (solo) hp_comm_destroy(solo);
+    HP_CHECK_OK(hp_broadcast(losses, (size_t)n, HP_I64, 0, world, NULL));   // doubles as 8-byte words
+    HP_CHECK_OK(hp_broadcast(norms, (size_t)n, HP_I64, 0, world, NULL));
+    free(c);
 }
 
 /* Removes the directory (rank 0, after every rank is done) unless HP_KEEP is set. */

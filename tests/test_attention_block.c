@@ -2,12 +2,13 @@
 // _backward (BLAS) against their double references for the causal-diagonal, full and skip masks,
 // GQA ratios 1, 2, 4, blocks Tq != Tk, padded strides, accumulating (+=) gradients; the lse merge
 // of a row's blocks equals causal attention over the whole row (hp_ref_attention_forward); and the
-// harness rejects an injected error.
+// harness rejects an injected error. The kernel table's attn_block_* slots give these kernels' bits.
 // hp-test: ranks 1 timeout 120
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/attention_block.h"
+#include "hyperparallel/backend.h"
 #include "hyperparallel/nn.h"
 #include "hp_test.h"
 
@@ -71,6 +72,21 @@ static void one_case(int Tq, int Tk, int Hq, int Hkv, int hd, hp_attn_mask_t mas
            wv = worst(dv1, dv2, (size_t)Tk * ldk, BWD_RTOL, BWD_ATOL);
     HP_CHECK(wq <= 1.0 && wk <= 1.0 && wv <= 1.0, "backward Tq=%d Tk=%d Hq=%d Hkv=%d mask=%d: dq %.3g dk %.3g dv %.3g",
              Tq, Tk, Hq, Hkv, mask, wq, wk, wv);
+    {   /* the kernel table's slots (backend.h, how cp.c calls them) are these kernels: the same bits */
+        const hp_backend_t *be = hp_backend_cpu();
+        float *o3 = calloc((size_t)Tq * ldo, 4), *l3 = calloc((size_t)Hq * ldl, 4), *dq3 = rnd((size_t)Tq * ldq);
+        float *dq4 = malloc(sizeof(float) * Tq * ldq);
+        memcpy(dq4, dq3, sizeof(float) * Tq * ldq);
+        be->attn_block_forward(be->ctx, o3, ldo, l3, ldl, q, ldq, k, ldk, v, ldk, Tq, Tk, Hq, Hkv, hd, mask, scratch);
+        be->attn_block_backward(be->ctx, dq3, ldq, dk2, ldk, dv2, ldk, dout, ldo, o2, ldo, l2, ldl, q, ldq, k, ldk, v, ldk,
+                                Tq, Tk, Hq, Hkv, hd, mask, scratch);
+        hp_attn_block_backward(dq4, ldq, dk2, ldk, dv2, ldk, dout, ldo, o2, ldo, l2, ldl, q, ldq, k, ldk, v, ldk, Tq, Tk,
+                               Hq, Hkv, hd, mask, scratch);
+        HP_CHECK(!memcmp(o3, o1, sizeof(float) * Tq * ldo) && !memcmp(l3, l1, sizeof(float) * Hq * ldl) &&
+                 !memcmp(dq3, dq4, sizeof(float) * Tq * ldq), "table slots differ from the kernels (Tq=%d mask=%d)", Tq,
+                 mask);
+        free(o3); free(l3); free(dq3); free(dq4);
+    }
     free(q); free(k); free(v); free(o1); free(o2); free(l1); free(l2); free(scratch);
     free(dout); free(dq1); free(dk1); free(dv1); free(dq2); free(dk2); free(dv2);
 }
@@ -85,6 +101,7 @@ static void merge_case(int n, int c, int Hq, int Hkv, int hd, int inject) {
     float *out = malloc(sizeof(float) * T * qd), *lse = malloc(sizeof(float) * Hq * T);
     float *bo = malloc(sizeof(float) * c * qd), *bl = malloc(sizeof(float) * Hq * c);
     float *scratch = malloc(sizeof(float) * hp_attn_block_scratch_floats(c, c));
+    const hp_backend_t *be = hp_backend_cpu();
     for (int i = 0; i < Hq * T; i++) lse[i] = -INFINITY;
     memset(out, 0, sizeof(float) * T * qd);
     for (int a = 0; a < n; a++)
@@ -92,7 +109,9 @@ static void merge_case(int n, int c, int Hq, int Hkv, int hd, int inject) {
             hp_attn_mask_t mk = j < a ? HP_ATTN_MASK_FULL : j == a ? HP_ATTN_MASK_CAUSAL : HP_ATTN_MASK_SKIP;
             hp_attn_block_forward(bo, qd, bl, c, x + (size_t)a * c * ld, ld, x + (size_t)j * c * ld + qd, ld,
                                   x + (size_t)j * c * ld + qd + kd, ld, c, c, Hq, Hkv, hd, mk, scratch);
-            hp_attn_block_merge(out + (size_t)a * c * qd, qd, lse + (size_t)a * c, T, bo, qd, bl, c, c, Hq, hd);
+            // through the kernel table, as cp.c merges
+            be->attn_block_merge(be->ctx, out + (size_t)a * c * qd, qd, lse + (size_t)a * c, T, bo, qd, bl, c, c, Hq,
+                                 hd);
         }
     if (inject) out[T * qd / 2] += 1e-3f;
     double wo = worst(out, ref, (size_t)T * qd, FWD_RTOL, FWD_ATOL), wl = worst(lse, rl, (size_t)Hq * T, FWD_RTOL, FWD_ATOL);

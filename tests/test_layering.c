@@ -17,10 +17,11 @@ static const char *const layer_names[N_LAYERS] = {"core", "comm", "mesh", "dtens
 static const struct { const char *header; int layer; } headers[] = {
     {"status.h", CORE}, {"dtype.h", CORE}, {"arena.h", CORE}, {"tensor.h", CORE}, {"rng.h", CORE},
     {"parse.h", CORE}, {"clock.h", CORE}, {"time.h", CORE},
+    {"backend.h", CORE},   // the kernel table's type: the device seam every layer calls (the CPU backend is nn's)
     {"comm.h", COMM}, {"launch.h", COMM},
     {"mesh.h", MESH},
     {"dtensor.h", DTENSOR}, {"param.h", DTENSOR},
-    {"backend.h", NN}, {"nn.h", NN}, {"model.h", NN}, {"nn_loss.h", NN}, {"attention_block.h", NN},
+    {"nn.h", NN}, {"model.h", NN}, {"nn_loss.h", NN}, {"attention_block.h", NN},
     {"fsdp.h", PARALLEL}, {"ep.h", PARALLEL}, {"ddp.h", PARALLEL}, {"tp.h", PARALLEL}, {"zero.h", PARALLEL}, {"pp_schedule.h", PARALLEL}, {"pp.h", PARALLEL}, {"cp.h", PARALLEL},
     {"parallel_dims.h", PARALLEL}, {"parallelize.h", PARALLEL}, {"clip.h", PARALLEL}, {"moe_balance.h", PARALLEL},
     {"safetensors.h", CHECKPOINT}, {"checkpoint.h", CHECKPOINT}, {"weights.h", CHECKPOINT},

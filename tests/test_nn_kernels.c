@@ -3,11 +3,13 @@
 // on each ISA path this CPU has, forced one at a time (hp_nn_set_isa: the explicit-vector
 // SwiGLU, cross-entropy and AdamW row kernels of kernels-simd.h, attention's tiles).
 // Tolerances: f32 kernels vs double references, |a - b| <= 1e-5 + 1e-4 |b| (GEMM-backed
-// kernels: 2e-5 + 2e-4 |b|, sums over up to 300 terms).
+// kernels: 2e-5 + 2e-4 |b|, sums over up to 300 terms); the kernel table's general GEMM per
+// element within gamma_{K+2} of its magnitudes, and bitwise cblas_sgemm.
 // hp-test: ranks 1 timeout 120 coretype 1
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cblas.h>
 #include <omp.h>
 #include "hyperparallel/backend.h"
 #include "hyperparallel/nn.h"
@@ -268,6 +270,51 @@ static void test_rmsnorm_dw_blocks(int N, int C) {
     free(x); free(dy); free(rs); free(a); free(b);
 }
 
+/* The kernel table's general GEMM (backend.h gemm) against a double loop, every transpose pair,
+ * row strides wider than the rows, alpha and beta (0: c's old values unused; 1.3). Bound per
+ * element: a sum of K products plus the beta term in f32 is within gamma_{K+2} (Higham 3.5:
+ * (K+2) u / (1 - (K+2) u), u = 2^-24) of |alpha| sum_k |a_ik b_kj| + |beta c_ij|. And the CPU
+ * slot is exactly one cblas_sgemm with the same arguments (bitwise). Negative: an element moved
+ * by 10x its bound fails. */
+static void test_gemm(int M, int N, int K, int ta, int tb, float alpha, float beta) {
+    const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 1;
+    float *a = rnd((size_t)(ta ? K : M) * lda, 1), *b = rnd((size_t)(tb ? N : K) * ldb, 1);
+    float *c = rnd((size_t)M * ldc, 1), *c0 = malloc(sizeof(float) * (size_t)M * ldc);
+    float *cb = malloc(sizeof(float) * (size_t)M * ldc);
+    memcpy(c0, c, sizeof(float) * (size_t)M * ldc);
+    memcpy(cb, c, sizeof(float) * (size_t)M * ldc);
+    const hp_backend_t *be = hp_backend_cpu();
+    be->gemm(be->ctx, c, ldc, a, lda, b, ldb, M, N, K, ta, tb, alpha, beta);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, a, lda,
+                b, ldb, beta, cb, ldc);
+    HP_CHECK(memcmp(c, cb, sizeof(float) * (size_t)M * ldc) == 0,
+             "gemm slot %dx%dx%d (%d, %d) is not cblas_sgemm's bits", M, N, K, ta, tb);
+    const double u = ldexp(1.0, -24), gam = (K + 2) * u / (1 - (K + 2) * u);
+    double worst = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double ref = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                const double x = ta ? a[(size_t)k * lda + i] : a[(size_t)i * lda + k];
+                const double y = tb ? b[(size_t)j * ldb + k] : b[(size_t)k * ldb + j];
+                ref += x * y;
+                mag += fabs(x * y);
+            }
+            const double c_old = beta != 0.0f ? c0[(size_t)i * ldc + j] : 0.0;
+            ref = alpha * ref + beta * c_old;
+            const double bound = gam * (fabs(alpha) * mag + fabs(beta * c_old)) + 1e-30;
+            double r = fabs(c[(size_t)i * ldc + j] - ref) / bound;
+            if (i == M / 2 && j == N / 2 && r <= 1.0) {   // negative: 10x the bound must fail
+                const double moved = fabs(c[(size_t)i * ldc + j] + 10 * bound - ref) / bound;
+                HP_CHECK(moved > 1.0, "gemm: an injected error of 10x the bound passed");
+            }
+            worst = fmax(worst, r);
+        }
+    HP_CHECK(worst <= 1.0, "gemm %dx%dx%d trans (%d, %d) alpha %g beta %g: worst %.3g of the bound", M, N, K, ta, tb,
+             alpha, beta, worst);
+    free(a); free(b); free(c); free(c0); free(cb);
+}
+
 /* Negative test of the shared harness at the swiglu / cross-entropy tolerances: an error of
  * 10x the tolerance in one element, and a NaN, fail. */
 static void test_negative(void) {
@@ -304,6 +351,10 @@ int main(void) {
     hp_nn_isa_t paths[2] = {HP_NN_ISA_PORTABLE, HP_NN_ISA_AVX2};
     const int npaths = hp_nn_set_isa(HP_NN_ISA_AVX2) == HP_OK ? 2 : 1;
     test_negative();
+    for (int t = 0; t < 4; t++) {   // the table's GEMM (BLAS: no ISA path of ours)
+        test_gemm(37, 29, 41, t & 1, t >> 1, 1.0f, 0.0f);
+        test_gemm(16, 40, 9, t & 1, t >> 1, 0.7f, 1.3f);
+    }
     for (int pi = 0; pi < npaths; pi++) {
         HP_CHECK(hp_nn_set_isa(paths[pi]) == HP_OK, "set %s", hp_nn_isa_name(paths[pi]));
         printf("path %s\n", hp_nn_isa_name(paths[pi]));

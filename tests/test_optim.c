@@ -147,6 +147,17 @@ static void test_muon_rule(void) {
     HP_CHECK(hp_optim_muon_applies(&p) == 0, "output uses AdamW");
     snprintf(p.name, sizeof p.name, "model.layers.0.mlp.noutput.weight");
     HP_CHECK(hp_optim_muon_applies(&p) == 1, "suffix match is per name component");
+    /* Muon takes sharded matrices (gathered, test_trainer_muon) but not a Partial value; the
+     * message names the config key */
+    p = params[0];
+    p.value.mesh = (hp_mesh_t)&p;   /* never dereferenced: the Partial check comes first */
+    p.value.mesh_ndim = 1;
+    p.value.placements[0] = hp_partial(HP_SUM);
+    hp_optim_config_t mc = hp_optim_default(HP_OPTIM_MUON);
+    hp_optim_t o = NULL;
+    HP_CHECK_ERR(hp_optim_create(&mc, &p, 1, &o), HP_ERR_UNSUPPORTED, "optimizer.name = muon");
+    mc.muon_momentum = 1.0;
+    HP_CHECK_ERR(hp_optim_create(&mc, params, 1, &o), HP_ERR_INVALID_ARG, "optimizer.momentum");
 }
 
 static void test_clip(void) {

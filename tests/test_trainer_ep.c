@@ -54,36 +54,12 @@ static void moe_config(hp_config_t *c, int ws, const char *name) {
     snprintf(c->training.mixed_precision_param, sizeof c->training.mixed_precision_param, "float32");
 }
 
-/* The single-rank run of layout f's global batch (dp ranks x B rows): rank 0 alone, local batch
- * dp x B, on the interleaved file; results broadcast to every rank. */
-static void solo_steps(const hp_config_t *f, hp_comm_t world, int dp, double *l, double *n) {
-    hp_config_t *c = calloc(1, sizeof *c);
-    *c = *f;
-    c->parallelism.data_parallel_replicate_degree = 1;
-    c->parallelism.data_parallel_shard_degree = 1;
-    c->parallelism.tensor_parallel_degree = 1;
-    c->parallelism.context_parallel_degree = 1;
-    c->parallelism.expert_parallel_degree = 1;
-    c->parallelism.expert_tensor_parallel_degree = 1;
-    c->parallelism.pipeline_parallel_degree = 1;
-    c->training.local_batch_size = dp * f->training.local_batch_size;
-    c->training.global_batch_size = -1;
-    hp_test_use_bin(c, 'y', dp);
-    hp_comm_t solo = NULL;
-    HP_CHECK_OK(hp_comm_split(world, hp_comm_rank(world) == 0 ? 0 : -1, 0, &solo));
-    if (solo) hp_test_train_steps(c, solo, N, l, n, 0);
-    if (solo) hp_comm_destroy(solo);
-    HP_CHECK_OK(hp_broadcast(l, N, HP_I64, 0, world, NULL));   // doubles as 8-byte words
-    HP_CHECK_OK(hp_broadcast(n, N, HP_I64, 0, world, NULL));
-    free(c);
-}
-
 /* Trains layout f (dp data-parallel ranks) on the sharded file and checks it against the
  * single-rank run of the same global batch (losses 1e-5, norms 1e-4: see the top); the
  * single-rank losses to solo_out when given. */
 static void check_vs_solo_out(const char *what, hp_config_t *f, hp_comm_t world, int dp, double *solo_out) {
     double sl[N], sn[N], fl[N], fn[N];
-    solo_steps(f, world, dp, sl, sn);
+    hp_test_solo_steps(f, world, dp, N, sl, sn);
     if (solo_out) memcpy(solo_out, sl, sizeof sl);
     hp_test_use_bin(f, 'x', dp);
     hp_test_train_steps(f, world, N, fl, fn, 0);
@@ -165,7 +141,7 @@ static void check_lr_outside(const char *what, const hp_config_t *f, hp_comm_t w
     double sl[N], sn[N], fl[N], fn[N];
     hp_config_t *g = calloc(1, sizeof *g);
     *g = *f;
-    solo_steps(g, world, dp, sl, sn);
+    hp_test_solo_steps(g, world, dp, N, sl, sn);
     hp_test_use_bin(g, 'x', dp);
     g->optimizer.lr *= 1.001;
     hp_test_train_steps(g, world, N, fl, fn, 0);
@@ -679,7 +655,7 @@ int main(int argc, char **argv) {
     }
     {   // negative test (STYLE rule 17): the single-rank reference against an lr x 1.001 EP run
         moe_config(c, ws, "qwen3_moe");
-        solo_steps(c, world, ws, dl, dn);
+        hp_test_solo_steps(c, world, ws, N, dl, dn);
         *f = *c;
         set_ep(f, 1, ws, 1, ws, 1);
         hp_test_use_bin(f, 'x', ws);

@@ -34,15 +34,7 @@
 enum { N = 10 };
 
 static void base(hp_config_t *c, int dp, const char *model) {
-    hp_test_base_config(c, dp);
-    snprintf(c->model.name, sizeof c->model.name, "%s", model);
-    c->model.dim = 64;
-    c->model.n_heads = 4;
-    c->model.n_kv_heads = 2;
-    c->model.head_dim = 16;
-    c->model.hidden_dim = 128;
-    c->model.n_layers = 6;
-    c->training.seq_len = 16;
+    hp_test_small_config(c, dp, model, 6);
     c->training.local_batch_size = 4;
     c->training.steps = N;
     c->training.max_norm = 1.0;

@@ -2,7 +2,9 @@
  * one key/value block with an explicit mask mode, out + lse in f32, the matching backward
  * that accumulates dQ/dK/dV, and the log-sum-exp merge of two partial results. QK^T, PV and
  * the backward products go through BLAS sgemm; each kernel has a plain double reference twin
- * (hp_ref_attn_block_*) that tests/test_attention_block.c compares it with. */
+ * (hp_ref_attn_block_*) that tests/test_attention_block.c compares it with. These are the CPU
+ * backend's kernels: the library reaches them through the kernel table (backend.h:
+ * attn_block_forward / _backward / _merge), so a device backend replaces them. */
 #ifndef HYPERPARALLEL_ATTENTION_BLOCK_H
 #define HYPERPARALLEL_ATTENTION_BLOCK_H
 

@@ -1,10 +1,13 @@
-/* hp_backend_t: the kernel table. Every kernel the model, the optimizers and the parallel
- * wrappers run (linear, rmsnorm, rope, attention, swiglu, embedding, cross-entropy, copies,
- * dtype conversion, optimizer updates) is called through one table plus its context, reached
- * from the micro-batch context (hp_act_t.be). The CPU backend (OpenBLAS + OpenMP, host
- * memory) is hp_backend_cpu(), whose kernels keep their plain hp_ref_* twins (nn.h) that
- * tests compare them with. A CUDA + cuBLAS backend fills the same slots for device memory
- * (hp_tensor_t.device). Argument order and shapes are those of nn.h's kernels. */
+/* hp_backend_t: the kernel table, the only device seam. Every kernel and GEMM in the library
+ * (the model's layers, the optimizers' updates and Newton-Schulz products, DTensor's matmul, the
+ * context-parallel block attention, the peak-FLOP/s probe) and the BLAS thread count are
+ * reached through one table plus its context: from the micro-batch context (hp_act_t.be) in
+ * the model, from hp_backend_default() elsewhere. The table's type sits at the core layer so
+ * every layer can call it; the CPU backend that fills it (OpenBLAS + OpenMP, host memory) is
+ * hp_backend_cpu() in src/nn, whose kernels keep their plain hp_ref_* twins (nn.h) that tests
+ * compare them with. A CUDA + cuBLAS backend fills the same slots for device memory
+ * (hp_tensor_t.device). Argument order and shapes are those of nn.h's kernels. Every slot is
+ * required unless its comment says optional (NULL), and then it names the default. */
 #ifndef HYPERPARALLEL_BACKEND_H
 #define HYPERPARALLEL_BACKEND_H
 
@@ -99,9 +102,56 @@ typedef struct hp_backend {
                          double b1, double b2, double eps, double wd, int64_t step);
     void (*sgd_update)(void *ctx, float *p, float *buf, const float *g, int64_t n, double lr, double wd,
                        double momentum, double dampening, int nesterov, int started);
+
+    /* General GEMM, row-major, as BLAS sgemm: c (M, N) = alpha op(a) op(b) + beta c, where
+     * op(a) (M, K) is a (M, K) at row stride lda, or the transpose of a (K, M) when trans_a;
+     * op(b) (K, N) is b (K, N) at row stride ldb, or the transpose of b (N, K) when trans_b;
+     * c at row stride ldc. One call, not split over threads by the caller (the CPU backend:
+     * one cblas_sgemm with exactly these arguments, so a caller gets the bits it got from
+     * cblas before). Used by Muon's Newton-Schulz, DTensor's matmul, the block attention,
+     * the peak-FLOP/s probe. */
+    void (*gemm)(void *ctx, float *c, int ldc, const float *a, int lda, const float *b, int ldb, int M, int N,
+                 int K, int trans_a, int trans_b, float alpha, float beta);
+
+    /* Block attention for context parallel (attention_block.h, whose hp_attn_block_* are the CPU
+     * kernels): one query block (Tq rows) against one key/value block (Tk rows) under a mask
+     * (hp_attn_mask_t), out (Tq, Hq, hd) (=) and lse (Hq, Tq) (=); the backward given the
+     * merged out and lse (dq / dk / dv +=); the log-sum-exp merge of a block result into an
+     * accumulated one. scratch: at least hp_attn_block_scratch_floats(Tq, Tk) floats. */
+    void (*attn_block_forward)(void *ctx, float *out, int ldo, float *lse, int ldl, const float *q, int ldq,
+                               const float *k, int ldk, const float *v, int ldv, int Tq, int Tk, int Hq, int Hkv,
+                               int hd, int mask, float *scratch);
+    void (*attn_block_backward)(void *ctx, float *dq, int lddq, float *dk, int lddk, float *dv, int lddv,
+                                const float *dout, int lddo, const float *out, int ldo, const float *lse, int ldl,
+                                const float *q, int ldq, const float *k, int ldk, const float *v, int ldv, int Tq,
+                                int Tk, int Hq, int Hkv, int hd, int mask, float *scratch);
+    void (*attn_block_merge)(void *ctx, float *out, int ldo, float *lse, int ldl, const float *out_b, int ldb,
+                             const float *lse_b, int ldlb, int T, int H, int hd);
+
+    /* The backend's own thread pool for its library kernels (the CPU: OpenBLAS's thread count;
+     * OpenMP's is the caller's). Optional: NULL when the backend has none; then
+     * hp_backend_set_num_threads does nothing and hp_backend_get_num_threads returns 1. */
+    void (*set_num_threads)(void *ctx, int n);
+    int (*get_num_threads)(void *ctx);
+    /* Waits until every kernel issued so far has finished (timing a kernel, reading a result
+     * on the host). Optional: NULL when kernels complete before they return (the CPU); then
+     * hp_backend_synchronize does nothing. */
+    void (*synchronize)(void *ctx);
 } hp_backend_t;
 
-/* The CPU backend: OpenBLAS sgemm for every linear product, OpenMP loops, host memory. */
+/* The optional slots with their defaults. */
+static inline void hp_backend_set_num_threads(const hp_backend_t *be, int n) {
+    if (be->set_num_threads) be->set_num_threads(be->ctx, n);
+}
+static inline int hp_backend_get_num_threads(const hp_backend_t *be) {
+    return be->get_num_threads ? be->get_num_threads(be->ctx) : 1;
+}
+static inline void hp_backend_synchronize(const hp_backend_t *be) {
+    if (be->synchronize) be->synchronize(be->ctx);
+}
+
+/* The CPU backend: OpenBLAS sgemm for every linear product, OpenMP loops, host memory.
+ * (Defined in src/nn/backend_cpu.c, with the kernels it adapts.) */
 const hp_backend_t *hp_backend_cpu(void);
 /* The backend every new model and activation context starts with (hp_backend_cpu()). */
 const hp_backend_t *hp_backend_default(void);

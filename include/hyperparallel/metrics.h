@@ -57,9 +57,9 @@ hp_status_t hp_tb_read_file(const char *path, hp_tb_event_fn fn, void *ctx);
 
 /* Resident set size and its peak (VmRSS, VmHWM of /proc/self/status), bytes. */
 hp_status_t hp_memory_rss(int64_t *rss, int64_t *peak_rss);
-/* This rank's float32 GEMM peak (FLOP/s): after a warm-up product, the fastest single BLAS
- * sgemm of n = 512, 768, 1024 over about `seconds` in all; the MFU denominator when no peak
- * is configured. */
+/* This rank's float32 GEMM peak (FLOP/s): after a warm-up product, the fastest single GEMM of
+ * the default backend's kernel table (backend.h; the CPU: one BLAS sgemm) of n = 256, 512, 768,
+ * 1024 over about `seconds` in all; the MFU denominator when no peak is configured. */
 hp_status_t hp_measure_peak_flops(double seconds, double *flops);
 
 /* ---- the metrics processor ------------------------------------------------------------ */

@@ -71,14 +71,20 @@ int hp_optim_muon_applies(const hp_param_t *param);
 typedef struct hp_optim *hp_optim_t;
 
 /* Builds an optimizer over `params` (kept by pointer; the array must outlive the optimizer).
- * Sizes and allocates all state (and Muon's Newton-Schulz workspace) in one arena. Muon
- * needs the whole matrix: a Muon parameter sharded over a mesh is HP_ERR_UNSUPPORTED. */
+ * Sizes and allocates all state (and Muon's Newton-Schulz workspace) in one arena. Muon needs
+ * the whole matrix: one sharded over a mesh (Shard / _StridedShard placements) is gathered
+ * within its shard group at every step (hp_dtensor_full_tensor; the gathers' scratch is a
+ * second arena sized here), Newton-Schulz runs on the whole matrix and each rank keeps its
+ * shard; every rank of a group must build its optimizer over the same parameters in the same
+ * order (the gathers are collectives). A pipeline placeholder (Replicate, fewer local elements
+ * than its global shape) is skipped; a Partial value is HP_ERR_UNSUPPORTED. docs/optim.md. */
 hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, int n_params,
                             hp_optim_t *out);
 void hp_optim_free(hp_optim_t opt);
 
 /* One step with learning rate cfg.lr * lr_factor (the schedule's factor for this step).
- * Uses each parameter's grad as it is (clip first). Never allocates. */
+ * Uses each parameter's grad as it is (clip first). Never allocates. Collective over the
+ * shard groups of sharded Muon matrices (call it on every rank). */
 hp_status_t hp_optim_step(hp_optim_t opt, double lr_factor);
 /* A step pre-hook (torch.optim.Optimizer.register_step_pre_hook): called at the start of
  * every hp_optim_step, before any parameter changes; an error stops the step. At most

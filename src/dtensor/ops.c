@@ -1,11 +1,11 @@
 /* A few DTensor ops with sharding rules, to show the dispatch model: a rule picks output
  * placements per mesh dim and the input placements it needs; inputs that do not fit are
  * redistributed (internal redistribute, counted like any other); then the local kernel runs
- * on the local pieces. f32 only. */
-#include <cblas.h>
+ * on the local pieces (the matmul's GEMM through the kernel table, backend.h). f32 only. */
 #include <string.h>
 
 #include "dtensor/dtensor-impl.h"
+#include "hyperparallel/backend.h"
 
 typedef struct op_plan {
     hp_placement_t need_a[HP_MESH_MAX_DIMS], need_b[HP_MESH_MAX_DIMS], out[HP_MESH_MAX_DIMS];
@@ -141,8 +141,8 @@ static hp_status_t mm_kernel(hp_tensor_t *out, const hp_tensor_t *a, const hp_te
         memset(out->data, 0, (size_t)(m * n) * sizeof(float));
         return HP_OK;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a->data,
-                (int)k, b->data, (int)n, 0.0f, out->data, (int)n);
+    const hp_backend_t *be = hp_backend_default();
+    be->gemm(be->ctx, out->data, (int)n, a->data, (int)k, b->data, (int)n, (int)m, (int)n, (int)k, 0, 0, 1.0f, 0.0f);
     return HP_OK;
 }
 

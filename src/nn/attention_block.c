@@ -1,14 +1,16 @@
 /* Block attention for context parallelism: a query block against a key/value block with an
  * explicit mask (causal diagonal, full, skip), its backward given the merged out and lse, the
  * log-sum-exp merge, and plain double references. Scores live in a (Tq, Tk) scratch per
- * thread; the products are BLAS sgemm calls (run single-threaded inside the head loop). */
+ * thread; the products are BLAS sgemm calls (run single-threaded inside the head loop). These
+ * are the CPU backend's kernels: the rest of the library calls them through the kernel table
+ * (backend.h: attn_block_forward / _backward / _merge). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <cblas.h>
 #include <omp.h>
 #include "hyperparallel/attention_block.h"
 #include "hyperparallel/status.h"
+#include "nn/nn-blas.h"
 
 size_t hp_attn_block_scratch_floats(int Tq, int Tk) {
     return (size_t)omp_get_max_threads() * 2 * (size_t)Tq * (size_t)Tk;
@@ -46,10 +48,9 @@ void hp_attn_block_forward(float *out, int ldo, float *lse, int ldl, const float
     for (int h = 0; h < Hq; h++) {
         float *S = scratch + (size_t)omp_get_thread_num() * 2 * Tq * Tk;   // (Tq, Tk) scores, then P
         const float *Q = q + (size_t)h * hd, *K = k + (size_t)(h / g) * hd, *V = v + (size_t)(h / g) * hd;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, hd, scale, Q, ldq, K, ldk, 0.0f, S, Tk);
+        hp_cpu_sgemm(S, Tk, Q, ldq, K, ldk, Tq, Tk, hd, 0, 1, scale, 0.0f);
         for (int i = 0; i < Tq; i++) lse[(size_t)h * ldl + i] = softmax_row(S + (size_t)i * Tk, i, Tk, mask);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, hd, Tk, 1.0f, S, Tk, V, ldv, 0.0f,
-                    out + (size_t)h * hd, ldo);
+        hp_cpu_sgemm(out + (size_t)h * hd, ldo, S, Tk, V, ldv, Tq, hd, Tk, 0, 0, 1.0f, 0.0f);
     }
 }
 
@@ -69,7 +70,7 @@ void hp_attn_block_backward(float *dq, int lddq, float *dk, int lddk, float *dv,
         for (int h = kh * g; h < (kh + 1) * g; h++) {   // serial: the group's heads all add into dK, dV
             const float *Q = q + (size_t)h * hd, *dO = dout + (size_t)h * hd, *O = out + (size_t)h * hd;
             float *dQ = dq + (size_t)h * hd;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, hd, scale, Q, ldq, K, ldk, 0.0f, P, Tk);
+            hp_cpu_sgemm(P, Tk, Q, ldq, K, ldk, Tq, Tk, hd, 0, 1, scale, 0.0f);
             for (int i = 0; i < Tq; i++) {   // P = exp(S - lse) under the mask
                 const int n = mask == HP_ATTN_MASK_CAUSAL ? i + 1 : Tk;
                 const float l = lse[(size_t)h * ldl + i];
@@ -78,8 +79,8 @@ void hp_attn_block_backward(float *dq, int lddq, float *dk, int lddk, float *dv,
                 for (int j = n; j < Tk; j++) p[j] = 0.0f;
             }
             // dV += P^T dO; dP = dO V^T
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, hd, Tq, 1.0f, P, Tk, dO, lddo, 1.0f, dV, lddv);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, hd, 1.0f, dO, lddo, V, ldv, 0.0f, dP, Tk);
+            hp_cpu_sgemm(dV, lddv, P, Tk, dO, lddo, Tk, hd, Tq, 1, 0, 1.0f, 1.0f);
+            hp_cpu_sgemm(dP, Tk, dO, lddo, V, ldv, Tq, Tk, hd, 0, 1, 1.0f, 0.0f);
             for (int i = 0; i < Tq; i++) {   // dS = P (dP - D), D = rowsum(dO * O) of the merged output
                 const float *doi = dO + (size_t)i * lddo, *oi = O + (size_t)i * ldo;
                 float D = 0.0f;
@@ -88,8 +89,8 @@ void hp_attn_block_backward(float *dq, int lddq, float *dk, int lddk, float *dv,
                 for (int j = 0; j < Tk; j++) dp[j] = p[j] * (dp[j] - D);
             }
             // dQ += scale dS K; dK += scale dS^T Q
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, hd, Tk, scale, dP, Tk, K, ldk, 1.0f, dQ, lddq);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, hd, Tq, scale, dP, Tk, Q, ldq, 1.0f, dK, lddk);
+            hp_cpu_sgemm(dQ, lddq, dP, Tk, K, ldk, Tq, hd, Tk, 0, 0, scale, 1.0f);
+            hp_cpu_sgemm(dK, lddk, dP, Tk, Q, ldq, Tk, hd, Tq, 1, 0, scale, 1.0f);
         }
     }
 }

@@ -1,11 +1,14 @@
 /* The CPU backend of the kernel table (backend.h): thin adapters over the OpenBLAS + OpenMP
- * kernels of nn.h and the optimizer updates (owned here, so a GPU backend replaces them all
- * in one place). Host memory, 64-byte aligned. */
+ * kernels of nn.h and attention_block.h, the general GEMM and OpenBLAS's thread count (through
+ * nn-blas.h, the one door to BLAS) and the optimizer updates (owned here, so a GPU backend
+ * replaces them all in one place). Host memory, 64-byte aligned. */
 #include <math.h>
 #include <string.h>
+#include "hyperparallel/attention_block.h"
 #include "hyperparallel/backend.h"
 #include "hyperparallel/nn.h"
 #include "hyperparallel/nn_loss.h"
+#include "nn/nn-blas.h"
 #include "nn/nn-simd.h"
 
 static void *cpu_alloc(void *ctx, size_t bytes) {
@@ -169,6 +172,36 @@ static void cpu_sgd(void *ctx, float *p, float *buf, const float *g, int64_t n, 
     }
 }
 
+static void cpu_gemm(void *ctx, float *c, int ldc, const float *a, int lda, const float *b, int ldb, int M, int N,
+                     int K, int ta, int tb, float alpha, float beta) {
+    (void)ctx;
+    hp_cpu_sgemm(c, ldc, a, lda, b, ldb, M, N, K, ta, tb, alpha, beta);
+}
+
+static void cpu_attn_block_f(void *ctx, float *out, int ldo, float *lse, int ldl, const float *q, int ldq,
+                             const float *k, int ldk, const float *v, int ldv, int Tq, int Tk, int Hq, int Hkv, int hd,
+                             int mask, float *scratch) {
+    (void)ctx;
+    hp_attn_block_forward(out, ldo, lse, ldl, q, ldq, k, ldk, v, ldv, Tq, Tk, Hq, Hkv, hd, (hp_attn_mask_t)mask,
+                          scratch);
+}
+static void cpu_attn_block_b(void *ctx, float *dq, int lddq, float *dk, int lddk, float *dv, int lddv,
+                             const float *dout, int lddo, const float *out, int ldo, const float *lse, int ldl,
+                             const float *q, int ldq, const float *k, int ldk, const float *v, int ldv, int Tq, int Tk,
+                             int Hq, int Hkv, int hd, int mask, float *scratch) {
+    (void)ctx;
+    hp_attn_block_backward(dq, lddq, dk, lddk, dv, lddv, dout, lddo, out, ldo, lse, ldl, q, ldq, k, ldk, v, ldv, Tq,
+                           Tk, Hq, Hkv, hd, (hp_attn_mask_t)mask, scratch);
+}
+static void cpu_attn_block_m(void *ctx, float *out, int ldo, float *lse, int ldl, const float *out_b, int ldb,
+                             const float *lse_b, int ldlb, int T, int H, int hd) {
+    (void)ctx;
+    hp_attn_block_merge(out, ldo, lse, ldl, out_b, ldb, lse_b, ldlb, T, H, hd);
+}
+
+static void cpu_set_threads(void *ctx, int n) { (void)ctx; hp_cpu_blas_set_num_threads(n); }
+static int cpu_get_threads(void *ctx) { (void)ctx; return hp_cpu_blas_get_num_threads(); }
+
 static const hp_backend_t cpu_backend = {
     .name = "cpu",
     .device = HP_DEVICE_HOST,
@@ -200,6 +233,13 @@ static const hp_backend_t cpu_backend = {
     .cross_entropy_backward = cpu_ce_b,
     .adamw_update = cpu_adamw,
     .sgd_update = cpu_sgd,
+    .gemm = cpu_gemm,
+    .attn_block_forward = cpu_attn_block_f,
+    .attn_block_backward = cpu_attn_block_b,
+    .attn_block_merge = cpu_attn_block_m,
+    .set_num_threads = cpu_set_threads,
+    .get_num_threads = cpu_get_threads,
+    .synchronize = NULL,   /* the CPU's kernels complete before they return */
 };
 
 const hp_backend_t *hp_backend_cpu(void) { return &cpu_backend; }

@@ -1,4 +1,5 @@
-/* Optimised CPU kernels of the nn layer: every GEMM through cblas_sgemm, fused elementwise
+/* Optimised CPU kernels of the nn layer: every GEMM through cblas_sgemm (and the CPU backend's
+ * one door to BLAS, nn-blas.h), fused elementwise
  * loops parallel over the index they write (OpenMP), no atomics, fixed reduction orders so
  * results are bitwise reproducible for a given thread count. Reference twins: kernels_ref.c. */
 #include <math.h>
@@ -7,6 +8,7 @@
 #include <omp.h>
 #include "hyperparallel/nn.h"
 #include "hyperparallel/nn_loss.h"
+#include "nn/nn-blas.h"
 #include "nn/nn-math.h"
 #include "nn/nn-simd.h"
 
@@ -15,6 +17,14 @@
 /* OpenBLAS extensions (not in every cblas.h). */
 void openblas_set_num_threads(int num_threads);
 int openblas_get_num_threads(void);
+
+void hp_cpu_sgemm(float *c, int ldc, const float *a, int lda, const float *b, int ldb, int M, int N, int K,
+                  int trans_a, int trans_b, float alpha, float beta) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
+                alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void hp_cpu_blas_set_num_threads(int n) { openblas_set_num_threads(n); }
+int hp_cpu_blas_get_num_threads(void) { return openblas_get_num_threads(); }
 
 /* C (M, N) = op(A) (M, K) op(B) (K, N) + beta C, row-major, with the M rows split over the
  * OpenMP threads: each thread calls a single-threaded cblas_sgemm on its block. One thread

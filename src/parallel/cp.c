@@ -12,6 +12,7 @@
 #include <omp.h>
 #include "hyperparallel/cp.h"
 #include "hyperparallel/attention_block.h"
+#include "hyperparallel/backend.h"
 
 /* ---- options ----------------------------------------------------------------------------- */
 
@@ -405,8 +406,8 @@ static void pack_kv(float *kv, const float *x, const ring_dims_t *d, int rows) {
 }
 
 /* Forward of this participant's query chunks against source participant s's K/V. */
-static void ring_fwd_step(struct hp_cp *cp, const ring_dims_t *d, const float *xr, const float *kv, int s, float *out,
-                          float *lse, int B) {
+static void ring_fwd_step(struct hp_cp *cp, const hp_backend_t *be, const ring_dims_t *d, const float *xr,
+                          const float *kv, int s, float *out, float *lse, int B) {
     const int c = cp->c, Tr = cp->Tr, ldkv = 2 * d->kd;
     for (int b = 0; b < B; b++)
         for (int a = 0; a < cp->nc; a++)
@@ -415,17 +416,18 @@ static void ring_fwd_step(struct hp_cp *cp, const ring_dims_t *d, const float *x
                 if (mk == HP_ATTN_MASK_SKIP) continue;
                 const float *q = xr + ((size_t)b * Tr + (size_t)a * c) * d->ld;
                 const float *k = kv + ((size_t)b * Tr + (size_t)j * c) * ldkv;
-                hp_attn_block_forward(cp->blk_out, d->qd, cp->blk_lse, c, q, d->ld, k, ldkv, k + d->kd, ldkv, c, c,
-                                      d->Hq, d->Hkv, d->hd, mk, cp->attn_scratch);
-                hp_attn_block_merge(out + ((size_t)b * Tr + (size_t)a * c) * d->qd, d->qd,
-                                    lse + (size_t)b * d->Hq * Tr + (size_t)a * c, Tr, cp->blk_out, d->qd,
-                                    cp->blk_lse, c, c, d->Hq, d->hd);
+                be->attn_block_forward(be->ctx, cp->blk_out, d->qd, cp->blk_lse, c, q, d->ld, k, ldkv, k + d->kd, ldkv,
+                                       c, c, d->Hq, d->Hkv, d->hd, mk, cp->attn_scratch);
+                be->attn_block_merge(be->ctx, out + ((size_t)b * Tr + (size_t)a * c) * d->qd, d->qd,
+                                     lse + (size_t)b * d->Hq * Tr + (size_t)a * c, Tr, cp->blk_out, d->qd,
+                                     cp->blk_lse, c, c, d->Hq, d->hd);
             }
 }
 
 /* Backward of the same pairs: dq (rows of dx, q columns) +=, dkv (source's packed rows) +=. */
-static void ring_bwd_step(struct hp_cp *cp, const ring_dims_t *d, const float *xr, const float *kv, int s,
-                          const float *out, const float *lse, const float *dout, float *dx, float *dkv, int B) {
+static void ring_bwd_step(struct hp_cp *cp, const hp_backend_t *be, const ring_dims_t *d, const float *xr,
+                          const float *kv, int s, const float *out, const float *lse, const float *dout, float *dx,
+                          float *dkv, int B) {
     const int c = cp->c, Tr = cp->Tr, ldkv = 2 * d->kd;
     for (int b = 0; b < B; b++)
         for (int a = 0; a < cp->nc; a++)
@@ -435,10 +437,10 @@ static void ring_bwd_step(struct hp_cp *cp, const ring_dims_t *d, const float *x
                 const size_t qr = (size_t)b * Tr + (size_t)a * c, kr = (size_t)b * Tr + (size_t)j * c;
                 const float *k = kv + kr * ldkv;
                 float *dk = dkv + kr * ldkv;
-                hp_attn_block_backward(dx + qr * d->ld, d->ld, dk, ldkv, dk + d->kd, ldkv, dout + qr * d->qd, d->qd,
-                                       out + qr * d->qd, d->qd, lse + (size_t)b * d->Hq * Tr + (size_t)a * c, Tr,
-                                       xr + qr * d->ld, d->ld, k, ldkv, k + d->kd, ldkv, c, c, d->Hq, d->Hkv, d->hd,
-                                       mk, cp->attn_scratch);
+                be->attn_block_backward(be->ctx, dx + qr * d->ld, d->ld, dk, ldkv, dk + d->kd, ldkv, dout + qr * d->qd,
+                                        d->qd, out + qr * d->qd, d->qd, lse + (size_t)b * d->Hq * Tr + (size_t)a * c,
+                                        Tr, xr + qr * d->ld, d->ld, k, ldkv, k + d->kd, ldkv, c, c, d->Hq, d->Hkv,
+                                        d->hd, mk, cp->attn_scratch);
             }
 }
 
@@ -462,8 +464,8 @@ static hp_status_t prepare_remote_kv(struct hp_cp *cp, const cp_core_t *C, hp_ac
 }
 
 /* act != NULL: the projection hook started the K/V collective (cp->pend); it is waited here. */
-static hp_status_t ring_forward(struct hp_cp *cp, const cp_core_t *C, hp_act_t *act, const ring_dims_t *d,
-                                const float *xr, float *out, float *lse, int B) {
+static hp_status_t ring_forward(struct hp_cp *cp, const hp_backend_t *be, const cp_core_t *C, hp_act_t *act,
+                                const ring_dims_t *d, const float *xr, float *out, float *lse, int B) {
     const int rows = B * cp->Tr, R = cp->R, nxt = (cp->g + 1) % R, prv = (cp->g - 1 + R) % R;
     for (size_t i = 0; i < (size_t)rows * d->qd; i++) out[i] = 0.0f;
     for (size_t i = 0; i < (size_t)B * d->Hq * cp->Tr; i++) lse[i] = -INFINITY;
@@ -506,7 +508,7 @@ static hp_status_t ring_forward(struct hp_cp *cp, const cp_core_t *C, hp_act_t *
                 }
             }
         }
-        ring_fwd_step(cp, d, xr, kv, s, out, lse, B);
+        ring_fwd_step(cp, be, d, xr, kv, s, out, lse, B);
         cp->comp_s += omp_get_wtime() - t0;
         HP_TRY(wait_timed(cp, &sw));
         HP_TRY(wait_timed(cp, &rw));
@@ -515,8 +517,8 @@ static hp_status_t ring_forward(struct hp_cp *cp, const cp_core_t *C, hp_act_t *
 }
 
 /* dx (B, Tr, ld) (=) from dout (B, Tr, qd). */
-static hp_status_t ring_backward(struct hp_cp *cp, const ring_dims_t *d, const float *xr, const float *out,
-                                 const float *lse, const float *dout, float *dx, int B) {
+static hp_status_t ring_backward(struct hp_cp *cp, const hp_backend_t *be, const ring_dims_t *d, const float *xr,
+                                 const float *out, const float *lse, const float *dout, float *dx, int B) {
     const int rows = B * cp->Tr, R = cp->R, nxt = (cp->g + 1) % R, prv = (cp->g - 1 + R) % R;
     memset(dx, 0, sizeof(float) * (size_t)rows * d->ld);
     float *own = cp->o.rotate == HP_CP_ROTATE_ALLGATHER ? cp->kv_own : cp->kv_buf;
@@ -531,7 +533,7 @@ static hp_status_t ring_backward(struct hp_cp *cp, const ring_dims_t *d, const f
             const int s = (cp->g - i + R) % R;
             if (i == 1) HP_TRY(wait_timed(cp, &ag));
             double t0 = omp_get_wtime();
-            ring_bwd_step(cp, d, xr, i == 0 ? own : cp->kv_buf + (size_t)s * d->kv, s, out, lse, dout, dx,
+            ring_bwd_step(cp, be, d, xr, i == 0 ? own : cp->kv_buf + (size_t)s * d->kv, s, out, lse, dout, dx,
                           dall + (size_t)s * d->kv, B);
             cp->comp_s += omp_get_wtime() - t0;
         }
@@ -560,7 +562,7 @@ static hp_status_t ring_backward(struct hp_cp *cp, const ring_dims_t *d, const f
             float *ct = contrib[i % 2];   // its last send (step i - 2) was waited in step i - 1
             double t0 = omp_get_wtime();
             memset(ct, 0, sizeof(float) * d->kv);
-            ring_bwd_step(cp, d, xr, cur, s, out, lse, dout, dx, ct, B);
+            ring_bwd_step(cp, be, d, xr, cur, s, out, lse, dout, dx, ct, B);
             cp->comp_s += omp_get_wtime() - t0;
             if (i > 0) {
                 HP_TRY(wait_timed(cp, &in_w));
@@ -651,7 +653,7 @@ static hp_status_t core_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
         s->xr = (float *)s->x;
         s->out_r = out->data;
     }
-    HP_TRY(ring_forward(cp, C, async_on && cp->U == 1 ? act : NULL, &d, s->xr, s->out_r, s->lse, B));
+    HP_TRY(ring_forward(cp, act->be, C, async_on && cp->U == 1 ? act : NULL, &d, s->xr, s->out_r, s->lse, B));
     if (cp->U > 1) {
         const segs_t S = q_segs(C);
         HP_TRY(uly_head2seq(cp, out->data, C->Hq * cp->hd, s->out_r, &S, B));
@@ -675,7 +677,7 @@ static hp_status_t core_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
         dout_r = cp->uly_dout;
         dx = cp->uly_dx;
     }
-    HP_TRY(ring_backward(cp, &d, s->xr, s->out_r, s->lse, dout_r, dx, B));
+    HP_TRY(ring_backward(cp, act->be, &d, s->xr, s->out_r, s->lse, dout_r, dx, B));
     if (cp->U > 1) {
         const segs_t S = qkv_segs(C);
         HP_TRY(uly_head2seq(cp, din->data, C->Hq * cp->hd + 2 * C->Hkv * cp->hd, cp->uly_dx, &S, B));

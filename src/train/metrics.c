@@ -3,7 +3,7 @@
  * TensorBoard). Also the start-up GEMM that measures a peak when none is configured. */
 #include "hyperparallel/metrics.h"
 
-#include <cblas.h>
+#include "hyperparallel/backend.h"
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -37,37 +37,38 @@ hp_status_t hp_memory_rss(int64_t *rss, int64_t *peak_rss) {
     return HP_OK;
 }
 
-/* Best-of timing: single sgemm calls of a few large sizes, the fastest call wins. One 0.2 s
- * average of 512^3 products read a quarter of the machine's sgemm peak (the thread pool was
- * still waking and any preemption counted), so MFU came out above 100%. Warming the pool
- * first and keeping the best call measures what the GEMM path can do; `seconds` bounds the
- * whole measurement. */
+/* Best-of timing: single GEMM calls (the kernel table's, backend.h) of a few large sizes, the
+ * fastest call wins. One 0.2 s average of 512^3 products read a quarter of the machine's sgemm
+ * peak (the thread pool was still waking and any preemption counted), so MFU came out above
+ * 100%. Warming the pool first and keeping the best call measures what the GEMM path can do;
+ * `seconds` bounds the whole measurement. The operands live on the backend's device, zeroed
+ * (the values do not change a GEMM's time; zero is not a denormal); each call is synchronized
+ * before its time is read. */
 hp_status_t hp_measure_peak_flops(double seconds, double *flops) {
     enum { NMAX = 1024 };
     /* 256^3 (0.4 ms) fits in a scheduler time slice, so a loaded machine that preempts the
      * larger ones still shows its peak in the best call */
     static const int sizes[] = {256, 512, 768, 1024};
     enum { NSIZES = sizeof(sizes) / sizeof(sizes[0]) };
-    float *a = hp_aligned_alloc(3 * (size_t)NMAX * NMAX * sizeof(float));
+    const hp_backend_t *be = hp_backend_default();
+    float *a = be->alloc(be->ctx, 3 * (size_t)NMAX * NMAX * sizeof(float));
     if (!a) return hp_error(HP_ERR_OOM, "peak FLOP/s measurement: out of memory");
     float *b = a + (size_t)NMAX * NMAX, *c = b + (size_t)NMAX * NMAX;
-    for (size_t i = 0; i < (size_t)NMAX * NMAX; i++) {
-        a[i] = (float)((i * 7) % 13) * 0.01f;
-        b[i] = (float)((i * 5) % 11) * 0.01f;
-    }
     double t0 = hp_clock_now_seconds(), best = 0.0;
-    /* warm-up: wakes OpenBLAS's threads and faults in the pages (not timed) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, NMAX, NMAX, NMAX, 1.0f, a, NMAX, b, NMAX, 0.0f, c, NMAX);
+    /* warm-up: wakes the BLAS threads and faults in the pages (not timed) */
+    be->gemm(be->ctx, c, NMAX, a, NMAX, b, NMAX, NMAX, NMAX, NMAX, 0, 0, 1.0f, 0.0f);
+    hp_backend_synchronize(be);
     int64_t calls = 0;
     do {
         const int n = sizes[calls % NSIZES];
         double s0 = hp_clock_now_seconds();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        be->gemm(be->ctx, c, n, a, n, b, n, n, n, n, 0, 0, 1.0f, 0.0f);
+        hp_backend_synchronize(be);
         double dt = hp_clock_now_seconds() - s0;
         if (dt > 0 && 2.0 * n * n * (double)n / dt > best) best = 2.0 * n * n * (double)n / dt;
         calls++;
     } while (hp_clock_now_seconds() - t0 < seconds || calls < NSIZES);
-    hp_free_aligned(a);
+    be->free(be->ctx, a);
     *flops = best;
     return HP_OK;
 }

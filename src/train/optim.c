@@ -1,25 +1,37 @@
 /* AdamW, SGD (momentum, dampening, nesterov) and Muon over hp_param_t local shards, and
  * gradient clipping by global norm. Update formulas and their order follow torch.optim
- * (single-tensor paths) so results match PyTorch to f32 rounding; state in one arena. */
+ * (single-tensor paths) so results match PyTorch to f32 rounding; state in one arena. A Muon
+ * matrix sharded over a mesh is gathered within its shard group for Newton-Schulz (the
+ * distributed Muon recipe, docs/optim.md); every product runs through the kernel table. */
 #include "hyperparallel/optim.h"
 #include "hyperparallel/backend.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "hyperparallel/arena.h"
+#include "hyperparallel/dtensor.h"
 #include "hyperparallel/mesh.h"
 
 typedef enum { UPD_ADAMW = 0, UPD_SGD, UPD_MUON } upd_t;
+
+/* Where a Muon parameter's whole matrix is. */
+typedef enum {
+    MUON_HERE = 0,   /* the local value is the whole matrix (plain, or Replicate on every mesh dim) */
+    MUON_GATHER,     /* sharded over some mesh dims: the update is gathered over them each step */
+    MUON_ABSENT      /* a pipeline placeholder (another stage's parameter): nothing to do */
+} muon_where_t;
 
 typedef struct {
     upd_t upd;
     float *s0;          /* AdamW exp_avg | SGD/Muon momentum_buffer; (numel) */
     float *s1;          /* AdamW exp_avg_sq; (numel) */
     int sgd_started;    /* SGD: momentum buffer holds a value (first step copies the grad) */
+    muon_where_t where; /* Muon */
+    int64_t *ridx;      /* MUON_GATHER: global row of each local row; (local rows) */
+    int64_t *cidx;      /* MUON_GATHER: global column of each local column; (local cols) */
 } pstate_t;
 
 struct hp_optim {
@@ -29,8 +41,10 @@ struct hp_optim {
     pstate_t *ps;
     hp_arena_t arena;
     int64_t step;
-    /* Muon Newton-Schulz workspace: X, Y (m, n) and A, B (m, m) with m <= n */
-    float *ns_x, *ns_y, *ns_a, *ns_b;
+    /* Muon Newton-Schulz workspace over the whole matrix: X, Y (m, n) and A, B (m, m) with
+     * m <= n; U the local update of a gathered matrix (local numel) */
+    float *ns_x, *ns_y, *ns_a, *ns_b, *ns_u;
+    hp_arena_t ws;      /* scratch of the gathers (full_tensor), rewound after each */
     int n_states;
     int64_t *offset;    /* (n + 1) element offsets of the parameters, concatenated */
     int n_hooks;        /* step pre-hooks */
@@ -125,11 +139,52 @@ int hp_optim_muon_applies(const hp_param_t *p) {
     return 1;
 }
 
-static int is_sharded(const hp_dtensor_t *t) {
-    if (!t->mesh) return 0;
-    for (int d = 0; d < t->mesh_ndim; d++)
-        if (t->placements[d].kind == HP_SHARD || t->placements[d].kind == HP_STRIDED_SHARD) return 1;
+static int shards_a_dim(const hp_dtensor_t *t) {
+    for (int d = 0; t->mesh && d < t->mesh_ndim; d++)
+        if ((t->placements[d].kind == HP_SHARD || t->placements[d].kind == HP_STRIDED_SHARD) &&
+            hp_mesh_size(t->mesh, d) > 1)
+            return 1;
     return 0;
+}
+
+/* Where Muon finds parameter p's whole matrix: over its shard group when a mesh dim (of size
+ * > 1) shards it, decided by the placements alone so every rank of the group gathers, even one
+ * whose piece happens to be the whole (uneven Shard of fewer rows than ranks); here when the
+ * local value has every element of the global shape; a value that is neither (Replicate on
+ * every dim, fewer local elements) is a pipeline placeholder for another stage's parameter. A
+ * Partial value has no matrix to orthogonalise yet. */
+static hp_status_t muon_where(const hp_param_t *p, muon_where_t *where) {
+    const hp_dtensor_t *v = &p->value;
+    for (int d = 0; v->mesh && d < v->mesh_ndim; d++)
+        if (v->placements[d].kind == HP_PARTIAL)
+            return hp_error(HP_ERR_UNSUPPORTED, "optimizer.name = muon: parameter '%s' is Partial on mesh dim %d; "
+                            "Newton-Schulz needs the reduced matrix; hint: reduce the value before building the "
+                            "optimizer", p->name, d);
+    const int64_t whole = v->mesh ? v->global_shape[0] * v->global_shape[1] : hp_tensor_numel(&v->local);
+    *where = shards_a_dim(v) ? MUON_GATHER : hp_tensor_numel(&v->local) == whole ? MUON_HERE : MUON_ABSENT;
+    return HP_OK;
+}
+
+/* The global row (dim 0) and column (dim 1) indices of a gathered parameter's local piece, in
+ * local order (hp_layout_dim_indices: Shard, _StridedShard and nesting). idx arrays hold the
+ * global sizes. */
+static hp_status_t muon_indices(const hp_param_t *p, int64_t *ridx, int64_t *cidx) {
+    const hp_dtensor_t *v = &p->value;
+    int64_t ms[HP_MESH_MAX_DIMS];
+    int coord[HP_MESH_MAX_DIMS];
+    for (int d = 0; d < v->mesh_ndim; d++) ms[d] = hp_mesh_size(v->mesh, d);
+    if (!hp_mesh_get_coordinate(v->mesh, coord))
+        return hp_error(HP_ERR_INVALID_ARG, "optimizer.name = muon: parameter '%s' lives on a mesh without this rank",
+                        p->name);
+    int64_t *idx[2] = {ridx, cidx};
+    for (int a = 0; a < 2; a++) {
+        int64_t n = hp_layout_dim_indices(v->global_shape[a], a, v->mesh_ndim, ms, coord, v->placements, idx[a]);
+        if (n != v->local.shape[a])
+            return hp_error(HP_ERR_INVALID_ARG, "optimizer.name = muon: parameter '%s' holds %lld entries of dim %d "
+                            "but its placements give %lld on this rank", p->name, (long long)v->local.shape[a], a,
+                            (long long)n);
+    }
+    return HP_OK;
 }
 
 static hp_status_t check_config(const hp_optim_config_t *c) {
@@ -153,10 +208,11 @@ static hp_status_t check_config(const hp_optim_config_t *c) {
     }
     if (c->kind == HP_OPTIM_MUON) {
         if (!(c->muon_momentum >= 0 && c->muon_momentum < 1) || c->ns_steps < 0 || c->ns_steps >= 100)
-            return hp_error(HP_ERR_INVALID_ARG, "Muon: momentum %g must be in [0, 1) and ns_steps "
-                            "%d in [0, 100)", c->muon_momentum, c->ns_steps);
+            return hp_error(HP_ERR_INVALID_ARG, "Muon (optimizer.name = muon): momentum %g (optimizer.momentum) must be "
+                            "in [0, 1) and ns_steps %d in [0, 100)", c->muon_momentum, c->ns_steps);
         if (c->muon_adamw_lr < 0)
-            return hp_error(HP_ERR_INVALID_ARG, "Muon: muon_adamw_lr %g must be >= 0", c->muon_adamw_lr);
+            return hp_error(HP_ERR_INVALID_ARG, "Muon (optimizer.name = muon): muon_adamw_lr %g must be >= 0",
+                            c->muon_adamw_lr);
     }
     return HP_OK;
 }
@@ -182,8 +238,8 @@ hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, in
         return hp_error(HP_ERR_OOM, "optimizer: no memory for %d parameter states", n_params);
     }
     /* Size table first, then one arena. */
-    size_t bytes = 0;
-    int64_t ns_mn = 0, ns_mm = 0;
+    size_t bytes = 0, ws_bytes = 0;
+    int64_t ns_mn = 0, ns_mm = 0, ns_un = 0;
     hp_status_t s = HP_OK;
     for (int i = 0; i < n_params && s == HP_OK; i++) {
         hp_param_t *p = &params[i];
@@ -205,15 +261,27 @@ hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, in
         default: ps->upd = hp_optim_muon_applies(p) ? UPD_MUON : UPD_ADAMW; break;
         }
         if (ps->upd == UPD_MUON) {
-            if (is_sharded(&p->value)) {
-                s = hp_error(HP_ERR_UNSUPPORTED, "Muon: parameter '%s' is sharded over a mesh; "
-                             "Newton-Schulz needs the whole matrix (gather it, or use AdamW)", p->name);
-                break;
+            s = muon_where(p, &ps->where);
+            if (s != HP_OK) break;
+            if (ps->where != MUON_ABSENT) {   // the workspace holds the whole matrix
+                const hp_dtensor_t *pv = &p->value;
+                const int gather = ps->where == MUON_GATHER;
+                int64_t r = gather ? pv->global_shape[0] : v->shape[0], c = gather ? pv->global_shape[1] : v->shape[1];
+                int64_t m = r < c ? r : c, n = r < c ? c : r;
+                if (m * n > ns_mn) ns_mn = m * n;
+                if (m * m > ns_mm) ns_mm = m * m;
             }
-            int64_t r = v->shape[0], c = v->shape[1];
-            int64_t m = r < c ? r : c, n = r < c ? c : r;
-            if (m * n > ns_mn) ns_mn = m * n;
-            if (m * m > ns_mm) ns_mm = m * m;
+            if (ps->where == MUON_GATHER) {
+                hp_placement_t rep[HP_MESH_MAX_DIMS];
+                for (int d = 0; d < HP_MESH_MAX_DIMS; d++) rep[d] = hp_replicate();
+                size_t sb = 0;
+                s = hp_dtensor_redistribute_scratch(&sb, &p->value, p->value.mesh_ndim, rep);
+                if (s != HP_OK) break;
+                if (sb > ws_bytes) ws_bytes = sb;
+                if (hp_tensor_numel(v) > ns_un) ns_un = hp_tensor_numel(v);
+                bytes += hp_arena_round(sizeof(int64_t) * (size_t)p->value.global_shape[0]) +
+                         hp_arena_round(sizeof(int64_t) * (size_t)p->value.global_shape[1]);
+            }
         }
         if (ps->upd == UPD_ADAMW) {
             bytes += 2 * nb;
@@ -225,9 +293,10 @@ hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, in
     }
     if (s == HP_OK) {
         bytes += 2 * hp_arena_round((size_t)ns_mn * sizeof(float)) +
-                 2 * hp_arena_round((size_t)ns_mm * sizeof(float));
+                 2 * hp_arena_round((size_t)ns_mm * sizeof(float)) + hp_arena_round((size_t)ns_un * sizeof(float));
         s = hp_arena_init(&o->arena, "optimizer state", bytes + 64);
     }
+    if (s == HP_OK && ns_un > 0) s = hp_arena_init(&o->ws, "optimizer gather scratch", ws_bytes + 64);
     for (int i = 0; i < n_params && s == HP_OK; i++) {
         pstate_t *ps = &o->ps[i];
         size_t nb = (size_t)hp_tensor_numel(&params[i].value.local) * sizeof(float);
@@ -237,6 +306,12 @@ hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, in
         } else if (ps->upd == UPD_MUON || cfg->momentum != 0) {
             ps->s0 = hp_arena_alloc(&o->arena, nb);
         }
+        if (ps->upd == UPD_MUON && ps->where == MUON_GATHER) {
+            const int64_t *gs = params[i].value.global_shape;
+            ps->ridx = hp_arena_alloc(&o->arena, sizeof(int64_t) * (size_t)gs[0]);
+            ps->cidx = hp_arena_alloc(&o->arena, sizeof(int64_t) * (size_t)gs[1]);
+            s = muon_indices(&params[i], ps->ridx, ps->cidx);
+        }
     }
     if (s == HP_OK && ns_mn > 0) {
         o->ns_x = hp_arena_alloc(&o->arena, (size_t)ns_mn * sizeof(float));
@@ -244,6 +319,7 @@ hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, in
         o->ns_a = hp_arena_alloc(&o->arena, (size_t)ns_mm * sizeof(float));
         o->ns_b = hp_arena_alloc(&o->arena, (size_t)ns_mm * sizeof(float));
     }
+    if (s == HP_OK && ns_un > 0) o->ns_u = hp_arena_alloc(&o->arena, (size_t)ns_un * sizeof(float));
     if (s != HP_OK) {
         hp_optim_free(o);
         return s;
@@ -255,6 +331,7 @@ hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, in
 void hp_optim_free(hp_optim_t o) {
     if (!o) return;
     if (o->arena.base) hp_arena_free(&o->arena);
+    if (o->ws.base) hp_arena_free(&o->ws);
     free(o->ps);
     free(o->offset);
     free(o);
@@ -267,7 +344,7 @@ void hp_optim_set_step(hp_optim_t o, int64_t step) {
     for (int i = 0; i < o->n; i++) o->ps[i].sgd_started = step > 0;
 }
 const hp_optim_config_t *hp_optim_config(hp_optim_t o) { return &o->cfg; }
-size_t hp_optim_state_bytes(hp_optim_t o) { return o->arena.capacity; }
+size_t hp_optim_state_bytes(hp_optim_t o) { return o->arena.capacity + o->ws.capacity; }
 
 int hp_optim_num_states(hp_optim_t o) { return o->n_states; }
 
@@ -308,8 +385,10 @@ static void sgd_update(float *p, float *buf, const float *g, int64_t n, double l
 }
 
 /* Newton-Schulz quintic iteration on X (m, n), m <= n, in place:
- * X /= max(||X||_F, eps); repeat k: A = X X^T; B = b A + c A A; X = a X + B X. */
+ * X /= max(||X||_F, eps); repeat k: A = X X^T; B = b A + c A A; X = a X + B X.
+ * The products are the kernel table's GEMM (the CPU backend: one BLAS sgemm each). */
 static void newton_schulz(float *x, float *y, float *a, float *b, int m, int n, const hp_optim_config_t *c) {
+    const hp_backend_t *be = hp_backend_default();
     double ss = 0;
     for (int64_t i = 0; i < (int64_t)m * n; i++) ss += (double)x[i] * x[i];
     double nrm = sqrt(ss);
@@ -317,15 +396,13 @@ static void newton_schulz(float *x, float *y, float *a, float *b, int m, int n, 
     for (int64_t i = 0; i < (int64_t)m * n; i++) x[i] *= inv;
     for (int k = 0; k < c->ns_steps; k++) {
         // A (m, m) = X X^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, m, n, 1.0f, x, n, x, n, 0.0f, a, m);
+        be->gemm(be->ctx, a, m, x, n, x, n, m, m, n, 0, 1, 1.0f, 0.0f);
         // B (m, m) = b A + c A A
         memcpy(b, a, sizeof(float) * (size_t)m * m);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, (float)c->ns_c, a, m, a, m,
-                    (float)c->ns_b, b, m);
+        be->gemm(be->ctx, b, m, a, m, a, m, m, m, m, 0, 0, (float)c->ns_c, (float)c->ns_b);
         // Y (m, n) = a X + B X
         memcpy(y, x, sizeof(float) * (size_t)m * n);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, m, 1.0f, b, m, x, n,
-                    (float)c->ns_a, y, n);
+        be->gemm(be->ctx, y, n, b, m, x, n, m, n, m, 0, 0, 1.0f, (float)c->ns_a);
         memcpy(x, y, sizeof(float) * (size_t)m * n);
     }
 }
@@ -340,38 +417,59 @@ static double muon_adjust(const hp_optim_config_t *c, double lr, int64_t rows, i
     }
 }
 
-/* torch.optim.Muon: buf = lerp(buf, g, 1-mu); u = nesterov ? lerp(g, buf, mu) : buf;
- * O = NS(u) (transposed when rows > cols); p *= 1 - lr wd; p -= adjusted_lr O. */
-static void muon_update(hp_optim_t o, hp_param_t *prm, pstate_t *ps, double lr) {
-    const hp_optim_config_t *c = &o->cfg;
-    float *p = prm->value.local.data, *buf = ps->s0;
-    const float *g = prm->grad.local.data;
-    int64_t rows = prm->value.local.shape[0], cols = prm->value.local.shape[1];
-    int64_t n = rows * cols;
-    const float mu = (float)c->muon_momentum, w = (float)(1.0 - c->muon_momentum);
-    int transpose = rows > cols;
-    float *x = o->ns_x;
-    for (int64_t i = 0; i < n; i++) buf[i] = buf[i] + w * (g[i] - buf[i]);
-    // x (m, n) with m = min(rows, cols): the update, transposed when rows > cols
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t k = 0; k < cols; k++) {
-            int64_t i = r * cols + k;
-            float u = c->muon_nesterov ? g[i] + mu * (buf[i] - g[i]) : buf[i];
-            if (transpose) x[k * rows + r] = u;
-            else x[i] = u;
-        }
+/* buf = lerp(buf, g, w = 1-mu); u = nesterov ? lerp(g, buf, mu) : buf, over n local elements. */
+static void muon_momentum(float *u, float *buf, const float *g, int64_t n, float mu, float w, int nesterov) {
+    for (int64_t i = 0; i < n; i++) {
+        buf[i] = buf[i] + w * (g[i] - buf[i]);
+        u[i] = nesterov ? g[i] + mu * (buf[i] - g[i]) : buf[i];
     }
+}
+
+/* torch.optim.Muon: buf = lerp(buf, g, 1-mu); u = nesterov ? lerp(g, buf, mu) : buf;
+ * O = NS(u) (transposed when rows > cols); p *= 1 - lr wd; p -= adjusted_lr O.
+ * Sharded (MUON_GATHER): momentum on the local shard, the update u gathered whole over the
+ * mesh dims that shard it (full_tensor), Newton-Schulz on the whole (rows, cols) matrix (every
+ * rank of the group computes the same bits from the same input), and each rank keeps the
+ * entries of its own shard; adjust_lr uses the global shape. The single-rank path runs the
+ * same loops with the local matrix as the whole one. */
+static hp_status_t muon_update(hp_optim_t o, hp_param_t *prm, pstate_t *ps, double lr) {
+    if (ps->where == MUON_ABSENT) return HP_OK;
+    const hp_optim_config_t *c = &o->cfg;
+    const int gather = ps->where == MUON_GATHER;
+    float *p = prm->value.local.data;
+    const int64_t lrows = prm->value.local.shape[0], lcols = prm->value.local.shape[1];   // local (lrows, lcols)
+    const int64_t rows = gather ? prm->value.global_shape[0] : lrows;   // the whole (rows, cols)
+    const int64_t cols = gather ? prm->value.global_shape[1] : lcols;
+    const int transpose = rows > cols;
+    float *x = o->ns_x, *whole = transpose ? o->ns_y : x;   // (rows, cols), then x (m, n)
+    float *u = gather ? o->ns_u : whole;                     // local (lrows, lcols)
+    muon_momentum(u, ps->s0, prm->grad.local.data, lrows * lcols, (float)c->muon_momentum,
+                  (float)(1.0 - c->muon_momentum), c->muon_nesterov);
+    if (gather) {
+        hp_dtensor_t ud = prm->value;
+        ud.local.data = u;
+        ud.owned = NULL;
+        hp_dtensor_mem_t mem = {&o->ws, whole, sizeof(float) * (size_t)(rows * cols)};
+        hp_tensor_t full;
+        HP_TRY(hp_dtensor_full_tensor(&full, NULL, &mem, &ud));
+    }
+    if (transpose)   // x (cols, rows) = whole^T
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t k = 0; k < cols; k++) x[k * rows + r] = whole[r * cols + k];
     int m = (int)(transpose ? cols : rows), nn = (int)(transpose ? rows : cols);
     newton_schulz(x, o->ns_y, o->ns_a, o->ns_b, m, nn, c);
     const float decay = (float)(1.0 - lr * c->weight_decay);
     const float alr = (float)muon_adjust(c, lr, rows, cols);
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t k = 0; k < cols; k++) {
-            int64_t i = r * cols + k;
-            float u = transpose ? x[k * rows + r] : x[i];
-            p[i] = p[i] * decay - alr * u;
+    for (int64_t li = 0; li < lrows; li++) {
+        const int64_t r = gather ? ps->ridx[li] : li;
+        for (int64_t lc = 0; lc < lcols; lc++) {
+            const int64_t k = gather ? ps->cidx[lc] : lc;
+            float v = transpose ? x[k * rows + r] : x[r * cols + k];
+            float *pi = &p[li * lcols + lc];
+            *pi = *pi * decay - alr * v;
         }
     }
+    return HP_OK;
 }
 
 typedef struct {
@@ -411,8 +509,10 @@ hp_status_t hp_optim_step(hp_optim_t o, double lr_factor) {
     step_ctx_t ctx = {o, c->lr * lr_factor,
                       (c->kind == HP_OPTIM_MUON && c->muon_adamw_lr > 0 ? c->muon_adamw_lr : c->lr) * lr_factor};
     parallel_segments(o->offset, o->n, step_segment, &ctx);
+    /* In parameter order on every rank, so the gathers of the ranks that share a shard group
+     * meet in the same order (a pipeline placeholder issues none, on every rank alike). */
     for (int i = 0; i < o->n; i++) {
-        if (o->ps[i].upd == UPD_MUON) muon_update(o, &o->params[i], &o->ps[i], ctx.lr);
+        if (o->ps[i].upd == UPD_MUON) HP_TRY(muon_update(o, &o->params[i], &o->ps[i], ctx.lr));
         if (o->ps[i].upd == UPD_SGD) o->ps[i].sgd_started = 1;
     }
     return HP_OK;

@@ -243,9 +243,6 @@ hp_status_t hp_parallel_config_check(const hp_config_t *c, const hp_model_config
         return hp_error(HP_ERR_UNSUPPORTED, "validation.local_batch_size %d differs from training.local_batch_size %d; "
                         "under pipeline parallel validation runs the training micro-batches; hint: leave "
                         "validation.local_batch_size at -1", val_batch, batch);
-    if (pd->pp > 1 && strcmp(c->optimizer.name, "muon") == 0)
-        return hp_error(HP_ERR_UNSUPPORTED, "optimizer.name = muon is not supported with pipeline parallel yet; hint: "
-                        "use adamw or sgd");
     if (pd->tp > 1) {
         const int T = (int)c->training.seq_len;
         if (c->parallelism.enable_sequence_parallel && T % pd->tp != 0)

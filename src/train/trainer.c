@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hyperparallel/backend.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/ckpt_manager.h"
 #include "hyperparallel/data.h"
@@ -25,8 +26,6 @@
 #include "hyperparallel/optim.h"
 #include "hyperparallel/parallel_config.h"
 #include "hyperparallel/tokenizer.h"
-
-void openblas_set_num_threads(int num_threads);   /* OpenBLAS extension (not in every cblas.h) */
 
 struct hp_trainer {
     hp_config_t cfg;
@@ -160,8 +159,8 @@ static void pin_threads(const hp_config_t *c) {
     if (!c->training.deterministic) return;
     omp_set_dynamic(0);
     const int n = omp_get_max_threads();
-    openblas_set_num_threads(n);
-    hp_log(HP_LOG_INFO, "training.deterministic: OpenMP dynamic threads off, %d OpenMP and %d OpenBLAS thread(s) "
+    hp_backend_set_num_threads(hp_backend_default(), n);
+    hp_log(HP_LOG_INFO, "training.deterministic: OpenMP dynamic threads off, %d OpenMP and %d GEMM library thread(s) "
            "per rank", n, n);
 }
 
