@@ -36,8 +36,10 @@ static hp_status_t sp_reduce(void *ctx, hp_param_t *params, int n) {
     return hp_ep_reduce_sequence_parallel_grads(p->ep_sp, params, n);
 }
 
-static hp_status_t slice(hp_mesh_t sparse, int n, const char *const *names, hp_mesh_t *out) {
-    return hp_mesh_slice(sparse, n, names, out);
+/* A slice of the sparse mesh, destroyed with p. */
+static hp_status_t slice(hp_parallel_t p, hp_mesh_t sparse, int n, const char *const *names, hp_mesh_t *out) {
+    HP_TRY(hp_mesh_slice(sparse, n, names, out));
+    return hp_parallel_adopt_mesh(p, *out);
 }
 
 hp_status_t hp_apply_ep(hp_parallel_t p, hp_mesh_t sparse, hp_mesh_t tp_mesh, int sequence_parallel) {
@@ -54,30 +56,30 @@ hp_status_t hp_apply_ep(hp_parallel_t p, hp_mesh_t sparse, hp_mesh_t tp_mesh, in
         if (etp > 1 || efsdp > 1) {   /* ETP (ep, etp), expert FSDP (efsdp, ep), both (efsdp, ep, etp) */
             static const char *const n_etp[2] = {"ep", "etp"}, *const n_efsdp[3] = {"efsdp", "ep", "etp"};
             const int with_efsdp = efsdp > 1;
-            HP_TRY(slice(sparse, with_efsdp ? (etp > 1 ? 3 : 2) : 2, with_efsdp ? n_efsdp : n_etp, &p->etp_mesh));
+            HP_TRY(slice(p, sparse, with_efsdp ? (etp > 1 ? 3 : 2) : 2, with_efsdp ? n_efsdp : n_etp, &p->etp_mesh));
             comms[nc++] = hp_mesh_get_comm(p->etp_mesh, with_efsdp ? 1 : 0);   /* ep */
             if (with_efsdp) comms[nc++] = hp_mesh_get_comm(p->etp_mesh, 0);   /* efsdp */
         }
-        HP_TRY(slice(sparse, 1, epn, &p->ep_mesh));
+        HP_TRY(slice(p, sparse, 1, epn, &p->ep_mesh));
         if (!p->etp_mesh) comms[nc++] = hp_mesh_get_comm(p->ep_mesh, 0);
-        if (dim_size(sparse, "dp_replicate") > 1) HP_TRY(slice(sparse, 1, drn, &p->ep_rep_mesh));
+        if (dim_size(sparse, "dp_replicate") > 1) HP_TRY(slice(p, sparse, 1, drn, &p->ep_rep_mesh));
     }
     for (int i = 0; i < p->n_parts; i++) {
         hp_model_t m = p->parts[i];
         if (ep > 1 && (etp > 1 || efsdp > 1)) {
-            HP_TRY(etp > 1 && efsdp == 1 ? hp_ep_parallelize_model_etp(m, p->etp_mesh, &p->ep[i])
-                                         : hp_ep_parallelize_model_efsdp(m, p->etp_mesh, &p->ep[i]));
+            HP_TRY(etp > 1 && efsdp == 1 ? hp_ep_parallelize_model_etp(m, p->etp_mesh, &p->part[i].ep)
+                                         : hp_ep_parallelize_model_efsdp(m, p->etp_mesh, &p->part[i].ep));
         } else if (ep > 1) {
-            HP_TRY(hp_ep_parallelize_model(m, p->ep_mesh, &p->ep[i]));
+            HP_TRY(hp_ep_parallelize_model(m, p->ep_mesh, &p->part[i].ep));
         } else if (tp > 1) {   /* TP of the experts alone: hidden F sharded over tp, partial outputs all-reduced */
-            HP_TRY(hp_ep_tensor_parallel_experts(m, tp_mesh, &p->ep_tp[i]));
+            HP_TRY(hp_ep_tensor_parallel_experts(m, tp_mesh, &p->part[i].ep_tp));
         }
     }
     if (sequence_parallel && tp > 1) {
         if (p->n_parts > 1)
             return hp_error(HP_ERR_UNSUPPORTED, "hp_apply_ep: sequence parallel around MoE layers is not implemented "
                             "inside pipeline stages; hint: parallelism.enable_sequence_parallel=false");
-        p->ep_sp = p->ep[0] ? p->ep[0] : p->ep_tp[0];
+        p->ep_sp = p->part[0].ep ? p->part[0].ep : p->part[0].ep_tp;
         p->sp_mesh = tp_mesh;
         HP_TRY(hp_ep_enable_sequence_parallel(p->ep_sp, p->parts[0], tp_mesh));
         HP_TRY(hp_grad_finalizer_add_reduction(&p->fin, HP_GRAD_PHASE_TENSOR_PARALLEL, sp_reduce, p));

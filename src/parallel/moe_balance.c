@@ -19,21 +19,19 @@ struct hp_moe_balancer {
     hp_module_t **mods;
     int n_moe_all;             /* the model's MoE layers */
     int *layer;                /* (n_moe_all) layer index of each */
-    int *slot;                 /* (n_moe) row of counts of each held module */
+    int *slot;                 /* (n_moe) row of counts of each held module (in layer's allocation) */
     float *counts;             /* (n_moe_all, E) tokens per expert of a step */
     hp_param_t *state;         /* table + one expert_bias per MoE layer */
     int n_state;
-    float *zero;               /* (E) the bias entries' (unused) gradient */
+    float *zero;               /* (E) the bias entries' (unused) gradient (in counts' allocation) */
 };
 
 void hp_moe_balancer_destroy(hp_moe_balancer_t b) {
     if (!b) return;
     free(b->mods);
-    free(b->layer);
-    free(b->slot);
-    free(b->counts);
+    free(b->layer);    /* and slot */
+    free(b->counts);   /* and zero */
     free(b->state);
-    free(b->zero);
     free(b);
 }
 
@@ -47,9 +45,9 @@ static hp_status_t setup(hp_moe_balancer_t b) {
     hp_parallel_t p = b->p;
     const int E = b->cfg.moe_experts, L = b->cfg.n_layers;
     b->mods = hp_calloc((size_t)L + 1, sizeof(hp_module_t *));
-    b->layer = hp_calloc((size_t)L + 1, sizeof(int));
-    b->slot = hp_calloc((size_t)L + 1, sizeof(int));
-    if (!b->mods || !b->layer || !b->slot) return HP_ERR_OOM;
+    b->layer = hp_calloc(2 * ((size_t)L + 1), sizeof(int));
+    if (!b->mods || !b->layer) return HP_ERR_OOM;
+    b->slot = b->layer + L + 1;
     for (int l = 0; l < L; l++)
         if (hp_model_layer_is_moe(&b->cfg, l)) b->layer[b->n_moe_all++] = l;
     for (int k = 0; k < p->n_parts; k++) {
@@ -68,10 +66,10 @@ static hp_status_t setup(hp_moe_balancer_t b) {
         }
     }
     const int np = hp_parallel_num_params(p);
-    b->counts = hp_calloc((size_t)b->n_moe_all * E, sizeof(float));
-    b->zero = hp_calloc((size_t)E, sizeof(float));
+    b->counts = hp_calloc((size_t)(b->n_moe_all + 1) * E, sizeof(float));
     b->state = hp_calloc((size_t)np + b->n_moe_all, sizeof(hp_param_t));
-    if (!b->counts || !b->zero || !b->state) return HP_ERR_OOM;
+    if (!b->counts || !b->state) return HP_ERR_OOM;
+    b->zero = b->counts + (size_t)b->n_moe_all * E;
     memcpy(b->state, hp_parallel_params(p), sizeof(hp_param_t) * (size_t)np);
     b->n_state = np + b->n_moe_all;
     for (int j = 0; j < b->n_moe_all; j++) {   // every rank lists every layer's bias, in layer order

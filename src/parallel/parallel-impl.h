@@ -33,20 +33,22 @@ typedef struct hp_pipeline hp_pipeline_t;
 struct hp_parallel {
     int n_parts;
     int owns_parts;               /* the pipeline made the parts: destroyed with p */
-    hp_model_t *parts;            /* (n_parts) */
-    hp_tp_t *tp;                  /* (n_parts) per-part handles, NULL where not applied */
-    hp_ep_t *ep, *ep_tp;          /* expert parallel / TP of the experts alone */
-    hp_fsdp_t *fsdp;
+    hp_model_t *parts;            /* (n_parts) the models (the pipeline runtime takes this array) */
+    struct {                      /* (n_parts) what each step made of the part; NULL where not applied */
+        hp_tp_t tp;
+        hp_ep_t ep, ep_tp;        /* expert parallel / TP of the experts alone */
+        hp_fsdp_t fsdp;
+    } *part;
     hp_ddp_t ddp;                 /* one part only */
     hp_ep_t ep_sp;                /* sequence parallel around MoE (borrowed: ep[0] or ep_tp[0]) */
-    hp_mesh_t ep_mesh, etp_mesh;  /* slices of the sparse mesh (owned) */
-    hp_mesh_t ep_rep_mesh;        /* the sparse mesh's dp_replicate (owned; NULL when 1) */
+    hp_mesh_t ep_mesh, etp_mesh;  /* slices of the sparse mesh (adopted) */
+    hp_mesh_t ep_rep_mesh;        /* the sparse mesh's dp_replicate (adopted; NULL when 1) */
     hp_mesh_t sp_mesh;            /* the tp mesh under sequence parallel around MoE (borrowed) */
     hp_cp_t cp;                   /* context parallel (one per rank) */
     int ac_every_k;
     int tp_degree;
     int batch, seq_len, rows;     /* largest (B, T) fed; rows per sequence on this rank (T / cp) */
-    int32_t *cp_tokens, *cp_targets;   /* (batch, rows) this rank's rows of a batch */
+    int32_t *cp_tokens, *cp_targets;   /* (batch, rows) this rank's rows of a batch (one allocation) */
     int np_total;                 /* entries of the whole model's table */
     hp_work_t *grad_work;         /* (np_total) replicated data parallel's per-parameter all-reduce */
     hp_comm_t dp_comm;            /* replicated data parallel without DDP buckets, else NULL */

@@ -15,11 +15,8 @@
 static hp_status_t alloc_parts(hp_parallel_t p, int n) {
     p->n_parts = n;
     p->parts = hp_calloc((size_t)n + 1, sizeof(hp_model_t));
-    p->tp = hp_calloc((size_t)n + 1, sizeof(hp_tp_t));
-    p->ep = hp_calloc((size_t)n + 1, sizeof(hp_ep_t));
-    p->ep_tp = hp_calloc((size_t)n + 1, sizeof(hp_ep_t));
-    p->fsdp = hp_calloc((size_t)n + 1, sizeof(hp_fsdp_t));
-    return p->parts && p->tp && p->ep && p->ep_tp && p->fsdp ? HP_OK : HP_ERR_OOM;
+    p->part = hp_calloc((size_t)n + 1, sizeof(*p->part));
+    return p->parts && p->part ? HP_OK : HP_ERR_OOM;
 }
 
 /* Shared by hp_parallel_create and the pipeline's split: an empty composition of n parts. */
@@ -54,29 +51,22 @@ hp_status_t hp_parallel_create(hp_model_t model, int batch, int seq_len, hp_para
 void hp_parallel_destroy(hp_parallel_t p) {
     if (!p) return;
     hp_pipeline_free(p->pipe);
-    for (int i = 0; i < p->n_parts; i++) {
-        if (p->fsdp) hp_fsdp_destroy(p->fsdp[i]);
-        if (p->tp) hp_tp_destroy(p->tp[i]);
-        if (p->ep) hp_ep_destroy(p->ep[i]);
-        if (p->ep_tp) hp_ep_destroy(p->ep_tp[i]);
+    for (int i = 0; p->part && i < p->n_parts; i++) {
+        hp_fsdp_destroy(p->part[i].fsdp);
+        hp_tp_destroy(p->part[i].tp);
+        hp_ep_destroy(p->part[i].ep);
+        hp_ep_destroy(p->part[i].ep_tp);
     }
     hp_ddp_destroy(p->ddp);
     if (p->owns_parts)
         for (int i = 0; i < p->n_parts; i++) hp_model_destroy(p->parts[i]);
     hp_cp_destroy(p->cp);   /* after the models that use its cores */
-    hp_mesh_destroy(p->ep_mesh);
-    hp_mesh_destroy(p->etp_mesh);
-    hp_mesh_destroy(p->ep_rep_mesh);
     for (int g = 0; g < HP_GRAD_GROUPS; g++) free(p->fin.group[g].members);
     for (int i = p->n_meshes - 1; i >= 0; i--) hp_mesh_destroy(p->meshes[i]);   /* children before parents */
     free(p->parts);
-    free(p->tp);
-    free(p->ep);
-    free(p->ep_tp);
-    free(p->fsdp);
+    free(p->part);
     free(p->grad_work);
-    free(p->cp_tokens);
-    free(p->cp_targets);
+    free(p->cp_tokens);   /* and cp_targets */
     free(p);
 }
 
@@ -98,7 +88,7 @@ hp_comm_t hp_parallel_pp_comm(hp_parallel_t p) { return p->pipe ? hp_pipeline_co
 hp_param_t *hp_parallel_params(hp_parallel_t p) {
     int n;
     if (p->pipe) return hp_pipeline_params(p->pipe, &n);
-    return p->fsdp[0] ? hp_fsdp_params(p->fsdp[0]) : hp_model_params(p->parts[0]);
+    return p->part[0].fsdp ? hp_fsdp_params(p->part[0].fsdp) : hp_model_params(p->parts[0]);
 }
 
 int hp_parallel_num_params(hp_parallel_t p) {
@@ -119,7 +109,7 @@ void hp_parallel_memory(hp_parallel_t p, size_t *param_bytes, size_t *grad_bytes
     for (int i = 0; i < p->n_parts; i++) {
         size_t pb, gb, ab, wb, fw = 0;
         hp_model_memory(p->parts[i], &pb, &gb, &ab, &wb);
-        if (p->fsdp[i]) hp_fsdp_memory(p->fsdp[i], &pb, &gb, &fw);
+        if (p->part[i].fsdp) hp_fsdp_memory(p->part[i].fsdp, &pb, &gb, &fw);
         *param_bytes += pb;
         *grad_bytes += gb;
         *act_bytes += ab;
@@ -149,7 +139,7 @@ hp_status_t hp_apply_tp(hp_parallel_t p, hp_mesh_t tp_mesh, const hp_tp_plan_ent
     if (!tp_mesh || hp_mesh_ndim(tp_mesh) != 1)
         return hp_error(HP_ERR_INVALID_ARG, "hp_apply_tp: a 1-D tp mesh is required");
     if (!p->pipe) {
-        HP_TRY(hp_tp_parallelize_model(&p->tp[0], p->parts[0], tp_mesh, plan, n_plan));
+        HP_TRY(hp_tp_parallelize_model(&p->part[0].tp, p->parts[0], tp_mesh, plan, n_plan));
     } else {   // TorchTitan's order: split, then TP per stage with the plan entries it holds
         hp_tp_plan_entry_t *mine = hp_calloc((size_t)n_plan + 1, sizeof *mine);
         if (!mine) return HP_ERR_OOM;
@@ -160,7 +150,7 @@ hp_status_t hp_apply_tp(hp_parallel_t p, hp_mesh_t tp_mesh, const hp_tp_plan_ent
             int k = 0;
             for (int e = 0; e < n_plan; e++)
                 if (part_holds(mods, nm < 4096 ? nm : 4096, plan[e].pattern)) mine[k++] = plan[e];
-            s = hp_tp_parallelize_model(&p->tp[i], p->parts[i], tp_mesh, mine, k);
+            s = hp_tp_parallelize_model(&p->part[i].tp, p->parts[i], tp_mesh, mine, k);
         }
         free(mine);
         HP_TRY(s);
@@ -192,9 +182,11 @@ hp_status_t hp_apply_cp(hp_parallel_t p, hp_mesh_t cp_mesh, const hp_cp_options_
         if (cores > 0 || p->n_parts == 1) HP_TRY(hp_cp_apply(p->cp, p->parts[i]));
     }
     p->rows = p->seq_len / hp_mesh_size(cp_mesh, 0);
-    p->cp_tokens = hp_malloc((size_t)p->batch * (size_t)p->rows * sizeof(int32_t));
-    p->cp_targets = hp_malloc((size_t)p->batch * (size_t)p->rows * sizeof(int32_t));
-    return p->cp_tokens && p->cp_targets ? HP_OK : HP_ERR_OOM;
+    const size_t n = (size_t)p->batch * (size_t)p->rows;
+    p->cp_tokens = hp_malloc(2 * n * sizeof(int32_t));
+    if (!p->cp_tokens) return HP_ERR_OOM;
+    p->cp_targets = p->cp_tokens + n;
+    return HP_OK;
 }
 
 hp_status_t hp_apply_ac(hp_parallel_t p, int every_k) {
@@ -211,13 +203,13 @@ hp_status_t hp_parallel_init_weights(hp_parallel_t p, uint64_t seed) {
 
 hp_status_t hp_apply_fsdp(hp_parallel_t p, hp_mesh_t dp_mesh, const hp_fsdp_options_t *o) {
     hp_fsdp_options_t fo = o ? *o : hp_fsdp_default_options();
-    if (p->ep[0]) {   /* the experts stay on the sparse mesh (ep.c) */
-        for (int i = 0; i < p->n_parts; i++) HP_TRY(hp_ep_restore_dense_layout(p->ep[i], p->parts[i]));
+    if (p->part[0].ep) {   /* the experts stay on the sparse mesh (ep.c) */
+        for (int i = 0; i < p->n_parts; i++) HP_TRY(hp_ep_restore_dense_layout(p->part[i].ep, p->parts[i]));
         fo.ignored_params = hp_ep_is_expert_param;
     }
-    for (int i = 0; i < p->n_parts; i++) HP_TRY(hp_fully_shard(p->parts[i], dp_mesh, &fo, &p->fsdp[i]));
+    for (int i = 0; i < p->n_parts; i++) HP_TRY(hp_fully_shard(p->parts[i], dp_mesh, &fo, &p->part[i].fsdp));
     hp_comm_t comms[HP_GRAD_MAX_COMMS];
-    const int n = hp_fsdp_grad_comms(p->fsdp[0], comms);   /* shard, replicate, tp */
+    const int n = hp_fsdp_grad_comms(p->part[0].fsdp, comms);   /* shard, replicate, tp */
     return hp_grad_finalizer_set_comms(&p->fin, HP_GRAD_GROUP_DENSE, comms, n);
 }
 
@@ -240,7 +232,7 @@ static hp_status_t dp_all_reduce(void *ctx, hp_param_t *params, int n) {
 hp_status_t hp_apply_ddp(hp_parallel_t p, hp_comm_t dp_comm, const hp_ddp_options_t *o) {
     if (!dp_comm) return hp_error(HP_ERR_INVALID_ARG, "hp_apply_ddp: a data-parallel communicator is required");
     const hp_model_config_t *mc = hp_model_config(p->parts[0]);
-    if (!p->pipe && !mc->tie_embeddings && !p->ep[0]) {
+    if (!p->pipe && !mc->tie_embeddings && !p->part[0].ep) {
         /* DDP: gradient buckets (1 MiB first, 25 MiB cap) all-reduced (SUM) asynchronously as they
          * fill during backward; no_sync on all micro-batches but the last */
         hp_ddp_options_t dop = hp_ddp_default_options();
@@ -251,7 +243,7 @@ hp_status_t hp_apply_ddp(hp_parallel_t p, hp_comm_t dp_comm, const hp_ddp_option
     /* tied embeddings (two uses of one tensor), pipeline stages, or experts on their own groups:
      * one all-reduce per gradient after backward */
     p->dp_comm = dp_comm;
-    p->dp_expert_skip = p->ep[0] != NULL;
+    p->dp_expert_skip = p->part[0].ep != NULL;
     p->grad_work = hp_calloc((size_t)p->np_total + 1, sizeof(hp_work_t));
     if (!p->grad_work) return HP_ERR_OOM;
     return hp_grad_finalizer_add_reduction(&p->fin, HP_GRAD_PHASE_DATA_PARALLEL, dp_all_reduce, p);
@@ -262,7 +254,7 @@ hp_status_t hp_apply_ddp(hp_parallel_t p, hp_comm_t dp_comm, const hp_ddp_option
 hp_status_t hp_parallel_zero_grad(hp_parallel_t p) {
     for (int i = 0; i < p->n_parts; i++) {
         HP_TRY(hp_model_zero_grad(p->parts[i]));
-        if (p->fsdp[i]) HP_TRY(hp_fsdp_zero_grad(p->fsdp[i]));
+        if (p->part[i].fsdp) HP_TRY(hp_fsdp_zero_grad(p->part[i].fsdp));
     }
     return HP_OK;
 }
@@ -309,7 +301,7 @@ hp_status_t hp_parallel_eval(hp_parallel_t p, const int32_t *tokens, const int32
 }
 
 double hp_parallel_comm_wait_seconds(hp_parallel_t p) {
-    return p->fsdp[0] ? hp_fsdp_comm_wait_seconds(p->fsdp[0]) : p->ddp ? hp_ddp_comm_wait_seconds(p->ddp) : 0.0;
+    return p->part[0].fsdp ? hp_fsdp_comm_wait_seconds(p->part[0].fsdp) : p->ddp ? hp_ddp_comm_wait_seconds(p->ddp) : 0.0;
 }
 
 hp_status_t hp_parallel_gather_full_model(hp_parallel_t p, hp_comm_t world, int seq_len, hp_model_t *full,
@@ -317,7 +309,7 @@ hp_status_t hp_parallel_gather_full_model(hp_parallel_t p, hp_comm_t world, int 
     *full = NULL;
     *owned = 0;
     const int rank = hp_comm_rank(world);
-    if (!p->pipe && !p->tp[0] && !p->fsdp[0]) {   /* replicated: rank 0's own copy is the whole model */
+    if (!p->pipe && !p->part[0].tp && !p->part[0].fsdp) {   /* replicated: rank 0's own copy is the whole model */
         if (rank == 0) *full = p->parts[0];
         return HP_OK;
     }

@@ -19,7 +19,7 @@ struct hp_pipeline {
     int S, n_local, n_mb, mbs, coord, pp, per;   /* stages, local stages, micro-batches, seqs each,
                                                     pp rank, pp degree, world ranks per pp rank */
     int *unit_lo;                 /* (S + 1) */
-    int *stage_to_rank;           /* (S) */
+    int *stage_to_rank;           /* (S), in unit_lo's allocation */
     int *ids;                     /* (n_local) */
     hp_pp_schedule_t *sched;      /* every pp rank's lowered list */
     hp_pp_t rt;
@@ -29,7 +29,7 @@ struct hp_pipeline {
     hp_param_t *full;             /* (np) the whole model's table */
     int *stage_of;                /* (np) stage of each entry (the tied weight: 0) */
     int np;
-    hp_param_t *norm;             /* held entries counted by the gradient norm */
+    hp_param_t *norm;             /* held entries counted by the gradient norm (in full's allocation) */
     int n_norm;
     int tie_idx;                  /* tied weight held here (first or last stage), else -1 */
     hp_comm_t tie_comm;           /* the first and last stage's ranks of this pp slice, else NULL */
@@ -45,12 +45,10 @@ void hp_pipeline_free(hp_pipeline_t *pl) {
     hp_pp_destroy(pl->rt);
     hp_pp_schedule_free(pl->sched);
     free(pl->ids);
-    free(pl->unit_lo);
-    free(pl->stage_to_rank);
-    free(pl->full);
-    free(pl->stage_of);
-    free(pl->norm);
+    free(pl->unit_lo);   /* and stage_to_rank */
     hp_comm_destroy(pl->tie_comm);
+    free(pl->full);      /* and norm */
+    free(pl->stage_of);
     free(pl);
 }
 
@@ -128,9 +126,9 @@ static hp_status_t split_units(hp_pipeline_t *pl, const hp_pipeline_options_t *o
                             "InterleavedZeroBubble or Interleaved1F1B", hp_pp_kind_name(kind), model_name);
     }
     hp_status_t st = HP_OK;
-    pl->unit_lo = hp_calloc(HP_PP_MAX_STAGES + 1, sizeof(int));
-    pl->stage_to_rank = hp_calloc(HP_PP_MAX_STAGES, sizeof(int));
-    if (!pl->unit_lo || !pl->stage_to_rank) st = HP_ERR_OOM;
+    pl->unit_lo = hp_calloc(2 * HP_PP_MAX_STAGES + 1, sizeof(int));
+    if (!pl->unit_lo) st = HP_ERR_OOM;
+    else pl->stage_to_rank = pl->unit_lo + HP_PP_MAX_STAGES + 1;
     if (st == HP_OK && o->module_fqns_per_model_part && o->module_fqns_per_model_part[0]) {
         st = hp_pp_split_fqns(o->module_fqns_per_model_part, "parallelism.module_fqns_per_model_part", L, &pl->S,
                               pl->unit_lo);
@@ -246,8 +244,8 @@ static hp_status_t pre_backward(void *user, int stage, int mb, int last) {
     hp_parallel_t p = user;
     (void)mb;
     for (int i = 0; i < p->n_parts; i++)
-        if (p->pipe->ids[i] == stage && p->fsdp[i])
-            hp_fsdp_set_requires_gradient_sync(p->fsdp[i], last && p->pipe->accum_last);
+        if (p->pipe->ids[i] == stage && p->part[i].fsdp)
+            hp_fsdp_set_requires_gradient_sync(p->part[i].fsdp, last && p->pipe->accum_last);
     return HP_OK;
 }
 
@@ -271,10 +269,10 @@ static hp_status_t full_table(hp_parallel_t p, hp_mesh_t world) {
     const hp_model_config_t *c = &pl->cfg;
     const int nu = c->n_layers + 2, np = p->np_total;
     hp_model_param_desc_t *d = hp_calloc((size_t)np + 1, sizeof *d);
-    pl->full = hp_calloc((size_t)np + 1, sizeof(hp_param_t));
+    pl->full = hp_calloc(2 * (size_t)np + 1, sizeof(hp_param_t));
     pl->stage_of = hp_calloc((size_t)np + 1, sizeof(int));
-    pl->norm = hp_calloc((size_t)np + 1, sizeof(hp_param_t));
-    if (!d || !pl->full || !pl->stage_of || !pl->norm) { free(d); return HP_ERR_OOM; }
+    if (!d || !pl->full || !pl->stage_of) { free(d); return HP_ERR_OOM; }
+    pl->norm = pl->full + np;
     hp_model_describe_params(c, 0, nu, d, np);
     pl->np = np;
     int s = 0, u = 0, u_end = hp_model_describe_params(c, 0, 1, NULL, 0);   // entries [.., u_end) are unit u's
@@ -295,8 +293,8 @@ static hp_status_t full_table(hp_parallel_t p, hp_mesh_t world) {
         const int tied_here = c->tie_embeddings && i == 0 && li < 0 && pl->stage_to_rank[pl->S - 1] == pl->coord;
         if (tied_here) li = pl->n_local - 1;
         if (li >= 0) {
-            hp_param_t *src = p->fsdp[li] ? hp_fsdp_params(p->fsdp[li]) : hp_model_params(p->parts[li]);
-            const int n_src = p->fsdp[li] ? hp_fsdp_num_params(p->fsdp[li]) : hp_model_num_params(p->parts[li]);
+            hp_param_t *src = p->part[li].fsdp ? hp_fsdp_params(p->part[li].fsdp) : hp_model_params(p->parts[li]);
+            const int n_src = p->part[li].fsdp ? hp_fsdp_num_params(p->part[li].fsdp) : hp_model_num_params(p->parts[li]);
             const hp_param_t *q = NULL;
             for (int k = 0; k < n_src && !q; k++)
                 if (!strcmp(src[k].name, e->name)) q = &src[k];
@@ -417,7 +415,7 @@ hp_status_t hp_pipeline_log_layout(hp_parallel_t p, hp_comm_t world) {
     for (int i = 0; i < pl->n_local; i++) {
         size_t pb, gb, ab, wb, fw = 0;
         hp_model_memory(p->parts[i], &pb, &gb, &ab, &wb);
-        if (p->fsdp[i]) hp_fsdp_memory(p->fsdp[i], &pb, &gb, &fw);
+        if (p->part[i].fsdp) hp_fsdp_memory(p->part[i].fsdp, &pb, &gb, &fw);
         mf[0] += (float)pb;
     }
     size_t cb = 0, bb = 0;
