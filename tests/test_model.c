@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hp_test.h"
 
 /* Counts heap allocations while `count_allocs` is set: this program's malloc/calloc/realloc

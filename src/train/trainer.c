@@ -23,6 +23,7 @@
 #include "hyperparallel/optim.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/ckpt_manager.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/ddp.h"
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/tp.h"
@@ -888,8 +889,8 @@ static hp_status_t tp_plan(hp_trainer_t t, hp_tp_plan_entry_t plan[32], int *n) 
     const char *tpn[1] = {"tp"};
     HP_TRY(hp_mesh_slice(t->meshes.world, 1, tpn, &t->tp_mesh));
     const int sp = c->parallelism.enable_sequence_parallel, lp = c->parallelism.enable_loss_parallel;
-    *n = t->mcfg.mla ? hp_tp_deepseek_v3_plan(plan, 32, sp, lp, t->mcfg.q_lora_rank)
-         : strcmp(t->mcfg.name, "qwen3") == 0 ? hp_tp_qwen3_plan(plan, 32, sp, lp) : hp_tp_llama3_plan(plan, 32, sp, lp);
+    const hp_model_spec_t *spec = hp_model_spec_find(t->mcfg.name);   /* resolved by the registry */
+    *n = spec->tp_plan(&t->mcfg, sp, lp, plan, 32);
     if (sp && t->T % t->pd.tp != 0)
         return hp_error(HP_ERR_INVALID_ARG, "training.seq_len %d is not divisible by parallelism.tensor_parallel_degree %d "
                         "(sequence parallel shards the sequence); hint: use a multiple of %d or "
