@@ -391,7 +391,8 @@ static void run_efsdp(const char *name, hp_comm_t world, int rank, int E) {
         char dir[64];
         snprintf(dir, sizeof dir, "/tmp/hp_test_ep_hf_%d_%d_XXXXXX", E, rank);
         HP_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
-        HP_CHECK_OK(hp_hf_export(dir, hp_model_hf_adapter(&c), &c, hp_model_params(ref), hp_model_num_params(ref), NULL, HP_F32, 0));
+        HP_CHECK_OK(hp_hf_export(dir, hp_model_hf_adapter(&c), &c, hp_model_params(ref), hp_model_num_params(ref), NULL,
+                                 HP_F32, 0));
         for (int i = 0; i < hp_model_num_params(em); i++) {
             hp_param_t *pe = &hp_model_params(em)[i];
             if (hp_ep_is_expert_param(pe)) memset(hp_param_w(pe), 0, sizeof(float) * (size_t)hp_tensor_numel(&pe->value.local));

@@ -68,7 +68,8 @@ static void round_trip(const char *tag, hp_model_config_t mc) {
     snprintf(hf2, sizeof hf2, "%s/%s_hf2", ROOT, tag);
     snprintf(hfb, sizeof hfb, "%s/%s_hfb", ROOT, tag);
     snprintf(dcpb, sizeof dcpb, "%s/%s_dcpb", ROOT, tag);
-    HP_CHECK_OK(hp_hf_export(hf, hp_model_hf_adapter(&mc), &mc, hp_model_params(src), hp_model_num_params(src), WORLD, HP_F32, 0));
+    HP_CHECK_OK(hp_hf_export(hf, hp_model_hf_adapter(&mc), &mc, hp_model_params(src), hp_model_num_params(src), WORLD,
+                             HP_F32, 0));
     hp_hf_convert_stats_t st;
     HP_CHECK_OK(hp_hf_convert_to_dcp(hf, hp_model_hf_adapter(&mc), &mc, dcp, WORLD, &st));
     /* the share: every tensor converted once; each rank within one largest tensor of half */
@@ -114,10 +115,12 @@ static void round_trip(const char *tag, hp_model_config_t mc) {
     HP_CHECK(!params_equal(src, back, 0, &first), "%s: a flipped bit went unnoticed", tag);
     /* DCP -> HF (several shards), then the library import */
     HP_CHECK_OK(hp_hf_convert_from_dcp(dcp, hp_model_hf_adapter(&mc), &mc, hf2, HP_F32, 40000, WORLD, &st));
-    HP_CHECK_OK(hp_hf_import(hf2, hp_model_hf_adapter(&mc), &mc, hp_model_params(back2), hp_model_num_params(back2), WORLD));
+    HP_CHECK_OK(hp_hf_import(hf2, hp_model_hf_adapter(&mc), &mc, hp_model_params(back2), hp_model_num_params(back2),
+                             WORLD));
     HP_CHECK(params_equal(src, back2, 0, &first), "%s: DCP -> HF differs at %s", tag, first ? first : "?");
     /* bf16: kept bf16 in the DCP, cast to f32 on load */
-    HP_CHECK_OK(hp_hf_export(hfb, hp_model_hf_adapter(&mc), &mc, hp_model_params(src), hp_model_num_params(src), WORLD, HP_BF16, 0));
+    HP_CHECK_OK(hp_hf_export(hfb, hp_model_hf_adapter(&mc), &mc, hp_model_params(src), hp_model_num_params(src), WORLD,
+                             HP_BF16, 0));
     HP_CHECK_OK(hp_hf_convert_to_dcp(hfb, hp_model_hf_adapter(&mc), &mc, dcpb, WORLD, &st));
     hp_dcp_metadata_t md = NULL;
     HP_CHECK_OK(hp_dcp_metadata_read(dcpb, &md));
@@ -135,7 +138,8 @@ static void round_trip(const char *tag, hp_model_config_t mc) {
     other.rope_theta *= 2;
     char bad[800];
     snprintf(bad, sizeof bad, "%s/%s_refused", ROOT, tag);
-    HP_CHECK_ERR(hp_hf_convert_to_dcp(hf, hp_model_hf_adapter(&other), &other, bad, WORLD, NULL), HP_ERR_INVALID_ARG, "config.json 'rope_theta'");
+    HP_CHECK_ERR(hp_hf_convert_to_dcp(hf, hp_model_hf_adapter(&other), &other, bad, WORLD, NULL), HP_ERR_INVALID_ARG,
+                 "config.json 'rope_theta'");
     HP_CHECK(access(bad, F_OK) != 0, "%s: a refused conversion wrote %s", tag, bad);
     free(ts);
     hp_model_destroy(src);
@@ -201,7 +205,8 @@ static void sharded_columns(void) {
     fill_pattern(src);
     char hf[700];
     snprintf(hf, sizeof hf, "%s/cols_hf", ROOT);
-    HP_CHECK_OK(hp_hf_export(hf, hp_model_hf_adapter(&mc), &mc, hp_model_params(src), hp_model_num_params(src), WORLD, HP_BF16, 0));
+    HP_CHECK_OK(hp_hf_export(hf, hp_model_hf_adapter(&mc), &mc, hp_model_params(src), hp_model_num_params(src), WORLD,
+                             HP_BF16, 0));
     hp_mesh_t mesh = NULL;
     const char *names[1] = {"tp"};
     int64_t shape[1] = {SIZE};
@@ -275,7 +280,8 @@ static void test_memory_bound(void) {
     fill_pattern(m);
     char hf[700], cmd[3000];
     snprintf(hf, sizeof hf, "%s/big_hf", ROOT);
-    HP_CHECK_OK(hp_hf_export(hf, hp_model_hf_adapter(&mc), &mc, hp_model_params(m), hp_model_num_params(m), NULL, HP_F32, 0));
+    HP_CHECK_OK(hp_hf_export(hf, hp_model_hf_adapter(&mc), &mc, hp_model_params(m), hp_model_num_params(m), NULL,
+                             HP_F32, 0));
     hp_model_destroy(m);
     const long largest_kib = 65536L * 128 * 4 / 1024, total_kib = (long)(hp_model_param_count(&mc, 0) * 4 / 1024);
     snprintf(cmd, sizeof cmd, "'%s/hp-ckpt' from-hf '%s/tests/data/hf_shapes/llama_kv1_untied' '%s/tiny_dcp' >/dev/null",

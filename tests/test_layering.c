@@ -1,8 +1,9 @@
-// The layer rule (DESIGN section 1, docs/architecture.md): every #include in src/<layer>/ and
-// in each public header names only its own layer or one below it, and no source outside
-// src/comm includes mpi.h. The public headers are mapped to their layer below; a new header
-// must be added here (an unknown one fails the test). Plus a negative case: the checker
-// itself must flag an upward include written into a temporary file.
+// The layer rule (docs/architecture.md): every #include in src/<layer>/ (its subfolders too:
+// src/models/<family>/) and in each public header names only its own layer or one below it,
+// and no source outside src/comm includes mpi.h. The public headers are mapped to their layer
+// below; a new header must be added here (an unknown one fails the test). Plus negative cases:
+// the checker itself must flag upward includes written into a temporary file (nn into train
+// and parallel; parallel into models).
 // hp-test: ranks 1 timeout 60
 #include <dirent.h>
 #include <stdio.h>
@@ -10,9 +11,9 @@
 #include <string.h>
 #include "hp_test.h"
 
-enum { CORE, COMM, MESH, DTENSOR, NN, PARALLEL, CHECKPOINT, TRAIN, N_LAYERS };
+enum { CORE, COMM, MESH, DTENSOR, NN, PARALLEL, CHECKPOINT, MODELS, TRAIN, N_LAYERS };
 static const char *const layer_names[N_LAYERS] = {"core", "comm", "mesh", "dtensor", "nn", "parallel",
-                                                  "checkpoint", "train"};
+                                                  "checkpoint", "models", "train"};
 
 static const struct { const char *header; int layer; } headers[] = {
     {"status.h", CORE}, {"dtype.h", CORE}, {"arena.h", CORE}, {"tensor.h", CORE}, {"rng.h", CORE},
@@ -21,8 +22,10 @@ static const struct { const char *header; int layer; } headers[] = {
     {"mesh.h", MESH},
     {"dtensor.h", DTENSOR}, {"param.h", DTENSOR},
     {"backend.h", NN}, {"nn.h", NN}, {"model.h", NN}, {"nn_loss.h", NN}, {"attention_block.h", NN},
+    {"model_builder.h", NN},
     {"fsdp.h", PARALLEL}, {"ep.h", PARALLEL}, {"ddp.h", PARALLEL}, {"tp.h", PARALLEL}, {"zero.h", PARALLEL}, {"pp_schedule.h", PARALLEL}, {"pp.h", PARALLEL}, {"cp.h", PARALLEL},
     {"safetensors.h", CHECKPOINT}, {"checkpoint.h", CHECKPOINT}, {"weights.h", CHECKPOINT},
+    {"models.h", MODELS},
     {"config.h", TRAIN}, {"parallel_dims.h", TRAIN}, {"data.h", TRAIN}, {"tokenizer.h", TRAIN},
     {"optim.h", TRAIN}, {"metrics.h", TRAIN}, {"trainer.h", TRAIN}, {"ckpt_manager.h", TRAIN},
     {"hyperparallel.h", TRAIN},
@@ -89,6 +92,7 @@ static int check_file(const char *path, int layer, int report) {
     return bad;
 }
 
+/* Every .c and .h of dir; a layer's subfolders (src/models/<family>/) belong to the layer. */
 static int check_dir(const char *dir, int layer, int *files) {
     DIR *d = opendir(dir);
     if (!d) return 0;
@@ -96,9 +100,13 @@ static int check_dir(const char *dir, int layer, int *files) {
     struct dirent *e;
     while ((e = readdir(d))) {
         const size_t n = strlen(e->d_name);
-        if (n < 3 || (strcmp(e->d_name + n - 2, ".c") != 0 && strcmp(e->d_name + n - 2, ".h") != 0)) continue;
         char p[1024];
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (layer >= 0 && e->d_type == DT_DIR && e->d_name[0] != '.') {
+            bad += check_dir(p, layer, files);
+            continue;
+        }
+        if (n < 3 || (strcmp(e->d_name + n - 2, ".c") != 0 && strcmp(e->d_name + n - 2, ".h") != 0)) continue;
         int l = layer;
         if (l < 0) {   // include/hyperparallel: each header's own layer
             l = header_layer(e->d_name);
@@ -140,6 +148,21 @@ int main(void) {
         HP_CHECK(check_file(tmp, NN, 0) == 2, "the checker reports both upward includes of an nn file");
         HP_CHECK(check_file(tmp, TRAIN, 0) == 0, "the same includes are fine in train");
         remove(tmp);
+    }
+    // negative: parallel (or checkpoint) including the models layer, public or private header
+    char tmp2[] = "/tmp/hp_layering_XXXXXX";
+    fd = mkstemp(tmp2);
+    HP_CHECK(fd >= 0, "mkstemp");
+    if (fd >= 0) {
+        FILE *f = fdopen(fd, "w");
+        fprintf(f, "#include \"hyperparallel/tp.h\"\n#include \"hyperparallel/models.h\"\n"
+                   "#include \"models/models-impl.h\"\n");
+        fclose(f);
+        HP_CHECK(check_file(tmp2, PARALLEL, 0) == 2, "the checker reports both includes of models from parallel");
+        HP_CHECK(check_file(tmp2, CHECKPOINT, 0) == 2, "the checker reports both includes of models from checkpoint");
+        HP_CHECK(check_file(tmp2, MODELS, 0) == 0 && check_file(tmp2, TRAIN, 0) == 0,
+                 "the same includes are fine in models and train");
+        remove(tmp2);
     }
     return hp_test_finish("test_layering");
 }

@@ -199,7 +199,8 @@ int main(void) {
         HP_CHECK_OK(hp_model_create(&q, B, T, &b));
         HP_CHECK_OK(hp_model_init_weights(a, 21));
         HP_CHECK_OK(hp_model_init_weights(b, 22));
-        HP_CHECK_OK(hp_hf_export(dir, hp_model_hf_adapter(&q), &q, hp_model_params(a), hp_model_num_params(a), NULL, HP_F32, 40000));
+        HP_CHECK_OK(hp_hf_export(dir, hp_model_hf_adapter(&q), &q, hp_model_params(a), hp_model_num_params(a), NULL,
+                                 HP_F32, 40000));
         char path[200];
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
         FILE *f = fopen(path, "r");
@@ -235,11 +236,12 @@ int main(void) {
         // a config.json with other MoE keys is refused naming them
         hp_model_config_t q2 = q;
         q2.moe_top_k = 1;
-        HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&q2), &q2, hp_model_params(b), hp_model_num_params(b), NULL), HP_ERR_INVALID_ARG,
-                     "'num_experts_per_tok' = 2 (model.moe_top_k = 1)");
+        HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&q2), &q2, hp_model_params(b), hp_model_num_params(b), NULL),
+                     HP_ERR_INVALID_ARG, "'num_experts_per_tok' = 2 (model.moe_top_k = 1)");
         q2 = q;
         q2.moe_route_scale = 2.0f;
-        HP_CHECK_ERR(hp_hf_export(dir, hp_model_hf_adapter(&q2), &q2, hp_model_params(a), hp_model_num_params(a), NULL, HP_F32, 0),
+        HP_CHECK_ERR(hp_hf_export(dir, hp_model_hf_adapter(&q2), &q2, hp_model_params(a), hp_model_num_params(a), NULL,
+                                  HP_F32, 0),
                      HP_ERR_UNSUPPORTED, "model.moe_route_scale");
         printf("qwen3_moe HF round trip (%s): parameters and logits bitwise equal\n", dir);
         hp_model_destroy(a);
@@ -318,15 +320,16 @@ int main(void) {
                  same ? "equal" : "differ", la, lb);
         hp_model_config_t d2 = d;   // config fields that change no shape are named
         d2.moe_route_scale = 1.0f;
-        HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&d2), &d2, hp_model_params(b), hp_model_num_params(b), NULL), HP_ERR_INVALID_ARG,
-                     "'routed_scaling_factor' = 2.5 (model.moe_route_scale = 1)");
+        HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&d2), &d2, hp_model_params(b), hp_model_num_params(b), NULL),
+                     HP_ERR_INVALID_ARG, "'routed_scaling_factor' = 2.5 (model.moe_route_scale = 1)");
         d2 = d;
         d2.max_seq_len = 32;   // YaRN off here, on in config.json
-        HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&d2), &d2, hp_model_params(b), hp_model_num_params(b), NULL), HP_ERR_INVALID_ARG,
-                     "'rope_parameters.rope_type' = yarn");
+        HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&d2), &d2, hp_model_params(b), hp_model_num_params(b), NULL),
+                     HP_ERR_INVALID_ARG, "'rope_parameters.rope_type' = yarn");
         d2 = d;
         d2.moe_score_fn = HP_MOE_SCORE_SOFTMAX;   // HF routes with a sigmoid
-        HP_CHECK_ERR(hp_hf_export(dir, hp_model_hf_adapter(&d2), &d2, hp_model_params(a), hp_model_num_params(a), NULL, HP_F32, 0),
+        HP_CHECK_ERR(hp_hf_export(dir, hp_model_hf_adapter(&d2), &d2, hp_model_params(a), hp_model_num_params(a), NULL,
+                                  HP_F32, 0),
                      HP_ERR_UNSUPPORTED, "model.moe_score_func (HF: sigmoid)");
         printf("deepseek_v3 HF round trip (q_lora %d): parameters and loss bitwise equal\n", ql);
         hp_model_destroy(a);

@@ -19,8 +19,6 @@
 extern "C" {
 #endif
 
-struct hp_model_hf_config;   /* a family's config.json mapping, private to src/models/ */
-
 typedef struct hp_model_spec {
     const char *name;      /* the registry key: hp_model_config_t.name ("llama3") */
     const char *flavors;   /* its flavors, for messages: "debugmodel, 1B, 8B, 70B, 405B" */
@@ -34,8 +32,9 @@ typedef struct hp_model_spec {
      * stream Shard(1); loss_parallel: the output keeps vocab-sharded logits (Shard(-1)). */
     int (*tp_plan)(const hp_model_config_t *cfg, int sequence_parallel, int loss_parallel, hp_tp_plan_entry_t *plan,
                    int cap);
-    const hp_hf_adapter_t *hf;                      /* HF state-dict adapter; NULL: none */
-    const struct hp_model_hf_config *hf_config;     /* its config.json mapping (hf_config.c) */
+    /* HF state-dict adapter with the config.json mapping; NULL: none (HF export and import
+     * refuse the family with a message) */
+    const hp_hf_adapter_t *hf;
 } hp_model_spec_t;
 
 /* The family named `name`, or NULL. */

@@ -101,7 +101,8 @@ hp_status_t hp_hf_map_name(const hp_hf_adapter_t *a, hp_hf_direction_t direction
     if (direction == HP_HF_TO_HF && expert_hf_name(name, 0, tmp, sizeof tmp))   /* mixture of experts (owner moe) */
         return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: '%s' is one HF tensor per expert (%s, ...), not one "
                         "name", a->family, name, tmp);
-    if (direction == HP_HF_TO_HF) return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: no HF name for '%s'", a->family, name);
+    if (direction == HP_HF_TO_HF)
+        return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: no HF name for '%s'", a->family, name);
     return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: no TorchTitan name for HF '%s'", a->family, name);
 }
 
@@ -159,7 +160,9 @@ hp_status_t hp_hf_write_config(const char *dir, const hp_hf_adapter_t *a, const 
                                hp_dtype_t dtype) {
     if (!a) return hp_hf_check(a, mc, "config.json");
     char *text = a->config_json(mc, dtype);
-    if (!text) return hp_error(HP_ERR_OOM, "HF config.json of the %s model: out of memory", mc->name);
+    if (!text)
+        return hp_error(HP_ERR_OOM, "HF config.json of the %s model: out of memory (or its family has no config.json "
+                        "mapping)", mc->name);
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     hp_status_t s = write_text(path, text);

@@ -249,7 +249,8 @@ static hp_status_t to_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
     void *data = c->buf;
     char tmp[160];
     int pm = 0;
-    if (sp->n_hf > 0 && c->ent[c->first[i]].e < 0) HP_TRY(hp_hf_map_name(c->a, HP_HF_TO_HF, sp->name, tmp, sizeof tmp, &pm));
+    if (sp->n_hf > 0 && c->ent[c->first[i]].e < 0)
+        HP_TRY(hp_hf_map_name(c->a, HP_HF_TO_HF, sp->name, tmp, sizeof tmp, &pm));
     if (pm) {
         HP_TRY(grow(&c->perm, &c->pcap, nb));
         permute_bytes(c->perm, c->buf, sp->shape[0], (size_t)sp->shape[1] * esz, c->mc->head_dim, 0);

@@ -12,8 +12,8 @@
 
 /* ---- model args presets ------------------------------------------------------------------- */
 
-void decoder_llama_args(hp_model_config_t *c, const char *flavor, int dim, int layers, int heads, int kv,
-                        int multiple_of, float mult, int vocab) {
+/* The sizes every flavor names (the rest zero). */
+static void sizes(hp_model_config_t *c, const char *flavor, int dim, int layers, int heads, int kv, int vocab) {
     memset(c, 0, sizeof(*c));
     snprintf(c->flavor, sizeof(c->flavor), "%s", flavor);
     c->dim = dim;
@@ -21,6 +21,11 @@ void decoder_llama_args(hp_model_config_t *c, const char *flavor, int dim, int l
     c->n_heads = heads;
     c->n_kv_heads = kv;
     c->vocab_size = vocab;
+}
+
+void decoder_llama_args(hp_model_config_t *c, const char *flavor, int dim, int layers, int heads, int kv,
+                        int multiple_of, float mult, int vocab) {
+    sizes(c, flavor, dim, layers, heads, kv, vocab);
     c->multiple_of = multiple_of;
     c->ffn_dim_multiplier = mult;
     c->norm_eps = 1e-5f;
@@ -35,15 +40,9 @@ void decoder_llama_args(hp_model_config_t *c, const char *flavor, int dim, int l
 
 void decoder_qwen_args(hp_model_config_t *c, const char *flavor, int dim, int layers, int heads, int kv,
                        int head_dim, int hidden, int vocab) {
-    memset(c, 0, sizeof(*c));
-    snprintf(c->flavor, sizeof(c->flavor), "%s", flavor);
-    c->dim = dim;
-    c->n_layers = layers;
-    c->n_heads = heads;
-    c->n_kv_heads = kv;
+    sizes(c, flavor, dim, layers, heads, kv, vocab);
     c->head_dim = head_dim;
     c->hidden_dim = hidden;
-    c->vocab_size = vocab;
     c->norm_eps = 1e-6f;
     c->rope_theta = 1000000.0f;
     c->qk_norm = 1;
@@ -88,9 +87,9 @@ void decoder_mla_args(hp_model_config_t *c, int q_lora, int kv_lora, int nope, i
 
 /* ---- the architecture --------------------------------------------------------------------- */
 
-int decoder_n_units(const hp_model_config_t *c) { return c->n_layers + 2; }
+static int decoder_n_units(const hp_model_config_t *c) { return c->n_layers + 2; }
 
-int decoder_unit_kind(const hp_model_config_t *c, int u) {
+static int decoder_unit_kind(const hp_model_config_t *c, int u) {
     return u == 0 ? HP_MODEL_UNIT_EMBEDDING : u <= c->n_layers ? HP_MODEL_UNIT_BLOCK : HP_MODEL_UNIT_HEAD;
 }
 
@@ -115,7 +114,7 @@ static void init_output(hp_param_decl_t *p, int dim) {
     p->rng = (hp_rng_spec_t){HP_RNG_TRUNC_NORMAL, 0.0f, s, -3.0f * s, 3.0f * s};
 }
 
-int decoder_declare(const hp_model_config_t *c, int u, int has_embedding, hp_param_decl_t *d) {
+static int decoder_declare(const hp_model_config_t *c, int u, int has_embedding, hp_param_decl_t *d) {
     const int64_t dm = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim,
                   hid = c->hidden_dim, V = c->vocab_size;
     int n = 0;
@@ -242,7 +241,8 @@ static hp_status_t build_mla(hp_model_t m, int l, hp_param_t **P, hp_module_t **
     return hp_mla_new(m, nm, &mc, kids, n, out);
 }
 
-hp_status_t decoder_build(hp_model_t m, int u, hp_param_t **P, int np, hp_module_t **out, hp_rope_style_t style) {
+static hp_status_t decoder_build(hp_model_t m, int u, hp_param_t **P, int np, hp_module_t **out,
+                                 hp_rope_style_t style) {
     const hp_model_config_t *c = hp_model_config(m);
     const int d = c->dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim, hid = c->hidden_dim;
     char nm[HP_PARAM_NAME_MAX];
@@ -317,6 +317,16 @@ hp_status_t decoder_build(hp_model_t m, int u, hp_param_t **P, int np, hp_module
     }
 }
 
+
+static hp_status_t build_interleaved(hp_model_t m, int u, hp_param_t **P, int np, hp_module_t **out) {
+    return decoder_build(m, u, P, np, out, HP_ROPE_INTERLEAVED);   // pairs (2i, 2i+1)
+}
+static hp_status_t build_half(hp_model_t m, int u, hp_param_t **P, int np, hp_module_t **out) {
+    return decoder_build(m, u, P, np, out, HP_ROPE_HALF);   // rotate_half
+}
+const hp_model_arch_t decoder_arch_interleaved = {decoder_n_units, decoder_unit_kind, decoder_declare,
+                                                  build_interleaved};
+const hp_model_arch_t decoder_arch_half = {decoder_n_units, decoder_unit_kind, decoder_declare, build_half};
 
 /* ---- tensor parallel ------------------------------------------------------------------------ */
 

@@ -82,7 +82,7 @@ hp_status_t hfj_unsupported(const hfj_t *c, const char *key, const char *value, 
 /* rope_scaling (transformers 4) or rope_parameters (transformers 5): none / "default" or
  * "llama3"; every other type (linear, dynamic, yarn, longrope, ...) changes the frequencies
  * in a way the model does not implement. */
-hp_status_t models_hf_read_rope(const hfj_t *c, hp_model_config_t *mc) {
+hp_status_t models_hf_read_rope(const hfj_t *c, hp_model_config_t *mc, int64_t max_pos) {
     json_object *rp = hfj_get(c->o, "rope_parameters"), *rs = hfj_get(c->o, "rope_scaling");
     const char *rkey = rp ? "rope_parameters" : "rope_scaling";
     json_object *r = rp ? rp : rs;
@@ -153,7 +153,8 @@ static hp_status_t refuse_unsupported(const hfj_t *c, int no_sliding_window) {
      * Mistral-style model saved under its model_type. Qwen3 keeps sliding_window set with
      * use_sliding_window false, where HF ignores it. */
     if (no_sliding_window && (v = hfj_get(c->o, "sliding_window")))
-        return hfj_unsupported(c, "sliding_window", json_object_to_json_string(v), "full causal attention in every layer");
+        return hfj_unsupported(c, "sliding_window", json_object_to_json_string(v),
+                               "full causal attention in every layer");
     if ((v = hfj_get(c->o, "layer_types"))) {
         if (!json_object_is_type(v, json_type_array))
             return hp_error(HP_ERR_FORMAT, "%s: 'layer_types' expects an array of strings", c->path);
@@ -178,11 +179,15 @@ static hp_status_t refuse_unsupported(const hfj_t *c, int no_sliding_window) {
     return HP_OK;
 }
 
+const models_hf_family_t *models_hf_family(const hp_model_spec_t *sp) {
+    return sp ? (const models_hf_family_t *)sp->hf : NULL;   /* the adapter is its first member */
+}
+
 /* The family whose HF class has config.json's model_type, or NULL. */
 static const hp_model_spec_t *family_of_model_type(const char *model_type) {
     for (int i = 0; i < hp_model_spec_count(); i++) {
         const hp_model_spec_t *sp = hp_model_spec_at(i);
-        if (sp->hf && sp->hf_config && !strcmp(sp->hf->model_type, model_type)) return sp;
+        if (sp->hf && !strcmp(sp->hf->model_type, model_type)) return sp;
     }
     return NULL;
 }
@@ -212,13 +217,13 @@ hp_status_t hp_hf_read_config(const char *dir, hp_model_config_t *out) {
     types[0] = 0;
     for (int i = 0, k = 0; i < hp_model_spec_count() && tl < sizeof types; i++) {
         const hp_model_spec_t *sp = hp_model_spec_at(i);
-        if (sp->hf && sp->hf_config)
+        if (sp->hf)
             tl += (size_t)snprintf(types + tl, sizeof types - tl, "%s%s (\"%s\")", k++ ? ", " : "",
                                    sp->hf->architecture, sp->hf->model_type);
     }
     if (s == HP_OK && !mts)
-        s = hp_error(HP_ERR_FORMAT, "%s: 'model_type' is %s; expected a string naming one of the architectures %s", path,
-                     mt ? "not a string" : "missing", types);
+        s = hp_error(HP_ERR_FORMAT, "%s: 'model_type' is %s; expected a string naming one of the architectures %s",
+                     path, mt ? "not a string" : "missing", types);
     const hp_model_spec_t *fam = mts ? family_of_model_type(mts) : NULL;
     if (s == HP_OK && !fam) {
         char b[300], want[600];
@@ -226,7 +231,7 @@ hp_status_t hp_hf_read_config(const char *dir, hp_model_config_t *out) {
         snprintf(want, sizeof want, "the architectures %s", types);
         s = hfj_unsupported(&c, "model_type", b, want);
     }
-    const struct hp_model_hf_config *fc = fam ? fam->hf_config : NULL;
+    const models_hf_family_t *fc = models_hf_family(fam);
     hp_model_config_t mc;
     if (s == HP_OK) s = hp_model_flavor(fam->name, "debugmodel", &mc);   /* what HF's config does not say */
     if (s == HP_OK) s = refuse_unsupported(&c, fc->refuse_sliding_window);
@@ -287,7 +292,8 @@ void models_diff_str(models_diff_t *d, const char *hfkey, const char *key, const
         d->lm += (size_t)snprintf(d->msg + d->lm, d->msg_n - d->lm, "%sconfig.json '%s' = %s (model.%s = %s)",
                                   d->n > 1 ? ", " : "", hfkey, hfv, key, mcv);
     if (d->lf < d->flags_n)
-        d->lf += (size_t)snprintf(d->flags + d->lf, d->flags_n - d->lf, "%s--model.%s %s", d->n > 1 ? " " : "", key, hfv);
+        d->lf += (size_t)snprintf(d->flags + d->lf, d->flags_n - d->lf, "%s--model.%s %s", d->n > 1 ? " " : "", key,
+                                  hfv);
 }
 
 void models_diff_int(models_diff_t *d, const char *hfkey, const char *key, int hf, int mc) {
@@ -323,7 +329,8 @@ int hp_hf_config_diff(const hp_model_config_t *hf, const hp_model_config_t *mc, 
         if (d.lm < msg_n)
             d.lm += (size_t)snprintf(msg + d.lm, msg_n - d.lm, "%sconfig.json 'model_type' = '%s' (model.name = %s)",
                                      d.n > 1 ? ", " : "", fh && fh->hf ? fh->hf->model_type : hf->name, mc->name);
-        if (d.lf < flags_n) d.lf += (size_t)snprintf(flags + d.lf, flags_n - d.lf, "%s--model %s", d.n > 1 ? " " : "", hf->name);
+        if (d.lf < flags_n)
+            d.lf += (size_t)snprintf(flags + d.lf, flags_n - d.lf, "%s--model %s", d.n > 1 ? " " : "", hf->name);
     }
 #define INT_F(hfkey, f) models_diff_int(&d, hfkey, #f, hf->f, mc->f)
 #define FLT_F(hfkey, f) models_diff_float(&d, hfkey, #f, hf->f, mc->f)
@@ -345,7 +352,8 @@ int hp_hf_config_diff(const hp_model_config_t *hf, const hp_model_config_t *mc, 
         INT_F("rope_scaling.original_max_position_embeddings", rope_original_max_pos);
     }
     BOOL_F("tie_word_embeddings", tie_embeddings);
-    if (same && fm && fm->hf_config && fm->hf_config->diff) fm->hf_config->diff(&d, hf, mc);   /* the family's keys */
+    const models_hf_family_t *fam = models_hf_family(fm);
+    if (same && fam && fam->diff) fam->diff(&d, hf, mc);   /* the family's keys */
     if (same) BOOL_F("model_type (q/k norm)", qk_norm);
 #undef INT_F
 #undef FLT_F
@@ -373,28 +381,22 @@ const hp_hf_name_pair_t models_hf_decoder_names[] = {
 
 /* ---- writing ------------------------------------------------------------------------------- */
 
-json_object *models_hf_decoder_json(const hp_hf_adapter_t *a, const hp_model_config_t *mc, hp_dtype_t dt) {
-    json_object *c = json_object_new_object();
-    json_object *arch = json_object_new_array();
-    json_object_array_add(arch, json_object_new_string(a->architecture));
+char *models_hf_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
+    const hp_model_spec_t *sp = hp_model_spec_find(mc->name);
+    const models_hf_family_t *fam = models_hf_family(sp);
+    if (!fam) return NULL;
+    json_object *c = json_object_new_object(), *arch = json_object_new_array();
+    json_object_array_add(arch, json_object_new_string(sp->hf->architecture));
     json_object_object_add(c, "architectures", arch);
-    json_object_object_add(c, "model_type", json_object_new_string(a->model_type));
+    json_object_object_add(c, "model_type", json_object_new_string(sp->hf->model_type));
     json_object_object_add(c, "hidden_size", json_object_new_int(mc->dim));
     json_object_object_add(c, "intermediate_size", json_object_new_int(mc->hidden_dim));
     json_object_object_add(c, "num_hidden_layers", json_object_new_int(mc->n_layers));
     json_object_object_add(c, "num_attention_heads", json_object_new_int(mc->n_heads));
-    json_object_object_add(c, "num_key_value_heads", json_object_new_int(mc->n_kv_heads));
-    json_object_object_add(c, "head_dim", json_object_new_int(mc->head_dim));
+    json_object_object_add(c, "num_key_value_heads", json_object_new_int(mc->n_kv_heads));   /* MLA: n_heads */
     json_object_object_add(c, "vocab_size", json_object_new_int(mc->vocab_size));
     json_object_object_add(c, "rms_norm_eps", json_object_new_double(mc->norm_eps));
     json_object_object_add(c, "rope_theta", json_object_new_double(mc->rope_theta));
-    /* with Llama 3 rope scaling HF wants max_position_embeddings above the original context */
-    int64_t maxpos = mc->max_seq_len > 0 ? mc->max_seq_len : 2048;
-    if (mc->rope_scaling) {
-        int64_t scaled = (int64_t)((double)mc->rope_original_max_pos * mc->rope_factor);
-        if (scaled > maxpos) maxpos = scaled;
-    }
-    json_object_object_add(c, "max_position_embeddings", json_object_new_int64(maxpos));
     json_object_object_add(c, "tie_word_embeddings", json_object_new_boolean(mc->tie_embeddings));
     json_object_object_add(c, "hidden_act", json_object_new_string("silu"));
     json_object_object_add(c, "attention_bias", json_object_new_boolean(0));
@@ -403,6 +405,23 @@ json_object *models_hf_decoder_json(const hp_hf_adapter_t *a, const hp_model_con
     json_object_object_add(c, "use_cache", json_object_new_boolean(1));
     json_object_object_add(c, "torch_dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));
     json_object_object_add(c, "dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));   /* transformers 5 */
+    fam->write(c, mc);   /* the family's keys */
+    const char *t = json_object_to_json_string_ext(c, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+                                                          JSON_C_TO_STRING_NOSLASHESCAPE);
+    char *text = t ? strdup(t) : NULL;
+    json_object_put(c);
+    return text;
+}
+
+void models_hf_write_llama_rope(json_object *c, const hp_model_config_t *mc) {
+    json_object_object_add(c, "head_dim", json_object_new_int(mc->head_dim));
+    /* with Llama 3 rope scaling HF wants max_position_embeddings above the original context */
+    int64_t maxpos = mc->max_seq_len > 0 ? mc->max_seq_len : 2048;
+    if (mc->rope_scaling) {
+        int64_t scaled = (int64_t)((double)mc->rope_original_max_pos * mc->rope_factor);
+        if (scaled > maxpos) maxpos = scaled;
+    }
+    json_object_object_add(c, "max_position_embeddings", json_object_new_int64(maxpos));
     if (mc->rope_scaling) {   /* HF's "llama3" rope type serves every model that reads rope_scaling */
         json_object *rs = json_object_new_object();
         json_object_object_add(rs, "rope_type", json_object_new_string("llama3"));
@@ -412,31 +431,27 @@ json_object *models_hf_decoder_json(const hp_hf_adapter_t *a, const hp_model_con
         json_object_object_add(rs, "original_max_position_embeddings", json_object_new_int(mc->rope_original_max_pos));
         json_object_object_add(c, "rope_scaling", rs);
     }
-    return c;
 }
 
-char *models_hf_json_text(json_object *c) {
-    const char *t = json_object_to_json_string_ext(c, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
-                                                          JSON_C_TO_STRING_NOSLASHESCAPE);
-    char *text = t ? strdup(t) : NULL;
-    json_object_put(c);
-    return text;
-}
+/* ---- what HF's classes can express ------------------------------------------------------------ */
 
-/* ---- refusals the families share ------------------------------------------------------------ */
-
-hp_status_t models_hf_refuse_experts(const hp_model_config_t *mc, const char *what) {
-    if (mc->moe_experts <= 0) return HP_OK;
-    return hp_error(HP_ERR_UNSUPPORTED, "HF %s: the MoE model '%s' has no HF state-dict adapter: DeepSeek-V3's HF "
-                    "checkpoints use MLA attention, which this model (GQA attention) does not have; hint: use the "
-                    "DCP checkpoint or weights.safetensors (TorchTitan names), or qwen3_moe", what, mc->name);
-}
-
-/* HF's classes fix what a custom config could change: LlamaForCausalLM has no q/k norm,
- * Qwen3ForCausalLM (and Qwen3MoeForCausalLM) always has one. */
-hp_status_t models_hf_refuse_qk_norm(const hp_model_config_t *mc, const char *what, int want, const char *why,
-                                     const char *hint) {
-    if (!mc->qk_norm == !want) return HP_OK;
-    return hp_error(HP_ERR_UNSUPPORTED, "HF %s: %s with qk_norm %s has no HF architecture (%s); hint: %s", what,
-                    mc->name, mc->qk_norm ? "true" : "false", why, hint);
+hp_status_t models_hf_check(const hp_model_config_t *mc, const char *what) {
+    const models_hf_family_t *f = models_hf_family(hp_model_spec_find(mc->name));
+    if (!f)
+        return hp_error(HP_ERR_UNSUPPORTED, "HF %s: the model '%s' has no HF state-dict adapter; hint: use the DCP "
+                        "checkpoint or weights.safetensors (TorchTitan names)", what, mc->name);
+    if (f->check_moe) HP_TRY(f->check_moe(mc, what));
+    else if (mc->moe_experts > 0)
+        return hp_error(HP_ERR_UNSUPPORTED, "HF %s: the MoE model '%s' has no HF state-dict adapter: %s has no routed "
+                        "experts; hint: use the DCP checkpoint or weights.safetensors (TorchTitan names), or a family "
+                        "whose HF class has experts (models.h)", what, mc->name, f->adapter.architecture);
+    /* HF's classes fix what a custom config could change: LlamaForCausalLM has no q/k norm,
+     * Qwen3ForCausalLM (and Qwen3MoeForCausalLM) always has one */
+    if (!mc->qk_norm != !f->qk_norm)
+        return hp_error(HP_ERR_UNSUPPORTED, "HF %s: %s with qk_norm %s has no HF architecture (%s %s q_norm/k_norm); "
+                        "hint: %s", what, mc->name, mc->qk_norm ? "true" : "false", f->adapter.architecture,
+                        f->qk_norm ? "always has" : "has no",
+                        f->qk_norm ? "keep model.qk_norm true" : "keep model.qk_norm false, or use a family whose HF "
+                        "class has q_norm/k_norm");
+    return HP_OK;
 }

@@ -11,13 +11,9 @@
 /* ---- decoder.c: the Llama-style decoder, parameterised by config fields --------------------
  * Units: 0 the embedding, 1..n_layers the blocks (GQA attention with optional qk-norm, or MLA;
  * a dense SwiGLU feed-forward, or MoE from layer moe_n_dense_layers on), n_layers + 1 the head.
- * A family's architecture is {decoder_n_units, decoder_unit_kind, decoder_declare, its build},
- * its build calling decoder_build with its RoPE layout. */
-int decoder_n_units(const hp_model_config_t *c);
-int decoder_unit_kind(const hp_model_config_t *c, int unit);
-int decoder_declare(const hp_model_config_t *c, int unit, int has_embedding, hp_param_decl_t *out);
-hp_status_t decoder_build(hp_model_t m, int unit, hp_param_t **params, int n_params, hp_module_t **out,
-                          hp_rope_style_t style);
+ * One architecture per RoPE layout; a family picks its own: interleaved pairs (2i, 2i+1), as
+ * TorchTitan's llama3 and deepseek_v3, or rotate_half (i, i + hd/2), as HF's Qwen3. */
+extern const hp_model_arch_t decoder_arch_interleaved, decoder_arch_half;
 
 /* Model-args presets of the flavors (memset first; name and arch are the registry's):
  * llama_args: TorchTitan's llama3 args (FFN hidden from multiple_of / ffn_dim_multiplier,
@@ -58,8 +54,9 @@ hp_status_t hfj_num(const hfj_t *c, json_object *o, const char *key, int require
 hp_status_t hfj_bool(const hfj_t *c, const char *key, int def, int *out);
 /* HP_ERR_UNSUPPORTED: key = value is something the model does not have (expected: what it has). */
 hp_status_t hfj_unsupported(const hfj_t *c, const char *key, const char *value, const char *expected);
-/* rope_theta and rope_scaling / rope_parameters of type "default" or Llama 3.1's "llama3". */
-hp_status_t models_hf_read_rope(const hfj_t *c, hp_model_config_t *mc);
+/* rope_theta and rope_scaling / rope_parameters of type "default" or Llama 3.1's "llama3" (a
+ * family's `read` when it has no keys of its own). */
+hp_status_t models_hf_read_rope(const hfj_t *c, hp_model_config_t *mc, int64_t max_pos);
 
 /* A running comparison of two configs (hp_hf_config_diff): each difference appends
  * "config.json 'hfkey' = hfv (model.key = mcv)" to msg and "--model.key hfv" to flags. */
@@ -78,28 +75,41 @@ void models_diff_str(models_diff_t *d, const char *hfkey, const char *key, const
  * q_proj / k_proj. */
 extern const hp_hf_name_pair_t models_hf_decoder_names[];
 
-/* The LlamaConfig-style keys every Llama-like family writes (architectures, model_type, sizes,
- * eps, RoPE with Llama 3.1 scaling, ...), and the finished text (the object is released). */
-json_object *models_hf_decoder_json(const hp_hf_adapter_t *a, const hp_model_config_t *mc, hp_dtype_t dtype);
-char *models_hf_json_text(json_object *c);
+/* The text of the model's config.json (hp_hf_adapter_t.config_json): the keys every family's
+ * HF class has (architectures, model_type, sizes, eps, rope_theta, tie_word_embeddings, ...),
+ * then the family's (`write`). models_hf_write_llama_rope: LlamaConfig's head_dim,
+ * max_position_embeddings and rope_scaling (Llama 3.1's), for the families that have them. */
+char *models_hf_config_json(const hp_model_config_t *mc, hp_dtype_t dtype);
+void models_hf_write_llama_rope(json_object *c, const hp_model_config_t *mc);
 
-/* Refusals the families share: an MoE config in a family whose HF class is dense; a qk_norm the
- * HF class cannot express (want: whether it has q_norm / k_norm; why and hint name it). */
-hp_status_t models_hf_refuse_experts(const hp_model_config_t *mc, const char *what);
-hp_status_t models_hf_refuse_qk_norm(const hp_model_config_t *mc, const char *what, int want, const char *why,
-                                     const char *hint);
+/* The adapter's `check` of every family: MoE routing through the family's check_moe (an MoE
+ * config in a dense class is refused), and a qk_norm the HF class does not have. */
+hp_status_t models_hf_check(const hp_model_config_t *mc, const char *what);
 
-/* A family's config.json mapping (hp_model_spec_t.hf_config). hp_hf_read_config reads the keys
- * every family shares, then calls `read`; hp_hf_config_diff compares the shared fields, then
- * calls `diff` when both configs are of this family. */
-struct hp_model_hf_config {
+/* A family's HF side (its state_dict_adapter.c): the checkpoint layer's adapter first, so the
+ * spec's `hf` points at the whole and the shared code here reaches the config.json mapping from
+ * the spec (models_hf_family). hp_hf_read_config reads the keys every family shares, then calls
+ * `read`; hp_hf_config_diff compares the shared fields, then calls `diff` when both configs are
+ * of this family; models_hf_config_json writes the shared keys, then calls `write`;
+ * models_hf_check calls `check_moe`. */
+typedef struct models_hf_family {
+    hp_hf_adapter_t adapter;     /* its hooks: models_hf_check and the three config.json functions */
     int max_position_default;    /* HF's default max_position_embeddings of the class */
-    int qk_norm;                 /* the HF class has q_norm / k_norm */
+    int qk_norm;                 /* the HF class has q_norm / k_norm (always), else none */
     int refuse_sliding_window;   /* the class has no sliding window: a sliding_window key is refused */
     /* the family's keys and its RoPE (models_hf_read_rope for Llama 3.1 / plain RoPE), after the
      * shared fields are in mc; max_pos: max_position_embeddings */
     hp_status_t (*read)(const hfj_t *c, hp_model_config_t *mc, int64_t max_pos);
     void (*diff)(models_diff_t *d, const hp_model_config_t *hf, const hp_model_config_t *mc);   /* NULL: none */
-};
+    void (*write)(json_object *c, const hp_model_config_t *mc);   /* the family's config.json keys */
+    /* what HF's router and experts can express (HP_ERR_UNSUPPORTED naming the config key); NULL:
+     * the class is dense */
+    hp_status_t (*check_moe)(const hp_model_config_t *mc, const char *what);
+} models_hf_family_t;
+/* The adapter's hooks of every family here (the shared functions above, which reach the
+ * family's own parts through the registry). */
+#define MODELS_HF_HOOKS models_hf_check, hp_hf_read_config, hp_hf_config_diff, models_hf_config_json
+/* The HF side of a family in src/models (NULL when it has none). */
+const models_hf_family_t *models_hf_family(const hp_model_spec_t *sp);
 
 #endif

@@ -89,7 +89,8 @@ static hp_status_t load_hf_dir(const char *dir, int max_batch, int max_seq_len, 
     cfg.max_seq_len = max_seq_len;
     hp_model_t m = NULL;
     HP_TRY(hp_model_create(&cfg, max_batch, max_seq_len, &m));
-    hp_status_t s = hp_hf_import(dir, hp_model_hf_adapter(&cfg), &cfg, hp_model_params(m), hp_model_num_params(m), NULL);
+    hp_status_t s =
+        hp_hf_import(dir, hp_model_hf_adapter(&cfg), &cfg, hp_model_params(m), hp_model_num_params(m), NULL);
     if (s != HP_OK) {
         hp_model_destroy(m);
         return s;

@@ -24,17 +24,9 @@ static int args(const char *flavor, hp_model_config_t *c) {
     return 1;
 }
 
-static hp_status_t build(hp_model_t m, int unit, hp_param_t **params, int n_params, hp_module_t **out) {
-    return decoder_build(m, unit, params, n_params, out, HP_ROPE_INTERLEAVED);   // MLA's RoPE: pairs
-}
-
-static const hp_model_arch_t arch = {decoder_n_units, decoder_unit_kind, decoder_declare, build};
-
 models_tp_plan_fn deepseek_v3_tp_plan;                     /* parallelize.c */
-extern const hp_hf_adapter_t deepseek_v3_hf_adapter;       /* state_dict_adapter.c */
-extern const struct hp_model_hf_config deepseek_v3_hf_config;
+extern const models_hf_family_t deepseek_v3_hf;   /* state_dict_adapter.c */
 
 const hp_model_spec_t hp_deepseek_v3_spec = {
-    "deepseek_v3", "debugmodel, 671B", args, &arch, deepseek_v3_tp_plan, &deepseek_v3_hf_adapter,
-    &deepseek_v3_hf_config,
+    "deepseek_v3", "debugmodel, 671B", args, &decoder_arch_interleaved, deepseek_v3_tp_plan, &deepseek_v3_hf.adapter,
 };

@@ -7,8 +7,6 @@
 #include <string.h>
 #include "models/models-impl.h"
 
-extern const hp_hf_adapter_t deepseek_v3_hf_adapter;
-
 static const hp_hf_name_pair_t mla_names[] = {
     {"attention.wq.weight", "self_attn.q_proj.weight", 0},
     {"attention.wq_a.weight", "self_attn.q_a_proj.weight", 0},
@@ -27,7 +25,7 @@ static const hp_hf_name_pair_t mla_names[] = {
 
 /* DeepseekV3TopkRouter: sigmoid, the bias for selection, groups, norm, scale; and routed experts
  * in some layer (HF has no dense-only DeepSeek-V3). */
-static hp_status_t check(const hp_model_config_t *mc, const char *what) {
+static hp_status_t check_moe(const hp_model_config_t *mc, const char *what) {
     if (mc->moe_experts <= 0)
         return hp_error(HP_ERR_UNSUPPORTED, "HF %s: deepseek_v3 without routed experts has no HF architecture; hint: "
                         "keep model.moe_num_experts", what);
@@ -182,18 +180,9 @@ static void diff(models_diff_t *d, const hp_model_config_t *hf, const hp_model_c
 /* DeepseekV3Config: MLA sizes, MoE routing, YaRN (rope_parameters; mscale == mscale_all_dim, so
  * HF's attention_factor is 1 and its softmax scale gets mscale^2 as TorchTitan's), or plain
  * RoPE when YaRN is off (max_seq_len <= the original context). */
-static char *config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
-    json_object *c = json_object_new_object(), *arch = json_object_new_array();
-    json_object_array_add(arch, json_object_new_string(deepseek_v3_hf_adapter.architecture));
-    json_object_object_add(c, "architectures", arch);
-    json_object_object_add(c, "model_type", json_object_new_string(deepseek_v3_hf_adapter.model_type));
+static void write_keys(json_object *c, const hp_model_config_t *mc) {
 #define I(k, v) json_object_object_add(c, k, json_object_new_int(v))
-    I("hidden_size", mc->dim);
-    I("intermediate_size", mc->hidden_dim);
     I("moe_intermediate_size", mc->moe_hidden);
-    I("num_hidden_layers", mc->n_layers);
-    I("num_attention_heads", mc->n_heads);
-    I("num_key_value_heads", mc->n_heads);
     I("n_shared_experts", mc->moe_shared_experts);
     I("n_routed_experts", mc->moe_experts);
     I("num_experts_per_tok", mc->moe_top_k);
@@ -204,8 +193,8 @@ static char *config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
     I("qk_nope_head_dim", mc->qk_nope_head_dim);
     I("qk_rope_head_dim", mc->qk_rope_head_dim);
     I("v_head_dim", mc->v_head_dim);
-    I("vocab_size", mc->vocab_size);
     I("max_position_embeddings", mc->max_seq_len > 0 ? mc->max_seq_len : 4096);
+    I("num_nextn_predict_layers", 0);
 #undef I
     json_object_object_add(c, "q_lora_rank", mc->q_lora_rank ? json_object_new_int(mc->q_lora_rank) : NULL);
     json_object_object_add(c, "routed_scaling_factor", json_object_new_double(mc->moe_route_scale));
@@ -213,8 +202,6 @@ static char *config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
     json_object_object_add(c, "scoring_func", json_object_new_string("sigmoid"));
     json_object_object_add(c, "topk_method", json_object_new_string("noaux_tc"));
     json_object_object_add(c, "rope_interleave", json_object_new_boolean(1));
-    json_object_object_add(c, "rms_norm_eps", json_object_new_double(mc->norm_eps));
-    json_object_object_add(c, "rope_theta", json_object_new_double(mc->rope_theta));
     json_object *rs = json_object_new_object();
     json_object_object_add(rs, "rope_theta", json_object_new_double(mc->rope_theta));
     if (hp_model_mla_yarn(mc)) {
@@ -229,24 +216,13 @@ static char *config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
         json_object_object_add(rs, "rope_type", json_object_new_string("default"));
     }
     json_object_object_add(c, "rope_parameters", rs);
-    json_object_object_add(c, "tie_word_embeddings", json_object_new_boolean(mc->tie_embeddings));
-    json_object_object_add(c, "hidden_act", json_object_new_string("silu"));
-    json_object_object_add(c, "attention_bias", json_object_new_boolean(0));
-    json_object_object_add(c, "attention_dropout", json_object_new_double(0.0));
-    json_object_object_add(c, "initializer_range", json_object_new_double(0.02));
-    json_object_object_add(c, "use_cache", json_object_new_boolean(1));
-    json_object_object_add(c, "num_nextn_predict_layers", json_object_new_int(0));
-    json_object_object_add(c, "torch_dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));
-    json_object_object_add(c, "dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));
-    return models_hf_json_text(c);
 }
 
 static const hp_hf_name_pair_t *const names[] = {mla_names, models_hf_decoder_names, NULL};
 
-const hp_hf_adapter_t deepseek_v3_hf_adapter = {
-    "deepseek_v3", "deepseek_v3", "DeepseekV3ForCausalLM", names, 0, check, hp_hf_read_config, hp_hf_config_diff,
-    config_json,
-};
 /* 32768 when config.json lacks max_position_embeddings, as for Qwen3Config (DeepseekV3Config's
  * own default is 4096, but the config.json of a DeepSeek-V3 checkpoint names it) */
-const struct hp_model_hf_config deepseek_v3_hf_config = {32768, 0, 0, read_keys, diff};
+const models_hf_family_t deepseek_v3_hf = {
+    {"deepseek_v3", "deepseek_v3", "DeepseekV3ForCausalLM", names, 0, MODELS_HF_HOOKS},
+    32768, 0, 0, read_keys, diff, write_keys, check_moe,
+};

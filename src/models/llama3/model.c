@@ -22,16 +22,9 @@ static int args(const char *flavor, hp_model_config_t *c) {
     return 1;
 }
 
-static hp_status_t build(hp_model_t m, int unit, hp_param_t **params, int n_params, hp_module_t **out) {
-    return decoder_build(m, unit, params, n_params, out, HP_ROPE_INTERLEAVED);   // pairs (2i, 2i+1)
-}
-
-static const hp_model_arch_t arch = {decoder_n_units, decoder_unit_kind, decoder_declare, build};
-
-extern const hp_hf_adapter_t llama3_hf_adapter;            /* state_dict_adapter.c */
-extern const struct hp_model_hf_config llama3_hf_config;
+extern const models_hf_family_t llama3_hf;   /* state_dict_adapter.c */
 
 /* The TP plan is TorchTitan's llama3 apply_tp: the decoder's (models-impl.h). */
 const hp_model_spec_t hp_llama3_spec = {
-    "llama3", "debugmodel, 1B, 8B, 70B, 405B", args, &arch, decoder_tp_plan, &llama3_hf_adapter, &llama3_hf_config,
+    "llama3", "debugmodel, 1B, 8B, 70B, 405B", args, &decoder_arch_interleaved, decoder_tp_plan, &llama3_hf.adapter,
 };

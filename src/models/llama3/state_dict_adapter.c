@@ -3,29 +3,16 @@
  * config.json mapping (no q/k norm, no sliding window, LlamaConfig's defaults). */
 #include "models/models-impl.h"
 
-extern const hp_hf_adapter_t llama3_hf_adapter;
-
-static hp_status_t check(const hp_model_config_t *mc, const char *what) {
-    HP_TRY(models_hf_refuse_experts(mc, what));
-    return models_hf_refuse_qk_norm(mc, what, 0, "LlamaForCausalLM has no q_norm/k_norm",
-                                    "use model.name qwen3 for a model with qk_norm");
-}
-
-static hp_status_t read_keys(const hfj_t *c, hp_model_config_t *mc, int64_t max_pos) {
-    return models_hf_read_rope(c, mc);
-}
-
-static char *config_json(const hp_model_config_t *mc, hp_dtype_t dtype) {
-    json_object *c = models_hf_decoder_json(&llama3_hf_adapter, mc, dtype);
+static void write_keys(json_object *c, const hp_model_config_t *mc) {
+    models_hf_write_llama_rope(c, mc);
     json_object_object_add(c, "mlp_bias", json_object_new_boolean(0));
     json_object_object_add(c, "pretraining_tp", json_object_new_int(1));
-    return models_hf_json_text(c);
 }
 
 static const hp_hf_name_pair_t *const names[] = {models_hf_decoder_names, NULL};
 
-const hp_hf_adapter_t llama3_hf_adapter = {
-    "llama3", "llama", "LlamaForCausalLM", names, 1, check, hp_hf_read_config, hp_hf_config_diff, config_json,
+/* q/k rows permuted; LlamaConfig: max_position_embeddings 2048 by default, no q/k norm, no sliding window */
+const models_hf_family_t llama3_hf = {
+    {"llama3", "llama", "LlamaForCausalLM", names, 1, MODELS_HF_HOOKS},
+    2048, 0, 1, models_hf_read_rope, NULL, write_keys, NULL,
 };
-/* LlamaConfig: max_position_embeddings 2048 by default */
-const struct hp_model_hf_config llama3_hf_config = {2048, 0, 1, read_keys, NULL};

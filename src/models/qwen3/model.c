@@ -14,18 +14,11 @@ static int args(const char *flavor, hp_model_config_t *c) {
     return 1;
 }
 
-static hp_status_t build(hp_model_t m, int unit, hp_param_t **params, int n_params, hp_module_t **out) {
-    return decoder_build(m, unit, params, n_params, out, HP_ROPE_HALF);   // rotate_half
-}
-
-static const hp_model_arch_t arch = {decoder_n_units, decoder_unit_kind, decoder_declare, build};
-
-extern const hp_hf_adapter_t qwen3_hf_adapter;             /* state_dict_adapter.c */
-extern const struct hp_model_hf_config qwen3_hf_config;
+extern const models_hf_family_t qwen3_hf;   /* state_dict_adapter.c */
 
 /* TorchTitan's qwen3 uses the llama plan (the decoder's, models-impl.h); its q_norm / k_norm
  * (SequenceParallel over the head dim there) are parameters of the attention module here,
  * reduced by its wrapper. */
 const hp_model_spec_t hp_qwen3_spec = {
-    "qwen3", "debugmodel, 0.6B", args, &arch, decoder_tp_plan, &qwen3_hf_adapter, &qwen3_hf_config,
+    "qwen3", "debugmodel, 0.6B", args, &decoder_arch_half, decoder_tp_plan, &qwen3_hf.adapter,
 };

@@ -6,11 +6,9 @@
 #include <stdio.h>
 #include "models/models-impl.h"
 
-extern const hp_hf_adapter_t qwen3_moe_hf_adapter;
-
 /* Qwen3MoeForCausalLM's router: softmax over the experts, top-k renormalised when
  * norm_topk_prob, no shared experts, no groups, no scale. */
-static hp_status_t check(const hp_model_config_t *mc, const char *what) {
+static hp_status_t check_moe(const hp_model_config_t *mc, const char *what) {
     const char *key = mc->moe_experts <= 0                      ? NULL
                       : mc->moe_shared_experts > 0               ? "model.moe_num_shared_experts (HF: 0)"
                       : mc->moe_score_fn != HP_MOE_SCORE_SOFTMAX ? "model.moe_score_func (HF: softmax)"
@@ -21,8 +19,7 @@ static hp_status_t check(const hp_model_config_t *mc, const char *what) {
     if (key)
         return hp_error(HP_ERR_UNSUPPORTED, "HF %s: Qwen3MoeForCausalLM cannot express this qwen3_moe model's %s; hint: "
                         "keep the flavor's value, or use the DCP checkpoint", what, key);
-    return models_hf_refuse_qk_norm(mc, what, 1, "Qwen3ForCausalLM always has q_norm/k_norm",
-                                    "keep model.qk_norm true for qwen3");
+    return HP_OK;
 }
 
 static hp_status_t read_keys(const hfj_t *c, hp_model_config_t *mc, int64_t max_pos) {
@@ -58,7 +55,7 @@ static hp_status_t read_keys(const hfj_t *c, hp_model_config_t *mc, int64_t max_
     mc->moe_hidden = (int)mh;
     mc->moe_route_norm = norm;
     mc->moe_n_dense_layers = dense;
-    return models_hf_read_rope(c, mc);
+    return models_hf_read_rope(c, mc, max_pos);
 }
 
 static void diff(models_diff_t *d, const hp_model_config_t *hf, const hp_model_config_t *mc) {
@@ -71,8 +68,8 @@ static void diff(models_diff_t *d, const hp_model_config_t *hf, const hp_model_c
 }
 
 /* The Qwen3 keys, then the routing: the first moe_n_dense_layers are mlp_only_layers. */
-static char *config_json(const hp_model_config_t *mc, hp_dtype_t dtype) {
-    json_object *c = models_hf_decoder_json(&qwen3_moe_hf_adapter, mc, dtype);
+static void write_keys(json_object *c, const hp_model_config_t *mc) {
+    models_hf_write_llama_rope(c, mc);
     json_object_object_add(c, "use_sliding_window", json_object_new_boolean(0));
     json_object_object_add(c, "sliding_window", NULL);
     json_object_object_add(c, "max_window_layers", json_object_new_int(mc->n_layers));
@@ -86,13 +83,12 @@ static char *config_json(const hp_model_config_t *mc, hp_dtype_t dtype) {
     json_object_object_add(c, "mlp_only_layers", dense);
     json_object_object_add(c, "output_router_logits", json_object_new_boolean(0));
     json_object_object_add(c, "router_aux_loss_coef", json_object_new_double(mc->moe_aux_loss_coeff));
-    return models_hf_json_text(c);
 }
 
 static const hp_hf_name_pair_t *const names[] = {models_hf_decoder_names, NULL};
 
-const hp_hf_adapter_t qwen3_moe_hf_adapter = {
-    "qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM", names, 0, check, hp_hf_read_config, hp_hf_config_diff, config_json,
+/* Qwen3MoeConfig: max_position_embeddings 32768 by default, q/k norm, a sliding window (off) */
+const models_hf_family_t qwen3_moe_hf = {
+    {"qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM", names, 0, MODELS_HF_HOOKS},
+    32768, 1, 0, read_keys, diff, write_keys, check_moe,
 };
-/* Qwen3MoeConfig: max_position_embeddings 32768 by default */
-const struct hp_model_hf_config qwen3_moe_hf_config = {32768, 1, 0, read_keys, diff};
