@@ -1,4 +1,4 @@
-// The MoE model flavors (deepseek_v3, qwen3_moe; src/nn/llama.c): parameter counts of the
+// The MoE model flavors (deepseek_v3, qwen3_moe; src/models/): parameter counts of the
 // real-size flavors (total and active, Qwen3-30B-A3B's published 30.5B / 3.3B), the declared
 // parameters (3-D stacked experts, TorchTitan names), a one-expert top-1 softmax MoE equal to
 // the dense model with the same weights (logits and gradients), tokens_per_expert counting
