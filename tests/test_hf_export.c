@@ -138,18 +138,17 @@ static void check_model(const char *name) {
     mc2.vocab_size = 80;
     hp_model_t m3 = NULL;
     HP_CHECK_OK(hp_model_create(&mc2, 1, 16, &m3));
+    const hp_hf_adapter_t *a = hp_model_hf_adapter(&mc2);
     if (m3) {
         /* config.json says so first; without it, the tensor's shape */
-        HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&mc2), &mc2, hp_model_params(m3), hp_model_num_params(m3),
-                                  NULL),
-                     HP_ERR_INVALID_ARG, "config.json 'vocab_size' = 64 (model.vocab_size = ");
+        HP_CHECK_ERR(hp_hf_import(dir, a, &mc2, hp_model_params(m3), hp_model_num_params(m3), NULL), HP_ERR_INVALID_ARG,
+                     "config.json 'vocab_size' = 64 (model.vocab_size = ");
         char cj[400], moved[420];
         snprintf(cj, sizeof cj, "%s/config.json", dir);
         snprintf(moved, sizeof moved, "%s.moved", cj);
         HP_CHECK(rename(cj, moved) == 0, "rename %s", cj);
-        HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&mc2), &mc2, hp_model_params(m3), hp_model_num_params(m3),
-                                  NULL),
-                     HP_ERR_INVALID_ARG, "model.embed_tokens.weight");
+        HP_CHECK_ERR(hp_hf_import(dir, a, &mc2, hp_model_params(m3), hp_model_num_params(m3), NULL), HP_ERR_INVALID_ARG,
+                     "model.embed_tokens.weight");
         HP_CHECK(rename(moved, cj) == 0, "rename %s back", moved);
         hp_model_destroy(m3);
     }

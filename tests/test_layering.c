@@ -120,6 +120,21 @@ static int check_dir(const char *dir, int layer, int *files) {
     return bad;
 }
 
+/* A temporary file holding `text` (three includes, the last two upward from layer `bad`): the
+ * checker must report both in layer `bad` and none in layer `ok`. */
+static void negative(const char *text, int bad, int ok, const char *what) {
+    char tmp[] = "/tmp/hp_layering_XXXXXX";
+    int fd = mkstemp(tmp);
+    HP_CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    FILE *f = fdopen(fd, "w");
+    fputs(text, f);
+    fclose(f);
+    HP_CHECK(check_file(tmp, bad, 0) == 2, "the checker reports both upward includes of %s", what);
+    HP_CHECK(check_file(tmp, ok, 0) == 0, "the same includes are fine in %s", layer_names[ok]);
+    remove(tmp);
+}
+
 int main(void) {
     const char *src = getenv("HP_SOURCE_DIR");
     if (!src) {
@@ -138,31 +153,12 @@ int main(void) {
     HP_CHECK(bad == 0, "%d upward includes (listed above)", bad);
     printf("layering: %d files, %d upward includes\n", files, bad);
     // negative: the checker flags an nn file including train and parallel headers
-    char tmp[] = "/tmp/hp_layering_XXXXXX";
-    int fd = mkstemp(tmp);
-    HP_CHECK(fd >= 0, "mkstemp");
-    if (fd >= 0) {
-        FILE *f = fdopen(fd, "w");
-        fprintf(f, "#include \"hyperparallel/nn.h\"\n#include \"hyperparallel/trainer.h\"\n#include \"parallel/dp-impl.h\"\n");
-        fclose(f);
-        HP_CHECK(check_file(tmp, NN, 0) == 2, "the checker reports both upward includes of an nn file");
-        HP_CHECK(check_file(tmp, TRAIN, 0) == 0, "the same includes are fine in train");
-        remove(tmp);
-    }
-    // negative: parallel (or checkpoint) including the models layer, public or private header
-    char tmp2[] = "/tmp/hp_layering_XXXXXX";
-    fd = mkstemp(tmp2);
-    HP_CHECK(fd >= 0, "mkstemp");
-    if (fd >= 0) {
-        FILE *f = fdopen(fd, "w");
-        fprintf(f, "#include \"hyperparallel/tp.h\"\n#include \"hyperparallel/models.h\"\n"
-                   "#include \"models/models-impl.h\"\n");
-        fclose(f);
-        HP_CHECK(check_file(tmp2, PARALLEL, 0) == 2, "the checker reports both includes of models from parallel");
-        HP_CHECK(check_file(tmp2, CHECKPOINT, 0) == 2, "the checker reports both includes of models from checkpoint");
-        HP_CHECK(check_file(tmp2, MODELS, 0) == 0 && check_file(tmp2, TRAIN, 0) == 0,
-                 "the same includes are fine in models and train");
-        remove(tmp2);
-    }
+    negative("#include \"hyperparallel/nn.h\"\n#include \"hyperparallel/trainer.h\"\n#include \"parallel/dp-impl.h\"\n",
+             NN, TRAIN, "an nn file including train and parallel");
+    // negative: parallel (and checkpoint) including the models layer, its public or private header
+    const char *models = "#include \"hyperparallel/tp.h\"\n#include \"hyperparallel/models.h\"\n"
+                         "#include \"models/models-impl.h\"\n";
+    negative(models, PARALLEL, MODELS, "a parallel file including models");
+    negative(models, CHECKPOINT, TRAIN, "a checkpoint file including models");
     return hp_test_finish("test_layering");
 }
