@@ -4,22 +4,31 @@
 #include <string.h>
 #include "models/models-impl.h"
 
+/* TorchTitan's llama3_args: dim, layers, heads, kv heads, multiple_of, ffn_dim_multiplier,
+ * vocab, and the RoPE scaling factor where it is not Llama 3.1's 8. */
+static const struct {
+    const char *name;
+    int dim, layers, heads, kv, multiple_of;
+    float mult;
+    int vocab;
+    float rope_factor;
+} flavors[] = {
+    {"debugmodel", 256, 6, 16, 16, 256, 0.0f, 2048, 0.0f},
+    {"1B", 2048, 16, 32, 8, 256, 1.5f, 128256, 32.0f},   // Llama 3.2 1B shape (untied here, as TorchTitan's)
+    {"8B", 4096, 32, 32, 8, 1024, 1.3f, 128256, 0.0f},
+    {"70B", 8192, 80, 64, 8, 4096, 1.3f, 128256, 0.0f},
+    {"405B", 16384, 126, 128, 8, 4096, 1.2f, 128256, 0.0f},
+};
+
 static int args(const char *flavor, hp_model_config_t *c) {
-    if (strcmp(flavor, "debugmodel") == 0)
-        decoder_llama_args(c, flavor, 256, 6, 16, 16, 256, 0.0f, 2048);
-    else if (strcmp(flavor, "1B") == 0) {
-        // Llama 3.2 1B shape (untied here as TorchTitan's llama3 model; rope factor 32)
-        decoder_llama_args(c, flavor, 2048, 16, 32, 8, 256, 1.5f, 128256);
-        c->rope_factor = 32.0f;
-    } else if (strcmp(flavor, "8B") == 0)
-        decoder_llama_args(c, flavor, 4096, 32, 32, 8, 1024, 1.3f, 128256);
-    else if (strcmp(flavor, "70B") == 0)
-        decoder_llama_args(c, flavor, 8192, 80, 64, 8, 4096, 1.3f, 128256);
-    else if (strcmp(flavor, "405B") == 0)
-        decoder_llama_args(c, flavor, 16384, 126, 128, 8, 4096, 1.2f, 128256);
-    else
-        return 0;
-    return 1;
+    for (size_t i = 0; i < sizeof flavors / sizeof flavors[0]; i++) {
+        if (strcmp(flavors[i].name, flavor) != 0) continue;
+        decoder_llama_args(c, flavor, flavors[i].dim, flavors[i].layers, flavors[i].heads, flavors[i].kv,
+                           flavors[i].multiple_of, flavors[i].mult, flavors[i].vocab);
+        if (flavors[i].rope_factor > 0.0f) c->rope_factor = flavors[i].rope_factor;
+        return 1;
+    }
+    return 0;
 }
 
 extern const models_hf_family_t llama3_hf;   /* state_dict_adapter.c */
