@@ -22,7 +22,7 @@ json_object *hfj_get(json_object *o, const char *key) {
 }
 
 hp_status_t hfj_int(const hfj_t *c, const char *key, int required, int64_t def, int64_t lo, int64_t hi,
-                            int64_t *out) {
+                    int64_t *out) {
     json_object *v = hfj_get(c->o, key);
     if (!v) {
         if (required)
@@ -41,7 +41,7 @@ hp_status_t hfj_int(const hfj_t *c, const char *key, int required, int64_t def, 
 }
 
 hp_status_t hfj_num(const hfj_t *c, json_object *o, const char *key, int required, double def, double lo,
-                            double hi, double *out) {
+                    double hi, double *out) {
     json_object *v = hfj_get(o, key);
     if (!v) {
         if (required)

@@ -45,12 +45,12 @@ typedef struct hfj {
 } hfj_t;
 /* A present, non-null value of key in o (NULL when absent or JSON null). */
 json_object *hfj_get(json_object *o, const char *key);
-/* Typed reads of c->o's `key` (get_num: of the object o) with the range checked; an absent
+/* Typed reads of c->o's `key` (hfj_num: of the object o) with the range checked; an absent
  * key is an error when required, else def; the message names the file and the key. */
-hp_status_t hfj_int(const hfj_t *c, const char *key, int required, int64_t def, int64_t lo,
-                            int64_t hi, int64_t *out);
-hp_status_t hfj_num(const hfj_t *c, json_object *o, const char *key, int required, double def,
-                            double lo, double hi, double *out);
+hp_status_t hfj_int(const hfj_t *c, const char *key, int required, int64_t def, int64_t lo, int64_t hi,
+                    int64_t *out);
+hp_status_t hfj_num(const hfj_t *c, json_object *o, const char *key, int required, double def, double lo,
+                    double hi, double *out);
 hp_status_t hfj_bool(const hfj_t *c, const char *key, int def, int *out);
 /* HP_ERR_UNSUPPORTED: key = value is something the model does not have (expected: what it has). */
 hp_status_t hfj_unsupported(const hfj_t *c, const char *key, const char *value, const char *expected);
