@@ -18,6 +18,7 @@
 #include "hyperparallel/cp.h"
 #include "hyperparallel/nn.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 
 #define CHECK(expr)                                                                            \
     do {                                                                                       \

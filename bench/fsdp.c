@@ -11,6 +11,7 @@
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/optim.h"
 
 #define CHECK(x)                                                                        \

@@ -19,6 +19,7 @@
 #include "hyperparallel/ep.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/nn.h"
 
 #define CHECK(x)                                                                 \

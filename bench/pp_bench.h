@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 
 static inline hp_status_t pp_bench_config(int layers, int dim, int T, hp_model_config_t *cfg) {
     HP_TRY(hp_model_flavor("llama3", "debugmodel", cfg));

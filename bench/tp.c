@@ -21,6 +21,7 @@
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/optim.h"
 #include "hyperparallel/tp.h"
 
@@ -55,7 +56,7 @@ static result_t run(int mode, hp_mesh_t mesh, const hp_model_config_t *cfg, int 
     hp_fsdp_t fsdp = NULL;
     hp_tp_plan_entry_t plan[32];
     if (mode == 1) {
-        int n = strcmp(cfg->name, "qwen3") == 0 ? hp_tp_qwen3_plan(plan, 32, sp, sp) : hp_tp_llama3_plan(plan, 32, sp, sp);
+        int n = hp_model_spec_find(cfg->name)->tp_plan(cfg, sp, sp, plan, 32);
         CHECK(hp_tp_parallelize_model(&tp, m, mesh, plan, n));
     }
     CHECK(hp_model_init_weights(m, 1));

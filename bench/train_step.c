@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/nn.h"
 #include "hyperparallel/optim.h"
 

@@ -19,6 +19,7 @@
 #include "hyperparallel/comm.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/tokenizer.h"
 #include "hyperparallel/trainer.h"
 
@@ -189,8 +190,8 @@ int main(int argc, char **argv) {
         hp_model_t m = hp_trainer_model(t);
         char hfdir[400];
         snprintf(hfdir, sizeof hfdir, "%s/hf", dir_);
-        HP_CHECK_OK(hp_hf_export(hfdir, hp_model_config(m), hp_model_params(m), hp_model_num_params(m), world, HP_F32,
-                                 64 * 1024));
+        HP_CHECK_OK(hp_hf_export(hfdir, hp_model_hf_adapter(hp_model_config(m)), hp_model_config(m), hp_model_params(m),
+                                 hp_model_num_params(m), world, HP_F32, 64 * 1024));
         hp_config_t *h = malloc(sizeof *h);
         *h = *c;
         ckpt_config(h, "from_hf", "disabled");

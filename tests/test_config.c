@@ -13,6 +13,7 @@
 #include "hp_test.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/parse.h"
 #include "hyperparallel/status.h"
 

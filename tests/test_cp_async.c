@@ -13,6 +13,7 @@
 #include <string.h>
 #include "hyperparallel/cp.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hp_test_mpi.h"
 
 enum { T = 32, B = 2, L = 2 };

@@ -12,6 +12,7 @@
 #include <string.h>
 #include "hyperparallel/cp.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hp_test_mpi.h"
 
 enum { T = 4096, B = 1 };

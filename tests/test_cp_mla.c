@@ -14,6 +14,7 @@
 #include "hyperparallel/comm.h"
 #include "hyperparallel/cp.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hp_test_mpi.h"
 
 enum { T = 16, B = 2 };

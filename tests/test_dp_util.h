@@ -14,6 +14,7 @@
 #include "hp_test.h"
 #include "hyperparallel/comm.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/optim.h"
 
 #define DP_T 8        /* sequence length */

@@ -22,6 +22,7 @@
 #include "hyperparallel/ep.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 
 static double rel(const float *a, const float *b, size_t n) {
     double w = 0, s = 0;
@@ -390,12 +391,13 @@ static void run_efsdp(const char *name, hp_comm_t world, int rank, int E) {
         char dir[64];
         snprintf(dir, sizeof dir, "/tmp/hp_test_ep_hf_%d_%d_XXXXXX", E, rank);
         HP_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
-        HP_CHECK_OK(hp_hf_export(dir, &c, hp_model_params(ref), hp_model_num_params(ref), NULL, HP_F32, 0));
+        HP_CHECK_OK(hp_hf_export(dir, hp_model_hf_adapter(&c), &c, hp_model_params(ref), hp_model_num_params(ref), NULL,
+                                 HP_F32, 0));
         for (int i = 0; i < hp_model_num_params(em); i++) {
             hp_param_t *pe = &hp_model_params(em)[i];
             if (hp_ep_is_expert_param(pe)) memset(hp_param_w(pe), 0, sizeof(float) * (size_t)hp_tensor_numel(&pe->value.local));
         }
-        HP_CHECK_OK(hp_hf_import(dir, &c, hp_model_params(em), hp_model_num_params(em), NULL));
+        HP_CHECK_OK(hp_hf_import(dir, hp_model_hf_adapter(&c), &c, hp_model_params(em), hp_model_num_params(em), NULL));
         for (int i = 0; i < hp_model_num_params(ref); i++) {
             const hp_param_t *pr = &hp_model_params(ref)[i], *pe = hp_model_find_param(em, pr->name);
             if (!hp_ep_is_expert_param(pr) || !pe) continue;

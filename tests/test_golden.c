@@ -13,6 +13,7 @@
 
 #include "hp_test.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/optim.h"
 #include "hyperparallel/safetensors.h"
 

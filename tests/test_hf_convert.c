@@ -21,6 +21,7 @@
 #include "hyperparallel/dtensor.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 
 static char ROOT[512];
 static char BDIR[1024], SRC[1024];
@@ -67,9 +68,10 @@ static void round_trip(const char *tag, hp_model_config_t mc) {
     snprintf(hf2, sizeof hf2, "%s/%s_hf2", ROOT, tag);
     snprintf(hfb, sizeof hfb, "%s/%s_hfb", ROOT, tag);
     snprintf(dcpb, sizeof dcpb, "%s/%s_dcpb", ROOT, tag);
-    HP_CHECK_OK(hp_hf_export(hf, &mc, hp_model_params(src), hp_model_num_params(src), WORLD, HP_F32, 0));
+    HP_CHECK_OK(hp_hf_export(hf, hp_model_hf_adapter(&mc), &mc, hp_model_params(src), hp_model_num_params(src), WORLD,
+                             HP_F32, 0));
     hp_hf_convert_stats_t st;
-    HP_CHECK_OK(hp_hf_convert_to_dcp(hf, &mc, dcp, WORLD, &st));
+    HP_CHECK_OK(hp_hf_convert_to_dcp(hf, hp_model_hf_adapter(&mc), &mc, dcp, WORLD, &st));
     /* the share: every tensor converted once; each rank within one largest tensor of half */
     int64_t mine[2] = {st.tensors, st.bytes_written}, all[2] = {0, 0};
     HP_CHECK_OK(hp_all_reduce(mine, all, 2, HP_I64, HP_SUM, WORLD, NULL));
@@ -112,12 +114,14 @@ static void round_trip(const char *tag, hp_model_config_t mc) {
     w[5] = nextafterf(w[5], 1.0f);
     HP_CHECK(!params_equal(src, back, 0, &first), "%s: a flipped bit went unnoticed", tag);
     /* DCP -> HF (several shards), then the library import */
-    HP_CHECK_OK(hp_hf_convert_from_dcp(dcp, &mc, hf2, HP_F32, 40000, WORLD, &st));
-    HP_CHECK_OK(hp_hf_import(hf2, &mc, hp_model_params(back2), hp_model_num_params(back2), WORLD));
+    HP_CHECK_OK(hp_hf_convert_from_dcp(dcp, hp_model_hf_adapter(&mc), &mc, hf2, HP_F32, 40000, WORLD, &st));
+    HP_CHECK_OK(hp_hf_import(hf2, hp_model_hf_adapter(&mc), &mc, hp_model_params(back2), hp_model_num_params(back2),
+                             WORLD));
     HP_CHECK(params_equal(src, back2, 0, &first), "%s: DCP -> HF differs at %s", tag, first ? first : "?");
     /* bf16: kept bf16 in the DCP, cast to f32 on load */
-    HP_CHECK_OK(hp_hf_export(hfb, &mc, hp_model_params(src), hp_model_num_params(src), WORLD, HP_BF16, 0));
-    HP_CHECK_OK(hp_hf_convert_to_dcp(hfb, &mc, dcpb, WORLD, &st));
+    HP_CHECK_OK(hp_hf_export(hfb, hp_model_hf_adapter(&mc), &mc, hp_model_params(src), hp_model_num_params(src), WORLD,
+                             HP_BF16, 0));
+    HP_CHECK_OK(hp_hf_convert_to_dcp(hfb, hp_model_hf_adapter(&mc), &mc, dcpb, WORLD, &st));
     hp_dcp_metadata_t md = NULL;
     HP_CHECK_OK(hp_dcp_metadata_read(dcpb, &md));
     if (md) {
@@ -134,7 +138,8 @@ static void round_trip(const char *tag, hp_model_config_t mc) {
     other.rope_theta *= 2;
     char bad[800];
     snprintf(bad, sizeof bad, "%s/%s_refused", ROOT, tag);
-    HP_CHECK_ERR(hp_hf_convert_to_dcp(hf, &other, bad, WORLD, NULL), HP_ERR_INVALID_ARG, "config.json 'rope_theta'");
+    HP_CHECK_ERR(hp_hf_convert_to_dcp(hf, hp_model_hf_adapter(&other), &other, bad, WORLD, NULL), HP_ERR_INVALID_ARG,
+                 "config.json 'rope_theta'");
     HP_CHECK(access(bad, F_OK) != 0, "%s: a refused conversion wrote %s", tag, bad);
     free(ts);
     hp_model_destroy(src);
@@ -165,8 +170,8 @@ static void moe_expert_bias(hp_model_config_t mc) {
     snprintf(dcp, sizeof dcp, "%s/moe_bias_dcp", ROOT);
     snprintf(hf, sizeof hf, "%s/moe_bias_hf", ROOT);
     HP_CHECK_OK(hp_dcp_save(dcp, &st, WORLD));
-    HP_CHECK_OK(hp_hf_convert_from_dcp(dcp, &mc, hf, HP_F32, 0, WORLD, NULL));
-    HP_CHECK_OK(hp_hf_import(hf, &mc, hp_model_params(back), np, WORLD));
+    HP_CHECK_OK(hp_hf_convert_from_dcp(dcp, hp_model_hf_adapter(&mc), &mc, hf, HP_F32, 0, WORLD, NULL));
+    HP_CHECK_OK(hp_hf_import(hf, hp_model_hf_adapter(&mc), &mc, hp_model_params(back), np, WORLD));
     const char *first = NULL;
     HP_CHECK(params_equal(src, back, 0, &first), "moe expert_bias: DCP -> HF differs at %s", first ? first : "?");
     char ix[800];
@@ -200,7 +205,8 @@ static void sharded_columns(void) {
     fill_pattern(src);
     char hf[700];
     snprintf(hf, sizeof hf, "%s/cols_hf", ROOT);
-    HP_CHECK_OK(hp_hf_export(hf, &mc, hp_model_params(src), hp_model_num_params(src), WORLD, HP_BF16, 0));
+    HP_CHECK_OK(hp_hf_export(hf, hp_model_hf_adapter(&mc), &mc, hp_model_params(src), hp_model_num_params(src), WORLD,
+                             HP_BF16, 0));
     hp_mesh_t mesh = NULL;
     const char *names[1] = {"tp"};
     int64_t shape[1] = {SIZE};
@@ -215,7 +221,7 @@ static void sharded_columns(void) {
     }
     hp_hf_import_counts_t c0, c1;
     hp_hf_import_counts_get(&c0);
-    HP_CHECK_OK(hp_hf_import(hf, &mc, ps, np, WORLD));
+    HP_CHECK_OK(hp_hf_import(hf, hp_model_hf_adapter(&mc), &mc, ps, np, WORLD));
     hp_hf_import_counts_get(&c1);
     int bad = 0;
     for (int i = 0; i < np && !bad; i++) {
@@ -274,7 +280,8 @@ static void test_memory_bound(void) {
     fill_pattern(m);
     char hf[700], cmd[3000];
     snprintf(hf, sizeof hf, "%s/big_hf", ROOT);
-    HP_CHECK_OK(hp_hf_export(hf, &mc, hp_model_params(m), hp_model_num_params(m), NULL, HP_F32, 0));
+    HP_CHECK_OK(hp_hf_export(hf, hp_model_hf_adapter(&mc), &mc, hp_model_params(m), hp_model_num_params(m), NULL,
+                             HP_F32, 0));
     hp_model_destroy(m);
     const long largest_kib = 65536L * 128 * 4 / 1024, total_kib = (long)(hp_model_param_count(&mc, 0) * 4 / 1024);
     snprintf(cmd, sizeof cmd, "'%s/hp-ckpt' from-hf '%s/tests/data/hf_shapes/llama_kv1_untied' '%s/tiny_dcp' >/dev/null",

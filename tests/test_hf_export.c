@@ -11,6 +11,7 @@
 #include "hp_test.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/safetensors.h"
 
 static char ROOT[] = "/tmp/hp_test_hf_export_XXXXXX";
@@ -29,7 +30,7 @@ static void check_model(const char *name) {
     int np = hp_model_num_params(m);
     char dir[200];
     snprintf(dir, sizeof dir, "%s/%s", ROOT, name);
-    HP_CHECK_OK(hp_hf_export(dir, &mc, p, np, NULL, HP_F32, 1024 * 1024));
+    HP_CHECK_OK(hp_hf_export(dir, hp_model_hf_adapter(&mc), &mc, p, np, NULL, HP_F32, 1024 * 1024));
     HP_CHECK(hp_hf_is_hf_dir(dir), "%s: recognised as an HF dir", name);
     /* index */
     char path[400];
@@ -45,10 +46,10 @@ static void check_model(const char *name) {
     for (int i = 0; i < np; i++) {
         char hf[160];
         int pm;
-        HP_CHECK_OK(hp_hf_name_to_hf(&mc, p[i].name, hf, sizeof hf, &pm));
+        HP_CHECK_OK(hp_hf_map_name(hp_model_hf_adapter(&mc), HP_HF_TO_HF, p[i].name, hf, sizeof hf, &pm));
         char back[160];
         int pm2;
-        HP_CHECK_OK(hp_hf_name_from_hf(&mc, hf, back, sizeof back, &pm2));
+        HP_CHECK_OK(hp_hf_map_name(hp_model_hf_adapter(&mc), HP_HF_FROM_HF, hf, back, sizeof back, &pm2));
         HP_CHECK(!strcmp(back, p[i].name) && pm == pm2, "name map round trip %s -> %s -> %s", p[i].name, hf, back);
         int is_qk = strstr(p[i].name, ".wq.") || strstr(p[i].name, ".wk.");
         HP_CHECK(pm == (is_qk && !strcmp(name, "llama3")), "%s: %s permuted = %d", name, p[i].name, pm);
@@ -113,7 +114,7 @@ static void check_model(const char *name) {
     hp_model_t m2 = NULL;
     HP_CHECK_OK(hp_model_create(&mc, 1, 16, &m2));
     if (m2) {
-        HP_CHECK_OK(hp_hf_import(dir, &mc, hp_model_params(m2), np, NULL));
+        HP_CHECK_OK(hp_hf_import(dir, hp_model_hf_adapter(&mc), &mc, hp_model_params(m2), np, NULL));
         int bad = 0;
         for (int i = 0; i < np; i++)
             bad += memcmp(p[i].value.local.data, hp_model_params(m2)[i].value.local.data,
@@ -124,7 +125,7 @@ static void check_model(const char *name) {
     /* bf16 export: one shard, BF16 tensors, import rounds */
     char dir2[300];
     snprintf(dir2, sizeof dir2, "%s/%s_bf16", ROOT, name);
-    HP_CHECK_OK(hp_hf_export(dir2, &mc, p, np, NULL, HP_BF16, 0));
+    HP_CHECK_OK(hp_hf_export(dir2, hp_model_hf_adapter(&mc), &mc, p, np, NULL, HP_BF16, 0));
     snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", dir2);
     hp_safetensors_t st = NULL;
     HP_CHECK_OK(hp_safetensors_open(path, &st));
@@ -137,15 +138,16 @@ static void check_model(const char *name) {
     mc2.vocab_size = 80;
     hp_model_t m3 = NULL;
     HP_CHECK_OK(hp_model_create(&mc2, 1, 16, &m3));
+    const hp_hf_adapter_t *a = hp_model_hf_adapter(&mc2);
     if (m3) {
         /* config.json says so first; without it, the tensor's shape */
-        HP_CHECK_ERR(hp_hf_import(dir, &mc2, hp_model_params(m3), hp_model_num_params(m3), NULL), HP_ERR_INVALID_ARG,
+        HP_CHECK_ERR(hp_hf_import(dir, a, &mc2, hp_model_params(m3), hp_model_num_params(m3), NULL), HP_ERR_INVALID_ARG,
                      "config.json 'vocab_size' = 64 (model.vocab_size = ");
         char cj[400], moved[420];
         snprintf(cj, sizeof cj, "%s/config.json", dir);
         snprintf(moved, sizeof moved, "%s.moved", cj);
         HP_CHECK(rename(cj, moved) == 0, "rename %s", cj);
-        HP_CHECK_ERR(hp_hf_import(dir, &mc2, hp_model_params(m3), hp_model_num_params(m3), NULL), HP_ERR_INVALID_ARG,
+        HP_CHECK_ERR(hp_hf_import(dir, a, &mc2, hp_model_params(m3), hp_model_num_params(m3), NULL), HP_ERR_INVALID_ARG,
                      "model.embed_tokens.weight");
         HP_CHECK(rename(moved, cj) == 0, "rename %s back", moved);
         hp_model_destroy(m3);

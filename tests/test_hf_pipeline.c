@@ -17,6 +17,7 @@
 #include "hp_test_tokenizer.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 
 static char ROOT[] = "/tmp/hp_test_hf_pipeline_XXXXXX";
 static char BDIR[1024], SRC[1024];

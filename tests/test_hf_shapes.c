@@ -21,6 +21,7 @@
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/safetensors.h"
 #include "hyperparallel/trainer.h"
 
@@ -124,7 +125,7 @@ static void test_shape(const char *name) {
     HP_CHECK_OK(hp_model_create(&mc, e.B, e.T, &m2));
     if (!m || !m2) return;
     /* 1. the library import */
-    HP_CHECK_OK(hp_hf_import(dir, &mc, hp_model_params(m), hp_model_num_params(m), NULL));
+    HP_CHECK_OK(hp_hf_import(dir, hp_model_hf_adapter(&mc), &mc, hp_model_params(m), hp_model_num_params(m), NULL));
     double err = logits_err(m, &e);
     HP_CHECK(err <= TOL_LOGITS, "%s: hp_hf_import logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
     printf("%s: dim %d L %d H %d KV %d hd %d F %d tied %d rope_scaling %d: logits rel err %.2g\n", name, mc.dim,
@@ -139,8 +140,8 @@ static void test_shape(const char *name) {
     /* a config that changes no shape (rope_theta 1% off) is refused by the import, naming it */
     hp_model_config_t bad = mc;
     bad.rope_theta *= 1.01f;
-    HP_CHECK_ERR(hp_hf_import(dir, &bad, hp_model_params(m), hp_model_num_params(m), NULL), HP_ERR_INVALID_ARG,
-                 "config.json 'rope_theta' = ");
+    HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&bad), &bad, hp_model_params(m), hp_model_num_params(m), NULL),
+                 HP_ERR_INVALID_ARG, "config.json 'rope_theta' = ");
     /* 2. hp-ckpt from-hf, model from config.json, then the DCP load */
     char out[1500];
     snprintf(out, sizeof out, "dcp_%s", name);
@@ -262,7 +263,7 @@ static void test_moe_shape(const char *name) {
     hp_model_t m = NULL;
     HP_CHECK_OK(hp_model_create(&mc, e.B, e.T, &m));
     if (!m) return;
-    HP_CHECK_OK(hp_hf_import(dir, &mc, hp_model_params(m), hp_model_num_params(m), NULL));
+    HP_CHECK_OK(hp_hf_import(dir, hp_model_hf_adapter(&mc), &mc, hp_model_params(m), hp_model_num_params(m), NULL));
     double err = logits_err(m, &e);
     HP_CHECK(err <= TOL_LOGITS, "%s: hp_hf_import logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
     printf("%s: %d experts top-%d of hidden %d, %d dense layer: logits rel err %.2g\n", name, mc.moe_experts,
@@ -275,8 +276,8 @@ static void test_moe_shape(const char *name) {
     HP_CHECK(eb > TOL_LOGITS, "%s: expert 3's down_proj x 1.01 went unnoticed (rel err %.3g)", name, eb);
     hp_model_config_t bad = mc;   // a routing key that changes no shape is named
     bad.moe_top_k = 1;
-    HP_CHECK_ERR(hp_hf_import(dir, &bad, hp_model_params(m), hp_model_num_params(m), NULL), HP_ERR_INVALID_ARG,
-                 "config.json 'num_experts_per_tok' = 2 (model.moe_top_k = 1)");
+    HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&bad), &bad, hp_model_params(m), hp_model_num_params(m), NULL),
+                 HP_ERR_INVALID_ARG, "config.json 'num_experts_per_tok' = 2 (model.moe_top_k = 1)");
     /* the offline converter: each expert's three HF tensors into the (E, ., .) DCP tensors; the
      * converted checkpoint gives transformers' logits again (the model's experts reloaded) */
     moe_from_hf(name, "qwen3_moe", dir, "dcp_moe", m, &e);
@@ -309,7 +310,7 @@ static void test_deepseek_shape(const char *name) {
     hp_model_t m = NULL;
     HP_CHECK_OK(hp_model_create(&mc, e.B, e.T, &m));   // the RoPE table for T rows; max_seq_len stays 256
     if (!m) return;
-    HP_CHECK_OK(hp_hf_import(dir, &mc, hp_model_params(m), hp_model_num_params(m), NULL));
+    HP_CHECK_OK(hp_hf_import(dir, hp_model_hf_adapter(&mc), &mc, hp_model_params(m), hp_model_num_params(m), NULL));
     double err = logits_err(m, &e);
     HP_CHECK(err <= TOL_LOGITS, "%s: hp_hf_import logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
     printf("%s: MLA + %d experts top-%d (%d groups), YaRN: logits rel err %.2g\n", name, mc.moe_experts, mc.moe_top_k,
@@ -324,8 +325,8 @@ static void test_deepseek_shape(const char *name) {
     w[5] = keep;
     hp_model_config_t bad = mc;   // a YaRN field that changes no shape is named
     bad.mla_mscale = 1.0f;
-    HP_CHECK_ERR(hp_hf_import(dir, &bad, hp_model_params(m), hp_model_num_params(m), NULL), HP_ERR_INVALID_ARG,
-                 "config.json 'rope_parameters.mscale' = 0.699999988 (model.mla_mscale = 1)");
+    HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&bad), &bad, hp_model_params(m), hp_model_num_params(m), NULL),
+                 HP_ERR_INVALID_ARG, "config.json 'rope_parameters.mscale' = 0.699999988 (model.mla_mscale = 1)");
     moe_from_hf(name, "deepseek_v3", dir, "dcp_ds", m, &e);
     hp_model_destroy(m);
     free(e.logits);
@@ -398,7 +399,8 @@ static void test_refusals(void) {
     if (!m) return;
     HP_CHECK_OK(hp_model_init_weights(m, 5));
     snprintf(d, sizeof d, "%s/hf_debug", ROOT);
-    HP_CHECK_OK(hp_hf_export(d, &mc, hp_model_params(m), hp_model_num_params(m), NULL, HP_F32, 0));
+    HP_CHECK_OK(hp_hf_export(d, hp_model_hf_adapter(&mc), &mc, hp_model_params(m), hp_model_num_params(m), NULL, HP_F32,
+                             0));
     /* positive control: the unedited export imports with the flavor (flavor and config.json agree) */
     int rc = run("'%s/hp-ckpt' from-hf %s dcp_ok --model llama3 --flavor debugmodel", BDIR, "hf_debug");
     HP_CHECK(rc == 0, "from-hf of an agreeing export: exit %d\n%s", rc, OUT);
@@ -419,8 +421,8 @@ static void test_refusals(void) {
                  strstr(OUT, "--model.rope_theta 10000"),
              "from-hf with rope_theta / rope_scaling / eps disagreeing: exit %d\n%s", rc, OUT);
     /* the library import (hp-train's initial load with a flavor) refuses it too */
-    HP_CHECK_ERR(hp_hf_import(d, &mc, hp_model_params(m), hp_model_num_params(m), NULL), HP_ERR_INVALID_ARG,
-                 "config.json disagrees with the llama3/debugmodel model in 3 field(s)");
+    HP_CHECK_ERR(hp_hf_import(d, hp_model_hf_adapter(&mc), &mc, hp_model_params(m), hp_model_num_params(m), NULL),
+                 HP_ERR_INVALID_ARG, "config.json disagrees with the llama3/debugmodel model in 3 field(s)");
     /* without --flavor it imports as the model config.json describes */
     rc = run("'%s/hp-ckpt' from-hf %s dcp_llama2 --model llama3", BDIR, "hf_debug");
     HP_CHECK(rc == 0 && strstr(OUT, "rope_theta 10000"), "from-hf from config.json: exit %d\n%s", rc, OUT);

@@ -18,6 +18,7 @@
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/trainer.h"
 
 #define STEPS 4
@@ -110,7 +111,7 @@ int main(int argc, char **argv) {
     snprintf(dcp, sizeof dcp, "%s/dcp", ROOT);
     hp_model_config_t mc;
     HP_CHECK_OK(hp_hf_read_config(HF, &mc));
-    HP_CHECK_OK(hp_hf_convert_to_dcp(HF, &mc, dcp, WORLD, NULL));
+    HP_CHECK_OK(hp_hf_convert_to_dcp(HF, hp_model_hf_adapter(&mc), &mc, dcp, WORLD, NULL));
     base(c, "run_dcp");
     snprintf(c->model.flavor, sizeof c->model.flavor, "debugmodel");
     c->model.dim = 48, c->model.n_layers = 2, c->model.n_heads = 4, c->model.n_kv_heads = 1, c->model.head_dim = 12;

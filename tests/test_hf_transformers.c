@@ -10,6 +10,7 @@
 #include "hp_test.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 
 static char ROOT[] = "/tmp/hp_test_hf_transformers_XXXXXX";
 
@@ -26,7 +27,8 @@ static void check(const char *py, const char *script, const char *name) {
     HP_CHECK_OK(hp_model_init_weights(m, 11));
     char dir[200], path[300];
     snprintf(dir, sizeof dir, "%s/%s", ROOT, name);
-    HP_CHECK_OK(hp_hf_export(dir, &mc, hp_model_params(m), hp_model_num_params(m), NULL, HP_F32, 0));
+    HP_CHECK_OK(hp_hf_export(dir, hp_model_hf_adapter(&mc), &mc, hp_model_params(m), hp_model_num_params(m), NULL,
+                             HP_F32, 0));
     int32_t toks[T];
     for (int i = 0; i < T; i++) toks[i] = (i * 37 + 5) % mc.vocab_size;
     float loss;

@@ -1,8 +1,9 @@
-// The layer rule (DESIGN section 1, docs/architecture.md): every #include in src/<layer>/ and
-// in each public header names only its own layer or one below it, and no source outside
-// src/comm includes mpi.h. The public headers are mapped to their layer below; a new header
-// must be added here (an unknown one fails the test). Plus a negative case: the checker
-// itself must flag an upward include written into a temporary file.
+// The layer rule (docs/architecture.md): every #include in src/<layer>/ (its subfolders too:
+// src/models/<family>/) and in each public header names only its own layer or one below it,
+// and no source outside src/comm includes mpi.h. The public headers are mapped to their layer
+// below; a new header must be added here (an unknown one fails the test). Plus negative cases:
+// the checker itself must flag upward includes written into a temporary file (nn into train
+// and parallel; parallel into models).
 // hp-test: ranks 1 timeout 60
 #include <dirent.h>
 #include <stdio.h>
@@ -22,10 +23,11 @@ static const struct { const char *header; int layer; } headers[] = {
     {"mesh.h", MESH},
     {"dtensor.h", DTENSOR}, {"param.h", DTENSOR},
     {"nn.h", NN}, {"model.h", NN}, {"nn_loss.h", NN}, {"attention_block.h", NN},
+    {"model_builder.h", NN},
     {"fsdp.h", PARALLEL}, {"ep.h", PARALLEL}, {"ddp.h", PARALLEL}, {"tp.h", PARALLEL}, {"zero.h", PARALLEL}, {"pp_schedule.h", PARALLEL}, {"pp.h", PARALLEL}, {"cp.h", PARALLEL},
     {"parallel_dims.h", PARALLEL}, {"parallelize.h", PARALLEL}, {"clip.h", PARALLEL}, {"moe_balance.h", PARALLEL},
     {"safetensors.h", CHECKPOINT}, {"checkpoint.h", CHECKPOINT}, {"weights.h", CHECKPOINT},
-    {"model_parallelize.h", MODELS},
+    {"model_parallelize.h", MODELS}, {"models.h", MODELS},
     {"config.h", TRAIN}, {"parallel_config.h", TRAIN}, {"data.h", TRAIN}, {"tokenizer.h", TRAIN},
     {"optim.h", TRAIN}, {"metrics.h", TRAIN}, {"trainer.h", TRAIN}, {"ckpt_manager.h", TRAIN},
     {"hyperparallel.h", TRAIN},
@@ -92,6 +94,7 @@ static int check_file(const char *path, int layer, int report) {
     return bad;
 }
 
+/* Every .c and .h of dir; a layer's subfolders (src/models/<family>/) belong to the layer. */
 static int check_dir(const char *dir, int layer, int *files) {
     DIR *d = opendir(dir);
     if (!d) return 0;
@@ -99,9 +102,13 @@ static int check_dir(const char *dir, int layer, int *files) {
     struct dirent *e;
     while ((e = readdir(d))) {
         const size_t n = strlen(e->d_name);
-        if (n < 3 || (strcmp(e->d_name + n - 2, ".c") != 0 && strcmp(e->d_name + n - 2, ".h") != 0)) continue;
         char p[1024];
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (layer >= 0 && e->d_type == DT_DIR && e->d_name[0] != '.') {
+            bad += check_dir(p, layer, files);
+            continue;
+        }
+        if (n < 3 || (strcmp(e->d_name + n - 2, ".c") != 0 && strcmp(e->d_name + n - 2, ".h") != 0)) continue;
         int l = layer;
         if (l < 0) {   // include/hyperparallel: each header's own layer
             l = header_layer(e->d_name);
@@ -113,6 +120,21 @@ static int check_dir(const char *dir, int layer, int *files) {
     }
     closedir(d);
     return bad;
+}
+
+/* A temporary file holding `text` (three includes, the last two upward from layer `bad`): the
+ * checker must report both in layer `bad` and none in layer `ok`. */
+static void negative(const char *text, int bad, int ok, const char *what) {
+    char tmp[] = "/tmp/hp_layering_XXXXXX";
+    int fd = mkstemp(tmp);
+    HP_CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    FILE *f = fdopen(fd, "w");
+    fputs(text, f);
+    fclose(f);
+    HP_CHECK(check_file(tmp, bad, 0) == 2, "the checker reports both upward includes of %s", what);
+    HP_CHECK(check_file(tmp, ok, 0) == 0, "the same includes are fine in %s", layer_names[ok]);
+    remove(tmp);
 }
 
 int main(void) {
@@ -133,16 +155,12 @@ int main(void) {
     HP_CHECK(bad == 0, "%d upward includes (listed above)", bad);
     printf("layering: %d files, %d upward includes\n", files, bad);
     // negative: the checker flags an nn file including train and parallel headers
-    char tmp[] = "/tmp/hp_layering_XXXXXX";
-    int fd = mkstemp(tmp);
-    HP_CHECK(fd >= 0, "mkstemp");
-    if (fd >= 0) {
-        FILE *f = fdopen(fd, "w");
-        fprintf(f, "#include \"hyperparallel/nn.h\"\n#include \"hyperparallel/trainer.h\"\n#include \"parallel/dp-impl.h\"\n");
-        fclose(f);
-        HP_CHECK(check_file(tmp, NN, 0) == 2, "the checker reports both upward includes of an nn file");
-        HP_CHECK(check_file(tmp, TRAIN, 0) == 0, "the same includes are fine in train");
-        remove(tmp);
-    }
+    negative("#include \"hyperparallel/nn.h\"\n#include \"hyperparallel/trainer.h\"\n#include \"parallel/dp-impl.h\"\n",
+             NN, TRAIN, "an nn file including train and parallel");
+    // negative: parallel (and checkpoint) including the models layer, its public or private header
+    const char *models = "#include \"hyperparallel/tp.h\"\n#include \"hyperparallel/models.h\"\n"
+                         "#include \"models/models-impl.h\"\n";
+    negative(models, PARALLEL, MODELS, "a parallel file including models");
+    negative(models, CHECKPOINT, TRAIN, "a checkpoint file including models");
     return hp_test_finish("test_layering");
 }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hp_test.h"
 
 enum { B = 2, T = 9 };

@@ -1,11 +1,13 @@
-// Model flavors against TorchTitan's numbers (parameter counts, FLOPs/token), config errors,
-// parameter names and shapes, init statistics, forward/backward sanity (initial loss near
-// ln V, ignore index, loss divisor), no heap allocation in a step, bitwise determinism.
+// Model flavors against TorchTitan's numbers (parameter counts, FLOPs/token), the model
+// registry (models.h), config errors, parameter names and shapes, init statistics,
+// forward/backward sanity (initial loss near ln V, ignore index, loss divisor), no heap
+// allocation in a step, bitwise determinism.
 // hp-test: ranks 1 timeout 120 coretype 1
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hp_test.h"
 
 /* Counts heap allocations while `count_allocs` is set: this program's malloc/calloc/realloc
@@ -56,6 +58,33 @@ static void test_flavors(void) {
     HP_CHECK_OK(hp_model_flavor("llama3", "debugmodel", &c));
     c.n_kv_heads = 5;
     HP_CHECK_ERR(hp_model_config_validate(&c), HP_ERR_INVALID_ARG, "n_kv_heads");
+}
+
+/* The registry (models.h): every family is found by its name, resolves its debugmodel flavor
+ * with its architecture, and has a TP plan and an HF adapter; an unknown name lists them all;
+ * a config without an architecture is refused by hp_model_create, naming the fix. */
+static void test_registry(void) {
+    HP_CHECK(hp_model_spec_count() >= 4 && hp_model_spec_at(hp_model_spec_count()) == NULL && !hp_model_spec_find("gpt2"),
+             "registry bounds");
+    char all[512] = "";
+    for (int i = 0; i < hp_model_spec_count(); i++) {
+        const hp_model_spec_t *s = hp_model_spec_at(i);
+        hp_model_config_t c;
+        HP_CHECK(s && hp_model_spec_find(s->name) == s, "family %d found by its name", i);
+        HP_CHECK_OK(hp_model_flavor(s->name, "debugmodel", &c));
+        HP_CHECK(!strcmp(c.name, s->name) && c.arch == s->arch && s->tp_plan && s->tp_plan(&c, 1, 1, NULL, 0) > 0 &&
+                 hp_model_hf_adapter(&c) == s->hf && s->hf,
+                 "%s: name, arch, tp plan, adapter", s->name);
+        snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s (%s)", i ? ", " : "", s->name, s->flavors);
+    }
+    hp_model_config_t c;
+    HP_CHECK_ERR(hp_model_flavor("gpt2", "small", &c), HP_ERR_INVALID_ARG, all);
+    memset(&c, 0, sizeof c);
+    HP_CHECK_OK(hp_model_flavor("llama3", "debugmodel", &c));
+    c.arch = NULL;   // a config made by hand, not through the registry
+    hp_model_t m = NULL;
+    HP_CHECK_ERR(hp_model_create(&c, 1, 8, &m), HP_ERR_INVALID_ARG, "has no architecture");
+    HP_CHECK(m == NULL && hp_model_describe_params(&c, 0, 2, NULL, 0) == -1, "no model without an architecture");
 }
 
 static hp_model_config_t tiny(const char *name) {
@@ -213,6 +242,7 @@ static void test_no_alloc(void) {
 int main(void) {
     test_no_alloc();
     test_flavors();
+    test_registry();
     test_model_basics("llama3");
     test_model_basics("qwen3");
     return hp_test_finish("test_model");

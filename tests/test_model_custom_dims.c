@@ -18,6 +18,7 @@
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/optim.h"
 #include "hyperparallel/safetensors.h"
 #include "hyperparallel/tokenizer.h"
@@ -235,7 +236,8 @@ static void test_hf_round_trip(const char *tag, char **argv, int argc, int want_
     HP_CHECK_OK(hp_model_init_weights(m, 5));
     char dir[400], path[500];
     snprintf(dir, sizeof dir, "%s/hf_%s", ROOT, tag);
-    HP_CHECK_OK(hp_hf_export(dir, &mc, hp_model_params(m), hp_model_num_params(m), NULL, HP_F32, 64 * 1024));
+    HP_CHECK_OK(hp_hf_export(dir, hp_model_hf_adapter(&mc), &mc, hp_model_params(m), hp_model_num_params(m), NULL,
+                             HP_F32, 64 * 1024));
     /* config.json carries the custom dims */
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_object *cj = json_object_from_file(path), *v;
@@ -248,7 +250,8 @@ static void test_hf_round_trip(const char *tag, char **argv, int argc, int want_
     HP_CHECK(cj && json_object_object_get_ex(cj, "tie_word_embeddings", &v) &&
                  json_object_get_boolean(v) == !!mc.tie_embeddings, "%s: tie_word_embeddings", tag);
     json_object_put(cj);
-    HP_CHECK_OK(hp_hf_import(dir, &mc, hp_model_params(back), hp_model_num_params(back), NULL));
+    HP_CHECK_OK(hp_hf_import(dir, hp_model_hf_adapter(&mc), &mc, hp_model_params(back), hp_model_num_params(back),
+                             NULL));
     const char *diff = NULL;
     HP_CHECK(params_equal(m, back, &diff), "%s: HF round trip differs first at %s", tag, diff ? diff : "(count)");
     /* negative control: one flipped bit is seen */
@@ -264,8 +267,9 @@ static void test_hf_round_trip(const char *tag, char **argv, int argc, int want_
     hp_model_t o = NULL;
     HP_CHECK_OK(hp_model_create(&other, 1, 16, &o));
     if (o) {
-        HP_CHECK_ERR(hp_hf_import(dir, &other, hp_model_params(o), hp_model_num_params(o), NULL), HP_ERR_INVALID_ARG,
-                     "config.json 'num_key_value_heads'");
+        HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&other), &other, hp_model_params(o), hp_model_num_params(o),
+                                  NULL),
+                     HP_ERR_INVALID_ARG, "config.json 'num_key_value_heads'");
         HP_CHECK(strstr(hp_last_error(), "model.n_kv_heads"), "the hint names the key: %s", hp_last_error());
         hp_model_destroy(o);
     }

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <omp.h>
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/nn.h"
 #include "hyperparallel/nn.h"
 #include "hp_test.h"

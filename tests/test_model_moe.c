@@ -1,4 +1,4 @@
-// The MoE model flavors (deepseek_v3, qwen3_moe; src/nn/llama.c): parameter counts of the
+// The MoE model flavors (deepseek_v3, qwen3_moe; src/models/): parameter counts of the
 // real-size flavors (total and active, Qwen3-30B-A3B's published 30.5B / 3.3B), the declared
 // parameters (3-D stacked experts, TorchTitan names), a one-expert top-1 softmax MoE equal to
 // the dense model with the same weights (logits and gradients), tokens_per_expert counting
@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/checkpoint.h"
 #include "hp_test.h"
 
@@ -198,7 +199,8 @@ int main(void) {
         HP_CHECK_OK(hp_model_create(&q, B, T, &b));
         HP_CHECK_OK(hp_model_init_weights(a, 21));
         HP_CHECK_OK(hp_model_init_weights(b, 22));
-        HP_CHECK_OK(hp_hf_export(dir, &q, hp_model_params(a), hp_model_num_params(a), NULL, HP_F32, 40000));
+        HP_CHECK_OK(hp_hf_export(dir, hp_model_hf_adapter(&q), &q, hp_model_params(a), hp_model_num_params(a), NULL,
+                                 HP_F32, 40000));
         char path[200];
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
         FILE *f = fopen(path, "r");
@@ -214,7 +216,7 @@ int main(void) {
         char msg[1500], flags[700];
         HP_CHECK(strcmp(back.name, "qwen3_moe") == 0 && hp_hf_config_diff(&back, &q, msg, sizeof msg, flags, sizeof flags) == 0,
                  "config.json read back as %s differs: %s", back.name, msg);
-        HP_CHECK_OK(hp_hf_import(dir, &q, hp_model_params(b), hp_model_num_params(b), NULL));
+        HP_CHECK_OK(hp_hf_import(dir, hp_model_hf_adapter(&q), &q, hp_model_params(b), hp_model_num_params(b), NULL));
         int same = 1;
         for (int i = 0; i < hp_model_num_params(a); i++) {
             const hp_param_t *pa = &hp_model_params(a)[i], *pb = &hp_model_params(b)[i];
@@ -234,11 +236,12 @@ int main(void) {
         // a config.json with other MoE keys is refused naming them
         hp_model_config_t q2 = q;
         q2.moe_top_k = 1;
-        HP_CHECK_ERR(hp_hf_import(dir, &q2, hp_model_params(b), hp_model_num_params(b), NULL), HP_ERR_INVALID_ARG,
-                     "'num_experts_per_tok' = 2 (model.moe_top_k = 1)");
+        HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&q2), &q2, hp_model_params(b), hp_model_num_params(b), NULL),
+                     HP_ERR_INVALID_ARG, "'num_experts_per_tok' = 2 (model.moe_top_k = 1)");
         q2 = q;
         q2.moe_route_scale = 2.0f;
-        HP_CHECK_ERR(hp_hf_export(dir, &q2, hp_model_params(a), hp_model_num_params(a), NULL, HP_F32, 0),
+        HP_CHECK_ERR(hp_hf_export(dir, hp_model_hf_adapter(&q2), &q2, hp_model_params(a), hp_model_num_params(a), NULL,
+                                  HP_F32, 0),
                      HP_ERR_UNSUPPORTED, "model.moe_route_scale");
         printf("qwen3_moe HF round trip (%s): parameters and logits bitwise equal\n", dir);
         hp_model_destroy(a);
@@ -280,7 +283,7 @@ int main(void) {
             HP_CHECK_OK(hp_tensor_init(&lb_[npa + j].value.local, HP_F32, 1, shape, bias_b[j]));
             la_[npa + j].value.global_shape[0] = lb_[npa + j].value.global_shape[0] = 4;
         }
-        HP_CHECK_OK(hp_hf_export(dir, &d, la_, npa + 2, NULL, HP_F32, 0));
+        HP_CHECK_OK(hp_hf_export(dir, hp_model_hf_adapter(&d), &d, la_, npa + 2, NULL, HP_F32, 0));
         char path[200];
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
         FILE *f = fopen(path, "r");
@@ -301,7 +304,7 @@ int main(void) {
                  "deepseek_v3 config.json read back as %s differs: %s", back.name, msg);
         HP_CHECK(strstr(idx, "\"model.layers.2.mlp.gate.e_score_correction_bias\"") != NULL,
                  "deepseek_v3 HF index lacks e_score_correction_bias");
-        HP_CHECK_OK(hp_hf_import(dir, &d, lb_, npa + 2, NULL));
+        HP_CHECK_OK(hp_hf_import(dir, hp_model_hf_adapter(&d), &d, lb_, npa + 2, NULL));
         HP_CHECK(memcmp(bias_a, bias_b, sizeof bias_a) == 0, "expert_bias did not survive the HF round trip");
         free(la_);
         free(lb_);
@@ -317,15 +320,16 @@ int main(void) {
                  same ? "equal" : "differ", la, lb);
         hp_model_config_t d2 = d;   // config fields that change no shape are named
         d2.moe_route_scale = 1.0f;
-        HP_CHECK_ERR(hp_hf_import(dir, &d2, hp_model_params(b), hp_model_num_params(b), NULL), HP_ERR_INVALID_ARG,
-                     "'routed_scaling_factor' = 2.5 (model.moe_route_scale = 1)");
+        HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&d2), &d2, hp_model_params(b), hp_model_num_params(b), NULL),
+                     HP_ERR_INVALID_ARG, "'routed_scaling_factor' = 2.5 (model.moe_route_scale = 1)");
         d2 = d;
         d2.max_seq_len = 32;   // YaRN off here, on in config.json
-        HP_CHECK_ERR(hp_hf_import(dir, &d2, hp_model_params(b), hp_model_num_params(b), NULL), HP_ERR_INVALID_ARG,
-                     "'rope_parameters.rope_type' = yarn");
+        HP_CHECK_ERR(hp_hf_import(dir, hp_model_hf_adapter(&d2), &d2, hp_model_params(b), hp_model_num_params(b), NULL),
+                     HP_ERR_INVALID_ARG, "'rope_parameters.rope_type' = yarn");
         d2 = d;
         d2.moe_score_fn = HP_MOE_SCORE_SOFTMAX;   // HF routes with a sigmoid
-        HP_CHECK_ERR(hp_hf_export(dir, &d2, hp_model_params(a), hp_model_num_params(a), NULL, HP_F32, 0),
+        HP_CHECK_ERR(hp_hf_export(dir, hp_model_hf_adapter(&d2), &d2, hp_model_params(a), hp_model_num_params(a), NULL,
+                                  HP_F32, 0),
                      HP_ERR_UNSUPPORTED, "model.moe_score_func (HF: sigmoid)");
         printf("deepseek_v3 HF round trip (q_lora %d): parameters and loss bitwise equal\n", ql);
         hp_model_destroy(a);

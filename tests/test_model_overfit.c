@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/optim.h"
 #include "hp_test.h"
 

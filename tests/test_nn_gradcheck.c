@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/nn.h"
 #include "hp_test.h"
 

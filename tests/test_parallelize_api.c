@@ -18,6 +18,7 @@
 #include "hyperparallel/comm.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/data.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/optim.h"
 #include "hyperparallel/parallelize.h"
 #include "hyperparallel/tokenizer.h"
@@ -70,7 +71,7 @@ static void library_run(const hp_config_t *c, hp_comm_t world, double lr_scale, 
     HP_CHECK_OK(hp_mesh_slice(meshes.world, 1, (const char *[]){"tp"}, &tp_mesh));
     HP_CHECK_OK(hp_mesh_slice(meshes.world, 1, (const char *[]){"dp_shard"}, &dp_mesh));
     hp_tp_plan_entry_t plan[32];
-    const int n_plan = hp_tp_llama3_plan(plan, 32, 1, 1);
+    const int n_plan = hp_model_spec_find("llama3")->tp_plan(&mc, 1, 1, plan, 32);
     HP_CHECK_OK(hp_apply_tp(par, tp_mesh, plan, n_plan));
     HP_CHECK_OK(hp_apply_ac(par, 0));
     HP_CHECK_OK(hp_parallel_init_weights(par, (uint64_t)c->training.seed));

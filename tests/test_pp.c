@@ -21,6 +21,7 @@
 #include "test_dp_util.h"
 #include "hyperparallel/comm.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/pp.h"
 #include "hyperparallel/pp_schedule.h"
 

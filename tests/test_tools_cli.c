@@ -14,6 +14,7 @@
 #include "hp_test.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/safetensors.h"
 
 static char ROOT[] = "/tmp/hp_test_tools_cli_XXXXXX";

@@ -23,6 +23,7 @@
 #include "hyperparallel/fsdp.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/optim.h"
 #include "hyperparallel/tp.h"
 
@@ -105,7 +106,7 @@ static void run(hp_mesh_t dp, hp_comm_t loss_comm, int dpr, hp_mesh_t tpm, int s
     }
     HP_CHECK_OK(hp_model_create(&c, 1, T, &m));
     hp_tp_plan_entry_t plan[32];
-    int np = hp_tp_llama3_plan(plan, 32, sp, sp);
+    int np = hp_model_spec_find(c.name)->tp_plan(&c, sp, sp, plan, 32);
     hp_tp_t tp = NULL;
     HP_CHECK_OK(hp_tp_parallelize_model(&tp, m, tpm, plan, np));
     HP_CHECK_OK(hp_model_init_weights(m, 11));

@@ -16,6 +16,7 @@
 #include "hyperparallel/comm.h"
 #include "hyperparallel/mesh.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/tp.h"
 
 #define B 2
@@ -109,8 +110,7 @@ static void run_parity(const char *name, hp_mesh_t mesh, int sp, int lp) {
     if (!tpm || (g_rank == 0 && !ref)) return;
     // TP model: parallelize first, then initialise the shards (layout-independent init)
     hp_tp_plan_entry_t plan[32];
-    int np = c.mla ? hp_tp_deepseek_v3_plan(plan, 32, sp, lp, c.q_lora_rank)
-             : strcmp(name, "qwen3") == 0 ? hp_tp_qwen3_plan(plan, 32, sp, lp) : hp_tp_llama3_plan(plan, 32, sp, lp);
+    int np = hp_model_spec_find(name)->tp_plan(&c, sp, lp, plan, 32);   // the family's plan
     hp_tp_t tp = NULL;
     HP_CHECK_OK(hp_tp_parallelize_model(&tp, tpm, mesh, plan, np));
     if (!tp) { if (ref) hp_model_destroy(ref); hp_model_destroy(tpm); return; }
@@ -168,7 +168,8 @@ static void test_errors(hp_mesh_t mesh) {
     hp_tp_t tp = NULL;
     hp_tp_plan_entry_t plan[32];
     // a pattern matching nothing
-    int np = hp_tp_llama3_plan(plan, 32, 0, 0);
+    const hp_model_spec_t *spec = hp_model_spec_find(c.name);
+    int np = spec->tp_plan(&c, 0, 0, plan, 32);
     snprintf(plan[np].pattern, sizeof(plan[np].pattern), "layers.*.attn.wq");
     plan[np].style = hp_tp_colwise();
     HP_CHECK_ERR(hp_tp_parallelize_model(&tp, m, mesh, plan, np + 1), HP_ERR_NOT_FOUND, "matches no module");
@@ -192,7 +193,7 @@ static void test_errors(hp_mesh_t mesh) {
     c.n_kv_heads = g_size == 4 ? 2 : 1;
     HP_CHECK_OK(hp_model_create(&c, B, T, &m));
     if (!m) return;
-    np = hp_tp_llama3_plan(plan, 32, 0, 0);
+    np = spec->tp_plan(&c, 0, 0, plan, 32);
     HP_CHECK_ERR(hp_tp_parallelize_model(&tp, m, mesh, plan, np), HP_ERR_INVALID_ARG,
                  "must both be divisible by the TP degree");
     HP_CHECK(strstr(hp_last_error(), g_size == 4 ? "hint: degrees dividing both: 1, 2" : "hint: degrees dividing both: 1"),
@@ -202,7 +203,7 @@ static void test_errors(hp_mesh_t mesh) {
     c = cfg_of("llama3");
     HP_CHECK_OK(hp_model_create(&c, B, T, &m));
     if (!m) return;
-    np = hp_tp_llama3_plan(plan, 32, 1, 1);
+    np = spec->tp_plan(&c, 1, 1, plan, 32);
     HP_CHECK_OK(hp_tp_parallelize_model(&tp, m, mesh, plan, np));
     HP_CHECK_OK(hp_model_init_weights(m, 1));
     int32_t tok[B * T] = {0}, tgt[B * T] = {0};

@@ -19,6 +19,7 @@
 #include "hyperparallel/comm.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/tokenizer.h"
 #include "hyperparallel/trainer.h"
 

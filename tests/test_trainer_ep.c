@@ -42,6 +42,7 @@
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/trainer.h"
 
 enum { N = 10 };

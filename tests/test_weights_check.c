@@ -13,6 +13,7 @@
 #include "hp_test.h"
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/safetensors.h"
 
 static char ROOT[] = "/tmp/hp_test_weights_check_XXXXXX";
@@ -124,7 +125,7 @@ static void check_hf(void) {
 
     /* an extra name in the index's weight_map: imports, with a warning */
     snprintf(dir, sizeof dir, "%s/hf_extra", ROOT);
-    HP_CHECK_OK(hp_hf_export(dir, &mc, p, np, NULL, HP_F32, 0));
+    HP_CHECK_OK(hp_hf_export(dir, hp_model_hf_adapter(&mc), &mc, p, np, NULL, HP_F32, 0));
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     json_object *idx = json_object_from_file(path), *wm = NULL;
     HP_CHECK(idx && json_object_object_get_ex(idx, "weight_map", &wm), "index json");
@@ -135,7 +136,7 @@ static void check_hf(void) {
     }
     json_object_put(idx);
     capture_begin();
-    hp_status_t s = hp_hf_import(dir, &mc, p2, np, NULL);
+    hp_status_t s = hp_hf_import(dir, hp_model_hf_adapter(&mc), &mc, p2, np, NULL);
     char *log = capture_end();
     HP_CHECK(s == HP_OK && strstr(log, "tensor 'model.vision_tower.proj.weight' is not a parameter") &&
                  strstr(log, dir),
@@ -148,14 +149,14 @@ static void check_hf(void) {
     char (*names)[160] = calloc((size_t)np, sizeof *names);
     for (int i = 0; i < np; i++) {
         int pm;
-        HP_CHECK_OK(hp_hf_name_to_hf(&mc, p[i].name, names[i], sizeof names[i], &pm));
+        HP_CHECK_OK(hp_hf_map_name(hp_model_hf_adapter(&mc), HP_HF_TO_HF, p[i].name, names[i], sizeof names[i], &pm));
         e[i] = (hp_st_entry_t){.name = names[i], .tensor = &p[i].value.local, .dtype = HP_ST_AUTO};
     }
     e[np] = (hp_st_entry_t){.name = "model.layers.0.mlp.gate.bias", .tensor = &p[np - 1].value.local, .dtype = HP_ST_AUTO};
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     HP_CHECK_OK(hp_safetensors_write(path, e, np + 1, NULL, 0));
     capture_begin();
-    s = hp_hf_import(dir, &mc, p2, np, NULL);
+    s = hp_hf_import(dir, hp_model_hf_adapter(&mc), &mc, p2, np, NULL);
     log = capture_end();
     HP_CHECK(s == HP_OK && strstr(log, "tensor 'model.layers.0.mlp.gate.bias' is not a parameter"),
              "HF extra (single file): %s, log '%s'", hp_status_string(s), log);
@@ -169,7 +170,7 @@ static void check_hf(void) {
     w[3] = INFINITY;
     HP_CHECK_OK(hp_safetensors_write(path, e, np, NULL, 0));
     hp_clear_error();
-    s = hp_hf_import(dir, &mc, p2, np, NULL);
+    s = hp_hf_import(dir, hp_model_hf_adapter(&mc), &mc, p2, np, NULL);
     char want[300];
     snprintf(want, sizeof want, "model.safetensors: tensor '%s' has 1 non-finite value(s)", names[k]);
     HP_CHECK(s == HP_ERR_FORMAT && strstr(hp_last_error(), want) && strstr(hp_last_error(), dir),

@@ -24,6 +24,7 @@
 #include <hyperparallel/comm.h>
 #include <hyperparallel/config.h>
 #include <hyperparallel/model.h>
+#include <hyperparallel/models.h>
 #include <hyperparallel/parse.h>
 #include <hyperparallel/safetensors.h>
 #include <hyperparallel/tokenizer.h>
@@ -392,7 +393,7 @@ static int to_hf(const char *dir, const char *out, const char *model, const char
     hp_model_config_t mc;
     if (s == HP_OK) s = resolve(model, flavor, vocab, "the checkpoint's tok_embeddings.weight", &mc);
     hp_hf_convert_stats_t stats;
-    if (s == HP_OK) s = hp_hf_convert_from_dcp(dir, &mc, out, dt, shard, world_, &stats);
+    if (s == HP_OK) s = hp_hf_convert_from_dcp(dir, hp_model_hf_adapter(&mc), &mc, out, dt, shard, world_, &stats);
     if (s == HP_OK && rank_ == 0 && tokenizer_) s = export_tokenizer(out, dir, &mc);
     if (s == HP_OK && rank_ == 0) {
         char dims[1024];
@@ -418,7 +419,7 @@ static int from_hf(const char *dir, const char *out, const char *model, const ch
     if (model && strcmp(model, hf.name) != 0)
         return fail(hp_error(HP_ERR_INVALID_ARG, "hp-ckpt from-hf: --model %s, but %s/config.json describes a %s model "
                              "(model_type '%s'); hint: use --model %s or leave --model out", model, dir, hf.name,
-                             strcmp(hf.name, "qwen3") ? "llama" : "qwen3", hf.name));
+                             hp_model_hf_adapter(&hf)->model_type, hf.name));
     char what[4300];
     snprintf(what, sizeof what, "%s/config.json: 'vocab_size'", dir);
     if (flavor) {
@@ -433,7 +434,7 @@ static int from_hf(const char *dir, const char *out, const char *model, const ch
         mc = hf;
     }
     hp_hf_convert_stats_t stats;
-    if (s == HP_OK) s = hp_hf_convert_to_dcp(dir, &mc, out, world_, &stats);
+    if (s == HP_OK) s = hp_hf_convert_to_dcp(dir, hp_model_hf_adapter(&mc), &mc, out, world_, &stats);
     if (s == HP_OK && rank_ == 0) {
         char dims[1024];
         hp_config_describe_model(&mc, dims, sizeof dims);

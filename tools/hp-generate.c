@@ -15,6 +15,7 @@
 
 #include <hyperparallel/checkpoint.h>
 #include <hyperparallel/model.h>
+#include <hyperparallel/models.h>
 #include <hyperparallel/parse.h>
 #include <hyperparallel/rng.h>
 #include <hyperparallel/tokenizer.h>

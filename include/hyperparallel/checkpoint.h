@@ -1,8 +1,9 @@
 /* Distributed checkpoint (torch.distributed.checkpoint in C): save, async save and load of
  * named DTensors and small byte blobs with resharding on load, atomic commit by rename,
- * retention, the model weights file, and HF import/export. The checkpoint layer sees a state
- * only as a list of named entries (hp_dcp_state_t); what they mean (model, optimizer, LR
- * schedule, data loader, RNG, step) is the train layer's business (ckpt_manager.h). Layout of a checkpoint:
+ * retention, and HF import/export through a model family's state-dict adapter. The checkpoint
+ * layer sees a state only as a list of named entries (hp_dcp_state_t); what they mean (model,
+ * optimizer, LR schedule, data loader, RNG, step) is the train layer's business
+ * (ckpt_manager.h). Layout of a checkpoint:
  *   step-N/__{rank}_0.safetensors   one file per rank holding the chunks that rank owns
  *   step-N/metadata.json            written last by rank 0: magic "hyperparallel-dcp",
  *                                   version, per tensor dtype, global shape and chunk boxes
@@ -176,28 +177,54 @@ int hp_dcp_interrupted(void);
  * when the folder cannot be listed. Local: call it on one rank, after a commit. */
 hp_status_t hp_dcp_purge(const char *folder, int64_t keep);
 
-/* --- model weights file (model_weights.c) ------------------------------------------------
- * Writes the model weights (rank 0 of a replicated model) with the model config in the
- * safetensors metadata, loadable by hp_model_load_weights / hp-generate. */
-hp_status_t hp_model_save_weights(hp_model_t m, const char *path);
-/* Creates a model from a file written by hp_model_save_weights (config from its metadata), or
- * from an HF directory (config from its config.json, hp_hf_read_config; the context is
- * max_seq_len, else max_position_embeddings capped at 4096). */
-hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_len, hp_model_t *out);
-
 /* --- HF interop (hf.c) ---------------------------------------------------------------------
- * Export writes model-0000i-of-0000n.safetensors shards (at most max_shard_bytes each; 0 =
- * 5 GB), model.safetensors.index.json and config.json, with names mapped by the model's
- * state-dict adapter (llama3 / qwen3) and Llama's q/k rotary permutation applied. Tensors are
- * gathered to rank 0 (collective over comm; comm NULL = single process); dtype HP_F32 or
- * HP_BF16. Import reads an HF directory (index json or one model.safetensors) into params,
- * any layout, reading from the files only this rank's boxes of each tensor (pread of their
- * rows), casting F32 / BF16 / F16 to the parameters' f32. */
+ * A state-dict adapter is what one model family gives the HF code (its folder under
+ * src/models/ defines it; the registry, models.h, finds it: hp_model_hf_adapter): the HF
+ * architecture, the per-layer name pairs TorchTitan <-> HF, whether q/k rows are permuted,
+ * what HF's class cannot express, and its config.json mapping. The checkpoint layer calls the
+ * hooks; it never names a family. */
 struct hp_model_config;
-hp_status_t hp_hf_export(const char *dir, const struct hp_model_config *mc, const hp_param_t *params, int n_params,
-                         hp_comm_t comm, hp_dtype_t dtype, size_t max_shard_bytes);
-hp_status_t hp_hf_import(const char *dir, const struct hp_model_config *mc, hp_param_t *params, int n_params,
-                         hp_comm_t comm);
+/* A per-layer name pair: the TorchTitan suffix after "layers.N." and the HF suffix after
+ * "model.layers.N.". qk: a q/k projection, whose rows are permuted when the adapter says so. */
+typedef struct hp_hf_name_pair {
+    const char *tt, *hf;
+    int qk;
+} hp_hf_name_pair_t;
+typedef struct hp_hf_adapter {
+    const char *family;              /* the model family (hp_model_config_t.name), for messages */
+    const char *model_type;          /* config.json's model_type ("llama") */
+    const char *architecture;        /* config.json's architectures[0] ("LlamaForCausalLM") */
+    /* name tables searched in order, each ended by a {NULL, NULL, 0} pair; the list ends with
+     * NULL. Top-level names (embedding, final norm, lm_head) and routed experts (one HF tensor
+     * per expert) are HF's common decoder names, mapped by hf.c. */
+    const hp_hf_name_pair_t *const *layer_names;
+    /* HF stores q/k rows in rotate_half order while the model keeps TorchTitan's interleaved
+     * pairs: row h*hd + 2i + p (TorchTitan) is row h*hd + p*hd/2 + i (HF). */
+    int permute_qk;
+    /* HP_ERR_UNSUPPORTED, naming the config key, for a model HF's class cannot express;
+     * `what` is the operation ("export", "import") for the message. */
+    hp_status_t (*check)(const struct hp_model_config *mc, const char *what);
+    /* config.json: read a directory's (hp_hf_read_config), compare two configs
+     * (hp_hf_config_diff), and the text of the model's (malloc'ed; NULL when out of memory). */
+    hp_status_t (*read_config)(const char *dir, struct hp_model_config *out);
+    int (*config_diff)(const struct hp_model_config *hf, const struct hp_model_config *mc, char *msg, size_t msg_n,
+                       char *flags, size_t flags_n);
+    char *(*config_json)(const struct hp_model_config *mc, hp_dtype_t dtype);
+} hp_hf_adapter_t;
+
+/* Export writes model-0000i-of-0000n.safetensors shards (at most max_shard_bytes each; 0 =
+ * 5 GB), model.safetensors.index.json and config.json, with names mapped by the family's
+ * state-dict adapter `a` and its q/k rotary permutation applied. Tensors are gathered to rank
+ * 0 (collective over comm; comm NULL = single process); dtype HP_F32 or HP_BF16. Import reads
+ * an HF directory (index json or one model.safetensors) into params, any layout, reading from
+ * the files only this rank's boxes of each tensor (pread of their rows), casting F32 / BF16 /
+ * F16 to the parameters' f32; a config.json beside them must describe mc (the adapter's
+ * read_config and config_diff). a NULL: the family has no HF architecture (an error). */
+hp_status_t hp_hf_export(const char *dir, const hp_hf_adapter_t *a, const struct hp_model_config *mc,
+                         const hp_param_t *params, int n_params, hp_comm_t comm, hp_dtype_t dtype,
+                         size_t max_shard_bytes);
+hp_status_t hp_hf_import(const char *dir, const hp_hf_adapter_t *a, const struct hp_model_config *mc,
+                         hp_param_t *params, int n_params, hp_comm_t comm);
 /* Bytes hp_hf_import read on this process (only each rank's boxes: the rows of its shard of
  * every tensor, q/k rows through the permutation) and the bytes of the tensors it loaded, since
  * the last reset; process-wide, as hp_comm_counts_get. */
@@ -206,23 +233,9 @@ typedef struct hp_hf_import_counts {
 } hp_hf_import_counts_t;
 void hp_hf_import_counts_get(hp_hf_import_counts_t *out);
 void hp_hf_import_counts_reset(void);
-/* The model config of an HF directory's config.json (hf_config.c): every field
- * LlamaForCausalLM / Qwen3ForCausalLM read (model_type, hidden_size, num_hidden_layers,
- * num_attention_heads, num_key_value_heads, head_dim, intermediate_size, vocab_size,
- * rms_norm_eps, rope_theta, rope_scaling / rope_parameters of type default or llama3,
- * tie_word_embeddings, max_position_embeddings -> max_seq_len); flavor "config.json". A field
- * the model cannot reproduce (another rope type, attention_bias, mlp_bias, a sliding window,
- * another hidden_act, attention_dropout, partial_rotary_factor) is HP_ERR_UNSUPPORTED naming
- * it; a missing or mistyped field is HP_ERR_FORMAT naming it. */
-hp_status_t hp_hf_read_config(const char *dir, struct hp_model_config *out);
-/* Compares the fields that change the numerics (all but max_seq_len) of the model of a
- * config.json (hf) with another model config (mc); returns how many differ. msg gets
- * "config.json 'hidden_size' = 80 (model.dim = 256), ..." and flags the hp-ckpt flags that
- * would describe the checkpoint ("--model.dim 80 ..."); both may be cut at their size. */
-int hp_hf_config_diff(const struct hp_model_config *hf, const struct hp_model_config *mc, char *msg, size_t msg_n,
-                      char *flags, size_t flags_n);
 /* Writes DIR/config.json for the model (what hp_hf_export writes; dtype names torch_dtype). */
-hp_status_t hp_hf_write_config(const char *dir, const struct hp_model_config *mc, hp_dtype_t dtype);
+hp_status_t hp_hf_write_config(const char *dir, const hp_hf_adapter_t *a, const struct hp_model_config *mc,
+                               hp_dtype_t dtype);
 /* Streaming conversion (hf_convert.c; hp-ckpt from-hf / to-hf): one tensor in memory at a time
  * (plus its q/k permutation and a dtype cast), no model and no gradients; the parameter list
  * comes from mc. Collective over comm (NULL = one process): from-hf balances the tensors over
@@ -235,15 +248,19 @@ typedef struct hp_hf_convert_stats {
     int64_t bytes_read, bytes_written;
     int64_t largest_tensor_bytes;   /* of the output, over all tensors */
 } hp_hf_convert_stats_t;
-hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const struct hp_model_config *mc, const char *out_dir,
-                                 hp_comm_t comm, hp_hf_convert_stats_t *stats);
-hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const struct hp_model_config *mc, const char *out_dir,
-                                   hp_dtype_t dtype, size_t max_shard_bytes, hp_comm_t comm,
+hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_hf_adapter_t *a, const struct hp_model_config *mc,
+                                 const char *out_dir, hp_comm_t comm, hp_hf_convert_stats_t *stats);
+hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_hf_adapter_t *a, const struct hp_model_config *mc,
+                                   const char *out_dir, hp_dtype_t dtype, size_t max_shard_bytes, hp_comm_t comm,
                                    hp_hf_convert_stats_t *stats);
-/* Name maps of the adapter: TorchTitan FQN <-> HF name. *permute = 1 for the q/k weights
- * whose rows are permuted (llama3). HP_ERR_NOT_FOUND for names without a mapping. */
-hp_status_t hp_hf_name_to_hf(const struct hp_model_config *mc, const char *fqn, char *out, size_t n, int *permute);
-hp_status_t hp_hf_name_from_hf(const struct hp_model_config *mc, const char *hf, char *out, size_t n, int *permute);
+/* The adapter's name map in one direction: HP_HF_TO_HF takes a TorchTitan FQN
+ * ("layers.0.attention.wq.weight") to its HF name ("model.layers.0.self_attn.q_proj.weight"),
+ * HP_HF_FROM_HF the other way. *permute = 1 for the q/k weights whose rows are permuted.
+ * HP_ERR_NOT_FOUND for a name without a mapping (a routed expert's 3-D tensor is E HF tensors,
+ * not one name). */
+typedef enum { HP_HF_TO_HF = 0, HP_HF_FROM_HF = 1 } hp_hf_direction_t;
+hp_status_t hp_hf_map_name(const hp_hf_adapter_t *a, hp_hf_direction_t direction, const char *name, char *out,
+                           size_t n, int *permute);
 /* The HF shard index (model.safetensors.index.json, hf_index.c): an object whose
  * "weight_map" is an object of tensor name -> plain shard file name ("metadata", when
  * present, an object). Hostile input never crashes it (fuzz target

@@ -1,7 +1,9 @@
-/* Llama-family decoder models (llama3, qwen3 dense) built from hp_module layers (nn.h):
- * flavors with TorchTitan's shapes, parameter counts and FLOPs/token, TorchTitan init through
- * the counter RNG, forward (summed cross-entropy / divisor) and split backward on one rank.
- * Parameter names are TorchTitan's ("layers.3.attention.wq.weight"); see docs/nn.md. */
+/* The model (nn layer): the decoder config every family fills, its checks, parameter counts
+ * and FLOPs/token, and the model container built from hp_module layers (nn.h) by the family's
+ * architecture (model_builder.h): TorchTitan init through the counter RNG, forward (summed
+ * cross-entropy / divisor) and split backward on one rank, units, micro-batch contexts and the
+ * KV cache. The families and their flavors are in the model registry (models.h). Parameter
+ * names are TorchTitan's ("layers.3.attention.wq.weight"); see docs/nn.md. */
 #ifndef HYPERPARALLEL_MODEL_H
 #define HYPERPARALLEL_MODEL_H
 
@@ -26,7 +28,7 @@ extern "C" {
 #define HP_MODEL_MAX_PARAMS ((int64_t)1 << 40)   /* 4 TiB of float32 parameters */
 
 typedef struct hp_model_config {
-    char name[32];          /* "llama3" or "qwen3" */
+    char name[32];          /* the family in the model registry (models.h) */
     char flavor[32];        /* "debugmodel", "8B", ... */
     int dim, n_layers, n_heads, n_kv_heads, head_dim;   /* head_dim = dim/n_heads unless set (qwen3) */
     int vocab_size;
@@ -68,11 +70,11 @@ typedef struct hp_model_config {
     int q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
     float mla_mscale, rope_beta_fast, rope_beta_slow;
     /* --- end --- */
+    /* The family's builder (model_builder.h): set by the registry when it resolves a config
+     * (hp_model_flavor, hp_hf_read_config; models.h) and kept by copies of it. */
+    const struct hp_model_arch *arch;
 } hp_model_config_t;
 
-/* Fills cfg with a named flavor. llama3: debugmodel, 1B, 8B, 70B, 405B; qwen3: debugmodel,
- * 0.6B. An unknown name or flavor is HP_ERR_INVALID_ARG with a message listing the valid ones. */
-hp_status_t hp_model_flavor(const char *model_name, const char *flavor, hp_model_config_t *cfg);
 /* Recomputes derived fields (hidden_dim from multiple_of / ffn_dim_multiplier when hidden_dim
  * is 0, head_dim when 0) and checks the config, including the HP_MODEL_MAX_* bounds and the
  * total parameter count; the message names the bad field. */
@@ -103,7 +105,8 @@ typedef struct hp_model *hp_model_t;
 
 /* Computes all sizes first, then creates one arena each for parameters, gradients,
  * activations (max_batch x max_seq_len) and workspace. Weights are zero until
- * hp_model_init_weights or a load writes them. */
+ * hp_model_init_weights or a load writes them. cfg->arch builds the units (an error when
+ * NULL: take the config from the registry, models.h). */
 hp_status_t hp_model_create(const hp_model_config_t *cfg, int max_batch, int max_seq_len, hp_model_t *out);
 void hp_model_destroy(hp_model_t m);
 const hp_model_config_t *hp_model_config(hp_model_t m);
@@ -169,7 +172,7 @@ hp_status_t hp_model_prefill(hp_model_t m, hp_model_kv_cache_t c, const int32_t 
 hp_status_t hp_model_decode(hp_model_t m, hp_model_kv_cache_t c, int32_t token, const float **logits);
 
 /* ---- units, micro-batch contexts and the range driver (docs/nn.md) ------------------------
- * The model is an ordered list of units, each a module tree built by the model's ModelSpec:
+ * The model is an ordered list of units, each a module tree built by the family's architecture:
  * 0 = tok_embeddings, 1..n_layers = layers[u-1] (one transformer block), n_layers+1 = the
  * head (norm, output; the loss), as TorchTitan's fully_shard groups and pipeline split
  * units. A unit's params are a contiguous range of the param table and a contiguous span of

@@ -29,13 +29,17 @@ typedef struct hp_parallelize_options {
  * micro-batches of one sequence. */
 hp_parallelize_options_t hp_parallelize_default_options(void);
 
-/* The steps over p's parts, in order: TP (tp > 1; the plan's entries each part holds), EP (an
- * MoE model with ep > 1 or tp > 1), CP (cp > 1), AC, init, then FSDP / HSDP over dp_shard (x cp)
- * (x dp_replicate) when dp_shard x cp > 1, else DDP over dp_replicate when > 1. The meshes are
- * slices of meshes->world (adopted by p). Not pipeline parallel's split or runtime: see
- * hp_parallelize_pipeline. */
+/* The model family's parallelize (its registry spec's, models.h) over p's parts. Not pipeline
+ * parallel's split or runtime: see hp_parallelize_pipeline. */
 hp_status_t hp_parallelize(hp_parallel_t p, const hp_parallel_dims_t *pd, const hp_parallel_meshes_t *meshes,
                            const hp_parallelize_options_t *o);
+/* The decoder LLMs' parallelize (TorchTitan's parallelize_llama), the four families' spec: TP
+ * (tp > 1; o->tp_plan, else the family's plan; each part takes the entries it holds), EP (an
+ * MoE model with ep > 1 or tp > 1), CP (cp > 1), AC, init, then FSDP / HSDP over dp_shard (x cp)
+ * (x dp_replicate) when dp_shard x cp > 1, else DDP over dp_replicate when > 1. The meshes are
+ * slices of meshes->world (adopted by p). */
+hp_status_t hp_parallelize_decoder(hp_parallel_t p, const hp_parallel_dims_t *pd, const hp_parallel_meshes_t *meshes,
+                                   const hp_parallelize_options_t *o);
 
 /* Pipeline parallel (pd->pp > 1): hp_pipeline_split of cfg's model, hp_parallelize of the local
  * stages, hp_apply_pp; each failure agreed over `world` before the next collective, so every

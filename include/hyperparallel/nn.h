@@ -200,7 +200,7 @@ typedef struct hp_embedding_impl {
 void hp_embedding_module_init(hp_module_t *m, hp_embedding_impl_t *impl, const char *name,
                               hp_param_t *weight, int vocab, int dim);
 
-/* ---- composite modules (built by the model's ModelSpec; docs/nn.md) --------------------
+/* ---- composite modules (built by a family's architecture, model_builder.h; docs/nn.md) -----
  * attention: children wqkv (fused linear), core (causal SDPA: a replaceable child, e.g. ring
  * or Ulysses attention under context parallelism), wo; params q_norm, k_norm (qk-norm).
  * feed_forward: children w13 (fused linear), w2. Tensor parallelism runs them on local

@@ -2,7 +2,7 @@
  * plan of (fnmatch pattern over dotted module names, style); the styles ColwiseParallel,
  * RowwiseParallel (Linear and Embedding), SequenceParallel, PrepareModuleInput,
  * PrepareModuleOutput, PrepareModuleInputOutput, NoParallel; loss_parallel (cross-entropy over
- * vocab-sharded logits); TorchTitan's llama3 / qwen3 plans. See docs/tp.md.
+ * vocab-sharded logits). The model families' plans are in src/models/ (models.h). See docs/tp.md.
  *
  * A parallelized module keeps its hp_module_t (callers see the same pointer); its ops are
  * replaced by a wrapper that redistributes inputs / outputs / gradients around the original
@@ -80,7 +80,7 @@ hp_status_t hp_tp_parallelize_modules(hp_tp_t *out, hp_module_t *const *modules,
                                       hp_mesh_t tp_mesh, const hp_tp_plan_entry_t *plan, int n_plan,
                                       int64_t max_rows);
 
-/* parallelize_module on a llama3/qwen3 model: applies the plan to the model's modules, runs
+/* parallelize_module on a model: applies the plan to the model's modules, runs
  * attention with local heads (n_heads/tp, n_kv_heads/tp: an error when they do not divide),
  * feed-forward with local hidden features, turns every other parameter into a Replicate
  * DTensor on the TP mesh, switches the residual stream to sequence shards when the plan's
@@ -91,18 +91,10 @@ hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp
                                     const hp_tp_plan_entry_t *plan, int n_plan);
 void hp_tp_destroy(hp_tp_t tp);
 
-/* TorchTitan's plan for llama3 (apply_tp) and qwen3 (the same module names; qk-norm weights
- * live in the attention module here). Writes at most cap entries and returns the count.
- * loss_parallel: output keeps vocab-sharded logits (Shard(-1)), else they are replicated. */
-int hp_tp_llama3_plan(hp_tp_plan_entry_t *plan, int cap, int enable_sequence_parallel, int enable_loss_parallel);
-int hp_tp_qwen3_plan(hp_tp_plan_entry_t *plan, int cap, int enable_sequence_parallel, int enable_loss_parallel);
-/* TorchTitan's deepseek_v3 plan for the MLA attention: wq (q_lora_rank 0) or wq_b colwise, wkv_b
- * colwise, wo rowwise (heads split over tp); wq_a, q_norm, wkv_a, kv_norm stay replicated
- * (NoParallel); the dense feed-forward and the rest as llama3's. The colwise projections reduce
- * their own input gradients (wkv_a's is already complete), and the shared k_pe gradient is summed
- * over the TP ranks (hp_mla_set_head_reduce). */
-int hp_tp_deepseek_v3_plan(hp_tp_plan_entry_t *plan, int cap, int enable_sequence_parallel, int enable_loss_parallel,
-                           int q_lora_rank);
+/* Appends (pattern, style) to a plan of capacity cap holding n entries; returns n + 1 (an entry
+ * beyond cap is counted, not written, so a caller can size its array). The model families'
+ * plans (TorchTitan's, per family: hp_model_spec_t.tp_plan in models.h) are built with it. */
+int hp_tp_plan_add(hp_tp_plan_entry_t *plan, int cap, int n, const char *pattern, hp_tp_style_t style);
 
 /* Bytes of the TP buffers (gathered inputs / output gradients kept for backward, scratch). */
 size_t hp_tp_buffer_bytes(hp_tp_t tp);

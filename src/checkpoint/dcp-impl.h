@@ -27,13 +27,16 @@ hp_status_t hp_dcp_json_parse(const char *json, size_t len, size_t max_bytes, co
 /* The message of a chunk whose XXH3-64 does not match metadata.json (file, tensor, how to skip). */
 hp_status_t hp_dcp_checksum_error(const char *dir, const char *file, const char *name, const char *key,
                                   uint64_t stored, uint64_t computed);
-/* Non-finite values among n raw F32 / BF16 / F16 values; *first = the first index (hf_convert.c). */
 /* HF interop internals shared by hf.c and hf_convert.c: the HF name of expert e of a routed-expert
- * parameter (1 when fqn is one), and whether the model has an HF architecture. */
+ * parameter (1 when fqn is one); whether fqn is the trainer's expert_bias entry
+ * ("layers.N.moe.expert_bias"), and one the adapter has no HF tensor for (skipped both ways);
+ * whether the model has an HF architecture (an adapter that takes its config). */
 struct hp_model_config;
 int hp_hf_expert_name(const char *fqn, int e, char *out, size_t n);
-int hp_hf_is_expert_bias(const char *name);   /* "layers.N.moe.expert_bias", the trainer's entry */
-hp_status_t hp_hf_check_exportable(const struct hp_model_config *mc, const char *what);
+int hp_hf_is_expert_bias(const char *name);
+int hp_hf_skips(const hp_hf_adapter_t *a, const char *fqn);
+hp_status_t hp_hf_check(const hp_hf_adapter_t *a, const struct hp_model_config *mc, const char *what);
+/* Non-finite values among n raw F32 / BF16 / F16 values; *first = the first index (hf_convert.c). */
 int64_t hp_hf_count_nonfinite_raw(const void *p, int64_t n, hp_dtype_t dt, int64_t *first);
 
 #endif

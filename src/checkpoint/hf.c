@@ -1,8 +1,9 @@
-/* HF interop: the llama3 / qwen3 state-dict adapters (TorchTitan FQN <-> HF name), Llama's
- * q/k row permutation between TorchTitan's interleaved RoPE and HF's rotate_half (qwen3 uses
- * rotate_half in src/nn already, so it is not permuted), export to HF shards + index +
- * config.json (every dim of the model config, custom ones included) and import of HF weights
- * into any layout, refused when the directory's config.json describes another shape. */
+/* HF interop, family-free: the name map through a family's state-dict adapter (its per-layer
+ * pairs, HF's common top-level and routed-expert names, the q/k row permutation between
+ * TorchTitan's interleaved RoPE and HF's rotate_half when the adapter asks for it), export to
+ * HF shards + index + config.json (the adapter's text) and import of HF weights into any
+ * layout, refused when the directory's config.json describes another model (the adapter's
+ * read_config and config_diff). The families' adapters are in src/models/<family>/. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
@@ -16,86 +17,19 @@
 #include "hyperparallel/safetensors.h"
 #include "dcp-impl.h"
 
-static const struct { const char *tt, *hf; } layer_map[] = {
-    {"attention.wq.weight", "self_attn.q_proj.weight"},
-    {"attention.wk.weight", "self_attn.k_proj.weight"},
-    {"attention.wv.weight", "self_attn.v_proj.weight"},
-    {"attention.wo.weight", "self_attn.o_proj.weight"},
-    {"attention.q_norm.weight", "self_attn.q_norm.weight"},
-    {"attention.k_norm.weight", "self_attn.k_norm.weight"},
-    {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
-    {"feed_forward.w2.weight", "mlp.down_proj.weight"},
-    {"feed_forward.w3.weight", "mlp.up_proj.weight"},
-    {"attention_norm.weight", "input_layernorm.weight"},
-    {"ffn_norm.weight", "post_attention_layernorm.weight"},
-    {"moe.router.gate.weight", "mlp.gate.weight"},   /* Qwen3-MoE's router (owner moe) */
-};
-static const struct { const char *tt, *hf; } top_map[] = {
-    {"tok_embeddings.weight", "model.embed_tokens.weight"},
-    {"norm.weight", "model.norm.weight"},
-    {"output.weight", "lm_head.weight"},
+/* HF's decoder names outside the layers (every LlamaForCausalLM-style model has them). */
+static const hp_hf_name_pair_t top_map[] = {
+    {"tok_embeddings.weight", "model.embed_tokens.weight", 0},
+    {"norm.weight", "model.norm.weight", 0},
+    {"output.weight", "lm_head.weight", 0},
 };
 
-static int is_deepseek(const hp_model_config_t *mc) { return mc->mla; }
-static int is_llama(const hp_model_config_t *mc) {
-    return strcmp(mc->name, "qwen3") != 0 && strcmp(mc->name, "qwen3_moe") != 0 && !is_deepseek(mc);
-}
-
-/* DeepSeek-V3 (DeepseekV3ForCausalLM): the MLA attention and the shared experts; its router,
- * routed experts and dense layers use the common names. HF keeps the interleaved RoPE layout
- * (rope_interleave true): nothing is permuted. */
-static const struct { const char *tt, *hf; } mla_map[] = {
-    {"attention.wq.weight", "self_attn.q_proj.weight"},
-    {"attention.wq_a.weight", "self_attn.q_a_proj.weight"},
-    {"attention.q_norm.weight", "self_attn.q_a_layernorm.weight"},
-    {"attention.wq_b.weight", "self_attn.q_b_proj.weight"},
-    {"attention.wkv_a.weight", "self_attn.kv_a_proj_with_mqa.weight"},
-    {"attention.kv_norm.weight", "self_attn.kv_a_layernorm.weight"},
-    {"attention.wkv_b.weight", "self_attn.kv_b_proj.weight"},
-    {"attention.wo.weight", "self_attn.o_proj.weight"},
-    {"moe.shared_experts.w1.weight", "mlp.shared_experts.gate_proj.weight"},
-    {"moe.shared_experts.w2.weight", "mlp.shared_experts.down_proj.weight"},
-    {"moe.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight"},
-    {"moe.expert_bias", "mlp.gate.e_score_correction_bias"},   /* the trainer's checkpoint entry */
-};
-static int is_qwen3_moe(const hp_model_config_t *mc) { return strcmp(mc->name, "qwen3_moe") == 0; }
-/* The trainer checkpoints each MoE layer's expert_bias as "layers.N.moe.expert_bias": DeepSeek-V3's
- * HF name is mlp.gate.e_score_correction_bias; Qwen3-MoE has none (skipped both ways). */
+/* The trainer checkpoints each MoE layer's expert_bias as "layers.N.moe.expert_bias"; a family
+ * whose HF model keeps it (DeepSeek-V3: mlp.gate.e_score_correction_bias) maps the name, the
+ * others skip it both ways (hp_hf_skips). */
 static int is_expert_bias(const char *name) {
     const size_t n = strlen(name), k = strlen(".moe.expert_bias");
     return n > k && !strcmp(name + n - k, ".moe.expert_bias");
-}
-
-/* --- mixture of experts (owner moe): Qwen3-MoE (Qwen3MoeForCausalLM) and DeepSeek-V3
- * (DeepseekV3ForCausalLM) maps; a model whose router or experts HF cannot express is refused by
- * the config key --- */
-static hp_status_t refuse_moe(const hp_model_config_t *mc, const char *what) {
-    if (mc->moe_experts <= 0) return HP_OK;
-    if (is_deepseek(mc)) {   /* DeepseekV3TopkRouter: sigmoid, bias for selection, groups, norm, scale */
-        const char *key = mc->moe_score_fn != HP_MOE_SCORE_SIGMOID ? "model.moe_score_func (HF: sigmoid)"
-                          : mc->moe_shared_experts < 1            ? "model.moe_num_shared_experts (HF: >= 1)"
-                          : mc->moe_score_before_experts          ? "model.moe_score_before_experts (HF: false)"
-                          : mc->moe_n_dense_layers >= mc->n_layers ? "model.moe_n_dense_layers (HF: < n_layers)"
-                                                                  : NULL;
-        if (key)
-            return hp_error(HP_ERR_UNSUPPORTED, "HF %s: DeepseekV3ForCausalLM cannot express this deepseek_v3 model's "
-                            "%s; hint: set it (the 671B flavor has HF's values), or use the DCP checkpoint", what, key);
-        return HP_OK;
-    }
-    if (!is_qwen3_moe(mc))
-        return hp_error(HP_ERR_UNSUPPORTED, "HF %s: the MoE model '%s' has no HF state-dict adapter: DeepSeek-V3's HF "
-                        "checkpoints use MLA attention, which this model (GQA attention) does not have; hint: use the "
-                        "DCP checkpoint or weights.safetensors (TorchTitan names), or qwen3_moe", what, mc->name);
-    const char *key = mc->moe_shared_experts > 0                ? "model.moe_num_shared_experts (HF: 0)"
-                      : mc->moe_score_fn != HP_MOE_SCORE_SOFTMAX ? "model.moe_score_func (HF: softmax)"
-                      : mc->moe_route_scale != 1.0f             ? "model.moe_route_scale (HF: 1)"
-                      : mc->moe_score_before_experts            ? "model.moe_score_before_experts (HF: false)"
-                      : mc->moe_expert_groups > 1               ? "model.moe_n_expert_groups (HF: none)"
-                                                                : NULL;
-    if (key)
-        return hp_error(HP_ERR_UNSUPPORTED, "HF %s: Qwen3MoeForCausalLM cannot express this qwen3_moe model's %s; hint: "
-                        "keep the flavor's value, or use the DCP checkpoint", what, key);
-    return HP_OK;
 }
 
 static int parse_layer(const char *name, const char *prefix, int *layer, int *used);
@@ -117,26 +51,6 @@ static int expert_hf_name(const char *fqn, int e, char *out, size_t n) {
 int hp_hf_expert_name(const char *fqn, int e, char *out, size_t n) { return expert_hf_name(fqn, e, out, n); }
 int hp_hf_is_expert_bias(const char *name) { return is_expert_bias(name); }
 
-/* The model has an HF architecture (hp_hf_export, hp-ckpt to-hf / from-hf). */
-hp_status_t hp_hf_check_exportable(const hp_model_config_t *mc, const char *what) {
-    HP_TRY(refuse_moe(mc, what));
-    if (is_deepseek(mc)) {
-        if (mc->moe_experts <= 0)
-            return hp_error(HP_ERR_UNSUPPORTED, "HF %s: deepseek_v3 without routed experts has no HF architecture; hint: "
-                            "keep model.moe_num_experts", what);
-        return HP_OK;
-    }
-    /* HF's classes fix what a custom config could change: LlamaForCausalLM has no q/k norm,
-     * Qwen3ForCausalLM (and Qwen3MoeForCausalLM) always has one */
-    if (is_llama(mc) == !!mc->qk_norm)
-        return hp_error(HP_ERR_UNSUPPORTED, "HF %s: %s with qk_norm %s has no HF architecture (%s); hint: %s", what,
-                        mc->name, mc->qk_norm ? "true" : "false",
-                        is_llama(mc) ? "LlamaForCausalLM has no q_norm/k_norm" : "Qwen3ForCausalLM always has q_norm/k_norm",
-                        is_llama(mc) ? "use model.name qwen3 for a model with qk_norm" : "keep model.qk_norm true for qwen3");
-    return HP_OK;
-}
-/* --- end --- */
-
 /* "<prefix><layer>." with a decimal layer below HP_MODEL_MAX_LAYERS (names come from files:
  * sscanf's %d would overflow on a long digit string and accept a sign). *used = bytes consumed. */
 static int parse_layer(const char *name, const char *prefix, int *layer, int *used) {
@@ -152,58 +66,60 @@ static int parse_layer(const char *name, const char *prefix, int *layer, int *us
     return 1;
 }
 
-hp_status_t hp_hf_name_to_hf(const hp_model_config_t *mc, const char *fqn, char *out, size_t n, int *permute) {
+/* The name map, quietly: 1 and out / *permute when `name` has a mapping in `direction`. Each
+ * pair is read from the side the name is on: to HF the TorchTitan side is matched and the HF
+ * side written, from HF the other way round. */
+static int map_name(const hp_hf_adapter_t *a, hp_hf_direction_t direction, const char *name, char *out, size_t n,
+                    int *permute) {
+    const int to_hf = direction == HP_HF_TO_HF;
     *permute = 0;
     for (size_t i = 0; i < sizeof top_map / sizeof top_map[0]; i++)
-        if (!strcmp(fqn, top_map[i].tt)) {
-            snprintf(out, n, "%s", top_map[i].hf);
-            return HP_OK;
+        if (!strcmp(name, to_hf ? top_map[i].tt : top_map[i].hf)) {
+            snprintf(out, n, "%s", to_hf ? top_map[i].hf : top_map[i].tt);
+            return 1;
         }
     int layer, used = 0;
-    if (is_deepseek(mc) && parse_layer(fqn, "layers.", &layer, &used))
-        for (size_t i = 0; i < sizeof mla_map / sizeof mla_map[0]; i++)
-            if (!strcmp(fqn + used, mla_map[i].tt)) {
-                snprintf(out, n, "model.layers.%d.%s", layer, mla_map[i].hf);
-                return HP_OK;
+    if (!parse_layer(name, to_hf ? "layers." : "model.layers.", &layer, &used)) return 0;
+    for (const hp_hf_name_pair_t *const *t = a->layer_names; t && *t; t++)
+        for (const hp_hf_name_pair_t *p = *t; p->tt; p++)
+            if (!strcmp(name + used, to_hf ? p->tt : p->hf)) {
+                snprintf(out, n, to_hf ? "model.layers.%d.%s" : "layers.%d.%s", layer, to_hf ? p->hf : p->tt);
+                *permute = a->permute_qk && p->qk;
+                return 1;
             }
-    if (parse_layer(fqn, "layers.", &layer, &used)) {
-        for (size_t i = 0; i < sizeof layer_map / sizeof layer_map[0]; i++)
-            if (!strcmp(fqn + used, layer_map[i].tt)) {
-                snprintf(out, n, "model.layers.%d.%s", layer, layer_map[i].hf);
-                *permute = is_llama(mc) && (i == 0 || i == 1);
-                return HP_OK;
-            }
-    }
-    char tmp[160];
-    if (expert_hf_name(fqn, 0, tmp, sizeof tmp))   /* mixture of experts (owner moe) */
-        return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: '%s' is one HF tensor per expert (%s, ...), not one "
-                        "name", mc->name, fqn, tmp);
-    return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: no HF name for '%s'", mc->name, fqn);
+    return 0;
 }
 
-hp_status_t hp_hf_name_from_hf(const hp_model_config_t *mc, const char *hf, char *out, size_t n, int *permute) {
+hp_status_t hp_hf_map_name(const hp_hf_adapter_t *a, hp_hf_direction_t direction, const char *name, char *out,
+                           size_t n, int *permute) {
     *permute = 0;
-    for (size_t i = 0; i < sizeof top_map / sizeof top_map[0]; i++)
-        if (!strcmp(hf, top_map[i].hf)) {
-            snprintf(out, n, "%s", top_map[i].tt);
-            return HP_OK;
-        }
-    int layer, used = 0;
-    if (is_deepseek(mc) && parse_layer(hf, "model.layers.", &layer, &used))
-        for (size_t i = 0; i < sizeof mla_map / sizeof mla_map[0]; i++)
-            if (!strcmp(hf + used, mla_map[i].hf)) {
-                snprintf(out, n, "layers.%d.%s", layer, mla_map[i].tt);
-                return HP_OK;
-            }
-    if (parse_layer(hf, "model.layers.", &layer, &used)) {
-        for (size_t i = 0; i < sizeof layer_map / sizeof layer_map[0]; i++)
-            if (!strcmp(hf + used, layer_map[i].hf)) {
-                snprintf(out, n, "layers.%d.%s", layer, layer_map[i].tt);
-                *permute = is_llama(mc) && (i == 0 || i == 1);
-                return HP_OK;
-            }
-    }
-    return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: no TorchTitan name for HF '%s'", mc->name, hf);
+    if (!a)
+        return hp_error(HP_ERR_INVALID_ARG, "HF name map of '%s': no state-dict adapter (NULL); hint: pass the "
+                        "family's, hp_model_hf_adapter (models.h)", name);
+    if (map_name(a, direction, name, out, n, permute)) return HP_OK;
+    char tmp[160];
+    if (direction == HP_HF_TO_HF && expert_hf_name(name, 0, tmp, sizeof tmp))   /* mixture of experts (owner moe) */
+        return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: '%s' is one HF tensor per expert (%s, ...), not one "
+                        "name", a->family, name, tmp);
+    if (direction == HP_HF_TO_HF)
+        return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: no HF name for '%s'", a->family, name);
+    return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: no TorchTitan name for HF '%s'", a->family, name);
+}
+
+int hp_hf_skips(const hp_hf_adapter_t *a, const char *fqn) {
+    char tmp[160];
+    int pm;
+    return is_expert_bias(fqn) && !map_name(a, HP_HF_TO_HF, fqn, tmp, sizeof tmp, &pm);
+}
+
+/* The model has an HF architecture: the family has an adapter, and the adapter takes the
+ * config (hp_hf_export / import, hp-ckpt to-hf / from-hf). */
+hp_status_t hp_hf_check(const hp_hf_adapter_t *a, const hp_model_config_t *mc, const char *what) {
+    if (!a)
+        return hp_error(HP_ERR_UNSUPPORTED, "HF %s: the model '%s' has no HF state-dict adapter (its family has no "
+                        "HF architecture); hint: use the DCP checkpoint or weights.safetensors (TorchTitan names)",
+                        what, mc->name);
+    return a->check(mc, what);
 }
 
 /* Rows of a (n_heads*hd, dim) q/k weight. to_hf: HF row h*hd + p*hd/2 + i = TorchTitan row
@@ -240,140 +156,17 @@ static hp_status_t write_text(const char *path, const char *text) {
     return HP_OK;
 }
 
-/* DeepseekV3Config: MLA sizes, MoE routing, YaRN (rope_parameters; mscale == mscale_all_dim, so
- * HF's attention_factor is 1 and its softmax scale gets mscale^2 as TorchTitan's), or plain
- * RoPE when YaRN is off (max_seq_len <= the original context). */
-static json_object *deepseek_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
-    json_object *c = json_object_new_object(), *arch = json_object_new_array();
-    json_object_array_add(arch, json_object_new_string("DeepseekV3ForCausalLM"));
-    json_object_object_add(c, "architectures", arch);
-    json_object_object_add(c, "model_type", json_object_new_string("deepseek_v3"));
-#define I(k, v) json_object_object_add(c, k, json_object_new_int(v))
-    I("hidden_size", mc->dim);
-    I("intermediate_size", mc->hidden_dim);
-    I("moe_intermediate_size", mc->moe_hidden);
-    I("num_hidden_layers", mc->n_layers);
-    I("num_attention_heads", mc->n_heads);
-    I("num_key_value_heads", mc->n_heads);
-    I("n_shared_experts", mc->moe_shared_experts);
-    I("n_routed_experts", mc->moe_experts);
-    I("num_experts_per_tok", mc->moe_top_k);
-    I("first_k_dense_replace", mc->moe_n_dense_layers);
-    I("n_group", mc->moe_expert_groups > 1 ? mc->moe_expert_groups : 1);
-    I("topk_group", mc->moe_expert_groups > 1 ? mc->moe_limited_groups : 1);
-    I("kv_lora_rank", mc->kv_lora_rank);
-    I("qk_nope_head_dim", mc->qk_nope_head_dim);
-    I("qk_rope_head_dim", mc->qk_rope_head_dim);
-    I("v_head_dim", mc->v_head_dim);
-    I("vocab_size", mc->vocab_size);
-    I("max_position_embeddings", mc->max_seq_len > 0 ? mc->max_seq_len : 4096);
-#undef I
-    json_object_object_add(c, "q_lora_rank", mc->q_lora_rank ? json_object_new_int(mc->q_lora_rank) : NULL);
-    json_object_object_add(c, "routed_scaling_factor", json_object_new_double(mc->moe_route_scale));
-    json_object_object_add(c, "norm_topk_prob", json_object_new_boolean(mc->moe_route_norm));
-    json_object_object_add(c, "scoring_func", json_object_new_string("sigmoid"));
-    json_object_object_add(c, "topk_method", json_object_new_string("noaux_tc"));
-    json_object_object_add(c, "rope_interleave", json_object_new_boolean(1));
-    json_object_object_add(c, "rms_norm_eps", json_object_new_double(mc->norm_eps));
-    json_object_object_add(c, "rope_theta", json_object_new_double(mc->rope_theta));
-    json_object *rs = json_object_new_object();
-    json_object_object_add(rs, "rope_theta", json_object_new_double(mc->rope_theta));
-    if (hp_model_mla_yarn(mc)) {
-        json_object_object_add(rs, "rope_type", json_object_new_string("yarn"));
-        json_object_object_add(rs, "factor", json_object_new_double(mc->rope_factor));
-        json_object_object_add(rs, "beta_fast", json_object_new_double(mc->rope_beta_fast));
-        json_object_object_add(rs, "beta_slow", json_object_new_double(mc->rope_beta_slow));
-        json_object_object_add(rs, "mscale", json_object_new_double(mc->mla_mscale));
-        json_object_object_add(rs, "mscale_all_dim", json_object_new_double(mc->mla_mscale));
-        json_object_object_add(rs, "original_max_position_embeddings", json_object_new_int(mc->rope_original_max_pos));
-    } else {
-        json_object_object_add(rs, "rope_type", json_object_new_string("default"));
-    }
-    json_object_object_add(c, "rope_parameters", rs);
-    json_object_object_add(c, "tie_word_embeddings", json_object_new_boolean(mc->tie_embeddings));
-    json_object_object_add(c, "hidden_act", json_object_new_string("silu"));
-    json_object_object_add(c, "attention_bias", json_object_new_boolean(0));
-    json_object_object_add(c, "attention_dropout", json_object_new_double(0.0));
-    json_object_object_add(c, "initializer_range", json_object_new_double(0.02));
-    json_object_object_add(c, "use_cache", json_object_new_boolean(1));
-    json_object_object_add(c, "num_nextn_predict_layers", json_object_new_int(0));
-    json_object_object_add(c, "torch_dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));
-    json_object_object_add(c, "dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));
-    return c;
-}
-
-static json_object *hf_config_json(const hp_model_config_t *mc, hp_dtype_t dt) {
-    if (is_deepseek(mc)) return deepseek_config_json(mc, dt);
-    json_object *c = json_object_new_object();
-    int llama = is_llama(mc);
-    json_object *arch = json_object_new_array();
-    const int qm = is_qwen3_moe(mc);
-    json_object_array_add(arch, json_object_new_string(llama ? "LlamaForCausalLM" : qm ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"));
-    json_object_object_add(c, "architectures", arch);
-    json_object_object_add(c, "model_type", json_object_new_string(llama ? "llama" : qm ? "qwen3_moe" : "qwen3"));
-    if (qm) {   /* mixture of experts (owner moe): the first moe_n_dense_layers are mlp_only_layers */
-        json_object_object_add(c, "num_experts", json_object_new_int(mc->moe_experts));
-        json_object_object_add(c, "num_experts_per_tok", json_object_new_int(mc->moe_top_k));
-        json_object_object_add(c, "moe_intermediate_size", json_object_new_int(mc->moe_hidden));
-        json_object_object_add(c, "norm_topk_prob", json_object_new_boolean(mc->moe_route_norm));
-        json_object_object_add(c, "decoder_sparse_step", json_object_new_int(1));
-        json_object *dense = json_object_new_array();
-        for (int l = 0; l < mc->moe_n_dense_layers; l++) json_object_array_add(dense, json_object_new_int(l));
-        json_object_object_add(c, "mlp_only_layers", dense);
-        json_object_object_add(c, "output_router_logits", json_object_new_boolean(0));
-        json_object_object_add(c, "router_aux_loss_coef", json_object_new_double(mc->moe_aux_loss_coeff));
-    }
-    json_object_object_add(c, "hidden_size", json_object_new_int(mc->dim));
-    json_object_object_add(c, "intermediate_size", json_object_new_int(mc->hidden_dim));
-    json_object_object_add(c, "num_hidden_layers", json_object_new_int(mc->n_layers));
-    json_object_object_add(c, "num_attention_heads", json_object_new_int(mc->n_heads));
-    json_object_object_add(c, "num_key_value_heads", json_object_new_int(mc->n_kv_heads));
-    json_object_object_add(c, "head_dim", json_object_new_int(mc->head_dim));
-    json_object_object_add(c, "vocab_size", json_object_new_int(mc->vocab_size));
-    json_object_object_add(c, "rms_norm_eps", json_object_new_double(mc->norm_eps));
-    json_object_object_add(c, "rope_theta", json_object_new_double(mc->rope_theta));
-    /* with Llama 3 rope scaling HF wants max_position_embeddings above the original context */
-    int64_t maxpos = mc->max_seq_len > 0 ? mc->max_seq_len : 2048;
-    if (mc->rope_scaling) {
-        int64_t scaled = (int64_t)((double)mc->rope_original_max_pos * mc->rope_factor);
-        if (scaled > maxpos) maxpos = scaled;
-    }
-    json_object_object_add(c, "max_position_embeddings", json_object_new_int64(maxpos));
-    json_object_object_add(c, "tie_word_embeddings", json_object_new_boolean(mc->tie_embeddings));
-    json_object_object_add(c, "hidden_act", json_object_new_string("silu"));
-    json_object_object_add(c, "attention_bias", json_object_new_boolean(0));
-    json_object_object_add(c, "attention_dropout", json_object_new_double(0.0));
-    json_object_object_add(c, "initializer_range", json_object_new_double(0.02));
-    json_object_object_add(c, "use_cache", json_object_new_boolean(1));
-    json_object_object_add(c, "torch_dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));
-    json_object_object_add(c, "dtype", json_object_new_string(dt == HP_BF16 ? "bfloat16" : "float32"));   /* transformers 5 */
-    if (mc->rope_scaling) {   /* HF's "llama3" rope type serves every model that reads rope_scaling */
-        json_object *rs = json_object_new_object();
-        json_object_object_add(rs, "rope_type", json_object_new_string("llama3"));
-        json_object_object_add(rs, "factor", json_object_new_double(mc->rope_factor));
-        json_object_object_add(rs, "low_freq_factor", json_object_new_double(mc->rope_low_freq_factor));
-        json_object_object_add(rs, "high_freq_factor", json_object_new_double(mc->rope_high_freq_factor));
-        json_object_object_add(rs, "original_max_position_embeddings", json_object_new_int(mc->rope_original_max_pos));
-        json_object_object_add(c, "rope_scaling", rs);
-    }
-    if (llama) {
-        json_object_object_add(c, "mlp_bias", json_object_new_boolean(0));
-        json_object_object_add(c, "pretraining_tp", json_object_new_int(1));
-    } else {
-        json_object_object_add(c, "use_sliding_window", json_object_new_boolean(0));
-        json_object_object_add(c, "sliding_window", NULL);
-        json_object_object_add(c, "max_window_layers", json_object_new_int(mc->n_layers));
-    }
-    return c;
-}
-
-hp_status_t hp_hf_write_config(const char *dir, const hp_model_config_t *mc, hp_dtype_t dtype) {
-    json_object *cj = hf_config_json(mc, dtype);
+hp_status_t hp_hf_write_config(const char *dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
+                               hp_dtype_t dtype) {
+    if (!a) return hp_hf_check(a, mc, "config.json");
+    char *text = a->config_json(mc, dtype);
+    if (!text)
+        return hp_error(HP_ERR_OOM, "HF config.json of the %s model: out of memory (or its family has no config.json "
+                        "mapping)", mc->name);
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    hp_status_t s = write_text(path, json_object_to_json_string_ext(cj, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
-                                                                            JSON_C_TO_STRING_NOSLASHESCAPE));
-    json_object_put(cj);
+    hp_status_t s = write_text(path, text);
+    free(text);
     return s;
 }
 
@@ -387,10 +180,11 @@ static hp_status_t full_of(const hp_param_t *p, hp_tensor_t *out, void **owned) 
     return hp_dtensor_full_tensor(out, owned, NULL, &p->value);
 }
 
-hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_param_t *params, int n_params,
-                         hp_comm_t comm, hp_dtype_t dtype, size_t max_shard_bytes) {
+hp_status_t hp_hf_export(const char *dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
+                         const hp_param_t *params, int n_params, hp_comm_t comm, hp_dtype_t dtype,
+                         size_t max_shard_bytes) {
     int rank = comm ? hp_comm_rank(comm) : 0;
-    HP_TRY(hp_hf_check_exportable(mc, "export"));
+    HP_TRY(hp_hf_check(a, mc, "export"));
     if (dtype != HP_F32 && dtype != HP_BF16)
         return hp_error(HP_ERR_INVALID_ARG, "HF export: dtype %s; expected f32 or bf16", hp_dtype_name(dtype));
     if (!max_shard_bytes) max_shard_bytes = (size_t)5 << 30;
@@ -403,7 +197,7 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
     int n_ent = 0;
     for (int i = 0; i < n_params; i++)
         n_ent += expert_hf_name(params[i].name, 0, tmpn, sizeof tmpn) ? mc->moe_experts
-                 : is_expert_bias(params[i].name) && !is_deepseek(mc) ? 0 : 1;
+                 : hp_hf_skips(a, params[i].name) ? 0 : 1;
     hp_tensor_t *full = hp_calloc((size_t)n_params + 1, sizeof *full), *ent_t = hp_calloc((size_t)n_ent + 1, sizeof *ent_t);
     void **owned = hp_calloc((size_t)n_params + 1, sizeof *owned);
     float **perm = hp_calloc((size_t)n_params + 1, sizeof *perm);
@@ -414,9 +208,9 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
     int nfiles = 1, k_ent = 0;
     for (int i = 0; s == HP_OK && i < n_params; i++) {
         int pm = 0;
-        if (is_expert_bias(params[i].name) && !is_deepseek(mc)) continue;   /* no HF tensor */
+        if (hp_hf_skips(a, params[i].name)) continue;   /* no HF tensor */
         const int expert = expert_hf_name(params[i].name, 0, tmpn, sizeof tmpn);
-        if (!expert) s = hp_hf_name_to_hf(mc, params[i].name, names[k_ent], sizeof names[k_ent], &pm);
+        if (!expert) s = hp_hf_map_name(a, HP_HF_TO_HF, params[i].name, names[k_ent], sizeof names[k_ent], &pm);
         if (s == HP_OK) s = full_of(&params[i], &full[i], &owned[i]);
         if (s == HP_OK && expert) {   /* E contiguous (A, B) slices of the (E, A, B) tensor */
             if (full[i].ndim != 3 || full[i].shape[0] != mc->moe_experts || !hp_tensor_is_contiguous(&full[i])) {
@@ -500,7 +294,7 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
             s = write_text(path, json_object_to_json_string_ext(idx, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
                                                                          JSON_C_TO_STRING_NOSLASHESCAPE));
             json_object_put(idx);
-            if (s == HP_OK) s = hp_hf_write_config(dir, mc, dtype);
+            if (s == HP_OK) s = hp_hf_write_config(dir, a, mc, dtype);
             if (s == HP_OK) s = hp_dcp_fsync_path(dir, 1);
         } else {
             json_object_put(wm);
@@ -530,8 +324,8 @@ static int is_extra(const char *tn, char (*want)[160], int nw, int tied) {
 
 /* Warns about each tensor of the checkpoint that no parameter maps to (it is ignored):
  * the names of the index's weight_map, or of the single file's tensors. */
-static void warn_extra_tensors(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params,
-                               hp_hf_index_t wm, hp_safetensors_t single) {
+static void warn_extra_tensors(const char *dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
+                               hp_param_t *params, int n_params, hp_hf_index_t wm, hp_safetensors_t single) {
     char tmp[160];
     size_t cap = 1;
     for (int i = 0; i < n_params; i++)
@@ -545,7 +339,7 @@ static void warn_extra_tensors(const char *dir, const hp_model_config_t *mc, hp_
             for (int e = 0; e < mc->moe_experts; e++) expert_hf_name(params[i].name, e, want[nw++], sizeof want[0]);
             continue;
         }
-        if (hp_hf_name_to_hf(mc, params[i].name, want[nw], sizeof want[nw], &pm) == HP_OK) nw++;
+        if (map_name(a, HP_HF_TO_HF, params[i].name, want[nw], sizeof want[nw], &pm)) nw++;
     }
     int tied = 1;   /* tied embeddings: lm_head.weight is read from model.embed_tokens.weight */
     for (int i = 0; i < nw; i++) tied &= strcmp(want[i], "lm_head.weight") != 0;
@@ -572,17 +366,17 @@ static void warn_extra_tensors(const char *dir, const hp_model_config_t *mc, hp_
     free(want);
 }
 
-/* DIR/config.json, when present, must describe the model exactly (hp_hf_read_config, then
+/* DIR/config.json, when present, must describe the model exactly (the adapter's read_config, then
  * every field that changes the numerics): shapes alone would let extra layers or an untied
  * lm_head be dropped, and rope_theta, rope_scaling or eps would import silently wrong. */
-static hp_status_t check_hf_config(const char *dir, const hp_model_config_t *mc) {
+static hp_status_t check_hf_config(const char *dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc) {
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (access(path, R_OK) != 0) return HP_OK;
     hp_model_config_t hf;
-    HP_TRY(hp_hf_read_config(dir, &hf));
+    HP_TRY(a->read_config(dir, &hf));
     char msg[1500], flags[700];
-    int n = hp_hf_config_diff(&hf, mc, msg, sizeof msg, flags, sizeof flags);
+    int n = a->config_diff(&hf, mc, msg, sizeof msg, flags, sizeof flags);
     if (n)
         return hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json disagrees with the %s/%s model in %d field(s): "
                         "%s; hint: describe the checkpoint's model with those model.* keys (hp-ckpt from-hf: %s), or "
@@ -719,9 +513,9 @@ static hp_status_t import_experts(const char *dir, const hp_model_config_t *mc, 
 }
 /* --- end --- */
 
-static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params,
-                                int warn) {
-    HP_TRY(check_hf_config(dir, mc));
+static hp_status_t import_local(const char *dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
+                                hp_param_t *params, int n_params, int warn) {
+    HP_TRY(check_hf_config(dir, a, mc));
     char path[4200];
     hp_hf_index_t wm = NULL;   /* hardened parser: every type checked, plain file names */
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
@@ -741,8 +535,8 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
             s = import_experts(dir, mc, &params[i], wm, open_st, open_name, &n_open, &buf, &buf_cap);
             continue;
         }
-        if (is_expert_bias(params[i].name) && !is_deepseek(mc)) continue;   /* Qwen3-MoE: no HF tensor, kept */
-        s = hp_hf_name_to_hf(mc, params[i].name, hf, sizeof hf, &pm);
+        if (hp_hf_skips(a, params[i].name)) continue;   /* no HF tensor (Qwen3-MoE): kept */
+        s = hp_hf_map_name(a, HP_HF_TO_HF, params[i].name, hf, sizeof hf, &pm);
         if (s != HP_OK) break;
         const char *fname = "model.safetensors";
         if (wm) {
@@ -843,15 +637,16 @@ static hp_status_t import_local(const char *dir, const hp_model_config_t *mc, hp
     if (s == HP_OK && nmiss)
         s = hp_error(HP_ERR_NOT_FOUND, "HF checkpoint %s lacks %d tensor(s) the %s model needs: %s%s", dir, nmiss, mc->name,
                      missing, nmiss > 6 ? ", ..." : "");
-    if (s == HP_OK && warn) warn_extra_tensors(dir, mc, params, n_params, wm, wm ? NULL : open_st[0]);
+    if (s == HP_OK && warn) warn_extra_tensors(dir, a, mc, params, n_params, wm, wm ? NULL : open_st[0]);
     for (int k = 0; k < n_open; k++) hp_safetensors_close(open_st[k]);
     free(buf);
     hp_hf_index_free(wm);
     return s;
 }
 
-hp_status_t hp_hf_import(const char *dir, const hp_model_config_t *mc, hp_param_t *params, int n_params, hp_comm_t comm) {
+hp_status_t hp_hf_import(const char *dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
+                         hp_param_t *params, int n_params, hp_comm_t comm) {
     int warn = !comm || hp_comm_rank(comm) == 0;   /* one warning per job, not per rank */
-    HP_TRY(refuse_moe(mc, "import"));   /* mixture of experts (owner moe); the same on every rank */
-    return hp_dcp_agree(comm, import_local(dir, mc, params, n_params, warn), "HF import");
+    HP_TRY(hp_hf_check(a, mc, "import"));   /* the same on every rank */
+    return hp_dcp_agree(comm, import_local(dir, a, mc, params, n_params, warn), "HF import");
 }

@@ -42,7 +42,7 @@ typedef struct {
  * "layers.N.moe.expert_bias" and its initial load asks for it): DeepSeek-V3's HF
  * mlp.gate.e_score_correction_bias (n_hf 1), none in Qwen3-MoE (n_hf 0: from-hf writes zeros,
  * the value training starts from; to-hf leaves it out). */
-static int model_specs(const hp_model_config_t *mc, spec_t **out) {
+static int model_specs(const hp_hf_adapter_t *a, const hp_model_config_t *mc, spec_t **out) {
     *out = NULL;
     const int nu = mc->n_layers + 2;   /* embedding, blocks, head */
     int n = hp_model_describe_params(mc, 0, nu, NULL, 0);
@@ -69,12 +69,10 @@ static int model_specs(const hp_model_config_t *mc, spec_t **out) {
     for (int l = 0; l < mc->n_layers; l++) {
         if (!hp_model_layer_is_moe(mc, l)) continue;
         spec_t *b = &sp[n++];
-        char tmp[160];
-        int pm;
         snprintf(b->name, sizeof b->name, "layers.%d.moe.expert_bias", l);
         b->ndim = 1;
         b->shape[0] = mc->moe_experts;
-        b->n_hf = hp_hf_name_to_hf(mc, b->name, tmp, sizeof tmp, &pm) == HP_OK;
+        b->n_hf = !hp_hf_skips(a, b->name);
         b->bias = 1;
     }
     *out = sp;
@@ -82,7 +80,7 @@ static int model_specs(const hp_model_config_t *mc, spec_t **out) {
 }
 
 /* The HF tensors of the specs, in order (*out: calloc'ed, names and shapes filled). */
-static int hf_entries(const hp_model_config_t *mc, const spec_t *spec, int n, hf_ent_t **out) {
+static int hf_entries(const hp_hf_adapter_t *a, const spec_t *spec, int n, hf_ent_t **out) {
     int m = 0;
     for (int i = 0; i < n; i++) m += spec[i].n_hf;
     hf_ent_t *h = calloc((size_t)m + 1, sizeof *h);
@@ -98,7 +96,7 @@ static int hf_entries(const hp_model_config_t *mc, const spec_t *spec, int n, hf
         if (!hp_hf_expert_name(spec[i].name, 0, tmp, sizeof tmp)) {
             int pm;
             h[k] = (hf_ent_t){.spec = i, .e = -1, .ndim = spec[i].ndim, .shape = {spec[i].shape[0], spec[i].shape[1]}};
-            if (hp_hf_name_to_hf(mc, spec[i].name, h[k].hf, sizeof h[k].hf, &pm) != HP_OK) return -1;
+            if (hp_hf_map_name(a, HP_HF_TO_HF, spec[i].name, h[k].hf, sizeof h[k].hf, &pm) != HP_OK) return -1;
             k++;
             continue;
         }
@@ -111,11 +109,11 @@ static int hf_entries(const hp_model_config_t *mc, const spec_t *spec, int n, hf
 }
 
 /* The specs and their HF tensors (*spec and *ent calloc'ed), or an error naming `what`. */
-static hp_status_t plan_tensors(const hp_model_config_t *mc, const char *what, spec_t **spec, int *n, hf_ent_t **ent,
-                                int *m) {
+static hp_status_t plan_tensors(const hp_hf_adapter_t *a, const hp_model_config_t *mc, const char *what,
+                                spec_t **spec, int *n, hf_ent_t **ent, int *m) {
     *ent = NULL;
-    *n = model_specs(mc, spec);
-    *m = *n < 0 ? -1 : hf_entries(mc, *spec, *n, ent);
+    *n = model_specs(a, mc, spec);
+    *m = *n < 0 ? -1 : hf_entries(a, *spec, *n, ent);
     if (*n >= 0 && *m >= 0) return HP_OK;
     hp_status_t e = hp_error(HP_ERR_INVALID_ARG, "%s: %s", what, hp_last_error());
     free(*spec);
@@ -199,6 +197,7 @@ static hp_status_t write_json(const char *path, json_object *o) {
 
 typedef struct {
     const char *dir;
+    const hp_hf_adapter_t *a;
     const hp_model_config_t *mc;
     const spec_t *spec;
     const hf_ent_t *ent;      /* the HF tensors (tied lm_head -> embed_tokens) */
@@ -250,7 +249,8 @@ static hp_status_t to_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
     void *data = c->buf;
     char tmp[160];
     int pm = 0;
-    if (sp->n_hf > 0 && c->ent[c->first[i]].e < 0) HP_TRY(hp_hf_name_to_hf(c->mc, sp->name, tmp, sizeof tmp, &pm));
+    if (sp->n_hf > 0 && c->ent[c->first[i]].e < 0)
+        HP_TRY(hp_hf_map_name(c->a, HP_HF_TO_HF, sp->name, tmp, sizeof tmp, &pm));
     if (pm) {
         HP_TRY(grow(&c->perm, &c->pcap, nb));
         permute_bytes(c->perm, c->buf, sp->shape[0], (size_t)sp->shape[1] * esz, c->mc->head_dim, 0);
@@ -389,11 +389,11 @@ static void balance(const int64_t *bytes, int n, int world, int *owner) {
     free(done);
 }
 
-static hp_status_t check_config(const char *dir, const hp_model_config_t *mc) {
+static hp_status_t check_config(const char *dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc) {
     hp_model_config_t hf;
-    HP_TRY(hp_hf_read_config(dir, &hf));
+    HP_TRY(a->read_config(dir, &hf));
     char msg[1500], flags[700];
-    if (hp_hf_config_diff(&hf, mc, msg, sizeof msg, flags, sizeof flags))
+    if (a->config_diff(&hf, mc, msg, sizeof msg, flags, sizeof flags))
         return hp_error(HP_ERR_INVALID_ARG, "HF checkpoint %s: config.json disagrees with the %s/%s model: %s; hint: "
                         "describe it with %s, or take the model from config.json", dir, mc->name, mc->flavor, msg, flags);
     return HP_OK;
@@ -419,15 +419,15 @@ static hp_status_t commit_dir(const char *tmp, const char *out) {
     return hp_dcp_fsync_path(parent[0] ? parent : "/", 1);
 }
 
-hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_model_config_t *mc, const char *out_dir, hp_comm_t comm,
-                                 hp_hf_convert_stats_t *stats) {
+hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
+                                 const char *out_dir, hp_comm_t comm, hp_hf_convert_stats_t *stats) {
     int rank = comm ? hp_comm_rank(comm) : 0, world = comm ? hp_comm_size(comm) : 1;
     if (stats) memset(stats, 0, sizeof *stats);
-    HP_TRY(hp_hf_check_exportable(mc, "import"));
+    HP_TRY(hp_hf_check(a, mc, "import"));
     spec_t *spec = NULL;
     hf_ent_t *ent = NULL;
     int n, m;
-    HP_TRY(plan_tensors(mc, "HF conversion", &spec, &n, &ent, &m));
+    HP_TRY(plan_tensors(a, mc, "HF conversion", &spec, &n, &ent, &m));
     hp_dtype_t *dt = calloc((size_t)n + 1, sizeof *dt);
     int64_t *bytes = calloc((size_t)n + 1, sizeof *bytes), *sums = calloc((size_t)n + 1, sizeof *sums);
     int *owner = calloc((size_t)n + 1, sizeof *owner), *mine = calloc((size_t)n + 1, sizeof *mine);
@@ -439,7 +439,7 @@ hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_model_config_t *mc
         dt[i] = HP_F32;   /* located below; an expert_bias without an HF tensor stays f32 zeros */
     }
     /* every rank checks the config and locates the tensors (headers only) */
-    if (s == HP_OK) s = check_config(hf_dir, mc);
+    if (s == HP_OK) s = check_config(hf_dir, a, mc);
     if (s == HP_OK) s = locate(hf_dir, mc, spec, ent, m, dt, rank == 0);
     HP_TRY(hp_dcp_agree(comm, s, "HF conversion: reading the checkpoint's headers"));
     for (int i = 0; i < n; i++) bytes[i] = spec_numel(&spec[i]) * (int64_t)hp_dtype_size(dt[i]);
@@ -461,6 +461,7 @@ hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_model_config_t *mc
     to_dcp_t c;
     memset(&c, 0, sizeof c);
     c.dir = hf_dir;
+    c.a = a;
     c.mc = mc;
     c.spec = spec;
     c.ent = ent;
@@ -544,6 +545,7 @@ hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_model_config_t *mc
 
 typedef struct {
     const char *dcp_dir;
+    const hp_hf_adapter_t *a;
     const hp_model_config_t *mc;
     const spec_t *spec;
     const hf_ent_t *ent;
@@ -586,7 +588,7 @@ static hp_status_t from_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
     } else {
         char hf[160];
         int pm = 0;
-        HP_TRY(hp_hf_name_to_hf(c->mc, sp->name, hf, sizeof hf, &pm));
+        HP_TRY(hp_hf_map_name(c->a, HP_HF_TO_HF, sp->name, hf, sizeof hf, &pm));
         if (pm) {
             void *p = c->perm;
             HP_TRY(grow(&p, &c->pcap, nb));
@@ -666,19 +668,19 @@ static hp_status_t check_dcp_tensors(const char *dir, const hp_model_config_t *m
     return s;
 }
 
-hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t *mc, const char *out_dir,
-                                   hp_dtype_t dtype, size_t max_shard_bytes, hp_comm_t comm,
+hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
+                                   const char *out_dir, hp_dtype_t dtype, size_t max_shard_bytes, hp_comm_t comm,
                                    hp_hf_convert_stats_t *stats) {
     int rank = comm ? hp_comm_rank(comm) : 0, world = comm ? hp_comm_size(comm) : 1;
     if (stats) memset(stats, 0, sizeof *stats);
     if (dtype != HP_F32 && dtype != HP_BF16)
         return hp_error(HP_ERR_INVALID_ARG, "HF export: dtype %s; expected f32 or bf16", hp_dtype_name(dtype));
-    HP_TRY(hp_hf_check_exportable(mc, "export"));
+    HP_TRY(hp_hf_check(a, mc, "export"));
     if (!max_shard_bytes) max_shard_bytes = (size_t)5 << 30;
     spec_t *spec = NULL;
     hf_ent_t *ent = NULL;
     int n, m;
-    HP_TRY(plan_tensors(mc, "HF export", &spec, &n, &ent, &m));
+    HP_TRY(plan_tensors(a, mc, "HF export", &spec, &n, &ent, &m));
     int *file_of = calloc((size_t)m + 1, sizeof *file_of), *idx = calloc((size_t)m + 1, sizeof *idx);
     hp_st_entry_t *ents = calloc((size_t)m + 1, sizeof *ents);
     hp_status_t s = file_of && idx && ents ? HP_OK : HP_ERR_OOM;
@@ -703,6 +705,7 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t 
     from_dcp_t c;
     memset(&c, 0, sizeof c);
     c.dcp_dir = dcp_dir;
+    c.a = a;
     c.mc = mc;
     c.spec = spec;
     c.ent = ent;
@@ -744,7 +747,7 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_model_config_t 
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
         s = write_json(path, ix);
         json_object_put(ix);
-        if (s == HP_OK) s = hp_hf_write_config(out_dir, mc, dtype);
+        if (s == HP_OK) s = hp_hf_write_config(out_dir, a, mc, dtype);
         if (s == HP_OK) s = hp_dcp_fsync_path(out_dir, 1);
     }
     free(spec);

@@ -1,7 +1,9 @@
-/* The decoder LLMs' parallelize (TorchTitan's parallelize_llama and pipeline_llm): which public
- * apply steps run, in which order, on which slices of the world mesh. Every family of the
- * registry composes this way; a family differs by its tensor-parallel plan. */
+/* hp_parallelize (the family's, from the registry), the decoder LLMs' parallelize (TorchTitan's
+ * parallelize_llama: which public apply steps run, in which order, on which slices of the world
+ * mesh; the four families of the registry compose this way and differ by their tensor-parallel
+ * plan) and the pipelined composition (pipeline_llm). */
 #include "hyperparallel/model_parallelize.h"
+#include "hyperparallel/models.h"
 
 #include <string.h>
 
@@ -19,13 +21,6 @@ hp_parallelize_options_t hp_parallelize_default_options(void) {
     o.pp.microbatch_size = 1;
     o.pp.layers_per_stage = -1;
     return o;
-}
-
-/* The family's TP plan (TorchTitan's per-model plans). */
-static int family_tp_plan(const hp_model_config_t *mc, int sp, int lp, hp_tp_plan_entry_t *plan, int cap) {
-    return mc->mla ? hp_tp_deepseek_v3_plan(plan, cap, sp, lp, mc->q_lora_rank)
-           : strcmp(mc->name, "qwen3") == 0 ? hp_tp_qwen3_plan(plan, cap, sp, lp)
-                                            : hp_tp_llama3_plan(plan, cap, sp, lp);
 }
 
 static hp_status_t slice_world(hp_parallel_t p, const hp_parallel_meshes_t *meshes, const char *dim, hp_mesh_t *out) {
@@ -64,6 +59,16 @@ static hp_status_t fsdp_mesh(hp_parallel_t p, const hp_parallel_dims_t *pd, cons
 hp_status_t hp_parallelize(hp_parallel_t p, const hp_parallel_dims_t *pd, const hp_parallel_meshes_t *meshes,
                            const hp_parallelize_options_t *o) {
     const hp_model_config_t *mc = hp_model_config(hp_parallel_part(p, 0));
+    const hp_model_spec_t *spec = hp_model_spec_find(mc->name);
+    if (!spec || !spec->parallelize)
+        return hp_error(HP_ERR_UNSUPPORTED, "model %s has no parallelize in the model registry; hint: give its spec "
+                        "one (docs/architecture.md, \"Adding a model family\")", mc->name);
+    return spec->parallelize(p, pd, meshes, o);
+}
+
+hp_status_t hp_parallelize_decoder(hp_parallel_t p, const hp_parallel_dims_t *pd, const hp_parallel_meshes_t *meshes,
+                                   const hp_parallelize_options_t *o) {
+    const hp_model_config_t *mc = hp_model_config(hp_parallel_part(p, 0));
     hp_mesh_t tp_mesh = NULL, cp_mesh = NULL;
     if (pd->cp > 1) {
         HP_TRY(slice_world(p, meshes, "cp", &cp_mesh));
@@ -76,7 +81,11 @@ hp_status_t hp_parallelize(hp_parallel_t p, const hp_parallel_dims_t *pd, const 
         const hp_tp_plan_entry_t *use = o->tp_plan;
         int n = o->n_tp_plan;
         if (!use) {
-            n = family_tp_plan(mc, o->sequence_parallel, o->loss_parallel, plan, 32);
+            const hp_model_spec_t *spec = hp_model_spec_find(mc->name);
+            if (!spec || !spec->tp_plan)
+                return hp_error(HP_ERR_UNSUPPORTED, "parallelism.tensor_parallel_degree %d: model %s has no tensor-parallel "
+                                "plan in the model registry", pd->tp, mc->name);
+            n = spec->tp_plan(mc, o->sequence_parallel, o->loss_parallel, plan, 32);
             use = plan;
         }
         HP_TRY(hp_apply_tp(p, tp_mesh, use, n));

@@ -75,7 +75,7 @@ static const hp_module_ops_t core_ops = {
 
 hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, int n_heads, int n_kv, int head_dim, int layer,
                              hp_module_t **out) {
-    hp_module_t *core = nn_module_new(m, sizeof(core_impl_t));
+    hp_module_t *core = hp_model_module_new(m, sizeof(core_impl_t));
     if (!core) return HP_ERR_OOM;
     core_impl_t *C = core->impl;
     C->n_heads = n_heads;
@@ -98,7 +98,7 @@ void nn_sdpa_core_set_heads(hp_module_t *core, int n_heads, int n_kv) {
 /* ---- attention ------------------------------------------------------------------------ */
 
 typedef struct attn_impl {
-    nn_attention_cfg_t c;
+    hp_attention_cfg_t c;
     int qd, kd, qkvd;        // local sizes (tensor parallel divides the heads)
 } attn_impl_t;
 /* Children are read from the module at every call, so hp_module_replace_child swaps them. */
@@ -273,10 +273,10 @@ static void attn_set_sizes(hp_module_t *m, int n_heads, int n_kv) {
     }
 }
 
-hp_status_t nn_attention_new(hp_model_t m, const char *name, const nn_attention_cfg_t *c, hp_module_t *wqkv,
+hp_status_t hp_attention_new(hp_model_t m, const char *name, const hp_attention_cfg_t *c, hp_module_t *wqkv,
                              hp_module_t *wo, hp_param_t *q_norm, hp_param_t *k_norm, hp_module_t **out) {
-    hp_module_t *a = nn_module_new(m, sizeof(attn_impl_t));
-    hp_module_t *core = nn_module_new(m, sizeof(core_impl_t));
+    hp_module_t *a = hp_model_module_new(m, sizeof(attn_impl_t));
+    hp_module_t *core = hp_model_module_new(m, sizeof(core_impl_t));
     if (!a || !core) return HP_ERR_OOM;
     attn_impl_t *A = a->impl;
     core_impl_t *C = core->impl;
@@ -425,9 +425,9 @@ static const hp_module_ops_t ffn_ops = {
     "feed_forward", ffn_act_bytes, ffn_scratch, ffn_forward, ffn_backward_input, ffn_backward_weight,
 };
 
-hp_status_t nn_feed_forward_new(hp_model_t m, const char *name, int dim, int hidden, hp_module_t *w13,
+hp_status_t hp_feed_forward_new(hp_model_t m, const char *name, int dim, int hidden, hp_module_t *w13,
                                 hp_module_t *w2, hp_module_t **out) {
-    hp_module_t *f = nn_module_new(m, sizeof(ffn_impl_t));
+    hp_module_t *f = hp_model_module_new(m, sizeof(ffn_impl_t));
     if (!f) return HP_ERR_OOM;
     void *fi = f->impl;
     hp_module_base_init(f, &ffn_ops, name, fi);
@@ -560,10 +560,10 @@ static const hp_module_ops_t block_ops = {
     block_backward_weight,
 };
 
-hp_status_t nn_block_new(hp_model_t m, const char *name, int dim, hp_module_t *attention_norm,
+hp_status_t hp_block_new(hp_model_t m, const char *name, int dim, hp_module_t *attention_norm,
                          hp_module_t *attention, hp_module_t *ffn_norm, hp_module_t *feed_forward,
                          hp_module_t **out) {
-    hp_module_t *b = nn_module_new(m, sizeof(block_impl_t));
+    hp_module_t *b = hp_model_module_new(m, sizeof(block_impl_t));
     if (!b) return HP_ERR_OOM;
     void *bi = b->impl;
     hp_module_base_init(b, &block_ops, name, bi);
@@ -635,9 +635,9 @@ static const hp_module_ops_t head_ops = {
     "head", head_act_bytes, head_scratch, head_forward, head_backward_input, head_backward_weight,
 };
 
-hp_status_t nn_head_new(hp_model_t m, const char *name, int dim, hp_module_t *norm, hp_module_t *output,
+hp_status_t hp_head_new(hp_model_t m, const char *name, int dim, hp_module_t *norm, hp_module_t *output,
                         hp_module_t **out) {
-    hp_module_t *h = nn_module_new(m, sizeof(head_impl_t));
+    hp_module_t *h = hp_model_module_new(m, sizeof(head_impl_t));
     if (!h) return HP_ERR_OOM;
     void *hi = h->impl;
     hp_module_base_init(h, &head_ops, name, hi);
@@ -715,7 +715,7 @@ static const hp_module_ops_t ckpt_ops = {
 };
 
 hp_status_t nn_checkpoint_new(hp_model_t m, hp_module_t *inner, hp_module_t **out) {
-    hp_module_t *w = nn_module_new(m, sizeof(ckpt_impl_t));
+    hp_module_t *w = hp_model_module_new(m, sizeof(ckpt_impl_t));
     if (!w) return HP_ERR_OOM;
     void *wi = w->impl;
     char nm[HP_PARAM_NAME_MAX];

@@ -14,7 +14,7 @@
 #include "nn/nn-model.h"
 
 typedef struct mla_impl {
-    nn_mla_cfg_t c;
+    hp_mla_cfg_t c;
     int H;                         /* local heads (tensor parallel divides them) */
     int nq;                        /* children of the q path: 1 (wq) or 3 (wq_a, q_norm, wq_b) */
     float alpha;                   /* q pre-scale: scale * sqrt(hc) */
@@ -46,7 +46,7 @@ static size_t fl(size_t n) { return hp_arena_round(sizeof(float) * n); }
 
 static size_t mla_act_bytes(const hp_module_t *m, int B, int T) {
     const mla_impl_t *A = m->impl;
-    const nn_mla_cfg_t *c = &A->c;
+    const hp_mla_cfg_t *c = &A->c;
     const size_t N = (size_t)B * T, H = (size_t)A->H;
     size_t s = hp_arena_round(sizeof(mla_saved_t)) + fl(N * H * (c->nope + c->rope)) +
                fl(N * (c->kv_lora + c->rope)) + 2 * fl(N * c->kv_lora) + fl(N * H * (c->nope + c->v)) +
@@ -59,7 +59,7 @@ static size_t mla_act_bytes(const hp_module_t *m, int B, int T) {
 /* Backward scratch (floats): dov, do, dqkv, dq, dkvb, dkvn, dkvc, dpe, dkva (+ dqan, dqa). */
 static size_t mla_scratch(const hp_module_t *m, int B, int T) {
     const mla_impl_t *A = m->impl;
-    const nn_mla_cfg_t *c = &A->c;
+    const hp_mla_cfg_t *c = &A->c;
     const size_t N = (size_t)B * T, H = (size_t)A->H;
     return N * (H * c->v + H * c->hc + 3 * H * c->hc + H * (c->nope + c->rope) + H * (c->nope + c->v) +
                 2 * (size_t)c->kv_lora + c->rope + (c->kv_lora + c->rope) + 2 * (size_t)c->q_lora) + 16 * 12;
@@ -90,7 +90,7 @@ static void rope_heads(hp_act_t *act, const mla_impl_t *A, float *x, int ld, int
 
 static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     mla_impl_t *A = m->impl;
-    const nn_mla_cfg_t *c = &A->c;
+    const hp_mla_cfg_t *c = &A->c;
     const int N = act->B * act->T, H = A->H, qk = c->nope + c->rope, hc = c->hc, kvl = c->kv_lora;
     const int lda = kvl + c->rope, ldb = c->nope + c->v, ld3 = 3 * H * hc;
     mla_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
@@ -165,7 +165,7 @@ static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
 
 static hp_status_t mla_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     mla_impl_t *A = m->impl;
-    const nn_mla_cfg_t *c = &A->c;
+    const hp_mla_cfg_t *c = &A->c;
     mla_saved_t *s = hp_act_slot(act, m);
     const int N = s->B * s->T, H = A->H, qk = c->nope + c->rope, hc = c->hc, kvl = c->kv_lora;
     const int lda = kvl + c->rope, ldb = c->nope + c->v, ld3 = 3 * H * hc;
@@ -246,11 +246,11 @@ static const hp_module_ops_t mla_ops = {
     "mla_attention", mla_act_bytes, mla_scratch, mla_forward, mla_backward_input, mla_backward_weight,
 };
 
-hp_status_t nn_mla_new(hp_model_t m, const char *name, const nn_mla_cfg_t *c, hp_module_t *const *kids, int n_kids,
+hp_status_t hp_mla_new(hp_model_t m, const char *name, const hp_mla_cfg_t *c, hp_module_t *const *kids, int n_kids,
                        hp_module_t **out) {
     const int nq = c->q_lora ? 3 : 1;
     HP_ASSERT(n_kids == nq + 4);
-    hp_module_t *a = nn_module_new(m, sizeof(mla_impl_t)), *core = NULL;
+    hp_module_t *a = hp_model_module_new(m, sizeof(mla_impl_t)), *core = NULL;
     if (!a) return HP_ERR_OOM;
     char nm[HP_PARAM_NAME_MAX];
     snprintf(nm, sizeof(nm), "%s.core", name);

@@ -1,9 +1,10 @@
-/* The model container: units built by a ModelSpec (llama.c) over one parameter table, the
- * micro-batch contexts (caller-owned, any number alive), and the range driver that runs
- * forward, backward_input and backward_weight over any contiguous unit range with external
- * input and output activations. The whole-model calls are the range [0, n) on the model's
- * own context. Memory: parameters and gradients in one buffer each; per context one arena
- * (saved activations) and one workspace, sized before allocation. */
+/* The model container: units built by the family's architecture (model_builder.h; the
+ * families are in src/models/) over one parameter table, the micro-batch contexts
+ * (caller-owned, any number alive), and the range driver that runs forward, backward_input
+ * and backward_weight over any contiguous unit range with external input and output
+ * activations. The whole-model calls are the range [0, n) on the model's own context.
+ * Memory: parameters and gradients in one buffer each; per context one arena (saved
+ * activations) and one workspace, sized before allocation. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +44,7 @@ static hp_status_t mods_push(hp_model_t m, hp_module_t *mod) {
     return HP_OK;
 }
 
-hp_module_t *nn_module_new(hp_model_t m, size_t impl_bytes) {
+hp_module_t *hp_model_module_new(hp_model_t m, size_t impl_bytes) {
     // module and impl in one block (set-up time only)
     const size_t head = hp_arena_round(sizeof(hp_module_t));
     char *blk = hp_calloc(1, head + (impl_bytes ? impl_bytes : 1));
@@ -57,6 +58,11 @@ hp_module_t *nn_module_new(hp_model_t m, size_t impl_bytes) {
         return NULL;
     }
     return mod;
+}
+
+void hp_model_rope_tables(hp_model_t m, const float **cos_t, const float **sin_t) {
+    *cos_t = m->cos_t;
+    *sin_t = m->sin_t;
 }
 
 int hp_model_modules(hp_model_t m, hp_module_t **out, int cap) {
@@ -97,7 +103,7 @@ void hp_model_unit_span(hp_model_t m, int unit, size_t *offset, size_t *floats) 
 
 /* ---- creation ----------------------------------------------------------------------------- */
 
-static void param_desc(hp_param_t *p, const nn_pdecl_t *d, float *value, float *grad) {
+static void param_desc(hp_param_t *p, const hp_param_decl_t *d, float *value, float *grad) {
     memset(p, 0, sizeof(*p));
     snprintf(p->name, sizeof(p->name), "%s", d->name);
     hp_tensor_init(&p->value.local, HP_F32, d->ndim, d->shape, value);
@@ -105,7 +111,7 @@ static void param_desc(hp_param_t *p, const nn_pdecl_t *d, float *value, float *
     for (int i = 0; i < d->ndim; i++) p->value.global_shape[i] = p->grad.global_shape[i] = d->shape[i];
 }
 
-static size_t decl_floats(const nn_pdecl_t *d) {
+static size_t decl_floats(const hp_param_decl_t *d) {
     size_t n = 1;
     for (int i = 0; i < d->ndim; i++) n *= (size_t)d->shape[i];
     return n;
@@ -127,32 +133,35 @@ void hp_model_destroy(hp_model_t m) {
     free(m);
 }
 
+/* The family's builder comes with the config (the registry, models.h, sets it). */
+static hp_status_t check_arch(const hp_model_config_t *c) {
+    if (c->arch) return HP_OK;
+    return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s' has no architecture (hp_model_config_t.arch is NULL); "
+                    "expected a config resolved by the model registry; hint: start from hp_model_flavor(name, flavor, "
+                    "&cfg) or hp_hf_read_config (models.h) and change its fields", c->name, c->flavor);
+}
+
 hp_status_t hp_model_create(const hp_model_config_t *cfg, int max_batch, int max_seq_len, hp_model_t *out) {
     if (!cfg || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_model_create: cfg and out must be non-NULL");
     hp_model_config_t c = *cfg;
     HP_TRY(hp_model_config_validate(&c));
-    const nn_spec_t *spec = nn_spec_find(c.name);
-    if (!spec) return hp_error(HP_ERR_INVALID_ARG, "unknown model '%s'; valid models: llama3, qwen3", c.name);
-    return hp_model_create_range(&c, 0, spec->n_units(&c), max_batch, max_seq_len, out);
+    HP_TRY(check_arch(&c));
+    return hp_model_create_range(&c, 0, c.arch->n_units(&c), max_batch, max_seq_len, out);
 }
 
 int hp_model_describe_params(const hp_model_config_t *cfg_in, int u0, int u1, hp_model_param_desc_t *out, int cap) {
     hp_model_config_t cfg = *cfg_in;
-    if (hp_model_config_validate(&cfg) != HP_OK) return -1;
-    const nn_spec_t *spec = nn_spec_find(cfg.name);
-    if (!spec) {
-        hp_error(HP_ERR_INVALID_ARG, "unknown model '%s'; valid models: llama3, qwen3", cfg.name);
-        return -1;
-    }
-    const int nu = spec->n_units(&cfg);
+    if (hp_model_config_validate(&cfg) != HP_OK || check_arch(&cfg) != HP_OK) return -1;
+    const hp_model_arch_t *arch = cfg.arch;
+    const int nu = arch->n_units(&cfg);
     if (u0 < 0 || u1 > nu || u0 >= u1) {
         hp_error(HP_ERR_INVALID_ARG, "hp_model_describe_params: units [%d, %d) outside [0, %d)", u0, u1, nu);
         return -1;
     }
     int n = 0;
-    nn_pdecl_t tmp[NN_MAX_UNIT_PARAMS];
+    hp_param_decl_t tmp[HP_MODEL_MAX_UNIT_PARAMS];
     for (int u = u0; u < u1; u++) {
-        int k = spec->declare(&cfg, u, u0 == 0, tmp);
+        int k = arch->declare(&cfg, u, u0 == 0, tmp);
         for (int i = 0; i < k; i++, n++) {
             if (n >= cap) continue;
             memcpy(out[n].name, tmp[i].name, sizeof out[n].name);   // both HP_PARAM_NAME_MAX, NUL-terminated
@@ -170,9 +179,9 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
     *out = NULL;
     hp_model_config_t cfg = *cfg_in;
     HP_TRY(hp_model_config_validate(&cfg));
-    const nn_spec_t *spec = nn_spec_find(cfg.name);
-    if (!spec) return hp_error(HP_ERR_INVALID_ARG, "unknown model '%s'; valid models: llama3, qwen3", cfg.name);
-    const int nu = spec->n_units(&cfg);
+    HP_TRY(check_arch(&cfg));
+    const hp_model_arch_t *arch = cfg.arch;
+    const int nu = arch->n_units(&cfg);
     if (u0 < 0 || u1 > nu || u0 >= u1)
         return hp_error(HP_ERR_INVALID_ARG, "hp_model_create_range: units [%d, %d) of model '%s/%s', expected "
                         "0 <= u0 < u1 <= %d (embedding, %d blocks, head)", u0, u1, cfg.name, cfg.flavor, nu,
@@ -186,7 +195,7 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
     hp_model_t m = hp_calloc(1, sizeof(*m));
     if (!m) return HP_ERR_OOM;
     m->cfg = cfg;
-    m->spec = spec;
+    m->arch = arch;
     m->max_batch = max_batch;
     m->max_seq_len = max_seq_len;
     m->n_units_total = nu;
@@ -199,11 +208,11 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
 
     // 1. the parameter table, declared unit by unit (sizes first)
     int np = 0;
-    nn_pdecl_t tmp[NN_MAX_UNIT_PARAMS];
-    for (int u = u0; u < u1; u++) np += spec->declare(c, u, u0 == 0, tmp);
+    hp_param_decl_t tmp[HP_MODEL_MAX_UNIT_PARAMS];
+    for (int u = u0; u < u1; u++) np += arch->declare(c, u, u0 == 0, tmp);
     m->units = hp_calloc((size_t)nu, sizeof(nn_unit_t));
     m->params = hp_calloc((size_t)(np ? np : 1), sizeof(hp_param_t));
-    m->decl = hp_calloc((size_t)(np ? np : 1), sizeof(nn_pdecl_t));
+    m->decl = hp_calloc((size_t)(np ? np : 1), sizeof(hp_param_decl_t));
     m->param_off = hp_calloc((size_t)(np ? np : 1), sizeof(size_t));
     const int rd = c->mla ? c->qk_rope_head_dim : hd;   // the rotated channels per head
     m->cos_t = hp_malloc(sizeof(float) * (size_t)max_seq_len * (rd / 2));
@@ -214,16 +223,16 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
     int pi = 0;
     for (int u = u0; u < u1; u++) {
         nn_unit_t *U = &m->units[u];
-        U->kind = spec->unit_kind(c, u);
+        U->kind = arch->unit_kind(c, u);
         U->first = pi;
-        U->count = spec->declare(c, u, u0 == 0, m->decl + pi);
-        HP_ASSERT(U->count <= NN_MAX_UNIT_PARAMS);
-        unsigned char placed[NN_MAX_UNIT_PARAMS] = {0};
+        U->count = arch->declare(c, u, u0 == 0, m->decl + pi);
+        HP_ASSERT(U->count <= HP_MODEL_MAX_UNIT_PARAMS);
+        unsigned char placed[HP_MODEL_MAX_UNIT_PARAMS] = {0};
         for (int i = 0; i < U->count; i++) {
             if (placed[i]) continue;
-            const nn_pdecl_t *d = &m->decl[pi + i];
+            const hp_param_decl_t *d = &m->decl[pi + i];
             for (int j = i; j < U->count; j++) {
-                const nn_pdecl_t *e = &m->decl[pi + j];
+                const hp_param_decl_t *e = &m->decl[pi + j];
                 if (j != i && (d->group == 0 || e->group != d->group)) continue;
                 m->param_off[pi + j] = off;
                 off += decl_floats(e);
@@ -256,10 +265,10 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
     // 4. the module trees, unit by unit; blocks get their checkpoint wrapper up front
     for (int u = u0; u < u1; u++) {
         nn_unit_t *U = &m->units[u];
-        hp_param_t *P[NN_MAX_UNIT_PARAMS];
+        hp_param_t *P[HP_MODEL_MAX_UNIT_PARAMS];
         for (int i = 0; i < U->count; i++) P[i] = &m->params[U->first + i];
-        st = spec->build(m, u, P, U->count, &U->inner);
-        if (st == HP_OK && U->kind == NN_UNIT_BLOCK) st = nn_checkpoint_new(m, U->inner, &U->ac);
+        st = arch->build(m, u, P, U->count, &U->inner);
+        if (st == HP_OK && U->kind == HP_MODEL_UNIT_BLOCK) st = nn_checkpoint_new(m, U->inner, &U->ac);
         if (st != HP_OK) goto fail;
         U->module = U->inner;
         U->inner->unit = u;
@@ -283,8 +292,8 @@ hp_status_t hp_model_init_weights(hp_model_t m, uint64_t seed) {
                         "external owner (FSDP); initialise before fully_shard");
     for (int i = 0; i < m->n_params; i++) {
         hp_param_t *p = &m->params[i];
-        const nn_pdecl_t *d = &m->decl[i];
-        if (d->init == NN_INIT_ONES) {
+        const hp_param_decl_t *d = &m->decl[i];
+        if (d->init == HP_PARAM_INIT_ONES) {
             float *w = p->value.local.data;
             const int64_t n = hp_tensor_numel(&p->value.local);
             for (int64_t k = 0; k < n; k++) w[k] = 1.0f;
@@ -354,7 +363,7 @@ hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k) {
                         "backward; hint: change checkpointing between steps");
     for (int u = m->u0; u < m->u1; u++) {
         nn_unit_t *U = &m->units[u];
-        if (U->kind != NN_UNIT_BLOCK) continue;
+        if (U->kind != HP_MODEL_UNIT_BLOCK) continue;
         hp_module_t *want = ac_checkpointed(every_k, u - 1) ? U->ac : U->inner;
         if (want == U->module) continue;
         HP_TRY(hp_module_move_hooks(want, U->module));   // the unit's hooks stay on its outer module
@@ -653,17 +662,17 @@ hp_status_t hp_model_forward_range(hp_model_t m, hp_model_ctx_t c, int u0, int u
     for (int u = u0; u < u1; u++) {
         nn_unit_t *U = &m->units[u];
         hp_tensor_t t_in, t_out;
-        if (U->kind == NN_UNIT_EMBEDDING) {
+        if (U->kind == HP_MODEL_UNIT_EMBEDDING) {
             const int64_t shape[2] = {c->B, c->T};
             HP_TRY(hp_tensor_init(&t_in, HP_I32, 2, shape, c->tokens));
         } else {
             hp_tensor_view2(&t_in, c->x[u], c->Nr, d);
         }
-        if (U->kind == NN_UNIT_HEAD) hp_tensor_view2(&t_out, c->logits, c->N, c->Vc);
+        if (U->kind == HP_MODEL_UNIT_HEAD) hp_tensor_view2(&t_out, c->logits, c->N, c->Vc);
         else hp_tensor_view2(&t_out, c->x[u + 1], c->Nr, d);
         HP_TRY(hp_module_forward(U->module, act, &t_in, &t_out));
         c->state[u] = 1;
-        if (U->kind == NN_UNIT_HEAD) HP_TRY(head_loss(m, c));
+        if (U->kind == HP_MODEL_UNIT_HEAD) HP_TRY(head_loss(m, c));
     }
     if (out && u1 < nu) m->be->copy_rows(m->be->ctx, out, d, c->x[u1], d, c->Nr, d);
     return HP_OK;
@@ -720,11 +729,11 @@ static hp_status_t backward(hp_model_t m, hp_model_ctx_t c, int u0, int u1, cons
     for (int u = u1 - 1; u >= u0; u--) {
         nn_unit_t *U = &m->units[u];
         hp_tensor_t t_dy, t_dx;
-        if (U->kind == NN_UNIT_HEAD) hp_tensor_view2(&t_dy, c->dlogits, c->N, c->Vc);
+        if (U->kind == HP_MODEL_UNIT_HEAD) hp_tensor_view2(&t_dy, c->dlogits, c->N, c->Vc);
         else hp_tensor_view2(&t_dy, g_out, c->Nr, d);
         float *g_in = NULL;
-        if (U->kind != NN_UNIT_EMBEDDING) {
-            g_in = split ? c->g[u] : c->gbuf[U->kind == NN_UNIT_HEAD ? cur : 1 - cur];
+        if (U->kind != HP_MODEL_UNIT_EMBEDDING) {
+            g_in = split ? c->g[u] : c->gbuf[U->kind == HP_MODEL_UNIT_HEAD ? cur : 1 - cur];
             hp_tensor_view2(&t_dx, g_in, c->Nr, d);
         }
         act->grad_scratch = c->scratch[u];
@@ -735,7 +744,7 @@ static hp_status_t backward(hp_model_t m, hp_model_ctx_t c, int u0, int u1, cons
             HP_TRY(hp_module_backward_weight(U->module, act));
             c->state[u] = 3;
         }
-        if (U->kind != NN_UNIT_HEAD) cur = 1 - cur;
+        if (U->kind != HP_MODEL_UNIT_HEAD) cur = 1 - cur;
         g_out = g_in;
     }
     if (u1 == nu) c->pending = 0;

@@ -1,93 +1,23 @@
 /* Private to the nn layer: the model container's body (units, parameter table, module pool),
- * the ModelSpec builder protocol (llama.c), the composite modules' constructors (blocks.c)
- * and the micro-batch context (model.c, kv_cache.c). */
+ * the constructors only nn calls (SDPA core, activation-checkpoint wrapper) and the
+ * micro-batch context (model.c, kv_cache.c). */
 #ifndef HP_NN_MODEL_H
 #define HP_NN_MODEL_H
 
 #include "hyperparallel/model.h"
+#include "hyperparallel/model_builder.h"
 #include "hyperparallel/nn.h"
 #include "hyperparallel/rng.h"
-#include "hyperparallel/nn.h"
 
-/* ---- ModelSpec: a builder declares each unit's parameters, then builds its modules ------- */
+/* The model builder API (declarations, hp_model_arch_t, the composite modules' constructors)
+ * is public: hyperparallel/model_builder.h. What follows stays inside nn. */
 
-enum { NN_INIT_RNG = 0, NN_INIT_ONES = 1 };
-enum { NN_UNIT_EMBEDDING = 0, NN_UNIT_BLOCK = 1, NN_UNIT_HEAD = 2 };
-#define NN_MAX_UNIT_PARAMS 32
-
-typedef struct nn_pdecl {
-    char name[HP_PARAM_NAME_MAX];   /* FQN */
-    int ndim;                       /* 1 .. 3 */
-    int64_t shape[3];
-    int group;                      /* > 0: stored adjacent to the group's other members (one GEMM) */
-    int init;                       /* NN_INIT_* */
-    hp_rng_spec_t rng;              /* NN_INIT_RNG: drawn keyed by (seed, name, global index) */
-} nn_pdecl_t;
-
-typedef struct nn_spec {
-    const char *name;   /* registry key: hp_model_config_t.name */
-    int (*n_units)(const hp_model_config_t *c);
-    int (*unit_kind)(const hp_model_config_t *c, int unit);
-    /* The unit's parameters in list order (TorchTitan's state-dict order). has_embedding:
-     * whether unit 0 is in the model's range (a tied head without it declares its own
-     * copy of the embedding weight). */
-    int (*declare)(const hp_model_config_t *c, int unit, int has_embedding, nn_pdecl_t *out);
-    /* Builds the unit's module tree over its parameters (declared order) and returns the
-     * outer module; modules come from nn_module_new. */
-    hp_status_t (*build)(hp_model_t m, int unit, hp_param_t **params, int n_params, hp_module_t **out);
-} nn_spec_t;
-
-/* Registry: the builder for a model name, or NULL. */
-const nn_spec_t *nn_spec_find(const char *name);
-
-/* A module (and `impl_bytes` of zeroed impl storage it points to) owned by the model; ids are
- * assigned in creation order. */
-hp_module_t *nn_module_new(hp_model_t m, size_t impl_bytes);
-
-/* ---- composite modules (blocks.c) ------------------------------------------------------ */
-
-typedef struct nn_attention_cfg {
-    int dim, n_heads, n_kv, head_dim, layer;
-    int qk_norm;
-    float eps;
-    hp_rope_style_t style;
-    const float *cos_t, *sin_t;   /* (max_T, head_dim/2) */
-} nn_attention_cfg_t;
-
-/* attention: wqkv (fused linear), qk-norm (params q_norm/k_norm, or NULL), RoPE, core (a
- * replaceable child: causal SDPA), wo (accumulates into the residual). */
-hp_status_t nn_attention_new(hp_model_t m, const char *name, const nn_attention_cfg_t *c, hp_module_t *wqkv,
-                             hp_module_t *wo, hp_param_t *q_norm, hp_param_t *k_norm, hp_module_t **out);
 /* The causal SDPA core over rows [q | k | v] (n_heads, n_kv heads of head_dim): training, and
  * KV-cache decode reading layer `layer` of the cache. set_heads: local heads (tensor parallel). */
 hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, int n_heads, int n_kv, int head_dim, int layer,
                              hp_module_t **out);
 void nn_sdpa_core_set_heads(hp_module_t *core, int n_heads, int n_kv);
-
-/* MLA attention (DeepSeek-V3, mla.c). Children, in order: the q path (wq, or wq_a, q_norm,
- * wq_b), wkv_a, kv_norm, wkv_b, then the core (created here), wo (accumulates into the
- * residual; its input grad is written with =, wkv_a's added with +=). */
-typedef struct nn_mla_cfg {
-    int dim, n_heads, layer;
-    int q_lora, kv_lora, nope, rope, v;   /* model.q_lora_rank .. v_head_dim */
-    int hc;                               /* the core's head width: max(nope + rope, v) */
-    float scale;                          /* the softmax scale of q.k */
-    const float *cos_t, *sin_t;           /* (max_T, rope/2) */
-} nn_mla_cfg_t;
-hp_status_t nn_mla_new(hp_model_t m, const char *name, const nn_mla_cfg_t *c, hp_module_t *const *kids, int n_kids,
-                       hp_module_t **out);
 hp_status_t nn_mla_set_local_heads(hp_module_t *mla, int n_heads);
-
-/* feed_forward: w13 (fused linear), SwiGLU, w2 (accumulates into the residual). */
-hp_status_t nn_feed_forward_new(hp_model_t m, const char *name, int dim, int hidden, hp_module_t *w13,
-                                hp_module_t *w2, hp_module_t **out);
-/* transformer block: x + attention(attention_norm(x)), then + feed_forward(ffn_norm(h)). */
-hp_status_t nn_block_new(hp_model_t m, const char *name, int dim, hp_module_t *attention_norm,
-                         hp_module_t *attention, hp_module_t *ffn_norm, hp_module_t *feed_forward,
-                         hp_module_t **out);
-/* head: norm then output (logits); in (Nr, dim), out (N, logits columns). */
-hp_status_t nn_head_new(hp_model_t m, const char *name, int dim, hp_module_t *norm, hp_module_t *output,
-                        hp_module_t **out);
 /* activation-checkpoint wrapper around `inner` (a block). */
 hp_status_t nn_checkpoint_new(hp_model_t m, hp_module_t *inner, hp_module_t **out);
 /* Bytes the wrapper's backward needs on top of its forward: the inner module's saved state
@@ -97,7 +27,7 @@ size_t nn_checkpoint_recompute_bytes(const hp_module_t *wrapper, int B, int T);
 /* ---- the container ------------------------------------------------------------------- */
 
 typedef struct nn_unit {
-    int kind;                 /* NN_UNIT_* */
+    int kind;                 /* HP_MODEL_UNIT_* */
     hp_module_t *module;      /* the outer module (the AC wrapper when checkpointed) */
     hp_module_t *inner;       /* the unit's own module (block, embedding, head) */
     hp_module_t *ac;          /* its AC wrapper (blocks), created with the unit */
@@ -106,7 +36,7 @@ typedef struct nn_unit {
 
 struct hp_model {
     hp_model_config_t cfg;
-    const nn_spec_t *spec;
+    const hp_model_arch_t *arch;   /* the family's builder (cfg.arch) */
     int max_batch, max_seq_len;
     /* --- context parallel (owner cp): rows of the model's own context (0: max_seq_len) and
      * the global positions of a context's rows (hp_act_t.n_pos_segs / pos_segs) --- */
@@ -119,7 +49,7 @@ struct hp_model {
     nn_unit_t *units;         /* [n_units_total]; entries outside [u0, u1) are empty */
     int n_params;
     hp_param_t *params;
-    nn_pdecl_t *decl;         /* per param: its declaration (init rule) */
+    hp_param_decl_t *decl;    /* per param: its declaration (init rule) */
     size_t *param_off;        /* per param: float offset in the flat layout (units contiguous) */
     float *param_data, *grad_data;   /* one buffer each, same offsets (zero_grad = one memset) */
     size_t param_floats;

@@ -100,63 +100,12 @@ static int style_equal(const hp_tp_style_t *a, const hp_tp_style_t *b) {
 
 /* ---- plans ------------------------------------------------------------------------------- */
 
-static int plan_add(hp_tp_plan_entry_t *plan, int cap, int n, const char *pattern, hp_tp_style_t s) {
+int hp_tp_plan_add(hp_tp_plan_entry_t *plan, int cap, int n, const char *pattern, hp_tp_style_t s) {
     if (plan && n < cap) {
         snprintf(plan[n].pattern, sizeof(plan[n].pattern), "%s", pattern);
         plan[n].style = s;
     }
     return n + 1;
-}
-
-int hp_tp_llama3_plan(hp_tp_plan_entry_t *plan, int cap, int sp, int loss_parallel) {
-    // torchtitan apply_tp (llama3): rowwise embedding, colwise output, per block prepare
-    // inputs, colwise wq/wk/wv/w1/w3, rowwise wo/w2; with SP the norms are SequenceParallel
-    // and the residual stream is Shard(1)
-    hp_placement_t seq = sp ? hp_shard(1) : hp_replicate(), R = hp_replicate();
-    int n = 0;
-    n = plan_add(plan, cap, n, "tok_embeddings", hp_tp_with_output(hp_tp_with_input(hp_tp_rowwise(), R), seq, 1));
-    if (sp) n = plan_add(plan, cap, n, "norm", hp_tp_sequence_parallel());
-    n = plan_add(plan, cap, n, "output",
-                 hp_tp_with_output(hp_tp_with_input(hp_tp_colwise(), seq), loss_parallel ? hp_shard(-1) : R,
-                                   !loss_parallel));
-    if (sp) n = plan_add(plan, cap, n, "layers.*.attention_norm", hp_tp_sequence_parallel());
-    n = plan_add(plan, cap, n, "layers.*.attention", hp_tp_prepare_input(seq, R));
-    n = plan_add(plan, cap, n, "layers.*.attention.wq", hp_tp_colwise());
-    n = plan_add(plan, cap, n, "layers.*.attention.wk", hp_tp_colwise());
-    n = plan_add(plan, cap, n, "layers.*.attention.wv", hp_tp_colwise());
-    n = plan_add(plan, cap, n, "layers.*.attention.wo", hp_tp_with_output(hp_tp_rowwise(), seq, 1));
-    if (sp) n = plan_add(plan, cap, n, "layers.*.ffn_norm", hp_tp_sequence_parallel());
-    n = plan_add(plan, cap, n, "layers.*.feed_forward", hp_tp_prepare_input(seq, R));
-    n = plan_add(plan, cap, n, "layers.*.feed_forward.w1", hp_tp_colwise());
-    n = plan_add(plan, cap, n, "layers.*.feed_forward.w2", hp_tp_with_output(hp_tp_rowwise(), seq, 1));
-    n = plan_add(plan, cap, n, "layers.*.feed_forward.w3", hp_tp_colwise());
-    return n;
-}
-
-int hp_tp_deepseek_v3_plan(hp_tp_plan_entry_t *plan, int cap, int sp, int loss_parallel, int q_lora_rank) {
-    // torchtitan deepseek_v3 apply_non_moe_tp: the llama entries with the attention's replaced
-    hp_tp_plan_entry_t all[32];
-    const int n_all = hp_tp_llama3_plan(all, 32, sp, loss_parallel);
-    hp_placement_t seq = sp ? hp_shard(1) : hp_replicate();
-    int n = 0;
-    for (int i = 0; i < n_all && i < 32; i++) {
-        if (!strncmp(all[i].pattern, "layers.*.attention.", 19)) continue;
-        if (plan && n < cap) plan[n] = all[i];
-        n++;
-        if (!strcmp(all[i].pattern, "layers.*.attention")) {
-            n = plan_add(plan, cap, n, q_lora_rank > 0 ? "layers.*.attention.wq_b" : "layers.*.attention.wq",
-                         hp_tp_colwise());
-            n = plan_add(plan, cap, n, "layers.*.attention.wkv_b", hp_tp_colwise());
-            n = plan_add(plan, cap, n, "layers.*.attention.wo", hp_tp_with_output(hp_tp_rowwise(), seq, 1));
-        }
-    }
-    return n;
-}
-
-int hp_tp_qwen3_plan(hp_tp_plan_entry_t *plan, int cap, int sp, int loss_parallel) {
-    // torchtitan qwen3 uses the llama plan; its q_norm/k_norm (SequenceParallel over the head
-    // dim there) are parameters of the attention module here, reduced by its wrapper
-    return hp_tp_llama3_plan(plan, cap, sp, loss_parallel);
 }
 
 /* ---- state ------------------------------------------------------------------------------- */
@@ -1265,8 +1214,8 @@ static hp_status_t parallelize(hp_tp_t tp, hp_module_t **mods, int n, const hp_t
         if (col + row == 0) continue;
         if (is_mla && (col != 2 || row != 1))
             st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: MLA attention '%s' needs wq (or wq_b) and wkv_b "
-                          "ColwiseParallel and wo RowwiseParallel (got %d colwise, %d rowwise); hint: use "
-                          "hp_tp_deepseek_v3_plan", mods[i]->name, col, row);
+                          "ColwiseParallel and wo RowwiseParallel (got %d colwise, %d rowwise); hint: use the family's "
+                          "plan (hp_model_spec_t.tp_plan, models.h)", mods[i]->name, col, row);
         else if (!is_mla && (col != 1 || row != 1))
             st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: module '%s' needs its input projection(s) "
                           "ColwiseParallel and its output projection RowwiseParallel (got %d colwise, %d rowwise); "

@@ -2,7 +2,8 @@
  * step, model-only export at the end), what (model, optimizer state + step, LR scheduler,
  * dataloader per rank, train state with step and seed) as named DCP entries, retention
  * (keep_latest_k), async commit polling, and resume (latest / load_step, else
- * initial_load_path as DCP or HF). Only the public checkpoint API (checkpoint.h) is used. */
+ * initial_load_path as DCP or HF). Only the public checkpoint API (checkpoint.h) is used, and
+ * the registry (models.h) for the model family's HF state-dict adapter. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "hyperparallel/ckpt_manager.h"
+#include "hyperparallel/models.h"
 
 struct hp_ckpt_manager {
     hp_comm_t comm;
@@ -394,7 +396,8 @@ hp_status_t hp_ckpt_manager_load(hp_ckpt_manager_t m, const hp_ckpt_train_state_
                                 "config was given to the manager", m->initial);
             hp_hf_import_counts_t c0, c1;
             hp_hf_import_counts_get(&c0);
-            HP_TRY(hp_hf_import(m->initial, st->model_config, st->params, st->n_params, m->comm));
+            HP_TRY(hp_hf_import(m->initial, hp_model_hf_adapter(st->model_config), st->model_config, st->params,
+                                st->n_params, m->comm));
             hp_hf_import_counts_get(&c1);
             if (m->rank == 0)   /* each rank reads only its shards' rows (docs/checkpoint.md) */
                 hp_log(HP_LOG_INFO, "checkpoint: HF initial load read %llu of the %llu bytes of the weights on rank 0",

@@ -4,7 +4,7 @@
  * line and the defaults obey the same rules and produce the same messages. */
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
-#include "hyperparallel/checkpoint.h"   /* model.flavor = hf (owner hf) */
+#include "hyperparallel/models.h"   /* the registry: flavors, model.flavor = hf (owner hf) */
 
 #include <ctype.h>
 #include <errno.h>

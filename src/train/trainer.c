@@ -22,6 +22,7 @@
 #include "hyperparallel/ckpt_manager.h"
 #include "hyperparallel/data.h"
 #include "hyperparallel/metrics.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/moe_balance.h"
 #include "hyperparallel/optim.h"
 #include "hyperparallel/parallel_config.h"

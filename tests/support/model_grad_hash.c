@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 static uint64_t fnv(uint64_t h, const void *p, size_t n) { const unsigned char *c = p; for (size_t i = 0; i < n; i++) { h ^= c[i]; h *= 1099511628211ull; } return h; }
 int main(void) {
     const char *names[4] = {"llama3", "qwen3", "deepseek_v3", "qwen3_moe"};

@@ -1,6 +1,7 @@
 /* Model weights file (hp_model_save_weights / hp_model_load_weights): one safetensors file
  * with every parameter in f32 and the model config in its __metadata__, so hp-generate can
- * rebuild the model from the file alone. Metadata values are range-checked before any
+ * rebuild the model from the file alone (its family's flavor from the registry, then the
+ * metadata's fields), or from an HF directory. Metadata values are range-checked before any
  * allocation; non-finite weights are refused by name. */
 #include <math.h>
 #include <stddef.h>
@@ -10,6 +11,7 @@
 
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/model.h"
+#include "hyperparallel/models.h"
 #include "hyperparallel/nn.h"
 #include "hyperparallel/parse.h"
 #include "hyperparallel/safetensors.h"
@@ -87,7 +89,8 @@ static hp_status_t load_hf_dir(const char *dir, int max_batch, int max_seq_len, 
     cfg.max_seq_len = max_seq_len;
     hp_model_t m = NULL;
     HP_TRY(hp_model_create(&cfg, max_batch, max_seq_len, &m));
-    hp_status_t s = hp_hf_import(dir, &cfg, hp_model_params(m), hp_model_num_params(m), NULL);
+    hp_status_t s =
+        hp_hf_import(dir, hp_model_hf_adapter(&cfg), &cfg, hp_model_params(m), hp_model_num_params(m), NULL);
     if (s != HP_OK) {
         hp_model_destroy(m);
         return s;
