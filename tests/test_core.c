@@ -1,5 +1,6 @@
-/* Core layer: status messages, dtype conversions (round to nearest even), arenas, tensor
- * views / copy / fill, and the Philox RNG (known-answer vectors, shard = slice of whole). */
+/* Core layer: status messages (also those built from hp_last_error()), dtype conversions
+ * (round to nearest even), arenas, tensor views / copy / fill, and the Philox RNG
+ * (known-answer vectors, shard = slice of whole). */
 // hp-test: ranks 1 timeout 120
 #include <hyperparallel/status.h>
 #include <hyperparallel/dtype.h>
@@ -23,6 +24,20 @@ static void test_status(void) {
     HP_CHECK(s == HP_ERR_IO && strcmp(hp_last_error(), "file 'x.bin' missing") == 0, "message %s", hp_last_error());
     hp_clear_error();
     HP_CHECK(hp_last_error()[0] == 0, "cleared");
+    /* A message built from hp_last_error() keeps the whole reason, once: hp_error formats
+     * into a temporary before it overwrites the buffer hp_last_error() returns. */
+    hp_error(HP_ERR_IO, "cannot open: No such file or directory");
+    hp_error(HP_ERR_IO, "%s '%s': %s", "parallelism.pipeline_parallel_schedule_csv", "stage5.csv", hp_last_error());
+    HP_CHECK(strcmp(hp_last_error(), "parallelism.pipeline_parallel_schedule_csv 'stage5.csv': cannot open: No such "
+                                     "file or directory") == 0, "wrapped: %s", hp_last_error());
+    hp_error(HP_ERR_FORMAT, "line 3: unknown key 'x'");
+    s = hp_error_prefix(HP_ERR_FORMAT, "config file '%s': ", "a.yaml");
+    HP_CHECK(s == HP_ERR_FORMAT && strcmp(hp_last_error(), "config file 'a.yaml': line 3: unknown key 'x'") == 0,
+             "prefixed: %s", hp_last_error());
+    hp_clear_error();   /* nothing recorded: the status words stand in for the reason */
+    hp_error_prefix(HP_ERR_IO, "file 'b': ");
+    HP_CHECK(strcmp(hp_last_error(), "file 'b': I/O error") == 0, "prefix of nothing: %s", hp_last_error());
+    hp_clear_error();
 }
 
 static void test_dtype(void) {

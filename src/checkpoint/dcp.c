@@ -331,7 +331,7 @@ static hp_status_t make_plan(const hp_dcp_state_t *st, hp_comm_t comm, plan_t *p
     size_t len = 2;
     for (int i = 0; i < p->nt && s == HP_OK; i++) {
         s = hp_dcp_local_boxes(st->tensors[i].t, &p->mine[i], &p->n_mine[i]);
-        if (s != HP_OK) s = hp_error(s, "tensor '%s': %s", st->tensors[i].name, hp_last_error());
+        if (s != HP_OK) s = hp_error_prefix(s, "tensor '%s': ", st->tensors[i].name);
         len += 1 + (size_t)p->n_mine[i] * 2 * (size_t)tensor_ndim(&st->tensors[i]);
     }
     len += (size_t)st->n_blobs;

@@ -117,7 +117,7 @@ static hp_status_t plan_tensors(const hp_model_config_t *mc, const char *what, s
     *n = model_specs(mc, spec);
     *m = *n < 0 ? -1 : hf_entries(mc, *spec, *n, ent);
     if (*n >= 0 && *m >= 0) return HP_OK;
-    hp_status_t e = hp_error(HP_ERR_INVALID_ARG, "%s: %s", what, hp_last_error());
+    hp_status_t e = hp_error_prefix(HP_ERR_INVALID_ARG, "%s: ", what);
     free(*spec);
     free(*ent);
     *spec = NULL;

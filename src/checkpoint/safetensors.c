@@ -153,11 +153,7 @@ static hp_status_t parse_entry(hp_safetensors_t st, const char *name, struct jso
         return hp_error(HP_ERR_FORMAT, "%s: tensor '%s' needs \"data_offsets\": [begin, end]", w, name);
 
     hp_status_t s = hp_st_dtype_from_name(json_object_get_string(jd), &info->dtype);
-    if (s != HP_OK) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", hp_last_error());
-        return hp_error(s, "%s: tensor '%s': %s", w, name, msg);
-    }
+    if (s != HP_OK) return hp_error_prefix(s, "%s: tensor '%s': ", w, name);
     size_t nd = json_object_array_length(js);
     if (nd > HP_MAX_DIMS)
         return hp_error(HP_ERR_FORMAT, "%s: tensor '%s' has %zu dims; at most %d are supported",
