@@ -16,7 +16,7 @@ static const char *const layer_names[N_LAYERS] = {"core", "comm", "mesh", "dtens
 
 static const struct { const char *header; int layer; } headers[] = {
     {"status.h", CORE}, {"dtype.h", CORE}, {"arena.h", CORE}, {"tensor.h", CORE}, {"rng.h", CORE},
-    {"parse.h", CORE}, {"clock.h", CORE}, {"time.h", CORE},
+    {"parse.h", CORE}, {"clock.h", CORE}, {"time.h", CORE}, {"file.h", CORE},
     {"comm.h", COMM}, {"launch.h", COMM},
     {"mesh.h", MESH},
     {"dtensor.h", DTENSOR}, {"param.h", DTENSOR},

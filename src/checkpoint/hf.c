@@ -227,18 +227,6 @@ int hp_hf_is_hf_dir(const char *dir) {
     return access(p, R_OK) == 0;
 }
 
-static hp_status_t write_text(const char *path, const char *text) {
-    char tmp[4300];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return hp_error(HP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    size_t n = strlen(text);
-    int ok = fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok) return hp_error(HP_ERR_IO, "%s: write failed (disk full?)", tmp);
-    if (rename(tmp, path) != 0) return hp_error(HP_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
-    return HP_OK;
-}
 
 /* DeepseekV3Config: MLA sizes, MoE routing, YaRN (rope_parameters; mscale == mscale_all_dim, so
  * HF's attention_factor is 1 and its softmax scale gets mscale^2 as TorchTitan's), or plain
@@ -371,8 +359,7 @@ hp_status_t hp_hf_write_config(const char *dir, const hp_model_config_t *mc, hp_
     json_object *cj = hf_config_json(mc, dtype);
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    hp_status_t s = write_text(path, json_object_to_json_string_ext(cj, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
-                                                                            JSON_C_TO_STRING_NOSLASHESCAPE));
+    hp_status_t s = hp_dcp_write_json(path, cj);
     json_object_put(cj);
     return s;
 }
@@ -395,7 +382,7 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
         return hp_error(HP_ERR_INVALID_ARG, "HF export: dtype %s; expected f32 or bf16", hp_dtype_name(dtype));
     if (!max_shard_bytes) max_shard_bytes = (size_t)5 << 30;
     hp_status_t s = HP_OK;
-    if (rank == 0) s = hp_dcp_mkdirs(dir);
+    if (rank == 0) s = hp_file_mkdirs(dir);
     HP_TRY(hp_dcp_agree(comm, s, "HF export: creating the directory"));
     /* every rank takes part in the gathers; rank 0 keeps the data. Entries: one per
      * parameter, E per routed-expert parameter (views of its expert slices, owner moe) */
@@ -497,11 +484,10 @@ hp_status_t hp_hf_export(const char *dir, const hp_model_config_t *mc, const hp_
             json_object_object_add(idx, "weight_map", wm);
             char path[4200];
             snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-            s = write_text(path, json_object_to_json_string_ext(idx, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
-                                                                         JSON_C_TO_STRING_NOSLASHESCAPE));
+            s = hp_dcp_write_json(path, idx);
             json_object_put(idx);
             if (s == HP_OK) s = hp_hf_write_config(dir, mc, dtype);
-            if (s == HP_OK) s = hp_dcp_fsync_path(dir, 1);
+            if (s == HP_OK) s = hp_file_fsync(dir);
         } else {
             json_object_put(wm);
         }

@@ -3,6 +3,7 @@
  * passes, _validate_schedule and the lock-step simulator. Pure logic over small integers; the
  * semantics are those of torch/distributed/pipelining/schedules.py (reference section 7). */
 #include "hyperparallel/pp_schedule.h"
+#include "hyperparallel/file.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -552,50 +553,21 @@ hp_status_t hp_pp_schedule_from_csv(const char *text, const char *what, hp_pp_sc
 hp_status_t hp_pp_schedule_save_csv(const hp_pp_schedule_t *s, const char *path) {
     char *text;
     HP_TRY(hp_pp_schedule_to_csv(s, &text));
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        hp_status_t st = hp_error(HP_ERR_IO, "%s: cannot create the schedule CSV: %s", path, strerror(errno));
-        free(text);
-        return st;
-    }
-    size_t n = strlen(text);
-    int bad = fwrite(text, 1, n, f) != n;
-    bad |= fclose(f) != 0;
+    hp_status_t st = hp_file_write_atomic(path, text, strlen(text));
     free(text);
-    if (bad) return hp_error(HP_ERR_IO, "%s: writing the schedule CSV failed: %s", path, strerror(errno));
+    if (st != HP_OK) return hp_error_prefix(st, "writing the schedule CSV: ");
     return HP_OK;
 }
 
 hp_status_t hp_pp_schedule_load_csv(const char *path, hp_pp_schedule_t **out) {
     if (!out) return hp_error(HP_ERR_INVALID_ARG, "hp_pp_schedule_load_csv: NULL out");
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return hp_error(HP_ERR_IO, "%s: cannot open the schedule CSV: %s", path, strerror(errno));
-    sb_t b = {0};
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
-        if (memchr(buf, '\0', n)) {
-            fclose(f);
-            free(b.p);
-            return hp_error(HP_ERR_FORMAT, "%s: a NUL byte; not a schedule CSV (text, one row per rank)", path);
-        }
-        sb_putn(&b, buf, n);
-        if (b.n > ((size_t)1 << 30)) {
-            fclose(f);
-            free(b.p);
-            return hp_error(HP_ERR_FORMAT, "%s: larger than 1 GiB; not a schedule CSV", path);
-        }
-    }
-    int rerr = ferror(f);
-    fclose(f);
     char *text;
-    HP_TRY(sb_finish(&b, &text));
-    if (rerr) {
-        free(text);
-        return hp_error(HP_ERR_IO, "%s: read error", path);
-    }
-    hp_status_t st = hp_pp_schedule_from_csv(text, path, out);
+    size_t n;
+    HP_TRY(hp_file_read_all(path, "schedule CSV", (size_t)1 << 30, &text, &n));
+    hp_status_t st = memchr(text, '\0', n)
+                         ? hp_error(HP_ERR_FORMAT, "%s: a NUL byte; not a schedule CSV (text, one row per rank)", path)
+                         : hp_pp_schedule_from_csv(text, path, out);
     free(text);
     return st;
 }
