@@ -1,4 +1,4 @@
-// The layer rule (DESIGN section 1, docs/architecture.md): every #include in src/<layer>/ and
+// The layer rule (docs/architecture.md): every #include in src/<layer>/ and
 // in each public header names only its own layer or one below it, and no source outside
 // src/comm includes mpi.h. The public headers are mapped to their layer below; a new header
 // must be added here (an unknown one fails the test). Plus a negative case: the checker

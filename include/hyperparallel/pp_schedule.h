@@ -3,8 +3,7 @@
  * generators of ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B and ScheduleLoopedBFS, the
  * lowering passes (_add_unshard_reshard, _add_reduce_grad, _merge_bw, _add_send_recv),
  * _validate_schedule and the lock-step simulator _simulate_comms_compute. Pure logic: no model,
- * no communicator. Reference: torch/distributed/pipelining/schedules.py
- * (pytorch-distributed-semantics.md section 7). */
+ * no communicator. Reference: torch/distributed/pipelining/schedules.py. */
 #ifndef HYPERPARALLEL_PP_SCHEDULE_H
 #define HYPERPARALLEL_PP_SCHEDULE_H
 

@@ -1,7 +1,7 @@
 /* Pipeline schedule layer (docs/pp.md): PyTorch's pipelining action IR, per-rank action lists,
  * their CSV form, the GPipe / 1F1B / Interleaved1F1B / LoopedBFS generators, the lowering
  * passes, _validate_schedule and the lock-step simulator. Pure logic over small integers; the
- * semantics are those of torch/distributed/pipelining/schedules.py (reference section 7). */
+ * semantics are those of torch/distributed/pipelining/schedules.py. */
 #include "hyperparallel/pp_schedule.h"
 #include "hyperparallel/file.h"
 
