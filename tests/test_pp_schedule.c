@@ -453,7 +453,7 @@ static void test_csv_format(void) {
         HP_CHECK_ERR(hp_pp_schedule_load_csv(path, &back), HP_ERR_FORMAT, "unterminated quoted cell");
         HP_CHECK(back == NULL, "no schedule on error");
         remove(path);
-        HP_CHECK_ERR(hp_pp_schedule_load_csv(path, &back), HP_ERR_NOT_FOUND, "cannot open the schedule CSV");
+        HP_CHECK_ERR(hp_pp_schedule_load_csv(path, &back), HP_ERR_IO, "cannot open the schedule CSV");
         HP_CHECK_ERR(hp_pp_schedule_save_csv(s, "/nonexistent-dir/x.csv"), HP_ERR_IO, "cannot create");
     }
     hp_pp_schedule_free(s);

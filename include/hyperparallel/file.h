@@ -17,8 +17,8 @@ extern "C" {
 /* Reads the file at `path` whole into *data (malloc'ed, a NUL after the last byte, so text
  * parsers may treat it as a string) and its length into *len (the NUL not counted). `what`
  * names the file in messages ("schedule CSV", "tokenizer file"). A file of more than
- * max_bytes fails before it is read. HP_ERR_NOT_FOUND: no such file; HP_ERR_IO: it cannot be
- * opened or read (a folder: "Is a directory"); HP_ERR_FORMAT: larger than max_bytes. On failure *data is
+ * max_bytes fails before it is read. HP_ERR_IO: it cannot be opened (a missing file too, as
+ * every reader of the library reports it) or read (a folder: "Is a directory"); HP_ERR_FORMAT: larger than max_bytes. On failure *data is
  * NULL. Pipes and character devices are read to their end. */
 hp_status_t hp_file_read_all(const char *path, const char *what, size_t max_bytes, char **data, size_t *len);
 

@@ -113,8 +113,7 @@ int hp_pp_schedule_equal(const hp_pp_schedule_t *a, const hp_pp_schedule_t *b);
  * order, one cell per slot, a bubble is an empty cell, rows end in "\r\n". Reading accepts
  * "\n" or "\r\n", cells in double quotes, spaces around actions; every cell is parsed as
  * hp_pp_action_parse and a bad one is reported as "FILE:LINE: cell K: ...". An empty file is an
- * error (a schedule has at least one rank). Saving replaces the file atomically; loading a
- * missing file is HP_ERR_NOT_FOUND. */
+ * error (a schedule has at least one rank). Saving replaces the file atomically. */
 hp_status_t hp_pp_schedule_save_csv(const hp_pp_schedule_t *s, const char *path);
 hp_status_t hp_pp_schedule_load_csv(const char *path, hp_pp_schedule_t **out);
 /* The same from and to memory; `what` names the text in messages. The string from to_csv is

@@ -342,7 +342,9 @@ hp_status_t hp_dcp_metadata_read(const char *dir, hp_dcp_metadata_t *out) {
     char *buf;
     size_t n;
     hp_status_t s = hp_file_read_all(path, "checkpoint metadata", (size_t)256 << 20, &buf, &n);
-    if (s == HP_ERR_NOT_FOUND) return hp_error(s, "%s (not a committed checkpoint directory?)", hp_last_error());
+    if (s == HP_ERR_IO)   // a missing file: not a checkpoint (yet), which callers tell from a failed read
+        return hp_error(access(path, F_OK) != 0 && errno == ENOENT ? HP_ERR_NOT_FOUND : s,
+                        "%s (not a committed checkpoint directory?)", hp_last_error());
     HP_TRY(s);
     s = hp_dcp_metadata_parse(buf, n, path, out);
     free(buf);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "hyperparallel/safetensors.h"
 #include "dcp-impl.h"
@@ -111,8 +112,10 @@ hp_status_t hp_hf_index_read(const char *path, hp_hf_index_t *out) {
     *out = NULL;
     char *buf;
     size_t n;
-    HP_TRY(hp_file_read_all(path, "safetensors index", (size_t)64 << 20, &buf, &n));
-    hp_status_t s = hp_hf_index_parse(buf, n, path, out);
+    hp_status_t s = hp_file_read_all(path, "safetensors index", (size_t)64 << 20, &buf, &n);
+    if (s != HP_OK)   // a missing index is HP_ERR_NOT_FOUND, as before the shared reader
+        return access(path, F_OK) != 0 && errno == ENOENT ? hp_error(HP_ERR_NOT_FOUND, "%s", hp_last_error()) : s;
+    s = hp_hf_index_parse(buf, n, path, out);
     free(buf);
     return s;
 }

@@ -75,8 +75,7 @@ hp_status_t hp_file_read_all(const char *path, const char *what, size_t max_byte
     *len = 0;
     FILE *f = fopen(path, "rb");
     if (!f)
-        return hp_error(errno == ENOENT ? HP_ERR_NOT_FOUND : HP_ERR_IO, "%s: cannot open the %s: %s", path, what,
-                        strerror(errno));
+        return hp_error(HP_ERR_IO, "%s: cannot open the %s: %s", path, what, strerror(errno));
     struct stat sb;
     hp_status_t s = HP_OK;
     size_t hint = 0;
