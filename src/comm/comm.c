@@ -177,17 +177,19 @@ static void abort_hook(const char *message, void *ctx) {
     if (hp_comm_g.be) hp_comm_g.be->abort_job(NULL, 1);
 }
 
-static hp_status_t comm_new(hp_comm_t parent, void *ctx, int rank, int size, hp_comm_t *out) {
+/* A communicator over the backend context ctx (freed when the allocation fails). */
+static hp_status_t comm_new(const hp_comm_backend_t *be, void *ctx, int rank, int size, int world_rank,
+                            hp_comm_t *out) {
     hp_comm_t c = hp_calloc(1, sizeof *c);
     if (!c) {
-        parent->be->free_ctx(ctx);
+        be->free_ctx(ctx);
         return HP_ERR_OOM;
     }
-    c->be = parent->be;
+    c->be = be;
     c->ctx = ctx;
     c->rank = rank;
     c->size = size;
-    c->world_rank = parent->world_rank;
+    c->world_rank = world_rank;
     *out = c;
     return HP_OK;
 }
@@ -230,13 +232,8 @@ hp_status_t hp_comm_init(int *argc, char ***argv, hp_comm_t *world) {
     void *ctx = NULL;
     int rank = 0, size = 1;
     HP_TRY(be->init(argc, argv, &ctx, &rank, &size));
-    hp_comm_t w = hp_calloc(1, sizeof *w);
-    if (!w) return HP_ERR_OOM;
-    w->be = be;
-    w->ctx = ctx;
-    w->rank = rank;
-    w->size = size;
-    w->world_rank = rank;
+    hp_comm_t w;
+    HP_TRY(comm_new(be, ctx, rank, size, rank, &w));
     w->is_world = 1;
     hp_comm_g.be = be;
     hp_comm_g.world = w;
@@ -252,6 +249,16 @@ hp_status_t hp_comm_init(int *argc, char ***argv, hp_comm_t *world) {
     return HP_OK;
 }
 
+/* Stops a helper thread (progress, watchdog): sets *stop under its lock, wakes it, joins it. */
+static void stop_thread(pthread_mutex_t *lock, pthread_cond_t *cv, int *stop, int *started, pthread_t thread) {
+    pthread_mutex_lock(lock);
+    *stop = 1;
+    pthread_cond_broadcast(cv);
+    pthread_mutex_unlock(lock);
+    if (*started) pthread_join(thread, NULL);
+    *started = 0;
+}
+
 hp_status_t hp_comm_finalize(void) {
     if (!hp_comm_g.initialised) return hp_error(HP_ERR_STATE, "hp_comm_finalize: not initialised "
                                         "(hint: call hp_comm_init first)");
@@ -262,18 +269,9 @@ hp_status_t hp_comm_finalize(void) {
     if (hp_comm_g.world->pending > 0)
         st = hp_error(HP_ERR_STATE, "hp_comm_finalize: %d asynchronous operation(s) on the world "
                       "communicator were never waited", hp_comm_g.world->pending);
-    pthread_mutex_lock(&hp_comm_g.lock);
-    hp_comm_g.progress_stop = 1;
-    pthread_cond_broadcast(&hp_comm_g.work_cv);
-    pthread_mutex_unlock(&hp_comm_g.lock);
-    if (hp_comm_g.progress_started) pthread_join(hp_comm_g.progress_thread, NULL);
-    hp_comm_g.progress_started = 0;
-    pthread_mutex_lock(&hp_comm_g.wd_lock);
-    hp_comm_g.wd_stop = 1;
-    pthread_cond_broadcast(&hp_comm_g.wd_cv);
-    pthread_mutex_unlock(&hp_comm_g.wd_lock);
-    if (hp_comm_g.wd_started) pthread_join(hp_comm_g.wd_thread, NULL);
-    hp_comm_g.wd_started = 0;
+    stop_thread(&hp_comm_g.lock, &hp_comm_g.work_cv, &hp_comm_g.progress_stop, &hp_comm_g.progress_started,
+                hp_comm_g.progress_thread);
+    stop_thread(&hp_comm_g.wd_lock, &hp_comm_g.wd_cv, &hp_comm_g.wd_stop, &hp_comm_g.wd_started, hp_comm_g.wd_thread);
     hp_comm_work_pool_drain();
     hp_comm_g.be->free_ctx(hp_comm_g.world->ctx);
     free(hp_comm_g.world);
@@ -326,7 +324,7 @@ hp_status_t hp_comm_split(hp_comm_t comm, int color, int key, hp_comm_t *out) {
     hp_comm_wd_end();
     HP_TRY(st);
     if (!ctx) return HP_OK;
-    HP_TRY(comm_new(comm, ctx, rank, size, out));
+    HP_TRY(comm_new(comm->be, ctx, rank, size, comm->world_rank, out));
     hp_comm_g.live_comms++;
     return HP_OK;
 }
@@ -340,7 +338,7 @@ hp_status_t hp_comm_dup(hp_comm_t comm, hp_comm_t *out) {
     hp_status_t st = comm->be->dup(comm->ctx, &ctx, &rank, &size);
     hp_comm_wd_end();
     HP_TRY(st);
-    HP_TRY(comm_new(comm, ctx, rank, size, out));
+    HP_TRY(comm_new(comm->be, ctx, rank, size, comm->world_rank, out));
     hp_comm_g.live_comms++;
     return HP_OK;
 }

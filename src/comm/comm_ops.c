@@ -47,6 +47,19 @@ static hp_status_t check_op(hp_comm_t c, hp_redop_t op, hp_op_desc_t *d, const c
     return HP_OK;
 }
 
+/* Both buffers of a call (neither may be NULL when count > 0). */
+static hp_status_t check_bufs(const void *sendbuf, const void *recvbuf, size_t count, const char *fn) {
+    HP_TRY(check_buf(sendbuf, count, "sendbuf", fn));
+    return check_buf(recvbuf, count, "recvbuf", fn);
+}
+
+/* A reduction's buffers and its op, resolved into d. */
+static hp_status_t check_reduction(hp_comm_t c, const void *sendbuf, const void *recvbuf, size_t count, hp_redop_t op,
+                                   hp_op_desc_t *d, const char *fn) {
+    HP_TRY(check_bufs(sendbuf, recvbuf, count, fn));
+    return check_op(c, op, d, fn);
+}
+
 static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
     const char *x = a, *y = b;
     return an && bn && x < y + bn && y < x + an;
@@ -81,9 +94,7 @@ static hp_status_t launch(hp_comm_t comm, const hp_op_desc_t *d, size_t bytes, h
 hp_status_t hp_all_reduce(const void *sendbuf, void *recvbuf, size_t count, hp_dtype_t dt,
                           hp_redop_t op, hp_comm_t comm, hp_work_t *work) {
     BEGIN("hp_all_reduce", comm, dt);
-    HP_TRY(check_buf(sendbuf, count, "sendbuf", "hp_all_reduce"));
-    HP_TRY(check_buf(recvbuf, count, "recvbuf", "hp_all_reduce"));
-    HP_TRY(check_op(comm, op, &d, "hp_all_reduce"));
+    HP_TRY(check_reduction(comm, sendbuf, recvbuf, count, op, &d, "hp_all_reduce"));
     if (sendbuf != recvbuf && overlaps(sendbuf, count * es, recvbuf, count * es))
         return hp_error(HP_ERR_INVALID_ARG, "hp_all_reduce: sendbuf and recvbuf overlap partially "
                         "(expected equal pointers for in place, or disjoint buffers)");
@@ -114,8 +125,7 @@ hp_status_t hp_reduce(const void *sendbuf, void *recvbuf, size_t count, hp_dtype
 hp_status_t hp_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount, hp_dtype_t dt,
                           hp_comm_t comm, hp_work_t *work) {
     BEGIN("hp_all_gather", comm, dt);
-    HP_TRY(check_buf(sendbuf, sendcount, "sendbuf", "hp_all_gather"));
-    HP_TRY(check_buf(recvbuf, sendcount, "recvbuf", "hp_all_gather"));
+    HP_TRY(check_bufs(sendbuf, recvbuf, sendcount, "hp_all_gather"));
     size_t total = sendcount * (size_t)comm->size * es;
     const char *slot = recvbuf ? (const char *)recvbuf + (size_t)comm->rank * sendcount * es : NULL;
     if ((const char *)sendbuf != slot && overlaps(sendbuf, sendcount * es, recvbuf, total))
@@ -128,9 +138,7 @@ hp_status_t hp_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount, 
 hp_status_t hp_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, hp_dtype_t dt,
                               hp_redop_t op, hp_comm_t comm, hp_work_t *work) {
     BEGIN("hp_reduce_scatter", comm, dt);
-    HP_TRY(check_buf(sendbuf, recvcount, "sendbuf", "hp_reduce_scatter"));
-    HP_TRY(check_buf(recvbuf, recvcount, "recvbuf", "hp_reduce_scatter"));
-    HP_TRY(check_op(comm, op, &d, "hp_reduce_scatter"));
+    HP_TRY(check_reduction(comm, sendbuf, recvbuf, recvcount, op, &d, "hp_reduce_scatter"));
     size_t total = recvcount * (size_t)comm->size * es;
     const char *slot = sendbuf ? (const char *)sendbuf + (size_t)comm->rank * recvcount * es : NULL;
     if ((const char *)recvbuf != slot && overlaps(sendbuf, total, recvbuf, recvcount * es))
@@ -143,8 +151,7 @@ hp_status_t hp_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcou
 hp_status_t hp_all_to_all(const void *sendbuf, void *recvbuf, size_t count, hp_dtype_t dt,
                           hp_comm_t comm, hp_work_t *work) {
     BEGIN("hp_all_to_all", comm, dt);
-    HP_TRY(check_buf(sendbuf, count, "sendbuf", "hp_all_to_all"));
-    HP_TRY(check_buf(recvbuf, count, "recvbuf", "hp_all_to_all"));
+    HP_TRY(check_bufs(sendbuf, recvbuf, count, "hp_all_to_all"));
     size_t total = count * (size_t)comm->size * es;
     if (sendbuf != recvbuf && overlaps(sendbuf, total, recvbuf, total))
         return hp_error(HP_ERR_INVALID_ARG, "hp_all_to_all: sendbuf and recvbuf overlap partially "
@@ -298,17 +305,24 @@ hp_status_t hp_group_start(void) {
     return HP_OK;
 }
 
-hp_status_t hp_group_end(void) {
-    if (t_group_depth <= 0)
-        return hp_error(HP_ERR_STATE, "hp_group_end without a matching hp_group_start");
-    if (--t_group_depth > 0) return HP_OK;
+/* Takes the closed group's work from this thread: NULL when the group posted nothing. */
+static hp_work_t group_take(void) {
     hp_work_t w = t_group_work;
     t_group_work = NULL;
     if (w->p2p_n == 0) {
         hp_comm_work_put(w);
-        return HP_OK;
+        return NULL;
     }
     w->d = (hp_op_desc_t){.kind = w->p2p[0].is_send ? HP_COMM_SEND : HP_COMM_RECV};
+    return w;
+}
+
+hp_status_t hp_group_end(void) {
+    if (t_group_depth <= 0)
+        return hp_error(HP_ERR_STATE, "hp_group_end without a matching hp_group_start");
+    if (--t_group_depth > 0) return HP_OK;
+    hp_work_t w = group_take();
+    if (!w) return HP_OK;
     hp_comm_wd_begin(w->d.kind, hp_comm_g.world->size);
     hp_status_t st = hp_comm_g.be->p2p(w->p2p, w->p2p_n, &w->req, 0);
     hp_comm_wd_end();
@@ -323,12 +337,6 @@ hp_status_t hp_group_end_work(hp_work_t *work) {
         return hp_error(HP_ERR_STATE, "hp_group_end_work: needs the outermost hp_group_start (depth %d); hint: "
                         "close inner groups with hp_group_end", t_group_depth);
     t_group_depth = 0;
-    hp_work_t w = t_group_work;
-    t_group_work = NULL;
-    if (w->p2p_n == 0) {
-        hp_comm_work_put(w);
-        return HP_OK;
-    }
-    w->d = (hp_op_desc_t){.kind = w->p2p[0].is_send ? HP_COMM_SEND : HP_COMM_RECV};
-    return hp_comm_dispatch(w, work);   // one handle for the whole group, progressed as a p2p work
+    hp_work_t w = group_take();
+    return w ? hp_comm_dispatch(w, work) : HP_OK;   // one handle for the whole group, progressed as a p2p work
 }

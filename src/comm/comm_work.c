@@ -197,6 +197,17 @@ static void post_process(hp_work_t w) {
 
 static int use_ring(const hp_work_t w);
 
+/* The widening path of a half-precision reduction: the first n elements of the send buffer as
+ * F32 (PREMUL_SUM's scalar applied) at the start of the work's workspace, which holds `floats`. */
+static hp_status_t widen_send(hp_work_t w, size_t n, size_t floats, float **ws) {
+    const hp_op_desc_t *d = &w->d;
+    HP_TRY(ws_reserve(w, floats * sizeof(float)));
+    *ws = w->ws;
+    be_convert(w->comm, *ws, HP_F32, d->sendbuf, d->dt, n);
+    if (d->is_premul) HP_TRY(be_scale(w->comm, *ws, *ws, n, HP_F32, d->premul));
+    return HP_OK;
+}
+
 /* Starts (async = 1) or runs to completion (async = 0) the backend part of w. */
 static hp_status_t run_op(hp_work_t w, int async) {
     const hp_op_desc_t *d = &w->d;
@@ -214,10 +225,8 @@ static hp_status_t run_op(hp_work_t w, int async) {
     switch (d->kind) {
     case HP_COMM_ALL_REDUCE:
         if (widen) {
-            HP_TRY(ws_reserve(w, n * sizeof(float)));
-            float *ws = w->ws;   // (n) f32 accumulation buffer
-            be_convert(c, ws, HP_F32, d->sendbuf, d->dt, n);
-            if (d->is_premul) HP_TRY(be_scale(c, ws, ws, n, HP_F32, d->premul));
+            float *ws;   // (n) f32 accumulation buffer
+            HP_TRY(widen_send(w, n, n, &ws));
             w->post = HP_POST_NARROW | (avg ? HP_POST_DIV : 0);
             w->post_buf = ws, w->post_src = ws, w->post_dst = d->recvbuf, w->post_dt = HP_F32;
             if (ring) return be->all_reduce_ring(c->ctx, ws, ws, n, HP_F32, op, &w->req, async);
@@ -235,10 +244,8 @@ static hp_status_t run_op(hp_work_t w, int async) {
     case HP_COMM_REDUCE: {
         int root = c->rank == d->root;
         if (widen) {
-            HP_TRY(ws_reserve(w, n * sizeof(float)));
-            float *ws = w->ws;   // (n) f32
-            be_convert(c, ws, HP_F32, d->sendbuf, d->dt, n);
-            if (d->is_premul) HP_TRY(be_scale(c, ws, ws, n, HP_F32, d->premul));
+            float *ws;   // (n) f32
+            HP_TRY(widen_send(w, n, n, &ws));
             if (root) {
                 w->post = HP_POST_NARROW | (avg ? HP_POST_DIV : 0);
                 w->post_buf = ws, w->post_src = ws, w->post_dst = d->recvbuf, w->post_dt = HP_F32;
@@ -263,13 +270,11 @@ static hp_status_t run_op(hp_work_t w, int async) {
     case HP_COMM_REDUCE_SCATTER: {
         size_t total = n * (size_t)c->size;
         if (widen) {
-            HP_TRY(ws_reserve(w, (total + n) * sizeof(float)));
-            float *ws = w->ws;          // (size*n) f32 input
+            float *ws;   // (size*n) f32 input, then room for the (n) result
+            HP_TRY(widen_send(w, total, total + n, &ws));
             /* (n) f32 result; the ring reduces in place in the widened copy (no
              * accumulation workspace), leaving it in this rank's block */
             float *out = ring ? ws + (size_t)c->rank * n : ws + total;
-            be_convert(c, ws, HP_F32, d->sendbuf, d->dt, total);
-            if (d->is_premul) HP_TRY(be_scale(c, ws, ws, total, HP_F32, d->premul));
             w->post = HP_POST_NARROW | (avg ? HP_POST_DIV : 0);
             w->post_buf = out, w->post_src = out, w->post_dst = d->recvbuf, w->post_dt = HP_F32;
             if (ring) return be->reduce_scatter_ring(c->ctx, ws, out, n, HP_F32, op, &w->req, async);

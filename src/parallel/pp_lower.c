@@ -223,6 +223,23 @@ void hp_pps_describe_wait(sb_t *b, const hp_pp_action_t *a, int num_stages, cons
     }
 }
 
+void hp_pps_describe_blocked(sb_t *b, const hp_pp_schedule_t *s, const int *pos, int num_stages, const int *s2r,
+                             const char *before, const char *after, int ellipsis) {
+    int shown = 0;
+    for (int r = 0; r < s->n_ranks; r++) {
+        if (pos[r] >= s->rows[r].len) continue;
+        if (shown == 8) {
+            if (ellipsis) hp_pps_sb_puts(b, "; ...");
+            break;
+        }
+        char t[64];
+        const hp_pp_action_t *a = &s->rows[r].a[pos[r]];
+        hp_pps_sb_printf(b, "%srank %d %s %s %s ", shown ? "; " : "", r, before, hp_pps_act_str(a, t, sizeof t), after);
+        hp_pps_describe_wait(b, a, num_stages, s2r);
+        shown++;
+    }
+}
+
 hp_status_t hp_pp_add_send_recv(const hp_pp_schedule_t *s, const int *stage_to_rank, int num_stages,
                                 hp_pp_schedule_t **out) {
     if (!out) return hp_error(HP_ERR_INVALID_ARG, "_add_send_recv: NULL out");
@@ -286,15 +303,7 @@ hp_status_t hp_pp_add_send_recv(const hp_pp_schedule_t *s, const int *stage_to_r
         }
         if (st == HP_OK && !progress) {
             sb_t b = {0};
-            int shown = 0;
-            for (int r = 0; r < R && shown < 8; r++) {
-                if (pos[r] >= s->rows[r].len) continue;
-                char t[64];
-                const hp_pp_action_t *a = &s->rows[r].a[pos[r]];
-                hp_pps_sb_printf(&b, "%srank %d waits at %s for ", shown ? "; " : "", r, hp_pps_act_str(a, t, sizeof t));
-                hp_pps_describe_wait(&b, a, num_stages, stage_to_rank);
-                shown++;
-            }
+            hp_pps_describe_blocked(&b, s, pos, num_stages, stage_to_rank, "waits at", "for", 0);
             st = hp_error(HP_ERR_INVALID_ARG, "Malformed compute schedule, can't schedule sends/recvs: %s; hint: an "
                           "action needs its input computed earlier by an action some rank can reach (check the order "
                           "of F and B across ranks and the stage-to-rank mapping)", b.p ? b.p : "");

@@ -44,6 +44,11 @@ void hp_pps_sb_printf(sb_t *b, const char *fmt, ...) __attribute__((format(print
 hp_status_t hp_pps_sb_finish(sb_t *b, char **out);
 /* What a blocked action waits for, for messages. */
 void hp_pps_describe_wait(sb_t *b, const hp_pp_action_t *a, int num_stages, const int *s2r);
+/* A stuck schedule for messages: "rank R <before> ACTION <after> <what it waits for>" for the
+ * first 8 ranks not at the end of their row (pos[r]), "; " between, and "; ..." after them
+ * when `ellipsis` is set and more ranks wait. */
+void hp_pps_describe_blocked(sb_t *b, const hp_pp_schedule_t *s, const int *pos, int num_stages, const int *s2r,
+                             const char *before, const char *after, int ellipsis);
 
 /* ---- a set / map of actions: open addressing over a packed 60-bit key -------------------- */
 typedef struct { uint64_t *keys; int64_t *vals; uint8_t *used; size_t cap, n; } amap_t;

@@ -207,19 +207,7 @@ hp_status_t hp_pp_simulate(const hp_pp_schedule_t *s, const int *stage_to_rank, 
         round++;
         if (st == HP_OK && !progress) {
             sb_t b = {0};
-            int shown = 0;
-            for (int r = 0; r < R; r++) {
-                if (pos[r] >= s->rows[r].len) continue;
-                if (shown == 8) {
-                    hp_pps_sb_puts(&b, "; ...");
-                    break;
-                }
-                char t[64];
-                const hp_pp_action_t *a = &s->rows[r].a[pos[r]];
-                hp_pps_sb_printf(&b, "%srank %d next action %s waits for ", shown ? "; " : "", r, hp_pps_act_str(a, t, sizeof t));
-                hp_pps_describe_wait(&b, a, num_stages, stage_to_rank);
-                shown++;
-            }
+            hp_pps_describe_blocked(&b, s, pos, num_stages, stage_to_rank, "next action", "waits for", 1);
             st = hp_error(HP_ERR_INVALID_ARG, "Schedule is not progressing (deadlock after %lld simulated steps): %s; "
                           "hint: a RECV is missing or ordered before the action that feeds its SEND", (long long)round,
                           b.p ? b.p : "");

@@ -108,18 +108,7 @@ static inline hp_status_t ids_push(hp_token_ids_t *out, int32_t id) {
     return HP_OK;
 }
 
-/* Grows *buf (elements of `elem` bytes) to hold at least n. */
-static hp_status_t reserve(void **buf, size_t *cap, size_t n, size_t elem) {
-    if (n <= *cap) return HP_OK;
-    size_t c = *cap ? *cap : 64;
-    while (c < n) c *= 2;
-    void *p = realloc(*buf, c * elem);
-    if (!p) return hp_error(HP_ERR_OOM, "tokenizer: cannot allocate %zu bytes of scratch", c * elem);
-    *buf = p;
-    *cap = c;
-    return HP_OK;
-}
-#define RESERVE(ptr, cap, n) reserve((void **)&(ptr), &(cap), (n), sizeof(*(ptr)))
+#define RESERVE(ptr, cap, n) hp_tok_reserve((void **)&(ptr), &(cap), (n), sizeof(*(ptr)), 64, "tokenizer scratch")
 
 /* ---- merges map -------------------------------------------------------------------- */
 

@@ -57,14 +57,7 @@ typedef struct trainer {
 } trainer_t;
 
 static hp_status_t grow_arr(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return HP_OK;
-    size_t c = *cap ? *cap : 1024;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, c * elem);
-    if (!q) return hp_error(HP_ERR_OOM, "hp_tokenizer_train: cannot allocate %zu bytes", c * elem);
-    *p = q;
-    *cap = c;
-    return HP_OK;
+    return hp_tok_reserve(p, cap, need, elem, 1024, "hp_tokenizer_train");
 }
 
 /* ---- counting words ----------------------------------------------------------------- */
