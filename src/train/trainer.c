@@ -175,8 +175,8 @@ static hp_status_t probe_folder(const char *key, const char *value, const char *
 static hp_status_t probe_file(const char *key, const char *path, int rank) {
     hp_status_t s = hp_file_probe_writable_file(path, rank);
     if (s != HP_OK)
-        return hp_error(s, "%s = '%s': %s; expected a file path the run can write; hint: set --%s to another path",
-                        key, path, hp_last_error(), key);
+        return hp_error(s, "%s = '%s': %s; hint: set --%s to a file path the run can write", key, path,
+                        hp_last_error(), key);
     return HP_OK;
 }
 
