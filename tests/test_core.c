@@ -1,14 +1,20 @@
-/* Core layer: status messages, dtype conversions (round to nearest even), arenas, tensor
- * views / copy / fill, and the Philox RNG (known-answer vectors, shard = slice of whole). */
+/* Core layer: status messages (also those built from hp_last_error()), dtype conversions
+ * (round to nearest even), arenas, tensor views / copy / fill, and the Philox RNG
+ * (known-answer vectors, shard = slice of whole), and the file helpers (whole-file reads with a
+ * cap, atomic replacement, folders with parents, the folder commit). */
 // hp-test: ranks 1 timeout 120
 #include <hyperparallel/status.h>
 #include <hyperparallel/dtype.h>
 #include <hyperparallel/arena.h>
 #include <hyperparallel/tensor.h>
 #include <hyperparallel/rng.h>
+#include <hyperparallel/file.h>
 
+#include <dirent.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "hp_test.h"
 
@@ -23,6 +29,20 @@ static void test_status(void) {
     HP_CHECK(s == HP_ERR_IO && strcmp(hp_last_error(), "file 'x.bin' missing") == 0, "message %s", hp_last_error());
     hp_clear_error();
     HP_CHECK(hp_last_error()[0] == 0, "cleared");
+    /* A message built from hp_last_error() keeps the whole reason, once: hp_error formats
+     * into a temporary before it overwrites the buffer hp_last_error() returns. */
+    hp_error(HP_ERR_IO, "cannot open: No such file or directory");
+    hp_error(HP_ERR_IO, "%s '%s': %s", "parallelism.pipeline_parallel_schedule_csv", "stage5.csv", hp_last_error());
+    HP_CHECK(strcmp(hp_last_error(), "parallelism.pipeline_parallel_schedule_csv 'stage5.csv': cannot open: No such "
+                                     "file or directory") == 0, "wrapped: %s", hp_last_error());
+    hp_error(HP_ERR_FORMAT, "line 3: unknown key 'x'");
+    s = hp_error_prefix(HP_ERR_FORMAT, "config file '%s': ", "a.yaml");
+    HP_CHECK(s == HP_ERR_FORMAT && strcmp(hp_last_error(), "config file 'a.yaml': line 3: unknown key 'x'") == 0,
+             "prefixed: %s", hp_last_error());
+    hp_clear_error();   /* nothing recorded: the status words stand in for the reason */
+    hp_error_prefix(HP_ERR_IO, "file 'b': ");
+    HP_CHECK(strcmp(hp_last_error(), "file 'b': I/O error") == 0, "prefix of nothing: %s", hp_last_error());
+    hp_clear_error();
 }
 
 static void test_dtype(void) {
@@ -259,6 +279,73 @@ static void test_tensor_i64(void) {
     HP_CHECK(hp_tensor_count_nonfinite(&t, &first) == 0 && first == -1, "nonfinite of i64");
 }
 
+/* Entries of folder d whose name contains `part` (leftover temporaries). */
+static int count_named(const char *d, const char *part) {
+    DIR *dir = opendir(d);
+    int n = 0;
+    for (struct dirent *e; dir && (e = readdir(dir));) n += strstr(e->d_name, part) != NULL;
+    if (dir) closedir(dir);
+    return n;
+}
+
+static void test_file(void) {
+    char root[] = "/tmp/hp_test_core_XXXXXX", p[128], q[256];
+    HP_CHECK(mkdtemp(root) != NULL, "mkdtemp");
+    /* atomic write, then read back whole (NUL after the last byte); no temporary left */
+    snprintf(p, sizeof p, "%s/a/b/c", root);
+    HP_CHECK_OK(hp_file_mkdirs(p));
+    HP_CHECK_OK(hp_file_mkdirs(p));   /* an existing folder is fine */
+    snprintf(q, sizeof q, "%s/x.txt", p);
+    HP_CHECK_OK(hp_file_write_atomic(q, "old", 3));
+    HP_CHECK_OK(hp_file_write_atomic(q, "hello", 5));
+    char *data = NULL;
+    size_t len = 0;
+    HP_CHECK_OK(hp_file_read_all(q, "test file", 5, &data, &len));
+    HP_CHECK(data && len == 5 && !strcmp(data, "hello"), "read back %zu bytes", len);
+    free(data);
+    HP_CHECK(count_named(p, ".tmp") == 0, "temporary files left in %s", p);
+    /* the cap, a missing file, a folder: each names the path and what it is */
+    HP_CHECK_ERR(hp_file_read_all(q, "test file", 4, &data, &len), HP_ERR_FORMAT, "larger than 4 bytes");
+    HP_CHECK(data == NULL, "no data on error");
+    snprintf(q, sizeof q, "%s/missing.txt", root);
+    HP_CHECK_ERR(hp_file_read_all(q, "test file", 100, &data, &len), HP_ERR_IO,
+                 "missing.txt: cannot open the test file");
+    HP_CHECK_ERR(hp_file_read_all(p, "test file", 100, &data, &len), HP_ERR_IO, "Is a directory");
+    /* a file in the way of a folder; a failed atomic write leaves nothing behind */
+    snprintf(q, sizeof q, "%s/x.txt", p);
+    HP_CHECK_ERR(hp_file_mkdirs(q), HP_ERR_IO, "exists and is not a folder");
+    snprintf(q, sizeof q, "%s/x.txt/y", p);
+    HP_CHECK_ERR(hp_file_mkdirs(q), HP_ERR_IO, "cannot create folder");
+    HP_CHECK_ERR(hp_file_write_atomic(q, "z", 1), HP_ERR_IO, "temporary file");
+    HP_CHECK(count_named(p, ".tmp") == 0, "a failed write left a temporary in %s", p);
+    HP_CHECK_ERR(hp_file_probe_writable_dir(q, 0), HP_ERR_IO, "cannot create folder");
+    HP_CHECK_ERR(hp_file_probe_writable_file(q, 0), HP_ERR_IO, "exists and is not a folder");
+    HP_CHECK_ERR(hp_file_probe_writable_file(p, 0), HP_ERR_IO, "is a folder");
+    HP_CHECK_OK(hp_file_probe_writable_dir(p, 0));
+    HP_CHECK(count_named(p, ".hp-write-probe") == 0, "probe file left behind");
+    /* parent folders */
+    char par[64];
+    HP_CHECK(!strcmp(hp_file_parent("a/b/c", par, sizeof par), "a/b") &&
+                 !strcmp(hp_file_parent("c", par, sizeof par), ".") &&
+                 !strcmp(hp_file_parent("/c", par, sizeof par), "/") &&
+                 !strcmp(hp_file_parent("a/b/", par, sizeof par), "a"), "hp_file_parent");
+    /* the folder commit: tmp replaces dir, the old dir is gone */
+    char tmp[128], dir[128];
+    snprintf(tmp, sizeof tmp, "%s/new.tmp-1", root);
+    snprintf(dir, sizeof dir, "%s/a", root);
+    HP_CHECK_OK(hp_file_mkdirs(tmp));
+    snprintf(q, sizeof q, "%s/marker", tmp);
+    HP_CHECK_OK(hp_file_write_atomic(q, "new", 3));
+    HP_CHECK_OK(hp_file_replace_dir(tmp, dir));
+    snprintf(q, sizeof q, "%s/marker", dir);
+    struct stat sb;
+    HP_CHECK(stat(q, &sb) == 0 && stat(tmp, &sb) != 0 && count_named(root, ".old-") == 0 && stat(p, &sb) != 0,
+             "after replace_dir: the new folder in place, the old one and tmp gone");
+    HP_CHECK_OK(hp_file_rmtree(root));
+    HP_CHECK(stat(root, &sb) != 0, "rmtree left %s", root);
+    HP_CHECK_OK(hp_file_rmtree(root));   /* a missing path is fine */
+}
+
 int main(void) {
     test_status();
     test_dtype();
@@ -266,5 +353,6 @@ int main(void) {
     test_tensor();
     test_tensor_i64();
     test_rng();
+    test_file();
     return hp_test_finish("test_core");
 }

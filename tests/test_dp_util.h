@@ -269,7 +269,7 @@ static inline void dp_check_same_losses(const double *a, const double *b, int n,
         HP_CHECK(a[s] == b[s], "step %d: %s %.17g != %s %.17g (must be bitwise equal)", s, a_name, a[s], b_name, b[s]);
 }
 
-/* Negative tests (STYLE rule 17): an injected small error that the harness must catch. */
+/* Negative tests (docs/testing.md): an injected small error that the harness must catch. */
 typedef enum {
     DP_INJECT_NONE = 0,
     DP_INJECT_DIVISOR,   /* rank 1's first micro-batch uses a loss divisor 1.001 x too large (1.05 x

@@ -1,4 +1,4 @@
-/* DTensor construction API and ops (reference section 4, test_api.py / test_dtensor.py):
+/* DTensor construction API and ops (PyTorch's test/distributed/tensor/test_api.py / test_dtensor.py):
  * distribute_tensor (scatter / broadcast counts, src_data_rank, local split, uneven shards,
  * errors), from_local (shape inference, given shapes, errors), to_local, full_tensor, and the
  * sharding rules of add, mul, matmul and sum with their collective counts. */

@@ -1,6 +1,6 @@
 /* DTensor layout math without communication: torch.chunk shard sizes/offsets, nested and
  * strided sharding, placement normalisation and text, and the greedy planner's step lists
- * and collective counts for every multi-dim case of the reference (section 3). */
+ * and collective counts for every multi-dim case of PyTorch's test_redistribute.py. */
 // hp-test: ranks 1
 #include <string.h>
 

@@ -1,4 +1,4 @@
-/* Multi-dim redistribute on 8 ranks (reference section 3, MultiDimRedistributeTest):
+/* Multi-dim redistribute on 8 ranks (PyTorch's MultiDimRedistributeTest):
  * test_redistribute_shard_dim_multi_dim_mesh (2x2x2, 8x8x8, exact collective counts, equal to
  * a direct distribute) and test_multi_dim_mesh (meshes (8), (2,4), (4,2), (2,2,2); every input
  * in {R, S0, S1, P} per mesh dim to every output in {R, S0, S1}; full_tensor equals the input

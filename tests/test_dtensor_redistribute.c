@@ -1,4 +1,4 @@
-/* Redistribute conformance (reference section 3, test_redistribute.py): every 1-D case on a
+/* Redistribute conformance (PyTorch's test/distributed/tensor/test_redistribute.py): every 1-D case on a
  * mesh over all ranks (world 4 as PyTorch, and 8), every 2x2 case on a 2x2 mesh over ranks
  * 0-3 (on 8 ranks, ranks 4-7 are outside the mesh: empty pieces, no communication), with the
  * same shapes, expected values and exact collective counts. S(i)->S(j) is one all_to_all

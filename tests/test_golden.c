@@ -157,7 +157,7 @@ static void run_model(const char *model) {
             worst_name = p->name;
         }
     }
-    {   /* negative test (STYLE rule 17): a gradient 1e-3 too large must be out of tolerance */
+    {   /* negative test (docs/testing.md): a gradient 1e-3 too large must be out of tolerance */
         hp_param_t *p = &hp_model_params(m)[1];
         const int64_t n = hp_tensor_numel(&p->grad.local);
         float *bad = malloc(sizeof(float) * (size_t)n);

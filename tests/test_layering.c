@@ -17,7 +17,7 @@ static const char *const layer_names[N_LAYERS] = {"core", "comm", "mesh", "dtens
 
 static const struct { const char *header; int layer; } headers[] = {
     {"status.h", CORE}, {"dtype.h", CORE}, {"arena.h", CORE}, {"tensor.h", CORE}, {"rng.h", CORE},
-    {"parse.h", CORE}, {"clock.h", CORE}, {"time.h", CORE},
+    {"parse.h", CORE}, {"clock.h", CORE}, {"time.h", CORE}, {"file.h", CORE},
     {"backend.h", CORE},   // the kernel table's type: the device seam every layer calls (the CPU backend is nn's)
     {"comm.h", COMM}, {"launch.h", COMM},
     {"mesh.h", MESH},

@@ -1,5 +1,5 @@
-/* DeviceMesh conformance (reference section 1, test_device_mesh.py): row-major layout, per-dim
- * groups (checked against the real communicators), coordinates and local ranks, slicing by
+/* DeviceMesh conformance (PyTorch's test/distributed/test_device_mesh.py): row-major layout,
+ * per-dim groups (checked against the real communicators), coordinates and local ranks, slicing by
  * names sharing the parent's groups, flatten, concatenation of slices, from_comm, str, equality, ranks outside the
  * mesh, and PyTorch's errors. */
 // hp-test: ranks 4 8

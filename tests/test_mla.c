@@ -247,7 +247,7 @@ static void check_flavors(void) {
     HP_CHECK(c.mla && c.q_lora_rank == 0 && c.kv_lora_rank == 512 && c.qk_nope_head_dim == 128 &&
              c.qk_rope_head_dim == 64 && c.v_head_dim == 128 && c.n_heads == 16 && fabsf(c.mla_mscale - 0.7f) < 1e-7f &&
              c.max_seq_len == 16384 && c.rope_original_max_pos == 4096 && c.rope_factor == 40.0f,
-             "debugmodel MLA sizes (torchtitan.md 2.3)");
+             "debugmodel MLA sizes (TorchTitan's deepseek_v3 debugmodel)");
     hp_model_config_t bad = c;
     bad.qk_rope_head_dim = 7;
     HP_CHECK_ERR(hp_model_config_validate(&bad), HP_ERR_INVALID_ARG, "qk_rope_head_dim = 7");

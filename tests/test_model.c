@@ -213,7 +213,7 @@ static void test_model_basics(const char *name) {
     hp_model_destroy(m);
 }
 
-/* No heap allocation in forward / backward (DESIGN invariant 9), after a warm-up step, on the
+/* No heap allocation in forward / backward (no allocation in the step loop), after a warm-up step, on the
  * llama3 debugmodel at (1, 64). (OpenBLAS's small-matrix sgemm path, taken when
  * M*N*K <= 1e6, mallocs internally; at these sizes every GEMM is above it.) */
 static void test_no_alloc(void) {

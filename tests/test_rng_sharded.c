@@ -1,7 +1,7 @@
-/* Acceptance 3 (DESIGN invariant 2): a tensor initialised sharded on any mesh equals, bitwise,
- * the slice of the same tensor initialised whole. Part 1 (any rank count) walks every
- * coordinate of several virtual meshes and placements (uneven, empty, nested, _StridedShard)
- * in one process; part 2 (4 and 8 ranks) fills real DTensor shards from their global offsets
+/* Initialisation does not depend on the layout (docs/architecture.md): a tensor initialised
+ * sharded on any mesh equals, bitwise, the slice of the same tensor initialised whole. Part 1
+ * (any rank count) walks every coordinate of several virtual meshes and placements (uneven,
+ * empty, nested, _StridedShard) in one process; part 2 (4 and 8 ranks) fills real DTensor shards from their global offsets
  * and checks full_tensor against the whole fill, also through hp_dtensor_rand. */
 // hp-test: ranks 1 4 8
 #include "test_dtensor_util.h"

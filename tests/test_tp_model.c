@@ -25,7 +25,7 @@
 
 static hp_comm_t g_world;
 static int g_rank, g_size;
-/* Negative test (STYLE rule 17): rank 1 scales its shard of layers.0.attention.wq's gradient
+/* Negative test (docs/testing.md): rank 1 scales its shard of layers.0.attention.wq's gradient
  * by 1 + 1e-4 after backward; the comparison must report it. */
 static int g_inject, g_caught;
 static int g_q_lora;   /* deepseek_v3: model.q_lora_rank */

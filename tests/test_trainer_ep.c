@@ -136,7 +136,7 @@ static void reshard_run(const char *what, hp_config_t *a, hp_config_t *b, hp_com
         printf("checkpoint %s at step 4: loss %.6f at step 10 (one rank %.6f)\n", what, fl[N - 1], sl[N - 1]);
 }
 
-/* The negative test (STYLE rule 17) of a layout: its lr x 1.001 run leaves the 1e-5 loss bound
+/* The negative test (docs/testing.md) of a layout: its lr x 1.001 run leaves the 1e-5 loss bound
  * of the single-rank run of the same global batch. */
 static void check_lr_outside(const char *what, const hp_config_t *f, hp_comm_t world, int dp) {
     double sl[N], sn[N], fl[N], fn[N];
@@ -654,7 +654,7 @@ int main(int argc, char **argv) {
         hp_test_train_steps(f, world, 4, fl, fn, 0);
         for (int i = 0; i < 4; i++) HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
     }
-    {   // negative test (STYLE rule 17): the single-rank reference against an lr x 1.001 EP run
+    {   // negative test (docs/testing.md): the single-rank reference against an lr x 1.001 EP run
         moe_config(c, ws, "qwen3_moe");
         hp_test_solo_steps(c, world, ws, N, dl, dn);
         *f = *c;

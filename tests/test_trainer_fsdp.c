@@ -51,7 +51,7 @@ int main(int argc, char **argv) {
             printf("replicate %d x shard %d: losses %.6f %.6f %.6f %.6f (replicated DP %.6f %.6f %.6f %.6f)\n",
                    shapes[k][0], shapes[k][1], fl[0], fl[1], fl[2], fl[3], dl[0], dl[1], dl[2], dl[3]);
     }
-    /* negative test (STYLE rule 17): an FSDP run whose optimizer is 1e-3 off (lr x 1.001) must
+    /* negative test (docs/testing.md): an FSDP run whose optimizer is 1e-3 off (lr x 1.001) must
      * fall outside the loss tolerance on some step */
     {
         *f = *c;

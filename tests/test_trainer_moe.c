@@ -143,7 +143,7 @@ int main(int argc, char **argv) {
             if (rank == 0)
                 printf("%s FSDP %d: losses %.6f .. %.6f (DP %.6f .. %.6f)\n", models[mi], ws, fl[0], fl[N - 1], dl[0],
                        dl[N - 1]);
-            if (mi == 0) {   // negative test (STYLE rule 17)
+            if (mi == 0) {   // negative test (docs/testing.md)
                 f->optimizer.lr *= 1.001;
                 train(f, world, fl, fbias);
                 int caught = 0;
@@ -337,7 +337,7 @@ int main(int argc, char **argv) {
                     printf("%s: losses %.6f .. %.6f (single rank %.6f .. %.6f)\n", what, pl[0], pl[NP - 1], rl[0],
                            rl[NP - 1]);
             }
-            if (mi == 1) {   // negative (STYLE rule 17): lr x 1.001 must leave the tolerance on some step
+            if (mi == 1) {   // negative test (docs/testing.md): lr x 1.001 leaves the tolerance
                 f->optimizer.lr *= 1.001;
                 run_pp(f, world, world, pl, pn);
                 HP_CHECK(!close_all(pl, rl, 1e-5, 0, ""), "pp 2 MoE run with lr x 1.001 matched within 1e-5");

@@ -241,7 +241,7 @@ int main(int argc, char **argv) {
             close_all(n, an, N, 1e-4, 1, "grad norm");
             free(r);
         }
-        // negative (STYLE rule 17): lr x 1.001 must leave the tolerance on some step
+        // negative (docs/testing.md): lr x 1.001 must leave the tolerance on some step
         *f = *c;
         set_pp(f, 2, "1F1B");
         f->optimizer.lr *= 1.001;

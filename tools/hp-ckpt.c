@@ -220,12 +220,9 @@ static hp_status_t make_model(const char *name, const char *flavor, int vocab, c
                               hp_model_config_t *mc, hp_model_t *m) {
     HP_TRY(resolve(name, flavor, vocab, vocab_from, mc));
     hp_status_t s = hp_model_create(mc, 1, 1, m);
-    if (s != HP_OK) {
-        char msg[1536];
-        snprintf(msg, sizeof msg, "%s", hp_last_error());
-        return hp_error(s, "%s (vocabulary %d from %s, model %s/%s); hint: check %s", msg, vocab, vocab_from, name,
-                        flavor, vocab_from);
-    }
+    if (s != HP_OK)
+        return hp_error(s, "%s (vocabulary %d from %s, model %s/%s); hint: check %s", hp_last_error(), vocab,
+                        vocab_from, name, flavor, vocab_from);
     return HP_OK;
 }
 

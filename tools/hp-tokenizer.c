@@ -1,10 +1,12 @@
 /* hp-tokenizer: train a byte-level BPE tokenizer.json from text files, and encode / decode
  * with any supported tokenizer.json. docs/tokenizer.md. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyperparallel/file.h"
 #include "hyperparallel/model.h"
 #include "hyperparallel/parse.h"
 #include "hyperparallel/tokenizer.h"
@@ -31,27 +33,6 @@ static void usage(FILE *f) {
 static int fail(const char *what, hp_status_t st) {
     fprintf(stderr, "hp-tokenizer %s: %s: %s\n", what, hp_status_string(st), hp_last_error());
     return 1;
-}
-
-static char *read_all(FILE *f, size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t k = fread(buf + n, 1, cap - n, f);
-        n += k;
-        if (k == 0) break;
-        if (n == cap) {
-            char *p = realloc(buf, cap * 2);
-            if (!p) {
-                free(buf);
-                return NULL;
-            }
-            buf = p;
-            cap *= 2;
-        }
-    }
-    if (buf) *len = n;
-    return buf;
 }
 
 static int cmd_train(int argc, char **argv) {
@@ -149,17 +130,11 @@ static int cmd_encode(int argc, char **argv) {
     if (text) {
         len = strlen(text);
     } else {
-        FILE *f = file ? fopen(file, "rb") : stdin;
-        if (!f) {
-            fprintf(stderr, "hp-tokenizer encode: %s: %s\n", file, strerror(errno));
+        st = file ? hp_file_read_all(file, "text file", SIZE_MAX, &buf, &len)
+                  : hp_file_read_stream(stdin, "stdin", "text", SIZE_MAX, &buf, &len);
+        if (st != HP_OK) {
             hp_tokenizer_free(tok);
-            return 1;
-        }
-        buf = read_all(f, &len);
-        if (file) fclose(f);
-        if (!buf) {
-            hp_tokenizer_free(tok);
-            return fail("encode", HP_ERR_OOM);
+            return fail("encode", st);
         }
         text = buf;
     }
@@ -249,9 +224,11 @@ static int cmd_decode(int argc, char **argv) {
     }
     if (!from_args) {
         size_t len;
-        input = read_all(stdin, &len);
-        if (!input) goto oom;
-        input[len] = 0; /* read_all leaves room: its buffer is always larger than len */
+        hp_status_t rs = hp_file_read_stream(stdin, "stdin", "token ids", SIZE_MAX, &input, &len);
+        if (rs != HP_OK) {
+            rc = fail("decode", rs);
+            goto done;
+        }
         long line = 1;
         for (size_t i = 0; i < len;) {
             if (input[i] && strchr(" \t\r\n", input[i])) {

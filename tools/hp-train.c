@@ -89,10 +89,8 @@ int main(int argc, char **argv) {
     hp_status_t s = cfg && rest ? hp_config_parse_args(cfg, nargs, args, rest, &nrest) : HP_ERR_OOM;
     if (s == HP_OK && nrest > 0 && strncmp(rest[0], "--", 2) == 0) {
         static const char *const flags[] = {"--config", "--nproc", "--help"};
-        char msg[1024];
         hp_flag_unknown_error("command line", rest[0], flags, sizeof flags / sizeof flags[0]);
-        snprintf(msg, sizeof msg, "%s", hp_last_error());
-        s = hp_error(HP_ERR_INVALID_ARG, "%s; config keys are --section.key=value (see --help)", msg);
+        s = hp_error(HP_ERR_INVALID_ARG, "%s; config keys are --section.key=value (see --help)", hp_last_error());
     } else if (s == HP_OK && nrest > 0) {
         s = hp_error(HP_ERR_INVALID_ARG, "unknown argument '%s'; expected --config FILE, --section.key=value or "
                                          "--nproc N (see --help)", rest[0]);

@@ -147,7 +147,8 @@ hp_status_t hp_dtensor_from_local(hp_dtensor_t *out, const hp_tensor_t *local, h
  * local element to `value` (so with a Partial(sum) placement the global value is value times
  * the mesh dim size, as in PyTorch). hp_dtensor_rand draws from the counter-based RNG at the
  * piece's global indices: the result equals the slice of the same tensor drawn whole on one
- * rank, for every layout (DESIGN invariant 2; replicas hold identical values). Partial
+ * rank, for every layout (initialisation does not depend on the layout; replicas hold identical
+ * values). Partial
  * placements are refused by hp_dtensor_rand. */
 hp_status_t hp_dtensor_full(hp_dtensor_t *out, const hp_dtensor_mem_t *mem, hp_dtype_t dtype,
                             int ndim, const int64_t *global_shape, hp_mesh_t mesh, int nplacements,
@@ -170,7 +171,8 @@ hp_status_t hp_dtensor_redistribute(hp_dtensor_t *out, const hp_dtensor_mem_t *m
                                     const hp_dtensor_t *in, int nplacements,
                                     const hp_placement_t *placements);
 /* Scratch bytes a redistribute of `in` to `placements` takes from an arena on this rank,
- * beyond hp_arena_round(result bytes) (invariant 9: size arenas before the step loop). Exact:
+ * beyond hp_arena_round(result bytes) (no allocation in the step loop: arenas are sized before
+ * it). Exact:
  * an arena-mode redistribute peaks at result + this many bytes. An empty result (an empty
  * piece, a rank outside the mesh) takes 0 arena bytes; its data then points at a static
  * placeholder, so an arena sized this way suffices on every rank. */

@@ -4,6 +4,7 @@
 
 #include "status.h"
 #include "parse.h"
+#include "file.h"
 #include "dtype.h"
 #include "arena.h"
 #include "tensor.h"

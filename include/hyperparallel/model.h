@@ -125,7 +125,8 @@ hp_param_t *hp_model_find_param(hp_model_t m, const char *name);   /* NULL if ab
 
 /* tokens/targets: (B, T) int32, B <= max_batch, T <= max_seq_len. targets may be NULL
  * (logits only; loss = 0). loss_sum = sum over valid targets (target != -100) of the
- * cross-entropy; *loss = loss_sum / loss_divisor (DESIGN invariant 7). */
+ * cross-entropy; *loss = loss_sum / loss_divisor (the global number of valid targets, so every
+ * layout has the same loss: docs/architecture.md). */
 hp_status_t hp_model_forward(hp_model_t m, const int32_t *tokens, const int32_t *targets,
                              int B, int T, float loss_divisor, float *loss);
 /* After a forward with targets: backward of loss; accumulates (+=) into every param grad. */
@@ -237,7 +238,8 @@ void hp_model_ctx_destroy(hp_model_ctx_t c);
 size_t hp_model_ctx_bytes(hp_model_ctx_t c);
 /* Starts a micro-batch in the context (drops what it held): tokens (B, T) are needed when
  * the range includes unit 0, targets when it includes the head (NULL: logits only); the
- * loss is sum / loss_divisor (DESIGN invariant 7). pos0: global position of t = 0. */
+ * loss is sum / loss_divisor (the global number of valid targets: docs/architecture.md). pos0:
+ * global position of t = 0. */
 hp_status_t hp_model_ctx_begin(hp_model_ctx_t c, const int32_t *tokens, const int32_t *targets, int B, int T,
                                float loss_divisor);
 /* Forward of units [u0, u1) (inside the model's range). in: unit u0's input (B, T/sp, dim)

@@ -1,4 +1,4 @@
-/* nn: the module protocol (DESIGN section 3) and the CPU kernels of the Llama-family layers.
+/* nn: the module protocol (docs/nn.md) and the CPU kernels of the Llama-family layers.
  * Kernels take raw f32 pointers in the house order (outputs, saved, inputs, weights, sizes;
  * backward: gradients first). Each optimised kernel has a plain reference twin (hp_ref_*)
  * that tests compare it with. Activation-gradient outputs say whether they are written (=)

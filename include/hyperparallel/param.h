@@ -1,5 +1,6 @@
 /* A named parameter: (fully qualified name, DTensor value, DTensor gradient). Optimizers,
- * gradient clipping and checkpoints see only these pairs (DESIGN invariant 3). Names follow
+ * gradient clipping and checkpoints see only these pairs, never a parallelism's internals
+ * (docs/architecture.md, rules every layer keeps). Names follow
  * HF / TorchTitan ("layers.3.attention.wq.weight"). */
 #ifndef HYPERPARALLEL_PARAM_H
 #define HYPERPARALLEL_PARAM_H

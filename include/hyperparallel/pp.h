@@ -4,7 +4,7 @@
  * contexts, SEND_* / RECV_* as tagged asynchronous point-to-point on the pp communicator,
  * UNSHARD / RESHARD / REDUCE_GRAD through the caller's hooks (FSDP). Shapes are fixed at
  * creation from the micro-batch size, so no metadata travels per step. Semantics: PyTorch's
- * _PipelineScheduleRuntime and PipelineStage (pytorch-distributed-semantics.md section 7). */
+ * _PipelineScheduleRuntime and PipelineStage (torch/distributed/pipelining/schedules.py, stage.py). */
 #ifndef HYPERPARALLEL_PP_H
 #define HYPERPARALLEL_PP_H
 

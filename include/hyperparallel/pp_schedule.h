@@ -3,8 +3,7 @@
  * generators of ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B and ScheduleLoopedBFS, the
  * lowering passes (_add_unshard_reshard, _add_reduce_grad, _merge_bw, _add_send_recv),
  * _validate_schedule and the lock-step simulator _simulate_comms_compute. Pure logic: no model,
- * no communicator. Reference: torch/distributed/pipelining/schedules.py
- * (pytorch-distributed-semantics.md section 7). */
+ * no communicator. Reference: torch/distributed/pipelining/schedules.py. */
 #ifndef HYPERPARALLEL_PP_SCHEDULE_H
 #define HYPERPARALLEL_PP_SCHEDULE_H
 
@@ -114,7 +113,7 @@ int hp_pp_schedule_equal(const hp_pp_schedule_t *a, const hp_pp_schedule_t *b);
  * order, one cell per slot, a bubble is an empty cell, rows end in "\r\n". Reading accepts
  * "\n" or "\r\n", cells in double quotes, spaces around actions; every cell is parsed as
  * hp_pp_action_parse and a bad one is reported as "FILE:LINE: cell K: ...". An empty file is an
- * error (a schedule has at least one rank). */
+ * error (a schedule has at least one rank). Saving replaces the file atomically. */
 hp_status_t hp_pp_schedule_save_csv(const hp_pp_schedule_t *s, const char *path);
 hp_status_t hp_pp_schedule_load_csv(const char *path, hp_pp_schedule_t **out);
 /* The same from and to memory; `what` names the text in messages. The string from to_csv is

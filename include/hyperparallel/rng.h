@@ -1,6 +1,7 @@
 /* Counter-based RNG (Philox 4x32-10) keyed by (seed, stream name, global element index).
  * The value of element i of a stream depends only on (seed, name, i), so filling any shard
- * of a tensor gives exactly the values of that slice of the whole tensor (DESIGN invariant 2). */
+ * of a tensor gives exactly the values of that slice of the whole tensor (initialisation does
+ * not depend on the layout). */
 #ifndef HYPERPARALLEL_RNG_H
 #define HYPERPARALLEL_RNG_H
 

@@ -36,6 +36,14 @@ hp_status_t hp_error(hp_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 hp_status_t hp_verror(hp_status_t status, const char *fmt, va_list ap);
 
+/* Puts context in front of the current message and returns `status`:
+ * `return hp_error_prefix(s, "config file '%s': ", path);` turns "line 3: bad key" into
+ * "config file 'a.yaml': line 3: bad key". Use it instead of hp_error(s, "...: %s",
+ * hp_last_error()) when a callee already recorded the reason. (hp_error is safe with
+ * hp_last_error() as an argument too: it formats into a temporary first.) */
+hp_status_t hp_error_prefix(hp_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* The detailed message of the last hp_error() on this thread ("" if none). */
 const char *hp_last_error(void);
 void hp_clear_error(void);

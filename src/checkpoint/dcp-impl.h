@@ -3,11 +3,9 @@
 #define HP_DCP_IMPL_H
 #include <json-c/json.h>
 #include "hyperparallel/checkpoint.h"
+#include "hyperparallel/file.h"
 
 hp_status_t hp_dcp_agree(hp_comm_t comm, hp_status_t s, const char *what);
-hp_status_t hp_dcp_fsync_path(const char *path, int is_dir);
-hp_status_t hp_dcp_mkdirs(const char *path);
-hp_status_t hp_dcp_rmtree(const char *path);
 /* Copies box `len` starting at src_off inside a contiguous chunk (sizes csz, dtype sdt) to
  * dst (any strides, dtype of dst) at dst_off. */
 void hp_dcp_copy_box(hp_tensor_t *dst, const int64_t *dst_off, const void *src, hp_dtype_t sdt,
@@ -19,6 +17,9 @@ typedef struct hp_dcp_box {
     int64_t g[HP_MAX_DIMS], s[HP_MAX_DIMS], l[HP_MAX_DIMS];
 } hp_dcp_box_t;
 hp_status_t hp_dcp_local_boxes(const hp_dtensor_t *t, hp_dcp_box_t **boxes, int *n);
+/* Writes o as indented JSON (json-c's pretty, spaced form, '/' unescaped) to path, atomically
+ * (hp_file_write_atomic): HF's config.json, index files and the converter's own records. */
+hp_status_t hp_dcp_write_json(const char *path, json_object *o);
 /* Strict JSON (UTF-8 checked, one value, only white space after it) of at most max_bytes;
  * `kind` names the document in messages, `hint` ends a parse error's message. */
 hp_status_t hp_dcp_json_parse(const char *json, size_t len, size_t max_bytes, const char *what, const char *kind,

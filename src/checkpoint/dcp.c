@@ -35,60 +35,6 @@ hp_status_t hp_dcp_agree(hp_comm_t comm, hp_status_t s, const char *what) {
     return hp_comm_agree(comm, s, NULL);
 }
 
-hp_status_t hp_dcp_fsync_path(const char *path, int is_dir) {
-    int fd = open(path, is_dir ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-    if (fd < 0) return hp_error(HP_ERR_IO, "%s: cannot open for fsync: %s", path, strerror(errno));
-    int r = fsync(fd);
-    int e = errno;
-    close(fd);
-    if (r != 0) return hp_error(HP_ERR_IO, "%s: fsync failed: %s", path, strerror(e));
-    return HP_OK;
-}
-
-hp_status_t hp_dcp_mkdirs(const char *path) {
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf) return hp_error(HP_ERR_INVALID_ARG, "directory path '%s' is empty or too long", path);
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] == '/' || buf[i] == '\0') {
-            char c = buf[i];
-            buf[i] = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return hp_error(HP_ERR_IO, "cannot create directory %s: %s (check permissions and the path)",
-                                buf, strerror(errno));
-            buf[i] = c;
-        }
-    }
-    return HP_OK;
-}
-
-hp_status_t hp_dcp_rmtree(const char *path) {
-    DIR *d = opendir(path);
-    if (!d) {
-        if (errno == ENOENT) return HP_OK;
-        if (unlink(path) == 0) return HP_OK;
-        return hp_error(HP_ERR_IO, "cannot remove %s: %s", path, strerror(errno));
-    }
-    struct dirent *e;
-    hp_status_t s = HP_OK;
-    while ((e = readdir(d)) != NULL) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char sub[4096];
-        snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-        struct stat sb;
-        if (lstat(sub, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-            hp_status_t r = hp_dcp_rmtree(sub);
-            if (s == HP_OK) s = r;
-        } else if (unlink(sub) != 0 && s == HP_OK) {
-            s = hp_error(HP_ERR_IO, "cannot remove %s: %s", sub, strerror(errno));
-        }
-    }
-    closedir(d);
-    if (rmdir(path) != 0 && s == HP_OK) s = hp_error(HP_ERR_IO, "cannot remove %s: %s", path, strerror(errno));
-    return s;
-}
-
 hp_status_t hp_dcp_purge(const char *folder, int64_t keep) {
     if (keep <= 0) return HP_OK;
     int64_t steps[4096];
@@ -99,19 +45,9 @@ hp_status_t hp_dcp_purge(const char *folder, int64_t keep) {
         char d[4096];
         snprintf(d, sizeof d, "%s/step-%lld", folder, (long long)steps[i]);
         hp_log(HP_LOG_INFO, "checkpoint: removing %s (keep_latest_k = %lld)", d, (long long)keep);
-        if (hp_dcp_rmtree(d) != HP_OK) hp_log(HP_LOG_WARN, "checkpoint purge: %s", hp_last_error());
+        if (hp_file_rmtree(d) != HP_OK) hp_log(HP_LOG_WARN, "checkpoint purge: %s", hp_last_error());
     }
     return HP_OK;
-}
-
-static void parent_of(const char *path, char *out, size_t n) {
-    snprintf(out, n, "%s", path);
-    size_t l = strlen(out);
-    while (l > 1 && out[l - 1] == '/') out[--l] = '\0';
-    char *slash = strrchr(out, '/');
-    if (!slash) snprintf(out, n, ".");
-    else if (slash == out) out[1] = '\0';
-    else *slash = '\0';
 }
 
 /* ---- state helpers ------------------------------------------------------------------------ */
@@ -331,7 +267,7 @@ static hp_status_t make_plan(const hp_dcp_state_t *st, hp_comm_t comm, plan_t *p
     size_t len = 2;
     for (int i = 0; i < p->nt && s == HP_OK; i++) {
         s = hp_dcp_local_boxes(st->tensors[i].t, &p->mine[i], &p->n_mine[i]);
-        if (s != HP_OK) s = hp_error(s, "tensor '%s': %s", st->tensors[i].name, hp_last_error());
+        if (s != HP_OK) s = hp_error_prefix(s, "tensor '%s': ", st->tensors[i].name);
         len += 1 + (size_t)p->n_mine[i] * 2 * (size_t)tensor_ndim(&st->tensors[i]);
     }
     len += (size_t)st->n_blobs;
@@ -659,34 +595,13 @@ static hp_status_t run_job(const write_job_t *j) {
 
 /* ---- commit ------------------------------------------------------------------------------- */
 
-/* Rank 0: metadata last, fsync, rename tmp -> dir (replacing an older dir of the same name),
- * fsync the parent. */
+/* Rank 0: metadata last (atomic write: fsync of it and of tmpdir), then tmpdir replaces dir (an
+ * older dir of the same name, from re-saving a step, is moved aside and dropped after). */
 static hp_status_t commit_rank0(const char *tmpdir, const char *dir, const char *meta) {
-    char path[4400], tpath[4500];
+    char path[4400];
     snprintf(path, sizeof path, "%s/%s", tmpdir, HP_DCP_METADATA_FILE);
-    snprintf(tpath, sizeof tpath, "%s.tmp", path);
-    FILE *f = fopen(tpath, "wb");
-    if (!f) return hp_error(HP_ERR_IO, "%s: cannot create: %s", tpath, strerror(errno));
-    size_t n = strlen(meta);
-    int ok = fwrite(meta, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    int e = errno;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok) return hp_error(HP_ERR_IO, "%s: write failed: %s (disk full?)", tpath, strerror(e));
-    if (rename(tpath, path) != 0) return hp_error(HP_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
-    HP_TRY(hp_dcp_fsync_path(tmpdir, 1));
-    struct stat sb;
-    char old[4200] = "";
-    if (stat(dir, &sb) == 0) {
-        /* re-saving a step: move the old one aside first, drop it after the new one is in */
-        snprintf(old, sizeof old, "%s.old-%ld", dir, (long)getpid());
-        if (rename(dir, old) != 0) return hp_error(HP_ERR_IO, "cannot move the existing %s aside: %s", dir, strerror(errno));
-    }
-    if (rename(tmpdir, dir) != 0) return hp_error(HP_ERR_IO, "cannot rename %s to %s: %s", tmpdir, dir, strerror(errno));
-    char parent[4096];
-    parent_of(dir, parent, sizeof parent);
-    HP_TRY(hp_dcp_fsync_path(parent, 1));
-    if (old[0]) HP_TRY(hp_dcp_rmtree(old));
-    return HP_OK;
+    HP_TRY(hp_file_write_atomic(path, meta, strlen(meta)));
+    return hp_file_replace_dir(tmpdir, dir);
 }
 
 static int64_t step_of_dir(const char *dir) {
@@ -710,7 +625,7 @@ static hp_status_t prepare_tmpdir(const char *dir, hp_comm_t comm, char *tmpdir,
     if (comm && csize(comm) > 1) HP_TRY(hp_broadcast(&token, 1, HP_I64, 0, comm, NULL));
     snprintf(tmpdir, n, "%s.tmp-%llx", dir, (unsigned long long)token);
     hp_status_t s = HP_OK;
-    if (crank(comm) == 0) s = hp_dcp_mkdirs(tmpdir);
+    if (crank(comm) == 0) s = hp_file_mkdirs(tmpdir);
     s = hp_dcp_agree(comm, s, "checkpoint: creating the temporary directory");
     return s;
 }
@@ -738,7 +653,7 @@ static hp_status_t finish_save(const char *tmpdir, const char *dir, const meta_d
     if (mx[0] != 0) hp_dcp_interrupt((int)mx[0]);   /* every rank learns it, also those the signal has not reached yet */
     if (s != HP_OK && mx[0] != 0) {
         if (crank(comm) == 0) {
-            hp_status_t r = hp_dcp_rmtree(tmpdir);
+            hp_status_t r = hp_file_rmtree(tmpdir);
             hp_log(HP_LOG_WARN, "checkpoint %s abandoned after signal %lld; %s %s", dir, (long long)mx[0],
                    r == HP_OK ? "removed the partial" : "could not remove the partial", tmpdir);
         }

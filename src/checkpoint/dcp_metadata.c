@@ -283,6 +283,12 @@ static hp_status_t parse_root(json_object *root, hp_dcp_metadata_t md, const cha
 
 /* Strict JSON (UTF-8 checked, one value, only white space after it) of at most max_bytes;
  * `kind` names the document in messages, `hint` ends a parse error's message. */
+hp_status_t hp_dcp_write_json(const char *path, json_object *o) {
+    const char *txt = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+                                                            JSON_C_TO_STRING_NOSLASHESCAPE);
+    return hp_file_write_atomic(path, txt, strlen(txt));
+}
+
 hp_status_t hp_dcp_json_parse(const char *json, size_t len, size_t max_bytes, const char *what, const char *kind,
                               const char *hint, json_object **out) {
     *out = NULL;
@@ -333,29 +339,14 @@ hp_status_t hp_dcp_metadata_parse(const char *json, size_t len, const char *what
 hp_status_t hp_dcp_metadata_read(const char *dir, hp_dcp_metadata_t *out) {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, HP_DCP_METADATA_FILE);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return hp_error(errno == ENOENT ? HP_ERR_NOT_FOUND : HP_ERR_IO,
-                        "%s: cannot open: %s (not a committed checkpoint directory?)", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || sb.st_size > (off_t)256 << 20) {
-        fclose(f);
-        return hp_error(HP_ERR_FORMAT, "%s: cannot stat or larger than 256 MiB", path);
-    }
-    size_t n = (size_t)sb.st_size;
-    char *buf = hp_malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        return HP_ERR_OOM;
-    }
-    size_t got = fread(buf, 1, n, f);
-    fclose(f);
-    if (got != n) {
-        free(buf);
-        return hp_error(HP_ERR_IO, "%s: short read (%zu of %zu bytes)", path, got, n);
-    }
-    buf[n] = '\0';
-    hp_status_t s = hp_dcp_metadata_parse(buf, n, path, out);
+    char *buf;
+    size_t n;
+    hp_status_t s = hp_file_read_all(path, "checkpoint metadata", (size_t)256 << 20, &buf, &n);
+    if (s == HP_ERR_IO)   // a missing file: not a checkpoint (yet), which callers tell from a failed read
+        return hp_error(access(path, F_OK) != 0 && errno == ENOENT ? HP_ERR_NOT_FOUND : s,
+                        "%s (not a committed checkpoint directory?)", hp_last_error());
+    HP_TRY(s);
+    s = hp_dcp_metadata_parse(buf, n, path, out);
     free(buf);
     return s;
 }

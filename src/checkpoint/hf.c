@@ -143,18 +143,6 @@ int hp_hf_is_hf_dir(const char *dir) {
     return access(p, R_OK) == 0;
 }
 
-static hp_status_t write_text(const char *path, const char *text) {
-    char tmp[4300];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return hp_error(HP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    size_t n = strlen(text);
-    int ok = fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok) return hp_error(HP_ERR_IO, "%s: write failed (disk full?)", tmp);
-    if (rename(tmp, path) != 0) return hp_error(HP_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
-    return HP_OK;
-}
 
 hp_status_t hp_hf_write_config(const char *dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
                                hp_dtype_t dtype) {
@@ -165,7 +153,7 @@ hp_status_t hp_hf_write_config(const char *dir, const hp_hf_adapter_t *a, const 
                         "mapping)", mc->name);
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    hp_status_t s = write_text(path, text);
+    hp_status_t s = hp_file_write_atomic(path, text, strlen(text));
     free(text);
     return s;
 }
@@ -189,7 +177,7 @@ hp_status_t hp_hf_export(const char *dir, const hp_hf_adapter_t *a, const hp_mod
         return hp_error(HP_ERR_INVALID_ARG, "HF export: dtype %s; expected f32 or bf16", hp_dtype_name(dtype));
     if (!max_shard_bytes) max_shard_bytes = (size_t)5 << 30;
     hp_status_t s = HP_OK;
-    if (rank == 0) s = hp_dcp_mkdirs(dir);
+    if (rank == 0) s = hp_file_mkdirs(dir);
     HP_TRY(hp_dcp_agree(comm, s, "HF export: creating the directory"));
     /* every rank takes part in the gathers; rank 0 keeps the data. Entries: one per
      * parameter, E per routed-expert parameter (views of its expert slices, owner moe) */
@@ -291,11 +279,10 @@ hp_status_t hp_hf_export(const char *dir, const hp_hf_adapter_t *a, const hp_mod
             json_object_object_add(idx, "weight_map", wm);
             char path[4200];
             snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-            s = write_text(path, json_object_to_json_string_ext(idx, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
-                                                                         JSON_C_TO_STRING_NOSLASHESCAPE));
+            s = hp_dcp_write_json(path, idx);
             json_object_put(idx);
             if (s == HP_OK) s = hp_hf_write_config(dir, a, mc, dtype);
-            if (s == HP_OK) s = hp_dcp_fsync_path(dir, 1);
+            if (s == HP_OK) s = hp_file_fsync(dir);
         } else {
             json_object_put(wm);
         }

@@ -115,7 +115,7 @@ static hp_status_t plan_tensors(const hp_hf_adapter_t *a, const hp_model_config_
     *n = model_specs(a, mc, spec);
     *m = *n < 0 ? -1 : hf_entries(a, *spec, *n, ent);
     if (*n >= 0 && *m >= 0) return HP_OK;
-    hp_status_t e = hp_error(HP_ERR_INVALID_ARG, "%s: %s", what, hp_last_error());
+    hp_status_t e = hp_error_prefix(HP_ERR_INVALID_ARG, "%s: ", what);
     free(*spec);
     free(*ent);
     *spec = NULL;
@@ -175,21 +175,6 @@ static hp_status_t grow(void **buf, size_t *cap, size_t n) {
     *buf = malloc(n ? n : 1);
     *cap = *buf ? n : 0;
     if (!*buf) return hp_error(HP_ERR_OOM, "HF conversion: no memory for a tensor of %zu bytes", n);
-    return HP_OK;
-}
-
-static hp_status_t write_json(const char *path, json_object *o) {
-    char tmp[4300];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    const char *txt = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
-                                                            JSON_C_TO_STRING_NOSLASHESCAPE);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return hp_error(HP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    size_t n = strlen(txt);
-    int ok = fwrite(txt, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok) return hp_error(HP_ERR_IO, "%s: write failed (disk full?)", tmp);
-    if (rename(tmp, path) != 0) return hp_error(HP_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
     return HP_OK;
 }
 
@@ -399,25 +384,6 @@ static hp_status_t check_config(const char *dir, const hp_hf_adapter_t *a, const
     return HP_OK;
 }
 
-/* Moves tmp to out (an older out is moved aside first and removed after). */
-static hp_status_t commit_dir(const char *tmp, const char *out) {
-    char old[4300];
-    snprintf(old, sizeof old, "%s.old-hf", out);
-    struct stat sb;
-    int had = stat(out, &sb) == 0;
-    if (had) {
-        hp_dcp_rmtree(old);
-        if (rename(out, old) != 0) return hp_error(HP_ERR_IO, "%s: cannot move the older copy aside: %s", out, strerror(errno));
-    }
-    if (rename(tmp, out) != 0) return hp_error(HP_ERR_IO, "%s: rename from %s failed: %s", out, tmp, strerror(errno));
-    if (had) hp_dcp_rmtree(old);
-    char parent[4300];
-    snprintf(parent, sizeof parent, "%s", out);
-    char *sl = strrchr(parent, '/');
-    if (sl) *sl = 0;
-    else snprintf(parent, sizeof parent, ".");
-    return hp_dcp_fsync_path(parent[0] ? parent : "/", 1);
-}
 
 hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
                                  const char *out_dir, hp_comm_t comm, hp_hf_convert_stats_t *stats) {
@@ -447,8 +413,8 @@ hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_hf_adapter_t *a, c
     char tmp[4300];
     snprintf(tmp, sizeof tmp, "%s.tmp-hf", out_dir);
     if (rank == 0) {
-        hp_dcp_rmtree(tmp);
-        s = hp_dcp_mkdirs(tmp);
+        hp_file_rmtree(tmp);
+        s = hp_file_mkdirs(tmp);
     }
     HP_TRY(hp_dcp_agree(comm, s, "HF conversion: creating the output directory"));
     int k = 0;
@@ -523,11 +489,11 @@ hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_hf_adapter_t *a, c
         json_object_object_add(root, "tensors", tens);
         json_object_object_add(root, "blobs", json_object_new_object());
         snprintf(path, sizeof path, "%s/metadata.json", tmp);
-        s = write_json(path, root);
+        s = hp_dcp_write_json(path, root);
         json_object_put(root);
-        if (s == HP_OK) s = hp_dcp_fsync_path(tmp, 1);
-        if (s == HP_OK) s = commit_dir(tmp, out_dir);
-        if (s != HP_OK) hp_dcp_rmtree(tmp);
+        if (s == HP_OK) s = hp_file_fsync(tmp);
+        if (s == HP_OK) s = hp_file_replace_dir(tmp, out_dir);
+        if (s != HP_OK) hp_file_rmtree(tmp);
     }
     free(spec);
     free(ent);
@@ -700,7 +666,7 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_hf_adapter_t *a
         file_of[j] = nfiles;
         if (stats && (int64_t)nb > stats->largest_tensor_bytes) stats->largest_tensor_bytes = (int64_t)nb;
     }
-    if (s == HP_OK && rank == 0) s = hp_dcp_mkdirs(out_dir);
+    if (s == HP_OK && rank == 0) s = hp_file_mkdirs(out_dir);
     HP_TRY(hp_dcp_agree(comm, s, "HF export: creating the directory"));
     from_dcp_t c;
     memset(&c, 0, sizeof c);
@@ -745,10 +711,10 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_hf_adapter_t *a
         json_object_object_add(ix, "weight_map", wm);
         char path[4400];
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
-        s = write_json(path, ix);
+        s = hp_dcp_write_json(path, ix);
         json_object_put(ix);
         if (s == HP_OK) s = hp_hf_write_config(out_dir, a, mc, dtype);
-        if (s == HP_OK) s = hp_dcp_fsync_path(out_dir, 1);
+        if (s == HP_OK) s = hp_file_fsync(out_dir);
     }
     free(spec);
     free(ent);

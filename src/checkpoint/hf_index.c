@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "hyperparallel/safetensors.h"
 #include "dcp-impl.h"
@@ -109,23 +110,12 @@ hp_status_t hp_hf_index_parse(const char *json, size_t len, const char *what, hp
 
 hp_status_t hp_hf_index_read(const char *path, hp_hf_index_t *out) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return hp_error(errno == ENOENT ? HP_ERR_NOT_FOUND : HP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > (off_t)64 << 20) {
-        fclose(f);
-        return hp_error(HP_ERR_FORMAT, "%s: not a regular file or larger than 64 MiB", path);
-    }
-    size_t n = (size_t)sb.st_size;
-    char *buf = hp_malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        return HP_ERR_OOM;
-    }
-    size_t got = fread(buf, 1, n, f);
-    fclose(f);
-    hp_status_t s = got == n ? hp_hf_index_parse(buf, n, path, out)
-                             : hp_error(HP_ERR_IO, "%s: short read (%zu of %zu bytes)", path, got, n);
+    char *buf;
+    size_t n;
+    hp_status_t s = hp_file_read_all(path, "safetensors index", (size_t)64 << 20, &buf, &n);
+    if (s != HP_OK)   // a missing index is HP_ERR_NOT_FOUND, as before the shared reader
+        return access(path, F_OK) != 0 && errno == ENOENT ? hp_error(HP_ERR_NOT_FOUND, "%s", hp_last_error()) : s;
+    s = hp_hf_index_parse(buf, n, path, out);
     free(buf);
     return s;
 }

@@ -3,6 +3,7 @@
  * entry's dtype, shape (overflow-checked element and byte counts) and data_offsets, and that
  * the tensors tile the data section exactly (no overlap, no hole, nothing past the end). */
 #include "hyperparallel/safetensors.h"
+#include "hyperparallel/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -153,11 +154,7 @@ static hp_status_t parse_entry(hp_safetensors_t st, const char *name, struct jso
         return hp_error(HP_ERR_FORMAT, "%s: tensor '%s' needs \"data_offsets\": [begin, end]", w, name);
 
     hp_status_t s = hp_st_dtype_from_name(json_object_get_string(jd), &info->dtype);
-    if (s != HP_OK) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", hp_last_error());
-        return hp_error(s, "%s: tensor '%s': %s", w, name, msg);
-    }
+    if (s != HP_OK) return hp_error_prefix(s, "%s: tensor '%s': ", w, name);
     size_t nd = json_object_array_length(js);
     if (nd > HP_MAX_DIMS)
         return hp_error(HP_ERR_FORMAT, "%s: tensor '%s' has %zu dims; at most %d are supported",
@@ -795,51 +792,24 @@ static hp_status_t write_impl(const char *path, const hp_st_entry_t *entries, in
         json_object_object_add(root, entries[i].name, e);
         off += plan[i].nbytes;
     }
-    char *tmp_path = NULL;
-    FILE *f = NULL;
-    int fd = -1;
-    if (s == HP_OK) {
+    if (s == HP_OK) {   // atomic: a temporary beside path, fsync'ed and renamed over it
         const char *js = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN);
         size_t jl = strlen(js);
         size_t padded = (jl + 7) / 8 * 8;
-        size_t plen = strlen(path) + 16;
-        tmp_path = malloc(plen);
-        if (!tmp_path) {
-            s = hp_error(HP_ERR_OOM, "%s: no memory", path);
-        } else {
-            snprintf(tmp_path, plen, "%s.tmpXXXXXX", path);
-            fd = mkstemp(tmp_path);
-            if (fd < 0) s = hp_error(HP_ERR_IO, "%s: cannot create a temporary file next to it: %s",
-                                     path, strerror(errno));
-        }
-        if (s == HP_OK) {
-            fchmod(fd, 0644);
-            f = fdopen(fd, "wb");
-            if (!f) s = hp_error(HP_ERR_IO, "%s: fdopen failed: %s", tmp_path, strerror(errno));
-        }
+        char *tmp_path = NULL;
+        FILE *f = NULL;
+        s = hp_file_atomic_begin(path, &f, &tmp_path);
         if (s == HP_OK) {
             unsigned char lenb[8];
             for (int i = 0; i < 8; i++) lenb[i] = (unsigned char)((uint64_t)padded >> (8 * i));
             s = write_all(f, lenb, 8, path);
             if (s == HP_OK) s = write_all(f, js, jl, path);
             for (size_t i = jl; s == HP_OK && i < padded; i++) s = write_all(f, " ", 1, path);
+            for (int i = 0; s == HP_OK && i < n; i++) s = write_entry_data(f, &entries[i], &plan[i], path, xxh3 ? &xxh3[i] : NULL, fill, ctx, i);
+            if (s == HP_OK) s = hp_file_atomic_commit(path, f, tmp_path);
+            else hp_file_atomic_cancel(f, tmp_path);
         }
-        for (int i = 0; s == HP_OK && i < n; i++) s = write_entry_data(f, &entries[i], &plan[i], path, xxh3 ? &xxh3[i] : NULL, fill, ctx, i);
-        if (s == HP_OK && fflush(f) != 0)
-            s = hp_error(HP_ERR_IO, "%s: flush failed: %s", path, strerror(errno));
-        if (s == HP_OK && fsync(fileno(f)) != 0)
-            s = hp_error(HP_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
-        if (f) {
-            if (fclose(f) != 0 && s == HP_OK)
-                s = hp_error(HP_ERR_IO, "%s: close failed: %s", path, strerror(errno));
-        } else if (fd >= 0) {
-            close(fd);
-        }
-        if (s == HP_OK && rename(tmp_path, path) != 0)
-            s = hp_error(HP_ERR_IO, "%s: rename from %s failed: %s", path, tmp_path, strerror(errno));
-        if (s != HP_OK && fd >= 0) unlink(tmp_path);
     }
-    free(tmp_path);
     json_object_put(root);
     free(plan);
     return s;

@@ -185,6 +185,17 @@ static _Noreturn void mpi_abort_job(void *ctx, int code) {
     _exit(code ? code : 1);
 }
 
+/* The start of a collective over one block of n elements per rank: n and the whole buffer
+ * (n * size) as MPI counts, the request slot (NULL: blocking), this rank and the size. */
+static hp_status_t blocks_begin(void *ctx, size_t n, hp_breq_t *req, int async, int *cnt, MPI_Request **rq,
+                                int *rank, int *size) {
+    HP_TRY(icount(n, cnt));
+    HP_TRY(req_one(req, async, rq));
+    MPI_CHECK(MPI_Comm_rank(C(ctx), rank));
+    MPI_CHECK(MPI_Comm_size(C(ctx), size));
+    return icount(n * (size_t)*size, &(int){0});
+}
+
 static hp_status_t mpi_all_reduce(void *ctx, const void *s, void *r, size_t n, hp_dtype_t dt,
                                   hp_redop_t op, hp_breq_t *req, int async) {
     int cnt = 0;
@@ -225,11 +236,7 @@ static hp_status_t mpi_all_gather(void *ctx, const void *s, void *r, size_t n, h
                                   hp_breq_t *req, int async) {
     int cnt = 0, rank, size;
     MPI_Request *rq;
-    HP_TRY(icount(n, &cnt));
-    HP_TRY(req_one(req, async, &rq));
-    MPI_CHECK(MPI_Comm_rank(C(ctx), &rank));
-    MPI_CHECK(MPI_Comm_size(C(ctx), &size));
-    HP_TRY(icount(n * (size_t)size, &(int){0}));
+    HP_TRY(blocks_begin(ctx, n, req, async, &cnt, &rq, &rank, &size));
     const void *sb = (s == (const char *)r + (size_t)rank * n * hp_dtype_size(dt)) ? MPI_IN_PLACE : s;
     if (rq) MPI_CHECK(MPI_Iallgather(sb, cnt, mpi_type(dt), r, cnt, mpi_type(dt), C(ctx), rq));
     else MPI_CHECK(MPI_Allgather(sb, cnt, mpi_type(dt), r, cnt, mpi_type(dt), C(ctx)));
@@ -242,11 +249,7 @@ static hp_status_t mpi_reduce_scatter(void *ctx, const void *s, void *r, size_t 
                                       hp_dtype_t dt, hp_redop_t op, hp_breq_t *req, int async) {
     int cnt = 0, rank, size;
     MPI_Request *rq;
-    HP_TRY(icount(n, &cnt));
-    HP_TRY(req_one(req, async, &rq));
-    MPI_CHECK(MPI_Comm_rank(C(ctx), &rank));
-    MPI_CHECK(MPI_Comm_size(C(ctx), &size));
-    HP_TRY(icount(n * (size_t)size, &(int){0}));
+    HP_TRY(blocks_begin(ctx, n, req, async, &cnt, &rq, &rank, &size));
     int inplace = (r == (const char *)s + (size_t)rank * n * hp_dtype_size(dt));
     const void *sb = inplace ? MPI_IN_PLACE : s;
     void *rb = inplace ? (void *)s : r;
@@ -305,11 +308,7 @@ static hp_status_t mpi_gather(void *ctx, const void *s, void *r, size_t n, hp_dt
                               int root, hp_breq_t *req, int async) {
     int cnt = 0, rank, size;
     MPI_Request *rq;
-    HP_TRY(icount(n, &cnt));
-    HP_TRY(req_one(req, async, &rq));
-    MPI_CHECK(MPI_Comm_rank(C(ctx), &rank));
-    MPI_CHECK(MPI_Comm_size(C(ctx), &size));
-    HP_TRY(icount(n * (size_t)size, &(int){0}));
+    HP_TRY(blocks_begin(ctx, n, req, async, &cnt, &rq, &rank, &size));
     const void *sb = s;
     if (rank == root && s == (const char *)r + (size_t)rank * n * hp_dtype_size(dt)) sb = MPI_IN_PLACE;
     if (rq) MPI_CHECK(MPI_Igather(sb, cnt, mpi_type(dt), r, cnt, mpi_type(dt), root, C(ctx), rq));
@@ -321,11 +320,7 @@ static hp_status_t mpi_scatter(void *ctx, const void *s, void *r, size_t n, hp_d
                                int root, hp_breq_t *req, int async) {
     int cnt = 0, rank, size;
     MPI_Request *rq;
-    HP_TRY(icount(n, &cnt));
-    HP_TRY(req_one(req, async, &rq));
-    MPI_CHECK(MPI_Comm_rank(C(ctx), &rank));
-    MPI_CHECK(MPI_Comm_size(C(ctx), &size));
-    HP_TRY(icount(n * (size_t)size, &(int){0}));
+    HP_TRY(blocks_begin(ctx, n, req, async, &cnt, &rq, &rank, &size));
     void *rb = r;
     if (rank == root && r == (const char *)s + (size_t)rank * n * hp_dtype_size(dt)) rb = MPI_IN_PLACE;
     if (rq) MPI_CHECK(MPI_Iscatter(s, cnt, mpi_type(dt), rb, cnt, mpi_type(dt), root, C(ctx), rq));

@@ -34,8 +34,12 @@ double hp_clock_now_seconds(void) {
 
 static _Thread_local char last_error[2048];
 
+/* Formats into a temporary first: an argument may be hp_last_error() itself (the buffer being
+ * written), which vsnprintf straight into last_error would overwrite while reading it. */
 hp_status_t hp_verror(hp_status_t status, const char *fmt, va_list ap) {
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    char msg[sizeof last_error];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    memcpy(last_error, msg, sizeof msg);
     return status;
 }
 
@@ -44,6 +48,18 @@ hp_status_t hp_error(hp_status_t status, const char *fmt, ...) {
     va_start(ap, fmt);
     hp_verror(status, fmt, ap);
     va_end(ap);
+    return status;
+}
+
+hp_status_t hp_error_prefix(hp_status_t status, const char *fmt, ...) {
+    char msg[sizeof last_error];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (n < 0) n = 0;
+    if ((size_t)n < sizeof msg) snprintf(msg + n, sizeof msg - (size_t)n, "%s", last_error[0] ? last_error : hp_status_string(status));
+    memcpy(last_error, msg, sizeof msg);
     return status;
 }
 

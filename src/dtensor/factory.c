@@ -1,6 +1,7 @@
 /* DTensor factories (torch.distributed.tensor.zeros/ones/full/rand): each rank allocates and
  * fills only its own piece; random fills use the piece's global indices, so any layout gives
- * the values of the same tensor drawn whole (DESIGN invariant 2). */
+ * the values of the same tensor drawn whole (initialisation does not depend on the layout:
+ * docs/architecture.md, rules every layer keeps). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -240,11 +240,8 @@ hp_status_t hp_dtensor_global_offset(const hp_dtensor_t *t, int64_t *offset) {
     }
     hp_status_t st = hp_dtensor_compute_local_shape_and_offset(ls, offset, nd, t->global_shape,
                                                                t->mesh, t->mesh_ndim, t->placements);
-    if (st != HP_OK) {   /* a bad descriptor is the caller's input, not an invariant: report it */
-        char why[512];
-        snprintf(why, sizeof why, "%s", hp_last_error());
-        return hp_error(st, "hp_dtensor_global_offset: invalid DTensor: %s", why);
-    }
+    /* a bad descriptor is the caller's input, not an invariant: report it */
+    if (st != HP_OK) return hp_error_prefix(st, "hp_dtensor_global_offset: invalid DTensor: ");
     return HP_OK;
 }
 

@@ -275,11 +275,7 @@ hp_status_t hp_hf_read_config(const char *dir, hp_model_config_t *out) {
     json_object_put(o);
     if (s != HP_OK) return s;
     s = hp_model_config_validate(&mc);
-    if (s != HP_OK) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", hp_last_error());
-        return hp_error(s, "%s: %s", path, msg);
-    }
+    if (s != HP_OK) return hp_error_prefix(s, "%s: ", path);
     *out = mc;
     return HP_OK;
 }

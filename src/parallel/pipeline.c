@@ -92,7 +92,7 @@ static hp_status_t make_schedule(hp_pipeline_t *pl, const hp_pipeline_options_t 
     }
     hp_status_t s = hp_pp_lower(compute, pl->S, pl->n_mb, &pl->sched, pl->stage_to_rank);
     hp_pp_schedule_free(compute);
-    if (s != HP_OK && csv) return hp_error(s, "%s '%s': %s", key_csv, o->schedule_csv, hp_last_error());
+    if (s != HP_OK && csv) return hp_error_prefix(s, "%s '%s': ", key_csv, o->schedule_csv);
     return s;
 }
 
@@ -115,7 +115,7 @@ static hp_status_t split_units(hp_pipeline_t *pl, const hp_pipeline_options_t *o
         single = csv_stages <= pp;
     } else {
         hp_status_t ks = hp_pp_kind_from_name(o->schedule, &kind);
-        if (ks != HP_OK) return hp_error(ks, "parallelism.pipeline_parallel_schedule: %s", hp_last_error());
+        if (ks != HP_OK) return hp_error_prefix(ks, "parallelism.pipeline_parallel_schedule: ");
         single = hp_pp_kind_is_single_stage(kind);
         // the V schedules (ZBVZeroBubble, DualPipeV): rank r holds stages r and 2 pp - 1 - r, so
         // the first and the last stage share rank 0; a tied weight would have two copies there
@@ -213,7 +213,7 @@ hp_status_t hp_pipeline_split(const hp_model_config_t *cfg, const hp_parallel_di
     if (st == HP_OK && pl->n_local == 0)
         st = hp_error(HP_ERR_INVALID_ARG, "pipeline: pp rank %d holds no stage of %d", pl->coord, pl->S);
     const int np_total = st == HP_OK ? hp_model_describe_params(cfg, 0, cfg->n_layers + 2, NULL, 0) : 0;
-    if (st == HP_OK && np_total < 0) st = hp_error(HP_ERR_INVALID_ARG, "pipeline: %s", hp_last_error());
+    if (st == HP_OK && np_total < 0) st = hp_error_prefix(HP_ERR_INVALID_ARG, "pipeline: ");
     hp_parallel_t p = NULL;
     if (st == HP_OK) st = hp_parallel_new(pl->n_local, batch, seq_len, np_total, &p);
     if (st != HP_OK) {

@@ -583,9 +583,7 @@ static hp_status_t encode_error(hp_dataloader_t dl, hp_status_t st, int64_t doc,
                         path, (long long)line, (unsigned char)text[bad],
                         dl->ds->fmt == FMT_TEXT ? " at column " : " at byte ", dl->ds->fmt == FMT_TEXT ? col : bad + 1);
     }
-    char why[1536];
-    snprintf(why, sizeof why, "%s", hp_last_error());
-    return hp_error(st, "data file '%s': line %lld: cannot encode the document: %s", path, (long long)d->line, why);
+    return hp_error_prefix(st, "data file '%s': line %lld: cannot encode the document: ", path, (long long)d->line);
 }
 
 /* Appends BOS + encode(document pos) + EOS to the buffer. */

@@ -2,6 +2,7 @@
  * formulas), memory from /proc/self/status, ETA, and the three sinks (console line, JSONL,
  * TensorBoard). Also the start-up GEMM that measures a peak when none is configured. */
 #include "hyperparallel/metrics.h"
+#include "hyperparallel/file.h"
 
 #include "hyperparallel/backend.h"
 #include <errno.h>
@@ -126,22 +127,15 @@ hp_status_t hp_metrics_create(const hp_metrics_options_t *o, hp_metrics_t *out) 
     if (o->peak_flops == 0 && o->flops_per_token > 0) st = hp_measure_peak_flops(0.5, &m->peak);
     if (st == HP_OK && o->jsonl_path && *o->jsonl_path) {
         snprintf(m->jsonl_path, sizeof m->jsonl_path, "%s", o->jsonl_path);
-        /* Create the file's folder (and parents); fopen below reports what still fails. */
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s", o->jsonl_path);
-        char *slash = strrchr(dir, '/');
-        if (slash && slash != dir) {
-            *slash = '\0';
-            for (char *p = dir + 1; *p; p++)
-                if (*p == '/') {
-                    *p = '\0';
-                    mkdir(dir, 0755);
-                    *p = '/';
-                }
-            mkdir(dir, 0755);
+        char dir[4096];   // the file's folder, with its parents
+        st = hp_file_mkdirs(hp_file_parent(o->jsonl_path, dir, sizeof dir));
+        if (st != HP_OK) {
+            st = hp_error_prefix(st, "metrics JSONL file '%s': ", o->jsonl_path);
+        } else {
+            m->jsonl = fopen(o->jsonl_path, "w");
+            if (!m->jsonl)
+                st = hp_error(HP_ERR_IO, "metrics JSONL file '%s': cannot create (%s)", o->jsonl_path, strerror(errno));
         }
-        m->jsonl = fopen(o->jsonl_path, "w");
-        if (!m->jsonl) st = hp_error(HP_ERR_IO, "metrics JSONL file '%s': cannot create (%s)", o->jsonl_path, strerror(errno));
     }
     if (st == HP_OK && o->tb_dir && *o->tb_dir) st = hp_tb_writer_open(o->tb_dir, o->tb_tag, &m->tb);
     if (st != HP_OK) {

@@ -5,6 +5,7 @@
  *   Summary { repeated Value value = 1; }   Value { string tag = 1; float simple_value = 2; }
  * and a reader of the same that checks every CRC. */
 #include "hyperparallel/metrics.h"
+#include "hyperparallel/file.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -115,26 +116,6 @@ static double now_s(void) {
     return (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec;
 }
 
-static hp_status_t mkdir_p(const char *dir) {
-    char tmp[4096];
-    size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof tmp) return hp_error(HP_ERR_INVALID_ARG, "directory name '%s' is empty or too long", dir);
-    memcpy(tmp, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (tmp[i] == '/' || tmp[i] == '\0') {
-            char c = tmp[i];
-            tmp[i] = '\0';
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-                return hp_error(HP_ERR_IO, "cannot create directory '%s' (%s)", tmp, strerror(errno));
-            tmp[i] = c;
-        }
-    }
-    struct stat sb;
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return hp_error(HP_ERR_IO, "'%s' exists and is not a directory", dir);
-    return HP_OK;
-}
-
 static hp_status_t write_record(hp_tb_writer_t w, const unsigned char *data, size_t n) {
     unsigned char head[12], tail[4];
     uint64_t len = n;
@@ -150,7 +131,7 @@ static hp_status_t write_record(hp_tb_writer_t w, const unsigned char *data, siz
 hp_status_t hp_tb_writer_open(const char *dir, const char *tag, hp_tb_writer_t *out) {
     if (!dir || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_tb_writer_open: NULL argument");
     *out = NULL;
-    HP_TRY(mkdir_p(dir));
+    HP_TRY(hp_file_mkdirs(dir));
     hp_tb_writer_t w = hp_calloc(1, sizeof *w);
     if (!w) return hp_error(HP_ERR_OOM, "TensorBoard writer: out of memory");
     char host[256] = "localhost";

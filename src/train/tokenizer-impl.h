@@ -19,6 +19,10 @@
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "            \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
+/* Grows *buf (elements of `elem` bytes, capacity *cap) to hold at least n: doubling from
+ * `first`; an allocation failure names `who`. */
+hp_status_t hp_tok_reserve(void **buf, size_t *cap, size_t n, size_t elem, size_t first, const char *who);
+
 /* GPT-2's bytes_to_unicode: byte -> code point of the printable character standing for it. */
 void hp_tok_byte_to_cp(uint32_t cp[256]);
 /* Writes the UTF-8 encoding of cp (< 0x110000) to out, returns its length (1..4). */

@@ -2,6 +2,7 @@
  * added-token splitting, ByteLevel / Split pre-tokenizers through PCRE2, rank-ordered BPE
  * merges with a word cache, post-processor templates, and decode. docs/tokenizer.md. */
 #include "hyperparallel/tokenizer.h"
+#include "hyperparallel/file.h"
 
 #include <errno.h>
 #include <json-c/json.h>
@@ -107,18 +108,7 @@ static inline hp_status_t ids_push(hp_token_ids_t *out, int32_t id) {
     return HP_OK;
 }
 
-/* Grows *buf (elements of `elem` bytes) to hold at least n. */
-static hp_status_t reserve(void **buf, size_t *cap, size_t n, size_t elem) {
-    if (n <= *cap) return HP_OK;
-    size_t c = *cap ? *cap : 64;
-    while (c < n) c *= 2;
-    void *p = realloc(*buf, c * elem);
-    if (!p) return hp_error(HP_ERR_OOM, "tokenizer: cannot allocate %zu bytes of scratch", c * elem);
-    *buf = p;
-    *cap = c;
-    return HP_OK;
-}
-#define RESERVE(ptr, cap, n) reserve((void **)&(ptr), &(cap), (n), sizeof(*(ptr)))
+#define RESERVE(ptr, cap, n) hp_tok_reserve((void **)&(ptr), &(cap), (n), sizeof(*(ptr)), 64, "tokenizer scratch")
 
 /* ---- merges map -------------------------------------------------------------------- */
 
@@ -842,34 +832,11 @@ hp_status_t hp_tokenizer_load_json(hp_tokenizer_t *out, const char *json, size_t
 
 hp_status_t hp_tokenizer_load(hp_tokenizer_t *out, const char *path) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return hp_error(HP_ERR_IO, "%s: cannot open tokenizer file: %s (train one with "
-                        "`hp-tokenizer train`)", path, strerror(errno));
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 65536 > cap) {
-            cap = cap ? cap * 2 : 1 << 20;
-            char *p = realloc(buf, cap);
-            if (!p) {
-                free(buf);
-                fclose(f);
-                return hp_error(HP_ERR_OOM, "%s: cannot allocate %zu bytes", path, cap);
-            }
-            buf = p;
-        }
-        size_t k = fread(buf + len, 1, cap - len, f);
-        len += k;
-        if (k == 0) break;
-    }
-    int bad = ferror(f), err = errno;
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return hp_error(HP_ERR_IO, "%s: cannot read the tokenizer file: %s", path, strerror(err));
-    }
-    hp_status_t st = hp_tokenizer_load_json(out, buf, len, path);
+    char *buf;
+    size_t len;
+    hp_status_t st = hp_file_read_all(path, "tokenizer file", (size_t)1 << 30, &buf, &len);
+    if (st != HP_OK) return hp_error(st, "%s (train one with `hp-tokenizer train`)", hp_last_error());
+    st = hp_tokenizer_load_json(out, buf, len, path);
     free(buf);
     return st;
 }

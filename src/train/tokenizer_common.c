@@ -5,6 +5,17 @@
 
 #include "train/tokenizer-impl.h"
 
+hp_status_t hp_tok_reserve(void **buf, size_t *cap, size_t n, size_t elem, size_t first, const char *who) {
+    if (n <= *cap) return HP_OK;
+    size_t c = *cap ? *cap : first;
+    while (c < n) c *= 2;
+    void *p = realloc(*buf, c * elem);
+    if (!p) return hp_error(HP_ERR_OOM, "%s: cannot allocate %zu bytes", who, c * elem);
+    *buf = p;
+    *cap = c;
+    return HP_OK;
+}
+
 void hp_tok_byte_to_cp(uint32_t cp[256]) {
     /* Printable bytes stand for themselves; the others get 256, 257, ... in byte order. */
     uint32_t next = 256;

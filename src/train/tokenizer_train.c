@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hyperparallel/file.h"
 #include "hyperparallel/tokenizer.h"
 #include "train/tokenizer-impl.h"
 
@@ -56,14 +57,7 @@ typedef struct trainer {
 } trainer_t;
 
 static hp_status_t grow_arr(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return HP_OK;
-    size_t c = *cap ? *cap : 1024;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, c * elem);
-    if (!q) return hp_error(HP_ERR_OOM, "hp_tokenizer_train: cannot allocate %zu bytes", c * elem);
-    *p = q;
-    *cap = c;
-    return HP_OK;
+    return hp_tok_reserve(p, cap, need, elem, 1024, "hp_tokenizer_train");
 }
 
 /* ---- counting words ----------------------------------------------------------------- */
@@ -360,16 +354,9 @@ static hp_status_t write_json(trainer_t *tr, const char *out_path) {
     const hp_tokenizer_train_options_t *o = tr->opts;
     uint32_t cp[256];
     hp_tok_byte_to_cp(cp);
-    size_t pl = strlen(out_path);
-    char *tmp = malloc(pl + 32);
-    if (!tmp) return HP_ERR_OOM;
-    snprintf(tmp, pl + 32, "%s.tmp.%ld", out_path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        hp_status_t st = hp_error(HP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        free(tmp);
-        return st;
-    }
+    FILE *f;
+    char *tmp;
+    HP_TRY(hp_file_atomic_begin(out_path, &f, &tmp));
     fputs("{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n"
           "  \"added_tokens\": [",
           f);
@@ -441,16 +428,8 @@ static hp_status_t write_json(trainer_t *tr, const char *out_path) {
         fputc(']', f);
     }
     fputs("\n    ]\n  }\n}\n", f);
-    int bad = ferror(f);
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, out_path) != 0) {
-        hp_status_t st = hp_error(HP_ERR_IO, "%s: cannot write the tokenizer: %s", out_path,
-                                  strerror(errno));
-        remove(tmp);
-        free(tmp);
-        return st;
-    }
-    free(tmp);
+    hp_status_t st = hp_file_atomic_commit(out_path, f, tmp);
+    if (st != HP_OK) return hp_error_prefix(st, "%s: cannot write the tokenizer: ", out_path);
     return HP_OK;
 }
 
@@ -702,31 +681,15 @@ hp_status_t hp_tokenizer_train(const hp_tokenizer_train_options_t *opts,
     hp_status_t st = trainer_init(&tr, opts);
     if (st == HP_OK && n_files == 0)
         st = hp_error(HP_ERR_INVALID_ARG, "hp_tokenizer_train: no input files");
-    char *buf = NULL;
-    size_t cap = 0;
     for (size_t i = 0; st == HP_OK && i < n_files; i++) {
-        FILE *f = fopen(files[i], "rb");
-        if (!f) {
-            st = hp_error(HP_ERR_IO, "%s: cannot open training text: %s", files[i], strerror(errno));
-            break;
-        }
-        size_t len = 0;
-        for (;;) {
-            if (len + 65536 > cap) {
-                st = grow_arr((void **)&buf, &cap, len + 65536 + 1, 1);
-                if (st) break;
-            }
-            size_t k = fread(buf + len, 1, cap - len, f);
-            len += k;
-            if (k == 0) break;
-        }
-        if (st == HP_OK && ferror(f))
-            st = hp_error(HP_ERR_IO, "%s: cannot read training text: %s", files[i], strerror(errno));
-        fclose(f);
-        if (st == HP_OK)
+        char *buf;
+        size_t len;
+        st = hp_file_read_all(files[i], "training text", SIZE_MAX, &buf, &len);
+        if (st == HP_OK) {
             st = opts->jsonl_field ? count_jsonl(&tr, files[i], buf, len) : count_doc(&tr, buf, len);
+            free(buf);
+        }
     }
-    free(buf);
     if (st == HP_OK) st = finish(&tr, out_path, t0);
     trainer_free(&tr);
     return st;

@@ -21,6 +21,7 @@
 #include "hyperparallel/checkpoint.h"
 #include "hyperparallel/ckpt_manager.h"
 #include "hyperparallel/data.h"
+#include "hyperparallel/file.h"
 #include "hyperparallel/metrics.h"
 #include "hyperparallel/models.h"
 #include "hyperparallel/moe_balance.h"
@@ -69,60 +70,25 @@ static hp_status_t encode_cb(void *ctx, const char *text, size_t len, int32_t *i
     return HP_OK;
 }
 
-static hp_status_t make_dirs(const char *path) {
-    char buf[HP_CONFIG_STR_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return hp_error(HP_ERR_IO, "cannot create folder '%s': %s", buf, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return hp_error(HP_ERR_IO, "cannot create folder '%s': %s", buf, strerror(errno));
-    return HP_OK;
-}
-
 /* An output folder of the run: `key` = `value` in the config, `dir` the folder it needs
- * (value itself, or a file's folder). Created with its parents, then probed by creating and
- * removing a file, so an unusable path stops the run at start-up instead of losing the
- * trained weights after the last step. */
+ * (value itself, or a file's folder): created and probed now (hp_file_probe_writable_dir), so
+ * an unusable path stops the run at start-up instead of losing the trained weights after the
+ * last step. */
 static hp_status_t probe_folder(const char *key, const char *value, const char *dir, int rank) {
-    struct stat sb;
-    if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
-        return hp_error(HP_ERR_IO, "%s = '%s': '%s' exists and is not a folder; expected a writable folder for the "
-                        "run's outputs; hint: remove that file or set --%s to another path", key, value, dir, key);
-    if (make_dirs(dir) != HP_OK) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", hp_last_error());
-        return hp_error(HP_ERR_IO, "%s = '%s': %s; expected a writable folder; hint: set --%s to a path you can "
-                        "write", key, value, why, key);
-    }
-    char probe[4096 + 64];
-    snprintf(probe, sizeof probe, "%s/.hp-write-probe.%ld.%d", dir, (long)getpid(), rank);
-    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
-        return hp_error(HP_ERR_IO, "%s = '%s': cannot create a file in '%s' (%s); expected a writable folder; hint: "
-                        "fix its permissions or set --%s to another path", key, value, dir, strerror(errno), key);
-    close(fd);
-    unlink(probe);
+    hp_status_t s = hp_file_probe_writable_dir(dir, rank);
+    if (s != HP_OK)
+        return hp_error(s, "%s = '%s': %s; expected a writable folder for the run's outputs; hint: remove what is "
+                        "in the way, fix the permissions, or set --%s to another path", key, value, hp_last_error(), key);
     return HP_OK;
 }
 
 /* An output file: not a folder, and its folder passes probe_folder. */
 static hp_status_t probe_file(const char *key, const char *path, int rank) {
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return hp_error(HP_ERR_IO, "%s = '%s' is a folder; expected a file path the run can write; hint: set --%s "
-                        "to a file name", key, path, key);
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == dir) dir[1] = '\0';
-    else *slash = '\0';
-    return probe_folder(key, path, dir, rank);
+    hp_status_t s = hp_file_probe_writable_file(path, rank);
+    if (s != HP_OK)
+        return hp_error(s, "%s = '%s': %s; hint: set --%s to a file path the run can write", key, path,
+                        hp_last_error(), key);
+    return HP_OK;
 }
 
 /* Every output path this rank will write, checked before the first step (docs/config.md):
