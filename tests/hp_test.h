@@ -75,6 +75,13 @@ static inline int hp_test_run_capture(const char *cmd, char *out, size_t cap) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
+/* Removes a test's scratch directory (rm -rf; a failure is reported, not counted). */
+static inline void hp_test_remove_dir(const char *dir) {
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%.1024s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
 /* Prints a summary line and returns the exit code. */
 static inline int hp_test_finish(const char *name) {
     if (hp_test_rank_ == 0 || hp_test_failures_)

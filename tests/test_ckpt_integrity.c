@@ -260,8 +260,6 @@ int main(void) {
     dcp_cases();
     manager_cases();
     hf_index_cases();
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", ROOT);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", ROOT);
+    hp_test_remove_dir(ROOT);
     return hp_test_finish("test_ckpt_integrity");
 }

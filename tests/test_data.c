@@ -469,10 +469,6 @@ int main(int argc, char **argv) {
     test_no_loop_and_validation();
     test_directory();
     test_errors();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir_);
-    int rc = hp_test_finish("test_data");
-    hp_comm_finalize();
-    return rc;
+    hp_test_remove_dir(dir_);
+    return hp_test_mpi_finish("test_data");
 }

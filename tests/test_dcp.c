@@ -579,7 +579,5 @@ int main(int argc, char **argv) {
         snprintf(cmd, sizeof cmd, "rm -rf %s", ROOT);
         if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", ROOT);
     }
-    int rc = hp_test_finish("test_dcp");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_dcp");
 }

@@ -437,7 +437,5 @@ int main(int argc, char **argv) {
     test_dtypes();
     hp_mesh_destroy(M2);
     hp_mesh_destroy(M1);
-    int rc = hp_test_finish("test_dtensor_api");
-    HP_CHECK_OK(hp_comm_finalize());
-    return rc;
+    return hp_test_mpi_finish("test_dtensor_api");
 }

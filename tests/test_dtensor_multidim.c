@@ -90,7 +90,5 @@ int main(int argc, char **argv) {
     test_multi_dim_mesh(m3, ts, &n);
     HP_CHECK(n == 12 + 144 + 144 + 1728, "ran %d multi-dim cases", n);
     hp_mesh_destroy(m42), hp_mesh_destroy(m24), hp_mesh_destroy(m8), hp_mesh_destroy(m3);
-    int rc = hp_test_finish("test_dtensor_multidim");
-    HP_CHECK_OK(hp_comm_finalize());
-    return rc;
+    return hp_test_mpi_finish("test_dtensor_multidim");
 }

@@ -477,7 +477,5 @@ int main(int argc, char **argv) {
         hp_mesh_destroy(mesh);
         hp_model_destroy(m);
     }
-    int rc = hp_test_finish("test_ep");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_ep");
 }

@@ -31,7 +31,5 @@ int main(int argc, char **argv) {
     run_case(world, &c, l_off);
     c.what = "fsdp negative: rank 1 lr x (1 + 1e-3)"; c.inject = DP_INJECT_LR;
     run_case(world, &c, l_off);
-    int rc = hp_test_finish("test_fsdp");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_fsdp");
 }

@@ -202,7 +202,5 @@ int main(int argc, char **argv) {
     events(world, 1);
     divide_factor(world);
     misuse(world);
-    int rc = hp_test_finish("test_fsdp_sched");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_fsdp_sched");
 }

@@ -142,7 +142,5 @@ int main(int argc, char **argv) {
     schedule(world, HP_FSDP_RESHARD_DEFAULT, 1);
     schedule(world, 1, 1);
     schedule(world, 0, 1);
-    int rc = hp_test_finish("test_fsdp_tied");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_fsdp_tied");
 }

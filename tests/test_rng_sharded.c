@@ -194,7 +194,5 @@ int main(int argc, char **argv) {
         test_distributed();
         test_factories();
     }
-    int rc = hp_test_finish("test_rng_sharded");
-    HP_CHECK_OK(hp_comm_finalize());
-    return rc;
+    return hp_test_mpi_finish("test_rng_sharded");
 }
