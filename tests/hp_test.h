@@ -75,6 +75,12 @@ static inline int hp_test_run_capture(const char *cmd, char *out, size_t cap) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
+/* The path of `rel` in the source tree: $HP_SOURCE_DIR (ctest sets it), else "..". */
+static inline void hp_test_source_path(char *out, size_t cap, const char *rel) {
+    const char *src = getenv("HP_SOURCE_DIR");
+    snprintf(out, cap, "%s/%s", src ? src : "..", rel);
+}
+
 /* Removes a test's scratch directory (rm -rf; a failure is reported, not counted). */
 static inline void hp_test_remove_dir(const char *dir) {
     char cmd[1100];

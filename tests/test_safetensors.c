@@ -356,9 +356,8 @@ static void test_truncations_and_flips(void) {
 
 /* A file written by Python's safetensors (the golden reference) opens and reads. */
 static void test_python_file(void) {
-    const char *src = getenv("HP_SOURCE_DIR");
     char p[512];
-    snprintf(p, sizeof p, "%s/tests/data/golden_llama3.safetensors", src ? src : "..");
+    hp_test_source_path(p, sizeof p, "tests/data/golden_llama3.safetensors");
     hp_safetensors_t st = NULL;
     HP_CHECK_OK(hp_safetensors_open(p, &st));
     if (!st) return;
