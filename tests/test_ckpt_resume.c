@@ -25,19 +25,21 @@
 
 enum { STEPS = 6 };
 
-static void ckpt_config(hp_config_t *c, const char *sub, const char *async_mode) {
+/* A copy of base (heap; the caller frees it) saving a checkpoint every 3 steps into <dir_>/<sub>. */
+static hp_config_t *ckpt_config(const hp_config_t *base, const char *sub, const char *async_mode) {
+    hp_config_t *c = malloc(sizeof *c);
+    *c = *base;
     c->checkpoint.enable = true;
     snprintf(c->checkpoint.folder, sizeof c->checkpoint.folder, "%s/%s", dir_, sub);
     c->checkpoint.interval = 3;
     c->checkpoint.keep_latest_k = 0;
     snprintf(c->checkpoint.async_mode, sizeof c->checkpoint.async_mode, "%s", async_mode);
+    return c;
 }
 
 /* Interrupt after step 3, resume, compare steps 4..6 with the uninterrupted losses. */
 static void resume_case(const hp_config_t *base, hp_comm_t world, const double *ref, const char *sub, const char *mode) {
-    hp_config_t *c = malloc(sizeof *c);
-    *c = *base;
-    ckpt_config(c, sub, mode);
+    hp_config_t *c = ckpt_config(base, sub, mode);
     double l[STEPS];
     /* "killed" after step 3 (an async save is committed by the trainer's destroy) */
     if (!hp_test_run_steps(c, world, 0, 3, l, mode)) { free(c); return; }
@@ -88,9 +90,7 @@ int main(int argc, char **argv) {
     /* another layout (2 ranks): saved under FSDP (dp_shard 2), resumed under DDP (dp_replicate 2):
      * the same dp degree keeps the data order, so losses agree within reduction-order noise */
     if (ws == 2) {
-        hp_config_t *f = malloc(sizeof *f);
-        *f = *c;
-        ckpt_config(f, "fsdp", "disabled");
+        hp_config_t *f = ckpt_config(c, "fsdp", "disabled");
         f->parallelism.data_parallel_replicate_degree = 1;
         f->parallelism.data_parallel_shard_degree = 2;
         double l[STEPS];
@@ -110,9 +110,7 @@ int main(int argc, char **argv) {
     /* keep_latest_k = 2 with a save every 2 steps; load_step picks the older one (layout
      * independent: one rank only, to keep the 2-rank run short) */
     if (ws == 1) {
-        hp_config_t *k = malloc(sizeof *k);
-        *k = *c;
-        ckpt_config(k, "keep", "async");
+        hp_config_t *k = ckpt_config(c, "keep", "async");
         k->checkpoint.interval = 2;
         k->checkpoint.keep_latest_k = 2;
         double l[STEPS];
@@ -153,9 +151,7 @@ int main(int argc, char **argv) {
         snprintf(hfdir, sizeof hfdir, "%s/hf", dir_);
         HP_CHECK_OK(hp_hf_export(hfdir, hp_model_config(m), hp_model_params(m), hp_model_num_params(m), world, HP_F32,
                                  64 * 1024));
-        hp_config_t *h = malloc(sizeof *h);
-        *h = *c;
-        ckpt_config(h, "from_hf", "disabled");
+        hp_config_t *h = ckpt_config(c, "from_hf", "disabled");
         snprintf(h->checkpoint.initial_load_path, sizeof h->checkpoint.initial_load_path, "%s", hfdir);
         hp_trainer_t t3 = NULL;
         HP_CHECK_OK(hp_trainer_create(h, world, &t3));
