@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 static int hp_test_failures_ = 0;
 static int hp_test_checks_ = 0;
@@ -79,6 +80,16 @@ static inline int hp_test_run_capture(const char *cmd, char *out, size_t cap) {
 static inline void hp_test_source_path(char *out, size_t cap, const char *rel) {
     const char *src = getenv("HP_SOURCE_DIR");
     snprintf(out, cap, "%s/%s", src ? src : "..", rel);
+}
+
+/* The path of the built program `name` ($HP_BUILD_DIR, else "."); prints the SKIP line and
+ * returns 0 when it is not built. */
+static inline int hp_test_built_program(char *out, size_t cap, const char *name) {
+    const char *bd = getenv("HP_BUILD_DIR");
+    snprintf(out, cap, "%s/%s", bd && *bd ? bd : ".", name);
+    if (access(out, X_OK) == 0) return 1;
+    printf("SKIP: %s not built (set HP_BUILD_DIR)\n", out);
+    return 0;
 }
 
 /* Removes a test's scratch directory (rm -rf; a failure is reported, not counted). */

@@ -217,12 +217,7 @@ static void test_mfu_figure(void) {
 }
 
 int main(void) {
-    const char *bdir = getenv("HP_BUILD_DIR");
-    snprintf(train_, sizeof train_, "%s/hp-train", bdir && *bdir ? bdir : ".");
-    if (access(train_, X_OK) != 0) {
-        printf("SKIP: %s not built\n", train_);
-        return 0;
-    }
+    if (!hp_test_built_program(train_, sizeof train_, "hp-train")) return 0;
     const char *m = getenv("HP_MPIEXEC");
     snprintf(mpirun_, sizeof mpirun_, "%s",
              m && *m ? m : access("/usr/bin/mpirun", X_OK) == 0 ? "/usr/bin/mpirun" : "mpirun");

@@ -105,12 +105,7 @@ static void resume_check(const char *dump, long long k, const char *what) {
 }
 
 int main(void) {
-    const char *bd = getenv("HP_BUILD_DIR");
-    snprintf(TRAIN, sizeof TRAIN, "%s/hp-train", bd && *bd ? bd : ".");
-    if (access(TRAIN, X_OK) != 0) {
-        printf("SKIP: %s not built (set HP_BUILD_DIR)\n", TRAIN);
-        return 0;
-    }
+    if (!hp_test_built_program(TRAIN, sizeof TRAIN, "hp-train")) return 0;
     HP_ASSERT(mkdtemp(ROOT));
     /* a small corpus, its tokenizer and a config that saves every 2 steps */
     static const char *const sent[] = {"the quick brown fox jumps over the lazy dog", "all that glitters is not gold",
