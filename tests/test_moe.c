@@ -183,6 +183,19 @@ static double worst(const float *a, const double *b, int64_t n, double tol) {
     return w;
 }
 
+/* One forward of the module (x -> y, N x D rows, accumulating into y) and its backward (dy ->
+ * dx, then the weight gradients). */
+static void module_fwd_bwd(hp_module_t *mod, hp_act_t *act, float *x, float *y, float *dy, float *dx, int N, int D) {
+    hp_tensor_t tx, ty, tdy, tdx;
+    hp_tensor_view2(&tx, x, N, D);
+    hp_tensor_view2(&ty, y, N, D);
+    hp_tensor_view2(&tdy, dy, N, D);
+    hp_tensor_view2(&tdx, dx, N, D);
+    HP_CHECK_OK(hp_module_forward(mod, act, &tx, &ty));
+    HP_CHECK_OK(hp_module_backward_input(mod, act, &tdy, &tdx));
+    HP_CHECK_OK(hp_module_backward_weight(mod, act));
+}
+
 static void make_param(hp_param_t *pp, const char *name, float *v, float *g, int64_t n) {
     memset(pp, 0, sizeof(*pp));
     snprintf(pp->name, sizeof pp->name, "%s", name);
@@ -218,14 +231,7 @@ static void run_case(const char *label, const hp_moe_config_t *c, int B, int T, 
     float *x = malloc(sizeof(float) * (size_t)N * D), *y = calloc((size_t)N * D, sizeof(float));
     float *dy = malloc(sizeof(float) * (size_t)N * D), *dx = malloc(sizeof(float) * (size_t)N * D);
     for (int i = 0; i < N * D; i++) { x[i] = (float)p.x[i]; dy[i] = (float)p.dout[i]; y[i] = 0.25f; }
-    hp_tensor_t tx, ty, tdy, tdx;
-    hp_tensor_view2(&tx, x, N, D);
-    hp_tensor_view2(&ty, y, N, D);
-    hp_tensor_view2(&tdy, dy, N, D);
-    hp_tensor_view2(&tdx, dx, N, D);
-    HP_CHECK_OK(hp_module_forward(&mod, &act, &tx, &ty));
-    HP_CHECK_OK(hp_module_backward_input(&mod, &act, &tdy, &tdx));
-    HP_CHECK_OK(hp_module_backward_weight(&mod, &act));
+    module_fwd_bwd(&mod, &act, x, y, dy, dx, N, D);
 
     double *ref = calloc((size_t)N * D, sizeof(double)), counts[HP_MOE_MAX_EXPERTS] = {0}, margin;
     ref_moe(&p, p.x, ref, counts, &margin);
@@ -300,7 +306,10 @@ static void run_case(const char *label, const hp_moe_config_t *c, int B, int T, 
     act2.grad_scratch = calloc(sfl, sizeof(float));
     act2.grad_scratch_floats = sfl;
     hp_act_reset(&act);
-    hp_tensor_t tx2, ty2, tdx2;
+    hp_tensor_t tx, ty, tdy, tx2, ty2, tdx2;
+    hp_tensor_view2(&tx, x, N, D);
+    hp_tensor_view2(&ty, y, N, D);
+    hp_tensor_view2(&tdy, dy, N, D);
     hp_tensor_view2(&tx2, x2, N, D);
     hp_tensor_view2(&ty2, y2, N, D);
     hp_tensor_view2(&tdx2, dx2, N, D);
@@ -378,14 +387,7 @@ static void golden_case(hp_safetensors_t st, const char *nm, const hp_moe_config
     snprintf(key, sizeof key, "%s.dout", nm);
     float *dy = st_read(st, key, NULL);
     float *y = calloc((size_t)N * D, sizeof(float)), *dx = calloc((size_t)N * D, sizeof(float));
-    hp_tensor_t tx, ty, tdy, tdx;
-    hp_tensor_view2(&tx, x, N, D);
-    hp_tensor_view2(&ty, y, N, D);
-    hp_tensor_view2(&tdy, dy, N, D);
-    hp_tensor_view2(&tdx, dx, N, D);
-    HP_CHECK_OK(hp_module_forward(&mod, &act, &tx, &ty));
-    HP_CHECK_OK(hp_module_backward_input(&mod, &act, &tdy, &tdx));
-    HP_CHECK_OK(hp_module_backward_weight(&mod, &act));
+    module_fwd_bwd(&mod, &act, x, y, dy, dx, N, D);
     /* PyTorch ran in float64 on these float32 values and stored float32 (6e-8 relative); the
      * module's f32 chain is bounded as in run_case: 2e-5 for outputs, 5e-5 for gradients */
     snprintf(key, sizeof key, "%s.out", nm);
