@@ -169,8 +169,6 @@ int main(void) {
     HP_CHECK(run("to-hf %s %s/x", dir, ROOT) == 2 && strstr(OUT, "--model and --flavor are required"), "usage:\n%s", OUT);
     free(ts);
     hp_model_destroy(m);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", ROOT);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", ROOT);
+    hp_test_remove_dir(ROOT);
     return hp_test_finish("test_ckpt_tool");
 }

@@ -239,10 +239,6 @@ int main(void) {
     test_text_utf8();
     test_output_paths();
     test_mfu_figure();
-    if (!getenv("HP_KEEP")) {
-        char cmd[400];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir_);
-        if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir_);
-    }
+    if (!getenv("HP_KEEP")) hp_test_remove_dir(dir_);
     return hp_test_finish("test_rank_errors");
 }

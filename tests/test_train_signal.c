@@ -194,10 +194,6 @@ int main(void) {
                  "2 ranks, SIGINT: exit %d, last complete %lld\n%.3000s", rc, k, OUT + (strlen(OUT) > 3000 ? strlen(OUT) - 3000 : 0));
         HP_CHECK(count_tmp(folder) == 0, "2 ranks: %d step-*.tmp dirs left", count_tmp(folder));
     }
-    if (!getenv("HP_KEEP")) {
-        char cmd[700];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", ROOT);
-        if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", ROOT);
-    }
+    if (!getenv("HP_KEEP")) hp_test_remove_dir(ROOT);
     return hp_test_finish("test_train_signal");
 }
