@@ -116,6 +116,17 @@ static inline void hp_test_moe_config(hp_config_t *c, int world, const char *nam
     c->training.steps = steps;
 }
 
+/* c's layout collapsed onto one rank: every parallel degree 1 (the rest of the config kept). */
+static inline void hp_test_single_rank(hp_config_t *c) {
+    int64_t *const degrees[] = {
+        &c->parallelism.data_parallel_replicate_degree, &c->parallelism.data_parallel_shard_degree,
+        &c->parallelism.tensor_parallel_degree,         &c->parallelism.pipeline_parallel_degree,
+        &c->parallelism.context_parallel_degree,        &c->parallelism.expert_parallel_degree,
+        &c->parallelism.expert_tensor_parallel_degree,
+    };
+    for (size_t i = 0; i < sizeof degrees / sizeof degrees[0]; i++) *degrees[i] = 1;
+}
+
 /* The start of a trainer test's main: MPI (hp_test_mpi_init), the corpus in a fresh
  * /tmp/<prefix>_XXXXXX, and *c (heap; the caller frees it) set to hp_test_base_config for the
  * world size. Returns the world communicator. */

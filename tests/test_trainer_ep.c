@@ -86,13 +86,7 @@ static int n_solos;
 static void solo_steps(const hp_config_t *f, hp_comm_t world, int dp, double *l, double *n) {
     hp_config_t *c = calloc(1, sizeof *c);
     *c = *f;
-    c->parallelism.data_parallel_replicate_degree = 1;
-    c->parallelism.data_parallel_shard_degree = 1;
-    c->parallelism.tensor_parallel_degree = 1;
-    c->parallelism.context_parallel_degree = 1;
-    c->parallelism.expert_parallel_degree = 1;
-    c->parallelism.expert_tensor_parallel_degree = 1;
-    c->parallelism.pipeline_parallel_degree = 1;
+    hp_test_single_rank(c);
     c->training.local_batch_size = dp * f->training.local_batch_size;
     c->training.global_batch_size = -1;
     hp_test_use_bin(c, 'y', dp);
