@@ -70,6 +70,88 @@ static void resume_case(const hp_config_t *base, hp_comm_t world, const double *
     free(c);
 }
 
+/* Another layout (2 ranks): saved under FSDP (dp_shard 2), resumed under DDP (dp_replicate 2):
+ * the same dp degree keeps the data order, so losses agree within reduction-order noise */
+static void fsdp_to_ddp(const hp_config_t *c, hp_comm_t world, const double *ref) {
+    hp_config_t *f = ckpt_config(c, "fsdp", "disabled");
+    f->parallelism.data_parallel_replicate_degree = 1;
+    f->parallelism.data_parallel_shard_degree = 2;
+    double l[STEPS];
+    hp_test_run_steps(f, world, 0, 3, l, "FSDP");
+    hp_config_t *d = malloc(sizeof *d);
+    *d = *f;
+    d->parallelism.data_parallel_replicate_degree = 2;
+    d->parallelism.data_parallel_shard_degree = 1;
+    /* FSDP and DDP already differ by ~1e-5 at step 2 (reduction order) and this tiny
+     * run (batch 1, lr 3e-3) amplifies it to ~1e-3 by step 6 with or without a checkpoint */
+    if (hp_test_run_steps(d, world, 3, STEPS, l, "FSDP -> DDP"))
+        hp_test_compare_runs("FSDP(1-3) -> DDP(4-6) vs DDP(1-6)", STEPS, l, ref, NULL, NULL, 5e-3, 0);
+    free(d);
+    free(f);
+}
+
+/* keep_latest_k = 2 with a save every 2 steps; load_step picks the older one (layout
+ * independent: one rank only, to keep the 2-rank run short) */
+static void keep_latest(const hp_config_t *c, hp_comm_t world, const double *ref) {
+    hp_config_t *k = ckpt_config(c, "keep", "async");
+    k->checkpoint.interval = 2;
+    k->checkpoint.keep_latest_k = 2;
+    double l[STEPS];
+    hp_test_run_steps(k, world, 0, STEPS, l, "keep_latest_k");
+    hp_barrier(world, NULL);
+    int64_t s[16];
+    int n = 0;
+    HP_CHECK_OK(hp_dcp_list_steps(k->checkpoint.folder, s, 16, &n));
+    HP_CHECK(n == 2 && s[0] == STEPS - 2 && s[1] == STEPS, "keep_latest_k=2: %d steps left (%lld..)", n,
+             (long long)(n ? s[0] : -1));
+    k->checkpoint.load_step = STEPS - 2;
+    hp_trainer_t t2 = NULL;
+    HP_CHECK_OK(hp_trainer_create(k, world, &t2));
+    if (t2) {
+        HP_CHECK(hp_trainer_current_step(t2) == STEPS - 2, "load_step: at step %lld", (long long)hp_trainer_current_step(t2));
+        hp_step_stats_t st;
+        HP_CHECK_OK(hp_trainer_step(t2, &st));
+        HP_CHECK(st.loss == ref[STEPS - 2], "load_step resume: loss %.17g vs %.17g", st.loss, ref[STEPS - 2]);
+        hp_trainer_destroy(t2);
+    }
+    k->checkpoint.load_step = 2;
+    t2 = NULL;
+    HP_CHECK_ERR(hp_trainer_create(k, world, &t2), HP_ERR_NOT_FOUND, "load_step = 2 but");
+    /* exclude_from_loading rules */
+    k->checkpoint.load_step = -1;
+    k->checkpoint.exclude_from_loading.n = 1;
+    snprintf(k->checkpoint.exclude_from_loading.items[0], HP_CONFIG_STR_MAX, "model");
+    HP_CHECK_ERR(hp_trainer_create(k, world, &t2), HP_ERR_INVALID_ARG, "contains 'model'");
+    snprintf(k->checkpoint.exclude_from_loading.items[0], HP_CONFIG_STR_MAX, "optimizer");
+    HP_CHECK_ERR(hp_trainer_create(k, world, &t2), HP_ERR_INVALID_ARG, "also requires excluding 'lr_scheduler'");
+    free(k);
+}
+
+/* HF export of the trained model, then import as initial weights: bitwise equal */
+static void hf_round_trip(const hp_config_t *c, hp_comm_t world, hp_trainer_t t) {
+    hp_model_t m = hp_trainer_model(t);
+    char hfdir[400];
+    snprintf(hfdir, sizeof hfdir, "%s/hf", dir_);
+    HP_CHECK_OK(hp_hf_export(hfdir, hp_model_config(m), hp_model_params(m), hp_model_num_params(m), world, HP_F32,
+                             64 * 1024));
+    hp_config_t *h = ckpt_config(c, "from_hf", "disabled");
+    snprintf(h->checkpoint.initial_load_path, sizeof h->checkpoint.initial_load_path, "%s", hfdir);
+    hp_trainer_t t3 = NULL;
+    HP_CHECK_OK(hp_trainer_create(h, world, &t3));
+    if (t3) {
+        hp_model_t m3 = hp_trainer_model(t3);
+        HP_CHECK(hp_trainer_current_step(t3) == 0, "initial load starts at step 0");
+        int bad = 0;
+        for (int i = 0; i < hp_model_num_params(m); i++) {
+            hp_param_t *a = &hp_model_params(m)[i], *b = &hp_model_params(m3)[i];
+            if (memcmp(a->value.local.data, b->value.local.data, hp_tensor_nbytes(&a->value.local)) != 0) bad++;
+        }
+        HP_CHECK(bad == 0, "HF round trip: %d parameters differ", bad);
+        hp_trainer_destroy(t3);
+    }
+    free(h);
+}
+
 int main(int argc, char **argv) {
     int rank, ws;
     hp_config_t *c = NULL;
@@ -87,87 +169,9 @@ int main(int argc, char **argv) {
     resume_case(c, world, ref, "sync", "disabled");
     resume_case(c, world, ref, "async", "async");
 
-    /* another layout (2 ranks): saved under FSDP (dp_shard 2), resumed under DDP (dp_replicate 2):
-     * the same dp degree keeps the data order, so losses agree within reduction-order noise */
-    if (ws == 2) {
-        hp_config_t *f = ckpt_config(c, "fsdp", "disabled");
-        f->parallelism.data_parallel_replicate_degree = 1;
-        f->parallelism.data_parallel_shard_degree = 2;
-        double l[STEPS];
-        hp_test_run_steps(f, world, 0, 3, l, "FSDP");
-        hp_config_t *d = malloc(sizeof *d);
-        *d = *f;
-        d->parallelism.data_parallel_replicate_degree = 2;
-        d->parallelism.data_parallel_shard_degree = 1;
-        /* FSDP and DDP already differ by ~1e-5 at step 2 (reduction order) and this tiny
-         * run (batch 1, lr 3e-3) amplifies it to ~1e-3 by step 6 with or without a checkpoint */
-        if (hp_test_run_steps(d, world, 3, STEPS, l, "FSDP -> DDP"))
-            hp_test_compare_runs("FSDP(1-3) -> DDP(4-6) vs DDP(1-6)", STEPS, l, ref, NULL, NULL, 5e-3, 0);
-        free(d);
-        free(f);
-    }
-
-    /* keep_latest_k = 2 with a save every 2 steps; load_step picks the older one (layout
-     * independent: one rank only, to keep the 2-rank run short) */
-    if (ws == 1) {
-        hp_config_t *k = ckpt_config(c, "keep", "async");
-        k->checkpoint.interval = 2;
-        k->checkpoint.keep_latest_k = 2;
-        double l[STEPS];
-        hp_test_run_steps(k, world, 0, STEPS, l, "keep_latest_k");
-        hp_barrier(world, NULL);
-        int64_t s[16];
-        int n = 0;
-        HP_CHECK_OK(hp_dcp_list_steps(k->checkpoint.folder, s, 16, &n));
-        HP_CHECK(n == 2 && s[0] == STEPS - 2 && s[1] == STEPS, "keep_latest_k=2: %d steps left (%lld..)", n,
-                 (long long)(n ? s[0] : -1));
-        k->checkpoint.load_step = STEPS - 2;
-        hp_trainer_t t2 = NULL;
-        HP_CHECK_OK(hp_trainer_create(k, world, &t2));
-        if (t2) {
-            HP_CHECK(hp_trainer_current_step(t2) == STEPS - 2, "load_step: at step %lld", (long long)hp_trainer_current_step(t2));
-            hp_step_stats_t st;
-            HP_CHECK_OK(hp_trainer_step(t2, &st));
-            HP_CHECK(st.loss == ref[STEPS - 2], "load_step resume: loss %.17g vs %.17g", st.loss, ref[STEPS - 2]);
-            hp_trainer_destroy(t2);
-        }
-        k->checkpoint.load_step = 2;
-        t2 = NULL;
-        HP_CHECK_ERR(hp_trainer_create(k, world, &t2), HP_ERR_NOT_FOUND, "load_step = 2 but");
-        /* exclude_from_loading rules */
-        k->checkpoint.load_step = -1;
-        k->checkpoint.exclude_from_loading.n = 1;
-        snprintf(k->checkpoint.exclude_from_loading.items[0], HP_CONFIG_STR_MAX, "model");
-        HP_CHECK_ERR(hp_trainer_create(k, world, &t2), HP_ERR_INVALID_ARG, "contains 'model'");
-        snprintf(k->checkpoint.exclude_from_loading.items[0], HP_CONFIG_STR_MAX, "optimizer");
-        HP_CHECK_ERR(hp_trainer_create(k, world, &t2), HP_ERR_INVALID_ARG, "also requires excluding 'lr_scheduler'");
-        free(k);
-    }
-
-    /* HF export of the trained model, then import as initial weights: bitwise equal */
-    if (t && ws == 1) {
-        hp_model_t m = hp_trainer_model(t);
-        char hfdir[400];
-        snprintf(hfdir, sizeof hfdir, "%s/hf", dir_);
-        HP_CHECK_OK(hp_hf_export(hfdir, hp_model_config(m), hp_model_params(m), hp_model_num_params(m), world, HP_F32,
-                                 64 * 1024));
-        hp_config_t *h = ckpt_config(c, "from_hf", "disabled");
-        snprintf(h->checkpoint.initial_load_path, sizeof h->checkpoint.initial_load_path, "%s", hfdir);
-        hp_trainer_t t3 = NULL;
-        HP_CHECK_OK(hp_trainer_create(h, world, &t3));
-        if (t3) {
-            hp_model_t m3 = hp_trainer_model(t3);
-            HP_CHECK(hp_trainer_current_step(t3) == 0, "initial load starts at step 0");
-            int bad = 0;
-            for (int i = 0; i < hp_model_num_params(m); i++) {
-                hp_param_t *a = &hp_model_params(m)[i], *b = &hp_model_params(m3)[i];
-                if (memcmp(a->value.local.data, b->value.local.data, hp_tensor_nbytes(&a->value.local)) != 0) bad++;
-            }
-            HP_CHECK(bad == 0, "HF round trip: %d parameters differ", bad);
-            hp_trainer_destroy(t3);
-        }
-        free(h);
-    }
+    if (ws == 2) fsdp_to_ddp(c, world, ref);
+    if (ws == 1) keep_latest(c, world, ref);
+    if (t && ws == 1) hf_round_trip(c, world, t);
     hp_trainer_destroy(t);
     free(c);
     return hp_test_corpus_finish(world, "test_ckpt_resume");
