@@ -29,7 +29,8 @@ static inline hp_comm_t hp_test_mpi_init(int *argc, char ***argv, int *rank, int
  * after the summary, does not change the exit code. Returns the exit code. */
 static inline int hp_test_mpi_finish(const char *name) {
     const int rc = hp_test_finish(name);
-    if (hp_comm_finalize() != HP_OK) fprintf(stderr, "[rank %d] hp_comm_finalize: %s\n", hp_test_rank_, hp_last_error());
+    if (hp_comm_finalize() != HP_OK)
+        fprintf(stderr, "[rank %d] hp_comm_finalize: %s\n", hp_test_rank_, hp_last_error());
     return rc;
 }
 

@@ -108,7 +108,8 @@ static void keep_latest(const hp_config_t *c, hp_comm_t world, const double *ref
     hp_trainer_t t2 = NULL;
     HP_CHECK_OK(hp_trainer_create(k, world, &t2));
     if (t2) {
-        HP_CHECK(hp_trainer_current_step(t2) == STEPS - 2, "load_step: at step %lld", (long long)hp_trainer_current_step(t2));
+        HP_CHECK(hp_trainer_current_step(t2) == STEPS - 2, "load_step: at step %lld",
+                 (long long)hp_trainer_current_step(t2));
         hp_step_stats_t st;
         HP_CHECK_OK(hp_trainer_step(t2, &st));
         HP_CHECK(st.loss == ref[STEPS - 2], "load_step resume: loss %.17g vs %.17g", st.loss, ref[STEPS - 2]);

@@ -496,7 +496,8 @@ static void test_grid_and_validate(void) {
      * the last rank (it fails PyTorch's _validate_schedule) */
     static const struct { const char *r0, *r1; int n_mb; const char *needle; } bad[] = {
         {"0F0 0B0", NULL, 1, "Schedule has incorrect number of ranks - expected 2, actual 1"},
-        {"0F0", "1F0", 1, "Invalid backward microbatches for stage 0: expected 1 total backwards, but got B=0, I=0, W=0"},
+        {"0F0", "1F0", 1,
+         "Invalid backward microbatches for stage 0: expected 1 total backwards, but got B=0, I=0, W=0"},
         {"0F0 0W0 0I0", "1F0 1I0 1W0", 1, "Rank 0, step 1: Running Backward Weight for stage 0, microbatch 0 without first running Backward Input"},
         {"0F0 0I1 0W0", "1F0 1I0 1W0", 1, "Running Backward Input for stage 0, microbatch 1 without first running Forward"},
         {"0F0 0B0 1F0", "1F0 1B0", 1, "Rank 1, step 0: Stage 1 is assigned to both rank 1 and rank 0"},

@@ -142,7 +142,8 @@ static void test_distributed(void) {
         HP_CHECK_OK(hp_rng_fill(&loc, key, &k_specs[1], shape, off));
         hp_dtensor_t dt;
         HP_CHECK_OK(hp_dtensor_from_local(&dt, &loc, m, 2, pls[p], shape));
-        HP_CHECK(gathers_to(&dt, &whole), "placements %s: gathered shards differ from the whole fill", tu_pl(2, pls[p]));
+        HP_CHECK(gathers_to(&dt, &whole), "placements %s: gathered shards differ from the whole fill",
+                 tu_pl(2, pls[p]));
         hp_tensor_free_data(&loc);
         hp_tensor_free_data(&whole);
     }

@@ -118,7 +118,8 @@ int main(int argc, char **argv) {
     r->checkpoint.load_step = 3;
     r->checkpoint.interval = 1000;
     if (hp_test_run_steps(r, world, 3, STEPS, l, "FSDP -> DDP"))
-        hp_test_compare_runs("qwen3 FSDP(1-3) -> DDP(4-6) vs FSDP(1-6)", STEPS - 3, l + 3, ref + 3, NULL, NULL, 1e-4, 0);
+        hp_test_compare_runs("qwen3 FSDP(1-3) -> DDP(4-6) vs FSDP(1-6)", STEPS - 3, l + 3, ref + 3, NULL, NULL, 1e-4,
+                             0);
     free(r);
     free(f);
     free(c);
