@@ -73,15 +73,15 @@ static void resume_case(const hp_config_t *base, hp_comm_t world, const double *
 /* Another layout (2 ranks): saved under FSDP (dp_shard 2), resumed under DDP (dp_replicate 2):
  * the same dp degree keeps the data order, so losses agree within reduction-order noise */
 static void fsdp_to_ddp(const hp_config_t *c, hp_comm_t world, const double *ref) {
-    hp_config_t *f = ckpt_config(c, "fsdp", "disabled");
-    f->parallelism.data_parallel_replicate_degree = 1;
-    f->parallelism.data_parallel_shard_degree = 2;
+    hp_config_t *layout[2];   // FSDP (replicate 1 x shard 2), DDP (2 x 1), on one checkpoint folder
+    for (int k = 0; k < 2; k++) {
+        layout[k] = ckpt_config(c, "fsdp", "disabled");
+        layout[k]->parallelism.data_parallel_replicate_degree = 1 + k;
+        layout[k]->parallelism.data_parallel_shard_degree = 2 - k;
+    }
+    hp_config_t *f = layout[0], *d = layout[1];
     double l[STEPS];
     hp_test_run_steps(f, world, 0, 3, l, "FSDP");
-    hp_config_t *d = malloc(sizeof *d);
-    *d = *f;
-    d->parallelism.data_parallel_replicate_degree = 2;
-    d->parallelism.data_parallel_shard_degree = 1;
     /* FSDP and DDP already differ by ~1e-5 at step 2 (reduction order) and this tiny
      * run (batch 1, lr 3e-3) amplifies it to ~1e-3 by step 6 with or without a checkpoint */
     if (hp_test_run_steps(d, world, 3, STEPS, l, "FSDP -> DDP"))
