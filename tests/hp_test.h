@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 static int hp_test_failures_ = 0;
 static int hp_test_checks_ = 0;
@@ -73,6 +74,29 @@ static inline int hp_test_run_capture(const char *cmd, char *out, size_t cap) {
     out[len] = '\0';
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+/* The path of `rel` in the source tree: $HP_SOURCE_DIR (ctest sets it), else "..". */
+static inline void hp_test_source_path(char *out, size_t cap, const char *rel) {
+    const char *src = getenv("HP_SOURCE_DIR");
+    snprintf(out, cap, "%s/%s", src ? src : "..", rel);
+}
+
+/* The path of the built program `name` ($HP_BUILD_DIR, else "."); prints the SKIP line and
+ * returns 0 when it is not built. */
+static inline int hp_test_built_program(char *out, size_t cap, const char *name) {
+    const char *bd = getenv("HP_BUILD_DIR");
+    snprintf(out, cap, "%s/%s", bd && *bd ? bd : ".", name);
+    if (access(out, X_OK) == 0) return 1;
+    printf("SKIP: %s not built (set HP_BUILD_DIR)\n", out);
+    return 0;
+}
+
+/* Removes a test's scratch directory (rm -rf; a failure is reported, not counted). */
+static inline void hp_test_remove_dir(const char *dir) {
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%.1024s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
 /* Prints a summary line and returns the exit code. */

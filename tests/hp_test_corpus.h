@@ -15,6 +15,7 @@
 #include "hyperparallel/config.h"
 #include "hyperparallel/trainer.h"
 #include "hyperparallel/tokenizer.h"
+#include "hp_test_mpi.h"
 #include "hp_test_tokenizer.h"
 
 static char dir_[256] __attribute__((unused)), corpus_[300] __attribute__((unused)), tok_[300] __attribute__((unused));
@@ -123,6 +124,137 @@ static inline void hp_test_moe_config(hp_config_t *c, int world, const char *nam
     c->training.steps = steps;
 }
 
+/* c's layout collapsed onto one rank: every parallel degree 1 (the rest of the config kept). */
+static inline void hp_test_single_rank(hp_config_t *c) {
+    int64_t *const degrees[] = {
+        &c->parallelism.data_parallel_replicate_degree, &c->parallelism.data_parallel_shard_degree,
+        &c->parallelism.tensor_parallel_degree,         &c->parallelism.pipeline_parallel_degree,
+        &c->parallelism.context_parallel_degree,        &c->parallelism.expert_parallel_degree,
+        &c->parallelism.expert_tensor_parallel_degree,
+    };
+    for (size_t i = 0; i < sizeof degrees / sizeof degrees[0]; i++) *degrees[i] = 1;
+}
+
+/* The start of a trainer test's main: MPI (hp_test_mpi_init), the corpus in a fresh
+ * /tmp/<prefix>_XXXXXX, and *c (heap; the caller frees it) set to hp_test_base_config for the
+ * world size. Returns the world communicator. */
+static inline hp_comm_t hp_test_corpus_init(int *argc, char ***argv, const char *prefix, int *rank, int *ws,
+                                            hp_config_t **c) {
+    int size = 0;
+    hp_comm_t world = hp_test_mpi_init(argc, argv, rank, &size);
+    if (ws) *ws = size;
+    hp_test_make_corpus(world, prefix);
+    *c = calloc(1, sizeof **c);
+    hp_test_base_config(*c, size);
+    return world;
+}
+
+/* n steps of t: each step's loss into losses[i] and, when norms is not NULL, its gradient norm
+ * into norms[i]. */
+static inline void hp_test_steps(hp_trainer_t t, int n, double *losses, double *norms) {
+    for (int i = 0; i < n; i++) {
+        hp_step_stats_t st;
+        HP_CHECK_OK(hp_trainer_step(t, &st));
+        losses[i] = st.loss;
+        if (norms) norms[i] = st.grad_norm;
+    }
+}
+
+/* Creates c's trainer on comm and runs its steps from + 1 .. to, their losses into
+ * losses[from .. to - 1]; a resumed run (from > 0) must start at step `from` (a check naming
+ * what). Returns 0 when no trainer came. */
+static inline int hp_test_run_steps(const hp_config_t *c, hp_comm_t comm, int from, int to, double *losses,
+                                    const char *what) {
+    hp_trainer_t t = NULL;
+    HP_CHECK_OK(hp_trainer_create(c, comm, &t));
+    if (!t) return 0;
+    if (from > 0)
+        HP_CHECK(hp_trainer_current_step(t) == from, "%s: resumed at step %lld, expected %d", what,
+                 (long long)hp_trainer_current_step(t), from);
+    hp_test_steps(t, to - from, losses + from, NULL);
+    hp_trainer_destroy(t);
+    return 1;
+}
+
+/* A communicator of world's ranks 0 .. k-1 (NULL on the other ranks). */
+static inline hp_comm_t hp_test_first_ranks(hp_comm_t world, int k) {
+    hp_comm_t sub = NULL;
+    const int rank = hp_comm_rank(world);
+    HP_CHECK_OK(hp_comm_split(world, rank < k ? 0 : -1, rank, &sub));
+    return sub;
+}
+
+/* Runs c on comm when this rank is in it (comm NULL: it is not) for n steps, or fewer where a
+ * resumed run reaches training.steps first (the steps not run stay 0), recording the losses,
+ * the gradient norms (norms NULL: not kept) and, when val is not NULL, the validation loss after
+ * the last step; then every rank of world receives world rank 0's values (world NULL: no
+ * broadcast, comm must then hold this rank). n <= 64. */
+static inline void hp_test_run_on(const hp_config_t *c, hp_comm_t comm, hp_comm_t world, int n, double *losses,
+                                  double *norms, double *val) {
+    double buf[2 * 64 + 1] = {0};
+    if (comm) {
+        hp_trainer_t t = NULL;
+        HP_CHECK_OK(hp_trainer_create(c, comm, &t));
+        for (int i = 0; t && i < n && hp_trainer_current_step(t) < c->training.steps; i++) {
+            hp_step_stats_t st;
+            HP_CHECK_OK(hp_trainer_step(t, &st));
+            buf[i] = st.loss;
+            buf[64 + i] = st.grad_norm;
+        }
+        if (t && val) HP_CHECK_OK(hp_trainer_validate(t, &buf[128]));
+        hp_trainer_destroy(t);
+    }
+    if (world) HP_CHECK_OK(hp_broadcast(buf, sizeof buf, HP_U8, 0, world, NULL));   // doubles as bytes
+    for (int i = 0; i < n; i++) {
+        losses[i] = buf[i];
+        if (norms) norms[i] = buf[64 + i];
+    }
+    if (val) *val = buf[128];
+}
+
+/* Checks a[i] against b[i] within rtol relative to b[i] for every step, naming what and the
+ * step; returns 1 when all are within. */
+static inline int hp_test_close_steps(const char *what, const double *a, const double *b, int n, double rtol) {
+    int ok = 1;
+    for (int i = 0; i < n; i++) {
+        const int c = fabs(a[i] - b[i]) <= rtol * fabs(b[i]);
+        HP_CHECK(c, "%s step %d: %.9g vs %.9g (rtol %g)", what, i + 1, a[i], b[i], rtol);
+        ok &= c;
+    }
+    return ok;
+}
+
+/* 1 when some step's a[i] lies outside rtol of b[i]: what a negative test (STYLE rule 17)
+ * must see. */
+static inline int hp_test_any_outside(const double *a, const double *b, int n, double rtol) {
+    int out = 0;
+    for (int i = 0; i < n; i++) out |= fabs(a[i] - b[i]) > rtol * fabs(b[i]);
+    return out;
+}
+
+/* The largest |a[i] - b[i]| / |b[i]| over n steps. */
+static inline double hp_test_worst_rel(const double *a, const double *b, int n) {
+    double w = 0;
+    for (int i = 0; i < n; i++) w = fmax(w, fabs(a[i] - b[i]) / fabs(b[i]));
+    return w;
+}
+
+/* A layout's run against its reference: losses within ltol and (ntol > 0) gradient norms
+ * within ntol, step by step, relative to the reference; rank 0 prints the first and last
+ * losses of both and the worst relative loss difference. */
+static inline void hp_test_compare_runs(const char *what, int n, const double *l, const double *rl,
+                                        const double *nm, const double *rn, double ltol, double ntol) {
+    hp_test_close_steps(what, l, rl, n, ltol);
+    if (ntol > 0) {
+        char w[300];
+        snprintf(w, sizeof w, "%.280s grad norm", what);
+        hp_test_close_steps(w, nm, rn, n, ntol);
+    }
+    if (hp_test_rank_ == 0)
+        printf("%s: losses %.6f .. %.6f (reference %.6f .. %.6f, worst rel diff %.1e)\n", what, l[0], l[n - 1], rl[0],
+               rl[n - 1], hp_test_worst_rel(l, rl, n));
+}
+
 /* Runs n trainer steps of config c on comm, recording each step's loss and gradient norm;
  * with validate, also checks that validation gives a finite positive loss. */
 static inline void hp_test_train_steps(const hp_config_t *c, hp_comm_t comm, int n, double *losses, double *norms,
@@ -130,12 +262,7 @@ static inline void hp_test_train_steps(const hp_config_t *c, hp_comm_t comm, int
     hp_trainer_t t = NULL;
     HP_CHECK_OK(hp_trainer_create(c, comm, &t));
     if (!t) return;
-    for (int i = 0; i < n; i++) {
-        hp_step_stats_t st;
-        HP_CHECK_OK(hp_trainer_step(t, &st));
-        losses[i] = st.loss;
-        norms[i] = st.grad_norm;
-    }
+    hp_test_steps(t, n, losses, norms);
     if (validate) {
         double vl = NAN;
         HP_CHECK_OK(hp_trainer_validate(t, &vl));
@@ -193,33 +320,29 @@ static inline void hp_test_solo_steps(const hp_config_t *f, hp_comm_t world, int
                                       double *norms) {
     hp_config_t *c = calloc(1, sizeof *c);
     *c = *f;
-    c->parallelism.data_parallel_replicate_degree = 1;
-    c->parallelism.data_parallel_shard_degree = 1;
-    c->parallelism.tensor_parallel_degree = 1;
-    c->parallelism.context_parallel_degree = 1;
-    c->parallelism.expert_parallel_degree = 1;
-    c->parallelism.expert_tensor_parallel_degree = 1;
-    c->parallelism.pipeline_parallel_degree = 1;
+    hp_test_single_rank(c);
     c->training.local_batch_size = dp * f->training.local_batch_size;
     c->training.global_batch_size = -1;
     hp_test_use_bin(c, 'y', dp);
-    hp_comm_t solo = NULL;
-    HP_CHECK_OK(hp_comm_split(world, hp_comm_rank(world) == 0 ? 0 : -1, 0, &solo));
-    if (solo) hp_test_train_steps(c, solo, n, losses, norms, 0);
+    hp_comm_t solo = hp_test_first_ranks(world, 1);
+    hp_test_run_on(c, solo, world, n, losses, norms, NULL);
     if (solo) hp_comm_destroy(solo);
-    HP_CHECK_OK(hp_broadcast(losses, (size_t)n, HP_I64, 0, world, NULL));   // doubles as 8-byte words
-    HP_CHECK_OK(hp_broadcast(norms, (size_t)n, HP_I64, 0, world, NULL));
     free(c);
 }
 
 /* Removes the directory (rank 0, after every rank is done) unless HP_KEEP is set. */
 static inline void hp_test_remove_corpus(hp_comm_t world) {
     hp_barrier(world, NULL);
-    if (hp_comm_rank(world) == 0 && !getenv("HP_KEEP") && dir_[0]) {
-        char cmd[400];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir_);
-        if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir_);
-    }
+    if (hp_comm_rank(world) == 0 && !getenv("HP_KEEP") && dir_[0]) hp_test_remove_dir(dir_);
+}
+
+/* The end of a trainer test's main: the summary line, the corpus removed, MPI finalized.
+ * Returns the exit code. */
+static inline int hp_test_corpus_finish(hp_comm_t world, const char *name) {
+    const int rc = hp_test_finish(name);
+    hp_test_remove_corpus(world);
+    hp_comm_finalize();
+    return rc;
 }
 
 #endif

@@ -24,4 +24,14 @@ static inline hp_comm_t hp_test_mpi_init(int *argc, char ***argv, int *rank, int
     return w;
 }
 
+/* The end of a multi-rank test's main: the summary line (hp_test_finish), then hp_comm_finalize,
+ * whose failure (a communicator not destroyed, an operation never waited) is printed but, coming
+ * after the summary, does not change the exit code. Returns the exit code. */
+static inline int hp_test_mpi_finish(const char *name) {
+    const int rc = hp_test_finish(name);
+    if (hp_comm_finalize() != HP_OK)
+        fprintf(stderr, "[rank %d] hp_comm_finalize: %s\n", hp_test_rank_, hp_last_error());
+    return rc;
+}
+
 #endif

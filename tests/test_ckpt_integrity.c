@@ -138,6 +138,20 @@ static void dcp_cases(void) {
     hp_tensor_free_data(&d.local);
 }
 
+/* A fresh manager of c loads the latest complete step into st (its log captured in LOG);
+ * returns the load's status, or the create's when that failed. */
+static hp_status_t fresh_load(const hp_config_t *c, hp_ckpt_train_state_t *st, int64_t *got, int *loaded) {
+    hp_ckpt_manager_t m = NULL;
+    hp_status_t s = hp_ckpt_manager_create(c, NULL, &m);
+    HP_CHECK(s == HP_OK, "hp_ckpt_manager_create: %s", hp_last_error());
+    if (!m) return s;
+    capture_begin();
+    s = hp_ckpt_manager_load(m, st, got, loaded);
+    capture_end();
+    hp_ckpt_manager_destroy(m);
+    return s;
+}
+
 static void manager_cases(void) {
     hp_config_t *c = calloc(1, sizeof *c);
     hp_config_defaults(c);
@@ -188,38 +202,18 @@ static void manager_cases(void) {
     hp_ckpt_manager_destroy(m);
     /* verify_checksums = false: step-2 (sizes right) loads */
     c->checkpoint.verify_checksums = false;
-    m = NULL;
-    HP_CHECK_OK(hp_ckpt_manager_create(c, NULL, &m));
-    if (m) {
-        HP_CHECK(hp_ckpt_manager_load(m, &st, &got, &loaded) == HP_OK && got == 2, "skip checksums: step %lld",
-                 (long long)got);
-        hp_ckpt_manager_destroy(m);
-    }
+    HP_CHECK(fresh_load(c, &st, &got, &loaded) == HP_OK && got == 2, "skip checksums: step %lld", (long long)got);
     c->checkpoint.verify_checksums = true;
     /* nothing complete: a clear error */
     unlink(s1);
-    m = NULL;
-    HP_CHECK_OK(hp_ckpt_manager_create(c, NULL, &m));
-    if (m) {
-        capture_begin();
-        s = hp_ckpt_manager_load(m, &st, &got, &loaded);
-        capture_end();
-        HP_CHECK(s == HP_ERR_FORMAT && strstr(hp_last_error(), "none is complete") &&
-                     strstr(hp_last_error(), c->checkpoint.folder), "no complete step: %s", hp_last_error());
-        /* an explicit load_step does not fall back */
-        hp_ckpt_manager_destroy(m);
-    }
+    s = fresh_load(c, &st, &got, &loaded);
+    HP_CHECK(s == HP_ERR_FORMAT && strstr(hp_last_error(), "none is complete") &&
+                 strstr(hp_last_error(), c->checkpoint.folder), "no complete step: %s", hp_last_error());
+    /* an explicit load_step does not fall back */
     c->checkpoint.load_step = 3;
-    m = NULL;
-    HP_CHECK_OK(hp_ckpt_manager_create(c, NULL, &m));
-    if (m) {
-        capture_begin();
-        s = hp_ckpt_manager_load(m, &st, &got, &loaded);
-        capture_end();
-        HP_CHECK(s == HP_ERR_FORMAT && strstr(hp_last_error(), "load_step = 3") && strstr(hp_last_error(), "truncated"),
-                 "load_step on a truncated step: %s", hp_last_error());
-        hp_ckpt_manager_destroy(m);
-    }
+    s = fresh_load(c, &st, &got, &loaded);
+    HP_CHECK(s == HP_ERR_FORMAT && strstr(hp_last_error(), "load_step = 3") && strstr(hp_last_error(), "truncated"),
+             "load_step on a truncated step: %s", hp_last_error());
     hp_tensor_free_data(&p.value.local);
     free(c);
 }
@@ -260,8 +254,6 @@ int main(void) {
     dcp_cases();
     manager_cases();
     hf_index_cases();
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", ROOT);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", ROOT);
+    hp_test_remove_dir(ROOT);
     return hp_test_finish("test_ckpt_integrity");
 }

@@ -102,21 +102,17 @@ int main(int argc, char **argv) {
              strstr(out, "step-2.tmp-"), "listing after the kill:\n%s", out);
     /* step-1 loads, on one rank, with its values */
     int64_t sh[2] = {ROWS, COLS};
-    hp_tensor_t t;
-    HP_ASSERT(hp_tensor_malloc(&t, HP_F32, 2, sh) == HP_OK);
-    hp_dtensor_t d;
-    memset(&d, 0, sizeof d);
-    d.local = t;
+    hp_dtensor_t d = {0};   // a plain local tensor: the whole of w
+    HP_ASSERT(hp_tensor_malloc(&d.local, HP_F32, 2, sh) == HP_OK);
     hp_dcp_tensor_t ts[1] = {{"w", &d, -1, 0}};
     hp_dcp_state_t st = {ts, 1, NULL, 0};
     char dir[600];
     snprintf(dir, sizeof dir, "%s/step-1", folder);
     HP_CHECK_OK(hp_dcp_load(dir, &st, NULL, NULL));
     int bad = 0;
-    for (int64_t i = 0; i < (int64_t)ROWS * COLS; i++) bad += ((float *)t.data)[i] != value(i, 1);
+    for (int64_t i = 0; i < (int64_t)ROWS * COLS; i++) bad += ((float *)d.local.data)[i] != value(i, 1);
     HP_CHECK(bad == 0, "step-1 after the kill: %d wrong values", bad);
-    hp_tensor_free_data(&t);
-    snprintf(cmd, sizeof cmd, "rm -rf %s", folder);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", folder);
+    hp_tensor_free_data(&d.local);
+    hp_test_remove_dir(folder);
     return hp_test_finish("test_ckpt_kill");
 }

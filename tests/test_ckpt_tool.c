@@ -29,13 +29,29 @@ static int run(const char *fmt, const char *a, const char *b) {
     return rc > 128 ? 128 : rc;
 }
 
+/* How many parameters of a model of mc loaded from the DCP checkpoint in dir differ from p's
+ * (bitwise); -1 when no model was made. */
+static int params_differ(const hp_model_config_t *mc, const char *dir, const hp_param_t *p) {
+    hp_model_t m = NULL;
+    HP_CHECK_OK(hp_model_create(mc, 1, 4, &m));
+    if (!m) return -1;
+    const int np = hp_model_num_params(m);
+    hp_param_t *q = hp_model_params(m);
+    hp_dcp_tensor_t *ts = calloc((size_t)np, sizeof *ts);
+    for (int i = 0; i < np; i++) ts[i] = (hp_dcp_tensor_t){q[i].name, &q[i].value, -1, 0};
+    hp_dcp_state_t st = {ts, np, NULL, 0};
+    HP_CHECK_OK(hp_dcp_load(dir, &st, NULL, NULL));
+    int bad = 0;
+    for (int i = 0; i < np; i++)
+        bad += memcmp(p[i].value.local.data, q[i].value.local.data, hp_tensor_nbytes(&p[i].value.local)) != 0;
+    if (bad) fprintf(stderr, "%s: %d parameters differ\n", dir, bad);
+    free(ts);
+    hp_model_destroy(m);
+    return bad;
+}
+
 int main(void) {
-    const char *bd = getenv("HP_BUILD_DIR");
-    snprintf(TOOL, sizeof TOOL, "%s/hp-ckpt", bd && *bd ? bd : ".");
-    if (access(TOOL, X_OK) != 0) {
-        printf("SKIP: %s not built (set HP_BUILD_DIR)\n", TOOL);
-        return 0;
-    }
+    if (!hp_test_built_program(TOOL, sizeof TOOL, "hp-ckpt")) return 0;
     HP_ASSERT(mkdtemp(ROOT));
     /* a llama3 debug model (vocab 64) saved as a DCP checkpoint with one blob */
     hp_model_config_t mc;
@@ -85,40 +101,12 @@ int main(void) {
     snprintf(back, sizeof back, "%s/back/step-0", ROOT);
     HP_CHECK(run("to-hf %s %s --model llama3 --flavor debugmodel", dir, hf) == 0 && hp_hf_is_hf_dir(hf), "to-hf:\n%s", OUT);
     HP_CHECK(run("from-hf %s %s --model llama3 --flavor debugmodel", hf, back) == 0, "from-hf:\n%s", OUT);
-    hp_model_t m2 = NULL;
-    HP_CHECK_OK(hp_model_create(&mc, 1, 4, &m2));
-    if (m2) {
-        hp_dcp_tensor_t *t2 = calloc((size_t)np, sizeof *t2);
-        for (int i = 0; i < np; i++) t2[i] = (hp_dcp_tensor_t){hp_model_params(m2)[i].name, &hp_model_params(m2)[i].value, -1, 0};
-        hp_dcp_state_t s2 = {t2, np, NULL, 0};
-        HP_CHECK_OK(hp_dcp_load(back, &s2, NULL, NULL));
-        int bad = 0;
-        for (int i = 0; i < np; i++)
-            bad += memcmp(p[i].value.local.data, hp_model_params(m2)[i].value.local.data, hp_tensor_nbytes(&p[i].value.local)) != 0;
-        HP_CHECK(bad == 0, "to-hf/from-hf round trip: %d params differ", bad);
-        free(t2);
-        hp_model_destroy(m2);
-    }
+    HP_CHECK(params_differ(&mc, back, p) == 0, "to-hf/from-hf round trip: parameters differ");
     /* seed checkpoint: the model hp_model_init_weights(seed 5) draws, model only */
     char seedd[400];
     snprintf(seedd, sizeof seedd, "%s/seed/step-0", ROOT);
     HP_CHECK(run("seed %s --model llama3 --flavor debugmodel --vocab 64 --seed 5%s", seedd, "") == 0, "seed:\n%s", OUT);
-    {
-        hp_model_t m3 = NULL;
-        HP_CHECK_OK(hp_model_create(&mc, 1, 4, &m3));
-        if (m3) {
-            hp_dcp_tensor_t *t3 = calloc((size_t)np, sizeof *t3);
-            for (int i = 0; i < np; i++) t3[i] = (hp_dcp_tensor_t){hp_model_params(m3)[i].name, &hp_model_params(m3)[i].value, -1, 0};
-            hp_dcp_state_t s3 = {t3, np, NULL, 0};
-            HP_CHECK_OK(hp_dcp_load(seedd, &s3, NULL, NULL));
-            int bad = 0;
-            for (int i = 0; i < np; i++)
-                bad += memcmp(p[i].value.local.data, hp_model_params(m3)[i].value.local.data, hp_tensor_nbytes(&p[i].value.local)) != 0;
-            HP_CHECK(bad == 0, "seed checkpoint: %d params differ from init(seed 5)", bad);
-            free(t3);
-            hp_model_destroy(m3);
-        }
-    }
+    HP_CHECK(params_differ(&mc, seedd, p) == 0, "seed checkpoint: parameters differ from init(seed 5)");
     HP_CHECK(run("inspect %s%s", dir, "") == 0 && strstr(OUT, "integrity: OK (shard sizes and"), "inspect ok:\n%.3000s",
              OUT + (strlen(OUT) > 3000 ? strlen(OUT) - 3000 : 0));
     /* a bad step: inspect and list flag it (a copy of step-7 as step-9, then damaged) */
@@ -182,8 +170,6 @@ int main(void) {
     HP_CHECK(run("to-hf %s %s/x", dir, ROOT) == 2 && strstr(OUT, "--model and --flavor are required"), "usage:\n%s", OUT);
     free(ts);
     hp_model_destroy(m);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", ROOT);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", ROOT);
+    hp_test_remove_dir(ROOT);
     return hp_test_finish("test_ckpt_tool");
 }

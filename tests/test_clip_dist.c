@@ -88,7 +88,5 @@ int main(int argc, char **argv) {
             hp_mesh_destroy(m2);
         }
     }
-    int rc = hp_test_finish("test_clip_dist");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_clip_dist");
 }

@@ -47,7 +47,5 @@ int main(int argc, char **argv) {
     /* the communicator still works after the failures */
     HP_CHECK(hp_comm_agree(w, HP_OK, NULL) == HP_OK, "after failures");
     HP_CHECK_ERR(hp_comm_agree(NULL, HP_OK, NULL), HP_ERR_INVALID_ARG, "hp_comm_agree");
-    int rc = hp_test_finish("test_comm_agree");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_comm_agree");
 }

@@ -573,7 +573,5 @@ int main(int argc, char **argv) {
     HP_CHECK_OK(hp_redop_destroy(PREMUL2, W));
     HP_CHECK_OK(hp_redop_destroy(PREMUL_HALF, W));
     HP_CHECK_OK(hp_barrier(W, NULL));
-    int rc = hp_test_finish("test_comm_collectives");
-    HP_CHECK_OK(hp_comm_finalize());
-    return rc;
+    return hp_test_mpi_finish("test_comm_collectives");
 }

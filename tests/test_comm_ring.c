@@ -230,7 +230,5 @@ int main(int argc, char **argv) {
     test_bitwise(1);
     if (pow2) test_bitwise(0);
     test_steady();
-    int rc = hp_test_finish("test_comm_ring");
-    HP_CHECK_OK(hp_comm_finalize());
-    return rc;
+    return hp_test_mpi_finish("test_comm_ring");
 }

@@ -82,7 +82,5 @@ int main(int argc, char **argv) {
     HP_CHECK_OK(hp_comm_set_progress("poll"));
     HP_CHECK_OK(hp_redop_destroy(HALF, W));
     free(A), free(B), free(C), free(H);
-    int rc = hp_test_finish("test_comm_steady");
-    HP_CHECK_OK(hp_comm_finalize());
-    return rc;
+    return hp_test_mpi_finish("test_comm_steady");
 }

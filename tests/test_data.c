@@ -369,31 +369,28 @@ static void test_errors(void) {
     o.path = "";
     HP_CHECK_ERR(hp_dataset_open(&o, &ds), HP_ERR_INVALID_ARG, "set data.path");
 
-    write_file("nul.txt", "abc\0def", 7);
-    path(p, sizeof p, "nul.txt");
+    /* bad files (len 0: the text's strlen) */
+    static const struct {
+        const char *name, *bytes;
+        size_t len;
+        const char *needle;   /* all HP_ERR_FORMAT */
+    } bad[] = {
+        {"nul.txt", "abc\0def", 7, "nul.txt': NUL byte at offset 3"},
+        {"bad.jsonl", "{\"text\": \"ok\"}\n\n{\"text\": \"broken\n{\"text\": 3}\n", 0, "bad.jsonl:3: "},
+        {"field.jsonl", "{\"text\": \"ok\"}\n{\"body\": \"x\"}\n", 0,
+         "field.jsonl:2: expected a string field 'text' (the field is missing)"},
+        {"type.jsonl", "{\"text\": [1]}\n", 0,
+         "type.jsonl:1: expected a string field 'text' (the field is not a string)"},
+        {"trail.jsonl", "{\"text\": \"a\"} x\n", 0, "trail.jsonl:1: unexpected text after the JSON value"},
+        {"array.jsonl", "[1, 2]\n", 0, "not a JSON object"},
+        {"odd.bin", "abc", 3, "3 bytes is not a multiple of 2 (data.bin_dtype=uint16)"},
+    };
     o.path = p;
-    HP_CHECK_ERR(hp_dataset_open(&o, &ds), HP_ERR_FORMAT, "nul.txt': NUL byte at offset 3");
-
-    write_text("bad.jsonl", "{\"text\": \"ok\"}\n\n{\"text\": \"broken\n{\"text\": 3}\n");
-    path(p, sizeof p, "bad.jsonl");
-    HP_CHECK_ERR(hp_dataset_open(&o, &ds), HP_ERR_FORMAT, "bad.jsonl:3: ");
-    write_text("field.jsonl", "{\"text\": \"ok\"}\n{\"body\": \"x\"}\n");
-    path(p, sizeof p, "field.jsonl");
-    HP_CHECK_ERR(hp_dataset_open(&o, &ds), HP_ERR_FORMAT,
-                 "field.jsonl:2: expected a string field 'text' (the field is missing)");
-    write_text("type.jsonl", "{\"text\": [1]}\n");
-    path(p, sizeof p, "type.jsonl");
-    HP_CHECK_ERR(hp_dataset_open(&o, &ds), HP_ERR_FORMAT, "type.jsonl:1: expected a string field 'text' (the field is not a string)");
-    write_text("trail.jsonl", "{\"text\": \"a\"} x\n");
-    path(p, sizeof p, "trail.jsonl");
-    HP_CHECK_ERR(hp_dataset_open(&o, &ds), HP_ERR_FORMAT, "trail.jsonl:1: unexpected text after the JSON value");
-    write_text("array.jsonl", "[1, 2]\n");
-    path(p, sizeof p, "array.jsonl");
-    HP_CHECK_ERR(hp_dataset_open(&o, &ds), HP_ERR_FORMAT, "not a JSON object");
-
-    write_file("odd.bin", "abc", 3);
-    path(p, sizeof p, "odd.bin");
-    HP_CHECK_ERR(hp_dataset_open(&o, &ds), HP_ERR_FORMAT, "3 bytes is not a multiple of 2 (data.bin_dtype=uint16)");
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(bad[i].name, bad[i].bytes, bad[i].len ? bad[i].len : strlen(bad[i].bytes));
+        path(p, sizeof p, bad[i].name);
+        HP_CHECK_ERR(hp_dataset_open(&o, &ds), HP_ERR_FORMAT, bad[i].needle);
+    }
     write_text("empty.txt", "\n\n%\n\n");
     path(p, sizeof p, "empty.txt");
     o.text_separator = "percent";
@@ -469,10 +466,6 @@ int main(int argc, char **argv) {
     test_no_loop_and_validation();
     test_directory();
     test_errors();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir_);
-    int rc = hp_test_finish("test_data");
-    hp_comm_finalize();
-    return rc;
+    hp_test_remove_dir(dir_);
+    return hp_test_mpi_finish("test_data");
 }

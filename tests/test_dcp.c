@@ -94,11 +94,17 @@ static void save_four(hp_mesh_t m1, hp_mesh_t m2, const char *rel) {
     hp_dtensor_free(&c);
 }
 
+/* The 1-D mesh over every rank and, when m2 is not NULL, the 2-D one (2 x N/2; 1 x N below 4
+ * ranks). */
+static void meshes(hp_mesh_t *m1, hp_mesh_t *m2) {
+    int64_t s4 = N, s22[2] = {N >= 4 ? 2 : 1, N >= 4 ? N / 2 : N};
+    HP_CHECK_OK(hp_mesh_create(W, 1, &s4, NULL, m1));
+    if (m2) HP_CHECK_OK(hp_mesh_create(W, 2, s22, NULL, m2));
+}
+
 static void test_reshard(void) {
     hp_mesh_t m1, m2;
-    int64_t s4 = N, s22[2] = {N >= 4 ? 2 : 1, N >= 4 ? N / 2 : N};
-    HP_CHECK_OK(hp_mesh_create(W, 1, &s4, NULL, &m1));
-    HP_CHECK_OK(hp_mesh_create(W, 2, s22, NULL, &m2));
+    meshes(&m1, &m2);
     save_four(m1, m2, "step-10");
     char dir[512];
     path(dir, sizeof dir, "step-10");
@@ -236,9 +242,7 @@ static void check_idx(const char *name, const hp_dtensor_t *d, const char *what)
 static void test_strided(void) {
     if (N < 4) return;
     hp_mesh_t m1, m2;
-    int64_t s4 = N, s22[2] = {2, N / 2};
-    HP_CHECK_OK(hp_mesh_create(W, 1, &s4, NULL, &m1));
-    HP_CHECK_OK(hp_mesh_create(W, 2, s22, NULL, &m2));
+    meshes(&m1, &m2);
     /* [SS(0,2), S(1)]: dp rank 0 holds rows 0-2 and 6-8 (two boxes); [SS(0,2), S(0)] is
      * TorchTitan's FSDP-over-TP layout (one box: rows tp*6 + dp*3 ...) */
     hp_placement_t ss1[2] = {hp_strided_shard(0, 2), hp_shard(1)};
@@ -291,8 +295,7 @@ static void test_strided(void) {
 
 static void test_errors(void) {
     hp_mesh_t m1;
-    int64_t s4 = N;
-    HP_CHECK_OK(hp_mesh_create(W, 1, &s4, NULL, &m1));
+    meshes(&m1, NULL);
     char dir[512];
     path(dir, sizeof dir, "step-10");
     hp_placement_t s0 = hp_shard(0), r = hp_replicate();
@@ -350,8 +353,7 @@ static void test_errors(void) {
 
 static void test_async(void) {
     hp_mesh_t m1;
-    int64_t s4 = N;
-    HP_CHECK_OK(hp_mesh_create(W, 1, &s4, NULL, &m1));
+    meshes(&m1, NULL);
     hp_placement_t s0 = hp_shard(0);
     hp_dtensor_t a = make("a", 2, SA, m1, 1, &s0, 1);
     hp_dcp_tensor_t ts[1] = {{"a", &a, -1, 0}};
@@ -409,9 +411,7 @@ static void test_async(void) {
  * file is caught by hp_dcp_verify naming that file, and by a load on every rank. */
 static void test_checksums(void) {
     hp_mesh_t m1, m2;
-    int64_t s4 = N, s22[2] = {N >= 4 ? 2 : 1, N >= 4 ? N / 2 : N};
-    HP_CHECK_OK(hp_mesh_create(W, 1, &s4, NULL, &m1));
-    HP_CHECK_OK(hp_mesh_create(W, 2, s22, NULL, &m2));
+    meshes(&m1, &m2);
     save_four(m1, m2, "sums");
     char dir[512], fp[600], fn[64];
     path(dir, sizeof dir, "sums");
@@ -574,12 +574,6 @@ int main(int argc, char **argv) {
     test_checksums();
     test_corrupt();
     hp_barrier(W, NULL);
-    if (R == 0 && !getenv("HP_KEEP")) {
-        char cmd[400];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", ROOT);
-        if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", ROOT);
-    }
-    int rc = hp_test_finish("test_dcp");
-    hp_comm_finalize();
-    return rc;
+    if (R == 0 && !getenv("HP_KEEP")) hp_test_remove_dir(ROOT);
+    return hp_test_mpi_finish("test_dcp");
 }

@@ -104,7 +104,5 @@ int main(int argc, char **argv) {
     // negative tests: each injected error must be reported by the harness
     ddp_parity(world, "ddp negative: rank 1 divisor x 1.001", 2, 1, 0, 0, 1, DP_INJECT_DIVISOR, b);
     ddp_parity(world, "ddp negative: one gradient row off", 2, 1, 0, 0, 1, DP_INJECT_ROW, b);
-    int rc = hp_test_finish("test_ddp");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_ddp");
 }

@@ -429,15 +429,10 @@ static void test_dtypes(void) {
 
 int main(int argc, char **argv) {
     tu_init(&argc, &argv);
-    HP_CHECK_OK(hp_mesh_create(W, 1, (int64_t[]){N}, (const char *[]){"x"}, &M1));
-    HP_CHECK_OK(hp_mesh_create(W, 2, (int64_t[]){2, 2}, (const char *[]){"dp", "tp"}, &M2));
+    tu_meshes(&M1, &M2);
     test_distribute();
     test_from_local();
     test_ops();
     test_dtypes();
-    hp_mesh_destroy(M2);
-    hp_mesh_destroy(M1);
-    int rc = hp_test_finish("test_dtensor_api");
-    HP_CHECK_OK(hp_comm_finalize());
-    return rc;
+    return tu_finish("test_dtensor_api", M1, M2);
 }

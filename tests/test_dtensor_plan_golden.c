@@ -18,20 +18,41 @@ static hp_placement_t parse_pl(const char *t) {
     return hp_shard(atoi(t + 1));
 }
 
-int main(void) {
-    const char *src_dir = getenv("HP_SOURCE_DIR");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/tests/data/dtensor/plan_golden.txt", src_dir ? src_dir : "..");
-    FILE *f = fopen(path, "r");
-    HP_CHECK(f != NULL, "cannot open %s (set HP_SOURCE_DIR to the source tree)", path);
-    if (!f) return hp_test_finish("test_dtensor_plan_golden");
-    char line[4096];
-    int lines = 0, steps_total = 0;
-    while (fgets(line, sizeof line, f)) {
+/* The next case line of a golden file (comments and blank lines skipped), split at spaces
+ * into tok; returns the token count, -1 at the end. */
+static int next_case(FILE *f, char *line, size_t cap, char **tok) {
+    while (fgets(line, (int)cap, f)) {
         if (line[0] == '#' || line[0] == '\n') continue;
-        char *tok[256];
         int nt = 0;
         for (char *p = strtok(line, " \n"); p && nt < 256; p = strtok(NULL, " \n")) tok[nt++] = p;
+        return nt;
+    }
+    return -1;
+}
+
+/* A rank's coordinates on a row-major mesh of mnd dims of sizes ms. */
+static void mesh_coord(int rank, int mnd, const int64_t *ms, int *coord) {
+    for (int i = mnd - 1, q = rank; i >= 0; i--) {
+        coord[i] = q % (int)ms[i];
+        q /= (int)ms[i];
+    }
+}
+
+static FILE *open_golden(const char *rel) {
+    char path[1024];
+    hp_test_source_path(path, sizeof path, rel);
+    FILE *f = fopen(path, "r");
+    HP_CHECK(f != NULL, "cannot open %s (set HP_SOURCE_DIR to the source tree)", path);
+    return f;
+}
+
+/* plan_golden.txt: every plan's steps and logical shapes. Returns 0 when the file is missing. */
+static int plan_golden(void) {
+    FILE *f = open_golden("tests/data/dtensor/plan_golden.txt");
+    if (!f) return 0;
+    char line[4096], *tok[256];
+    int lines = 0, steps_total = 0;
+    while (next_case(f, line, sizeof line, tok) >= 0) {
         int k = 0;
         int mnd = atoi(tok[k++]);
         int64_t ms[HP_MESH_MAX_DIMS];
@@ -45,10 +66,7 @@ int main(void) {
         int rank = atoi(tok[k++]);
         int nexp = atoi(tok[k++]);
         int coord[HP_MESH_MAX_DIMS];
-        for (int i = mnd - 1, q = rank; i >= 0; i--) {
-            coord[i] = q % (int)ms[i];
-            q /= (int)ms[i];
-        }
+        mesh_coord(rank, mnd, ms, coord);
         hp_transform_t steps[2 * HP_MESH_MAX_DIMS];
         int n = -1;
         HP_CHECK_OK(hp_redistribute_plan(steps, 2 * HP_MESH_MAX_DIMS, &n, nd, shape, mnd, ms, coord, src, dst));
@@ -70,17 +88,16 @@ int main(void) {
     fclose(f);
     HP_CHECK(lines == 2080, "read %d plans", lines);
     printf("test_dtensor_plan_golden: %d plans, %d steps compared\n", lines, steps_total);
+    return 1;
+}
 
-    snprintf(path, sizeof path, "%s/tests/data/dtensor/layout_golden.txt", src_dir ? src_dir : "..");
-    f = fopen(path, "r");
-    HP_CHECK(f != NULL, "cannot open %s", path);
-    if (!f) return hp_test_finish("test_dtensor_plan_golden");
+/* layout_golden.txt: local shapes and offsets (L lines) and _StridedShard's pieces (the rest). */
+static void layout_golden(void) {
+    FILE *f = open_golden("tests/data/dtensor/layout_golden.txt");
+    if (!f) return;
+    char line[4096], *tok[256];
     int nl = 0, nx = 0;
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] == '#' || line[0] == '\n') continue;
-        char *tok[256];
-        int nt = 0;
-        for (char *p = strtok(line, " \n"); p && nt < 256; p = strtok(NULL, " \n")) tok[nt++] = p;
+    while (next_case(f, line, sizeof line, tok) >= 0) {
         int k = 1;
         if (tok[0][0] == 'L') {
             int mnd = atoi(tok[k++]);
@@ -91,10 +108,7 @@ int main(void) {
             hp_placement_t pl[HP_MESH_MAX_DIMS];
             for (int i = 0; i < mnd; i++) pl[i] = parse_pl(tok[k++]);
             int rank = atoi(tok[k++]), coord[HP_MESH_MAX_DIMS];
-            for (int i = mnd - 1, q = rank; i >= 0; i--) {
-                coord[i] = q % (int)ms[i];
-                q /= (int)ms[i];
-            }
+            mesh_coord(rank, mnd, ms, coord);
             hp_layout_local_shape_and_offset(nd, shape, mnd, ms, coord, pl, ls, off);
             int same = 1;
             for (int d = 0; d < nd; d++) same &= ls[d] == atoll(tok[k + d]) && off[d] == atoll(tok[k + nd + d]);
@@ -118,5 +132,9 @@ int main(void) {
     fclose(f);
     HP_CHECK(nl == 900 && nx == 420, "read %d layouts and %d strided pieces", nl, nx);
     printf("test_dtensor_plan_golden: %d layouts and %d strided pieces compared\n", nl, nx);
+}
+
+int main(void) {
+    if (plan_golden()) layout_golden();
     return hp_test_finish("test_dtensor_plan_golden");
 }

@@ -142,7 +142,5 @@ int main(int argc, char **argv) {
         printf("test_dtensor_random: %d cases (%d failed); source placements R %lld, S %lld, P %lld; "
                "targets keeping Partial %lld\n", ncases, nfail_cases, kinds[0], kinds[1], kinds[2], kinds[3]);
     for (int i = 0; i < NMESH; i++) hp_mesh_destroy(meshes[i]);
-    int rc = hp_test_finish("test_dtensor_random");
-    HP_CHECK_OK(hp_comm_finalize());
-    return rc;
+    return hp_test_mpi_finish("test_dtensor_random");
 }

@@ -139,4 +139,35 @@ static inline const char *tu_pl(int n, const hp_placement_t *p) {
     return hp_placements_str(n, p, buf[k], sizeof buf[k]);
 }
 
+/* The meshes the API and redistribute tests share: m1, the 1-D mesh "x" over every rank, and
+ * m2, 2 x 2 ("dp", "tp") over ranks 0-3. */
+static inline void tu_meshes(hp_mesh_t *m1, hp_mesh_t *m2) {
+    HP_CHECK_OK(hp_mesh_create(W, 1, (int64_t[]){N}, (const char *[]){"x"}, m1));
+    HP_CHECK_OK(hp_mesh_create(W, 2, (int64_t[]){2, 2}, (const char *[]){"dp", "tp"}, m2));
+}
+
+/* The end of such a test: both meshes destroyed, the summary line, MPI finalized. */
+static inline int tu_finish(const char *name, hp_mesh_t m1, hp_mesh_t m2) {
+    hp_mesh_destroy(m2);
+    hp_mesh_destroy(m1);
+    return hp_test_mpi_finish(name);
+}
+
+/* One redistribute case: g distributed as src (a) and redistributed to dst (b, the collectives
+ * counted from just before it), checked bitwise against g distributed as dst directly (what
+ * names it); then the caller checks the counts and frees a, b and g. */
+static inline void tu_redistribute_vs_direct(const char *what, const hp_tensor_t *g, hp_mesh_t m, int np,
+                                             const hp_placement_t *src, const hp_placement_t *dst, hp_dtensor_t *a,
+                                             hp_dtensor_t *b) {
+    hp_dtensor_t direct;
+    HP_CHECK_OK(hp_dtensor_distribute(a, NULL, g, m, np, src, 0));
+    HP_CHECK_OK(hp_dtensor_distribute(&direct, NULL, g, m, np, dst, 0));
+    hp_comm_counts_reset();
+    HP_CHECK_OK(hp_dtensor_redistribute(b, NULL, a, np, dst));
+    HP_CHECK(hp_tensor_same_shape(&b->local, &direct.local) &&
+                 memcmp(b->local.data, direct.local.data, hp_tensor_nbytes(&b->local)) == 0,
+             "%s: equals direct distribute", what);
+    hp_dtensor_free(&direct);
+}
+
 #endif

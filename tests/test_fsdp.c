@@ -12,14 +12,8 @@ int main(int argc, char **argv) {
     hp_comm_t world = hp_test_mpi_init(&argc, &argv, &g_rank, &g_world);
     double l_on[10], l_off[10];
     const pcase_t base = {"fsdp f32", 10, 1, 0, HP_FSDP_RESHARD_DEFAULT, 1, 1, HP_F32, HP_F32, DP_INJECT_NONE};
-    run_case(world, &base, l_on);
-    pcase_t c = base;
-    c.what = "fsdp f32 overlap off";
-    c.overlap = 0;
-    c.steps = 2;
-    run_case(world, &c, l_off);
-    dp_check_same_losses(l_on, l_off, 2, "overlap on", "off");
-    c = base; c.what = "fsdp accum 2 (sync every micro-batch)"; c.accum = 2; c.steps = 2;
+    run_case_overlap_off(world, &base, "fsdp f32 overlap off", l_on);
+    pcase_t c = base; c.what = "fsdp accum 2 (sync every micro-batch)"; c.accum = 2; c.steps = 2;
     run_case(world, &c, l_off);
     c = base; c.what = "fsdp accum 2 (no sync until last)"; c.accum = 2; c.nosync = 1; c.steps = 10;
     run_case(world, &c, l_off);
@@ -31,7 +25,5 @@ int main(int argc, char **argv) {
     run_case(world, &c, l_off);
     c.what = "fsdp negative: rank 1 lr x (1 + 1e-3)"; c.inject = DP_INJECT_LR;
     run_case(world, &c, l_off);
-    int rc = hp_test_finish("test_fsdp");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_fsdp");
 }

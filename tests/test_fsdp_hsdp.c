@@ -16,7 +16,5 @@ int main(int argc, char **argv) {
     run_case(world, &c, l);
     c = base; c.what = "fsdp reshard_after_forward 2"; c.R = 1; c.raf = 2; c.steps = 2;
     run_case(world, &c, l);
-    int rc = hp_test_finish("test_fsdp_hsdp");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_fsdp_hsdp");
 }

@@ -23,7 +23,5 @@ int main(int argc, char **argv) {
     c.what = "fsdp f32 reshard_after_forward True"; c.raf = 1;
     run_case(world, &c, l1);
     dp_check_same_losses(l0, l1, 2, "reshard_after_forward False", "True");
-    int rc = hp_test_finish("test_fsdp_mp");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_fsdp_mp");
 }

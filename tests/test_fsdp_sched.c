@@ -16,26 +16,17 @@
 #include "test_fsdp_util.h"
 #include "hp_test_mpi.h"
 
-static void fwd_bwd(hp_model_t m, int step) {
-    int32_t tok[DP_B * DP_T], tgt[DP_B * DP_T];
-    const int V = hp_model_config(m)->vocab_size;
-    for (int b = 0; b < DP_B; b++) dp_sequence(step, 0, g_rank * DP_B + b, V, tok + b * DP_T, tgt + b * DP_T);
-    float l;
-    HP_CHECK_OK(hp_model_forward(m, tok, tgt, DP_B, DP_T, 100.0f, &l));
-    HP_CHECK_OK(hp_model_backward(m));
-}
+static void fwd_bwd(hp_model_t m, int step) { fsdp_rank_step(m, step, 1); }
 
 static void counts(hp_comm_t world, int raf, int R, int sync, uint64_t ag, uint64_t rs, uint64_t ar) {
     hp_model_config_t cfg = dp_config(4);
-    hp_model_t m = NULL;
-    HP_ASSERT(hp_model_create(&cfg, DP_B, DP_T, &m) == HP_OK);
-    HP_ASSERT(hp_model_init_weights(m, DP_SEED) == HP_OK);
-    hp_mesh_t mesh = make_mesh(world, R);
     hp_fsdp_options_t o = hp_fsdp_default_options();
     o.reshard_after_forward = raf;
     o.gradient_divide_factor = 1.0;
-    hp_fsdp_t f = NULL;
-    HP_CHECK_OK(hp_fully_shard(m, mesh, &o, &f));
+    hp_model_t m;
+    hp_mesh_t mesh;
+    hp_fsdp_t f;
+    fsdp_shard_model(world, &cfg, R, &o, &m, &mesh, &f);
     for (int step = 0; f && step < 2; step++) {   // the second step sees the steady state
         HP_CHECK_OK(hp_fsdp_zero_grad(f));
         hp_fsdp_set_requires_gradient_sync(f, sync);
@@ -72,14 +63,12 @@ static void check_events(hp_fsdp_t f, const char *const *expect, int n, const ch
 
 static void events(hp_comm_t world, int overlap) {
     hp_model_config_t cfg = dp_config(4);
-    hp_model_t m = NULL;
-    HP_ASSERT(hp_model_create(&cfg, DP_B, DP_T, &m) == HP_OK);
-    HP_ASSERT(hp_model_init_weights(m, DP_SEED) == HP_OK);
-    hp_mesh_t mesh = make_mesh(world, 1);
     hp_fsdp_options_t o = hp_fsdp_default_options();
     o.overlap = overlap;
-    hp_fsdp_t f = NULL;
-    HP_CHECK_OK(hp_fully_shard(m, mesh, &o, &f));
+    hp_model_t m;
+    hp_mesh_t mesh;
+    hp_fsdp_t f;
+    fsdp_shard_model(world, &cfg, 1, &o, &m, &mesh, &f);
     if (!f) return;
     hp_fsdp_record_events(f, 1);
     int32_t tok[DP_T], tgt[DP_T];
@@ -202,7 +191,5 @@ int main(int argc, char **argv) {
     events(world, 1);
     divide_factor(world);
     misuse(world);
-    int rc = hp_test_finish("test_fsdp_sched");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_fsdp_sched");
 }

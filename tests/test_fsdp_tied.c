@@ -24,14 +24,6 @@ static hp_model_config_t tied_config(void) {
     return c;
 }
 
-static void fwd(hp_model_t m, int step) {
-    int32_t tok[DP_B * DP_T], tgt[DP_B * DP_T];
-    const int V = hp_model_config(m)->vocab_size;
-    for (int b = 0; b < DP_B; b++) dp_sequence(step, 0, g_rank * DP_B + b, V, tok + b * DP_T, tgt + b * DP_T);
-    float l;
-    HP_CHECK_OK(hp_model_forward(m, tok, tgt, DP_B, DP_T, 100.0f, &l));
-}
-
 static void check_events(hp_fsdp_t f, const char *const *expect, int n, const char *what, const char *setting) {
     int got = hp_fsdp_num_events(f);
     int ok = got == n;
@@ -47,23 +39,21 @@ static void check_events(hp_fsdp_t f, const char *const *expect, int n, const ch
  * Default or True), for one (reshard_after_forward, overlap) setting. */
 static void schedule(hp_comm_t world, int raf, int overlap) {
     hp_model_config_t cfg = tied_config();
-    hp_model_t m = NULL;
-    HP_ASSERT(hp_model_create(&cfg, DP_B, DP_T, &m) == HP_OK);
-    HP_ASSERT(hp_model_init_weights(m, DP_SEED) == HP_OK);
-    hp_mesh_t mesh = make_mesh(world, 1);
     hp_fsdp_options_t o = hp_fsdp_default_options();
     o.reshard_after_forward = raf;
     o.overlap = overlap;
     o.gradient_divide_factor = 1.0;
-    hp_fsdp_t f = NULL;
-    HP_CHECK_OK(hp_fully_shard(m, mesh, &o, &f));
+    hp_model_t m;
+    hp_mesh_t mesh;
+    hp_fsdp_t f;
+    fsdp_shard_model(world, &cfg, 1, &o, &m, &mesh, &f);
     if (!f) { hp_model_destroy(m); hp_mesh_destroy(mesh); return; }
     char what[64];
     snprintf(what, sizeof what, "raf %d overlap %d", raf, overlap);
     // events, step 0
     const int ev = raf != 0;
     hp_fsdp_record_events(f, ev);
-    fwd(m, 0);
+    fsdp_rank_step(m, 0, 0);
     static const char *const fwd_off[] = {
         "unshard tok_embeddings+root", "unshard layers.0", "reshard layers.0", "unshard layers.1",
         "reshard layers.1", "reshard tok_embeddings+root"};
@@ -95,7 +85,7 @@ static void schedule(hp_comm_t world, int raf, int overlap) {
     const uint64_t G = TIED_LAYERS + 1;
     HP_CHECK_OK(hp_fsdp_zero_grad(f));
     hp_comm_counts_reset();
-    fwd(m, 1);
+    fsdp_rank_step(m, 1, 0);
     HP_CHECK_OK(hp_model_backward(m));
     hp_comm_counts_t c;
     hp_comm_counts_get(&c);
@@ -116,14 +106,8 @@ int main(int argc, char **argv) {
 
     double l_on[10], l_off[10];
     const pcase_t base = {"tied fsdp f32", 10, 1, 0, HP_FSDP_RESHARD_DEFAULT, 1, 1, HP_F32, HP_F32, DP_INJECT_NONE};
-    run_case(world, &base, l_on);
-    pcase_t c = base;
-    c.what = "tied fsdp f32 overlap off";
-    c.overlap = 0;
-    c.steps = 2;
-    run_case(world, &c, l_off);
-    dp_check_same_losses(l_on, l_off, 2, "overlap on", "off");
-    c = base; c.what = "tied fsdp reshard_after_forward True"; c.raf = 1; c.steps = 2;
+    run_case_overlap_off(world, &base, "tied fsdp f32 overlap off", l_on);
+    pcase_t c = base; c.what = "tied fsdp reshard_after_forward True"; c.raf = 1; c.steps = 2;
     run_case(world, &c, l_off);
     dp_check_same_losses(l_on, l_off, 2, "reshard True", "Default");
     c = base; c.what = "tied fsdp reshard_after_forward False"; c.raf = 0; c.steps = 2;
@@ -142,7 +126,5 @@ int main(int argc, char **argv) {
     schedule(world, HP_FSDP_RESHARD_DEFAULT, 1);
     schedule(world, 1, 1);
     schedule(world, 0, 1);
-    int rc = hp_test_finish("test_fsdp_tied");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_fsdp_tied");
 }

@@ -171,4 +171,39 @@ static inline void run_case(hp_comm_t world, const pcase_t *pc, double *losses) 
     if (self_comm) hp_comm_destroy(self_comm);
 }
 
+/* Runs base, then base for 2 steps with the overlap off (what_off), whose losses must equal
+ * base's bitwise; base's losses into losses. */
+static inline void run_case_overlap_off(hp_comm_t world, const pcase_t *base, const char *what_off, double *losses) {
+    run_case(world, base, losses);
+    pcase_t c = *base;
+    double off[10];
+    c.what = what_off;
+    c.overlap = 0;
+    c.steps = 2;
+    run_case(world, &c, off);
+    dp_check_same_losses(losses, off, 2, "overlap on", "off");
+}
+
+/* This rank's DP_B sequences of `step` through m: the forward, and the backward when asked. */
+static inline void fsdp_rank_step(hp_model_t m, int step, int backward) {
+    int32_t tok[DP_B * DP_T], tgt[DP_B * DP_T];
+    const int V = hp_model_config(m)->vocab_size;
+    for (int b = 0; b < DP_B; b++) dp_sequence(step, 0, g_rank * DP_B + b, V, tok + b * DP_T, tgt + b * DP_T);
+    float l;
+    HP_CHECK_OK(hp_model_forward(m, tok, tgt, DP_B, DP_T, 100.0f, &l));
+    if (backward) HP_CHECK_OK(hp_model_backward(m));
+}
+
+/* A model of cfg initialized with DP_SEED and fully_shard with options o over make_mesh(world,
+ * R); *f stays NULL when fully_shard fails (reported). */
+static inline void fsdp_shard_model(hp_comm_t world, const hp_model_config_t *cfg, int R, const hp_fsdp_options_t *o,
+                                    hp_model_t *m, hp_mesh_t *mesh, hp_fsdp_t *f) {
+    *m = NULL;
+    *f = NULL;
+    HP_ASSERT(hp_model_create(cfg, DP_B, DP_T, m) == HP_OK);
+    HP_ASSERT(hp_model_init_weights(*m, DP_SEED) == HP_OK);
+    *mesh = make_mesh(world, R);
+    HP_CHECK_OK(hp_fully_shard(*m, *mesh, o, f));
+}
+
 #endif

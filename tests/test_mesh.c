@@ -252,7 +252,5 @@ int main(int argc, char **argv) {
     test_2d();
     test_from_comm();
     if (N == 8) test_8();
-    int rc = hp_test_finish("test_mesh");
-    HP_CHECK_OK(hp_comm_finalize());
-    return rc;
+    return hp_test_mpi_finish("test_mesh");
 }

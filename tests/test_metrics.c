@@ -298,8 +298,6 @@ int main(void) {
     test_processor();
     test_from_config_and_peak();
     test_peak_bounds_model_gemms();
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir_);
+    hp_test_remove_dir(dir_);
     return hp_test_finish("test_metrics");
 }

@@ -96,7 +96,6 @@ int main(void) {
     HP_CHECK(bad == 0, "%d bad lines", bad);
     for (int t = 0; t < NTAGS; t++) HP_CHECK(seen[t] == NSTEPS, "tag %s: %d of %d scalars", tags[t], seen[t], NSTEPS);
     printf("tensorboard read %d scalars back\n", lines);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    hp_test_remove_dir(dir);
     return hp_test_finish("test_metrics_tensorboard");
 }

@@ -183,6 +183,19 @@ static double worst(const float *a, const double *b, int64_t n, double tol) {
     return w;
 }
 
+/* One forward of the module (x -> y, N x D rows, accumulating into y) and its backward (dy ->
+ * dx, then the weight gradients). */
+static void module_fwd_bwd(hp_module_t *mod, hp_act_t *act, float *x, float *y, float *dy, float *dx, int N, int D) {
+    hp_tensor_t tx, ty, tdy, tdx;
+    hp_tensor_view2(&tx, x, N, D);
+    hp_tensor_view2(&ty, y, N, D);
+    hp_tensor_view2(&tdy, dy, N, D);
+    hp_tensor_view2(&tdx, dx, N, D);
+    HP_CHECK_OK(hp_module_forward(mod, act, &tx, &ty));
+    HP_CHECK_OK(hp_module_backward_input(mod, act, &tdy, &tdx));
+    HP_CHECK_OK(hp_module_backward_weight(mod, act));
+}
+
 static void make_param(hp_param_t *pp, const char *name, float *v, float *g, int64_t n) {
     memset(pp, 0, sizeof(*pp));
     snprintf(pp->name, sizeof pp->name, "%s", name);
@@ -218,14 +231,7 @@ static void run_case(const char *label, const hp_moe_config_t *c, int B, int T, 
     float *x = malloc(sizeof(float) * (size_t)N * D), *y = calloc((size_t)N * D, sizeof(float));
     float *dy = malloc(sizeof(float) * (size_t)N * D), *dx = malloc(sizeof(float) * (size_t)N * D);
     for (int i = 0; i < N * D; i++) { x[i] = (float)p.x[i]; dy[i] = (float)p.dout[i]; y[i] = 0.25f; }
-    hp_tensor_t tx, ty, tdy, tdx;
-    hp_tensor_view2(&tx, x, N, D);
-    hp_tensor_view2(&ty, y, N, D);
-    hp_tensor_view2(&tdy, dy, N, D);
-    hp_tensor_view2(&tdx, dx, N, D);
-    HP_CHECK_OK(hp_module_forward(&mod, &act, &tx, &ty));
-    HP_CHECK_OK(hp_module_backward_input(&mod, &act, &tdy, &tdx));
-    HP_CHECK_OK(hp_module_backward_weight(&mod, &act));
+    module_fwd_bwd(&mod, &act, x, y, dy, dx, N, D);
 
     double *ref = calloc((size_t)N * D, sizeof(double)), counts[HP_MOE_MAX_EXPERTS] = {0}, margin;
     ref_moe(&p, p.x, ref, counts, &margin);
@@ -300,7 +306,10 @@ static void run_case(const char *label, const hp_moe_config_t *c, int B, int T, 
     act2.grad_scratch = calloc(sfl, sizeof(float));
     act2.grad_scratch_floats = sfl;
     hp_act_reset(&act);
-    hp_tensor_t tx2, ty2, tdx2;
+    hp_tensor_t tx, ty, tdy, tx2, ty2, tdx2;
+    hp_tensor_view2(&tx, x, N, D);
+    hp_tensor_view2(&ty, y, N, D);
+    hp_tensor_view2(&tdy, dy, N, D);
     hp_tensor_view2(&tx2, x2, N, D);
     hp_tensor_view2(&ty2, y2, N, D);
     hp_tensor_view2(&tdx2, dx2, N, D);
@@ -329,10 +338,14 @@ static float *st_read(hp_safetensors_t st, const char *name, int64_t *numel) {
     return b;
 }
 
-static double worst_f(const float *a, const float *b, int64_t n, double tol) {
-    double w = 0;
-    for (int64_t i = 0; i < n; i++) w = fmax(w, fabs(a[i] - b[i]) / (tol * (1.0 + fabs(b[i]))));
-    return w;
+/* A golden reference tensor, widened to double for worst(). */
+static double *st_ref(hp_safetensors_t st, const char *name) {
+    int64_t n = 0;
+    float *f = st_read(st, name, &n);
+    double *d = f ? malloc(sizeof(double) * (size_t)n) : NULL;
+    for (int64_t i = 0; d && i < n; i++) d[i] = f[i];
+    free(f);
+    return d;
 }
 
 /* One golden case (the configs must match CASES in make_moe_golden.py). */
@@ -374,36 +387,29 @@ static void golden_case(hp_safetensors_t st, const char *nm, const hp_moe_config
     snprintf(key, sizeof key, "%s.dout", nm);
     float *dy = st_read(st, key, NULL);
     float *y = calloc((size_t)N * D, sizeof(float)), *dx = calloc((size_t)N * D, sizeof(float));
-    hp_tensor_t tx, ty, tdy, tdx;
-    hp_tensor_view2(&tx, x, N, D);
-    hp_tensor_view2(&ty, y, N, D);
-    hp_tensor_view2(&tdy, dy, N, D);
-    hp_tensor_view2(&tdx, dx, N, D);
-    HP_CHECK_OK(hp_module_forward(&mod, &act, &tx, &ty));
-    HP_CHECK_OK(hp_module_backward_input(&mod, &act, &tdy, &tdx));
-    HP_CHECK_OK(hp_module_backward_weight(&mod, &act));
+    module_fwd_bwd(&mod, &act, x, y, dy, dx, N, D);
     /* PyTorch ran in float64 on these float32 values and stored float32 (6e-8 relative); the
      * module's f32 chain is bounded as in run_case: 2e-5 for outputs, 5e-5 for gradients */
     snprintf(key, sizeof key, "%s.out", nm);
-    float *ref = st_read(st, key, NULL);
-    double wo = worst_f(y, ref, (int64_t)N * D, 2e-5);
+    double *ref = st_ref(st, key);
+    double wo = worst(y, ref, (int64_t)N * D, 2e-5);
     HP_CHECK(wo <= 1.0, "golden %s: output differs from PyTorch (worst %.2f x tol)", nm, wo);
-    ref[5] += 1e-4f;
-    HP_CHECK(worst_f(y, ref, (int64_t)N * D, 2e-5) > 1.0, "golden %s: harness missed an injected error", nm);
+    ref[5] = (float)ref[5] + 1e-4f;
+    HP_CHECK(worst(y, ref, (int64_t)N * D, 2e-5) > 1.0, "golden %s: harness missed an injected error", nm);
     free(ref);
     snprintf(key, sizeof key, "%s.tokens_per_expert", nm);
-    ref = st_read(st, key, NULL);
-    HP_CHECK(memcmp(ref, tpe, sizeof(float) * (size_t)E) == 0, "golden %s: tokens_per_expert differs", nm);
-    free(ref);
+    float *tref = st_read(st, key, NULL);
+    HP_CHECK(memcmp(tref, tpe, sizeof(float) * (size_t)E) == 0, "golden %s: tokens_per_expert differs", nm);
+    free(tref);
     snprintf(key, sizeof key, "%s.grad.x", nm);
-    ref = st_read(st, key, NULL);
-    double wg = worst_f(dx, ref, (int64_t)N * D, 5e-5);
+    ref = st_ref(st, key);
+    double wg = worst(dx, ref, (int64_t)N * D, 5e-5);
     HP_CHECK(wg <= 1.0, "golden %s: grad x differs from PyTorch (worst %.2f x tol)", nm, wg);
     free(ref);
     for (int i = 0; i < np; i++) {
         snprintf(key, sizeof key, "%s.grad.%s", nm, pn[i]);
-        ref = st_read(st, key, NULL);
-        double wi = worst_f(g[i], ref, numel[i], 5e-5);
+        ref = st_ref(st, key);
+        double wi = worst(g[i], ref, numel[i], 5e-5);
         HP_CHECK(wi <= 1.0, "golden %s: grad %s differs from PyTorch (worst %.2f x tol)", nm, pn[i], wi);
         wg = fmax(wg, wi);
         free(ref);
@@ -417,9 +423,8 @@ static void golden_case(hp_safetensors_t st, const char *nm, const hp_moe_config
 }
 
 static void run_golden(void) {
-    const char *src = getenv("HP_SOURCE_DIR");
     char path[512];
-    snprintf(path, sizeof path, "%s/tests/data/golden_moe.safetensors", src ? src : "..");
+    hp_test_source_path(path, sizeof path, "tests/data/golden_moe.safetensors");
     hp_safetensors_t st = NULL;
     HP_CHECK_OK(hp_safetensors_open(path, &st));
     if (!st) return;

@@ -197,7 +197,5 @@ int main(int argc, char **argv) {
     hp_parallel_meshes_t m;
     HP_CHECK_OK(hp_parallel_dims_init(&pd, 1, -1, 1, 1, 1, 1, 1, n + 1));
     HP_CHECK_ERR(hp_parallel_dims_build_mesh(&pd, world, &m), HP_ERR_INVALID_ARG, "validated for a world of");
-    int rc = hp_test_finish("test_parallel_dims");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_parallel_dims");
 }

@@ -39,19 +39,6 @@ static void config(hp_config_t *c) {
     hp_test_use_bin(c, 'x', 2);
 }
 
-/* The trainer's run. */
-static void trainer_run(const hp_config_t *c, hp_comm_t world, double *l, double *n) {
-    hp_trainer_t t = NULL;
-    HP_CHECK_OK(hp_trainer_create(c, world, &t));
-    for (int i = 0; t && i < N; i++) {
-        hp_step_stats_t st;
-        HP_CHECK_OK(hp_trainer_step(t, &st));
-        l[i] = st.loss;
-        n[i] = st.grad_norm;
-    }
-    hp_trainer_destroy(t);
-}
-
 /* The same run through the public composition steps; lr_scale 1 reproduces the config. */
 static void library_run(const hp_config_t *c, hp_comm_t world, double lr_scale, double *l, double *n) {
     hp_parallel_dims_t pd;
@@ -144,7 +131,7 @@ int main(int argc, char **argv) {
     hp_config_t *c = calloc(1, sizeof *c);
     config(c);
     double tl[N] = {0}, tn[N] = {0}, ll[N] = {0}, ln[N] = {0}, xl[N] = {0}, xn[N] = {0};
-    trainer_run(c, world, tl, tn);
+    hp_test_run_on(c, world, NULL, N, tl, tn, NULL);   // the trainer's run
     library_run(c, world, 1.0, ll, ln);
     library_run(c, world, 1.001, xl, xn);
     int same = 1, moved = 0;
@@ -159,8 +146,5 @@ int main(int argc, char **argv) {
     HP_CHECK(same, "the public steps reproduce the trainer's losses and norms bitwise");
     HP_CHECK(moved, "negative: an lr 1.001x off changes the losses or norms");
     free(c);
-    int rc = hp_test_finish("test_parallelize_api");
-    hp_test_remove_corpus(world);
-    hp_comm_finalize();
-    return rc;
+    return hp_test_corpus_finish(world, "test_parallelize_api");
 }

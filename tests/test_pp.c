@@ -495,7 +495,5 @@ int main(int argc, char **argv) {
             for (int k = 0; k < 3; k++) run_case_m(world, "llama3", mk[k], 2 * ws, 0, &dflt);
         }
     }
-    int rc = hp_test_finish("test_pp");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_pp");
 }

@@ -290,6 +290,22 @@ static const char zb1p_comms[] =
     "1RECV_B5,3W4,1RECV_F7,1F6,1SEND_F6,1I4,1SEND_B4,3W5,3RECV_F6,1F7,1SEND_F7,1I5,1SEND_B5,1W4,3RECV_F7,3F6,3I6,"
     "3SEND_B6,1RECV_B6,1W5,3F7,3I7,3SEND_B7,1RECV_B7,3W6,1I6,1SEND_B6,3W7,1I7,1SEND_B7,1W6,1W7\n";
 
+/* A failed check naming, per rank, the first timestep where schedule got differs from want (the
+ * detail of a failed hp_pp_schedule_equal); checks nothing when they agree. */
+static void report_first_diffs(const hp_pp_schedule_t *got, const hp_pp_schedule_t *want, int ranks) {
+    for (int r = 0; got && r < ranks; r++)
+        for (int i = 0; i < hp_pp_schedule_len(want, r) && i < hp_pp_schedule_len(got, r); i++) {
+            const hp_pp_action_t *x = hp_pp_schedule_at(got, r, i), *y = hp_pp_schedule_at(want, r, i);
+            char a[48] = "_", b[48] = "_";
+            if (x) hp_pp_action_format(x, a, sizeof a);
+            if (y) hp_pp_action_format(y, b, sizeof b);
+            if (strcmp(a, b) != 0) {
+                HP_CHECK(0, "rank %d timestep %d: %s, expected %s", r, i, a, b);
+                break;
+            }
+        }
+}
+
 static void test_csv_zb1p(void) {
     hp_pp_schedule_t *c = NULL, *ref = NULL, *m = NULL, *o = NULL;
     HP_CHECK_OK(hp_pp_schedule_from_csv(zb1p_compute, "zb1p_2rank_2stagep_compute.csv", &c));
@@ -303,16 +319,7 @@ static void test_csv_zb1p(void) {
     loop_map(map, 4, 2);
     if (m) HP_CHECK_OK(hp_pp_add_send_recv(m, map, 4, &o));
     HP_CHECK(o && hp_pp_schedule_equal(o, ref), "merge_bw + send_recv equals zb1p_2rank_2stagep_comms.csv");
-    for (int r = 0; o && r < 2; r++)
-        for (int i = 0; i < hp_pp_schedule_len(ref, r) && i < hp_pp_schedule_len(o, r); i++) {
-            const hp_pp_action_t *x = hp_pp_schedule_at(o, r, i), *y = hp_pp_schedule_at(ref, r, i);
-            if (x && y && (x->stage != y->stage || x->type != y->type || x->mb != y->mb)) {
-                char a[32], b[32];
-                hp_pp_action_format(x, a, sizeof a), hp_pp_action_format(y, b, sizeof b);
-                HP_CHECK(0, "rank %d timestep %d: %s, expected %s", r, i, a, b);
-                break;
-            }
-        }
+    report_first_diffs(o, ref, 2);
     int steps = -1;
     if (o) HP_CHECK_OK(hp_pp_simulate(o, map, 4, NULL, &steps));
     HP_CHECK(steps == 113, "zb1p: %d simulated steps, PyTorch's test_csv expects 113", steps);
@@ -351,19 +358,10 @@ static void test_csv_dualpipev(void) {
     if (!ref || !g) return;
     HP_CHECK_OK(hp_pp_drop_bubbles(g, &gd));
     HP_CHECK(gd && hp_pp_schedule_equal(gd, ref), "DualPipeV(pp 4, 10 microbatches) equals dualpipev_4rank_10mb.csv");
-    for (int r = 0; gd && r < 4; r++) {
+    for (int r = 0; gd && r < 4; r++)
         HP_CHECK(hp_pp_schedule_len(gd, r) == hp_pp_schedule_len(ref, r), "rank %d: %d actions, the CSV %d", r,
                  hp_pp_schedule_len(gd, r), hp_pp_schedule_len(ref, r));
-        for (int i = 0; i < hp_pp_schedule_len(ref, r) && i < hp_pp_schedule_len(gd, r); i++) {
-            char a[48], b[48];
-            hp_pp_action_format(hp_pp_schedule_at(gd, r, i), a, sizeof a);
-            hp_pp_action_format(hp_pp_schedule_at(ref, r, i), b, sizeof b);
-            if (strcmp(a, b) != 0) {
-                HP_CHECK(0, "rank %d timestep %d: %s, expected %s", r, i, a, b);
-                break;
-            }
-        }
-    }
+    report_first_diffs(gd, ref, 4);
     /* the V mapping validates, lowers (comms around both halves of each overlap) and runs
      * without deadlock; REDUCE_GRAD counts the B inside an OVERLAP_F_B */
     int map[8], vmap[8], steps = -1;
@@ -484,18 +482,6 @@ static void test_grid_and_validate(void) {
     s = sched(2, v2);
     HP_CHECK_OK(hp_pp_validate(s, 2, 2, 1, NULL));
     hp_pp_schedule_free(s);
-    /* test_invalid_schedule_missing_rank */
-    const char *m1[] = {"0F0 0B0"};
-    s = sched(1, m1);
-    HP_CHECK_ERR(hp_pp_validate(s, 2, 2, 1, NULL), HP_ERR_INVALID_ARG,
-                 "Schedule has incorrect number of ranks - expected 2, actual 1");
-    hp_pp_schedule_free(s);
-    /* test_invalid_schedule_missing_action */
-    const char *m2[] = {"0F0", "1F0"};
-    s = sched(2, m2);
-    HP_CHECK_ERR(hp_pp_validate(s, 2, 2, 1, NULL), HP_ERR_INVALID_ARG,
-                 "Invalid backward microbatches for stage 0: expected 1 total backwards, but got B=0, I=0, W=0");
-    hp_pp_schedule_free(s);
     /* B before F: PyTorch's message and grid, byte for byte */
     const char *bf[] = {"0F0 0B0", "1B0 1F0"};
     s = sched(2, bf);
@@ -505,8 +491,13 @@ static void test_grid_and_validate(void) {
                                  "ERROR HERE\nStep 1: 0B0    1F0   \n";
     HP_CHECK(strcmp(hp_last_error(), bf_msg) == 0, "B before F message:\n%s", hp_last_error());
     hp_pp_schedule_free(s);
-    /* the other rules */
+    /* test_invalid_schedule_missing_rank (rank 1's row NULL: a 1-rank schedule),
+     * test_invalid_schedule_missing_action, the other rules, and Schedule1F1B's own numbering of
+     * the last rank (it fails PyTorch's _validate_schedule) */
     static const struct { const char *r0, *r1; int n_mb; const char *needle; } bad[] = {
+        {"0F0 0B0", NULL, 1, "Schedule has incorrect number of ranks - expected 2, actual 1"},
+        {"0F0", "1F0", 1,
+         "Invalid backward microbatches for stage 0: expected 1 total backwards, but got B=0, I=0, W=0"},
         {"0F0 0W0 0I0", "1F0 1I0 1W0", 1, "Rank 0, step 1: Running Backward Weight for stage 0, microbatch 0 without first running Backward Input"},
         {"0F0 0I1 0W0", "1F0 1I0 1W0", 1, "Running Backward Input for stage 0, microbatch 1 without first running Forward"},
         {"0F0 0B0 1F0", "1F0 1B0", 1, "Rank 1, step 0: Stage 1 is assigned to both rank 1 and rank 0"},
@@ -515,10 +506,12 @@ static void test_grid_and_validate(void) {
         {"0F0 0I0", "1F0 1B0", 1, "Invalid backward microbatches for stage 0: I and W must have equal counts, but got I=1, W=0"},
         {"0F0 0F1 0B0 0I1 0W1 0B1", "1F0 1F1 1B0 1B1", 2, "expected 2 total backwards, but got B=2, I=1, W=1"},
         {"0F0 0B0", "1F0 1B0 2F0", 1, "Rank 1, step 2: action 2F0 names stage 2, but the schedule has 2 stages (0..1)"},
+        {"0F0 0F1 0B0 0B1", "_ 1F1 1B0 1F2 1B1", 2,
+         "Rank 1, step 2: Running Full Backward for stage 1, microbatch 0 without first running Forward"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         const char *rows[] = {bad[k].r0, bad[k].r1};
-        s = sched(2, rows);
+        s = sched(bad[k].r1 ? 2 : 1, rows);
         HP_CHECK_ERR(hp_pp_validate(s, 2, 2, bad[k].n_mb, NULL), HP_ERR_INVALID_ARG, bad[k].needle);
         hp_pp_schedule_free(s);
     }
@@ -636,12 +629,6 @@ static void test_generators(void) {
         /* PyTorch would write 2F1 2B0 2F2 2B1 ... 2F4: B0 before any F0 (see the header) */
         CHECK_ROW(s, 2, "_ _ 2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3");
     }
-    hp_pp_schedule_free(s);
-    /* Schedule1F1B's own numbering of the last rank fails PyTorch's _validate_schedule */
-    const char *quirk[] = {"0F0 0F1 0B0 0B1", "_ 1F1 1B0 1F2 1B1"};
-    s = sched(2, quirk);
-    HP_CHECK_ERR(hp_pp_validate(s, 2, 2, 2, NULL), HP_ERR_INVALID_ARG,
-                 "Rank 1, step 2: Running Full Backward for stage 1, microbatch 0 without first running Forward");
     hp_pp_schedule_free(s);
 
     /* bubble fraction (P-1)/(n+P-1) for GPipe and 1F1B, unit costs F = 1, B = 2 */
@@ -797,14 +784,19 @@ static int run_tool(const char *bin, const char *args) {
                  rc_want, TOOL_OUT, needle);                                                                  \
     } while (0)
 
-static void test_tool(void) {
+/* The built tool `name` in bin; 0, with a SKIP line naming the part of this test, when it is
+ * not built. */
+static int find_tool(char *bin, size_t cap, const char *name, const char *part) {
     const char *build = getenv("HP_BUILD_DIR");
+    snprintf(bin, cap, "%s/%s", build ? build : ".", name);
+    if (access(bin, X_OK) == 0) return 1;
+    printf("SKIP: %s not built (%s)\n", bin, part);
+    return 0;
+}
+
+static void test_tool(void) {
     char bin[1024];
-    snprintf(bin, sizeof bin, "%s/hp-pp-schedule", build ? build : ".");
-    if (access(bin, X_OK) != 0) {
-        printf("SKIP: %s not built (the tool part of this test)\n", bin);
-        return;
-    }
+    if (!find_tool(bin, sizeof bin, "hp-pp-schedule", "the tool part of this test")) return;
     EXPECT_TOOL("--schedule 1F1B --pp 4 --microbatches 8", 0, "simulated steps: 61 ");
     HP_CHECK(strstr(TOOL_OUT, "bubble fraction: 0.2727") && strstr(TOOL_OUT, "(P-1)/(n+P-1) = 0.2727") &&
              strstr(TOOL_OUT, "Step 24: 0B7") && strstr(TOOL_OUT, "         Rank 0  Rank 1  Rank 2  Rank 3"),
@@ -851,22 +843,30 @@ static void test_tool(void) {
         EXPECT_TOOL(args, 1, "cannot open the schedule CSV");
     }
     /* bad flags and numbers: exit 2, the flag, the value and the range named */
-    EXPECT_TOOL("--schedule 1F1B --pp 0 --microbatches 8", 2, "--pp expects an integer in [1, 1024], got '0'");
-    EXPECT_TOOL("--schedule 1F1B --pp 4 --microbatches lots", 2, "--microbatches expects an integer, got 'lots'");
-    EXPECT_TOOL("--schedule 1F1B --pp 4 --microbatchs 8", 2, "did you mean '--microbatches'");
-    EXPECT_TOOL("--schedule ZBV --pp 4 --microbatches 8", 2, "Unknown schedule name 'ZBV'");
-    EXPECT_TOOL("--schedule DualPipeV --pp 4 --microbatches 8", 0, "V mapping: rank r holds stages r and 7 - r");
-    EXPECT_TOOL("--schedule DualPipeV --pp 4 --microbatches 6", 2, "DualPipeV requires at least as many microbatches");
-    EXPECT_TOOL("--schedule ZBVZeroBubble --pp 2 --microbatches 4 --stages-per-rank 3", 2,
-                "ZBV requires exactly 2 stages per rank, but got 3");
-    EXPECT_TOOL("--schedule 1F1B --pp 4 --microbatches 2", 2, "Number of microbatches (2) must be greater than or equal");
-    EXPECT_TOOL("--schedule GPipe --pp 2 --microbatches 2 --stages-per-rank 2", 2, "single-stage schedule");
-    EXPECT_TOOL("--schedule Interleaved1F1B --pp 4 --microbatches 9", 2, "multiple of the number of rounds (2)");
-    EXPECT_TOOL("--schedule 1F1B --pp 4", 2, "--schedule needs --pp and --microbatches");
-    EXPECT_TOOL("--pp 4", 2, "give exactly one of --schedule NAME and --csv FILE");
-    EXPECT_TOOL("--schedule 1F1B --pp 4 --microbatches 8 extra", 2, "unexpected argument 'extra'");
-    EXPECT_TOOL("--schedule", 2, "--schedule");
-    EXPECT_TOOL("--help", 0, "usage: hp-pp-schedule");
+    static const struct {
+        const char *args;
+        int rc;
+        const char *needle;
+    } flags[] = {
+        {"--schedule 1F1B --pp 0 --microbatches 8", 2, "--pp expects an integer in [1, 1024], got '0'"},
+        {"--schedule 1F1B --pp 4 --microbatches lots", 2, "--microbatches expects an integer, got 'lots'"},
+        {"--schedule 1F1B --pp 4 --microbatchs 8", 2, "did you mean '--microbatches'"},
+        {"--schedule ZBV --pp 4 --microbatches 8", 2, "Unknown schedule name 'ZBV'"},
+        {"--schedule DualPipeV --pp 4 --microbatches 8", 0, "V mapping: rank r holds stages r and 7 - r"},
+        {"--schedule DualPipeV --pp 4 --microbatches 6", 2, "DualPipeV requires at least as many microbatches"},
+        {"--schedule ZBVZeroBubble --pp 2 --microbatches 4 --stages-per-rank 3", 2,
+         "ZBV requires exactly 2 stages per rank, but got 3"},
+        {"--schedule 1F1B --pp 4 --microbatches 2", 2, "Number of microbatches (2) must be greater than or equal"},
+        {"--schedule GPipe --pp 2 --microbatches 2 --stages-per-rank 2", 2, "single-stage schedule"},
+        {"--schedule Interleaved1F1B --pp 4 --microbatches 9", 2, "multiple of the number of rounds (2)"},
+        {"--schedule 1F1B --pp 4", 2, "--schedule needs --pp and --microbatches"},
+        {"--pp 4", 2, "give exactly one of --schedule NAME and --csv FILE"},
+        {"--schedule 1F1B --pp 4 --microbatches 8 extra", 2, "unexpected argument 'extra'"},
+        {"--schedule", 2, "--schedule"},
+        {"--help", 0, "usage: hp-pp-schedule"},
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        EXPECT_TOOL(flags[i].args, flags[i].rc, flags[i].needle);
 }
 
 /* ---- tools/hp-pp-timeline ------------------------------------------------------------------ */
@@ -886,13 +886,8 @@ static int slurp(const char *path, char *buf, size_t cap) {
 }
 
 static void test_timeline_tool(void) {
-    const char *build = getenv("HP_BUILD_DIR");
     char bin[1024];
-    snprintf(bin, sizeof bin, "%s/hp-pp-timeline", build ? build : ".");
-    if (access(bin, X_OK) != 0) {
-        printf("SKIP: %s not built (the timeline tool part of this test)\n", bin);
-        return;
-    }
+    if (!find_tool(bin, sizeof bin, "hp-pp-timeline", "the timeline tool part of this test")) return;
     char dir[] = "/tmp/hp_test_pp_timeline_XXXXXX";
     HP_ASSERT(mkdtemp(dir) != NULL);
     static char svg[1 << 18];
@@ -937,15 +932,17 @@ static void test_timeline_tool(void) {
                  strstr(svg, "step 5.00 ms") && count_of(svg, "height=\"4\"") == 5,
              "run SVG: measured panel, 5 thin communication / FSDP bars");
     /* malformed inputs are named with file and line; a missing file and a missing header */
-    put(run, "# hp-pp timeline: schedule=1F1B pp=2 stages=2 microbatches=1\n0,0F0,0,1\n0,0X0,1,2\n");
-    snprintf(want, sizeof want, "run.csv:3");
-    EXPECT_TOOL(args, 1, want);
-    put(run, "# hp-pp timeline: schedule=1F1B pp=1 stages=2 microbatches=1\n0,0F0,0,1\n1,1F0,1,2\n");
-    EXPECT_TOOL(args, 1, "actions of rank 1, but the header says pp=1");
-    put(run, "0,0F0,0,1\n");
-    EXPECT_TOOL(args, 1, "no '# hp-pp timeline:");
-    put(run, "# hp-pp timeline: schedule=1F1B pp=1 stages=1 microbatches=1\n0,0F0,2,1\n");
-    EXPECT_TOOL(args, 1, "start 2.000 <= end 1.000");
+    static const char *const bad_runs[4][2] = {
+        {"# hp-pp timeline: schedule=1F1B pp=2 stages=2 microbatches=1\n0,0F0,0,1\n0,0X0,1,2\n", "run.csv:3"},
+        {"# hp-pp timeline: schedule=1F1B pp=1 stages=2 microbatches=1\n0,0F0,0,1\n1,1F0,1,2\n",
+         "actions of rank 1, but the header says pp=1"},
+        {"0,0F0,0,1\n", "no '# hp-pp timeline:"},
+        {"# hp-pp timeline: schedule=1F1B pp=1 stages=1 microbatches=1\n0,0F0,2,1\n", "start 2.000 <= end 1.000"},
+    };
+    for (int i = 0; i < 4; i++) {
+        put(run, bad_runs[i][0]);
+        EXPECT_TOOL(args, 1, bad_runs[i][1]);
+    }
     remove(run);
     EXPECT_TOOL(args, 1, "cannot open the timeline");
     EXPECT_TOOL("--schedule ZBV --pp 2 --microbatches 4", 2, "Unknown schedule name 'ZBV'");

@@ -217,12 +217,7 @@ static void test_mfu_figure(void) {
 }
 
 int main(void) {
-    const char *bdir = getenv("HP_BUILD_DIR");
-    snprintf(train_, sizeof train_, "%s/hp-train", bdir && *bdir ? bdir : ".");
-    if (access(train_, X_OK) != 0) {
-        printf("SKIP: %s not built\n", train_);
-        return 0;
-    }
+    if (!hp_test_built_program(train_, sizeof train_, "hp-train")) return 0;
     const char *m = getenv("HP_MPIEXEC");
     snprintf(mpirun_, sizeof mpirun_, "%s",
              m && *m ? m : access("/usr/bin/mpirun", X_OK) == 0 ? "/usr/bin/mpirun" : "mpirun");
@@ -244,10 +239,6 @@ int main(void) {
     test_text_utf8();
     test_output_paths();
     test_mfu_figure();
-    if (!getenv("HP_KEEP")) {
-        char cmd[400];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir_);
-        if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir_);
-    }
+    if (!getenv("HP_KEEP")) hp_test_remove_dir(dir_);
     return hp_test_finish("test_rank_errors");
 }

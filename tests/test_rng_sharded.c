@@ -112,6 +112,16 @@ static void test_virtual(void) {
             }
 }
 
+/* 1 when the full tensor of dt (gathered over its mesh) is bitwise `whole`. */
+static int gathers_to(const hp_dtensor_t *dt, const hp_tensor_t *whole) {
+    hp_tensor_t full;
+    void *owned = NULL;
+    HP_CHECK_OK(hp_dtensor_full_tensor(&full, &owned, NULL, dt));
+    const int same = hp_tensor_same_shape(&full, whole) && memcmp(full.data, whole->data, hp_tensor_nbytes(whole)) == 0;
+    free(owned);
+    return same;
+}
+
 /* Real shards on a 2x2 (or 2x4) mesh: fill from the global offset, full_tensor == whole. */
 static void test_distributed(void) {
     int64_t ms[2] = {2, N / 2};
@@ -132,12 +142,8 @@ static void test_distributed(void) {
         HP_CHECK_OK(hp_rng_fill(&loc, key, &k_specs[1], shape, off));
         hp_dtensor_t dt;
         HP_CHECK_OK(hp_dtensor_from_local(&dt, &loc, m, 2, pls[p], shape));
-        hp_tensor_t full;
-        void *owned = NULL;
-        HP_CHECK_OK(hp_dtensor_full_tensor(&full, &owned, NULL, &dt));
-        HP_CHECK(hp_tensor_same_shape(&full, &whole) && memcmp(full.data, whole.data, hp_tensor_nbytes(&whole)) == 0,
-                 "placements %s: gathered shards differ from the whole fill", tu_pl(2, pls[p]));
-        free(owned);
+        HP_CHECK(gathers_to(&dt, &whole), "placements %s: gathered shards differ from the whole fill",
+                 tu_pl(2, pls[p]));
         hp_tensor_free_data(&loc);
         hp_tensor_free_data(&whole);
     }
@@ -160,12 +166,7 @@ static void test_factories(void) {
     for (int p = 0; p < 4; p++) {
         hp_dtensor_t dt;
         HP_CHECK_OK(hp_dtensor_rand(&dt, NULL, HP_F32, 2, shape, m, 2, pls[p], key, &k_specs[2]));
-        hp_tensor_t full;
-        void *owned = NULL;
-        HP_CHECK_OK(hp_dtensor_full_tensor(&full, &owned, NULL, &dt));
-        HP_CHECK(hp_tensor_same_shape(&full, &whole) && memcmp(full.data, whole.data, hp_tensor_nbytes(&whole)) == 0,
-                 "hp_dtensor_rand %s differs from the whole draw", tu_pl(2, pls[p]));
-        free(owned);
+        HP_CHECK(gathers_to(&dt, &whole), "hp_dtensor_rand %s differs from the whole draw", tu_pl(2, pls[p]));
         hp_dtensor_free(&dt);
     }
     hp_placement_t pp[2] = {hp_partial(HP_SUM), hp_shard(0)};
@@ -194,7 +195,5 @@ int main(int argc, char **argv) {
         test_distributed();
         test_factories();
     }
-    int rc = hp_test_finish("test_rng_sharded");
-    HP_CHECK_OK(hp_comm_finalize());
-    return rc;
+    return hp_test_mpi_finish("test_rng_sharded");
 }

@@ -62,20 +62,69 @@ static void test_bad_files(void) {
     path_in(p, sizeof p, "does-not-exist.safetensors");
     HP_CHECK_ERR(hp_safetensors_open(p, &st), HP_ERR_IO, "cannot open");
 
-    /* header length: garbage, overflowing, larger than the file */
-    HP_CHECK_ERR(open_crafted("{}", UINT64_MAX, 0), HP_ERR_FORMAT, "exceeds the 100 MB");
-    HP_CHECK_ERR(open_crafted("{}", (uint64_t)1 << 63, 0), HP_ERR_FORMAT, "exceeds the 100 MB");
-    HP_CHECK_ERR(open_crafted("{}", 1000, 0), HP_ERR_FORMAT, "truncated");
-    HP_CHECK_ERR(open_crafted("{}", 0x7473696874736574ull, 0), HP_ERR_FORMAT, "100 MB");
-    /* JSON */
-    HP_CHECK_ERR(open_crafted("{\"a\": {\"dtype\"", 0, 0), HP_ERR_FORMAT, "not valid JSON");
-    HP_CHECK_ERR(open_crafted("[1, 2]", 0, 0), HP_ERR_FORMAT, "does not start with '{'");
-    HP_CHECK_ERR(open_crafted("{}xx", 0, 0), HP_ERR_FORMAT, "near byte 2 of 4");
-    HP_CHECK_ERR(open_crafted("{}{}", 0, 0), HP_ERR_FORMAT, "near byte 2 of 4");
-    HP_CHECK_ERR(open_crafted("{\"a\": 1}", 0, 0), HP_ERR_FORMAT, "not an object");
-    HP_CHECK_ERR(open_crafted("{\"a\": tru}", 0, 0), HP_ERR_FORMAT, "not valid JSON");
-    HP_CHECK_ERR(open_crafted("{\"a\": {\"dtype\": \"F32\",}}", 0, 0), HP_ERR_FORMAT, "not valid JSON");
-    HP_CHECK_ERR(open_crafted("{\"\xff\xfe\": 1}", 0, 0), HP_ERR_FORMAT, "not valid JSON");
+    /* crafted headers: header length (garbage, overflowing, larger than the file), JSON, entries */
+    static const struct {
+        const char *hdr;
+        uint64_t hlen;   /* the length field; 0: the header's own length */
+        size_t data;     /* bytes of data after the header */
+        hp_status_t status;
+        const char *needle;   /* part of the message */
+    } bad[] = {
+        {"{}", UINT64_MAX, 0, HP_ERR_FORMAT, "exceeds the 100 MB"},
+        {"{}", (uint64_t)1 << 63, 0, HP_ERR_FORMAT, "exceeds the 100 MB"},
+        {"{}", 1000, 0, HP_ERR_FORMAT, "truncated"},
+        {"{}", 0x7473696874736574ull, 0, HP_ERR_FORMAT, "100 MB"},
+        {"{\"a\": {\"dtype\"", 0, 0, HP_ERR_FORMAT, "not valid JSON"},
+        {"[1, 2]", 0, 0, HP_ERR_FORMAT, "does not start with '{'"},
+        {"{}xx", 0, 0, HP_ERR_FORMAT, "near byte 2 of 4"},
+        {"{}{}", 0, 0, HP_ERR_FORMAT, "near byte 2 of 4"},
+        {"{\"a\": 1}", 0, 0, HP_ERR_FORMAT, "not an object"},
+        {"{\"a\": tru}", 0, 0, HP_ERR_FORMAT, "not valid JSON"},
+        {"{\"a\": {\"dtype\": \"F32\",}}", 0, 0, HP_ERR_FORMAT, "not valid JSON"},
+        {"{\"\xff\xfe\": 1}", 0, 0, HP_ERR_FORMAT, "not valid JSON"},
+        {"{\"w\": {\"dtype\": \"F33\", \"shape\": [1], \"data_offsets\": [0, 4]}}",
+         0, 4, HP_ERR_FORMAT, "unknown dtype 'F33'"},
+        {"{\"w\": {\"dtype\": \"F4\", \"shape\": [2], \"data_offsets\": [0, 1]}}", 0, 1, HP_ERR_UNSUPPORTED, "F4"},
+        {"{\"w\": {\"dtype\": 3, \"shape\": [1], \"data_offsets\": [0, 4]}}", 0, 4, HP_ERR_FORMAT, "dtype"},
+        {"{\"w\": {\"dtype\": \"F32\", \"data_offsets\": [0, 4]}}", 0, 4, HP_ERR_FORMAT, "shape"},
+        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1]}}", 0, 4, HP_ERR_FORMAT, "data_offsets"},
+        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0]}}", 0, 4, HP_ERR_FORMAT, "data_offsets"},
+        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 4]}}", 0, 4, HP_ERR_FORMAT, "shape[0]"},
+        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1.5], \"data_offsets\": [0, 4]}}", 0, 4, HP_ERR_FORMAT, "shape[0]"},
+        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [4611686018427387904, 4611686018427387904], "
+         "\"data_offsets\": [0, 4]}}",
+         0, 4, HP_ERR_FORMAT, "overflows"},
+        {"{\"w\": {\"dtype\": \"F64\", \"shape\": [4611686018427387904], \"data_offsets\": [0, 4]}}",
+         0, 4, HP_ERR_FORMAT, "overflows"},
+        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [99999999999999999999], \"data_offsets\": [0, 4]}}",
+         0, 4, HP_ERR_FORMAT, "shape[0]"},
+        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1,1,1,1,1,1,1,1,1], \"data_offsets\": [0, 4]}}",
+         0, 4, HP_ERR_FORMAT, "9 dims"},
+        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 64]}}",
+         0, 8, HP_ERR_FORMAT, "run past the data section"},
+        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [8, 0]}}",
+         0, 8, HP_ERR_FORMAT, "end before begin"},
+        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, -8]}}",
+         0, 8, HP_ERR_FORMAT, "non-negative"},
+        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [0, 8]}}",
+         0, 8, HP_ERR_FORMAT, "span 8 bytes"},
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}, "
+         "\"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}",
+         0, 12, HP_ERR_FORMAT, "overlap"},
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}, "
+         "\"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}",
+         0, 8, HP_ERR_FORMAT, "overlap"},
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}, "
+         "\"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [8, 12]}}",
+         0, 12, HP_ERR_FORMAT, "unused bytes"},
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}",
+         0, 9, HP_ERR_FORMAT, "cover 4 bytes but the data section has 9"},
+        {"{\"__metadata__\": {\"k\": 3}}", 0, 0, HP_ERR_FORMAT, "not a string"},
+        {"{\"__metadata__\": [\"k\"]}", 0, 0, HP_ERR_FORMAT, "__metadata__"},
+        {"{\"\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 0, 4, HP_ERR_FORMAT, "tensor name"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        HP_CHECK_ERR(open_crafted(bad[i].hdr, bad[i].hlen, bad[i].data), bad[i].status, bad[i].needle);
     {
         static char hdr[200];
         memcpy(hdr, "{}\0   ", 6);   /* NUL inside the header region */
@@ -85,58 +134,6 @@ static void test_bad_files(void) {
         n = 8 + 6;
         HP_CHECK_ERR(hp_safetensors_open_memory(buf, n, "nul", &st), HP_ERR_FORMAT, "trailing");
     }
-    /* entries */
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F33\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 0, 4),
-                 HP_ERR_FORMAT, "unknown dtype 'F33'");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F4\", \"shape\": [2], \"data_offsets\": [0, 1]}}", 0, 1),
-                 HP_ERR_UNSUPPORTED, "F4");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": 3, \"shape\": [1], \"data_offsets\": [0, 4]}}", 0, 4),
-                 HP_ERR_FORMAT, "dtype");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F32\", \"data_offsets\": [0, 4]}}", 0, 4),
-                 HP_ERR_FORMAT, "shape");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F32\", \"shape\": [1]}}", 0, 4), HP_ERR_FORMAT,
-                 "data_offsets");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0]}}", 0, 4),
-                 HP_ERR_FORMAT, "data_offsets");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 4]}}", 0, 4),
-                 HP_ERR_FORMAT, "shape[0]");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F32\", \"shape\": [1.5], \"data_offsets\": [0, 4]}}", 0, 4),
-                 HP_ERR_FORMAT, "shape[0]");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F32\", \"shape\": [4611686018427387904, 4611686018427387904], "
-                              "\"data_offsets\": [0, 4]}}", 0, 4),
-                 HP_ERR_FORMAT, "overflows");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F64\", \"shape\": [4611686018427387904], "
-                              "\"data_offsets\": [0, 4]}}", 0, 4),
-                 HP_ERR_FORMAT, "overflows");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F32\", \"shape\": [99999999999999999999], "
-                              "\"data_offsets\": [0, 4]}}", 0, 4),
-                 HP_ERR_FORMAT, "shape[0]");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F32\", \"shape\": [1,1,1,1,1,1,1,1,1], "
-                              "\"data_offsets\": [0, 4]}}", 0, 4),
-                 HP_ERR_FORMAT, "9 dims");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 64]}}", 0, 8),
-                 HP_ERR_FORMAT, "run past the data section");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [8, 0]}}", 0, 8),
-                 HP_ERR_FORMAT, "end before begin");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, -8]}}", 0, 8),
-                 HP_ERR_FORMAT, "non-negative");
-    HP_CHECK_ERR(open_crafted("{\"w\": {\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [0, 8]}}", 0, 8),
-                 HP_ERR_FORMAT, "span 8 bytes");
-    HP_CHECK_ERR(open_crafted("{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]},"
-                              " \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}", 0, 12),
-                 HP_ERR_FORMAT, "overlap");
-    HP_CHECK_ERR(open_crafted("{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]},"
-                              " \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 0, 8),
-                 HP_ERR_FORMAT, "overlap");
-    HP_CHECK_ERR(open_crafted("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
-                              " \"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [8, 12]}}", 0, 12),
-                 HP_ERR_FORMAT, "unused bytes");
-    HP_CHECK_ERR(open_crafted("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 0, 9),
-                 HP_ERR_FORMAT, "cover 4 bytes but the data section has 9");
-    HP_CHECK_ERR(open_crafted("{\"__metadata__\": {\"k\": 3}}", 0, 0), HP_ERR_FORMAT, "not a string");
-    HP_CHECK_ERR(open_crafted("{\"__metadata__\": [\"k\"]}", 0, 0), HP_ERR_FORMAT, "__metadata__");
-    HP_CHECK_ERR(open_crafted("{\"\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 0, 4),
-                 HP_ERR_FORMAT, "tensor name");
     /* valid minimal files */
     HP_CHECK_OK(open_crafted("{}", 0, 0));
     HP_CHECK_OK(open_crafted("{}      ", 0, 0));
@@ -359,9 +356,8 @@ static void test_truncations_and_flips(void) {
 
 /* A file written by Python's safetensors (the golden reference) opens and reads. */
 static void test_python_file(void) {
-    const char *src = getenv("HP_SOURCE_DIR");
     char p[512];
-    snprintf(p, sizeof p, "%s/tests/data/golden_llama3.safetensors", src ? src : "..");
+    hp_test_source_path(p, sizeof p, "tests/data/golden_llama3.safetensors");
     hp_safetensors_t st = NULL;
     HP_CHECK_OK(hp_safetensors_open(p, &st));
     if (!st) return;
@@ -383,8 +379,6 @@ int main(void) {
     test_round_trip();
     test_truncations_and_flips();
     test_python_file();
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    hp_test_remove_dir(dir);
     return hp_test_finish("test_safetensors");
 }

@@ -40,6 +40,36 @@ static void print_ids(const char *what, const int32_t *ids, size_t n, json_objec
     fprintf(stderr, "\n");
 }
 
+/* The golden document and the tokenizer.json its cases edit; 0 when either is missing
+ * (reported; the caller frees both with json_object_put). */
+static int read_pair(const char *golden, const char *tokenizer, json_object **doc, json_object **base) {
+    *doc = json_object_from_file(data_path(golden));
+    *base = json_object_from_file(data_path(tokenizer));
+    HP_CHECK(*doc && *base, "cannot read %s / %s", golden, tokenizer);
+    return *doc && *base;
+}
+
+/* base (a tokenizer.json document, edited by the caller) serialized and loaded; NULL when the
+ * load fails (reported). */
+static hp_tokenizer_t load_doc(json_object *base, const char *name) {
+    size_t len;
+    const char *js = json_object_to_json_string_length(base, JSON_C_TO_STRING_PLAIN, &len);
+    hp_tokenizer_t tok = NULL;
+    HP_CHECK_OK(hp_tokenizer_load_json(&tok, js, len, name));
+    return tok;
+}
+
+/* Encodes the JSON string text with tok; 1 when the ids are HF's (want), else prints both. */
+static int encodes_as(hp_tokenizer_t tok, json_object *text, json_object *want) {
+    hp_token_ids_t got = {0};
+    HP_CHECK_OK(hp_tokenizer_encode(tok, json_object_get_string(text), (size_t)json_object_get_string_len(text), 0,
+                                    &got));
+    const int ok = ids_equal(&got, want);
+    if (!ok) print_ids("ids", got.ids, got.len, want);
+    hp_token_ids_free(&got);
+    return ok;
+}
+
 static void check_golden(const char *golden_name) {
     json_object *doc = json_object_from_file(data_path(golden_name));
     HP_CHECK(doc != NULL, "cannot read %s", data_path(golden_name));
@@ -134,10 +164,8 @@ static void check_golden(const char *golden_name) {
  * invert, String / Regex patterns, empty matches, ByteLevel after Split with and without
  * add_prefix_space: each variant's pre_tokenizer is put into gpt2_hf.json. */
 static void check_split(void) {
-    json_object *doc = json_object_from_file(data_path("golden_split.json"));
-    json_object *base = json_object_from_file(data_path("gpt2_hf.json"));
-    HP_CHECK(doc && base, "cannot read golden_split.json / gpt2_hf.json");
-    if (!doc || !base) return;
+    json_object *doc, *base;
+    if (!read_pair("golden_split.json", "gpt2_hf.json", &doc, &base)) return;
     json_object *texts, *variants;
     json_object_object_get_ex(doc, "texts", &texts);
     json_object_object_get_ex(doc, "variants", &variants);
@@ -147,23 +175,15 @@ static void check_split(void) {
         json_object_object_get_ex(var, "pre_tokenizer", &pre);
         json_object_object_get_ex(var, "ids", &ids);
         json_object_object_add(base, "pre_tokenizer", json_object_get(pre));
-        size_t len;
-        const char *js = json_object_to_json_string_length(base, JSON_C_TO_STRING_PLAIN, &len);
-        hp_tokenizer_t tok = NULL;
-        HP_CHECK_OK(hp_tokenizer_load_json(&tok, js, len, "split-variant"));
+        hp_tokenizer_t tok = load_doc(base, "split-variant");
         if (!tok) continue;
         int all = 1;
         for (size_t i = 0; i < json_object_array_length(texts); i++) {
-            json_object *t = json_object_array_get_idx(texts, i), *want = json_object_array_get_idx(ids, i);
-            hp_token_ids_t got = {0};
-            HP_CHECK_OK(hp_tokenizer_encode(tok, json_object_get_string(t),
-                                            (size_t)json_object_get_string_len(t), 0, &got));
-            int ok = ids_equal(&got, want);
+            json_object *t = json_object_array_get_idx(texts, i);
+            const int ok = encodes_as(tok, t, json_object_array_get_idx(ids, i));
             HP_CHECK(ok, "split variant %d text %zu \"%s\": ids differ from HF; pre_tokenizer %s", v,
                      i, json_object_get_string(t), json_object_to_json_string(pre));
-            if (!ok) print_ids("ids", got.ids, got.len, want);
             all &= ok;
-            hp_token_ids_free(&got);
         }
         ok_v += all;
         hp_tokenizer_free(tok);
@@ -175,33 +195,23 @@ static void check_split(void) {
 
 /* unk_token / fuse_unk: a vocabulary without every byte (golden_unk.json). */
 static void check_unk(void) {
-    json_object *doc = json_object_from_file(data_path("golden_unk.json"));
-    json_object *base = json_object_from_file(data_path("gpt2_unk.json"));
-    HP_CHECK(doc && base, "cannot read golden_unk.json / gpt2_unk.json");
-    if (!doc || !base) return;
+    json_object *doc, *base;
+    if (!read_pair("golden_unk.json", "gpt2_unk.json", &doc, &base)) return;
     json_object *cases, *model;
     json_object_object_get_ex(doc, "cases", &cases);
     json_object_object_get_ex(base, "model", &model);
     int ok_n = 0, n = (int)json_object_array_length(cases);
     for (int fuse = 0; fuse < 2; fuse++) {
         json_object_object_add(model, "fuse_unk", json_object_new_boolean(fuse));
-        size_t len;
-        const char *js = json_object_to_json_string_length(base, JSON_C_TO_STRING_PLAIN, &len);
-        hp_tokenizer_t tok = NULL;
-        HP_CHECK_OK(hp_tokenizer_load_json(&tok, js, len, "gpt2_unk.json"));
+        hp_tokenizer_t tok = load_doc(base, "gpt2_unk.json");
         if (!tok) continue;
         for (int i = 0; i < n; i++) {
             json_object *c = json_object_array_get_idx(cases, (size_t)i), *text, *ids;
             json_object_object_get_ex(c, "text", &text);
             json_object_object_get_ex(c, fuse ? "ids_fused" : "ids", &ids);
-            hp_token_ids_t got = {0};
-            HP_CHECK_OK(hp_tokenizer_encode(tok, json_object_get_string(text),
-                                            (size_t)json_object_get_string_len(text), 0, &got));
-            int ok = ids_equal(&got, ids);
+            const int ok = encodes_as(tok, text, ids);
             HP_CHECK(ok, "unk case %d (fuse_unk %d): ids differ from HF", i, fuse);
-            if (!ok) print_ids("ids", got.ids, got.len, ids);
             ok_n += ok;
-            hp_token_ids_free(&got);
         }
         hp_tokenizer_free(tok);
     }
@@ -219,10 +229,7 @@ static void check_no_unk(void) {
     if (!base) return;
     json_object_object_get_ex(base, "model", &model);
     json_object_object_del(model, "unk_token");
-    size_t len;
-    const char *js = json_object_to_json_string_length(base, JSON_C_TO_STRING_PLAIN, &len);
-    hp_tokenizer_t tok = NULL;
-    HP_CHECK_OK(hp_tokenizer_load_json(&tok, js, len, "gpt2_no_unk.json"));
+    hp_tokenizer_t tok = load_doc(base, "gpt2_no_unk.json");
     if (tok) {
         /* '#' (0x23) and 0x01 have no token in gpt2_unk.json. The first encode of a fresh
          * tokenizer (empty id list, empty cache), then the same word from the cache. */

@@ -105,12 +105,7 @@ static void resume_check(const char *dump, long long k, const char *what) {
 }
 
 int main(void) {
-    const char *bd = getenv("HP_BUILD_DIR");
-    snprintf(TRAIN, sizeof TRAIN, "%s/hp-train", bd && *bd ? bd : ".");
-    if (access(TRAIN, X_OK) != 0) {
-        printf("SKIP: %s not built (set HP_BUILD_DIR)\n", TRAIN);
-        return 0;
-    }
+    if (!hp_test_built_program(TRAIN, sizeof TRAIN, "hp-train")) return 0;
     HP_ASSERT(mkdtemp(ROOT));
     /* a small corpus, its tokenizer and a config that saves every 2 steps */
     static const char *const sent[] = {"the quick brown fox jumps over the lazy dog", "all that glitters is not gold",
@@ -199,10 +194,6 @@ int main(void) {
                  "2 ranks, SIGINT: exit %d, last complete %lld\n%.3000s", rc, k, OUT + (strlen(OUT) > 3000 ? strlen(OUT) - 3000 : 0));
         HP_CHECK(count_tmp(folder) == 0, "2 ranks: %d step-*.tmp dirs left", count_tmp(folder));
     }
-    if (!getenv("HP_KEEP")) {
-        char cmd[700];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", ROOT);
-        if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", ROOT);
-    }
+    if (!getenv("HP_KEEP")) hp_test_remove_dir(ROOT);
     return hp_test_finish("test_train_signal");
 }

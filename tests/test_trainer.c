@@ -47,10 +47,8 @@ static void run(const hp_config_t *c, hp_comm_t world, double *losses, int n, hp
 
 int main(int argc, char **argv) {
     int rank, ws;
-    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
-    hp_test_make_corpus(world, "hp_test_trainer");
-    hp_config_t *c = calloc(1, sizeof *c);
-    hp_test_base_config(c, ws);
+    hp_config_t *c = NULL;
+    hp_comm_t world = hp_test_corpus_init(&argc, &argv, "hp_test_trainer", &rank, &ws, &c);
 
     /* 1. the loss falls; 2. a second run is bitwise identical */
     enum { N = 12 };
@@ -148,7 +146,6 @@ int main(int argc, char **argv) {
         HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_INVALID_ARG, "activation_checkpoint.mode");
         HP_CHECK(strstr(hp_last_error(), "none, full or selective") != NULL, "allowed values: %s", hp_last_error());
         e = *c;
-        e = *c;
         snprintf(e.tokenizer.path, sizeof e.tokenizer.path, "%s/missing.json", dir_);
         HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_IO, "missing.json");
         e = *c;
@@ -157,8 +154,5 @@ int main(int argc, char **argv) {
         HP_CHECK(x == NULL, "no trainer on failure");
     }
     free(c);
-    hp_test_remove_corpus(world);
-    hp_comm_destroy(world);
-    hp_comm_finalize();
-    return hp_test_finish("test_trainer");
+    return hp_test_corpus_finish(world, "test_trainer");
 }

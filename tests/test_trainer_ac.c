@@ -24,12 +24,7 @@ static void run(const hp_config_t *c, hp_comm_t world, double *losses, double *n
     HP_CHECK_OK(hp_trainer_create(c, world, &t));
     if (!t) return;
     hp_model_memory(hp_trainer_model(t), NULL, NULL, act, NULL);
-    for (int i = 0; i < N; i++) {
-        hp_step_stats_t st;
-        HP_CHECK_OK(hp_trainer_step(t, &st));
-        losses[i] = st.loss;
-        norms[i] = st.grad_norm;
-    }
+    hp_test_steps(t, N, losses, norms);
     hp_trainer_destroy(t);
 }
 
@@ -41,10 +36,8 @@ static void set_ac(hp_config_t *c, const char *mode, const char *opt) {
 
 int main(int argc, char **argv) {
     int rank, ws;
-    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
-    hp_test_make_corpus(world, "hp_test_trainer_ac");
-    hp_config_t *c = calloc(1, sizeof *c);
-    hp_test_base_config(c, ws);
+    hp_config_t *c = NULL;
+    hp_comm_t world = hp_test_corpus_init(&argc, &argv, "hp_test_trainer_ac", &rank, &ws, &c);
     c->training.steps = N;
     c->validation.enable = false;
     hp_config_t *f = calloc(1, sizeof *f);
@@ -81,8 +74,5 @@ int main(int argc, char **argv) {
     }
     free(f);
     free(c);
-    int rc = hp_test_finish("test_trainer_ac");
-    hp_test_remove_corpus(world);
-    hp_comm_finalize();
-    return rc;
+    return hp_test_corpus_finish(world, "test_trainer_ac");
 }

@@ -30,14 +30,6 @@
 
 enum { N = 4, STEPS = 6 };
 
-static void steps(hp_trainer_t t, double *losses, int n) {
-    for (int i = 0; i < n; i++) {
-        hp_step_stats_t st;
-        HP_CHECK_OK(hp_trainer_step(t, &st));
-        losses[i] = st.loss;
-    }
-}
-
 static void base(hp_config_t *c, int dp) {
     hp_test_base_config(c, dp);
     snprintf(c->model.name, sizeof c->model.name, "qwen3");
@@ -49,19 +41,15 @@ static void base(hp_config_t *c, int dp) {
 
 /* 4 ranks: TP2 x FSDP2 against replicated DP over ranks 0 and 1 (the same data per dp rank). */
 static void tp_cases(hp_comm_t world) {
-    const int rank = hp_comm_rank(world);
     hp_config_t *c = calloc(1, sizeof *c), *d = calloc(1, sizeof *d);
     base(c, 2);
     c->training.local_batch_size = 1;
     c->validation.enable = false;
     c->training.max_norm = 1.0;
-    double rl[N] = {0}, rn[N] = {0}, l[N], n[N];
-    hp_comm_t pair = NULL;
-    HP_CHECK_OK(hp_comm_split(world, rank < 2 ? 0 : -1, rank, &pair));
-    if (pair) hp_test_train_steps(c, pair, N, rl, rn, 0);
-    if (pair) hp_comm_destroy(pair);
-    HP_CHECK_OK(hp_broadcast(rl, N, HP_I64, 0, world, NULL));
-    HP_CHECK_OK(hp_broadcast(rn, N, HP_I64, 0, world, NULL));
+    double rl[N], rn[N], l[N], n[N];
+    hp_comm_t pair = hp_test_first_ranks(world, 2);
+    hp_test_run_on(c, pair, world, N, rl, rn, NULL);
+    hp_comm_destroy(pair);
     for (int sp = 0; sp < 2; sp++) {
         *d = *c;
         d->parallelism.data_parallel_replicate_degree = 1;
@@ -70,18 +58,9 @@ static void tp_cases(hp_comm_t world) {
         d->parallelism.enable_sequence_parallel = sp;
         d->parallelism.enable_loss_parallel = sp;
         hp_test_train_steps(d, world, N, l, n, 0);
-        double wl = 0, wn = 0;
-        for (int i = 0; i < N; i++) {
-            HP_CHECK(fabs(l[i] - rl[i]) <= 1e-4 * fabs(rl[i]), "qwen3 tp2 x fsdp2 sp%d step %d: loss %.7f, dp2 %.7f", sp,
-                     i + 1, l[i], rl[i]);
-            HP_CHECK(fabs(n[i] - rn[i]) <= 1e-3 * fabs(rn[i]), "qwen3 tp2 x fsdp2 sp%d step %d: grad norm %.7f, dp2 %.7f",
-                     sp, i + 1, n[i], rn[i]);
-            wl = fmax(wl, fabs(l[i] - rl[i]) / fabs(rl[i]));
-            wn = fmax(wn, fabs(n[i] - rn[i]) / fabs(rn[i]));
-        }
-        if (rank == 0)
-            printf("qwen3 (tied) tp2 x fsdp2 sp%d: losses %.6f -> %.6f (dp2 %.6f -> %.6f); worst rel loss %.2e norm %.2e\n",
-                   sp, l[0], l[N - 1], rl[0], rl[N - 1], wl, wn);
+        char what[64];
+        snprintf(what, sizeof what, "qwen3 (tied) tp2 x fsdp2 sp%d vs dp2", sp);
+        hp_test_compare_runs(what, N, l, rl, n, rn, 1e-4, 1e-3);
     }
     free(d);
     free(c);
@@ -89,16 +68,14 @@ static void tp_cases(hp_comm_t world) {
 
 int main(int argc, char **argv) {
     int rank, ws;
-    hp_comm_t world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
-    hp_test_make_corpus(world, "hp_test_trainer_fsdp_tied");
+    hp_config_t *c = NULL;
+    hp_comm_t world = hp_test_corpus_init(&argc, &argv, "hp_test_trainer_fsdp_tied", &rank, &ws, &c);
     if (ws == 4) {
         tp_cases(world);
-        int rc = hp_test_finish("test_trainer_fsdp_tied");
-        hp_test_remove_corpus(world);
-        hp_comm_finalize();
-        return rc;
+        free(c);
+        return hp_test_corpus_finish(world, "test_trainer_fsdp_tied");
     }
-    hp_config_t *c = calloc(1, sizeof *c), *f = calloc(1, sizeof *f);
+    hp_config_t *f = calloc(1, sizeof *f);
     base(c, ws);
 
     /* parity: FSDP 2 vs replicated DP */
@@ -108,35 +85,16 @@ int main(int argc, char **argv) {
     f->parallelism.data_parallel_replicate_degree = 1;
     f->parallelism.data_parallel_shard_degree = ws;
     hp_test_train_steps(f, world, N, fl, fn, 1);
-    double wl = 0, wn = 0;
-    for (int i = 0; i < N; i++) {
-        HP_CHECK_CLOSE(fl[i], dl[i], 1e-5, 0.0);
-        HP_CHECK_CLOSE(fn[i], dn[i], 1e-4, 0.0);
-        wl = fmax(wl, fabs(fl[i] - dl[i]) / fabs(dl[i]));
-        wn = fmax(wn, fabs(fn[i] - dn[i]) / fabs(dn[i]));
-    }
-    if (rank == 0)
-        printf("qwen3 (tied) shard %d: losses %.6f %.6f %.6f %.6f (replicated DP %.6f %.6f %.6f %.6f); "
-               "worst rel loss %.2e norm %.2e\n", ws, fl[0], fl[1], fl[2], fl[3], dl[0], dl[1], dl[2], dl[3], wl, wn);
+    hp_test_compare_runs("qwen3 (tied) FSDP vs replicated DP", N, fl, dl, fn, dn, 1e-5, 1e-4);
 
     /* checkpoint under FSDP: uninterrupted reference, then interrupted after step 3 + resume */
     double ref[STEPS], l[STEPS];
-    hp_trainer_t t = NULL;
-    HP_CHECK_OK(hp_trainer_create(f, world, &t));
-    if (t) {
-        steps(t, ref, STEPS);
-        hp_trainer_destroy(t);
-    }
+    hp_test_run_steps(f, world, 0, STEPS, ref, "FSDP");
     f->checkpoint.enable = true;
     snprintf(f->checkpoint.folder, sizeof f->checkpoint.folder, "%s/ckpt", dir_);
     f->checkpoint.interval = 3;
     f->checkpoint.keep_latest_k = 0;
-    t = NULL;
-    HP_CHECK_OK(hp_trainer_create(f, world, &t));
-    if (t) {
-        steps(t, l, 3);
-        hp_trainer_destroy(t);   /* "killed" after step 3 */
-    }
+    hp_test_run_steps(f, world, 0, 3, l, "FSDP");   /* "killed" after step 3 */
     char d[700];
     snprintf(d, sizeof d, "%s/step-3", f->checkpoint.folder);
     hp_dcp_metadata_t md = NULL;
@@ -148,13 +106,7 @@ int main(int argc, char **argv) {
         HP_CHECK(!hp_dcp_metadata_find(md, "output.weight"), "the tied output.weight must not be saved separately");
         hp_dcp_metadata_free(md);
     }
-    t = NULL;
-    HP_CHECK_OK(hp_trainer_create(f, world, &t));
-    if (t) {
-        HP_CHECK(hp_trainer_current_step(t) == 3, "resumed at step %lld, expected 3", (long long)hp_trainer_current_step(t));
-        steps(t, l + 3, STEPS - 3);
-        hp_trainer_destroy(t);
-    }
+    hp_test_run_steps(f, world, 3, STEPS, l, "FSDP resume");
     for (int i = 0; i < STEPS; i++)
         HP_CHECK(l[i] == ref[i], "step %d: loss %.17g (resumed at 3) vs uninterrupted %.17g", i + 1, l[i], ref[i]);
 
@@ -165,25 +117,11 @@ int main(int argc, char **argv) {
     r->parallelism.data_parallel_shard_degree = 1;
     r->checkpoint.load_step = 3;
     r->checkpoint.interval = 1000;
-    t = NULL;
-    HP_CHECK_OK(hp_trainer_create(r, world, &t));
-    if (t) {
-        HP_CHECK(hp_trainer_current_step(t) == 3, "FSDP -> DDP resume at step %lld", (long long)hp_trainer_current_step(t));
-        steps(t, l + 3, STEPS - 3);
-        hp_trainer_destroy(t);
-        double worst = 0;
-        for (int i = 3; i < STEPS; i++) {
-            double rel = fabs(l[i] - ref[i]) / fabs(ref[i]);
-            worst = fmax(worst, rel);
-            HP_CHECK(rel <= 1e-4, "FSDP(1-3) -> DDP(4-6) step %d: %.9g vs FSDP %.9g", i + 1, l[i], ref[i]);
-        }
-        if (rank == 0) printf("qwen3 FSDP(1-3) -> DDP(4-6) vs FSDP(1-6): max relative loss difference %.2g\n", worst);
-    }
+    if (hp_test_run_steps(r, world, 3, STEPS, l, "FSDP -> DDP"))
+        hp_test_compare_runs("qwen3 FSDP(1-3) -> DDP(4-6) vs FSDP(1-6)", STEPS - 3, l + 3, ref + 3, NULL, NULL, 1e-4,
+                             0);
     free(r);
     free(f);
     free(c);
-    int rc = hp_test_finish("test_trainer_fsdp_tied");
-    hp_test_remove_corpus(world);
-    hp_comm_finalize();
-    return rc;
+    return hp_test_corpus_finish(world, "test_trainer_fsdp_tied");
 }

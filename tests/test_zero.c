@@ -23,7 +23,5 @@ int main(int argc, char **argv) {
     ddp_parity(world, "ddp + zero-1 accum 2", 2, 2, 1, 0, 1, DP_INJECT_NONE, l);
     // negative test: a sharded optimizer step that is slightly off must be reported
     ddp_parity(world, "ddp + zero-1 negative: rank 1 lr x (1 + 1e-3)", 2, 1, 1, 0, 1, DP_INJECT_LR, l);
-    int rc = hp_test_finish("test_zero");
-    hp_comm_finalize();
-    return rc;
+    return hp_test_mpi_finish("test_zero");
 }
