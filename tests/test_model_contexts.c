@@ -362,7 +362,7 @@ static hp_status_t spy_backward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     s->bwd++;
     return hp_module_backward_input(s->orig, act, dout, din);
 }
-static const hp_module_ops_t spy_ops = {"spy_core", spy_bytes, NULL, spy_forward, spy_backward, NULL};
+static const hp_module_ops_t spy_ops = {"spy_core", spy_bytes, NULL, spy_forward, spy_backward, NULL, NULL};
 
 static void test_replace_core(void) {
     hp_model_config_t cfg = small("qwen3");

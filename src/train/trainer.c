@@ -328,7 +328,7 @@ static hp_status_t cp_prepare(hp_trainer_t t, hp_model_t *models, int n) {
     const int hd = t->mcfg.head_dim > 0 ? t->mcfg.head_dim : t->mcfg.dim / t->mcfg.n_heads;
     HP_TRY(hp_cp_create(hp_mesh_get_comm(t->cp_mesh, 0), &co, t->B > t->val_B ? t->B : t->val_B, t->T,
                         t->mcfg.n_heads / t->pd.tp, t->mcfg.n_kv_heads / t->pd.tp, hd, &t->cp));
-    for (int i = 0; i < n; i++) HP_TRY(hp_cp_prepare(t->cp, models[i]));
+    (void)models, (void)n;   /* hp_cp_apply finds each attention's projection itself, before or after TP */
     return HP_OK;
 }
 
