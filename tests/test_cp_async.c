@@ -4,14 +4,19 @@
  * (qk-norm: the core applies k-norm and RoPE to the rows it receives), every rotate method
  * and balancer, Ulysses (cp) and on 4 ranks the hybrid Ulysses 2 x ring 2 (whose ring stays
  * synchronous), and under full activation checkpointing (the recomputed forward starts its
- * collective again); one collective per attention forward was started by a hook. The comparison is
- * exact (same kernels, same summation orders); a 1-ulp change of one gradient fails it. */
+ * collective again); one collective per attention forward was started by a hook. On 4 ranks,
+ * cp 2 x tp 2 (sequence and loss parallel): tensor parallel applied before or after context
+ * parallel gives bitwise the same loss and local gradients, synchronous and asynchronous (the
+ * projection hook follows the q|k|v projection to the wrapper TP puts in its place). The
+ * comparison is exact (same kernels, same summation orders); a 1-ulp change of one gradient
+ * fails it. */
 // hp-test: ranks 2 4 timeout 120
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/cp.h"
+#include "hyperparallel/tp.h"
 #include "hyperparallel/model.h"
 #include "hp_test_mpi.h"
 
@@ -108,6 +113,82 @@ static void variant(const char *model, hp_cp_rotate_t rot, hp_cp_balancer_t lb, 
     free(ga);
 }
 
+/* cp 2 x tp 2 on 4 ranks, TP then CP (tp_first) or CP then TP; loss and the local gradients. */
+static long run_tp(const hp_model_config_t *mc, int async, int tp_first, float *loss, float **grads, size_t *numel) {
+    const int64_t shape[2] = {2, 2};
+    const char *names[2] = {"cp", "tp"}, *tpn[1] = {"tp"};
+    hp_mesh_t mesh = NULL, tpm = NULL;
+    HP_CHECK_OK(hp_mesh_create(world, 2, shape, names, &mesh));
+    HP_CHECK_OK(hp_mesh_slice(mesh, 1, tpn, &tpm));
+    hp_model_t m = NULL;
+    hp_cp_t c = NULL;
+    hp_tp_t tp = NULL;
+    hp_cp_options_t o = hp_cp_options_default();
+    o.async = async;
+    HP_CHECK_OK(hp_model_create(mc, B, T, &m));
+    HP_CHECK_OK(hp_cp_create(hp_mesh_get_comm(mesh, 0), &o, B, T, mc->n_heads / 2, mc->n_kv_heads / 2, mc->head_dim, &c));
+    hp_tp_plan_entry_t plan[32];
+    const int np = hp_tp_llama3_plan(plan, 32, 1, 1);
+    if (!m || !c || !tpm) return -1;
+    if (tp_first) HP_CHECK_OK(hp_tp_parallelize_model(&tp, m, tpm, plan, np));
+    HP_CHECK_OK(hp_cp_apply(c, m));
+    if (!tp_first) HP_CHECK_OK(hp_tp_parallelize_model(&tp, m, tpm, plan, np));
+    HP_CHECK_OK(hp_model_init_weights(m, 11));
+    int32_t tok[B * T], tgt[B * T], lt[B * T], lg[B * T];
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (i * 7919 + 5) % mc->vocab_size;
+        tgt[i] = (i * 104729 + 3) % mc->vocab_size;
+    }
+    HP_CHECK_OK(hp_cp_shard_tokens(c, lt, tok, B));
+    HP_CHECK_OK(hp_cp_shard_tokens(c, lg, tgt, B));
+    HP_CHECK_OK(hp_model_forward(m, lt, lg, B, T / 2, (float)(B * T), loss));
+    HP_CHECK_OK(hp_model_backward(m));
+    const hp_param_t *p = hp_model_params(m);
+    size_t tot = 0;
+    for (int i = 0; i < hp_model_num_params(m); i++) tot += (size_t)hp_tensor_numel(&p[i].grad.local);
+    *grads = malloc(sizeof(float) * tot);
+    *numel = tot;
+    for (size_t i = 0, off = 0; i < (size_t)hp_model_num_params(m); i++) {
+        const size_t n = (size_t)hp_tensor_numel(&p[i].grad.local);
+        memcpy(*grads + off, p[i].grad.local.data, sizeof(float) * n);
+        off += n;
+    }
+    const long launches = hp_cp_async_count(c);
+    hp_tp_destroy(tp);
+    hp_model_destroy(m);
+    hp_cp_destroy(c);
+    hp_mesh_destroy(tpm);
+    hp_mesh_destroy(mesh);
+    return launches;
+}
+
+static void tp_order(const char *model) {
+    hp_model_config_t mc;
+    HP_CHECK_OK(hp_model_flavor(model, "debugmodel", &mc));
+    mc.n_layers = L;
+    mc.dim = 64;
+    mc.n_heads = 4;
+    mc.n_kv_heads = 2;
+    mc.head_dim = 16;
+    mc.hidden_dim = 128;
+    mc.vocab_size = 256;
+    mc.max_seq_len = T;
+    float l[4] = {0};
+    float *g[4] = {NULL};
+    size_t e[4] = {0};
+    long n[4];
+    for (int k = 0; k < 4; k++) n[k] = run_tp(&mc, k / 2, k % 2, &l[k], &g[k], &e[k]);   // (async, tp_first)
+    HP_CHECK(n[0] == 0 && n[1] == 0 && n[2] == L && n[3] == L, "%s cp 2 x tp 2: %ld %ld %ld %ld hook-started "
+             "collectives (sync CP-TP, TP-CP, async CP-TP, TP-CP), expected 0 0 %d %d", model, n[0], n[1], n[2], n[3],
+             L, L);
+    for (int k = 1; k < 4; k++)
+        HP_CHECK(g[0] && g[k] && e[k] == e[0] && same(l[0], g[0], l[k], g[k], e[0]), "%s cp 2 x tp 2: run %d (%s, %s) "
+                 "differs from synchronous CP then TP (loss %.9g vs %.9g)", model, k, k / 2 ? "async" : "sync",
+                 k % 2 ? "TP then CP" : "CP then TP", l[k], l[0]);
+    if (rank == 0) printf("%s cp 2 x tp 2: CP then TP == TP then CP bitwise, sync and async (loss %.7f)\n", model, l[0]);
+    for (int k = 0; k < 4; k++) free(g[k]);
+}
+
 int main(int argc, char **argv) {
     world = hp_test_mpi_init(&argc, &argv, &rank, &ws);
     variant("llama3", HP_CP_ROTATE_ALLGATHER, HP_CP_BALANCE_HEADTAIL, 1, 0, 1);
@@ -116,6 +197,10 @@ int main(int argc, char **argv) {
     variant("qwen3", HP_CP_ROTATE_ALLTOALL, HP_CP_BALANCE_HEADTAIL, 1, 1, 0);   // under full activation checkpointing
     variant("qwen3", HP_CP_ROTATE_ALLTOALL, HP_CP_BALANCE_HEADTAIL, 2, 0, 0);   // Ulysses 2 (hybrid 2 x 2 on 4 ranks)
     variant("llama3", HP_CP_ROTATE_ALLGATHER, HP_CP_BALANCE_NONE, 2, 0, 0);     // Ulysses 2, no balancing
+    if (ws == 4) {
+        tp_order("llama3");
+        tp_order("qwen3");
+    }
     int rc = hp_test_finish("test_cp_async");
     hp_comm_finalize();
     return rc;

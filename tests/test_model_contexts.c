@@ -394,10 +394,76 @@ static void test_replace_core(void) {
     HP_CHECK_OK(hp_model_backward(m));
     snap_grads(m, g1);
     HP_CHECK(spy.fwd == 1 && spy.bwd == 1, "the replacement core ran once each way (%d, %d)", spy.fwd, spy.bwd);
+    int listed_new = 0, listed_old = 0;
+    const int n2 = hp_model_modules(m, mods, 512);
+    for (int i = 0; i < n2 && n2 <= 512; i++) {
+        listed_new += mods[i] == &core;
+        listed_old += mods[i] == spy.orig;
+    }
+    HP_CHECK(n2 == n && listed_new == 1 && listed_old == 0, "hp_model_modules lists the tree as it is: %d modules "
+             "(%d before), the replacement %d time(s), the replaced core %d", n2, n, listed_new, listed_old);
     HP_CHECK(l0 == l1 && memcmp(g0, g1, sizeof(float) * ng) == 0, "results through the replaced core bitwise");
     HP_CHECK_ERR(hp_model_forward_ctx(m, old, g_tok[0], g_tgt[0], B, T, 30.0f, &l1), HP_ERR_STATE, "re-create it");
     HP_CHECK_ERR(hp_model_replace_module(m, attn, spy.orig, &core), HP_ERR_INVALID_ARG, "is not a child");
     hp_model_ctx_destroy(old);
+    hp_model_destroy(m);
+    free(g0);
+    free(g1);
+}
+
+/* The head's loss child is replaceable as any module (tensor parallel puts loss_parallel there):
+ * this one delegates to the cross-entropy, so the model's results must not change. */
+typedef struct spy_loss { hp_module_t *orig; int fwd, bwd; } spy_loss_t;
+static size_t spy_loss_bytes(const hp_module_t *m, int b, int t) {
+    const spy_loss_t *s = ((const spy_loss_t *)m->impl);
+    return s->orig->ops->act_bytes(s->orig, b, t) + hp_loss_act_bytes(b, t);
+}
+static hp_status_t spy_loss_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    spy_loss_t *s = m->impl;
+    s->fwd++;
+    HP_TRY(hp_module_forward(s->orig, act, in, out));
+    hp_loss_saved_t *mine;
+    HP_TRY(hp_loss_begin(m, act, in, &mine));
+    const hp_loss_saved_t *r = hp_loss_result(act, s->orig);
+    mine->sum = r->sum;
+    mine->n_valid = r->n_valid;
+    return HP_OK;
+}
+static hp_status_t spy_loss_backward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    spy_loss_t *s = m->impl;
+    s->bwd++;
+    return hp_module_backward_input(s->orig, act, dout, din);
+}
+static const hp_module_ops_t spy_loss_ops = {"spy_loss", spy_loss_bytes, NULL, spy_loss_forward, spy_loss_backward,
+                                             NULL, NULL};
+
+static void test_replace_loss(void) {
+    hp_model_config_t cfg = small("llama3");
+    make_batches(cfg.vocab_size);
+    hp_model_t m = NULL;
+    HP_ASSERT(hp_model_create(&cfg, B, T, &m) == HP_OK);
+    HP_CHECK_OK(hp_model_init_weights(m, 3));
+    const size_t ng = n_grad(m);
+    float *g0 = malloc(sizeof(float) * ng), *g1 = malloc(sizeof(float) * ng), l0, l1;
+    HP_CHECK_OK(hp_model_forward(m, g_tok[0], g_tgt[0], B, T, 30.0f, &l0));
+    HP_CHECK_OK(hp_model_backward(m));
+    snap_grads(m, g0);
+    hp_module_t *head = hp_model_unit_module(m, hp_model_num_units(m) - 1), *loss = NULL;
+    for (int i = 0; head && i < head->n_children; i++)
+        if (hp_module_is_loss(head->children[i])) loss = head->children[i];
+    HP_CHECK(loss && strcmp(loss->name, "loss") == 0 && strcmp(loss->ops->kind, "cross_entropy") == 0,
+             "the head has its cross-entropy child 'loss'");
+    if (!loss) { hp_model_destroy(m); free(g0); free(g1); return; }
+    spy_loss_t spy = {loss, 0, 0};
+    hp_module_t rep;
+    hp_module_base_init(&rep, &spy_loss_ops, "loss", &spy);
+    HP_CHECK_OK(hp_model_replace_module(m, head, loss, &rep));
+    HP_CHECK_OK(hp_model_zero_grad(m));
+    HP_CHECK_OK(hp_model_forward(m, g_tok[0], g_tgt[0], B, T, 30.0f, &l1));
+    HP_CHECK_OK(hp_model_backward(m));
+    snap_grads(m, g1);
+    HP_CHECK(spy.fwd == 1 && spy.bwd == 1, "the replacement loss ran once each way (%d, %d)", spy.fwd, spy.bwd);
+    HP_CHECK(l0 == l1 && memcmp(g0, g1, sizeof(float) * ng) == 0, "results through the replaced loss bitwise");
     hp_model_destroy(m);
     free(g0);
     free(g1);
@@ -412,5 +478,6 @@ int main(void) {
     test_stage("qwen3", 2);
     test_hooks();
     test_replace_core();
+    test_replace_loss();
     return hp_test_finish("test_model_contexts");
 }

@@ -261,13 +261,23 @@ int hp_mla_local_heads(const hp_module_t *mla);
 /* The loss (kind "cross_entropy": the head's child "loss", which the model container runs on the
  * head's logits; a parallelism replaces it, e.g. tensor parallel's loss_parallel over
  * vocab-sharded logits). A loss module's forward takes in = the logits (N, V) f32 and the
- * targets act->targets (N) (out is unused) and leaves, at the start of its activation slot, the
- * sum of the valid rows' losses (in row order, double) and their count; backward_input takes
- * dout = d loss / d sum as a (1) f32 tensor and writes din = dlogits (N, V) (=). */
+ * targets act->targets (N) (out is unused) and leaves its hp_loss_saved_t as its activation
+ * slot: the sum of the valid rows' losses (in row order, double) and their count, read by the
+ * container; backward_input takes dout = d loss / d sum as a (1) f32 tensor and writes
+ * din = dlogits (N, V) (=). */
 typedef struct hp_loss_saved {
-    double sum;
+    double sum;                /* over the valid rows, in row order */
     int64_t n_valid;
+    const float *logits;       /* (N, V) the caller's, alive until backward */
+    const int32_t *targets;    /* (N) */
+    double *losses;            /* (N) per row, 0 for ignored rows */
+    float *lse;                /* (N) */
+    int N, V;
 } hp_loss_saved_t;
+/* For loss modules: the arena bytes of a forward over B x T rows, and its start (checks the
+ * logits and targets, saves them, allocates losses and lse as the module's slot). */
+size_t hp_loss_act_bytes(int B, int T);
+hp_status_t hp_loss_begin(hp_module_t *loss, hp_act_t *act, const hp_tensor_t *logits, hp_loss_saved_t **out);
 /* The result of `loss`'s last forward in act. */
 static inline const hp_loss_saved_t *hp_loss_result(hp_act_t *act, const hp_module_t *loss) {
     return (const hp_loss_saved_t *)hp_act_slot(act, loss);

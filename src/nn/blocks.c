@@ -576,41 +576,46 @@ hp_status_t nn_block_new(hp_model_t m, const char *name, int dim, hp_module_t *a
 
 /* ---- loss: cross-entropy over the logits (the head's replaceable child) ------------------ */
 
-typedef struct loss_saved {
-    hp_loss_saved_t res;       // sum and count of the valid rows (first: hp_loss_result reads it)
-    const float *logits;       // (N, V) the caller's, alive until backward
-    const int32_t *targets;    // (N)
-    double *losses;            // (N)
-    float *lse;                // (N)
-    int N, V;
-} loss_saved_t;
-
-static size_t loss_act_bytes(const hp_module_t *m, int B, int T) {
-    (void)m;
+size_t hp_loss_act_bytes(int B, int T) {
     const size_t N = (size_t)B * T;
-    return hp_arena_round(sizeof(loss_saved_t)) + hp_arena_round(sizeof(double) * N) + hp_arena_round(sizeof(float) * N);
+    return hp_arena_round(sizeof(hp_loss_saved_t)) + hp_arena_round(sizeof(double) * N) + hp_arena_round(sizeof(float) * N);
 }
 
-static hp_status_t loss_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
-    (void)out;
+hp_status_t hp_loss_begin(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_loss_saved_t **out) {
     if (!act->targets || !in || in->ndim != 2)
-        return hp_error(HP_ERR_INVALID_ARG, "loss '%s': expected logits (N, V) and the targets (act->targets)", m->name);
-    loss_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
+        return hp_error(HP_ERR_INVALID_ARG, "loss '%s' (%s): expected logits (N, V) and the targets (act->targets)",
+                        m->name, m->ops->kind);
+    hp_loss_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
+    s->sum = 0.0;
+    s->n_valid = 0;
     s->logits = in->data;
     s->targets = act->targets;
     s->N = (int)in->shape[0];
     s->V = (int)in->shape[1];
     s->losses = hp_act_alloc(act, sizeof(double) * (size_t)s->N);
     s->lse = hp_act_alloc(act, sizeof(float) * (size_t)s->N);
+    *out = s;
+    return HP_OK;
+}
+
+static size_t loss_act_bytes(const hp_module_t *m, int B, int T) {
+    (void)m;
+    return hp_loss_act_bytes(B, T);
+}
+
+static hp_status_t loss_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    (void)out;
+    hp_loss_saved_t *s;
+    HP_TRY(hp_loss_begin(m, act, in, &s));
     double t0 = omp_get_wtime();
-    s->res.sum = act->be->cross_entropy_forward(act->be->ctx, s->losses, s->lse, s->logits, s->targets, s->N, s->V,
-                                                &s->res.n_valid);
+    s->sum = act->be->cross_entropy_forward(act->be->ctx, s->losses, s->lse, s->logits, s->targets, s->N, s->V,
+                                            &s->n_valid);
     prof(act, HP_NN_OP_CROSS_ENTROPY, t0);
     return HP_OK;
 }
 
 static hp_status_t loss_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
-    loss_saved_t *s = hp_act_slot(act, m);
+    const hp_loss_saved_t *s = hp_act_slot(act, m);
     double t0 = omp_get_wtime();
     act->be->cross_entropy_backward(act->be->ctx, din->data, s->logits, s->lse, s->targets, *(const float *)dout->data,
                                     s->N, s->V, 0);

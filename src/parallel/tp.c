@@ -1408,43 +1408,26 @@ hp_status_t hp_tp_parallelize_modules(hp_tp_t *out, hp_module_t **modules, int n
 
 /* loss_parallel as the model's loss module (nn.h): cross-entropy over this rank's columns of
  * the vocab-sharded logits, the global vocab offset rank x local columns. */
-typedef struct lp_saved {
-    hp_loss_saved_t res;       // first: hp_loss_result reads it
-    const float *logits;
-    const int32_t *targets;
-    double *losses;
-    float *lse;
-    int N, V;
-} lp_saved_t;
-
 static size_t lp_act_bytes(const hp_module_t *m, int B, int T) {
     (void)m;
-    const size_t N = (size_t)B * T;
-    return hp_arena_round(sizeof(lp_saved_t)) + hp_arena_round(sizeof(double) * N) + hp_arena_round(sizeof(float) * N);
+    return hp_loss_act_bytes(B, T);
 }
 
 static hp_status_t lp_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     (void)out;
     hp_tp_t tp = m->impl;
-    if (!act->targets || !in || in->ndim != 2)
-        return hp_error(HP_ERR_INVALID_ARG, "loss_parallel '%s': expected logits (N, V/tp) and the targets", m->name);
-    lp_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
-    s->logits = in->data;
-    s->targets = act->targets;
-    s->N = (int)in->shape[0];
-    s->V = (int)in->shape[1];
-    s->losses = hp_act_alloc(act, sizeof(double) * (size_t)s->N);
-    s->lse = hp_act_alloc(act, sizeof(float) * (size_t)s->N);
+    hp_loss_saved_t *s;
+    HP_TRY(hp_loss_begin(m, act, in, &s));
     double t0 = omp_get_wtime();
-    hp_status_t st = hp_loss_parallel_forward(&s->res.sum, s->losses, s->lse, s->logits, s->targets, s->N, s->V,
-                                              (int64_t)tp->rank * s->V, tp->comm, &s->res.n_valid);
+    hp_status_t st = hp_loss_parallel_forward(&s->sum, s->losses, s->lse, s->logits, s->targets, s->N, s->V,
+                                              (int64_t)tp->rank * s->V, tp->comm, &s->n_valid);
     if (act->prof) act->prof[HP_NN_OP_CROSS_ENTROPY] += omp_get_wtime() - t0;
     return st;
 }
 
 static hp_status_t lp_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     hp_tp_t tp = m->impl;
-    lp_saved_t *s = hp_act_slot(act, m);
+    const hp_loss_saved_t *s = hp_act_slot(act, m);
     double t0 = omp_get_wtime();
     hp_loss_parallel_backward(din->data, s->logits, s->lse, s->targets, *(const float *)dout->data, s->N, s->V,
                               (int64_t)tp->rank * s->V);
