@@ -126,7 +126,8 @@ static long run_tp(const hp_model_config_t *mc, int async, int tp_first, float *
     hp_cp_options_t o = hp_cp_options_default();
     o.async = async;
     HP_CHECK_OK(hp_model_create(mc, B, T, &m));
-    HP_CHECK_OK(hp_cp_create(hp_mesh_get_comm(mesh, 0), &o, B, T, mc->n_heads / 2, mc->n_kv_heads / 2, mc->head_dim, &c));
+    HP_CHECK_OK(hp_cp_create(hp_mesh_get_comm(mesh, 0), &o, B, T, mc->n_heads / 2, mc->n_kv_heads / 2, mc->head_dim,
+                             &c));
     hp_tp_plan_entry_t plan[32];
     const int np = hp_tp_llama3_plan(plan, 32, 1, 1);
     if (!m || !c || !tpm) return -1;
@@ -185,7 +186,8 @@ static void tp_order(const char *model) {
         HP_CHECK(g[0] && g[k] && e[k] == e[0] && same(l[0], g[0], l[k], g[k], e[0]), "%s cp 2 x tp 2: run %d (%s, %s) "
                  "differs from synchronous CP then TP (loss %.9g vs %.9g)", model, k, k / 2 ? "async" : "sync",
                  k % 2 ? "TP then CP" : "CP then TP", l[k], l[0]);
-    if (rank == 0) printf("%s cp 2 x tp 2: CP then TP == TP then CP bitwise, sync and async (loss %.7f)\n", model, l[0]);
+    if (rank == 0)
+        printf("%s cp 2 x tp 2: CP then TP == TP then CP bitwise, sync and async (loss %.7f)\n", model, l[0]);
     for (int k = 0; k < 4; k++) free(g[k]);
 }
 

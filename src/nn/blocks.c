@@ -578,7 +578,8 @@ hp_status_t nn_block_new(hp_model_t m, const char *name, int dim, hp_module_t *a
 
 size_t hp_loss_act_bytes(int B, int T) {
     const size_t N = (size_t)B * T;
-    return hp_arena_round(sizeof(hp_loss_saved_t)) + hp_arena_round(sizeof(double) * N) + hp_arena_round(sizeof(float) * N);
+    return hp_arena_round(sizeof(hp_loss_saved_t)) + hp_arena_round(sizeof(double) * N) +
+           hp_arena_round(sizeof(float) * N);
 }
 
 hp_status_t hp_loss_begin(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_loss_saved_t **out) {

@@ -599,10 +599,10 @@ static hp_status_t check_call(const cp_core_t *C, const hp_act_t *act, int64_t w
                         C->mod.name, act->B, act->T, C->cp->Tl, C->cp->T, C->cp->W, C->cp->max_B);
     const int64_t want = (int64_t)(C->Hq + 2 * C->Hkv) * C->cp->hd;
     if (width != want)
-        return hp_error(HP_ERR_INVALID_ARG, "%s '%s': [q | k | v] rows of width %lld, expected %lld (%d heads and %d kv "
-                        "heads of %d, the local heads cp was created with); hint: pass hp_cp_create the heads per "
-                        "tensor-parallel rank", what, C->mod.name, (long long)width, (long long)want, C->Hq, C->Hkv,
-                        C->cp->hd);
+        return hp_error(HP_ERR_INVALID_ARG, "%s '%s': [q | k | v] rows of width %lld, expected %lld (%d heads and "
+                        "%d kv heads of %d, the local heads cp was created with); hint: pass hp_cp_create the heads "
+                        "per tensor-parallel rank", what, C->mod.name, (long long)width, (long long)want, C->Hq,
+                        C->Hkv, C->cp->hd);
     return HP_OK;
 }
 

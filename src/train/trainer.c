@@ -310,8 +310,7 @@ static hp_status_t check_cp_layout(const hp_config_t *c, const hp_model_config_t
     return HP_OK;
 }
 
-/* The CP handle over the cp mesh dim, before TP (on the local heads TP will leave); with the
- * asynchronous core each attention is recorded before TP's wrapper takes its place. */
+/* The CP handle over the cp mesh dim, before TP (on the local heads TP will leave). */
 static hp_status_t cp_prepare(hp_trainer_t t, hp_model_t *models, int n) {
     const hp_config_t *c = &t->cfg;
     t->Tl = t->T;
