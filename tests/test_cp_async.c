@@ -25,17 +25,10 @@ enum { T = 32, B = 2, L = 2 };
 static hp_comm_t world;
 static int rank, ws;
 
-/* One forward + backward of the rank's rows under CP (opt); loss and all gradients out. */
-static long run(const hp_model_config_t *mc, const hp_cp_options_t *opt, int ac, float *loss, float **grads,
-                int *n_grads, size_t *numel) {
-    hp_model_t m = NULL;
-    hp_cp_t c = NULL;
-    long launches = -1;
-    HP_CHECK_OK(hp_model_create(mc, B, T, &m));
-    HP_CHECK_OK(hp_cp_create(world, opt, B, T, mc->n_heads, mc->n_kv_heads, mc->head_dim, &c));
-    if (!m || !c) return -1;
-    if (ac) HP_CHECK_OK(hp_model_set_activation_checkpoint(m, 1));   // the trainer's order: AC, then CP
-    HP_CHECK_OK(hp_cp_apply(c, m));
+/* One forward + backward of the rank's rows (B sequences of T / cp) of a fixed batch under CP
+ * c, after init: the loss, and every local gradient (n_grads params, numel floats) copied out. */
+static void step(hp_model_t m, hp_cp_t c, const hp_model_config_t *mc, float *loss, float **grads, int *n_grads,
+                 size_t *numel) {
     HP_CHECK_OK(hp_model_init_weights(m, 11));
     int32_t tok[B * T], tgt[B * T], lt[B * T], lg[B * T];
     for (int i = 0; i < B * T; i++) {
@@ -45,7 +38,7 @@ static long run(const hp_model_config_t *mc, const hp_cp_options_t *opt, int ac,
     HP_CHECK_OK(hp_cp_shard_tokens(c, lt, tok, B));
     HP_CHECK_OK(hp_cp_shard_tokens(c, lg, tgt, B));
     HP_CHECK_OK(hp_model_zero_grad(m));
-    HP_CHECK_OK(hp_model_forward(m, lt, lg, B, T / ws, (float)(B * T), loss));
+    HP_CHECK_OK(hp_model_forward(m, lt, lg, B, T / hp_cp_degree(c), (float)(B * T), loss));
     HP_CHECK_OK(hp_model_backward(m));
     const hp_param_t *p = hp_model_params(m);
     *n_grads = hp_model_num_params(m);
@@ -58,6 +51,20 @@ static long run(const hp_model_config_t *mc, const hp_cp_options_t *opt, int ac,
         memcpy(*grads + off, p[i].grad.local.data, sizeof(float) * n);
         off += (int)n;
     }
+}
+
+/* One forward + backward of the rank's rows under CP (opt); loss and all gradients out. */
+static long run(const hp_model_config_t *mc, const hp_cp_options_t *opt, int ac, float *loss, float **grads,
+                int *n_grads, size_t *numel) {
+    hp_model_t m = NULL;
+    hp_cp_t c = NULL;
+    long launches = -1;
+    HP_CHECK_OK(hp_model_create(mc, B, T, &m));
+    HP_CHECK_OK(hp_cp_create(world, opt, B, T, mc->n_heads, mc->n_kv_heads, mc->head_dim, &c));
+    if (!m || !c) return -1;
+    if (ac) HP_CHECK_OK(hp_model_set_activation_checkpoint(m, 1));   // the trainer's order: AC, then CP
+    HP_CHECK_OK(hp_cp_apply(c, m));
+    step(m, c, mc, loss, grads, n_grads, numel);
     launches = hp_cp_async_count(c);
     hp_model_destroy(m);
     hp_cp_destroy(c);
@@ -69,7 +76,8 @@ static int same(float la, const float *a, float lb, const float *b, size_t n) {
     return memcmp(&la, &lb, sizeof la) == 0 && memcmp(a, b, sizeof(float) * n) == 0;
 }
 
-static void variant(const char *model, hp_cp_rotate_t rot, hp_cp_balancer_t lb, int U, int ac, int negative) {
+/* The family's debugmodel, small: L layers, dim 64, 4 heads / 2 kv heads of 16. */
+static hp_model_config_t small_config(const char *model) {
     hp_model_config_t mc;
     HP_CHECK_OK(hp_model_flavor(model, "debugmodel", &mc));
     mc.n_layers = L;
@@ -79,6 +87,11 @@ static void variant(const char *model, hp_cp_rotate_t rot, hp_cp_balancer_t lb, 
     mc.head_dim = 16;
     mc.hidden_dim = 128;   // the feed-forward is not what is tested: keep it small
     mc.max_seq_len = T;
+    return mc;
+}
+
+static void variant(const char *model, hp_cp_rotate_t rot, hp_cp_balancer_t lb, int U, int ac, int negative) {
+    hp_model_config_t mc = small_config(model);
     hp_cp_options_t o = hp_cp_options_default();
     o.rotate = rot;
     o.balancer = lb;
@@ -134,26 +147,8 @@ static long run_tp(const hp_model_config_t *mc, int async, int tp_first, float *
     if (tp_first) HP_CHECK_OK(hp_tp_parallelize_model(&tp, m, tpm, plan, np));
     HP_CHECK_OK(hp_cp_apply(c, m));
     if (!tp_first) HP_CHECK_OK(hp_tp_parallelize_model(&tp, m, tpm, plan, np));
-    HP_CHECK_OK(hp_model_init_weights(m, 11));
-    int32_t tok[B * T], tgt[B * T], lt[B * T], lg[B * T];
-    for (int i = 0; i < B * T; i++) {
-        tok[i] = (i * 7919 + 5) % mc->vocab_size;
-        tgt[i] = (i * 104729 + 3) % mc->vocab_size;
-    }
-    HP_CHECK_OK(hp_cp_shard_tokens(c, lt, tok, B));
-    HP_CHECK_OK(hp_cp_shard_tokens(c, lg, tgt, B));
-    HP_CHECK_OK(hp_model_forward(m, lt, lg, B, T / 2, (float)(B * T), loss));
-    HP_CHECK_OK(hp_model_backward(m));
-    const hp_param_t *p = hp_model_params(m);
-    size_t tot = 0;
-    for (int i = 0; i < hp_model_num_params(m); i++) tot += (size_t)hp_tensor_numel(&p[i].grad.local);
-    *grads = malloc(sizeof(float) * tot);
-    *numel = tot;
-    for (size_t i = 0, off = 0; i < (size_t)hp_model_num_params(m); i++) {
-        const size_t n = (size_t)hp_tensor_numel(&p[i].grad.local);
-        memcpy(*grads + off, p[i].grad.local.data, sizeof(float) * n);
-        off += n;
-    }
+    int n_grads;
+    step(m, c, mc, loss, grads, &n_grads, numel);
     const long launches = hp_cp_async_count(c);
     hp_tp_destroy(tp);
     hp_model_destroy(m);
@@ -164,16 +159,7 @@ static long run_tp(const hp_model_config_t *mc, int async, int tp_first, float *
 }
 
 static void tp_order(const char *model) {
-    hp_model_config_t mc;
-    HP_CHECK_OK(hp_model_flavor(model, "debugmodel", &mc));
-    mc.n_layers = L;
-    mc.dim = 64;
-    mc.n_heads = 4;
-    mc.n_kv_heads = 2;
-    mc.head_dim = 16;
-    mc.hidden_dim = 128;
-    mc.vocab_size = 256;
-    mc.max_seq_len = T;
+    hp_model_config_t mc = small_config(model);
     float l[4] = {0};
     float *g[4] = {NULL};
     size_t e[4] = {0};
