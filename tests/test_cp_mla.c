@@ -116,7 +116,6 @@ int main(int argc, char **argv) {
     hp_cp_t cp = NULL;
     HP_CHECK_OK(hp_cp_create(world, &o, B, T, c.n_heads, c.n_kv_heads, c.head_dim, &cp));
     if (m && cp) {
-        HP_CHECK_OK(hp_cp_prepare(cp, m));
         HP_CHECK_ERR(hp_cp_apply(cp, m), HP_ERR_UNSUPPORTED, "parallelism.context_parallel_async");
     }
     hp_cp_destroy(cp);

@@ -279,7 +279,7 @@ int main(int argc, char **argv) {
     } else {
         variant(c, rl, rn, 1, 4, 1, 2, "alltoall", "headtail", 0);   /* hybrid Ulysses 2 x ring 2 */
         variant(c, rl, rn, 1, 2, 2, 1, "allgather", "headtail", 0);  /* CP x TP (sequence + loss parallel on) */
-        {   /* the async core under TP's attention wrapper (hp_cp_prepare): bitwise the synchronous run */
+        {   /* the async core under TP's attention wrapper: bitwise the synchronous run */
             double sl[N], sn[N];
             memcpy(sl, last_l, sizeof sl);
             memcpy(sn, last_n, sizeof sn);

@@ -346,62 +346,101 @@ static void test_hooks(void) {
     hp_model_destroy(m);
 }
 
-/* A replacement attention core (the seam context parallelism uses): this one delegates to
- * the original core and counts calls, so the model's results must not change. */
+/* A replacement module (the seam context parallelism uses for the attention core and tensor
+ * parallelism for the head's loss): this one delegates to the module it replaced and counts
+ * calls, so the model's results must not change. A loss keeps its result as its own slot. */
 typedef struct spy { hp_module_t *orig; int fwd, bwd; } spy_t;
 static size_t spy_bytes(const hp_module_t *m, int b, int t) {
     const spy_t *s = m->impl;
-    return s->orig->ops->act_bytes(s->orig, b, t);
+    return s->orig->ops->act_bytes(s->orig, b, t) + (hp_module_is_loss(s->orig) ? hp_loss_act_bytes(b, t) : 0);
 }
 static hp_status_t spy_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     spy_t *s = m->impl;
     s->fwd++;
-    return hp_module_forward(s->orig, act, in, out);
+    HP_TRY(hp_module_forward(s->orig, act, in, out));
+    if (!hp_module_is_loss(s->orig)) return HP_OK;
+    hp_loss_saved_t *mine;
+    HP_TRY(hp_loss_begin(m, act, in, &mine));
+    mine->sum = hp_loss_result(act, s->orig)->sum;
+    mine->n_valid = hp_loss_result(act, s->orig)->n_valid;
+    return HP_OK;
 }
 static hp_status_t spy_backward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     spy_t *s = m->impl;
     s->bwd++;
     return hp_module_backward_input(s->orig, act, dout, din);
 }
-static const hp_module_ops_t spy_ops = {"spy_core", spy_bytes, NULL, spy_forward, spy_backward, NULL};
+static const hp_module_ops_t spy_ops = {"spy", spy_bytes, NULL, spy_forward, spy_backward, NULL, NULL};
 
-static void test_replace_core(void) {
-    hp_model_config_t cfg = small("qwen3");
-    make_batches(cfg.vocab_size);
-    hp_model_t m = NULL;
-    HP_ASSERT(hp_model_create(&cfg, B, T, &m) == HP_OK);
-    HP_CHECK_OK(hp_model_init_weights(m, 3));
-    const size_t ng = n_grad(m);
-    float *g0 = malloc(sizeof(float) * ng), *g1 = malloc(sizeof(float) * ng), l0, l1;
-    HP_CHECK_OK(hp_model_forward(m, g_tok[0], g_tgt[0], B, T, 30.0f, &l0));
-    HP_CHECK_OK(hp_model_backward(m));
-    snap_grads(m, g0);
-    hp_module_t *attn = NULL, *mods[512];
-    const int n = hp_model_modules(m, mods, 512);
-    for (int i = 0; i < n && n <= 512; i++)
-        if (strcmp(mods[i]->name, "layers.1.attention") == 0) attn = mods[i];
-    HP_CHECK(attn && hp_attention_core(attn) && strcmp(hp_attention_core(attn)->name, "layers.1.attention.core") == 0,
-             "layers.1.attention has its core child");
-    if (!attn) { hp_model_destroy(m); free(g0); free(g1); return; }
-    hp_model_ctx_t old;
-    HP_CHECK_OK(hp_model_ctx_create(m, B, T, 0, &old));
-    spy_t spy = {hp_attention_core(attn), 0, 0};
-    hp_module_t core;
-    hp_module_base_init(&core, &spy_ops, "layers.1.attention.core", &spy);
-    HP_CHECK_OK(hp_model_replace_module(m, attn, spy.orig, &core));
-    HP_CHECK(hp_attention_core(attn) == &core, "the replacement is the attention's core");
+/* One step on batch 0 from zero gradients: the loss, the gradients into g. */
+static float step_grads(hp_model_t m, float *g) {
+    float l = 0.0f;
     HP_CHECK_OK(hp_model_zero_grad(m));
-    HP_CHECK_OK(hp_model_forward(m, g_tok[0], g_tgt[0], B, T, 30.0f, &l1));
+    HP_CHECK_OK(hp_model_forward(m, g_tok[0], g_tgt[0], B, T, 30.0f, &l));
     HP_CHECK_OK(hp_model_backward(m));
-    snap_grads(m, g1);
-    HP_CHECK(spy.fwd == 1 && spy.bwd == 1, "the replacement core ran once each way (%d, %d)", spy.fwd, spy.bwd);
-    HP_CHECK(l0 == l1 && memcmp(g0, g1, sizeof(float) * ng) == 0, "results through the replaced core bitwise");
-    HP_CHECK_ERR(hp_model_forward_ctx(m, old, g_tok[0], g_tgt[0], B, T, 30.0f, &l1), HP_ERR_STATE, "re-create it");
-    HP_CHECK_ERR(hp_model_replace_module(m, attn, spy.orig, &core), HP_ERR_INVALID_ARG, "is not a child");
-    hp_model_ctx_destroy(old);
-    hp_model_destroy(m);
+    snap_grads(m, g);
+    return l;
+}
+
+/* Replaces `old`, a child of `parent`, by a spy delegating to it: bitwise the same loss and
+ * gradients, the spy run once each way, listed by hp_model_modules in old's place, contexts
+ * created before refused, a second replacement of `old` refused. */
+static void check_spy(hp_model_t m, hp_module_t *parent, hp_module_t *old, const char *what) {
+    const size_t ng = n_grad(m);
+    float *g0 = malloc(sizeof(float) * ng), *g1 = malloc(sizeof(float) * ng), l1;
+    const float l0 = step_grads(m, g0);
+    hp_model_ctx_t before;
+    HP_CHECK_OK(hp_model_ctx_create(m, B, T, 0, &before));
+    hp_module_t *mods[512];
+    const int n = hp_model_modules(m, mods, 512);
+    spy_t spy = {old, 0, 0};
+    hp_module_t rep;
+    hp_module_base_init(&rep, &spy_ops, old->name, &spy);
+    HP_CHECK_OK(hp_model_replace_module(m, parent, old, &rep));
+    int child = 0, listed_new = 0, listed_old = 0;
+    for (int i = 0; i < parent->n_children; i++) child += parent->children[i] == &rep;
+    const int n2 = hp_model_modules(m, mods, 512);
+    for (int i = 0; i < n2 && n2 <= 512; i++) {
+        listed_new += mods[i] == &rep;
+        listed_old += mods[i] == old;
+    }
+    HP_CHECK(child == 1 && n2 == n && listed_new == 1 && listed_old == 0, "%s: the replacement is the parent's child "
+             "(%d) and hp_model_modules lists the tree as it is: %d modules (%d before), the replacement %d time(s), "
+             "the replaced module %d", what, child, n2, n, listed_new, listed_old);
+    l1 = step_grads(m, g1);
+    HP_CHECK(spy.fwd == 1 && spy.bwd == 1, "%s: the replacement ran once each way (%d, %d)", what, spy.fwd, spy.bwd);
+    HP_CHECK(l0 == l1 && memcmp(g0, g1, sizeof(float) * ng) == 0, "%s: results through the replacement bitwise", what);
+    HP_CHECK_ERR(hp_model_forward_ctx(m, before, g_tok[0], g_tgt[0], B, T, 30.0f, &l1), HP_ERR_STATE, "re-create it");
+    HP_CHECK_ERR(hp_model_replace_module(m, parent, old, &rep), HP_ERR_INVALID_ARG, "is not a child");
+    hp_model_ctx_destroy(before);
     free(g0);
     free(g1);
+}
+
+static void test_replace(void) {
+    for (int k = 0; k < 2; k++) {   // the attention core (qwen3), the head's loss (llama3)
+        hp_model_config_t cfg = small(k ? "llama3" : "qwen3");
+        make_batches(cfg.vocab_size);
+        hp_model_t m = NULL;
+        HP_ASSERT(hp_model_create(&cfg, B, T, &m) == HP_OK);
+        HP_CHECK_OK(hp_model_init_weights(m, 3));
+        hp_module_t *parent = NULL, *old = NULL, *mods[512];
+        if (k == 0) {
+            const int n = hp_model_modules(m, mods, 512);
+            for (int i = 0; i < n && n <= 512; i++)
+                if (strcmp(mods[i]->name, "layers.1.attention") == 0) parent = mods[i];
+            old = hp_attention_core(parent);
+            HP_CHECK(old && strcmp(old->name, "layers.1.attention.core") == 0, "layers.1.attention has its core child");
+        } else {
+            parent = hp_model_unit_module(m, hp_model_num_units(m) - 1);
+            for (int i = 0; parent && i < parent->n_children; i++)
+                if (hp_module_is_loss(parent->children[i])) old = parent->children[i];
+            HP_CHECK(old && strcmp(old->name, "loss") == 0 && strcmp(old->ops->kind, "cross_entropy") == 0,
+                     "the head has its cross-entropy child 'loss'");
+        }
+        if (old) check_spy(m, parent, old, k ? "the loss" : "the attention core");
+        hp_model_destroy(m);
+    }
 }
 
 int main(void) {
@@ -412,6 +451,6 @@ int main(void) {
     test_stage("llama3", 3);
     test_stage("qwen3", 2);
     test_hooks();
-    test_replace_core();
+    test_replace();
     return hp_test_finish("test_model_contexts");
 }

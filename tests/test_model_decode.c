@@ -159,20 +159,23 @@ static void test_model_decode(const char *name) {
     }
     printf("%s: max rel err prefill %.3g, decode %.3g (tolerance %g)\n", name, worst_prefill, worst_decode, TOL);
 
-    // FSDP-wrapped (storage released to an external owner): refused, naming the wrapper
+    // FSDP-wrapped (the entries point into another owner's storage, here none): refused,
+    // naming the wrapper
     kc = NULL;
     HP_CHECK_OK(hp_model_kv_cache_create(m, 8, &kc));
-    hp_model_release_storage(m);
+    for (int i = 0; i < hp_model_num_params(m); i++)
+        hp_model_params(m)[i].value.local.data = hp_model_params(m)[i].grad.local.data = NULL;
+    HP_CHECK_OK(hp_model_compact_storage(m));
     HP_CHECK_ERR(hp_model_decode(m, kc, 1, &lg), HP_ERR_STATE, "FSDP-wrapped");
     hp_model_kv_cache_t kc2 = NULL;
     HP_CHECK_ERR(hp_model_kv_cache_create(m, 8, &kc2), HP_ERR_STATE, "FSDP-wrapped");
     hp_model_kv_cache_destroy(kc);
     hp_model_destroy(m);
 
-    // tensor-parallel (heads localised for TP 2): refused
+    // tensor-parallel (wo holds half its input columns, a TP 2 rowwise shard): refused
     m = NULL;
     HP_CHECK_OK(hp_model_create(&c, 1, 16, &m));
-    HP_CHECK_OK(hp_model_set_local_heads(m, 2, 2));
+    hp_model_find_param(m, "layers.0.attention.wo.weight")->value.local.shape[1] /= 2;
     kc = NULL;
     HP_CHECK_ERR(hp_model_kv_cache_create(m, 8, &kc), HP_ERR_STATE, "tensor-parallel");
     hp_model_destroy(m);

@@ -100,9 +100,13 @@ static void test_colwise(int shard_input) {
     if (shard_input) s = hp_tp_with_input(s, hp_shard(0));
     hp_tp_plan_entry_t e = entry("lin", s);
     hp_module_t *mods[1] = {&L.m};
+    const hp_module_ops_t *ops0 = L.m.ops;
     hp_tp_t tp = NULL;
     HP_CHECK_OK(hp_tp_parallelize_modules(&tp, mods, 1, g_mesh, &e, 1, ROWS * W));
     if (!tp) return;
+    HP_CHECK(mods[0] != &L.m && mods[0]->n_children == 1 && mods[0]->children[0] == &L.m &&
+             strcmp(mods[0]->name, "lin") == 0 && L.m.ops == ops0 && L.impl.out_features == OUT,
+             "%s: the root's entry is a wrapper holding the untouched module", what);
     HP_CHECK(L.w.value.local.shape[0] == OUT / W && L.w.value.placements[0].kind == HP_SHARD &&
              L.w.value.placements[0].dim == 0 && L.w.value.mesh == g_mesh, "%s: weight is Shard(0) local (%d, %d)",
              what, OUT / W, IN);
@@ -117,7 +121,7 @@ static void test_colwise(int shard_input) {
     memcpy(x, xl, sizeof(x));
     hp_tensor_t tx = t2(x, ROWS, IN), ty = t2(y, grows, OUT / W);
     hp_comm_counts_reset();
-    HP_CHECK_OK(hp_module_forward(&L.m, &act, &tx, &ty));
+    HP_CHECK_OK(hp_module_forward(mods[0], &act, &tx, &ty));
     counts_t c = take();
     if (shard_input) CHECK_COUNTS(c, 0, 1, 0, "colwise Shard(0) input forward");
     else CHECK_COUNTS(c, 0, 0, 0, "colwise forward");
@@ -129,8 +133,8 @@ static void test_colwise(int shard_input) {
     }
     HP_CHECK(d < 1e-5, "%s: output differs by %g", what, d);
     hp_tensor_t tdy = t2(dy, grows, OUT / W), tdx = t2(dx, ROWS, IN);
-    HP_CHECK_OK(hp_module_backward_input(&L.m, &act, &tdy, &tdx));
-    HP_CHECK_OK(hp_module_backward_weight(&L.m, &act));
+    HP_CHECK_OK(hp_module_backward_input(mods[0], &act, &tdy, &tdx));
+    HP_CHECK_OK(hp_module_backward_weight(mods[0], &act));
     c = take();
     if (shard_input) CHECK_COUNTS(c, 0, 0, 1, "colwise Shard(0) input backward");
     else CHECK_COUNTS(c, 1, 0, 0, "colwise backward");
@@ -166,7 +170,7 @@ static void test_rowwise(int shard_output) {
     for (int r = 0; r < ROWS; r++) memcpy(x + r * lc, xg + r * IN + R * lc, sizeof(float) * lc);
     hp_tensor_t tx = t2(x, ROWS, lc), ty = t2(y, orows, OUT);
     hp_comm_counts_reset();
-    HP_CHECK_OK(hp_module_forward(&L.m, &act, &tx, &ty));
+    HP_CHECK_OK(hp_module_forward(mods[0], &act, &tx, &ty));
     counts_t c = take();
     if (shard_output) CHECK_COUNTS(c, 0, 0, 1, "rowwise Shard(0) output forward");
     else CHECK_COUNTS(c, 1, 0, 0, "rowwise forward");
@@ -174,8 +178,8 @@ static void test_rowwise(int shard_output) {
     HP_CHECK(maxdiff(y, yr, orows * OUT) < 1e-5, "%s: output", what);
     const float *dy = dyg + (shard_output ? (size_t)R * orows * OUT : 0);
     hp_tensor_t tdy = t2((float *)dy, orows, OUT), tdx = t2(dx, ROWS, lc);
-    HP_CHECK_OK(hp_module_backward_input(&L.m, &act, &tdy, &tdx));
-    HP_CHECK_OK(hp_module_backward_weight(&L.m, &act));
+    HP_CHECK_OK(hp_module_backward_input(mods[0], &act, &tdy, &tdx));
+    HP_CHECK_OK(hp_module_backward_weight(mods[0], &act));
     c = take();
     if (shard_output) CHECK_COUNTS(c, 0, 1, 0, "rowwise Shard(0) output backward");
     else CHECK_COUNTS(c, 0, 0, 0, "rowwise backward");
@@ -230,7 +234,7 @@ static void test_embedding(int rowwise, int shard_output) {
     float y[EB * ET * C], dy[EB * ET * C];
     hp_tensor_t ty = t2(y, orows, ocols);
     hp_comm_counts_reset();
-    HP_CHECK_OK(hp_module_forward(&m, &act, &tt, &ty));
+    HP_CHECK_OK(hp_module_forward(mods[0], &act, &tt, &ty));
     counts_t c = take();
     if (!rowwise) CHECK_COUNTS(c, 0, 0, 0, "colwise embedding forward");
     else if (shard_output) CHECK_COUNTS(c, 0, 0, 1, "rowwise embedding Shard(1) forward");
@@ -254,8 +258,8 @@ static void test_embedding(int rowwise, int shard_output) {
     for (int n = 0; n < N; n++)
         for (int j = 0; j < C; j++) gref[tok[n] * C + j] += val(n * C + j, 6);
     hp_tensor_t tdy = t2(dy, orows, ocols);
-    HP_CHECK_OK(hp_module_backward_input(&m, &act, &tdy, NULL));
-    HP_CHECK_OK(hp_module_backward_weight(&m, &act));
+    HP_CHECK_OK(hp_module_backward_input(mods[0], &act, &tdy, NULL));
+    HP_CHECK_OK(hp_module_backward_weight(mods[0], &act));
     c = take();
     if (rowwise && shard_output) CHECK_COUNTS(c, 0, 1, 0, "rowwise embedding Shard(1) backward");
     else CHECK_COUNTS(c, 0, 0, 0, "embedding backward");
@@ -306,14 +310,14 @@ static void test_norm_styles(void) {
         for (int i = 0; i < in_rows * IN; i++) x[i] = val(i + (which == 2 ? 0 : R * ROWS * IN), 8);
         hp_tensor_t tx = t2(x, in_rows, IN), ty = t2(y, out_rows, IN);
         hp_comm_counts_reset();
-        HP_CHECK_OK(hp_module_forward(&m, &act, &tx, &ty));
+        HP_CHECK_OK(hp_module_forward(mods[0], &act, &tx, &ty));
         counts_t c = take();
         if (which == 1) CHECK_COUNTS(c, 0, 1, 0, "PrepareModuleInput Shard(0)->Replicate forward");
         else CHECK_COUNTS(c, 0, 0, 0, which == 0 ? "SequenceParallel forward" : "PrepareModuleOutput R->S(0) forward");
         for (int i = 0; i < out_rows * IN; i++) dy[i] = val(i, 9);
         hp_tensor_t tdy = t2(dy, out_rows, IN), tdx = t2(dx, in_rows, IN);
-        HP_CHECK_OK(hp_module_backward_input(&m, &act, &tdy, &tdx));
-        HP_CHECK_OK(hp_module_backward_weight(&m, &act));
+        HP_CHECK_OK(hp_module_backward_input(mods[0], &act, &tdy, &tdx));
+        HP_CHECK_OK(hp_module_backward_weight(mods[0], &act));
         c = take();
         // SequenceParallel: the weight grad (Partial over the sequence shards) is all-reduced
         // here in backward_weight (PyTorch keeps it Partial and reduces it later)

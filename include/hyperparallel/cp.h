@@ -55,8 +55,9 @@ typedef struct hp_cp_options {
     hp_cp_rotate_t rotate;
     hp_cp_balancer_t balancer;
     int ulysses_degree;   /* 1: ring only; cp: Ulysses only; else hybrid (ring degree cp / ulysses) */
-    /* AsyncContextParallel: hp_cp_apply hooks each attention's q|k|v projection (post-forward)
-     * to start the collective on its raw rows there, and the core waits for it: Ulysses'
+    /* AsyncContextParallel: hp_cp_apply hooks each attention's q|k|v projection (post-forward;
+     * the module in the projection's place at each forward) to start the collective on its raw
+     * rows there, and the core waits for it: Ulysses'
      * all-to-all of q, k, v (hybrid: only that; the ring stays synchronous, as HyperParallel),
      * else allgather's K/V all-gather or alltoall's first ring transfer. The core applies qk-norm
      * and RoPE to the received rows itself (hp_attention_prepare_rows), so results are bitwise
@@ -81,17 +82,15 @@ int hp_cp_local_seq_len(hp_cp_t cp);   /* T / cp */
 size_t hp_cp_workspace_bytes(hp_cp_t cp);
 /* A new core module (owned by cp) for an attention with these local heads. */
 hp_status_t hp_cp_core_new(hp_cp_t cp, const char *name, int n_heads, int n_kv_heads, hp_module_t **out);
-/* Turns every attention core ("sdpa") of the model into a CP core in place (ops and impl
- * swapped, id and name kept, so wrappers holding the core see it), sizes the
- * model's own context for T/cp rows and puts its rows at this rank's global positions
- * (hp_model_set_context_parallel). Feed hp_model_forward the rank's hp_cp_shard_tokens. */
+/* Replaces every attention's core ("sdpa") by a CP core of the heads cp was created with,
+ * through the module protocol (hp_model_replace_module of the attention's core child; a
+ * pre-forward and a pre-backward hook on each attention put its rows at this rank's global
+ * positions, hp_cp_set_positions), and sizes the model's own context for T/cp rows
+ * (hp_model_set_context_limits). Feed hp_model_forward the rank's hp_cp_shard_tokens. Tensor
+ * parallel may be applied before or after (the async core finds the attention's q|k|v
+ * projection, or the wrapper that took its place, at each forward). cp must outlive the
+ * model's last use. */
 hp_status_t hp_cp_apply(hp_cp_t cp, hp_model_t model);
-/* Asynchronous variant under wrappers that take an attention's place (tensor parallelism's
- * PrepareModuleInput): call before them; it records each attention with its core (a copy of
- * the attention module, as the wrapper's own inner copy: same impl, id, params and children),
- * so that hp_cp_apply afterwards finds the attention whose projection it hooks. Not needed
- * without wrappers or with opt.async off. */
-hp_status_t hp_cp_prepare(hp_cp_t cp, hp_model_t model);
 /* Points act's RoPE positions at this rank's global positions (pos0 / pos_segs, nn.h). */
 void hp_cp_set_positions(hp_cp_t cp, hp_act_t *act);
 /* This rank's tokens (B, T/cp) of a global batch (B, T) (hp_cp_shard_rows on int32). */

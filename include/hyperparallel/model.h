@@ -180,6 +180,10 @@ hp_status_t hp_model_decode(hp_model_t m, hp_model_kv_cache_t c, int32_t token, 
  * the flat storage layout (stacked params wq|wk|wv and w1|w3 adjacent, offsets rounded to
  * 16 floats). A model may hold a unit range [u0, u1) only (a pipeline stage): it allocates
  * parameters for those units alone; unit numbers stay global. */
+/* The residual stream between units holds T / seq rows of each sequence and the head writes
+ * V / cols logits columns, as the units' modules report their activation splits (nn.h
+ * act_split: tensor parallel's sequence-parallel and vocab-parallel layouts; docs/nn.md); the
+ * loss is the head's loss module (nn.h). */
 int hp_model_num_units(hp_model_t m);                 /* of the full model */
 void hp_model_unit_range(hp_model_t m, int *u0, int *u1);
 /* Local parameter-table range of a unit (count 0 for a unit this model does not hold). */
@@ -190,13 +194,18 @@ size_t hp_model_param_offset(hp_model_t m, int i);
 void hp_model_unit_span(hp_model_t m, int unit, size_t *offset, size_t *floats);
 /* The unit's outer module (hooks on it run around the unit; its `unit` field is the unit). */
 hp_module_t *hp_model_unit_module(hp_model_t m, int unit);
-/* Every module of the model, creation order; returns the count (writes at most cap). */
+/* Every module of the model's current tree (reachable from its units' outer modules), in
+ * creation order; returns the count (writes at most cap). A replaced module that is no longer
+ * in the tree is not listed; a wrapper (hp_model_replace_module) is listed after the module it
+ * wraps, which it holds as a child and whose name it carries: tell them apart by kind. */
 int hp_model_modules(hp_model_t m, hp_module_t **out, int cap);
-/* Replaces a module of the model's tree (hp_module_replace_child) and gives the new module
- * (caller-owned; it must outlive the model's use of it) an activation slot. Contexts created
- * before are refused afterwards (their slot tables are smaller); the model's own context is
- * re-created. A replaced unit module (parent NULL, old = hp_model_unit_module) keeps the
- * unit's hooks. */
+/* Replaces a module of the model's tree (hp_module_replace_child): the one way a parallelism
+ * changes the model (a wrapper holding `old` as its child, a replaced attention core, a
+ * replaced loss), besides module hooks. Gives the new module (caller-owned; it must outlive
+ * the model's use of it) an activation slot. Contexts created before are refused afterwards
+ * (their slot tables are smaller); the model's own context is re-created at its next use. A
+ * replaced unit module (parent NULL, old = hp_model_unit_module) keeps the unit's hooks: they
+ * move to `repl`. */
 hp_status_t hp_model_replace_module(hp_model_t m, hp_module_t *parent, hp_module_t *old, hp_module_t *repl);
 /* The parameters units [u0, u1) of cfg's model declare, in table order, without building
  * anything (a pipeline's view of the stages other ranks hold): FQN, ndim and shape. A tied head
@@ -212,13 +221,13 @@ int hp_model_describe_params(const hp_model_config_t *cfg, int u0, int u1, hp_mo
  * context's arena: tensor parallel's gathered inputs): the model's own context is re-created
  * and contexts created before are refused afterwards (re-create them). */
 hp_status_t hp_model_refresh_contexts(hp_model_t m);
-/* --- context parallel (owner cp) --- */
-/* Context parallelism (cp.h, hp_cp_apply): re-sizes the model's own context to seq_len <=
- * max_seq_len rows per sequence (a rank's T/cp) and makes every context's rows n_pos_segs
- * equal segments at global positions pos_segs (kept by the caller; 0: positions from 0). The
- * RoPE table keeps all max_seq_len positions. */
-hp_status_t hp_model_set_context_parallel(hp_model_t m, int seq_len, int n_pos_segs, const int *pos_segs);
-/* --- end --- */
+/* The largest micro-batch (B sequences of T rows) the model's own context (hp_model_forward /
+ * hp_model_backward) is sized for: the creation limits by default; 0 keeps a value. A caller
+ * that feeds shorter rows (a context-parallel rank's T/cp of each sequence: hp_cp_apply sets
+ * it) shrinks that context's activation arena with it. Contexts the caller created are not
+ * affected; the RoPE table keeps the creation's max_seq_len positions. */
+hp_status_t hp_model_set_context_limits(hp_model_t m, int max_batch, int max_seq_len);
+int hp_model_max_seq_len(hp_model_t m);   /* the creation limit: positions of the RoPE table */
 /* Creates the model for units [u0, u1) of cfg's model (0 <= u0 < u1 <= n_layers + 2). */
 hp_status_t hp_model_create_range(const hp_model_config_t *cfg, int u0, int u1, int max_batch, int max_seq_len,
                                   hp_model_t *out);
@@ -264,35 +273,22 @@ int64_t hp_model_ctx_valid_tokens(hp_model_ctx_t c);
 /* The context's activation context (module protocol; its `be` is the kernel table). */
 hp_act_t *hp_model_ctx_act(hp_model_ctx_t c);
 
-/* Frees the model's full-size parameter and gradient storage (after the external owner,
- * FSDP, copied its shards out). Param data pointers become NULL until the owner points them
- * at its buffers (modules read them at every call); hp_model_zero_grad becomes a no-op and
- * hp_model_init_weights an error. */
-void hp_model_release_storage(hp_model_t m);
-/* The model takes ownership of new parameter / gradient storage (aligned, `floats` each)
- * that its param entries already point into (tensor parallel: the compacted local shards),
- * param i at param_off[i] floats (units stay contiguous, so hp_model_unit_span and
- * hp_model_param_offset describe the new layout); the old storage is freed. */
-void hp_model_adopt_storage(hp_model_t m, float *param_data, float *grad_data, size_t floats,
-                            const size_t *param_off);
+/* Parameter storage. The parameter entries (hp_model_params) are the only truth: each entry's
+ * value and grad say where its local shard lives (data) and how large it is (local shape), and
+ * modules read both at every call. Storage belongs to whoever allocated it: the model allocates
+ * the creation layout; a parallelism that shards a parameter in place (tensor and expert
+ * parallel pack each shard at the start of its old span and shrink the local shape) or moves it
+ * into storage of its own (FSDP re-points the entries at its shards and gathered buffers) then
+ * calls hp_model_compact_storage. It re-packs the entries that still point into the model's
+ * storage into new storage of their current sizes (in address order: entries that were
+ * adjacent, the stacked GEMM members wq|wk|wv and w1|w3, stay adjacent, units stay contiguous,
+ * 16-float alignment otherwise), re-points them and frees the old storage; hp_model_unit_span
+ * and hp_model_param_offset then describe the new layout. Entries pointing elsewhere are left
+ * to their owner; when none is left in the model's storage the model holds none:
+ * hp_model_zero_grad only zeroes what the model holds, hp_model_memory reports it, and
+ * hp_model_init_weights refuses entries it does not hold. */
+hp_status_t hp_model_compact_storage(hp_model_t m);
 int hp_model_max_tokens(hp_model_t m);   /* max_batch * max_seq_len */
-/* Every attention module runs n_heads/attn_tp heads and n_kv_heads/attn_tp KV heads, every
- * feed-forward hidden_dim/ffn_tp features (tensor parallel; hp_attention_set_local_heads,
- * hp_feed_forward_set_local_hidden); errors name the sizes. */
-hp_status_t hp_model_set_local_heads(hp_model_t m, int attn_tp, int ffn_tp);
-
-/* Replaceable loss (tensor parallel's loss_parallel over vocab-sharded logits (N, V local)). */
-typedef struct hp_model_loss_fn {
-    hp_status_t (*forward)(void *ctx, double *sum, double *losses, float *lse, const float *logits,
-                           const int32_t *targets, int N, int V, int64_t *n_valid);
-    hp_status_t (*backward)(void *ctx, float *dlogits, const float *logits, const float *lse,
-                            const int32_t *targets, float dloss, int N, int V);
-} hp_model_loss_fn_t;
-/* Sequence parallel: the residual stream holds T/seq_shard positions per rank (0 or 1: all);
- * logits_cols: columns the output module writes (0: vocab); loss_fn NULL: the cross-entropy
- * kernels. */
-void hp_model_set_sharding(hp_model_t m, int seq_shard, int logits_cols, const hp_model_loss_fn_t *loss_fn,
-                           void *loss_ctx);
 
 /* Per-op timing of the last forward + backward of the whole-model calls: *names and
  * *seconds receive arrays of the returned length, owned by the model. */

@@ -40,15 +40,16 @@ typedef struct hp_act {
     const hp_backend_t *be;   /* the kernel table (hp_act_init: hp_backend_default()) */
     /* Global position of local row t = 0 (RoPE angle and causal mask use pos0 + t): 0 for a
      * whole sequence, the cache position under KV-cache decode, a shard's offset under
-     * context parallelism. */
+     * context parallelism. The model's contexts start every micro-batch at 0. */
     int pos0;
-    /* --- context parallel (owner cp) --- */
-    /* Under head-tail load balancing a rank's rows of each sequence are n_pos_segs equal
-     * segments, segment i starting at global position pos_segs[i] (cp.h,
-     * hp_cp_set_positions); 0: one segment at pos0. */
+    /* A rank's rows of each sequence as n_pos_segs equal segments, segment i starting at global
+     * position pos_segs[i] (context parallelism's head-tail balancing: its hooks on the attention
+     * modules set them, cp.h hp_cp_set_positions); 0: one segment at pos0. */
     int n_pos_segs;
     const int *pos_segs;
-    /* --- end --- */
+    /* The micro-batch's target ids (B*T, HP_IGNORE_INDEX for none) that a loss module reads
+     * (model.h: the model container sets them; NULL: logits only). */
+    const int32_t *targets;
     /* Inference: the KV cache the attention modules append to and read (NULL: training). */
     struct hp_model_kv_cache *kv;
     /* Weight passes may be deferred past later input passes (a split-backward context):
@@ -57,6 +58,13 @@ typedef struct hp_act {
 } hp_act_t;
 
 typedef struct hp_module hp_module_t;
+
+/* How an activation of a micro-batch of B sequences of T positions and C features is split
+ * across ranks: each rank holds T / seq positions of every sequence (rows (b, t), t in its
+ * share) and C / cols of the features. {1, 1}: whole. */
+typedef struct hp_act_split {
+    int seq, cols;
+} hp_act_split_t;
 
 typedef struct hp_module_ops {
     const char *kind;   /* "linear", "rmsnorm", "embedding", "attention", "feed_forward", ... */
@@ -70,6 +78,13 @@ typedef struct hp_module_ops {
     hp_status_t (*backward_input)(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din);
     /* Parameter grads += . */
     hp_status_t (*backward_weight)(hp_module_t *m, hp_act_t *act);
+    /* Optional: the split of the module's input (output = 0) or output (output = 1) when the
+     * module decides it: returns 1 and fills *s. NULL or 0: the module takes what it is given
+     * and passes it on. Tensor parallel's wrappers report their styles' layouts (sequence
+     * parallel: seq = degree; vocab-parallel logits: cols = degree), composite modules ask the
+     * child that sees the input (or makes the output) first; the model container reads its
+     * units' to size the residual stream and the logits (docs/nn.md, "Activation splits"). */
+    int (*act_split)(const hp_module_t *m, int output, hp_act_split_t *s);
 } hp_module_ops_t;
 
 #define HP_MODULE_MAX_CHILDREN 8
@@ -152,12 +167,16 @@ void *hp_act_slot(hp_act_t *act, const hp_module_t *m);
 float *hp_act_scratch(hp_act_t *act, size_t *offset, size_t floats);
 void hp_module_base_init(hp_module_t *m, const hp_module_ops_t *ops, const char *name, void *impl);
 
-/* Replaces child `old` of `parent` by `repl` in the same position (context parallelism swaps
- * an attention's core, expert parallelism a block's feed_forward). Composite modules read
- * their children at every call. HP_ERR_INVALID_ARG when old is not a child of parent. A
- * model's modules are replaced through hp_model_replace_module (model.h), which gives the
- * new module its activation slot. */
+/* Replaces child `old` of `parent` by `repl` in the same position: the one way a parallelism
+ * changes a module tree (tensor parallelism puts a wrapper holding `old` as its child in its
+ * place, context parallelism swaps an attention's core, loss_parallel the head's loss).
+ * Composite modules read their children at every call. HP_ERR_INVALID_ARG when old is not a
+ * child of parent. A model's modules are replaced through hp_model_replace_module (model.h),
+ * which gives the new module its activation slot. */
 hp_status_t hp_module_replace_child(hp_module_t *parent, hp_module_t *old, hp_module_t *repl);
+
+/* m's act_split answer (1 and *s), or 0 when m (or its ops) does not decide it. */
+int hp_module_act_split(const hp_module_t *m, int output, hp_act_split_t *s);
 
 /* Calls through a module's ops table with checks (named errors instead of NULL calls). */
 hp_status_t hp_module_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out);
@@ -167,12 +186,15 @@ hp_status_t hp_module_backward_weight(hp_module_t *m, hp_act_t *act);
 /* ---- layers (modules) ------------------------------------------------------------------ */
 /* Layer modules are created into caller-owned storage; parameter storage (value and grad)
  * is owned by the caller's hp_param_t entries, which must be contiguous f32. Modules read
- * the data pointers of their params at every call (hooks may re-point them). */
+ * the data pointers of their params at every call (hooks may re-point them), and their sizes
+ * from the params' local shapes (value.local.shape): a parallelism that shards a parameter
+ * (tensor parallel: a DTensor's local shard) changes what the module computes without
+ * touching the module; the impl's sizes are the declared (whole) ones. */
 static inline float *hp_param_w(const hp_param_t *p) { return (float *)p->value.local.data; }
 static inline float *hp_param_g(const hp_param_t *p) { return (float *)p->grad.local.data; }
 
 typedef struct hp_linear_impl {
-    int in_features, out_features;
+    int in_features, out_features;   /* declared; calls run the weights' local shapes */
     int n_weights;             /* params[0 .. n_weights): (out_i, in) stacked along out, adjacent */
     int has_bias;              /* params[n_weights]: (out) */
     int accumulate_output;     /* forward: out += x W^T (residual add fused into the GEMM) */
@@ -194,7 +216,7 @@ void hp_rmsnorm_module_init(hp_module_t *m, hp_rmsnorm_impl_t *impl, const char 
                             hp_param_t *weight, int dim, float eps);
 
 typedef struct hp_embedding_impl {
-    int vocab, dim;            /* weight: params[0] (vocab, dim) */
+    int vocab, dim;            /* weight: params[0] (vocab, dim); declared, calls run its local shape */
 } hp_embedding_impl_t;
 /* in: (B, T) i32 token ids; out: (B, T, dim). */
 void hp_embedding_module_init(hp_module_t *m, hp_embedding_impl_t *impl, const char *name,
@@ -203,16 +225,17 @@ void hp_embedding_module_init(hp_module_t *m, hp_embedding_impl_t *impl, const c
 /* ---- composite modules (built by a family's architecture, model_builder.h; docs/nn.md) -----
  * attention: children wqkv (fused linear), core (causal SDPA: a replaceable child, e.g. ring
  * or Ulysses attention under context parallelism), wo; params q_norm, k_norm (qk-norm).
- * feed_forward: children w13 (fused linear), w2. Tensor parallelism runs them on local
- * heads / hidden features through these setters. */
-hp_status_t hp_attention_set_local_heads(hp_module_t *attention, int n_heads, int n_kv_heads);
+ * feed_forward: children w13 (fused linear), w2. Both run the heads / hidden features their
+ * projections' parameters hold (TorchTitan's view(bs, seqlen, -1, head_dim)): the local heads
+ * of wq / wk (the wq.weight, wk.weight entries' local rows / head_dim) and the local rows of
+ * w1, whatever wrapper a parallelism put around the projection. */
 void hp_attention_local_heads(const hp_module_t *attention, int *n_heads, int *n_kv_heads);
-/* The attention's core child, and its replacement: the new core takes the (N, qd + 2 kd)
- * rows [q | k | v] (after qk-norm and RoPE) and writes (N, qd); its backward_input writes
- * [dq | dk | dv] in the same layout. */
+/* The attention's core child. A replacement core (hp_model_replace_module(model, attention,
+ * hp_attention_core(attention), core)) takes the (N, qd + 2 kd) rows [q | k | v] (after
+ * qk-norm and RoPE) and writes (N, qd); its backward_input writes [dq | dk | dv] in the same
+ * layout. */
 hp_module_t *hp_attention_core(hp_module_t *attention);
-hp_status_t hp_attention_set_core(hp_module_t *attention, hp_module_t *core);
-/* --- context parallel (owner cp): what the asynchronous CP core needs of its attention --- */
+/* --- what the asynchronous context-parallel core needs of its attention --- */
 /* The projection child (fused wq|wk|wv linear). */
 hp_module_t *hp_attention_wqkv(hp_module_t *attention);
 /* During the attention's forward (from the projection's post-forward hook to the core), its
@@ -226,17 +249,41 @@ const float *hp_attention_projection_rows(hp_module_t *attention, hp_act_t *act)
 hp_status_t hp_attention_prepare_rows(hp_module_t *attention, hp_act_t *act, float *x, int ld, int rows, int n_q,
                                       int n_k, int pos0, float *rstd);
 /* --- end --- */
-hp_status_t hp_feed_forward_set_local_hidden(hp_module_t *feed_forward, int hidden);
 int hp_feed_forward_local_hidden(const hp_module_t *feed_forward);
 /* MLA attention (kind "mla_attention", DeepSeek-V3; src/nn/mla.c, docs/moe.md): children the q
  * path (wq, or wq_a, q_norm, wq_b), wkv_a, kv_norm, wkv_b, core (causal SDPA over zero-padded
- * heads), wo. Tensor parallel shards the heads (wq / wq_b and wkv_b colwise, wo rowwise); the
- * rotary key k_pe is shared by every head, so its gradient, summed over the local heads, is
- * completed by `fn` (an all-reduce over the TP ranks) on (rows, qk_rope_head_dim) floats. */
-typedef hp_status_t (*hp_mla_reduce_fn)(void *ctx, float *buf, size_t n);
-hp_status_t hp_mla_set_head_reduce(hp_module_t *mla, hp_mla_reduce_fn fn, void *ctx);
-/* Its local heads (0 when `mla` is not an MLA module). */
+ * heads), wo. It runs the heads its wq (or wq_b) weight holds. When that weight is a DTensor
+ * sharded over its rows (tensor parallel: heads split across the ranks of a mesh dim), the
+ * gradient of the rotary key k_pe, which every head shares, is Partial over that dim: the
+ * module sums it over the dim's ranks (one all-reduce of (rows, qk_rope_head_dim)), as DTensor
+ * propagates a sum over a sharded dim. Its local heads (0 when `mla` is not an MLA module): */
 int hp_mla_local_heads(const hp_module_t *mla);
+/* The loss (kind "cross_entropy": the head's child "loss", which the model container runs on the
+ * head's logits; a parallelism replaces it, e.g. tensor parallel's loss_parallel over
+ * vocab-sharded logits). A loss module's forward takes in = the logits (N, V) f32 and the
+ * targets act->targets (N) (out is unused) and leaves its hp_loss_saved_t as its activation
+ * slot: the sum of the valid rows' losses (in row order, double) and their count, read by the
+ * container; backward_input takes dout = d loss / d sum as a (1) f32 tensor and writes
+ * din = dlogits (N, V) (=). */
+typedef struct hp_loss_saved {
+    double sum;                /* over the valid rows, in row order */
+    int64_t n_valid;
+    const float *logits;       /* (N, V) the caller's, alive until backward */
+    const int32_t *targets;    /* (N) */
+    double *losses;            /* (N) per row, 0 for ignored rows */
+    float *lse;                /* (N) */
+    int N, V;
+} hp_loss_saved_t;
+/* For loss modules: the arena bytes of a forward over B x T rows, and its start (checks the
+ * logits and targets, saves them, allocates losses and lse as the module's slot). */
+size_t hp_loss_act_bytes(int B, int T);
+hp_status_t hp_loss_begin(hp_module_t *loss, hp_act_t *act, const hp_tensor_t *logits, hp_loss_saved_t **out);
+/* The result of `loss`'s last forward in act. */
+static inline const hp_loss_saved_t *hp_loss_result(hp_act_t *act, const hp_module_t *loss) {
+    return (const hp_loss_saved_t *)hp_act_slot(act, loss);
+}
+/* Whether m is the model's built-in cross-entropy loss. */
+int hp_module_is_loss(const hp_module_t *m);
 
 /* ---- mixture of experts (src/nn/moe.c, docs/moe.md) -----------------------------------
  * TorchTitan's MoE feed-forward as one module: TokenChoiceTopKRouter (gate (E, D) in f32,

@@ -4,13 +4,15 @@
  * PrepareModuleOutput, PrepareModuleInputOutput, NoParallel; loss_parallel (cross-entropy over
  * vocab-sharded logits). The model families' plans are in src/models/ (models.h). See docs/tp.md.
  *
- * A parallelized module keeps its hp_module_t (callers see the same pointer); its ops are
- * replaced by a wrapper that redistributes inputs / outputs / gradients around the original
- * ops and its parameters become DTensors on the 1-D TP mesh (hp_param_t value and grad
- * describe the local shard: placements, global shape), so optimizers, gradient clipping and
- * checkpoints see them like any other DTensor. Shards are compacted in place inside the
- * parameter's original storage (a fused stacked GEMM wq|wk|wv stays one GEMM over the local
- * rows of each). Shards must be even (sizes divisible by the TP degree). */
+ * A parallelized module is replaced in its parent by a wrapper module (kind "tp_colwise",
+ * "tp_rowwise", "tp_sequence_parallel", "tp_prepare" or "tp_no_parallel", carrying the module's
+ * name) that holds it as its only child and redistributes inputs / outputs / gradients around
+ * it, the style's input and output functions; the module itself is not modified. Its
+ * parameters become DTensors on the 1-D TP mesh (hp_param_t value and grad describe the local
+ * shard: placements, global shape, local shape), which the module computes with, so
+ * optimizers, gradient clipping and checkpoints see them like any other DTensor. Shards are
+ * packed in place inside the parameter's storage (a fused stacked GEMM wq|wk|wv stays one GEMM
+ * over the local rows of each). Shards must be even (sizes divisible by the TP degree). */
 #ifndef HYPERPARALLEL_TP_H
 #define HYPERPARALLEL_TP_H
 
@@ -68,27 +70,38 @@ typedef struct hp_tp_plan_entry {
 
 typedef struct hp_tp *hp_tp_t;
 
-/* parallelize_module over an explicit list of modules (and, recursively, their children):
- * every plan pattern must match at least one module name; a fused linear (several stacked
- * params) is also matched by its params' module names (param name without ".weight": the
- * model's "layers.0.attention.wqkv" is wq|wk|wv) and all of them must get the same style.
- * max_rows: the most activation rows (B*T) a forward will see (sizes the TP buffers).
+/* parallelize_module over an explicit list of module trees (the modules and, recursively,
+ * their children): every plan pattern must match at least one module name; a fused linear
+ * (several stacked params) is also matched by its params' module names (param name without
+ * ".weight": the model's "layers.0.attention.wqkv" is wq|wk|wv) and all of them must get the
+ * same style. A child is replaced in its parent by its wrapper (hp_module_replace_child); a
+ * root's entry in `modules` becomes its wrapper (PyTorch's parallelize_module returns it): call
+ * that. max_rows: the most activation rows (B*T) a forward will see (sizes the TP buffers).
  * Errors (nothing is changed then): a pattern matching nothing, a style on a module kind it
- * does not support, two different styles for one module, sizes not divisible by the degree,
- * unsupported layouts; each message names the pattern / module and the expected values. */
-hp_status_t hp_tp_parallelize_modules(hp_tp_t *out, hp_module_t *const *modules, int n_modules,
+ * does not support, two different styles for one module, a module parallelized twice, sizes
+ * not divisible by the degree, unsupported layouts; each message names the pattern / module
+ * and the expected values. */
+hp_status_t hp_tp_parallelize_modules(hp_tp_t *out, hp_module_t **modules, int n_modules,
                                       hp_mesh_t tp_mesh, const hp_tp_plan_entry_t *plan, int n_plan,
                                       int64_t max_rows);
 
-/* parallelize_module on a model: applies the plan to the model's modules, runs
- * attention with local heads (n_heads/tp, n_kv_heads/tp: an error when they do not divide),
- * feed-forward with local hidden features, turns every other parameter into a Replicate
- * DTensor on the TP mesh, switches the residual stream to sequence shards when the plan's
- * tok_embeddings output is Shard(1) (sequence parallel) and to loss_parallel when the
- * output's output layout is Shard(-1). Call before or after hp_model_init_weights: the
- * initialisation of a shard equals the slice of the single-rank initialisation. */
+/* parallelize_module on a model: applies the plan to the model's modules, each wrapper put in
+ * its module's place with hp_model_replace_module (a unit's module keeps the unit's hooks
+ * through its wrapper). Attention and feed-forward then run the local heads / hidden features
+ * their projections' shards hold (n_heads/tp, n_kv_heads/tp: an error when they do not
+ * divide); every other parameter becomes a Replicate DTensor on the TP mesh; the model keeps
+ * storage of the local sizes (hp_model_compact_storage). The model learns the layouts through
+ * the module protocol: the wrappers report their activation splits (nn.h act_split), so the
+ * residual stream holds sequence shards when the plan's embedding output is Shard(1)
+ * (sequence parallel) and the logits vocab columns when the output's output layout is
+ * Shard(-1); then the head's cross-entropy child is replaced by loss_parallel. Call before or
+ * after hp_model_init_weights (the initialisation of a shard equals the slice of the
+ * single-rank initialisation) and before or after context parallel (hp_cp_apply). */
 hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp_mesh,
                                     const hp_tp_plan_entry_t *plan, int n_plan);
+/* Puts the original modules back in their parents (a model's tree, or the parents of
+ * parallelize_modules' trees; a root's wrapper in the caller's list is gone: use the original
+ * module) and frees the wrappers. Before the model is destroyed. The parameters stay shards. */
 void hp_tp_destroy(hp_tp_t tp);
 
 /* Appends (pattern, style) to a plan of capacity cap holding n entries; returns n + 1 (an entry

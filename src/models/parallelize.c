@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "hyperparallel/ep.h"
-#include "parallel/parallel-impl.h"
 
 hp_parallelize_options_t hp_parallelize_default_options(void) {
     hp_parallelize_options_t o;
@@ -70,11 +69,7 @@ hp_status_t hp_parallelize_decoder(hp_parallel_t p, const hp_parallel_dims_t *pd
                                    const hp_parallelize_options_t *o) {
     const hp_model_config_t *mc = hp_model_config(hp_parallel_part(p, 0));
     hp_mesh_t tp_mesh = NULL, cp_mesh = NULL;
-    if (pd->cp > 1) {
-        HP_TRY(slice_world(p, meshes, "cp", &cp_mesh));
-        /* the asynchronous core hooks each attention's q|k|v projection before TP wraps it */
-        if (o->cp.async) HP_TRY(hp_parallel_cp_prepare(p, cp_mesh, &o->cp, pd->tp));
-    }
+    if (pd->cp > 1) HP_TRY(slice_world(p, meshes, "cp", &cp_mesh));
     if (pd->tp > 1) {   /* TorchTitan's plan on the tp mesh, before the weights are drawn */
         HP_TRY(slice_world(p, meshes, "tp", &tp_mesh));
         hp_tp_plan_entry_t plan[32];

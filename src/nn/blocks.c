@@ -15,9 +15,18 @@ static void prof(hp_act_t *act, int op, double t0) {
 
 /* ---- attention core: causal scaled-dot-product attention over [q | k | v] rows ---------- */
 
+/* The heads come from the projection that feeds the core: the local rows of its q and k (or
+ * kv) weights over the rows per head (a tensor-parallel shard holds fewer heads). */
 typedef struct core_impl {
-    int n_heads, n_kv, hd, layer;
+    const hp_param_t *q, *kv;
+    int q_per, kv_per;       /* weight rows per head */
+    int hd, layer;
 } core_impl_t;
+
+static void core_heads(const core_impl_t *C, int *H, int *KV) {
+    *H = (int)(C->q->value.local.shape[0] / C->q_per);
+    *KV = (int)(C->kv->value.local.shape[0] / C->kv_per);
+}
 
 typedef struct core_saved {
     const float *in;   // (N, qd + 2 kd) q | k | v after qk-norm and RoPE (the parent's buffer)
@@ -27,20 +36,23 @@ typedef struct core_saved {
 } core_saved_t;
 
 static size_t core_act_bytes(const hp_module_t *m, int B, int T) {
-    const core_impl_t *C = m->impl;
-    return hp_arena_round(sizeof(core_saved_t)) + hp_arena_round(sizeof(float) * (size_t)B * T * C->n_heads);
+    int H, KV;
+    core_heads(m->impl, &H, &KV);
+    return hp_arena_round(sizeof(core_saved_t)) + hp_arena_round(sizeof(float) * (size_t)B * T * H);
 }
 
 static hp_status_t core_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     const core_impl_t *C = m->impl;
-    const int qd = C->n_heads * C->hd, kd = C->n_kv * C->hd, ld = qd + 2 * kd, N = act->B * act->T;
+    int H, KV;
+    core_heads(C, &H, &KV);
+    const int qd = H * C->hd, kd = KV * C->hd, ld = qd + 2 * kd, N = act->B * act->T;
     const float *x = in->data;
     double t0 = omp_get_wtime();
     if (act->kv) {   // decode: the new rows attend to the cached keys of positions [0, pos0 + N)
         struct hp_model_kv_cache *kc = act->kv;
         const float *K = kc->k + (size_t)C->layer * kc->max_len * kd, *V = kc->v + (size_t)C->layer * kc->max_len * kd;
         act->be->attention_decode_forward(act->be->ctx, out->data, kc->scores, x, ld, K, kd, V, kd, act->pos0, N,
-                                          C->n_heads, C->n_kv, C->hd, kc->n_threads);
+                                          H, KV, C->hd, kc->n_threads);
         prof(act, HP_NN_OP_ATTENTION_FWD, t0);
         return HP_OK;
     }
@@ -49,9 +61,9 @@ static hp_status_t core_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     s->out = out->data;
     s->B = act->B;
     s->T = act->T;
-    s->lse = hp_act_alloc(act, sizeof(float) * (size_t)N * C->n_heads);
+    s->lse = hp_act_alloc(act, sizeof(float) * (size_t)N * H);
     act->be->attention_forward(act->be->ctx, out->data, s->lse, x, ld, x + qd, ld, x + qd + kd, ld, act->B, act->T,
-                               C->n_heads, C->n_kv, C->hd);
+                               H, KV, C->hd);
     prof(act, HP_NN_OP_ATTENTION_FWD, t0);
     return HP_OK;
 }
@@ -59,27 +71,31 @@ static hp_status_t core_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
 static hp_status_t core_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     const core_impl_t *C = m->impl;
     core_saved_t *s = hp_act_slot(act, m);
-    const int qd = C->n_heads * C->hd, kd = C->n_kv * C->hd, ld = qd + 2 * kd;
+    int H, KV;
+    core_heads(C, &H, &KV);
+    const int qd = H * C->hd, kd = KV * C->hd, ld = qd + 2 * kd;
     float *d = din->data;
     const float *x = s->in;
     double t0 = omp_get_wtime();
     act->be->attention_backward(act->be->ctx, d, ld, d + qd, ld, d + qd + kd, ld, dout->data, s->out, s->lse, x, ld,
-                                x + qd, ld, x + qd + kd, ld, s->B, s->T, C->n_heads, C->n_kv, C->hd);
+                                x + qd, ld, x + qd + kd, ld, s->B, s->T, H, KV, C->hd);
     prof(act, HP_NN_OP_ATTENTION_BWD, t0);
     return HP_OK;
 }
 
 static const hp_module_ops_t core_ops = {
-    "sdpa", core_act_bytes, NULL, core_forward, core_backward_input, NULL,
+    "sdpa", core_act_bytes, NULL, core_forward, core_backward_input, NULL, NULL,
 };
 
-hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, int n_heads, int n_kv, int head_dim, int layer,
-                             hp_module_t **out) {
+hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, const hp_param_t *q, int q_per, const hp_param_t *kv,
+                             int kv_per, int head_dim, int layer, hp_module_t **out) {
     hp_module_t *core = hp_model_module_new(m, sizeof(core_impl_t));
     if (!core) return HP_ERR_OOM;
     core_impl_t *C = core->impl;
-    C->n_heads = n_heads;
-    C->n_kv = n_kv;
+    C->q = q;
+    C->kv = kv;
+    C->q_per = q_per;
+    C->kv_per = kv_per;
     C->hd = head_dim;
     C->layer = layer;
     void *ci = core->impl;
@@ -88,19 +104,28 @@ hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, int n_heads, int n_
     return HP_OK;
 }
 
-void nn_sdpa_core_set_heads(hp_module_t *core, int n_heads, int n_kv) {
-    if (core->ops != &core_ops) return;   // a replacement core sizes itself
-    core_impl_t *C = core->impl;
-    C->n_heads = n_heads;
-    C->n_kv = n_kv;
-}
-
 /* ---- attention ------------------------------------------------------------------------ */
 
 typedef struct attn_impl {
-    hp_attention_cfg_t c;
-    int qd, kd, qkvd;        // local sizes (tensor parallel divides the heads)
+    hp_attention_cfg_t c;                /* c.n_heads, c.n_kv: the declared (whole) heads */
+    const hp_param_t *wq, *wk;           /* the projection's q and k weights (the model's entries) */
 } attn_impl_t;
+
+/* The heads this call runs: the local rows of wq and wk over head_dim (a tensor-parallel shard
+ * holds n_heads / tp of them), and the widths of the [q | k | v] rows. */
+typedef struct attn_dims {
+    int H, KV, qd, kd, ld;
+} attn_dims_t;
+
+static attn_dims_t attn_dims(const attn_impl_t *A) {
+    attn_dims_t d;
+    d.qd = (int)A->wq->value.local.shape[0];
+    d.kd = (int)A->wk->value.local.shape[0];
+    d.H = d.qd / A->c.head_dim;
+    d.KV = d.kd / A->c.head_dim;
+    d.ld = d.qd + 2 * d.kd;
+    return d;
+}
 /* Children are read from the module at every call, so hp_module_replace_child swaps them. */
 #define A_WQKV(m) ((m)->children[0])
 #define A_CORE(m) ((m)->children[1])
@@ -118,27 +143,29 @@ typedef struct attn_saved {
 
 static size_t attn_act_bytes(const hp_module_t *m, int B, int T) {
     const attn_impl_t *A = m->impl;
+    const attn_dims_t d = attn_dims(A);
     const size_t N = (size_t)B * T;
-    size_t s = hp_arena_round(sizeof(attn_saved_t)) + hp_arena_round(sizeof(float) * N * A->qkvd) +
-               hp_arena_round(sizeof(float) * N * A->qd);
+    size_t s = hp_arena_round(sizeof(attn_saved_t)) + hp_arena_round(sizeof(float) * N * d.ld) +
+               hp_arena_round(sizeof(float) * N * d.qd);
     if (A->c.qk_norm)
-        s += hp_arena_round(sizeof(float) * N * A->qkvd) + hp_arena_round(sizeof(float) * N * A->c.n_heads) +
-             hp_arena_round(sizeof(float) * N * A->c.n_kv);
+        s += hp_arena_round(sizeof(float) * N * d.ld) + hp_arena_round(sizeof(float) * N * d.H) +
+             hp_arena_round(sizeof(float) * N * d.KV);
     for (int i = 0; i < m->n_children; i++) s += m->children[i]->ops->act_bytes(m->children[i], B, T);
     return s;
 }
 
 static size_t attn_scratch(const hp_module_t *m, int B, int T) {
     const attn_impl_t *A = m->impl;
+    const attn_dims_t d = attn_dims(A);
     const size_t N = (size_t)B * T;
-    return N * ((size_t)A->qd + A->qkvd + (A->c.qk_norm ? (size_t)A->qkvd : 0));
+    return N * ((size_t)d.qd + d.ld + (A->c.qk_norm ? (size_t)d.ld : 0));
 }
 
-/* Rotates the q and k columns of (B*T, ld) rows at positions pos0 + t. B and T are the
- * module's own (saved in forward: a wrapper may change act->T around the call). */
-static void rope_qk(hp_act_t *act, const attn_impl_t *A, float *x, int ld, int B, int T, int inverse) {
-    const int half = A->c.head_dim / 2;
-    /* --- context parallel (owner cp): segments at their own global positions --- */
+/* Rotates the q and k columns of (B*T, ld) rows at positions pos0 + t, or (the context's
+ * position segments, context parallelism) each segment at its global position. B and T are
+ * the module's own (saved in forward: a wrapper may change act->T around the call). */
+static void rope_qk(hp_act_t *act, const attn_impl_t *A, const attn_dims_t *d, float *x, int B, int T, int inverse) {
+    const int half = A->c.head_dim / 2, ld = d->ld;
     if (act->n_pos_segs > 0 && !act->kv) {
         const int L = T / act->n_pos_segs;
         for (int b = 0; b < B; b++)
@@ -146,22 +173,21 @@ static void rope_qk(hp_act_t *act, const attn_impl_t *A, float *x, int ld, int B
                 float *xs = x + ((size_t)b * T + (size_t)g * L) * ld;
                 const float *c = A->c.cos_t + (size_t)act->pos_segs[g] * half;
                 const float *n = A->c.sin_t + (size_t)act->pos_segs[g] * half;
-                act->be->rope_apply(act->be->ctx, xs, ld, 1, L, A->c.n_heads, A->c.head_dim, c, n, A->c.style, inverse);
-                act->be->rope_apply(act->be->ctx, xs + A->qd, ld, 1, L, A->c.n_kv, A->c.head_dim, c, n, A->c.style,
+                act->be->rope_apply(act->be->ctx, xs, ld, 1, L, d->H, A->c.head_dim, c, n, A->c.style, inverse);
+                act->be->rope_apply(act->be->ctx, xs + d->qd, ld, 1, L, d->KV, A->c.head_dim, c, n, A->c.style,
                                     inverse);
             }
         return;
     }
-    /* --- end --- */
     const float *cs = A->c.cos_t + (size_t)act->pos0 * half, *sn = A->c.sin_t + (size_t)act->pos0 * half;
-    act->be->rope_apply(act->be->ctx, x, ld, B, T, A->c.n_heads, A->c.head_dim, cs, sn, A->c.style, inverse);
-    act->be->rope_apply(act->be->ctx, x + A->qd, ld, B, T, A->c.n_kv, A->c.head_dim, cs, sn, A->c.style,
-                        inverse);
+    act->be->rope_apply(act->be->ctx, x, ld, B, T, d->H, A->c.head_dim, cs, sn, A->c.style, inverse);
+    act->be->rope_apply(act->be->ctx, x + d->qd, ld, B, T, d->KV, A->c.head_dim, cs, sn, A->c.style, inverse);
 }
 
 static hp_status_t attn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     attn_impl_t *A = m->impl;
-    const int N = act->B * act->T, hd = A->c.head_dim, qd = A->qd, kd = A->kd, ld = A->qkvd;
+    const attn_dims_t d = attn_dims(A);
+    const int N = act->B * act->T, hd = A->c.head_dim, qd = d.qd, kd = d.kd, ld = d.ld;
     attn_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
     s->B = act->B;
     s->T = act->T;
@@ -176,17 +202,17 @@ static hp_status_t attn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     if (A->c.qk_norm) {
         const float *qn = hp_param_w(m->params[0]), *kn = hp_param_w(m->params[1]);
         s->qkr = hp_act_alloc(act, sizeof(float) * (size_t)N * ld);
-        s->rstd_q = hp_act_alloc(act, sizeof(float) * (size_t)N * A->c.n_heads);
-        s->rstd_k = hp_act_alloc(act, sizeof(float) * (size_t)N * A->c.n_kv);
-        act->be->rmsnorm_heads_forward(act->be->ctx, s->qkr, ld, s->rstd_q, s->qkv, ld, qn, N, A->c.n_heads, hd, A->c.eps);
-        act->be->rmsnorm_heads_forward(act->be->ctx, s->qkr + qd, ld, s->rstd_k, s->qkv + qd, ld, kn, N, A->c.n_kv, hd,
+        s->rstd_q = hp_act_alloc(act, sizeof(float) * (size_t)N * d.H);
+        s->rstd_k = hp_act_alloc(act, sizeof(float) * (size_t)N * d.KV);
+        act->be->rmsnorm_heads_forward(act->be->ctx, s->qkr, ld, s->rstd_q, s->qkv, ld, qn, N, d.H, hd, A->c.eps);
+        act->be->rmsnorm_heads_forward(act->be->ctx, s->qkr + qd, ld, s->rstd_k, s->qkv + qd, ld, kn, N, d.KV, hd,
                                        A->c.eps);
         act->be->copy_rows(act->be->ctx, s->qkr + qd + kd, ld, s->qkv + qd + kd, ld, N, kd);
         src = s->qkr;
         prof(act, HP_NN_OP_QK_NORM, t0);
     }
     t0 = omp_get_wtime();
-    rope_qk(act, A, src, ld, act->B, act->T, 0);
+    rope_qk(act, A, &d, src, act->B, act->T, 0);
     prof(act, HP_NN_OP_ROPE, t0);
     if (act->kv) {   // decode: append this chunk's keys and values to the layer's cache rows
         struct hp_model_kv_cache *kc = act->kv;
@@ -204,7 +230,8 @@ static hp_status_t attn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
 static hp_status_t attn_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     attn_impl_t *A = m->impl;
     attn_saved_t *s = hp_act_slot(act, m);
-    const int N = s->B * s->T, hd = A->c.head_dim, qd = A->qd, kd = A->kd, ld = A->qkvd;
+    const attn_dims_t d = attn_dims(A);
+    const int N = s->B * s->T, hd = A->c.head_dim, qd = d.qd, kd = d.kd, ld = d.ld;
     size_t off = 0;
     float *dO = hp_act_scratch(act, &off, (size_t)N * qd);
     float *dqkv = hp_act_scratch(act, &off, (size_t)N * ld);
@@ -219,15 +246,15 @@ static hp_status_t attn_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
     hp_tensor_view2(&t_dsrc, dsrc, N, ld);
     HP_TRY(hp_module_backward_input(A_CORE(m), act, &t_dO, &t_dsrc));
     double t0 = omp_get_wtime();
-    rope_qk(act, A, dsrc, ld, s->B, s->T, 1);
+    rope_qk(act, A, &d, dsrc, s->B, s->T, 1);
     prof(act, HP_NN_OP_ROPE, t0);
     if (A->c.qk_norm) {
         t0 = omp_get_wtime();
         const float *qn = hp_param_w(m->params[0]), *kn = hp_param_w(m->params[1]);
-        act->be->rmsnorm_heads_backward_input(act->be->ctx, dqkv, ld, s->dqkr, ld, s->qkv, ld, qn, s->rstd_q, N,
-                                              A->c.n_heads, hd);
+        act->be->rmsnorm_heads_backward_input(act->be->ctx, dqkv, ld, s->dqkr, ld, s->qkv, ld, qn, s->rstd_q, N, d.H,
+                                              hd);
         act->be->rmsnorm_heads_backward_input(act->be->ctx, dqkv + qd, ld, s->dqkr + qd, ld, s->qkv + qd, ld, kn,
-                                              s->rstd_k, N, A->c.n_kv, hd);
+                                              s->rstd_k, N, d.KV, hd);
         act->be->copy_rows(act->be->ctx, dqkv + qd + kd, ld, s->dqkr + qd + kd, ld, N, kd);
         prof(act, HP_NN_OP_QK_NORM, t0);
     }
@@ -243,56 +270,39 @@ static hp_status_t attn_backward_weight(hp_module_t *m, hp_act_t *act) {
     HP_TRY(hp_module_backward_weight(A_CORE(m), act));
     HP_TRY(hp_module_backward_weight(A_WQKV(m), act));
     if (A->c.qk_norm) {
-        const int N = s->B * s->T, ld = A->qkvd, hd = A->c.head_dim;
+        const attn_dims_t d = attn_dims(A);
+        const int N = s->B * s->T, ld = d.ld, hd = A->c.head_dim;
         double t0 = omp_get_wtime();
         act->be->rmsnorm_heads_backward_weight(act->be->ctx, hp_param_g(m->params[0]), s->dqkr, ld, s->qkv, ld,
-                                               s->rstd_q, N, A->c.n_heads, hd);
-        act->be->rmsnorm_heads_backward_weight(act->be->ctx, hp_param_g(m->params[1]), s->dqkr + A->qd, ld,
-                                               s->qkv + A->qd, ld, s->rstd_k, N, A->c.n_kv, hd);
+                                               s->rstd_q, N, d.H, hd);
+        act->be->rmsnorm_heads_backward_weight(act->be->ctx, hp_param_g(m->params[1]), s->dqkr + d.qd, ld,
+                                               s->qkv + d.qd, ld, s->rstd_k, N, d.KV, hd);
         prof(act, HP_NN_OP_QK_NORM, t0);
     }
     return HP_OK;
 }
 
 static const hp_module_ops_t attn_ops = {
-    "attention", attn_act_bytes, attn_scratch, attn_forward, attn_backward_input, attn_backward_weight,
+    "attention", attn_act_bytes, attn_scratch, attn_forward, attn_backward_input, attn_backward_weight, NULL,
 };
-
-static void attn_set_sizes(hp_module_t *m, int n_heads, int n_kv) {
-    attn_impl_t *A = m->impl;
-    A->c.n_heads = n_heads;
-    A->c.n_kv = n_kv;
-    A->qd = n_heads * A->c.head_dim;
-    A->kd = n_kv * A->c.head_dim;
-    A->qkvd = A->qd + 2 * A->kd;
-    hp_module_t *core = A_CORE(m);
-    if (core->ops == &core_ops) {   // a replacement core sizes itself
-        core_impl_t *C = core->impl;
-        C->n_heads = n_heads;
-        C->n_kv = n_kv;
-    }
-}
 
 hp_status_t hp_attention_new(hp_model_t m, const char *name, const hp_attention_cfg_t *c, hp_module_t *wqkv,
                              hp_module_t *wo, hp_param_t *q_norm, hp_param_t *k_norm, hp_module_t **out) {
-    hp_module_t *a = hp_model_module_new(m, sizeof(attn_impl_t));
-    hp_module_t *core = hp_model_module_new(m, sizeof(core_impl_t));
-    if (!a || !core) return HP_ERR_OOM;
+    HP_ASSERT(wqkv->n_params >= 3);   // wq | wk | wv stacked
+    hp_module_t *a = hp_model_module_new(m, sizeof(attn_impl_t)), *core = NULL;
+    if (!a) return HP_ERR_OOM;
     attn_impl_t *A = a->impl;
-    core_impl_t *C = core->impl;
     A->c = *c;
-    C->hd = c->head_dim;
-    C->layer = c->layer;
+    A->wq = wqkv->params[0];
+    A->wk = wqkv->params[1];
     char nm[HP_PARAM_NAME_MAX];
     snprintf(nm, sizeof(nm), "%s.core", name);
-    void *ci = core->impl;
-    hp_module_base_init(core, &core_ops, nm, ci);
+    HP_TRY(nn_sdpa_core_new(m, nm, A->wq, c->head_dim, A->wk, c->head_dim, c->head_dim, c->layer, &core));
     void *ai = a->impl;
     hp_module_base_init(a, &attn_ops, name, ai);
     a->children[a->n_children++] = wqkv;
     a->children[a->n_children++] = core;
     a->children[a->n_children++] = wo;
-    attn_set_sizes(a, c->n_heads, c->n_kv);
     if (c->qk_norm) {
         a->params[a->n_params++] = q_norm;
         a->params[a->n_params++] = k_norm;
@@ -301,26 +311,15 @@ hp_status_t hp_attention_new(hp_model_t m, const char *name, const hp_attention_
     return HP_OK;
 }
 
-hp_status_t hp_attention_set_local_heads(hp_module_t *m, int n_heads, int n_kv_heads) {
-    if (!m || m->ops != &attn_ops)
-        return hp_error(HP_ERR_INVALID_ARG, "hp_attention_set_local_heads: module '%s' is not an attention module",
-                        m ? m->name : "(null)");
-    if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
-        return hp_error(HP_ERR_INVALID_ARG, "hp_attention_set_local_heads: '%s': %d heads and %d kv heads, expected "
-                        "> 0 with heads a multiple of kv heads", m->name, n_heads, n_kv_heads);
-    attn_set_sizes(m, n_heads, n_kv_heads);
-    return HP_OK;
-}
-
 void hp_attention_local_heads(const hp_module_t *m, int *n_heads, int *n_kv_heads) {
-    const attn_impl_t *A = m->impl;
-    if (n_heads) *n_heads = A->c.n_heads;
-    if (n_kv_heads) *n_kv_heads = A->c.n_kv;
+    const attn_dims_t d = attn_dims(m->impl);
+    if (n_heads) *n_heads = d.H;
+    if (n_kv_heads) *n_kv_heads = d.KV;
 }
 
 hp_module_t *hp_attention_core(hp_module_t *m) { return m && m->ops == &attn_ops ? A_CORE(m) : NULL; }
 
-/* --- context parallel (owner cp): the asynchronous CP core's view of the attention --- */
+/* --- the asynchronous context-parallel core's view of the attention --- */
 hp_module_t *hp_attention_wqkv(hp_module_t *m) { return m && m->ops == &attn_ops ? A_WQKV(m) : NULL; }
 
 const float *hp_attention_projection_rows(hp_module_t *m, hp_act_t *act) {
@@ -356,8 +355,10 @@ hp_status_t hp_attention_prepare_rows(hp_module_t *m, hp_act_t *act, float *x, i
 /* ---- feed-forward ----------------------------------------------------------------------- */
 
 typedef struct ffn_impl {
-    int dim, hidden;   // hidden: local (tensor parallel divides it)
+    int dim;
+    const hp_param_t *w1;   /* its local rows are the hidden features this call runs (a TP shard: hidden / tp) */
 } ffn_impl_t;
+static int ffn_hidden(const ffn_impl_t *F) { return (int)F->w1->value.local.shape[0]; }
 #define F_W13(m) ((m)->children[0])
 #define F_W2(m) ((m)->children[1])
 
@@ -368,32 +369,31 @@ typedef struct ffn_saved {
 } ffn_saved_t;
 
 static size_t ffn_act_bytes(const hp_module_t *m, int B, int T) {
-    const ffn_impl_t *F = m->impl;
+    const int hid = ffn_hidden(m->impl);
     size_t N = (size_t)B * T;
-    return hp_arena_round(sizeof(ffn_saved_t)) + hp_arena_round(sizeof(float) * N * 2 * F->hidden) +
-           hp_arena_round(sizeof(float) * N * F->hidden) + F_W13(m)->ops->act_bytes(F_W13(m), B, T) +
+    return hp_arena_round(sizeof(ffn_saved_t)) + hp_arena_round(sizeof(float) * N * 2 * hid) +
+           hp_arena_round(sizeof(float) * N * hid) + F_W13(m)->ops->act_bytes(F_W13(m), B, T) +
            F_W2(m)->ops->act_bytes(F_W2(m), B, T);
 }
 
 static size_t ffn_scratch(const hp_module_t *m, int B, int T) {
-    const ffn_impl_t *F = m->impl;
-    return (size_t)B * T * 3 * F->hidden;
+    return (size_t)B * T * 3 * ffn_hidden(m->impl);
 }
 
 static hp_status_t ffn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     ffn_impl_t *F = m->impl;
-    const int N = act->B * act->T;
+    const int N = act->B * act->T, hid = ffn_hidden(F);
     ffn_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
     s->N = N;
-    s->h13 = hp_act_alloc(act, sizeof(float) * (size_t)N * 2 * F->hidden);
-    s->a = hp_act_alloc(act, sizeof(float) * (size_t)N * F->hidden);
+    s->h13 = hp_act_alloc(act, sizeof(float) * (size_t)N * 2 * hid);
+    s->a = hp_act_alloc(act, sizeof(float) * (size_t)N * hid);
     hp_tensor_t t_in, t_h13, t_a;
     hp_tensor_view2(&t_in, in->data, N, F->dim);
-    hp_tensor_view2(&t_h13, s->h13, N, 2 * F->hidden);
-    hp_tensor_view2(&t_a, s->a, N, F->hidden);
+    hp_tensor_view2(&t_h13, s->h13, N, 2 * hid);
+    hp_tensor_view2(&t_a, s->a, N, hid);
     HP_TRY(hp_module_forward(F_W13(m), act, &t_in, &t_h13));
     double t0 = omp_get_wtime();
-    act->be->swiglu_forward(act->be->ctx, s->a, s->h13, N, F->hidden);
+    act->be->swiglu_forward(act->be->ctx, s->a, s->h13, N, hid);
     prof(act, HP_NN_OP_SWIGLU_FWD, t0);
     return hp_module_forward(F_W2(m), act, &t_a, out);   // out += a W2^T (residual)
 }
@@ -401,16 +401,16 @@ static hp_status_t ffn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
 static hp_status_t ffn_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     ffn_impl_t *F = m->impl;
     ffn_saved_t *s = hp_act_slot(act, m);
-    const int N = s->N;
+    const int N = s->N, hid = ffn_hidden(F);
     size_t off = 0;
-    float *da = hp_act_scratch(act, &off, (size_t)N * F->hidden);
-    float *dh13 = hp_act_scratch(act, &off, (size_t)N * 2 * F->hidden);
+    float *da = hp_act_scratch(act, &off, (size_t)N * hid);
+    float *dh13 = hp_act_scratch(act, &off, (size_t)N * 2 * hid);
     hp_tensor_t t_da, t_dh13, t_din;
-    hp_tensor_view2(&t_da, da, N, F->hidden);
-    hp_tensor_view2(&t_dh13, dh13, N, 2 * F->hidden);
+    hp_tensor_view2(&t_da, da, N, hid);
+    hp_tensor_view2(&t_dh13, dh13, N, 2 * hid);
     HP_TRY(hp_module_backward_input(F_W2(m), act, dout, &t_da));
     double t0 = omp_get_wtime();
-    act->be->swiglu_backward(act->be->ctx, dh13, da, s->h13, N, F->hidden);
+    act->be->swiglu_backward(act->be->ctx, dh13, da, s->h13, N, hid);
     prof(act, HP_NN_OP_SWIGLU_BWD, t0);
     hp_tensor_view2(&t_din, din->data, N, F->dim);
     return hp_module_backward_input(F_W13(m), act, &t_dh13, &t_din);
@@ -422,36 +422,26 @@ static hp_status_t ffn_backward_weight(hp_module_t *m, hp_act_t *act) {
 }
 
 static const hp_module_ops_t ffn_ops = {
-    "feed_forward", ffn_act_bytes, ffn_scratch, ffn_forward, ffn_backward_input, ffn_backward_weight,
+    "feed_forward", ffn_act_bytes, ffn_scratch, ffn_forward, ffn_backward_input, ffn_backward_weight, NULL,
 };
 
 hp_status_t hp_feed_forward_new(hp_model_t m, const char *name, int dim, int hidden, hp_module_t *w13,
                                 hp_module_t *w2, hp_module_t **out) {
+    HP_ASSERT(w13->n_params >= 2 && w13->params[0]->value.local.shape[0] == hidden);   // w1 | w3 stacked
     hp_module_t *f = hp_model_module_new(m, sizeof(ffn_impl_t));
     if (!f) return HP_ERR_OOM;
     void *fi = f->impl;
     hp_module_base_init(f, &ffn_ops, name, fi);
     ffn_impl_t *F = fi;
     F->dim = dim;
-    F->hidden = hidden;
+    F->w1 = w13->params[0];
     f->children[f->n_children++] = w13;
     f->children[f->n_children++] = w2;
     *out = f;
     return HP_OK;
 }
 
-hp_status_t hp_feed_forward_set_local_hidden(hp_module_t *m, int hidden) {
-    if (!m || m->ops != &ffn_ops)
-        return hp_error(HP_ERR_INVALID_ARG, "hp_feed_forward_set_local_hidden: module '%s' is not a feed-forward "
-                        "module", m ? m->name : "(null)");
-    if (hidden <= 0)
-        return hp_error(HP_ERR_INVALID_ARG, "hp_feed_forward_set_local_hidden: '%s': hidden %d, expected > 0",
-                        m->name, hidden);
-    ((ffn_impl_t *)m->impl)->hidden = hidden;
-    return HP_OK;
-}
-
-int hp_feed_forward_local_hidden(const hp_module_t *m) { return ((const ffn_impl_t *)m->impl)->hidden; }
+int hp_feed_forward_local_hidden(const hp_module_t *m) { return ffn_hidden(m->impl); }
 
 /* ---- transformer block ------------------------------------------------------------------ */
 
@@ -555,9 +545,16 @@ static hp_status_t block_backward_weight(hp_module_t *m, hp_act_t *act) {
     return hp_module_backward_weight(K_ATTN_NORM(m), act);
 }
 
+/* The residual stream keeps its split through the block: input and output are what the first
+ * child that decides says of its input (sequence parallel: the attention_norm's). */
+static int block_act_split(const hp_module_t *m, int output, hp_act_split_t *s) {
+    (void)output;
+    return hp_module_act_split(K_ATTN_NORM(m), 0, s) || hp_module_act_split(K_ATTN(m), 0, s);
+}
+
 static const hp_module_ops_t block_ops = {
     "transformer_block", block_act_bytes, block_scratch, block_forward, block_backward_input,
-    block_backward_weight,
+    block_backward_weight, block_act_split,
 };
 
 hp_status_t hp_block_new(hp_model_t m, const char *name, int dim, hp_module_t *attention_norm,
@@ -577,13 +574,70 @@ hp_status_t hp_block_new(hp_model_t m, const char *name, int dim, hp_module_t *a
     return HP_OK;
 }
 
-/* ---- head: final norm and output projection ----------------------------------------------- */
+/* ---- loss: cross-entropy over the logits (the head's replaceable child) ------------------ */
+
+size_t hp_loss_act_bytes(int B, int T) {
+    const size_t N = (size_t)B * T;
+    return hp_arena_round(sizeof(hp_loss_saved_t)) + hp_arena_round(sizeof(double) * N) +
+           hp_arena_round(sizeof(float) * N);
+}
+
+hp_status_t hp_loss_begin(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_loss_saved_t **out) {
+    if (!act->targets || !in || in->ndim != 2)
+        return hp_error(HP_ERR_INVALID_ARG, "loss '%s' (%s): expected logits (N, V) and the targets (act->targets)",
+                        m->name, m->ops->kind);
+    hp_loss_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
+    s->sum = 0.0;
+    s->n_valid = 0;
+    s->logits = in->data;
+    s->targets = act->targets;
+    s->N = (int)in->shape[0];
+    s->V = (int)in->shape[1];
+    s->losses = hp_act_alloc(act, sizeof(double) * (size_t)s->N);
+    s->lse = hp_act_alloc(act, sizeof(float) * (size_t)s->N);
+    *out = s;
+    return HP_OK;
+}
+
+static size_t loss_act_bytes(const hp_module_t *m, int B, int T) {
+    (void)m;
+    return hp_loss_act_bytes(B, T);
+}
+
+static hp_status_t loss_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    (void)out;
+    hp_loss_saved_t *s;
+    HP_TRY(hp_loss_begin(m, act, in, &s));
+    double t0 = omp_get_wtime();
+    s->sum = act->be->cross_entropy_forward(act->be->ctx, s->losses, s->lse, s->logits, s->targets, s->N, s->V,
+                                            &s->n_valid);
+    prof(act, HP_NN_OP_CROSS_ENTROPY, t0);
+    return HP_OK;
+}
+
+static hp_status_t loss_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    const hp_loss_saved_t *s = hp_act_slot(act, m);
+    double t0 = omp_get_wtime();
+    act->be->cross_entropy_backward(act->be->ctx, din->data, s->logits, s->lse, s->targets, *(const float *)dout->data,
+                                    s->N, s->V, 0);
+    prof(act, HP_NN_OP_CROSS_ENTROPY, t0);
+    return HP_OK;
+}
+
+static const hp_module_ops_t loss_ops = {
+    "cross_entropy", loss_act_bytes, NULL, loss_forward, loss_backward_input, NULL, NULL,
+};
+
+int hp_module_is_loss(const hp_module_t *m) { return m && m->ops == &loss_ops; }
+
+/* ---- head: final norm and output projection; the loss child ------------------------------- */
 
 typedef struct head_impl {
     int dim;
 } head_impl_t;
 #define H_NORM(m) ((m)->children[0])
 #define H_OUT(m) ((m)->children[1])
+#define H_LOSS(m) ((m)->children[2])   /* run by the model container on the head's output */
 
 typedef struct head_saved {
     float *hf;   // (Nr, dim) norm output
@@ -592,8 +646,9 @@ typedef struct head_saved {
 
 static size_t head_act_bytes(const hp_module_t *m, int B, int T) {
     const head_impl_t *H = m->impl;
-    return hp_arena_round(sizeof(head_saved_t)) + hp_arena_round(sizeof(float) * (size_t)B * T * H->dim) +
-           H_NORM(m)->ops->act_bytes(H_NORM(m), B, T) + H_OUT(m)->ops->act_bytes(H_OUT(m), B, T);
+    size_t s = hp_arena_round(sizeof(head_saved_t)) + hp_arena_round(sizeof(float) * (size_t)B * T * H->dim);
+    for (int i = 0; i < m->n_children; i++) s += m->children[i]->ops->act_bytes(m->children[i], B, T);
+    return s;
 }
 
 static size_t head_scratch(const hp_module_t *m, int B, int T) {
@@ -631,22 +686,41 @@ static hp_status_t head_backward_weight(hp_module_t *m, hp_act_t *act) {
     return hp_module_backward_weight(H_NORM(m), act);
 }
 
+/* The head's input is the residual stream (its norm says how it is split); its output the
+ * logits (its output projection says). */
+static int head_act_split(const hp_module_t *m, int output, hp_act_split_t *s) {
+    if (output) return hp_module_act_split(H_OUT(m), 1, s);
+    return hp_module_act_split(H_NORM(m), 0, s) || hp_module_act_split(H_OUT(m), 0, s);
+}
+
 static const hp_module_ops_t head_ops = {
-    "head", head_act_bytes, head_scratch, head_forward, head_backward_input, head_backward_weight,
+    "head", head_act_bytes, head_scratch, head_forward, head_backward_input, head_backward_weight, head_act_split,
 };
 
 hp_status_t hp_head_new(hp_model_t m, const char *name, int dim, hp_module_t *norm, hp_module_t *output,
                         hp_module_t **out) {
-    hp_module_t *h = hp_model_module_new(m, sizeof(head_impl_t));
-    if (!h) return HP_ERR_OOM;
+    hp_module_t *h = hp_model_module_new(m, sizeof(head_impl_t)), *loss = hp_model_module_new(m, 0);
+    if (!h || !loss) return HP_ERR_OOM;
     void *hi = h->impl;
     hp_module_base_init(h, &head_ops, name, hi);
+    hp_module_base_init(loss, &loss_ops, "loss", NULL);
     head_impl_t *H = hi;
     H->dim = dim;
     h->children[h->n_children++] = norm;
     h->children[h->n_children++] = output;
+    h->children[h->n_children++] = loss;
     *out = h;
     return HP_OK;
+}
+
+hp_module_t *nn_head_loss(hp_module_t *m) {
+    if (!m) return NULL;
+    if (m->ops == &head_ops) return H_LOSS(m);
+    for (int i = 0; i < m->n_children; i++) {   // the head under a wrapper
+        hp_module_t *l = nn_head_loss(m->children[i]);
+        if (l) return l;
+    }
+    return NULL;
 }
 
 /* ---- activation checkpointing: a wrapper that keeps only its input ----------------------- */
@@ -710,8 +784,13 @@ static hp_status_t ckpt_backward_weight(hp_module_t *m, hp_act_t *act) {
     return HP_OK;
 }
 
+static int ckpt_act_split(const hp_module_t *m, int output, hp_act_split_t *s) {
+    return hp_module_act_split(m->children[0], output, s);
+}
+
 static const hp_module_ops_t ckpt_ops = {
     "checkpoint", ckpt_act_bytes, ckpt_scratch, ckpt_forward, ckpt_backward_input, ckpt_backward_weight,
+    ckpt_act_split,
 };
 
 hp_status_t nn_checkpoint_new(hp_model_t m, hp_module_t *inner, hp_module_t **out) {

@@ -19,7 +19,12 @@ static hp_status_t kv_check_model(hp_model_t m, const char *who) {
         const hp_module_t *mod = m->units[u].module;
         hooked = mod->n_hooks[HP_HOOK_PRE_FORWARD] || mod->n_hooks[HP_HOOK_POST_FORWARD];
     }
-    if (m->storage_released || hooked)
+    int external = 0;   // a parameter whose storage another owner (FSDP) holds
+    for (int i = 0; i < m->n_params && !external; i++) {
+        const float *v = m->params[i].value.local.data;
+        external = !m->param_data || v < m->param_data || v >= m->param_data + m->store_floats;
+    }
+    if (external || hooked)
         return hp_error(HP_ERR_STATE, "%s: model '%s/%s' is FSDP-wrapped (its parameters are shards, gathered "
                         "only inside hp_model_forward); expected an unwrapped single-rank model; hint: save the "
                         "full weights (hp_model_save_weights) and load them with hp_model_load_weights for "
@@ -27,18 +32,12 @@ static hp_status_t kv_check_model(hp_model_t m, const char *who) {
     if (m->u0 != 0 || m->u1 != m->n_units_total)
         return hp_error(HP_ERR_STATE, "%s: model '%s/%s' holds units [%d, %d) only (a pipeline stage); expected the "
                         "whole model", who, c->name, c->flavor, m->u0, m->u1);
-    int tp = m->seq_shard > 1 || m->logits_cols > 0;
-    for (int i = 0; i < m->n_mods && !tp; i++) {
-        const hp_module_t *mod = m->mods[i];
-        if (mod->ops && strcmp(mod->ops->kind, "attention") == 0) {
-            int h;
-            hp_attention_local_heads(mod, &h, NULL);
-            tp = h != c->n_heads;
-        } else if (mod->ops && strcmp(mod->ops->kind, "feed_forward") == 0) {
-            tp = hp_feed_forward_local_hidden(mod) != c->hidden_dim;
-        }
+    int tp = 0;   // a sharded parameter (a DTensor, or a local shard smaller than the declared shape)
+    for (int i = 0; i < m->n_params && !tp; i++) {
+        const hp_param_t *p = &m->params[i];
+        tp = p->value.mesh != NULL;
+        for (int k = 0; k < p->value.local.ndim && !tp; k++) tp = p->value.local.shape[k] != p->value.global_shape[k];
     }
-    for (int i = 0; i < m->n_params && !tp; i++) tp = m->params[i].value.mesh != NULL;
     if (tp)
         return hp_error(HP_ERR_STATE, "%s: model '%s/%s' is tensor-parallel (its heads, FFN and vocab are "
                         "sharded across ranks); expected an unwrapped single-rank model; hint: save the full "

@@ -11,16 +11,18 @@
 #include <stdio.h>
 #include <string.h>
 #include <omp.h>
+#include "hyperparallel/comm.h"
+#include "hyperparallel/mesh.h"
 #include "nn/nn-model.h"
 
 typedef struct mla_impl {
     hp_mla_cfg_t c;
-    int H;                         /* local heads (tensor parallel divides them) */
+    const hp_param_t *qw;          /* wq (or wq_b) weight: its local rows / qk_head are the heads this call runs */
     int nq;                        /* children of the q path: 1 (wq) or 3 (wq_a, q_norm, wq_b) */
     float alpha;                   /* q pre-scale: scale * sqrt(hc) */
-    hp_mla_reduce_fn reduce;       /* sums the k_pe gradient over the ranks of the heads (TP) */
-    void *reduce_ctx;
 } mla_impl_t;
+
+static int mla_heads(const mla_impl_t *A) { return (int)(A->qw->value.local.shape[0] / (A->c.nope + A->c.rope)); }
 /* Children are read from the module at every call (hp_module_replace_child swaps them). */
 #define M_Q(m, i) ((m)->children[i])
 #define M_WKVA(m) ((m)->children[((mla_impl_t *)(m)->impl)->nq])
@@ -47,7 +49,7 @@ static size_t fl(size_t n) { return hp_arena_round(sizeof(float) * n); }
 static size_t mla_act_bytes(const hp_module_t *m, int B, int T) {
     const mla_impl_t *A = m->impl;
     const hp_mla_cfg_t *c = &A->c;
-    const size_t N = (size_t)B * T, H = (size_t)A->H;
+    const size_t N = (size_t)B * T, H = (size_t)mla_heads(A);
     size_t s = hp_arena_round(sizeof(mla_saved_t)) + fl(N * H * (c->nope + c->rope)) +
                fl(N * (c->kv_lora + c->rope)) + 2 * fl(N * c->kv_lora) + fl(N * H * (c->nope + c->v)) +
                fl(N * 3 * H * c->hc) + fl(N * H * c->hc) + fl(N * H * c->v);
@@ -60,7 +62,7 @@ static size_t mla_act_bytes(const hp_module_t *m, int B, int T) {
 static size_t mla_scratch(const hp_module_t *m, int B, int T) {
     const mla_impl_t *A = m->impl;
     const hp_mla_cfg_t *c = &A->c;
-    const size_t N = (size_t)B * T, H = (size_t)A->H;
+    const size_t N = (size_t)B * T, H = (size_t)mla_heads(A);
     return N * (H * c->v + H * c->hc + 3 * H * c->hc + H * (c->nope + c->rope) + H * (c->nope + c->v) +
                 2 * (size_t)c->kv_lora + c->rope + (c->kv_lora + c->rope) + 2 * (size_t)c->q_lora) + 16 * 12;
 }
@@ -88,10 +90,21 @@ static void rope_heads(hp_act_t *act, const mla_impl_t *A, float *x, int ld, int
                             HP_ROPE_INTERLEAVED, inverse);
 }
 
+/* dpe summed over this rank's heads is Partial over the mesh dims whose ranks split the heads
+ * (the dims where the q weight is Shard(0): a sum over a sharded dim, as DTensor propagates
+ * it); the all-reduce makes it the whole sum. No dim: nothing to do. */
+static hp_status_t reduce_over_heads(const mla_impl_t *A, float *dpe, size_t n) {
+    const hp_dtensor_t *w = &A->qw->value;
+    for (int i = 0; w->mesh && i < w->mesh_ndim; i++)
+        if (w->placements[i].kind == HP_SHARD && w->placements[i].dim == 0 && hp_mesh_size(w->mesh, i) > 1)
+            HP_TRY(hp_all_reduce(dpe, dpe, n, HP_F32, HP_SUM, hp_mesh_get_comm(w->mesh, i), NULL));
+    return HP_OK;
+}
+
 static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     mla_impl_t *A = m->impl;
     const hp_mla_cfg_t *c = &A->c;
-    const int N = act->B * act->T, H = A->H, qk = c->nope + c->rope, hc = c->hc, kvl = c->kv_lora;
+    const int N = act->B * act->T, H = mla_heads(A), qk = c->nope + c->rope, hc = c->hc, kvl = c->kv_lora;
     const int lda = kvl + c->rope, ldb = c->nope + c->v, ld3 = 3 * H * hc;
     mla_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
     s->B = act->B;
@@ -167,7 +180,7 @@ static hp_status_t mla_backward_input(hp_module_t *m, hp_act_t *act, const hp_te
     mla_impl_t *A = m->impl;
     const hp_mla_cfg_t *c = &A->c;
     mla_saved_t *s = hp_act_slot(act, m);
-    const int N = s->B * s->T, H = A->H, qk = c->nope + c->rope, hc = c->hc, kvl = c->kv_lora;
+    const int N = s->B * s->T, H = mla_heads(A), qk = c->nope + c->rope, hc = c->hc, kvl = c->kv_lora;
     const int lda = kvl + c->rope, ldb = c->nope + c->v, ld3 = 3 * H * hc;
     size_t off = 0;
     float *dov = hp_act_scratch(act, &off, (size_t)N * H * c->v);
@@ -210,7 +223,7 @@ static hp_status_t mla_backward_input(hp_module_t *m, hp_act_t *act, const hp_te
             for (int j = 0; j < c->rope; j++) pe[j] += kh[c->nope + j];
         }
     }
-    if (A->reduce) HP_TRY(A->reduce(A->reduce_ctx, dpe, (size_t)N * c->rope));   // k_pe feeds every head
+    HP_TRY(reduce_over_heads(A, dpe, (size_t)N * c->rope));   // k_pe feeds every head
     // the latent: wkv_b, kv_norm; then dkva = [dc | dk_pe]
     hp_tensor_view2(&ta, dkvb, N, (int64_t)H * ldb);
     hp_tensor_view2(&tb, dkvn, N, kvl);
@@ -243,7 +256,7 @@ static hp_status_t mla_backward_weight(hp_module_t *m, hp_act_t *act) {
 }
 
 static const hp_module_ops_t mla_ops = {
-    "mla_attention", mla_act_bytes, mla_scratch, mla_forward, mla_backward_input, mla_backward_weight,
+    "mla_attention", mla_act_bytes, mla_scratch, mla_forward, mla_backward_input, mla_backward_weight, NULL,
 };
 
 hp_status_t hp_mla_new(hp_model_t m, const char *name, const hp_mla_cfg_t *c, hp_module_t *const *kids, int n_kids,
@@ -252,14 +265,15 @@ hp_status_t hp_mla_new(hp_model_t m, const char *name, const hp_mla_cfg_t *c, hp
     HP_ASSERT(n_kids == nq + 4);
     hp_module_t *a = hp_model_module_new(m, sizeof(mla_impl_t)), *core = NULL;
     if (!a) return HP_ERR_OOM;
-    char nm[HP_PARAM_NAME_MAX];
-    snprintf(nm, sizeof(nm), "%s.core", name);
-    HP_TRY(nn_sdpa_core_new(m, nm, c->n_heads, c->n_heads, c->hc, c->layer, &core));
     mla_impl_t *A = a->impl;
     A->c = *c;
-    A->H = c->n_heads;
+    A->qw = kids[nq - 1]->params[0];   // wq, or wq_b
     A->nq = nq;
     A->alpha = (float)((double)c->scale * sqrt((double)c->hc));
+    char nm[HP_PARAM_NAME_MAX];
+    snprintf(nm, sizeof(nm), "%s.core", name);
+    const int qk = c->nope + c->rope;   // the core's heads: wq's rows per head, every head its own k and v
+    HP_TRY(nn_sdpa_core_new(m, nm, A->qw, qk, A->qw, qk, c->hc, c->layer, &core));
     void *ai = a->impl;
     hp_module_base_init(a, &mla_ops, name, ai);
     for (int i = 0; i < nq + 3; i++) a->children[a->n_children++] = kids[i];
@@ -269,26 +283,6 @@ hp_status_t hp_mla_new(hp_model_t m, const char *name, const hp_mla_cfg_t *c, hp
     return HP_OK;
 }
 
-hp_status_t nn_mla_set_local_heads(hp_module_t *m, int n_heads) {
-    if (!m || m->ops != &mla_ops || n_heads <= 0)
-        return hp_error(HP_ERR_INVALID_ARG, "nn_mla_set_local_heads: '%s' is not an MLA module or %d heads <= 0",
-                        m ? m->name : "(null)", n_heads);
-    mla_impl_t *A = m->impl;
-    A->H = n_heads;
-    nn_sdpa_core_set_heads(M_CORE(m), n_heads, n_heads);
-    return HP_OK;
-}
-
-hp_status_t hp_mla_set_head_reduce(hp_module_t *m, hp_mla_reduce_fn fn, void *ctx) {
-    if (!m || m->ops != &mla_ops)
-        return hp_error(HP_ERR_INVALID_ARG, "hp_mla_set_head_reduce: module '%s' is not an MLA attention module",
-                        m ? m->name : "(null)");
-    mla_impl_t *A = m->impl;
-    A->reduce = fn;
-    A->reduce_ctx = ctx;
-    return HP_OK;
-}
-
 int hp_mla_local_heads(const hp_module_t *m) {
-    return m && m->ops == &mla_ops ? ((const mla_impl_t *)m->impl)->H : 0;
+    return m && m->ops == &mla_ops ? mla_heads(m->impl) : 0;
 }

@@ -65,10 +65,28 @@ void hp_model_rope_tables(hp_model_t m, const float **cos_t, const float **sin_t
     *sin_t = m->sin_t;
 }
 
+/* Marks the modules of the tree under `mod` (by id; a module from outside the model has none
+ * and is not listed, its children are). */
+static void mark_tree(hp_model_t m, const hp_module_t *mod, unsigned char *seen) {
+    if (mod->id >= 0 && mod->id < m->n_mods && m->mods[mod->id] == mod) {
+        if (seen[mod->id]) return;
+        seen[mod->id] = 1;
+    }
+    for (int i = 0; i < mod->n_children; i++) mark_tree(m, mod->children[i], seen);
+}
+
 int hp_model_modules(hp_model_t m, hp_module_t **out, int cap) {
-    for (int i = 0; i < m->n_mods && out; i++)
-        if (i < cap) out[i] = m->mods[i];
-    return m->n_mods;
+    unsigned char *seen = hp_calloc((size_t)m->n_mods + 1, 1);
+    HP_ASSERT_MSG(seen != NULL, "hp_model_modules: out of memory");
+    for (int u = m->u0; u < m->u1; u++) mark_tree(m, m->units[u].module, seen);
+    int n = 0;
+    for (int i = 0; i < m->n_mods; i++) {
+        if (!seen[i]) continue;
+        if (out && n < cap) out[n] = m->mods[i];
+        n++;
+    }
+    free(seen);
+    return n;
 }
 
 hp_module_t *hp_model_unit_module(hp_model_t m, int unit) {
@@ -87,6 +105,8 @@ size_t hp_model_param_offset(hp_model_t m, int i) {
     HP_ASSERT(i >= 0 && i < m->n_params);
     return m->param_off[i];
 }
+
+int hp_model_max_seq_len(hp_model_t m) { return m->max_seq_len; }
 
 void hp_model_unit_span(hp_model_t m, int unit, size_t *offset, size_t *floats) {
     int f, n;
@@ -243,7 +263,7 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
         pi += U->count;
     }
     m->n_params = np;
-    m->param_floats = off;
+    m->param_floats = m->store_floats = off;
     m->param_data = hp_aligned_alloc(sizeof(float) * (off ? off : 16));
     m->grad_data = hp_aligned_alloc(sizeof(float) * (off ? off : 16));
     if (!m->param_data || !m->grad_data) {
@@ -277,6 +297,8 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
     m->n_owned = m->n_mods;
 
     // 5. the model's own context for (max_batch, max_seq_len)
+    m->ctx_batch = max_batch;
+    m->ctx_seq_len = max_seq_len;
     st = hp_model_ctx_create(m, max_batch, max_seq_len, 0, &m->dflt);
     if (st != HP_OK) goto fail;
     *out = m;
@@ -286,10 +308,18 @@ fail:
     return st;
 }
 
+/* Whether p's value lives in the storage the model owns. */
+static int in_storage(hp_model_t m, const hp_param_t *p) {
+    const float *v = p->value.local.data;
+    return m->param_data && v >= m->param_data && v < m->param_data + m->store_floats;
+}
+
 hp_status_t hp_model_init_weights(hp_model_t m, uint64_t seed) {
-    if (m->storage_released)
-        return hp_error(HP_ERR_STATE, "hp_model_init_weights: the parameter storage was released to an "
-                        "external owner (FSDP); initialise before fully_shard");
+    for (int i = 0; i < m->n_params; i++)
+        if (!in_storage(m, &m->params[i]) && hp_tensor_numel(&m->params[i].value.local) > 0)
+            return hp_error(HP_ERR_STATE, "hp_model_init_weights: parameter '%s' does not live in the model's storage "
+                            "(an external owner such as FSDP holds it); hint: initialise before fully_shard",
+                            m->params[i].name);
     for (int i = 0; i < m->n_params; i++) {
         hp_param_t *p = &m->params[i];
         const hp_param_decl_t *d = &m->decl[i];
@@ -311,39 +341,90 @@ hp_status_t hp_model_init_weights(hp_model_t m, uint64_t seed) {
 }
 
 hp_status_t hp_model_zero_grad(hp_model_t m) {
-    if (m->storage_released) return HP_OK;   // the external owner zeroes its gradients
-    memset(m->grad_data, 0, sizeof(float) * m->param_floats);
+    if (m->grad_data) memset(m->grad_data, 0, sizeof(float) * m->store_floats);   // other owners zero theirs
     return HP_OK;
 }
 
-void hp_model_release_storage(hp_model_t m) {
-    hp_free_aligned(m->param_data);
-    hp_free_aligned(m->grad_data);
-    m->param_data = m->grad_data = NULL;
-    m->storage_released = 1;
-    for (int i = 0; i < m->n_params; i++) {
-        m->params[i].value.local.data = NULL;
-        m->params[i].grad.local.data = NULL;
+hp_status_t hp_model_compact_storage(hp_model_t m) {
+    if (!m) return hp_error(HP_ERR_INVALID_ARG, "hp_model_compact_storage: model is NULL");
+    const int np = m->n_params;
+    int *order = hp_calloc((size_t)(np ? np : 1), sizeof(int));
+    size_t *off = hp_calloc((size_t)(np ? np : 1), sizeof(size_t));
+    if (!order || !off) { free(order); free(off); return HP_ERR_OOM; }
+    hp_param_t *P = m->params;
+    // the entries in the model's storage, each storage once (a tied entry shares), by address
+    int n = 0;
+    for (int i = 0; i < np; i++) {
+        if (!in_storage(m, &P[i])) continue;
+        int dup = 0;
+        for (int j = 0; j < n; j++) dup |= P[order[j]].value.local.data == P[i].value.local.data;
+        if (dup) continue;
+        int k = n++;
+        while (k > 0 && (const float *)P[order[k - 1]].value.local.data > (const float *)P[i].value.local.data) {
+            order[k] = order[k - 1];
+            k--;
+        }
+        order[k] = i;
     }
-}
-
-void hp_model_adopt_storage(hp_model_t m, float *param_data, float *grad_data, size_t floats,
-                            const size_t *param_off) {
-    for (int i = 0; i < m->n_params; i++) m->param_off[i] = param_off[i];
+    // new offsets: an entry that ended where the next begins (stacked GEMM members) stays
+    // adjacent, the others start 16-float aligned (the creation layout's rule)
+    size_t cur = 0;
+    const float *prev_end = NULL;
+    for (int k = 0; k < n; k++) {
+        const hp_param_t *p = &P[order[k]];
+        const float *d = p->value.local.data;
+        off[order[k]] = d == prev_end ? cur : ROUND16(cur);
+        cur = off[order[k]] + (size_t)hp_tensor_numel(&p->value.local);
+        prev_end = d + hp_tensor_numel(&p->value.local);
+    }
+    const size_t total = ROUND16(cur);
+    float *nv = NULL, *ng = NULL;
+    if (n > 0) {
+        nv = hp_aligned_alloc(sizeof(float) * (total ? total : 16));
+        ng = hp_aligned_alloc(sizeof(float) * (total ? total : 16));
+        if (!nv || !ng) {
+            hp_free_aligned(nv);
+            hp_free_aligned(ng);
+            free(order);
+            free(off);
+            return hp_error(HP_ERR_OOM, "hp_model_compact_storage: %zu bytes for the local parameters and gradients",
+                            2 * sizeof(float) * total);
+        }
+        memset(nv, 0, sizeof(float) * total);
+        memset(ng, 0, sizeof(float) * total);
+        for (int k = 0; k < n; k++) {
+            const hp_param_t *p = &P[order[k]];
+            const size_t cnt = (size_t)hp_tensor_numel(&p->value.local);
+            memcpy(nv + off[order[k]], p->value.local.data, sizeof(float) * cnt);
+            memcpy(ng + off[order[k]], p->grad.local.data, sizeof(float) * cnt);
+        }
+    }
+    // re-point the entries that were in the old storage (a tied duplicate follows its first
+    // occurrence); the layout (param offsets, unit spans) follows them while the model keeps
+    // storage, and stays the creation layout once another owner holds every entry
+    int *src = hp_calloc((size_t)(np ? np : 1), sizeof(int));
+    if (!src) { hp_free_aligned(nv); hp_free_aligned(ng); free(order); free(off); return HP_ERR_OOM; }
+    for (int i = 0; i < np; i++) {   // decided on the old pointers first, then moved
+        src[i] = -1;
+        for (int k = 0; k < n && in_storage(m, &P[i]); k++)
+            if (P[order[k]].value.local.data == P[i].value.local.data) src[i] = order[k];
+    }
+    for (int i = 0; i < np; i++) {
+        if (src[i] < 0) continue;
+        P[i].value.local.data = nv + off[src[i]];
+        P[i].grad.local.data = ng + off[src[i]];
+        m->param_off[i] = off[src[i]];
+    }
+    free(src);
+    if (n > 0) m->param_floats = total;
     hp_free_aligned(m->param_data);
     hp_free_aligned(m->grad_data);
-    m->param_data = param_data;
-    m->grad_data = grad_data;
-    m->param_floats = floats;
-}
-
-void hp_model_set_sharding(hp_model_t m, int seq_shard, int logits_cols, const hp_model_loss_fn_t *loss_fn,
-                           void *loss_ctx) {
-    m->seq_shard = seq_shard;
-    m->logits_cols = logits_cols;
-    if (loss_fn) m->loss_fn = *loss_fn;
-    else memset(&m->loss_fn, 0, sizeof(m->loss_fn));
-    m->loss_ctx = loss_ctx;
+    m->param_data = nv;
+    m->grad_data = ng;
+    m->store_floats = n > 0 ? total : 0;
+    free(order);
+    free(off);
+    return HP_OK;
 }
 
 /* ---- activation checkpointing -------------------------------------------------------------- */
@@ -377,13 +458,19 @@ hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k) {
 
 int hp_model_activation_checkpoint(hp_model_t m) { return m->ac_every; }
 
-/* The model's tree changed: old contexts are refused, the model's own is re-created. */
+/* The model's tree changed: old contexts are refused, the model's own is re-created at its next
+ * use (a parallelism replacing many modules re-sizes it once). */
 static hp_status_t tree_changed(hp_model_t m) {
     m->ac_generation++;
-    hp_model_ctx_t fresh;
-    HP_TRY(hp_model_ctx_create(m, m->max_batch, m->ctx_seq_len > 0 ? m->ctx_seq_len : m->max_seq_len, 0, &fresh));
     hp_model_ctx_destroy(m->dflt);
-    m->dflt = fresh;
+    m->dflt = NULL;
+    return HP_OK;
+}
+
+/* The model's own context, created for its limits when missing. */
+static hp_status_t own_ctx(hp_model_t m, hp_model_ctx_t *out) {
+    if (!m->dflt) HP_TRY(hp_model_ctx_create(m, m->ctx_batch, m->ctx_seq_len, 0, &m->dflt));
+    *out = m->dflt;
     return HP_OK;
 }
 
@@ -393,24 +480,22 @@ hp_status_t hp_model_refresh_contexts(hp_model_t m) {
         return hp_error(HP_ERR_STATE, "hp_model_refresh_contexts: a forward is waiting for its backward");
     return tree_changed(m);
 }
-/* --- context parallel (owner cp) --- */
-hp_status_t hp_model_set_context_parallel(hp_model_t m, int seq_len, int n_pos_segs, const int *pos_segs) {
-    if (!m || seq_len <= 0 || seq_len > m->max_seq_len || n_pos_segs < 0 || (n_pos_segs > 0 && !pos_segs) ||
-        (n_pos_segs > 0 && seq_len % n_pos_segs != 0))
-        return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_context_parallel: %d rows in %d segments, expected 1..%d "
-                        "rows (the model's max_seq_len) in equal segments", seq_len, n_pos_segs, m ? m->max_seq_len : 0);
-    for (int i = 0; i < n_pos_segs; i++)
-        if (pos_segs[i] < 0 || pos_segs[i] + seq_len / n_pos_segs > m->max_seq_len)
-            return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_context_parallel: segment %d at position %d runs past "
-                            "the RoPE table's %d positions", i, pos_segs[i], m->max_seq_len);
+hp_status_t hp_model_set_context_limits(hp_model_t m, int max_batch, int max_seq_len) {
+    if (!m) return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_context_limits: model is NULL");
+    const int B = max_batch > 0 ? max_batch : m->ctx_batch, T = max_seq_len > 0 ? max_seq_len : m->ctx_seq_len;
+    if (B > m->max_batch || T > m->max_seq_len)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_context_limits: (B, T) = (%d, %d) outside the model's "
+                        "(max_batch %d, max_seq_len %d); hint: create the model with larger limits", B, T,
+                        m->max_batch, m->max_seq_len);
     if (ctx_pending(m->dflt))
-        return hp_error(HP_ERR_STATE, "hp_model_set_context_parallel: a forward is waiting for its backward");
-    m->ctx_seq_len = seq_len;
-    m->n_pos_segs = n_pos_segs;
-    m->pos_segs = pos_segs;
-    return tree_changed(m);
+        return hp_error(HP_ERR_STATE, "hp_model_set_context_limits: a forward is waiting for its backward");
+    if (B == m->ctx_batch && T == m->ctx_seq_len) return HP_OK;
+    m->ctx_batch = B;
+    m->ctx_seq_len = T;
+    hp_model_ctx_destroy(m->dflt);
+    m->dflt = NULL;
+    return HP_OK;
 }
-/* --- end --- */
 
 hp_status_t hp_model_replace_module(hp_model_t m, hp_module_t *parent, hp_module_t *old, hp_module_t *repl) {
     if (!m || !old || !repl)
@@ -495,7 +580,7 @@ hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned fla
     const int nb = hi >= lo ? hi - lo + 1 : 0;
     const size_t xN = ROUND16(N * d), iN = ROUND16(N);
     size_t ws = 2 * iN + (size_t)nb * xN;                           // tokens, targets (int32 in float slots), x
-    ws += has_head(m) ? 2 * ROUND16(N * V) + 2 * iN + iN * 2 : 0;   // logits, dlogits, lse, losses (double)
+    ws += has_head(m) ? 2 * ROUND16(N * V) : 0;                      // logits, dlogits
     ws += split ? (size_t)nb * xN : 2 * xN;                         // activation gradients
     ws += split ? scratch_sum : scratch_max;
     hp_model_ctx_t c = hp_calloc(1, sizeof(*c));
@@ -531,8 +616,6 @@ hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned fla
     if (has_head(m)) {
         c->logits = p; p += ROUND16(N * V);
         c->dlogits = p; p += ROUND16(N * V);
-        c->lse = p; p += iN;
-        c->losses = (double *)p; p += 2 * iN;
     }
     if (split) {
         for (int u = lo; u <= hi; u++) { c->g[u] = p; p += xN; }
@@ -562,6 +645,24 @@ const float *hp_model_ctx_logits(hp_model_ctx_t c) { return c && c->state[c->m->
 double hp_model_ctx_loss_sum(hp_model_ctx_t c) { return c ? c->loss_sum : 0.0; }
 int64_t hp_model_ctx_valid_tokens(hp_model_ctx_t c) { return c ? c->n_valid : 0; }
 
+/* How the units' modules split the activations (nn.h, act_split): the residual stream's sequence
+ * split (unit 0's output, or the first unit's input for a stage without it) and the logits'
+ * column split (the head's output); 1 where no module decides. */
+static hp_status_t model_splits(hp_model_t m, int *seq, int *cols, const char *who) {
+    hp_act_split_t r = {1, 1}, h = {1, 1};
+    const int first = m->u0, head = m->n_units_total - 1;
+    (void)hp_module_act_split(m->units[first].module, first == 0, &r);
+    if (has_head(m)) (void)hp_module_act_split(m->units[head].module, 1, &h);
+    if (r.seq < 1 || r.cols != 1 || h.seq != 1 || h.cols < 1 || m->cfg.vocab_size % h.cols != 0)
+        return hp_error(HP_ERR_UNSUPPORTED, "%s: the residual stream is split %d x %d (sequence x features) and the "
+                        "logits %d x %d; expected whole features between units, whole logits rows and columns "
+                        "dividing the vocabulary %d; hint: check the parallel plan's layouts", who, r.seq, r.cols,
+                        h.seq, h.cols, m->cfg.vocab_size);
+    *seq = r.seq;
+    *cols = h.cols;
+    return HP_OK;
+}
+
 static hp_status_t check_ctx(hp_model_t m, hp_model_ctx_t c, const char *who) {
     if (!m || !c) return hp_error(HP_ERR_INVALID_ARG, "%s: model and context must be non-NULL", who);
     if (c->m != m)
@@ -586,7 +687,9 @@ hp_status_t hp_model_ctx_begin(hp_model_ctx_t c, const int32_t *tokens, const in
     if (targets && !(loss_divisor > 0.0f))
         return hp_error(HP_ERR_INVALID_ARG, "%s: loss_divisor %g must be > 0 (the global number of valid target "
                         "tokens)", who, loss_divisor);
-    const int ks = m->seq_shard > 1 ? m->seq_shard : 1, N = B * T, V = m->cfg.vocab_size;
+    const int N = B * T, V = m->cfg.vocab_size;
+    int ks = 1, vs = 1;
+    HP_TRY(model_splits(m, &ks, &vs, who));
     if (T % ks != 0)
         return hp_error(HP_ERR_INVALID_ARG, "%s: sequence length %d is not divisible by the sequence-parallel "
                         "degree %d; hint: use a multiple of %d", who, T, ks, ks);
@@ -598,16 +701,17 @@ hp_status_t hp_model_ctx_begin(hp_model_ctx_t c, const int32_t *tokens, const in
     hp_act_reset(&c->act);
     c->act.B = B;
     c->act.T = T / ks;
-    c->act.pos0 = 0;
-    c->act.n_pos_segs = m->n_pos_segs;   /* context parallel (owner cp) */
-    c->act.pos_segs = m->pos_segs;
+    c->act.pos0 = 0;   // a parallelism's hooks may move the rows (context parallel's position segments)
+    c->act.n_pos_segs = 0;
+    c->act.pos_segs = NULL;
+    c->act.targets = targets ? c->targets : NULL;
     memset(c->prof, 0, sizeof(c->prof));
     c->act.prof = c->prof;
     c->B = B;
     c->T = T;
     c->N = N;
     c->Nr = N / ks;
-    c->Vc = m->logits_cols > 0 ? m->logits_cols : V;
+    c->Vc = V / vs;
     if (tokens) memcpy(c->tokens, tokens, sizeof(int32_t) * (size_t)N);
     c->has_targets = targets != NULL;
     if (targets) memcpy(c->targets, targets, sizeof(int32_t) * (size_t)N);
@@ -626,17 +730,21 @@ static hp_status_t check_range(hp_model_t m, int u0, int u1, const char *who) {
     return HP_OK;
 }
 
-/* The head's loss over the context's logits (the cross-entropy kernel or loss_parallel). */
+/* The head's loss module (its child "loss", or what replaced it). */
+static hp_module_t *loss_module(hp_model_t m) { return nn_head_loss(m->units[m->n_units_total - 1].module); }
+
+/* The loss over the context's logits: the loss module's forward (cross-entropy, or what a
+ * parallelism put in its place: loss_parallel), summed over the valid rows in row order. */
 static hp_status_t head_loss(hp_model_t m, hp_model_ctx_t c) {
     if (!c->has_targets) return HP_OK;
-    double t0 = omp_get_wtime();
-    double sum;
-    if (m->loss_fn.forward)
-        HP_TRY(m->loss_fn.forward(m->loss_ctx, &sum, c->losses, c->lse, c->logits, c->targets, c->N, c->Vc, &c->n_valid));
-    else
-        sum = m->be->cross_entropy_forward(m->be->ctx, c->losses, c->lse, c->logits, c->targets, c->N, c->Vc,
-                                           &c->n_valid);
-    c->prof[HP_NN_OP_CROSS_ENTROPY] += omp_get_wtime() - t0;
+    hp_module_t *loss = loss_module(m);
+    if (!loss) return hp_error(HP_ERR_STATE, "hp_model_forward: the head has no loss module");
+    hp_tensor_t t_lg;
+    hp_tensor_view2(&t_lg, c->logits, c->N, c->Vc);
+    HP_TRY(hp_module_forward(loss, &c->act, &t_lg, NULL));
+    const hp_loss_saved_t *r = hp_loss_result(&c->act, loss);
+    const double sum = r->sum;
+    c->n_valid = r->n_valid;
     c->loss_sum = sum;
     c->pending = 1;
     float l = (float)(sum / (double)c->loss_divisor);
@@ -711,14 +819,12 @@ static hp_status_t backward(hp_model_t m, hp_model_ctx_t c, int u0, int u1, cons
         if (!c->has_targets || !c->pending)
             return hp_error(HP_ERR_STATE, "hp_model_backward: no forward with targets to differentiate (call "
                             "hp_model_forward with targets first; each forward allows one backward)");
-        double t0 = omp_get_wtime();
-        if (m->loss_fn.backward)
-            HP_TRY(m->loss_fn.backward(m->loss_ctx, c->dlogits, c->logits, c->lse, c->targets, 1.0f / c->loss_divisor,
-                                       c->N, c->Vc));
-        else
-            m->be->cross_entropy_backward(m->be->ctx, c->dlogits, c->logits, c->lse, c->targets,
-                                          1.0f / c->loss_divisor, c->N, c->Vc, 0);
-        c->prof[HP_NN_OP_CROSS_ENTROPY] += omp_get_wtime() - t0;
+        float dloss = 1.0f / c->loss_divisor;   // d (sum / divisor) / d sum
+        const int64_t one = 1;
+        hp_tensor_t t_dl, t_dlg;
+        HP_TRY(hp_tensor_init(&t_dl, HP_F32, 1, &one, &dloss));
+        hp_tensor_view2(&t_dlg, c->dlogits, c->N, c->Vc);
+        HP_TRY(hp_module_backward_input(loss_module(m), act, &t_dl, &t_dlg));
         g_out = c->dlogits;
     } else {
         g_out = split ? c->g[u1] : c->gbuf[0];
@@ -788,48 +894,36 @@ hp_status_t hp_model_backward_ctx(hp_model_t m, hp_model_ctx_t c) {
 
 hp_status_t hp_model_forward(hp_model_t m, const int32_t *tokens, const int32_t *targets, int B, int T,
                              float loss_divisor, float *loss) {
+    if (!m) return hp_error(HP_ERR_INVALID_ARG, "hp_model_forward: model is NULL");
     if (!tokens) return hp_error(HP_ERR_INVALID_ARG, "hp_model_forward: tokens is NULL");
-    return hp_model_forward_ctx(m, m->dflt, tokens, targets, B, T, loss_divisor, loss);
+    hp_model_ctx_t c;
+    HP_TRY(own_ctx(m, &c));
+    return hp_model_forward_ctx(m, c, tokens, targets, B, T, loss_divisor, loss);
 }
 
-hp_status_t hp_model_backward(hp_model_t m) { return hp_model_backward_ctx(m, m->dflt); }
-const float *hp_model_logits(hp_model_t m) { return hp_model_ctx_logits(m->dflt); }
-int64_t hp_model_valid_tokens(hp_model_t m) { return m->dflt->n_valid; }
-double hp_model_loss_sum(hp_model_t m) { return m->dflt->loss_sum; }
+hp_status_t hp_model_backward(hp_model_t m) {
+    if (!m->dflt)
+        return hp_error(HP_ERR_STATE, "hp_model_backward: no forward with targets to differentiate (call "
+                        "hp_model_forward with targets first; each forward allows one backward)");
+    return hp_model_backward_ctx(m, m->dflt);
+}
+const float *hp_model_logits(hp_model_t m) { return m->dflt ? hp_model_ctx_logits(m->dflt) : NULL; }
+int64_t hp_model_valid_tokens(hp_model_t m) { return m->dflt ? m->dflt->n_valid : 0; }
+double hp_model_loss_sum(hp_model_t m) { return m->dflt ? m->dflt->loss_sum : 0.0; }
 
 int hp_model_profile(hp_model_t m, const char ***names, const double **seconds) {
+    static const double none[HP_NN_OP_COUNT];
     if (names) *names = (const char **)hp_nn_op_names;
-    if (seconds) *seconds = m->dflt->prof;
+    if (seconds) *seconds = m->dflt ? m->dflt->prof : none;
     return HP_NN_OP_COUNT;
 }
 
 void hp_model_memory(hp_model_t m, size_t *param_bytes, size_t *grad_bytes, size_t *act_bytes, size_t *work_bytes) {
-    const size_t own = m->storage_released ? 0 : sizeof(float) * m->param_floats;
+    const size_t own = sizeof(float) * m->store_floats;
+    hp_model_ctx_t c = NULL;
+    if ((act_bytes || work_bytes) && own_ctx(m, &c) != HP_OK) c = NULL;   // sized before the first step
     if (param_bytes) *param_bytes = own;
     if (grad_bytes) *grad_bytes = own;
-    if (act_bytes) *act_bytes = m->dflt->act.arena.capacity;
-    if (work_bytes) *work_bytes = m->dflt->mem_bytes;
-}
-
-hp_status_t hp_model_set_local_heads(hp_model_t m, int tp, int ffn_tp) {
-    const hp_model_config_t *c = &m->cfg;
-    if (tp < 1 || ffn_tp < 1)
-        return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_local_heads: degrees %d, %d, expected >= 1", tp, ffn_tp);
-    if (c->n_heads % tp != 0 || c->n_kv_heads % tp != 0)
-        return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: model '%s/%s' has n_heads %d and n_kv_heads %d; "
-                        "both must be divisible by the TP degree %d; hint: choose a TP degree dividing %d",
-                        c->name, c->flavor, c->n_heads, c->n_kv_heads, tp, c->n_kv_heads);
-    if (c->hidden_dim % ffn_tp != 0)
-        return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: model '%s/%s' hidden_dim %d is not divisible by "
-                        "the TP degree %d", c->name, c->flavor, c->hidden_dim, ffn_tp);
-    for (int i = 0; i < m->n_mods; i++) {
-        hp_module_t *mod = m->mods[i];
-        if (strcmp(mod->ops->kind, "attention") == 0)
-            HP_TRY(hp_attention_set_local_heads(mod, c->n_heads / tp, c->n_kv_heads / tp));
-        else if (strcmp(mod->ops->kind, "mla_attention") == 0)
-            HP_TRY(nn_mla_set_local_heads(mod, c->n_heads / tp));
-        else if (strcmp(mod->ops->kind, "feed_forward") == 0)
-            HP_TRY(hp_feed_forward_set_local_hidden(mod, c->hidden_dim / ffn_tp));
-    }
-    return HP_OK;
+    if (act_bytes) *act_bytes = c ? c->act.arena.capacity : 0;
+    if (work_bytes) *work_bytes = c ? c->mem_bytes : 0;
 }

@@ -156,6 +156,10 @@ hp_status_t hp_module_move_hooks(hp_module_t *to, hp_module_t *m) {
 }
 
 
+int hp_module_act_split(const hp_module_t *m, int output, hp_act_split_t *s) {
+    return m && m->ops && m->ops->act_split ? m->ops->act_split(m, output, s) : 0;
+}
+
 static hp_status_t check_last_dim(const hp_module_t *m, const char *what, const hp_tensor_t *t, int64_t C) {
     if (!t || !t->data || t->ndim < 1 || t->shape[t->ndim - 1] != C || t->dtype != HP_F32)
         return hp_error(HP_ERR_INVALID_ARG, "%s '%s': %s must be f32 (..., %lld), got ndim %d last dim %lld",
@@ -176,17 +180,27 @@ static size_t linear_act_bytes(const hp_module_t *m, int B, int T) {
     return hp_arena_round(sizeof(linear_saved_t));
 }
 
+/* The GEMM's sizes from the weights' local shapes: in = columns, out = the stacked rows. */
+static int lin_in(const hp_module_t *m) { return (int)m->params[0]->value.local.shape[1]; }
+static int lin_out(const hp_module_t *m) {
+    const hp_linear_impl_t *L = m->impl;
+    int64_t rows = 0;
+    for (int i = 0; i < L->n_weights; i++) rows += m->params[i]->value.local.shape[0];
+    return (int)rows;
+}
+
 static hp_status_t linear_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     hp_linear_impl_t *L = m->impl;
-    HP_TRY(check_last_dim(m, "input", in, L->in_features));
-    HP_TRY(check_last_dim(m, "output", out, L->out_features));
+    const int IC = lin_in(m), OC = lin_out(m);
+    HP_TRY(check_last_dim(m, "input", in, IC));
+    HP_TRY(check_last_dim(m, "output", out, OC));
     linear_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
     s->inp = in->data;
     s->N = hp_tensor_rows(in);
     double t0 = omp_get_wtime();
     const float *bias = L->has_bias ? hp_param_w(m->params[L->n_weights]) : NULL;
-    act->be->linear_forward(act->be->ctx, out->data, in->data, hp_param_w(m->params[0]), bias, (int)s->N,
-                            L->in_features, L->out_features, L->accumulate_output);
+    act->be->linear_forward(act->be->ctx, out->data, in->data, hp_param_w(m->params[0]), bias, (int)s->N, IC, OC,
+                            L->accumulate_output);
     prof_add(act, L->prof_op, t0);
     return HP_OK;
 }
@@ -194,13 +208,14 @@ static hp_status_t linear_forward(hp_module_t *m, hp_act_t *act, const hp_tensor
 static hp_status_t linear_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     hp_linear_impl_t *L = m->impl;
     linear_saved_t *s = hp_act_slot(act, m);
-    HP_TRY(check_last_dim(m, "dout", dout, L->out_features));
+    const int IC = lin_in(m), OC = lin_out(m);
+    HP_TRY(check_last_dim(m, "dout", dout, OC));
     s->dout = dout->data;
     if (din) {
-        HP_TRY(check_last_dim(m, "din", din, L->in_features));
+        HP_TRY(check_last_dim(m, "din", din, IC));
         double t0 = omp_get_wtime();
-        act->be->linear_backward_input(act->be->ctx, din->data, dout->data, hp_param_w(m->params[0]), (int)s->N,
-                                       L->in_features, L->out_features, L->accumulate_input_grad);
+        act->be->linear_backward_input(act->be->ctx, din->data, dout->data, hp_param_w(m->params[0]), (int)s->N, IC,
+                                       OC, L->accumulate_input_grad);
         prof_add(act, L->prof_op + 1, t0);
     }
     return HP_OK;
@@ -213,14 +228,14 @@ static hp_status_t linear_backward_weight(hp_module_t *m, hp_act_t *act) {
     double t0 = omp_get_wtime();
     float *dbias = L->has_bias ? hp_param_g(m->params[L->n_weights]) : NULL;
     act->be->linear_backward_weight(act->be->ctx, hp_param_g(m->params[0]), dbias, s->dout, s->inp, (int)s->N,
-                                    L->in_features, L->out_features);
+                                    lin_in(m), lin_out(m));
     prof_add(act, L->prof_op + 2, t0);
     s->dout = NULL;
     return HP_OK;
 }
 
 static const hp_module_ops_t linear_ops = {
-    "linear", linear_act_bytes, NULL, linear_forward, linear_backward_input, linear_backward_weight,
+    "linear", linear_act_bytes, NULL, linear_forward, linear_backward_input, linear_backward_weight, NULL,
 };
 
 static void module_base(hp_module_t *m, const hp_module_ops_t *ops, const char *name, void *impl) {
@@ -318,6 +333,7 @@ static hp_status_t rmsnorm_backward_weight(hp_module_t *m, hp_act_t *act) {
 
 static const hp_module_ops_t rmsnorm_ops = {
     "rmsnorm", rmsnorm_act_bytes, NULL, rmsnorm_forward, rmsnorm_backward_input, rmsnorm_backward_weight,
+    NULL,
 };
 
 void hp_rmsnorm_module_init(hp_module_t *m, hp_rmsnorm_impl_t *impl, const char *name,
@@ -341,43 +357,45 @@ static size_t embedding_act_bytes(const hp_module_t *m, int B, int T) {
     return hp_arena_round(sizeof(embedding_saved_t));
 }
 
+/* The table's local shape: (vocab rows, dim columns) this module holds. */
+static int emb_vocab(const hp_module_t *m) { return (int)m->params[0]->value.local.shape[0]; }
+static int emb_dim(const hp_module_t *m) { return (int)m->params[0]->value.local.shape[1]; }
+
 static hp_status_t embedding_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
-    hp_embedding_impl_t *E = m->impl;
+    const int V = emb_vocab(m), C = emb_dim(m);
     if (!in || in->dtype != HP_I32 || !in->data)
         return hp_error(HP_ERR_INVALID_ARG, "embedding '%s': input must be i32 token ids", m->name);
-    HP_TRY(check_last_dim(m, "output", out, E->dim));
+    HP_TRY(check_last_dim(m, "output", out, C));
     int64_t N = 1;
     for (int i = 0; i < in->ndim; i++) N *= in->shape[i];
     const int32_t *tok = in->data;
     for (int64_t n = 0; n < N; n++)
-        if (tok[n] < 0 || tok[n] >= E->vocab)
+        if (tok[n] < 0 || tok[n] >= V)
             return hp_error(HP_ERR_INVALID_ARG, "embedding '%s': token %d at position %lld is outside "
                             "[0, %d); hint: does the tokenizer match the model's vocab_size?",
-                            m->name, tok[n], (long long)n, E->vocab);
+                            m->name, tok[n], (long long)n, V);
     embedding_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
     s->tokens = tok;
     s->N = N;
     double t0 = omp_get_wtime();
-    act->be->embedding_forward(act->be->ctx, out->data, tok, hp_param_w(m->params[0]), (int)N, E->dim);
+    act->be->embedding_forward(act->be->ctx, out->data, tok, hp_param_w(m->params[0]), (int)N, C);
     prof_add(act, HP_NN_OP_EMBEDDING, t0);
     return HP_OK;
 }
 
 static hp_status_t embedding_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
-    hp_embedding_impl_t *E = m->impl;
     embedding_saved_t *s = hp_act_slot(act, m);
-    HP_TRY(check_last_dim(m, "dout", dout, E->dim));
+    HP_TRY(check_last_dim(m, "dout", dout, emb_dim(m)));
     s->dout = dout->data;   // token ids have no gradient; din is ignored
     return HP_OK;
 }
 
 static hp_status_t embedding_backward_weight(hp_module_t *m, hp_act_t *act) {
-    hp_embedding_impl_t *E = m->impl;
     embedding_saved_t *s = hp_act_slot(act, m);
     HP_ASSERT_MSG(s->dout != NULL, "embedding '%s': backward_weight before backward_input", m->name);
     double t0 = omp_get_wtime();
-    act->be->embedding_backward(act->be->ctx, hp_param_g(m->params[0]), s->dout, s->tokens, (int)s->N, E->dim,
-                                E->vocab);
+    act->be->embedding_backward(act->be->ctx, hp_param_g(m->params[0]), s->dout, s->tokens, (int)s->N, emb_dim(m),
+                                emb_vocab(m));
     prof_add(act, HP_NN_OP_EMBEDDING, t0);
     s->dout = NULL;
     return HP_OK;
@@ -385,7 +403,7 @@ static hp_status_t embedding_backward_weight(hp_module_t *m, hp_act_t *act) {
 
 static const hp_module_ops_t embedding_ops = {
     "embedding", embedding_act_bytes, NULL, embedding_forward, embedding_backward_input,
-    embedding_backward_weight,
+    embedding_backward_weight, NULL,
 };
 
 void hp_embedding_module_init(hp_module_t *m, hp_embedding_impl_t *impl, const char *name,

@@ -462,7 +462,7 @@ static hp_status_t moe_backward_weight(hp_module_t *m, hp_act_t *act) {
 }
 
 static const hp_module_ops_t moe_ops = {
-    "moe", moe_act_bytes, moe_scratch, moe_forward, moe_backward_input, moe_backward_weight,
+    "moe", moe_act_bytes, moe_scratch, moe_forward, moe_backward_input, moe_backward_weight, NULL,
 };
 
 hp_status_t hp_moe_config_check(const hp_moe_config_t *c, const char *what) {

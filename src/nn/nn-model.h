@@ -12,12 +12,13 @@
 /* The model builder API (declarations, hp_model_arch_t, the composite modules' constructors)
  * is public: hyperparallel/model_builder.h. What follows stays inside nn. */
 
-/* The causal SDPA core over rows [q | k | v] (n_heads, n_kv heads of head_dim): training, and
- * KV-cache decode reading layer `layer` of the cache. set_heads: local heads (tensor parallel). */
-hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, int n_heads, int n_kv, int head_dim, int layer,
-                             hp_module_t **out);
-void nn_sdpa_core_set_heads(hp_module_t *core, int n_heads, int n_kv);
-hp_status_t nn_mla_set_local_heads(hp_module_t *mla, int n_heads);
+/* The causal SDPA core over rows [q | k | v] of head_dim per head: training, and KV-cache
+ * decode reading layer `layer` of the cache. Its heads are those of the projection feeding it:
+ * q's local rows / q_per and kv's local rows / kv_per, read at every call. */
+hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, const hp_param_t *q, int q_per, const hp_param_t *kv,
+                             int kv_per, int head_dim, int layer, hp_module_t **out);
+/* The loss child of the head in m's tree (m: the head, or a module above it); NULL if none. */
+hp_module_t *nn_head_loss(hp_module_t *m);
 /* activation-checkpoint wrapper around `inner` (a block). */
 hp_status_t nn_checkpoint_new(hp_model_t m, hp_module_t *inner, hp_module_t **out);
 /* Bytes the wrapper's backward needs on top of its forward: the inner module's saved state
@@ -38,12 +39,7 @@ struct hp_model {
     hp_model_config_t cfg;
     const hp_model_arch_t *arch;   /* the family's builder (cfg.arch) */
     int max_batch, max_seq_len;
-    /* --- context parallel (owner cp): rows of the model's own context (0: max_seq_len) and
-     * the global positions of a context's rows (hp_act_t.n_pos_segs / pos_segs) --- */
-    int ctx_seq_len;
-    int n_pos_segs;
-    const int *pos_segs;
-    /* --- end --- */
+    int ctx_batch, ctx_seq_len;   /* the model's own context's limits (hp_model_set_context_limits) */
     int n_units_total;        /* the full model's units (global numbering) */
     int u0, u1;               /* the units this model holds: [u0, u1) */
     nn_unit_t *units;         /* [n_units_total]; entries outside [u0, u1) are empty */
@@ -51,23 +47,20 @@ struct hp_model {
     hp_param_t *params;
     hp_param_decl_t *decl;    /* per param: its declaration (init rule) */
     size_t *param_off;        /* per param: float offset in the flat layout (units contiguous) */
-    float *param_data, *grad_data;   /* one buffer each, same offsets (zero_grad = one memset) */
-    size_t param_floats;
-    int storage_released;     /* param/grad storage belongs to an external owner (FSDP) */
+    size_t param_floats;      /* the layout's extent */
+    /* The storage the model owns (hp_model_compact_storage): one buffer each for values and
+     * gradients, same offsets (zero_grad = one memset); NULL / 0 when every parameter entry
+     * points into storage another owner allocated (FSDP). */
+    float *param_data, *grad_data;
+    size_t store_floats;
     hp_module_t **mods;       /* every module, creation order (ids) */
     int n_mods, cap_mods;
     int n_owned;              /* mods[0 .. n_owned) were created by the model (freed with it) */
     float *cos_t, *sin_t;     /* (max_seq_len, head_dim/2) */
     const hp_backend_t *be;
-    hp_model_ctx_t dflt;      /* the context of the whole-model calls (hp_model_forward) */
+    hp_model_ctx_t dflt;      /* the context of the whole-model calls (hp_model_forward); NULL: re-created on use */
     int ac_every;             /* activation checkpointing: 0 off, k: blocks with (l+1) % k == 0 */
     int ac_generation;        /* bumped when AC or the tree changes: contexts sized before are refused */
-    /* tensor parallel (src/parallel/tp.c through model.h): the residual stream holds
-     * T/seq_shard positions per rank, the output writes logits_cols columns, loss_fn
-     * replaces the cross-entropy kernels */
-    int seq_shard, logits_cols;
-    hp_model_loss_fn_t loss_fn;
-    void *loss_ctx;
 };
 
 /* The micro-batch context: the module protocol's activation context plus the unit
@@ -78,14 +71,12 @@ struct hp_model_ctx {
     int max_B, max_T;
     int ac_generation;
     hp_act_t act;
-    int B, T, N, Nr, Vc;      /* this micro-batch: rows N = B*T, residual rows Nr = N/seq_shard */
+    int B, T, N, Nr, Vc;      /* this micro-batch: rows N = B*T, residual rows Nr = N / its sequence split */
     int32_t *tokens, *targets;        /* (max N) copies */
     int has_targets;
     float loss_divisor;
     float **x;                /* [n_units_total + 1]: x[u] input of unit u ((Nr, dim); x[u0] copied in) */
     float *logits;            /* (N, Vc) head output */
-    double *losses;           /* (N) */
-    float *lse;               /* (N) */
     double loss_sum;
     int64_t n_valid;
     float *dlogits;           /* (N, Vc) */

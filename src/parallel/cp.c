@@ -1,5 +1,6 @@
 /* Context parallel: sequence sharding (none / head-tail, per document), and the CP attention
- * core that replaces an attention's "sdpa" child: Ulysses all-to-all (sequence <-> heads)
+ * core that replaces an attention's "sdpa" child (hp_model_replace_module; hooks on the
+ * attention put the rows at their global positions): Ulysses all-to-all (sequence <-> heads)
  * inside groups of ulysses_degree ranks, then ring attention over the ring_degree groups with
  * the rotate method allgather or alltoall, block results merged by log-sum-exp in f32.
  * Every rank's rows are chunks of the global sequence with known chunk indices, so the causal
@@ -128,14 +129,9 @@ typedef struct cp_core {
     struct hp_cp *cp;
     int Hq, Hkv;        // the attention's local heads (this rank, before Ulysses)
     hp_module_t *attn;  // async: the attention whose projection hook starts the collective
+    hp_module_t *proj;  // async: the module that hook is on (the attention's q|k|v child as last seen)
     struct cp_core *next;
 } cp_core_t;
-
-typedef struct cp_prep {   // an attention as it was before a wrapper took its place
-    hp_module_t attn;
-    hp_module_t *core;
-    struct cp_prep *next;
-} cp_prep_t;
 
 typedef struct cp_saved {
     const float *x;     // (B, Tl, qd + 2 kd) the parent's q | k | v rows
@@ -161,7 +157,6 @@ struct hp_cp {
     cp_core_t *pend_core;                  // ... for this core (NULL: none in flight)
     int pend_B;
     long n_async;                          // collectives started by a hook and consumed by a core
-    struct cp_prep *prep;                  // hp_cp_prepare: copies of the attentions and their cores
     double wait_s, comp_s;                 // seconds blocked in K/V waits, in block compute (hp_cp_timers)
 };
 
@@ -288,10 +283,6 @@ void hp_cp_destroy(hp_cp_t cp) {
     for (cp_core_t *c = cp->cores, *n; c; c = n) {
         n = c->next;
         free(c);
-    }
-    for (cp_prep_t *p = cp->prep, *n; p; p = n) {
-        n = p->next;
-        free(p);
     }
     if (cp->uly_comm) hp_comm_destroy(cp->uly_comm);
     if (cp->ring_comm) hp_comm_destroy(cp->ring_comm);
@@ -600,7 +591,7 @@ static size_t core_act_bytes(const hp_module_t *m, int B, int T) {
     return s;
 }
 
-static hp_status_t check_call(const cp_core_t *C, const hp_act_t *act, const char *what) {
+static hp_status_t check_call(const cp_core_t *C, const hp_act_t *act, int64_t width, const char *what) {
     if (act->kv)
         return hp_error(HP_ERR_UNSUPPORTED, "%s '%s': KV-cache decode under context parallelism is not "
                         "implemented; hint: generate with a model without CP", what, C->mod.name);
@@ -608,13 +599,19 @@ static hp_status_t check_call(const cp_core_t *C, const hp_act_t *act, const cha
         return hp_error(HP_ERR_INVALID_ARG, "%s '%s': micro-batch (B=%d, T=%d), expected T = %d local rows "
                         "(seq_len %d / cp %d) and B <= %d; hint: shard the batch with hp_cp_shard_tokens", what,
                         C->mod.name, act->B, act->T, C->cp->Tl, C->cp->T, C->cp->W, C->cp->max_B);
+    const int64_t want = (int64_t)(C->Hq + 2 * C->Hkv) * C->cp->hd;
+    if (width != want)
+        return hp_error(HP_ERR_INVALID_ARG, "%s '%s': [q | k | v] rows of width %lld, expected %lld (%d heads and "
+                        "%d kv heads of %d, the local heads cp was created with); hint: pass hp_cp_create the heads "
+                        "per tensor-parallel rank", what, C->mod.name, (long long)width, (long long)want, C->Hq,
+                        C->Hkv, C->cp->hd);
     return HP_OK;
 }
 
 static hp_status_t core_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     cp_core_t *C = m->impl;
     struct hp_cp *cp = C->cp;
-    HP_TRY(check_call(C, act, "cp attention forward"));
+    HP_TRY(check_call(C, act, in->shape[in->ndim - 1], "cp attention forward"));
     const int B = act->B;
     const ring_dims_t d = ring_dims(C, B);
     double t0 = omp_get_wtime();
@@ -687,7 +684,7 @@ static hp_status_t core_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
 }
 
 static const hp_module_ops_t cp_core_ops = {
-    "cp_attention", core_act_bytes, NULL, core_forward, core_backward_input, NULL,
+    "cp_attention", core_act_bytes, NULL, core_forward, core_backward_input, NULL, NULL,
 };
 
 /* AsyncContextParallel: the q|k|v projection's post-forward hook starts the collective on the
@@ -700,8 +697,7 @@ static hp_status_t async_launch(void *user, hp_module_t *m, hp_act_t *act) {
     const float *x = hp_attention_projection_rows(C->attn, act);
     if (!x)
         return hp_error(HP_ERR_STATE, "cp attention '%s' (async): the projection's post-forward hook found no projection "
-                        "rows of attention '%s' in this forward (hp_cp_prepare must see the attention before a wrapper "
-                        "takes its place)", C->mod.name, C->attn->name);
+                        "rows of attention '%s' in this forward", C->mod.name, C->attn->name);
     for (int i = 0; i < 2; i++) HP_TRY(wait_timed(cp, &cp->pend[i]));   // one left by a failed forward
     cp->pend_core = NULL;
     const int B = act->B;
@@ -746,11 +742,27 @@ hp_status_t hp_cp_core_new(hp_cp_t cp, const char *name, int n_heads, int n_kv_h
     return HP_OK;
 }
 
+/* The pre-forward / pre-backward hook on an attention whose core is a CP core: its rows are
+ * this rank's chunks, RoPE rotates them at their global positions. Async: the collective starts
+ * after the attention's q|k|v projection, whatever module stands there now (a tensor-parallel
+ * wrapper may have taken its place since hp_cp_apply): the post-forward hook follows it. */
+static hp_status_t cp_attention_hook(void *user, hp_module_t *attn, hp_act_t *act) {
+    cp_core_t *C = user;
+    hp_cp_set_positions(C->cp, act);
+    if (!C->attn) return HP_OK;
+    hp_module_t *proj = hp_attention_wqkv(attn);
+    if (proj != C->proj) {
+        if (C->proj) hp_module_remove_hooks_of(C->proj, C);
+        C->proj = NULL;
+        HP_TRY(hp_module_add_hook(proj, HP_HOOK_POST_FORWARD, async_launch, C, NULL));
+        C->proj = proj;
+    }
+    return HP_OK;
+}
+
 hp_status_t hp_cp_apply(hp_cp_t cp, hp_model_t model) {
-    /* Each "sdpa" core becomes a CP core in place (ops and impl swapped, id and name kept), as
-     * TP re-points a parallelized module: a wrapper that holds a copy of the attention (TP's
-     * inner module) reaches the same core pointer. Cores take the heads cp was created with
-     * (every attention of a model has the same local heads). */
+    /* Each attention's "sdpa" core is replaced through the module protocol by a CP core of the
+     * heads cp was created with (every attention of a model has the same local heads). */
     hp_module_t *mods[4096];
     const int n = hp_model_modules(model, mods, 4096);
     if (n > 4096) return hp_error(HP_ERR_UNSUPPORTED, "hp_cp_apply: model has %d modules, more than 4096", n);
@@ -760,53 +772,35 @@ hp_status_t hp_cp_apply(hp_cp_t cp, hp_model_t model) {
                             "attention of '%s' (model '%s') is not supported; hint: "
                             "parallelism.context_parallel_async=false (the synchronous ring / Ulysses cores run MLA)",
                             mods[i]->name, hp_model_config(model)->name);
+    if (cp->T > hp_model_max_seq_len(model))
+        return hp_error(HP_ERR_INVALID_ARG, "hp_cp_apply: sequence length %d runs past the model's %d positions (its "
+                        "RoPE table); hint: create the model with max_seq_len >= %d", cp->T,
+                        hp_model_max_seq_len(model), cp->T);
     int replaced = 0;
     for (int i = 0; i < n; i++) {
-        hp_module_t *core = mods[i];
-        if (strcmp(core->ops->kind, "sdpa") != 0) continue;
-        hp_module_t *c;
-        HP_TRY(hp_cp_core_new(cp, core->name, cp->Hq_max, cp->Hkv_max, &c));
-        hp_module_t *attn = NULL;   // async: the attention this core belongs to
-        for (int j = 0; cp->o.async && j < n && !attn; j++)
-            if (hp_attention_core(mods[j]) == core) attn = mods[j];
-        for (cp_prep_t *p = cp->o.async ? cp->prep : NULL; p && !attn; p = p->next)   // wrapped since hp_cp_prepare
-            if (p->core == core) attn = &p->attn;
-        if (cp->o.async) {
-            if (!attn)
-                return hp_error(HP_ERR_UNSUPPORTED, "hp_cp_apply: parallelism.context_parallel_async: the attention of "
-                                "core '%s' was not found as an attention module (a wrapper holds it); hint: call "
-                                "hp_cp_prepare before the wrapper is applied, or set "
+        hp_module_t *attn = mods[i];
+        for (int k = 0; k < attn->n_children; k++) {
+            hp_module_t *core = attn->children[k];
+            if (strcmp(core->ops->kind, "sdpa") != 0) continue;
+            if (cp->o.async && !hp_attention_wqkv(attn))
+                return hp_error(HP_ERR_UNSUPPORTED, "hp_cp_apply: parallelism.context_parallel_async: core '%s' is not "
+                                "the child of an attention module (its q|k|v projection starts the collective); hint: "
                                 "parallelism.context_parallel_async=false", core->name);
-            ((cp_core_t *)c->impl)->attn = attn;
-            HP_TRY(hp_module_add_hook(hp_attention_wqkv(attn), HP_HOOK_POST_FORWARD, async_launch, c->impl, NULL));
+            hp_module_t *c;
+            HP_TRY(hp_cp_core_new(cp, core->name, cp->Hq_max, cp->Hkv_max, &c));
+            cp_core_t *C = c->impl;
+            C->attn = cp->o.async ? attn : NULL;
+            HP_TRY(hp_module_add_hook(attn, HP_HOOK_PRE_FORWARD, cp_attention_hook, C, NULL));
+            HP_TRY(hp_module_add_hook(attn, HP_HOOK_PRE_BACKWARD, cp_attention_hook, C, NULL));
+            HP_TRY(hp_model_replace_module(model, attn, core, c));
+            replaced++;
         }
-        core->ops = &cp_core_ops;
-        core->impl = c->impl;
-        replaced++;
     }
     if (replaced == 0)
         return hp_error(HP_ERR_INVALID_ARG, "hp_cp_apply: the model has no attention module whose core could be "
                         "replaced");
-    return hp_model_set_context_parallel(model, cp->Tl, n_segs(cp), cp->pos_segs);
-}
-
-hp_status_t hp_cp_prepare(hp_cp_t cp, hp_model_t model) {
-    if (!cp->o.async) return HP_OK;
-    hp_module_t *mods[4096];
-    const int n = hp_model_modules(model, mods, 4096);
-    if (n > 4096) return hp_error(HP_ERR_UNSUPPORTED, "hp_cp_prepare: model has %d modules, more than 4096", n);
-    for (int i = 0; i < n; i++) {
-        hp_module_t *core = hp_attention_core(mods[i]);
-        if (!core) continue;
-        cp_prep_t *p = hp_calloc(1, sizeof(*p));
-        if (!p) return HP_ERR_OOM;
-        p->attn = *mods[i];   // what the wrapper's inner copy will be: same impl, id, params, children
-        for (int k = 0; k < HP_HOOK_KINDS; k++) p->attn.n_hooks[k] = 0;   // a copy for lookups, never run
-        p->core = core;
-        p->next = cp->prep;
-        cp->prep = p;
-    }
-    return HP_OK;
+    // each rank is fed T/cp rows of every sequence: its own context needs no more
+    return hp_model_set_context_limits(model, 0, cp->Tl);
 }
 
 hp_status_t hp_cp_core_lse(hp_module_t *core, hp_act_t *act, const float **lse, int *n_heads, int *head0, int *rows,

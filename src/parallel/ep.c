@@ -415,64 +415,6 @@ static void set_layout(hp_dtensor_t *d, hp_mesh_t mesh, hp_placement_t pl, int64
     }
 }
 
-/* Copies the (now smaller) parameters into storage of the local size in their old storage
- * order, so stacked GEMM members (w1|w3, wq|wk|wv) stay adjacent and units contiguous;
- * 16-float alignment between the others (the model's layout rule). */
-static hp_status_t compact(hp_model_t model) {
-    const int np = hp_model_num_params(model);
-    hp_param_t *P = hp_model_params(model);
-    size_t *off = hp_calloc((size_t)np, sizeof(size_t));
-    int *order = hp_calloc((size_t)np, sizeof(int));
-    if (!off || !order) { free(off); free(order); return HP_ERR_OOM; }
-    int n = 0;
-    for (int i = 0; i < np; i++) {   // distinct storage (a tied weight once), by address (insertion sort)
-        int dup = 0;
-        for (int j = 0; j < n; j++) dup |= P[order[j]].value.local.data == P[i].value.local.data;
-        if (dup) continue;
-        int k = n++;
-        while (k > 0 && (const float *)P[order[k - 1]].value.local.data > (const float *)P[i].value.local.data) {
-            order[k] = order[k - 1];
-            k--;
-        }
-        order[k] = i;
-    }
-    size_t cur = 0;
-    const float *prev_end = NULL;
-    for (int k = 0; k < n; k++) {
-        const hp_param_t *p = &P[order[k]];
-        const float *d = p->value.local.data;
-        off[order[k]] = d == prev_end ? cur : ((cur + 15) & ~(size_t)15);
-        cur = off[order[k]] + (size_t)hp_tensor_numel(&p->value.local);
-        prev_end = d + hp_tensor_numel(&p->value.local);
-    }
-    const size_t total = (cur + 15) & ~(size_t)15;
-    float *nv = hp_aligned_alloc(sizeof(float) * (total ? total : 16));
-    float *ng = hp_aligned_alloc(sizeof(float) * (total ? total : 16));
-    if (!nv || !ng) {
-        hp_free_aligned(nv); hp_free_aligned(ng); free(off); free(order);
-        return hp_error(HP_ERR_OOM, "expert parallel: %zu bytes for the local parameters", 2 * sizeof(float) * total);
-    }
-    memset(nv, 0, sizeof(float) * total);
-    memset(ng, 0, sizeof(float) * total);
-    for (int k = 0; k < n; k++) {
-        const hp_param_t *p = &P[order[k]];
-        const size_t cnt = (size_t)hp_tensor_numel(&p->value.local);
-        memcpy(nv + off[order[k]], p->value.local.data, sizeof(float) * cnt);
-        memcpy(ng + off[order[k]], p->grad.local.data, sizeof(float) * cnt);
-    }
-    for (int i = 0; i < np; i++)   // tied duplicates follow their first occurrence
-        for (int k = 0; k < n; k++)
-            if (P[order[k]].value.local.data == P[i].value.local.data) off[i] = off[order[k]];
-    for (int i = 0; i < np; i++) {
-        P[i].value.local.data = nv + off[i];
-        P[i].grad.local.data = ng + off[i];
-    }
-    hp_model_adopt_storage(model, nv, ng, total, off);
-    free(off);
-    free(order);
-    return HP_OK;
-}
-
 static hp_status_t shard_experts_f(hp_model_t m, int P, int r);
 static hp_status_t install(hp_model_t m, hp_ep_t ep, const hp_moe_dispatch_t *d);
 
@@ -489,7 +431,7 @@ static hp_ep_t ep_new(hp_mesh_t mesh, int dim) {
 
 /* The common tail: compacts the storage, installs dispatcher d; on failure frees the handle. */
 static hp_status_t ep_finish(hp_model_t m, hp_ep_t ep, const hp_moe_dispatch_t *d, hp_status_t st, hp_ep_t *out) {
-    if (st == HP_OK) st = compact(m);
+    if (st == HP_OK) st = hp_model_compact_storage(m);
     if (st == HP_OK) st = install(m, ep, d);
     if (st != HP_OK) {
         hp_ep_destroy(ep);

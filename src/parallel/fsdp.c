@@ -846,14 +846,15 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
         f->params[i] = ign_keep[i];
         off += n;
     }
-    // the model's full-size storage is no longer needed: its params point at our buffers
-    hp_model_release_storage(model);
-    for (int i = 0; i < np; i++)
-        if (f->pg[i] < 0) {
-            mp[i].value.local.data = ign_keep[i].value.local.data;
-            mp[i].grad.local.data = ign_keep[i].grad.local.data;
-        }
+    // the entries now point at our storage (the shards' gathered buffers while a group is
+    // unsharded, the ignored params' copies), so the model keeps none (model.h)
+    for (int i = 0; i < np; i++) {
+        mp[i].value.local.data = f->pg[i] < 0 ? ign_keep[i].value.local.data : NULL;
+        mp[i].grad.local.data = f->pg[i] < 0 ? ign_keep[i].grad.local.data : NULL;
+    }
     free(ign_keep);
+    st = hp_model_compact_storage(model);
+    if (st != HP_OK) goto fail;
     {
         const hp_module_hook_fn h[HP_HOOK_KINDS] = {pre_forward, post_forward, pre_backward, post_backward};
         st = hp_dp_attach_hooks(model, f, h);

@@ -76,8 +76,4 @@ hp_comm_t hp_pipeline_comm(hp_pipeline_t *pl);
 hp_mesh_t hp_pipeline_world_mesh(hp_pipeline_t *pl);   /* the placeholders' mesh */
 hp_status_t hp_pipeline_gather(hp_parallel_t p, hp_comm_t world, hp_model_t full);
 int hp_pipeline_stage_of_part(hp_pipeline_t *pl, int i);
-/* Context parallel before tensor parallel's wrappers (the asynchronous core hooks each
- * attention's q|k|v projection as it is now): creates p->cp for tp_degree-local heads. */
-hp_status_t hp_parallel_cp_prepare(hp_parallel_t p, hp_mesh_t cp_mesh, const hp_cp_options_t *o, int tp_degree);
-
 #endif

@@ -161,19 +161,15 @@ hp_status_t hp_apply_tp(hp_parallel_t p, hp_mesh_t tp_mesh, const hp_tp_plan_ent
     return hp_grad_finalizer_set_comms(&p->fin, HP_GRAD_GROUP_DENSE, &c, 1);
 }
 
-hp_status_t hp_parallel_cp_prepare(hp_parallel_t p, hp_mesh_t cp_mesh, const hp_cp_options_t *o, int tp_degree) {
-    const hp_model_config_t *mc = hp_model_config(p->parts[0]);
-    const int hd = mc->head_dim > 0 ? mc->head_dim : mc->dim / mc->n_heads;
-    HP_TRY(hp_cp_create(hp_mesh_get_comm(cp_mesh, 0), o, p->batch, p->seq_len, mc->n_heads / tp_degree,
-                        mc->n_kv_heads / tp_degree, hd, &p->cp));
-    for (int i = 0; i < p->n_parts; i++) HP_TRY(hp_cp_prepare(p->cp, p->parts[i]));
-    return HP_OK;
-}
-
 hp_status_t hp_apply_cp(hp_parallel_t p, hp_mesh_t cp_mesh, const hp_cp_options_t *o) {
     if (!cp_mesh || hp_mesh_ndim(cp_mesh) != 1)
         return hp_error(HP_ERR_INVALID_ARG, "hp_apply_cp: a 1-D cp mesh is required");
-    if (!p->cp) HP_TRY(hp_parallel_cp_prepare(p, cp_mesh, o, p->tp_degree));
+    if (p->cp) return hp_error(HP_ERR_STATE, "hp_apply_cp: context parallel is already applied");
+    /* the CP handle for the attention's local heads (after tensor parallel: n_heads / tp) */
+    const hp_model_config_t *mc = hp_model_config(p->parts[0]);
+    const int hd = mc->head_dim > 0 ? mc->head_dim : mc->dim / mc->n_heads;
+    HP_TRY(hp_cp_create(hp_mesh_get_comm(cp_mesh, 0), o, p->batch, p->seq_len, mc->n_heads / p->tp_degree,
+                        mc->n_kv_heads / p->tp_degree, hd, &p->cp));
     for (int i = 0; i < p->n_parts; i++) {   // a stage without attention has no core to replace
         hp_module_t *mods[4096];
         const int nm = hp_model_modules(p->parts[i], mods, 4096);

@@ -1,7 +1,9 @@
 /* Tensor and sequence parallel: parallelize_module and the parallel styles (PyTorch
- * torch.distributed.tensor.parallel.style semantics, docs/tp.md). A parallelized module keeps
- * its hp_module_t; its ops become a wrapper that redistributes around a shadow copy holding the
- * original ops and impl. Activation layouts on the 1-D TP mesh:
+ * torch.distributed.tensor.parallel.style semantics, docs/tp.md). A parallelized module is
+ * replaced in its parent (hp_model_replace_module / hp_module_replace_child) by a wrapper module
+ * that holds it as its only child and redistributes inputs, outputs and gradients around it (the
+ * style's input / output functions); the module itself is never modified, its parameters only
+ * become DTensors whose local shards it computes with. Activation layouts on the 1-D TP mesh:
  *   Replicate: every rank holds the whole (N, C) tensor;
  *   Shard(-1): columns (features) chunked, (N, C/k);
  *   Shard(0): rows chunked ((N/k, C)); Shard(1): the sequence of (B, T, C) chunked, each rank
@@ -12,6 +14,7 @@
  * (output gradients, partial outputs) stays in per-module buffers sized at parallelize time.
  * No allocation in the step loop. */
 #include <fnmatch.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,12 +130,14 @@ typedef struct tp_saved {
 } tp_saved_t;
 
 typedef struct tp_mod {
-    hp_module_t *m;         /* the wrapped module (its ops now point at a wrapper) */
-    hp_module_t inner;      /* shadow: original ops and impl, same id and children */
+    hp_module_t wrap;       /* the wrapper: takes m's place in its parent; m is its child 0 */
+    hp_module_t *m;         /* the wrapped module (untouched; it runs its params' local shards) */
+    hp_module_t *parent;    /* m's parent (NULL: a unit's module, or a root of parallelize_modules) */
+    int installed;          /* wrap stands in m's place */
     hp_tp_style_t style;
     int mk;
     struct hp_tp *tp;
-    int acc_out;            /* rowwise linear: the residual add the original fused (out +=) */
+    int acc_out;            /* rowwise linear: the module fuses a residual add (out +=) */
     int din_by_parent;      /* colwise: input grad left Partial for a PrepareModuleInput parent */
     int din_partial;        /* PrepareModuleInput: colwise children leave the input grad Partial */
     int reduce_own_grads;   /* the module's own params are Replicate over sharded work: reduce */
@@ -142,7 +147,6 @@ typedef struct tp_mod {
     size_t in_buf_n, dout_buf_n, tmp_n, tmp2_n, gsave_n;
     tp_saved_t saved[TP_MAX_CTX];   /* rowwise embedding: per context (token ids, output gradient) */
     int n_saved;
-    hp_module_ops_t *inner_ops_owned;   /* per-module wrapper table (keeps the kind string) */
 } tp_mod_t;
 
 struct hp_tp {
@@ -156,32 +160,30 @@ struct hp_tp {
     float *scratch;         /* shared gather / scatter scratch (tp_mod.tmp) */
     size_t scratch_n;
     hp_model_t model;
-    int64_t vocab_offset;   /* loss_parallel: first vocab column of this rank */
+    /* loss_parallel: the module that replaced the model's cross-entropy (the head's child) */
+    hp_module_t lp, *lp_parent, *lp_orig;
 };
 
 int hp_tp_degree(hp_tp_t tp) { return tp ? tp->k : 1; }
 size_t hp_tp_buffer_bytes(hp_tp_t tp) { return tp ? tp->buf_bytes : 0; }
 
+/* Puts `orig` back where `repl` stands (the model's tree, or a parent's children). */
+static void put_back(hp_tp_t tp, hp_module_t *parent, hp_module_t *repl, hp_module_t *orig) {
+    if (tp->model) (void)hp_model_replace_module(tp->model, parent, repl, orig);
+    else if (parent) (void)hp_module_replace_child(parent, repl, orig);
+}
+
 void hp_tp_destroy(hp_tp_t tp) {
     if (!tp) return;
-    for (int i = 0; i < tp->n_mods; i++) {
+    if (tp->lp_orig) put_back(tp, tp->lp_parent, &tp->lp, tp->lp_orig);
+    for (int i = tp->n_mods - 1; i >= 0; i--) {   // the modules go back in their parents (outer ones first)
         tp_mod_t *t = &tp->mods[i];
-        // restore the original ops so the module stays usable as it was sharded (local sizes)
-        t->m->ops = t->inner.ops;
-        t->m->impl = t->inner.impl;
+        if (t->installed) put_back(tp, t->parent, &t->wrap, t->m);
         hp_free_aligned(t->in_buf);
         hp_free_aligned(t->dout_buf);
         hp_free_aligned(t->tmp2);
         hp_free_aligned(t->gsave);
         for (int c = 0; c < t->n_saved; c++) hp_free_aligned(t->saved[c].dbuf);
-        free(t->inner_ops_owned);
-    }
-    if (tp->model) {
-        hp_model_set_sharding(tp->model, 0, 0, NULL, NULL);
-        hp_module_t *mods[4096];
-        const int n = hp_model_modules(tp->model, mods, 4096);
-        for (int i = 0; i < n && i < 4096; i++)
-            if (strcmp(mods[i]->ops->kind, "mla_attention") == 0) (void)hp_mla_set_head_reduce(mods[i], NULL, NULL);
     }
     hp_free_aligned(tp->scratch);
     free(tp->mods);
@@ -271,7 +273,7 @@ static hp_status_t reduce_own_grads(tp_mod_t *t, hp_status_t (*bw)(hp_module_t *
         memset(g->data, 0, sizeof(float) * n);
         off += n;
     }
-    HP_TRY(bw(&t->inner, act));
+    HP_TRY(bw(t->m, act));
     off = 0;
     for (int i = 0; i < m->n_params; i++) {
         hp_tensor_t *g = &m->params[i]->grad.local;
@@ -285,18 +287,28 @@ static hp_status_t reduce_own_grads(tp_mod_t *t, hp_status_t (*bw)(hp_module_t *
 }
 
 static tp_mod_t *mod_of(hp_module_t *m) { return (tp_mod_t *)m->impl; }
-static int is_wrapped(const hp_module_t *m);
-/* The layer's own impl (a wrapped module's impl is its tp_mod). */
-static void *orig_impl(const hp_module_t *m) {
-    return is_wrapped(m) ? ((const tp_mod_t *)m->impl)->inner.impl : m->impl;
+static int is_wrapper(const hp_module_t *m);
+/* The module a TP wrapper holds, or m itself. */
+static hp_module_t *unwrapped(hp_module_t *m) { return is_wrapper(m) ? mod_of(m)->m : m; }
+
+/* The wrapped module's sizes as it runs them: its weights' local shapes (the shards apply()
+ * laid out). A linear: in features, (stacked) out features; an embedding: rows, columns. */
+static int64_t lin_in(const tp_mod_t *t) { return t->m->params[0]->value.local.shape[1]; }
+static int64_t lin_out(const tp_mod_t *t) {
+    const hp_linear_impl_t *L = t->m->impl;
+    int64_t rows = 0;
+    for (int i = 0; i < L->n_weights; i++) rows += t->m->params[i]->value.local.shape[0];
+    return rows;
 }
+static int64_t emb_rows(const tp_mod_t *t) { return t->m->params[0]->value.local.shape[0]; }
+static int64_t emb_cols(const tp_mod_t *t) { return t->m->params[0]->value.local.shape[1]; }
 
 /* ---- wrapper ops ------------------------------------------------------------------------------ */
 
 static size_t w_act_bytes(const hp_module_t *m, int B, int T) {
     const tp_mod_t *t = (const tp_mod_t *)m->impl;
     size_t own = t->in_buf_n ? (t->in_buf_n * sizeof(float) + 128) : 0;   // the gathered input, aligned
-    return own + (t->inner.ops->act_bytes ? t->inner.ops->act_bytes(&t->inner, B, T) : 0);
+    return own + (t->m->ops->act_bytes ? t->m->ops->act_bytes(t->m, B, T) : 0);
 }
 
 /* The gathered input of this micro-batch, from the context's arena: the inner module keeps a
@@ -338,79 +350,98 @@ static size_t w_scratch(const hp_module_t *m, int B, int T) {
     const tp_mod_t *t = (const tp_mod_t *)m->impl;
     int gathers = (t->style.kind == HP_TP_PREPARE_INPUT || t->style.kind == HP_TP_PREPARE_INPUT_OUTPUT) &&
                   t->style.input_layout.kind == HP_SHARD && t->style.input_layout.dim == 1;
-    if (!t->inner.ops->grad_scratch_floats) return 0;
-    return t->inner.ops->grad_scratch_floats(&t->inner, B, gathers ? T * t->tp->k : T);
+    if (!t->m->ops->grad_scratch_floats) return 0;
+    return t->m->ops->grad_scratch_floats(t->m, B, gathers ? T * t->tp->k : T);
 }
 
 static hp_status_t w_backward_weight(hp_module_t *m, hp_act_t *act) {
     tp_mod_t *t = mod_of(m);
-    if (t->reduce_own_grads && m->n_params > 0) return reduce_own_grads(t, hp_module_backward_weight, act);
-    return hp_module_backward_weight(&t->inner, act);
+    if (t->reduce_own_grads && t->m->n_params > 0) return reduce_own_grads(t, hp_module_backward_weight, act);
+    return hp_module_backward_weight(t->m, act);
 }
 
 /* Linear, ColwiseParallel: weight Shard(0) (each stacked param by its own rows). */
 static hp_status_t col_linear_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     tp_mod_t *t = mod_of(m);
     hp_tp_t tp = t->tp;
-    const hp_linear_impl_t *L = t->inner.impl;
+    const int64_t IC = lin_in(t), OC = lin_out(t);
     hp_tensor_t x = *in, y;
     int64_t rows = hp_tensor_rows(in);
     if (is_shard_seq(&t->style.input_layout)) {   // all-gather the input rows
         int64_t outer = outer_of(&t->style.input_layout, act);
-        HP_TRY(need_buf(t->in_buf_n, (size_t)(rows * tp->k * L->in_features), t, "the gathered input"));
+        HP_TRY(need_buf(t->in_buf_n, (size_t)(rows * tp->k * IC), t, "the gathered input"));
         float *ib = gathered_input(t, act);
-        HP_TRY(gather_seq(tp, ib, in->data, outer, rows / outer, L->in_features, t->tmp));
+        HP_TRY(gather_seq(tp, ib, in->data, outer, rows / outer, IC, t->tmp));
         rows *= tp->k;
-        hp_tensor_view2(&x, ib, rows, L->in_features);
+        hp_tensor_view2(&x, ib, rows, IC);
     }
     if (is_rep(&t->style.output_layout)) {   // all-gather the output columns
-        HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * L->out_features), t, "the local output"));
-        hp_tensor_view2(&y, t->tmp2, rows, L->out_features);
-        HP_TRY(hp_module_forward(&t->inner, act, &x, &y));
-        return gather_cols(tp, out->data, t->tmp2, rows, L->out_features, t->tmp);
+        HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * OC), t, "the local output"));
+        hp_tensor_view2(&y, t->tmp2, rows, OC);
+        HP_TRY(hp_module_forward(t->m, act, &x, &y));
+        return gather_cols(tp, out->data, t->tmp2, rows, OC, t->tmp);
     }
-    return hp_module_forward(&t->inner, act, &x, out);
+    return hp_module_forward(t->m, act, &x, out);
 }
 
 static hp_status_t col_linear_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     tp_mod_t *t = mod_of(m);
     hp_tp_t tp = t->tp;
-    const hp_linear_impl_t *L = t->inner.impl;
+    const hp_linear_impl_t *L = t->m->impl;
+    const int64_t IC = lin_in(t), OC = lin_out(t);
     int64_t rows = hp_tensor_rows(dout);
     hp_tensor_t dy = *dout, dx;
     if (is_rep(&t->style.output_layout)) {   // this rank's columns of the replicated gradient
         float *db;
-        HP_TRY(dout_dest(t, act, (size_t)(rows * L->out_features), "the output gradient", &db));
-        slice_cols(tp, db, dout->data, rows, L->out_features);
-        hp_tensor_view2(&dy, db, rows, L->out_features);
+        HP_TRY(dout_dest(t, act, (size_t)(rows * OC), "the output gradient", &db));
+        slice_cols(tp, db, dout->data, rows, OC);
+        hp_tensor_view2(&dy, db, rows, OC);
     }
-    if (!din) return hp_module_backward_input(&t->inner, act, &dy, NULL);
+    if (!din) return hp_module_backward_input(t->m, act, &dy, NULL);
     if (is_shard_seq(&t->style.input_layout)) {   // Partial (rows*k... ) -> reduce-scatter
         int64_t outer = outer_of(&t->style.input_layout, act);
-        hp_tensor_view2(&dx, t->tmp2, rows, L->in_features);
-        HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * L->in_features), t, "the input gradient"));
-        HP_TRY(hp_module_backward_input(&t->inner, act, &dy, &dx));
-        return scatter_seq(tp, din->data, t->tmp2, outer, rows / tp->k / outer, L->in_features, t->tmp);
+        hp_tensor_view2(&dx, t->tmp2, rows, IC);
+        HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * IC), t, "the input gradient"));
+        HP_TRY(hp_module_backward_input(t->m, act, &dy, &dx));
+        return scatter_seq(tp, din->data, t->tmp2, outer, rows / tp->k / outer, IC, t->tmp);
     }
-    if (t->din_by_parent) return hp_module_backward_input(&t->inner, act, &dy, din);
-    if (L->accumulate_input_grad) {   // din += allreduce(partial)
-        HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * L->in_features), t, "the input gradient"));
-        hp_tensor_view2(&dx, t->tmp2, rows, L->in_features);
-        hp_linear_impl_t *Lm = t->inner.impl;
-        Lm->accumulate_input_grad = 0;
-        hp_status_t st = hp_module_backward_input(&t->inner, act, &dy, &dx);
-        Lm->accumulate_input_grad = 1;
-        HP_TRY(st);
-        HP_TRY(hp_all_reduce(t->tmp2, t->tmp2, (size_t)(rows * L->in_features), HP_F32, HP_SUM, tp->comm, NULL));
-        hp_add_inplace(din->data, t->tmp2, rows * L->in_features);
+    if (t->din_by_parent) return hp_module_backward_input(t->m, act, &dy, din);
+    if (L->accumulate_input_grad) {   // din += allreduce(partial): the module adds into zeroed scratch
+        HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * IC), t, "the input gradient"));
+        hp_tensor_view2(&dx, t->tmp2, rows, IC);
+        memset(t->tmp2, 0, sizeof(float) * (size_t)(rows * IC));
+        HP_TRY(hp_module_backward_input(t->m, act, &dy, &dx));
+        HP_TRY(hp_all_reduce(t->tmp2, t->tmp2, (size_t)(rows * IC), HP_F32, HP_SUM, tp->comm, NULL));
+        hp_add_inplace(din->data, t->tmp2, rows * IC);
         return HP_OK;
     }
-    HP_TRY(hp_module_backward_input(&t->inner, act, &dy, din));
-    return hp_all_reduce(din->data, din->data, (size_t)(rows * L->in_features), HP_F32, HP_SUM, tp->comm, NULL);
+    HP_TRY(hp_module_backward_input(t->m, act, &dy, din));
+    return hp_all_reduce(din->data, din->data, (size_t)(rows * IC), HP_F32, HP_SUM, tp->comm, NULL);
+}
+
+/* The split an activation layout means (nn.h act_split): Shard(0|1) rows, Shard(-1) columns. */
+static hp_act_split_t split_of(const tp_mod_t *t, const hp_placement_t *p) {
+    return (hp_act_split_t){is_shard_seq(p) ? t->tp->k : 1, is_shard_last(p) ? t->tp->k : 1};
+}
+
+/* Colwise and rowwise wrappers decide both sides: the style's input layout, and its output
+ * layout (a colwise module's rows are whole again after it gathered a sequence-sharded input;
+ * a rowwise module's input is its column shard). */
+static int w_act_split(const hp_module_t *m, int output, hp_act_split_t *s) {
+    const tp_mod_t *t = m->impl;
+    const int col = t->style.kind == HP_TP_COLWISE;
+    if (output) {
+        *s = split_of(t, &t->style.output_layout);
+        if (col) s->seq = 1;
+    } else {
+        *s = col || t->mk == MK_EMBEDDING ? split_of(t, &t->style.input_layout) : (hp_act_split_t){1, t->tp->k};
+    }
+    return 1;
 }
 
 static const hp_module_ops_t col_linear_ops = {
-    "linear", w_act_bytes, w_scratch, col_linear_forward, col_linear_backward_input, w_backward_weight,
+    "tp_colwise", w_act_bytes, w_scratch, col_linear_forward, col_linear_backward_input, w_backward_weight,
+    w_act_split,
 };
 
 /* Linear, RowwiseParallel: weight Shard(1), input Shard(-1), output Partial -> Replicate
@@ -418,17 +449,18 @@ static const hp_module_ops_t col_linear_ops = {
 static hp_status_t row_linear_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     tp_mod_t *t = mod_of(m);
     hp_tp_t tp = t->tp;
-    const hp_linear_impl_t *L = t->inner.impl;
-    const int64_t rows = hp_tensor_rows(in), OC = L->out_features;
+    const int64_t rows = hp_tensor_rows(in), OC = lin_out(t);
     hp_tensor_t y;
     if (is_rep(&t->style.output_layout)) {
         if (!t->acc_out) {
-            HP_TRY(hp_module_forward(&t->inner, act, in, out));
+            HP_TRY(hp_module_forward(t->m, act, in, out));
             return hp_all_reduce(out->data, out->data, (size_t)(rows * OC), HP_F32, HP_SUM, tp->comm, NULL);
         }
+        // the module adds its partial product into zeroed scratch; the reduced sum joins out
         HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * OC), t, "the partial output"));
         hp_tensor_view2(&y, t->tmp2, rows, OC);
-        HP_TRY(hp_module_forward(&t->inner, act, in, &y));
+        memset(t->tmp2, 0, sizeof(float) * (size_t)(rows * OC));
+        HP_TRY(hp_module_forward(t->m, act, in, &y));
         HP_TRY(hp_all_reduce(t->tmp2, t->tmp2, (size_t)(rows * OC), HP_F32, HP_SUM, tp->comm, NULL));
         hp_add_inplace(out->data, t->tmp2, rows * OC);
         return HP_OK;
@@ -437,7 +469,8 @@ static hp_status_t row_linear_forward(hp_module_t *m, hp_act_t *act, const hp_te
     const int64_t outer = outer_of(&t->style.output_layout, act), lrows = rows / tp->k;
     HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * OC), t, "the partial output"));
     hp_tensor_view2(&y, t->tmp2, rows, OC);
-    HP_TRY(hp_module_forward(&t->inner, act, in, &y));
+    if (t->acc_out) memset(t->tmp2, 0, sizeof(float) * (size_t)(rows * OC));
+    HP_TRY(hp_module_forward(t->m, act, in, &y));
     if (!t->acc_out) return scatter_seq(tp, out->data, t->tmp2, outer, lrows / outer, OC, t->tmp);
     HP_TRY(scatter_seq(tp, t->dout_buf, t->tmp2, outer, lrows / outer, OC, t->tmp));
     hp_add_inplace(out->data, t->dout_buf, lrows * OC);
@@ -447,20 +480,21 @@ static hp_status_t row_linear_forward(hp_module_t *m, hp_act_t *act, const hp_te
 static hp_status_t row_linear_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     tp_mod_t *t = mod_of(m);
     hp_tp_t tp = t->tp;
-    const hp_linear_impl_t *L = t->inner.impl;
-    if (is_rep(&t->style.output_layout)) return hp_module_backward_input(&t->inner, act, dout, din);
+    const int64_t OC = lin_out(t);
+    if (is_rep(&t->style.output_layout)) return hp_module_backward_input(t->m, act, dout, din);
     // Shard(seq) output: all-gather the gradient rows (kept for backward_weight)
     const int64_t lrows = hp_tensor_rows(dout), outer = outer_of(&t->style.output_layout, act);
     float *db;
-    HP_TRY(dout_dest(t, act, (size_t)(lrows * tp->k * L->out_features), "the gathered output gradient", &db));
-    HP_TRY(gather_seq(tp, db, dout->data, outer, lrows / outer, L->out_features, t->tmp));
+    HP_TRY(dout_dest(t, act, (size_t)(lrows * tp->k * OC), "the gathered output gradient", &db));
+    HP_TRY(gather_seq(tp, db, dout->data, outer, lrows / outer, OC, t->tmp));
     hp_tensor_t dy;
-    hp_tensor_view2(&dy, db, lrows * tp->k, L->out_features);
-    return hp_module_backward_input(&t->inner, act, &dy, din);
+    hp_tensor_view2(&dy, db, lrows * tp->k, OC);
+    return hp_module_backward_input(t->m, act, &dy, din);
 }
 
 static const hp_module_ops_t row_linear_ops = {
-    "linear", w_act_bytes, w_scratch, row_linear_forward, row_linear_backward_input, w_backward_weight,
+    "tp_rowwise", w_act_bytes, w_scratch, row_linear_forward, row_linear_backward_input, w_backward_weight,
+    w_act_split,
 };
 
 /* Embedding, RowwiseParallel: weight Shard(0) (vocab rows [lo, lo + V/k)), input Replicate
@@ -468,13 +502,13 @@ static const hp_module_ops_t row_linear_ops = {
 static hp_status_t row_emb_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     tp_mod_t *t = mod_of(m);
     hp_tp_t tp = t->tp;
-    const hp_embedding_impl_t *E = t->inner.impl;
+    const int64_t EV = emb_rows(t), EC = emb_cols(t);
     if (!in || in->dtype != HP_I32 || !in->data)
         return hp_error(HP_ERR_INVALID_ARG, "embedding '%s': input must be i32 token ids", m->name);
     int64_t N = 1;
     for (int i = 0; i < in->ndim; i++) N *= in->shape[i];
     const int32_t *tok = in->data;
-    const int64_t V = t->in_f, C = E->dim, lo = t->vocab_lo, hi = lo + E->vocab;
+    const int64_t V = t->in_f, C = EC, lo = t->vocab_lo, hi = lo + EV;
     for (int64_t n = 0; n < N; n++)
         if (tok[n] < 0 || tok[n] >= V)
             return hp_error(HP_ERR_INVALID_ARG, "embedding '%s': token %d at position %lld is outside [0, %lld); "
@@ -492,7 +526,7 @@ static hp_status_t row_emb_forward(hp_module_t *m, hp_act_t *act, const hp_tenso
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         float *dst = y + (size_t)n * C;
-        if (tok[n] >= lo && tok[n] < hi) memcpy(dst, hp_param_w(m->params[0]) + (size_t)(tok[n] - lo) * C, sizeof(float) * (size_t)C);
+        if (tok[n] >= lo && tok[n] < hi) memcpy(dst, hp_param_w(t->m->params[0]) + (size_t)(tok[n] - lo) * C, sizeof(float) * (size_t)C);
         else memset(dst, 0, sizeof(float) * (size_t)C);
     }
     if (!seq) return hp_all_reduce(y, y, (size_t)(N * C), HP_F32, HP_SUM, tp->comm, NULL);
@@ -502,7 +536,7 @@ static hp_status_t row_emb_forward(hp_module_t *m, hp_act_t *act, const hp_tenso
 
 static hp_status_t row_emb_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     tp_mod_t *t = mod_of(m);
-    const hp_embedding_impl_t *E = t->inner.impl;
+    const int64_t EC = emb_cols(t);
     tp_saved_t *sv = saved_of(t, act, 0);
     HP_ASSERT_MSG(sv != NULL, "embedding '%s': backward without its forward in this context", m->name);
     if (!is_shard_seq(&t->style.output_layout)) {
@@ -511,23 +545,23 @@ static hp_status_t row_emb_backward_input(hp_module_t *m, hp_act_t *act, const h
     }
     const int64_t lrows = hp_tensor_rows(dout), outer = outer_of(&t->style.output_layout, act);
     float *db;
-    HP_TRY(dout_dest(t, act, (size_t)(lrows * t->tp->k * E->dim), "the gathered output gradient", &db));
-    HP_TRY(gather_seq(t->tp, db, dout->data, outer, lrows / outer, E->dim, t->tmp));
+    HP_TRY(dout_dest(t, act, (size_t)(lrows * t->tp->k * EC), "the gathered output gradient", &db));
+    HP_TRY(gather_seq(t->tp, db, dout->data, outer, lrows / outer, EC, t->tmp));
     sv->edout = db;   // used by this context's backward_weight
     return HP_OK;
 }
 
 static hp_status_t row_emb_backward_weight(hp_module_t *m, hp_act_t *act) {
     tp_mod_t *t = mod_of(m);
-    const hp_embedding_impl_t *E = t->inner.impl;
+    const int64_t EV = emb_rows(t), EC = emb_cols(t);
     tp_saved_t *sv = saved_of(t, act, 0);
     HP_ASSERT_MSG(sv && sv->edout != NULL, "embedding '%s': backward_weight before backward_input", m->name);
-    const int64_t C = E->dim, lo = t->vocab_lo, hi = lo + E->vocab;
+    const int64_t C = EC, lo = t->vocab_lo, hi = lo + EV;
     // in token order per row (as the single-rank kernel: each vocab row sums its tokens in order)
     for (int64_t n = 0; n < sv->ntok; n++) {
         int32_t v = sv->tok[n];
         if (v < lo || v >= hi) continue;
-        float *dw = hp_param_g(m->params[0]) + (size_t)(v - lo) * C;
+        float *dw = hp_param_g(t->m->params[0]) + (size_t)(v - lo) * C;
         const float *g = sv->edout + (size_t)n * C;
         for (int64_t c = 0; c < C; c++) dw[c] += g[c];
     }
@@ -536,61 +570,70 @@ static hp_status_t row_emb_backward_weight(hp_module_t *m, hp_act_t *act) {
 }
 
 static const hp_module_ops_t row_emb_ops = {
-    "embedding", w_act_bytes, w_scratch, row_emb_forward, row_emb_backward_input, row_emb_backward_weight,
+    "tp_rowwise", w_act_bytes, w_scratch, row_emb_forward, row_emb_backward_input, row_emb_backward_weight,
+    w_act_split,
 };
 
 /* Embedding, ColwiseParallel: weight Shard(1), output Shard(-1) (default) or Replicate. */
 static hp_status_t col_emb_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     tp_mod_t *t = mod_of(m);
-    const hp_embedding_impl_t *E = t->inner.impl;
-    if (!is_rep(&t->style.output_layout)) return hp_module_forward(&t->inner, act, in, out);
+    const int64_t EC = emb_cols(t);
+    if (!is_rep(&t->style.output_layout)) return hp_module_forward(t->m, act, in, out);
     int64_t N = 1;
     for (int i = 0; i < in->ndim; i++) N *= in->shape[i];
-    HP_TRY(need_buf(t->tmp2_n, (size_t)(N * E->dim), t, "the local embedding"));
+    HP_TRY(need_buf(t->tmp2_n, (size_t)(N * EC), t, "the local embedding"));
     hp_tensor_t y;
-    hp_tensor_view2(&y, t->tmp2, N, E->dim);
-    HP_TRY(hp_module_forward(&t->inner, act, in, &y));
-    return gather_cols(t->tp, out->data, t->tmp2, N, E->dim, t->tmp);
+    hp_tensor_view2(&y, t->tmp2, N, EC);
+    HP_TRY(hp_module_forward(t->m, act, in, &y));
+    return gather_cols(t->tp, out->data, t->tmp2, N, EC, t->tmp);
 }
 
 static hp_status_t col_emb_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     tp_mod_t *t = mod_of(m);
-    const hp_embedding_impl_t *E = t->inner.impl;
-    if (!is_rep(&t->style.output_layout)) return hp_module_backward_input(&t->inner, act, dout, din);
+    const int64_t EC = emb_cols(t);
+    if (!is_rep(&t->style.output_layout)) return hp_module_backward_input(t->m, act, dout, din);
     const int64_t N = hp_tensor_rows(dout);
     float *db;
-    HP_TRY(dout_dest(t, act, (size_t)(N * E->dim), "the output gradient", &db));
-    slice_cols(t->tp, db, dout->data, N, E->dim);
+    HP_TRY(dout_dest(t, act, (size_t)(N * EC), "the output gradient", &db));
+    slice_cols(t->tp, db, dout->data, N, EC);
     hp_tensor_t dy;
-    hp_tensor_view2(&dy, db, N, E->dim);
-    return hp_module_backward_input(&t->inner, act, &dy, din);
+    hp_tensor_view2(&dy, db, N, EC);
+    return hp_module_backward_input(t->m, act, &dy, din);
 }
 
 static const hp_module_ops_t col_emb_ops = {
-    "embedding", w_act_bytes, w_scratch, col_emb_forward, col_emb_backward_input, w_backward_weight,
+    "tp_colwise", w_act_bytes, w_scratch, col_emb_forward, col_emb_backward_input, w_backward_weight,
+    w_act_split,
 };
 
 /* SequenceParallel: runs on the local sequence shard; Replicate params whose grads are
  * Partial over TP are all-reduced in backward_weight. NoParallel: replicated work. */
 static hp_status_t pass_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
-    return hp_module_forward(&mod_of(m)->inner, act, in, out);
+    return hp_module_forward(mod_of(m)->m, act, in, out);
 }
 static hp_status_t pass_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
-    return hp_module_backward_input(&mod_of(m)->inner, act, dout, din);
+    return hp_module_backward_input(mod_of(m)->m, act, dout, din);
 }
 static hp_status_t pass_backward_weight_inner(hp_module_t *inner, hp_act_t *act) {
     return inner->ops->backward_weight ? inner->ops->backward_weight(inner, act) : HP_OK;
 }
 static hp_status_t sp_backward_weight(hp_module_t *m, hp_act_t *act) {
     tp_mod_t *t = mod_of(m);
-    if (m->n_params == 0) return hp_module_backward_weight(&t->inner, act);
+    if (t->m->n_params == 0) return hp_module_backward_weight(t->m, act);
     return reduce_own_grads(t, pass_backward_weight_inner, act);
 }
-static const hp_module_ops_t sp_ops_proto = {
-    NULL, w_act_bytes, w_scratch, pass_forward, pass_backward_input, sp_backward_weight,
+/* SequenceParallel: the sequence stays sharded through the module. */
+static int sp_act_split(const hp_module_t *m, int output, hp_act_split_t *s) {
+    (void)output;
+    *s = (hp_act_split_t){((const tp_mod_t *)m->impl)->tp->k, 1};
+    return 1;
+}
+static const hp_module_ops_t sp_ops = {
+    "tp_sequence_parallel", w_act_bytes, w_scratch, pass_forward, pass_backward_input, sp_backward_weight,
+    sp_act_split,
 };
-static const hp_module_ops_t np_ops_proto = {
-    NULL, w_act_bytes, w_scratch, pass_forward, pass_backward_input, w_backward_weight,
+static const hp_module_ops_t np_ops = {
+    "tp_no_parallel", w_act_bytes, w_scratch, pass_forward, pass_backward_input, w_backward_weight, NULL,
 };
 
 /* PrepareModuleInput / Output / InputOutput around any module (the model's attention and
@@ -634,7 +677,7 @@ static hp_status_t prep_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
         HP_TRY(need_buf(t->tmp2_n, (size_t)(orows * C), t, "the module output"));
         hp_tensor_view2(&y, t->tmp2, orows, C);
     }
-    hp_status_t st = hp_module_forward(&t->inner, act, &x, &y);
+    hp_status_t st = hp_module_forward(t->m, act, &x, &y);
     if (seq_gather) act->T = saved_T;
     HP_TRY(st);
     if (out_change) {
@@ -674,15 +717,15 @@ static hp_status_t prep_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
         }
     }
     const int gathered = prep_in(t) && is_shard_seq(&t->style.input_layout) && is_rep(&t->style.desired_input_layout);
-    if (!din) return hp_module_backward_input(&t->inner, act, &dy, din);
+    if (!din) return hp_module_backward_input(t->m, act, &dy, din);
     const int64_t rows = hp_tensor_rows(din), C = din->shape[din->ndim - 1];
     if (!t->din_partial) {
         // a Replicate input gradient: Shard(seq) input takes its local chunk (no comm)
-        if (!gathered) return hp_module_backward_input(&t->inner, act, &dy, din);
+        if (!gathered) return hp_module_backward_input(t->m, act, &dy, din);
         const int64_t outer = outer_of(&t->style.input_layout, act);
         HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * tp->k * C), t, "the input gradient"));
         hp_tensor_view2(&dx, t->tmp2, rows * tp->k, C);
-        HP_TRY(hp_module_backward_input(&t->inner, act, &dy, &dx));
+        HP_TRY(hp_module_backward_input(t->m, act, &dy, &dx));
         slice_seq(tp, din->data, t->tmp2, outer, rows / outer, C);
         return HP_OK;
     }
@@ -691,15 +734,23 @@ static hp_status_t prep_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
         const int64_t outer = outer_of(&t->style.input_layout, act);
         HP_TRY(need_buf(t->tmp2_n, (size_t)(rows * tp->k * C), t, "the input gradient"));
         hp_tensor_view2(&dx, t->tmp2, rows * tp->k, C);
-        HP_TRY(hp_module_backward_input(&t->inner, act, &dy, &dx));
+        HP_TRY(hp_module_backward_input(t->m, act, &dy, &dx));
         return scatter_seq(tp, din->data, t->tmp2, outer, rows / outer, C, t->tmp);
     }
-    HP_TRY(hp_module_backward_input(&t->inner, act, &dy, din));
+    HP_TRY(hp_module_backward_input(t->m, act, &dy, din));
     return hp_all_reduce(din->data, din->data, (size_t)(rows * C), HP_F32, HP_SUM, tp->comm, NULL);
 }
 
-static const hp_module_ops_t prep_ops_proto = {
-    NULL, w_act_bytes, w_scratch, prep_forward, prep_backward_input, w_backward_weight,
+/* PrepareModule*: the layouts the style names (input: input_layouts; output: the desired
+ * output layouts); a side the style leaves alone is not decided here. */
+static int prep_act_split(const hp_module_t *m, int output, hp_act_split_t *s) {
+    const tp_mod_t *t = m->impl;
+    if (output ? !prep_out(t) : !prep_in(t)) return 0;
+    *s = split_of(t, output ? &t->style.desired_output_layout : &t->style.input_layout);
+    return 1;
+}
+static const hp_module_ops_t prep_ops = {
+    "tp_prepare", w_act_bytes, w_scratch, prep_forward, prep_backward_input, w_backward_weight, prep_act_split,
 };
 
 
@@ -882,12 +933,14 @@ static void want_scratch(hp_tp_t tp, size_t n) {
     if (n > tp->scratch_n) tp->scratch_n = n;
 }
 
-/* Shards the parameters in place and switches the module to its wrapper. */
+/* Shards the parameters in place (each shard packed at the start of its old span, its local
+ * shape the shard's) and sizes the wrapper's buffers; installing the wrapper in the tree is
+ * the caller's. */
 static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
     hp_module_t *m = t->m;
     const int k = tp->k, r = tp->rank;
     const hp_tp_style_t *s = &t->style;
-    t->inner = *m;
+    const hp_module_ops_t *ops;
     t->tp = tp;
     const int64_t R = tp->max_rows;
     if (t->mk == MK_LINEAR && (s->kind == HP_TP_COLWISE || s->kind == HP_TP_ROWWISE)) {
@@ -920,7 +973,6 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
                 ws += rows * IC;
                 gs += rows * IC;
             }
-            L->out_features = (int)(OC / k);
             t->in_buf_n = is_shard_seq(&s->input_layout) ? (size_t)(R * IC) : 0;   // per context (w_act_bytes)
             HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, is_rep(&s->output_layout) ? (size_t)(R * OC / k) : 0));
             size_t t2 = 0, t1 = 0;
@@ -946,15 +998,13 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
                 set_param_layout(p, tp, hp_shard(1), ls, w + row0 * lc, g + row0 * lc);
                 row0 += ls[0];
             }
-            L->in_features = (int)lc;
             t->acc_out = L->accumulate_output;
-            L->accumulate_output = 0;
             const int seq = is_shard_seq(&s->output_layout);
             HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, (seq || t->acc_out) ? (size_t)(R * OC) : 0));
             HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, seq ? (size_t)(R * OC) : 0));
             want_scratch(tp, seq ? (size_t)(R * OC) : 0);
         }
-        m->ops = s->kind == HP_TP_COLWISE ? &col_linear_ops : &row_linear_ops;
+        ops = s->kind == HP_TP_COLWISE ? &col_linear_ops : &row_linear_ops;
     } else if (t->mk == MK_EMBEDDING && (s->kind == HP_TP_COLWISE || s->kind == HP_TP_ROWWISE)) {
         hp_embedding_impl_t *E = m->impl;
         hp_param_t *p = m->params[0];
@@ -985,24 +1035,21 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
             set_param_layout(p, tp, hp_shard(1), ls, E_w, E_g);
         }
         if (s->kind == HP_TP_ROWWISE) {
-            E->vocab = (int)(V / k);
             t->vocab_lo = (int64_t)r * (V / k);
             const int seq = is_shard_seq(&s->output_layout);
             HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, (size_t)(R * C)));
             HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, seq ? (size_t)(R * C) : 0));
             want_scratch(tp, seq ? (size_t)(R * C) : 0);
-            m->ops = &row_emb_ops;
+            ops = &row_emb_ops;
         } else {
-            E->dim = (int)(C / k);
             const int rep = is_rep(&s->output_layout);
             HP_TRY(alloc_buf(tp, &t->tmp2, &t->tmp2_n, rep ? (size_t)(R * C / k) : 0));
             HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, rep ? (size_t)(R * C / k) : 0));
             want_scratch(tp, rep ? (size_t)(R * C) : 0);
-            m->ops = &col_emb_ops;
+            ops = &col_emb_ops;
         }
     } else {
-        // SequenceParallel, NoParallel, PrepareModule*: params Replicate; wrapper ops carry the
-        // module's own kind string (ops tables per module, in the tp_mod)
+        // SequenceParallel, NoParallel, PrepareModule*: params Replicate
         for (int i = 0; i < m->n_params; i++)
             if (!m->params[i]->value.mesh) set_param_layout(m->params[i], tp, hp_replicate(), NULL, NULL, NULL);
         if (s->kind == HP_TP_SEQUENCE_PARALLEL || t->reduce_own_grads) {
@@ -1014,7 +1061,8 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
             // input rows (R, C): C from the module's first child linear, else its params
             int64_t C = 0;
             for (int c = 0; c < m->n_children && !C; c++)
-                if (module_kind(m->children[c]) == MK_LINEAR) C = ((hp_linear_impl_t *)orig_impl(m->children[c]))->in_features;
+                if (module_kind(unwrapped(m->children[c])) == MK_LINEAR)
+                    C = ((const hp_linear_impl_t *)unwrapped(m->children[c])->impl)->in_features;
             if (!C && module_kind(m) == MK_LINEAR) C = ((hp_linear_impl_t *)m->impl)->in_features;
             if (!C && m->n_params) C = m->params[0]->value.global_shape[m->params[0]->value.local.ndim - 1];
             if (!C)
@@ -1038,33 +1086,31 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
             want_scratch(tp, need);
             HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, need));
         }
-        hp_module_ops_t *ops = hp_calloc(1, sizeof(*ops));
-        if (!ops) return HP_ERR_OOM;
-        *ops = s->kind == HP_TP_SEQUENCE_PARALLEL ? sp_ops_proto
-             : s->kind == HP_TP_NO_PARALLEL       ? np_ops_proto
-                                                  : prep_ops_proto;
-        ops->kind = m->ops->kind;
-        t->inner_ops_owned = ops;
-        m->ops = ops;
+        ops = s->kind == HP_TP_SEQUENCE_PARALLEL ? &sp_ops : s->kind == HP_TP_NO_PARALLEL ? &np_ops : &prep_ops;
     }
-    m->impl = t;
+    // the wrapper carries the module's name (its FQN in the plan and in messages)
+    hp_module_base_init(&t->wrap, ops, m->name, t);
+    t->wrap.children[t->wrap.n_children++] = m;
     return HP_OK;
 }
 
-static int is_wrapped(const hp_module_t *m) {
-    if (!m->ops) return 0;
-    if (m->ops == &col_linear_ops || m->ops == &row_linear_ops || m->ops == &row_emb_ops || m->ops == &col_emb_ops)
-        return 1;
-    return m->ops->forward == pass_forward || m->ops->forward == prep_forward;
+static int is_wrapper(const hp_module_t *m) {
+    const hp_module_ops_t *o = m->ops;
+    return o == &col_linear_ops || o == &row_linear_ops || o == &row_emb_ops || o == &col_emb_ops || o == &sp_ops ||
+           o == &np_ops || o == &prep_ops;
 }
 
-/* Resolves the plan over the modules: style per module (NULL = none). */
-static hp_status_t resolve(hp_module_t **mods, int n, const hp_tp_plan_entry_t *plan, int n_plan,
-                           const hp_tp_style_t **styles, int *entry_of) {
+/* Resolves the plan over the modules: style per module (NULL = none). TP wrappers are not
+ * matched (they carry their module's name); a module a wrapper already holds is an error. */
+static hp_status_t resolve(hp_module_t **mods, hp_module_t **parents, int n, const hp_tp_plan_entry_t *plan,
+                           int n_plan, const hp_tp_style_t **styles, int *entry_of) {
     int *hits = hp_calloc((size_t)(n_plan > 0 ? n_plan : 1), sizeof(int));
     if (!hits) return HP_ERR_OOM;
     hp_status_t st = HP_OK;
     for (int i = 0; i < n && st == HP_OK; i++) {
+        styles[i] = NULL;
+        entry_of[i] = -1;
+        if (is_wrapper(mods[i])) continue;
         char names[HP_MODULE_MAX_PARAMS + 1][HP_PARAM_NAME_MAX];
         int nn = module_names(mods[i], names, HP_MODULE_MAX_PARAMS + 1);
         const hp_tp_style_t *got[HP_MODULE_MAX_PARAMS + 1] = {0};
@@ -1112,7 +1158,7 @@ static hp_status_t resolve(hp_module_t **mods, int n, const hp_tp_plan_entry_t *
                 entry_of[i] = got_e[1];
             }
         }
-        if (styles[i] && is_wrapped(mods[i])) {
+        if (styles[i] && parents[i] && is_wrapper(parents[i])) {
             st = hp_error(HP_ERR_STATE, "tensor parallel: module '%s' is already parallelized; hint: call "
                           "parallelize once per module", mods[i]->name);
             break;
@@ -1123,7 +1169,7 @@ static hp_status_t resolve(hp_module_t **mods, int n, const hp_tp_plan_entry_t *
             char ex[HP_PARAM_NAME_MAX * 3] = "";
             int shown = 0;
             for (int i = 0; i < n && shown < 3; i++) {
-                if (!mods[i]->name[0]) continue;
+                if (!mods[i]->name[0] || is_wrapper(mods[i])) continue;
                 size_t len = strlen(ex);
                 snprintf(ex + len, sizeof(ex) - len, "%s'%s'", shown ? ", " : "", mods[i]->name);
                 shown++;
@@ -1168,20 +1214,27 @@ static int mark_children(hp_module_t *m, const hp_tp_style_t **styles, hp_module
     return marked;
 }
 
-/* Core: validate everything, then (model: localize) apply. extra_reduce: modules (by index)
- * wrapped NoParallel with reduce_own_grads although the plan does not name them. */
+/* Core: validate everything, then apply (shard the parameters, size the wrappers), then put
+ * each wrapper in its module's place, leaves first. reduce_own: modules (by index) wrapped
+ * NoParallel with reduce_own_grads although the plan does not name them. roots: the caller's
+ * list of tree roots (parallelize_modules), whose entries become their wrappers. */
 static hp_status_t parallelize(hp_tp_t tp, hp_module_t **mods, int n, const hp_tp_plan_entry_t *plan, int n_plan,
-                               const int *reduce_own, hp_status_t (*localize)(void *, int, int), void *lctx,
-                               const char *attn_kind) {
+                               const int *reduce_own, const char *attn_kind, hp_module_t **roots, int n_roots) {
     const hp_tp_style_t **styles = hp_calloc((size_t)n, sizeof(*styles));
     int *entry_of = hp_calloc((size_t)n, sizeof(int));
     tp_mod_t *tms = hp_calloc((size_t)n, sizeof(tp_mod_t));
-    hp_status_t st = (!styles || !entry_of || !tms) ? HP_ERR_OOM : HP_OK;
-    if (st == HP_OK) st = resolve(mods, n, plan, n_plan, styles, entry_of);
+    hp_module_t **parents = hp_calloc((size_t)n, sizeof(*parents));
+    hp_status_t st = (!styles || !entry_of || !tms || !parents) ? HP_ERR_OOM : HP_OK;
+    for (int i = 0; st == HP_OK && i < n; i++)   // each module's parent among the listed ones
+        for (int j = 0; j < n && !parents[i]; j++)
+            for (int c = 0; c < mods[j]->n_children; c++)
+                if (mods[j]->children[c] == mods[i]) parents[i] = mods[j];
+    if (st == HP_OK) st = resolve(mods, parents, n, plan, n_plan, styles, entry_of);
     static const hp_tp_style_t np_style = {HP_TP_NO_PARALLEL, 0, 0, 0, 0, {0}, {0}, {0}, {0}, 1, 1};
     for (int i = 0; st == HP_OK && i < n; i++) {
         if (!styles[i]) continue;
         tms[i].m = mods[i];
+        tms[i].parent = parents[i];
         tms[i].style = *styles[i];
         tms[i].mk = module_kind(mods[i]);
         hp_tp_style_t *s = &tms[i].style;
@@ -1195,8 +1248,9 @@ static hp_status_t parallelize(hp_tp_t tp, hp_module_t **mods, int n, const hp_t
         }
         st = check_pair(tp, mods[i], s, entry_of[i] >= 0 ? plan[entry_of[i]].pattern : "(implicit)");
     }
-    // attention / feed-forward with a colwise child run local heads / features
-    int attn_k = 1, ffn_k = 1;
+    // attention / feed-forward with a colwise child run local heads / features (their
+    // projections' local shards): the plan must shard both projections
+    int attn_k = 1;
     for (int i = 0; st == HP_OK && i < n; i++) {
         if (!attn_kind) break;
         const char *kind = mods[i]->ops->kind;
@@ -1220,15 +1274,15 @@ static hp_status_t parallelize(hp_tp_t tp, hp_module_t **mods, int n, const hp_t
             st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: module '%s' needs its input projection(s) "
                           "ColwiseParallel and its output projection RowwiseParallel (got %d colwise, %d rowwise); "
                           "hint: shard wq, wk, wv / w1, w3 colwise and wo / w2 rowwise", mods[i]->name, col, row);
-        if (is_attn) attn_k = tp->k; else ffn_k = tp->k;
+        if (is_attn) attn_k = tp->k;
     }
-    if (st == HP_OK && localize && (attn_k > 1 || ffn_k > 1)) st = localize(lctx, attn_k, ffn_k);
     // own params of modules whose work is sharded (qk-norm weights over local heads)
     for (int i = 0; st == HP_OK && attn_k > 1 && reduce_own && i < n; i++) {
         if (!reduce_own[i]) continue;
         if (!styles[i]) {
             styles[i] = &np_style;
             tms[i].m = mods[i];
+            tms[i].parent = parents[i];
             tms[i].style = np_style;
             tms[i].mk = module_kind(mods[i]);
         }
@@ -1243,7 +1297,7 @@ static hp_status_t parallelize(hp_tp_t tp, hp_module_t **mods, int n, const hp_t
         for (int i = 0; i < n; i++) count += styles[i] != NULL;
         tp->mods = hp_calloc((size_t)(count ? count : 1), sizeof(tp_mod_t));
         if (!tp->mods) st = HP_ERR_OOM;
-        // leaves first (a parent's buffers read its children's original impls), each once
+        // leaves first (a parent's buffers and its wrapper's place follow its children's), each once
         for (int pass = 0; st == HP_OK && pass < 2; pass++)
             for (int i = 0; st == HP_OK && i < n; i++) {
                 if (!styles[i]) continue;
@@ -1253,21 +1307,33 @@ static hp_status_t parallelize(hp_tp_t tp, hp_module_t **mods, int n, const hp_t
                 st = apply(tp, &tp->mods[tp->n_mods]);
                 tp->n_mods++;
             }
-        // the tp_mod moved into tp->mods: re-point the module impls at the final copies
-        for (int i = 0; st == HP_OK && i < tp->n_mods; i++) tp->mods[i].m->impl = &tp->mods[i];
         if (st == HP_OK) st = alloc_buf(tp, &tp->scratch, &tp->scratch_n, tp->scratch_n);
         for (int i = 0; st == HP_OK && i < tp->n_mods; i++) {
             tp->mods[i].tmp = tp->scratch;
             tp->mods[i].tmp_n = tp->scratch_n;
         }
+        // each wrapper takes its module's place (the module becomes the wrapper's child)
+        for (int i = 0; st == HP_OK && i < tp->n_mods; i++) {
+            tp_mod_t *t = &tp->mods[i];
+            if (tp->model) {
+                st = hp_model_replace_module(tp->model, t->parent, t->m, &t->wrap);
+            } else if (t->parent) {
+                st = hp_module_replace_child(t->parent, t->m, &t->wrap);
+            } else {
+                for (int r = 0; r < n_roots; r++)
+                    if (roots[r] == t->m) roots[r] = &t->wrap;
+            }
+            t->installed = st == HP_OK;
+        }
     }
     free(styles);
     free(entry_of);
     free(tms);
+    free(parents);
     return st;
 }
 
-hp_status_t hp_tp_parallelize_modules(hp_tp_t *out, hp_module_t *const *modules, int n_modules, hp_mesh_t tp_mesh,
+hp_status_t hp_tp_parallelize_modules(hp_tp_t *out, hp_module_t **modules, int n_modules, hp_mesh_t tp_mesh,
                                       const hp_tp_plan_entry_t *plan, int n_plan, int64_t max_rows) {
     if (!out || (!modules && n_modules > 0) || (!plan && n_plan > 0))
         return hp_error(HP_ERR_INVALID_ARG, "hp_tp_parallelize_modules: NULL argument");
@@ -1280,7 +1346,7 @@ hp_status_t hp_tp_parallelize_modules(hp_tp_t *out, hp_module_t *const *modules,
     if (!mods) { free(tp); return HP_ERR_OOM; }
     int n2 = 0;
     for (int i = 0; i < n_modules; i++) collect(modules[i], mods, &n2, n);
-    hp_status_t st = parallelize(tp, mods, n2 < n ? n2 : n, plan, n_plan, NULL, NULL, NULL, NULL);
+    hp_status_t st = parallelize(tp, mods, n2 < n ? n2 : n, plan, n_plan, NULL, NULL, modules, n_modules);
     free(mods);
     if (st != HP_OK) { hp_tp_destroy(tp); return st; }
     *out = tp;
@@ -1289,92 +1355,53 @@ hp_status_t hp_tp_parallelize_modules(hp_tp_t *out, hp_module_t *const *modules,
 
 /* ---- the model ------------------------------------------------------------------------------- */
 
-/* MLA: the k_pe gradient summed over the local heads, completed over the TP ranks. */
-static hp_status_t mla_head_reduce(void *ctx, float *buf, size_t n) {
-    hp_tp_t tp = ctx;
-    return hp_all_reduce(buf, buf, n, HP_F32, HP_SUM, tp->comm, NULL);
+/* loss_parallel as the model's loss module (nn.h): cross-entropy over this rank's columns of
+ * the vocab-sharded logits, the global vocab offset rank x local columns. */
+static size_t lp_act_bytes(const hp_module_t *m, int B, int T) {
+    (void)m;
+    return hp_loss_act_bytes(B, T);
 }
 
-static hp_module_t *unwrapped(hp_module_t *m) { return is_wrapped(m) ? &mod_of(m)->inner : m; }
-
-static hp_status_t model_localize(void *ctx, int attn_k, int ffn_k) {
-    return hp_model_set_local_heads((hp_model_t)ctx, attn_k, ffn_k);
+static hp_status_t lp_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    (void)out;
+    hp_tp_t tp = m->impl;
+    hp_loss_saved_t *s;
+    HP_TRY(hp_loss_begin(m, act, in, &s));
+    double t0 = omp_get_wtime();
+    hp_status_t st = hp_loss_parallel_forward(&s->sum, s->losses, s->lse, s->logits, s->targets, s->N, s->V,
+                                              (int64_t)tp->rank * s->V, tp->comm, &s->n_valid);
+    if (act->prof) act->prof[HP_NN_OP_CROSS_ENTROPY] += omp_get_wtime() - t0;
+    return st;
 }
 
-static hp_status_t lp_forward(void *ctx, double *sum, double *losses, float *lse, const float *logits,
-                              const int32_t *targets, int N, int V, int64_t *n_valid) {
-    hp_tp_t tp = ctx;
-    return hp_loss_parallel_forward(sum, losses, lse, logits, targets, N, V, tp->vocab_offset, tp->comm, n_valid);
-}
-
-static hp_status_t lp_backward(void *ctx, float *dlogits, const float *logits, const float *lse,
-                               const int32_t *targets, float dloss, int N, int V) {
-    hp_tp_t tp = ctx;
-    hp_loss_parallel_backward(dlogits, logits, lse, targets, dloss, N, V, tp->vocab_offset);
+static hp_status_t lp_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
+    hp_tp_t tp = m->impl;
+    const hp_loss_saved_t *s = hp_act_slot(act, m);
+    double t0 = omp_get_wtime();
+    hp_loss_parallel_backward(din->data, s->logits, s->lse, s->targets, *(const float *)dout->data, s->N, s->V,
+                              (int64_t)tp->rank * s->V);
+    if (act->prof) act->prof[HP_NN_OP_CROSS_ENTROPY] += omp_get_wtime() - t0;
     return HP_OK;
 }
 
-/* Moves the local shards (packed in place inside the full-size storage) into storage of the
- * local size, keeping params that are adjacent (stacked GEMMs) adjacent; 16-float alignment
- * between the others, as the model's layout. */
-static const hp_param_t *g_sort_params;
-static int by_ptr(const void *a, const void *b) {
-    const float *x = g_sort_params[*(const int *)a].value.local.data, *y = g_sort_params[*(const int *)b].value.local.data;
-    return x < y ? -1 : x > y;
-}
+static const hp_module_ops_t lp_ops = {
+    "loss_parallel", lp_act_bytes, NULL, lp_forward, lp_backward_input, NULL, NULL,
+};
 
-static hp_status_t compact_storage(hp_model_t model) {
-    const int np = hp_model_num_params(model);
-    hp_param_t *P = hp_model_params(model);
-    int *order = hp_calloc((size_t)np, sizeof(int));
-    size_t *off = hp_calloc((size_t)np, sizeof(size_t));
-    if (!order || !off) { free(order); free(off); return HP_ERR_OOM; }
-    int n = 0;
-    for (int i = 0; i < np; i++) {
-        int dup = 0;   // a tied weight appears once
-        for (int j = 0; j < n; j++) dup |= P[order[j]].value.local.data == P[i].value.local.data;
-        if (!dup) order[n++] = i;
-    }
-    g_sort_params = P;
-    qsort(order, (size_t)n, sizeof(int), by_ptr);
-    size_t cur = 0;
-    const float *prev_end = NULL;
-    for (int k = 0; k < n; k++) {
-        const hp_param_t *p = &P[order[k]];
-        const float *d = p->value.local.data;
-        size_t o = d == prev_end ? cur : ((cur + 15) & ~(size_t)15);
-        off[order[k]] = o;
-        cur = o + (size_t)hp_tensor_numel(&p->value.local);
-        prev_end = d + hp_tensor_numel(&p->value.local);
-    }
-    size_t total = (cur + 15) & ~(size_t)15;
-    float *nv = hp_aligned_alloc(sizeof(float) * (total ? total : 16));
-    float *ng = hp_aligned_alloc(sizeof(float) * (total ? total : 16));
-    if (!nv || !ng) {
-        hp_free_aligned(nv); hp_free_aligned(ng); free(order); free(off);
-        return hp_error(HP_ERR_OOM, "tensor parallel: %zu bytes for the local parameter shards", 2 * sizeof(float) * total);
-    }
-    memset(nv, 0, sizeof(float) * total);
-    memset(ng, 0, sizeof(float) * total);
-    for (int k = 0; k < n; k++) {
-        const hp_param_t *p = &P[order[k]];
-        size_t cnt = (size_t)hp_tensor_numel(&p->value.local);
-        memcpy(nv + off[order[k]], p->value.local.data, sizeof(float) * cnt);
-        memcpy(ng + off[order[k]], p->grad.local.data, sizeof(float) * cnt);
-    }
-    for (int i = 0; i < np; i++) {   // tied duplicates follow their first occurrence
-        int src = i;
-        for (int k = 0; k < n; k++)
-            if (P[order[k]].value.local.data == P[i].value.local.data) src = order[k];
-        off[i] = off[src];
-    }
-    for (int i = 0; i < np; i++) {
-        P[i].value.local.data = nv + off[i];
-        P[i].grad.local.data = ng + off[i];
-    }
-    hp_model_adopt_storage(model, nv, ng, total, off);
-    free(order);
-    free(off);
+/* loss_parallel: when the head's output is vocab-sharded (its output projection's style says
+ * Shard(-1)), the model's cross-entropy child is replaced by the loss_parallel module. */
+static hp_status_t install_loss_parallel(hp_tp_t tp, hp_module_t **mods, int n) {
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < mods[i]->n_children; c++) {
+            hp_module_t *loss = mods[i]->children[c];
+            hp_act_split_t s = {1, 1};
+            if (!hp_module_is_loss(loss) || !hp_module_act_split(mods[i], 1, &s) || s.cols == 1) continue;
+            hp_module_base_init(&tp->lp, &lp_ops, loss->name, tp);
+            HP_TRY(hp_model_replace_module(tp->model, mods[i], loss, &tp->lp));
+            tp->lp_parent = mods[i];
+            tp->lp_orig = loss;
+            return HP_OK;
+        }
     return HP_OK;
 }
 
@@ -1406,50 +1433,40 @@ hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp
         free(mods); free(reduce_own); free(tp);
         return st;
     }
-    hp_status_t st = parallelize(tp, mods, n, plan, n_plan, reduce_own, model_localize, model, "model");
-    for (int i = 0; st == HP_OK && i < n; i++) {   // MLA with sharded heads: the shared k_pe's gradient
-        hp_module_t *u = unwrapped(mods[i]);
-        if (strcmp(u->ops->kind, "mla_attention") == 0 && hp_mla_local_heads(u) != c->n_heads)
-            st = hp_mla_set_head_reduce(u, mla_head_reduce, tp);
+    for (int i = 0; i < n_plan; i++) {   // a sequence-sharded residual stream starts at a rowwise embedding
+        const hp_tp_style_t *s = &plan[i].style;
+        for (int j = 0; j < n; j++) {
+            if (module_kind(mods[j]) != MK_EMBEDDING || fnmatch(plan[i].pattern, mods[j]->name, 0) != 0) continue;
+            if (s->has_output_layout && is_shard_seq(&s->output_layout) &&
+                (s->kind != HP_TP_ROWWISE || s->output_layout.dim != 1)) {
+                hp_status_t st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: %s output %s; sequence parallel "
+                                          "needs RowwiseParallel with output_layouts Shard(1)", mods[j]->name,
+                                          hp_tp_style_name(s->kind));
+                free(mods); free(reduce_own); free(tp);
+                return st;
+            }
+        }
     }
-    // qk-norm reduction only when heads are sharded
+    tp->model = model;
+    hp_status_t st = parallelize(tp, mods, n, plan, n_plan, reduce_own, "model", NULL, 0);
     if (st == HP_OK) {
-        tp->model = model;
         // every other parameter: a Replicate DTensor on the TP mesh
         hp_param_t *P = hp_model_params(model);
         for (int i = 0; i < hp_model_num_params(model); i++)
             if (!P[i].value.mesh) set_param_layout(&P[i], tp, hp_replicate(), NULL, NULL, NULL);
-        // sequence parallel: the embedding's output layout; loss_parallel: the output's
-        int seq = 0, cols = 0;
-        for (int i = 0; i < tp->n_mods; i++) {
-            tp_mod_t *t = &tp->mods[i];
-            if (strcmp(t->m->name, "tok_embeddings") == 0 && is_shard_seq(&t->style.output_layout)) {
-                if (t->style.output_layout.dim != 1 || t->style.kind != HP_TP_ROWWISE) {
-                    st = hp_error(HP_ERR_INVALID_ARG, "tensor parallel plan: tok_embeddings output %s; sequence "
-                                  "parallel needs RowwiseParallel with output_layouts Shard(1)",
-                                  hp_tp_style_name(t->style.kind));
-                    break;
-                }
-                seq = tp->k;
-            }
-            if (strcmp(t->m->name, "output") == 0 && t->style.kind == HP_TP_COLWISE &&
-                is_shard_last(&t->style.output_layout)) {
-                cols = c->vocab_size / tp->k;
-                tp->vocab_offset = (int64_t)tp->rank * cols;
-            }
-        }
-        // a pipeline stage without the embedding: the sequence-parallel norms say the residual
-        // stream it receives is sequence-sharded
-        int u0, u1;
-        hp_model_unit_range(model, &u0, &u1);
-        for (int i = 0; st == HP_OK && u0 > 0 && !seq && i < tp->n_mods; i++)
-            if (tp->mods[i].style.kind == HP_TP_SEQUENCE_PARALLEL) seq = tp->k;
-        if (st == HP_OK) st = compact_storage(model);
-        static const hp_model_loss_fn_t lp = {lp_forward, lp_backward};
-        if (st == HP_OK) hp_model_set_sharding(model, seq, cols, cols ? &lp : NULL, tp);
-        // the gathered inputs now live in each context's arena: the model's context is re-sized
-        if (st == HP_OK) st = hp_model_refresh_contexts(model);
+        // the shards were packed in place: the model keeps storage of the local sizes (model.h)
+        st = hp_model_compact_storage(model);
     }
+    if (st == HP_OK) {   // the head's modules as they are now (wrappers included)
+        free(mods);
+        n = hp_model_modules(model, NULL, 0);
+        mods = hp_calloc((size_t)n, sizeof(*mods));
+        if (!mods) st = HP_ERR_OOM;
+        else hp_model_modules(model, mods, n);
+    }
+    if (st == HP_OK) st = install_loss_parallel(tp, mods, n);
+    // the gathered inputs now live in each context's arena: the model's context is re-sized
+    if (st == HP_OK) st = hp_model_refresh_contexts(model);
     free(mods);
     free(reduce_own);
     if (st != HP_OK) { hp_tp_destroy(tp); return st; }

@@ -2,7 +2,8 @@
  * attention: wq (q_lora_rank 0) or wq_b colwise, wkv_b colwise, wo rowwise (heads split over
  * tp); wq_a, q_norm, wkv_a, kv_norm stay replicated (NoParallel); the dense feed-forward and the
  * rest as llama3's. The colwise projections reduce their own input gradients (wkv_a's is already
- * complete), and the shared k_pe gradient is summed over the TP ranks (hp_mla_set_head_reduce). */
+ * complete), and the shared k_pe gradient is summed over the TP ranks by the MLA module itself
+ * (its wq shard is Shard(0) on the TP mesh). */
 #include <string.h>
 #include "models/models-impl.h"
 
