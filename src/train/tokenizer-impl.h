@@ -176,9 +176,11 @@ typedef struct hp_tok_normalizer {
 } hp_tok_normalizer_t;
 
 /* Normalizes the valid UTF-8 s[0..n) through all steps. *out is s itself when nothing
- * changed, else scratch of nz valid until the next call. */
+ * changed, else scratch of nz valid until the next call. *moved (may be NULL): the result no
+ * longer starts at the start of s (Strip or an empty Replace removed it), which HF's
+ * Metaspace prepend_scheme "first" sees through its offsets. */
 hp_status_t hp_tok_normalize(hp_tok_normalizer_t *nz, const char *s, size_t n, const char **out,
-                             size_t *out_len);
+                             size_t *out_len, int *moved);
 void hp_tok_normalizer_free(hp_tok_normalizer_t *nz);
 
 /* ---- decoders (tokenizer_decode.c) ---------------------------------------------------- */

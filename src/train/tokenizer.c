@@ -718,7 +718,7 @@ static hp_status_t parse_added(ctx_t *c, json_object *arr) {
          * normalized too (HF's refresh_added_tokens). */
         const char *m = a->content;
         size_t ml = a->len;
-        if (a->normalized) HP_TRY(hp_tok_normalize(&t->norm, a->content, a->len, &m, &ml));
+        if (a->normalized) HP_TRY(hp_tok_normalize(&t->norm, a->content, a->len, &m, &ml, NULL));
         a->match = malloc(ml + 1);
         if (!a->match) return HP_ERR_OOM;
         if (ml) memcpy(a->match, m, ml);
@@ -1791,13 +1791,14 @@ hp_status_t hp_tokenizer_encode(hp_tokenizer_t t, const char *text, size_t len, 
         }
         const char *np = text + g.off;
         size_t nl = g.len;
-        if (t->norm.n_steps) HP_TRY(hp_tok_normalize(&t->norm, np, nl, &np, &nl));
+        int moved = 0;
+        if (t->norm.n_steps) HP_TRY(hp_tok_normalize(&t->norm, np, nl, &np, &nl, &moved));
         size_t n2 = 0;
         HP_TRY(split_added(t, 1, as_text, np, 0, nl, &t->seg2, &t->seg2_cap, &n2));
         for (size_t k = 0; k < n2; k++) {
             span_t h = t->seg2[k];
             HP_TRY(h.id >= 0 ? ids_push(out, h.id)
-                             : encode_text(t, np + h.off, h.len, g.off == 0 && h.off == 0, out));
+                             : encode_text(t, np + h.off, h.len, g.off == 0 && !moved && h.off == 0, out));
         }
     }
     if (flags & HP_TOKENIZE_ADD_SPECIAL)

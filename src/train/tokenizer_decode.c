@@ -45,10 +45,12 @@ static hp_status_t add_lossy(hp_tok_buf_t *dst, const char *raw, size_t len) {
     size_t i = 0;
     while (i < len) {
         size_t j = i;
-        uint32_t cp;
-        int k;
-        while (j < len && ((unsigned char)raw[j] < 0x80 || (k = hp_tok_utf8_get(raw + j, len - j, &cp)) > 0))
-            j += (unsigned char)raw[j] < 0x80 ? 1 : (size_t)k;
+        for (;;) { /* the longest valid run */
+            uint32_t cp;
+            int k = j >= len ? 0 : (unsigned char)raw[j] < 0x80 ? 1 : hp_tok_utf8_get(raw + j, len - j, &cp);
+            if (k <= 0) break;
+            j += (size_t)k;
+        }
         HP_TRY(hp_tok_buf_add(dst, raw + i, j - i));
         if (j < len) {
             HP_TRY(hp_tok_buf_add(dst, "\xEF\xBF\xBD", 3));

@@ -137,8 +137,9 @@ static hp_status_t replace(hp_tok_normalizer_t *nz, const hp_tok_norm_step_t *st
 }
 
 hp_status_t hp_tok_normalize(hp_tok_normalizer_t *nz, const char *s, size_t n, const char **out,
-                             size_t *out_len) {
+                             size_t *out_len, int *moved) {
     const char *cur = s;
+    int start_moved = 0;
     size_t cur_len = n;
     int which = 0; /* the scratch buffer the next step writes */
     for (int k = 0; k < nz->n_steps; k++) {
@@ -154,6 +155,8 @@ hp_status_t hp_tok_normalize(hp_tok_normalizer_t *nz, const char *s, size_t n, c
             break;
         case HP_TOK_NORM_REPLACE:
             HP_TRY(replace(nz, st, cur, cur_len, dst, &changed));
+            /* a match at the start replaced by nothing: the text now starts later */
+            if (changed && st->text_len == 0 && nz->m[0].start == 0 && nz->m[0].end > 0) start_moved = 1;
             break;
         case HP_TOK_NORM_PREPEND:
             if (cur_len > 0) { /* HF prepends to non-empty text only */
@@ -175,6 +178,7 @@ hp_status_t hp_tok_normalize(hp_tok_normalizer_t *nz, const char *s, size_t n, c
                 if (hp_tok_utf8_get(cur + q, b - q, &cp) <= 0 || !hp_tok_is_ws(cp)) break;
                 b = q;
             }
+            if (a > 0) start_moved = 1;
             cur += a; /* a view of the current text: no copy */
             cur_len = b - a;
             break;
@@ -188,5 +192,6 @@ hp_status_t hp_tok_normalize(hp_tok_normalizer_t *nz, const char *s, size_t n, c
     }
     *out = cur;
     *out_len = cur_len;
+    if (moved) *moved = start_moved;
     return HP_OK;
 }

@@ -197,35 +197,20 @@ hp_status_t hp_tok_unicode_class(hp_tok_buf_t *out, uint32_t mask, int negate, i
     hp_status_t st = add_delta(&add, mask, 0, &any_add);
     if (st == HP_OK) st = add_delta(&rem, mask, 1, &any_rem);
     if (st != HP_OK) goto done;
-    if (in_class) {
-        /* (in a class, only additions can be expressed) */
-        if (any_rem) st = add_explicit(out, mask, 0);
-        else if ((st = add_names(out, mask)) == HP_OK && any_add) st = hp_tok_buf_add(out, add.p, add.len);
+    if (any_rem) {
+        /* PCRE2's class holds code points 16.0 does not (a category change, e.g. Mn -> Mc):
+         * explicit ranges, which keep the atom one class (a lookahead group would make each
+         * repetition a backtracking frame). */
+        if (!in_class && (st = buf_str(out, "["))) goto done;
+        if ((st = add_explicit(out, mask, negate))) goto done;
+        if (!in_class) st = buf_str(out, "]");
         goto done;
     }
-    if (!negate) {
-        /* (?:(?![removed])[names added]) */
-        if (any_rem) {
-            if ((st = buf_str(out, "(?:(?![")) || (st = hp_tok_buf_add(out, rem.p, rem.len)) ||
-                (st = buf_str(out, "])")))
-                goto done;
-        }
-        if ((st = buf_str(out, "[")) || (st = add_names(out, mask))) goto done;
-        if (any_add && (st = hp_tok_buf_add(out, add.p, add.len))) goto done;
-        if ((st = buf_str(out, "]"))) goto done;
-        if (any_rem) st = buf_str(out, ")");
-    } else {
-        /* (?:[^names added]|[removed]) */
-        if (any_rem && (st = buf_str(out, "(?:"))) goto done;
-        if ((st = buf_str(out, "[^")) || (st = add_names(out, mask))) goto done;
-        if (any_add && (st = hp_tok_buf_add(out, add.p, add.len))) goto done;
-        if ((st = buf_str(out, "]"))) goto done;
-        if (any_rem) {
-            if ((st = buf_str(out, "|[")) || (st = hp_tok_buf_add(out, rem.p, rem.len)) ||
-                (st = buf_str(out, "])")))
-                goto done;
-        }
-    }
+    /* [names added] or [^names added]; in a class, names and added only */
+    if (!in_class && (st = buf_str(out, negate ? "[^" : "["))) goto done;
+    if ((st = add_names(out, mask))) goto done;
+    if (any_add && (st = hp_tok_buf_add(out, add.p, add.len))) goto done;
+    if (!in_class) st = buf_str(out, "]");
 done:
     free(add.p);
     free(rem.p);
