@@ -29,8 +29,10 @@ empty text), then per sample: varint n + n varint ids, a byte of flags (1: HF's
 decode(ids) differs from the sample and follows as varint length + bytes; 2: the ids with
 add_special_tokens=True are not prefix + ids + suffix and follow as varint n + ids).
 
-Run (needs `pip install tokenizers==0.23.3`):
+Run (needs `pip install tokenizers==0.23.3 unicodedata2==16.0.0`):
   python3 tools/golden/make_tokenizer_hf_golden.py
+A random differential test of the built library against HF (nothing is written):
+  python3 tools/golden/make_tokenizer_hf_golden.py --diff-lib build/libhyperparallel.so --diff-n 3000
 The script is deterministic: with the same catalogs it reproduces the committed files; the
 committed samples.bin is reused unless --resample is given (catalogs differ between
 machines). Tests never need Python.
@@ -535,10 +537,149 @@ def variants(fam):
     return v
 
 
+def random_text(rng, pools):
+    parts = []
+    for _ in range(rng.randint(0, 24)):
+        kind = rng.random()
+        if kind < 0.35:
+            parts.append(chr(rng.choice(pools["any"])))
+        elif kind < 0.5:
+            parts.append(chr(rng.choice(pools["marks"])))
+        elif kind < 0.6:
+            parts.append(rng.choice([" ", "  ", "\t", "\n", "\r\n", "\u00a0", "\u3000", "\u2581", "\u0000"]))
+        elif kind < 0.7:
+            parts.append(rng.choice(SPECIAL_SPELLINGS))
+        elif kind < 0.8:
+            parts.append(unicodedata.normalize("NFD", rng.choice(["\u00e9", "\u1ec7", "\uac00", "\u1e69", "\u01d5"])))
+        else:
+            parts.append("".join(rng.choice("abcXYZ019'.,!?-_") for _ in range(rng.randint(1, 6))))
+    return "".join(parts)
+
+
+def diff_against_library(lib_path, n, seed):
+    """Random texts (any assigned code point, marks of every Unicode version, spaces,
+    special-token spellings, decomposed letters) through our library (ctypes) and HF."""
+    import ctypes
+    import unicodedata2
+
+    class Ids(ctypes.Structure):
+        _fields_ = [("ids", ctypes.POINTER(ctypes.c_int32)), ("len", ctypes.c_size_t), ("cap", ctypes.c_size_t)]
+
+    lib = ctypes.CDLL(lib_path)
+    lib.hp_last_error.restype = ctypes.c_char_p
+    pools = {"any": [cp for cp in range(0x110000) if not (0xD800 <= cp < 0xE000) and
+                     unicodedata2.category(chr(cp)) != "Cn" and (cp < 0x20000 or cp % 7 == 0)],
+             "marks": marks()}
+    bad_total = 0
+    for k, name in enumerate(["qwen2", "qwen3", "llama2", "mistral", "gemma", "llama3", "deepseek_v3"]):
+        d = os.path.join(OUT, name)
+        hf = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        tok = ctypes.c_void_p()
+        if lib.hp_tokenizer_load_dir(ctypes.byref(tok), d.encode()) != 0:
+            sys.exit(f"{name}: {lib.hp_last_error().decode()}")
+        rng = random.Random(seed + k)
+        bad = 0
+        for _ in range(n):
+            text = random_text(rng, pools)
+            b = text.encode("utf-8")
+            ids = Ids()
+            if lib.hp_tokenizer_encode(tok, b, ctypes.c_size_t(len(b)), 0, ctypes.byref(ids)) != 0:
+                sys.exit(f"{name}: {lib.hp_last_error().decode()}")
+            ours = [ids.ids[i] for i in range(ids.len)]
+            lib.hp_token_ids_free(ctypes.byref(ids))
+            ref = hf.encode(text, add_special_tokens=False).ids
+            out = ctypes.c_char_p()
+            olen = ctypes.c_size_t()
+            arr = (ctypes.c_int32 * max(1, len(ref)))(*ref)
+            lib.hp_tokenizer_decode(tok, arr, ctypes.c_size_t(len(ref)), 0, ctypes.byref(out), ctypes.byref(olen))
+            dec = ctypes.string_at(out, olen.value).decode("utf-8")
+            if ours != ref or dec != hf.decode(ref, skip_special_tokens=False):
+                bad += 1
+                if bad <= 3:
+                    print(f"  {name}: MISMATCH for {text!r}\n    ours {ours[:30]}\n    HF   {ref[:30]}")
+        lib.hp_tokenizer_free(tok)
+        print(f"diff {name}: {bad} mismatches in {n} random texts")
+        bad_total += bad
+    if bad_total:
+        sys.exit("our library disagrees with HF")
+
+
+def diff_normalizers(lib_path, seed):
+    """Every code point, alone and between a letter and U+0301 / U+0334, and random mark
+    sequences, through NFC / NFD / NFKC / NFKD: a character BPE whose vocabulary is the 256
+    <0xXX> byte tokens gives the normalized bytes as ids."""
+    import ctypes
+
+    class Ids(ctypes.Structure):
+        _fields_ = [("ids", ctypes.POINTER(ctypes.c_int32)), ("len", ctypes.c_size_t), ("cap", ctypes.c_size_t)]
+
+    lib = ctypes.CDLL(lib_path)
+    lib.hp_last_error.restype = ctypes.c_char_p
+    mk = marks()
+    rng = random.Random(seed)
+    texts = []
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        c = chr(cp)
+        texts.append(c + "a" + c + "\u0301" + c + "\u0334" + c)
+    for _ in range(100000):
+        texts.append("".join(rng.choice("aeoAE\u1100\u1161\uac00") + "".join(chr(rng.choice(mk)) for _ in range(rng.randint(0, 4)))
+                             for _ in range(rng.randint(1, 4))))
+    vocab = {"<0x%02X>" % b: b for b in range(256)}
+    vocab["<unk>"] = 256
+    for form in ["NFC", "NFD", "NFKC", "NFKD"]:
+        doc = {"version": "1.0", "added_tokens": [], "normalizer": {"type": form}, "pre_tokenizer": None,
+               "post_processor": None, "decoder": None,
+               "model": {"type": "BPE", "unk_token": "<unk>", "byte_fallback": True, "fuse_unk": False,
+                         "vocab": vocab, "merges": []}}
+        js = json.dumps(doc).encode()
+        hf = Tokenizer.from_str(js.decode())
+        tok = ctypes.c_void_p()
+        if lib.hp_tokenizer_load_json(ctypes.byref(tok), js, ctypes.c_size_t(len(js)), b"nf.json") != 0:
+            sys.exit(lib.hp_last_error().decode())
+        bad = 0
+        # one encode of all texts joined by NUL (a starter that never combines) is the same as
+        # encoding them one by one, and fast
+        for i in range(0, len(texts), 5000):
+            text = "\u0000".join(texts[i:i + 5000])
+            b = text.encode("utf-8")
+            ids = Ids()
+            if lib.hp_tokenizer_encode(tok, b, ctypes.c_size_t(len(b)), 0, ctypes.byref(ids)) != 0:
+                sys.exit(lib.hp_last_error().decode())
+            ours = bytes(ids.ids[k] for k in range(ids.len))
+            lib.hp_token_ids_free(ctypes.byref(ids))
+            ref = bytes(hf.encode(text, add_special_tokens=False).ids)
+            if ours != ref:
+                for t in texts[i:i + 5000]:
+                    tb = t.encode()
+                    ids = Ids()
+                    lib.hp_tokenizer_encode(tok, tb, ctypes.c_size_t(len(tb)), 0, ctypes.byref(ids))
+                    o = bytes(ids.ids[k] for k in range(ids.len))
+                    lib.hp_token_ids_free(ctypes.byref(ids))
+                    r = bytes(hf.encode(t, add_special_tokens=False).ids)
+                    if o != r:
+                        bad += 1
+                        if bad <= 3:
+                            print(f"  {form}: {t!r}: ours {o.decode(errors='replace')!r} HF {r.decode(errors='replace')!r}")
+        lib.hp_tokenizer_free(tok)
+        print(f"diff {form}: {bad} of {len(texts)} texts differ")
+        if bad:
+            sys.exit("our normalizer disagrees with HF")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--resample", action="store_true", help="build samples.bin anew from this machine's catalogs")
+    ap.add_argument("--diff-lib", default=None,
+                    help="only compare random texts against this libhyperparallel.so (nothing is written)")
+    ap.add_argument("--diff-n", type=int, default=3000)
+    ap.add_argument("--diff-seed", type=int, default=1)
     args = ap.parse_args()
+    if args.diff_lib:
+        diff_normalizers(args.diff_lib, args.diff_seed)
+        diff_against_library(args.diff_lib, args.diff_n, args.diff_seed)
+        return
     if tokenizers.__version__ != TOKENIZERS_VERSION:
         sys.exit(f"tokenizers {tokenizers.__version__}: the goldens are for {TOKENIZERS_VERSION} "
                  f"(pip install tokenizers=={TOKENIZERS_VERSION})")
