@@ -234,8 +234,35 @@ static result_t run_golden(hp_tokenizer_t tok, const samples_t *s, const char *i
 
 static const char *families[] = {"qwen2", "qwen3", "llama2", "mistral", "gemma", "llama3", "deepseek_v3"};
 
+/* The generator's documents: four runs of 300 samples joined by "\n\n". */
+enum { DOC_SAMPLES = 300, N_DOCS = 4 };
+
+static void make_documents(const samples_t *s, samples_t *d, char **storage) {
+    size_t total = 0;
+    for (size_t i = 0; i < (size_t)DOC_SAMPLES * N_DOCS && i < s->n; i++) total += s->len[i] + 2;
+    char *buf = malloc(total + 1);
+    memset(d, 0, sizeof(*d));
+    d->text = calloc(N_DOCS, sizeof(char *));
+    d->len = calloc(N_DOCS, sizeof(size_t));
+    size_t o = 0;
+    for (int k = 0; k < N_DOCS; k++) {
+        d->text[k] = buf + o;
+        for (size_t i = (size_t)k * DOC_SAMPLES; i < (size_t)(k + 1) * DOC_SAMPLES && i < s->n; i++) {
+            if (i > (size_t)k * DOC_SAMPLES) buf[o++] = '\n', buf[o++] = '\n';
+            memcpy(buf + o, s->text[i], s->len[i]);
+            o += s->len[i];
+        }
+        d->len[k] = (size_t)(buf + o - d->text[k]);
+    }
+    d->n = N_DOCS;
+    *storage = buf;
+}
+
 static void check_families(const samples_t *s) {
     size_t total = 0;
+    samples_t docs;
+    char *doc_buf;
+    make_documents(s, &docs, &doc_buf);
     for (size_t k = 0; k < sizeof(families) / sizeof(families[0]); k++) {
         hp_tokenizer_t tok = NULL;
         HP_CHECK_OK(hp_tokenizer_load_dir(&tok, data_path(families[k])));
@@ -253,8 +280,34 @@ static void check_families(const samples_t *s) {
         printf("%-12s %zu/%zu samples: ids, template ids and decode equal HF (%zu ids, %.2f s)\n",
                families[k], r.n - (r.bad_ids > r.bad_decode ? r.bad_ids : r.bad_decode), r.n, r.n_ids, dt);
         total += r.n;
+        /* long texts (Llama 2 / Mistral / Gemma merge them as one word) */
+        snprintf(ids, sizeof(ids), "%s.docs.ids", families[k]);
+        r = run_golden(tok, &docs, data_path(ids), SIZE_MAX, families[k]);
+        HP_CHECK(r.n == N_DOCS && r.bad_ids == 0 && r.bad_special == 0 && r.bad_decode == 0,
+                 "%s documents: %zu ids, %zu template ids, %zu decodes of %zu differ from HF", families[k],
+                 r.bad_ids, r.bad_special, r.bad_decode, r.n);
+        printf("%-12s %zu documents of 300 samples: ids, template ids and decode equal HF (%zu ids)\n",
+               families[k], r.n - r.bad_ids, r.n_ids);
+        /* Merging piece by piece (tok->cross) gives what merging the whole word gives. */
+        HP_CHECK(tok->cross != NULL, "%s: the merges allow no piecewise merging", families[k]);
+        for (size_t d = 0; d < docs.n && tok->cross; d++) {
+            hp_token_ids_t a = {0}, b = {0};
+            HP_CHECK_OK(hp_tokenizer_encode(tok, docs.text[d], docs.len[d], 0, &a));
+            hp_tok_merge_t *cross = tok->cross;
+            tok->cross = NULL;
+            hp_tok_strmap_clear(&tok->cache);
+            HP_CHECK_OK(hp_tokenizer_encode(tok, docs.text[d], docs.len[d], 0, &b));
+            tok->cross = cross;
+            HP_CHECK(same_ids(&a, &b), "%s document %zu: piecewise merging differs from whole-word merging",
+                     families[k], d);
+            hp_token_ids_free(&a);
+            hp_token_ids_free(&b);
+        }
         hp_tokenizer_free(tok);
     }
+    free(doc_buf);
+    free(docs.text);
+    free(docs.len);
     printf("families: %zu encodes compared\n", total);
 }
 

@@ -275,6 +275,11 @@ struct hp_tokenizer {
     hp_tok_strmap_t spell_map;   /* spelling -> id (added tokens win) */
     hp_tok_merge_t *merges;      /* (merges_cap,) open addressing */
     size_t merges_cap;
+    /* (last atom of a, first atom of b) of every merge (a, b): two adjacent initial symbols
+     * not in this set are never joined, so a long word is merged piece by piece there
+     * (same result, smaller heaps). NULL when the merges do not allow it. */
+    hp_tok_merge_t *cross;
+    size_t cross_cap;
     int ignore_merges;
     int has_unk, fuse_unk; /* model.unk_token set; fuse runs of unknown characters */
     int32_t unk_id;        /* -1 when the unk token is not in the vocabulary */

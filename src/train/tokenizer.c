@@ -91,6 +91,97 @@ static void merge_put(hp_tokenizer_t t, int32_t a, int32_t b, int32_t rank, int3
     t->merges[i].new_id = new_id;
 }
 
+static inline int cross_has(hp_tokenizer_t t, int32_t a, int32_t b) {
+    uint64_t k = pair_key(a, b);
+    size_t mask = t->cross_cap - 1, i = (size_t)mix64(k) & mask;
+    for (;;) {
+        if (t->cross[i].key == UINT64_MAX) return 0;
+        if (t->cross[i].key == k) return 1;
+        i = (i + 1) & mask;
+    }
+}
+
+/* The first and last atom (initial symbol: a character, byte or unk token) of every token
+ * made by merges, to a fixpoint; then the set of atom pairs a merge can join. Left NULL
+ * (no splitting) when a token's atoms are ambiguous: two merges make it from different
+ * atoms, or it is also an initial symbol of its own. */
+static hp_status_t build_cross(hp_tokenizer_t t) {
+    size_t nm = 0;
+    for (size_t i = 0; i < t->merges_cap; i++) nm += t->merges[i].key != UINT64_MAX;
+    if (nm == 0) return HP_OK;
+    int32_t *first = malloc((size_t)t->n_ids * sizeof(int32_t));
+    int32_t *last = malloc((size_t)t->n_ids * sizeof(int32_t));
+    uint8_t *made = hp_calloc((size_t)t->n_ids, 1);
+    hp_status_t st = HP_OK;
+    if (!first || !last || !made) {
+        st = hp_error(HP_ERR_OOM, "%s: model.merges: out of memory", t->name);
+        goto done;
+    }
+    for (int32_t i = 0; i < t->n_ids; i++) first[i] = last[i] = i;
+    int changed = 1, passes = 0;
+    while (changed && passes++ < 64) {
+        changed = 0;
+        for (size_t i = 0; i < t->merges_cap; i++) {
+            const merge_entry_t *e = &t->merges[i];
+            if (e->key == UINT64_MAX) continue;
+            int32_t a = (int32_t)(e->key >> 32), b = (int32_t)(uint32_t)e->key, ab = e->new_id;
+            made[ab] = 1;
+            if (first[ab] != first[a] || last[ab] != last[b]) {
+                first[ab] = first[a];
+                last[ab] = last[b];
+                changed = 1;
+            }
+        }
+    }
+    int ok = !changed;
+    for (size_t i = 0; ok && i < t->merges_cap; i++) { /* one answer per token */
+        const merge_entry_t *e = &t->merges[i];
+        if (e->key == UINT64_MAX) continue;
+        int32_t a = (int32_t)(e->key >> 32), b = (int32_t)(uint32_t)e->key;
+        ok = first[e->new_id] == first[a] && last[e->new_id] == last[b];
+    }
+    /* a token that is an initial symbol itself must not be made of other atoms */
+    for (int b = 0; ok && b < 256; b++) {
+        if (t->byte_id[b] >= 0 && made[t->byte_id[b]]) ok = 0;
+        if (t->fb_id[b] >= 0 && made[t->fb_id[b]]) ok = 0;
+    }
+    if (ok && t->unk_id >= 0 && made[t->unk_id]) ok = 0;
+    if (ok && !t->byte_level) {
+        for (uint32_t cp = 0; ok && cp < 0x10000; cp++)
+            if (t->char_id[cp] >= 0 && made[t->char_id[cp]]) ok = 0;
+        for (size_t i = 0; ok && i < t->vocab_bytes.cap; i++) { /* characters beyond the BMP */
+            const hp_tok_strmap_entry_t *e = &t->vocab_bytes.e[i];
+            uint32_t cp;
+            if (e->hash && e->len == 4 && hp_tok_utf8_get(hp_tok_strmap_key(&t->vocab_bytes, e), 4, &cp) == 4 &&
+                made[e->val])
+                ok = 0;
+        }
+    }
+    if (!ok) goto done;
+    size_t cap = 64;
+    while (cap < nm * 2 + 2) cap <<= 1;
+    t->cross = malloc(cap * sizeof(merge_entry_t));
+    if (!t->cross) {
+        st = hp_error(HP_ERR_OOM, "%s: model.merges: out of memory", t->name);
+        goto done;
+    }
+    memset(t->cross, 0xFF, cap * sizeof(merge_entry_t));
+    t->cross_cap = cap;
+    for (size_t i = 0; i < t->merges_cap; i++) {
+        const merge_entry_t *e = &t->merges[i];
+        if (e->key == UINT64_MAX) continue;
+        uint64_t k = pair_key(last[(int32_t)(e->key >> 32)], first[(int32_t)(uint32_t)e->key]);
+        size_t j = (size_t)mix64(k) & (cap - 1);
+        while (t->cross[j].key != UINT64_MAX && t->cross[j].key != k) j = (j + 1) & (cap - 1);
+        t->cross[j].key = k;
+    }
+done:
+    free(first);
+    free(last);
+    free(made);
+    return st;
+}
+
 /* ---- loading ----------------------------------------------------------------------- */
 
 typedef struct ctx {
@@ -1005,6 +1096,7 @@ static hp_status_t parse_model(ctx_t *c, json_object *model) {
         }
     }
     free(cat.p);
+    if (st == HP_OK) st = build_cross(t);
     return st;
 }
 
@@ -1234,6 +1326,7 @@ void hp_tokenizer_free(hp_tokenizer_t t) {
     hp_tok_strmap_free(&t->spell_map);
     hp_tok_strmap_free(&t->cache);
     free(t->merges);
+    free(t->cross);
     hp_tok_normalizer_free(&t->norm);
     for (int i = 0; i < t->n_stages; i++) hp_tok_regex_free(&t->stages[i].re);
     hp_tok_regex_free(&t->word_char);
@@ -1599,6 +1692,39 @@ static inline void sym_add(hp_tokenizer_t t, int32_t *ns, int32_t id) {
     t->sym_next[k] = k + 1;
 }
 
+/* HF's Word::merge_all on the symbols [lo, hi): a heap ordered by (rank, position), stale
+ * entries skipped. */
+static void merge_range(hp_tokenizer_t t, int32_t lo, int32_t hi) {
+    size_t hn = 0;
+    for (int32_t k = lo; k + 1 < hi; k++) {
+        const merge_entry_t *m = merge_get(t, t->sym_id[k], t->sym_id[k + 1]);
+        if (m) heap_push(t->heap, &hn, (heap_item_t){m->rank, k, m->new_id});
+    }
+    while (hn > 0) {
+        heap_item_t top = heap_pop(t->heap, &hn);
+        int32_t p = top.pos;
+        if (t->sym_len[p] == 0 || t->sym_next[p] == -1) continue;
+        int32_t nx = t->sym_next[p];
+        const merge_entry_t *m = merge_get(t, t->sym_id[p], t->sym_id[nx]);
+        if (!m || m->new_id != top.new_id) continue; /* stale entry */
+        t->sym_id[p] = top.new_id;
+        t->sym_len[p] += t->sym_len[nx];
+        t->sym_next[p] = t->sym_next[nx];
+        t->sym_len[nx] = 0;
+        if (t->sym_next[nx] >= 0) t->sym_prev[t->sym_next[nx]] = p;
+        int32_t pv = t->sym_prev[p];
+        if (pv >= 0) {
+            const merge_entry_t *m2 = merge_get(t, t->sym_id[pv], t->sym_id[p]);
+            if (m2) heap_push(t->heap, &hn, (heap_item_t){m2->rank, pv, m2->new_id});
+        }
+        int32_t nn = t->sym_next[p];
+        if (nn >= 0) {
+            const merge_entry_t *m2 = merge_get(t, t->sym_id[p], t->sym_id[nn]);
+            if (m2) heap_push(t->heap, &hn, (heap_item_t){m2->rank, p, m2->new_id});
+        }
+    }
+}
+
 /* BPE of one pre-token, appending ids (HF BPE::merge_word then Word::merge_all). The
  * symbols are the bytes (byte-level) or the characters of the word; an unknown one becomes
  * its "<0xXX>" byte tokens (byte_fallback) or the unk token. */
@@ -1688,34 +1814,17 @@ static hp_status_t bpe_word(hp_tokenizer_t t, const char *w, size_t n, hp_token_
         unk_pending = t->unk_id;
     }
     if (unk_pending >= 0) sym_add(t, &ns, unk_pending);
-    if (ns > 0) t->sym_next[ns - 1] = -1;
-    size_t hn = 0;
-    for (int32_t k = 0; k + 1 < ns; k++) {
-        const merge_entry_t *m = merge_get(t, t->sym_id[k], t->sym_id[k + 1]);
-        if (m) heap_push(t->heap, &hn, (heap_item_t){m->rank, k, m->new_id});
-    }
-    while (hn > 0) {
-        heap_item_t top = heap_pop(t->heap, &hn);
-        int32_t p = top.pos;
-        if (t->sym_len[p] == 0 || t->sym_next[p] == -1) continue;
-        int32_t nx = t->sym_next[p];
-        const merge_entry_t *m = merge_get(t, t->sym_id[p], t->sym_id[nx]);
-        if (!m || m->new_id != top.new_id) continue; /* stale entry */
-        t->sym_id[p] = top.new_id;
-        t->sym_len[p] += t->sym_len[nx];
-        t->sym_next[p] = t->sym_next[nx];
-        t->sym_len[nx] = 0;
-        if (t->sym_next[nx] >= 0) t->sym_prev[t->sym_next[nx]] = p;
-        int32_t pv = t->sym_prev[p];
-        if (pv >= 0) {
-            const merge_entry_t *m2 = merge_get(t, t->sym_id[pv], t->sym_id[p]);
-            if (m2) heap_push(t->heap, &hn, (heap_item_t){m2->rank, pv, m2->new_id});
-        }
-        int32_t nn = t->sym_next[p];
-        if (nn >= 0) {
-            const merge_entry_t *m2 = merge_get(t, t->sym_id[p], t->sym_id[nn]);
-            if (m2) heap_push(t->heap, &hn, (heap_item_t){m2->rank, p, m2->new_id});
-        }
+    /* Merge piece by piece between adjacent symbols that no merge can join (see cross). */
+    for (int32_t lo = 0; lo < ns;) {
+        int32_t hi = lo + 1;
+        if (t->cross)
+            while (hi < ns && cross_has(t, t->sym_id[hi - 1], t->sym_id[hi])) hi++;
+        else
+            hi = ns;
+        t->sym_prev[lo] = -1;
+        t->sym_next[hi - 1] = -1;
+        merge_range(t, lo, hi);
+        lo = hi;
     }
     size_t start = out->len;
     HP_TRY(ids_reserve(out, (size_t)ns));

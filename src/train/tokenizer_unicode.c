@@ -46,6 +46,7 @@ static const char *const gc_names[HP_TOK_GC_COUNT] = {
 static pthread_once_t calib_once = PTHREAD_ONCE_INIT;
 static int calib_ok;              /* PCRE2's categories of the unstable code points are known */
 static uint8_t *calib_cat;        /* (n unstable code points,) PCRE2's category, in table order */
+static uint8_t *calib_cat16;      /* (n unstable code points,) the 16.0 category */
 static size_t calib_n;
 static char calib_version[64];
 static hp_tok_unicode_mode_t forced_mode = HP_TOK_UNICODE_AUTO;
@@ -77,8 +78,8 @@ static void calibrate(void) {
     size_t n = 0;
     for (size_t i = 0; i < hp_tok_gc_unstable_len; i++)
         n += hp_tok_gc_unstable[i][1] - hp_tok_gc_unstable[i][0] + 1;
-    uint8_t *cat = malloc(n ? n : 1);
-    int ok = md && cat;
+    uint8_t *cat = malloc(n ? n : 1), *cat16 = malloc(n ? n : 1);
+    int ok = md && cat && cat16;
     size_t k = 0;
     for (size_t i = 0; ok && i < hp_tok_gc_unstable_len; i++) {
         for (uint32_t cp = hp_tok_gc_unstable[i][0]; ok && cp <= hp_tok_gc_unstable[i][1]; cp++) {
@@ -86,16 +87,18 @@ static void calibrate(void) {
             int l = hp_tok_utf8_put(cp, u);
             int rc = pcre2_match(re, (PCRE2_SPTR)u, (size_t)l, 0, 0, md, NULL);
             ok = rc >= 2; /* group rc-1 matched: category rc-2 */
-            if (ok) cat[k++] = (uint8_t)(rc - 2);
+            if (ok) cat16[k] = (uint8_t)hp_tok_gc_of(cp), cat[k++] = (uint8_t)(rc - 2);
         }
     }
     if (md) pcre2_match_data_free(md);
     pcre2_code_free(re);
     if (!ok) {
         free(cat);
+        free(cat16);
         return;
     }
     calib_cat = cat; /* kept for the process */
+    calib_cat16 = cat16;
     calib_n = n;
     calib_ok = 1;
 }
@@ -167,7 +170,7 @@ static hp_status_t add_delta(hp_tok_buf_t *b, uint32_t mask, int which, int *any
     *any = 0;
     for (size_t i = 0; i < hp_tok_gc_unstable_len; i++) {
         for (uint32_t cp = hp_tok_gc_unstable[i][0]; cp <= hp_tok_gc_unstable[i][1]; cp++, k++) {
-            int in16 = (mask >> hp_tok_gc_of(cp)) & 1, inp = (mask >> calib_cat[k]) & 1;
+            int in16 = (mask >> calib_cat16[k]) & 1, inp = (mask >> calib_cat[k]) & 1;
             int in = which == 0 ? in16 && !inp : inp && !in16;
             if (in && open && cp == prev + 1) {
                 prev = cp;

@@ -17,6 +17,7 @@ Writes tests/data/tokenizer/hf/:
                        llama3, deepseek_v3
   <family>.ids         HF's ids of every sample (add_special_tokens=False), the template ids,
                        and HF's decode of them where it differs from the sample
+  <family>.docs.ids    the same for four long documents: 300 samples each, joined by "\n\n"
   variants.json + variants/<name>.ids
                        pipeline variants (Metaspace split / prepend schemes, NFD / NFKC /
                        NFKD, Strip, Replace with a regex, Digits, decoder Metaspace) on the
@@ -55,6 +56,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 OUT = os.path.join(ROOT, "tests", "data", "tokenizer", "hf")
 CORPUS = os.path.join(ROOT, "tests", "data", "tokenizer", "corpus.txt")
 TOKENIZERS_VERSION = "0.23.3"
+DOC_SAMPLES = 300
 
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -504,6 +506,12 @@ def write_ids(path, tok, samples):
     return n_ids, n_dec, n_sp, len(out)
 
 
+def documents(samples):
+    """Long texts: four runs of 300 samples joined by blank lines (Llama 2 / Gemma BPE the
+    whole text as one word: this is where merging piece by piece must equal HF)."""
+    return ["\n\n".join(samples[i:i + DOC_SAMPLES]) for i in range(0, 4 * DOC_SAMPLES, DOC_SAMPLES)]
+
+
 def variants(fam):
     """Pipeline variants over two vocabularies; the C test puts each patch into the base
     tokenizer.json."""
@@ -705,6 +713,8 @@ def main():
             json.dump(config, f, ensure_ascii=False, indent=1)
         toks[name] = (tok, doc)
         n_ids, n_dec, n_sp, size = write_ids(os.path.join(OUT, f"{name}.ids"), tok, samples)
+        dn, _, _, dsize = write_ids(os.path.join(OUT, f"{name}.docs.ids"), tok, documents(samples))
+        print(f"{name}: {len(documents(samples))} documents, {dn} ids, {dsize} bytes")
         print(f"{name}: vocab {len(doc['model']['vocab'])}, {n_ids} ids, {n_dec} decodes differ from the text, "
               f"{n_sp} special-id lists differ from the template, {size} bytes")
     nul_merges = sum(1 for m in toks["llama2"][1]["model"]["merges"] if "\u0000" in "".join(m))
