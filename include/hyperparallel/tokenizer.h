@@ -26,8 +26,9 @@ typedef struct hp_token_ids {
 
 void hp_token_ids_free(hp_token_ids_t *ids);
 
-/* Loads a tokenizer.json. Errors (HP_ERR_IO, HP_ERR_FORMAT, HP_ERR_UNSUPPORTED) name the
- * file and the JSON path of the offending value, e.g. "t.json: model.merges[3]: ...". */
+/* Loads a tokenizer.json, or a model folder (a directory: hp_tokenizer_load_dir). Errors
+ * (HP_ERR_IO, HP_ERR_FORMAT, HP_ERR_UNSUPPORTED) name the file and the JSON path of the
+ * offending value, e.g. "t.json: model.merges[3]: ...", and what is supported. */
 hp_status_t hp_tokenizer_load(hp_tokenizer_t *out, const char *path);
 /* Same from a JSON document in memory; `name` is used in messages. */
 hp_status_t hp_tokenizer_load_json(hp_tokenizer_t *out, const char *json, size_t len,

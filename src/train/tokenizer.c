@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "train/tokenizer-impl.h"
 
@@ -1278,6 +1279,8 @@ hp_status_t hp_tokenizer_load_json(hp_tokenizer_t *out, const char *json, size_t
 
 hp_status_t hp_tokenizer_load(hp_tokenizer_t *out, const char *path) {
     *out = NULL;
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return hp_tokenizer_load_dir(out, path);
     FILE *f = fopen(path, "rb");
     if (!f)
         return hp_error(HP_ERR_IO, "%s: cannot open tokenizer file: %s (train one with "
