@@ -874,6 +874,53 @@ static int32_t model_id(const ctx_t *c, const char *s, size_t n) {
     return v ? (int32_t)*v : -1;
 }
 
+/* HF ignores the ids written in added_tokens and assigns its own as it adds the tokens in
+ * file order (AddedVocabulary::add_tokens): an id already given to the same content, else
+ * the model vocabulary's id of the content, else the next one after the largest added id
+ * (at least the number of vocabulary entries). Released files agree with that; a file that
+ * does not is encoded as HF encodes it, with a warning (as HF's). A second entry with the
+ * same content takes over the first one's flags. */
+static hp_status_t assign_added_ids(ctx_t *c, size_t vocab_size) {
+    hp_tokenizer_t t = c->t;
+    int32_t max_added = -1;
+    size_t w = 0;
+    for (size_t i = 0; i < t->n_added; i++) {
+        added_t a = t->added[i];
+        int32_t id = -1;
+        size_t same = SIZE_MAX;
+        for (size_t k = 0; k < w; k++)
+            if (t->added[k].len == a.len && memcmp(t->added[k].content, a.content, a.len) == 0) same = k;
+        if (same != SIZE_MAX) id = t->added[same].id;
+        if (id < 0) id = model_id(c, a.content, a.len);
+        if (id < 0)
+            id = max_added >= 0 && (max_added >= (int32_t)vocab_size || vocab_size == 0) ? max_added + 1
+                                                                                      : (int32_t)vocab_size;
+        if (id >= max_id_limit()) {
+            char p[64];
+            snprintf(p, sizeof(p), "added_tokens[%zu]", i);
+            return jerr(c, HP_ERR_FORMAT, p, "the id HF would give it, %d, is outside [0, %d)", id,
+                        max_id_limit());
+        }
+        if (id != a.id) {
+            char shown[256];
+            hp_log(HP_LOG_WARN, "%s: added_tokens[%zu] \"%s\" has id %d in the file, but HF tokenizers "
+                   "gives it %d (used)", c->file, i, show(a.content, a.len, shown, 200), a.id, id);
+        }
+        a.id = id;
+        if (id > max_added) max_added = id;
+        memset(&t->added[i], 0, sizeof(a));
+        if (same != SIZE_MAX) { /* the later entry's flags win */
+            free(t->added[same].content);
+            free(t->added[same].match);
+            t->added[same] = a;
+        } else {
+            t->added[w++] = a;
+        }
+    }
+    t->n_added = w;
+    return HP_OK;
+}
+
 static hp_status_t parse_model(ctx_t *c, json_object *model) {
     hp_tokenizer_t t = c->t;
     json_object *v, *vocab, *merges;
@@ -922,22 +969,35 @@ static hp_status_t parse_model(ctx_t *c, json_object *model) {
         return st;
     }
 
-    /* Sizes first: ids of the vocabulary and of the added tokens. */
+    /* Sizes first: ids of the vocabulary (indexed by spelling), then the added tokens'. */
     int32_t max_id = -1;
     char path[1024];
+    size_t nv = (size_t)json_object_object_length(vocab);
+    if ((st = hp_tok_strmap_init(&c->model_map, nv))) {
+        free(unk);
+        return st;
+    }
+    hp_tok_buf_t key = {0};
     json_object_object_foreach(vocab, key0, val0) {
         int32_t id;
         snprintf(path, sizeof(path), "model.vocab[\"%s\"]", show(key0, strlen(key0), shown, 200));
         if ((st = check_id(c, val0, path, &id))) break;
         if (id > max_id) max_id = id;
+        key.len = 0;
+        if ((st = restore(c, &key, key0, strlen(key0)))) break;
+        if (!key.p && (st = hp_tok_buf_add(&key, "", 0))) break;
+        if ((st = hp_tok_strmap_put(&c->model_map, key.p, key.len, id, NULL, NULL))) break;
     }
+    if (st == HP_OK) st = assign_added_ids(c, nv);
     if (st != HP_OK) {
+        free(key.p);
         free(unk);
         return st;
     }
     for (size_t i = 0; i < t->n_added; i++)
         if (t->added[i].id > max_id) max_id = t->added[i].id;
     if (max_id < 0) {
+        free(key.p);
         free(unk);
         return jerr(c, HP_ERR_FORMAT, "model.vocab", "is empty");
     }
@@ -948,12 +1008,13 @@ static hp_status_t parse_model(ctx_t *c, json_object *model) {
     t->dec_len = hp_calloc((size_t)t->n_ids, sizeof(uint32_t));
     t->special = hp_calloc((size_t)t->n_ids, 1);
     if (!t->spelling || !t->spelling_len || !t->dec || !t->dec_len || !t->special) {
+        free(key.p);
         free(unk);
         return HP_ERR_OOM;
     }
-    size_t nv = (size_t)json_object_object_length(vocab);
     if ((st = hp_tok_strmap_init(&t->spell_map, nv + t->n_added)) ||
-        (st = hp_tok_strmap_init(&t->vocab_bytes, nv)) || (st = hp_tok_strmap_init(&c->model_map, nv))) {
+        (st = hp_tok_strmap_init(&t->vocab_bytes, nv))) {
+        free(key.p);
         free(unk);
         return st;
     }
@@ -961,7 +1022,10 @@ static hp_status_t parse_model(ctx_t *c, json_object *model) {
     for (size_t i = 0; i < t->n_added && st == HP_OK; i++) {
         added_t *a = &t->added[i];
         snprintf(path, sizeof(path), "added_tokens[%zu]", i);
-        st = set_spelling(c, a->id, a->content, a->len, path);
+        /* HF's id_to_token (and decode) of a normalized added token is its normalized
+         * content, also when the vocabulary spells that id otherwise */
+        st = a->normalized ? set_spelling(c, a->id, a->match, a->match_len, path)
+                           : set_spelling(c, a->id, a->content, a->len, path);
         t->special[a->id] |= (uint8_t)a->special;
         int64_t *slot;
         if (st == HP_OK) st = hp_tok_strmap_put(&t->spell_map, a->content, a->len, a->id, &slot, NULL);
@@ -971,7 +1035,6 @@ static hp_status_t parse_model(ctx_t *c, json_object *model) {
         if (!t->char_id) st = HP_ERR_OOM;
         else memset(t->char_id, 0xFF, 0x10000 * sizeof(int32_t));
     }
-    hp_tok_buf_t key = {0};
     char *buf = malloc(4096);
     if (!buf && st == HP_OK) st = HP_ERR_OOM;
     if (st == HP_OK) {
@@ -985,7 +1048,6 @@ static hp_status_t parse_model(ctx_t *c, json_object *model) {
             snprintf(path, sizeof(path), "model.vocab[\"%s\"]", show(k, klen, shown, 200));
             int64_t *slot;
             int inserted;
-            if ((st = hp_tok_strmap_put(&c->model_map, k, klen, id, &slot, &inserted))) break;
             if ((st = hp_tok_strmap_put(&t->spell_map, k, klen, id, &slot, &inserted))) break;
             if (t->spelling[id] && (t->spelling_len[id] != klen || memcmp(t->spelling[id], k, klen) != 0)) {
                 int is_added = 0;

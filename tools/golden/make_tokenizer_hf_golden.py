@@ -512,6 +512,11 @@ def documents(samples):
     return ["\n\n".join(samples[i:i + DOC_SAMPLES]) for i in range(0, 4 * DOC_SAMPLES, DOC_SAMPLES)]
 
 
+def added(i, content, special=False, normalized=False, lstrip=False, rstrip=False, single_word=False):
+    return {"id": i, "content": content, "single_word": single_word, "lstrip": lstrip, "rstrip": rstrip,
+            "normalized": normalized, "special": special}
+
+
 def variants(fam):
     """Pipeline variants over two vocabularies; the C test puts each patch into the base
     tokenizer.json."""
@@ -539,6 +544,21 @@ def variants(fam):
         ("qwen2_nfd", "qwen2", {"normalizer": {"type": "NFD"}}),
         ("qwen2_digits_nfkd", "qwen2", {"normalizer": {"type": "NFKD"}, "pre_tokenizer": state(pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=False), pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)]))}),
+        # Added tokens matched in normalized text (their content normalized too), lstrip /
+        # rstrip / single_word, under a normalizer that rewrites spaces and one that composes.
+        ("mistral_added_normalized", "mistral", {
+            "normalizer": state(normalizers.Sequence([normalizers.NFD(), normalizers.Prepend("\u2581"),
+                                                      normalizers.Replace(" ", "\u2581")])),
+            "pre_tokenizer": None, "decoder": spdec,
+            "added_tokens": fam["mistral"][0]["added_tokens"] + [
+                added(5000, "the ", normalized=True), added(5001, "%s", lstrip=True, rstrip=True),
+                added(5002, "\u7684", single_word=True, normalized=True), added(5003, "\u00e9", normalized=True),
+                added(5004, "file", single_word=True, normalized=False)]}),
+        ("qwen2_added_normalized", "qwen2", {
+            "normalizer": {"type": "NFKC"},
+            "added_tokens": fam["qwen2"][0]["added_tokens"] + [
+                added(5000, "\ufb01le", normalized=True), added(5001, " the", lstrip=True, normalized=True),
+                added(5002, "\uff05s", normalized=True), added(5003, "der", single_word=True, normalized=True)]}),
         ("qwen2_metaspace_replace_dec", "qwen2", {"normalizer": state(normalizers.Replace(Regex("[\u3000\u00a0]"), " ")),
                                                  "decoder": state(decoders.Sequence([decoders.ByteLevel(), decoders.Replace(Regex("o+"), "0")]))}),
     ]
