@@ -122,8 +122,14 @@ static hp_status_t replace_into(const hp_tok_dec_step_t *st, const char *s, size
     HP_TRY(toks_push(out, "", 0));
     size_t prev = 0;
     if (st->is_regex) {
+        /* decode is thread-safe: the compiled pattern is shared, the match data is not */
+        hp_tok_regex_t re = st->re;
+        re.md = pcre2_match_data_create_from_pattern(re.code, NULL);
+        if (!re.md) return hp_error(HP_ERR_OOM, "tokenizer decode: cannot allocate regex match data");
         size_t nm = 0;
-        HP_TRY(hp_tok_regex_find_all((hp_tok_regex_t *)&st->re, s, n, m, m_cap, &nm));
+        hp_status_t rs = hp_tok_regex_find_all(&re, s, n, m, m_cap, &nm);
+        pcre2_match_data_free(re.md);
+        HP_TRY(rs);
         for (size_t k = 0; k < nm; k++) {
             HP_TRY(toks_extend(out, s + prev, (*m)[k].start - prev));
             HP_TRY(toks_extend(out, st->text, st->text_len));
