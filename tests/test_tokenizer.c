@@ -464,7 +464,8 @@ static void check_errors(void) {
     hp_tokenizer_t tok = NULL;
     HP_CHECK_ERR(hp_tokenizer_load(&tok, "/nonexistent/tokenizer.json"), HP_ERR_IO,
                  "/nonexistent/tokenizer.json");
-    HP_CHECK_ERR(hp_tokenizer_load(&tok, data_dir), HP_ERR_IO, "Is a directory");
+    /* a directory is a model folder: it needs a tokenizer.json */
+    HP_CHECK_ERR(hp_tokenizer_load(&tok, data_dir), HP_ERR_IO, "no tokenizer.json in this folder");
     /* The valid skeleton loads and works. */
     char path[256];
     snprintf(path, sizeof(path), "test_tokenizer_ok_%ld.json", (long)getpid());
@@ -503,14 +504,18 @@ static void check_errors(void) {
               HP_ERR_FORMAT, "model.merges[0]: is int");
     check_bad("wordpiece", DOC("null", PRE, "{\"type\": \"WordPiece\", \"vocab\": " VOCAB "}"),
               HP_ERR_UNSUPPORTED, "model.type: model \"WordPiece\" is not supported");
-    check_bad("normalizer", DOC("{\"type\": \"NFC\"}", PRE, "{\"vocab\": " VOCAB ", \"merges\": []}"),
-              HP_ERR_UNSUPPORTED, "normalizer: normalizer \"NFC\" is not supported (supported: null");
+    check_bad("normalizer", DOC("{\"type\": \"Lowercase\"}", PRE, "{\"vocab\": " VOCAB ", \"merges\": []}"),
+              HP_ERR_UNSUPPORTED, "normalizer: normalizer \"Lowercase\" is not supported (supported: NFC");
+    check_bad("normalizerseq",
+              DOC("{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, {\"type\": \"Precompiled\"}]}",
+                  PRE, "{\"vocab\": " VOCAB ", \"merges\": []}"),
+              HP_ERR_UNSUPPORTED, "normalizer.normalizers[1]: normalizer \"Precompiled\" is not supported");
     check_bad("pretok", DOC("null", "{\"type\": \"BertPreTokenizer\"}", "{\"vocab\": " VOCAB ", \"merges\": []}"),
               HP_ERR_UNSUPPORTED, "pre_tokenizer: pre-tokenizer type \"BertPreTokenizer\" is not supported");
     check_bad("pretokseq",
-              DOC("null", "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Metaspace\"}]}",
+              DOC("null", "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"CharDelimiterSplit\"}]}",
                   "{\"vocab\": " VOCAB ", \"merges\": []}"),
-              HP_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[0]: pre-tokenizer type \"Metaspace\"");
+              HP_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[0]: pre-tokenizer type \"CharDelimiterSplit\"");
     check_bad("splitorder",
               DOC("null", "{\"type\": \"Sequence\", \"pretokenizers\": [" PRE ", {\"type\": \"Digits\"}]}",
                   "{\"vocab\": " VOCAB ", \"merges\": []}"),
@@ -519,19 +524,17 @@ static void check_errors(void) {
               DOC("null", "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(a\"}, \"behavior\": \"Isolated\"}, " PRE "]}",
                   "{\"vocab\": " VOCAB ", \"merges\": []}"),
               HP_ERR_FORMAT, "pre_tokenizer.pretokenizers[0].pattern.Regex: regex does not compile");
-    check_bad("nobytelevel",
-              DOC("null", "{\"type\": \"Split\", \"pattern\": {\"String\": \" \"}, \"behavior\": \"Isolated\"}",
-                  "{\"vocab\": " VOCAB ", \"merges\": []}"),
-              HP_ERR_UNSUPPORTED, "has no ByteLevel step");
+    check_bad("prefix", DOC("null", PRE, "{\"vocab\": " VOCAB ", \"merges\": [], \"continuing_subword_prefix\": \"##\"}"),
+              HP_ERR_UNSUPPORTED, "model.continuing_subword_prefix: is \"##\"; only null or \"\" is supported");
     check_bad("addedtype",
               "{\"added_tokens\": [{\"id\": \"x\", \"content\": \"<s>\"}], \"pre_tokenizer\": " PRE
               ", \"model\": {\"vocab\": " VOCAB ", \"merges\": []}}",
               HP_ERR_FORMAT, "added_tokens[0]: member \"id\" is string, expected int");
-    check_bad("bytefallback", DOC("null", PRE, "{\"vocab\": " VOCAB ", \"merges\": [], \"byte_fallback\": true}"),
-              HP_ERR_UNSUPPORTED, "byte_fallback");
+    check_bad("dropout", DOC("null", PRE, "{\"vocab\": " VOCAB ", \"merges\": [], \"dropout\": 0.1}"),
+              HP_ERR_UNSUPPORTED, "model.dropout: BPE dropout 0.1 is not supported");
     check_bad("decoder",
               "{\"pre_tokenizer\": " PRE ", \"decoder\": {\"type\": \"WordPiece\"}, \"model\": {\"vocab\": " VOCAB ", \"merges\": []}}",
-              HP_ERR_UNSUPPORTED, "decoder: decoder \"WordPiece\" is not supported");
+              HP_ERR_UNSUPPORTED, "decoder: decoder \"WordPiece\" is not supported (supported: ByteLevel, Replace");
     /* Only added tokens: text would encode to nothing, training would see BOS/EOS only. */
     check_bad("onlyadded",
               "{\"added_tokens\": [{\"id\": 0, \"content\": \"<s>\", \"special\": true}, "

@@ -25,3 +25,5 @@ OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 4 "$BUILD/bench_pp" --layers 8 --dim 256 --
 echo "== checkpoint"
 "$BUILD/bench_checkpoint" --mib 64 --reps 3
 "${MPIRUN[@]}" -np 2 "$BUILD/bench_checkpoint" --mib 64 --reps 3
+echo "== tokenizer vs HF tokenizers (needs a Python with tokenizers: PYTHON=...)"
+PYTHON=${PYTHON:-python3} tools/bench_tokenizer.sh "$BUILD" 5

@@ -27,7 +27,9 @@ static void usage(FILE *f) {
             "      written in the text as ordinary text\n"
             "  hp-tokenizer decode --tokenizer tokenizer.json [--skip-special] [IDS...]\n"
             "      ids from the arguments, or from stdin when none are given\n"
-            "  hp-tokenizer info --tokenizer tokenizer.json\n");
+            "  hp-tokenizer info --tokenizer tokenizer.json\n"
+            "  --tokenizer also takes a Hugging Face model folder (tokenizer.json, and\n"
+            "  tokenizer_config.json for BOS / EOS / pad, add_bos_token, the chat template)\n");
 }
 
 static int fail(const char *what, hp_status_t st) {
@@ -304,10 +306,21 @@ static int cmd_info(int argc, char **argv) {
     hp_tokenizer_t tok;
     hp_status_t st = hp_tokenizer_load(&tok, argv[1]);
     if (st != HP_OK) return fail("info", st);
-    int32_t bos = hp_tokenizer_bos_id(tok), eos = hp_tokenizer_eos_id(tok);
+    int32_t bos = hp_tokenizer_bos_id(tok), eos = hp_tokenizer_eos_id(tok), pad = hp_tokenizer_pad_id(tok);
     printf("vocab_size %d\nbos %d %s\neos %d %s\n", hp_tokenizer_vocab_size(tok), bos,
            bos >= 0 ? hp_tokenizer_id_to_token(tok, bos) : "-", eos,
            eos >= 0 ? hp_tokenizer_id_to_token(tok, eos) : "-");
+    /* from tokenizer_config.json when the argument is a model folder */
+    unsigned fl = hp_tokenizer_config_flags(tok);
+    const char *ct = hp_tokenizer_chat_template(tok, NULL);
+    size_t n_special = 0;
+    for (size_t i = 0; i < hp_tokenizer_added_count(tok); i++)
+        n_special += hp_tokenizer_is_special(tok, hp_tokenizer_added_id(tok, i)) != 0;
+    printf("pad %d %s\nadd_bos_token %s\nadd_eos_token %s\nadded_tokens %zu (%zu special)\n"
+           "chat_template %s\n",
+           pad, pad >= 0 ? hp_tokenizer_id_to_token(tok, pad) : "-",
+           fl & HP_TOKENIZE_ADD_BOS ? "true" : "false", fl & HP_TOKENIZE_ADD_EOS ? "true" : "false",
+           hp_tokenizer_added_count(tok), n_special, ct ? "yes" : "none");
     hp_tokenizer_free(tok);
     return 0;
 }

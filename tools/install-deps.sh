@@ -7,6 +7,7 @@ PKGS=(gcc make cmake pkg-config
       libopenblas-dev                 # BLAS for every GEMM
       libyaml-dev                     # YAML configs
       libpcre2-dev                    # tokenizer pre-tokenizer regexes
+      libutf8proc-dev                 # tokenizer NFC / NFKC normalizers
       libjson-c-dev                   # tokenizer.json, safetensors headers, checkpoint metadata
       libxxhash-dev                   # XXH3 checksums of checkpoint tensors
       fortunes)                       # the bundled English demo corpus

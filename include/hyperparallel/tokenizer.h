@@ -1,6 +1,7 @@
-/* Byte-level BPE tokenizer compatible with Hugging Face `tokenizers` tokenizer.json files
- * (GPT-2 and Llama 3 styles): loading, encode, decode, and training a new tokenizer.json
- * from text files. Supported subset and behaviour: docs/tokenizer.md. */
+/* BPE tokenizer compatible with Hugging Face `tokenizers` tokenizer.json files (GPT-2,
+ * Llama 2 / 3, Mistral, Gemma, Qwen2 / 3, DeepSeek-V3 styles) and tokenizer_config.json:
+ * loading, encode, decode, and training a new byte-level tokenizer.json from text files.
+ * Supported subset and behaviour: docs/tokenizer.md. */
 #ifndef HYPERPARALLEL_TOKENIZER_H
 #define HYPERPARALLEL_TOKENIZER_H
 
@@ -25,8 +26,9 @@ typedef struct hp_token_ids {
 
 void hp_token_ids_free(hp_token_ids_t *ids);
 
-/* Loads a tokenizer.json. Errors (HP_ERR_IO, HP_ERR_FORMAT, HP_ERR_UNSUPPORTED) name the
- * file and the JSON path of the offending value, e.g. "t.json: model.merges[3]: ...". */
+/* Loads a tokenizer.json, or a model folder (a directory: hp_tokenizer_load_dir). Errors
+ * (HP_ERR_IO, HP_ERR_FORMAT, HP_ERR_UNSUPPORTED) name the file and the JSON path of the
+ * offending value, e.g. "t.json: model.merges[3]: ...", and what is supported. */
 hp_status_t hp_tokenizer_load(hp_tokenizer_t *out, const char *path);
 /* Same from a JSON document in memory; `name` is used in messages. */
 hp_status_t hp_tokenizer_load_json(hp_tokenizer_t *out, const char *json, size_t len,
@@ -81,6 +83,34 @@ const char *hp_tokenizer_id_to_token(hp_tokenizer_t tok, int32_t id);
 const char *hp_tokenizer_token_bytes(hp_tokenizer_t t, int32_t id, size_t *len);
 /* 1 when the id is an added token marked "special". */
 int hp_tokenizer_is_special(hp_tokenizer_t tok, int32_t id);
+
+/* ---- a Hugging Face model folder ------------------------------------------------------ */
+
+/* Loads dir/tokenizer.json, then applies dir/tokenizer_config.json when present (falling
+ * back to dir/special_tokens_map.json for the token names) and dir/chat_template.jinja.
+ * Errors name the file, the field and what was expected. */
+hp_status_t hp_tokenizer_load_dir(hp_tokenizer_t *out, const char *dir);
+/* Applies one tokenizer_config.json (or special_tokens_map.json) to a loaded tokenizer:
+ * bos_token / eos_token / pad_token (a string or {"content": ...}; each must be a token of
+ * the tokenizer) override BOS / EOS / pad, add_bos_token / add_eos_token are recorded
+ * (hp_tokenizer_config_flags), chat_template (a string, or a list of {name, template}) is
+ * kept. Other keys are ignored. */
+hp_status_t hp_tokenizer_apply_config(hp_tokenizer_t tok, const char *path);
+/* Pad id (pad_token of the config), -1 when there is none. */
+int32_t hp_tokenizer_pad_id(hp_tokenizer_t tok);
+/* add_bos_token / add_eos_token of the config as HP_TOKENIZE_ADD_BOS | HP_TOKENIZE_ADD_EOS
+ * (0 for a key that is false or absent). */
+unsigned hp_tokenizer_config_flags(hp_tokenizer_t tok);
+/* The Jinja text of the chat template: name NULL for the default one (the single template,
+ * or the one named "default"), else the named one; NULL when there is none. The template is
+ * not rendered here; the tokens it writes (e.g. "<|im_start|>") are looked up with
+ * hp_tokenizer_token_to_id, bos_token / eos_token with hp_tokenizer_id_to_token of the BOS /
+ * EOS ids. */
+const char *hp_tokenizer_chat_template(hp_tokenizer_t tok, const char *name);
+/* The added tokens (tokenizer.json's added_tokens, in file order): count, and the id and
+ * specialness of the i-th. */
+size_t hp_tokenizer_added_count(hp_tokenizer_t tok);
+int32_t hp_tokenizer_added_id(hp_tokenizer_t tok, size_t i);
 
 /* ---- training ------------------------------------------------------------------------ */
 

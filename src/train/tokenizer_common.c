@@ -1,5 +1,6 @@
 /* Helpers of the tokenizer and its trainer: byte-level alphabet, UTF-8, a byte-string hash
  * map and the PCRE2 wrapper (tokenizer-impl.h). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -198,71 +199,93 @@ hp_status_t hp_tok_strmap_put(hp_tok_strmap_t *m, const char *key, size_t len, i
 
 /* Oniguruma (HF's regex engine) and PCRE2 disagree on a few Unicode classes: PCRE2's \s
  * includes U+180E (its \h list), Unicode White_Space (Oniguruma) does not; Oniguruma's \w
- * is Letter | Mark | Decimal_Number | Connector_Punctuation, PCRE2's is [\p{L}\p{N}_].
- * Rewrite \s \S \w \W into explicit classes (inside a class only \s and \w, which expand to
- * a list; \S and \W inside a class are left as PCRE2 has them). */
+ * is Letter | Mark | Decimal_Number | Connector_Punctuation, PCRE2's is [\p{L}\p{N}_]; and
+ * Debian 12's PCRE2 has Unicode 14.0 categories where Oniguruma has 16.0. So \s \S \w \W \d
+ * \D and every general-category \p{..} / \P{..} is rewritten into an explicit class with
+ * 16.0's members (tokenizer_unicode.c); inside a class \S \W \D are left as PCRE2 has them.
+ * \uHHHH (Oniguruma) becomes \x{HHHH} (PCRE2). */
 #define WS_LIST "\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
-#define WORD_LIST "\\p{L}\\p{M}\\p{Nd}\\p{Pc}"
+#define GC_BIT(g) (1u << HP_TOK_GC_##g)
+#define WORD_MASK (GC_BIT(Lu) | GC_BIT(Ll) | GC_BIT(Lt) | GC_BIT(Lm) | GC_BIT(Lo) | GC_BIT(Mn) | \
+                   GC_BIT(Mc) | GC_BIT(Me) | GC_BIT(Nd) | GC_BIT(Pc))
 
-static char *onig_compat(const char *p, size_t n, size_t *out_len) {
-    size_t cap = n * 4 + 64, o = 0;
-    char *out = malloc(cap);
-    if (!out) return NULL;
+static int is_hex(char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+static hp_status_t onig_compat(const char *p, size_t n, hp_tok_buf_t *out) {
     int in_class = 0;
     for (size_t i = 0; i < n; i++) {
-        const char *ins = NULL;
         if (p[i] == '\\' && i + 1 < n) {
             char c = p[i + 1];
-            if (c == 's') ins = in_class ? WS_LIST : "[" WS_LIST "]";
-            else if (c == 'S' && !in_class) ins = "[^" WS_LIST "]";
-            else if (c == 'w') ins = in_class ? WORD_LIST : "[" WORD_LIST "]";
-            else if (c == 'W' && !in_class) ins = "[^" WORD_LIST "]";
-            if (!ins) {
-                if (o + 2 > cap) break;
-                out[o++] = p[i];
-                out[o++] = p[++i];
+            uint32_t mask = 0;
+            int negate = 0;
+            size_t skip = 2;
+            if (c == 's') {
+                HP_TRY(hp_tok_buf_add(out, in_class ? WS_LIST : "[" WS_LIST "]",
+                                      strlen(WS_LIST) + (in_class ? 0 : 2)));
+                i++;
                 continue;
             }
+            if (c == 'S' && !in_class) {
+                HP_TRY(hp_tok_buf_add(out, "[^" WS_LIST "]", strlen(WS_LIST) + 3));
+                i++;
+                continue;
+            }
+            if (c == 'w' || (c == 'W' && !in_class)) mask = WORD_MASK, negate = c == 'W';
+            else if (c == 'd' || (c == 'D' && !in_class)) mask = GC_BIT(Nd), negate = c == 'D';
+            else if (c == 'p' || c == 'P') {
+                const char *name = p + i + 2;
+                size_t nl = 0;
+                negate = c == 'P';
+                if (i + 2 < n && p[i + 2] == '{') {
+                    const char *end = memchr(p + i + 3, '}', n - i - 3);
+                    if (end) {
+                        name = p + i + 3;
+                        nl = (size_t)(end - name);
+                        skip = 3 + nl + 1;
+                        if (nl && name[0] == '^') name++, nl--, negate = !negate;
+                    }
+                } else if (i + 2 < n) {
+                    nl = 1, skip = 3;
+                }
+                mask = nl ? hp_tok_gc_mask_of_name(name, nl) : 0; /* others: PCRE2's own */
+            } else if (c == 'u' && i + 5 < n && is_hex(p[i + 2]) && is_hex(p[i + 3]) &&
+                       is_hex(p[i + 4]) && is_hex(p[i + 5])) {
+                char x[16];
+                snprintf(x, sizeof(x), "\\x{%.4s}", p + i + 2);
+                HP_TRY(hp_tok_buf_add(out, x, strlen(x)));
+                i += 5;
+                continue;
+            }
+            if (mask) {
+                HP_TRY(hp_tok_unicode_class(out, mask, negate, in_class));
+                i += skip - 1;
+                continue;
+            }
+            HP_TRY(hp_tok_buf_add(out, p + i, 2)); /* any other escape, as written */
             i++;
-        } else if (p[i] == '[' && !in_class) {
-            in_class = 1;
-            if (o + 3 > cap) break;
-            out[o++] = '[';
-            /* "[]" and "[^]" start with a literal ']' */
-            if (i + 1 < n && p[i + 1] == '^') out[o++] = p[++i];
-            if (i + 1 < n && p[i + 1] == ']') out[o++] = p[++i];
             continue;
-        } else if (p[i] == '[' && in_class && i + 1 < n && p[i + 1] == ':') {
+        }
+        if (p[i] == '[' && !in_class) {
+            in_class = 1;
+            HP_TRY(hp_tok_buf_add(out, "[", 1));
+            /* "[]" and "[^]" start with a literal ']' */
+            if (i + 1 < n && p[i + 1] == '^') HP_TRY(hp_tok_buf_add(out, p + ++i, 1));
+            if (i + 1 < n && p[i + 1] == ']') HP_TRY(hp_tok_buf_add(out, p + ++i, 1));
+            continue;
+        }
+        if (p[i] == '[' && in_class && i + 1 < n && p[i + 1] == ':') {
             const char *end = memchr(p + i + 2, ']', n - i - 2); /* [:alpha:] */
             size_t k = end ? (size_t)(end - p) + 1 - i : 1;
-            if (o + k > cap) break;
-            memcpy(out + o, p + i, k);
-            o += k;
+            HP_TRY(hp_tok_buf_add(out, p + i, k));
             i += k - 1;
             continue;
-        } else if (p[i] == ']' && in_class) {
-            in_class = 0;
         }
-        if (ins) {
-            size_t k = strlen(ins);
-            if (o + k > cap) {
-                cap = (o + k) * 2;
-                char *q = realloc(out, cap);
-                if (!q) {
-                    free(out);
-                    return NULL;
-                }
-                out = q;
-            }
-            memcpy(out + o, ins, k);
-            o += k;
-        } else {
-            if (o + 1 > cap) break;
-            out[o++] = p[i];
-        }
+        if (p[i] == ']' && in_class) in_class = 0;
+        HP_TRY(hp_tok_buf_add(out, p + i, 1));
     }
-    *out_len = o;
-    return out;
+    return HP_OK;
 }
 
 hp_status_t hp_tok_regex_compile(hp_tok_regex_t *re, const char *pattern, size_t len,
@@ -272,18 +295,21 @@ hp_status_t hp_tok_regex_compile(hp_tok_regex_t *re, const char *pattern, size_t
     PCRE2_SIZE erroff = 0;
     uint32_t opts = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
     if (len == PCRE2_ZERO_TERMINATED) len = strlen(pattern);
-    char *conv = NULL;
-    size_t conv_len = len;
+    hp_tok_buf_t conv = {0};
     if (!literal) {
-        conv = onig_compat(pattern, len, &conv_len);
-        if (!conv) return hp_error(HP_ERR_OOM, "%s: cannot translate the regex", what);
+        hp_status_t st = onig_compat(pattern, len, &conv);
+        if (st != HP_OK) {
+            free(conv.p);
+            return hp_error(st, "%s: cannot translate the regex (out of memory)", what);
+        }
     }
-    re->code = pcre2_compile((PCRE2_SPTR)(conv ? conv : pattern), conv_len, opts, &err, &erroff, NULL);
-    free(conv);
-    if (!re->code && conv) { /* report the error at its place in the pattern as written */
+    re->code = pcre2_compile((PCRE2_SPTR)(literal ? pattern : conv.p), literal ? len : conv.len,
+                             opts, &err, &erroff, NULL);
+    if (!re->code && !literal) { /* report the error at its place in the pattern as written */
         pcre2_code *c = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &erroff, NULL);
         if (c) pcre2_code_free(c);
     }
+    free(conv.p);
     if (!re->code) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof(msg));
@@ -323,4 +349,35 @@ int hp_tok_regex_next(hp_tok_regex_t *re, const char *s, size_t n, size_t from, 
     *ms = ov[0];
     *me = ov[1];
     return 1;
+}
+
+hp_status_t hp_tok_regex_find_all(hp_tok_regex_t *re, const char *s, size_t n,
+                                  hp_tok_match_t **out, size_t *cap, size_t *count) {
+    size_t pos = 0, ms, me, prev_end = 0;
+    int rc, have_last = 0;
+    *count = 0;
+    while (pos <= n && (rc = hp_tok_regex_next(re, s, n, pos, &ms, &me)) != 0) {
+        if (rc < 0) return HP_ERR_INVALID_ARG;
+        if (me == ms) {
+            /* Empty match: step one character; like onig's find_iter (HF), an empty match
+             * right at the end of the previous match is not reported. */
+            uint32_t cp;
+            int l = me < n ? hp_tok_utf8_get(s + me, n - me, &cp) : 1;
+            pos = me + (size_t)(l ? l : 1);
+            if (have_last && ms == prev_end) continue;
+        } else {
+            pos = me;
+        }
+        if (*count == *cap) {
+            size_t c = *cap ? *cap * 2 : 64;
+            hp_tok_match_t *p = realloc(*out, c * sizeof(**out));
+            if (!p) return hp_error(HP_ERR_OOM, "tokenizer regex: cannot grow the match list to %zu", c);
+            *out = p;
+            *cap = c;
+        }
+        (*out)[(*count)++] = (hp_tok_match_t){ms, me};
+        prev_end = me;
+        have_last = 1;
+    }
+    return HP_OK;
 }
