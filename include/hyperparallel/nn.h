@@ -274,9 +274,10 @@ typedef struct hp_loss_saved {
     float *lse;                /* (N) */
     int N, V;
 } hp_loss_saved_t;
-/* For loss modules: the arena bytes of a forward over B x T rows, and its start (checks the
- * logits and targets, saves them, allocates losses and lse as the module's slot). */
-size_t hp_loss_act_bytes(int B, int T);
+/* For loss modules: the arena bytes of a forward over B x T rows (an act_bytes op: the same
+ * for every loss module), and its start (checks the logits and targets, saves them, allocates
+ * losses and lse as the module's slot). */
+size_t hp_loss_act_bytes(const hp_module_t *loss, int B, int T);
 hp_status_t hp_loss_begin(hp_module_t *loss, hp_act_t *act, const hp_tensor_t *logits, hp_loss_saved_t **out);
 /* The result of `loss`'s last forward in act. */
 static inline const hp_loss_saved_t *hp_loss_result(hp_act_t *act, const hp_module_t *loss) {

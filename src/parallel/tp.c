@@ -1357,11 +1357,6 @@ hp_status_t hp_tp_parallelize_modules(hp_tp_t *out, hp_module_t **modules, int n
 
 /* loss_parallel as the model's loss module (nn.h): cross-entropy over this rank's columns of
  * the vocab-sharded logits, the global vocab offset rank x local columns. */
-static size_t lp_act_bytes(const hp_module_t *m, int B, int T) {
-    (void)m;
-    return hp_loss_act_bytes(B, T);
-}
-
 static hp_status_t lp_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     (void)out;
     hp_tp_t tp = m->impl;
@@ -1385,7 +1380,7 @@ static hp_status_t lp_backward_input(hp_module_t *m, hp_act_t *act, const hp_ten
 }
 
 static const hp_module_ops_t lp_ops = {
-    "loss_parallel", lp_act_bytes, NULL, lp_forward, lp_backward_input, NULL, NULL,
+    "loss_parallel", hp_loss_act_bytes, NULL, lp_forward, lp_backward_input, NULL, NULL,
 };
 
 /* loss_parallel: when the head's output is vocab-sharded (its output projection's style says
