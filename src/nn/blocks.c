@@ -98,13 +98,8 @@ hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, const hp_param_t *q
                              int kv_per, int head_dim, int layer, hp_module_t **out) {
     hp_module_t *core = module_new(m, &core_ops, name, sizeof(core_impl_t));
     if (!core) return HP_ERR_OOM;
-    core_impl_t *C = core->impl;
-    C->q = q;
-    C->kv = kv;
-    C->q_per = q_per;
-    C->kv_per = kv_per;
-    C->hd = head_dim;
-    C->layer = layer;
+    *(core_impl_t *)core->impl =
+        (core_impl_t){.q = q, .kv = kv, .q_per = q_per, .kv_per = kv_per, .hd = head_dim, .layer = layer};
     *out = core;
     return HP_OK;
 }
