@@ -64,8 +64,8 @@ void hp_attention_local_heads(const hp_module_t *attention, int *n_heads, int *n
  * qk-norm and RoPE) and writes (N, qd); its backward_input writes [dq | dk | dv] in the same
  * layout. */
 hp_module_t *hp_attention_core(hp_module_t *attention);
-/* --- what the asynchronous context-parallel core needs of its attention --- */
-/* The projection child (fused wq|wk|wv linear). */
+/* For the asynchronous context-parallel core (cp.h), which starts the K/V exchange from the
+ * projection's output: the projection child (fused wq|wk|wv linear). */
 hp_module_t *hp_attention_wqkv(hp_module_t *attention);
 /* During the attention's forward (from the projection's post-forward hook to the core), its
  * raw projection output (B*T, qd + 2 kd) [q | k | v] before qk-norm and RoPE; NULL when
@@ -77,7 +77,6 @@ const float *hp_attention_projection_rows(hp_module_t *attention, hp_act_t *act)
  * comes out bitwise as on the rank that owns it. rstd: scratch (rows x max(n_q, n_k)). */
 hp_status_t hp_attention_prepare_rows(hp_module_t *attention, hp_act_t *act, float *x, int ld, int rows, int n_q,
                                       int n_k, int pos0, float *rstd);
-/* --- end --- */
 int hp_feed_forward_local_hidden(const hp_module_t *feed_forward);
 /* MLA attention (kind "mla_attention", DeepSeek-V3; src/nn/mla.c, docs/moe.md): children the q
  * path (wq, or wq_a, q_norm, wq_b), wkv_a, kv_norm, wkv_b, core (causal SDPA over zero-padded

@@ -98,7 +98,7 @@ hp_status_t hp_hf_map_name(const hp_hf_adapter_t *a, hp_hf_direction_t direction
                         "family's, hp_model_hf_adapter (models.h)", name);
     if (map_name(a, direction, name, out, n, permute)) return HP_OK;
     char tmp[160];
-    if (direction == HP_HF_TO_HF && expert_hf_name(name, 0, tmp, sizeof tmp))   /* mixture of experts (owner moe) */
+    if (direction == HP_HF_TO_HF && expert_hf_name(name, 0, tmp, sizeof tmp))   /* a routed expert's parameter */
         return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: '%s' is one HF tensor per expert (%s, ...), not one "
                         "name", a->family, name, tmp);
     if (direction == HP_HF_TO_HF)
@@ -216,7 +216,7 @@ hp_status_t hp_hf_export(const char *dir, const hp_hf_adapter_t *a, const hp_mod
     if (rank == 0) s = hp_file_mkdirs(dir);
     HP_TRY(hp_dcp_agree(comm, s, "HF export: creating the directory"));
     /* every rank takes part in the gathers; rank 0 keeps the data. Entries: one per
-     * parameter, E per routed-expert parameter (views of its expert slices, owner moe) */
+     * parameter, E per routed-expert parameter (views of its expert slices) */
     char tmpn[160];
     int n_ent = 0;
     for (int i = 0; i < n_params; i++)
@@ -332,7 +332,7 @@ static void warn_extra_tensors(const char *dir, const hp_hf_adapter_t *a, const 
     int nw = 0;
     for (int i = 0; i < n_params; i++) {
         int pm;
-        if (expert_hf_name(params[i].name, 0, tmp, sizeof tmp)) {   /* one HF tensor per expert (owner moe) */
+        if (expert_hf_name(params[i].name, 0, tmp, sizeof tmp)) {   /* one HF tensor per expert */
             for (int e = 0; e < mc->moe_experts; e++) expert_hf_name(params[i].name, e, want[nw++], sizeof want[0]);
             continue;
         }
@@ -429,9 +429,9 @@ static hp_status_t stored_dtype(const char *dir, const char *file, const char *h
     return HP_OK;
 }
 
-/* --- mixture of experts (owner moe): a routed-expert parameter (E, A, B) from HF's E tensors
- * (A, B): only this rank's boxes (its experts, and under Shard(1) / TP its rows / columns),
- * each expert's rows read as column segments. */
+/* A routed-expert parameter (E, A, B) from HF's E tensors (A, B): only this rank's boxes (its
+ * experts, and under Shard(1) / TP its rows / columns), each expert's rows read as column
+ * segments. */
 static hp_status_t import_experts(const char *dir, const hp_model_config_t *mc, hp_param_t *p, hp_hf_index_t wm,
                                   hp_safetensors_t *open_st, char (*open_name)[256], int *n_open, float **buf,
                                   size_t *buf_cap) {
@@ -508,7 +508,6 @@ static hp_status_t import_experts(const char *dir, const hp_model_config_t *mc, 
     free(boxes);
     return s;
 }
-/* --- end --- */
 
 static hp_status_t import_local(const char *dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
                                 hp_param_t *params, int n_params, int warn) {
@@ -528,7 +527,7 @@ static hp_status_t import_local(const char *dir, const hp_hf_adapter_t *a, const
     for (int i = 0; s == HP_OK && i < n_params; i++) {
         char hf[160];
         int pm;
-        if (expert_hf_name(params[i].name, 0, hf, sizeof hf)) {   /* mixture of experts (owner moe) */
+        if (expert_hf_name(params[i].name, 0, hf, sizeof hf)) {   /* a routed expert's E HF tensors */
             s = import_experts(dir, mc, &params[i], wm, open_st, open_name, &n_open, &buf, &buf_cap);
             continue;
         }

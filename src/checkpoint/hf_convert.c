@@ -19,7 +19,7 @@
 
 /* A model parameter (hp_model_describe_params: the same names, order and shapes as
  * hp_model_params) and its HF tensors: one, or E for a routed expert's (E, A, B) parameter
- * (HF's E tensors (A, B), owner moe). */
+ * (HF's E tensors (A, B)). */
 typedef struct {
     char name[HP_PARAM_NAME_MAX];
     int ndim;

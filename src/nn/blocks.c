@@ -319,7 +319,8 @@ void hp_attention_local_heads(const hp_module_t *m, int *n_heads, int *n_kv_head
 
 hp_module_t *hp_attention_core(hp_module_t *m) { return m && m->ops == &attn_ops ? A_CORE(m) : NULL; }
 
-/* --- the asynchronous context-parallel core's view of the attention --- */
+/* The attention as the asynchronous context-parallel core sees it (cp.c): its projection
+ * child, the raw projection rows and the qk-norm + RoPE it applies to rows before its core. */
 hp_module_t *hp_attention_wqkv(hp_module_t *m) { return m && m->ops == &attn_ops ? A_WQKV(m) : NULL; }
 
 const float *hp_attention_projection_rows(hp_module_t *m, hp_act_t *act) {
@@ -350,7 +351,6 @@ hp_status_t hp_attention_prepare_rows(hp_module_t *m, hp_act_t *act, float *x, i
     if (n_k) act->be->rope_apply(act->be->ctx, x + (size_t)n_q * hd, ld, 1, rows, n_k, hd, c, sn, A->c.style, 0);
     return HP_OK;
 }
-/* --- end --- */
 
 /* ---- feed-forward ----------------------------------------------------------------------- */
 
