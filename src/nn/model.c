@@ -209,14 +209,8 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
                         "max_seq_len %d (%s/%s)", max_seq_len, cfg.max_seq_len, cfg.name, cfg.flavor);
     hp_model_t m = hp_calloc(1, sizeof(*m));
     if (!m) return HP_ERR_OOM;
-    m->cfg = cfg;
-    m->arch = arch;
-    m->max_batch = max_batch;
-    m->max_seq_len = max_seq_len;
-    m->n_units_total = nu;
-    m->u0 = u0;
-    m->u1 = u1;
-    m->be = hp_backend_default();
+    *m = (struct hp_model){.cfg = cfg, .arch = arch, .max_batch = max_batch, .max_seq_len = max_seq_len,
+                           .n_units_total = nu, .u0 = u0, .u1 = u1, .be = hp_backend_default()};
     const hp_model_config_t *c = &m->cfg;
     hp_status_t st = HP_OK;
     const int hd = c->head_dim;
