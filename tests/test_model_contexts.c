@@ -352,7 +352,7 @@ static void test_hooks(void) {
 typedef struct spy { hp_module_t *orig; int fwd, bwd; } spy_t;
 static size_t spy_bytes(const hp_module_t *m, int b, int t) {
     const spy_t *s = m->impl;
-    return s->orig->ops->act_bytes(s->orig, b, t) + (hp_module_is_loss(s->orig) ? hp_loss_act_bytes(b, t) : 0);
+    return s->orig->ops->act_bytes(s->orig, b, t) + (hp_module_is_loss(s->orig) ? hp_loss_act_bytes(s->orig, b, t) : 0);
 }
 static hp_status_t spy_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     spy_t *s = m->impl;

@@ -27,8 +27,14 @@ void *hp_arena_alloc(hp_arena_t *a, size_t bytes);
 size_t hp_arena_mark(const hp_arena_t *a);
 void hp_arena_reset_to(hp_arena_t *a, size_t mark);
 void hp_arena_reset(hp_arena_t *a);
-/* Bytes that a sequence of allocations of the given sizes will take (for sizing tables). */
+/* Bytes that an allocation of `bytes` takes in an arena (64-byte rounding), and that n
+ * allocations of sizes[i] take: the capacity of an arena sized from a table first. */
 size_t hp_arena_round(size_t bytes);
+size_t hp_arena_bytes(int n, const size_t *sizes);
+/* One arena for the n tables of one lifetime, sized from the table first: table i has bytes[i]
+ * (64-byte aligned, zeroed) and its address goes to the pointer at dst[i] (the address of a
+ * pointer of any object type: &m->params). hp_arena_free releases them all. */
+hp_status_t hp_arena_init_tables(hp_arena_t *a, const char *name, int n, const size_t *bytes, void *const *dst);
 
 #ifdef __cplusplus
 }

@@ -53,16 +53,14 @@ typedef struct hp_config {
         int64_t rope_original_max_pos;
         int qk_norm, tie_embeddings;  /* tristate */
         int64_t max_seq_len;
-        /* --- mixture of experts (owner moe; docs/moe.md): -1 / "default" keep the flavor's --- */
+        /* the MoE keys (docs/moe.md): -1 / "default" keep the flavor's */
         int64_t moe_num_experts, moe_top_k, moe_hidden_dim, moe_num_shared_experts, moe_n_dense_layers;
         char moe_score_func[HP_CONFIG_STR_MAX];   /* default | sigmoid | softmax */
         int moe_route_norm, moe_score_before_experts;   /* tristate */
         double moe_route_scale, moe_load_balance_coeff, moe_aux_loss_coeff;
-        /* --- end --- */
-        /* --- MLA attention (deepseek_v3; docs/moe.md): -1 keeps the flavor's --- */
+        /* MLA attention's keys (deepseek_v3; docs/moe.md): -1 keeps the flavor's */
         int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
         double mla_mscale;
-        /* --- end --- */
     } model;
     struct {
         int64_t steps;
@@ -111,11 +109,9 @@ typedef struct hp_config {
         char pipeline_parallel_schedule_csv[HP_CONFIG_STR_MAX];
         char module_fqns_per_model_part[HP_CONFIG_STR_MAX];
         char context_parallel_rotate_method[HP_CONFIG_STR_MAX];
-        /* --- context parallel (owner cp) --- */
         char context_parallel_load_balancer[HP_CONFIG_STR_MAX];
         int64_t context_parallel_ulysses_degree;
         bool context_parallel_async;
-        /* --- end --- */
     } parallelism;
     struct {
         char mode[HP_CONFIG_STR_MAX];

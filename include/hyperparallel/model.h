@@ -43,8 +43,7 @@ typedef struct hp_model_config {
     int qk_norm;            /* qwen3: RMSNorm over head_dim on q and k before RoPE */
     int tie_embeddings;     /* output projection uses tok_embeddings.weight */
     int max_seq_len;
-    /* --- mixture of experts (owner moe; docs/moe.md) --- moe_experts 0: every layer dense.
-     * Layers [0, moe_n_dense_layers) keep the dense feed_forward (hidden_dim); the others
+    /* Mixture of experts (docs/moe.md): moe_experts 0: every layer dense. Layers [0, moe_n_dense_layers) keep the dense feed_forward (hidden_dim); the others
      * have an MoE of moe_experts routed experts of hidden moe_hidden, top moe_top_k, plus
      * moe_shared_experts shared experts (one SwiGLU of hidden moe_shared_experts x moe_hidden). */
     int moe_experts, moe_top_k, moe_hidden, moe_shared_experts;
@@ -56,8 +55,7 @@ typedef struct hp_model_config {
     int moe_n_dense_layers;
     float moe_load_balance_coeff; /* aux-loss-free expert_bias update step; 0: off */
     float moe_aux_loss_coeff;     /* HyperParallel's auxiliary loss (hp_moe_config_t); 0: off */
-    /* --- end --- */
-    /* --- MLA: DeepSeek-V3's multi-head latent attention (deepseek_v3; docs/moe.md) --- mla 1:
+    /* MLA, DeepSeek-V3's multi-head latent attention (deepseek_v3; docs/moe.md): mla 1:
      * q = wq x (q_lora_rank 0) or wq_b q_norm(wq_a x); [c | k_pe] = wkv_a x; [k_nope | v] per
      * head = wkv_b kv_norm(c); RoPE (interleaved pairs) on q's last qk_rope_head_dim channels
      * of each head and on k_pe (one shared by every head). hp_model_config_validate derives
@@ -69,7 +67,6 @@ typedef struct hp_model_config {
     int mla;
     int q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
     float mla_mscale, rope_beta_fast, rope_beta_slow;
-    /* --- end --- */
     /* The family's builder (model_builder.h): set by the registry when it resolves a config
      * (hp_model_flavor, hp_hf_read_config; models.h) and kept by copies of it. */
     const struct hp_model_arch *arch;
@@ -83,14 +80,12 @@ hp_status_t hp_model_config_validate(hp_model_config_t *cfg);
 /* Number of parameters; exclude_embedding drops tok_embeddings (when untied), as TorchTitan's
  * get_nparams_and_flops. */
 int64_t hp_model_param_count(const hp_model_config_t *cfg, int exclude_embedding);
-/* --- mixture of experts (owner moe) --- */
 /* Whether block `layer` has an MoE feed-forward; its hp_moe_config_t (nn.h). */
 int hp_model_layer_is_moe(const hp_model_config_t *cfg, int layer);
 void hp_model_moe_config(const hp_model_config_t *cfg, hp_moe_config_t *out);
 /* Parameters one token meets: routed experts counted top_k of n_experts (TorchTitan's
  * nparams_sparse_active); equals hp_model_param_count for dense models. */
 int64_t hp_model_active_param_count(const hp_model_config_t *cfg, int exclude_embedding);
-/* --- end --- */
 /* MLA: whether YaRN (and the mscale^2 softmax factor) applies: max_seq_len > the original
  * context; the softmax scale of the attention scores. */
 int hp_model_mla_yarn(const hp_model_config_t *cfg);

@@ -37,6 +37,23 @@ int hp_hf_expert_name(const char *fqn, int e, char *out, size_t n);
 int hp_hf_is_expert_bias(const char *name);
 int hp_hf_skips(const hp_hf_adapter_t *a, const char *fqn);
 hp_status_t hp_hf_check(const hp_hf_adapter_t *a, const struct hp_model_config *mc, const char *what);
+/* Rows of a (heads*hd, cols) q/k weight, row_bytes each: to_hf moves TorchTitan row
+ * h*hd + 2i + p to HF row h*hd + p*hd/2 + i (the interleaved to rotate_half RoPE order), else back. */
+void hp_hf_permute_rows(void *dst, const void *src, int64_t rows, size_t row_bytes, int hd, int to_hf);
+/* The checks of an HF export (an adapter for the model, dtype f32 or bf16) and its default
+ * shard size (5 GiB, HF's) when *max_shard_bytes is 0. */
+hp_status_t hp_hf_export_check(const hp_hf_adapter_t *a, const struct hp_model_config *mc, hp_dtype_t dtype,
+                               size_t *max_shard_bytes);
+/* The HF shard (1-based) of the next tensor of nb bytes: tensors fill shards in order, a new one
+ * starting when the current one has data and would grow past max_shard_bytes (HF's rule);
+ * *cur bytes in the current shard, *total in all, *nfiles shards so far (start: 0, 0, 1). */
+int hp_hf_next_shard(size_t nb, size_t max_shard_bytes, size_t *cur, size_t *total, int *nfiles);
+/* Shard f's file name, "model-0000f-of-0000n.safetensors", and (path non-NULL) its path in dir. */
+void hp_hf_shard_name(char *fn, size_t fn_n, char *path, size_t path_n, const char *dir, int f, int nfiles);
+/* The end of an HF export (rank 0): model.safetensors.index.json from weight_map (HF name ->
+ * shard file; taken over) and the total size, config.json by the adapter, then the folder synced. */
+hp_status_t hp_hf_write_index(const char *dir, json_object *weight_map, size_t total, const hp_hf_adapter_t *a,
+                              const struct hp_model_config *mc, hp_dtype_t dtype);
 /* Non-finite values among n raw F32 / BF16 / F16 values; *first = the first index (hf_convert.c). */
 int64_t hp_hf_count_nonfinite_raw(const void *p, int64_t n, hp_dtype_t dt, int64_t *first);
 

@@ -98,7 +98,7 @@ hp_status_t hp_hf_map_name(const hp_hf_adapter_t *a, hp_hf_direction_t direction
                         "family's, hp_model_hf_adapter (models.h)", name);
     if (map_name(a, direction, name, out, n, permute)) return HP_OK;
     char tmp[160];
-    if (direction == HP_HF_TO_HF && expert_hf_name(name, 0, tmp, sizeof tmp))   /* mixture of experts (owner moe) */
+    if (direction == HP_HF_TO_HF && expert_hf_name(name, 0, tmp, sizeof tmp))   /* a routed expert's parameter */
         return hp_error(HP_ERR_NOT_FOUND, "%s state-dict adapter: '%s' is one HF tensor per expert (%s, ...), not one "
                         "name", a->family, name, tmp);
     if (direction == HP_HF_TO_HF)
@@ -122,16 +122,16 @@ hp_status_t hp_hf_check(const hp_hf_adapter_t *a, const hp_model_config_t *mc, c
     return a->check(mc, what);
 }
 
-/* Rows of a (n_heads*hd, dim) q/k weight. to_hf: HF row h*hd + p*hd/2 + i = TorchTitan row
- * h*hd + 2i + p (convert_llama_weights_to_hf's view(nh, hd/2, 2, dim).transpose(1, 2)). */
-static void permute_rows(float *dst, const float *src, int64_t rows, int64_t cols, int hd, int to_hf) {
+/* convert_llama_weights_to_hf's view(nh, hd/2, 2, dim).transpose(1, 2), and its inverse. */
+void hp_hf_permute_rows(void *dst, const void *src, int64_t rows, size_t row_bytes, int hd, int to_hf) {
     int64_t nh = rows / hd, half = hd / 2;
     for (int64_t h = 0; h < nh; h++)
         for (int64_t i = 0; i < half; i++)
             for (int p = 0; p < 2; p++) {
                 int64_t tt = h * hd + 2 * i + p, hfr = h * hd + p * half + i;
                 int64_t d = to_hf ? hfr : tt, s = to_hf ? tt : hfr;
-                memcpy(dst + d * cols, src + s * cols, sizeof(float) * (size_t)cols);
+                memcpy((unsigned char *)dst + (size_t)d * row_bytes, (const unsigned char *)src + (size_t)s * row_bytes,
+                       row_bytes);
             }
 }
 
@@ -158,6 +158,45 @@ hp_status_t hp_hf_write_config(const char *dir, const hp_hf_adapter_t *a, const 
     return s;
 }
 
+hp_status_t hp_hf_export_check(const hp_hf_adapter_t *a, const hp_model_config_t *mc, hp_dtype_t dtype,
+                               size_t *max_shard_bytes) {
+    HP_TRY(hp_hf_check(a, mc, "export"));
+    if (dtype != HP_F32 && dtype != HP_BF16)
+        return hp_error(HP_ERR_INVALID_ARG, "HF export: dtype %s; expected f32 or bf16", hp_dtype_name(dtype));
+    if (!*max_shard_bytes) *max_shard_bytes = (size_t)5 << 30;
+    return HP_OK;
+}
+
+int hp_hf_next_shard(size_t nb, size_t max_shard_bytes, size_t *cur, size_t *total, int *nfiles) {
+    if (*cur > 0 && *cur + nb > max_shard_bytes) {
+        (*nfiles)++;
+        *cur = 0;
+    }
+    *cur += nb;
+    *total += nb;
+    return *nfiles;
+}
+
+void hp_hf_shard_name(char *fn, size_t fn_n, char *path, size_t path_n, const char *dir, int f, int nfiles) {
+    snprintf(fn, fn_n, "model-%05d-of-%05d.safetensors", f, nfiles);
+    if (path) snprintf(path, path_n, "%s/%s", dir, fn);
+}
+
+hp_status_t hp_hf_write_index(const char *dir, json_object *weight_map, size_t total, const hp_hf_adapter_t *a,
+                              const hp_model_config_t *mc, hp_dtype_t dtype) {
+    json_object *idx = json_object_new_object(), *md = json_object_new_object();
+    json_object_object_add(md, "total_size", json_object_new_int64((int64_t)total));
+    json_object_object_add(idx, "metadata", md);
+    json_object_object_add(idx, "weight_map", weight_map);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    hp_status_t s = hp_dcp_write_json(path, idx);
+    json_object_put(idx);
+    if (s == HP_OK) s = hp_hf_write_config(dir, a, mc, dtype);
+    if (s == HP_OK) s = hp_file_fsync(dir);
+    return s;
+}
+
 /* One parameter as a full f32 tensor (gathered when sharded; collective over the mesh). */
 static hp_status_t full_of(const hp_param_t *p, hp_tensor_t *out, void **owned) {
     *owned = NULL;
@@ -172,15 +211,12 @@ hp_status_t hp_hf_export(const char *dir, const hp_hf_adapter_t *a, const hp_mod
                          const hp_param_t *params, int n_params, hp_comm_t comm, hp_dtype_t dtype,
                          size_t max_shard_bytes) {
     int rank = comm ? hp_comm_rank(comm) : 0;
-    HP_TRY(hp_hf_check(a, mc, "export"));
-    if (dtype != HP_F32 && dtype != HP_BF16)
-        return hp_error(HP_ERR_INVALID_ARG, "HF export: dtype %s; expected f32 or bf16", hp_dtype_name(dtype));
-    if (!max_shard_bytes) max_shard_bytes = (size_t)5 << 30;
+    HP_TRY(hp_hf_export_check(a, mc, dtype, &max_shard_bytes));
     hp_status_t s = HP_OK;
     if (rank == 0) s = hp_file_mkdirs(dir);
     HP_TRY(hp_dcp_agree(comm, s, "HF export: creating the directory"));
     /* every rank takes part in the gathers; rank 0 keeps the data. Entries: one per
-     * parameter, E per routed-expert parameter (views of its expert slices, owner moe) */
+     * parameter, E per routed-expert parameter (views of its expert slices) */
     char tmpn[160];
     int n_ent = 0;
     for (int i = 0; i < n_params; i++)
@@ -217,14 +253,7 @@ hp_status_t hp_hf_export(const char *dir, const hp_hf_adapter_t *a, const hp_mod
                 v->stride[0] = Bc;
                 v->stride[1] = 1;
                 v->data = (float *)full[i].data + (size_t)e * (size_t)(A * Bc);
-                size_t nb = (size_t)(A * Bc) * esz;
-                if (cur > 0 && cur + nb > max_shard_bytes) {
-                    nfiles++;
-                    cur = 0;
-                }
-                cur += nb;
-                total += nb;
-                file_of[k_ent] = nfiles;
+                file_of[k_ent] = hp_hf_next_shard((size_t)(A * Bc) * esz, max_shard_bytes, &cur, &total, &nfiles);
             }
             continue;
         }
@@ -240,19 +269,13 @@ hp_status_t hp_hf_export(const char *dir, const hp_hf_adapter_t *a, const hp_mod
                 s = HP_ERR_OOM;
                 break;
             }
-            permute_rows(perm[i], full[i].data, rows, cols, mc->head_dim, 1);
+            hp_hf_permute_rows(perm[i], full[i].data, rows, sizeof(float) * (size_t)cols, mc->head_dim, 1);
             full[i].data = perm[i];
         }
         if (s != HP_OK) break;
         ent_t[k_ent] = full[i];
-        size_t nb = (size_t)hp_tensor_numel(&full[i]) * esz;
-        if (cur > 0 && cur + nb > max_shard_bytes) {
-            nfiles++;
-            cur = 0;
-        }
-        cur += nb;
-        total += nb;
-        file_of[k_ent++] = nfiles;
+        file_of[k_ent++] =
+            hp_hf_next_shard((size_t)hp_tensor_numel(&full[i]) * esz, max_shard_bytes, &cur, &total, &nfiles);
     }
     if (s == HP_OK && rank == 0) {
         json_object *wm = json_object_new_object();
@@ -260,8 +283,7 @@ hp_status_t hp_hf_export(const char *dir, const hp_hf_adapter_t *a, const hp_mod
         if (!ents) s = HP_ERR_OOM;
         for (int f = 1; s == HP_OK && f <= nfiles; f++) {
             char fn[64], path[4200];
-            snprintf(fn, sizeof fn, "model-%05d-of-%05d.safetensors", f, nfiles);
-            snprintf(path, sizeof path, "%s/%s", dir, fn);
+            hp_hf_shard_name(fn, sizeof fn, path, sizeof path, dir, f, nfiles);
             int k = 0;
             for (int i = 0; i < n_ent; i++)
                 if (file_of[i] == f) {
@@ -272,20 +294,8 @@ hp_status_t hp_hf_export(const char *dir, const hp_hf_adapter_t *a, const hp_mod
             s = hp_safetensors_write(path, ents, k, meta, 1);
         }
         free(ents);
-        if (s == HP_OK) {
-            json_object *idx = json_object_new_object(), *md = json_object_new_object();
-            json_object_object_add(md, "total_size", json_object_new_int64((int64_t)total));
-            json_object_object_add(idx, "metadata", md);
-            json_object_object_add(idx, "weight_map", wm);
-            char path[4200];
-            snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-            s = hp_dcp_write_json(path, idx);
-            json_object_put(idx);
-            if (s == HP_OK) s = hp_hf_write_config(dir, a, mc, dtype);
-            if (s == HP_OK) s = hp_file_fsync(dir);
-        } else {
-            json_object_put(wm);
-        }
+        if (s == HP_OK) s = hp_hf_write_index(dir, wm, total, a, mc, dtype);
+        else json_object_put(wm);
     }
     for (int i = 0; full && i < n_params; i++) {
         free(owned[i]);
@@ -322,7 +332,7 @@ static void warn_extra_tensors(const char *dir, const hp_hf_adapter_t *a, const 
     int nw = 0;
     for (int i = 0; i < n_params; i++) {
         int pm;
-        if (expert_hf_name(params[i].name, 0, tmp, sizeof tmp)) {   /* one HF tensor per expert (owner moe) */
+        if (expert_hf_name(params[i].name, 0, tmp, sizeof tmp)) {   /* one HF tensor per expert */
             for (int e = 0; e < mc->moe_experts; e++) expert_hf_name(params[i].name, e, want[nw++], sizeof want[0]);
             continue;
         }
@@ -372,7 +382,7 @@ static hp_status_t check_hf_config(const char *dir, const hp_hf_adapter_t *a, co
     return HP_OK;
 }
 
-/* The HF row of TorchTitan q/k row r (permute_rows: TT row h*hd + 2i + p = HF row h*hd + p*hd/2 + i). */
+/* The HF row of TorchTitan q/k row r (hp_hf_permute_rows: TT row h*hd + 2i + p = HF row h*hd + p*hd/2 + i). */
 static int64_t hf_row(int64_t r, int hd) {
     int64_t h = r / hd, w = r % hd;
     return h * hd + (w % 2) * (hd / 2) + w / 2;
@@ -419,9 +429,9 @@ static hp_status_t stored_dtype(const char *dir, const char *file, const char *h
     return HP_OK;
 }
 
-/* --- mixture of experts (owner moe): a routed-expert parameter (E, A, B) from HF's E tensors
- * (A, B): only this rank's boxes (its experts, and under Shard(1) / TP its rows / columns),
- * each expert's rows read as column segments. */
+/* A routed-expert parameter (E, A, B) from HF's E tensors (A, B): only this rank's boxes (its
+ * experts, and under Shard(1) / TP its rows / columns), each expert's rows read as column
+ * segments. */
 static hp_status_t import_experts(const char *dir, const hp_model_config_t *mc, hp_param_t *p, hp_hf_index_t wm,
                                   hp_safetensors_t *open_st, char (*open_name)[256], int *n_open, float **buf,
                                   size_t *buf_cap) {
@@ -498,7 +508,6 @@ static hp_status_t import_experts(const char *dir, const hp_model_config_t *mc, 
     free(boxes);
     return s;
 }
-/* --- end --- */
 
 static hp_status_t import_local(const char *dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
                                 hp_param_t *params, int n_params, int warn) {
@@ -518,7 +527,7 @@ static hp_status_t import_local(const char *dir, const hp_hf_adapter_t *a, const
     for (int i = 0; s == HP_OK && i < n_params; i++) {
         char hf[160];
         int pm;
-        if (expert_hf_name(params[i].name, 0, hf, sizeof hf)) {   /* mixture of experts (owner moe) */
+        if (expert_hf_name(params[i].name, 0, hf, sizeof hf)) {   /* a routed expert's E HF tensors */
             s = import_experts(dir, mc, &params[i], wm, open_st, open_name, &n_open, &buf, &buf_cap);
             continue;
         }

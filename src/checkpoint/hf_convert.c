@@ -19,7 +19,7 @@
 
 /* A model parameter (hp_model_describe_params: the same names, order and shapes as
  * hp_model_params) and its HF tensors: one, or E for a routed expert's (E, A, B) parameter
- * (HF's E tensors (A, B), owner moe). */
+ * (HF's E tensors (A, B)). */
 typedef struct {
     char name[HP_PARAM_NAME_MAX];
     int ndim;
@@ -136,19 +136,6 @@ static int64_t spec_numel(const spec_t *s) {
 }
 static int64_t ent_numel(const hf_ent_t *h) { return h->shape[0] * (h->ndim > 1 ? h->shape[1] : 1); }
 
-/* Rows of a (heads*hd, cols) q/k weight of esz-byte elements; to_hf as hf.c's permute_rows. */
-static void permute_bytes(unsigned char *dst, const unsigned char *src, int64_t rows, size_t row_bytes, int hd,
-                          int to_hf) {
-    int64_t nh = rows / hd, half = hd / 2;
-    for (int64_t h = 0; h < nh; h++)
-        for (int64_t i = 0; i < half; i++)
-            for (int p = 0; p < 2; p++) {
-                int64_t tt = h * hd + 2 * i + p, hfr = h * hd + p * half + i;
-                int64_t d = to_hf ? hfr : tt, s = to_hf ? tt : hfr;
-                memcpy(dst + (size_t)d * row_bytes, src + (size_t)s * row_bytes, row_bytes);
-            }
-}
-
 /* non-finite elements of n raw values (F32 / BF16 / F16); *first = the first index */
 int64_t hp_hf_count_nonfinite_raw(const void *p, int64_t n, hp_dtype_t dt, int64_t *first) {
     int64_t bad = 0;
@@ -238,7 +225,7 @@ static hp_status_t to_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
         HP_TRY(hp_hf_map_name(c->a, HP_HF_TO_HF, sp->name, tmp, sizeof tmp, &pm));
     if (pm) {
         HP_TRY(grow(&c->perm, &c->pcap, nb));
-        permute_bytes(c->perm, c->buf, sp->shape[0], (size_t)sp->shape[1] * esz, c->mc->head_dim, 0);
+        hp_hf_permute_rows(c->perm, c->buf, sp->shape[0], (size_t)sp->shape[1] * esz, c->mc->head_dim, 0);
         data = c->perm;
     }
     HP_TRY(hp_tensor_init(&c->t, c->dt[i], sp->ndim, sp->shape, data));
@@ -424,17 +411,8 @@ hp_status_t hp_hf_convert_to_dcp(const char *hf_dir, const hp_hf_adapter_t *a, c
             ents[k] = (hp_st_entry_t){spec[i].name, NULL, hp_st_dtype_from_hp(dt[i]), NULL, spec[i].ndim, spec[i].shape};
             k++;
         }
-    to_dcp_t c;
-    memset(&c, 0, sizeof c);
-    c.dir = hf_dir;
-    c.a = a;
-    c.mc = mc;
-    c.spec = spec;
-    c.ent = ent;
-    c.first = first;
-    c.dt = dt;
-    c.mine = mine;
-    c.stats = stats;
+    to_dcp_t c = {.dir = hf_dir, .a = a, .mc = mc, .spec = spec, .ent = ent, .first = first, .dt = dt, .mine = mine,
+                  .stats = stats};
     uint64_t *xx = calloc((size_t)k + 1, sizeof *xx);
     char fn[64], path[4400];
     snprintf(fn, sizeof fn, "__%d_0.safetensors", rank);
@@ -559,8 +537,8 @@ static hp_status_t from_dcp_fill(void *ctx, int k, const hp_tensor_t **out) {
             void *p = c->perm;
             HP_TRY(grow(&p, &c->pcap, nb));
             c->perm = p;
-            permute_bytes((unsigned char *)c->perm, (const unsigned char *)c->buf, sp->shape[0],
-                          (size_t)sp->shape[1] * sizeof(float), c->mc->head_dim, 1);
+            hp_hf_permute_rows(c->perm, c->buf, sp->shape[0], (size_t)sp->shape[1] * sizeof(float), c->mc->head_dim,
+                               1);
             data = c->perm;
         }
     }
@@ -639,10 +617,7 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_hf_adapter_t *a
                                    hp_hf_convert_stats_t *stats) {
     int rank = comm ? hp_comm_rank(comm) : 0, world = comm ? hp_comm_size(comm) : 1;
     if (stats) memset(stats, 0, sizeof *stats);
-    if (dtype != HP_F32 && dtype != HP_BF16)
-        return hp_error(HP_ERR_INVALID_ARG, "HF export: dtype %s; expected f32 or bf16", hp_dtype_name(dtype));
-    HP_TRY(hp_hf_check(a, mc, "export"));
-    if (!max_shard_bytes) max_shard_bytes = (size_t)5 << 30;
+    HP_TRY(hp_hf_export_check(a, mc, dtype, &max_shard_bytes));
     spec_t *spec = NULL;
     hf_ent_t *ent = NULL;
     int n, m;
@@ -657,33 +632,17 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_hf_adapter_t *a
     int nfiles = 1;
     for (int j = 0; s == HP_OK && j < m; j++) {
         size_t nb = (size_t)ent_numel(&ent[j]) * esz;
-        if (cur > 0 && cur + nb > max_shard_bytes) {
-            nfiles++;
-            cur = 0;
-        }
-        cur += nb;
-        total += nb;
-        file_of[j] = nfiles;
+        file_of[j] = hp_hf_next_shard(nb, max_shard_bytes, &cur, &total, &nfiles);
         if (stats && (int64_t)nb > stats->largest_tensor_bytes) stats->largest_tensor_bytes = (int64_t)nb;
     }
     if (s == HP_OK && rank == 0) s = hp_file_mkdirs(out_dir);
     HP_TRY(hp_dcp_agree(comm, s, "HF export: creating the directory"));
-    from_dcp_t c;
-    memset(&c, 0, sizeof c);
-    c.dcp_dir = dcp_dir;
-    c.a = a;
-    c.mc = mc;
-    c.spec = spec;
-    c.ent = ent;
-    c.idx = idx;
-    c.loaded = -1;
-    c.has = has;
-    c.stats = stats;
+    from_dcp_t c = {.dcp_dir = dcp_dir, .a = a, .mc = mc, .spec = spec, .ent = ent, .idx = idx, .loaded = -1,
+                    .has = has, .stats = stats};
     for (int f = 1; s == HP_OK && f <= nfiles; f++) {
         if ((f - 1) % world != rank) continue;   /* each rank writes its share of the shards */
         char fn[64], path[4400];
-        snprintf(fn, sizeof fn, "model-%05d-of-%05d.safetensors", f, nfiles);
-        snprintf(path, sizeof path, "%s/%s", out_dir, fn);
+        hp_hf_shard_name(fn, sizeof fn, path, sizeof path, out_dir, f, nfiles);
         int k = 0;
         for (int j = 0; j < m; j++)
             if (file_of[j] == f) {
@@ -702,19 +661,10 @@ hp_status_t hp_hf_convert_from_dcp(const char *dcp_dir, const hp_hf_adapter_t *a
         json_object *wm = json_object_new_object();
         for (int j = 0; j < m; j++) {
             char fn[64];
-            snprintf(fn, sizeof fn, "model-%05d-of-%05d.safetensors", file_of[j], nfiles);
+            hp_hf_shard_name(fn, sizeof fn, NULL, 0, NULL, file_of[j], nfiles);
             json_object_object_add(wm, ent[j].hf, json_object_new_string(fn));
         }
-        json_object *ix = json_object_new_object(), *md = json_object_new_object();
-        json_object_object_add(md, "total_size", json_object_new_int64((int64_t)total));
-        json_object_object_add(ix, "metadata", md);
-        json_object_object_add(ix, "weight_map", wm);
-        char path[4400];
-        snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
-        s = hp_dcp_write_json(path, ix);
-        json_object_put(ix);
-        if (s == HP_OK) s = hp_hf_write_config(out_dir, a, mc, dtype);
-        if (s == HP_OK) s = hp_file_fsync(out_dir);
+        s = hp_hf_write_index(out_dir, wm, total, a, mc, dtype);
     }
     free(spec);
     free(ent);

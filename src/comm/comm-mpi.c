@@ -304,28 +304,37 @@ static hp_status_t mpi_all_to_all_v(void *ctx, const void *s, const size_t *sc, 
     return HP_OK;
 }
 
-static hp_status_t mpi_gather(void *ctx, const void *s, void *r, size_t n, hp_dtype_t dt,
-                              int root, hp_breq_t *req, int async) {
+/* Gather (scatter = 0) and scatter: the root's own block of the whole buffer (r of a gather,
+ * s of a scatter) passed as its block too goes as MPI_IN_PLACE (MPI forbids the aliasing). */
+static hp_status_t rooted_blocks(void *ctx, const void *s, void *r, size_t n, hp_dtype_t dt, int root,
+                                 hp_breq_t *req, int async, int scatter) {
     int cnt = 0, rank, size;
     MPI_Request *rq;
     HP_TRY(blocks_begin(ctx, n, req, async, &cnt, &rq, &rank, &size));
-    const void *sb = s;
-    if (rank == root && s == (const char *)r + (size_t)rank * n * hp_dtype_size(dt)) sb = MPI_IN_PLACE;
-    if (rq) MPI_CHECK(MPI_Igather(sb, cnt, mpi_type(dt), r, cnt, mpi_type(dt), root, C(ctx), rq));
-    else MPI_CHECK(MPI_Gather(sb, cnt, mpi_type(dt), r, cnt, mpi_type(dt), root, C(ctx)));
+    const char *whole = scatter ? s : r;
+    const void *mine = scatter ? (const void *)r : s;
+    const int in_place = rank == root && mine == whole + (size_t)rank * n * hp_dtype_size(dt);
+    const MPI_Datatype t = mpi_type(dt);
+    if (scatter) {
+        void *rb = in_place ? MPI_IN_PLACE : r;
+        if (rq) MPI_CHECK(MPI_Iscatter(s, cnt, t, rb, cnt, t, root, C(ctx), rq));
+        else MPI_CHECK(MPI_Scatter(s, cnt, t, rb, cnt, t, root, C(ctx)));
+    } else {
+        const void *sb = in_place ? MPI_IN_PLACE : s;
+        if (rq) MPI_CHECK(MPI_Igather(sb, cnt, t, r, cnt, t, root, C(ctx), rq));
+        else MPI_CHECK(MPI_Gather(sb, cnt, t, r, cnt, t, root, C(ctx)));
+    }
     return HP_OK;
 }
 
-static hp_status_t mpi_scatter(void *ctx, const void *s, void *r, size_t n, hp_dtype_t dt,
-                               int root, hp_breq_t *req, int async) {
-    int cnt = 0, rank, size;
-    MPI_Request *rq;
-    HP_TRY(blocks_begin(ctx, n, req, async, &cnt, &rq, &rank, &size));
-    void *rb = r;
-    if (rank == root && r == (const char *)s + (size_t)rank * n * hp_dtype_size(dt)) rb = MPI_IN_PLACE;
-    if (rq) MPI_CHECK(MPI_Iscatter(s, cnt, mpi_type(dt), rb, cnt, mpi_type(dt), root, C(ctx), rq));
-    else MPI_CHECK(MPI_Scatter(s, cnt, mpi_type(dt), rb, cnt, mpi_type(dt), root, C(ctx)));
-    return HP_OK;
+static hp_status_t mpi_gather(void *ctx, const void *s, void *r, size_t n, hp_dtype_t dt, int root, hp_breq_t *req,
+                              int async) {
+    return rooted_blocks(ctx, s, r, n, dt, root, req, async, 0);
+}
+
+static hp_status_t mpi_scatter(void *ctx, const void *s, void *r, size_t n, hp_dtype_t dt, int root, hp_breq_t *req,
+                               int async) {
+    return rooted_blocks(ctx, s, r, n, dt, root, req, async, 1);
 }
 
 static hp_status_t mpi_barrier(void *ctx, hp_breq_t *req, int async) {

@@ -5,6 +5,12 @@
 
 size_t hp_arena_round(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
+size_t hp_arena_bytes(int n, const size_t *sizes) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += hp_arena_round(sizes[i]);
+    return total;
+}
+
 hp_status_t hp_arena_init(hp_arena_t *a, const char *name, size_t capacity) {
     memset(a, 0, sizeof *a);
     a->name = name ? name : "arena";
@@ -17,6 +23,15 @@ hp_status_t hp_arena_init(hp_arena_t *a, const char *name, size_t capacity) {
         memset(a->base, 0, capacity);
     }
     a->capacity = capacity;
+    return HP_OK;
+}
+
+hp_status_t hp_arena_init_tables(hp_arena_t *a, const char *name, int n, const size_t *bytes, void *const *dst) {
+    HP_TRY(hp_arena_init(a, name, hp_arena_bytes(n, bytes)));
+    for (int i = 0; i < n; i++) {
+        void *p = hp_arena_alloc(a, bytes[i]);   // cannot fail: the arena is their sum
+        memcpy(dst[i], &p, sizeof p);             // dst[i] is a T **; object pointers share one representation
+    }
     return HP_OK;
 }
 

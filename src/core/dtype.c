@@ -94,25 +94,19 @@ void hp_convert(void *dst, hp_dtype_t dst_dt, const void *src, hp_dtype_t src_dt
         if (dst != src) memmove(dst, src, n * hp_dtype_size(dst_dt));
         return;
     }
-    /* Fast paths for the float conversions used by mixed precision. */
-    if (src_dt == HP_F32 && dst_dt == HP_BF16) {
-        const float *s = src; uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = hp_f32_to_bf16(s[i]);
+    /* Fast paths for the float conversions used by mixed precision: f32 to and from the
+     * 16-bit float types, element by element without the double in between. */
+    const int half_dst = dst_dt == HP_BF16 || dst_dt == HP_F16, half_src = src_dt == HP_BF16 || src_dt == HP_F16;
+    if (src_dt == HP_F32 && half_dst) {
+        const float *s = src;
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = dst_dt == HP_BF16 ? hp_f32_to_bf16(s[i]) : hp_f32_to_f16(s[i]);
         return;
     }
-    if (src_dt == HP_BF16 && dst_dt == HP_F32) {
-        const uint16_t *s = src; float *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = hp_bf16_to_f32(s[i]);
-        return;
-    }
-    if (src_dt == HP_F32 && dst_dt == HP_F16) {
-        const float *s = src; uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = hp_f32_to_f16(s[i]);
-        return;
-    }
-    if (src_dt == HP_F16 && dst_dt == HP_F32) {
-        const uint16_t *s = src; float *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = hp_f16_to_f32(s[i]);
+    if (half_src && dst_dt == HP_F32) {
+        const uint16_t *s = src;
+        float *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = src_dt == HP_BF16 ? hp_bf16_to_f32(s[i]) : hp_f16_to_f32(s[i]);
         return;
     }
     /* I64 <-> I32 without going through double (exact for all int32 values). */

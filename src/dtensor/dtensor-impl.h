@@ -50,4 +50,12 @@ hp_status_t hp_dtensor_redistribute_(hp_dtensor_t *out, const hp_dtensor_mem_t *
 hp_status_t hp_dtensor_make_result_(hp_dtensor_t *out, hp_dmem_t *dm, hp_dtype_t dt, int nd,
                                     const int64_t *gshape, hp_mesh_t mesh, const hp_placement_t *pl);
 
+/* The end of a call that made res with hp_dtensor_make_result_: the scratch released (dm),
+ * then on success *out = *res, else res's heap storage freed; returns st. */
+hp_status_t hp_dtensor_finish_(hp_dmem_t *dm, hp_dtensor_t *res, hp_status_t st, hp_dtensor_t *out);
+
+/* The first Partial among n placements, or -1: a tensor made from values (distribute, rand)
+ * holds them, it cannot be a pending reduction. */
+int hp_placements_first_partial_(const hp_placement_t *pl, int n);
+
 #endif

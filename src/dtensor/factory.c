@@ -29,13 +29,7 @@ hp_status_t hp_dtensor_full(hp_dtensor_t *out, const hp_dtensor_mem_t *mem, hp_d
     memset(&res, 0, sizeof(res));
     hp_status_t st = hp_dtensor_make_result_(&res, &dm, dtype, ndim, global_shape, mesh, pl);
     if (st == HP_OK) st = hp_tensor_fill(&res.local, value);   /* out_data may hold anything */
-    hp_dmem_end(&dm);
-    if (st != HP_OK) {
-        free(res.owned);
-        return st;
-    }
-    *out = res;
-    return HP_OK;
+    return hp_dtensor_finish_(&dm, &res, st, out);
 }
 
 hp_status_t hp_dtensor_rand(hp_dtensor_t *out, const hp_dtensor_mem_t *mem, hp_dtype_t dtype,
@@ -46,11 +40,10 @@ hp_status_t hp_dtensor_rand(hp_dtensor_t *out, const hp_dtensor_mem_t *mem, hp_d
     HP_TRY(check_shape("hp_dtensor_rand", ndim, global_shape));
     hp_placement_t pl[HP_MESH_MAX_DIMS];
     HP_TRY(hp_dtensor_check_placements_(pl, ndim, mesh, nplacements, placements, "hp_dtensor_rand"));
-    for (int i = 0; i < nplacements; i++)
-        if (pl[i].kind == HP_PARTIAL)
-            return hp_error(HP_ERR_INVALID_ARG, "hp_dtensor_rand: placement %s on mesh dim %d: a random "
-                            "tensor cannot be Partial; use Replicate or Shard",
-                            hp_placement_str(pl[i], s, sizeof(s)), i);
+    const int pi = hp_placements_first_partial_(pl, nplacements);
+    if (pi >= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_dtensor_rand: placement %s on mesh dim %d: a random tensor cannot be "
+                        "Partial; use Replicate or Shard", hp_placement_str(pl[pi], s, sizeof(s)), pi);
     if (!hp_dtype_is_float(dtype))
         return hp_error(HP_ERR_INVALID_ARG, "hp_dtensor_rand: dtype %s is not a float type", hp_dtype_name(dtype));
     hp_dmem_t dm;
@@ -91,11 +84,5 @@ hp_status_t hp_dtensor_rand(hp_dtensor_t *out, const hp_dtensor_mem_t *mem, hp_d
         if (st == HP_OK) st = hp_rng_fill(&row, key, spec, global_shape, off);
     }
 end:
-    hp_dmem_end(&dm);
-    if (st != HP_OK) {
-        free(res.owned);
-        return st;
-    }
-    *out = res;
-    return HP_OK;
+    return hp_dtensor_finish_(&dm, &res, st, out);
 }

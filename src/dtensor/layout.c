@@ -201,6 +201,12 @@ hp_status_t hp_dtensor_check_placements_(hp_placement_t *out, int tensor_ndim, h
     return HP_OK;
 }
 
+int hp_placements_first_partial_(const hp_placement_t *pl, int n) {
+    for (int i = 0; i < n; i++)
+        if (pl[i].kind == HP_PARTIAL) return i;
+    return -1;
+}
+
 static void mesh_shape_of(hp_mesh_t mesh, int64_t *ms) {
     for (int i = 0; i < hp_mesh_ndim(mesh); i++) ms[i] = hp_mesh_size(mesh, i);
 }

@@ -148,29 +148,67 @@ static int64_t strided_idx(int64_t L, hp_placement_t p, int k, int r, int64_t *i
         if (!(ptr)) return HP_ERR_OOM;                          \
     } while (0)
 
+/* The local block s padded to `piece` along d (pb: the padded shape, *blk its elements),
+ * all_gathered into *recv (k blocks in rank order); *res allocated at the gathered shape o
+ * (s with o[d] = L). The first half of Shard / _StridedShard -> Replicate. */
+static hp_status_t gather_padded(const step_ctx_t *c, const void *in, const int64_t *s, int d, int64_t piece,
+                                 int64_t L, int64_t *pb, int64_t *o, int64_t *blk, void **recv, void **res) {
+    int64_t zero[HP_MAX_DIMS] = {0};
+    void *send;
+    memcpy(pb, s, sizeof(int64_t) * HP_MAX_DIMS);
+    pb[d] = piece;
+    *blk = hp_prod_(c->nd, pb);
+    ALLOC(send, (size_t)*blk * c->es);
+    hp_box_copy(send, pb, zero, in, s, zero, s, c->nd, c->es);
+    ALLOC(*recv, (size_t)(*blk * c->k) * c->es);
+    HP_TRY(hp_all_gather(send, *recv, (size_t)*blk, c->dt, c->comm, NULL));
+    memcpy(o, s, sizeof(int64_t) * HP_MAX_DIMS);
+    o[d] = L;
+    ALLOC(*res, (size_t)hp_prod_(c->nd, o) * c->es);
+    return HP_OK;
+}
+
+/* *send: k blocks of shape pb (blk elements), block j = chunk j along d (size L) of `in`
+ * (shape s), padded. The packing before a reduce_scatter or all_to_all. */
+static hp_status_t pack_chunks(const step_ctx_t *c, void **send, const int64_t *pb, int64_t blk, const void *in,
+                               const int64_t *s, int d, int64_t L) {
+    int64_t zero[HP_MAX_DIMS] = {0};
+    ALLOC(*send, (size_t)(blk * c->k) * c->es);
+    for (int j = 0; j < c->k; j++) {
+        int64_t box[HP_MAX_DIMS], soff[HP_MAX_DIMS] = {0};
+        memcpy(box, s, sizeof(box));
+        chunk(L, c->k, j, &box[d], &soff[d]);
+        hp_box_copy((char *)*send + (size_t)(j * blk) * c->es, pb, zero, in, s, soff, box, c->nd, c->es);
+    }
+    return HP_OK;
+}
+
+/* o = s with o[d] this rank's chunk of s[d] (the local shape after a step to Shard(d)). */
+static void my_chunk_shape(const step_ctx_t *c, int64_t *o, const int64_t *s, int d) {
+    int64_t off;
+    memcpy(o, s, sizeof(int64_t) * HP_MAX_DIMS);
+    chunk(s[d], c->k, c->r, &o[d], &off);
+}
+
+/* The inverse: res (shape o) chunk j along d (size L) = the unpadded block j of recv. */
+static void unpack_chunks(const step_ctx_t *c, void *res, const int64_t *o, const void *recv, const int64_t *pb,
+                          int64_t blk, int d, int64_t L) {
+    int64_t zero[HP_MAX_DIMS] = {0};
+    for (int j = 0; j < c->k; j++) {
+        int64_t box[HP_MAX_DIMS], doff[HP_MAX_DIMS] = {0};
+        memcpy(box, o, sizeof(box));
+        chunk(L, c->k, j, &box[d], &doff[d]);
+        hp_box_copy(res, o, doff, (const char *)recv + (size_t)(j * blk) * c->es, pb, zero, box, c->nd, c->es);
+    }
+}
+
 /* Shard(d) -> Replicate: pad to ceil(L/k), all_gather, unpad. */
 static hp_status_t shard_to_replicate(const step_ctx_t *c, const void *in, int64_t *s, int d,
                                       int64_t L, void **out) {
-    int64_t pb[HP_MAX_DIMS], zero[HP_MAX_DIMS] = {0}, o[HP_MAX_DIMS], off[HP_MAX_DIMS] = {0};
-    memcpy(pb, s, sizeof(pb));
-    int64_t cpad = ceil_div(L, c->k);
-    pb[d] = cpad;
-    int64_t blk = hp_prod_(c->nd, pb);
-    void *send, *recv, *res;
-    ALLOC(send, (size_t)blk * c->es);
-    hp_box_copy(send, pb, zero, in, s, zero, s, c->nd, c->es);
-    ALLOC(recv, (size_t)(blk * c->k) * c->es);
-    HP_TRY(hp_all_gather(send, recv, (size_t)blk, c->dt, c->comm, NULL));
-    memcpy(o, s, sizeof(o));
-    o[d] = L;
-    ALLOC(res, (size_t)hp_prod_(c->nd, o) * c->es);
-    for (int j = 0; j < c->k; j++) {
-        int64_t box[HP_MAX_DIMS], sz;
-        memcpy(box, o, sizeof(box));
-        chunk(L, c->k, j, &sz, &off[d]);
-        box[d] = sz;
-        hp_box_copy(res, o, off, (char *)recv + (size_t)(j * blk) * c->es, pb, zero, box, c->nd, c->es);
-    }
+    int64_t pb[HP_MAX_DIMS], o[HP_MAX_DIMS], blk;
+    void *recv, *res;
+    HP_TRY(gather_padded(c, in, s, d, ceil_div(L, c->k), L, pb, o, &blk, &recv, &res));
+    unpack_chunks(c, res, o, recv, pb, blk, d, L);
     memcpy(s, o, sizeof(o));
     *out = res;
     return HP_OK;
@@ -188,18 +226,9 @@ static hp_status_t strided_to_replicate(const step_ctx_t *c, const void *in, int
         int64_t n = strided_idx(L, p, c->k, j, idx);
         if (n > cmax) cmax = n;
     }
-    int64_t pb[HP_MAX_DIMS], zero[HP_MAX_DIMS] = {0}, o[HP_MAX_DIMS];
-    memcpy(pb, s, sizeof(pb));
-    pb[d] = cmax;
-    int64_t blk = hp_prod_(c->nd, pb);
-    void *send, *recv, *res;
-    ALLOC(send, (size_t)blk * c->es);
-    hp_box_copy(send, pb, zero, in, s, zero, s, c->nd, c->es);
-    ALLOC(recv, (size_t)(blk * c->k) * c->es);
-    HP_TRY(hp_all_gather(send, recv, (size_t)blk, c->dt, c->comm, NULL));
-    memcpy(o, s, sizeof(o));
-    o[d] = L;
-    ALLOC(res, (size_t)hp_prod_(c->nd, o) * c->es);
+    int64_t pb[HP_MAX_DIMS], o[HP_MAX_DIMS], blk;
+    void *recv, *res;
+    HP_TRY(gather_padded(c, in, s, d, cmax, L, pb, o, &blk, &recv, &res));
     for (int j = 0; j < c->k; j++) {
         int64_t n = strided_idx(L, p, c->k, j, idx);
         for (int64_t t = 0; t < n; t++) {
@@ -265,23 +294,15 @@ static hp_status_t partial_to_replicate(const step_ctx_t *c, const void *in, con
 static hp_status_t partial_to_shard(const step_ctx_t *c, const void *in, int64_t *s, int d,
                                     hp_redop_t op, void **out) {
     int64_t L = s[d], cpad = ceil_div(L, c->k);
-    int64_t pb[HP_MAX_DIMS], zero[HP_MAX_DIMS] = {0}, soff[HP_MAX_DIMS] = {0}, o[HP_MAX_DIMS];
+    int64_t pb[HP_MAX_DIMS], zero[HP_MAX_DIMS] = {0}, o[HP_MAX_DIMS];
     memcpy(pb, s, sizeof(pb));
     pb[d] = cpad;
     int64_t blk = hp_prod_(c->nd, pb);
     void *send, *recv, *res;
-    ALLOC(send, (size_t)(blk * c->k) * c->es);
-    for (int j = 0; j < c->k; j++) {
-        int64_t box[HP_MAX_DIMS];
-        memcpy(box, s, sizeof(box));
-        chunk(L, c->k, j, &box[d], &soff[d]);
-        hp_box_copy((char *)send + (size_t)(j * blk) * c->es, pb, zero, in, s, soff, box, c->nd, c->es);
-    }
+    HP_TRY(pack_chunks(c, &send, pb, blk, in, s, d, L));
     ALLOC(recv, (size_t)blk * c->es);
     HP_TRY(hp_reduce_scatter(send, recv, (size_t)blk, c->dt, op, c->comm, NULL));
-    memcpy(o, s, sizeof(o));
-    int64_t off;
-    chunk(L, c->k, c->r, &o[d], &off);
+    my_chunk_shape(c, o, s, d);
     ALLOC(res, (size_t)hp_prod_(c->nd, o) * c->es);
     hp_box_copy(res, o, zero, recv, pb, zero, o, c->nd, c->es);
     memcpy(s, o, sizeof(o));
@@ -294,32 +315,19 @@ static hp_status_t partial_to_shard(const step_ctx_t *c, const void *in, int64_t
 static hp_status_t shard_to_shard(const step_ctx_t *c, const void *in, int64_t *s, int i, int j,
                                   int64_t Li, void **out) {
     int64_t Lj = s[j], ci = ceil_div(Li, c->k), cj = ceil_div(Lj, c->k);
-    int64_t pb[HP_MAX_DIMS], zero[HP_MAX_DIMS] = {0}, o[HP_MAX_DIMS];
+    int64_t pb[HP_MAX_DIMS], o[HP_MAX_DIMS];
     memcpy(pb, s, sizeof(pb));
     pb[i] = ci;
     pb[j] = cj;
     int64_t blk = hp_prod_(c->nd, pb);
     void *send, *recv, *res;
-    ALLOC(send, (size_t)(blk * c->k) * c->es);
-    for (int r = 0; r < c->k; r++) {
-        int64_t box[HP_MAX_DIMS], soff[HP_MAX_DIMS] = {0};
-        memcpy(box, s, sizeof(box));
-        chunk(Lj, c->k, r, &box[j], &soff[j]);
-        hp_box_copy((char *)send + (size_t)(r * blk) * c->es, pb, zero, in, s, soff, box, c->nd, c->es);
-    }
+    HP_TRY(pack_chunks(c, &send, pb, blk, in, s, j, Lj));
+    my_chunk_shape(c, o, s, j);   // the result: dim j this rank's chunk, dim i whole
+    o[i] = Li;
     ALLOC(recv, (size_t)(blk * c->k) * c->es);
     HP_TRY(hp_all_to_all(send, recv, (size_t)blk, c->dt, c->comm, NULL));
-    memcpy(o, s, sizeof(o));
-    o[i] = Li;
-    int64_t offj;
-    chunk(Lj, c->k, c->r, &o[j], &offj);
     ALLOC(res, (size_t)hp_prod_(c->nd, o) * c->es);
-    for (int r = 0; r < c->k; r++) {
-        int64_t box[HP_MAX_DIMS], doff[HP_MAX_DIMS] = {0};
-        memcpy(box, o, sizeof(box));
-        chunk(Li, c->k, r, &box[i], &doff[i]);
-        hp_box_copy(res, o, doff, (char *)recv + (size_t)(r * blk) * c->es, pb, zero, box, c->nd, c->es);
-    }
+    unpack_chunks(c, res, o, recv, pb, blk, i, Li);
     memcpy(s, o, sizeof(o));
     *out = res;
     return HP_OK;
@@ -328,14 +336,14 @@ static hp_status_t shard_to_shard(const step_ctx_t *c, const void *in, int64_t *
 /* Replicate -> Partial (internal): sum divides by k; avg, max and min keep the value. */
 static hp_status_t replicate_to_partial(const step_ctx_t *c, const void *in, const int64_t *s,
                                         hp_redop_t op, void **out) {
-    int64_t n = hp_prod_(c->nd, s);
-    void *res;
     if (op == HP_PROD)
         return hp_error(HP_ERR_UNSUPPORTED, "redistribute Replicate -> Partial(product) is not "
                         "supported (only sum, avg, max, min)");
     if (op == HP_SUM && !hp_dtype_is_float(c->dt))
         return hp_error(HP_ERR_UNSUPPORTED, "redistribute Replicate -> Partial(sum) divides by "
                         "the mesh dim size and needs a float dtype, got %s", hp_dtype_name(c->dt));
+    int64_t n = hp_prod_(c->nd, s);
+    void *res;
     ALLOC(res, (size_t)n * c->es);
     memcpy(res, in, (size_t)n * c->es);
     if (op == HP_SUM) {
@@ -492,6 +500,16 @@ static void mesh_shape(hp_mesh_t mesh, int64_t *ms) {
 }
 
 /* Fills out's descriptor (placements, global shape, local shape) and its result storage. */
+hp_status_t hp_dtensor_finish_(hp_dmem_t *dm, hp_dtensor_t *res, hp_status_t st, hp_dtensor_t *out) {
+    hp_dmem_end(dm);
+    if (st != HP_OK) {
+        free(res->owned);
+        return st;
+    }
+    *out = *res;
+    return HP_OK;
+}
+
 hp_status_t hp_dtensor_make_result_(hp_dtensor_t *out, hp_dmem_t *dm, hp_dtype_t dt, int nd,
                                const int64_t *gshape, hp_mesh_t mesh, const hp_placement_t *pl) {
     int64_t ls[HP_MAX_DIMS], off[HP_MAX_DIMS];
@@ -557,9 +575,9 @@ hp_status_t hp_dtensor_redistribute_(hp_dtensor_t *out, const hp_dtensor_mem_t *
     hp_dtensor_t res;
     memset(&res, 0, sizeof(res));
     hp_status_t st = hp_dtensor_make_result_(&res, &dm, in->local.dtype, nd, in->global_shape, in->mesh, tgt);
-    if (st != HP_OK) goto fail;
+    if (st != HP_OK) goto end;
     int coord[HP_MESH_MAX_DIMS];
-    if (!hp_mesh_get_coordinate(in->mesh, coord)) goto done;   /* not in the mesh: empty, no comm */
+    if (!hp_mesh_get_coordinate(in->mesh, coord)) goto end;
 
     int64_t ms[HP_MESH_MAX_DIMS];
     mesh_shape(in->mesh, ms);
@@ -567,10 +585,10 @@ hp_status_t hp_dtensor_redistribute_(hp_dtensor_t *out, const hp_dtensor_mem_t *
     int nsteps = 0;
     st = hp_redistribute_plan(steps, 2 * HP_MESH_MAX_DIMS, &nsteps, nd, in->global_shape, mnd, ms,
                               coord, in->placements, tgt);
-    if (st != HP_OK) goto fail;
+    if (st != HP_OK) goto end;
     const void *cur;
     st = contiguous_of(&dm, &in->local, &cur);
-    if (st != HP_OK) goto fail;
+    if (st != HP_OK) goto end;
     int64_t s[HP_MAX_DIMS] = {0};
     memcpy(s, in->local.shape, (size_t)nd * sizeof(int64_t));
     step_ctx_t c = {&dm, in->local.dtype, hp_dtype_size(in->local.dtype), nd, NULL, 0, 0};
@@ -582,7 +600,7 @@ hp_status_t hp_dtensor_redistribute_(hp_dtensor_t *out, const hp_dtensor_mem_t *
         c.r = coord[md];
         void *next = NULL;
         st = run_step(&c, &steps[t], cur, s, &next);
-        if (st != HP_OK) goto fail;
+        if (st != HP_OK) goto end;
         cur = next;
     }
     for (int d = 0; d < nd; d++)
@@ -592,14 +610,8 @@ hp_status_t hp_dtensor_redistribute_(hp_dtensor_t *out, const hp_dtensor_mem_t *
                       hp_placements_str(mnd, tgt, y, sizeof(y)), d, (long long)s[d],
                       (long long)res.local.shape[d]);
     if (hp_tensor_nbytes(&res.local)) memcpy(res.local.data, cur, hp_tensor_nbytes(&res.local));
-done:
-    hp_dmem_end(&dm);
-    *out = res;
-    return HP_OK;
-fail:
-    hp_dmem_end(&dm);
-    if (st != HP_OK) free(res.owned);
-    return st;
+end:   /* also a rank outside the mesh: an empty piece, no communication */
+    return hp_dtensor_finish_(&dm, &res, st, out);
 }
 
 hp_status_t hp_dtensor_redistribute(hp_dtensor_t *out, const hp_dtensor_mem_t *mem,
@@ -679,27 +691,26 @@ hp_status_t hp_dtensor_distribute(hp_dtensor_t *out, const hp_dtensor_mem_t *mem
     hp_placement_t pl[HP_MESH_MAX_DIMS];
     HP_TRY(hp_dtensor_check_placements_(pl, nd, mesh, nplacements, placements, "distribute_tensor"));
     for (int i = 0; i < mnd; i++)
-        if (pl[i].kind == HP_PARTIAL)
-            return hp_error(HP_ERR_INVALID_ARG, "Trying to distribute tensor with unsupported "
-                            "placements %s on device mesh dimension %d! (use Shard or Replicate)",
-                            hp_placement_str(pl[i], x, sizeof(x)), i);
-    for (int i = 0; i < mnd; i++)
         if (src_data_rank < -1 || src_data_rank >= hp_mesh_size(mesh, i))
             return hp_error(HP_ERR_INVALID_ARG, "distribute_tensor: src_data_rank %d is out of range "
                             "for mesh dim %d of size %lld (expected 0..%lld, or -1 for a local "
                             "split)", src_data_rank, i, (long long)hp_mesh_size(mesh, i),
                             (long long)hp_mesh_size(mesh, i) - 1);
+    const int pi = hp_placements_first_partial_(pl, mnd);
+    if (pi >= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "Trying to distribute tensor with unsupported placements %s on device mesh "
+                        "dimension %d! (use Shard or Replicate)", hp_placement_str(pl[pi], x, sizeof(x)), pi);
     hp_dmem_t dm;
     hp_dmem_begin(&dm, mem);
     hp_dtensor_t res;
     memset(&res, 0, sizeof(res));
     hp_status_t st = hp_dtensor_make_result_(&res, &dm, full->dtype, nd, full->shape, mesh, pl);
-    if (st != HP_OK) goto fail;
+    if (st != HP_OK) goto end;
     int coord[HP_MESH_MAX_DIMS];
-    if (!hp_mesh_get_coordinate(mesh, coord)) goto done;
+    if (!hp_mesh_get_coordinate(mesh, coord)) goto end;
     const void *cur;
     st = contiguous_of(&dm, full, &cur);
-    if (st != HP_OK) goto fail;
+    if (st != HP_OK) goto end;
     int64_t s[HP_MAX_DIMS] = {0};
     memcpy(s, full->shape, (size_t)nd * sizeof(int64_t));
     size_t es = hp_dtype_size(full->dtype);
@@ -713,10 +724,10 @@ hp_status_t hp_dtensor_distribute(hp_dtensor_t *out, const hp_dtensor_mem_t *mem
             /* mesh_broadcast from group rank src_data_rank */
             int64_t n = hp_prod_(nd, s);
             void *b = hp_dmem_scratch(&dm, (size_t)n * es);
-            if (!b) { st = HP_ERR_OOM; goto fail; }
+            if (!b) { st = HP_ERR_OOM; goto end; }
             if (coord[i] == src_data_rank && n) memcpy(b, cur, (size_t)n * es);
             st = hp_broadcast(b, (size_t)n, full->dtype, src_data_rank, hp_mesh_get_comm(mesh, i), NULL);
-            if (st != HP_OK) goto fail;
+            if (st != HP_OK) goto end;
             cur = b;
             continue;
         }
@@ -726,7 +737,7 @@ hp_status_t hp_dtensor_distribute(hp_dtensor_t *out, const hp_dtensor_mem_t *mem
         void *next = NULL;
         if (src_data_rank < 0) {
             st = replicate_to_shard(&c, cur, s, pl[i], &next);
-            if (st != HP_OK) goto fail;
+            if (st != HP_OK) goto end;
             cur = next;
             continue;
         }
@@ -734,7 +745,7 @@ hp_status_t hp_dtensor_distribute(hp_dtensor_t *out, const hp_dtensor_mem_t *mem
         int d = pl[i].dim;
         int64_t L = s[d], cpad = 0;
         int64_t *idx = hp_dmem_scratch(&dm, (size_t)(L ? L : 1) * sizeof(int64_t));
-        if (!idx) { st = HP_ERR_OOM; goto fail; }
+        if (!idx) { st = HP_ERR_OOM; goto end; }
         for (int j = 0; j < k; j++) {
             int64_t n, off;
             if (pl[i].kind == HP_SHARD) chunk(L, k, j, &n, &off);
@@ -748,21 +759,21 @@ hp_status_t hp_dtensor_distribute(hp_dtensor_t *out, const hp_dtensor_mem_t *mem
         void *send = NULL, *recv;
         if (coord[i] == src_data_rank) {
             send = hp_dmem_scratch(&dm, (size_t)(blk * k) * es);
-            if (!send) { st = HP_ERR_OOM; goto fail; }
+            if (!send) { st = HP_ERR_OOM; goto end; }
             for (int j = 0; j < k; j++) {
                 c.r = j;
                 int64_t s2[HP_MAX_DIMS];
                 memcpy(s2, s, sizeof(s2));
                 st = replicate_to_shard(&c, cur, s2, pl[i], &next);
-                if (st != HP_OK) goto fail;
+                if (st != HP_OK) goto end;
                 hp_box_copy((char *)send + (size_t)(j * blk) * es, pb, zero, next, s2, zero, s2, nd, es);
             }
             c.r = coord[i];
         }
         recv = hp_dmem_scratch(&dm, (size_t)blk * es);
-        if (!recv) { st = HP_ERR_OOM; goto fail; }
+        if (!recv) { st = HP_ERR_OOM; goto end; }
         st = hp_scatter(send, recv, (size_t)blk, full->dtype, src_data_rank, c.comm, NULL);
-        if (st != HP_OK) goto fail;
+        if (st != HP_OK) goto end;
         memcpy(o, s, sizeof(o));
         if (pl[i].kind == HP_SHARD) {
             int64_t off;
@@ -771,18 +782,12 @@ hp_status_t hp_dtensor_distribute(hp_dtensor_t *out, const hp_dtensor_mem_t *mem
             o[d] = strided_idx(L, pl[i], k, coord[i], idx);
         }
         next = hp_dmem_scratch(&dm, (size_t)hp_prod_(nd, o) * es);
-        if (!next) { st = HP_ERR_OOM; goto fail; }
+        if (!next) { st = HP_ERR_OOM; goto end; }
         hp_box_copy(next, o, zero, recv, pb, zero, o, nd, es);
         memcpy(s, o, sizeof(o));
         cur = next;
     }
     if (hp_tensor_nbytes(&res.local)) memcpy(res.local.data, cur, hp_tensor_nbytes(&res.local));
-done:
-    hp_dmem_end(&dm);
-    *out = res;
-    return HP_OK;
-fail:
-    hp_dmem_end(&dm);
-    free(res.owned);
-    return st;
+end:   /* also a rank outside the mesh: an empty piece, no communication */
+    return hp_dtensor_finish_(&dm, &res, st, out);
 }

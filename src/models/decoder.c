@@ -50,7 +50,7 @@ void decoder_qwen_args(hp_model_config_t *c, const char *flavor, int dim, int la
     c->max_seq_len = 4096;
 }
 
-/* --- mixture of experts (owner moe; docs/moe.md) --- */
+/* The MoE sizes and routing of a flavor (TorchTitan MoEArgs; docs/moe.md). */
 void decoder_moe_args(hp_model_config_t *c, int E, int K, int F, int shared, int score_fn, int norm, float scale,
                       int groups, int limited, int dense) {
     c->moe_experts = E;
@@ -83,7 +83,6 @@ void decoder_mla_args(hp_model_config_t *c, int q_lora, int kv_lora, int nope, i
     c->max_seq_len = 16384;
     c->head_dim = 0;   // derived: the core's head width
 }
-/* --- end --- */
 
 /* ---- the architecture --------------------------------------------------------------------- */
 
@@ -155,7 +154,7 @@ static int decoder_declare(const hp_model_config_t *c, int u, int has_embedding,
         }
         }
         init_ones(decl(d, &n, L("attention_norm.weight"), 1, dm, 0, 0));
-        if (hp_model_layer_is_moe(c, l)) {   /* --- mixture of experts (owner moe) --- */
+        if (hp_model_layer_is_moe(c, l)) {   // an MoE layer: routed experts, router, shared experts
             // TorchTitan MoE.init_weights: experts w1 std 0.02, w2/w3 and the gate depth-scaled
             const int64_t E = c->moe_experts, F = c->moe_hidden, Fs = F * c->moe_shared_experts;
             hp_param_decl_t *p = decl(d, &n, L("moe.experts.w1"), 3, E, F, 0);
@@ -174,7 +173,7 @@ static int decoder_declare(const hp_model_config_t *c, int u, int has_embedding,
             }
             init_ones(decl(d, &n, L("ffn_norm.weight"), 1, dm, 0, 0));
             break;
-        }   /* --- end --- */
+        }
         decl(d, &n, L("feed_forward.w1.weight"), 2, hid, dm, 2);
         decl(d, &n, L("feed_forward.w2.weight"), 2, dm, hid, 0)->rng.p1 = depth;
         decl(d, &n, L("feed_forward.w3.weight"), 2, hid, dm, 2)->rng.p1 = depth;
@@ -280,7 +279,7 @@ static hp_status_t decoder_build(hp_model_t m, int u, hp_param_t **P, int np, hp
         }
         hp_module_t *ffn_norm = new_rmsnorm(m, N(".ffn_norm"), fn, d, c->norm_eps, 1);
         if (!ffn_norm) return HP_ERR_OOM;
-        if (moe) {   /* --- mixture of experts (owner moe) --- */
+        if (moe) {   // the MoE feed-forward in the block's feed-forward slot
             hp_moe_config_t mc;
             hp_model_moe_config(c, &mc);
             const size_t E = (size_t)mc.n_experts;
@@ -295,7 +294,7 @@ static hp_status_t decoder_build(hp_model_t m, int u, hp_param_t **P, int np, hp
             HP_TRY(hp_block_new(m, N(""), d, attention_norm, attention, ffn_norm, mm, &block));
             *out = block;
             return HP_OK;
-        }   /* --- end --- */
+        }
         hp_module_t *w13m = new_linear(m, N(".feed_forward.w13"), w13, 2, d, 2 * hid, 0);
         hp_module_t *w2m = new_linear(m, N(".feed_forward.w2"), &w2, 1, hid, d, 1);
         if (!w13m || !w2m) return HP_ERR_OOM;

@@ -371,7 +371,7 @@ const hp_hf_name_pair_t models_hf_decoder_names[] = {
     {"feed_forward.w3.weight", "mlp.up_proj.weight", 0},
     {"attention_norm.weight", "input_layernorm.weight", 0},
     {"ffn_norm.weight", "post_attention_layernorm.weight", 0},
-    {"moe.router.gate.weight", "mlp.gate.weight", 0},   /* the router of an MoE layer (owner moe) */
+    {"moe.router.gate.weight", "mlp.gate.weight", 0},   /* the router of an MoE layer */
     {NULL, NULL, 0},
 };
 

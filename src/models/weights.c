@@ -34,8 +34,8 @@ static const meta_field_t meta_fields[] = {
 };
 #define N_META_FIELDS ((int)(sizeof meta_fields / sizeof meta_fields[0]))
 
-/* Mixture of experts (owner moe): written for MoE models only; a file without them keeps the
- * flavor's (files written before these keys existed). */
+/* The MoE sizes: written for MoE models only; a file without them keeps the flavor's (files
+ * written before these keys existed). */
 static const meta_field_t meta_moe_fields[] = {
     META_INT(moe_experts, 0, HP_MOE_MAX_EXPERTS), META_INT(moe_top_k, 0, HP_MOE_MAX_EXPERTS),
     META_INT(moe_hidden, 0, HP_MODEL_MAX_DIM), META_INT(moe_shared_experts, 0, 64), META_INT(moe_score_fn, 0, 1),

@@ -4,11 +4,12 @@
  *   HP_T_SFX   suffix of the generated names (avx2, generic4, generic1)
  *   HP_T_VW    floats per vector (8: AVX2 ymm; 4: SSE2 / NEON; 1: scalar, any head_dim)
  *   HP_T_NV    vectors per micro-tile column block (1 or 2)
- *   HP_T_MR    rows per micro-tile (<= 8)
- *   HP_T_ATTR  function attribute (__attribute__((target("avx2,fma"))) or nothing)
- * optionally HP_T_FMA (one fused exp reduction step), HP_T_VMAX(a, b) (a max instruction),
- * HP_T_AVX_TRANSPOSE (8 x 8 register transposes in the query pack, AVX intrinsics), and
- * HP_ATT_BR / HP_ATT_BC (query rows / keys per tile, multiples of 8), HP_ATT_* (causal modes).
+ *   HP_T_MR    rows per micro-tile (4 to 8)
+ * optionally HP_T_ATTR (a function attribute: __attribute__((target("avx2,fma")))), HP_T_FMA
+ * (one fused exp reduction step), HP_T_VMAX(a, b) (a max instruction), HP_T_AVX_TRANSPOSE
+ * (8 x 8 register transposes in the query pack, AVX intrinsics), and HP_ATT_BR / HP_ATT_BC
+ * (query rows / keys per tile, multiples of 8), HP_ATT_* (causal modes). The HP_T_*
+ * parameters are undefined again at the end, so the next instantiation starts clean.
  *
  * Layout: a tile's scores are kept transposed, S^T (keys, query rows) = K Q^T, so that the
  * softmax statistics (row max, sum, rescale factor) of HP_T_VW query rows sit in one vector
@@ -23,6 +24,9 @@
  * above the diagonal are not computed, and a row block's key (or query) range stops (starts)
  * at the first masked term. Exp is hp_nn_expf's polynomial, lane-wise. */
 
+#ifndef HP_T_ATTR
+#define HP_T_ATTR
+#endif
 #define HP_T_CAT_(a, b) a##_##b
 #define HP_T_CAT(a, b) HP_T_CAT_(a, b)
 #define HP_T_N(name) HP_T_CAT(name, HP_T_SFX)
@@ -70,13 +74,9 @@ HP_T_INL VF HP_T_N(vexp)(VF x) {
     VF r = xc - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
 #endif
-    VF p = HP_T_N(vsplat)(1.3888889e-3f);
-    p = p * r + 8.3333333e-3f;
-    p = p * r + 4.1666667e-2f;
-    p = p * r + 1.6666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    VF p = HP_T_N(vsplat)(hp_nn_exp_poly[0]);
+#pragma GCC unroll 6
+    for (int i = 1; i < 7; i++) p = p * r + hp_nn_exp_poly[i];
     const VU e = (VU)t << 23;   // (n + 127) << 23: the bits of 2^n (the top bits shift out)
     return p * (VF)e;
 }
@@ -114,43 +114,37 @@ HP_T_INL void HP_T_N(ukr)(const int MR_, const int NV_, float *C, size_t ldc, in
         }
 }
 
-/* One row block of mr rows, columns [c0, n) (n - c0 a multiple of VW): full column blocks,
- * then one-vector tails (head_dim 24: 16 + 8). */
-#define HP_T_ROW(M)                                                                                \
-    do {                                                                                           \
-        int c = c0;                                                                                \
-        for (; c + HP_T_NB <= n; c += HP_T_NB)                                                     \
-            HP_T_N(ukr)(M, HP_T_NV, C + c, ldc, accum, A, ars, acs, B + c, ldb, K);                \
-        for (; c < n; c += HP_T_VW) HP_T_N(ukr)(M, 1, C + c, ldc, accum, A, ars, acs, B + c, ldb, K); \
-    } while (0)
+/* One row block of M rows (a constant at every call), columns [c0, n) (n - c0 a multiple of
+ * VW): full column blocks, then one-vector tails (head_dim 24: 16 + 8). */
+HP_T_INL void HP_T_N(ukr_row)(const int M, float *C, size_t ldc, int accum, const float *A, size_t ars,
+                              size_t acs, const float *B, size_t ldb, int K, int c0, int n) {
+    int c = c0;
+    for (; c + HP_T_NB <= n; c += HP_T_NB) HP_T_N(ukr)(M, HP_T_NV, C + c, ldc, accum, A, ars, acs, B + c, ldb, K);
+    for (; c < n; c += HP_T_VW) HP_T_N(ukr)(M, 1, C + c, ldc, accum, A, ars, acs, B + c, ldb, K);
+}
+
+/* mr <= HP_T_MR rows: a full micro-tile, or a partial one as blocks of 4, 2 and 1 rows. Rows
+ * are independent (each C element sums its k terms in the same order whatever the block), so
+ * the grouping changes no bit; it instantiates four row counts instead of one per count. */
+_Static_assert(HP_T_MR >= 4 && HP_T_MR <= 8, "attention-tiles.h: HP_T_MR must be 4 to 8");
 static HP_T_ATTR void HP_T_N(ukr_rows)(int mr, float *C, size_t ldc, int accum, const float *A, size_t ars,
                                        size_t acs, const float *B, size_t ldb, int K, int c0, int n) {
-    switch (mr) {
-#if HP_T_MR >= 8
-    case 8: HP_T_ROW(8); break;
-#endif
-#if HP_T_MR >= 7
-    case 7: HP_T_ROW(7); break;
-#endif
-#if HP_T_MR >= 6
-    case 6: HP_T_ROW(6); break;
-#endif
-#if HP_T_MR >= 5
-    case 5: HP_T_ROW(5); break;
-#endif
-#if HP_T_MR >= 4
-    case 4: HP_T_ROW(4); break;
-#endif
-#if HP_T_MR >= 3
-    case 3: HP_T_ROW(3); break;
-#endif
-#if HP_T_MR >= 2
-    case 2: HP_T_ROW(2); break;
-#endif
-    default: HP_T_ROW(1); break;
+    if (mr == HP_T_MR) {
+        HP_T_N(ukr_row)(HP_T_MR, C, ldc, accum, A, ars, acs, B, ldb, K, c0, n);
+        return;
     }
+    if (mr & 4) {
+        HP_T_N(ukr_row)(4, C, ldc, accum, A, ars, acs, B, ldb, K, c0, n);
+        C += 4 * ldc;
+        A += 4 * ars;
+    }
+    if (mr & 2) {
+        HP_T_N(ukr_row)(2, C, ldc, accum, A, ars, acs, B, ldb, K, c0, n);
+        C += 2 * ldc;
+        A += 2 * ars;
+    }
+    if (mr & 1) HP_T_N(ukr_row)(1, C, ldc, accum, A, ars, acs, B, ldb, K, c0, n);
 }
-#undef HP_T_ROW
 
 /* C (M, N) (+)= A (M, K) B (K, N), N a multiple of VW, in micro-tiles; `mode` applies the
  * causal mask given off = (first query row) - (first key) of the tile (query row i sees key j
@@ -390,6 +384,83 @@ HP_T_INL void HP_T_N(bwd_pds)(float *S, float *dP, const float *qt, const float 
     }
 }
 
+/* The backward's scratch for one task, on the stack and sized by head_dim (nothing is
+ * allocated): one array of bws_floats(hd) floats carved into the tiles below. */
+typedef struct {
+    float *qt, *dot;   // (hd, BR) scaled Q^T, dO^T of the query tile
+    float *S;          // (BC, BR) S^T, then P^T
+    float *dP;         // (BC, BR) dP^T = V dO^T, then dS^T
+    float *dqa;        // (BR, hd) dQ of the tile
+    float *qp, *dop;   // (BR, hd) Q, dO rows, contiguous (B of dK, dV)
+    float *kp;         // (BC, hd) key rows, contiguous (B of dQ)
+    float *D, *L;      // (BR) rowsum(dO * O), lse of the tile's rows
+} HP_T_N(bws_t);
+
+HP_T_INL size_t HP_T_N(bws_floats)(int hd) {
+    return (size_t)hd * HP_ATT_BR * 5 + (size_t)HP_ATT_BC * HP_ATT_BR * 2 + (size_t)HP_ATT_BC * hd + 2 * HP_ATT_BR;
+}
+
+HP_T_INL HP_T_N(bws_t) HP_T_N(bws_carve)(float *p, int hd) {
+    const size_t qn = (size_t)hd * HP_ATT_BR, sn = (size_t)HP_ATT_BC * HP_ATT_BR;
+    HP_T_N(bws_t) w;
+    w.qt = p;
+    w.dot = w.qt + qn;
+    w.S = w.dot + qn;
+    w.dP = w.S + sn;
+    w.dqa = w.dP + sn;
+    w.qp = w.dqa + qn;
+    w.dop = w.qp + qn;
+    w.kp = w.dop + qn;
+    w.D = w.kp + (size_t)HP_ATT_BC * hd;
+    w.L = w.D + HP_ATT_BR;
+    return w;
+}
+
+/* dK, dV rows t0 .. t1 = 0: they sum in place over query tiles (and heads). */
+HP_T_INL void HP_T_N(bwd_zero_kv)(float *dk, int lddk, float *dv, int lddv, int t0, int t1, int hd) {
+    for (int t = t0; t < t1; t++) {
+        memset(dk + (size_t)t * lddk, 0, sizeof(float) * (size_t)hd);
+        memset(dv + (size_t)t * lddv, 0, sizeof(float) * (size_t)hd);
+    }
+}
+
+/* One (query tile, key tile) pair's dV (nc, hd) += P^T dO and dK (nc, hd) += dS^T Q, from the
+ * P^T, dS^T of bwd_pds and the packed Q, dO rows (dk, dv at the key tile's first row). */
+HP_T_INL void HP_T_N(bwd_kv_pair)(const HP_T_N(bws_t) *w, float *dk, int lddk, float *dv, int lddv, int nc, int nr,
+                                  int off, int hd) {
+    const int mode = off >= nc - 1 ? HP_ATT_DENSE : HP_ATT_KBEG;
+    HP_T_N(gemm)(dv, lddv, 1, w->S, HP_ATT_BR, 1, w->dop, hd, nc, hd, nr, mode, off);
+    HP_T_N(gemm)(dk, lddk, 1, w->dP, HP_ATT_BR, 1, w->qp, hd, nc, hd, nr, mode, off);
+}
+
+/* The pairs of one query tile, rows i0 .. i0 + nr of one head (q/dq/dout/out at its columns,
+ * lse at its (T) row, k/v at its kv head's): dQ rows (=), summed in registers and dqa over the
+ * key tiles 0 .. i0 + nr in order, written once; when dk is set, also those key tiles' dK, dV
+ * (+=). bwd_group runs it for every query tile, bwd_q (dk NULL) for one. */
+HP_T_INL void HP_T_N(bwd_qtile_pairs)(const HP_T_N(bws_t) *w, float *dq, int lddq, float *dk, int lddk, float *dv,
+                                      int lddv, const float *dout, const float *out, int ldo, const float *lse,
+                                      const float *q, int ldq, const float *k, int ldk, const float *v, int ldv,
+                                      int i0, int nr, int hd, float scale) {
+    const int nrp = (nr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
+    HP_T_N(bwd_qtile)(w->qt, w->dot, dk ? w->qp : NULL, w->dop, w->D, w->L, q, ldq, dout, out, ldo, lse, i0, nr, nrp,
+                      hd, scale);
+    memset(w->dqa, 0, sizeof(float) * (size_t)nr * hd);
+    const int jend = i0 + nr;
+    for (int j0 = 0; j0 < jend; j0 += HP_ATT_BC) {
+        const int nc = jend - j0 < HP_ATT_BC ? jend - j0 : HP_ATT_BC;
+        const int off = i0 - j0, dense = off >= nc - 1;
+        const float *kb = k + (size_t)j0 * ldk, *vb = v + (size_t)j0 * ldv;
+        HP_T_N(bwd_pds)(w->S, w->dP, w->qt, w->dot, w->L, w->D, kb, ldk, vb, ldv, nc, nrp, off, hd, scale);
+        // dQ (nr, hd) += dS K
+        HP_T_N(pack_rows)(w->kp, kb, (size_t)ldk, nc, hd);
+        HP_T_N(gemm)(w->dqa, hd, 1, w->dP, 1, HP_ATT_BR, w->kp, hd, nr, hd, nc, dense ? HP_ATT_DENSE : HP_ATT_KEND,
+                     off);
+        if (dk) HP_T_N(bwd_kv_pair)(w, dk + (size_t)j0 * lddk, lddk, dv + (size_t)j0 * lddv, lddv, nc, nr, off, hd);
+    }
+    for (int r = 0; r < nr; r++)
+        memcpy(dq + (size_t)(i0 + r) * lddq, w->dqa + (size_t)r * hd, sizeof(float) * (size_t)hd);
+}
+
 /* One (batch, kv head) of the backward: dK, dV of the kv head (k/v/dk/dv point at its
  * columns) and dQ of its rep query heads h = 0 .. rep (q/dq/dout/out point at the first one's
  * columns, heads hd apart; lse at the first one's (T) row, heads T apart). Query tiles outer,
@@ -399,42 +470,14 @@ static HP_T_ATTR void HP_T_N(bwd_group)(float *dq, int lddq, float *dk, int lddk
                                         const float *dout, const float *out, int ldo, const float *lse,
                                         const float *q, int ldq, const float *k, int ldk, const float *v, int ldv,
                                         int T, int rep, int hd, float scale) {
-    float qt[hd * HP_ATT_BR], dot[hd * HP_ATT_BR];   // (hd, BR) scaled Q^T, dO^T of the query tile
-    float S[HP_ATT_BC * HP_ATT_BR];                  // (BC, BR) S^T, then P^T
-    float dP[HP_ATT_BC * HP_ATT_BR];                 // (BC, BR) dP^T = V dO^T, then dS^T
-    float dqa[HP_ATT_BR * hd];                       // (BR, hd) dQ of the tile
-    float qp[HP_ATT_BR * hd], dop[HP_ATT_BR * hd];   // (BR, hd) Q, dO rows, contiguous (B of dK, dV)
-    float kp[HP_ATT_BC * hd];                        // (BC, hd) key rows, contiguous (B of dQ)
-    float D[HP_ATT_BR], L[HP_ATT_BR];                // rowsum(dO * O), lse of the tile's rows
-    for (int t = 0; t < T; t++) {
-        memset(dk + (size_t)t * lddk, 0, sizeof(float) * (size_t)hd);
-        memset(dv + (size_t)t * lddv, 0, sizeof(float) * (size_t)hd);
-    }
-    for (int h = 0; h < rep; h++) {
-        for (int i0 = 0; i0 < T; i0 += HP_ATT_BR) {
-            const int nr = T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR;
-            const int nrp = (nr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
-            HP_T_N(bwd_qtile)(qt, dot, qp, dop, D, L, q + (size_t)h * hd, ldq, dout + (size_t)h * hd,
-                              out + (size_t)h * hd, ldo, lse + (size_t)h * T, i0, nr, nrp, hd, scale);
-            memset(dqa, 0, sizeof(float) * (size_t)nr * hd);
-            const int jend = i0 + nr;
-            for (int j0 = 0; j0 < jend; j0 += HP_ATT_BC) {
-                const int nc = jend - j0 < HP_ATT_BC ? jend - j0 : HP_ATT_BC;
-                const int off = i0 - j0, dense = off >= nc - 1;
-                const float *kb = k + (size_t)j0 * ldk, *vb = v + (size_t)j0 * ldv;
-                HP_T_N(bwd_pds)(S, dP, qt, dot, L, D, kb, ldk, vb, ldv, nc, nrp, off, hd, scale);
-                // dQ (nr, hd) += dS K; dV (nc, hd) += P^T dO; dK (nc, hd) += dS^T Q
-                HP_T_N(pack_rows)(kp, kb, (size_t)ldk, nc, hd);
-                HP_T_N(gemm)(dqa, hd, 1, dP, 1, HP_ATT_BR, kp, hd, nr, hd, nc, dense ? HP_ATT_DENSE : HP_ATT_KEND, off);
-                HP_T_N(gemm)(dv + (size_t)j0 * lddv, lddv, 1, S, HP_ATT_BR, 1, dop, hd, nc, hd, nr,
-                             dense ? HP_ATT_DENSE : HP_ATT_KBEG, off);
-                HP_T_N(gemm)(dk + (size_t)j0 * lddk, lddk, 1, dP, HP_ATT_BR, 1, qp, hd, nc, hd, nr,
-                             dense ? HP_ATT_DENSE : HP_ATT_KBEG, off);
-            }
-            for (int r = 0; r < nr; r++)
-                memcpy(dq + (size_t)(i0 + r) * lddq + (size_t)h * hd, dqa + (size_t)r * hd, sizeof(float) * (size_t)hd);
-        }
-    }
+    float ws[HP_T_N(bws_floats)(hd)];
+    const HP_T_N(bws_t) w = HP_T_N(bws_carve)(ws, hd);
+    HP_T_N(bwd_zero_kv)(dk, lddk, dv, lddv, 0, T, hd);
+    for (int h = 0; h < rep; h++)
+        for (int i0 = 0; i0 < T; i0 += HP_ATT_BR)
+            HP_T_N(bwd_qtile_pairs)(&w, dq + (size_t)h * hd, lddq, dk, lddk, dv, lddv, dout + (size_t)h * hd,
+                                    out + (size_t)h * hd, ldo, lse + (size_t)h * T, q + (size_t)h * hd, ldq, k, ldk,
+                                    v, ldv, i0, T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR, hd, scale);
 }
 
 /* The split backward (attention.c picks it when there are fewer (batch, kv head) groups than
@@ -447,15 +490,9 @@ static HP_T_ATTR void HP_T_N(bwd_group)(float *dq, int lddq, float *dk, int lddk
 static HP_T_ATTR void HP_T_N(bwd_kv)(float *dk, int lddk, float *dv, int lddv, const float *dout, const float *out,
                                      int ldo, const float *lse, const float *q, int ldq, const float *k, int ldk,
                                      const float *v, int ldv, int T, int rep, int hd, float scale, int j0) {
-    float qt[hd * HP_ATT_BR], dot[hd * HP_ATT_BR];
-    float S[HP_ATT_BC * HP_ATT_BR], dP[HP_ATT_BC * HP_ATT_BR];
-    float qp[HP_ATT_BR * hd], dop[HP_ATT_BR * hd];
-    float D[HP_ATT_BR], L[HP_ATT_BR];
-    const int nk = T - j0 < HP_ATT_BC ? T - j0 : HP_ATT_BC;
-    for (int t = j0; t < j0 + nk; t++) {
-        memset(dk + (size_t)t * lddk, 0, sizeof(float) * (size_t)hd);
-        memset(dv + (size_t)t * lddv, 0, sizeof(float) * (size_t)hd);
-    }
+    float ws[HP_T_N(bws_floats)(hd)];
+    const HP_T_N(bws_t) w = HP_T_N(bws_carve)(ws, hd);
+    HP_T_N(bwd_zero_kv)(dk, lddk, dv, lddv, j0, T - j0 < HP_ATT_BC ? T : j0 + HP_ATT_BC, hd);
     const float *kb = k + (size_t)j0 * ldk, *vb = v + (size_t)j0 * ldv;
     for (int h = 0; h < rep; h++) {
         for (int i0 = j0 / HP_ATT_BR * HP_ATT_BR; i0 < T; i0 += HP_ATT_BR) {
@@ -463,14 +500,11 @@ static HP_T_ATTR void HP_T_N(bwd_kv)(float *dk, int lddk, float *dv, int lddv, c
             if (i0 + nr <= j0) continue;   // no row of this tile sees key j0
             const int nrp = (nr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
             const int nc = i0 + nr - j0 < HP_ATT_BC ? i0 + nr - j0 : HP_ATT_BC;
-            const int off = i0 - j0, dense = off >= nc - 1;
-            HP_T_N(bwd_qtile)(qt, dot, qp, dop, D, L, q + (size_t)h * hd, ldq, dout + (size_t)h * hd,
+            const int off = i0 - j0;
+            HP_T_N(bwd_qtile)(w.qt, w.dot, w.qp, w.dop, w.D, w.L, q + (size_t)h * hd, ldq, dout + (size_t)h * hd,
                               out + (size_t)h * hd, ldo, lse + (size_t)h * T, i0, nr, nrp, hd, scale);
-            HP_T_N(bwd_pds)(S, dP, qt, dot, L, D, kb, ldk, vb, ldv, nc, nrp, off, hd, scale);
-            HP_T_N(gemm)(dv + (size_t)j0 * lddv, lddv, 1, S, HP_ATT_BR, 1, dop, hd, nc, hd, nr,
-                         dense ? HP_ATT_DENSE : HP_ATT_KBEG, off);
-            HP_T_N(gemm)(dk + (size_t)j0 * lddk, lddk, 1, dP, HP_ATT_BR, 1, qp, hd, nc, hd, nr,
-                         dense ? HP_ATT_DENSE : HP_ATT_KBEG, off);
+            HP_T_N(bwd_pds)(w.S, w.dP, w.qt, w.dot, w.L, w.D, kb, ldk, vb, ldv, nc, nrp, off, hd, scale);
+            HP_T_N(bwd_kv_pair)(&w, dk + (size_t)j0 * lddk, lddk, dv + (size_t)j0 * lddv, lddv, nc, nr, off, hd);
         }
     }
 }
@@ -478,25 +512,10 @@ static HP_T_ATTR void HP_T_N(bwd_kv)(float *dk, int lddk, float *dv, int lddv, c
 static HP_T_ATTR void HP_T_N(bwd_q)(float *dq, int lddq, const float *dout, const float *out, int ldo,
                                     const float *lse, const float *q, int ldq, const float *k, int ldk,
                                     const float *v, int ldv, int T, int hd, float scale, int i0) {
-    float qt[hd * HP_ATT_BR], dot[hd * HP_ATT_BR];
-    float S[HP_ATT_BC * HP_ATT_BR], dP[HP_ATT_BC * HP_ATT_BR];
-    float dqa[HP_ATT_BR * hd], kp[HP_ATT_BC * hd];
-    float D[HP_ATT_BR], L[HP_ATT_BR];
-    const int nr = T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR;
-    const int nrp = (nr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
-    HP_T_N(bwd_qtile)(qt, dot, NULL, NULL, D, L, q, ldq, dout, out, ldo, lse, i0, nr, nrp, hd, scale);
-    memset(dqa, 0, sizeof(float) * (size_t)nr * hd);
-    const int jend = i0 + nr;
-    for (int j0 = 0; j0 < jend; j0 += HP_ATT_BC) {
-        const int nc = jend - j0 < HP_ATT_BC ? jend - j0 : HP_ATT_BC;
-        const int off = i0 - j0, dense = off >= nc - 1;
-        const float *kb = k + (size_t)j0 * ldk, *vb = v + (size_t)j0 * ldv;
-        HP_T_N(bwd_pds)(S, dP, qt, dot, L, D, kb, ldk, vb, ldv, nc, nrp, off, hd, scale);
-        HP_T_N(pack_rows)(kp, kb, (size_t)ldk, nc, hd);
-        HP_T_N(gemm)(dqa, hd, 1, dP, 1, HP_ATT_BR, kp, hd, nr, hd, nc, dense ? HP_ATT_DENSE : HP_ATT_KEND, off);
-    }
-    for (int r = 0; r < nr; r++)
-        memcpy(dq + (size_t)(i0 + r) * lddq, dqa + (size_t)r * hd, sizeof(float) * (size_t)hd);
+    float ws[HP_T_N(bws_floats)(hd)];
+    const HP_T_N(bws_t) w = HP_T_N(bws_carve)(ws, hd);
+    HP_T_N(bwd_qtile_pairs)(&w, dq, lddq, NULL, 0, NULL, 0, dout, out, ldo, lse, q, ldq, k, ldk, v, ldv, i0,
+                            T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR, hd, scale);
 }
 
 #undef LD
@@ -509,3 +528,11 @@ static HP_T_ATTR void HP_T_N(bwd_q)(float *dq, int lddq, const float *dout, cons
 #undef HP_T_N
 #undef HP_T_CAT
 #undef HP_T_CAT_
+#undef HP_T_SFX
+#undef HP_T_VW
+#undef HP_T_NV
+#undef HP_T_MR
+#undef HP_T_ATTR
+#undef HP_T_FMA
+#undef HP_T_AVX_TRANSPOSE
+#undef HP_T_VMAX

@@ -43,39 +43,19 @@ enum { HP_ATT_DENSE, HP_ATT_QCOLS, HP_ATT_KEND, HP_ATT_KBEG };
 #define HP_T_AVX_TRANSPOSE 1
 #define HP_T_VMAX(a, b) ((VF)_mm256_max_ps((__m256)(a), (__m256)(b)))
 #include "nn/attention-tiles.h"
-#undef HP_T_SFX
-#undef HP_T_VW
-#undef HP_T_NV
-#undef HP_T_MR
-#undef HP_T_ATTR
-#undef HP_T_FMA
-#undef HP_T_AVX_TRANSPOSE
-#undef HP_T_VMAX
 #endif
 
 #define HP_T_SFX generic4
 #define HP_T_VW 4
 #define HP_T_NV 2
 #define HP_T_MR 4
-#define HP_T_ATTR
 #include "nn/attention-tiles.h"
-#undef HP_T_SFX
-#undef HP_T_VW
-#undef HP_T_NV
-#undef HP_T_MR
-#undef HP_T_ATTR
 
 #define HP_T_SFX generic1
 #define HP_T_VW 1
 #define HP_T_NV 2
 #define HP_T_MR 4
-#define HP_T_ATTR
 #include "nn/attention-tiles.h"
-#undef HP_T_SFX
-#undef HP_T_VW
-#undef HP_T_NV
-#undef HP_T_MR
-#undef HP_T_ATTR
 
 typedef void (*hp_att_fwd_tile_fn)(float *out, int ldo, float *lse, const float *q, int ldq, const float *k, int ldk,
                                    const float *v, int ldv, int i0, int nr, int npre, int hd, float scale);

@@ -87,19 +87,19 @@ static const hp_module_ops_t core_ops = {
     "sdpa", core_act_bytes, NULL, core_forward, core_backward_input, NULL, NULL,
 };
 
+/* A module of m with its ops, name and impl_bytes of zeroed impl; NULL when out of memory. */
+static hp_module_t *module_new(hp_model_t m, const hp_module_ops_t *ops, const char *name, size_t impl_bytes) {
+    hp_module_t *mod = hp_model_module_new(m, impl_bytes);
+    if (mod) hp_module_base_init(mod, ops, name, mod->impl);
+    return mod;
+}
+
 hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, const hp_param_t *q, int q_per, const hp_param_t *kv,
                              int kv_per, int head_dim, int layer, hp_module_t **out) {
-    hp_module_t *core = hp_model_module_new(m, sizeof(core_impl_t));
+    hp_module_t *core = module_new(m, &core_ops, name, sizeof(core_impl_t));
     if (!core) return HP_ERR_OOM;
-    core_impl_t *C = core->impl;
-    C->q = q;
-    C->kv = kv;
-    C->q_per = q_per;
-    C->kv_per = kv_per;
-    C->hd = head_dim;
-    C->layer = layer;
-    void *ci = core->impl;
-    hp_module_base_init(core, &core_ops, name, ci);
+    *(core_impl_t *)core->impl =
+        (core_impl_t){.q = q, .kv = kv, .q_per = q_per, .kv_per = kv_per, .hd = head_dim, .layer = layer};
     *out = core;
     return HP_OK;
 }
@@ -319,7 +319,8 @@ void hp_attention_local_heads(const hp_module_t *m, int *n_heads, int *n_kv_head
 
 hp_module_t *hp_attention_core(hp_module_t *m) { return m && m->ops == &attn_ops ? A_CORE(m) : NULL; }
 
-/* --- the asynchronous context-parallel core's view of the attention --- */
+/* The attention as the asynchronous context-parallel core sees it (cp.c): its projection
+ * child, the raw projection rows and the qk-norm + RoPE it applies to rows before its core. */
 hp_module_t *hp_attention_wqkv(hp_module_t *m) { return m && m->ops == &attn_ops ? A_WQKV(m) : NULL; }
 
 const float *hp_attention_projection_rows(hp_module_t *m, hp_act_t *act) {
@@ -350,7 +351,6 @@ hp_status_t hp_attention_prepare_rows(hp_module_t *m, hp_act_t *act, float *x, i
     if (n_k) act->be->rope_apply(act->be->ctx, x + (size_t)n_q * hd, ld, 1, rows, n_k, hd, c, sn, A->c.style, 0);
     return HP_OK;
 }
-/* --- end --- */
 
 /* ---- feed-forward ----------------------------------------------------------------------- */
 
@@ -428,11 +428,9 @@ static const hp_module_ops_t ffn_ops = {
 hp_status_t hp_feed_forward_new(hp_model_t m, const char *name, int dim, int hidden, hp_module_t *w13,
                                 hp_module_t *w2, hp_module_t **out) {
     HP_ASSERT(w13->n_params >= 2 && w13->params[0]->value.local.shape[0] == hidden);   // w1 | w3 stacked
-    hp_module_t *f = hp_model_module_new(m, sizeof(ffn_impl_t));
+    hp_module_t *f = module_new(m, &ffn_ops, name, sizeof(ffn_impl_t));
     if (!f) return HP_ERR_OOM;
-    void *fi = f->impl;
-    hp_module_base_init(f, &ffn_ops, name, fi);
-    ffn_impl_t *F = fi;
+    ffn_impl_t *F = f->impl;
     F->dim = dim;
     F->w1 = w13->params[0];
     f->children[f->n_children++] = w13;
@@ -560,11 +558,9 @@ static const hp_module_ops_t block_ops = {
 hp_status_t hp_block_new(hp_model_t m, const char *name, int dim, hp_module_t *attention_norm,
                          hp_module_t *attention, hp_module_t *ffn_norm, hp_module_t *feed_forward,
                          hp_module_t **out) {
-    hp_module_t *b = hp_model_module_new(m, sizeof(block_impl_t));
+    hp_module_t *b = module_new(m, &block_ops, name, sizeof(block_impl_t));
     if (!b) return HP_ERR_OOM;
-    void *bi = b->impl;
-    hp_module_base_init(b, &block_ops, name, bi);
-    block_impl_t *K = bi;
+    block_impl_t *K = b->impl;
     K->dim = dim;
     b->children[b->n_children++] = attention_norm;
     b->children[b->n_children++] = attention;
@@ -576,7 +572,8 @@ hp_status_t hp_block_new(hp_model_t m, const char *name, int dim, hp_module_t *a
 
 /* ---- loss: cross-entropy over the logits (the head's replaceable child) ------------------ */
 
-size_t hp_loss_act_bytes(int B, int T) {
+size_t hp_loss_act_bytes(const hp_module_t *loss, int B, int T) {
+    (void)loss;
     const size_t N = (size_t)B * T;
     return hp_arena_round(sizeof(hp_loss_saved_t)) + hp_arena_round(sizeof(double) * N) +
            hp_arena_round(sizeof(float) * N);
@@ -597,11 +594,6 @@ hp_status_t hp_loss_begin(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, 
     s->lse = hp_act_alloc(act, sizeof(float) * (size_t)s->N);
     *out = s;
     return HP_OK;
-}
-
-static size_t loss_act_bytes(const hp_module_t *m, int B, int T) {
-    (void)m;
-    return hp_loss_act_bytes(B, T);
 }
 
 static hp_status_t loss_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
@@ -625,7 +617,7 @@ static hp_status_t loss_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
 }
 
 static const hp_module_ops_t loss_ops = {
-    "cross_entropy", loss_act_bytes, NULL, loss_forward, loss_backward_input, NULL, NULL,
+    "cross_entropy", hp_loss_act_bytes, NULL, loss_forward, loss_backward_input, NULL, NULL,
 };
 
 int hp_module_is_loss(const hp_module_t *m) { return m && m->ops == &loss_ops; }

@@ -48,13 +48,9 @@ HP_K_INL VF HP_K_N(vexp)(VF x) {
     const VF n = t - magic;
     VF r = xc - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
-    VF p = (VF){0} + 1.3888889e-3f;
-    p = p * r + 8.3333333e-3f;
-    p = p * r + 4.1666667e-2f;
-    p = p * r + 1.6666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    VF p = (VF){0} + hp_nn_exp_poly[0];
+#pragma GCC unroll 6
+    for (int i = 1; i < 7; i++) p = p * r + hp_nn_exp_poly[i];
     const VU e = (VU)t << 23;   // (n + 127) << 23: the bits of 2^n (the top bits shift out)
     return HP_K_N(sel)(x < -87.0f, (VF){0}, p * (VF)e);
 }

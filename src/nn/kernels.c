@@ -106,14 +106,18 @@ void hp_linear_backward_weight(float *dweight, float *dbias, const float *dout, 
 
 /* ---- RMSNorm --------------------------------------------------------------------------- */
 
+/* Head row r = (token n, head h) of a (N, n_heads * C) view at row stride ld: its offset. */
+static inline int64_t head_row(int64_t r, int n_heads, int ld, int C) {
+    return r / n_heads * ld + r % n_heads * C;
+}
+
 void hp_rmsnorm_heads_forward(float *out, int ldo, float *rstd, const float *inp, int ldi,
                               const float *weight, int N, int n_heads, int C, float eps) {
     int64_t rows = (int64_t)N * n_heads;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        int64_t n = r / n_heads, h = r % n_heads;
-        const float *x = inp + n * ldi + h * C;
-        float *y = out + n * ldo + h * C;
+        const float *x = inp + head_row(r, n_heads, ldi, C);
+        float *y = out + head_row(r, n_heads, ldo, C);
         float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
         for (int c = 0; c < C; c++) ss += x[c] * x[c];
@@ -130,10 +134,9 @@ static void rmsnorm_heads_bwd_in(float *dinp, int ldo, const float *dout, int ld
     int64_t rows = (int64_t)N * n_heads;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        int64_t n = r / n_heads, h = r % n_heads;
-        const float *x = inp + n * ldi + h * C;
-        const float *dy = dout + n * lddo + h * C;
-        float *dx = dinp + n * ldo + h * C;
+        const float *x = inp + head_row(r, n_heads, ldi, C);
+        const float *dy = dout + head_row(r, n_heads, lddo, C);
+        float *dx = dinp + head_row(r, n_heads, ldo, C);
         float s = rstd[r];
         float dot = 0.0f;   // sum_c dy * w * x
 #pragma omp simd reduction(+ : dot)

@@ -82,6 +82,27 @@ void hp_ref_rope_apply(float *x, int ld, int B, int T, int n_heads, int head_dim
             }
 }
 
+/* One causal score row of the reference: p[j] = exp(q_i . k_j scale - max) for keys j <= i
+ * (k: key 0 of the row's sequence and kv head, rows ldk apart), in double; *mx the max, the
+ * sum returned. Shared by the reference forward and backward only. */
+static double ref_softmax_row(double *p, double *mx, const float *qi, const float *k, int ldk, int i, int hd,
+                              double scale) {
+    *mx = -INFINITY;
+    for (int j = 0; j <= i; j++) {
+        const float *kj = k + (size_t)j * ldk;
+        double s = 0.0;
+        for (int d = 0; d < hd; d++) s += (double)qi[d] * kj[d];
+        p[j] = s * scale;
+        if (p[j] > *mx) *mx = p[j];
+    }
+    double sum = 0.0;
+    for (int j = 0; j <= i; j++) {
+        p[j] = exp(p[j] - *mx);
+        sum += p[j];
+    }
+    return sum;
+}
+
 /* Full softmax per (b, h, query row); the (T) score row is built in a heap buffer (reference
  * code only, never in the step loop). */
 void hp_ref_attention_forward(float *out, float *lse, const float *q, int ldq, const float *k, int ldk,
@@ -95,16 +116,9 @@ void hp_ref_attention_forward(float *out, float *lse, const float *q, int ldq, c
             int g = h / rep;
             for (int i = 0; i < T; i++) {
                 const float *qi = q + ((size_t)b * T + i) * ldq + (size_t)h * hd;
-                double mx = -INFINITY;
-                for (int j = 0; j <= i; j++) {
-                    const float *kj = k + ((size_t)b * T + j) * ldk + (size_t)g * hd;
-                    double s = 0.0;
-                    for (int d = 0; d < hd; d++) s += (double)qi[d] * kj[d];
-                    p[j] = s * scale;
-                    if (p[j] > mx) mx = p[j];
-                }
-                double sum = 0.0;
-                for (int j = 0; j <= i; j++) { p[j] = exp(p[j] - mx); sum += p[j]; }
+                double mx;
+                const float *kg = k + (size_t)b * T * ldk + (size_t)g * hd;   // key 0 of the kv head
+                const double sum = ref_softmax_row(p, &mx, qi, kg, ldk, i, hd, scale);
                 lse[((size_t)b * Hq + h) * T + i] = (float)(mx + log(sum));
                 float *oi = out + ((size_t)b * T + i) * Hq * hd + (size_t)h * hd;
                 for (int d = 0; d < hd; d++) {
@@ -141,16 +155,9 @@ void hp_ref_attention_backward(float *dq, int lddq, float *dk, int lddk, float *
             for (int i = 0; i < T; i++) {
                 const float *qi = q + ((size_t)b * T + i) * ldq + (size_t)h * hd;
                 const float *doi = dout + ((size_t)b * T + i) * Hq * hd + (size_t)h * hd;
-                double mx = -INFINITY;
-                for (int j = 0; j <= i; j++) {
-                    const float *kj = k + ((size_t)b * T + j) * ldk + (size_t)g * hd;
-                    double s = 0.0;
-                    for (int d = 0; d < hd; d++) s += (double)qi[d] * kj[d];
-                    p[j] = s * scale;
-                    if (p[j] > mx) mx = p[j];
-                }
-                double sum = 0.0;
-                for (int j = 0; j <= i; j++) { p[j] = exp(p[j] - mx); sum += p[j]; }
+                double mx;
+                const float *kg = k + (size_t)b * T * ldk + (size_t)g * hd;   // key 0 of the kv head
+                const double sum = ref_softmax_row(p, &mx, qi, kg, ldk, i, hd, scale);
                 double dsum = 0.0;   // sum_j p_j dp_j
                 for (int j = 0; j <= i; j++) {
                     p[j] /= sum;

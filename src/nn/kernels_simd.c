@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 #include "hyperparallel/nn.h"
+#include "nn/nn-math.h"
 #include "nn/nn-simd.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

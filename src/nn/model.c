@@ -142,12 +142,7 @@ void hp_model_destroy(hp_model_t m) {
     hp_model_ctx_destroy(m->dflt);
     hp_free_aligned(m->param_data);
     hp_free_aligned(m->grad_data);
-    free(m->cos_t);
-    free(m->sin_t);
-    free(m->params);
-    free(m->decl);
-    free(m->param_off);
-    free(m->units);
+    hp_arena_free(&m->tables);
     for (int i = 0; i < m->n_owned; i++) free(m->mods[i]);
     free(m->mods);
     free(m);
@@ -214,14 +209,8 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
                         "max_seq_len %d (%s/%s)", max_seq_len, cfg.max_seq_len, cfg.name, cfg.flavor);
     hp_model_t m = hp_calloc(1, sizeof(*m));
     if (!m) return HP_ERR_OOM;
-    m->cfg = cfg;
-    m->arch = arch;
-    m->max_batch = max_batch;
-    m->max_seq_len = max_seq_len;
-    m->n_units_total = nu;
-    m->u0 = u0;
-    m->u1 = u1;
-    m->be = hp_backend_default();
+    *m = (struct hp_model){.cfg = cfg, .arch = arch, .max_batch = max_batch, .max_seq_len = max_seq_len,
+                           .n_units_total = nu, .u0 = u0, .u1 = u1, .be = hp_backend_default()};
     const hp_model_config_t *c = &m->cfg;
     hp_status_t st = HP_OK;
     const int hd = c->head_dim;
@@ -230,14 +219,16 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
     int np = 0;
     hp_param_decl_t tmp[HP_MODEL_MAX_UNIT_PARAMS];
     for (int u = u0; u < u1; u++) np += arch->declare(c, u, u0 == 0, tmp);
-    m->units = hp_calloc((size_t)nu, sizeof(nn_unit_t));
-    m->params = hp_calloc((size_t)(np ? np : 1), sizeof(hp_param_t));
-    m->decl = hp_calloc((size_t)(np ? np : 1), sizeof(hp_param_decl_t));
-    m->param_off = hp_calloc((size_t)(np ? np : 1), sizeof(size_t));
+    // the tables of the model's lifetime in one arena, sized first: units, parameter entries,
+    // declarations, offsets and the RoPE cos / sin tables
+    const size_t npt = (size_t)(np ? np : 1);
     const int rd = c->mla ? c->qk_rope_head_dim : hd;   // the rotated channels per head
-    m->cos_t = hp_malloc(sizeof(float) * (size_t)max_seq_len * (rd / 2));
-    m->sin_t = hp_malloc(sizeof(float) * (size_t)max_seq_len * (rd / 2));
-    if (!m->units || !m->params || !m->decl || !m->param_off || !m->cos_t || !m->sin_t) { st = HP_ERR_OOM; goto fail; }
+    const size_t rope_bytes = sizeof(float) * (size_t)max_seq_len * (rd / 2);
+    const size_t table_bytes[6] = {(size_t)nu * sizeof(nn_unit_t), npt * sizeof(hp_param_t),
+                                   npt * sizeof(hp_param_decl_t), npt * sizeof(size_t), rope_bytes, rope_bytes};
+    void *const tables[6] = {&m->units, &m->params, &m->decl, &m->param_off, &m->cos_t, &m->sin_t};
+    st = hp_arena_init_tables(&m->tables, "model tables", 6, table_bytes, tables);
+    if (st != HP_OK) goto fail;
     // 2. storage layout: units contiguous, a group's members adjacent (one stacked GEMM)
     size_t off = 0;
     int pi = 0;
@@ -537,12 +528,7 @@ void hp_model_ctx_destroy(hp_model_ctx_t c) {
     if (!c) return;
     hp_act_free(&c->act);
     c->m->be->free(c->m->be->ctx, c->mem);
-    free(c->x);
-    free(c->g);
-    free(c->scratch);
-    free(c->scratch_n);
-    free(c->state);
-    free(c);
+    free(c);   // and its per-unit tables (hp_model_ctx_create)
 }
 
 size_t hp_model_ctx_bytes(hp_model_ctx_t c) { return c ? c->act.arena.capacity + c->mem_bytes : 0; }
@@ -583,20 +569,19 @@ hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned fla
     ws += has_head(m) ? 2 * ROUND16(N * V) : 0;                      // logits, dlogits
     ws += split ? (size_t)nb * xN : 2 * xN;                         // activation gradients
     ws += split ? scratch_sum : scratch_max;
-    hp_model_ctx_t c = hp_calloc(1, sizeof(*c));
+    // the context and its per-unit tables (x, g, scratch, scratch_n, state: nu + 1 entries
+    // each, widest element first) in one allocation
+    const size_t nt = (size_t)nu + 1;
+    hp_model_ctx_t c = hp_calloc(1, sizeof(*c) + nt * (3 * sizeof(float *) + sizeof(size_t) + 1));
     if (!c) return HP_ERR_OOM;
-    c->m = m;
-    c->flags = flags;
-    c->max_B = max_B;
-    c->max_T = max_T;
-    c->ac_generation = m->ac_generation;
-    c->x = hp_calloc((size_t)nu + 1, sizeof(float *));
-    c->g = hp_calloc((size_t)nu + 1, sizeof(float *));
-    c->scratch = hp_calloc((size_t)nu + 1, sizeof(float *));
-    c->scratch_n = hp_calloc((size_t)nu + 1, sizeof(size_t));
-    c->state = hp_calloc((size_t)nu + 1, 1);
-    hp_status_t st = (!c->x || !c->g || !c->scratch || !c->scratch_n || !c->state) ? HP_ERR_OOM : HP_OK;
-    if (st == HP_OK) st = hp_act_init(&c->act, m->n_mods > 0 ? m->n_mods : 1, arena);
+    *c = (struct hp_model_ctx){.m = m, .flags = flags, .max_B = max_B, .max_T = max_T,
+                               .ac_generation = m->ac_generation};
+    c->x = (float **)(c + 1);
+    c->g = c->x + nt;
+    c->scratch = c->g + nt;
+    c->scratch_n = (size_t *)(c->scratch + nt);
+    c->state = (unsigned char *)(c->scratch_n + nt);
+    hp_status_t st = hp_act_init(&c->act, m->n_mods > 0 ? m->n_mods : 1, arena);
     if (st == HP_OK) {
         c->mem = m->be->alloc(m->be->ctx, sizeof(float) * ws);
         if (!c->mem)

@@ -16,28 +16,19 @@ static int llama_hidden(int dim, int multiple_of, float mult) {
     return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
 }
 
-/* --- mixture of experts (owner moe; docs/moe.md) --- */
+/* The MoE layers of a config and their module config (docs/moe.md). */
 int hp_model_layer_is_moe(const hp_model_config_t *c, int layer) {
     return c->moe_experts > 0 && layer >= c->moe_n_dense_layers;
 }
 
 void hp_model_moe_config(const hp_model_config_t *c, hp_moe_config_t *o) {
-    memset(o, 0, sizeof(*o));
-    o->dim = c->dim;
-    o->hidden = c->moe_hidden;
-    o->n_experts = c->moe_experts;
-    o->top_k = c->moe_top_k;
-    o->score_fn = c->moe_score_fn;
-    o->route_norm = c->moe_route_norm;
-    o->route_scale = c->moe_route_scale;
-    o->score_before_experts = c->moe_score_before_experts;
-    o->n_shared_experts = c->moe_shared_experts;
-    o->shared_hidden = c->moe_hidden;
-    o->n_expert_groups = c->moe_expert_groups;
-    o->n_limited_groups = c->moe_limited_groups;
-    o->aux_loss_coeff = c->moe_aux_loss_coeff;
+    *o = (hp_moe_config_t){.dim = c->dim, .hidden = c->moe_hidden, .n_experts = c->moe_experts, .top_k = c->moe_top_k,
+                           .score_fn = c->moe_score_fn, .route_norm = c->moe_route_norm,
+                           .route_scale = c->moe_route_scale, .score_before_experts = c->moe_score_before_experts,
+                           .n_shared_experts = c->moe_shared_experts, .shared_hidden = c->moe_hidden,
+                           .n_expert_groups = c->moe_expert_groups, .n_limited_groups = c->moe_limited_groups,
+                           .aux_loss_coeff = c->moe_aux_loss_coeff};
 }
-/* --- end --- */
 
 int hp_model_mla_yarn(const hp_model_config_t *c) {
     return c->mla && c->max_seq_len > c->rope_original_max_pos;   // TorchTitan: seqlen > original_seq_len
@@ -119,7 +110,7 @@ hp_status_t hp_model_config_validate(hp_model_config_t *c) {
         return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': rope scaling needs factor > 0, "
                         "original_max_pos > 0 and high_freq_factor > low_freq_factor", c->name, c->flavor);
     if (c->max_seq_len <= 0) c->max_seq_len = 4096;
-    if (c->moe_experts > 0) {   /* --- mixture of experts (owner moe) --- */
+    if (c->moe_experts > 0) {   // the MoE module's bounds and the dense-layer count
         hp_moe_config_t mc;
         hp_model_moe_config(c, &mc);
         char what[96];
@@ -134,7 +125,7 @@ hp_status_t hp_model_config_validate(hp_model_config_t *c) {
     } else if (c->moe_experts < 0) {
         return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': moe_experts = %d, expected >= 0 (0: dense)",
                         c->name, c->flavor, c->moe_experts);
-    }   /* --- end --- */
+    }
     /* Upper bounds: a dimension from a file or flag beyond them would overflow a product of
      * dims or ask for an absurd allocation instead of failing with a message. */
 #define HP_CFG_MAX(field, lim, why)                                                                          \

@@ -7,6 +7,9 @@
 
 #include <stdint.h>
 
+/* The polynomial of hp_nn_expf, highest degree first for Horner's rule: 1/720, 1/120, 1/24,
+ * 1/6, 1/2, 1, 1. The vector exps (attention-tiles.h, kernels-simd.h) evaluate it from here. */
+static const float hp_nn_exp_poly[7] = {1.3888889e-3f, 8.3333333e-3f, 4.1666667e-2f, 1.6666667e-1f, 0.5f, 1.0f, 1.0f};
 
 static inline float hp_nn_expf(float x) {
     const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;

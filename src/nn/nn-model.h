@@ -57,6 +57,7 @@ struct hp_model {
     int n_mods, cap_mods;
     int n_owned;              /* mods[0 .. n_owned) were created by the model (freed with it) */
     float *cos_t, *sin_t;     /* (max_seq_len, head_dim/2) */
+    hp_arena_t tables;        /* units, params, decl, param_off, cos_t, sin_t live here */
     const hp_backend_t *be;
     hp_model_ctx_t dflt;      /* the context of the whole-model calls (hp_model_forward); NULL: re-created on use */
     int ac_every;             /* activation checkpointing: 0 off, k: blocks with (l+1) % k == 0 */

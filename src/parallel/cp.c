@@ -396,43 +396,58 @@ static void pack_kv(float *kv, const float *x, const ring_dims_t *d, int rows) {
         memcpy(kv + (size_t)r * 2 * d->kd, x + (size_t)r * d->ld + d->qd, sizeof(float) * 2 * d->kd);
 }
 
+/* One block of a ring step: a query chunk of this participant against a key chunk of the
+ * source participant, with the rows where each starts and the causal mask between them. */
+typedef struct {
+    size_t qr, kr;       // first row of the query chunk (rows of x), of the key chunk (packed K/V rows)
+    size_t lse;          // the query chunk's first entry of lse (B, Hq, Tr)
+    hp_attn_mask_t mk;
+} ring_block_t;
+
+/* The blocks against source participant s in order (batch, query chunk, key chunk), those the
+ * mask skips left out: *it the position (from 0), 0 returned past the last. The forward and
+ * the backward visit the same blocks in the same order through it. */
+static int ring_next(const struct hp_cp *cp, const ring_dims_t *d, int s, int B, int *it, ring_block_t *k) {
+    const int nc = cp->nc, c = cp->c, Tr = cp->Tr;
+    for (; *it < B * nc * nc; (*it)++) {
+        const int b = *it / (nc * nc), a = *it / nc % nc, j = *it % nc;
+        const hp_attn_mask_t mk = chunk_mask(chunk_id(cp, cp->g, a), chunk_id(cp, s, j));
+        if (mk == HP_ATTN_MASK_SKIP) continue;
+        (*it)++;
+        *k = (ring_block_t){(size_t)b * Tr + (size_t)a * c, (size_t)b * Tr + (size_t)j * c,
+                            (size_t)b * d->Hq * Tr + (size_t)a * c, mk};
+        return 1;
+    }
+    return 0;
+}
+
 /* Forward of this participant's query chunks against source participant s's K/V. */
 static void ring_fwd_step(struct hp_cp *cp, const hp_backend_t *be, const ring_dims_t *d, const float *xr,
                           const float *kv, int s, float *out, float *lse, int B) {
-    const int c = cp->c, Tr = cp->Tr, ldkv = 2 * d->kd;
-    for (int b = 0; b < B; b++)
-        for (int a = 0; a < cp->nc; a++)
-            for (int j = 0; j < cp->nc; j++) {
-                const hp_attn_mask_t mk = chunk_mask(chunk_id(cp, cp->g, a), chunk_id(cp, s, j));
-                if (mk == HP_ATTN_MASK_SKIP) continue;
-                const float *q = xr + ((size_t)b * Tr + (size_t)a * c) * d->ld;
-                const float *k = kv + ((size_t)b * Tr + (size_t)j * c) * ldkv;
-                be->attn_block_forward(be->ctx, cp->blk_out, d->qd, cp->blk_lse, c, q, d->ld, k, ldkv, k + d->kd, ldkv,
-                                       c, c, d->Hq, d->Hkv, d->hd, mk, cp->attn_scratch);
-                be->attn_block_merge(be->ctx, out + ((size_t)b * Tr + (size_t)a * c) * d->qd, d->qd,
-                                     lse + (size_t)b * d->Hq * Tr + (size_t)a * c, Tr, cp->blk_out, d->qd,
-                                     cp->blk_lse, c, c, d->Hq, d->hd);
-            }
+    const int c = cp->c, ldkv = 2 * d->kd;
+    ring_block_t k;
+    for (int it = 0; ring_next(cp, d, s, B, &it, &k);) {
+        const float *kb = kv + k.kr * ldkv;
+        be->attn_block_forward(be->ctx, cp->blk_out, d->qd, cp->blk_lse, c, xr + k.qr * d->ld, d->ld, kb, ldkv,
+                               kb + d->kd, ldkv, c, c, d->Hq, d->Hkv, d->hd, k.mk, cp->attn_scratch);
+        be->attn_block_merge(be->ctx, out + k.qr * d->qd, d->qd, lse + k.lse, cp->Tr, cp->blk_out, d->qd, cp->blk_lse,
+                             c, c, d->Hq, d->hd);
+    }
 }
 
-/* Backward of the same pairs: dq (rows of dx, q columns) +=, dkv (source's packed rows) +=. */
+/* Backward of the same blocks: dq (rows of dx, q columns) +=, dkv (source's packed rows) +=. */
 static void ring_bwd_step(struct hp_cp *cp, const hp_backend_t *be, const ring_dims_t *d, const float *xr,
                           const float *kv, int s, const float *out, const float *lse, const float *dout, float *dx,
                           float *dkv, int B) {
-    const int c = cp->c, Tr = cp->Tr, ldkv = 2 * d->kd;
-    for (int b = 0; b < B; b++)
-        for (int a = 0; a < cp->nc; a++)
-            for (int j = 0; j < cp->nc; j++) {
-                const hp_attn_mask_t mk = chunk_mask(chunk_id(cp, cp->g, a), chunk_id(cp, s, j));
-                if (mk == HP_ATTN_MASK_SKIP) continue;
-                const size_t qr = (size_t)b * Tr + (size_t)a * c, kr = (size_t)b * Tr + (size_t)j * c;
-                const float *k = kv + kr * ldkv;
-                float *dk = dkv + kr * ldkv;
-                be->attn_block_backward(be->ctx, dx + qr * d->ld, d->ld, dk, ldkv, dk + d->kd, ldkv, dout + qr * d->qd,
-                                        d->qd, out + qr * d->qd, d->qd, lse + (size_t)b * d->Hq * Tr + (size_t)a * c,
-                                        Tr, xr + qr * d->ld, d->ld, k, ldkv, k + d->kd, ldkv, c, c, d->Hq, d->Hkv,
-                                        d->hd, mk, cp->attn_scratch);
-            }
+    const int c = cp->c, ldkv = 2 * d->kd;
+    ring_block_t k;
+    for (int it = 0; ring_next(cp, d, s, B, &it, &k);) {
+        const float *kb = kv + k.kr * ldkv;
+        float *dk = dkv + k.kr * ldkv;
+        be->attn_block_backward(be->ctx, dx + k.qr * d->ld, d->ld, dk, ldkv, dk + d->kd, ldkv, dout + k.qr * d->qd,
+                                d->qd, out + k.qr * d->qd, d->qd, lse + k.lse, cp->Tr, xr + k.qr * d->ld, d->ld, kb,
+                                ldkv, kb + d->kd, ldkv, c, c, d->Hq, d->Hkv, d->hd, k.mk, cp->attn_scratch);
+    }
 }
 
 static hp_status_t wait_timed(struct hp_cp *cp, hp_work_t *w) {

@@ -198,18 +198,11 @@ hp_status_t hp_ddp_create(hp_model_t model, hp_comm_t comm, const hp_ddp_options
     // init_sync: every rank starts from rank 0's weights
     for (int i = 0; st == HP_OK && i < np; i++)
         st = hp_broadcast(P[i].value.local.data, (size_t)hp_tensor_numel(&P[i].value.local), HP_F32, 0, comm, NULL);
-    if (st != HP_OK) {
-        hp_ddp_destroy(d);
-        return st;
-    }
     const hp_module_hook_fn h[HP_HOOK_KINDS] = {NULL, NULL, NULL, ddp_post_backward};
-    st = hp_dp_attach_hooks(model, d, h);
-    if (st != HP_OK) {
-        hp_ddp_destroy(d);
-        return st;
-    }
-    *out = d;
-    return HP_OK;
+    if (st == HP_OK) st = hp_dp_attach_hooks(model, d, h);
+    if (st == HP_OK) *out = d;
+    else hp_ddp_destroy(d);
+    return st;
 }
 
 void hp_ddp_destroy(hp_ddp_t d) {

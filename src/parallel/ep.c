@@ -441,17 +441,28 @@ static hp_status_t ep_finish(hp_model_t m, hp_ep_t ep, const hp_moe_dispatch_t *
     return HP_OK;
 }
 
-hp_status_t hp_ep_tensor_parallel_experts(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) {
-    if (!m || !mesh || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_tensor_parallel_experts: NULL argument");
+/* The checks every expert attach starts with: the arguments (*out = NULL), a mesh of nd_lo
+ * to nd_hi dims (`dims` says which), a model with MoE layers (`what` names the parallelism);
+ * *c the model's config. */
+static hp_status_t attach_begin(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out, int nd_lo, int nd_hi, const char *fn,
+                                const char *dims, const char *what, const hp_model_config_t **c) {
+    if (!m || !mesh || !out) return hp_error(HP_ERR_INVALID_ARG, "%s: NULL argument", fn);
     *out = NULL;
-    const hp_model_config_t *c = hp_model_config(m);
-    if (hp_mesh_ndim(mesh) != 1)
-        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_tensor_parallel_experts: the tp mesh must be 1-D (got %d dims)",
-                        hp_mesh_ndim(mesh));
+    *c = hp_model_config(m);
+    const int nd = hp_mesh_ndim(mesh);
+    if (nd < nd_lo || nd > nd_hi)
+        return hp_error(HP_ERR_INVALID_ARG, "%s: the mesh must be %s, got %d dims", fn, dims, nd);
+    if ((*c)->moe_experts <= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "%s: model '%s/%s' has no MoE layers; hint: use a family with MoE layers "
+                        "(deepseek_v3, qwen3_moe), or degree 1", what, (*c)->name, (*c)->flavor);
+    return HP_OK;
+}
+
+hp_status_t hp_ep_tensor_parallel_experts(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) {
+    const hp_model_config_t *c;
+    HP_TRY(attach_begin(m, mesh, out, 1, 1, "hp_ep_tensor_parallel_experts", "1-D (tp)", "tensor parallel of experts",
+                        &c));
     const int P = (int)hp_mesh_size(mesh, 0);
-    if (c->moe_experts <= 0)
-        return hp_error(HP_ERR_INVALID_ARG, "tensor parallel of experts: model '%s/%s' has no MoE layers", c->name,
-                        c->flavor);
     if (c->moe_hidden % P != 0)
         return hp_error(HP_ERR_INVALID_ARG, "tensor parallel of experts: degree %d does not divide the expert hidden "
                         "size %d (model.moe_hidden_dim); hint: use a divisor of %d", P, c->moe_hidden, c->moe_hidden);
@@ -522,16 +533,9 @@ static hp_status_t install(hp_model_t m, hp_ep_t ep, const hp_moe_dispatch_t *d)
 }
 
 hp_status_t hp_ep_parallelize_model(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) {
-    if (!m || !mesh || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model: NULL argument");
-    *out = NULL;
-    const hp_model_config_t *c = hp_model_config(m);
-    if (hp_mesh_ndim(mesh) != 1)
-        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model: the ep mesh must be 1-D (got %d dims)",
-                        hp_mesh_ndim(mesh));
+    const hp_model_config_t *c;
+    HP_TRY(attach_begin(m, mesh, out, 1, 1, "hp_ep_parallelize_model", "1-D (ep)", "expert parallel", &c));
     const int P = (int)hp_mesh_size(mesh, 0);
-    if (c->moe_experts <= 0)
-        return hp_error(HP_ERR_INVALID_ARG, "expert parallel: model '%s/%s' has no MoE layers; hint: use "
-                        "deepseek_v3 or qwen3_moe, or expert_parallel_degree 1", c->name, c->flavor);
     if (c->moe_experts % P != 0)
         return hp_error(HP_ERR_INVALID_ARG, "expert parallel: degree %d does not divide the %d experts; hint: use a "
                         "divisor of %d", P, c->moe_experts, c->moe_experts);
@@ -560,14 +564,11 @@ hp_status_t hp_ep_parallelize_model(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) 
 }
 
 hp_status_t hp_ep_parallelize_model_etp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *out) {
-    if (!m || !mesh2 || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_etp: NULL argument");
-    *out = NULL;
-    const hp_model_config_t *c = hp_model_config(m);
-    if (hp_mesh_ndim(mesh2) != 2)
-        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_etp: the mesh must be 2-D (ep, tp), got %d dims",
-                        hp_mesh_ndim(mesh2));
+    const hp_model_config_t *c;
+    HP_TRY(attach_begin(m, mesh2, out, 2, 2, "hp_ep_parallelize_model_etp", "2-D (ep, tp)", "expert tensor parallel",
+                        &c));
     const int P = (int)hp_mesh_size(mesh2, 0), Q = (int)hp_mesh_size(mesh2, 1);
-    if (c->moe_experts <= 0 || c->moe_experts % P != 0 || c->moe_hidden % Q != 0)
+    if (c->moe_experts % P != 0 || c->moe_hidden % Q != 0)
         return hp_error(HP_ERR_INVALID_ARG, "expert tensor parallel: model '%s/%s' with %d experts of hidden %d on an "
                         "(ep %d, tp %d) mesh; ep must divide the experts and tp the expert hidden size", c->name,
                         c->flavor, c->moe_experts, c->moe_hidden, P, Q);
@@ -617,15 +618,12 @@ hp_status_t hp_ep_parallelize_model_etp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *
 }
 
 hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *out) {
-    if (!m || !mesh2 || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_efsdp: NULL argument");
-    *out = NULL;
-    const hp_model_config_t *c = hp_model_config(m);
+    const hp_model_config_t *c;
+    HP_TRY(attach_begin(m, mesh2, out, 2, 3, "hp_ep_parallelize_model_efsdp", "2-D (efsdp, ep) or 3-D (efsdp, ep, etp)",
+                        "expert FSDP", &c));
     const int nd = hp_mesh_ndim(mesh2);
-    if (nd != 2 && nd != 3)
-        return hp_error(HP_ERR_INVALID_ARG, "hp_ep_parallelize_model_efsdp: the mesh must be 2-D (efsdp, ep) or 3-D "
-                        "(efsdp, ep, etp), got %d dims", nd);
     const int Fs = (int)hp_mesh_size(mesh2, 0), P = (int)hp_mesh_size(mesh2, 1), Q = nd == 3 ? (int)hp_mesh_size(mesh2, 2) : 1;
-    if (c->moe_experts <= 0 || c->moe_experts % P != 0)
+    if (c->moe_experts % P != 0)
         return hp_error(HP_ERR_INVALID_ARG, "expert parallel: degree %d does not divide the %d experts", P,
                         c->moe_experts);
     if (c->moe_hidden % Q != 0)

@@ -132,6 +132,7 @@ struct hp_fsdp {
     int W, rank, R, k;
     int n_groups, n_params, n_units;
     int u0, u1;              /* the units the model holds (a pipeline stage: a range) */
+    hp_arena_t tables;       /* g, ug, pg, pj, params, events live here */
     group_t *g;
     int *ug;                 /* (n_units) unit -> group */
     int *pg, *pj;            /* (n_params) param -> group, index in the group */
@@ -427,57 +428,66 @@ static hp_status_t reduce_grads(hp_fsdp_t f, group_t *g, const float *grads) {
 /* Hooks come per unit; a group's state changes at its first unit (unshard, gradient buffer)
  * and its last (reshard, reduce) in each pass. For a one-unit group both are the unit. */
 
-static hp_status_t pre_forward(void *ctx, hp_module_t *mod, hp_act_t *act) {
-    hp_fsdp_t f = ctx;
-    const int unit = mod->unit;
-    (void)act;
-    group_t *g = &f->g[f->ug[unit]];
+static group_t *group_of(hp_fsdp_t f, int unit) { return &f->g[f->ug[unit]]; }
+
+/* The group g unsharded (waited for) and, with overlap, the all-gather of unit next's group
+ * started (none when next is outside the model's units) so it runs while g's unit computes;
+ * a no-op when that group is already unsharded (the tied group before the root). */
+static hp_status_t unshard_prefetch(hp_fsdp_t f, group_t *g, int next) {
     HP_TRY(unshard(f, g));
     HP_TRY(wait_unshard(f, g));
-    // implicit forward prefetch: the next unit's all-gather runs while this one computes (a
-    // no-op when its group is already unsharded: the tied group before the root)
-    if (f->o.overlap && unit + 1 < f->u1) HP_TRY(unshard(f, &f->g[f->ug[unit + 1]]));
+    if (f->o.overlap && next >= f->u0 && next < f->u1) HP_TRY(unshard(f, group_of(f, next)));
+    return HP_OK;
+}
+
+static hp_status_t pre_forward(void *ctx, hp_module_t *mod, hp_act_t *act) {
+    (void)act;
+    hp_fsdp_t f = ctx;
+    group_t *g = group_of(f, mod->unit);
+    HP_TRY(unshard_prefetch(f, g, mod->unit + 1));   // implicit forward prefetch: the next unit
     point_model(f, g, f->slots[g->slot].full, NULL);
     return HP_OK;
 }
 
 static hp_status_t post_forward(void *ctx, hp_module_t *mod, hp_act_t *act) {
-    hp_fsdp_t f = ctx;
-    const int unit = mod->unit;
     (void)act;
-    group_t *g = &f->g[f->ug[unit]];
-    if (unit != g->u_hi) return HP_OK;   // another unit of the group runs later in forward
+    hp_fsdp_t f = ctx;
+    group_t *g = group_of(f, mod->unit);
+    if (mod->unit != g->u_hi) return HP_OK;   // another unit of the group runs later in forward
     if (g->raf == 1) reshard(f, g, 0);
     else if (g->raf >= 2) reshard(f, g, 1);
     else point_model(f, g, NULL, NULL);
     return HP_OK;
 }
 
+/* The buffer the group's unsharded gradients go to in this backward (g->gcur, zeroed): its
+ * own, or FSDP's shared one; the accumulator, kept, when gradients sum over steps without
+ * reduction (no sync) or a sum is pending. */
+static hp_status_t grad_buffer(hp_fsdp_t f, group_t *g) {
+    if (!f->sync || g->accum_pending) {
+        if (!g->accum) {
+            g->accum = hp_aligned_alloc(sizeof(float) * g->span);
+            if (!g->accum) return HP_ERR_OOM;
+            f->ws_bytes += sizeof(float) * g->span;
+        }
+        if (!g->accum_pending) memset(g->accum, 0, sizeof(float) * g->span);
+        g->gcur = g->accum;
+    } else {
+        g->gcur = g->gown ? g->gown : f->gfull;
+        memset(g->gcur, 0, sizeof(float) * g->span);
+    }
+    return HP_OK;
+}
+
 static hp_status_t pre_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
+    (void)act;
     hp_fsdp_t f = ctx;
     const int unit = mod->unit;
-    (void)act;
-    group_t *g = &f->g[f->ug[unit]];
-    HP_TRY(unshard(f, g));
-    HP_TRY(wait_unshard(f, g));
-    // backward prefetch: the previous unit in post-forward order
-    if (f->o.overlap && unit > f->u0) HP_TRY(unshard(f, &f->g[f->ug[unit - 1]]));
+    group_t *g = group_of(f, unit);
+    HP_TRY(unshard_prefetch(f, g, unit - 1));   // backward prefetch: the previous unit in post-forward order
     // the group's first unit in backward: its gradient buffer (once while weight passes of
     // earlier micro-batches are pending: they and this one add into the same buffer)
-    if (unit == g->u_hi && g->pending_w++ == 0) {
-        if (!f->sync || g->accum_pending) {
-            if (!g->accum) {
-                g->accum = hp_aligned_alloc(sizeof(float) * g->span);
-                if (!g->accum) return HP_ERR_OOM;
-                f->ws_bytes += sizeof(float) * g->span;
-            }
-            if (!g->accum_pending) memset(g->accum, 0, sizeof(float) * g->span);
-            g->gcur = g->accum;
-        } else {
-            g->gcur = g->gown ? g->gown : f->gfull;
-            memset(g->gcur, 0, sizeof(float) * g->span);
-        }
-    }
+    if (unit == g->u_hi && g->pending_w++ == 0) HP_TRY(grad_buffer(f, g));
     // a later unit of the group (the embedding of the tied group) accumulates (+=) into the
     // same buffer: both uses of the shared weight add to one gradient
     point_model(f, g, f->slots[g->slot].full, g->gcur);
@@ -485,12 +495,11 @@ static hp_status_t pre_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
 }
 
 static hp_status_t post_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
-    hp_fsdp_t f = ctx;
-    const int unit = mod->unit;
     (void)act;
-    group_t *g = &f->g[f->ug[unit]];
+    hp_fsdp_t f = ctx;
+    group_t *g = group_of(f, mod->unit);
     // the group's last unit in backward: reshard and reduce after the last pending weight pass
-    if (unit == g->u_lo && (g->pending_w == 0 || --g->pending_w == 0)) {
+    if (mod->unit == g->u_lo && (g->pending_w == 0 || --g->pending_w == 0)) {
         reshard(f, g, 0);
         event(f, "post_backward", g);
         if (!f->sync) {
@@ -501,7 +510,7 @@ static hp_status_t post_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
         }
         g->gcur = NULL;
     }
-    if (unit == f->u0) HP_TRY(red_drain(f));   // the root's final callback: wait every reduction
+    if (mod->unit == f->u0) HP_TRY(red_drain(f));   // the root's final callback: wait every reduction
     return HP_OK;
 }
 
@@ -643,13 +652,13 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
     f->sync = 1;
     f->all_reduce = 1;
     f->red_last = -1;
-    f->g = hp_calloc((size_t)f->n_groups, sizeof(group_t));
-    f->params = hp_calloc((size_t)np, sizeof(hp_param_t));
-    f->events = hp_calloc(FSDP_MAX_EVENTS, FSDP_EVENT_LEN);
-    f->ug = hp_calloc((size_t)f->n_units, sizeof(int));
-    f->pg = hp_calloc((size_t)np, sizeof(int));
-    f->pj = hp_calloc((size_t)np, sizeof(int));
-    if (!f->g || !f->params || !f->events || !f->ug || !f->pg || !f->pj) { st = HP_ERR_OOM; goto fail; }
+    // the tables of the handle's lifetime in one arena, sized first
+    const size_t table_bytes[6] = {(size_t)f->n_groups * sizeof(group_t), (size_t)np * sizeof(hp_param_t),
+                                   (size_t)FSDP_MAX_EVENTS * FSDP_EVENT_LEN, (size_t)f->n_units * sizeof(int),
+                                   (size_t)np * sizeof(int), (size_t)np * sizeof(int)};
+    void *const tables[6] = {&f->g, &f->params, &f->events, &f->ug, &f->pg, &f->pj};
+    st = hp_arena_init_tables(&f->tables, "FSDP tables", 6, table_bytes, tables);
+    if (st != HP_OK) goto fail;
     if (f->k) {
         st = hp_comm_split(f->shard_comm, f->rank / f->k, f->rank, &f->pf_comm);
         if (st != HP_OK) goto fail;
@@ -902,12 +911,7 @@ void hp_fsdp_destroy(hp_fsdp_t f) {
         hp_dp_unregister(f->model);
     }
     free(f->slots);
-    free(f->g);
-    free(f->ug);
-    free(f->pg);
-    free(f->pj);
-    free(f->params);
-    free(f->events);
+    hp_arena_free(&f->tables);
     hp_mesh_destroy(f->spmd_mesh);
     free(f);
 }

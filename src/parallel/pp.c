@@ -179,6 +179,7 @@ typedef struct stage {
     int id, u0, u1;
     int first, last;             /* holds unit 0 / the head */
     int n_ctx;
+    hp_arena_t tables;           /* the stage's tables below live here */
     hp_model_ctx_t *ctx;         /* (n_ctx) pool */
     int *free_ctx, n_free;       /* free list */
     int hw;                      /* most contexts in use at once in the last step (measured) */
@@ -196,6 +197,7 @@ struct hp_pp {
     hp_comm_t comm;              /* dup of pp_comm */
     int rank, size;
     hp_pp_options_t o;
+    hp_arena_t tables;           /* stage_to_rank, local_of, st and the (n_acts) tables live here */
     int *stage_to_rank;          /* (num_stages) */
     int *local_of;               /* (num_stages) local index or -1 */
     stage_t *st;
@@ -219,6 +221,7 @@ struct hp_pp {
     int mp_hi;                   /* T + 1 */
     int mp_root;                 /* pp rank of stage 0 */
     hp_model_t mp_rep;           /* the replica (ranks without stage 0) */
+    hp_arena_t mp_tables;        /* the (n_mb) mp_* tables live here */
     hp_model_ctx_t *mp_ctx;      /* (n_mb) replica context of an MPIPE_F of this rank, else NULL */
     float **mp_out, **mp_in;     /* (n_mb) helper: the replica's output; stage 0: the MPIPE_RECV_F target */
     float *mp_grad;              /* (mbs*T, dim) stage 0: gradient of the preprocess output in TRANSPOSE_B */
@@ -319,19 +322,7 @@ void hp_pp_destroy(hp_pp_t p) {
             if (s->dout) hp_free_aligned(s->dout[m]);
             if (s->din) hp_free_aligned(s->din[m]);
         }
-        free(s->ctx);
-        free(s->free_ctx);
-        free(s->ctx_of);
-        free(s->in_act);
-        free(s->out_act);
-        free(s->dout);
-        free(s->din);
-        free(s->recv_f);
-        free(s->recv_b);
-        free(s->got_f);
-        free(s->got_b);
-        free(s->rgrp_f);
-        free(s->rgrp_b);
+        hp_arena_free(&s->tables);
     }
     for (int m = 0; m < p->o.n_microbatches; m++) {
         if (p->mp_ctx && p->mp_ctx[m]) hp_model_ctx_destroy(p->mp_ctx[m]);
@@ -340,26 +331,11 @@ void hp_pp_destroy(hp_pp_t p) {
     }
     hp_free_aligned(p->mp_grad);
     if (p->mp_rep) hp_model_destroy(p->mp_rep);
-    free(p->mp_ctx);
-    free(p->mp_out);
-    free(p->mp_in);
-    free(p->mp_src);
-    free(p->mp_recv);
-    free(p->mp_got);
+    hp_arena_free(&p->mp_tables);
     free(p->mp_bc);
     free(p->mp_bcn);
     worker_stop(p);
-    free(p->done);
-    free(p->early_f);
-    free(p->early_b);
-    free(p->pair);
-    free(p->st);
-    free(p->stage_to_rank);
-    free(p->local_of);
-    free(p->acts);
-    free(p->sends);
-    free(p->t_start);
-    free(p->t_end);
+    hp_arena_free(&p->tables);
     if (p->comm) hp_comm_destroy(p->comm);
     free(p);
 }
@@ -484,13 +460,11 @@ static hp_status_t mpipe_setup(hp_pp_t p, const hp_pp_schedule_t *lowered, hp_mo
     if (l0 >= 0 && p->st[l0].last)
         return hp_error(HP_ERR_INVALID_ARG, "hp_pp_create: MPipe needs at least 2 stages (stage 0 must not hold the "
                         "head)");
-    p->mp_ctx = hp_calloc((size_t)n, sizeof *p->mp_ctx);
-    p->mp_out = hp_calloc((size_t)n, sizeof *p->mp_out);
-    p->mp_in = hp_calloc((size_t)n, sizeof *p->mp_in);
-    p->mp_src = hp_calloc((size_t)n, sizeof *p->mp_src);
-    p->mp_recv = hp_calloc((size_t)n, sizeof *p->mp_recv);
-    p->mp_got = hp_calloc((size_t)n, 1);
-    if (!p->mp_ctx || !p->mp_out || !p->mp_in || !p->mp_src || !p->mp_recv || !p->mp_got) return HP_ERR_OOM;
+    const size_t nm = (size_t)n;
+    const size_t mb_bytes[6] = {nm * sizeof *p->mp_ctx, nm * sizeof *p->mp_out, nm * sizeof *p->mp_in,
+                                nm * sizeof *p->mp_src, nm * sizeof *p->mp_recv, nm};
+    void *const mb_tables[6] = {&p->mp_ctx, &p->mp_out, &p->mp_in, &p->mp_src, &p->mp_recv, &p->mp_got};
+    HP_TRY(hp_arena_init_tables(&p->mp_tables, "MPipe tables", 6, mb_bytes, mb_tables));
     for (int m = 0; m < n; m++) p->mp_src[m] = -1;
     for (int r = 0; r < P; r++)
         for (int i = 0; i < hp_pp_schedule_len(lowered, r); i++) {
@@ -572,10 +546,18 @@ hp_status_t hp_pp_create_mpipe(hp_comm_t pp_comm, const hp_pp_schedule_t *lowere
     p->size = P;
     p->n_local = n_local;
     if (hooks) p->hooks = *hooks;
-    p->stage_to_rank = hp_calloc((size_t)S, sizeof(int));
-    p->local_of = hp_calloc((size_t)S, sizeof(int));
-    p->st = hp_calloc((size_t)(n_local ? n_local : 1), sizeof(stage_t));
-    if (!p->stage_to_rank || !p->local_of || !p->st) { st = HP_ERR_OOM; goto fail; }
+    // the handle's tables in one arena, sized first: per stage of the schedule, per local
+    // stage, and per action of this rank's list (bubbles dropped: at most len)
+    const int len = hp_pp_schedule_len(lowered, me);
+    const size_t L = (size_t)(len ? len : 1);
+    const size_t table_bytes[11] = {(size_t)S * sizeof(int), (size_t)S * sizeof(int),
+                                    (size_t)(n_local ? n_local : 1) * sizeof(stage_t), L * sizeof(hp_pp_action_t),
+                                    L * sizeof(hp_work_t), L * sizeof(double), L * sizeof(double), L, L,
+                                    L * sizeof(int), L * sizeof(int)};
+    void *const tables[11] = {&p->stage_to_rank, &p->local_of, &p->st, &p->acts, &p->sends, &p->t_start,
+                              &p->t_end, &p->done, &p->pair, &p->early_f, &p->early_b};
+    st = hp_arena_init_tables(&p->tables, "pipeline tables", 11, table_bytes, tables);
+    if (st != HP_OK) goto fail;
     memcpy(p->stage_to_rank, o->stage_to_rank, sizeof(int) * (size_t)S);
     p->o.stage_to_rank = p->stage_to_rank;
     for (int s = 0; s < S; s++) p->local_of[s] = -1;
@@ -596,19 +578,6 @@ hp_status_t hp_pp_create_mpipe(hp_comm_t pp_comm, const hp_pp_schedule_t *lowere
         }
     // this rank's actions (bubbles dropped), checked against its stages
     {
-        const int len = hp_pp_schedule_len(lowered, me);
-        p->acts = hp_calloc((size_t)(len ? len : 1), sizeof(hp_pp_action_t));
-        p->sends = hp_calloc((size_t)(len ? len : 1), sizeof(hp_work_t));
-        p->t_start = hp_calloc((size_t)(len ? len : 1), sizeof(double));
-        p->t_end = hp_calloc((size_t)(len ? len : 1), sizeof(double));
-        p->done = hp_calloc((size_t)(len ? len : 1), 1);
-        p->pair = hp_calloc((size_t)(len ? len : 1), 1);
-        p->early_f = hp_calloc((size_t)(len ? len : 1), sizeof(int));
-        p->early_b = hp_calloc((size_t)(len ? len : 1), sizeof(int));
-        if (!p->acts || !p->sends || !p->t_start || !p->t_end || !p->done || !p->pair || !p->early_f || !p->early_b) {
-            st = HP_ERR_OOM;
-            goto fail;
-        }
         for (int i = 0; i < len; i++) {
             const hp_pp_action_t *a = hp_pp_schedule_at(lowered, me, i);
             if (!a) continue;
@@ -671,22 +640,14 @@ hp_status_t hp_pp_create_mpipe(hp_comm_t pp_comm, const hp_pp_schedule_t *lowere
             }
         }
         s->n_ctx = peak > 0 ? peak : 1;
-        s->ctx = hp_calloc((size_t)s->n_ctx, sizeof(hp_model_ctx_t));
-        s->free_ctx = hp_calloc((size_t)s->n_ctx, sizeof(int));
-        s->ctx_of = hp_calloc((size_t)n, sizeof(int));
-        s->in_act = hp_calloc((size_t)n, sizeof(float *));
-        s->out_act = hp_calloc((size_t)n, sizeof(float *));
-        s->dout = hp_calloc((size_t)n, sizeof(float *));
-        s->din = hp_calloc((size_t)n, sizeof(float *));
-        s->recv_f = hp_calloc((size_t)n, sizeof(hp_work_t));
-        s->recv_b = hp_calloc((size_t)n, sizeof(hp_work_t));
-        s->got_f = hp_calloc((size_t)n, 1);
-        s->got_b = hp_calloc((size_t)n, 1);
-        s->rgrp_f = hp_calloc((size_t)n, sizeof(int));
-        s->rgrp_b = hp_calloc((size_t)n, sizeof(int));
-        if (!s->rgrp_f || !s->rgrp_b) { st = HP_ERR_OOM; goto fail; }
-        if (!s->got_f || !s->got_b || !s->ctx || !s->free_ctx || !s->ctx_of || !s->in_act || !s->out_act || !s->dout || !s->din || !s->recv_f ||
-            !s->recv_b) { st = HP_ERR_OOM; goto fail; }
+        // the stage's tables in one arena: its context pool, then per micro-batch
+        const size_t nc = (size_t)s->n_ctx, nm = (size_t)n, fp = nm * sizeof(float *), wk = nm * sizeof(hp_work_t);
+        const size_t stage_bytes[13] = {nc * sizeof(hp_model_ctx_t), nc * sizeof(int), nm * sizeof(int), fp, fp, fp,
+                                        fp, wk, wk, nm, nm, nm * sizeof(int), nm * sizeof(int)};
+        void *const tables[13] = {&s->ctx, &s->free_ctx, &s->ctx_of, &s->in_act, &s->out_act, &s->dout, &s->din,
+                                  &s->recv_f, &s->recv_b, &s->got_f, &s->got_b, &s->rgrp_f, &s->rgrp_b};
+        st = hp_arena_init_tables(&s->tables, "pipeline stage tables", 13, stage_bytes, tables);
+        if (st != HP_OK) goto fail;
         for (int c = 0; c < s->n_ctx && st == HP_OK; c++) {
             st = hp_model_ctx_create(s->m, o->microbatch_size, o->seq_len, s->split ? HP_MODEL_CTX_SPLIT_BACKWARD : 0,
                                      &s->ctx[c]);
@@ -1046,6 +1007,16 @@ static hp_status_t wait_input(hp_pp_t p, const hp_pp_action_t *a) {
     return HP_OK;
 }
 
+/* The end of a step or an eval: every send and receive completed (the first error kept), then
+ * the loss sums handed out. */
+static hp_status_t finish_step(hp_pp_t p, hp_status_t st, double ls, int64_t nv, double *loss_sum,
+                               int64_t *n_valid) {
+    st = drain(p, st);
+    if (loss_sum) *loss_sum = ls;
+    if (n_valid) *n_valid = nv;
+    return st;
+}
+
 hp_status_t hp_pp_step(hp_pp_t p, const int32_t *tokens, const int32_t *targets, float loss_divisor,
                        double *loss_sum, int64_t *n_valid) {
     double ls = 0.0;
@@ -1078,19 +1049,16 @@ hp_status_t hp_pp_step(hp_pp_t p, const int32_t *tokens, const int32_t *targets,
         if (p->st[i].n_free != p->st[i].n_ctx)
             st = hp_error(HP_ERR_STATE, "pipeline runtime: stage %d ends the step with %d micro-batches whose backward "
                           "never ran", p->st[i].id, p->st[i].n_ctx - p->st[i].n_free);
-    st = drain(p, st);
-    if (loss_sum) *loss_sum = ls;
-    if (n_valid) *n_valid = nv;
-    return st;
+    return finish_step(p, st, ls, nv, loss_sum, n_valid);
 }
 
 hp_status_t hp_pp_eval(hp_pp_t p, const int32_t *tokens, const int32_t *targets, float loss_divisor,
                        double *loss_sum, int64_t *n_valid) {
+    const int n = p->o.n_microbatches;
     double ls = 0.0;
     int64_t nv = 0;
     reset_step(p);
     hp_status_t st = HP_OK;
-    const int n = p->o.n_microbatches;
     // Micro-batch major, stages ascending: every (m, stage) depends only on (m, stage - 1),
     // which comes earlier in that order on every rank, so blocking receives cannot deadlock;
     // each stage needs one context at a time. Sends reuse the step's handle slots.
@@ -1116,10 +1084,7 @@ hp_status_t hp_pp_eval(hp_pp_t p, const int32_t *tokens, const int32_t *targets,
             if (!s->first && !prev_remote) release_ctx(&p->st[p->local_of[s->id - 1]], m);   // its output was read
             if (s->last || next_remote) release_ctx(s, m);
         }
-    st = drain(p, st);
-    if (loss_sum) *loss_sum = ls;
-    if (n_valid) *n_valid = nv;
-    return st;
+    return finish_step(p, st, ls, nv, loss_sum, n_valid);
 }
 
 void hp_pp_memory(hp_pp_t p, size_t *context_bytes, size_t *buffer_bytes) {

@@ -68,14 +68,10 @@ hp_status_t hp_zero_create(const hp_zero_local_optim_t *lo, hp_param_t *params, 
     free(numel);
     for (int i = 0; i < n_params; i++)
         if (z->owner[i] == z->rank) z->mine[z->n_mine++] = params[i];
-    hp_status_t st = HP_OK;
-    if (z->n_mine > 0) st = lo->create(lo->ctx, z->mine, z->n_mine, &z->opt);
-    if (st != HP_OK) {
-        hp_zero_free(z);
-        return st;
-    }
-    *out = z;
-    return HP_OK;
+    const hp_status_t st = z->n_mine > 0 ? lo->create(lo->ctx, z->mine, z->n_mine, &z->opt) : HP_OK;
+    if (st == HP_OK) *out = z;
+    else hp_zero_free(z);
+    return st;
 }
 
 void hp_zero_free(hp_zero_t z) {

@@ -4,7 +4,7 @@
  * line: config_args.c; printing: config_print.c. */
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
-#include "hyperparallel/models.h"   /* the registry: flavors, model.flavor = hf (owner hf) */
+#include "hyperparallel/models.h"   /* the registry: flavors; model.flavor = hf reads an HF config.json */
 
 #include <ctype.h>
 #include <errno.h>
@@ -170,7 +170,7 @@ void hp_config_describe_model(const hp_model_config_t *mc, char *buf, size_t n) 
                       "YaRN %s (factor %g, mscale %g, original %d)", mc->q_lora_rank, mc->kv_lora_rank,
                       mc->qk_nope_head_dim, mc->qk_rope_head_dim, mc->v_head_dim, hp_model_mla_yarn(mc) ? "on" : "off",
                       mc->rope_factor, mc->mla_mscale, mc->rope_original_max_pos);
-    if (o < 0 || (size_t)o >= n || mc->moe_experts == 0) return;   /* mixture of experts (owner moe) */
+    if (o < 0 || (size_t)o >= n || mc->moe_experts == 0) return;   /* the MoE sizes, for MoE models */
     snprintf(buf + o, n - (size_t)o, ", moe: %d experts top-%d hidden %d, %d shared, %s%s, route_scale %g, %d dense "
              "layers, load_balance_coeff %g", mc->moe_experts, mc->moe_top_k, mc->moe_hidden, mc->moe_shared_experts,
              mc->moe_score_fn == HP_MOE_SCORE_SIGMOID ? "sigmoid" : "softmax", mc->moe_route_norm ? " route_norm" : "",
@@ -252,8 +252,7 @@ static hp_status_t check_model_keys(const hp_config_t *c) {
     return HP_OK;
 }
 
-/* --- HF interop (owner hf) ---
- * model.flavor = hf: the model is the one of checkpoint.initial_load_path's config.json
+/* model.flavor = hf: the model is the one of checkpoint.initial_load_path's config.json
  * (hp_hf_read_config); model.name must be its family, no model.* key may change it, and
  * the tokenizer's ids must fit its vocab_size. */
 static hp_status_t resolve_model_from_hf(const hp_config_t *c, int vocab_size, const char *vocab_from, int seq_len,
@@ -287,9 +286,8 @@ static hp_status_t resolve_model_from_hf(const hp_config_t *c, int vocab_size, c
     *out = mc;
     return HP_OK;
 }
-/* --- end --- */
 
-/* --- mixture of experts (owner moe): the MoE keys against each other and the flavor --- */
+/* The MoE keys against each other and the flavor. */
 static hp_status_t check_moe_keys(const hp_config_t *c, const hp_model_config_t *base, const hp_model_config_t *mc) {
     const int set = c->model.moe_num_experts != -1 || c->model.moe_top_k != -1 || c->model.moe_hidden_dim != -1 ||
                     c->model.moe_num_shared_experts != -1 || c->model.moe_n_dense_layers != -1 ||
@@ -328,14 +326,11 @@ static hp_status_t check_moe_keys(const hp_config_t *c, const hp_model_config_t 
                         mc->moe_experts);
     return HP_OK;
 }
-/* --- end --- */
 
 hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const char *vocab_from, int seq_len,
                                     hp_model_config_t *out) {
     if (!c || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_config_resolve_model: NULL argument");
-    /* --- HF interop (owner hf) --- */
     if (!strcmp(c->model.flavor, "hf")) return resolve_model_from_hf(c, vocab_size, vocab_from, seq_len, out);
-    /* --- end --- */
     hp_model_config_t base, mc;
     hp_status_t s = hp_model_flavor(c->model.name, c->model.flavor, &base);
     if (s != HP_OK) {
@@ -360,7 +355,7 @@ hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const 
     SET_F32(ffn_dim_multiplier); SET_F32(norm_eps); SET_F32(rope_theta); SET_F32(rope_factor);
     SET_F32(rope_low_freq_factor); SET_F32(rope_high_freq_factor);
     SET_TRI(rope_scaling); SET_TRI(qk_norm); SET_TRI(tie_embeddings);
-    /* --- mixture of experts (owner moe) --- */
+    // the MoE keys (-1 / default keep the flavor's)
     if (c->model.moe_num_experts != -1) mc.moe_experts = (int)c->model.moe_num_experts;
     if (c->model.moe_top_k != -1) mc.moe_top_k = (int)c->model.moe_top_k;
     if (c->model.moe_hidden_dim != -1) mc.moe_hidden = (int)c->model.moe_hidden_dim;
@@ -374,7 +369,6 @@ hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const 
     if (c->model.moe_load_balance_coeff != -1) mc.moe_load_balance_coeff = (float)c->model.moe_load_balance_coeff;
     if (c->model.moe_aux_loss_coeff != -1) mc.moe_aux_loss_coeff = (float)c->model.moe_aux_loss_coeff;
     HP_TRY(check_moe_keys(c, &base, &mc));
-    /* --- end --- */
     HP_TRY(apply_mla_keys(c, &base, &mc));
 #undef SET_INT
 #undef SET_F32

@@ -49,7 +49,8 @@ const hp_config_key_t hp_cfg_keys[] = {
     K(job, config_file, STRING, "", NULL, NULL,
       "The YAML file this config was read from (set by `--config FILE`; informational)."),
     /* model */
-    K(model, name, STRING, "llama3", NULL, NULL, "Model family in the model registry (llama3, qwen3)."),
+    K(model, name, STRING, "llama3", NULL, NULL,
+      "Model family in the model registry (llama3, qwen3, deepseek_v3, qwen3_moe)."),
     K(model, flavor, STRING, "debugmodel", NULL, NULL, "Size preset of the model family (e.g. debugmodel); hf = the model of the HF checkpoint at "
       "checkpoint.initial_load_path (its config.json)."),
     KM_INT(dim, 1, HP_MODEL_MAX_DIM, "Model width (embedding and residual size); -1 = the flavor's.",
@@ -98,7 +99,7 @@ const hp_config_key_t hp_cfg_keys[] = {
            "Longest context the model supports (RoPE table; HF max_position_embeddings); at least "
            "training.seq_len; -1 = training.seq_len.",
            "at least training.seq_len and at most HP_MODEL_MAX_SEQ_LEN = 2^20; -1 (the default) = training.seq_len"),
-    /* --- mixture of experts (owner moe; docs/moe.md) --- */
+    /* the MoE families' keys (docs/moe.md): -1 / default keep the flavor's */
     KM_INT(moe_num_experts, 1, HP_MOE_MAX_EXPERTS,
            "MoE models (deepseek_v3, qwen3_moe): routed experts per MoE layer; -1 = the flavor's.",
            "1 .. 512 routed experts; -1 (the default) keeps the flavor's"),
@@ -122,8 +123,7 @@ const hp_config_key_t hp_cfg_keys[] = {
     KM_F32(moe_aux_loss_coeff, 0, 1000, "MoE: HyperParallel's auxiliary loss coeff x E x sum_e f_e p_e per layer and "
            "micro-batch (its gradient added to the router, logged as moe/aux_loss); 0 = off (the flavors); -1 = the "
            "flavor's.", "0 (off) or a small value such as 1e-3; -1 (the default) keeps the flavor's"),
-    /* --- end --- */
-    /* --- MLA attention (deepseek_v3; docs/moe.md) --- */
+    /* MLA attention's keys (deepseek_v3, docs/moe.md) */
     KM_INT(q_lora_rank, 0, HP_MODEL_MAX_DIM, "MLA (deepseek_v3): rank of the query projection wq_a -> q_norm -> wq_b; "
            "0 = one full wq; -1 = the flavor's (debugmodel 0, 671B 1536).", "0 (a full wq) or a rank; -1 (the default) "
            "keeps the flavor's"),
@@ -138,7 +138,6 @@ const hp_config_key_t hp_cfg_keys[] = {
     KM_F32(mla_mscale, 0, 100, "MLA YaRN: the softmax scale gets (0.1 mla_mscale ln(rope_factor) + 1)^2 when "
            "max_seq_len > rope_original_max_pos; -1 = the flavor's (debugmodel 0.7, 671B 1).",
            "a value >= 0 such as 1; -1 (the default) keeps the flavor's"),
-    /* --- end --- */
     /* training */
     KI(training, steps, "10000", 1, I64, NULL, "Number of optimizer steps to train."),
     KI(training, seq_len, "2048", 1, HP_MODEL_MAX_SEQ_LEN, NULL, "Tokens per sequence (context length of a training sample)."),
@@ -217,7 +216,6 @@ const hp_config_key_t hp_cfg_keys[] = {
     K(parallelism, context_parallel_rotate_method, ENUM, "allgather", "allgather|alltoall", NULL,
       "How context parallel exchanges keys and values: allgather (K/V all-gathered once, dK/dV "
       "reduce-scattered) or alltoall (passed round the ring, the next block in flight during the current one)."),
-    /* --- context parallel (owner cp) --- */
     K(parallelism, context_parallel_load_balancer, ENUM, "headtail", "headtail|none", NULL,
       "Sequence layout over the cp ranks: headtail (2 cp chunks, rank r holds chunks r and 2 cp - 1 - r, so "
       "causal work is balanced; seq_len divisible by 2 cp) or none (contiguous T/cp rows per rank)."),
@@ -228,7 +226,6 @@ const hp_config_key_t hp_cfg_keys[] = {
       "HyperParallel's AsyncContextParallel: start the K/V collective (Ulysses all-to-all, the all-gather, or "
       "the ring's first transfer) from the fused q/k/v projection's post-forward hook and wait in the attention core; "
       "bitwise the synchronous results."),
-    /* --- end --- */
     /* activation_checkpoint */
     K(activation_checkpoint, mode, ENUM, "none", "none|full|selective", NULL,
       "Recompute activations in backward: none, every block (full) or selected blocks/ops (selective)."),

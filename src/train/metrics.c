@@ -187,13 +187,7 @@ static hp_status_t tb_scalar(hp_metrics_t m, const char *tag, int64_t step, doub
 hp_status_t hp_metrics_log(hp_metrics_t m, int64_t step, double loss, double max_loss, double grad_norm, double lr,
                            hp_metrics_record_t *out) {
     double now = hp_clock_now_seconds();
-    hp_metrics_record_t r;
-    memset(&r, 0, sizeof r);
-    r.step = step;
-    r.loss = loss;
-    r.max_loss = max_loss;
-    r.grad_norm = grad_norm;
-    r.lr = lr;
+    hp_metrics_record_t r = {.step = step, .loss = loss, .max_loss = max_loss, .grad_norm = grad_norm, .lr = lr};
     double dt = now - m->t_last;
     int64_t dsteps = step - m->last_step;
     r.tokens_per_s = dt > 0 ? (double)m->tokens_interval / dt / (double)m->o.tokens_divisor : 0;

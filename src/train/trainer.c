@@ -523,7 +523,7 @@ static hp_status_t interrupted(hp_trainer_t t, int sig) {
     return hp_error(HP_ERR_STATE, "interrupted by %s (signal %d) %s; %s", signal_name(sig), sig, what, last);
 }
 
-/* --- step profile: the mean step's phases after the first step, rank 0 --- */
+/* The step profile: the mean step's phases after the first step, logged by rank 0. */
 static void log_step_phases(const hp_step_stats_t *sum, double metrics_s, int64_t n) {
     if (n <= 0 || sum->seconds <= 0) return;
     const double s = sum->seconds, ms = 1e3 / (double)n;
@@ -536,7 +536,6 @@ static void log_step_phases(const hp_step_stats_t *sum, double metrics_s, int64_
            100 * sum->clip_s / s, sum->optim_s * ms, 100 * sum->optim_s / s, other * ms, sum->ckpt_s * ms,
            metrics_s * ms);
 }
-/* --- end --- */
 
 hp_status_t hp_trainer_train(hp_trainer_t t) {
     const hp_config_t *c = &t->cfg;

@@ -1,4 +1,4 @@
-/* deepseek_v3 (TorchTitan's deepseek_v3, owner moe; docs/moe.md): MLA attention (src/nn/mla.c)
+/* deepseek_v3 (TorchTitan's deepseek_v3; docs/moe.md): MLA attention (src/nn/mla.c)
  * with YaRN RoPE on interleaved pairs, and DeepSeek's MoE (sigmoid router, node-limited groups,
  * route_scale, shared experts, dense first layers). The model args of its flavors, its
  * architecture and its registry spec; its TP plan is in parallelize.c, its HF state-dict

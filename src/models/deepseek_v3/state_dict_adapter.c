@@ -1,5 +1,5 @@
-/* deepseek_v3's HF state-dict adapter (DeepseekV3ForCausalLM, model_type "deepseek_v3", owner
- * moe): the MLA attention's and the shared experts' names, the trainer's expert_bias as
+/* deepseek_v3's HF state-dict adapter (DeepseekV3ForCausalLM, model_type "deepseek_v3"): the
+ * MLA attention's and the shared experts' names, the trainer's expert_bias as
  * mlp.gate.e_score_correction_bias, then the decoder's (router, routed experts, dense layers).
  * HF keeps the interleaved RoPE layout (rope_interleave true): nothing is permuted. Its
  * config.json mapping: DeepseekV3Config's MLA sizes, routing and YaRN. */
@@ -40,10 +40,10 @@ static hp_status_t check_moe(const hp_model_config_t *mc, const char *what) {
     return HP_OK;
 }
 
-/* --- DeepseekV3Config: MLA sizes, routing, YaRN. HF always routes with a sigmoid
- * (scoring_func / topk_method, when present, must say so) and applies YaRN whenever rope_type is
- * "yarn"; the model applies it when max_seq_len > the original context, and scales the softmax
- * by mscale^2 with HF's attention_factor 1 (mscale == mscale_all_dim). --- */
+/* DeepseekV3Config: MLA sizes, routing, YaRN. HF always routes with a sigmoid (scoring_func /
+ * topk_method, when present, must say so) and applies YaRN whenever rope_type is "yarn"; the
+ * model applies it when max_seq_len > the original context, and scales the softmax by mscale^2
+ * with HF's attention_factor 1 (mscale == mscale_all_dim). */
 static hp_status_t read_keys(const hfj_t *c, hp_model_config_t *mc, int64_t maxpos) {
     int64_t ne, k, mh, sh, dense, ng, tg, ql = 0, kvl, nope, rope, v;
     int norm = 0, il = 1;

@@ -1,4 +1,4 @@
-/* qwen3_moe (Qwen3-MoE, owner moe; docs/moe.md): softmax router with route_norm, no shared
+/* qwen3_moe (Qwen3-MoE; docs/moe.md): softmax router with route_norm, no shared
  * experts, qk-norm GQA with rotate_half RoPE. The model args of its flavors, its architecture
  * and TP plan, and its registry spec; its HF state-dict adapter and config.json mapping are in
  * state_dict_adapter.c. */

@@ -1,4 +1,4 @@
-/* qwen3_moe's HF state-dict adapter (Qwen3MoeForCausalLM, model_type "qwen3_moe", owner moe):
+/* qwen3_moe's HF state-dict adapter (Qwen3MoeForCausalLM, model_type "qwen3_moe"):
  * the decoder's names with the router (mlp.gate) and the routed experts (one HF tensor per
  * expert, hf.c); the expert_bias the trainer keeps has no HF tensor (skipped both ways). Its
  * config.json mapping: Qwen3MoeConfig's routing keys (decoder_sparse_step 1 and mlp_only_layers

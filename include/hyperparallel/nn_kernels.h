@@ -1,0 +1,136 @@
+/* nn: the CPU kernels of the layers (linear, RMSNorm, RoPE, SwiGLU, embedding,
+ * cross-entropy, elementwise) with their plain reference twins (hp_ref_*), and the run-time
+ * choice of ISA path. Raw f32 pointers in the house order (outputs, saved, inputs, weights,
+ * sizes; backward: gradients first). */
+#ifndef HYPERPARALLEL_NN_KERNELS_H
+#define HYPERPARALLEL_NN_KERNELS_H
+
+#include <stdint.h>
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- kernels: linear (every GEMM through cblas_sgemm) ---------------------------------- */
+
+// out (N, OC) = inp (N, IC) @ weight^T (OC, IC) + bias (OC) (bias may be NULL)
+void hp_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                       int N, int IC, int OC);
+/* Like hp_linear_forward but out += (residual add fused into the GEMM, beta = 1). */
+void hp_linear_forward_acc(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int IC, int OC);
+// dinp (N, IC) (= if !accumulate, += otherwise) = dout (N, OC) @ weight (OC, IC)
+void hp_linear_backward_input(float *dinp, const float *dout, const float *weight,
+                              int N, int IC, int OC, int accumulate);
+// dweight (OC, IC) += dout^T @ inp; dbias (OC) += column sums of dout (dbias may be NULL)
+void hp_linear_backward_weight(float *dweight, float *dbias, const float *dout, const float *inp,
+                               int N, int IC, int OC);
+void hp_ref_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int IC, int OC);
+void hp_ref_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int IC, int OC);
+
+/* ---- kernels: RMSNorm (rows of length C) ------------------------------------------------ */
+// out (N, C), rstd (N) saved; y = x * rsqrt(mean(x^2) + eps) * weight
+void hp_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                        int N, int C, float eps);
+// dinp (N, C) (= if !accumulate, += otherwise; with = it may alias dout); uses saved rstd
+void hp_rmsnorm_backward_input(float *dinp, const float *dout, const float *inp,
+                               const float *weight, const float *rstd, int N, int C, int accumulate);
+// dweight (C) +=
+void hp_rmsnorm_backward_weight(float *dweight, const float *dout, const float *inp,
+                                const float *rstd, int N, int C);
+/* Head-wise variants (qk-norm): rows are (token n, head h) at n*ld + h*C, for N tokens of
+ * n_heads heads; rstd (N, n_heads). out/dinp use ldo, inputs ldi. */
+void hp_rmsnorm_heads_forward(float *out, int ldo, float *rstd, const float *inp, int ldi,
+                              const float *weight, int N, int n_heads, int C, float eps);
+void hp_rmsnorm_heads_backward_input(float *dinp, int ldo, const float *dout, int lddo,
+                                     const float *inp, int ldi, const float *weight,
+                                     const float *rstd, int N, int n_heads, int C);
+void hp_rmsnorm_heads_backward_weight(float *dweight, const float *dout, int lddo,
+                                      const float *inp, int ldi, const float *rstd,
+                                      int N, int n_heads, int C);
+void hp_ref_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                            int N, int C, float eps);
+void hp_ref_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int N, int C);
+
+/* ---- kernels: RoPE ---------------------------------------------------------------------- */
+typedef enum hp_rope_style {
+    HP_ROPE_INTERLEAVED = 0,   /* llama3: pairs (x[2i], x[2i+1]) as complex numbers */
+    HP_ROPE_HALF = 1           /* qwen3 (rotate_half): pairs (x[i], x[i + hd/2]) */
+} hp_rope_style_t;
+typedef struct hp_rope_scaling {
+    int enabled;
+    float factor, low_freq_factor, high_freq_factor;
+    int original_max_pos;
+    /* YaRN (DeepSeek-V3, enabled ignored): freq / factor blended with freq by a linear ramp
+     * over the correction range of beta_fast / beta_slow rotations at original_max_pos */
+    int yarn;
+    float beta_fast, beta_slow;
+} hp_rope_scaling_t;
+// cos, sin (T, hd/2): angles pos * freq_i, freq_i = theta^(-2i/hd) with optional Llama 3.1
+// or YaRN scaling, computed in f32 as PyTorch's precompute (then cos/sin of the f32 angle)
+void hp_rope_table(float *cos_t, float *sin_t, int T, int head_dim, float theta,
+                   const hp_rope_scaling_t *scaling);
+// x (N = B*T rows, each holding n_heads heads of head_dim at row stride ld) rotated in place
+// by position (row % T). Backward is the same call with inverse = 1 (rotation by -angle).
+void hp_rope_apply(float *x, int ld, int B, int T, int n_heads, int head_dim,
+                   const float *cos_t, const float *sin_t, hp_rope_style_t style, int inverse);
+void hp_ref_rope_apply(float *x, int ld, int B, int T, int n_heads, int head_dim,
+                       const float *cos_t, const float *sin_t, hp_rope_style_t style, int inverse);
+
+/* ---- ISA paths of the kernels -------------------------------------------------------------- */
+/* Kernels with ISA-specific code (attention today) pick a path at run time from cpuid, so the
+ * binary does not depend on -march. AUTO (the default): the best path this CPU supports; the
+ * environment variable HP_NN_ISA=portable|avx2, read on first use, sets the start value.
+ * Forcing a path lets a test check each one on a machine that has them all. */
+typedef enum { HP_NN_ISA_AUTO = 0, HP_NN_ISA_PORTABLE, HP_NN_ISA_AVX2 } hp_nn_isa_t;
+/* HP_ERR_UNSUPPORTED if this CPU or build lacks `isa`. Not to be called while kernels run. */
+hp_status_t hp_nn_set_isa(hp_nn_isa_t isa);
+/* The path kernels use now (never AUTO). */
+hp_nn_isa_t hp_nn_isa(void);
+const char *hp_nn_isa_name(hp_nn_isa_t isa);   /* "auto", "portable", "avx2" */
+
+
+/* ---- kernels: SwiGLU -------------------------------------------------------------------- */
+// out (N, H) = silu(h13[:, :H]) * h13[:, H:], h13 (N, 2H)
+void hp_swiglu_forward(float *out, const float *h13, int N, int H);
+// dh13 (N, 2H) (=) from dout (N, H)
+void hp_swiglu_backward(float *dh13, const float *dout, const float *h13, int N, int H);
+void hp_ref_swiglu_forward(float *out, const float *h13, int N, int H);
+void hp_ref_swiglu_backward(float *dh13, const float *dout, const float *h13, int N, int H);
+/* The twin of the CPU backend's adamw_update (backend.h; torch.optim.adamw's single-tensor
+ * arithmetic) in double: p = p (1 - lr wd) - lr / bc1 m' / (sqrt(v') / sqrt(bc2) + eps). */
+void hp_ref_adamw_update(float *p, float *m, float *v, const float *g, int64_t n, double lr, double b1, double b2,
+                         double eps, double wd, int64_t step);
+
+/* ---- kernels: embedding ----------------------------------------------------------------- */
+// out (N, C) = weight[tokens[n]]; tokens must be in [0, V) (checked by the caller)
+void hp_embedding_forward(float *out, const int32_t *tokens, const float *weight, int N, int C);
+// dweight (V, C) += scatter of dout (N, C); parallel over vocab rows (each thread owns rows)
+void hp_embedding_backward(float *dweight, const float *dout, const int32_t *tokens, int N, int C, int V);
+void hp_ref_embedding_backward(float *dweight, const float *dout, const int32_t *tokens, int N, int C, int V);
+
+/* ---- kernels: cross-entropy ----------------------------------------------------------- */
+/* losses (N, double) = lse(logits[n]) - logits[n][target] for valid targets, 0 for ignored;
+ * lse (N) saved for backward; returns the sum over valid rows (fixed order, double) and
+ * *n_valid. Row sums of exp and the logs are taken in double. */
+double hp_cross_entropy_forward(double *losses, float *lse, const float *logits, const int32_t *targets,
+                                int N, int V, int64_t *n_valid);
+// dlogits (N, V) (=) = (softmax - onehot) * dloss for valid rows, 0 for ignored rows
+void hp_cross_entropy_backward(float *dlogits, const float *logits, const float *lse,
+                               const int32_t *targets, float dloss, int N, int V);
+double hp_ref_cross_entropy_forward(double *losses, const float *logits, const int32_t *targets,
+                                    int N, int V, int64_t *n_valid);
+void hp_ref_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *targets,
+                                   float dloss, int N, int V);
+
+/* ---- elementwise ---------------------------------------------------------------------- */
+void hp_add_inplace(float *y, const float *x, int64_t n);   /* y += x */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
