@@ -7,6 +7,10 @@
  * chain of the same total size (all N*K rows through one expert's weights).
  *   mpirun -np {1,2,4} bench_moe [--iters 5] [--dim 256] [--hidden 256] [--experts 8] [--top-k 2]
  *                                [--tokens 512]
+ * With --model NAME (deepseek_v3, qwen3_moe) the flavor's whole model instead (--flavor,
+ * default debugmodel; --batch 8 --seq 128, the peer harness's shapes), expert parallel over
+ * the ranks: every op of the per-op profile (max over ranks), the step, tokens/s per rank and
+ * the FLOP rate by the trainer's formula.
  * Short runs only: the machine may be shared; the numbers say so (load average printed). */
 #include <math.h>
 #include <omp.h>
@@ -47,18 +51,91 @@ static double load_avg(void) {
     return l;
 }
 
+/* --model: the flavor's whole model, forward + backward, expert parallel over the ranks (ep =
+ * world size); the per-op profile (max over ranks) and the step's rate. */
+static int bench_model(hp_comm_t world, const char *name, const char *flavor, int B, int T, int iters) {
+    const int rank = hp_comm_rank(world), ws = hp_comm_size(world);
+    hp_model_config_t c;
+    CHECK(hp_model_flavor(name, flavor, &c));
+    c.max_seq_len = T;   // as the trainer: short runs have plain RoPE (docs/moe.md)
+    CHECK(hp_model_config_validate(&c));
+    const int N = B * T;
+    hp_model_t m = NULL;
+    CHECK(hp_model_create(&c, B, T, &m));
+    hp_mesh_t mesh = NULL;
+    hp_ep_t ep = NULL;
+    if (ws > 1) {
+        const int64_t shape[1] = {ws};
+        const char *dn[1] = {"ep"};
+        CHECK(hp_mesh_create(world, 1, shape, dn, &mesh));
+        CHECK(hp_ep_parallelize_model(m, mesh, &ep));
+    }
+    CHECK(hp_model_init_weights(m, 1));
+    int32_t *tk = malloc(sizeof(int32_t) * (size_t)N), *tg = malloc(sizeof(int32_t) * (size_t)N);
+    uint32_t s = 7u + 13u * (uint32_t)rank;
+    for (int i = 0; i < N; i++) { s = s * 1664525u + 1013904223u; tk[i] = (int32_t)((s >> 8) % (uint32_t)c.vocab_size); }
+    for (int i = 0; i < N; i++) tg[i] = tk[(i + 1) % N];
+    float loss;
+    CHECK(hp_model_forward(m, tk, tg, B, T, (float)N, &loss));   // warm-up
+    CHECK(hp_model_backward(m));
+    const char **names;
+    const double *sec;
+    const int nops = hp_model_profile(m, &names, &sec);
+    double acc[HP_NN_OP_COUNT + 1] = {0}, best = 1e30;
+    for (int it = 0; it < iters; it++) {
+        const double t0 = now();
+        CHECK(hp_model_forward(m, tk, tg, B, T, (float)N, &loss));
+        CHECK(hp_model_backward(m));
+        const double dt = now() - t0;
+        best = fmin(best, dt);
+        acc[HP_NN_OP_COUNT] += dt / iters;
+        for (int o = 0; o < nops; o++) acc[o] += sec[o] / iters;
+    }
+    float loc[HP_NN_OP_COUNT + 1], mx[HP_NN_OP_COUNT + 1];
+    for (int o = 0; o <= HP_NN_OP_COUNT; o++) loc[o] = (float)acc[o];
+    CHECK(hp_all_reduce(loc, mx, HP_NN_OP_COUNT + 1, HP_F32, HP_MAX, world, NULL));
+    if (rank == 0) {
+        const double step = mx[HP_NN_OP_COUNT], fpt = hp_model_flops_per_token(&c, T);
+        double prof = 0;
+        for (int o = 0; o < nops; o++) prof += mx[o];
+        printf("bench_moe --model %s/%s: ep %d, B %d, T %d, %d threads, load %.2f; forward + backward (no optimizer)\n",
+               name, flavor, ws, B, T, omp_get_max_threads(), load_avg());
+        printf("  step %.1f ms (best %.1f), %.0f tokens/s per rank, %.1f GFLOP/s per rank (%.1f MFLOP/token)\n",
+               1e3 * step, 1e3 * best, N / step, fpt * N / step * 1e-9, fpt * 1e-6);
+        for (int o = 0; o < nops; o++)
+            if (mx[o] > 0) printf("  %-22s %8.1f ms  %5.1f%%\n", names[o], 1e3 * mx[o], 100.0 * mx[o] / step);
+        printf("  %-22s %8.1f ms  %5.1f%%\n", "(outside the profile)", 1e3 * (step - prof), 100.0 * (step - prof) / step);
+    }
+    hp_ep_destroy(ep);
+    hp_model_destroy(m);
+    hp_mesh_destroy(mesh);
+    free(tk);
+    free(tg);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     hp_comm_t world = NULL;
     CHECK(hp_comm_init(&argc, &argv, &world));
     const int rank = hp_comm_rank(world), ws = hp_comm_size(world);
-    int iters = 5, dim = 256, hidden = 256, experts = 8, top_k = 2, tokens = 512;
+    int iters = 5, dim = 256, hidden = 256, experts = 8, top_k = 2, tokens = 512, batch = 8, seq = 128;
+    const char *model = NULL, *flavor = "debugmodel";
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--model")) model = argv[i + 1];
+        else if (!strcmp(argv[i], "--flavor")) flavor = argv[i + 1];
+        else if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seq")) seq = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--dim")) dim = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--hidden")) hidden = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--experts")) experts = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--top-k")) top_k = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--tokens")) tokens = atoi(argv[i + 1]);
+    }
+    if (model) {
+        const int rc = bench_model(world, model, flavor, batch, seq, iters);
+        hp_comm_finalize();
+        return rc;
     }
     hp_model_config_t c;
     CHECK(hp_model_flavor("qwen3_moe", "debugmodel", &c));

@@ -22,6 +22,15 @@ extern "C" {
 
 typedef struct hp_rope_scaling hp_rope_scaling_t;
 
+/* One product of a grouped GEMM (gemm_grouped): c (M, N) = alpha op(a) op(b) + beta c,
+ * row-major, as the gemm slot's arguments. */
+typedef struct hp_gemm_group {
+    float *c;
+    const float *a, *b;
+    int M, N, K;
+    int ldc, lda, ldb;
+} hp_gemm_group_t;
+
 typedef struct hp_backend {
     const char *name;          /* "cpu" */
     hp_device_t device;        /* where the buffers it takes live */
@@ -79,6 +88,26 @@ typedef struct hp_backend {
     void (*attention_decode_forward)(void *ctx, float *out, float *scratch, const float *q, int ldq,
                                      const float *k, int ldk, const float *v, int ldv, int p0, int n, int Hq,
                                      int Hkv, int hd, int n_threads);
+
+    /* Causal attention with separate head widths (MLA): q|k heads hd wide, v and out heads hv
+     * wide, softmax scale 1/sqrt(hd) (hp_attention_forward_qk_v / _backward_qk_v; the same
+     * arguments as attention_forward / _backward plus hv). Optional: NULL when the backend has
+     * none; then MLA zero-pads the narrower side to one width max(hd, hv) and calls
+     * attention_forward / _backward (its layout before this slot existed). */
+    void (*attention_qk_v_forward)(void *ctx, float *out, float *lse, const float *q, int ldq, const float *k,
+                                   int ldk, const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd, int hv);
+    void (*attention_qk_v_backward)(void *ctx, float *dq, int lddq, float *dk, int lddk, float *dv, int lddv,
+                                    const float *dout, const float *out, const float *lse, const float *q, int ldq,
+                                    const float *k, int ldk, const float *v, int ldv, int B, int T, int Hq, int Hkv,
+                                    int hd, int hv);
+    /* Grouped GEMM (the MoE experts: one product per expert over its rows): for each of the n
+     * groups, c = alpha op(a) op(b) + beta c with the group's operands, sizes and strides, and
+     * trans_a / trans_b / alpha / beta shared, each group exactly as the gemm slot would compute
+     * it. Groups write disjoint c. Optional: NULL runs one gemm call per group in order
+     * (hp_backend_gemm_grouped). The CPU's runs all groups in one thread team (few rows per
+     * group would otherwise pay a fork and join each). */
+    void (*gemm_grouped)(void *ctx, const hp_gemm_group_t *groups, int n, int trans_a, int trans_b, float alpha,
+                         float beta);
 
     void (*swiglu_forward)(void *ctx, float *out, const float *h13, int N, int H);
     void (*swiglu_backward)(void *ctx, float *dh13, const float *dout, const float *h13, int N, int H);
@@ -148,6 +177,18 @@ static inline int hp_backend_get_num_threads(const hp_backend_t *be) {
 }
 static inline void hp_backend_synchronize(const hp_backend_t *be) {
     if (be->synchronize) be->synchronize(be->ctx);
+}
+/* gemm_grouped, or its default: one gemm call per non-empty group, in order. */
+static inline void hp_backend_gemm_grouped(const hp_backend_t *be, const hp_gemm_group_t *g, int n, int trans_a,
+                                           int trans_b, float alpha, float beta) {
+    if (be->gemm_grouped) {
+        be->gemm_grouped(be->ctx, g, n, trans_a, trans_b, alpha, beta);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        if (g[i].M > 0 && g[i].N > 0)
+            be->gemm(be->ctx, g[i].c, g[i].ldc, g[i].a, g[i].lda, g[i].b, g[i].ldb, g[i].M, g[i].N, g[i].K, trans_a,
+                     trans_b, alpha, beta);
 }
 
 /* The CPU backend: OpenBLAS sgemm for every linear product, OpenMP loops, host memory.

@@ -41,6 +41,18 @@ void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, 
 void hp_attention_decode_forward(float *out, float *scratch, const float *q, int ldq, const float *k, int ldk,
                                  const float *v, int ldv, int p0, int n, int Hq, int Hkv, int hd,
                                  int n_threads);
+/* q|k heads hd wide, v and out heads hv wide (MLA: qk_nope + qk_rope and v_head_dim): q
+ * (B, T, Hq, hd), k (B, T, Hkv, hd), v (B, T, Hkv, hv), out (B, T, Hq, hv) contiguous, lse as
+ * above, softmax scale 1/sqrt(hd); backward dq/dk hd wide, dv hv wide (=). The same tiled
+ * kernels with the V, O, dO, dV products at hv, so no zero channel is computed or moved (a
+ * padded hv = hd run pays hd/hv on those products; bitwise the same as it when hv == hd, and for
+ * hv < hd equal to padding V with zeros up to float rounding: the appended products are 0). The
+ * ISA path needs both widths to fit its vectors (hd % 8 == hv % 8 == 0 for AVX2). */
+void hp_attention_forward_qk_v(float *out, float *lse, const float *q, int ldq, const float *k, int ldk,
+                               const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd, int hv);
+void hp_attention_backward_qk_v(float *dq, int lddq, float *dk, int lddk, float *dv, int lddv, const float *dout,
+                                const float *out, const float *lse, const float *q, int ldq, const float *k, int ldk,
+                                const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd, int hv);
 /* Reference: full (T, T) softmax per head, in double. */
 void hp_ref_attention_forward(float *out, float *lse, const float *q, int ldq, const float *k, int ldk,
                               const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd);
@@ -48,6 +60,12 @@ void hp_ref_attention_backward(float *dq, int lddq, float *dk, int lddk, float *
                                const float *dout,
                                const float *q, int ldq, const float *k, int ldk,
                                const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd);
+/* Reference twins of the _qk_v kernels (double, full softmax rows). */
+void hp_ref_attention_qk_v_forward(float *out, float *lse, const float *q, int ldq, const float *k, int ldk,
+                                   const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd, int hv);
+void hp_ref_attention_qk_v_backward(float *dq, int lddq, float *dk, int lddk, float *dv, int lddv, const float *dout,
+                                    const float *q, int ldq, const float *k, int ldk, const float *v, int ldv, int B,
+                                    int T, int Hq, int Hkv, int hd, int hv);
 
 #ifdef __cplusplus
 }

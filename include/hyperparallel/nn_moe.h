@@ -72,6 +72,11 @@ int hp_module_is_moe(const hp_module_t *m);
  * every rank that routes its own tokens (the batch mesh). Returns max(c) / mean(c) (the
  * imbalance; 1 when balanced, 0 when no tokens). */
 double hp_moe_update_expert_bias(float *bias, const float *counts, int E, float coeff);
+/* The CPU grouped GEMM (backend.h gemm_grouped; src/nn/gemm_grouped.c): every group as the gemm
+ * slot computes it (bitwise: each element one cblas_sgemm sum over the whole K), all groups in
+ * one OpenMP team. hp_ref_gemm_grouped: its twin, plain loops in double. */
+void hp_gemm_grouped(const hp_gemm_group_t *groups, int n, int trans_a, int trans_b, float alpha, float beta);
+void hp_ref_gemm_grouped(const hp_gemm_group_t *groups, int n, int trans_a, int trans_b, float alpha, float beta);
 /* Grouped experts over n_local experts whose rows of xs are [offsets[e], offsets[e+1]):
  * h1/h3 (R, F) = xs W1/W3[e]^T, a = silu(h1) h3, ys (R, D) = a W2[e]^T (all =). */
 void hp_moe_experts_forward(const hp_backend_t *be, float *ys, float *h1, float *h3, float *a, const float *xs,

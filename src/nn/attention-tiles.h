@@ -244,21 +244,22 @@ HP_T_INL void HP_T_N(key_range)(int r, int off, int nc, int *cfull, int *cany) {
 
 /* One query tile of one (batch, head): rows i0 .. i0 + nr of q (rows at stride ldq, the head's
  * columns), every key 0 .. i0 + nr - 1 of k/v; writes those rows of out (stride ldo) and lse.
- * npre: rows after the tile that the caller computes next (their q, k, v are prefetched). */
+ * npre: rows after the tile that the caller computes next (their q, k, v are prefetched).
+ * hd: the q|k head width, hv: the v (and out) head width (equal but for MLA). */
 static HP_T_ATTR void HP_T_N(fwd_tile)(float *out, int ldo, float *lse, const float *q, int ldq, const float *k,
-                                       int ldk, const float *v, int ldv, int i0, int nr, int npre, int hd,
+                                       int ldk, const float *v, int ldv, int i0, int nr, int npre, int hd, int hv,
                                        float scale) {
     float qt[hd * HP_ATT_BR];        // (hd, BR) scaled query rows, transposed
     float S[HP_ATT_BC * HP_ATT_BR];  // (BC, BR) S^T, then P^T
-    float o[HP_ATT_BR * hd];         // (BR, hd) unnormalised output rows
-    float vp[HP_ATT_BC * hd];        // (BC, hd) value rows of the key tile, contiguous
+    float o[HP_ATT_BR * hv];         // (BR, hv) unnormalised output rows
+    float vp[HP_ATT_BC * hv];        // (BC, hv) value rows of the key tile, contiguous
     float m[HP_ATT_BR], l[HP_ATT_BR], corr[HP_ATT_BR];
     const int nrp = (nr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
     const VI iota = HP_T_N(viota)();
     HP_T_N(pack_t)(qt, q + (size_t)i0 * ldq, (size_t)ldq, nr, nrp, hd, scale);
     for (int r = 0; r < nrp; r++) m[r] = -INFINITY, l[r] = 0.0f;
-    memset(o, 0, sizeof(float) * (size_t)nr * hd);
-    HP_T_N(prefetch_rows)(out + (size_t)i0 * ldo, (size_t)ldo, nr, hd, 1);
+    memset(o, 0, sizeof(float) * (size_t)nr * hv);
+    HP_T_N(prefetch_rows)(out + (size_t)i0 * ldo, (size_t)ldo, nr, hv, 1);
     const int jend = i0 + nr;   // keys past the tile's last row are seen by none of its rows
     for (int j0 = 0; j0 < jend; j0 += HP_ATT_BC) {
         const int nc = jend - j0 < HP_ATT_BC ? jend - j0 : HP_ATT_BC;
@@ -266,11 +267,11 @@ static HP_T_ATTR void HP_T_N(fwd_tile)(float *out, int ldo, float *lse, const fl
         if (j0 + HP_ATT_BC < jend) {   // the next key tile
             const int nn = jend - j0 - HP_ATT_BC < HP_ATT_BC ? jend - j0 - HP_ATT_BC : HP_ATT_BC;
             HP_T_N(prefetch_rows)(k + (size_t)(j0 + HP_ATT_BC) * ldk, (size_t)ldk, nn, hd, 0);
-            HP_T_N(prefetch_rows)(v + (size_t)(j0 + HP_ATT_BC) * ldv, (size_t)ldv, nn, hd, 0);
+            HP_T_N(prefetch_rows)(v + (size_t)(j0 + HP_ATT_BC) * ldv, (size_t)ldv, nn, hv, 0);
         } else if (npre > 0) {   // the next query tile: its rows, and its new keys
             HP_T_N(prefetch_rows)(q + (size_t)jend * ldq, (size_t)ldq, npre, hd, 0);
             HP_T_N(prefetch_rows)(k + (size_t)jend * ldk, (size_t)ldk, npre, hd, 0);
-            HP_T_N(prefetch_rows)(v + (size_t)jend * ldv, (size_t)ldv, npre, hd, 0);
+            HP_T_N(prefetch_rows)(v + (size_t)jend * ldv, (size_t)ldv, npre, hv, 0);
         }
         HP_T_N(gemm)(S, HP_ATT_BR, 0, k + (size_t)j0 * ldk, ldk, 1, qt, HP_ATT_BR, nc, nrp, hd,
                      dense ? HP_ATT_DENSE : HP_ATT_QCOLS, off);
@@ -306,44 +307,44 @@ static HP_T_ATTR void HP_T_N(fwd_tile)(float *out, int ldo, float *lse, const fl
         }
         for (int r = 0; r < nr; r++)
             if (corr[r] != 1.0f) {
-                float *orow = o + (size_t)r * hd;
+                float *orow = o + (size_t)r * hv;
                 const float cr = corr[r];
-                for (int d = 0; d < hd; d += HP_T_VW) ST(orow + d, LD(orow + d) * cr);
+                for (int d = 0; d < hv; d += HP_T_VW) ST(orow + d, LD(orow + d) * cr);
             }
-        // O (nr, hd) += P (nr, nc) V (nc, hd), P read from P^T; V rows packed (B rows a page
+        // O (nr, hv) += P (nr, nc) V (nc, hv), P read from P^T; V rows packed (B rows a page
         // apart would cost a TLB entry each)
-        HP_T_N(pack_rows)(vp, v + (size_t)j0 * ldv, (size_t)ldv, nc, hd);
-        HP_T_N(gemm)(o, hd, 1, S, 1, HP_ATT_BR, vp, hd, nr, hd, nc,
+        HP_T_N(pack_rows)(vp, v + (size_t)j0 * ldv, (size_t)ldv, nc, hv);
+        HP_T_N(gemm)(o, hv, 1, S, 1, HP_ATT_BR, vp, hv, nr, hv, nc,
                      dense ? HP_ATT_DENSE : HP_ATT_KEND, off);
     }
     for (int r = 0; r < nr; r++) {
         float *orow = out + (size_t)(i0 + r) * ldo;
         const float inv = 1.0f / l[r];
-        for (int d = 0; d < hd; d += HP_T_VW) ST(orow + d, LD(o + (size_t)r * hd + d) * inv);
+        for (int d = 0; d < hv; d += HP_T_VW) ST(orow + d, LD(o + (size_t)r * hv + d) * inv);
         lse[i0 + r] = m[r] + logf(l[r]);
     }
 }
 
 /* Backward helpers. bwd_qtile: query tile rows i0 .. i0 + nr of one head (q/dout/out at its
- * columns, lse at its (T) row): Q^T scaled and dO^T packed (hd, BR); if qp, the Q and dO rows
- * contiguous (BR, hd) (the B operands of dK, dV); D = rowsum(dO * O) and L = lse of the rows
- * (0 past nr). */
+ * columns, lse at its (T) row): Q^T scaled (hd, BR) and dO^T (hv, BR) packed; if qp, the Q
+ * (BR, hd) and dO (BR, hv) rows contiguous (the B operands of dK, dV); D = rowsum(dO * O) and
+ * L = lse of the rows (0 past nr). */
 HP_T_INL void HP_T_N(bwd_qtile)(float *qt, float *dot, float *qp, float *dop, float *D, float *L, const float *q,
                                 int ldq, const float *dout, const float *out, int ldo, const float *lse, int i0,
-                                int nr, int nrp, int hd, float scale) {
+                                int nr, int nrp, int hd, int hv, float scale) {
     const float *qb = q + (size_t)i0 * ldq, *dob = dout + (size_t)i0 * ldo;
     HP_T_N(pack_t)(qt, qb, (size_t)ldq, nr, nrp, hd, scale);
-    HP_T_N(pack_t)(dot, dob, (size_t)ldo, nr, nrp, hd, 1.0f);
+    HP_T_N(pack_t)(dot, dob, (size_t)ldo, nr, nrp, hv, 1.0f);
     if (qp) {
         HP_T_N(pack_rows)(qp, qb, (size_t)ldq, nr, hd);
-        HP_T_N(pack_rows)(dop, dob, (size_t)ldo, nr, hd);
+        HP_T_N(pack_rows)(dop, dob, (size_t)ldo, nr, hv);
     }
     for (int r = 0; r < nrp; r++) {
         float dsum = 0.0f;
         if (r < nr) {
             const float *dor = dob + (size_t)r * ldo, *orow = out + (size_t)(i0 + r) * ldo;
             VF vd = {0};
-            for (int d = 0; d < hd; d += HP_T_VW) vd += LD(dor + d) * LD(orow + d);
+            for (int d = 0; d < hv; d += HP_T_VW) vd += LD(dor + d) * LD(orow + d);
             for (int x = 0; x < HP_T_VW; x++) dsum += vd[x];
         }
         D[r] = dsum;
@@ -351,15 +352,16 @@ HP_T_INL void HP_T_N(bwd_qtile)(float *qt, float *dot, float *qp, float *dop, fl
     }
 }
 
-/* bwd_pds: one (query tile, key tile) pair: S^T = K Q^T and dP^T = V dO^T, then in place
- * P^T = exp(S^T - lse) and dS^T = P^T (dP^T - D) scale, VW query rows at a time (masked: 0). */
+/* bwd_pds: one (query tile, key tile) pair: S^T = K Q^T (over hd) and dP^T = V dO^T (over
+ * hv), then in place P^T = exp(S^T - lse) and dS^T = P^T (dP^T - D) scale, VW query rows at a
+ * time (masked: 0). */
 HP_T_INL void HP_T_N(bwd_pds)(float *S, float *dP, const float *qt, const float *dot, const float *L, const float *D,
                               const float *kb, int ldk, const float *vb, int ldv, int nc, int nrp, int off, int hd,
-                              float scale) {
+                              int hv, float scale) {
     const int dense = off >= nc - 1;
     const VI iota = HP_T_N(viota)();
     HP_T_N(gemm)(S, HP_ATT_BR, 0, kb, ldk, 1, qt, HP_ATT_BR, nc, nrp, hd, dense ? HP_ATT_DENSE : HP_ATT_QCOLS, off);
-    HP_T_N(gemm)(dP, HP_ATT_BR, 0, vb, ldv, 1, dot, HP_ATT_BR, nc, nrp, hd, dense ? HP_ATT_DENSE : HP_ATT_QCOLS, off);
+    HP_T_N(gemm)(dP, HP_ATT_BR, 0, vb, ldv, 1, dot, HP_ATT_BR, nc, nrp, hv, dense ? HP_ATT_DENSE : HP_ATT_QCOLS, off);
     for (int r = 0; r < nrp; r += HP_T_VW) {
         int cf, ca;
         HP_T_N(key_range)(r, off, nc, &cf, &ca);
@@ -384,52 +386,53 @@ HP_T_INL void HP_T_N(bwd_pds)(float *S, float *dP, const float *qt, const float 
     }
 }
 
-/* The backward's scratch for one task, on the stack and sized by head_dim (nothing is
- * allocated): one array of bws_floats(hd) floats carved into the tiles below. */
+/* The backward's scratch for one task, on the stack and sized by the head widths (nothing is
+ * allocated): one array of bws_floats(hd, hv) floats carved into the tiles below. */
 typedef struct {
-    float *qt, *dot;   // (hd, BR) scaled Q^T, dO^T of the query tile
+    float *qt, *dot;   // (hd, BR) scaled Q^T, (hv, BR) dO^T of the query tile
     float *S;          // (BC, BR) S^T, then P^T
     float *dP;         // (BC, BR) dP^T = V dO^T, then dS^T
     float *dqa;        // (BR, hd) dQ of the tile
-    float *qp, *dop;   // (BR, hd) Q, dO rows, contiguous (B of dK, dV)
+    float *qp, *dop;   // (BR, hd) Q, (BR, hv) dO rows, contiguous (B of dK, dV)
     float *kp;         // (BC, hd) key rows, contiguous (B of dQ)
     float *D, *L;      // (BR) rowsum(dO * O), lse of the tile's rows
 } HP_T_N(bws_t);
 
-HP_T_INL size_t HP_T_N(bws_floats)(int hd) {
-    return (size_t)hd * HP_ATT_BR * 5 + (size_t)HP_ATT_BC * HP_ATT_BR * 2 + (size_t)HP_ATT_BC * hd + 2 * HP_ATT_BR;
+HP_T_INL size_t HP_T_N(bws_floats)(int hd, int hv) {
+    return (size_t)hd * HP_ATT_BR * 3 + (size_t)hv * HP_ATT_BR * 2 + (size_t)HP_ATT_BC * HP_ATT_BR * 2 +
+           (size_t)HP_ATT_BC * hd + 2 * HP_ATT_BR;
 }
 
-HP_T_INL HP_T_N(bws_t) HP_T_N(bws_carve)(float *p, int hd) {
-    const size_t qn = (size_t)hd * HP_ATT_BR, sn = (size_t)HP_ATT_BC * HP_ATT_BR;
+HP_T_INL HP_T_N(bws_t) HP_T_N(bws_carve)(float *p, int hd, int hv) {
+    const size_t qn = (size_t)hd * HP_ATT_BR, vn = (size_t)hv * HP_ATT_BR, sn = (size_t)HP_ATT_BC * HP_ATT_BR;
     HP_T_N(bws_t) w;
     w.qt = p;
     w.dot = w.qt + qn;
-    w.S = w.dot + qn;
+    w.S = w.dot + vn;
     w.dP = w.S + sn;
     w.dqa = w.dP + sn;
     w.qp = w.dqa + qn;
     w.dop = w.qp + qn;
-    w.kp = w.dop + qn;
+    w.kp = w.dop + vn;
     w.D = w.kp + (size_t)HP_ATT_BC * hd;
     w.L = w.D + HP_ATT_BR;
     return w;
 }
 
-/* dK, dV rows t0 .. t1 = 0: they sum in place over query tiles (and heads). */
-HP_T_INL void HP_T_N(bwd_zero_kv)(float *dk, int lddk, float *dv, int lddv, int t0, int t1, int hd) {
+/* dK (hd wide), dV (hv wide) rows t0 .. t1 = 0: they sum in place over query tiles (and heads). */
+HP_T_INL void HP_T_N(bwd_zero_kv)(float *dk, int lddk, float *dv, int lddv, int t0, int t1, int hd, int hv) {
     for (int t = t0; t < t1; t++) {
         memset(dk + (size_t)t * lddk, 0, sizeof(float) * (size_t)hd);
-        memset(dv + (size_t)t * lddv, 0, sizeof(float) * (size_t)hd);
+        memset(dv + (size_t)t * lddv, 0, sizeof(float) * (size_t)hv);
     }
 }
 
-/* One (query tile, key tile) pair's dV (nc, hd) += P^T dO and dK (nc, hd) += dS^T Q, from the
+/* One (query tile, key tile) pair's dV (nc, hv) += P^T dO and dK (nc, hd) += dS^T Q, from the
  * P^T, dS^T of bwd_pds and the packed Q, dO rows (dk, dv at the key tile's first row). */
 HP_T_INL void HP_T_N(bwd_kv_pair)(const HP_T_N(bws_t) *w, float *dk, int lddk, float *dv, int lddv, int nc, int nr,
-                                  int off, int hd) {
+                                  int off, int hd, int hv) {
     const int mode = off >= nc - 1 ? HP_ATT_DENSE : HP_ATT_KBEG;
-    HP_T_N(gemm)(dv, lddv, 1, w->S, HP_ATT_BR, 1, w->dop, hd, nc, hd, nr, mode, off);
+    HP_T_N(gemm)(dv, lddv, 1, w->S, HP_ATT_BR, 1, w->dop, hv, nc, hv, nr, mode, off);
     HP_T_N(gemm)(dk, lddk, 1, w->dP, HP_ATT_BR, 1, w->qp, hd, nc, hd, nr, mode, off);
 }
 
@@ -440,44 +443,44 @@ HP_T_INL void HP_T_N(bwd_kv_pair)(const HP_T_N(bws_t) *w, float *dk, int lddk, f
 HP_T_INL void HP_T_N(bwd_qtile_pairs)(const HP_T_N(bws_t) *w, float *dq, int lddq, float *dk, int lddk, float *dv,
                                       int lddv, const float *dout, const float *out, int ldo, const float *lse,
                                       const float *q, int ldq, const float *k, int ldk, const float *v, int ldv,
-                                      int i0, int nr, int hd, float scale) {
+                                      int i0, int nr, int hd, int hv, float scale) {
     const int nrp = (nr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
     HP_T_N(bwd_qtile)(w->qt, w->dot, dk ? w->qp : NULL, w->dop, w->D, w->L, q, ldq, dout, out, ldo, lse, i0, nr, nrp,
-                      hd, scale);
+                      hd, hv, scale);
     memset(w->dqa, 0, sizeof(float) * (size_t)nr * hd);
     const int jend = i0 + nr;
     for (int j0 = 0; j0 < jend; j0 += HP_ATT_BC) {
         const int nc = jend - j0 < HP_ATT_BC ? jend - j0 : HP_ATT_BC;
         const int off = i0 - j0, dense = off >= nc - 1;
         const float *kb = k + (size_t)j0 * ldk, *vb = v + (size_t)j0 * ldv;
-        HP_T_N(bwd_pds)(w->S, w->dP, w->qt, w->dot, w->L, w->D, kb, ldk, vb, ldv, nc, nrp, off, hd, scale);
+        HP_T_N(bwd_pds)(w->S, w->dP, w->qt, w->dot, w->L, w->D, kb, ldk, vb, ldv, nc, nrp, off, hd, hv, scale);
         // dQ (nr, hd) += dS K
         HP_T_N(pack_rows)(w->kp, kb, (size_t)ldk, nc, hd);
         HP_T_N(gemm)(w->dqa, hd, 1, w->dP, 1, HP_ATT_BR, w->kp, hd, nr, hd, nc, dense ? HP_ATT_DENSE : HP_ATT_KEND,
                      off);
-        if (dk) HP_T_N(bwd_kv_pair)(w, dk + (size_t)j0 * lddk, lddk, dv + (size_t)j0 * lddv, lddv, nc, nr, off, hd);
+        if (dk) HP_T_N(bwd_kv_pair)(w, dk + (size_t)j0 * lddk, lddk, dv + (size_t)j0 * lddv, lddv, nc, nr, off, hd, hv);
     }
     for (int r = 0; r < nr; r++)
         memcpy(dq + (size_t)(i0 + r) * lddq, w->dqa + (size_t)r * hd, sizeof(float) * (size_t)hd);
 }
 
 /* One (batch, kv head) of the backward: dK, dV of the kv head (k/v/dk/dv point at its
- * columns) and dQ of its rep query heads h = 0 .. rep (q/dq/dout/out point at the first one's
- * columns, heads hd apart; lse at the first one's (T) row, heads T apart). Query tiles outer,
+ * columns) and dQ of its rep query heads h = 0 .. rep (q/dq point at the first one's columns,
+ * heads hd apart, dout/out hv apart; lse at the first one's (T) row, heads T apart). Query tiles outer,
  * key tiles inner: dQ of a tile sums in registers and an accumulator and is written once; dK, dV
  * of the kv head sum in place (zeroed first). */
 static HP_T_ATTR void HP_T_N(bwd_group)(float *dq, int lddq, float *dk, int lddk, float *dv, int lddv,
                                         const float *dout, const float *out, int ldo, const float *lse,
                                         const float *q, int ldq, const float *k, int ldk, const float *v, int ldv,
-                                        int T, int rep, int hd, float scale) {
-    float ws[HP_T_N(bws_floats)(hd)];
-    const HP_T_N(bws_t) w = HP_T_N(bws_carve)(ws, hd);
-    HP_T_N(bwd_zero_kv)(dk, lddk, dv, lddv, 0, T, hd);
+                                        int T, int rep, int hd, int hv, float scale) {
+    float ws[HP_T_N(bws_floats)(hd, hv)];
+    const HP_T_N(bws_t) w = HP_T_N(bws_carve)(ws, hd, hv);
+    HP_T_N(bwd_zero_kv)(dk, lddk, dv, lddv, 0, T, hd, hv);
     for (int h = 0; h < rep; h++)
         for (int i0 = 0; i0 < T; i0 += HP_ATT_BR)
-            HP_T_N(bwd_qtile_pairs)(&w, dq + (size_t)h * hd, lddq, dk, lddk, dv, lddv, dout + (size_t)h * hd,
-                                    out + (size_t)h * hd, ldo, lse + (size_t)h * T, q + (size_t)h * hd, ldq, k, ldk,
-                                    v, ldv, i0, T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR, hd, scale);
+            HP_T_N(bwd_qtile_pairs)(&w, dq + (size_t)h * hd, lddq, dk, lddk, dv, lddv, dout + (size_t)h * hv,
+                                    out + (size_t)h * hv, ldo, lse + (size_t)h * T, q + (size_t)h * hd, ldq, k, ldk,
+                                    v, ldv, i0, T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR, hd, hv, scale);
 }
 
 /* The split backward (attention.c picks it when there are fewer (batch, kv head) groups than
@@ -489,10 +492,10 @@ static HP_T_ATTR void HP_T_N(bwd_group)(float *dq, int lddq, float *dk, int lddk
  * recomputes S^T, P^T, dP^T, dS^T of its pairs: 7 tile products per pair instead of 5. */
 static HP_T_ATTR void HP_T_N(bwd_kv)(float *dk, int lddk, float *dv, int lddv, const float *dout, const float *out,
                                      int ldo, const float *lse, const float *q, int ldq, const float *k, int ldk,
-                                     const float *v, int ldv, int T, int rep, int hd, float scale, int j0) {
-    float ws[HP_T_N(bws_floats)(hd)];
-    const HP_T_N(bws_t) w = HP_T_N(bws_carve)(ws, hd);
-    HP_T_N(bwd_zero_kv)(dk, lddk, dv, lddv, j0, T - j0 < HP_ATT_BC ? T : j0 + HP_ATT_BC, hd);
+                                     const float *v, int ldv, int T, int rep, int hd, int hv, float scale, int j0) {
+    float ws[HP_T_N(bws_floats)(hd, hv)];
+    const HP_T_N(bws_t) w = HP_T_N(bws_carve)(ws, hd, hv);
+    HP_T_N(bwd_zero_kv)(dk, lddk, dv, lddv, j0, T - j0 < HP_ATT_BC ? T : j0 + HP_ATT_BC, hd, hv);
     const float *kb = k + (size_t)j0 * ldk, *vb = v + (size_t)j0 * ldv;
     for (int h = 0; h < rep; h++) {
         for (int i0 = j0 / HP_ATT_BR * HP_ATT_BR; i0 < T; i0 += HP_ATT_BR) {
@@ -501,21 +504,21 @@ static HP_T_ATTR void HP_T_N(bwd_kv)(float *dk, int lddk, float *dv, int lddv, c
             const int nrp = (nr + HP_T_VW - 1) / HP_T_VW * HP_T_VW;
             const int nc = i0 + nr - j0 < HP_ATT_BC ? i0 + nr - j0 : HP_ATT_BC;
             const int off = i0 - j0;
-            HP_T_N(bwd_qtile)(w.qt, w.dot, w.qp, w.dop, w.D, w.L, q + (size_t)h * hd, ldq, dout + (size_t)h * hd,
-                              out + (size_t)h * hd, ldo, lse + (size_t)h * T, i0, nr, nrp, hd, scale);
-            HP_T_N(bwd_pds)(w.S, w.dP, w.qt, w.dot, w.L, w.D, kb, ldk, vb, ldv, nc, nrp, off, hd, scale);
-            HP_T_N(bwd_kv_pair)(&w, dk + (size_t)j0 * lddk, lddk, dv + (size_t)j0 * lddv, lddv, nc, nr, off, hd);
+            HP_T_N(bwd_qtile)(w.qt, w.dot, w.qp, w.dop, w.D, w.L, q + (size_t)h * hd, ldq, dout + (size_t)h * hv,
+                              out + (size_t)h * hv, ldo, lse + (size_t)h * T, i0, nr, nrp, hd, hv, scale);
+            HP_T_N(bwd_pds)(w.S, w.dP, w.qt, w.dot, w.L, w.D, kb, ldk, vb, ldv, nc, nrp, off, hd, hv, scale);
+            HP_T_N(bwd_kv_pair)(&w, dk + (size_t)j0 * lddk, lddk, dv + (size_t)j0 * lddv, lddv, nc, nr, off, hd, hv);
         }
     }
 }
 
 static HP_T_ATTR void HP_T_N(bwd_q)(float *dq, int lddq, const float *dout, const float *out, int ldo,
                                     const float *lse, const float *q, int ldq, const float *k, int ldk,
-                                    const float *v, int ldv, int T, int hd, float scale, int i0) {
-    float ws[HP_T_N(bws_floats)(hd)];
-    const HP_T_N(bws_t) w = HP_T_N(bws_carve)(ws, hd);
+                                    const float *v, int ldv, int T, int hd, int hv, float scale, int i0) {
+    float ws[HP_T_N(bws_floats)(hd, hv)];
+    const HP_T_N(bws_t) w = HP_T_N(bws_carve)(ws, hd, hv);
     HP_T_N(bwd_qtile_pairs)(&w, dq, lddq, NULL, 0, NULL, 0, dout, out, ldo, lse, q, ldq, k, ldk, v, ldv, i0,
-                            T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR, hd, scale);
+                            T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR, hd, hv, scale);
 }
 
 #undef LD

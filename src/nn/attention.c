@@ -58,17 +58,17 @@ enum { HP_ATT_DENSE, HP_ATT_QCOLS, HP_ATT_KEND, HP_ATT_KBEG };
 #include "nn/attention-tiles.h"
 
 typedef void (*hp_att_fwd_tile_fn)(float *out, int ldo, float *lse, const float *q, int ldq, const float *k, int ldk,
-                                   const float *v, int ldv, int i0, int nr, int npre, int hd, float scale);
+                                   const float *v, int ldv, int i0, int nr, int npre, int hd, int hv, float scale);
 typedef void (*hp_att_bwd_group_fn)(float *dq, int lddq, float *dk, int lddk, float *dv, int lddv, const float *dout,
                                     const float *out, int ldo, const float *lse, const float *q, int ldq,
-                                    const float *k, int ldk, const float *v, int ldv, int T, int rep, int hd,
+                                    const float *k, int ldk, const float *v, int ldv, int T, int rep, int hd, int hv,
                                     float scale);
 typedef void (*hp_att_bwd_kv_fn)(float *dk, int lddk, float *dv, int lddv, const float *dout, const float *out,
                                  int ldo, const float *lse, const float *q, int ldq, const float *k, int ldk,
-                                 const float *v, int ldv, int T, int rep, int hd, float scale, int j0);
+                                 const float *v, int ldv, int T, int rep, int hd, int hv, float scale, int j0);
 typedef void (*hp_att_bwd_q_fn)(float *dq, int lddq, const float *dout, const float *out, int ldo, const float *lse,
                                 const float *q, int ldq, const float *k, int ldk, const float *v, int ldv, int T,
-                                int hd, float scale, int i0);
+                                int hd, int hv, float scale, int i0);
 
 static int bwd_mode = HP_ATTENTION_BWD_AUTO;   // hp_attention_set_backward
 
@@ -110,18 +110,33 @@ hp_status_t hp_attention_set_backward(hp_attention_bwd_t mode) {
     return HP_OK;
 }
 
-/* The instantiation for this call: the selected ISA if head_dim fits its vectors. */
-static int att_path(int hd) {
+/* The instantiation for this call: the selected ISA if both head widths fit its vectors. */
+static int att_path(int hd, int hv) {
 #ifdef HP_ATT_HAVE_AVX2
-    if (hp_nn_isa() == HP_NN_ISA_AVX2 && hd % 8 == 0) return 2;
+    if (hp_nn_isa() == HP_NN_ISA_AVX2 && hd % 8 == 0 && hv % 8 == 0) return 2;
 #endif
-    return hd % 4 == 0 ? 1 : 0;
+    return hd % 4 == 0 && hv % 4 == 0 ? 1 : 0;
 }
 
 void hp_attention_forward(float *out, float *lse, const float *q, int ldq, const float *k, int ldk,
                           const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd) {
+    hp_attention_forward_qk_v(out, lse, q, ldq, k, ldk, v, ldv, B, T, Hq, Hkv, hd, hd);
+}
+
+void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, int lddv,
+                           const float *dout, const float *out,
+                           const float *lse, const float *q, int ldq, const float *k, int ldk,
+                           const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd) {
+    hp_attention_backward_qk_v(dq, lddq, dk, lddk, dv, lddv, dout, out, lse, q, ldq, k, ldk, v, ldv, B, T, Hq, Hkv,
+                               hd, hd);
+}
+
+/* q|k heads hd wide, v and out heads hv wide (hd == hv but for MLA): the same tiles, the
+ * products over V, dO, dV at hv. */
+void hp_attention_forward_qk_v(float *out, float *lse, const float *q, int ldq, const float *k, int ldk,
+                               const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd, int hv) {
     const float scale = 1.0f / sqrtf((float)hd);
-    const int rep = Hq / Hkv, ldo = Hq * hd, nqt = (T + HP_ATT_BR - 1) / HP_ATT_BR, path = att_path(hd);
+    const int rep = Hq / Hkv, ldo = Hq * hv, nqt = (T + HP_ATT_BR - 1) / HP_ATT_BR, path = att_path(hd, hv);
     hp_att_fwd_tile_fn tile = path == 1 ? fwd_tile_generic4 : fwd_tile_generic1;
 #ifdef HP_ATT_HAVE_AVX2
     if (path == 2) tile = fwd_tile_avx2;
@@ -131,25 +146,25 @@ void hp_attention_forward(float *out, float *lse, const float *q, int ldq, const
     // With many (b, head) pairs a thread takes all tiles of one in order (its K, V stay in
     // cache); with few, single tiles, the costliest (last) first.
     const int whole = nbh >= 4L * omp_get_max_threads();
-    if (whole && T >= HP_ATT_CONTIG_MIN_T && (ldk != hd || ldv != hd)) {
+    if (whole && T >= HP_ATT_CONTIG_MIN_T && (ldk != hd || ldv != hv)) {
         // long sequences: one (b, head) per task on contiguous copies of its K, V rows
         // (att_workspace); the same tiles in the same order, so the same bits
 #pragma omp parallel for schedule(dynamic, 1)
         for (long bh = 0; bh < nbh; bh++) {
             const int b = (int)(bh / Hq), h = (int)(bh % Hq), g = h / rep;
             const size_t r0 = (size_t)b * T, th = (size_t)T * hd;
-            const float *gk = k + r0 * ldk + (size_t)g * hd, *gv = v + r0 * ldv + (size_t)g * hd;
-            float *ws = att_workspace(2 * th);   // (T, hd) K, V
+            const float *gk = k + r0 * ldk + (size_t)g * hd, *gv = v + r0 * ldv + (size_t)g * hv;
+            float *ws = att_workspace(th + (size_t)T * hv);   // (T, hd) K, (T, hv) V
             if (ws) {
                 att_copy_rows(ws, gk, (size_t)ldk, T, hd);
-                att_copy_rows(ws + th, gv, (size_t)ldv, T, hd);
+                att_copy_rows(ws + th, gv, (size_t)ldv, T, hv);
             }
             for (int qt = 0; qt < nqt; qt++) {
                 const int i0 = qt * HP_ATT_BR, nr = T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR;
                 const int rest = T - i0 - nr, npre = rest < HP_ATT_BR ? rest : HP_ATT_BR;
-                tile(out + r0 * ldo + (size_t)h * hd, ldo, lse + ((size_t)b * Hq + h) * T,
+                tile(out + r0 * ldo + (size_t)h * hv, ldo, lse + ((size_t)b * Hq + h) * T,
                      q + r0 * ldq + (size_t)h * hd, ldq, ws ? ws : gk, ws ? hd : ldk, ws ? ws + th : gv,
-                     ws ? hd : ldv, i0, nr, npre, hd, scale);
+                     ws ? hv : ldv, i0, nr, npre, hd, hv, scale);
             }
         }
         return;
@@ -162,17 +177,16 @@ void hp_attention_forward(float *out, float *lse, const float *q, int ldq, const
         const int i0 = qt * HP_ATT_BR, nr = T - i0 < HP_ATT_BR ? T - i0 : HP_ATT_BR;
         const int rest = T - i0 - nr, npre = !whole ? 0 : rest < HP_ATT_BR ? rest : HP_ATT_BR;
         const size_t r0 = (size_t)b * T;
-        tile(out + r0 * ldo + (size_t)h * hd, ldo, lse + ((size_t)b * Hq + h) * T, q + r0 * ldq + (size_t)h * hd, ldq,
-             k + r0 * ldk + (size_t)g * hd, ldk, v + r0 * ldv + (size_t)g * hd, ldv, i0, nr, npre, hd, scale);
+        tile(out + r0 * ldo + (size_t)h * hv, ldo, lse + ((size_t)b * Hq + h) * T, q + r0 * ldq + (size_t)h * hd, ldq,
+             k + r0 * ldk + (size_t)g * hd, ldk, v + r0 * ldv + (size_t)g * hv, ldv, i0, nr, npre, hd, hv, scale);
     }
 }
 
-void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, int lddv,
-                           const float *dout, const float *out,
-                           const float *lse, const float *q, int ldq, const float *k, int ldk,
-                           const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd) {
+void hp_attention_backward_qk_v(float *dq, int lddq, float *dk, int lddk, float *dv, int lddv, const float *dout,
+                                const float *out, const float *lse, const float *q, int ldq, const float *k, int ldk,
+                                const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd, int hv) {
     const float scale = 1.0f / sqrtf((float)hd);
-    const int rep = Hq / Hkv, ldo = Hq * hd, path = att_path(hd);
+    const int rep = Hq / Hkv, ldo = Hq * hv, path = att_path(hd, hv);
     hp_att_bwd_group_fn group = path == 1 ? bwd_group_generic4 : bwd_group_generic1;
     hp_att_bwd_kv_fn kvf = path == 1 ? bwd_kv_generic4 : bwd_kv_generic1;
     hp_att_bwd_q_fn qf = path == 1 ? bwd_q_generic4 : bwd_q_generic1;
@@ -195,9 +209,9 @@ void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, 
             const int jt = (int)(t / ((long)B * Hkv)), bg = (int)(t % ((long)B * Hkv));
             const int b = bg / Hkv, g = bg % Hkv;
             const size_t r0 = (size_t)b * T, h0 = (size_t)g * rep;
-            kvf(dk + r0 * lddk + (size_t)g * hd, lddk, dv + r0 * lddv + (size_t)g * hd, lddv, dout + r0 * ldo + h0 * hd,
-                out + r0 * ldo + h0 * hd, ldo, lse + ((size_t)b * Hq + h0) * T, q + r0 * ldq + h0 * hd, ldq,
-                k + r0 * ldk + (size_t)g * hd, ldk, v + r0 * ldv + (size_t)g * hd, ldv, T, rep, hd, scale,
+            kvf(dk + r0 * lddk + (size_t)g * hd, lddk, dv + r0 * lddv + (size_t)g * hv, lddv, dout + r0 * ldo + h0 * hv,
+                out + r0 * ldo + h0 * hv, ldo, lse + ((size_t)b * Hq + h0) * T, q + r0 * ldq + h0 * hd, ldq,
+                k + r0 * ldk + (size_t)g * hd, ldk, v + r0 * ldv + (size_t)g * hv, ldv, T, rep, hd, hv, scale,
                 jt * HP_ATT_BC);
         }
         // pass 2, parallel over (b, query head, query tile): the task owns dQ rows of its
@@ -207,35 +221,36 @@ void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, 
             const int it = nt - 1 - (int)(t / ((long)B * Hq)), bh = (int)(t % ((long)B * Hq));
             const int b = bh / Hq, h = bh % Hq, g = h / rep;
             const size_t r0 = (size_t)b * T;
-            qf(dq + r0 * lddq + (size_t)h * hd, lddq, dout + r0 * ldo + (size_t)h * hd, out + r0 * ldo + (size_t)h * hd,
+            qf(dq + r0 * lddq + (size_t)h * hd, lddq, dout + r0 * ldo + (size_t)h * hv, out + r0 * ldo + (size_t)h * hv,
                ldo, lse + ((size_t)b * Hq + h) * T, q + r0 * ldq + (size_t)h * hd, ldq, k + r0 * ldk + (size_t)g * hd,
-               ldk, v + r0 * ldv + (size_t)g * hd, ldv, T, hd, scale, it * HP_ATT_BR);
+               ldk, v + r0 * ldv + (size_t)g * hv, ldv, T, hd, hv, scale, it * HP_ATT_BR);
         }
         return;
     }
     // parallel over (b, kv head): the task owns dK, dV of head g and dQ of heads g*rep.. so
     // every output element is written by exactly one task, in a fixed order
-    const int contig = T >= HP_ATT_CONTIG_MIN_T && (ldk != hd || ldv != hd || lddk != hd || lddv != hd);
+    const int contig = T >= HP_ATT_CONTIG_MIN_T && (ldk != hd || ldv != hv || lddk != hd || lddv != hv);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++) {
         for (int g = 0; g < Hkv; g++) {
-            const size_t r0 = (size_t)b * T, h0 = (size_t)g * rep, th = (size_t)T * hd;
-            float *gdk = dk + r0 * lddk + (size_t)g * hd, *gdv = dv + r0 * lddv + (size_t)g * hd;
-            const float *gk = k + r0 * ldk + (size_t)g * hd, *gv = v + r0 * ldv + (size_t)g * hd;
-            float *ws = contig ? att_workspace(4 * th) : NULL;   // (T, hd) K, V, dK, dV
+            const size_t r0 = (size_t)b * T, h0 = (size_t)g * rep, th = (size_t)T * hd, tv = (size_t)T * hv;
+            float *gdk = dk + r0 * lddk + (size_t)g * hd, *gdv = dv + r0 * lddv + (size_t)g * hv;
+            const float *gk = k + r0 * ldk + (size_t)g * hd, *gv = v + r0 * ldv + (size_t)g * hv;
+            float *ws = contig ? att_workspace(2 * th + 2 * tv) : NULL;   // K, dK (T, hd), V, dV (T, hv)
             if (ws) {
-                att_copy_rows(ws, gk, (size_t)ldk, T, hd);
-                att_copy_rows(ws + th, gv, (size_t)ldv, T, hd);
-                group(dq + r0 * lddq + h0 * hd, lddq, ws + 2 * th, hd, ws + 3 * th, hd, dout + r0 * ldo + h0 * hd,
-                      out + r0 * ldo + h0 * hd, ldo, lse + ((size_t)b * Hq + h0) * T, q + r0 * ldq + h0 * hd, ldq, ws,
-                      hd, ws + th, hd, T, rep, hd, scale);
-                att_store_rows(gdk, (size_t)lddk, ws + 2 * th, T, hd);
-                att_store_rows(gdv, (size_t)lddv, ws + 3 * th, T, hd);
+                float *wk = ws, *wv = ws + th, *wdk = wv + tv, *wdv = wdk + th;
+                att_copy_rows(wk, gk, (size_t)ldk, T, hd);
+                att_copy_rows(wv, gv, (size_t)ldv, T, hv);
+                group(dq + r0 * lddq + h0 * hd, lddq, wdk, hd, wdv, hv, dout + r0 * ldo + h0 * hv,
+                      out + r0 * ldo + h0 * hv, ldo, lse + ((size_t)b * Hq + h0) * T, q + r0 * ldq + h0 * hd, ldq, wk,
+                      hd, wv, hv, T, rep, hd, hv, scale);
+                att_store_rows(gdk, (size_t)lddk, wdk, T, hd);
+                att_store_rows(gdv, (size_t)lddv, wdv, T, hv);
                 continue;
             }
-            group(dq + r0 * lddq + h0 * hd, lddq, gdk, lddk, gdv, lddv, dout + r0 * ldo + h0 * hd,
-                  out + r0 * ldo + h0 * hd, ldo, lse + ((size_t)b * Hq + h0) * T, q + r0 * ldq + h0 * hd, ldq, gk, ldk,
-                  gv, ldv, T, rep, hd, scale);
+            group(dq + r0 * lddq + h0 * hd, lddq, gdk, lddk, gdv, lddv, dout + r0 * ldo + h0 * hv,
+                  out + r0 * ldo + h0 * hv, ldo, lse + ((size_t)b * Hq + h0) * T, q + r0 * ldq + h0 * hd, ldq, gk, ldk,
+                  gv, ldv, T, rep, hd, hv, scale);
         }
     }
 }

@@ -104,6 +104,24 @@ static void cpu_attn_dec(void *ctx, float *out, float *scratch, const float *q, 
     (void)ctx;
     hp_attention_decode_forward(out, scratch, q, ldq, k, ldk, v, ldv, p0, n, Hq, Hkv, hd, n_threads);
 }
+/* MLA's core (separate q|k and v head widths) and the MoE experts' grouped GEMM. */
+static void cpu_attn_qk_v_f(void *ctx, float *out, float *lse, const float *q, int ldq, const float *k, int ldk,
+                            const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd, int hv) {
+    (void)ctx;
+    hp_attention_forward_qk_v(out, lse, q, ldq, k, ldk, v, ldv, B, T, Hq, Hkv, hd, hv);
+}
+static void cpu_attn_qk_v_b(void *ctx, float *dq, int lddq, float *dk, int lddk, float *dv, int lddv,
+                            const float *dout, const float *out, const float *lse, const float *q, int ldq,
+                            const float *k, int ldk, const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd,
+                            int hv) {
+    (void)ctx;
+    hp_attention_backward_qk_v(dq, lddq, dk, lddk, dv, lddv, dout, out, lse, q, ldq, k, ldk, v, ldv, B, T, Hq, Hkv,
+                               hd, hv);
+}
+static void cpu_gemm_grouped(void *ctx, const hp_gemm_group_t *g, int n, int ta, int tb, float alpha, float beta) {
+    (void)ctx;
+    hp_gemm_grouped(g, n, ta, tb, alpha, beta);
+}
 static void cpu_swiglu_f(void *ctx, float *out, const float *h13, int N, int H) {
     (void)ctx;
     hp_swiglu_forward(out, h13, N, H);
@@ -225,6 +243,9 @@ static const hp_backend_t cpu_backend = {
     .attention_forward = cpu_attn_f,
     .attention_backward = cpu_attn_b,
     .attention_decode_forward = cpu_attn_dec,
+    .attention_qk_v_forward = cpu_attn_qk_v_f,
+    .attention_qk_v_backward = cpu_attn_qk_v_b,
+    .gemm_grouped = cpu_gemm_grouped,
     .swiglu_forward = cpu_swiglu_f,
     .swiglu_backward = cpu_swiglu_b,
     .embedding_forward = cpu_emb_f,

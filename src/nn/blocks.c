@@ -20,8 +20,20 @@ static void prof(hp_act_t *act, int op, double t0) {
 typedef struct core_impl {
     const hp_param_t *q, *kv;
     int q_per, kv_per;       /* weight rows per head */
-    int hd, layer;
+    int hd, hv, layer;       /* q|k and v head widths (equal but for MLA) */
+    int hc;                  /* the one width of a padded call (>= both; the KV cache's) */
 } core_impl_t;
+
+/* This call's widths (nn_sdpa_core_widths): the two when they differ and the backend has the
+ * separate-width kernels (training), else the one padded width hc. */
+static int core_split(const core_impl_t *C, const hp_act_t *act) {
+    return C->hv != C->hd && !act->kv && act->be->attention_qk_v_forward && act->be->attention_qk_v_backward;
+}
+static void core_widths(const core_impl_t *C, const hp_act_t *act, int *hd, int *hv) {
+    const int split = core_split(C, act);
+    *hd = split ? C->hd : C->hc;
+    *hv = split ? C->hv : C->hc;
+}
 
 static void core_heads(const core_impl_t *C, int *H, int *KV) {
     *H = (int)(C->q->value.local.shape[0] / C->q_per);
@@ -45,14 +57,16 @@ static hp_status_t core_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     const core_impl_t *C = m->impl;
     int H, KV;
     core_heads(C, &H, &KV);
-    const int qd = H * C->hd, kd = KV * C->hd, ld = qd + 2 * kd, N = act->B * act->T;
+    int hd, hv;
+    core_widths(C, act, &hd, &hv);
+    const int qd = H * hd, kd = KV * hd, vd = KV * hv, ld = qd + kd + vd, N = act->B * act->T;
     const float *x = in->data;
     double t0 = omp_get_wtime();
     if (act->kv) {   // decode: the new rows attend to the cached keys of positions [0, pos0 + N)
         struct hp_model_kv_cache *kc = act->kv;
         const float *K = kc->k + (size_t)C->layer * kc->max_len * kd, *V = kc->v + (size_t)C->layer * kc->max_len * kd;
         act->be->attention_decode_forward(act->be->ctx, out->data, kc->scores, x, ld, K, kd, V, kd, act->pos0, N,
-                                          H, KV, C->hd, kc->n_threads);
+                                          H, KV, hd, kc->n_threads);
         prof(act, HP_NN_OP_ATTENTION_FWD, t0);
         return HP_OK;
     }
@@ -62,8 +76,12 @@ static hp_status_t core_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     s->B = act->B;
     s->T = act->T;
     s->lse = hp_act_alloc(act, sizeof(float) * (size_t)N * H);
-    act->be->attention_forward(act->be->ctx, out->data, s->lse, x, ld, x + qd, ld, x + qd + kd, ld, act->B, act->T,
-                               H, KV, C->hd);
+    if (hv != hd)
+        act->be->attention_qk_v_forward(act->be->ctx, out->data, s->lse, x, ld, x + qd, ld, x + qd + kd, ld, act->B,
+                                        act->T, H, KV, hd, hv);
+    else
+        act->be->attention_forward(act->be->ctx, out->data, s->lse, x, ld, x + qd, ld, x + qd + kd, ld, act->B,
+                                   act->T, H, KV, hd);
     prof(act, HP_NN_OP_ATTENTION_FWD, t0);
     return HP_OK;
 }
@@ -73,12 +91,18 @@ static hp_status_t core_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
     core_saved_t *s = hp_act_slot(act, m);
     int H, KV;
     core_heads(C, &H, &KV);
-    const int qd = H * C->hd, kd = KV * C->hd, ld = qd + 2 * kd;
+    int hd, hv;
+    core_widths(C, act, &hd, &hv);
+    const int qd = H * hd, kd = KV * hd, ld = qd + kd + KV * hv;
     float *d = din->data;
     const float *x = s->in;
     double t0 = omp_get_wtime();
-    act->be->attention_backward(act->be->ctx, d, ld, d + qd, ld, d + qd + kd, ld, dout->data, s->out, s->lse, x, ld,
-                                x + qd, ld, x + qd + kd, ld, s->B, s->T, H, KV, C->hd);
+    if (hv != hd)
+        act->be->attention_qk_v_backward(act->be->ctx, d, ld, d + qd, ld, d + qd + kd, ld, dout->data, s->out, s->lse,
+                                         x, ld, x + qd, ld, x + qd + kd, ld, s->B, s->T, H, KV, hd, hv);
+    else
+        act->be->attention_backward(act->be->ctx, d, ld, d + qd, ld, d + qd + kd, ld, dout->data, s->out, s->lse, x,
+                                    ld, x + qd, ld, x + qd + kd, ld, s->B, s->T, H, KV, hd);
     prof(act, HP_NN_OP_ATTENTION_BWD, t0);
     return HP_OK;
 }
@@ -95,13 +119,20 @@ static hp_module_t *module_new(hp_model_t m, const hp_module_ops_t *ops, const c
 }
 
 hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, const hp_param_t *q, int q_per, const hp_param_t *kv,
-                             int kv_per, int head_dim, int layer, hp_module_t **out) {
+                             int kv_per, int head_dim, int v_dim, int pad_dim, int layer, hp_module_t **out) {
+    HP_ASSERT(pad_dim >= head_dim && pad_dim >= v_dim);
     hp_module_t *core = module_new(m, &core_ops, name, sizeof(core_impl_t));
     if (!core) return HP_ERR_OOM;
-    *(core_impl_t *)core->impl =
-        (core_impl_t){.q = q, .kv = kv, .q_per = q_per, .kv_per = kv_per, .hd = head_dim, .layer = layer};
+    *(core_impl_t *)core->impl = (core_impl_t){.q = q, .kv = kv, .q_per = q_per, .kv_per = kv_per, .hd = head_dim,
+                                               .hv = v_dim, .layer = layer, .hc = pad_dim};
     *out = core;
     return HP_OK;
+}
+
+int nn_sdpa_core_widths(const hp_module_t *core, const hp_act_t *act, int *hd, int *hv) {
+    if (!core || core->ops != &core_ops) return 0;
+    core_widths(core->impl, act, hd, hv);
+    return 1;
 }
 
 /* ---- attention ------------------------------------------------------------------------ */
@@ -297,7 +328,8 @@ hp_status_t hp_attention_new(hp_model_t m, const char *name, const hp_attention_
     A->wk = wqkv->params[1];
     char nm[HP_PARAM_NAME_MAX];
     snprintf(nm, sizeof(nm), "%s.core", name);
-    HP_TRY(nn_sdpa_core_new(m, nm, A->wq, c->head_dim, A->wk, c->head_dim, c->head_dim, c->layer, &core));
+    HP_TRY(nn_sdpa_core_new(m, nm, A->wq, c->head_dim, A->wk, c->head_dim, c->head_dim, c->head_dim, c->head_dim,
+                            c->layer, &core));
     void *ai = a->impl;
     hp_module_base_init(a, &attn_ops, name, ai);
     a->children[a->n_children++] = wqkv;

@@ -185,6 +185,84 @@ void hp_ref_attention_backward(float *dq, int lddq, float *dk, int lddk, float *
     free(dp);
 }
 
+/* The twin of hp_attention_forward_qk_v / _backward_qk_v (q|k heads hd wide, v and out heads
+ * hv wide, scale 1/sqrt(hd)): the loops above with the v side at hv. */
+void hp_ref_attention_qk_v_forward(float *out, float *lse, const float *q, int ldq, const float *k, int ldk,
+                                   const float *v, int ldv, int B, int T, int Hq, int Hkv, int hd, int hv) {
+    double *p = malloc(sizeof(double) * (size_t)T);
+    HP_ASSERT(p != NULL);
+    const double scale = 1.0 / sqrt((double)hd);
+    const int rep = Hq / Hkv;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++) {
+            const int g = h / rep;
+            for (int i = 0; i < T; i++) {
+                const float *qi = q + ((size_t)b * T + i) * ldq + (size_t)h * hd;
+                double mx;
+                const float *kg = k + (size_t)b * T * ldk + (size_t)g * hd;
+                const double sum = ref_softmax_row(p, &mx, qi, kg, ldk, i, hd, scale);
+                lse[((size_t)b * Hq + h) * T + i] = (float)(mx + log(sum));
+                float *oi = out + ((size_t)b * T + i) * Hq * hv + (size_t)h * hv;
+                for (int d = 0; d < hv; d++) {
+                    double acc = 0.0;
+                    for (int j = 0; j <= i; j++) acc += p[j] / sum * v[((size_t)b * T + j) * ldv + (size_t)g * hv + d];
+                    oi[d] = (float)acc;
+                }
+            }
+        }
+    free(p);
+}
+
+void hp_ref_attention_qk_v_backward(float *dq, int lddq, float *dk, int lddk, float *dv, int lddv, const float *dout,
+                                    const float *q, int ldq, const float *k, int ldk, const float *v, int ldv, int B,
+                                    int T, int Hq, int Hkv, int hd, int hv) {
+    double *p = malloc(sizeof(double) * (size_t)T), *dp = malloc(sizeof(double) * (size_t)T);
+    HP_ASSERT(p != NULL && dp != NULL);
+    const double scale = 1.0 / sqrt((double)hd);
+    const int rep = Hq / Hkv;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const size_t r = (size_t)b * T + t;
+            for (int d = 0; d < Hq * hd; d++) dq[r * lddq + d] = 0.0f;
+            for (int d = 0; d < Hkv * hd; d++) dk[r * lddk + d] = 0.0f;
+            for (int d = 0; d < Hkv * hv; d++) dv[r * lddv + d] = 0.0f;
+        }
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++) {
+            const int g = h / rep;
+            for (int i = 0; i < T; i++) {
+                const float *qi = q + ((size_t)b * T + i) * ldq + (size_t)h * hd;
+                const float *doi = dout + ((size_t)b * T + i) * Hq * hv + (size_t)h * hv;
+                double mx;
+                const float *kg = k + (size_t)b * T * ldk + (size_t)g * hd;
+                const double sum = ref_softmax_row(p, &mx, qi, kg, ldk, i, hd, scale);
+                double dsum = 0.0;   // sum_j p_j dp_j
+                for (int j = 0; j <= i; j++) {
+                    p[j] /= sum;
+                    const float *vj = v + ((size_t)b * T + j) * ldv + (size_t)g * hv;
+                    double s = 0.0;
+                    for (int d = 0; d < hv; d++) s += (double)doi[d] * vj[d];
+                    dp[j] = s;
+                    dsum += p[j] * s;
+                }
+                float *dqi = dq + ((size_t)b * T + i) * lddq + (size_t)h * hd;
+                for (int j = 0; j <= i; j++) {
+                    const double ds = p[j] * (dp[j] - dsum) * scale;
+                    const float *kj = k + ((size_t)b * T + j) * ldk + (size_t)g * hd;
+                    float *dkj = dk + ((size_t)b * T + j) * lddk + (size_t)g * hd;
+                    float *dvj = dv + ((size_t)b * T + j) * lddv + (size_t)g * hv;
+                    for (int d = 0; d < hd; d++) {
+                        dqi[d] += (float)(ds * kj[d]);
+                        dkj[d] += (float)(ds * qi[d]);
+                    }
+                    for (int d = 0; d < hv; d++) dvj[d] += (float)(p[j] * doi[d]);
+                }
+            }
+        }
+    free(p);
+    free(dp);
+}
+
 void hp_ref_swiglu_forward(float *out, const float *h13, int N, int H) {
     for (int n = 0; n < N; n++)
         for (int j = 0; j < H; j++) {

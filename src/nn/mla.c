@@ -1,12 +1,15 @@
 /* Multi-head latent attention (DeepSeek-V3 MLA, TorchTitan's deepseek_v3 Attention): the q
  * path (wq, or wq_a -> q_norm -> wq_b), the latent path (wkv_a -> [c | k_pe], kv_norm(c) ->
  * wkv_b -> [k_nope | v] per head), RoPE (interleaved pairs) on the last qk_rope channels of q
- * and on k_pe (one for every head), the causal SDPA core and wo. The core has one head width
- * hc = max(qk_nope + qk_rope, v_head): the narrower of q|k and v is zero-padded to it (zero
- * channels add nothing to q.k and give zero output columns, which are dropped), and q is
- * pre-scaled by scale * sqrt(hc) so that the core's 1/sqrt(hc) gives MLA's softmax scale. The
- * core is the model's "sdpa" module, so context parallel swaps it for ring / Ulysses attention
- * over the same [q | k | v] rows; RoPE then follows the context's position segments. */
+ * and on k_pe (one for every head), the causal SDPA core and wo. The core takes q|k heads
+ * qk = qk_nope + qk_rope wide and v heads v_head wide (the model's SDPA core with the backend's
+ * separate-width kernels); where it cannot (decoding into the KV cache, a backend without those
+ * kernels, or context parallel's ring / Ulysses core in its place), one width hc = max(qk,
+ * v_head) for both: the narrower side is zero-padded (zero channels add nothing to q.k and give
+ * zero output columns, which are dropped). q is pre-scaled by scale * sqrt(the q|k width) so
+ * that the core's 1/sqrt(width) gives MLA's softmax scale; RoPE follows the context's position
+ * segments under context parallel. RoPE is applied while the core rows are assembled (row by
+ * row, k_pe once per token), not by a pass per head over the rows. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,12 +17,12 @@
 #include "hyperparallel/comm.h"
 #include "hyperparallel/mesh.h"
 #include "nn/nn-model.h"
+#include "nn/nn-simd.h"
 
 typedef struct mla_impl {
     hp_mla_cfg_t c;
     const hp_param_t *qw;          /* wq (or wq_b) weight: its local rows / qk_head are the heads this call runs */
     int nq;                        /* children of the q path: 1 (wq) or 3 (wq_a, q_norm, wq_b) */
-    float alpha;                   /* q pre-scale: scale * sqrt(hc) */
 } mla_impl_t;
 
 static int mla_heads(const mla_impl_t *A) { return (int)(A->qw->value.local.shape[0] / (A->c.nope + A->c.rope)); }
@@ -38,13 +41,32 @@ typedef struct mla_saved {
     float *kvc;        // (N, kv_lora) the latent c, contiguous (kv_norm input)
     float *kvn;        // (N, kv_lora) kv_norm output
     float *kvb;        // (N, H*(nope + v)) wkv_b output
-    float *qkv;        // (N, 3*H*hc) core input [q | k | v], padded, RoPE applied, q pre-scaled
-    float *o;          // (N, H*hc) core output
-    float *ov;         // (N, H*v) wo input
+    float *qkv;        // (N, H*(2 wq + wv)) core input [q | k | v] at the call's widths, RoPE applied, q pre-scaled
+    float *o;          // (N, H*wv) core output
+    float *ov;         // (N, H*v) wo input (o itself when wv = v)
     int B, T;
+    int wq, wv;        // the core's q|k and v head widths in this call (mla_widths)
 } mla_saved_t;
 
 static size_t fl(size_t n) { return hp_arena_round(sizeof(float) * n); }
+
+/* The head widths of the core's rows in this call: its own when it is the model's SDPA core
+ * (separate, or padded to hc), else (a replacement: context parallel) the model's one width. */
+static void mla_widths(const hp_module_t *m, const hp_act_t *act, int *wq, int *wv) {
+    const mla_impl_t *A = m->impl;
+    if (!nn_sdpa_core_widths(M_CORE(m), act, wq, wv)) *wq = *wv = A->c.hc;
+}
+
+/* Global position of row n (b T + t): the context's segments under context parallel, else
+ * pos0 + t (rope_heads' rule before the fusion). */
+static int mla_pos(const hp_act_t *act, int n, int T) {
+    const int t = n % T;
+    if (act->n_pos_segs > 0 && !act->kv) {
+        const int L = T / act->n_pos_segs, g = t / L;
+        return act->pos_segs[g] + (t - g * L);
+    }
+    return act->pos0 + t;
+}
 
 static size_t mla_act_bytes(const hp_module_t *m, int B, int T) {
     const mla_impl_t *A = m->impl;
@@ -67,29 +89,6 @@ static size_t mla_scratch(const hp_module_t *m, int B, int T) {
                 2 * (size_t)c->kv_lora + c->rope + (c->kv_lora + c->rope) + 2 * (size_t)c->q_lora) + 16 * 12;
 }
 
-/* RoPE on `heads` blocks of `rope` channels at column off + h * stride of rows (B*T, ld), at
- * positions pos0 + t, or (context parallel) the context's segments at their global positions. */
-static void rope_heads(hp_act_t *act, const mla_impl_t *A, float *x, int ld, int B, int T, int heads, int stride,
-                       int off, int inverse) {
-    const int half = A->c.rope / 2;
-    if (act->n_pos_segs > 0 && !act->kv) {
-        const int L = T / act->n_pos_segs;
-        for (int b = 0; b < B; b++)
-            for (int g = 0; g < act->n_pos_segs; g++) {
-                float *xs = x + ((size_t)b * T + (size_t)g * L) * ld;
-                const float *cs = A->c.cos_t + (size_t)act->pos_segs[g] * half, *sn = A->c.sin_t + (size_t)act->pos_segs[g] * half;
-                for (int h = 0; h < heads; h++)
-                    act->be->rope_apply(act->be->ctx, xs + (size_t)h * stride + off, ld, 1, L, 1, A->c.rope, cs, sn,
-                                        HP_ROPE_INTERLEAVED, inverse);
-            }
-        return;
-    }
-    const float *cs = A->c.cos_t + (size_t)act->pos0 * half, *sn = A->c.sin_t + (size_t)act->pos0 * half;
-    for (int h = 0; h < heads; h++)
-        act->be->rope_apply(act->be->ctx, x + (size_t)h * stride + off, ld, B, T, 1, A->c.rope, cs, sn,
-                            HP_ROPE_INTERLEAVED, inverse);
-}
-
 /* dpe summed over this rank's heads is Partial over the mesh dims whose ranks split the heads
  * (the dims where the q weight is Shard(0): a sum over a sharded dim, as DTensor propagates
  * it); the all-reduce makes it the whole sum. No dim: nothing to do. */
@@ -104,19 +103,24 @@ static hp_status_t reduce_over_heads(const mla_impl_t *A, float *dpe, size_t n) 
 static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     mla_impl_t *A = m->impl;
     const hp_mla_cfg_t *c = &A->c;
-    const int N = act->B * act->T, H = mla_heads(A), qk = c->nope + c->rope, hc = c->hc, kvl = c->kv_lora;
-    const int lda = kvl + c->rope, ldb = c->nope + c->v, ld3 = 3 * H * hc;
+    const int N = act->B * act->T, H = mla_heads(A), qk = c->nope + c->rope, kvl = c->kv_lora;
+    const int lda = kvl + c->rope, ldb = c->nope + c->v;
+    int wq, wv;
+    mla_widths(m, act, &wq, &wv);
+    const int ld3 = H * (2 * wq + wv);
     mla_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
     s->B = act->B;
     s->T = act->T;
+    s->wq = wq;
+    s->wv = wv;
     s->q = hp_act_alloc(act, sizeof(float) * (size_t)N * H * qk);
     s->kva = hp_act_alloc(act, sizeof(float) * (size_t)N * lda);
     s->kvc = hp_act_alloc(act, sizeof(float) * (size_t)N * kvl);
     s->kvn = hp_act_alloc(act, sizeof(float) * (size_t)N * kvl);
     s->kvb = hp_act_alloc(act, sizeof(float) * (size_t)N * H * ldb);
     s->qkv = hp_act_alloc(act, sizeof(float) * (size_t)N * ld3);
-    s->o = hp_act_alloc(act, sizeof(float) * (size_t)N * H * hc);
-    s->ov = hp_act_alloc(act, sizeof(float) * (size_t)N * H * c->v);
+    s->o = hp_act_alloc(act, sizeof(float) * (size_t)N * H * wv);
+    s->ov = wv == c->v ? s->o : hp_act_alloc(act, sizeof(float) * (size_t)N * H * c->v);
     hp_tensor_t tx, ta, tb, tq;
     hp_tensor_view2(&tx, in->data, N, c->dim);
     hp_tensor_view2(&tq, s->q, N, (int64_t)H * qk);
@@ -140,38 +144,47 @@ static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     hp_tensor_view2(&tb, s->kvb, N, (int64_t)H * ldb);
     hp_tensor_view2(&ta, s->kvn, N, kvl);
     HP_TRY(hp_module_forward(M_WKVB(m), act, &ta, &tb));
-    // core rows: q = alpha [q_nope, q_pe, 0], k = [k_nope, k_pe, 0], v = [v, 0] per head
-    const float alpha = A->alpha;
+    // core rows: q = alpha [q_nope, q_pe, 0], k = [k_nope, k_pe, 0], v = [v, 0] per head (0: padding
+    // up to wq / wv), RoPE on q_pe (after the scale) and k_pe (once, then copied to every head)
+    // with the row kernel of hp_rope_apply (the same arithmetic as a rope pass over the heads)
+    const float alpha = (float)((double)c->scale * sqrt((double)wq));
+    const hp_nn_simd_t *kr = hp_nn_simd();
+    const int half = c->rope / 2;
+    double t0 = omp_get_wtime();
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        float *r = s->qkv + (size_t)n * ld3;
+        float *r = s->qkv + (size_t)n * ld3, buf[2 * c->rope];
         const float *q = s->q + (size_t)n * H * qk, *b = s->kvb + (size_t)n * H * ldb, *pe = s->kva + (size_t)n * lda + kvl;
+        const int p = mla_pos(act, n, act->T);
+        const float *cs = c->cos_t + (size_t)p * half, *sn = c->sin_t + (size_t)p * half;
+        float *k0 = r + (size_t)H * wq;   // head 0's k: its k_pe is rotated once, then copied
+        memcpy(k0 + c->nope, pe, sizeof(float) * (size_t)c->rope);
+        kr->rope_row(k0 + c->nope, 1, c->rope, cs, sn, 1.0f, 1, buf);
         for (int h = 0; h < H; h++) {
-            float *qh = r + (size_t)h * hc, *kh = r + (size_t)(H + h) * hc, *vh = r + (size_t)(2 * H + h) * hc;
+            float *qh = r + (size_t)h * wq, *kh = r + (size_t)(H + h) * wq, *vh = r + (size_t)(2 * H) * wq + (size_t)h * wv;
             for (int j = 0; j < qk; j++) qh[j] = alpha * q[(size_t)h * qk + j];
+            kr->rope_row(qh + c->nope, 1, c->rope, cs, sn, 1.0f, 1, buf);
             memcpy(kh, b + (size_t)h * ldb, sizeof(float) * (size_t)c->nope);
-            memcpy(kh + c->nope, pe, sizeof(float) * (size_t)c->rope);
+            if (h) memcpy(kh + c->nope, k0 + c->nope, sizeof(float) * (size_t)c->rope);
             memcpy(vh, b + (size_t)h * ldb + c->nope, sizeof(float) * (size_t)c->v);
-            for (int j = qk; j < hc; j++) qh[j] = kh[j] = 0.0f;
-            for (int j = c->v; j < hc; j++) vh[j] = 0.0f;
+            for (int j = qk; j < wq; j++) qh[j] = kh[j] = 0.0f;
+            for (int j = c->v; j < wv; j++) vh[j] = 0.0f;
         }
     }
-    double t0 = omp_get_wtime();
-    rope_heads(act, A, s->qkv, ld3, act->B, act->T, 2 * H, hc, c->nope, 0);   // q heads then k heads
     if (act->prof) act->prof[HP_NN_OP_ROPE] += omp_get_wtime() - t0;
     if (act->kv) {   // decode: append this chunk's keys and (padded) values to the layer's cache rows
         struct hp_model_kv_cache *kc = act->kv;
-        const size_t kd = (size_t)H * hc;
+        const size_t kd = (size_t)H * wq;
         float *K = kc->k + ((size_t)c->layer * kc->max_len + act->pos0) * kd;
         float *V = kc->v + ((size_t)c->layer * kc->max_len + act->pos0) * kd;
         act->be->copy_rows(act->be->ctx, K, (int)kd, s->qkv + kd, ld3, N, (int)kd);
         act->be->copy_rows(act->be->ctx, V, (int)kd, s->qkv + 2 * kd, ld3, N, (int)kd);
     }
     hp_tensor_view2(&ta, s->qkv, N, ld3);
-    hp_tensor_view2(&tb, s->o, N, (int64_t)H * hc);
+    hp_tensor_view2(&tb, s->o, N, (int64_t)H * wv);
     HP_TRY(hp_module_forward(M_CORE(m), act, &ta, &tb));
-    for (int h = 0; h < H; h++)
-        act->be->copy_rows(act->be->ctx, s->ov + (size_t)h * c->v, H * c->v, s->o + (size_t)h * hc, H * hc, N, c->v);
+    if (s->ov != s->o)   // padded v: drop the zero columns of every head
+        act->be->copy_rows(act->be->ctx, s->ov, c->v, s->o, wv, (int64_t)N * H, c->v);
     hp_tensor_view2(&ta, s->ov, N, (int64_t)H * c->v);
     return hp_module_forward(M_WO(m), act, &ta, out);   // out += ov Wo^T (residual)
 }
@@ -180,11 +193,11 @@ static hp_status_t mla_backward_input(hp_module_t *m, hp_act_t *act, const hp_te
     mla_impl_t *A = m->impl;
     const hp_mla_cfg_t *c = &A->c;
     mla_saved_t *s = hp_act_slot(act, m);
-    const int N = s->B * s->T, H = mla_heads(A), qk = c->nope + c->rope, hc = c->hc, kvl = c->kv_lora;
-    const int lda = kvl + c->rope, ldb = c->nope + c->v, ld3 = 3 * H * hc;
+    const int N = s->B * s->T, H = mla_heads(A), qk = c->nope + c->rope, kvl = c->kv_lora, wq = s->wq, wv = s->wv;
+    const int lda = kvl + c->rope, ldb = c->nope + c->v, ld3 = H * (2 * wq + wv);
     size_t off = 0;
     float *dov = hp_act_scratch(act, &off, (size_t)N * H * c->v);
-    float *dO = hp_act_scratch(act, &off, (size_t)N * H * hc);
+    float *dO = wv == c->v ? dov : hp_act_scratch(act, &off, (size_t)N * H * wv);
     float *dqkv = hp_act_scratch(act, &off, (size_t)N * ld3);
     float *dq = hp_act_scratch(act, &off, (size_t)N * H * qk);
     float *dkvb = hp_act_scratch(act, &off, (size_t)N * H * ldb);
@@ -195,34 +208,42 @@ static hp_status_t mla_backward_input(hp_module_t *m, hp_act_t *act, const hp_te
     hp_tensor_t ta, tb;
     hp_tensor_view2(&ta, dov, N, (int64_t)H * c->v);
     HP_TRY(hp_module_backward_input(M_WO(m), act, dout, &ta));
+    if (dO != dov) {   // padded v: zero gradient columns
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int h = 0; h < H; h++) {
-            float *d = dO + ((size_t)n * H + h) * hc;
-            memcpy(d, dov + ((size_t)n * H + h) * c->v, sizeof(float) * (size_t)c->v);
-            for (int j = c->v; j < hc; j++) d[j] = 0.0f;
+        for (int64_t r = 0; r < (int64_t)N * H; r++) {
+            float *d = dO + (size_t)r * wv;
+            memcpy(d, dov + (size_t)r * c->v, sizeof(float) * (size_t)c->v);
+            for (int j = c->v; j < wv; j++) d[j] = 0.0f;
         }
-    hp_tensor_view2(&ta, dO, N, (int64_t)H * hc);
+    }
+    hp_tensor_view2(&ta, dO, N, (int64_t)H * wv);
     hp_tensor_view2(&tb, dqkv, N, ld3);
     HP_TRY(hp_module_backward_input(M_CORE(m), act, &ta, &tb));
+    // split the core gradient, row by row: inverse RoPE on each head's dq_pe and dk_pe, dq (pre-scale
+    // undone), dkvb = [dk_nope | dv], dpe = the sum over heads (in order: a fixed summation order)
+    const float alpha = (float)((double)c->scale * sqrt((double)wq));
+    const hp_nn_simd_t *kr = hp_nn_simd();
+    const int half = c->rope / 2;
     double t0 = omp_get_wtime();
-    rope_heads(act, A, dqkv, ld3, s->B, s->T, 2 * H, hc, c->nope, 1);
-    if (act->prof) act->prof[HP_NN_OP_ROPE] += omp_get_wtime() - t0;
-    // split the core gradient: dq (pre-scale undone), dkvb = [dk_nope | dv], dpe = sum over heads
-    const float alpha = A->alpha;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float *r = dqkv + (size_t)n * ld3;
+        float *r = dqkv + (size_t)n * ld3, buf[2 * c->rope];
         float *q = dq + (size_t)n * H * qk, *b = dkvb + (size_t)n * H * ldb, *pe = dpe + (size_t)n * c->rope;
+        const int p = mla_pos(act, n, s->T);
+        const float *cs = c->cos_t + (size_t)p * half, *sn = c->sin_t + (size_t)p * half;
         for (int j = 0; j < c->rope; j++) pe[j] = 0.0f;
-        for (int h = 0; h < H; h++) {   // heads in order: a fixed summation order for dpe
-            const float *qh = r + (size_t)h * hc, *kh = r + (size_t)(H + h) * hc, *vh = r + (size_t)(2 * H + h) * hc;
+        for (int h = 0; h < H; h++) {
+            float *qh = r + (size_t)h * wq, *kh = r + (size_t)(H + h) * wq;
+            const float *vh = r + (size_t)(2 * H) * wq + (size_t)h * wv;
+            kr->rope_row(qh + c->nope, 1, c->rope, cs, sn, -1.0f, 1, buf);
+            kr->rope_row(kh + c->nope, 1, c->rope, cs, sn, -1.0f, 1, buf);
             for (int j = 0; j < qk; j++) q[(size_t)h * qk + j] = alpha * qh[j];
             memcpy(b + (size_t)h * ldb, kh, sizeof(float) * (size_t)c->nope);
             memcpy(b + (size_t)h * ldb + c->nope, vh, sizeof(float) * (size_t)c->v);
             for (int j = 0; j < c->rope; j++) pe[j] += kh[c->nope + j];
         }
     }
+    if (act->prof) act->prof[HP_NN_OP_ROPE] += omp_get_wtime() - t0;
     HP_TRY(reduce_over_heads(A, dpe, (size_t)N * c->rope));   // k_pe feeds every head
     // the latent: wkv_b, kv_norm; then dkva = [dc | dk_pe]
     hp_tensor_view2(&ta, dkvb, N, (int64_t)H * ldb);
@@ -269,11 +290,10 @@ hp_status_t hp_mla_new(hp_model_t m, const char *name, const hp_mla_cfg_t *c, hp
     A->c = *c;
     A->qw = kids[nq - 1]->params[0];   // wq, or wq_b
     A->nq = nq;
-    A->alpha = (float)((double)c->scale * sqrt((double)c->hc));
     char nm[HP_PARAM_NAME_MAX];
     snprintf(nm, sizeof(nm), "%s.core", name);
     const int qk = c->nope + c->rope;   // the core's heads: wq's rows per head, every head its own k and v
-    HP_TRY(nn_sdpa_core_new(m, nm, A->qw, qk, A->qw, qk, c->hc, c->layer, &core));
+    HP_TRY(nn_sdpa_core_new(m, nm, A->qw, qk, A->qw, qk, qk, c->v, c->hc, c->layer, &core));
     void *ai = a->impl;
     hp_module_base_init(a, &mla_ops, name, ai);
     for (int i = 0; i < nq + 3; i++) a->children[a->n_children++] = kids[i];

@@ -158,30 +158,43 @@ static void permute(const hp_moe_config_t *c, moe_saved_t *s, int N) {
 
 /* ---- grouped experts -------------------------------------------------------------------- */
 
+/* The experts' products go through the kernel table's grouped GEMM (backend.h gemm_grouped:
+ * the CPU runs every expert's product in one thread team, where a linear call per expert
+ * forked and joined once per expert; each expert's product is the same sum as before, so the
+ * bits are those of the per-expert linear calls). A group per non-empty expert (and weight). */
+static hp_gemm_group_t grp(float *c, int ldc, const float *a, int lda, const float *b, int ldb, int M, int N, int K) {
+    return (hp_gemm_group_t){.c = c, .a = a, .b = b, .M = M, .N = N, .K = K, .ldc = ldc, .lda = lda, .ldb = ldb};
+}
+
 /* For experts [0, n_local) with rows [off[e], off[e+1]) of xs: h1/h3 = xs W1/W3[e]^T,
- * a = silu(h1) * h3, ys = a W2[e]^T. One GEMM triple per expert over contiguous rows. */
+ * a = silu(h1) * h3, ys = a W2[e]^T. */
 void hp_moe_experts_forward(const hp_backend_t *be, float *ys, float *h1, float *h3, float *a, const float *xs,
                             const float *w1, const float *w2, const float *w3, const int32_t *offsets,
                             int n_local, int D, int F) {
-    for (int e = 0; e < n_local; e++) {
+    hp_gemm_group_t g[2 * HP_MOE_MAX_EXPERTS];
+    int ng = 0;
+    for (int e = 0; e < n_local; e++) {   // h1 (n, F) = xs (n, D) W1[e]^T, h3 likewise
         const int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
         if (n == 0) continue;
         const size_t wo = (size_t)e * F * D;
-        be->linear_forward(be->ctx, h1 + (size_t)r0 * F, xs + (size_t)r0 * D, w1 + wo, NULL, n, D, F, 0);
-        be->linear_forward(be->ctx, h3 + (size_t)r0 * F, xs + (size_t)r0 * D, w3 + wo, NULL, n, D, F, 0);
+        g[ng++] = grp(h1 + (size_t)r0 * F, F, xs + (size_t)r0 * D, D, w1 + wo, D, n, F, D);
+        g[ng++] = grp(h3 + (size_t)r0 * F, F, xs + (size_t)r0 * D, D, w3 + wo, D, n, F, D);
     }
+    hp_backend_gemm_grouped(be, g, ng, 0, 1, 1.0f, 0.0f);
     const int64_t R = offsets[n_local] - offsets[0];
     const size_t base = (size_t)offsets[0] * F;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < R * F; i++) {
-        const float g = h1[base + i];
-        a[base + i] = g / (1.0f + expf(-g)) * h3[base + i];
+        const float x = h1[base + i];
+        a[base + i] = x / (1.0f + expf(-x)) * h3[base + i];
     }
-    for (int e = 0; e < n_local; e++) {
+    ng = 0;
+    for (int e = 0; e < n_local; e++) {   // ys (n, D) = a (n, F) W2[e]^T
         const int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
         if (n == 0) continue;
-        be->linear_forward(be->ctx, ys + (size_t)r0 * D, a + (size_t)r0 * F, w2 + (size_t)e * D * F, NULL, n, F, D, 0);
+        g[ng++] = grp(ys + (size_t)r0 * D, D, a + (size_t)r0 * F, F, w2 + (size_t)e * D * F, F, n, D, F);
     }
+    hp_backend_gemm_grouped(be, g, ng, 0, 1, 1.0f, 0.0f);
 }
 
 /* Input gradients: da = dys W2[e], dh1/dh3 by SwiGLU, dxs = dh1 W1[e] + dh3 W3[e]. da is
@@ -190,41 +203,51 @@ void hp_moe_experts_backward_input(const hp_backend_t *be, float *dxs, float *dh
                                    const float *dys, const float *h1, const float *h3, const float *w1,
                                    const float *w2, const float *w3, const int32_t *offsets, int n_local, int D,
                                    int F) {
-    for (int e = 0; e < n_local; e++) {
+    hp_gemm_group_t g[HP_MOE_MAX_EXPERTS];
+    int ng = 0;
+    for (int e = 0; e < n_local; e++) {   // da (n, F) = dys (n, D) W2[e] (D, F)
         const int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
         if (n == 0) continue;
-        be->linear_backward_input(be->ctx, da + (size_t)r0 * F, dys + (size_t)r0 * D, w2 + (size_t)e * D * F, n, F,
-                                  D, 0);
+        g[ng++] = grp(da + (size_t)r0 * F, F, dys + (size_t)r0 * D, D, w2 + (size_t)e * D * F, F, n, F, D);
     }
+    hp_backend_gemm_grouped(be, g, ng, 0, 0, 1.0f, 0.0f);
     const int64_t R = offsets[n_local] - offsets[0];
     const size_t base = (size_t)offsets[0] * F;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < R * F; i++) {
-        const float g = h1[base + i], u = h3[base + i], sg = 1.0f / (1.0f + expf(-g));
-        dh1[base + i] = da[base + i] * u * sg * (1.0f + g * (1.0f - sg));
-        dh3[base + i] = da[base + i] * g * sg;
+        const float x = h1[base + i], u = h3[base + i], sg = 1.0f / (1.0f + expf(-x));
+        dh1[base + i] = da[base + i] * u * sg * (1.0f + x * (1.0f - sg));
+        dh3[base + i] = da[base + i] * x * sg;
     }
-    for (int e = 0; e < n_local; e++) {
-        const int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
-        if (n == 0) continue;
-        const size_t wo = (size_t)e * F * D;
-        be->linear_backward_input(be->ctx, dxs + (size_t)r0 * D, dh1 + (size_t)r0 * F, w1 + wo, n, D, F, 0);
-        be->linear_backward_input(be->ctx, dxs + (size_t)r0 * D, dh3 + (size_t)r0 * F, w3 + wo, n, D, F, 1);
+    // dxs (n, D) = dh1 (n, F) W1[e] (F, D), then += dh3 W3[e]: two calls, the sum in that order
+    for (int pass = 0; pass < 2; pass++) {
+        const float *dh = pass ? dh3 : dh1, *w = pass ? w3 : w1;
+        ng = 0;
+        for (int e = 0; e < n_local; e++) {
+            const int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
+            if (n == 0) continue;
+            g[ng++] = grp(dxs + (size_t)r0 * D, D, dh + (size_t)r0 * F, F, w + (size_t)e * F * D, D, n, D, F);
+        }
+        hp_backend_gemm_grouped(be, g, ng, 0, 0, 1.0f, pass ? 1.0f : 0.0f);
     }
 }
 
-/* Weight gradients (+=): dW2[e] += dys^T a, dW1[e] += dh1^T xs, dW3[e] += dh3^T xs. */
+/* Weight gradients (+=): dW2[e] += dys^T a, dW1[e] += dh1^T xs, dW3[e] += dh3^T xs, one grouped
+ * call (disjoint outputs). */
 void hp_moe_experts_backward_weight(const hp_backend_t *be, float *dw1, float *dw2, float *dw3, const float *dys,
                                     const float *dh1, const float *dh3, const float *a, const float *xs,
                                     const int32_t *offsets, int n_local, int D, int F) {
+    hp_gemm_group_t g[3 * HP_MOE_MAX_EXPERTS];
+    int ng = 0;
     for (int e = 0; e < n_local; e++) {
         const int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
         if (n == 0) continue;
         const size_t wo = (size_t)e * F * D;
-        be->linear_backward_weight(be->ctx, dw2 + wo, NULL, dys + (size_t)r0 * D, a + (size_t)r0 * F, n, F, D);
-        be->linear_backward_weight(be->ctx, dw1 + wo, NULL, dh1 + (size_t)r0 * F, xs + (size_t)r0 * D, n, D, F);
-        be->linear_backward_weight(be->ctx, dw3 + wo, NULL, dh3 + (size_t)r0 * F, xs + (size_t)r0 * D, n, D, F);
+        g[ng++] = grp(dw2 + wo, F, dys + (size_t)r0 * D, D, a + (size_t)r0 * F, F, D, F, n);   // (D, F)
+        g[ng++] = grp(dw1 + wo, D, dh1 + (size_t)r0 * F, F, xs + (size_t)r0 * D, D, F, D, n);  // (F, D)
+        g[ng++] = grp(dw3 + wo, D, dh3 + (size_t)r0 * F, F, xs + (size_t)r0 * D, D, F, D, n);
     }
+    hp_backend_gemm_grouped(be, g, ng, 1, 0, 1.0f, 1.0f);
 }
 
 /* ---- the module ------------------------------------------------------------------------- */

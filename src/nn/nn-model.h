@@ -12,11 +12,19 @@
 /* The model builder API (declarations, hp_model_arch_t, the composite modules' constructors)
  * is public: hyperparallel/model_builder.h. What follows stays inside nn. */
 
-/* The causal SDPA core over rows [q | k | v] of head_dim per head: training, and KV-cache
- * decode reading layer `layer` of the cache. Its heads are those of the projection feeding it:
- * q's local rows / q_per and kv's local rows / kv_per, read at every call. */
+/* The causal SDPA core over rows [q | k | v]: q|k heads head_dim wide, v heads v_dim wide
+ * (equal but for MLA); training, and KV-cache decode reading layer `layer` of the cache. Its
+ * heads are those of the projection feeding it: q's local rows / q_per and kv's local rows /
+ * kv_per, read at every call. With v_dim != head_dim a call takes the two widths when the
+ * backend has the separate-width kernels (attention_qk_v_*) and it is not decoding, else one
+ * width pad_dim (>= both; the KV cache's head width) for both, the narrower side zero-padded by
+ * the caller. GQA: all three equal. */
 hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, const hp_param_t *q, int q_per, const hp_param_t *kv,
-                             int kv_per, int head_dim, int layer, hp_module_t **out);
+                             int kv_per, int head_dim, int v_dim, int pad_dim, int layer, hp_module_t **out);
+/* The q|k and v head widths of the rows `core` takes in this call (act: its backend, decode or
+ * not); 0 when core is not the model's SDPA core (a replacement, e.g. context parallel's, which
+ * takes the model's head_dim for both). */
+int nn_sdpa_core_widths(const hp_module_t *core, const hp_act_t *act, int *hd, int *hv);
 /* The loss child of the head in m's tree (m: the head, or a module above it); NULL if none. */
 hp_module_t *nn_head_loss(hp_module_t *m);
 /* activation-checkpoint wrapper around `inner` (a block). */
