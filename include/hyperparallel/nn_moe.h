@@ -37,18 +37,26 @@ typedef struct hp_moe_config {
      * MoEAuxLossAutoScaler at scale 1); 0: off */
     float aux_loss_coeff;
 } hp_moe_config_t;
+/* Work the expert stage runs while its first exchange is in flight (the MoE module passes the
+ * shared experts' part that does not touch its output: their hidden activations in forward,
+ * their hidden gradients in backward); the stage calls fn(arg) exactly once per pass. */
+typedef struct hp_moe_overlap {
+    hp_status_t (*fn)(void *arg);
+    void *arg;
+} hp_moe_overlap_t;
 /* A replaceable expert stage (expert parallelism, src/parallel/ep.c): takes the (N*K, D) rows
  * in global expert-major order (offsets (E+1)) and returns the experts' outputs in the same
  * order. Its per-micro-batch state lives in the activation context (act arena and gradient
- * scratch), found again through *state, so micro-batches in flight never mix. */
+ * scratch), found again through *state, so micro-batches in flight never mix. ov: run once
+ * while the rows are in flight (forward and backward_input). */
 typedef struct hp_moe_dispatch {
     size_t (*act_bytes)(void *ctx, const hp_module_t *moe, int N);        /* for N local tokens */
     size_t (*scratch_floats)(void *ctx, const hp_module_t *moe, int N);
     hp_status_t (*forward)(void *ctx, hp_module_t *moe, hp_act_t *act, float *ys, const float *xs,
-                           const int32_t *offsets, void **state);
+                           const int32_t *offsets, void **state, const hp_moe_overlap_t *ov);
     /* dxs (=) from dys; scratch carved from act at *scratch_off (advanced), kept for the weight pass */
     hp_status_t (*backward_input)(void *ctx, hp_module_t *moe, hp_act_t *act, void *state, float *dxs,
-                                  const float *dys, size_t *scratch_off);
+                                  const float *dys, size_t *scratch_off, const hp_moe_overlap_t *ov);
     hp_status_t (*backward_weight)(void *ctx, hp_module_t *moe, hp_act_t *act, void *state);
 } hp_moe_dispatch_t;
 typedef struct hp_moe_impl {

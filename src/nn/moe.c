@@ -252,6 +252,56 @@ void hp_moe_experts_backward_weight(const hp_backend_t *be, float *dw1, float *d
 
 /* ---- the module ------------------------------------------------------------------------- */
 
+/* The shared experts' part that does not touch the module output (hidden activations in
+ * forward, hidden gradients in backward): under expert parallel the dispatcher runs it while
+ * the routed rows are in flight. Their last product (into the output, or into dx) stays where it
+ * was, after the routed part, so the output sums in the same order either way. */
+typedef struct moe_shared_job {
+    const hp_backend_t *be;
+    hp_module_t *m;
+    moe_saved_t *s;
+    const float *dy;   // backward: the module's output gradient
+    float *dsa;        // backward: (N, Fs) scratch
+    hp_act_t *act;
+} moe_shared_job_t;
+
+static hp_status_t moe_shared_fwd(void *arg) {
+    moe_shared_job_t *j = arg;
+    moe_saved_t *s = j->s;
+    const hp_moe_impl_t *M = j->m->impl;
+    const int N = s->N, D = M->c.dim, Fs = moe_fs(&M->c);
+    if (Fs == 0) return HP_OK;
+    const double t0 = omp_get_wtime();
+    j->be->linear_forward(j->be->ctx, s->sh1, s->x, hp_param_w(P_SW1(j->m)), NULL, N, D, Fs, 0);
+    j->be->linear_forward(j->be->ctx, s->sh3, s->x, hp_param_w(P_SW3(j->m)), NULL, N, D, Fs, 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < (int64_t)N * Fs; i++) {
+        const float g = s->sh1[i];
+        s->sa[i] = g / (1.0f + expf(-g)) * s->sh3[i];
+    }
+    prof(j->act, HP_NN_OP_MOE_EXPERTS, t0);
+    return HP_OK;
+}
+
+static hp_status_t moe_shared_bwd(void *arg) {
+    moe_shared_job_t *j = arg;
+    moe_saved_t *s = j->s;
+    const hp_moe_impl_t *M = j->m->impl;
+    const int N = s->N, D = M->c.dim, Fs = moe_fs(&M->c);
+    if (Fs == 0) return HP_OK;
+    const double t0 = omp_get_wtime();
+    float *dsa = j->dsa;
+    j->be->linear_backward_input(j->be->ctx, dsa, j->dy, hp_param_w(P_SW2(j->m)), N, Fs, D, 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < (int64_t)N * Fs; i++) {
+        const float gg = s->sh1[i], u = s->sh3[i], sg = 1.0f / (1.0f + expf(-gg));
+        s->dsh1[i] = dsa[i] * u * sg * (1.0f + gg * (1.0f - sg));
+        s->dsh3[i] = dsa[i] * gg * sg;
+    }
+    prof(j->act, HP_NN_OP_MOE_EXPERTS, t0);
+    return HP_OK;
+}
+
 static hp_status_t moe_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     hp_moe_impl_t *M = m->impl;
     const hp_moe_config_t *c = &M->c;
@@ -305,9 +355,17 @@ static hp_status_t moe_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
         for (int d = 0; d < D; d++) dst[d] = xr[d] * g;
     }
     prof(act, HP_NN_OP_MOE_ROUTE, t0);
+    if (Fs > 0) {
+        s->sh1 = hp_act_alloc(act, sizeof(float) * (size_t)N * Fs);
+        s->sh3 = hp_act_alloc(act, sizeof(float) * (size_t)N * Fs);
+        s->sa = hp_act_alloc(act, sizeof(float) * (size_t)N * Fs);
+    }
+    moe_shared_job_t job = {.be = be, .m = m, .s = s, .act = act};
+    const hp_moe_overlap_t ov = {moe_shared_fwd, &job};
     t0 = omp_get_wtime();
-    if (M->dispatch) {   // expert parallel: dispatch, local experts, combine back (profiles itself)
-        HP_TRY(M->dispatch->forward(M->dispatch_ctx, m, act, s->ys, s->xs, s->offsets, &s->dstate));
+    if (M->dispatch) {   // expert parallel: dispatch, local experts, combine back (profiles itself);
+                         // the shared experts' hidden part runs while the rows are in flight
+        HP_TRY(M->dispatch->forward(M->dispatch_ctx, m, act, s->ys, s->xs, s->offsets, &s->dstate, &ov));
     } else {
         hp_moe_experts_forward(be, s->ys, s->h1, s->h3, s->a, s->xs, hp_param_w(P_W1(m)), hp_param_w(P_W2(m)),
                                hp_param_w(P_W3(m)), s->offsets, E, D, F);
@@ -327,17 +385,8 @@ static hp_status_t moe_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     }
     prof(act, HP_NN_OP_MOE_COMBINE, t0);
     if (Fs > 0) {   // shared experts: a dense SwiGLU feed-forward of hidden n_shared * shared_hidden
+        if (!M->dispatch) HP_TRY(moe_shared_fwd(&job));
         t0 = omp_get_wtime();
-        s->sh1 = hp_act_alloc(act, sizeof(float) * (size_t)N * Fs);
-        s->sh3 = hp_act_alloc(act, sizeof(float) * (size_t)N * Fs);
-        s->sa = hp_act_alloc(act, sizeof(float) * (size_t)N * Fs);
-        be->linear_forward(be->ctx, s->sh1, x, hp_param_w(P_SW1(m)), NULL, N, D, Fs, 0);
-        be->linear_forward(be->ctx, s->sh3, x, hp_param_w(P_SW3(m)), NULL, N, D, Fs, 0);
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < (int64_t)N * Fs; i++) {
-            const float g = s->sh1[i];
-            s->sa[i] = g / (1.0f + expf(-g)) * s->sh3[i];
-        }
         be->linear_forward(be->ctx, y, s->sa, hp_param_w(P_SW2(m)), NULL, N, Fs, D, 1);   // y += (residual)
         prof(act, HP_NN_OP_MOE_EXPERTS, t0);
     }
@@ -368,6 +417,9 @@ static hp_status_t moe_backward_input(hp_module_t *m, hp_act_t *act, const hp_te
     float *da = M->dispatch ? NULL : hp_act_scratch(act, &off, NK * F);
     float *dxs = hp_act_scratch(act, &off, NK * D);
     float *dg = hp_act_scratch(act, &off, NK);   // (N, K) gradient of the gate values
+    float *dsa = Fs ? hp_act_scratch(act, &off, (size_t)N * Fs) : NULL;
+    moe_shared_job_t job = {.be = be, .m = m, .s = s, .dy = dy, .dsa = dsa, .act = act};
+    const hp_moe_overlap_t ov = {moe_shared_bwd, &job};
     double t0 = omp_get_wtime();
     // combine backward: dys[j] = g * dout[n] (after) or dout[n] (before); dg = dout . ys (after)
 #pragma omp parallel for schedule(static)
@@ -388,7 +440,7 @@ static hp_status_t moe_backward_input(hp_module_t *m, hp_act_t *act, const hp_te
     prof(act, HP_NN_OP_MOE_COMBINE, t0);
     t0 = omp_get_wtime();
     if (M->dispatch) {
-        HP_TRY(M->dispatch->backward_input(M->dispatch_ctx, m, act, s->dstate, dxs, s->dys, &off));
+        HP_TRY(M->dispatch->backward_input(M->dispatch_ctx, m, act, s->dstate, dxs, s->dys, &off, &ov));
     } else {
         hp_moe_experts_backward_input(be, dxs, s->dh1, s->dh3, da, s->dys, s->h1, s->h3, hp_param_w(P_W1(m)),
                                       hp_param_w(P_W2(m)), hp_param_w(P_W3(m)), s->offsets, E, D, F);
@@ -444,15 +496,8 @@ static hp_status_t moe_backward_input(hp_module_t *m, hp_act_t *act, const hp_te
     be->linear_backward_input(be->ctx, dx, s->dlogits, hp_param_w(P_GATE(m)), N, D, E, 1);
     prof(act, HP_NN_OP_MOE_ROUTE, t0);
     if (Fs > 0) {
+        if (!M->dispatch) HP_TRY(moe_shared_bwd(&job));
         t0 = omp_get_wtime();
-        float *dsa = hp_act_scratch(act, &off, (size_t)N * Fs);
-        be->linear_backward_input(be->ctx, dsa, dy, hp_param_w(P_SW2(m)), N, Fs, D, 0);
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < (int64_t)N * Fs; i++) {
-            const float gg = s->sh1[i], u = s->sh3[i], sg = 1.0f / (1.0f + expf(-gg));
-            s->dsh1[i] = dsa[i] * u * sg * (1.0f + gg * (1.0f - sg));
-            s->dsh3[i] = dsa[i] * gg * sg;
-        }
         be->linear_backward_input(be->ctx, dx, s->dsh1, hp_param_w(P_SW1(m)), N, D, Fs, 1);
         be->linear_backward_input(be->ctx, dx, s->dsh3, hp_param_w(P_SW3(m)), N, D, Fs, 1);
         prof(act, HP_NN_OP_MOE_EXPERTS, t0);

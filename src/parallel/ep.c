@@ -152,8 +152,24 @@ static void sum_slices(float *dst, const float *ret, const ep_state_t *s, int P,
     }
 }
 
+/* Runs ov (the MoE module's shared-expert work, profiled by it) while the collective `work`
+ * is in flight, then waits for it; the wait is the dispatch's. */
+static hp_status_t overlap_wait(hp_act_t *act, const hp_moe_overlap_t *ov, hp_work_t *work) {
+    if (ov && ov->fn) {
+        const hp_status_t st = ov->fn(ov->arg);
+        if (st != HP_OK) {
+            hp_work_wait(work);
+            return st;
+        }
+    }
+    const double t0 = omp_get_wtime();
+    HP_TRY(hp_work_wait(work));
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    return HP_OK;
+}
+
 static hp_status_t ep_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *ys, const float *xs,
-                              const int32_t *offsets, void **state) {
+                              const int32_t *offsets, void **state, const hp_moe_overlap_t *ov) {
     hp_ep_t ep = ctx;
     hp_moe_impl_t *M = m->impl;
     const int P = ep->size, Q = ep_q(ep), G = P * Q, E = M->c.n_experts, El = E / P, D = M->c.dim, F = ep_fl(ep, m);
@@ -201,7 +217,11 @@ static hp_status_t ep_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *y
     }
     s->R = (int)(ro / D);
     HP_ASSERT((size_t)s->R <= Rm);
-    HP_TRY(hp_all_to_all_v(xs, s->scnt, s->sdis, s->buf, s->rcnt, s->rdis, HP_F32, gc, NULL));
+    hp_work_t work = NULL;   // the rows travel while the shared experts compute
+    HP_TRY(hp_all_to_all_v(xs, s->scnt, s->sdis, s->buf, s->rcnt, s->rdis, HP_F32, gc, &work));
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    HP_TRY(overlap_wait(act, ov, &work));
+    t0 = omp_get_wtime();
     // 3. rank-major (p, j) -> expert-major (j, p)
     s->loff[0] = 0;
     for (int j = 0; j < El; j++) {
@@ -239,7 +259,7 @@ static hp_status_t ep_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *y
 }
 
 static hp_status_t ep_backward_input(void *ctx, hp_module_t *m, hp_act_t *act, void *state, float *dxs,
-                                     const float *dys, size_t *off) {
+                                     const float *dys, size_t *off, const hp_moe_overlap_t *ov) {
     hp_ep_t ep = ctx;
     hp_moe_impl_t *M = m->impl;
     ep_state_t *s = state;
@@ -251,7 +271,11 @@ static hp_status_t ep_backward_input(void *ctx, hp_module_t *m, hp_act_t *act, v
     s->dh3 = hp_act_scratch(act, off, Rm * F);
     float *da = hp_act_scratch(act, off, Rm * F), *dxl = hp_act_scratch(act, off, Rm * D);
     double t0 = omp_get_wtime();
-    HP_TRY(hp_all_to_all_v(dys, s->scnt, s->sdis, s->buf, s->rcnt, s->rdis, HP_F32, gc, NULL));
+    hp_work_t work = NULL;   // the row gradients travel while the shared experts' backward computes
+    HP_TRY(hp_all_to_all_v(dys, s->scnt, s->sdis, s->buf, s->rcnt, s->rdis, HP_F32, gc, &work));
+    prof(act, HP_NN_OP_MOE_DISPATCH, t0);
+    HP_TRY(overlap_wait(act, ov, &work));
+    t0 = omp_get_wtime();
     permute_rows(s->dyl, s->buf, s->perm, s->R, D, 0);
     prof(act, HP_NN_OP_MOE_DISPATCH, t0);
     const float *w[3];
@@ -341,7 +365,7 @@ static size_t etp_scratch(void *ctx, const hp_module_t *m, int N) {
 }
 
 static hp_status_t etp_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *ys, const float *xs,
-                               const int32_t *offsets, void **state) {
+                               const int32_t *offsets, void **state, const hp_moe_overlap_t *ov) {
     hp_ep_t ep = ctx;
     hp_moe_impl_t *M = m->impl;
     const int N = act->B * act->T, E = M->c.n_experts, D = M->c.dim, Fl = etp_fl(ep, m);
@@ -358,13 +382,14 @@ static hp_status_t etp_forward(void *ctx, hp_module_t *m, hp_act_t *act, float *
                            hp_param_w(W3(m)), offsets, E, D, Fl);
     prof(act, HP_NN_OP_MOE_EXPERTS, t0);
     t0 = omp_get_wtime();
-    HP_TRY(hp_all_reduce(ys, ys, NK * D, HP_F32, HP_SUM, ep->comm, NULL));   // Partial -> Replicate
+    hp_work_t work = NULL;   // Partial -> Replicate while the shared experts compute
+    HP_TRY(hp_all_reduce(ys, ys, NK * D, HP_F32, HP_SUM, ep->comm, &work));
     prof(act, HP_NN_OP_MOE_DISPATCH, t0);
-    return HP_OK;
+    return overlap_wait(act, ov, &work);
 }
 
 static hp_status_t etp_backward_input(void *ctx, hp_module_t *m, hp_act_t *act, void *state, float *dxs,
-                                      const float *dys, size_t *off) {
+                                      const float *dys, size_t *off, const hp_moe_overlap_t *ov) {
     hp_ep_t ep = ctx;
     hp_moe_impl_t *M = m->impl;
     etp_state_t *s = state;
@@ -379,9 +404,10 @@ static hp_status_t etp_backward_input(void *ctx, hp_module_t *m, hp_act_t *act, 
                                   hp_param_w(W2(m)), hp_param_w(W3(m)), s->offsets, E, D, Fl);
     prof(act, HP_NN_OP_MOE_EXPERTS, t0);
     t0 = omp_get_wtime();
-    HP_TRY(hp_all_reduce(dxs, dxs, NK * D, HP_F32, HP_SUM, ep->comm, NULL));   // partial over the F slices
+    hp_work_t work = NULL;   // partial over the F slices, summed while the shared experts' backward computes
+    HP_TRY(hp_all_reduce(dxs, dxs, NK * D, HP_F32, HP_SUM, ep->comm, &work));
     prof(act, HP_NN_OP_MOE_DISPATCH, t0);
-    return HP_OK;
+    return overlap_wait(act, ov, &work);
 }
 
 static hp_status_t etp_backward_weight(void *ctx, hp_module_t *m, hp_act_t *act, void *state) {
