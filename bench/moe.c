@@ -10,7 +10,9 @@
  * With --model NAME (deepseek_v3, qwen3_moe) the flavor's whole model instead (--flavor,
  * default debugmodel; --batch 8 --seq 128, the peer harness's shapes), expert parallel over
  * the ranks: every op of the per-op profile (max over ranks), the step, tokens/s per rank and
- * the FLOP rate by the trainer's formula.
+ * the FLOP rate by the trainer's formula; --experts, --top-k, --hidden, --layers, --head-dim,
+ * --dense-layers replace the flavor's sizes (TorchTitan 0.3.0's qwen3 debugmodel_moe: --model
+ * qwen3_moe --layers 8 --head-dim 128 --experts 64 --top-k 8 --hidden 768 --dense-layers 0).
  * With --mla-core T: MLA's attention core alone (one thread, 8 heads, q|k 192, v 128, B 1),
  * forward + backward with separate widths against the padded one-width kernel (v at 192), in
  * alternating rounds: the padding waste the separate widths remove.
@@ -56,10 +58,19 @@ static double load_avg(void) {
 
 /* --model: the flavor's whole model, forward + backward, expert parallel over the ranks (ep =
  * world size); the per-op profile (max over ranks) and the step's rate. */
-static int bench_model(hp_comm_t world, const char *name, const char *flavor, int B, int T, int iters) {
+static int bench_model(hp_comm_t world, const char *name, const char *flavor, int B, int T, int iters,
+                       const int *over) {
     const int rank = hp_comm_rank(world), ws = hp_comm_size(world);
     hp_model_config_t c;
     CHECK(hp_model_flavor(name, flavor, &c));
+    // sizes given on the command line (> 0) replace the flavor's: experts, top-k, expert hidden,
+    // layers, head_dim, dense layers + 1 (0 dense layers is 1)
+    if (over[0] > 0) c.moe_experts = over[0];
+    if (over[1] > 0) c.moe_top_k = over[1];
+    if (over[2] > 0) c.moe_hidden = over[2];
+    if (over[3] > 0) c.n_layers = over[3];
+    if (over[4] > 0) c.head_dim = over[4];
+    if (over[5] > 0) c.moe_n_dense_layers = over[5] - 1;
     c.max_seq_len = T;   // as the trainer: short runs have plain RoPE (docs/moe.md)
     CHECK(hp_model_config_validate(&c));
     const int N = B * T;
@@ -165,23 +176,26 @@ int main(int argc, char **argv) {
     const int rank = hp_comm_rank(world), ws = hp_comm_size(world);
     int iters = 5, dim = 256, hidden = 256, experts = 8, top_k = 2, tokens = 512, batch = 8, seq = 128;
     const char *model = NULL, *flavor = "debugmodel";
-    int mla_core = 0;
+    int mla_core = 0, over[6] = {0};
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model = argv[i + 1];
         else if (!strcmp(argv[i], "--mla-core")) mla_core = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--layers")) over[3] = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--head-dim")) over[4] = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--dense-layers")) over[5] = atoi(argv[i + 1]) + 1;
         else if (!strcmp(argv[i], "--flavor")) flavor = argv[i + 1];
         else if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--seq")) seq = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--dim")) dim = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--hidden")) hidden = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--experts")) experts = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--top-k")) top_k = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--hidden")) hidden = over[2] = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--experts")) experts = over[0] = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--top-k")) top_k = over[1] = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--tokens")) tokens = atoi(argv[i + 1]);
     }
     if (mla_core > 0 || model) {
         const int rc = mla_core > 0 ? (rank == 0 ? bench_mla_core(mla_core, iters) : 0)
-                                    : bench_model(world, model, flavor, batch, seq, iters);
+                                    : bench_model(world, model, flavor, batch, seq, iters, over);
         hp_comm_finalize();
         return rc;
     }

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # TorchTitan (PyPI, unmodified, run through titan_peer/titan_cpu_run.py) vs hp-train on the same
-# data, tokenizer, shapes, optimizer and schedule, on the CPU: 1 rank x 2 threads and 2 ranks x
-# 1 thread (FSDP 2; MoE models also expert parallel 2), TorchTitan eager and torch.compile.
+# data, tokenizer, shapes, optimizer and schedule, on the CPU: 1 rank x 2 threads and FSDP over
+# 2 ranks x 1 thread, TorchTitan eager and torch.compile; for the MoE models hp-train also runs
+# FSDP 2 with expert parallel 2 (job hp_fsdp2ep2). TorchTitan cannot run EP on the CPU: its
+# token dispatch calls all_to_all_single with uneven splits, which gloo refuses
+# ("ProcessGroupGloo::alltoall: invalid tensor size at index 1 (expected (1378, 256), got (1694,
+# 256))"), so its 2-rank MoE layout is FSDP 2 (the experts sharded like every parameter).
 # MODEL picks the model:
 #   llama3       TorchTitan's llama3 debugmodel (dim 256, 6 layers, 16 heads, vocab 2048);
 #   deepseek_v3  TorchTitan's deepseek_v3 debugmodel (MLA, 8 experts top-3 + 2 shared; hp-train's
@@ -50,9 +54,8 @@ case $MODEL in
                TT_CONFIG=qwen3_moe_debug_cpu ;;
     *) echo "titan_peer.sh: MODEL=$MODEL, expected llama3, deepseek_v3 or qwen3_moe" >&2; exit 2 ;;
 esac
-if [ "$MODEL" != llama3 ]; then   # the 2-rank layout: FSDP 2 with the experts over ep 2
-    HP_LAYOUT2=(--parallelism.expert_parallel_degree=2); TT_LAYOUT2=(--parallelism.expert-parallel-degree 2)
-fi
+HP_EP=0
+[ "$MODEL" != llama3 ] && HP_EP=1   # hp-train only: FSDP 2 x EP 2 (job hp_fsdp2ep2)
 
 # 1. TorchTitan in a venv that reuses the interpreter's torch
 VENV=$WORK/venv
@@ -126,10 +129,10 @@ with_load() {   # log cmd...: run cmd with stdout+stderr to log, load samples ap
     cat "$log.load" >> "$log"; rm -f "$log.load"
 }
 
-run_hp() {   # name nproc threads round
+run_hp() {   # name nproc threads round [ep2]
     local out=$WORK/out/$1_r$4 extra=()
     rm -rf "$out"
-    [ "$2" = 2 ] && extra=("${HP_LAYOUT2[@]}")
+    [ "${5:-0}" = 1 ] && extra=(--parallelism.expert_parallel_degree=2)
     echo "== $MODEL $1 round $4: hp-train --nproc $2, OMP_NUM_THREADS=$3 ${extra[*]}"
     OMP_NUM_THREADS=$3 OPENBLAS_NUM_THREADS=$3 with_load "$LOGS/$1_r$4.log" \
         "$BUILD/hp-train" --nproc "$2" "${HP_ARGS[@]}" "${extra[@]}" --job.dump_folder="$out"
@@ -138,7 +141,6 @@ run_tt() {   # name nproc threads round compile(0|1)
     local out=$WORK/out/$1_r$4 extra=()
     rm -rf "$out"
     [ "$5" = 1 ] && extra=(--compile.enable)
-    [ "$2" = 2 ] && extra+=("${TT_LAYOUT2[@]}")
     echo "== $MODEL $1 round $4: TorchTitan nproc_per_node $2, OMP_NUM_THREADS=$3, compile=$5 ${extra[*]}"
     OMP_NUM_THREADS=$3 with_load "$LOGS/$1_r$4.log" \
         "$VPY" -m torch.distributed.run --standalone --nproc_per_node "$2" \
@@ -149,6 +151,7 @@ for r in $(seq 1 "$ROUNDS"); do
     jobs=("hp 1rank 1 2" "tt_eager 1rank 1 2" "hp fsdp2 2 1" "tt_eager fsdp2 2 1")
     [ "$COMPILE" = 1 ] && jobs=("hp 1rank 1 2" "tt_eager 1rank 1 2" "tt_compile 1rank 1 2"
                                 "hp fsdp2 2 1" "tt_eager fsdp2 2 1" "tt_compile fsdp2 2 1")
+    [ "$HP_EP" = 1 ] && jobs+=("hp_ep fsdp2ep2 2 1")
     if [ $((r % 2)) = 0 ]; then   # reverse order in even rounds
         rev=(); for ((i = ${#jobs[@]} - 1; i >= 0; i--)); do rev+=("${jobs[i]}"); done; jobs=("${rev[@]}")
     fi
@@ -156,6 +159,7 @@ for r in $(seq 1 "$ROUNDS"); do
         read -r kind lay np th <<< "$j"
         case $kind in
             hp) run_hp "hp_$lay" "$np" "$th" "$r" ;;
+            hp_ep) run_hp "hp_$lay" "$np" "$th" "$r" 1 ;;
             tt_eager) run_tt "tt_eager_$lay" "$np" "$th" "$r" 0 ;;
             tt_compile) run_tt "tt_compile_$lay" "$np" "$th" "$r" 1 ;;
         esac
