@@ -102,10 +102,12 @@ typedef struct hp_backend {
                                     int hd, int hv);
     /* Grouped GEMM (the MoE experts: one product per expert over its rows): for each of the n
      * groups, c = alpha op(a) op(b) + beta c with the group's operands, sizes and strides, and
-     * trans_a / trans_b / alpha / beta shared, each group exactly as the gemm slot would compute
-     * it. Groups write disjoint c. Optional: NULL runs one gemm call per group in order
-     * (hp_backend_gemm_grouped). The CPU's runs all groups in one thread team (few rows per
-     * group would otherwise pay a fork and join each). */
+     * trans_a / trans_b / alpha / beta shared. Groups write disjoint c. Optional: NULL runs one
+     * gemm call per group in order (hp_backend_gemm_grouped). The CPU's (hp_gemm_grouped) runs
+     * all groups' row blocks in one thread team (few rows per group would otherwise pay a fork
+     * and join each), each block the cblas call linear_* makes for it: bitwise the per-group
+     * linear_* products (the default's single gemm call per group may block its sums
+     * differently, within the usual GEMM rounding). */
     void (*gemm_grouped)(void *ctx, const hp_gemm_group_t *groups, int n, int trans_a, int trans_b, float alpha,
                          float beta);
 

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <omp.h>
 #include "hyperparallel/nn.h"
+#include "nn/nn-simd.h"
 
 static void prof(hp_act_t *act, int op, double t0) {
     if (act->prof) act->prof[op] += omp_get_wtime() - t0;
@@ -166,6 +167,21 @@ static hp_gemm_group_t grp(float *c, int ldc, const float *a, int lda, const flo
     return (hp_gemm_group_t){.c = c, .a = a, .b = b, .M = M, .N = N, .K = K, .ldc = ldc, .lda = lda, .ldb = ldb};
 }
 
+/* SwiGLU of rows [r0, r1) of F: a = silu(h1) h3, and its backward dh1 = da h3 silu'(h1),
+ * dh3 = da silu(h1), through the dense feed-forward's vectorised row kernels (nn-simd.h: the
+ * ISA path's exp), one row per task. */
+static void swiglu_rows(float *a, const float *h1, const float *h3, int64_t r0, int64_t r1, int F) {
+    const hp_nn_simd_t *k = hp_nn_simd();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = r0; r < r1; r++) k->swiglu_fwd(a + r * F, h1 + r * F, h3 + r * F, F);
+}
+static void swiglu_rows_backward(float *dh1, float *dh3, const float *da, const float *h1, const float *h3,
+                                 int64_t r0, int64_t r1, int F) {
+    const hp_nn_simd_t *k = hp_nn_simd();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = r0; r < r1; r++) k->swiglu_bwd(dh1 + r * F, dh3 + r * F, da + r * F, h1 + r * F, h3 + r * F, F);
+}
+
 /* For experts [0, n_local) with rows [off[e], off[e+1]) of xs: h1/h3 = xs W1/W3[e]^T,
  * a = silu(h1) * h3, ys = a W2[e]^T. */
 void hp_moe_experts_forward(const hp_backend_t *be, float *ys, float *h1, float *h3, float *a, const float *xs,
@@ -181,13 +197,7 @@ void hp_moe_experts_forward(const hp_backend_t *be, float *ys, float *h1, float 
         g[ng++] = grp(h3 + (size_t)r0 * F, F, xs + (size_t)r0 * D, D, w3 + wo, D, n, F, D);
     }
     hp_backend_gemm_grouped(be, g, ng, 0, 1, 1.0f, 0.0f);
-    const int64_t R = offsets[n_local] - offsets[0];
-    const size_t base = (size_t)offsets[0] * F;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < R * F; i++) {
-        const float x = h1[base + i];
-        a[base + i] = x / (1.0f + expf(-x)) * h3[base + i];
-    }
+    swiglu_rows(a, h1, h3, offsets[0], offsets[n_local], F);
     ng = 0;
     for (int e = 0; e < n_local; e++) {   // ys (n, D) = a (n, F) W2[e]^T
         const int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
@@ -211,14 +221,7 @@ void hp_moe_experts_backward_input(const hp_backend_t *be, float *dxs, float *dh
         g[ng++] = grp(da + (size_t)r0 * F, F, dys + (size_t)r0 * D, D, w2 + (size_t)e * D * F, F, n, F, D);
     }
     hp_backend_gemm_grouped(be, g, ng, 0, 0, 1.0f, 0.0f);
-    const int64_t R = offsets[n_local] - offsets[0];
-    const size_t base = (size_t)offsets[0] * F;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < R * F; i++) {
-        const float x = h1[base + i], u = h3[base + i], sg = 1.0f / (1.0f + expf(-x));
-        dh1[base + i] = da[base + i] * u * sg * (1.0f + x * (1.0f - sg));
-        dh3[base + i] = da[base + i] * x * sg;
-    }
+    swiglu_rows_backward(dh1, dh3, da, h1, h3, offsets[0], offsets[n_local], F);
     // dxs (n, D) = dh1 (n, F) W1[e] (F, D), then += dh3 W3[e]: two calls, the sum in that order
     for (int pass = 0; pass < 2; pass++) {
         const float *dh = pass ? dh3 : dh1, *w = pass ? w3 : w1;
@@ -274,11 +277,7 @@ static hp_status_t moe_shared_fwd(void *arg) {
     const double t0 = omp_get_wtime();
     j->be->linear_forward(j->be->ctx, s->sh1, s->x, hp_param_w(P_SW1(j->m)), NULL, N, D, Fs, 0);
     j->be->linear_forward(j->be->ctx, s->sh3, s->x, hp_param_w(P_SW3(j->m)), NULL, N, D, Fs, 0);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < (int64_t)N * Fs; i++) {
-        const float g = s->sh1[i];
-        s->sa[i] = g / (1.0f + expf(-g)) * s->sh3[i];
-    }
+    swiglu_rows(s->sa, s->sh1, s->sh3, 0, N, Fs);
     prof(j->act, HP_NN_OP_MOE_EXPERTS, t0);
     return HP_OK;
 }
@@ -292,12 +291,7 @@ static hp_status_t moe_shared_bwd(void *arg) {
     const double t0 = omp_get_wtime();
     float *dsa = j->dsa;
     j->be->linear_backward_input(j->be->ctx, dsa, j->dy, hp_param_w(P_SW2(j->m)), N, Fs, D, 0);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < (int64_t)N * Fs; i++) {
-        const float gg = s->sh1[i], u = s->sh3[i], sg = 1.0f / (1.0f + expf(-gg));
-        s->dsh1[i] = dsa[i] * u * sg * (1.0f + gg * (1.0f - sg));
-        s->dsh3[i] = dsa[i] * gg * sg;
-    }
+    swiglu_rows_backward(s->dsh1, s->dsh3, dsa, s->sh1, s->sh3, 0, N, Fs);
     prof(j->act, HP_NN_OP_MOE_EXPERTS, t0);
     return HP_OK;
 }
