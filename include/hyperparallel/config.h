@@ -153,6 +153,9 @@ typedef struct hp_config {
         char bin_dtype[HP_CONFIG_STR_MAX];
         double validation_fraction;
         bool loop;
+        char chat_template[HP_CONFIG_STR_MAX];   /* chat data: a known template by name; "" = the folder's */
+        bool pack;                               /* chat data: several samples per row */
+        char sft_truncation[HP_CONFIG_STR_MAX];  /* chat data: truncate | drop | error */
     } data;
     struct {
         char path[HP_CONFIG_STR_MAX];

@@ -272,8 +272,9 @@ const hp_config_key_t hp_cfg_keys[] = {
       "Sequences per rank per validation batch; -1 = training.local_batch_size."),
     /* data */
     K(data, path, STRING, "", NULL, NULL, "Training data file (text, JSONL or pre-tokenized binary)."),
-    K(data, format, ENUM, "auto", "auto|text|jsonl|bin", NULL,
-      "File format; auto picks by extension (.jsonl/.json = jsonl, .bin = bin, otherwise text)."),
+    K(data, format, ENUM, "auto", "auto|text|jsonl|bin|chat|sft", NULL,
+      "File format; auto picks by extension (.jsonl/.json = jsonl, .bin = bin, otherwise text); chat (alias sft): "
+      "JSONL conversations for supervised fine-tuning (docs/finetune.md)."),
     K(data, text_separator, ENUM, "blank_line", "blank_line|percent|line", NULL,
       "Text format: documents are separated by blank lines, by lines holding only '%' (fortune files), "
       "or each line is a document."),
@@ -284,6 +285,16 @@ const hp_config_key_t hp_cfg_keys[] = {
       "Fraction of documents (tokens for bin) at the end of the file held out as the validation split."),
     K(data, loop, BOOL, "true", NULL, NULL,
       "Restart from the beginning of the rank's shard when it is exhausted (infinite data)."),
+    /* supervised fine-tuning (data.format=chat): docs/finetune.md */
+    K(data, chat_template, STRING, "", NULL, NULL,
+      "Chat data: the chat template by name (qwen2.5, chatml, qwen3, llama2, llama3, llama3.1, mistral-v0.1, mistral, "
+      "gemma, deepseek_v3); empty = the one of the tokenizer.path model folder, recognised from its text."),
+    K(data, pack, BOOL, "true", NULL, NULL,
+      "Chat data: pack several whole samples into each row (boundaries recorded, padding at the row's end); false = "
+      "one sample per row."),
+    K(data, sft_truncation, ENUM, "truncate", "truncate|drop|error", NULL,
+      "Chat data: a conversation longer than training.seq_len + 1 tokens is cut to that length (truncate), skipped "
+      "(drop) or stops the run naming its file and line (error)."),
     /* tokenizer */
     K(tokenizer, path, STRING, "", NULL, NULL,
       "HF tokenizer.json file; empty = train one from the data at first run and cache it under job.dump_folder."),

@@ -28,6 +28,7 @@
 #include "hyperparallel/optim.h"
 #include "hyperparallel/parallel_config.h"
 #include "hyperparallel/tokenizer.h"
+#include "hyperparallel/chat_template.h"
 
 struct hp_trainer {
     hp_config_t cfg;
@@ -45,6 +46,7 @@ struct hp_trainer {
     hp_optim_t opt;
     hp_lr_schedule_t lr;
     hp_tokenizer_t tok;
+    hp_chat_template_t chat;    /* chat (SFT) data: the model folder's template */
     hp_token_ids_t scratch;     /* encoder scratch for the data loaders */
     hp_dataset_t ds;
     hp_dataloader_t dl, val_dl;
@@ -206,7 +208,23 @@ static hp_status_t build(hp_trainer_t t) {
     HP_TRY(hp_dataset_open(&dso, &t->ds));
     hp_text_encoder_t enc = {encode_cb, t, hp_tokenizer_bos_id(t->tok), hp_tokenizer_eos_id(t->tok)};
     hp_dataloader_options_t dlo = {HP_SPLIT_TRAIN, t->T, t->B, t->dp_rank, t->dp_size, c->data.loop,
-                                   t->mcfg.vocab_size};
+                                   t->mcfg.vocab_size, {0}};
+    if (strcmp(hp_dataset_format(t->ds), "chat") == 0) {   /* SFT: docs/finetune.md */
+        hp_status_t s = hp_chat_template_from_tokenizer(t->tok, c->data.chat_template, &t->chat);
+        if (s != HP_OK) return hp_error_prefix(s, "data.format = chat with tokenizer.path '%s': ", c->tokenizer.path);
+        /* padding positions are masked (-100) and follow the row's samples, so the id only fills
+         * them: the folder's pad token, else EOS, else 0 */
+        int32_t pad = hp_tokenizer_pad_id(t->tok);
+        if (pad < 0) pad = hp_tokenizer_eos_id(t->tok);
+        if (pad < 0) pad = 0;
+        const char *tr = c->data.sft_truncation;
+        dlo.sft = (hp_sft_options_t){t->chat, pad, c->data.pack,
+                                     strcmp(tr, "drop") == 0 ? HP_SFT_DROP : strcmp(tr, "error") == 0 ? HP_SFT_ERROR
+                                                                                                      : HP_SFT_TRUNCATE};
+        if (t->rank == 0)
+            hp_log(HP_LOG_INFO, "SFT data: chat template %s (%s), pack %s, pad id %d, loss on assistant tokens only",
+                   hp_chat_template_name(t->chat), hp_chat_template_models(t->chat), c->data.pack ? "on" : "off", pad);
+    }
     HP_TRY(hp_dataloader_create(t->ds, &enc, &dlo, &t->dl));
     if (c->validation.enable) {
         if (hp_dataset_num_documents(t->ds, HP_SPLIT_VALIDATION) == 0)
@@ -332,6 +350,7 @@ void hp_trainer_destroy(hp_trainer_t t) {
     hp_dataset_close(t->ds);
     hp_token_ids_free(&t->scratch);
     hp_tokenizer_free(t->tok);
+    hp_chat_template_free(t->chat);
     hp_optim_free(t->opt);
     hp_moe_balancer_destroy(t->moe);
     const int own_model = t->par ? !hp_parallel_is_pipelined(t->par) : 1;
