@@ -29,7 +29,7 @@ static const struct { const char *header; int layer; } headers[] = {
     {"parallel_dims.h", PARALLEL}, {"parallelize.h", PARALLEL}, {"clip.h", PARALLEL}, {"moe_balance.h", PARALLEL},
     {"safetensors.h", CHECKPOINT}, {"checkpoint.h", CHECKPOINT}, {"weights.h", CHECKPOINT},
     {"model_parallelize.h", MODELS}, {"models.h", MODELS},
-    {"config.h", TRAIN}, {"parallel_config.h", TRAIN}, {"data.h", TRAIN}, {"tokenizer.h", TRAIN},
+    {"config.h", TRAIN}, {"parallel_config.h", TRAIN}, {"data.h", TRAIN}, {"tokenizer.h", TRAIN}, {"chat_template.h", TRAIN},
     {"optim.h", TRAIN}, {"metrics.h", TRAIN}, {"trainer.h", TRAIN}, {"ckpt_manager.h", TRAIN},
     {"hyperparallel.h", TRAIN},
 };

@@ -233,10 +233,10 @@ static void open_all(setup_t *u) {
 }
 
 static hp_dataloader_t loader(setup_t *u, int r, int w, bool pack, hp_sft_truncation_t tr, int64_t t) {
-    hp_dataloader_options_t o = {HP_SPLIT_TRAIN, t, BR, r, w, true, hp_tokenizer_vocab_size(u->tok),
-                                 {u->tm, hp_tokenizer_pad_id(u->tok), pack, tr}};
+    hp_dataloader_options_t o = {HP_SPLIT_TRAIN, t, BR, r, w, true, hp_tokenizer_vocab_size(u->tok)};
+    hp_sft_options_t so = {u->tm, hp_tokenizer_pad_id(u->tok), pack, tr};
     hp_dataloader_t dl = NULL;
-    HP_CHECK_OK(hp_dataloader_create(u->ds, &u->enc, &o, &dl));
+    HP_CHECK_OK(hp_dataloader_create_sft(u->ds, &u->enc, &o, &so, &dl));
     return dl;
 }
 
@@ -384,7 +384,7 @@ static void open_errors(void) {
     hp_dataset_options_t to = {p, "text", "line", NULL, NULL, 0.0};
     HP_CHECK_OK(hp_dataset_open(&to, &ds));
     hp_text_encoder_t enc = hp_text_encoder_bytes();
-    hp_dataloader_options_t lo = {HP_SPLIT_TRAIN, 4, 1, 0, 1, true, 0, {0}};
+    hp_dataloader_options_t lo = {HP_SPLIT_TRAIN, 4, 1, 0, 1, true, 0};
     hp_dataloader_t dl = NULL;
     HP_CHECK_OK(hp_dataloader_create(ds, &enc, &lo, &dl));
     int32_t a[4], b[4], c[4];

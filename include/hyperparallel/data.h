@@ -102,7 +102,6 @@ typedef struct hp_dataloader_options {
     int dp_world;         /* size of the batch mesh */
     bool loop;            /* restart the shard when exhausted (an epoch) */
     int64_t vocab_size;   /* > 0: ids (bin files and encoder output) must be below it */
-    hp_sft_options_t sft; /* chat data only */
 } hp_dataloader_options_t;
 
 /* The dataset must outlive the loader; several loaders may share one dataset but the
@@ -110,6 +109,10 @@ typedef struct hp_dataloader_options {
  * jsonl need one (bin files ignore it). */
 hp_status_t hp_dataloader_create(hp_dataset_t ds, const hp_text_encoder_t *enc, const hp_dataloader_options_t *opts,
                                  hp_dataloader_t *out);
+/* The same with the SFT options chat data needs (sft may be NULL for other formats; it is
+ * copied, its template must outlive the loader). */
+hp_status_t hp_dataloader_create_sft(hp_dataset_t ds, const hp_text_encoder_t *enc, const hp_dataloader_options_t *opts,
+                                     const hp_sft_options_t *sft, hp_dataloader_t *out);
 void hp_dataloader_destroy(hp_dataloader_t dl);
 /* Fills the next batch: inputs (B, T) and labels (B, T), row-major, labels[b][t] =
  * window[b][t+1]. *got = false when a non-looping loader has no further full batch (the

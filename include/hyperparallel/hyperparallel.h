@@ -46,6 +46,7 @@
 #include "parallel_dims.h"
 #include "parallel_config.h"
 #include "data.h"
+#include "chat_template.h"
 #include "metrics.h"
 #include "ckpt_manager.h"
 #include "trainer.h"

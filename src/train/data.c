@@ -54,6 +54,7 @@ struct hp_dataloader {
     hp_dataset_t ds;
     hp_text_encoder_t enc;
     hp_dataloader_options_t o;
+    hp_sft_options_t sft;    /* chat data */
     int64_t n_split;         /* documents (tokens) of the split, recorded in the state */
     int64_t begin, end;      /* this rank's shard, absolute indices into docs (tokens) */
     int64_t pos;             /* next document (token) */
@@ -509,6 +510,12 @@ hp_status_t hp_dataset_document(hp_dataset_t ds, hp_data_split_t split, int64_t 
 
 hp_status_t hp_dataloader_create(hp_dataset_t ds, const hp_text_encoder_t *enc, const hp_dataloader_options_t *o,
                                  hp_dataloader_t *out) {
+    return hp_dataloader_create_sft(ds, enc, o, NULL, out);
+}
+
+hp_status_t hp_dataloader_create_sft(hp_dataset_t ds, const hp_text_encoder_t *enc, const hp_dataloader_options_t *o,
+                                     const hp_sft_options_t *sft_opts, hp_dataloader_t *out) {
+    const hp_sft_options_t sft = sft_opts ? *sft_opts : (hp_sft_options_t){0};
     if (!ds || !o || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_dataloader_create: NULL argument");
     *out = NULL;
     if (o->seq_len < 1 || o->batch_size < 1)
@@ -519,11 +526,11 @@ hp_status_t hp_dataloader_create(hp_dataset_t ds, const hp_text_encoder_t *enc, 
                         o->dp_world);
     if (ds->fmt != FMT_BIN && (!enc || !enc->encode))
         return hp_error(HP_ERR_INVALID_ARG, "dataloader: %s data needs a text encoder (tokenizer)", fmt_names_[ds->fmt]);
-    if (ds->fmt == FMT_CHAT && !o->sft.chat_template)
+    if (ds->fmt == FMT_CHAT && !sft.chat_template)
         return hp_error(HP_ERR_INVALID_ARG, "dataloader: chat (SFT) data needs a chat template (the tokenizer "
                                             "folder's or data.chat_template)");
-    if (ds->fmt == FMT_CHAT && (o->sft.pad_id < 0 || (o->vocab_size > 0 && o->sft.pad_id >= o->vocab_size)))
-        return hp_error(HP_ERR_INVALID_ARG, "dataloader: pad id %d is outside the vocabulary [0, %lld)", o->sft.pad_id,
+    if (ds->fmt == FMT_CHAT && (sft.pad_id < 0 || (o->vocab_size > 0 && sft.pad_id >= o->vocab_size)))
+        return hp_error(HP_ERR_INVALID_ARG, "dataloader: pad id %d is outside the vocabulary [0, %lld)", sft.pad_id,
                         (long long)o->vocab_size);
     int64_t n = hp_dataset_num_documents(ds, o->split);
     const char *split = o->split == HP_SPLIT_TRAIN ? "train" : "validation";
@@ -538,6 +545,7 @@ hp_status_t hp_dataloader_create(hp_dataset_t ds, const hp_text_encoder_t *enc, 
     dl->ds = ds;
     if (enc) dl->enc = *enc;
     dl->o = *o;
+    dl->sft = sft;
     dl->n_split = n;
     /* Contiguous shards as HF datasets' shard(contiguous=True): the first n % W ranks get one more. */
     int64_t div = n / o->dp_world, mod = n % o->dp_world, r = o->dp_rank;
@@ -689,7 +697,7 @@ static hp_status_t load_sample(hp_dataloader_t dl) {
     char where[HP_CONFIG_STR_MAX + 64];
     snprintf(where, sizeof where, "%s:%lld: ", path, (long long)d->line);
     HP_TRY(hp_chat_sample_parse(d->ptr, d->len, where, true, &dl->smp));
-    hp_status_t st = hp_chat_template_render(dl->o.sft.chat_template, dl->smp.m, dl->smp.n, dl->smp.first_trained,
+    hp_status_t st = hp_chat_template_render(dl->sft.chat_template, dl->smp.m, dl->smp.n, dl->smp.first_trained,
                                              false, &dl->rnd);
     if (st != HP_OK) return hp_error_prefix(st, "%s", where);
     st = hp_chat_tokenize(&dl->rnd, &dl->enc, &dl->s_ids, &dl->s_mask, &dl->s_n, &dl->s_cap);
@@ -698,13 +706,13 @@ static hp_status_t load_sample(hp_dataloader_t dl) {
     size_t n = dl->s_n > 0 ? dl->s_n - 1 : 0;
     const size_t T = (size_t)dl->o.seq_len;
     if (n > T) {
-        if (dl->o.sft.truncation == HP_SFT_ERROR)
+        if (dl->sft.truncation == HP_SFT_ERROR)
             return hp_error(HP_ERR_INVALID_ARG,
                             "%sthe conversation has %zu tokens, more than training.seq_len + 1 = %zu; hint: set "
                             "data.sft_truncation=truncate (keep the first seq_len + 1 tokens) or drop (skip such "
                             "samples), or raise training.seq_len",
                             where, dl->s_n, T + 1);
-        if (dl->o.sft.truncation == HP_SFT_DROP) return HP_OK;
+        if (dl->sft.truncation == HP_SFT_DROP) return HP_OK;
         n = T;
     }
     if (n > dl->p_cap) {
@@ -764,10 +772,10 @@ static hp_status_t next_chat(hp_dataloader_t dl, int32_t *inputs, int32_t *label
             used += n;
             dl->pending = false;
             dl->epoch_tokens += n;
-            if (!dl->o.sft.pack || used == T) break;
+            if (!dl->sft.pack || used == T) break;
         }
         for (int64_t t = used; t < T; t++) {
-            in[t] = dl->o.sft.pad_id;
+            in[t] = dl->sft.pad_id;
             lab[t] = HP_SFT_IGNORE;
             if (pos) pos[t] = (int32_t)(t - used);
         }

@@ -208,7 +208,8 @@ static hp_status_t build(hp_trainer_t t) {
     HP_TRY(hp_dataset_open(&dso, &t->ds));
     hp_text_encoder_t enc = {encode_cb, t, hp_tokenizer_bos_id(t->tok), hp_tokenizer_eos_id(t->tok)};
     hp_dataloader_options_t dlo = {HP_SPLIT_TRAIN, t->T, t->B, t->dp_rank, t->dp_size, c->data.loop,
-                                   t->mcfg.vocab_size, {0}};
+                                   t->mcfg.vocab_size};
+    hp_sft_options_t sft = {0};
     if (strcmp(hp_dataset_format(t->ds), "chat") == 0) {   /* SFT: docs/finetune.md */
         hp_status_t s = hp_chat_template_from_tokenizer(t->tok, c->data.chat_template, &t->chat);
         if (s != HP_OK) return hp_error_prefix(s, "data.format = chat with tokenizer.path '%s': ", c->tokenizer.path);
@@ -218,14 +219,14 @@ static hp_status_t build(hp_trainer_t t) {
         if (pad < 0) pad = hp_tokenizer_eos_id(t->tok);
         if (pad < 0) pad = 0;
         const char *tr = c->data.sft_truncation;
-        dlo.sft = (hp_sft_options_t){t->chat, pad, c->data.pack,
+        sft = (hp_sft_options_t){t->chat, pad, c->data.pack,
                                      strcmp(tr, "drop") == 0 ? HP_SFT_DROP : strcmp(tr, "error") == 0 ? HP_SFT_ERROR
                                                                                                       : HP_SFT_TRUNCATE};
         if (t->rank == 0)
             hp_log(HP_LOG_INFO, "SFT data: chat template %s (%s), pack %s, pad id %d, loss on assistant tokens only",
                    hp_chat_template_name(t->chat), hp_chat_template_models(t->chat), c->data.pack ? "on" : "off", pad);
     }
-    HP_TRY(hp_dataloader_create(t->ds, &enc, &dlo, &t->dl));
+    HP_TRY(hp_dataloader_create_sft(t->ds, &enc, &dlo, &sft, &t->dl));
     if (c->validation.enable) {
         if (hp_dataset_num_documents(t->ds, HP_SPLIT_VALIDATION) == 0)
             return hp_error(HP_ERR_INVALID_ARG, "validation.enable = true but the validation split of '%s' is empty; "
@@ -234,7 +235,7 @@ static hp_status_t build(hp_trainer_t t) {
         vo.split = HP_SPLIT_VALIDATION;
         vo.batch_size = t->val_B;
         vo.loop = false;
-        HP_TRY(hp_dataloader_create(t->ds, &enc, &vo, &t->val_dl));
+        HP_TRY(hp_dataloader_create_sft(t->ds, &enc, &vo, &sft, &t->val_dl));
     }
 
     /* one buffer serves the training micro-batches (accum x B rows) and a validation batch
