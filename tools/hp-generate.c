@@ -122,11 +122,11 @@ int main(int argc, char **argv) {
     hp_tokenizer_t tok = NULL;
     hp_model_t m = NULL;
     if (hp_tokenizer_load(&tok, tokpath) != HP_OK) { fprintf(stderr, "hp-generate: error: %s\n", hp_last_error()); return 1; }
+    /* the prompt first: its length sizes the model; its error is reported after the weights' */
     hp_token_ids_t ids = {0};
-    if (hp_tokenizer_encode(tok, prompt, strlen(prompt), HP_TOKENIZE_ADD_BOS, &ids) != HP_OK) {
-        fprintf(stderr, "hp-generate: error: %s\n", hp_last_error());
-        return 1;
-    }
+    static char enc_err[2048];
+    const hp_status_t enc = hp_tokenizer_encode(tok, prompt, strlen(prompt), HP_TOKENIZE_ADD_BOS, &ids);
+    if (enc != HP_OK) snprintf(enc_err, sizeof enc_err, "%s", hp_last_error());
     size_t n_prompt = ids.len;
     /* built for the positions this run can reach, at most the model's context (the window) */
     const int64_t need = (int64_t)n_prompt + max_new;
@@ -134,6 +134,10 @@ int main(int argc, char **argv) {
                               &m) != HP_OK) {
         fprintf(stderr, "hp-generate: error: %s\n", hp_last_error());
         hp_tokenizer_free(tok);
+        return 1;
+    }
+    if (enc != HP_OK) {
+        fprintf(stderr, "hp-generate: error: %s\n", enc_err);
         return 1;
     }
     const hp_model_config_t *cfg = hp_model_config(m);

@@ -186,7 +186,14 @@ hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_l
                                        "format=hyperparallel-weights and model.name/flavor)", path);
     }
     hp_model_config_t cfg;
-    s = hp_model_flavor(name, flavor, &cfg);
+    /* a model described by its fields rather than a preset (an HF config.json's, flavor
+     * "config.json"; hp-train with model.flavor = hf): the family's debugmodel, then the
+     * metadata's fields, as hp_hf_read_config builds it */
+    const hp_model_spec_t *fam = hp_model_spec_find(name);
+    hp_model_config_t probe;
+    const int preset = !fam || fam->flavor(flavor, &probe);
+    s = hp_model_flavor(name, preset ? flavor : "debugmodel", &cfg);
+    if (s == HP_OK && !preset) snprintf(cfg.flavor, sizeof cfg.flavor, "%s", flavor);
     for (int i = 0; s == HP_OK && i < N_META_ALL; i++) {
         const meta_field_t *f = meta_field(i);
         const char *v = hp_safetensors_metadata(st, f->key);

@@ -42,9 +42,9 @@ static hp_status_t check_moe(const hp_model_config_t *mc, const char *what) {
     if (mc->mla && hp_model_mla_norm_eps(mc) != 1e-6f)
         return hp_error(HP_ERR_UNSUPPORTED, "HF %s: DeepseekV3ForCausalLM's q_a_layernorm / kv_a_layernorm use eps 1e-6 "
                         "whatever rms_norm_eps says, but this deepseek_v3 model's q_norm / kv_norm use %g "
-                        "(model.mla_norm_eps = %g; 0 means model.norm_eps, as TorchTitan's flavors); hint: "
-                        "--model.mla_norm_eps 1e-6 when the model was trained with it (an HF import), else keep the DCP "
-                        "checkpoint: exported, its MLA norms would compute with another eps", what,
+                        "(model.mla_norm_eps = %g; 0 means model.norm_eps, as TorchTitan's flavors); hint: set "
+                        "model.mla_norm_eps = 1e-6 (hp-ckpt: --model.mla_norm_eps 1e-6) for transformers' numerics (an HF "
+                        "import has it), or keep the DCP checkpoint: in the HF class these norms compute with 1e-6", what,
                         hp_model_mla_norm_eps(mc), mc->mla_norm_eps);
     return HP_OK;
 }
@@ -199,6 +199,13 @@ static void diff(models_diff_t *d, const hp_model_config_t *hf, const hp_model_c
             snprintf(v, sizeof v, "%d", hf->rope_original_max_pos);
             models_diff_flag(d, "rope_original_max_pos", v);
         }
+    }
+    /* the context changes no numerics while YaRN's state agrees, but to-hf writes it as
+     * max_position_embeddings (and hp-generate's window is it) */
+    if (yh == ym && hf->max_seq_len != mc->max_seq_len) {
+        char v[32];
+        snprintf(v, sizeof v, "%d", hf->max_seq_len);
+        models_diff_flag(d, "max_seq_len", v);
     }
     if (yh) {
         FLT_F("rope_parameters.factor", rope_factor);
