@@ -4,8 +4,12 @@
  * weights imported three ways (hp_hf_import, hp-ckpt from-hf without --flavor, hp-train's
  * initial load with model.flavor = hf), and logits against transformers' forward. Then the
  * refusals (issue 18 acceptance 2): a flavor disagreeing with config.json, in a shape field or in
- * one that changes no shape (rope_theta, rope_scaling, eps), and each unsupported field. */
-// hp-test: ranks 1 timeout 120
+ * one that changes no shape (rope_theta, rope_scaling, eps), and each unsupported field. Issue 28:
+ * DeepSeek-V3 folders with its YaRN numbers, a correction bias, expert groups, YaRN betas and
+ * MLA norms at rms_norm_eps 1e-5 through hp-generate's loader (transformers' logits and greedy
+ * tokens), from-hf's hint fed back and through to-hf for every folder, and the refusals and
+ * messages that issue named. */
+// hp-test: ranks 1 timeout 240
 #define _GNU_SOURCE
 #include <json-c/json.h>
 #include <math.h>
