@@ -339,6 +339,8 @@ static void test_deepseek_shape(const char *name) {
 
 /* ---- issue 28: DeepSeek-V3 HF interop without silent errors -------------------------------- */
 
+static void edited_copy(const char *name, const char *to, const char *edit);
+
 /* The MoE modules' selection bias of m, in layer order: at most cap pointers, the count. */
 static int moe_biases(hp_model_t m, float **out, int *E, int cap) {
     hp_module_t *mods[1024];
@@ -487,6 +489,15 @@ static void test_deepseek_generate(const char *name) {
         HP_CHECK(rc == 0 && ng == nw && !memcmp(got, want, sizeof(int32_t) * (size_t)nw),
                  "%s: hp-generate (exit %d) gave %d ids, transformers' greedy run %d; output:\n%s", name, rc, ng, nw, OUT);
         printf("%s: hp-generate's %d greedy tokens = transformers'\n", name, nw - np);
+        /* the issue's numbers, context 16384: transformers takes YaRN's factor as given, so its
+         * greedy tokens are the same; hp-generate once capped the context at 4096 (YaRN off) and
+         * refused the folder */
+        edited_copy(name, "ctx16k", "{\"max_position_embeddings\": 16384}");
+        snprintf(cmd, sizeof cmd, "'%s/hp-generate' --weights '%s/ctx16k' --tokenizer '%s/tokenizer.json' --prompt '%s' "
+                 "--max-new-tokens %d --temperature 0 --print-ids", BDIR, ROOT, dir, prompt, nw - np);
+        rc = run("%s%s", cmd, "");
+        HP_CHECK(rc == 0 && parse_ids(OUT, got, 128) == nw && !memcmp(got, want, sizeof(int32_t) * (size_t)nw),
+                 "%s with context 16384: hp-generate exit %d\n%s", name, rc, OUT);
     }
     hp_safetensors_close(st);
     free(e.logits);
