@@ -92,7 +92,7 @@ static hp_status_t state_list(hp_model_t m, hp_param_t **out, int *n) {
         if (snprintf(l[k].name, sizeof l[k].name, "%.*s.expert_bias", (int)(sizeof l[k].name - 13), mods[i]->name) >=
             (int)sizeof l[k].name)
             s = hp_error(HP_ERR_STATE, "MoE module '%s': its expert_bias name is too long", mods[i]->name);
-        s = hp_tensor_init(&l[k].value.local, HP_F32, 1, shape, M->expert_bias);
+        if (s == HP_OK) s = hp_tensor_init(&l[k].value.local, HP_F32, 1, shape, M->expert_bias);
         l[k].value.global_shape[0] = M->c.n_experts;
         k++;
     }
@@ -226,7 +226,7 @@ hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_l
     for (int i = 0; s == HP_OK && i < np; i++) {
         const hp_st_info_t *info = NULL;
         if (i >= hp_model_num_params(m) && hp_safetensors_find(st, params[i].name, &info) != HP_OK) {
-            hp_clear_error();   /* a file written before expert_bias was saved: no selection bias, as trained then */
+            hp_clear_error();   /* a file from before expert_bias was saved: zeros (such files dropped it) */
             continue;
         }
         s = hp_safetensors_read(st, params[i].name, &params[i].value.local, 1);
