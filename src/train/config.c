@@ -167,14 +167,18 @@ void hp_config_describe_model(const hp_model_config_t *mc, char *buf, size_t n) 
                   mc->tie_embeddings ? "true" : "false", mc->max_seq_len);
     if (o >= 0 && (size_t)o < n && mc->mla)   /* MLA: head_dim above is the core's padded width */
         o += snprintf(buf + o, n - (size_t)o, ", MLA: q_lora_rank %d, kv_lora_rank %d, qk_nope %d + qk_rope %d, v_head %d, "
-                      "YaRN %s (factor %g, mscale %g, original %d)", mc->q_lora_rank, mc->kv_lora_rank,
-                      mc->qk_nope_head_dim, mc->qk_rope_head_dim, mc->v_head_dim, hp_model_mla_yarn(mc) ? "on" : "off",
-                      mc->rope_factor, mc->mla_mscale, mc->rope_original_max_pos);
+                      "norm eps %g, YaRN %s (factor %g, mscale %g, beta %g / %g, original %d)", mc->q_lora_rank,
+                      mc->kv_lora_rank, mc->qk_nope_head_dim, mc->qk_rope_head_dim, mc->v_head_dim,
+                      hp_model_mla_norm_eps(mc), hp_model_mla_yarn(mc) ? "on" : "off", mc->rope_factor, mc->mla_mscale,
+                      mc->rope_beta_fast, mc->rope_beta_slow, mc->rope_original_max_pos);
     if (o < 0 || (size_t)o >= n || mc->moe_experts == 0) return;   /* the MoE sizes, for MoE models */
-    snprintf(buf + o, n - (size_t)o, ", moe: %d experts top-%d hidden %d, %d shared, %s%s, route_scale %g, %d dense "
-             "layers, load_balance_coeff %g", mc->moe_experts, mc->moe_top_k, mc->moe_hidden, mc->moe_shared_experts,
-             mc->moe_score_fn == HP_MOE_SCORE_SIGMOID ? "sigmoid" : "softmax", mc->moe_route_norm ? " route_norm" : "",
-             mc->moe_route_scale, mc->moe_n_dense_layers, mc->moe_load_balance_coeff);
+    o += snprintf(buf + o, n - (size_t)o, ", moe: %d experts top-%d hidden %d, %d shared, %s%s, route_scale %g, %d dense "
+                  "layers, load_balance_coeff %g", mc->moe_experts, mc->moe_top_k, mc->moe_hidden, mc->moe_shared_experts,
+                  mc->moe_score_fn == HP_MOE_SCORE_SIGMOID ? "sigmoid" : "softmax", mc->moe_route_norm ? " route_norm" : "",
+                  mc->moe_route_scale, mc->moe_n_dense_layers, mc->moe_load_balance_coeff);
+    if (o >= 0 && (size_t)o < n && mc->moe_expert_groups > 1)
+        snprintf(buf + o, n - (size_t)o, ", %d expert groups (%d per token)", mc->moe_expert_groups,
+                 mc->moe_limited_groups);
 }
 
 /* "" when the value came from a model.* key, " (the flavor's)" when from the flavor. */
