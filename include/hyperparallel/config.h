@@ -55,12 +55,13 @@ typedef struct hp_config {
         int64_t max_seq_len;
         /* the MoE keys (docs/moe.md): -1 / "default" keep the flavor's */
         int64_t moe_num_experts, moe_top_k, moe_hidden_dim, moe_num_shared_experts, moe_n_dense_layers;
+        int64_t moe_n_expert_groups, moe_n_limited_groups;   /* node-limited routing (HF n_group / topk_group) */
         char moe_score_func[HP_CONFIG_STR_MAX];   /* default | sigmoid | softmax */
         int moe_route_norm, moe_score_before_experts;   /* tristate */
         double moe_route_scale, moe_load_balance_coeff, moe_aux_loss_coeff;
         /* MLA attention's keys (deepseek_v3; docs/moe.md): -1 keeps the flavor's */
         int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
-        double mla_mscale;
+        double mla_mscale, mla_norm_eps, rope_beta_fast, rope_beta_slow;
     } model;
     struct {
         int64_t steps;

@@ -67,6 +67,10 @@ typedef struct hp_model_config {
     int mla;
     int q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
     float mla_mscale, rope_beta_fast, rope_beta_slow;
+    /* epsilon of MLA's q_norm and kv_norm; 0: norm_eps (TorchTitan's deepseek_v3 builds them
+     * with the model's norm_eps; transformers' DeepseekV3 with a fixed 1e-6, which an HF
+     * config.json gives here). hp_model_mla_norm_eps says which applies. */
+    float mla_norm_eps;
     /* The family's builder (model_builder.h): set by the registry when it resolves a config
      * (hp_model_flavor, hp_hf_read_config; models.h) and kept by copies of it. */
     const struct hp_model_arch *arch;
@@ -90,6 +94,8 @@ int64_t hp_model_active_param_count(const hp_model_config_t *cfg, int exclude_em
  * context; the softmax scale of the attention scores. */
 int hp_model_mla_yarn(const hp_model_config_t *cfg);
 double hp_model_mla_softmax_scale(const hp_model_config_t *cfg);
+/* MLA: the epsilon q_norm and kv_norm use (mla_norm_eps, or norm_eps when that is 0). */
+float hp_model_mla_norm_eps(const hp_model_config_t *cfg);
 /* TorchTitan's formula: 6 * (N - N_emb) + 6 * L * H * 2 * head_dim * seq_len (MLA: H *
  * (qk_nope + qk_rope + v_head) in place of H * 2 * head_dim, TorchTitan's deepseek_v3)
  * (N_emb not subtracted when embeddings are tied); N counts the active parameters of an MoE

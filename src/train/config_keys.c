@@ -111,6 +111,13 @@ const hp_config_key_t hp_cfg_keys[] = {
            "moe_hidden_dim every token passes); 0 = none; -1 = the flavor's.", "0 = none; -1 (the default) keeps the flavor's"),
     KM_INT(moe_n_dense_layers, 0, HP_MODEL_MAX_LAYERS, "MoE: the first layers keep a dense feed-forward; -1 = the "
            "flavor's.", "0 .. model.n_layers; -1 (the default) keeps the flavor's"),
+    KM_INT(moe_n_expert_groups, 0, HP_MOE_MAX_EXPERTS, "MoE node-limited routing (deepseek_v3; HF n_group): the "
+           "experts form this many groups and each token picks experts of its best moe_n_limited_groups groups only; "
+           "0 = no groups; -1 = the flavor's (671B 8).", "0 (no groups) or a divisor of model.moe_num_experts; -1 (the "
+           "default) keeps the flavor's"),
+    KM_INT(moe_n_limited_groups, 0, HP_MOE_MAX_EXPERTS, "MoE node-limited routing (HF topk_group): the groups a token "
+           "may use, at most moe_n_expert_groups; -1 = the flavor's (671B 4).",
+           "1 .. model.moe_n_expert_groups; -1 (the default) keeps the flavor's"),
     K(model, moe_score_func, ENUM, "default", "default|sigmoid|softmax", NULL,
       "MoE router score function; default = the flavor's (deepseek_v3 671B sigmoid, the debug models softmax)."),
     KM_TRI(moe_route_norm, "MoE: divide the top-k gate values by their sum; default = the flavor's."),
@@ -138,6 +145,15 @@ const hp_config_key_t hp_cfg_keys[] = {
     KM_F32(mla_mscale, 0, 100, "MLA YaRN: the softmax scale gets (0.1 mla_mscale ln(rope_factor) + 1)^2 when "
            "max_seq_len > rope_original_max_pos; -1 = the flavor's (debugmodel 0.7, 671B 1).",
            "a value >= 0 such as 1; -1 (the default) keeps the flavor's"),
+    KM_F32(mla_norm_eps, 0, 1, "MLA: epsilon of q_norm and kv_norm; 0 = model.norm_eps (TorchTitan's deepseek_v3); an "
+           "HF config.json gives 1e-6 (transformers' DeepseekV3 fixes it); -1 = the flavor's (0).",
+           "0 (= model.norm_eps) or an epsilon such as 1e-6; -1 (the default) keeps the flavor's"),
+    KM_F32(rope_beta_fast, FLT_MIN, 1e6, "MLA YaRN: beta_fast, the rotations that bound the extrapolated band of the "
+           "RoPE frequencies (HF rope_parameters.beta_fast); -1 = the flavor's (32).",
+           "a value above model.rope_beta_slow such as 32; -1 (the default) keeps the flavor's"),
+    KM_F32(rope_beta_slow, FLT_MIN, 1e6, "MLA YaRN: beta_slow, the rotations that bound the interpolated band (HF "
+           "rope_parameters.beta_slow); -1 = the flavor's (1).",
+           "a value > 0 below model.rope_beta_fast such as 1; -1 (the default) keeps the flavor's"),
     /* training */
     KI(training, steps, "10000", 1, I64, NULL, "Number of optimizer steps to train."),
     KI(training, seq_len, "2048", 1, HP_MODEL_MAX_SEQ_LEN, NULL, "Tokens per sequence (context length of a training sample)."),

@@ -215,6 +215,12 @@ hp_status_t hp_parallelize_options_from_config(const hp_config_t *c, hp_parallel
     pp->module_fqns_per_model_part = c->parallelism.module_fqns_per_model_part;
     pp->microbatch_size = (int)c->parallelism.pipeline_parallel_microbatch_size;
     pp->layers_per_stage = (int)c->parallelism.pipeline_parallel_layers_per_stage;
+    /* TorchTitan divides by it (ceil(layers / layers_per_stage) stages): 0 is no split */
+    if (pp->layers_per_stage == 0)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'parallelism.pipeline_parallel_layers_per_stage' = 0: expected "
+                        "at least 1 transformer layer per virtual stage (the stage count is ceil(layers / "
+                        "layers_per_stage)); hint: -1 (the default) splits the layers evenly by the schedule's stage "
+                        "count");
     pp->first_stage_less_layers = (int)c->parallelism.pipeline_parallel_first_stage_less_layers;
     pp->last_stage_less_layers = (int)c->parallelism.pipeline_parallel_last_stage_less_layers;
     pp->mpipe_transpose_layers = (int)c->parallelism.pipeline_parallel_mpipe_transpose_layers;
