@@ -73,7 +73,9 @@ hp_status_t hp_pipeline_step(hp_parallel_t p, const int32_t *tokens, const int32
 hp_status_t hp_pipeline_eval(hp_parallel_t p, const int32_t *tokens, const int32_t *targets, double *loss_sum,
                              int64_t *n_valid);
 hp_comm_t hp_pipeline_comm(hp_pipeline_t *pl);
-hp_mesh_t hp_pipeline_world_mesh(hp_pipeline_t *pl);   /* the placeholders' mesh */
+hp_mesh_t hp_pipeline_world_mesh(hp_pipeline_t *pl);
+/* Layer `layer`'s MoE expert_bias in m (E floats), NULL when m holds no such MoE module. */
+float *hp_parallel_moe_bias(hp_model_t m, int layer);   /* the placeholders' mesh */
 hp_status_t hp_pipeline_gather(hp_parallel_t p, hp_comm_t world, hp_model_t full);
 int hp_pipeline_stage_of_part(hp_pipeline_t *pl, int i);
 #endif

@@ -300,6 +300,16 @@ double hp_parallel_comm_wait_seconds(hp_parallel_t p) {
     return p->part[0].fsdp ? hp_fsdp_comm_wait_seconds(p->part[0].fsdp) : p->ddp ? hp_ddp_comm_wait_seconds(p->ddp) : 0.0;
 }
 
+float *hp_parallel_moe_bias(hp_model_t m, int layer) {
+    char name[64];
+    snprintf(name, sizeof name, "layers.%d.moe", layer);
+    hp_module_t *mods[4096];
+    const int n = hp_model_modules(m, mods, 4096);
+    for (int i = 0; i < n && i < 4096; i++)
+        if (hp_module_is_moe(mods[i]) && !strcmp(mods[i]->name, name)) return ((hp_moe_impl_t *)mods[i]->impl)->expert_bias;
+    return NULL;
+}
+
 hp_status_t hp_parallel_gather_full_model(hp_parallel_t p, hp_comm_t world, int seq_len, hp_model_t *full,
                                          int *owned) {
     *full = NULL;
@@ -324,6 +334,12 @@ hp_status_t hp_parallel_gather_full_model(hp_parallel_t p, hp_comm_t world, int 
             hp_dtensor_mem_t mem = {NULL, fp->value.local.data, sizeof(float) * (size_t)hp_tensor_numel(&fp->value.local)};
             hp_tensor_t out;
             s = hp_dtensor_full_tensor(&out, NULL, &mem, &params[i].value);
+        }
+        /* the MoE layers' expert_bias (state, replicated on every rank) */
+        for (int l = 0; s == HP_OK && l < mc->n_layers; l++) {
+            float *src = hp_model_layer_is_moe(mc, l) ? hp_parallel_moe_bias(p->parts[0], l) : NULL;
+            float *dst = src ? hp_parallel_moe_bias(m, l) : NULL;
+            if (src && dst) memcpy(dst, src, sizeof(float) * (size_t)mc->moe_experts);
         }
     }
     if (s != HP_OK || rank != 0) {

@@ -405,6 +405,25 @@ hp_status_t hp_pipeline_gather(hp_parallel_t p, hp_comm_t world, hp_model_t full
         }
     }
     free(buf);
+    /* the MoE layers' expert_bias: from the first rank of the stage holding the layer */
+    const int E = pl->cfg.moe_experts;
+    for (int l = 0; s == HP_OK && l < pl->cfg.n_layers; l++) {
+        if (!hp_model_layer_is_moe(&pl->cfg, l)) continue;
+        int st = 0;
+        while (st + 1 < pl->S && pl->unit_lo[st + 1] <= l + 1) st++;
+        const int holder = pl->stage_to_rank[st], tag = 1 + pl->np + l;
+        float *dst = rank == 0 ? hp_parallel_moe_bias(full, l) : NULL;
+        if (pl->coord == holder) {
+            float *src = NULL;
+            for (int k = 0; k < pl->n_local && !src; k++)
+                if (pl->ids[k] == st) src = hp_parallel_moe_bias(p->parts[k], l);
+            if (!src) return hp_error(HP_ERR_STATE, "pipeline: stage %d has no MoE layer %d", st, l);
+            if (sub == 0 && rank != 0) s = hp_send_tag(src, (size_t)E, HP_F32, 0, tag, world, NULL);
+            if (dst) memcpy(dst, src, sizeof(float) * (size_t)E);
+        } else if (dst) {
+            s = hp_recv_tag(dst, (size_t)E, HP_F32, holder * pl->per, tag, world, NULL);
+        }
+    }
     return s;
 }
 
