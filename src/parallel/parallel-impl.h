@@ -6,6 +6,7 @@
 #include "hyperparallel/parallelize.h"
 #include "hyperparallel/ep.h"
 #include "hyperparallel/pp.h"
+#include "hyperparallel/zero.h"
 
 #define HP_GRAD_MAX_REDUCTIONS 16
 
@@ -40,6 +41,8 @@ struct hp_parallel {
         hp_fsdp_t fsdp;
     } *part;
     hp_ddp_t ddp;                 /* one part only */
+    hp_zero_t zero;               /* ZeRO-1 over the replicated data-parallel ranks (hp_apply_zero) */
+    hp_mesh_t zero_mesh;          /* its placeholders' mesh (adopted) */
     hp_ep_t ep_sp;                /* sequence parallel around MoE (borrowed: ep[0] or ep_tp[0]) */
     hp_mesh_t ep_mesh, etp_mesh;  /* slices of the sparse mesh (adopted) */
     hp_mesh_t ep_rep_mesh;        /* the sparse mesh's dp_replicate (adopted; NULL when 1) */

@@ -58,6 +58,7 @@ void hp_parallel_destroy(hp_parallel_t p) {
         hp_ep_destroy(p->part[i].ep_tp);
     }
     hp_ddp_destroy(p->ddp);
+    hp_zero_free(p->zero);
     if (p->owns_parts)
         for (int i = 0; i < p->n_parts; i++) hp_model_destroy(p->parts[i]);
     hp_cp_destroy(p->cp);   /* after the models that use its cores */
@@ -193,7 +194,16 @@ hp_status_t hp_apply_ac(hp_parallel_t p, int every_k) {
 }
 
 hp_status_t hp_parallel_init_weights(hp_parallel_t p, uint64_t seed) {
-    for (int i = 0; i < p->n_parts; i++) HP_TRY(hp_model_init_weights(p->parts[i], seed));
+    for (int i = 0; i < p->n_parts; i++) {
+        hp_model_t m = p->parts[i];
+        hp_param_t *table = hp_model_params(m);
+        if (p->part[i].fsdp) {   // FSDP holds the shards (allocated at their sharded size)
+            table = hp_fsdp_params(p->part[i].fsdp);
+        } else {                 // the model's local storage: TP / EP shards, or the whole part
+            HP_TRY(hp_model_materialize(m));
+        }
+        HP_TRY(hp_model_init_params(m, table, seed));
+    }
     return HP_OK;
 }
 
@@ -227,6 +237,8 @@ static hp_status_t dp_all_reduce(void *ctx, hp_param_t *params, int n) {
 
 hp_status_t hp_apply_ddp(hp_parallel_t p, hp_comm_t dp_comm, const hp_ddp_options_t *o) {
     if (!dp_comm) return hp_error(HP_ERR_INVALID_ARG, "hp_apply_ddp: a data-parallel communicator is required");
+    /* replicated: every rank holds its whole part, and DDP's buckets view the gradients now */
+    for (int i = 0; i < p->n_parts; i++) HP_TRY(hp_model_materialize(p->parts[i]));
     const hp_model_config_t *mc = hp_model_config(p->parts[0]);
     if (!p->pipe && !mc->tie_embeddings && !p->part[0].ep) {
         /* DDP: gradient buckets (1 MiB first, 25 MiB cap) all-reduced (SUM) asynchronously as they
@@ -244,6 +256,29 @@ hp_status_t hp_apply_ddp(hp_parallel_t p, hp_comm_t dp_comm, const hp_ddp_option
     if (!p->grad_work) return HP_ERR_OOM;
     return hp_grad_finalizer_add_reduction(&p->fin, HP_GRAD_PHASE_DATA_PARALLEL, dp_all_reduce, p);
 }
+
+hp_status_t hp_apply_zero(hp_parallel_t p, hp_comm_t dp_comm) {
+    if (!dp_comm) return hp_error(HP_ERR_INVALID_ARG, "hp_apply_zero: a data-parallel communicator is required");
+    if (p->zero) return hp_error(HP_ERR_STATE, "hp_apply_zero: ZeRO-1 is already applied");
+    if (p->pipe || p->n_parts != 1 || p->part[0].fsdp || p->part[0].ep)
+        return hp_error(HP_ERR_UNSUPPORTED, "hp_apply_zero: ZeRO-1 partitions the optimizer state of replicated data "
+                        "parallel (DDP) without pipeline stages or experts; FSDP already shards it; hint: "
+                        "parallelism.zero_stage = 0 with data_parallel_shard_degree > 1");
+    if (!p->ddp && !p->dp_comm)
+        return hp_error(HP_ERR_STATE, "hp_apply_zero: apply replicated data parallel first (hp_apply_ddp): ZeRO-1 "
+                        "steps every rank's share with the whole gradient");
+    HP_TRY(hp_model_materialize(p->parts[0]));
+    HP_TRY(hp_mesh_from_comm(dp_comm, "dp_replicate", &p->zero_mesh));
+    HP_TRY(hp_parallel_adopt_mesh(p, p->zero_mesh));
+    return hp_zero_create_partition(hp_parallel_params(p), hp_parallel_num_params(p), dp_comm, p->zero_mesh,
+                                    &p->zero);
+}
+
+hp_param_t *hp_parallel_optim_params(hp_parallel_t p) {
+    return p->zero ? hp_zero_optim_params(p->zero) : hp_parallel_params(p);
+}
+
+hp_status_t hp_parallel_after_optimizer_step(hp_parallel_t p) { return p->zero ? hp_zero_sync(p->zero) : HP_OK; }
 
 /* ---- running a step ------------------------------------------------------------------------ */
 

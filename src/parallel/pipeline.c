@@ -228,7 +228,8 @@ hp_status_t hp_pipeline_split(const hp_model_config_t *cfg, const hp_parallel_di
         if (pl->stage_to_rank[s] == pl->coord) pl->ids[i++] = s;
     for (int i = 0; st == HP_OK && i < pl->n_local; i++) {
         const int s = pl->ids[i];
-        st = hp_model_create_range(cfg, pl->unit_lo[s], pl->unit_lo[s + 1], pl->mbs, seq_len, &p->parts[i]);
+        /* described only: the stage's parallelize places its parameters, init allocates them */
+        st = hp_model_create_range_empty(cfg, pl->unit_lo[s], pl->unit_lo[s + 1], pl->mbs, seq_len, &p->parts[i]);
     }
     if (st != HP_OK) {
         hp_parallel_destroy(p);

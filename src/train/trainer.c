@@ -155,7 +155,9 @@ static hp_status_t build_local(hp_trainer_t t, hp_parallelize_options_t *po) {
     HP_TRY(hp_parallelize_options_from_config(c, po));
     if (t->pd.pp > 1) return HP_OK;   /* the pipeline makes its stages */
     const int rows = t->B > t->val_B ? t->B : t->val_B;
-    HP_TRY(hp_model_create(&t->mcfg, rows, t->T, &t->model));
+    /* described only (the meta device): the parallelize places each parameter, then each rank
+     * allocates and draws only its shards */
+    HP_TRY(hp_model_create_empty(&t->mcfg, rows, t->T, &t->model));
     return hp_parallel_create(t->model, rows, t->T, &t->par);
 }
 
@@ -193,7 +195,8 @@ static hp_status_t build(hp_trainer_t t) {
     oc.eps = c->optimizer.eps;
     if (kind == HP_OPTIM_SGD) oc.momentum = c->optimizer.momentum;
     if (kind == HP_OPTIM_MUON) oc.muon_momentum = c->optimizer.momentum;
-    HP_TRY(hp_optim_create(&oc, hp_parallel_params(t->par), hp_parallel_num_params(t->par), &t->opt));
+    /* the composition's optimizer table: every parameter, or ZeRO-1's share with placeholders */
+    HP_TRY(hp_optim_create(&oc, hp_parallel_optim_params(t->par), hp_parallel_num_params(t->par), &t->opt));
     HP_TRY(hp_moe_balancer_create(t->par, t->loss_comm, &t->moe));
     if (t->moe) HP_TRY(hp_optim_register_step_pre_hook(t->opt, moe_pre_step, t));
     hp_lr_decay_t decay;
@@ -240,7 +243,7 @@ static hp_status_t build(hp_trainer_t t) {
 /* The state the checkpoint manager saves and restores (with the MoE layers' expert_bias). */
 static hp_ckpt_train_state_t ckpt_state(hp_trainer_t t) {
     hp_ckpt_train_state_t st = {hp_parallel_params(t->par), hp_parallel_num_params(t->par), hp_model_config(t->model),
-                                t->opt, t->dl, &t->step, &t->ckpt_seed};
+                                t->opt, t->dl, &t->step, &t->ckpt_seed, hp_parallel_optim_params(t->par)};
     if (t->moe) st.params = hp_moe_balancer_state(t->moe, &st.n_params);
     return st;
 }
@@ -412,6 +415,7 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     double factor = hp_lr_schedule_factor(&t->lr, step - 1);
     const double t_clip = hp_clock_now_seconds();
     HP_TRY(hp_optim_step(t->opt, factor));
+    HP_TRY(hp_parallel_after_optimizer_step(t->par));   /* ZeRO-1: each parameter from its owner */
     const double t_opt = hp_clock_now_seconds();
     t->step = step;
     if (stats) {
