@@ -154,6 +154,14 @@ hp_status_t hp_fsdp_set_modules_to_backward_prefetch(hp_fsdp_t f, int unit, cons
  * and the root by default, have buffers of their own). */
 int hp_fsdp_num_slots(hp_fsdp_t f);
 
+/* What hp_fully_shard(model, a mesh of W shard x R replicate ranks, opts) would hold on a rank,
+ * without a mesh or any allocation (the memory plan's FSDP term; `model` may be empty): the
+ * parameter and gradient bytes (hp_fsdp_memory's) and the workspace with the implicit
+ * prefetches; no_sync: backwards run without gradient sync (a pipeline's micro-batches before
+ * the step's last), so every group keeps its unsharded gradients between them. */
+hp_status_t hp_fsdp_plan_memory(hp_model_t model, int W, int R, const hp_fsdp_options_t *opts, int no_sync,
+                                size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes);
+
 /* Event log (PyTorch's patched unshard / reshard / post_backward in its FSDP tests):
  * "unshard <unit>", "reshard <unit>", "post_backward <unit>" where <unit> is
  * "tok_embeddings", "layers.<i>", "root", or "tok_embeddings+root" (the group of a tied

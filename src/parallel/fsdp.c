@@ -754,6 +754,98 @@ static hp_status_t alloc_pools(hp_fsdp_t f) {
     return HP_OK;
 }
 
+hp_status_t hp_fsdp_plan_memory(hp_model_t model, int W, int R, const hp_fsdp_options_t *opts, int no_sync,
+                                size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes) {
+    if (!model || W < 1 || R < 1)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_fsdp_plan_memory: a model and shard / replicate sizes >= 1 are required");
+    const hp_fsdp_options_t o = opts ? *opts : hp_fsdp_default_options();
+    int mu0, mu1;
+    hp_model_unit_range(model, &mu0, &mu1);
+    const int nu = hp_model_num_units(model);
+    const int tied = hp_model_config(model)->tie_embeddings != 0 && mu0 == 0 && mu1 == nu;
+    int raf = o.reshard_after_forward;
+    if (raf >= 2 && raf >= W) raf = 1;
+    const int k = raf >= 2 ? raf : 0;
+    hp_param_t *mp = hp_model_params(model);
+    int (*const ign)(const hp_param_t *) = o.ignored_params;
+    /* the same groups, layouts and workspace rule as hp_fully_shard, on a handle with no storage */
+    struct hp_fsdp f;
+    memset(&f, 0, sizeof f);
+    f.o = o;
+    f.W = W;
+    f.n_units = nu;
+    f.u0 = mu0;
+    f.u1 = mu1;
+    f.n_groups = nu - tied;
+    f.g = hp_calloc((size_t)f.n_groups, sizeof(group_t));
+    f.ug = hp_calloc((size_t)nu, sizeof(int));
+    if (!f.g || !f.ug) {
+        free(f.g);
+        free(f.ug);
+        return HP_ERR_OOM;
+    }
+    const int root_u = nu - 1;
+    static float own_mark;   /* a kept group's buffer, for the slot count only */
+    size_t shards = 0, ws = 0, ign_floats = 0, max_S_pf = 0;
+    for (int u = 0; u < nu; u++) f.ug[u] = u == root_u && tied ? 0 : u;
+    for (int gi = 0; gi < f.n_groups; gi++) {
+        group_t *g = &f.g[gi];
+        const int units[2] = {gi, root_u}, n2 = tied && gi == 0 ? 2 : 1;
+        g->u_lo = gi;
+        g->u_hi = units[n2 - 1];
+        g->n_fwd_pf = g->n_bwd_pf = -1;
+        g->raf = raf == HP_FSDP_RESHARD_DEFAULT ? (g->u_hi == root_u ? 0 : 1) : raf;
+        if (gi < mu0 || gi >= mu1) continue;   // a pipeline stage holds its units only
+        size_t S = 0, S_pf = 0;
+        for (int q = 0; q < n2; q++) {
+            int first, cnt;
+            size_t uoff, uspan;
+            hp_model_unit_params(model, units[q], &first, &cnt);
+            hp_model_unit_span(model, units[q], &uoff, &uspan);
+            g->span = (g->span + 15) / 16 * 16 + uspan;
+            for (int i = first; i < first + cnt; i++) {
+                const hp_tensor_t *t = &mp[i].value.local;
+                if (ign && ign(&mp[i])) {
+                    ign_floats += (size_t)hp_tensor_numel(t);
+                    continue;
+                }
+                const int64_t d0 = t->shape[0], rest = hp_tensor_numel(t) / (d0 > 0 ? d0 : 1);
+                S += (size_t)((d0 + W - 1) / W * rest);
+                if (k) S_pf += (size_t)((d0 + k - 1) / k * rest);
+            }
+        }
+        g->S = S;
+        shards += S;
+        if (g->span > f.max_span) f.max_span = g->span;
+        if (S > f.max_S) f.max_S = S;
+        if (S_pf > max_S_pf) max_S_pf = S_pf;
+        if (g->raf == 0) {
+            g->own = &own_mark;
+            ws += sizeof(float) * (g->span + 1);
+        } else if (g->span > f.rot_span) {
+            f.rot_span = g->span;
+        }
+        if (n2 == 2) ws += sizeof(float) * g->span;                    // the tied group's gradient
+        if (k && g->raf >= 2) ws += sizeof(float) * S_pf;               // the post-forward copy
+        if (R > 1) ws += sizeof(float) * S;                             // HSDP's partial sums
+        if (no_sync) ws += sizeof(float) * g->span;                    // unsharded gradients kept between backwards
+    }
+    const int n_slots = slots_needed(&f);
+    free(f.g);
+    free(f.ug);
+    const size_t pe = esize(o.mp.param_dtype), re = esize(o.mp.reduce_dtype);
+    size_t ag_elems = (size_t)W * f.max_S;
+    if (k && (size_t)k * max_S_pf > ag_elems) ag_elems = (size_t)k * max_S_pf;
+    const size_t send_elems = f.max_S > max_S_pf ? f.max_S : max_S_pf;
+    ws += (size_t)n_slots * sizeof(float) * (f.rot_span + 1);
+    ws += pe * (ag_elems + 1) + (o.mp.param_dtype == HP_F32 ? 0 : pe * (send_elems + 1));   // one all-gather buffer
+    ws += sizeof(float) * (f.max_span + 1) + re * ((size_t)W * f.max_S + 1) + 2 * re * (f.max_S + 1);
+    if (param_bytes) *param_bytes = sizeof(float) * (shards + ign_floats);
+    if (grad_bytes) *grad_bytes = sizeof(float) * (shards + ign_floats);
+    if (workspace_bytes) *workspace_bytes = ws;
+    return HP_OK;
+}
+
 hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_options_t *opts, hp_fsdp_t *out) {
     if (!model || !mesh || !out)
         return hp_error(HP_ERR_INVALID_ARG, "fully_shard: model, mesh and out must be non-NULL");
@@ -952,6 +1044,7 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
             g->partial = hp_aligned_alloc(sizeof(float) * (S ? S : 1));
             if (!g->partial) { st = HP_ERR_OOM; goto fail; }
             memset(g->partial, 0, sizeof(float) * S);
+            f->ws_bytes += sizeof(float) * S;
         }
         // copy this rank's rows from the model's weights; sharded DTensor descriptors
         for (int j = 0; j < g->n; j++) {

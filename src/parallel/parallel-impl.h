@@ -79,4 +79,19 @@ hp_comm_t hp_pipeline_comm(hp_pipeline_t *pl);
 hp_mesh_t hp_pipeline_world_mesh(hp_pipeline_t *pl);   /* the placeholders' mesh */
 hp_status_t hp_pipeline_gather(hp_parallel_t p, hp_comm_t world, hp_model_t full);
 int hp_pipeline_stage_of_part(hp_pipeline_t *pl, int i);
+/* The memory plan's view of a pipeline (no model is built): the split, each stage's pp rank and
+ * the micro-batch contexts it keeps at once under the lowered schedule (split: weight passes
+ * run apart, so its contexts keep every unit's output gradient). */
+typedef struct hp_pipeline_layout {
+    int S, n_microbatches;
+    int unit_lo[HP_PP_MAX_STAGES + 1];
+    int stage_to_rank[HP_PP_MAX_STAGES];
+    int n_ctx[HP_PP_MAX_STAGES];
+    int split[HP_PP_MAX_STAGES];
+} hp_pipeline_layout_t;
+hp_status_t hp_pipeline_plan_layout(const hp_model_config_t *cfg, const hp_parallel_dims_t *pd, int batch,
+                                    const hp_pipeline_options_t *o, hp_pipeline_layout_t *out);
+/* The plan entries whose pattern names a module of m (or a fused module's part): a pipeline
+ * stage takes those it holds. Writes them to mine (capacity n) and returns the count. */
+int hp_parallel_plan_entries_held(hp_model_t m, const hp_tp_plan_entry_t *plan, int n, hp_tp_plan_entry_t *mine);
 #endif

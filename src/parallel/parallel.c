@@ -136,6 +136,15 @@ static int part_holds(hp_module_t **mods, int nm, const char *pattern) {
     return 0;
 }
 
+int hp_parallel_plan_entries_held(hp_model_t m, const hp_tp_plan_entry_t *plan, int n, hp_tp_plan_entry_t *mine) {
+    hp_module_t *mods[4096];
+    const int nm = hp_model_modules(m, mods, 4096);
+    int k = 0;
+    for (int e = 0; e < n; e++)
+        if (part_holds(mods, nm < 4096 ? nm : 4096, plan[e].pattern)) mine[k++] = plan[e];
+    return k;
+}
+
 hp_status_t hp_apply_tp(hp_parallel_t p, hp_mesh_t tp_mesh, const hp_tp_plan_entry_t *plan, int n_plan) {
     if (!tp_mesh || hp_mesh_ndim(tp_mesh) != 1)
         return hp_error(HP_ERR_INVALID_ARG, "hp_apply_tp: a 1-D tp mesh is required");
@@ -146,11 +155,7 @@ hp_status_t hp_apply_tp(hp_parallel_t p, hp_mesh_t tp_mesh, const hp_tp_plan_ent
         if (!mine) return HP_ERR_OOM;
         hp_status_t s = HP_OK;
         for (int i = 0; s == HP_OK && i < p->n_parts; i++) {
-            hp_module_t *mods[4096];
-            const int nm = hp_model_modules(p->parts[i], mods, 4096);
-            int k = 0;
-            for (int e = 0; e < n_plan; e++)
-                if (part_holds(mods, nm < 4096 ? nm : 4096, plan[e].pattern)) mine[k++] = plan[e];
+            const int k = hp_parallel_plan_entries_held(p->parts[i], plan, n_plan, mine);
             s = hp_tp_parallelize_model(&p->part[i].tp, p->parts[i], tp_mesh, mine, k);
         }
         free(mine);

@@ -80,6 +80,11 @@ static void set_param_layout(hp_param_t *p, hp_tp_t tp, hp_placement_t pl, const
 
 static hp_status_t alloc_buf(hp_tp_t tp, float **p, size_t *cap, size_t n) {
     if (n == 0) return HP_OK;
+    if (tp->planning) {   // the memory plan: counted only
+        *cap = n;
+        tp->buf_bytes += sizeof(float) * n;
+        return HP_OK;
+    }
     *p = hp_aligned_alloc(sizeof(float) * n);
     if (!*p) return hp_error(HP_ERR_OOM, "tensor parallel: %zu bytes of buffers", sizeof(float) * n);
     memset(*p, 0, sizeof(float) * n);
@@ -470,6 +475,9 @@ static hp_status_t install_loss_parallel(hp_tp_t tp, hp_module_t **mods, int n) 
     return HP_OK;
 }
 
+static hp_status_t parallelize_model(hp_tp_t tp, hp_model_t model, const hp_tp_plan_entry_t *plan, int n_plan,
+                                     hp_tp_t *out);
+
 hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp_mesh,
                                     const hp_tp_plan_entry_t *plan, int n_plan) {
     if (!out || !model || (!plan && n_plan > 0))
@@ -477,6 +485,27 @@ hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp
     *out = NULL;
     hp_tp_t tp;
     HP_TRY(tp_new(&tp, tp_mesh, hp_model_max_tokens(model)));
+    return parallelize_model(tp, model, plan, n_plan, out);
+}
+
+/* The memory plan's layouts stand on a mesh no parallel code reads (an address only). */
+static char planning_mesh_tag;
+
+hp_status_t hp_tp_plan_model(hp_tp_t *out, hp_model_t model, int k, const hp_tp_plan_entry_t *plan, int n_plan) {
+    if (!out || !model || k < 1 || (!plan && n_plan > 0) || !hp_model_is_empty(model))
+        return hp_error(HP_ERR_INVALID_ARG, "hp_tp_plan_model: an empty model, k >= 1 and a plan are required");
+    *out = NULL;
+    hp_tp_t tp = hp_calloc(1, sizeof(*tp));
+    if (!tp) return HP_ERR_OOM;
+    tp->mesh = (hp_mesh_t)(void *)&planning_mesh_tag;
+    tp->k = k;
+    tp->max_rows = hp_model_max_tokens(model);
+    tp->planning = 1;
+    return parallelize_model(tp, model, plan, n_plan, out);
+}
+
+static hp_status_t parallelize_model(hp_tp_t tp, hp_model_t model, const hp_tp_plan_entry_t *plan, int n_plan,
+                                     hp_tp_t *out) {
     const hp_model_config_t *c = hp_model_config(model);
     int n = hp_model_modules(model, NULL, 0);
     hp_module_t **mods = hp_calloc((size_t)n, sizeof(*mods));
