@@ -492,6 +492,7 @@ void hp_trainer_destroy(hp_trainer_t t) {
 hp_model_t hp_trainer_model(hp_trainer_t t) { return t->model; }
 int64_t hp_trainer_current_step(hp_trainer_t t) { return t->step; }
 int64_t hp_trainer_grad_accum(hp_trainer_t t) { return t->accum; }
+const hp_memory_plan_t *hp_trainer_memory_plan(hp_trainer_t t) { return &t->plan; }
 
 /* The step's loss: summed over pp (only the last stage holds it), then over the loss mesh. */
 static hp_status_t global_sum(hp_trainer_t t, float *v, int n, float *out) {
