@@ -158,9 +158,12 @@ int hp_fsdp_num_slots(hp_fsdp_t f);
  * without a mesh or any allocation (the memory plan's FSDP term; `model` may be empty): the
  * parameter and gradient bytes (hp_fsdp_memory's) and the workspace with the implicit
  * prefetches; no_sync: backwards run without gradient sync (a pipeline's micro-batches before
- * the step's last), so every group keeps its unsharded gradients between them. */
+ * the step's last), so every group keeps its unsharded gradients between them. rs_input_bytes
+ * (may be NULL): the largest reduce-scatter input, which the MPI library copies into a temporary
+ * of its own (Open MPI's reduce_scatter_block algorithms) while it runs. */
 hp_status_t hp_fsdp_plan_memory(hp_model_t model, int W, int R, const hp_fsdp_options_t *opts, int no_sync,
-                                size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes);
+                                size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes,
+                                size_t *rs_input_bytes);
 
 /* Event log (PyTorch's patched unshard / reshard / post_backward in its FSDP tests):
  * "unshard <unit>", "reshard <unit>", "post_backward <unit>" where <unit> is

@@ -46,8 +46,11 @@ typedef struct hp_memory_plan {
     size_t activations;                   /* micro-batch contexts (saved activations + workspace) in flight */
     int n_contexts;                       /* how many live at once */
     size_t comm;                          /* TP's buffers, DDP's buckets, the pipeline's p2p buffers */
+    size_t mpi;                           /* the MPI library's temporaries (not the library's allocations):
+                                             a copy of the largest reduce-scatter input (FSDP) or
+                                             all-reduced bucket (DDP) while the collective runs */
     size_t base;                          /* the input's base_bytes */
-    size_t peak;                          /* the sum */
+    size_t peak;                          /* the sum; peak - base - mpi is hp_memory_tracked's */
 } hp_memory_plan_t;
 
 hp_status_t hp_memory_plan(const hp_memory_plan_input_t *in, hp_memory_plan_t *out);

@@ -171,10 +171,11 @@ hp_comm_t hp_parallel_pp_comm(hp_parallel_t p);
 /* Seconds data parallel's collectives kept the step waiting (FSDP or DDP) since creation. */
 double hp_parallel_comm_wait_seconds(hp_parallel_t p);
 
-/* The whole model gathered (collective over world): every parameter's full tensor (FSDP /
- * TP: full_tensor; pipelined: each stage's first rank sends to world rank 0). *full receives a
- * model of the whole config holding them on world rank 0 (NULL elsewhere); *owned says whether
- * the caller destroys it (replicated parameters: the part itself, not owned). */
+/* The whole model gathered (collective over world): every parameter's full tensor (FSDP / TP:
+ * full_tensor, the ranks other than 0 through one parameter-sized scratch; pipelined: each
+ * stage's first rank sends to world rank 0). *full receives a model of the whole config holding
+ * them on world rank 0 (NULL elsewhere); *owned says whether the caller destroys it (replicated
+ * parameters: the part itself, not owned). */
 hp_status_t hp_parallel_gather_full_model(hp_parallel_t p, hp_comm_t world, int seq_len, hp_model_t *full,
                                          int *owned);
 

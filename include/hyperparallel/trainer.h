@@ -64,7 +64,7 @@ int64_t hp_trainer_current_step(hp_trainer_t t);
 /* Gradient accumulation steps in use. */
 int64_t hp_trainer_grad_accum(hp_trainer_t t);
 /* This rank's memory plan, made before the model was allocated (docs/memory.md): the predicted
- * peak by term; peak - base is what the library's allocations (hp_memory_tracked) should reach. */
+ * peak by term; peak - base - mpi is what the library's allocations (hp_memory_tracked) should reach. */
 const hp_memory_plan_t *hp_trainer_memory_plan(hp_trainer_t t);
 
 #ifdef __cplusplus

@@ -755,7 +755,8 @@ static hp_status_t alloc_pools(hp_fsdp_t f) {
 }
 
 hp_status_t hp_fsdp_plan_memory(hp_model_t model, int W, int R, const hp_fsdp_options_t *opts, int no_sync,
-                                size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes) {
+                                size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes,
+                                size_t *rs_input_bytes) {
     if (!model || W < 1 || R < 1)
         return hp_error(HP_ERR_INVALID_ARG, "hp_fsdp_plan_memory: a model and shard / replicate sizes >= 1 are required");
     const hp_fsdp_options_t o = opts ? *opts : hp_fsdp_default_options();
@@ -839,7 +840,8 @@ hp_status_t hp_fsdp_plan_memory(hp_model_t model, int W, int R, const hp_fsdp_op
     const size_t send_elems = f.max_S > max_S_pf ? f.max_S : max_S_pf;
     ws += (size_t)n_slots * sizeof(float) * (f.rot_span + 1);
     ws += pe * (ag_elems + 1) + (o.mp.param_dtype == HP_F32 ? 0 : pe * (send_elems + 1));   // one all-gather buffer
-    ws += sizeof(float) * (f.max_span + 1) + re * ((size_t)W * f.max_S + 1) + 2 * re * (f.max_S + 1);
+    ws += sizeof(float) * (f.max_span + 1) + re * ((size_t)W * f.max_S + 1) + (R > 1 ? 2 : 1) * re * (f.max_S + 1);
+    if (rs_input_bytes) *rs_input_bytes = W > 1 ? re * (size_t)W * f.max_S : 0;
     if (param_bytes) *param_bytes = sizeof(float) * (shards + ign_floats);
     if (grad_bytes) *grad_bytes = sizeof(float) * (shards + ign_floats);
     if (workspace_bytes) *workspace_bytes = ws;
@@ -1095,11 +1097,15 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
     if (!f->gfull || !f->red_in) { st = HP_ERR_OOM; goto fail; }
     memset(f->gfull, 0, sizeof(float) * (f->max_span + 1));
     f->ws_bytes += sizeof(float) * (f->max_span + 1) + esize(f->rdt) * ((size_t)W * f->max_S + 1);
-    for (int i = 0; i < 2; i++) {
+    // two reductions are in flight only under HSDP (a reduce-scatter and the previous group's
+    // all-reduce, on its output); otherwise the previous reduce-scatter is finished before the
+    // next starts and one output serves both
+    for (int i = 0; i < (R > 1 ? 2 : 1); i++) {
         f->red[i].out = hp_aligned_alloc(esize(f->rdt) * (f->max_S + 1));
         if (!f->red[i].out) { st = HP_ERR_OOM; goto fail; }
         f->ws_bytes += esize(f->rdt) * (f->max_S + 1);
     }
+    if (R == 1) f->red[1].out = f->red[0].out;
 
     // ignored params move to storage of our own, listed with their own layout
     for (int i = 0; i < np; i++)
@@ -1152,7 +1158,7 @@ void hp_fsdp_destroy(hp_fsdp_t f) {
     if (!f) return;
     for (int i = 0; i < 2; i++) {
         if (f->red[i].work) (void)hp_work_wait(&f->red[i].work);
-        hp_free_aligned(f->red[i].out);
+        if (i == 0 || f->red[1].out != f->red[0].out) hp_free_aligned(f->red[i].out);
     }
     hp_free_aligned(f->red_in);
     if (f->g)

@@ -108,21 +108,26 @@ static hp_status_t plan_part(const hp_memory_plan_input_t *in, const stage_in_t 
         hp_fsdp_options_t fo = in->fsdp;
         if (pd->pp > 1 && fo.reshard_after_forward == HP_FSDP_RESHARD_DEFAULT) fo.reshard_after_forward = 0;
         if (pd->ep > 1) fo.ignored_params = hp_ep_is_expert_param;
-        size_t pb = 0, gb = 0, ws = 0;
+        size_t pb = 0, gb = 0, ws = 0, rs = 0;
         /* under pipelining FSDP reduces after the step's last micro-batch only (pipeline.c) */
-        st = hp_fsdp_plan_memory(m, W, pd->dp_replicate, &fo, pd->pp > 1 && si->n_mb > 1, &pb, &gb, &ws);
+        st = hp_fsdp_plan_memory(m, W, pd->dp_replicate, &fo, pd->pp > 1 && si->n_mb > 1, &pb, &gb, &ws, &rs);
         if (st != HP_OK) goto done;
         r->params += pb;
         r->grads += gb;
         r->gathered += ws;
+        if (rs > r->mpi) r->mpi = rs;
     } else {
         const size_t n = hp_model_storage_floats(m);
         r->params += sizeof(float) * (n ? n : 16);
         r->grads += sizeof(float) * (n ? n : 16);
         /* DDP's buckets (ddp.c): a flat copy of every gradient; not with tied embeddings,
          * pipeline stages or experts (one all-reduce per gradient then) */
-        if (pd->dp_replicate > 1 && pd->pp == 1 && !mc->tie_embeddings && mc->moe_experts <= 0)
+        if (pd->dp_replicate > 1 && pd->pp == 1 && !mc->tie_embeddings && mc->moe_experts <= 0) {
             r->comm += sizeof(float) * n;
+            /* the all-reduce's temporary: one bucket (25 MiB cap, DDP's default) */
+            const size_t bucket = sizeof(float) * n < (size_t)25 << 20 ? sizeof(float) * n : (size_t)25 << 20;
+            if (bucket > r->mpi) r->mpi = bucket;
+        }
     }
     if (in->zero_stage == 1 && pd->dp_replicate > 1) {   // the largest ZeRO-1 share
         int *owner = hp_calloc((size_t)np + 1, sizeof(int));
@@ -182,22 +187,25 @@ hp_status_t hp_memory_plan(const hp_memory_plan_input_t *in, hp_memory_plan_t *o
                                  pl->n_microbatches};
                 st = plan_part(in, &si, &here);
             }
-            here.peak = here.params + here.grads + here.optim + here.gathered + here.activations + here.comm;
+            here.peak = here.params + here.grads + here.optim + here.gathered + here.activations + here.comm + here.mpi;
             if (st == HP_OK && (in->pp_rank >= 0 || r == 0 || here.peak > out->peak)) *out = here;
         }
         free(pl);
         HP_TRY(st);
     }
     out->base = in->base_bytes;
-    out->peak = out->params + out->grads + out->optim + out->gathered + out->activations + out->comm + out->base;
+    out->peak = out->params + out->grads + out->optim + out->gathered + out->activations + out->comm + out->mpi +
+                out->base;
     return HP_OK;
 }
 
 const char *hp_memory_plan_str(const hp_memory_plan_t *p, char *buf, size_t n) {
     const double mib = 1048576.0;
     snprintf(buf, n, "%.2f GiB = parameters %.1f MiB + gradients %.1f MiB + optimizer %.1f MiB + FSDP buffers %.1f "
-             "MiB + activations %.1f MiB (%d context%s) + communication buffers %.1f MiB + process %.1f MiB",
+             "MiB + activations %.1f MiB (%d context%s) + communication buffers %.1f MiB + MPI temporaries %.1f MiB + "
+             "process %.1f MiB",
              (double)p->peak / (mib * 1024.0), p->params / mib, p->grads / mib, p->optim / mib, p->gathered / mib,
-             p->activations / mib, p->n_contexts, p->n_contexts == 1 ? "" : "s", p->comm / mib, p->base / mib);
+             p->activations / mib, p->n_contexts, p->n_contexts == 1 ? "" : "s", p->comm / mib, p->mpi / mib,
+             p->base / mib);
     return buf;
 }

@@ -356,15 +356,29 @@ hp_status_t hp_parallel_gather_full_model(hp_parallel_t p, hp_comm_t world, int 
         if (rank == 0) s = hp_model_create(mc, 1, seq_len, &m);
         s = hp_comm_agree(world, s, NULL);
         if (s == HP_OK) s = hp_pipeline_gather(p, world, m);
-    } else {   /* sharded DTensors: full_tensor (collective) on every rank */
-        s = hp_model_create(mc, 1, seq_len, &m);
+    } else {   /* sharded DTensors: full_tensor (collective) on every rank; only rank 0 keeps them, the
+                * others gather each parameter into one scratch tensor (no rank but the writer holds
+                * the whole model) */
         const hp_param_t *params = hp_parallel_params(p);
-        for (int i = 0; s == HP_OK && i < hp_model_num_params(m); i++) {
-            hp_param_t *fp = &hp_model_params(m)[i];
-            hp_dtensor_mem_t mem = {NULL, fp->value.local.data, sizeof(float) * (size_t)hp_tensor_numel(&fp->value.local)};
+        const int np = hp_parallel_num_params(p);
+        size_t most = 1;
+        for (int i = 0; i < np; i++) {
+            size_t n = 1;
+            for (int a = 0; a < params[i].value.local.ndim; a++) n *= (size_t)params[i].value.global_shape[a];
+            if (n > most) most = n;
+        }
+        float *scratch = NULL;
+        if (rank == 0) s = hp_model_create(mc, 1, seq_len, &m);
+        else if (!(scratch = hp_aligned_alloc(sizeof(float) * most))) s = HP_ERR_OOM;
+        s = hp_comm_agree(world, s, NULL);
+        for (int i = 0; s == HP_OK && i < np; i++) {
+            float *dst = m ? hp_model_params(m)[i].value.local.data : scratch;
+            const size_t cap = m ? (size_t)hp_tensor_numel(&hp_model_params(m)[i].value.local) : most;
+            hp_dtensor_mem_t mem = {NULL, dst, sizeof(float) * cap};
             hp_tensor_t out;
             s = hp_dtensor_full_tensor(&out, NULL, &mem, &params[i].value);
         }
+        hp_free_aligned(scratch);
     }
     if (s != HP_OK || rank != 0) {
         hp_model_destroy(m);

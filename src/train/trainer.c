@@ -680,7 +680,8 @@ static hp_status_t report_memory(hp_trainer_t t) {
     size_t live = 0, tracked = 0;
     HP_TRY(hp_memory_rss(&rss, &hwm));
     hp_memory_tracked(&live, &tracked);
-    int64_t mine[4] = {(int64_t)t->plan.peak, hwm, (int64_t)(t->plan.peak - t->plan.base), (int64_t)tracked};
+    int64_t mine[4] = {(int64_t)t->plan.peak, hwm, (int64_t)(t->plan.peak - t->plan.base - t->plan.mpi),
+                       (int64_t)tracked};
     int64_t *all = hp_calloc(4 * (size_t)t->world_size, sizeof(int64_t));
     if (!all) return HP_ERR_OOM;
     hp_status_t s = t->world && t->world_size > 1 ? hp_all_gather(mine, all, 4, HP_I64, t->world, NULL) : HP_OK;
