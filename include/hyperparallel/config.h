@@ -74,6 +74,7 @@ typedef struct hp_config {
         char dtype[HP_CONFIG_STR_MAX];
         char mixed_precision_param[HP_CONFIG_STR_MAX];
         char mixed_precision_reduce[HP_CONFIG_STR_MAX];
+        double memory_limit_gib;     /* 0: this host's MemAvailable / its ranks; < 0: no limit */
     } training;
     struct {
         char name[HP_CONFIG_STR_MAX];
@@ -99,6 +100,7 @@ typedef struct hp_config {
         int64_t expert_parallel_degree;
         int64_t expert_tensor_parallel_degree;
         char fsdp_reshard_after_forward[HP_CONFIG_STR_MAX];
+        int64_t zero_stage;          /* 1: ZeRO-1 over dp_replicate (DDP) */
         bool enable_loss_parallel;
         bool enable_sequence_parallel;
         char pipeline_parallel_schedule[HP_CONFIG_STR_MAX];

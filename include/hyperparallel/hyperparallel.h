@@ -38,6 +38,7 @@
 #include "cp.h"
 #include "clip.h"
 #include "parallelize.h"
+#include "memory_plan.h"
 #include "moe_balance.h"
 #include "model_parallelize.h"
 #include "models.h"

@@ -257,12 +257,13 @@ void hp_linear_module_init(hp_module_t *m, hp_linear_impl_t *impl, const char *n
     impl->out_features = out_features;
     impl->prof_op = HP_NN_OP_LINEAR_FWD;
     impl->n_weights = n_params;
-    // stacked params must be adjacent in memory so that they form one (out, in) matrix
+    // stacked params must be adjacent in memory so that they form one (out, in) matrix (an
+    // empty model's entries have no storage yet: its layout keeps a group's members adjacent)
     int64_t rows = 0;
     const float *w0 = hp_param_w(params[0]), *g0 = hp_param_g(params[0]);
     for (int i = 0; i < n_params; i++) {
-        HP_ASSERT_MSG(hp_param_w(params[i]) == w0 + rows * in_features &&
-                      hp_param_g(params[i]) == g0 + rows * in_features,
+        HP_ASSERT_MSG(!w0 || (hp_param_w(params[i]) == w0 + rows * in_features &&
+                              hp_param_g(params[i]) == g0 + rows * in_features),
                       "linear '%s': stacked parameter '%s' is not adjacent to the previous one",
                       name, params[i]->name);
         rows += params[i]->value.local.shape[0];

@@ -53,6 +53,11 @@ struct hp_model {
      * points into storage another owner allocated (FSDP). */
     float *param_data, *grad_data;
     size_t store_floats;
+    /* Created without storage (hp_model_create_empty): the entries describe the parameters
+     * (names, shapes, the layouts the parallelisms give them) and point nowhere until
+     * hp_model_materialize allocates the local shards or an owner (FSDP) takes them over
+     * (hp_model_release_storage). */
+    int empty;
     hp_module_t **mods;       /* every module, creation order (ids) */
     int n_mods, cap_mods;
     int n_owned;              /* mods[0 .. n_owned) were created by the model (freed with it) */

@@ -6,6 +6,7 @@
 #include "hyperparallel/parallelize.h"
 #include "hyperparallel/ep.h"
 #include "hyperparallel/pp.h"
+#include "hyperparallel/zero.h"
 
 #define HP_GRAD_MAX_REDUCTIONS 16
 
@@ -40,6 +41,8 @@ struct hp_parallel {
         hp_fsdp_t fsdp;
     } *part;
     hp_ddp_t ddp;                 /* one part only */
+    hp_zero_t zero;               /* ZeRO-1 over the replicated data-parallel ranks (hp_apply_zero) */
+    hp_mesh_t zero_mesh;          /* its placeholders' mesh (adopted) */
     hp_ep_t ep_sp;                /* sequence parallel around MoE (borrowed: ep[0] or ep_tp[0]) */
     hp_mesh_t ep_mesh, etp_mesh;  /* slices of the sparse mesh (adopted) */
     hp_mesh_t ep_rep_mesh;        /* the sparse mesh's dp_replicate (adopted; NULL when 1) */
@@ -78,4 +81,19 @@ hp_mesh_t hp_pipeline_world_mesh(hp_pipeline_t *pl);
 float *hp_parallel_moe_bias(hp_model_t m, int layer);   /* the placeholders' mesh */
 hp_status_t hp_pipeline_gather(hp_parallel_t p, hp_comm_t world, hp_model_t full);
 int hp_pipeline_stage_of_part(hp_pipeline_t *pl, int i);
+/* The memory plan's view of a pipeline (no model is built): the split, each stage's pp rank and
+ * the micro-batch contexts it keeps at once under the lowered schedule (split: weight passes
+ * run apart, so its contexts keep every unit's output gradient). */
+typedef struct hp_pipeline_layout {
+    int S, n_microbatches;
+    int unit_lo[HP_PP_MAX_STAGES + 1];
+    int stage_to_rank[HP_PP_MAX_STAGES];
+    int n_ctx[HP_PP_MAX_STAGES];
+    int split[HP_PP_MAX_STAGES];
+} hp_pipeline_layout_t;
+hp_status_t hp_pipeline_plan_layout(const hp_model_config_t *cfg, const hp_parallel_dims_t *pd, int batch,
+                                    const hp_pipeline_options_t *o, hp_pipeline_layout_t *out);
+/* The plan entries whose pattern names a module of m (or a fused module's part): a pipeline
+ * stage takes those it holds. Writes them to mine (capacity n) and returns the count. */
+int hp_parallel_plan_entries_held(hp_model_t m, const hp_tp_plan_entry_t *plan, int n, hp_tp_plan_entry_t *mine);
 #endif

@@ -173,6 +173,10 @@ const hp_config_key_t hp_cfg_keys[] = {
       "Dtype FSDP all-gathers parameters in (compute dtype) when mixed precision is on."),
     K(training, mixed_precision_reduce, ENUM, "float32", "float32|bfloat16", NULL,
       "Dtype FSDP reduces gradients in."),
+    KR(training, memory_limit_gib, FLOAT, "0", NULL, NULL,
+       "Memory per rank (GiB) the memory plan checks its predicted peak against before allocating the model; 0 = "
+       "what the process holds plus this host's MemAvailable divided by its ranks, < 0 = no check (docs/memory.md).",
+       INT64_MIN, INT64_MAX, false),
     /* optimizer */
     K(optimizer, name, ENUM, "adamw", "adamw|sgd|muon", NULL, "Optimizer."),
     KF32(optimizer, lr, "0.0008", NULL, "Peak learning rate (the schedule multiplies it)."),
@@ -205,6 +209,10 @@ const hp_config_key_t hp_cfg_keys[] = {
       "Tensor parallel degree inside experts; 1 or tensor_parallel_degree."),
     K(parallelism, fsdp_reshard_after_forward, ENUM, "default", "default|always|never", NULL,
       "Free gathered parameters after forward: default = always unless pipeline parallel."),
+    KI(parallelism, zero_stage, "0", 0, 1, NULL,
+      "1: ZeRO-1 (ZeroRedundancyOptimizer) under replicated data parallel (DDP): each dp_replicate rank holds the "
+      "optimizer state of its share of the parameters; 0: off (FSDP shards the state already). HyperParallel-C's key, "
+      "not TorchTitan's (docs/fsdp.md, ZeRO-1)."),
     K(parallelism, enable_loss_parallel, BOOL, "true", NULL, NULL,
       "Under TP, compute the cross-entropy on vocab-sharded logits instead of gathering them."),
     K(parallelism, enable_sequence_parallel, BOOL, "true", NULL, NULL,

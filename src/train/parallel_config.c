@@ -209,6 +209,7 @@ hp_status_t hp_parallelize_options_from_config(const hp_config_t *c, hp_parallel
     HP_TRY(ac_every_k(c, &o->ac_every_k));
     o->seed = (uint64_t)c->training.seed;
     o->fsdp = fsdp_options(c);
+    o->zero_stage = (int)c->parallelism.zero_stage;
     hp_pipeline_options_t *pp = &o->pp;
     pp->schedule = c->parallelism.pipeline_parallel_schedule;
     pp->schedule_csv = c->parallelism.pipeline_parallel_schedule_csv;
@@ -249,6 +250,14 @@ hp_status_t hp_parallel_config_check(const hp_config_t *c, const hp_model_config
         return hp_error(HP_ERR_UNSUPPORTED, "validation.local_batch_size %d differs from training.local_batch_size %d; "
                         "under pipeline parallel validation runs the training micro-batches; hint: leave "
                         "validation.local_batch_size at -1", val_batch, batch);
+    if (c->parallelism.zero_stage == 1 &&
+        (pd->dp_replicate < 2 || pd->dp_shard * pd->cp > 1 || pd->pp > 1 || mc->moe_experts > 0))
+        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.zero_stage = 1 partitions the optimizer state of replicated "
+                        "data parallel: it needs data_parallel_replicate_degree > 1 (here %d) with "
+                        "data_parallel_shard_degree x context_parallel_degree 1 (here %d; FSDP shards the state "
+                        "already), pipeline_parallel_degree 1 (here %d) and a dense model (model.name %s); hint: "
+                        "--parallelism.zero_stage=0, or FSDP (data_parallel_shard_degree > 1)", pd->dp_replicate,
+                        pd->dp_shard * pd->cp, pd->pp, mc->name);
     if (pd->tp > 1) {
         const int T = (int)c->training.seq_len;
         if (c->parallelism.enable_sequence_parallel && T % pd->tp != 0)
