@@ -370,7 +370,7 @@ static hp_status_t spy_backward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     s->bwd++;
     return hp_module_backward_input(s->orig, act, dout, din);
 }
-static const hp_module_ops_t spy_ops = {"spy", spy_bytes, NULL, spy_forward, spy_backward, NULL, NULL};
+static const hp_module_ops_t spy_ops = {"spy", spy_bytes, NULL, spy_forward, spy_backward, NULL, NULL, NULL};
 
 /* One step on batch 0 from zero gradients: the loss, the gradients into g. */
 static float step_grads(hp_model_t m, float *g) {
