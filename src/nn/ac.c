@@ -222,7 +222,13 @@ hp_status_t hp_ac_decide(const hp_module_t *wrapper, const hp_ac_options_t *o, i
     unsigned char *ki = hp_calloc((size_t)n + 1, 1);
     if (!ki) { free(it); return HP_ERR_OOM; }
     hp_status_t st = HP_OK;
-    if (o->policy == HP_AC_OP) decide_op(it, n, o->force_recompute, ki);
+    if (o->policy == HP_AC_OP) {
+        decide_op(it, n, o->force_recompute, ki);
+        for (int i = n - 1; i > 0; i--)   // tied items: kept when one of them is (keeping more is safe)
+            if (it[i].tie && !it[i].same_as && ki[i]) ki[i - 1] = 1;
+        for (int i = 1; i < n; i++)
+            if (it[i].tie && !it[i].same_as && ki[i - 1]) ki[i] = 1;
+    }
     else if (o->policy == HP_AC_BUDGET) st = decide_budget(it, n, o->memory_budget, ki);
     // HP_AC_FULL: nothing kept (the whole forward again, TorchTitan's full AC)
     const hp_module_t *inner = wrapper->children[0];

@@ -444,6 +444,7 @@ hp_status_t hp_model_set_activation_checkpoint_options(hp_model_t m, const hp_ac
     for (int u = m->u0; u < m->u1; u++) {
         nn_unit_t *U = &m->units[u];
         if (U->kind != HP_MODEL_UNIT_BLOCK) continue;
+        U->ac->children[0] = U->inner;   // the block as it is now (a parallelism may have replaced it)
         hp_module_t *want = ac_checkpointed(o->every_k, u - 1) ? U->ac : U->inner;
         if (want == U->module) continue;
         HP_TRY(hp_module_move_hooks(want, U->module));   // the unit's hooks stay on its outer module
@@ -475,7 +476,8 @@ static hp_status_t ac_size(hp_model_t m, const hp_ac_options_t *o, int B, int T,
     hp_status_t st = HP_OK;
     for (int u = m->u0; u < m->u1 && st == HP_OK; u++) {
         const nn_unit_t *U = &m->units[u];
-        const hp_module_t *inner = U->kind == HP_MODEL_UNIT_BLOCK ? U->ac->children[0] : U->module;
+        hp_module_t *inner = hp_module_is_checkpoint(U->module) ? U->module->children[0] : U->module;
+        if (U->kind == HP_MODEL_UNIT_BLOCK) U->ac->children[0] = inner;   // o may differ from the installed AC
         z->none += inner->ops->act_bytes(inner, B, T);
         if (U->kind != HP_MODEL_UNIT_BLOCK || !ac_checkpointed(o->every_k, u - 1)) {
             z->arena += inner->ops->act_bytes(inner, B, T);

@@ -307,17 +307,18 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
                pb / 1048576.0, gb / 1048576.0, hp_optim_state_bytes(t->opt) / 1048576.0, ab / 1048576.0,
                wb / 1048576.0);
         hp_ac_estimate_t ace;   /* what activation checkpointing keeps and recomputes (nn_checkpoint.h) */
-        if (hp_parallel_ac_estimate(t->par, 0, &ace) == HP_OK && ace.n_checkpointed > 0)
-            hp_log(HP_LOG_INFO, "activation checkpointing %s%s%s: %d blocks; activations %.2f MiB per micro-batch "
-                                "(kept %.2f, recompute region %.2f; %.2f without AC); recompute %.4g FLOPs per "
-                                "micro-batch (full AC: %.4g)",
-                   cfg->activation_checkpoint.mode,
-                   strcmp(cfg->activation_checkpoint.mode, "selective") == 0 ? " " : "",
-                   strcmp(cfg->activation_checkpoint.mode, "selective") == 0 ? cfg->activation_checkpoint.selective_ac_option
-                                                                             : "",
-                   ace.n_checkpointed, ace.act_bytes / 1048576.0, ace.kept_bytes / 1048576.0,
-                   ace.region_bytes / 1048576.0, ace.none_bytes / 1048576.0, ace.recompute_flops,
-                   ace.checkpointed_flops);
+        if (hp_parallel_ac_estimate(t->par, 0, &ace) == HP_OK && ace.n_checkpointed > 0) {
+            char mode[HP_CONFIG_STR_MAX + 32];
+            const char *md = cfg->activation_checkpoint.mode;
+            if (strcmp(md, "selective") == 0) snprintf(mode, sizeof mode, "selective %s", cfg->activation_checkpoint.selective_ac_option);
+            else if (strcmp(md, "memory_budget") == 0) snprintf(mode, sizeof mode, "memory_budget %g", cfg->activation_checkpoint.memory_budget);
+            else snprintf(mode, sizeof mode, "%s", md);
+            hp_log(HP_LOG_INFO, "activation checkpointing %s: %d blocks; activations %.2f MiB per micro-batch (kept "
+                                "%.2f, recompute region %.2f; %.2f without AC); recompute %.4g FLOPs per micro-batch "
+                                "(full AC: %.4g)", mode, ace.n_checkpointed, ace.act_bytes / 1048576.0,
+                   ace.kept_bytes / 1048576.0, ace.region_bytes / 1048576.0, ace.none_bytes / 1048576.0,
+                   ace.recompute_flops, ace.checkpointed_flops);
+        }
         /* which figure MFU divides by */
         double peak = hp_metrics_peak_flops(t->metrics);
         if (peak > 0 && cfg->metrics.peak_flops > 0)
