@@ -24,7 +24,7 @@ static const struct { const char *header; int layer; } headers[] = {
     {"dtensor.h", DTENSOR}, {"param.h", DTENSOR},
     {"nn.h", NN}, {"model.h", NN}, {"nn_loss.h", NN}, {"attention_block.h", NN},
     {"model_builder.h", NN}, {"nn_module.h", NN}, {"nn_layers.h", NN}, {"nn_moe.h", NN}, {"nn_kernels.h", NN},
-    {"nn_attention.h", NN},
+    {"nn_attention.h", NN}, {"nn_checkpoint.h", NN},
     {"fsdp.h", PARALLEL}, {"ep.h", PARALLEL}, {"ddp.h", PARALLEL}, {"tp.h", PARALLEL}, {"zero.h", PARALLEL}, {"pp_schedule.h", PARALLEL}, {"pp.h", PARALLEL}, {"cp.h", PARALLEL},
     {"parallel_dims.h", PARALLEL}, {"parallelize.h", PARALLEL}, {"clip.h", PARALLEL}, {"moe_balance.h", PARALLEL},
     {"memory_plan.h", PARALLEL},

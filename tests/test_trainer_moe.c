@@ -140,8 +140,8 @@ static int jsonl_lines(const char *sub, const char *key, char (*lines)[512], int
     return n;
 }
 
-/* 1 rank: full activation checkpointing gives the same losses, bias and (halved) routing counts
- * as the run without (flavors' deepseek_v3 run). */
+/* 1 rank: full activation checkpointing gives the same losses, bias and routing counts as the run
+ * without (flavors' deepseek_v3 run): the MoE counts a micro-batch's first forward only. */
 static void full_ac(hp_comm_t world, const double *ds_losses, const float *bias_ds) {
     hp_config_t *c = calloc(1, sizeof *c);
     moe_config(c, 1, "deepseek_v3");

@@ -119,6 +119,8 @@ typedef struct hp_config {
     struct {
         char mode[HP_CONFIG_STR_MAX];
         char selective_ac_option[HP_CONFIG_STR_MAX];   /* integer k, or "op" */
+        double memory_budget;                          /* mode memory_budget: [0, 1] */
+        char per_op_sac_force_recompute_mm_shapes_by_fqns[HP_CONFIG_STR_MAX];   /* comma-separated */
     } activation_checkpoint;
     struct {
         bool enable;

@@ -20,6 +20,7 @@
 #include "nn_moe.h"
 #include "nn_kernels.h"
 #include "nn_attention.h"
+#include "nn_checkpoint.h"
 #include "nn_loss.h"
 #include "backend.h"
 #include "model.h"

@@ -29,7 +29,7 @@ typedef struct hp_memory_plan_input {
     const hp_tp_plan_entry_t *tp_plan;    /* tp > 1: the family's plan (each stage takes what it holds) */
     int n_tp_plan;
     int batch, seq_len;                   /* the largest (B, T) a data-parallel rank feeds (whole sequences) */
-    int ac_every_k;                       /* hp_apply_ac's */
+    hp_ac_options_t ac;                   /* hp_apply_ac_options' (every_k 0: off) */
     hp_fsdp_options_t fsdp;               /* dtypes, reshard_after_forward, overlap (dp_shard x cp > 1) */
     hp_pipeline_options_t pp;             /* pp > 1 */
     int optim_states;                     /* f32 state tensors per parameter: AdamW 2, SGD with momentum 1 */

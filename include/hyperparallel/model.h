@@ -337,6 +337,31 @@ int hp_model_profile(hp_model_t m, const char ***names, const double **seconds);
  * are refused afterwards (re-create them); refused between a forward and its backward. */
 hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k);
 int hp_model_activation_checkpoint(hp_model_t m);
+/* The same with a save policy (nn_checkpoint.h): o->every_k picks the blocks (TorchTitan: 1 for
+ * op-level selective AC and for the memory budget), o->policy what each keeps through the forward:
+ * nothing (HP_AC_FULL), TorchTitan's op-level save list (HP_AC_OP) or a knapsack under
+ * o->memory_budget (HP_AC_BUDGET); the replay recomputes the rest and skips the ops whose outputs
+ * were kept, so losses and gradients are bitwise those without checkpointing. A context decides
+ * for its (max_B, max_T) when it is created. hp_model_set_activation_checkpoint(m, k) is this with
+ * every_k k and HP_AC_FULL. */
+hp_status_t hp_model_set_activation_checkpoint_options(hp_model_t m, const hp_ac_options_t *o);
+void hp_model_activation_checkpoint_options(hp_model_t m, hp_ac_options_t *o);
+/* What AC costs per micro-batch context of (B, T) (every context is one micro-batch in flight). */
+typedef struct hp_ac_estimate {
+    size_t act_bytes;          /* the context's activation memory: saved tensors plus recompute regions */
+    size_t kept_bytes;         /* of which: kept through the forward (non-checkpointed units and kept items) */
+    size_t region_bytes;       /* of which: recompute regions (one, or one per block with split_backward) */
+    size_t none_bytes;         /* the same context without checkpointing */
+    double recompute_flops;    /* forward FLOPs the replays run in backward */
+    double checkpointed_flops; /* forward FLOPs of the checkpointed blocks' items (what full AC recomputes) */
+    int n_checkpointed;        /* blocks */
+} hp_ac_estimate_t;
+/* The estimate for options o (not necessarily the model's), the model's module tree (its
+ * parallelisms included: the shards it runs) and (B, T); split_backward: contexts with deferred
+ * weight passes (HP_MODEL_CTX_SPLIT_BACKWARD). A library call for memory plans and planners: it
+ * allocates no activations. */
+hp_status_t hp_model_activation_checkpoint_estimate(hp_model_t m, const hp_ac_options_t *o, int B, int T,
+                                                    int split_backward, hp_ac_estimate_t *out);
 /* Bytes of each arena (parameters, gradients, activations, workspace) for start-up reports. */
 void hp_model_memory(hp_model_t m, size_t *param_bytes, size_t *grad_bytes,
                      size_t *act_bytes, size_t *work_bytes);

@@ -18,7 +18,7 @@ typedef struct hp_parallelize_options {
     const hp_tp_plan_entry_t *tp_plan;
     int n_tp_plan;
     hp_cp_options_t cp;               /* context parallel (cp > 1) */
-    int ac_every_k;                   /* activation checkpointing (hp_apply_ac) */
+    hp_ac_options_t ac;               /* activation checkpointing (hp_apply_ac_options; ac.every_k 0: off) */
     uint64_t seed;                    /* hp_parallel_init_weights */
     hp_fsdp_options_t fsdp;           /* dp_shard x cp > 1 */
     int zero_stage;                   /* 1: ZeRO-1 over dp_replicate (DDP; hp_apply_zero) */

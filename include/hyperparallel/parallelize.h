@@ -83,6 +83,13 @@ hp_status_t hp_apply_cp(hp_parallel_t p, hp_mesh_t cp_mesh, const hp_cp_options_
 /* Activation checkpointing (TorchTitan semantics): every_k 0 off, 1 every block (mode full),
  * k > 1 the blocks l with (l + 1) % k == 0 (layer-level selective AC). */
 hp_status_t hp_apply_ac(hp_parallel_t p, int every_k);
+/* The same with a save policy (nn_checkpoint.h): op-level selective AC (HP_AC_OP) or a memory
+ * budget (HP_AC_BUDGET) in every checkpointed block; bitwise the losses and gradients without AC. */
+hp_status_t hp_apply_ac_options(hp_parallel_t p, const hp_ac_options_t *o);
+/* What the applied checkpointing costs on this rank per micro-batch of micro_batch sequences
+ * (<= 0: the batch p was created for) of the rows this rank runs (T / cp): activation bytes
+ * and recompute FLOPs summed over the rank's parts (model.h hp_ac_estimate_t). */
+hp_status_t hp_parallel_ac_estimate(hp_parallel_t p, int micro_batch, hp_ac_estimate_t *out);
 
 /* TorchTitan's init (parallelize, then init_weights), drawn from the counter RNG keyed by
  * (seed, parameter name, global element index): every layout draws bitwise the values the

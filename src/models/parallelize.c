@@ -19,6 +19,7 @@ hp_parallelize_options_t hp_parallelize_default_options(void) {
     o.pp.schedule = "1F1B";
     o.pp.microbatch_size = 1;
     o.pp.layers_per_stage = -1;
+    o.ac = hp_ac_default_options();
     return o;
 }
 
@@ -88,7 +89,7 @@ hp_status_t hp_parallelize_decoder(hp_parallel_t p, const hp_parallel_dims_t *pd
     if (mc->moe_experts > 0 && (pd->ep > 1 || pd->tp > 1))
         HP_TRY(hp_apply_ep(p, pd->ep > 1 ? meshes->sparse : NULL, tp_mesh, o->sequence_parallel));
     if (cp_mesh) HP_TRY(hp_apply_cp(p, cp_mesh, &o->cp));
-    HP_TRY(hp_apply_ac(p, o->ac_every_k));
+    HP_TRY(hp_apply_ac_options(p, &o->ac));
     if (pd->dp_shard > 1 || pd->cp > 1) {
         hp_mesh_t dp_mesh = NULL;
         HP_TRY(fsdp_mesh(p, pd, meshes, &dp_mesh));

@@ -529,24 +529,91 @@ hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k) {
     if (every_k < 0)
         return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_activation_checkpoint: every_k = %d, expected 0 (off), "
                         "1 (every block) or k > 1 (every k-th block)", every_k);
+    hp_ac_options_t o = hp_ac_default_options();
+    o.every_k = every_k;
+    return hp_model_set_activation_checkpoint_options(m, &o);
+}
+
+hp_status_t hp_model_set_activation_checkpoint_options(hp_model_t m, const hp_ac_options_t *o) {
+    if (!m) return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_activation_checkpoint_options: model is NULL");
+    HP_TRY(hp_ac_options_check(o, "hp_model_set_activation_checkpoint_options"));
     if (ctx_pending(m->dflt))
         return hp_error(HP_ERR_STATE, "hp_model_set_activation_checkpoint: a forward is waiting for its "
                         "backward; hint: change checkpointing between steps");
     for (int u = m->u0; u < m->u1; u++) {
         nn_unit_t *U = &m->units[u];
         if (U->kind != HP_MODEL_UNIT_BLOCK) continue;
-        hp_module_t *want = ac_checkpointed(every_k, u - 1) ? U->ac : U->inner;
+        U->ac->children[0] = U->inner;   // the block as it is now (a parallelism may have replaced it)
+        hp_module_t *want = ac_checkpointed(o->every_k, u - 1) ? U->ac : U->inner;
         if (want == U->module) continue;
         HP_TRY(hp_module_move_hooks(want, U->module));   // the unit's hooks stay on its outer module
         U->module->unit = -1;
         want->unit = u;
         U->module = want;
     }
-    m->ac_every = every_k;
+    m->ac = *o;
     return tree_changed(m);
 }
 
-int hp_model_activation_checkpoint(hp_model_t m) { return m->ac_every; }
+int hp_model_activation_checkpoint(hp_model_t m) { return m->ac.every_k; }
+void hp_model_activation_checkpoint_options(hp_model_t m, hp_ac_options_t *o) { *o = m->ac; }
+
+/* The checkpointed blocks' decisions for (B, T) under o into keep (n_mods x HP_SAVE_SLOTS, NULL:
+ * a scratch table), their costs summed, and the context's arena bytes: each unit's state, for a
+ * checkpointed block its kept items; the regions: one per block (split) or the largest. */
+typedef struct ac_sizes {
+    size_t arena, region_max, region_sum, none;
+    double recompute, forward;
+    int n;
+} ac_sizes_t;
+
+static hp_status_t ac_size(hp_model_t m, const hp_ac_options_t *o, int B, int T, unsigned char *keep,
+                           size_t *region_of_unit, size_t *kept_of_unit, ac_sizes_t *z) {
+    memset(z, 0, sizeof(*z));
+    unsigned char *own = NULL;
+    if (!keep && !(keep = own = hp_calloc((size_t)m->n_mods * HP_SAVE_SLOTS, 1))) return HP_ERR_OOM;
+    hp_status_t st = HP_OK;
+    for (int u = m->u0; u < m->u1 && st == HP_OK; u++) {
+        const nn_unit_t *U = &m->units[u];
+        hp_module_t *inner = hp_module_is_checkpoint(U->module) ? U->module->children[0] : U->module;
+        if (U->kind == HP_MODEL_UNIT_BLOCK) U->ac->children[0] = inner;   // o may differ from the installed AC
+        z->none += inner->ops->act_bytes(inner, B, T);
+        if (U->kind != HP_MODEL_UNIT_BLOCK || !ac_checkpointed(o->every_k, u - 1)) {
+            z->arena += inner->ops->act_bytes(inner, B, T);
+            continue;
+        }
+        hp_ac_stats_t s;
+        st = hp_ac_decide(U->ac, o, B, T, keep, m->n_mods, &s);
+        if (st != HP_OK) break;
+        z->arena += s.kept_bytes;
+        z->region_sum += s.region_bytes;
+        if (s.region_bytes > z->region_max) z->region_max = s.region_bytes;
+        z->recompute += s.recompute_flops;
+        z->forward += s.forward_flops;
+        z->n++;
+        if (region_of_unit) region_of_unit[u] = s.region_bytes;
+        if (kept_of_unit) kept_of_unit[u] = s.kept_bytes;
+    }
+    free(own);
+    return st;
+}
+
+hp_status_t hp_model_activation_checkpoint_estimate(hp_model_t m, const hp_ac_options_t *o, int B, int T,
+                                                    int split_backward, hp_ac_estimate_t *out) {
+    if (!m || !out)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_model_activation_checkpoint_estimate: model and out are required");
+    HP_TRY(hp_ac_options_check(o, "hp_model_activation_checkpoint_estimate"));
+    if (B <= 0 || T <= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_model_activation_checkpoint_estimate: (B, T) = (%d, %d), expected "
+                        "positive", B, T);
+    ac_sizes_t z;
+    HP_TRY(ac_size(m, o, B, T, NULL, NULL, NULL, &z));
+    const size_t region = split_backward ? z.region_sum : z.region_max;
+    *out = (hp_ac_estimate_t){.act_bytes = z.arena + region, .kept_bytes = z.arena, .region_bytes = region,
+                              .none_bytes = z.none, .recompute_flops = z.recompute, .checkpointed_flops = z.forward,
+                              .n_checkpointed = z.n};
+    return HP_OK;
+}
 
 /* The model's tree changed: old contexts are refused, the model's own is re-created at its next
  * use (a parallelism replacing many modules re-sizes it once). */
@@ -626,34 +693,79 @@ static int has_head(hp_model_t m) { return m->u1 == m->n_units_total; }
 void hp_model_ctx_destroy(hp_model_ctx_t c) {
     if (!c) return;
     hp_act_free(&c->act);
+    for (int i = 0; i < c->ckpt.n_regions; i++) hp_arena_free(&c->ckpt.regions[i]);
+    free(c->ckpt_mem);
     c->m->be->free(c->m->be->ctx, c->mem);
     free(c);   // and its per-unit tables (hp_model_ctx_create)
 }
 
-size_t hp_model_ctx_bytes(hp_model_ctx_t c) { return c ? c->act.arena.capacity + c->mem_bytes : 0; }
+/* The activation memory of a context: its arena and its recompute regions. */
+static size_t ctx_act_bytes(hp_model_ctx_t c) {
+    size_t n = c->act.arena.capacity;
+    for (int i = 0; i < c->ckpt.n_regions; i++) n += c->ckpt.regions[i].capacity;
+    return n;
+}
 
-/* A context's sizes for (max_B, max_T): the arena (saved state of every unit; checkpointed
- * blocks keep only their input plus one recomputed block, or every one when weight passes are
- * deferred) in bytes, and the workspace in floats (tokens, targets, unit boundaries, logits
- * and their gradient, activation gradients, backward scratch). */
-static void ctx_sizes(hp_model_t m, int max_B, int max_T, int split, size_t *arena_out, size_t *ws_out,
-                      size_t *scratch_max_out) {
+size_t hp_model_ctx_bytes(hp_model_ctx_t c) { return c ? ctx_act_bytes(c) + c->mem_bytes : 0; }
+
+/* The context's checkpointing tables (decisions, kept addresses, regions) when blocks are
+ * checkpointed: decisions for (max_B, max_T); one region per block in a split context (its
+ * replay's state stays until the weight pass), else one for all. Returns the arena bytes. */
+static hp_status_t ctx_ckpt(hp_model_t m, hp_model_ctx_t c, int split, size_t *arena) {
+    *arena = 0;
+    int n_ck = 0;
+    for (int u = m->u0; u < m->u1; u++) n_ck += hp_module_is_checkpoint(m->units[u].module);
+    const size_t nm = (size_t)m->n_mods, nu = (size_t)m->n_units_total;
+    const int n_reg = n_ck == 0 ? 0 : split ? n_ck : 1;
+    if (n_ck == 0) {
+        ac_sizes_t z;
+        HP_TRY(ac_size(m, &m->ac, c->max_B, c->max_T, NULL, NULL, NULL, &z));
+        *arena = z.arena;
+        return HP_OK;
+    }
+    // one allocation: regions, kept addresses, kept bytes, per-unit sizes, region indices, decisions
+    const size_t bytes = sizeof(hp_arena_t) * (size_t)n_reg + sizeof(void *) * nm * HP_SAVE_SLOTS +
+                         sizeof(size_t) * (nm + 2 * nu) + sizeof(int) * nm + nm * HP_SAVE_SLOTS;
+    char *p = c->ckpt_mem = hp_calloc(1, bytes);
+    if (!p) return HP_ERR_OOM;
+    hp_arena_t *regions = (hp_arena_t *)p; p += sizeof(hp_arena_t) * (size_t)n_reg;
+    void **kept = (void **)p; p += sizeof(void *) * nm * HP_SAVE_SLOTS;
+    size_t *kept_of = (size_t *)p; p += sizeof(size_t) * nm;
+    size_t *reg_u = (size_t *)p; p += sizeof(size_t) * nu;
+    size_t *kept_u = (size_t *)p; p += sizeof(size_t) * nu;
+    int *region_of = (int *)p; p += sizeof(int) * nm;
+    unsigned char *keep = (unsigned char *)p;
+    ac_sizes_t z;
+    HP_TRY(ac_size(m, &m->ac, c->max_B, c->max_T, keep, reg_u, kept_u, &z));
+    c->ckpt = (hp_act_ckpt_t){.keep = keep, .kept = kept, .regions = regions, .n_regions = 0,
+                              .region_of = region_of, .kept_of = kept_of};
+    for (int u = m->u0, r = 0; u < m->u1; u++) {
+        const hp_module_t *w = m->units[u].module;
+        if (!hp_module_is_checkpoint(w)) continue;
+        region_of[w->id] = split ? r : 0;
+        kept_of[w->id] = kept_u[u];
+        if (split || r == 0) {
+            HP_TRY(hp_arena_init(&regions[r], "recompute region", split ? reg_u[u] : z.region_max));
+            c->ckpt.n_regions = r + 1;
+        }
+        r++;
+    }
+    *arena = z.arena;
+    return HP_OK;
+}
+
+/* A context's workspace for (max_B, max_T) in floats (tokens, targets, unit boundaries, logits
+ * and their gradient, activation gradients, backward scratch); the arena is sized by ac_size. */
+static void ctx_sizes(hp_model_t m, int max_B, int max_T, int split, size_t *ws_out, size_t *scratch_max_out) {
     const size_t N = (size_t)max_B * max_T, d = m->cfg.dim, V = m->cfg.vocab_size;
-    size_t arena = 0, region = 0, scratch_max = 0, scratch_sum = 0;
+    size_t scratch_max = 0, scratch_sum = 0;
     for (int u = m->u0; u < m->u1; u++) {
         const hp_module_t *mod = m->units[u].module;
-        arena += mod->ops->act_bytes(mod, max_B, max_T);
-        if (mod->ops->kind && strcmp(mod->ops->kind, "checkpoint") == 0) {
-            size_t r = nn_checkpoint_recompute_bytes(mod, max_B, max_T);
-            if (split) arena += r;
-            else if (r > region) region = r;
-        }
         size_t s = mod->ops->grad_scratch_floats ? mod->ops->grad_scratch_floats(mod, max_B, max_T) : 0;
         s = ROUND16(s);
         if (s > scratch_max) scratch_max = s;
         scratch_sum += s;
     }
-    arena += region;
     int lo, hi;
     ctx_bounds(m, &lo, &hi);
     const int nb = hi >= lo ? hi - lo + 1 : 0;
@@ -662,15 +774,27 @@ static void ctx_sizes(hp_model_t m, int max_B, int max_T, int split, size_t *are
     ws += has_head(m) ? 2 * ROUND16(N * V) : 0;                      // logits, dlogits
     ws += split ? (size_t)nb * xN : 2 * xN;                         // activation gradients
     ws += split ? scratch_sum : scratch_max;
-    *arena_out = arena;
     *ws_out = ws;
     *scratch_max_out = scratch_max;
 }
 
+/* What hp_model_ctx_create would reserve, without reserving it: the arena (each unit's saved
+ * state, a checkpointed block's kept items) and the recompute regions (one per checkpointed block
+ * in a split context, else the largest), each rounded as hp_arena_init rounds it. */
 void hp_model_ctx_size(hp_model_t m, int max_B, int max_T, unsigned flags, size_t *arena_bytes, size_t *work_bytes) {
-    size_t arena, ws, sm;
-    ctx_sizes(m, max_B, max_T, (flags & HP_MODEL_CTX_SPLIT_BACKWARD) != 0, &arena, &ws, &sm);
-    if (arena_bytes) *arena_bytes = hp_arena_round(arena);
+    const int split = (flags & HP_MODEL_CTX_SPLIT_BACKWARD) != 0;
+    size_t ws, sm, act = 0;
+    ctx_sizes(m, max_B, max_T, split, &ws, &sm);
+    size_t *reg_u = hp_calloc((size_t)m->n_units_total + 1, sizeof(size_t));
+    ac_sizes_t z;
+    if (reg_u && ac_size(m, &m->ac, max_B, max_T, NULL, reg_u, NULL, &z) == HP_OK) {
+        act = hp_arena_round(z.arena);
+        if (!split) act += hp_arena_round(z.region_max);
+        for (int u = m->u0; split && u < m->u1; u++)
+            if (hp_module_is_checkpoint(m->units[u].module)) act += hp_arena_round(reg_u[u]);
+    }
+    free(reg_u);
+    if (arena_bytes) *arena_bytes = act;
     if (work_bytes) *work_bytes = sizeof(float) * ws;
 }
 
@@ -684,8 +808,8 @@ hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned fla
     if (flags & ~HP_MODEL_CTX_SPLIT_BACKWARD)
         return hp_error(HP_ERR_INVALID_ARG, "hp_model_ctx_create: unknown flags 0x%x", flags & ~HP_MODEL_CTX_SPLIT_BACKWARD);
     const int split = (flags & HP_MODEL_CTX_SPLIT_BACKWARD) != 0, nu = m->n_units_total;
-    size_t arena, ws, scratch_max;
-    ctx_sizes(m, max_B, max_T, split, &arena, &ws, &scratch_max);
+    size_t ws, scratch_max;
+    ctx_sizes(m, max_B, max_T, split, &ws, &scratch_max);
     int lo, hi;
     ctx_bounds(m, &lo, &hi);
     const size_t N = (size_t)max_B * max_T, d = m->cfg.dim, V = m->cfg.vocab_size;
@@ -702,7 +826,9 @@ hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned fla
     c->scratch = c->g + nt;
     c->scratch_n = (size_t *)(c->scratch + nt);
     c->state = (unsigned char *)(c->scratch_n + nt);
-    hp_status_t st = hp_act_init(&c->act, m->n_mods > 0 ? m->n_mods : 1, arena);
+    size_t arena = 0;
+    hp_status_t st = ctx_ckpt(m, c, split, &arena);
+    if (st == HP_OK) st = hp_act_init(&c->act, m->n_mods > 0 ? m->n_mods : 1, arena);
     if (st == HP_OK) {
         c->mem = m->be->alloc(m->be->ctx, sizeof(float) * ws);
         if (!c->mem)
@@ -715,6 +841,7 @@ hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned fla
     }
     c->act.be = m->be;
     c->act.keep_recompute = split;
+    c->act.ckpt = c->ckpt.n_regions > 0 ? &c->ckpt : NULL;
     float *p = c->mem;
     c->tokens = (int32_t *)p; p += iN;
     c->targets = (int32_t *)p; p += iN;
@@ -1036,7 +1163,7 @@ void hp_model_memory(hp_model_t m, size_t *param_bytes, size_t *grad_bytes, size
     // model never makes one: the runtime's contexts hold its micro-batches)
     size_t ab = 0, wb = 0;
     if (m->dflt) {
-        ab = m->dflt->act.arena.capacity;
+        ab = ctx_act_bytes(m->dflt);
         wb = m->dflt->mem_bytes;
     } else {
         hp_model_ctx_size(m, m->ctx_batch, m->ctx_seq_len, 0, &ab, &wb);

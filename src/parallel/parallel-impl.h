@@ -48,7 +48,8 @@ struct hp_parallel {
     hp_mesh_t ep_rep_mesh;        /* the sparse mesh's dp_replicate (adopted; NULL when 1) */
     hp_mesh_t sp_mesh;            /* the tp mesh under sequence parallel around MoE (borrowed) */
     hp_cp_t cp;                   /* context parallel (one per rank) */
-    int ac_every_k;
+    int ac_every_k;               /* activation checkpointing: which blocks (ac.every_k) */
+    hp_ac_options_t ac;           /* and what each keeps (hp_apply_ac_options) */
     int tp_degree;
     int batch, seq_len, rows;     /* largest (B, T) fed; rows per sequence on this rank (T / cp) */
     int32_t *cp_tokens, *cp_targets;   /* (batch, rows) this rank's rows of a batch (one allocation) */

@@ -193,8 +193,35 @@ hp_status_t hp_apply_cp(hp_parallel_t p, hp_mesh_t cp_mesh, const hp_cp_options_
 
 hp_status_t hp_apply_ac(hp_parallel_t p, int every_k) {
     if (every_k < 0) return hp_error(HP_ERR_INVALID_ARG, "hp_apply_ac: every_k %d must be >= 0", every_k);
-    for (int i = 0; every_k > 0 && i < p->n_parts; i++) HP_TRY(hp_model_set_activation_checkpoint(p->parts[i], every_k));
-    p->ac_every_k = every_k;
+    hp_ac_options_t o = hp_ac_default_options();
+    o.every_k = every_k;
+    return hp_apply_ac_options(p, &o);
+}
+
+hp_status_t hp_apply_ac_options(hp_parallel_t p, const hp_ac_options_t *o) {
+    HP_TRY(hp_ac_options_check(o, "hp_apply_ac_options"));
+    for (int i = 0; o->every_k > 0 && i < p->n_parts; i++)
+        HP_TRY(hp_model_set_activation_checkpoint_options(p->parts[i], o));
+    p->ac_every_k = o->every_k;
+    p->ac = *o;
+    return HP_OK;
+}
+
+hp_status_t hp_parallel_ac_estimate(hp_parallel_t p, int micro_batch, hp_ac_estimate_t *out) {
+    if (!p || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_parallel_ac_estimate: parallel and out are required");
+    const int B = micro_batch > 0 ? micro_batch : p->batch, T = p->rows > 0 ? p->rows : p->seq_len;
+    memset(out, 0, sizeof(*out));
+    for (int i = 0; i < p->n_parts; i++) {   // every stage part of this rank: one context each in flight
+        hp_ac_estimate_t e;
+        HP_TRY(hp_model_activation_checkpoint_estimate(p->parts[i], &p->ac, B, T, 0, &e));
+        out->act_bytes += e.act_bytes;
+        out->kept_bytes += e.kept_bytes;
+        out->region_bytes += e.region_bytes;
+        out->none_bytes += e.none_bytes;
+        out->recompute_flops += e.recompute_flops;
+        out->checkpointed_flops += e.checkpointed_flops;
+        out->n_checkpointed += e.n_checkpointed;
+    }
     return HP_OK;
 }
 

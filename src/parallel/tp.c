@@ -455,7 +455,7 @@ static hp_status_t lp_backward_input(hp_module_t *m, hp_act_t *act, const hp_ten
 }
 
 static const hp_module_ops_t lp_ops = {
-    "loss_parallel", hp_loss_act_bytes, NULL, lp_forward, lp_backward_input, NULL, NULL,
+    "loss_parallel", hp_loss_act_bytes, NULL, lp_forward, lp_backward_input, NULL, NULL, NULL,
 };
 
 /* loss_parallel: when the head's output is vocab-sharded (its output projection's style says

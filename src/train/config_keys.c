@@ -251,10 +251,21 @@ const hp_config_key_t hp_cfg_keys[] = {
       "the ring's first transfer) from the fused q/k/v projection's post-forward hook and wait in the attention core; "
       "bitwise the synchronous results."),
     /* activation_checkpoint */
-    K(activation_checkpoint, mode, ENUM, "none", "none|full|selective", NULL,
-      "Recompute activations in backward: none, every block (full) or selected blocks/ops (selective)."),
+    K(activation_checkpoint, mode, ENUM, "none", "none|full|selective|memory_budget", NULL,
+      "Recompute activations in backward: none, every block (full), selected blocks or ops (selective), or what "
+      "a knapsack under memory_budget drops (memory_budget). Losses and gradients are bitwise those of none."),
     K(activation_checkpoint, selective_ac_option, STRING, "2", NULL, NULL,
-      "Selective mode: an integer k checkpoints every k-th transformer block; \"op\" (op-level SAC) is not implemented yet."),
+      "Selective mode: an integer k checkpoints every k-th transformer block (0 = every block); \"op\" is "
+      "TorchTitan's op-level SAC: save matmul outputs except every second one, attention outputs, the MoE "
+      "router's choices; recompute the rest."),
+    {.section = "activation_checkpoint", .key = "memory_budget", .type = HP_CONFIG_FLOAT, .default_value = "0.5",
+     .doc = "Mode memory_budget: the share of each block's activation bytes kept, chosen by a 0-1 knapsack "
+            "maximising the recompute FLOPs saved (torch's partitioner); 0 = full AC, 1 = keep everything.",
+     .offset = OFF(activation_checkpoint.memory_budget), .int_min = INT64_MIN, .int_max = INT64_MAX,
+     .float_min = 0.0, .float_max = 1.0},
+    K(activation_checkpoint, per_op_sac_force_recompute_mm_shapes_by_fqns, STRING, "moe.router.gate", NULL, NULL,
+      "Op-level SAC: comma-separated FQN parts; every matmul with the weight shape of a matching weight is "
+      "recomputed and not counted in the every-second rule (TorchTitan's key; default: the MoE router gate)."),
     /* checkpoint */
     K(checkpoint, enable, BOOL, "false", NULL, NULL, "Save (and resume from) checkpoints."),
     K(checkpoint, folder, STRING, "checkpoint", NULL, NULL,

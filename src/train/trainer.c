@@ -195,7 +195,7 @@ static hp_memory_plan_input_t plan_input(hp_trainer_t t, const hp_parallelize_op
     }
     in.batch = t->B > t->val_B ? t->B : t->val_B;
     in.seq_len = t->T;
-    in.ac_every_k = po->ac_every_k;
+    in.ac = po->ac;
     in.fsdp = po->fsdp;
     in.pp = po->pp;
     in.optim_states = !strcmp(c->optimizer.name, "adamw") ? 2 : !strcmp(c->optimizer.name, "muon") ? 1
@@ -256,9 +256,10 @@ static void fitting_knobs(hp_trainer_t t, const hp_parallelize_options_t *po, do
             break;
         }
     }
-    if (po->ac_every_k != 1 && o < n) {
+    if ((po->ac.every_k != 1 || po->ac.policy != HP_AC_FULL) && o < n) {
         hp_memory_plan_input_t in = plan_input(t, po, plan, 64);
-        in.ac_every_k = 1;
+        in.ac.every_k = 1;
+        in.ac.policy = HP_AC_FULL;
         if (FITS(in))
             o += (size_t)snprintf(buf + o, n - o, "%sactivation_checkpoint.mode=full (%.2f GiB)", o ? "; " : "",
                                   p.peak / 1073741824.0);
@@ -473,6 +474,19 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
         else
             hp_log(HP_LOG_INFO, "memory plan (rank 0, before allocating): peak %s; no limit (training.memory_limit_gib "
                    "< 0)", plan);
+        hp_ac_estimate_t ace;   /* what activation checkpointing keeps and recomputes (nn_checkpoint.h) */
+        if (hp_parallel_ac_estimate(t->par, 0, &ace) == HP_OK && ace.n_checkpointed > 0) {
+            char mode[HP_CONFIG_STR_MAX + 32];
+            const char *md = cfg->activation_checkpoint.mode;
+            if (strcmp(md, "selective") == 0) snprintf(mode, sizeof mode, "selective %s", cfg->activation_checkpoint.selective_ac_option);
+            else if (strcmp(md, "memory_budget") == 0) snprintf(mode, sizeof mode, "memory_budget %g", cfg->activation_checkpoint.memory_budget);
+            else snprintf(mode, sizeof mode, "%s", md);
+            hp_log(HP_LOG_INFO, "activation checkpointing %s: %d blocks; activations %.2f MiB per micro-batch (kept "
+                                "%.2f, recompute region %.2f; %.2f without AC); recompute %.4g FLOPs per micro-batch "
+                                "(full AC: %.4g)", mode, ace.n_checkpointed, ace.act_bytes / 1048576.0,
+                   ace.kept_bytes / 1048576.0, ace.region_bytes / 1048576.0, ace.none_bytes / 1048576.0,
+                   ace.recompute_flops, ace.checkpointed_flops);
+        }
         /* which figure MFU divides by */
         double peak = hp_metrics_peak_flops(t->metrics);
         if (peak > 0 && cfg->metrics.peak_flops > 0)
