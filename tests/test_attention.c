@@ -1,6 +1,7 @@
 // The causal flash attention kernels (hp_attention_forward / _backward) against the double
-// reference (kernels_ref.c) on every ISA path this CPU has, one forced at a time (hp_nn_set_isa):
-// head_dim 16, 24 (a one-vector column tail on AVX2), 64, 128, and 12 / 6 (the 4-wide and scalar
+// reference (kernels_ref.c) on every ISA path this CPU has (avx512, avx2, portable), one forced
+// at a time (hp_nn_set_isa): head_dim 16 (one vector on AVX-512), 24 (a one-vector column tail on
+// AVX2; the AVX2 tiles on an AVX-512 CPU), 32, 64, 128, and 12 / 6 (the 4-wide and scalar
 // portable instantiations); GQA ratios 1, 2, 4; T 1, 7, 100, 257 (not multiples of the 64-row
 // tiles); B 2; q/k/v at strides of a padded packed qkv row, gradients at other strides. Also: the
 // results do not depend on the thread count (bitwise), the paths agree with each other, the

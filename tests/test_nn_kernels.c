@@ -1,7 +1,8 @@
 // Optimised nn kernels against their plain reference twins (kernels_ref.c), on odd sizes
 // (tails of tiles and SIMD lanes), MHA and GQA, both RoPE styles, ignored targets; every kernel
-// on each ISA path this CPU has, forced one at a time (hp_nn_set_isa: the explicit-vector
-// SwiGLU, cross-entropy and AdamW row kernels of kernels-simd.h, attention's tiles).
+// on each ISA path this CPU has (avx512, avx2, portable), forced one at a time (hp_nn_set_isa:
+// the explicit-vector SwiGLU, cross-entropy, RoPE and AdamW row kernels of kernels-simd.h,
+// attention's tiles), with sizes that leave 16-, 8- and 4-lane tails.
 // Tolerances: f32 kernels vs double references, |a - b| <= 1e-5 + 1e-4 |b| (GEMM-backed
 // kernels: 2e-5 + 2e-4 |b|, sums over up to 300 terms); the kernel table's general GEMM per
 // element within gamma_{K+2} of its magnitudes, and bitwise cblas_sgemm.
