@@ -125,8 +125,9 @@ int hp_gemm_describe(char *buf, size_t n);
 /* The f32 FMA peak of `threads` cores (FLOP/s), independent of any library: a register-only
  * loop of independent fused multiply-adds at the CPU's widest vector ISA (zmm with AVX-512,
  * ymm with AVX2 + FMA, 4-wide vectors otherwise), run on `threads` OpenMP threads at once (<= 0:
- * omp_get_max_threads(), the threads the kernels use); the
- * best of several repetitions within about `seconds`. What every f32 FLOP of a step could at
+ * omp_get_max_threads(), the threads the kernels use), each timed in its own thread CPU time
+ * (so other load on a shared machine does not lower it); the sum of the threads' rates, the best
+ * of several repetitions within about `seconds`. What every f32 FLOP of a step could at
  * most reach: the MFU denominator when metrics.peak_flops is not set (metrics.h). */
 hp_status_t hp_cpu_fma_peak_flops(int threads, double seconds, double *flops);
 
