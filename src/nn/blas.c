@@ -97,20 +97,19 @@ static int select_family(int want) {
     static const struct {
         const char *name, *table;
         int isa;
-        unsigned need;
     } ladder[] = {
         // SkylakeX, not Cooperlake on AVX512_BF16 CPUs: the same sgemm kernels (Cooperlake adds
         // sbgemm, which Debian's build does not export), and the family OpenBLAS itself picks on
         // the AVX-512 models it knows, so a re-selected CPU computes what a known one does
-        {"SkylakeX", "gotoblas_SKYLAKEX", ISA_AVX512, 0},
-        {"Zen", "gotoblas_ZEN", ISA_AVX2, 0},          // AMD only (below)
-        {"Haswell", "gotoblas_HASWELL", ISA_AVX2, 0},
-        {"Sandybridge", "gotoblas_SANDYBRIDGE", ISA_AVX, 0},
-        {"Nehalem", "gotoblas_NEHALEM", ISA_SSE42, 0},
+        {"SkylakeX", "gotoblas_SKYLAKEX", ISA_AVX512},
+        {"Zen", "gotoblas_ZEN", ISA_AVX2},   // AMD only (below)
+        {"Haswell", "gotoblas_HASWELL", ISA_AVX2},
+        {"Sandybridge", "gotoblas_SANDYBRIDGE", ISA_AVX},
+        {"Nehalem", "gotoblas_NEHALEM", ISA_SSE42},
     };
     const unsigned f = hp_cpu_features();
     for (size_t i = 0; i < sizeof ladder / sizeof ladder[0]; i++) {
-        if (ladder[i].isa > want || (ladder[i].need & ~f)) continue;
+        if (ladder[i].isa > want) continue;
         if (!strcmp(ladder[i].name, "Zen") && (f & HP_CPU_INTEL)) continue;
         if (!dlsym(RTLD_DEFAULT, ladder[i].table)) continue;
         gotoblas_dynamic_quit();
@@ -206,8 +205,10 @@ void hp_gemm_info(hp_gemm_info_t *out) {
 int hp_gemm_describe(char *buf, size_t n) {
     hp_gemm_info_t g;
     hp_gemm_info(&g);
-    int k = snprintf(buf, n, "GEMM: %s %s, %s kernels (%s) on a CPU with %s", g.library, g.version, g.core,
-                     g.core_isa, g.cpu_isa);
+    const unsigned f = hp_cpu_features();   // the bf16 units, for the record (f32 GEMMs do not use them)
+    int k = snprintf(buf, n, "GEMM: %s %s, %s kernels (%s) on a CPU with %s%s%s", g.library, g.version, g.core,
+                     g.core_isa, g.cpu_isa, f & HP_CPU_AVX512_BF16 ? " + avx512_bf16" : "",
+                     f & HP_CPU_AMX ? " + amx" : "");
     if (k < 0 || (size_t)k >= n) return g.below_cpu;
     if (g.selected && !g.below_cpu)
         snprintf(buf + k, n - (size_t)k, "; selected at start-up (%s chose %s by itself, a %s family)", g.library,
