@@ -295,7 +295,7 @@ const hp_config_key_t hp_cfg_keys[] = {
     K(metrics, jsonl_file, STRING, "", NULL, NULL,
       "Write one JSON object per log step to this file (under job.dump_folder when relative); empty = off."),
     K(metrics, peak_flops, FLOAT, "0", NULL, NULL,
-      "Peak FLOP/s per rank for MFU; 0 = measure a float32 GEMM at start-up; -1 = do not report MFU."),
+      "Peak FLOP/s per rank for MFU; 0 = measure the cores' float32 FMA peak at start-up (and the sgemm peak beside it); -1 = do not report MFU."),
     K(metrics, save_for_all_ranks, BOOL, "false", NULL, NULL,
       "Every rank writes its own metrics files (default: rank 0 only)."),
     K(metrics, enable_color, BOOL, "false", NULL, NULL, "Colour the console metrics line."),

@@ -487,13 +487,21 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
                    ace.kept_bytes / 1048576.0, ace.region_bytes / 1048576.0, ace.none_bytes / 1048576.0,
                    ace.recompute_flops, ace.checkpointed_flops);
         }
+        /* which kernels run: the GEMM library's family against the CPU (loud when below), the nn path */
+        char gemm[512];
+        if (hp_gemm_describe(gemm, sizeof gemm))
+            hp_log(HP_LOG_WARN, "%s", gemm);
+        else
+            hp_log(HP_LOG_INFO, "%s; nn kernels: %s path", gemm, hp_nn_isa_name(hp_nn_isa()));
         /* which figure MFU divides by */
         double peak = hp_metrics_peak_flops(t->metrics);
         if (peak > 0 && cfg->metrics.peak_flops > 0)
             hp_log(HP_LOG_INFO, "mfu: peak %.4g FLOP/s per rank, as configured (metrics.peak_flops)", peak);
         else if (peak > 0)
-            hp_log(HP_LOG_INFO, "mfu: peak %.4g FLOP/s per rank, measured (fastest float32 sgemm at start-up); set "
-                                "metrics.peak_flops to state the figure", peak);
+            hp_log(HP_LOG_INFO, "mfu: peak %.4g FLOP/s per rank, the f32 FMA peak of its %d thread(s) at %s, measured "
+                                "at start-up; beside it the sgemm peak %.4g FLOP/s (mfu's second figure); set "
+                                "metrics.peak_flops to state the figure", peak, omp_get_max_threads(),
+                   hp_cpu_isa_name(), hp_metrics_sgemm_peak_flops(t->metrics));
         else
             hp_log(HP_LOG_INFO, "mfu: not reported (metrics.peak_flops = %g)", cfg->metrics.peak_flops);
     }
