@@ -51,7 +51,8 @@ typedef struct mla_saved {
 static size_t fl(size_t n) { return hp_arena_round(sizeof(float) * n); }
 
 /* The head widths of the core's rows in this call: its own when it is the model's SDPA core
- * (separate, or padded to hc), else (a replacement: context parallel) the model's one width. */
+ * (separate, or padded to hc), else (a replacement: context parallel) the model's one width.
+ * act NULL: a training call of the model's contexts (the save items' sizes). */
 static void mla_widths(const hp_module_t *m, const hp_act_t *act, int *wq, int *wv) {
     const mla_impl_t *A = m->impl;
     if (!nn_sdpa_core_widths(M_CORE(m), act, wq, wv)) *wq = *wv = A->c.hc;
@@ -100,6 +101,38 @@ static hp_status_t reduce_over_heads(const mla_impl_t *A, float *dpe, size_t n) 
     return HP_OK;
 }
 
+/* Saved-tensor items (save_items, nn_module.h): the projections' outputs (q path, wkv_a, kv_norm,
+ * wkv_b), the latent copy, the core's [q | k | v] rows (at the call's widths, RoPE applied), the
+ * core's output and, only when v is padded, its per-head slice for wo (else wo reads the core's
+ * output itself); wo writes the module's output. */
+enum { MLA_KVC = 1, MLA_QKV, MLA_OV };
+
+static void mla_save_items(const hp_module_t *m, int B, int T, hp_save_list_t *L) {
+    const mla_impl_t *A = m->impl;
+    const hp_mla_cfg_t *c = &A->c;
+    const size_t N = (size_t)B * T, H = (size_t)mla_heads(A), qk = c->nope + c->rope, D = c->dim;
+    int wq, wv;   // the core's widths in a training call (mla_forward allocates at them)
+    mla_widths(m, NULL, &wq, &wv);
+    if (c->q_lora) {
+        hp_save_child(L, M_Q(m, 0), B, T, fl(N * c->q_lora), HP_SAVE_MM, 2.0 * N * D * c->q_lora, NULL, 0);
+        hp_save_child(L, M_Q(m, 1), B, T, fl(N * c->q_lora), HP_SAVE_OTHER, 0.0, NULL, 0);
+        hp_save_child(L, M_Q(m, 2), B, T, fl(N * H * qk), HP_SAVE_MM, 2.0 * N * c->q_lora * H * qk, NULL, 0);
+    } else {
+        hp_save_child(L, M_Q(m, 0), B, T, fl(N * H * qk), HP_SAVE_MM, 2.0 * N * D * H * qk, NULL, 0);
+    }
+    hp_save_child(L, M_WKVA(m), B, T, fl(N * (c->kv_lora + c->rope)), HP_SAVE_MM,
+                  2.0 * N * D * (c->kv_lora + c->rope), NULL, 0);
+    hp_save_own(L, m, MLA_KVC, HP_SAVE_OTHER, fl(N * c->kv_lora), 0.0);
+    hp_save_child(L, M_KVN(m), B, T, fl(N * c->kv_lora), HP_SAVE_OTHER, 0.0, NULL, 0);
+    hp_save_child(L, M_WKVB(m), B, T, fl(N * H * (c->nope + c->v)), HP_SAVE_MM,
+                  2.0 * N * c->kv_lora * H * (c->nope + c->v), NULL, 0);
+    hp_save_own(L, m, MLA_QKV, HP_SAVE_OTHER, fl(N * H * (2 * (size_t)wq + wv)), 0.0);
+    // FlopCounterMode's SDPA count of the call that runs: q k^T at wq and p v at wv over every (query, key) pair
+    hp_save_child(L, M_CORE(m), B, T, fl(N * H * wv), HP_SAVE_ATTENTION, 2.0 * N * T * H * (wq + wv), NULL, 0);
+    if (wv != c->v) hp_save_own(L, m, MLA_OV, HP_SAVE_OTHER, fl(N * H * c->v), 0.0);   // else ov is o
+    hp_save_final(L, m, M_WO(m), B, T, HP_SAVE_MM, 2.0 * N * H * c->v * D, NULL, 0);
+}
+
 static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     mla_impl_t *A = m->impl;
     const hp_mla_cfg_t *c = &A->c;
@@ -108,25 +141,34 @@ static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     int wq, wv;
     mla_widths(m, act, &wq, &wv);
     const int ld3 = H * (2 * wq + wv);
+    if (act->region) {   // checkpointed: the items were sized at the widths of the model's backend
+        int dq, dv;
+        mla_widths(m, NULL, &dq, &dv);
+        HP_ASSERT_MSG(wq == dq && wv == dv, "mla '%s': core widths %d|%d in this context, its save items declare "
+                      "%d|%d (a context on a backend other than the model's)", m->name, wq, wv, dq, dv);
+    }
     mla_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
     s->B = act->B;
     s->T = act->T;
     s->wq = wq;
     s->wv = wv;
-    s->q = hp_act_alloc(act, sizeof(float) * (size_t)N * H * qk);
-    s->kva = hp_act_alloc(act, sizeof(float) * (size_t)N * lda);
-    s->kvc = hp_act_alloc(act, sizeof(float) * (size_t)N * kvl);
-    s->kvn = hp_act_alloc(act, sizeof(float) * (size_t)N * kvl);
-    s->kvb = hp_act_alloc(act, sizeof(float) * (size_t)N * H * ldb);
-    s->qkv = hp_act_alloc(act, sizeof(float) * (size_t)N * ld3);
-    s->o = hp_act_alloc(act, sizeof(float) * (size_t)N * H * wv);
-    s->ov = wv == c->v ? s->o : hp_act_alloc(act, sizeof(float) * (size_t)N * H * c->v);
+    // the items (mla_save_items): a replay makes only the dropped ones, the children of kept ones
+    // skipped; with wv == v the core's output is wo's input (ov aliases o: no item of its own)
+    int run_kvc, run_qkv, run_ov = 0;
+    s->q = hp_act_save_out(act, M_Q(m, A->nq - 1), sizeof(float) * (size_t)N * H * qk);
+    s->kva = hp_act_save_out(act, M_WKVA(m), sizeof(float) * (size_t)N * lda);
+    s->kvc = hp_act_save(act, m, MLA_KVC, sizeof(float) * (size_t)N * kvl, &run_kvc);
+    s->kvn = hp_act_save_out(act, M_KVN(m), sizeof(float) * (size_t)N * kvl);
+    s->kvb = hp_act_save_out(act, M_WKVB(m), sizeof(float) * (size_t)N * H * ldb);
+    s->qkv = hp_act_save(act, m, MLA_QKV, sizeof(float) * (size_t)N * ld3, &run_qkv);
+    s->o = hp_act_save_out(act, M_CORE(m), sizeof(float) * (size_t)N * H * wv);
+    s->ov = wv == c->v ? s->o : hp_act_save(act, m, MLA_OV, sizeof(float) * (size_t)N * H * c->v, &run_ov);
     hp_tensor_t tx, ta, tb, tq;
     hp_tensor_view2(&tx, in->data, N, c->dim);
     hp_tensor_view2(&tq, s->q, N, (int64_t)H * qk);
     if (c->q_lora) {
-        s->qa = hp_act_alloc(act, sizeof(float) * (size_t)N * c->q_lora);
-        s->qan = hp_act_alloc(act, sizeof(float) * (size_t)N * c->q_lora);
+        s->qa = hp_act_save_out(act, M_Q(m, 0), sizeof(float) * (size_t)N * c->q_lora);
+        s->qan = hp_act_save_out(act, M_Q(m, 1), sizeof(float) * (size_t)N * c->q_lora);
         hp_tensor_view2(&ta, s->qa, N, c->q_lora);
         hp_tensor_view2(&tb, s->qan, N, c->q_lora);
         HP_TRY(hp_module_forward(M_Q(m, 0), act, &tx, &ta));
@@ -137,7 +179,7 @@ static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     }
     hp_tensor_view2(&ta, s->kva, N, lda);
     HP_TRY(hp_module_forward(M_WKVA(m), act, &tx, &ta));
-    act->be->copy_rows(act->be->ctx, s->kvc, kvl, s->kva, lda, N, kvl);
+    if (run_kvc) act->be->copy_rows(act->be->ctx, s->kvc, kvl, s->kva, lda, N, kvl);
     hp_tensor_view2(&ta, s->kvc, N, kvl);
     hp_tensor_view2(&tb, s->kvn, N, kvl);
     HP_TRY(hp_module_forward(M_KVN(m), act, &ta, &tb));
@@ -146,29 +188,32 @@ static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     HP_TRY(hp_module_forward(M_WKVB(m), act, &ta, &tb));
     // core rows: q = alpha [q_nope, q_pe, 0], k = [k_nope, k_pe, 0], v = [v, 0] per head (0: padding
     // up to wq / wv), RoPE on q_pe (after the scale) and k_pe (once, then copied to every head)
-    // with the row kernel of hp_rope_apply (the same arithmetic as a rope pass over the heads)
+    // with the row kernel of hp_rope_apply (the same arithmetic as a rope pass over the heads);
+    // skipped on the replay when the rows were kept
     const float alpha = (float)((double)c->scale * sqrt((double)wq));
     const hp_nn_simd_t *kr = hp_nn_simd();
     const int half = c->rope / 2;
     double t0 = omp_get_wtime();
+    if (run_qkv) {
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        float *r = s->qkv + (size_t)n * ld3, buf[2 * c->rope];
-        const float *q = s->q + (size_t)n * H * qk, *b = s->kvb + (size_t)n * H * ldb, *pe = s->kva + (size_t)n * lda + kvl;
-        const int p = mla_pos(act, n, act->T);
-        const float *cs = c->cos_t + (size_t)p * half, *sn = c->sin_t + (size_t)p * half;
-        float *k0 = r + (size_t)H * wq;   // head 0's k: its k_pe is rotated once, then copied
-        memcpy(k0 + c->nope, pe, sizeof(float) * (size_t)c->rope);
-        kr->rope_row(k0 + c->nope, 1, c->rope, cs, sn, 1.0f, 1, buf);
-        for (int h = 0; h < H; h++) {
-            float *qh = r + (size_t)h * wq, *kh = r + (size_t)(H + h) * wq, *vh = r + (size_t)(2 * H) * wq + (size_t)h * wv;
-            for (int j = 0; j < qk; j++) qh[j] = alpha * q[(size_t)h * qk + j];
-            kr->rope_row(qh + c->nope, 1, c->rope, cs, sn, 1.0f, 1, buf);
-            memcpy(kh, b + (size_t)h * ldb, sizeof(float) * (size_t)c->nope);
-            if (h) memcpy(kh + c->nope, k0 + c->nope, sizeof(float) * (size_t)c->rope);
-            memcpy(vh, b + (size_t)h * ldb + c->nope, sizeof(float) * (size_t)c->v);
-            for (int j = qk; j < wq; j++) qh[j] = kh[j] = 0.0f;
-            for (int j = c->v; j < wv; j++) vh[j] = 0.0f;
+        for (int n = 0; n < N; n++) {
+            float *r = s->qkv + (size_t)n * ld3, buf[2 * c->rope];
+            const float *q = s->q + (size_t)n * H * qk, *b = s->kvb + (size_t)n * H * ldb, *pe = s->kva + (size_t)n * lda + kvl;
+            const int p = mla_pos(act, n, act->T);
+            const float *cs = c->cos_t + (size_t)p * half, *sn = c->sin_t + (size_t)p * half;
+            float *k0 = r + (size_t)H * wq;   // head 0's k: its k_pe is rotated once, then copied
+            memcpy(k0 + c->nope, pe, sizeof(float) * (size_t)c->rope);
+            kr->rope_row(k0 + c->nope, 1, c->rope, cs, sn, 1.0f, 1, buf);
+            for (int h = 0; h < H; h++) {
+                float *qh = r + (size_t)h * wq, *kh = r + (size_t)(H + h) * wq, *vh = r + (size_t)(2 * H) * wq + (size_t)h * wv;
+                for (int j = 0; j < qk; j++) qh[j] = alpha * q[(size_t)h * qk + j];
+                kr->rope_row(qh + c->nope, 1, c->rope, cs, sn, 1.0f, 1, buf);
+                memcpy(kh, b + (size_t)h * ldb, sizeof(float) * (size_t)c->nope);
+                if (h) memcpy(kh + c->nope, k0 + c->nope, sizeof(float) * (size_t)c->rope);
+                memcpy(vh, b + (size_t)h * ldb + c->nope, sizeof(float) * (size_t)c->v);
+                for (int j = qk; j < wq; j++) qh[j] = kh[j] = 0.0f;
+                for (int j = c->v; j < wv; j++) vh[j] = 0.0f;
+            }
         }
     }
     if (act->prof) act->prof[HP_NN_OP_ROPE] += omp_get_wtime() - t0;
@@ -183,7 +228,7 @@ static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     hp_tensor_view2(&ta, s->qkv, N, ld3);
     hp_tensor_view2(&tb, s->o, N, (int64_t)H * wv);
     HP_TRY(hp_module_forward(M_CORE(m), act, &ta, &tb));
-    if (s->ov != s->o)   // padded v: drop the zero columns of every head
+    if (run_ov)   // padded v: drop the zero columns of every head
         act->be->copy_rows(act->be->ctx, s->ov, c->v, s->o, wv, (int64_t)N * H, c->v);
     hp_tensor_view2(&ta, s->ov, N, (int64_t)H * c->v);
     return hp_module_forward(M_WO(m), act, &ta, out);   // out += ov Wo^T (residual)
@@ -278,6 +323,7 @@ static hp_status_t mla_backward_weight(hp_module_t *m, hp_act_t *act) {
 
 static const hp_module_ops_t mla_ops = {
     "mla_attention", mla_act_bytes, mla_scratch, mla_forward, mla_backward_input, mla_backward_weight, NULL,
+    mla_save_items,
 };
 
 hp_status_t hp_mla_new(hp_model_t m, const char *name, const hp_mla_cfg_t *c, hp_module_t *const *kids, int n_kids,
