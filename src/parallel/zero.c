@@ -43,24 +43,22 @@ void hp_zero_partition(const int64_t *numel, int n, int world, int *owner) {
     free(total);
 }
 
-hp_status_t hp_zero_create(const hp_zero_local_optim_t *lo, hp_param_t *params, int n_params, hp_comm_t comm,
-                           hp_zero_t *out) {
-    if (!lo || !lo->create || !lo->step || !lo->destroy || !params || n_params <= 0 || !comm || !out)
-        return hp_error(HP_ERR_INVALID_ARG, "ZeroRedundancyOptimizer: the local optimizer (create, step, destroy), "
-                        "params (n > 0), comm and out are required");
-    *out = NULL;
+/* The common part of both constructors: the struct, the owner of each parameter by the greedy
+ * partition, the work handles, and (mine / view) the table each constructor fills. */
+static hp_status_t zero_new(hp_param_t *params, int n_params, hp_comm_t comm, int with_mine, int with_view,
+                            hp_zero_t *out) {
     hp_zero_t z = hp_calloc(1, sizeof(*z));
     if (!z) return HP_ERR_OOM;
     z->comm = comm;
-    z->lo = *lo;
     z->n = n_params;
     z->rank = hp_comm_rank(comm);
     z->params = params;
     z->owner = hp_malloc(sizeof(int) * (size_t)n_params);
-    z->mine = hp_calloc((size_t)n_params, sizeof(hp_param_t));
     z->work = hp_calloc((size_t)n_params, sizeof(hp_work_t));
+    if (with_mine) z->mine = hp_calloc((size_t)n_params, sizeof(hp_param_t));
+    if (with_view) z->view = hp_calloc((size_t)n_params, sizeof(hp_param_t));
     int64_t *numel = hp_malloc(sizeof(int64_t) * (size_t)n_params);
-    if (!z->owner || !z->mine || !z->work || !numel) {
+    if (!z->owner || !z->work || (with_mine && !z->mine) || (with_view && !z->view) || !numel) {
         free(numel);
         hp_zero_free(z);
         return HP_ERR_OOM;
@@ -68,6 +66,19 @@ hp_status_t hp_zero_create(const hp_zero_local_optim_t *lo, hp_param_t *params, 
     for (int i = 0; i < n_params; i++) numel[i] = hp_tensor_numel(&params[i].value.local);
     hp_zero_partition(numel, n_params, hp_comm_size(comm), z->owner);
     free(numel);
+    *out = z;
+    return HP_OK;
+}
+
+hp_status_t hp_zero_create(const hp_zero_local_optim_t *lo, hp_param_t *params, int n_params, hp_comm_t comm,
+                           hp_zero_t *out) {
+    if (!lo || !lo->create || !lo->step || !lo->destroy || !params || n_params <= 0 || !comm || !out)
+        return hp_error(HP_ERR_INVALID_ARG, "ZeroRedundancyOptimizer: the local optimizer (create, step, destroy), "
+                        "params (n > 0), comm and out are required");
+    *out = NULL;
+    hp_zero_t z;
+    HP_TRY(zero_new(params, n_params, comm, 1, 0, &z));
+    z->lo = *lo;
     for (int i = 0; i < n_params; i++)
         if (z->owner[i] == z->rank) z->mine[z->n_mine++] = params[i];
     const hp_status_t st = z->n_mine > 0 ? lo->create(lo->ctx, z->mine, z->n_mine, &z->opt) : HP_OK;
@@ -109,24 +120,8 @@ hp_status_t hp_zero_create_partition(hp_param_t *params, int n_params, hp_comm_t
         return hp_error(HP_ERR_INVALID_ARG, "hp_zero_create_partition: params (n > 0), comm, a mesh holding this rank "
                         "and out are required");
     *out = NULL;
-    hp_zero_t z = hp_calloc(1, sizeof(*z));
-    if (!z) return HP_ERR_OOM;
-    z->comm = comm;
-    z->n = n_params;
-    z->rank = hp_comm_rank(comm);
-    z->params = params;
-    z->owner = hp_malloc(sizeof(int) * (size_t)n_params);
-    z->work = hp_calloc((size_t)n_params, sizeof(hp_work_t));
-    z->view = hp_calloc((size_t)n_params, sizeof(hp_param_t));
-    int64_t *numel = hp_malloc(sizeof(int64_t) * (size_t)n_params);
-    if (!z->owner || !z->work || !z->view || !numel) {
-        free(numel);
-        hp_zero_free(z);
-        return HP_ERR_OOM;
-    }
-    for (int i = 0; i < n_params; i++) numel[i] = hp_tensor_numel(&params[i].value.local);
-    hp_zero_partition(numel, n_params, hp_comm_size(comm), z->owner);
-    free(numel);
+    hp_zero_t z;
+    HP_TRY(zero_new(params, n_params, comm, 0, 1, &z));
     for (int i = 0; i < n_params; i++) {
         hp_param_t *v = &z->view[i];
         if (z->owner[i] == z->rank) {
