@@ -63,6 +63,8 @@ typedef struct sup {
     int udp;
     double t0, t_fail, comm_timeout, grace;
     char lost_daemon_host[HP_LAUNCH_HOST_MAX];
+    char peer_host[HP_LAUNCH_HOST_MAX];    /* "Peer host: X": a rank lost its MPI connection to X */
+    double max_last;                       /* the latest heartbeat of any rank */
     int probed;
     int host_procs[HP_LAUNCH_MAX_HOSTS];   /* the job's processes on each host at the probe */
     int local_procs;                       /* ... here, for a job without a hostfile */
@@ -245,7 +247,10 @@ static void job_script(sup_t *s, int sweep, char *out, size_t cap) {
              "for p in $pids; do [ \"$p\" = \"$me\" ] && continue; %s done; true",
              s->tag, s->jobid,
              sweep ? "kill -9 $p 2>/dev/null && echo K $p;"
-                   : "r=$(grep -a -z '^OMPI_COMM_WORLD_RANK=' /proc/$p/environ 2>/dev/null | tr -d '\\000' | cut -d= -f2); "
+                   /* a probe counts what runs on this host: where hosts share a kernel (the test
+                    * rig's network namespaces), the processes in this shell's network namespace */
+                   : "[ \"$(readlink /proc/$p/ns/net)\" = \"$(readlink /proc/$me/ns/net)\" ] || continue; "
+                     "r=$(grep -a -z '^OMPI_COMM_WORLD_RANK=' /proc/$p/environ 2>/dev/null | tr -d '\\000' | cut -d= -f2); "
                      "st=$(cut -d')' -f2 /proc/$p/stat 2>/dev/null | cut -d' ' -f2); echo P $p ${r:--1} ${st:-X};");
 }
 
@@ -306,6 +311,9 @@ static void on_stderr_line(sup_t *s, const char *line) {
             fail_at(s, why);
         }
     }
+    p = strstr(line, "Peer host:");
+    if (p && !s->peer_host[0] && sscanf(p, "Peer host: %127s", node) == 1)
+        snprintf(s->peer_host, sizeof s->peer_host, "%s", node);
     if (strstr(line, "hp_comm: timeout:") || strstr(line, "hp_comm: fatal error") ||
         strstr(line, "peer process has unexpectedly disconnected") ||
         strstr(line, "unable to reliably start one or more daemons"))
@@ -321,6 +329,7 @@ static void on_datagram(sup_t *s, char *m, const struct sockaddr_in *from, sockl
         if (!ri->seen) s->res->n_ranks_seen++;
         ri->seen = 1;
         ri->last = now;
+        if (now > s->max_last) s->max_last = now;
         ri->pid = pid;
         snprintf(ri->host, sizeof ri->host, "%s", host);
         char reply[1024];
@@ -343,14 +352,15 @@ static void on_datagram(sup_t *s, char *m, const struct sockaddr_in *from, sockl
     }
 }
 
-/* Whether rank r was lost: it died (mpirun says), it was stopped at the probe, every rank of
- * its host was gone at the probe while another host's were there, or it had been silent for
- * LOST_SILENCE_S when the failure showed. */
+/* Whether rank r was lost: it died (mpirun says), it was stopped at the probe, it had been
+ * silent for LOST_SILENCE_S when the failure showed or stopped beating that long before the
+ * last rank that beat, or every rank of its host was gone at the probe while another host's
+ * were there. */
 static int is_lost(const sup_t *s, int r, double t_ref) {
     const rank_info_t *ri = &s->ranks[r];
     if (ri->died_signal) return 1;
     if (s->probed && (ri->state == 'T' || ri->state == 't')) return 1;
-    if (ri->seen && t_ref - ri->last > LOST_SILENCE_S) return 1;
+    if (ri->seen && (t_ref - ri->last > LOST_SILENCE_S || s->max_last - ri->last > LOST_SILENCE_S)) return 1;
     if (!s->probed || ri->state || !ri->seen || !s->o->hostfile) return 0;
     int h = host_of(s, ri->host), elsewhere = 0;
     for (int k = 0; k < s->n_hosts; k++) elsewhere += k != h && s->host_procs[k] > 0;
@@ -407,9 +417,11 @@ static void summarize(sup_t *s, double t_ref, double t_end) {
     }
     free(lost);
     free(done);
-    if (!res->lost[0] && s->lost_daemon_host[0]) {
-        snprintf(res->lost, sizeof res->lost, "lost host %s: mpirun lost its daemon there", s->lost_daemon_host);
-        snprintf(res->lost_hosts[0], HP_LAUNCH_HOST_MAX, "%s", s->lost_daemon_host);
+    if (!res->lost[0] && (s->lost_daemon_host[0] || s->peer_host[0])) {
+        const char *h = s->lost_daemon_host[0] ? s->lost_daemon_host : s->peer_host;
+        snprintf(res->lost, sizeof res->lost, "lost host %s: %s", h,
+                 s->lost_daemon_host[0] ? "mpirun lost its daemon there" : "the other ranks lost their connections to it");
+        snprintf(res->lost_hosts[0], HP_LAUNCH_HOST_MAX, "%s", h);
         res->n_lost_hosts = 1;
     }
 }
