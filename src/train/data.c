@@ -873,8 +873,9 @@ hp_status_t hp_dataloader_state_load(hp_dataloader_t dl, const void *buf, size_t
     HP_TRY(parse_state(dl, buf, n, &st));
     if (st.world != (uint32_t)dl->o.dp_world || st.rank != (uint32_t)dl->o.dp_rank)
         return hp_error(HP_ERR_INVALID_ARG,
-                        "dataloader state was saved by dp rank %u of %u, this loader is dp rank %d of %d (a resume "
-                        "with another data-parallel degree goes through hp_dataloader_state_reshard)",
+                        "dataloader state was saved by dp rank %u of %u, this loader is dp rank %d of %d; the "
+                        "data-parallel degree cannot change across a resume that loads one state as is "
+                        "(hp_dataloader_state_reshard takes the states of every old rank)",
                         st.rank, st.world, dl->o.dp_rank, dl->o.dp_world);
     if (!st.ncarry && st.pos > (uint64_t)(dl->end - dl->begin))
         return hp_error(HP_ERR_FORMAT, "dataloader state: corrupt (position %llu of %lld)", (unsigned long long)st.pos,
