@@ -4,7 +4,7 @@
  * on the same threads, and against the kernel it replaced (bench/attention_v16.h).
  * FLOPs are counted as hp_model_profile's users do (bench/train_step.c): forward
  * 2 * B * Hq * T * (T + 1) * hd (causal QK^T and PV), backward 2.5x that.
- *   bench_attention [--rounds 5] [--threads 2] [--no-old] [--isa auto|portable|avx2]
+ *   bench_attention [--rounds 5] [--threads 2] [--no-old] [--isa auto|portable|avx2|avx512]
  *                   [--shape NAME] [--secs 0.25] [--cpu-time] [--tiles] [--bwd-ab]
  * Each round times every (shape, kernel) for about --secs; best and median over rounds.
  * --cpu-time divides by process CPU seconds (all threads) instead of wall seconds, the peak
@@ -244,14 +244,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--cpu-time")) use_cpu_time = 1;
         else if (!strcmp(argv[i], "--tiles")) tiles = 1;
         else {
-            fprintf(stderr, "usage: %s [--rounds N] [--threads N] [--secs S] [--shape NAME] [--isa auto|portable|avx2] [--no-old] [--bwd-ab] [--cpu-time] [--tiles]\n",
+            fprintf(stderr, "usage: %s [--rounds N] [--threads N] [--secs S] [--shape NAME] [--isa auto|portable|avx2|avx512] [--no-old] [--bwd-ab] [--cpu-time] [--tiles]\n",
                     argv[0]);
             return 2;
         }
     }
     if (rounds < 1) rounds = 1;
     if (strcmp(isa, "auto")) {
-        hp_nn_isa_t want = !strcmp(isa, "portable") ? HP_NN_ISA_PORTABLE : !strcmp(isa, "avx2") ? HP_NN_ISA_AVX2 : HP_NN_ISA_AUTO;
+        hp_nn_isa_t want = !strcmp(isa, "portable") ? HP_NN_ISA_PORTABLE : !strcmp(isa, "avx2") ? HP_NN_ISA_AVX2
+                         : !strcmp(isa, "avx512") ? HP_NN_ISA_AVX512 : HP_NN_ISA_AUTO;
         if (want == HP_NN_ISA_AUTO || hp_nn_set_isa(want) != HP_OK) {
             fprintf(stderr, "--isa %s: not available here (%s)\n", isa, hp_last_error());
             return 2;

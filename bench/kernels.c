@@ -5,7 +5,7 @@
  * inputs, OpenMP over the same threads, same buffers), timed interleaved with the kernel in the
  * same rounds. kernel time / twin time near 1 means the kernel runs at memory bandwidth; the
  * GB/s column counts the kernel's compulsory bytes.
- *   bench_kernels [--rounds 7] [--threads 2] [--isa auto|portable|avx2] [--secs 0.1] [--rows 2048]
+ *   bench_kernels [--rounds 7] [--threads 2] [--isa auto|portable|avx2|avx512] [--secs 0.1] [--rows 2048]
  * Best over rounds (least disturbed by other load on a shared machine). */
 #include <math.h>
 #include <omp.h>
@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) isa = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--rounds N] [--threads N] [--secs S] [--rows N] [--isa auto|portable|avx2]\n",
+            fprintf(stderr, "usage: %s [--rounds N] [--threads N] [--secs S] [--rows N] [--isa auto|portable|avx2|avx512]\n",
                     argv[0]);
             return 2;
         }
@@ -144,7 +144,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (strcmp(isa, "auto")) {
-        hp_nn_isa_t want = !strcmp(isa, "portable") ? HP_NN_ISA_PORTABLE : !strcmp(isa, "avx2") ? HP_NN_ISA_AVX2 : HP_NN_ISA_AUTO;
+        hp_nn_isa_t want = !strcmp(isa, "portable") ? HP_NN_ISA_PORTABLE : !strcmp(isa, "avx2") ? HP_NN_ISA_AVX2
+                         : !strcmp(isa, "avx512") ? HP_NN_ISA_AVX512 : HP_NN_ISA_AUTO;
         if (want == HP_NN_ISA_AUTO || hp_nn_set_isa(want) != HP_OK) {
             fprintf(stderr, "--isa %s: not available here (%s)\n", isa, hp_last_error());
             return 2;

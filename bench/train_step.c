@@ -1,10 +1,13 @@
 /* Training-step benchmark: one full step (zero_grad, forward, backward, clip_grad_norm, AdamW)
  * of a model.h model on one rank, reporting tokens/s, GFLOP/s by TorchTitan's FLOPs-per-token
- * formula, and MFU against the cblas_sgemm peak measured in the same run with the same
- * thread count; plus the per-op time breakdown of hp_model_profile. Run through
+ * formula, and MFU against two peaks measured in the same run with the same thread count: the
+ * cores' f32 FMA peak (hp_cpu_fma_peak_flops: what the hardware does, whatever kernels the BLAS
+ * picked) and the cblas_sgemm peak (what the GEMM library reaches); plus the per-op time
+ * breakdown of hp_model_profile. Run through
  * tools/bench_train_step.sh, which also runs the PyTorch eager and torch.compile steps
  * (bench/train_step_torch.py). It prints the CPU model, the nn kernels' ISA path (hp_nn_isa,
- * chosen from cpuid at run time) and the OpenBLAS core in use, so a result says what it ran on.
+ * chosen from cpuid at run time) and the GEMM kernels in use (hp_gemm_describe: the OpenBLAS
+ * family against the CPU's ISA, a WARNING when below), so a result says what it ran on.
  *   bench_train_step [--model llama3] [--flavor debugmodel] [--batch 8] [--seq 256]
  *                    [--steps 5] [--warmup 2] [--threads 2] */
 #include <cblas.h>
@@ -73,41 +76,14 @@ static double sgemm_peak(int n, int reps) {
     return best;
 }
 
-/* Register-only arithmetic peaks of this CPU (no memory traffic): 16 independent
- * accumulators per thread, every thread of the OpenMP team busy; GFLOP/s over the team.
- * f32: vfmadd231ps zmm (32 FLOP each), or on an AVX2-only CPU vfmadd231ps ymm (16 FLOP each,
- * 12 accumulators, which with the two operands fill the 16 ymm registers). bf16: vdpbf16ps zmm (AVX512_BF16: 32 bf16 pairs
- * multiplied and added into 16 f32 lanes, 64 FLOP each), the fastest arithmetic a bf16
- * GEMM on this CPU could use. They bound what any kernel on these threads can reach. */
+/* The bf16 register-only peak of this CPU (no memory traffic): 16 independent accumulators
+ * per thread, every thread of the OpenMP team busy; GFLOP/s over the team. vdpbf16ps zmm
+ * (AVX512_BF16: 32 bf16 pairs multiplied and added into 16 f32 lanes, 64 FLOP each), the
+ * fastest arithmetic a bf16 GEMM on this CPU could use. (The f32 FMA peak is the library's
+ * hp_cpu_fma_peak_flops, the MFU denominator of hp-train too.) */
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define PEAK_ITERS 4000000L
-__attribute__((target("avx512f"))) static double f32_fma_peak_kernel(long iters, float *sink) {
-    __m512 acc[16], x = _mm512_set1_ps(1.0000001f), y = _mm512_set1_ps(0.9999999f);
-    for (int i = 0; i < 16; i++) acc[i] = _mm512_set1_ps((float)i);
-    for (long it = 0; it < iters; it++) {
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
-    }
-    __m512 s = acc[0];
-    for (int i = 1; i < 16; i++) s = _mm512_add_ps(s, acc[i]);
-    *sink = _mm512_reduce_add_ps(s);
-    return 32.0 * 16.0 * (double)iters;
-}
-__attribute__((target("avx2,fma"))) static double f32_fma_peak_kernel_avx2(long iters, float *sink) {
-    __m256 acc[12], x = _mm256_set1_ps(1.0000001f), y = _mm256_set1_ps(0.9999999f);
-    for (int i = 0; i < 12; i++) acc[i] = _mm256_set1_ps((float)i);
-    for (long it = 0; it < iters; it++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++) acc[i] = _mm256_fmadd_ps(acc[i], x, y);
-    }
-    __m256 s = acc[0];
-    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, acc[i]);
-    float l[8];
-    _mm256_storeu_ps(l, s);
-    *sink = l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7];
-    return 16.0 * 12.0 * (double)iters;
-}
 __attribute__((target("avx512f,avx512bf16"))) static double bf16_dot_peak_kernel(long iters, float *sink) {
     __m512 acc[16];
     __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3f80);   // 1.0
@@ -121,20 +97,17 @@ __attribute__((target("avx512f,avx512bf16"))) static double bf16_dot_peak_kernel
     *sink = _mm512_reduce_add_ps(s);
     return 64.0 * 16.0 * (double)iters;
 }
-/* kind 0: f32 FMA, 1: bf16 dot product. Best of 3; 0 when the CPU lacks the instructions. */
+/* kind 1: bf16 dot product. Best of 3; 0 when the CPU lacks the instructions. */
 static double arith_peak(int kind) {
     __builtin_cpu_init();
-    const int avx2_only = !__builtin_cpu_supports("avx512f");
-    if (kind == 0 && avx2_only && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0.0;
-    if (kind == 1 && (avx2_only || !__builtin_cpu_supports("avx512bf16"))) return 0.0;
+    if (kind != 1 || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bf16")) return 0.0;
     double best = 0;
     for (int r = 0; r < 3; r++) {
         double flops = 0, t0 = hp_clock_now_seconds();
 #pragma omp parallel reduction(+ : flops)
         {
             float sink;
-            flops += kind ? bf16_dot_peak_kernel(PEAK_ITERS, &sink)
-                          : avx2_only ? f32_fma_peak_kernel_avx2(PEAK_ITERS, &sink) : f32_fma_peak_kernel(PEAK_ITERS, &sink);
+            flops += bf16_dot_peak_kernel(PEAK_ITERS, &sink);
             if (sink == 1234.5f) printf(" ");   /* keeps the loop alive */
         }
         double g = flops / (hp_clock_now_seconds() - t0) / 1e9;
@@ -258,13 +231,22 @@ int main(int argc, char **argv) {
         char cpu[256];
         cpu_model(cpu, sizeof cpu);
         const char *core = openblas_get_corename(), *conf = openblas_get_config();
-        printf("cpu: %s; nn ISA path: %s (HP_NN_ISA to force); OpenBLAS core: %s (%s)\n", cpu,
-               hp_nn_isa_name(hp_nn_isa()), core ? core : "?", conf ? conf : "?");
-        printf("RESULT env isa %s openblas_core %s\n", hp_nn_isa_name(hp_nn_isa()), core ? core : "?");
+        printf("cpu: %s (%s); nn ISA path: %s (HP_NN_ISA to force); OpenBLAS core: %s (%s)\n", cpu,
+               hp_cpu_isa_name(), hp_nn_isa_name(hp_nn_isa()), core ? core : "?", conf ? conf : "?");
+        char gemm[512];
+        const int below = hp_gemm_describe(gemm, sizeof gemm);
+        printf("%s%s\n", below ? "WARNING: " : "", gemm);
+        printf("RESULT env isa %s openblas_core %s cpu_isa %s gemm_below_cpu %d\n", hp_nn_isa_name(hp_nn_isa()),
+               core ? core : "?", hp_cpu_isa_name(), below);
     }
     printf("sgemm peak (cblas_sgemm 1024^3 and 2048^3, best of reps before and after the steps): %.1f GFLOP/s\n", peak);
+    double pf = 0;
     {
-        double pf = arith_peak(0), pb = arith_peak(1);
+        double pb = arith_peak(1);
+        CHECK(hp_cpu_fma_peak_flops(threads, 0.5, &pf));
+        pf /= 1e9;
+        printf("f32 FMA peak (hp_cpu_fma_peak_flops, %s, %d threads): %.1f GFLOP/s; sgemm reaches %.1f%% of it\n",
+               hp_cpu_isa_name(), threads, pf, 100.0 * peak / pf);
         printf("register peaks (%d threads, no memory traffic): f32 FMA %.1f GFLOP/s, bf16 dot product "
                "(vdpbf16ps) %.1f GFLOP/s%s\n", threads, pf, pb, pb > 0 ? "" : " (no AVX512_BF16 on this CPU)");
         printf("tokens/s ceilings at %.1f MFLOP/token (every FLOP at the peak): sgemm %.0f, f32 FMA %.0f, "
@@ -277,9 +259,11 @@ int main(int argc, char **argv) {
     printf("step time: best %.1f ms\n", best * 1e3);
     /* median-based, then best-step-based (least disturbed by other load on the machine) */
     printf("RESULT hp tokens_per_s %.1f gflops %.2f mfu_pct %.1f peak_gflops %.1f step_ms %.1f "
-           "best_tokens_per_s %.1f best_gflops %.2f best_step_ms %.1f\n",
+           "best_tokens_per_s %.1f best_gflops %.2f best_step_ms %.1f fma_peak_gflops %.1f mfu_fma_pct %.1f\n",
            tps, gflops, 100.0 * gflops / peak, peak, med * 1e3, tokens / best, fpt * tokens / best / 1e9,
-           best * 1e3);
+           best * 1e3, pf, 100.0 * gflops / pf);
+    printf("MFU: %.1f%% of the f32 FMA peak (%.1f GFLOP/s), %.1f%% of the sgemm peak (%.1f GFLOP/s)\n",
+           100.0 * gflops / pf, pf, 100.0 * gflops / peak, peak);
     printf("phase breakdown (mean per step): zero_grad %.1f ms, forward %.1f ms, backward %.1f ms, "
            "clip %.1f ms, adamw %.1f ms\n",
            1e3 * t_zero / steps, 1e3 * t_fwd / steps, 1e3 * t_bwd / steps, 1e3 * t_clip / steps,

@@ -10,7 +10,8 @@ torch.set_num_threads(threads). Prints a RESULT line that tools/bench_train_step
 With --interleave BUILD/libhyperparallel.so the same process also builds hyperparallel's llama3
 debugmodel through ctypes (model.h / optim.h) and alternates one hyperparallel step and one
 PyTorch step, so both see the same machine load (the CI machine is shared); it prints a
-RESULT line for each.
+RESULT line for each, and the median and quartiles of the per-step ratios (PyTorch's step i
+over hyperparallel's step i, run back to back).
 
 With --compile the model is wrapped in torch.compile (inductor, forward and backward through
 AOTAutograd, as TorchTitan's compile option does; the optimizer stays eager); the compilation
@@ -217,6 +218,15 @@ def main():
         print(f"RESULT hp_interleaved tokens_per_s {B * T / hmed:.1f} gflops {fpt * B * T / hmed / 1e9:.2f} "
               f"step_ms {hmed * 1e3:.1f} best_tokens_per_s {B * T / hbest:.1f} best_gflops "
               f"{fpt * B * T / hbest / 1e9:.2f} best_step_ms {hbest * 1e3:.1f}")
+        # step-level pairing: PyTorch's step i / hyperparallel's step i (run back to back, so
+        # they saw the same load): the speed-up least disturbed by a shared machine
+        r = sorted(t / h for t, h in zip(times, hp_times))
+        q = lambda f: r[min(len(r) - 1, int(f * len(r)))]
+        print(f"paired steps: hyperparallel speed-up over {'torch.compile' if a.compile else 'PyTorch eager'} "
+              f"median {statistics.median(r):.2f}x, quartiles {q(0.25):.2f}-{q(0.75):.2f}, range {r[0]:.2f}-{r[-1]:.2f} "
+              f"over {len(r)} pairs")
+        print(f"RESULT paired_ratio median {statistics.median(r):.3f} q1 {q(0.25):.3f} q3 {q(0.75):.3f} "
+              f"min {r[0]:.3f} max {r[-1]:.3f} n {len(r)}")
     print(f"RESULT {'torch_compile' if a.compile else 'torch'} tokens_per_s {tps:.1f} gflops {fpt * tps / 1e9:.2f} step_ms {med * 1e3:.1f} "
           f"best_tokens_per_s {B * T / best:.1f} best_gflops {fpt * B * T / best / 1e9:.2f} best_step_ms {best * 1e3:.1f} "
           f"mm_peak_gflops {peak:.1f}")

@@ -1,6 +1,7 @@
 // The causal flash attention kernels (hp_attention_forward / _backward) against the double
-// reference (kernels_ref.c) on every ISA path this CPU has, one forced at a time (hp_nn_set_isa):
-// head_dim 16, 24 (a one-vector column tail on AVX2), 64, 128, and 12 / 6 (the 4-wide and scalar
+// reference (kernels_ref.c) on every ISA path this CPU has (avx512, avx2, portable), one forced
+// at a time (hp_nn_set_isa): head_dim 16 (one vector on AVX-512), 24 (a one-vector column tail on
+// AVX2; the AVX2 tiles on an AVX-512 CPU), 32, 64, 128, and 12 / 6 (the 4-wide and scalar
 // portable instantiations); GQA ratios 1, 2, 4; T 1, 7, 100, 257 (not multiples of the 64-row
 // tiles); B 2; q/k/v at strides of a padded packed qkv row, gradients at other strides. Also: the
 // results do not depend on the thread count (bitwise), the paths agree with each other, the
@@ -158,21 +159,25 @@ static void check_negative(const case_t *c) {
 }
 
 int main(void) {
-    // the paths this CPU has; the AVX2 one must be refused exactly where it is missing
-    hp_nn_isa_t paths[2] = {HP_NN_ISA_PORTABLE, HP_NN_ISA_AVX2};
+    // the paths this CPU has, in order (AVX-512 implies AVX2 + FMA); a missing one is refused
+    hp_nn_isa_t paths[3] = {HP_NN_ISA_PORTABLE, HP_NN_ISA_AVX2, HP_NN_ISA_AVX512};
     int npaths = 1;
     const hp_nn_isa_t start = hp_nn_isa();
     HP_CHECK(start != HP_NN_ISA_AUTO, "hp_nn_isa() never reports auto");
     if (hp_nn_set_isa(HP_NN_ISA_AVX2) == HP_OK) npaths = 2;
     else printf("no AVX2+FMA on this CPU: only the portable path is checked\n");
+    if (npaths == 2 && hp_nn_set_isa(HP_NN_ISA_AVX512) == HP_OK) npaths = 3;
+    else printf("no AVX-512 (F, DQ, BW, VL, CD) on this CPU: the avx512 path is not checked\n");
+    if (npaths < 3) HP_CHECK(hp_nn_set_isa(HP_NN_ISA_AVX512) == HP_ERR_UNSUPPORTED, "avx512 refused where missing");
     HP_CHECK(hp_nn_set_isa(HP_NN_ISA_AUTO) == HP_OK && hp_nn_isa() == paths[npaths - 1],
              "auto selects the best path (%s)", hp_nn_isa_name(hp_nn_isa()));
     HP_CHECK(hp_nn_set_isa((hp_nn_isa_t)42) == HP_ERR_UNSUPPORTED, "an unknown path is refused");
     HP_CHECK(hp_attention_set_backward((hp_attention_bwd_t)7) == HP_ERR_INVALID_ARG, "an unknown backward mode is refused");
-    HP_CHECK(!strcmp(hp_nn_isa_name(HP_NN_ISA_PORTABLE), "portable") && !strcmp(hp_nn_isa_name(HP_NN_ISA_AVX2), "avx2"),
+    HP_CHECK(!strcmp(hp_nn_isa_name(HP_NN_ISA_PORTABLE), "portable") && !strcmp(hp_nn_isa_name(HP_NN_ISA_AVX2), "avx2") &&
+                 !strcmp(hp_nn_isa_name(HP_NN_ISA_AVX512), "avx512"),
              "path names");
 
-    static const int hds[] = {16, 24, 64, 128, 12, 6}, reps[] = {1, 2, 4}, Ts[] = {1, 7, 100, 257};
+    static const int hds[] = {16, 24, 32, 64, 128, 12, 6}, reps[] = {1, 2, 4}, Ts[] = {1, 7, 100, 257};
     int ncase = 0;
     for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
         for (size_t r = 0; r < sizeof reps / sizeof reps[0]; r++)

@@ -166,7 +166,7 @@ static void manager_cases(void) {
     HP_ASSERT(hp_tensor_malloc(&p.value.local, HP_F32, 2, sh) == HP_OK);
     int64_t step = 0;
     uint64_t seed = 1;
-    hp_ckpt_train_state_t st = {&p, 1, NULL, NULL, NULL, &step, &seed};
+    hp_ckpt_train_state_t st = {&p, 1, NULL, NULL, NULL, &step, &seed, NULL};
     hp_ckpt_manager_t m = NULL;
     HP_CHECK_OK(hp_ckpt_manager_create(c, NULL, &m));
     if (!m) return;

@@ -14,6 +14,7 @@
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
 #include "hyperparallel/models.h"
+#include "hyperparallel/parallel_config.h"
 #include "hyperparallel/parse.h"
 #include "hyperparallel/status.h"
 
@@ -361,6 +362,55 @@ static void test_model_bounds(void) {
     HP_CHECK_ERR(hp_model_config_validate(&mc), HP_ERR_INVALID_ARG, "parameters (vocab_size 128256 x dim 16384, 4096 layers");
 }
 
+/* Issue 28: the keys that let hp-ckpt to-hf express a DeepSeek-V3 HF config (node-limited
+ * groups, YaRN's betas, the MLA norms' eps) reach the model config, and their bad values (and
+ * pipeline_parallel_layers_per_stage = 0) are refused naming the key and the value. */
+static void test_issue28_keys(void) {
+    hp_config_t c;
+    hp_model_config_t mc;
+    hp_config_defaults(&c);
+    snprintf(c.model.name, sizeof c.model.name, "deepseek_v3");
+    HP_CHECK_OK(hp_config_resolve_model(&c, 2048, "the test", 0, &mc));
+    HP_CHECK(mc.mla_norm_eps == 0.0f && hp_model_mla_norm_eps(&mc) == mc.norm_eps && mc.norm_eps == 1e-5f,
+             "TorchTitan's deepseek_v3 flavors: q_norm / kv_norm use norm_eps (%g, %g)", mc.mla_norm_eps, mc.norm_eps);
+    HP_CHECK_OK(hp_config_set(&c, "model.moe_n_expert_groups", "4", "test"));
+    HP_CHECK_OK(hp_config_set(&c, "model.moe_n_limited_groups", "2", "test"));
+    HP_CHECK_OK(hp_config_set(&c, "model.rope_beta_fast", "16", "test"));
+    HP_CHECK_OK(hp_config_set(&c, "model.rope_beta_slow", "2", "test"));
+    HP_CHECK_OK(hp_config_set(&c, "model.mla_norm_eps", "1e-6", "test"));
+    HP_CHECK_OK(hp_config_resolve_model(&c, 2048, "the test", 0, &mc));
+    HP_CHECK(mc.moe_expert_groups == 4 && mc.moe_limited_groups == 2 && mc.rope_beta_fast == 16.0f &&
+                 mc.rope_beta_slow == 2.0f && hp_model_mla_norm_eps(&mc) == 1e-6f,
+             "the keys reach the model: groups %d/%d, beta %g/%g, mla eps %g", mc.moe_expert_groups,
+             mc.moe_limited_groups, mc.rope_beta_fast, mc.rope_beta_slow, hp_model_mla_norm_eps(&mc));
+    HP_CHECK_OK(hp_config_set(&c, "model.moe_n_limited_groups", "5", "test"));
+    HP_CHECK_ERR(hp_config_resolve_model(&c, 2048, "the test", 0, &mc), HP_ERR_INVALID_ARG,
+                 "'model.moe_n_limited_groups' = 5 must be in 1 .. model.moe_n_expert_groups = 4");
+    HP_CHECK_OK(hp_config_set(&c, "model.moe_n_limited_groups", "2", "test"));
+    HP_CHECK_OK(hp_config_set(&c, "model.moe_n_expert_groups", "3", "test"));
+    HP_CHECK_ERR(hp_config_resolve_model(&c, 2048, "the test", 0, &mc), HP_ERR_INVALID_ARG,
+                 "'model.moe_num_experts' = 8 (the flavor's) is not divisible by model.moe_n_expert_groups = 3");
+    HP_CHECK_OK(hp_config_set(&c, "model.moe_n_expert_groups", "4", "test"));
+    HP_CHECK_OK(hp_config_set(&c, "model.rope_beta_slow", "16", "test"));
+    HP_CHECK_ERR(hp_config_resolve_model(&c, 2048, "the test", 0, &mc), HP_ERR_INVALID_ARG,
+                 "'model.rope_beta_fast' = 16 must be above model.rope_beta_slow = 16");
+    hp_config_defaults(&c);   /* MLA keys on a GQA model */
+    HP_CHECK_OK(hp_config_set(&c, "model.rope_beta_fast", "16", "test"));
+    HP_CHECK_ERR(hp_config_resolve_model(&c, 2048, "the test", 0, &mc), HP_ERR_INVALID_ARG,
+                 "config key 'model.rope_beta_fast' sizes MLA attention, which model.name = llama3 does not have");
+    /* layers_per_stage: 0 is no split (TorchTitan divides by it) */
+    hp_config_defaults(&c);
+    hp_parallelize_options_t po;
+    HP_CHECK_OK(hp_parallelize_options_from_config(&c, &po));
+    HP_CHECK(po.pp.layers_per_stage == -1, "the default: split evenly (%d)", po.pp.layers_per_stage);
+    HP_CHECK_OK(hp_config_set(&c, "parallelism.pipeline_parallel_layers_per_stage", "0", "test"));
+    HP_CHECK_ERR(hp_parallelize_options_from_config(&c, &po), HP_ERR_INVALID_ARG,
+                 "config key 'parallelism.pipeline_parallel_layers_per_stage' = 0: expected at least 1");
+    HP_CHECK_OK(hp_config_set(&c, "parallelism.pipeline_parallel_layers_per_stage", "2", "test"));
+    HP_CHECK_OK(hp_parallelize_options_from_config(&c, &po));
+    HP_CHECK(po.pp.layers_per_stage == 2, "layers_per_stage 2 (%d)", po.pp.layers_per_stage);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--write-doc") == 0) {
         hp_config_write_markdown(stdout);
@@ -378,5 +428,6 @@ int main(int argc, char **argv) {
     test_ranges();
     test_multi_document();
     test_model_bounds();
+    test_issue28_keys();
     return hp_test_finish("test_config");
 }

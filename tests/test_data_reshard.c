@@ -4,7 +4,9 @@
  * states are resharded into 2 (and 3) new ranks, and each new rank's token stream must be
  * exactly the unread rest of the old ranks' passes it took (q, q + Q, ...) followed by a fresh
  * pass over its own new shard; resharded states (version 2, with carried ranges) reshard
- * again; text (documents, a buffer carried) and bin (token ranges, tails skipped) alike. */
+ * again; text (documents, a buffer carried) and bin (token ranges, tails skipped) alike. Chat
+ * (SFT) data is resharded by documents: every conversation an old rank had not placed in a row
+ * (its pending one included) is placed once, in order, by the new rank that took it. */
 // hp-test: ranks 1 timeout 120
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include "hp_test.h"
+#include "hyperparallel/chat_template.h"
 #include "hyperparallel/data.h"
 
 enum { NDOCS = 61, T = 7, W = T + 1, BIN_TOKENS = 1999, MAXS = 1 << 16 };
@@ -215,6 +218,206 @@ static void run(const char *file, const char *format, int bin) {
     printf("%s: 4 old ranks resharded into 2 and 3, and again into 1: every carried token once, in order\n", format);
 }
 
+/* ---- chat (SFT) data: rows of whole samples, resharded by documents ---------------------- */
+
+enum { NCHAT = 37, CT = 200, CB = 2, PAD = 0 };   /* CT fits two short samples a row, not three */
+
+static hp_chat_template_t tm_;
+static int32_t chat_in_[NCHAT][CT];   /* each conversation's standalone inputs (ids[:-1]) */
+static size_t chat_n_[NCHAT];
+
+static hp_dataloader_t make_chat(hp_dataset_t ds, int r, int w) {
+    hp_text_encoder_t enc = hp_text_encoder_bytes();
+    hp_dataloader_options_t o = {HP_SPLIT_TRAIN, CT, CB, r, w, true, 0};
+    hp_sft_options_t so = {tm_, PAD, true, HP_SFT_TRUNCATE};
+    hp_dataloader_t dl = NULL;
+    HP_CHECK_OK(hp_dataloader_create_sft(ds, &enc, &o, &so, &dl));
+    return dl;
+}
+
+/* One batch as the documents it placed, in order (positions restart at 0 with each sample; the
+ * padding, id PAD, which no rendered byte is, ends a row). Appends to docs[*nd]. Returns false
+ * when the loader had no further batch. */
+static bool chat_batch(hp_dataloader_t dl, int *docs, size_t *nd, int32_t *rows) {
+    static int32_t lab[CB * CT], pos[CB * CT];
+    bool got = false;
+    HP_CHECK_OK(hp_dataloader_next_docs(dl, rows, lab, pos, &got));
+    if (!got) return false;
+    for (int b = 0; b < CB; b++) {
+        const int32_t *in = rows + b * CT, *ps = pos + b * CT;
+        for (int t = 0; t < CT && in[t] != PAD;) {
+            int e = t + 1;
+            while (e < CT && ps[e] != 0) e++;
+            int d = -1;
+            for (int k = 0; k < NCHAT && d < 0; k++)
+                if (chat_n_[k] == (size_t)(e - t) && memcmp(chat_in_[k], in + t, chat_n_[k] * sizeof *in) == 0) d = k;
+            HP_CHECK(ps[t] == 0 && d >= 0, "chat: row %d holds a sample at %d..%d that is no conversation of the file",
+                     b, t, e);
+            if (d < 0) return false;
+            docs[(*nd)++] = d;
+            t = e;
+        }
+    }
+    return true;
+}
+
+static void same_docs(const int *got, const int *want, size_t n, const char *what) {
+    size_t bad = n;
+    for (size_t i = 0; i < n && bad == n; i++)
+        if (got[i] != want[i]) bad = i;
+    HP_CHECK(bad == n, "chat %s: sample %zu of %zu is conversation %d, expected %d", what, bad, n, bad < n ? got[bad] : 0,
+             bad < n ? want[bad] : 0);
+}
+
+static void run_chat(void) {
+    static char text[NCHAT * 200];
+    size_t tl = 0;
+    for (int d = 0; d < NCHAT; d++) {
+        tl += (size_t)snprintf(text + tl, sizeof text - tl,
+                               "{\"messages\": [{\"role\": \"user\", \"content\": \"question %d%.*s\"}, "
+                               "{\"role\": \"assistant\", \"content\": \"answer %d\"}]}\n",
+                               d, 3 * (d % 5), " xx xx xx xx xx", d);
+    }
+    write_file("chat.jsonl", text, tl);
+    HP_CHECK_OK(hp_chat_template_create("chatml", NULL, NULL, &tm_));
+    char path[512];
+    snprintf(path, sizeof path, "%s/chat.jsonl", dir_);
+    hp_dataset_options_t opt = {path, "chat", NULL, NULL, NULL, 0};
+    hp_dataset_t ds = NULL;
+    HP_CHECK_OK(hp_dataset_open(&opt, &ds));
+    HP_CHECK(hp_dataset_num_documents(ds, HP_SPLIT_TRAIN) == NCHAT, "chat: %lld conversations",
+             (long long)hp_dataset_num_documents(ds, HP_SPLIT_TRAIN));
+    /* each conversation's standalone inputs: what its copy in a row must equal */
+    hp_text_encoder_t enc = hp_text_encoder_bytes();
+    hp_chat_sample_t smp = {0};
+    hp_chat_render_t rnd = {0};
+    int32_t *ids = NULL;
+    uint8_t *mask = NULL;
+    size_t cap = 0;
+    for (int d = 0; d < NCHAT; d++) {
+        const char *line;
+        size_t len, n = 0;
+        HP_CHECK_OK(hp_dataset_document(ds, HP_SPLIT_TRAIN, d, &line, &len));
+        HP_CHECK_OK(hp_chat_sample_parse(line, len, "", true, &smp));
+        HP_CHECK_OK(hp_chat_template_render(tm_, smp.m, smp.n, smp.first_trained, false, &rnd));
+        HP_CHECK_OK(hp_chat_tokenize(&rnd, &enc, &ids, &mask, &n, &cap));
+        HP_ASSERT(n >= 2 && 2 * (n - 1) <= CT && 3 * (n - 1) > CT);   /* two a row, never three: rows leave samples pending */
+        chat_n_[d] = n - 1;
+        for (size_t j = 0; j + 1 < n; j++) chat_in_[d][j] = ids[j];
+    }
+    hp_chat_sample_free(&smp);
+    hp_chat_render_free(&rnd);
+    free(ids);
+    free(mask);
+
+    enum { P = 4, MAXD = 4 * NCHAT };
+    static int32_t rows[CB * CT], rows2[CB * CT];
+    static unsigned char blobs[P][MAXS];
+    static int owed[P][NCHAT];
+    size_t nowed[P], bsz[P];
+    int kb[P] = {1, -1, 0, 2};   /* batches read; -1: into its second pass */
+    int64_t max_epoch = 0, samples[P];
+    int pending_seen = 0;
+    for (int r = 0; r < P; r++) {
+        int64_t b, e;
+        shard(NCHAT, r, P, &b, &e);
+        hp_dataloader_t dl = make_chat(ds, r, P);
+        static int placed[MAXD];
+        size_t np = 0;
+        for (int i = 0; kb[r] < 0 ? hp_dataloader_epoch(dl) < 1 : i < kb[r]; i++) HP_ASSERT(chat_batch(dl, placed, &np, rows));
+        int64_t ep = hp_dataloader_epoch(dl), len = e - b;
+        if (ep > max_epoch) max_epoch = ep;
+        for (size_t i = 0; i < np; i++)
+            HP_CHECK(placed[i] == b + (int64_t)i % len, "chat: old rank %d placed %d as its sample %zu", r, placed[i], i);
+        /* what it owes of its current pass: the documents after the last one placed (a pending
+         * sample, read but not placed, is owed) */
+        int64_t from = (int64_t)np - ep * len;
+        HP_CHECK(from >= 0 && from <= len, "chat: old rank %d placed %zu samples in pass %lld of %lld", r, np,
+                 (long long)ep, (long long)len);
+        nowed[r] = 0;
+        for (int64_t d = b + from; d < e; d++) owed[r][nowed[r]++] = (int)d;
+        bsz[r] = save(dl, blobs[r]);
+        samples[r] = hp_dataloader_samples(dl);
+        /* the state reloads to the rows the live loader goes on with: a row of two samples is
+         * closed by reading a third that does not fit, so every rank that read a batch saved
+         * with that sample pending, and the reload must read it again */
+        hp_dataloader_t probe = make_chat(ds, r, P);
+        HP_CHECK_OK(hp_dataloader_state_load(probe, blobs[r], bsz[r]));
+        static int next1[MAXD], next2[MAXD];
+        size_t n1 = 0, n2 = 0;
+        HP_ASSERT(chat_batch(probe, next1, &n1, rows));
+        HP_ASSERT(chat_batch(dl, next2, &n2, rows2));
+        HP_CHECK(n1 > 0 && next1[0] == (nowed[r] ? owed[r][0] : b) && memcmp(rows, rows2, sizeof rows) == 0,
+                 "chat: old rank %d's state resumes at %d, not as the live loader", r, n1 ? next1[0] : -1);
+        pending_seen += kb[r] != 0;
+        hp_dataloader_destroy(probe);
+        hp_dataloader_destroy(dl);
+    }
+    HP_CHECK(max_epoch == 1 && pending_seen > 0, "chat: max epoch %lld (expected 1), %d old ranks with a pending sample",
+             (long long)max_epoch, pending_seen);
+    const void *bp[P] = {blobs[0], blobs[1], blobs[2], blobs[3]};
+
+    for (int Q = 2; Q <= 3; Q++) {
+        static unsigned char mid[3][MAXS];
+        size_t msz[3];
+        static int mowed[3][MAXD];
+        size_t nmowed[3];
+        for (int q = 0; q < Q; q++) {
+            hp_dataloader_t dl = make_chat(ds, q, Q);
+            HP_CHECK_OK(hp_dataloader_state_reshard(dl, bp, bsz, P));
+            static int want[MAXD], got[MAXD];
+            size_t wl = 0, gl = 0;
+            int64_t expect_samples = 0;
+            for (int r = q; r < P; r += Q) {
+                memcpy(want + wl, owed[r], nowed[r] * sizeof *want);
+                wl += nowed[r];
+                expect_samples += samples[r];
+            }
+            size_t carried_n = wl;
+            int64_t b, e;
+            shard(NCHAT, q, Q, &b, &e);
+            for (int64_t d = b; d < e; d++) want[wl++] = (int)d;   /* then a fresh pass over its new shard */
+            HP_CHECK(hp_dataloader_samples(dl) == expect_samples, "chat Q=%d rank %d: samples %lld, expected %lld", Q, q,
+                     (long long)hp_dataloader_samples(dl), (long long)expect_samples);
+            /* about half the carried samples, a checkpoint, the rest; the checkpoint reloads to
+             * the same rows */
+            while (gl < carried_n / 2) HP_ASSERT(chat_batch(dl, got, &gl, rows));
+            msz[q] = save(dl, mid[q]);
+            nmowed[q] = 0;
+            for (size_t i = gl; i < carried_n; i++) mowed[q][nmowed[q]++] = want[i];
+            hp_dataloader_t again = make_chat(ds, q, Q);
+            HP_CHECK_OK(hp_dataloader_state_load(again, mid[q], msz[q]));
+            while (gl < wl) {
+                static int g2[MAXD];
+                size_t g2l = 0;
+                HP_ASSERT(chat_batch(dl, got, &gl, rows));
+                HP_ASSERT(chat_batch(again, g2, &g2l, rows2));
+                HP_CHECK(memcmp(rows, rows2, sizeof rows) == 0, "chat Q=%d rank %d: a reloaded carrying state gives "
+                         "other rows", Q, q);
+            }
+            same_docs(got, want, wl, "resharded");
+            HP_CHECK(hp_dataloader_epoch(dl) >= max_epoch + 1, "chat Q=%d rank %d: epoch %lld after the carried "
+                     "ranges, expected %lld", Q, q, (long long)hp_dataloader_epoch(dl), (long long)max_epoch + 1);
+            hp_dataloader_destroy(again);
+            hp_dataloader_destroy(dl);
+        }
+        /* the mid-carry states (each with a sample pending or not) resharded again into one rank */
+        const void *mp[3] = {mid[0], mid[1], mid[2]};
+        hp_dataloader_t one = make_chat(ds, 0, 1);
+        HP_CHECK_OK(hp_dataloader_state_reshard(one, mp, msz, Q));
+        static int want1[MAXD], got1[MAXD];
+        size_t wl1 = 0, gl1 = 0;
+        for (int q = 0; q < Q; q++) memcpy(want1 + wl1, mowed[q], nmowed[q] * sizeof *want1), wl1 += nmowed[q];
+        while (gl1 < wl1) HP_ASSERT(chat_batch(one, got1, &gl1, rows));
+        same_docs(got1, want1, wl1, "resharded again");
+        hp_dataloader_destroy(one);
+    }
+    hp_dataset_close(ds);
+    hp_chat_template_free(tm_);
+    printf("chat: 4 old ranks (pending samples among them) resharded into 2 and 3, and again into 1: every "
+           "unplaced conversation once, in order\n");
+}
+
 int main(void) {
     HP_ASSERT(mkdtemp(dir_));
     static const char *words[] = {"alpha", "beta", "gamma", "delta", "epsilon", "zeta"};
@@ -231,6 +434,7 @@ int main(void) {
     write_file("corpus.bin", ids, sizeof ids);
     run("corpus.txt", "text", 0);
     run("corpus.bin", "bin", 1);
+    run_chat();
     hp_test_remove_dir(dir_);
     return hp_test_finish("test_data_reshard");
 }

@@ -20,6 +20,23 @@ static int g_rank, g_world;
  * qwen3 with tied embeddings). */
 static hp_model_config_t g_cfg;
 static int g_cfg_set;
+/* Explicit prefetch lists of run_case's FSDP model (test_fsdp_controls): 0 the implicit
+ * prefetches, k > 0 every unit prefetches the next k units in forward and the previous k in
+ * backward (hp_fsdp_set_modules_to_forward_prefetch / _backward_prefetch). */
+static int g_prefetch;
+
+/* Sets f's explicit prefetch lists of depth k over the model's units [0, n). */
+static inline void fsdp_set_prefetch(hp_fsdp_t f, int n, int k) {
+    for (int u = 0; u < n; u++) {
+        int fw[8], bw[8], nf = 0, nb = 0;
+        for (int d = 1; d <= k && d < 8; d++) {
+            if (u + d < n) fw[nf++] = u + d;
+            if (u - d >= 0) bw[nb++] = u - d;
+        }
+        HP_CHECK_OK(hp_fsdp_set_modules_to_forward_prefetch(f, u, fw, nf));
+        HP_CHECK_OK(hp_fsdp_set_modules_to_backward_prefetch(f, u, bw, nb));
+    }
+}
 
 typedef struct pcase {
     const char *what;
@@ -76,6 +93,7 @@ static inline void run_case(hp_comm_t world, const pcase_t *pc, double *losses) 
     hp_fsdp_t f = NULL;
     HP_CHECK_OK(hp_fully_shard(fm, mesh, &o, &f));
     if (!f) return;
+    if (g_prefetch > 0) fsdp_set_prefetch(f, hp_model_num_units(fm), g_prefetch);
     hp_param_t *FP = hp_fsdp_params(f);
     hp_optim_config_t oc = dp_optim(), foc = oc;
     if (pc->inject == DP_INJECT_LR && g_rank == 1) foc.lr *= 1.0 + 1e-3;

@@ -4,7 +4,7 @@
  * loss and every parameter gradient of one forward/backward, then 10 AdamW steps with the
  * TorchTitan warmup-stable-decay schedule and clipping: per-step loss, grad norm, learning rate,
  * and the final weights. Tolerances (relative to each tensor's max |ref|) are stated below. */
-// hp-test: ranks 1 timeout 120 coretype 1
+// hp-test: ranks 1 timeout 120 coretype 1 isa
 #include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>

@@ -4,8 +4,12 @@
  * weights imported three ways (hp_hf_import, hp-ckpt from-hf without --flavor, hp-train's
  * initial load with model.flavor = hf), and logits against transformers' forward. Then the
  * refusals (issue 18 acceptance 2): a flavor disagreeing with config.json, in a shape field or in
- * one that changes no shape (rope_theta, rope_scaling, eps), and each unsupported field. */
-// hp-test: ranks 1 timeout 120
+ * one that changes no shape (rope_theta, rope_scaling, eps), and each unsupported field. Issue 28:
+ * DeepSeek-V3 folders with its YaRN numbers, a correction bias, expert groups, YaRN betas and
+ * MLA norms at rms_norm_eps 1e-5 through hp-generate's loader (transformers' logits and greedy
+ * tokens), from-hf's hint fed back and through to-hf for every folder, and the refusals and
+ * messages that issue named. */
+// hp-test: ranks 1 timeout 240
 #define _GNU_SOURCE
 #include <json-c/json.h>
 #include <math.h>
@@ -22,6 +26,7 @@
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
 #include "hyperparallel/models.h"
+#include "hyperparallel/nn.h"
 #include "hyperparallel/safetensors.h"
 #include "hyperparallel/trainer.h"
 
@@ -332,6 +337,260 @@ static void test_deepseek_shape(const char *name) {
     free(e.logits);
 }
 
+/* ---- issue 28: DeepSeek-V3 HF interop without silent errors -------------------------------- */
+
+static void edited_copy(const char *name, const char *to, const char *edit);
+
+/* The MoE modules' selection bias of m, in layer order: at most cap pointers, the count. */
+static int moe_biases(hp_model_t m, float **out, int *E, int cap) {
+    hp_module_t *mods[1024];
+    const int nm = hp_model_modules(m, mods, 1024);
+    int n = 0;
+    for (int i = 0; i < nm && i < 1024; i++)
+        if (hp_module_is_moe(mods[i]) && n < cap) {
+            hp_moe_impl_t *M = mods[i]->impl;
+            out[n++] = M->expert_bias;
+            *E = M->c.n_experts;
+        }
+    return n;
+}
+
+/* logits error of the model `cfg` describes carrying m's weights and selection biases: what a
+ * reader that got one config field wrong would compute */
+static double variant_err(const hp_model_config_t *cfg, hp_model_t m, const expected_t *e) {
+    hp_model_config_t c = *cfg;
+    HP_CHECK_OK(hp_model_config_validate(&c));
+    hp_model_t v = NULL;
+    HP_CHECK_OK(hp_model_create(&c, e->B, e->T, &v));
+    if (!v) return -1;
+    for (int i = 0; i < hp_model_num_params(m); i++)
+        memcpy(hp_param_w(&hp_model_params(v)[i]), hp_param_w(&hp_model_params(m)[i]),
+               sizeof(float) * (size_t)hp_tensor_numel(&hp_model_params(m)[i].value.local));
+    float *bm[64], *bv[64];
+    int E = 0;
+    const int nb = moe_biases(m, bm, &E, 64);
+    HP_CHECK(moe_biases(v, bv, &E, 64) == nb, "variant: %d MoE layers", nb);
+    for (int j = 0; j < nb; j++) memcpy(bv[j], bm[j], sizeof(float) * (size_t)E);
+    const double err = logits_err(v, e);
+    hp_model_destroy(v);
+    return err;
+}
+
+/* The ids line of hp-generate's --print-ids output into ids; the count. */
+static int parse_ids(const char *out, int32_t *ids, int cap) {
+    const char *p = strstr(out, "\nids:");
+    p = p ? p + 5 : !strncmp(out, "ids:", 4) ? out + 4 : NULL;
+    int n = 0;
+    while (p && *p && *p != '\n' && n < cap) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        ids[n++] = (int32_t)v;
+        p = end;
+    }
+    return n;
+}
+
+/* DeepSeek-V3's own YaRN numbers (original 4096, max_position_embeddings 163840, factor 40,
+ * mscale 1), a non-zero e_score_correction_bias, 4 expert groups, rms_norm_eps 1e-5 with small
+ * latents (tools/golden/make_hf_shapes.py checks each of these moves transformers' logits by
+ * > 100x the bound and the greedy tokens without the bias or YaRN): the model as hp-generate
+ * loads it (hp_model_load_weights: config.json's context, the bias) gives transformers' logits,
+ * and each old misreading is caught by the same bound; hp-generate gives transformers' greedy
+ * tokens (every greedy step's top-2 margin is > 5x the bound, so f32 keeps the argmax). */
+static void test_deepseek_generate(const char *name) {
+    char dir[1400];
+    snprintf(dir, sizeof dir, "%s/tests/data/hf_shapes/%s", SRC, name);
+    expected_t e = {0};
+    if (!load_expected(dir, &e)) return;
+    hp_model_config_t mc;
+    HP_CHECK_OK(hp_hf_read_config(dir, &mc));
+    HP_CHECK(hp_model_mla_yarn(&mc) && mc.max_seq_len == 163840 && mc.rope_original_max_pos == 4096 &&
+                 mc.rope_factor == 40.0f && mc.mla_mscale == 1.0f && mc.rope_beta_fast == 32.0f &&
+                 mc.rope_beta_slow == 1.0f && mc.moe_expert_groups == 4 && mc.moe_limited_groups == 2 &&
+                 mc.norm_eps == 1e-5f && hp_model_mla_norm_eps(&mc) == 1e-6f,
+             "%s: read as yarn %d (context %d, original %d, factor %g, mscale %g), groups %d/%d, eps %g / MLA %g", name,
+             hp_model_mla_yarn(&mc), mc.max_seq_len, mc.rope_original_max_pos, mc.rope_factor, mc.mla_mscale,
+             mc.moe_expert_groups, mc.moe_limited_groups, mc.norm_eps, hp_model_mla_norm_eps(&mc));
+    hp_model_t m = NULL;
+    HP_CHECK_OK(hp_model_load_weights(dir, e.B, e.T, &m));   /* hp-generate's loader */
+    if (!m) return;
+    HP_CHECK(hp_model_max_seq_len(m) == e.T && hp_model_config(m)->max_seq_len == 163840,
+             "%s: built for %d positions, context %d (config.json's)", name, hp_model_max_seq_len(m),
+             hp_model_config(m)->max_seq_len);
+    float *bias[8];
+    int E = 0;
+    const int nb = moe_biases(m, bias, &E, 8);
+    int nonzero = 0;
+    for (int j = 0; j < nb; j++)
+        for (int k = 0; k < E; k++) nonzero += bias[j][k] != 0.0f;
+    HP_CHECK(nb == 2 && nonzero == 2 * E, "%s: e_score_correction_bias loaded into %d MoE layers (%d non-zero)", name,
+             nb, nonzero);
+    double err = logits_err(m, &e);
+    HP_CHECK(err <= TOL_LOGITS, "%s: logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
+    printf("%s: YaRN 4096 -> 163840, bias, 4 groups, MLA eps 1e-6 at rms_norm_eps 1e-5: logits rel err %.2g\n", name,
+           err);
+    /* each reading the issue found, against the same bound: the bias dropped (item 1), YaRN off
+     * by a context capped at 4096 (item 2), the MLA norms at rms_norm_eps (item 4) */
+    float keep[8][64];
+    for (int j = 0; j < nb; j++) memcpy(keep[j], bias[j], sizeof(float) * (size_t)E), memset(bias[j], 0, sizeof(float) * (size_t)E);
+    double eb = logits_err(m, &e);
+    HP_CHECK(eb > TOL_LOGITS, "%s: the bias dropped went unnoticed (rel err %.3g)", name, eb);
+    for (int j = 0; j < nb; j++) memcpy(bias[j], keep[j], sizeof(float) * (size_t)E);
+    hp_model_config_t bad = mc;
+    bad.max_seq_len = 4096;
+    double ey = variant_err(&bad, m, &e);
+    bad = mc;
+    bad.mla_norm_eps = 0.0f;   /* = norm_eps 1e-5, TorchTitan's */
+    double ee = variant_err(&bad, m, &e);
+    HP_CHECK(ey > TOL_LOGITS && ee > TOL_LOGITS && !hp_model_mla_yarn(&(hp_model_config_t){.mla = 1, .max_seq_len = 4096,
+                                                                                        .rope_original_max_pos = 4096}),
+             "%s: YaRN off (%.3g) or the MLA norms at rms_norm_eps (%.3g) went unnoticed", name, ey, ee);
+    printf("%s: without the bias %.3g, YaRN off %.3g, MLA norms at rms_norm_eps %.3g (bound %.0e)\n", name, eb, ey, ee,
+           TOL_LOGITS);
+    /* hp-train's weights file of this model (hp_model_save_weights): the MLA sizes, YaRN, the MLA
+     * eps in its metadata and each layer's expert_bias; loaded back it computes bitwise the same */
+    char wp[1600];
+    snprintf(wp, sizeof wp, "%s/ds_weights.safetensors", ROOT);
+    HP_CHECK_OK(hp_model_save_weights(m, wp));
+    hp_model_t w = NULL;
+    HP_CHECK_OK(hp_model_load_weights(wp, e.B, e.T, &w));
+    if (w) {
+        float *wb[8];
+        int wE = 0, same = moe_biases(w, wb, &wE, 8) == nb && wE == E;
+        for (int j = 0; same && j < nb; j++) same = !memcmp(wb[j], bias[j], sizeof(float) * (size_t)E);
+        const double ew = logits_err(w, &e);
+        HP_CHECK(same && ew == err && hp_model_mla_norm_eps(hp_model_config(w)) == 1e-6f &&
+                     hp_model_config(w)->kv_lora_rank == 8 && hp_model_mla_yarn(hp_model_config(w)),
+                 "%s: the weights file round trip: biases %s, logits rel err %.3g vs %.3g", name, same ? "equal" : "differ",
+                 ew, err);
+        hp_model_destroy(w);
+    }
+    hp_model_destroy(m);
+    /* acceptance 3: hp-generate on the folder gives transformers' greedy tokens */
+    char p[1500];
+    snprintf(p, sizeof p, "%s/expected.safetensors", dir);
+    hp_safetensors_t st = NULL;
+    HP_CHECK_OK(hp_safetensors_open(p, &st));
+    const hp_st_info_t *pi = NULL, *gi = NULL;
+    if (st) HP_CHECK_OK(hp_safetensors_find(st, "prompt_ids", &pi));
+    if (st) HP_CHECK_OK(hp_safetensors_find(st, "greedy_ids", &gi));
+    const char *prompt = st ? hp_safetensors_metadata(st, "prompt") : NULL;
+    int32_t want[128], got[128];
+    const int nw = gi && gi->shape[0] <= 128 ? (int)gi->shape[0] : 0, np = pi ? (int)pi->shape[0] : 0;
+    if (nw) HP_CHECK_OK(hp_safetensors_read_raw(st, "greedy_ids", want, sizeof(int32_t) * (size_t)nw));
+    HP_CHECK(prompt && nw > np && np > 1, "%s: expected.safetensors lacks the prompt or the greedy tokens", name);
+    if (prompt && nw > np && np > 1) {
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "'%s/hp-generate' --weights '%s' --tokenizer '%s/tokenizer.json' --prompt '%s' "
+                 "--max-new-tokens %d --temperature 0 --print-ids", BDIR, dir, dir, prompt, nw - np);
+        int rc = run("%s%s", cmd, "");
+        const int ng = parse_ids(OUT, got, 128);
+        HP_CHECK(rc == 0 && ng == nw && !memcmp(got, want, sizeof(int32_t) * (size_t)nw),
+                 "%s: hp-generate (exit %d) gave %d ids, transformers' greedy run %d; output:\n%s", name, rc, ng, nw, OUT);
+        printf("%s: hp-generate's %d greedy tokens = transformers'\n", name, nw - np);
+        /* the issue's numbers, context 16384: transformers takes YaRN's factor as given, so its
+         * greedy tokens are the same; hp-generate once capped the context at 4096 (YaRN off) and
+         * refused the folder */
+        edited_copy(name, "ctx16k", "{\"max_position_embeddings\": 16384}");
+        snprintf(cmd, sizeof cmd, "'%s/hp-generate' --weights '%s/ctx16k' --tokenizer '%s/tokenizer.json' --prompt '%s' "
+                 "--max-new-tokens %d --temperature 0 --print-ids", BDIR, ROOT, dir, prompt, nw - np);
+        rc = run("%s%s", cmd, "");
+        HP_CHECK(rc == 0 && parse_ids(OUT, got, 128) == nw && !memcmp(got, want, sizeof(int32_t) * (size_t)nw),
+                 "%s with context 16384: hp-generate exit %d\n%s", name, rc, OUT);
+    }
+    hp_safetensors_close(st);
+    free(e.logits);
+}
+
+/* YaRN beta_fast 16 / beta_slow 2, 4 expert groups, a full q_proj: read and computed as
+ * transformers does; the betas 32 / 1 (what to-hf once wrote) are caught. */
+static void test_deepseek_beta(const char *name) {
+    char dir[1400];
+    snprintf(dir, sizeof dir, "%s/tests/data/hf_shapes/%s", SRC, name);
+    expected_t e = {0};
+    if (!load_expected(dir, &e)) return;
+    hp_model_config_t mc;
+    HP_CHECK_OK(hp_hf_read_config(dir, &mc));
+    HP_CHECK(mc.rope_beta_fast == 16.0f && mc.rope_beta_slow == 2.0f && mc.moe_expert_groups == 4 &&
+                 mc.moe_limited_groups == 2 && mc.q_lora_rank == 0 && !mc.moe_route_norm && mc.tie_embeddings,
+             "%s: beta %g / %g, groups %d / %d, q_lora %d", name, mc.rope_beta_fast, mc.rope_beta_slow,
+             mc.moe_expert_groups, mc.moe_limited_groups, mc.q_lora_rank);
+    hp_model_t m = NULL;
+    HP_CHECK_OK(hp_model_load_weights(dir, e.B, e.T, &m));
+    if (!m) return;
+    const double err = logits_err(m, &e);
+    hp_model_config_t bad = mc;
+    bad.rope_beta_fast = 32.0f;
+    bad.rope_beta_slow = 1.0f;
+    const double eb = variant_err(&bad, m, &e);
+    HP_CHECK(err <= TOL_LOGITS && eb > TOL_LOGITS, "%s: logits rel err %.3g (bound %.1e); with beta 32 / 1 %.3g", name,
+             err, TOL_LOGITS, eb);
+    printf("%s: YaRN beta 16 / 2, 4 groups, full q_proj: logits rel err %.2g (beta 32 / 1: %.3g)\n", name, err, eb);
+    hp_model_destroy(m);
+    free(e.logits);
+}
+
+/* hp-ckpt from-hf against a flavor: its hint is a complete, valid description of the folder
+ * (fed back, from-hf accepts it), and to-hf with the same flags writes the folder's config.json
+ * back (the model config read from it equals the original's, field by field: n_group, YaRN's
+ * betas, the MLA eps), with weights (and DeepSeek-V3's bias) that give transformers' logits. */
+static void test_hint_round_trip(const char *name, const char *model) {
+    char dir[1400], cmd[8192], flags[4096];
+    snprintf(dir, sizeof dir, "%s/tests/data/hf_shapes/%s", SRC, name);
+    expected_t e = {0};
+    if (!load_expected(dir, &e)) return;
+    snprintf(cmd, sizeof cmd, "cd %s && '%s/hp-ckpt' from-hf '%s' rt_refused_%s --model %s --flavor debugmodel 2>&1", ROOT,
+             BDIR, dir, name, model);
+    int rc = hp_test_run_capture(cmd, OUT, sizeof OUT);
+    const char *h = strstr(OUT, "describe it with ");
+    HP_CHECK(rc != 0 && h, "%s: from-hf against debugmodel: exit %d\n%s", name, rc, OUT);
+    if (!h) return;
+    snprintf(flags, sizeof flags, "%s", h + 17);
+    flags[strcspn(flags, "\n")] = 0;
+    snprintf(cmd, sizeof cmd, "cd %s && '%s/hp-ckpt' from-hf '%s' rt_dcp_%s --model %s --flavor debugmodel %s 2>&1", ROOT,
+             BDIR, dir, name, model, flags);
+    rc = hp_test_run_capture(cmd, OUT, sizeof OUT);
+    HP_CHECK(rc == 0, "%s: from-hf with its own hint (%s): exit %d\n%s", name, flags, rc, OUT);
+    snprintf(cmd, sizeof cmd, "cd %s && '%s/hp-ckpt' to-hf rt_dcp_%s rt_hf_%s --model %s --flavor debugmodel %s 2>&1",
+             ROOT, BDIR, name, name, model, flags);
+    if (rc == 0) rc = hp_test_run_capture(cmd, OUT, sizeof OUT);
+    HP_CHECK(rc == 0, "%s: to-hf with the hint: exit %d\n%s", name, rc, OUT);
+    if (rc != 0) return;
+    char back[1600], msg[4096], fl[2048];
+    snprintf(back, sizeof back, "%s/rt_hf_%s", ROOT, name);
+    hp_model_config_t a, b;
+    HP_CHECK_OK(hp_hf_read_config(dir, &a));
+    HP_CHECK_OK(hp_hf_read_config(back, &b));
+    const int n = hp_hf_config_diff(&a, &b, msg, sizeof msg, fl, sizeof fl);
+    /* the context is in the hint where it decides the numerics (MLA's YaRN) */
+    HP_CHECK(n == 0 && (!a.mla || a.max_seq_len == b.max_seq_len), "%s: to-hf wrote a config.json that differs in %d "
+             "field(s): %s (context %d vs %d)", name, n, msg, a.max_seq_len, b.max_seq_len);
+    if (a.mla) {   /* the keys config.json spells out, as transformers reads them */
+        char cj[1700];
+        snprintf(cj, sizeof cj, "%s/config.json", back);
+        json_object *o = json_object_from_file(cj), *rp = NULL, *v = NULL;
+        const int ok = o && json_object_object_get_ex(o, "rope_parameters", &rp) &&
+                       json_object_object_get_ex(rp, "beta_fast", &v) && json_object_get_double(v) == a.rope_beta_fast &&
+                       json_object_object_get_ex(rp, "beta_slow", &v) && json_object_get_double(v) == a.rope_beta_slow &&
+                       json_object_object_get_ex(o, "n_group", &v) &&
+                       json_object_get_int(v) == (a.moe_expert_groups > 1 ? a.moe_expert_groups : 1) &&
+                       json_object_object_get_ex(o, "topk_group", &v) &&
+                       json_object_get_int(v) == (a.moe_expert_groups > 1 ? a.moe_limited_groups : 1);
+        HP_CHECK(ok, "%s: to-hf's config.json lacks beta_fast %g / beta_slow %g / n_group %d / topk_group %d", name,
+                 a.rope_beta_fast, a.rope_beta_slow, a.moe_expert_groups, a.moe_limited_groups);
+        json_object_put(o);
+    }
+    hp_model_t m = NULL;
+    HP_CHECK_OK(hp_model_load_weights(back, e.B, e.T, &m));
+    const double err = m ? logits_err(m, &e) : 1.0;
+    HP_CHECK(err <= TOL_LOGITS, "%s: the to-hf folder's logits rel err %.3g > %.1e", name, err, TOL_LOGITS);
+    printf("%s: from-hf's hint (%zu characters) -> to-hf -> config.json and logits (rel err %.2g) round trip\n", name,
+           strlen(flags), err);
+    hp_model_destroy(m);
+    free(e.logits);
+}
+
 /* a copy of a shape's folder whose config.json gets `edit` (a JSON object merged in; a null
  * value removes the key) */
 static void edited_copy(const char *name, const char *to, const char *edit) {
@@ -372,6 +631,29 @@ static void test_refusals(void) {
         {"llama_kv1_untied", "{\"hidden_size\": null}", "'hidden_size' is missing"},
         {"llama_kv1_untied", "{\"num_key_value_heads\": 3}", "is not a multiple of 'num_key_value_heads' = 3"},
         {"llama_kv1_untied", "{\"head_dim\": 4096.0}", "'head_dim' expects an integer, got double"},
+        /* issue 28: rope parameters as a bare string, a rope_type that is no string, YaRN's
+         * truncate false, first_k_dense_replace past the layers, Qwen3-MoE without an expert
+         * count or with more dense layers than layers */
+        {"llama_kv1_untied", "{\"rope_parameters\": \"yarn\"}",
+         "'rope_parameters' = \"yarn\": expected an object (or null) such as {\"rope_type\": \"yarn\""},
+        {"deepseek_v3_yarn4k_bias", "{\"rope_parameters\": \"yarn\"}",
+         "'rope_parameters' = \"yarn\": expected an object (or null)"},
+        {"deepseek_v3_yarn4k_bias", "{\"rope_parameters\": null, \"rope_scaling\": \"yarn\", \"rope_theta\": 10000.0}",
+         "'rope_scaling' = \"yarn\": expected an object (or null)"},
+        {"deepseek_v3_yarn4k_bias", "{\"rope_parameters\": {\"rope_type\": 7}}",
+         "'rope_parameters.rope_type' = 7: expected a string"},
+        {"deepseek_v3_yarn4k_bias", "{\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 40.0, \"mscale\": 1.0, "
+         "\"mscale_all_dim\": 1.0, \"original_max_position_embeddings\": 4096, \"truncate\": false}}",
+         "'rope_parameters.truncate' = false is not supported"},
+        {"deepseek_v3_yarn4k_bias", "{\"first_k_dense_replace\": 4}",
+         "'first_k_dense_replace' = 4 exceeds 'num_hidden_layers' = 3"},
+        {"deepseek_v3_yarn4k_bias", "{\"kv_lora_rank\": null}", "'kv_lora_rank' is missing; expected an integer (every "
+         "DeepseekV3Config has it)"},
+        {"qwen3_moe_e4_top2_tied", "{\"num_local_experts\": null, \"num_experts\": null}",
+         "neither 'num_experts' (transformers 4.x) nor 'num_local_experts' (transformers 5) is set; expected an integer "
+         "(every Qwen3MoeConfig saves one of them)"},
+        {"qwen3_moe_e4_top2_tied", "{\"mlp_only_layers\": [0, 1, 2, 3]}",
+         "'mlp_only_layers' lists 4 layers but 'num_hidden_layers' = 3"},
     };
     for (size_t i = 0; i < sizeof un / sizeof un[0]; i++) {
         edited_copy(un[i].base, "edited", un[i].edit);
@@ -386,6 +668,25 @@ static void test_refusals(void) {
         HP_CHECK(rc == 1 && strstr(OUT, un[i].want), "hp-ckpt on %s: exit %d\n%s", un[i].edit, rc, OUT);
         snprintf(d, sizeof d, "%s/dcp_refused", ROOT);
         HP_CHECK(access(d, F_OK) != 0, "a refused from-hf wrote dcp_refused");
+    }
+    /* YaRN's truncate true (transformers' default) is what the model computes: accepted */
+    edited_copy("deepseek_v3_yarn4k_bias", "edited", "{\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 40.0, "
+                "\"beta_fast\": 32.0, \"beta_slow\": 1.0, \"mscale\": 1.0, \"mscale_all_dim\": 1.0, "
+                "\"original_max_position_embeddings\": 4096, \"rope_theta\": 10000.0, \"truncate\": true}}");
+    snprintf(d, sizeof d, "%s/edited", ROOT);
+    hp_model_config_t tc;
+    HP_CHECK_OK(hp_hf_read_config(d, &tc));
+    /* the family's model_type from the registry in hp-ckpt's --model message (once 'llama') */
+    static const char *const wrong[][3] = {{"qwen3_moe_e4_top2_tied", "llama3", "model_type 'qwen3_moe'"},
+                                           {"deepseek_v3_yarn4k_bias", "qwen3", "model_type 'deepseek_v3'"}};
+    for (int i = 0; i < 2; i++) {
+        char src[1400];
+        snprintf(src, sizeof src, "%s/tests/data/hf_shapes/%s", SRC, wrong[i][0]);
+        char cmd[3000];
+        snprintf(cmd, sizeof cmd, "'%s/hp-ckpt' from-hf '%s' dcp_wrong --model %s", BDIR, src, wrong[i][1]);
+        int rc = run("%s%s", cmd, "");
+        HP_CHECK(rc == 1 && strstr(OUT, wrong[i][2]) && !strstr(OUT, "'llama'"), "%s with --model %s: exit %d\n%s",
+                 wrong[i][0], wrong[i][1], rc, OUT);
     }
     /* the issue's silent cases, now refused: an export of llama3/debugmodel whose config.json says
      * rope_theta 1e4 without rope_scaling and eps 1e-6 (Llama 2 / 3.0), shapes unchanged */
@@ -480,6 +781,13 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N_SHAPES; i++) test_shape(SHAPES[i]);
     test_moe_shape("qwen3_moe_e4_top2_tied");   /* mixture of experts (owner moe) */
     test_deepseek_shape("deepseek_v3_mla_e4_yarn");
+    test_deepseek_generate("deepseek_v3_yarn4k_bias");   /* issue 28 */
+    test_deepseek_beta("deepseek_v3_beta16_g4");
+    for (int i = 0; i < N_SHAPES; i++) test_hint_round_trip(SHAPES[i], strncmp(SHAPES[i], "qwen3", 5) ? "llama3" : "qwen3");
+    test_hint_round_trip("qwen3_moe_e4_top2_tied", "qwen3_moe");
+    test_hint_round_trip("deepseek_v3_mla_e4_yarn", "deepseek_v3");
+    test_hint_round_trip("deepseek_v3_yarn4k_bias", "deepseek_v3");
+    test_hint_round_trip("deepseek_v3_beta16_g4", "deepseek_v3");
     test_refusals();
     if (!getenv("HP_KEEP")) {
         char cmd[600];

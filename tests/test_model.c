@@ -2,7 +2,7 @@
 // registry (models.h), config errors, parameter names and shapes, init statistics,
 // forward/backward sanity (initial loss near ln V, ignore index, loss divisor), no heap
 // allocation in a step, bitwise determinism.
-// hp-test: ranks 1 timeout 120 coretype 1
+// hp-test: ranks 1 timeout 120 coretype 1 isa
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

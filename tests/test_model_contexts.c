@@ -3,7 +3,8 @@
 // bitwise; W of a micro-batch run after the I of two later ones gives the same gradients;
 // a model created for units [k, n) allocates only their parameters and its range
 // forward/backward equals the same range inside the full model, bitwise (llama3 and tied
-// qwen3); chainable module hooks run in registration order; misuse gets named errors. All
+// qwen3); the same with activation checkpointing (every_k 1 and 2, op-level SAC, memory budget
+// 0.5); chainable module hooks run in registration order; misuse gets named errors. All
 // comparisons are bitwise: the same kernels run on the same inputs with the same threads.
 // hp-test: ranks 1 timeout 120 coretype 1
 #include <stdlib.h>
@@ -117,7 +118,13 @@ static void test_contexts(const char *name, int ac) {
     hp_model_t m = NULL;
     HP_ASSERT(hp_model_create(&cfg, B, T, &m) == HP_OK);
     HP_CHECK_OK(hp_model_init_weights(m, 5));
-    if (ac) HP_CHECK_OK(hp_model_set_activation_checkpoint(m, ac));
+    if (ac > 0) HP_CHECK_OK(hp_model_set_activation_checkpoint(m, ac));
+    if (ac < 0) {   // -1: op-level selective AC, -2: memory budget 0.5 (kept items survive deferred W passes)
+        hp_ac_options_t o = hp_ac_default_options();
+        o.every_k = 1;
+        o.policy = ac == -1 ? HP_AC_OP : HP_AC_BUDGET;
+        HP_CHECK_OK(hp_model_set_activation_checkpoint_options(m, &o));
+    }
     const size_t ng = n_grad(m);
     ref_t r;
     reference(m, &r, ng);
@@ -370,7 +377,7 @@ static hp_status_t spy_backward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     s->bwd++;
     return hp_module_backward_input(s->orig, act, dout, din);
 }
-static const hp_module_ops_t spy_ops = {"spy", spy_bytes, NULL, spy_forward, spy_backward, NULL, NULL};
+static const hp_module_ops_t spy_ops = {"spy", spy_bytes, NULL, spy_forward, spy_backward, NULL, NULL, NULL};
 
 /* One step on batch 0 from zero gradients: the loss, the gradients into g. */
 static float step_grads(hp_model_t m, float *g) {
@@ -448,6 +455,8 @@ int main(void) {
     test_contexts("llama3", 1);
     test_contexts("qwen3", 0);
     test_contexts("qwen3", 2);
+    test_contexts("llama3", -1);
+    test_contexts("qwen3", -2);
     test_stage("llama3", 3);
     test_stage("qwen3", 2);
     test_hooks();

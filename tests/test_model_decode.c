@@ -3,7 +3,7 @@
 // decoded position equal the matching row of a full hp_model_forward over the same prefix;
 // chunked prefill; the decode attention kernel against the reference; no heap allocation
 // per decoded token; errors for a full cache, bad token ids and TP / FSDP models.
-// hp-test: ranks 1 timeout 120
+// hp-test: ranks 1 timeout 120 isa
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

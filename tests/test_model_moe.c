@@ -263,6 +263,11 @@ int main(void) {
         d.moe_route_norm = 1; d.moe_route_scale = 2.5f; d.moe_expert_groups = 2; d.moe_limited_groups = 1;
         d.max_seq_len = 64; d.rope_original_max_pos = 32; d.rope_factor = 4.0f;
         HP_CHECK_OK(hp_model_config_validate(&d));
+        // TorchTitan's MLA norms (eps = norm_eps 1e-5) have no HF class: transformers' use 1e-6 (issue 28)
+        HP_CHECK_ERR(hp_model_hf_adapter(&d)->check(&d, "export"), HP_ERR_UNSUPPORTED,
+                     "q_a_layernorm / kv_a_layernorm use eps 1e-6 whatever rms_norm_eps says, but this deepseek_v3 "
+                     "model's q_norm / kv_norm use 1e-05 (model.mla_norm_eps = 0");
+        d.mla_norm_eps = 1e-6f;
         hp_model_t a = NULL, b = NULL;
         HP_CHECK_OK(hp_model_create(&d, B, T, &a));
         HP_CHECK_OK(hp_model_create(&d, B, T, &b));

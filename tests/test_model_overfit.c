@@ -1,7 +1,7 @@
 // Acceptance 3: training the llama3 debugmodel (and a small qwen3) on one fixed batch with
 // AdamW (optim.h) and grad clipping drives the loss down (final < 10% of initial), and two
 // runs from the same seed are bitwise equal: every step's loss and every final weight.
-// hp-test: ranks 1 timeout 120
+// hp-test: ranks 1 timeout 120 isa
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -13,7 +13,7 @@
 // models: rtol 2e-2, atol 2e-4 (element) and 2e-4 + 1e-4 |g|_1 (directions), the
 // largest-gradient element and three directions per parameter, h = 1% of the tensor's rms
 // (the f32 forward has a loss noise floor near 1e-6, i.e. ~1e-4 in fd at these steps).
-// hp-test: ranks 1 timeout 120 coretype 1
+// hp-test: ranks 1 timeout 120 coretype 1 isa
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

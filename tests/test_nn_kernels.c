@@ -1,7 +1,8 @@
 // Optimised nn kernels against their plain reference twins (kernels_ref.c), on odd sizes
 // (tails of tiles and SIMD lanes), MHA and GQA, both RoPE styles, ignored targets; every kernel
-// on each ISA path this CPU has, forced one at a time (hp_nn_set_isa: the explicit-vector
-// SwiGLU, cross-entropy and AdamW row kernels of kernels-simd.h, attention's tiles).
+// on each ISA path this CPU has (avx512, avx2, portable), forced one at a time (hp_nn_set_isa:
+// the explicit-vector SwiGLU, cross-entropy, RoPE and AdamW row kernels of kernels-simd.h,
+// attention's tiles), with sizes that leave 16-, 8- and 4-lane tails.
 // Tolerances: f32 kernels vs double references, |a - b| <= 1e-5 + 1e-4 |b| (GEMM-backed
 // kernels: 2e-5 + 2e-4 |b|, sums over up to 300 terms); the kernel table's general GEMM per
 // element within gamma_{K+2} of its magnitudes, and bitwise cblas_sgemm.
@@ -348,8 +349,8 @@ static void test_attention_determinism(void) {
 
 int main(void) {
     // every ISA path this CPU has, one at a time
-    hp_nn_isa_t paths[2] = {HP_NN_ISA_PORTABLE, HP_NN_ISA_AVX2};
-    const int npaths = hp_nn_set_isa(HP_NN_ISA_AVX2) == HP_OK ? 2 : 1;
+    hp_nn_isa_t paths[3] = {HP_NN_ISA_PORTABLE, HP_NN_ISA_AVX2, HP_NN_ISA_AVX512};
+    const int npaths = hp_nn_set_isa(HP_NN_ISA_AVX2) != HP_OK ? 1 : hp_nn_set_isa(HP_NN_ISA_AVX512) != HP_OK ? 2 : 3;
     test_negative();
     for (int t = 0; t < 4; t++) {   // the table's GEMM (BLAS: no ISA path of ours)
         test_gemm(37, 29, 41, t & 1, t >> 1, 1.0f, 0.0f);
@@ -378,8 +379,14 @@ int main(void) {
         test_cross_entropy(8, 2048);
         test_swiglu(4, 768);                 // whole vectors only
         test_cross_entropy(3, 7);            // vocab below one vector
-        test_rope(2, 5, 3, 12, HP_ROPE_INTERLEAVED, 0);   // a vector tail of 4 (AVX2) per head
-        test_rope(2, 5, 3, 12, HP_ROPE_HALF, 0);          // half 6: a tail of 2 (portable) / 6 (AVX2)
+        test_rope(2, 5, 3, 12, HP_ROPE_INTERLEAVED, 0);   // a vector tail of 4 (AVX2) / 12 (AVX-512) per head
+        test_rope(2, 5, 3, 12, HP_ROPE_HALF, 0);          // half 6: a tail of 2 (portable) / 6 (AVX2, AVX-512)
+        test_rope(2, 9, 2, 40, HP_ROPE_INTERLEAVED, 1);   // 40 = 2 x 16 + a tail of 8 (AVX-512)
+        test_rope(2, 9, 2, 48, HP_ROPE_HALF, 0);          // half 24 = 16 + 8
+        test_swiglu(5, 1000);                // 62 x 16 + 8
+        test_cross_entropy(6, 1027);         // 64 x 16 + 3
+        test_attention(2, 90, 4, 2, 32);     // two 16-lane vectors per head row (AVX-512)
+        test_attention(1, 40, 3, 3, 24);     // head_dim 24 on an AVX-512 CPU: the AVX2 tiles
         test_rope(1, 3, 2, 128, HP_ROPE_INTERLEAVED, 1);
         test_adamw(37, 1);
         test_rmsnorm_dw_blocks(50, 200);     // three full 64-blocks and a tail

@@ -1,6 +1,7 @@
 /* The composition as a library (issue 25's acceptance 3): llama3 with TP 2 x FSDP 2 built through
- * the public steps alone (ParallelDims, meshes, hp_parallel_create, hp_apply_tp, hp_apply_ac,
- * hp_parallel_init_weights, hp_apply_fsdp, the gradient finalizer, the optimizer; no trainer)
+ * the public steps alone (ParallelDims, meshes, an empty model (hp_model_create_empty),
+ * hp_parallel_create, hp_apply_tp, hp_apply_ac, hp_apply_fsdp, hp_parallel_init_weights, the
+ * gradient finalizer, the optimizer; no trainer)
  * gives the per-step losses and gradient norms of hp-train's run of the same config for 5 steps.
  * Tolerance: none. The library path calls the same kernels, collectives and reductions in the
  * same order on the same data as the trainer's composition, so the results are bitwise equal;
@@ -49,11 +50,11 @@ static void library_run(const hp_config_t *c, hp_comm_t world, double lr_scale, 
     HP_CHECK_OK(hp_tokenizer_load(&tok, c->tokenizer.path));
     hp_model_config_t mc;
     HP_CHECK_OK(hp_config_resolve_model(c, hp_tokenizer_vocab_size(tok), "the test tokenizer", T, &mc));
-    hp_model_t model = NULL;
-    HP_CHECK_OK(hp_model_create(&mc, B, T, &model));
+    hp_model_t model = NULL;   /* described only: each rank allocates its shards at init */
+    HP_CHECK_OK(hp_model_create_empty(&mc, B, T, &model));
     hp_parallel_t par = NULL;
     HP_CHECK_OK(hp_parallel_create(model, B, T, &par));
-    /* TorchTitan's order: TP on the tp dim, AC (off), init, FSDP on the dp_shard dim */
+    /* TorchTitan's order: TP on the tp dim, AC (off), FSDP on the dp_shard dim, then init */
     hp_mesh_t tp_mesh = NULL, dp_mesh = NULL;
     HP_CHECK_OK(hp_mesh_slice(meshes.world, 1, (const char *[]){"tp"}, &tp_mesh));
     HP_CHECK_OK(hp_mesh_slice(meshes.world, 1, (const char *[]){"dp_shard"}, &dp_mesh));
@@ -61,11 +62,11 @@ static void library_run(const hp_config_t *c, hp_comm_t world, double lr_scale, 
     const int n_plan = hp_model_spec_find("llama3")->tp_plan(&mc, 1, 1, plan, 32);
     HP_CHECK_OK(hp_apply_tp(par, tp_mesh, plan, n_plan));
     HP_CHECK_OK(hp_apply_ac(par, 0));
-    HP_CHECK_OK(hp_parallel_init_weights(par, (uint64_t)c->training.seed));
     hp_fsdp_options_t fo = hp_fsdp_default_options();
     fo.gradient_divide_factor = 1.0;   /* sums: the loss is normalised by the global token count */
     fo.mp.param_dtype = strcmp(c->training.mixed_precision_param, "bfloat16") == 0 ? HP_BF16 : HP_F32;
     HP_CHECK_OK(hp_apply_fsdp(par, dp_mesh, &fo));
+    HP_CHECK_OK(hp_parallel_init_weights(par, (uint64_t)c->training.seed));
     /* the optimizer and schedule on the composition's table */
     hp_optim_config_t oc = hp_optim_default(HP_OPTIM_ADAMW);
     oc.lr = c->optimizer.lr * lr_scale;

@@ -839,6 +839,18 @@ static void test_tool(void) {
         EXPECT_TOOL(args, 1, needle);
         put(csv, "0F0,0B0\n1B0,1F0\n");
         EXPECT_TOOL(args, 1, "<-- ERROR HERE");
+        /* issue 28: a microbatch index past the bound is refused naming it (it once made the checks
+         * ask 16 GB); the largest allowed index still loads */
+        put(csv, "0F2147483646,0B2147483646\n");
+        snprintf(needle, sizeof needle, "%s:1: cell 1: '0F2147483646': microbatch index exceeds 1048575 (HP_PP_MAX_MB: "
+                 "at most 2^20 microbatches per step)", csv);
+        EXPECT_TOOL(args, 1, needle);
+        put(csv, "0F1048576\n");
+        EXPECT_TOOL(args, 1, "'0F1048576': microbatch index exceeds 1048575");
+        hp_pp_schedule_t *big = NULL;
+        HP_CHECK_OK(hp_pp_schedule_from_csv("0F1048575,0B1048575\n", "max.csv", &big));
+        HP_CHECK(big && hp_pp_schedule_at(big, 0, 0)->mb == HP_PP_MAX_MB, "the largest microbatch index loads");
+        hp_pp_schedule_free(big);
         remove(csv);
         EXPECT_TOOL(args, 1, "cannot open the schedule CSV");
     }

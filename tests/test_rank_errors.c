@@ -187,7 +187,8 @@ static void test_output_paths(void) {
     if (f) fclose(f);
 }
 
-/* 5. the start-up line names the MFU peak; a configured figure is the one used */
+/* 5. the start-up line names the MFU peak (configured, or the measured FMA peak with the sgemm
+ * peak beside it) and the GEMM kernels; a configured figure is the one used */
 static void test_mfu_figure(void) {
     char extra[2048];
     snprintf(extra, sizeof extra, "--data.path=%s --data.format=text --data.text_separator=percent "
@@ -208,8 +209,11 @@ static void test_mfu_figure(void) {
     snprintf(extra, sizeof extra, "--data.path=%s --data.format=text --data.text_separator=percent "
              "--job.dump_folder= --training.steps=1 --metrics.peak_flops=0", corpus_);
     rc = train(1, extra, &secs);
-    HP_CHECK(rc == 0 && strstr(out_, "FLOP/s per rank, measured (fastest float32 sgemm at start-up)"),
+    HP_CHECK(rc == 0 && strstr(out_, "FLOP/s per rank, the f32 FMA peak of its") && strstr(out_, "the sgemm peak"),
              "measured peak: exit %d:\n%s", rc, out_);
+    /* the start-up line names the GEMM kernels; the step line shows the sgemm figure beside MFU */
+    HP_CHECK(strstr(out_, "GEMM: ") && strstr(out_, " kernels (") && strstr(out_, "(sgemm "),
+             "measured peak: no GEMM line or sgemm figure:\n%s", out_);
     q = strstr(out_, "mfu: ");
     while (q && !strchr("0123456789", q[5])) q = strstr(q + 1, "mfu: ");
     mfu = q ? atof(q + 5) : -1;

@@ -133,18 +133,21 @@ int main(int argc, char **argv) {
         e.parallelism.context_parallel_ulysses_degree = 3;
         if (ws > 1) HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_INVALID_ARG, "context_parallel_ulysses_degree");
         e = *c;
-        /* activation checkpointing: op-level SAC is refused, bad values name the key */
+        /* activation checkpointing: bad values name the key (a memory budget outside [0, 1]) */
+        snprintf(e.activation_checkpoint.mode, sizeof e.activation_checkpoint.mode, "memory_budget");
+        e.activation_checkpoint.memory_budget = 1.5;
+        HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_INVALID_ARG, "activation_checkpoint.memory_budget");
+        HP_CHECK(strstr(hp_last_error(), "[0, 1]") != NULL, "the budget's range: %s", hp_last_error());
+        e.activation_checkpoint.memory_budget = 0.5;
         snprintf(e.activation_checkpoint.mode, sizeof e.activation_checkpoint.mode, "selective");
-        snprintf(e.activation_checkpoint.selective_ac_option, sizeof e.activation_checkpoint.selective_ac_option, "op");
-        HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_UNSUPPORTED, "activation_checkpoint.selective_ac_option");
-        HP_CHECK(strstr(hp_last_error(), "full") != NULL, "op refusal hints at full: %s", hp_last_error());
         snprintf(e.activation_checkpoint.selective_ac_option, sizeof e.activation_checkpoint.selective_ac_option, "-1");
         HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_INVALID_ARG, "activation_checkpoint.selective_ac_option");
         snprintf(e.activation_checkpoint.selective_ac_option, sizeof e.activation_checkpoint.selective_ac_option, "2x");
         HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_INVALID_ARG, "activation_checkpoint.selective_ac_option");
         snprintf(e.activation_checkpoint.mode, sizeof e.activation_checkpoint.mode, "sometimes");
         HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_INVALID_ARG, "activation_checkpoint.mode");
-        HP_CHECK(strstr(hp_last_error(), "none, full or selective") != NULL, "allowed values: %s", hp_last_error());
+        HP_CHECK(strstr(hp_last_error(), "none, full, selective or memory_budget") != NULL, "allowed values: %s",
+                 hp_last_error());
         e = *c;
         snprintf(e.tokenizer.path, sizeof e.tokenizer.path, "%s/missing.json", dir_);
         HP_CHECK_ERR(hp_trainer_create(&e, world, &x), HP_ERR_IO, "missing.json");

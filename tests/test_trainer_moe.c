@@ -140,8 +140,8 @@ static int jsonl_lines(const char *sub, const char *key, char (*lines)[512], int
     return n;
 }
 
-/* 1 rank: full activation checkpointing gives the same losses, bias and (halved) routing counts
- * as the run without (flavors' deepseek_v3 run). */
+/* 1 rank: full activation checkpointing gives the same losses, bias and routing counts as the run
+ * without (flavors' deepseek_v3 run): the MoE counts a micro-batch's first forward only. */
 static void full_ac(hp_comm_t world, const double *ds_losses, const float *bias_ds) {
     hp_config_t *c = calloc(1, sizeof *c);
     moe_config(c, 1, "deepseek_v3");
@@ -397,6 +397,52 @@ static void bad_keys(int ws) {
     free(c);
 }
 
+/* The final weights file of a sharded run (FSDP 2, then PP 2) holds every MoE layer's trained
+ * expert_bias: each rank compares the biases of the layers its model holds with the file's
+ * (bitwise: the bias is replicated state, copied, never reduced). */
+static void final_weights_bias(hp_comm_t world) {
+    for (int pp = 0; pp < 2; pp++) {
+        hp_config_t *c = calloc(1, sizeof *c);
+        if (pp) {
+            pp_config(c, "qwen3_moe");
+            set_pp2(c, "1F1B");
+        } else {
+            moe_config(c, 1, "qwen3_moe");
+            c->parallelism.data_parallel_shard_degree = 2;
+        }
+        snprintf(c->job.dump_folder, sizeof c->job.dump_folder, "%s/fw%d", dir_, pp);
+        hp_trainer_t t = NULL;
+        HP_CHECK_OK(hp_trainer_create(c, world, &t));
+        if (t) HP_CHECK_OK(hp_trainer_train(t));
+        hp_barrier(world, NULL);
+        char path[600];
+        snprintf(path, sizeof path, "%s/weights.safetensors", c->job.dump_folder);
+        hp_model_t m = NULL;
+        HP_CHECK_OK(hp_model_load_weights(path, 1, 16, &m));
+        hp_module_t *mine[512], *file[512];
+        const int nm = t ? hp_model_modules(hp_trainer_model(t), mine, 512) : 0;
+        const int nf = m ? hp_model_modules(m, file, 512) : 0;
+        int compared = 0;
+        for (int i = 0; i < nm; i++) {
+            if (!hp_module_is_moe(mine[i])) continue;
+            for (int j = 0; j < nf; j++) {
+                if (!hp_module_is_moe(file[j]) || strcmp(file[j]->name, mine[i]->name)) continue;
+                const float *a = ((hp_moe_impl_t *)mine[i]->impl)->expert_bias, *b = ((hp_moe_impl_t *)file[j]->impl)->expert_bias;
+                float moved = 0;
+                for (int e = 0; e < 8; e++) moved += a[e] != 0;
+                HP_CHECK(memcmp(a, b, 8 * sizeof(float)) == 0 && moved > 0,
+                         "%s: %s's expert_bias in the final weights differs from the trained one (or did not move)",
+                         pp ? "pp 2" : "FSDP 2", mine[i]->name);
+                compared++;
+            }
+        }
+        HP_CHECK(compared > 0, "%s: no MoE layer compared", pp ? "pp 2" : "FSDP 2");
+        hp_model_destroy(m);
+        hp_trainer_destroy(t);
+        free(c);
+    }
+}
+
 int main(int argc, char **argv) {
     int rank, ws;
     hp_config_t *c = NULL;
@@ -416,6 +462,7 @@ int main(int argc, char **argv) {
         pp_cases(world, one);
         pp_ckpt(world, one);
         hp_comm_destroy(one);
+        final_weights_bias(world);
     }
     bad_keys(ws);
     free(c);

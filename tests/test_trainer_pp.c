@@ -113,6 +113,8 @@ static const pp_case_t cases[] = {
     {C(2, Q1, 2, "DualPipeV"), .status = HP_ERR_UNSUPPORTED, .needle = "tied embeddings"},
     {C(2, L1, 2, "ZBV"), .status = HP_ERR_INVALID_ARG, .needle = "pipeline_parallel_schedule"},
     {C(2, L1, 2, "1F1B"), .csv = "bad", .status = HP_ERR_INVALID_ARG, .needle = "pipeline_parallel_schedule_csv"},
+    {C(2, L1, 2, "1F1B"), .csv = "huge", .status = HP_ERR_FORMAT,
+     .needle = "huge.csv:1: cell 1: '0F2147483646': microbatch index exceeds 1048575 (HP_PP_MAX_MB"},
 
     /* 4 ranks: pp 4 */
     {C(4, L1, 4, "1F1B")}, {C(4, L1, 4, "Interleaved1F1B")}, {C(4, L1, 4, "GPipe")}, {C(4, L1, 4, "LoopedBFS")},
@@ -160,10 +162,11 @@ static const pp_case_t cases[] = {
  * and a forward before the first weight pass, so a weight pass runs long after its input pass
  * (contexts live from F to W, FSDP's reduction after the last W, TP's gathered gradients per
  * context); one whose rank 0 misses a backward. */
-static const char *const csv_text[3][2] = {
+static const char *const csv_text[4][2] = {
     {"gpipe", "0F0,0F1,0F2,0F3,,,0B0,0B1,0B2,0B3\n,1F0,1F1,1F2,1F3,1B0,1B1,1B2,1B3\n"},
     {"zb", "0F0,0F1,0F2,0I0,0F3,0I1,0W0,0I2,0W1,0I3,0W2,0W3\n1F0,1I0,1F1,1I1,1W0,1F2,1I2,1W1,1F3,1I3,1W2,1W3\n"},
     {"bad", "0F0,0F1,0F2,0F3,0B0,0B1,0B2\n1F0,1F1,1F2,1F3,1B0,1B1,1B2,1B3\n"},
+    {"huge", "0F2147483646,0B2147483646\n1F0,1B0\n"},   /* a microbatch index past HP_PP_MAX_MB (issue 28) */
 };
 
 static void base(hp_config_t *c, int dp, const char *model) {
@@ -368,7 +371,7 @@ int main(int argc, char **argv) {
     hp_config_t *c = NULL;
     hp_comm_t world = hp_test_corpus_init(&argc, &argv, "hp_test_trainer_pp", &rank, &ws, &c);
     if (rank == 0)
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             char path[400];
             snprintf(path, sizeof path, "%s/%s.csv", dir_, csv_text[i][0]);
             FILE *fp = fopen(path, "w");

@@ -4,10 +4,12 @@
  * --print-ids prints the token ids (prompt with BOS, then the generated ones) on a line
  * "ids: ..." after the text (to compare with transformers' generate).
  * The prompt is prefilled into a KV cache (model.h) and each new token is one decode step.
- * The context window is the training sequence length stored with the weights; once prompt
- * plus output exceed it, every further token sees exactly the last window: the cache is
- * reset and the last window re-prefilled per token (a full-window forward, as before the
- * cache), so the output is the same as recomputing the window each step. */
+ * The context window is the model's: the training sequence length stored with the weights, or
+ * an HF folder's max_position_embeddings (which also decides DeepSeek-V3's YaRN). The model and
+ * its cache are built for min(window, prompt + new tokens) positions; once prompt plus output
+ * exceed the window, every further token sees exactly the last window: the cache is reset and
+ * the last window re-prefilled per token (a full-window forward, as before the cache), so the
+ * output is the same as recomputing the window each step. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,10 +122,22 @@ int main(int argc, char **argv) {
     hp_tokenizer_t tok = NULL;
     hp_model_t m = NULL;
     if (hp_tokenizer_load(&tok, tokpath) != HP_OK) { fprintf(stderr, "hp-generate: error: %s\n", hp_last_error()); return 1; }
-    /* the context window is the training sequence length stored with the weights */
-    if (hp_model_load_weights(weights, 1, 0, &m) != HP_OK) {
+    /* the prompt first: its length sizes the model; its error is reported after the weights' */
+    hp_token_ids_t ids = {0};
+    static char enc_err[2048];
+    const hp_status_t enc = hp_tokenizer_encode(tok, prompt, strlen(prompt), HP_TOKENIZE_ADD_BOS, &ids);
+    if (enc != HP_OK) snprintf(enc_err, sizeof enc_err, "%s", hp_last_error());
+    size_t n_prompt = ids.len;
+    /* built for the positions this run can reach, at most the model's context (the window) */
+    const int64_t need = (int64_t)n_prompt + max_new;
+    if (hp_model_load_weights(weights, 1, need < 1 ? 1 : need > HP_MODEL_MAX_SEQ_LEN ? HP_MODEL_MAX_SEQ_LEN : (int)need,
+                              &m) != HP_OK) {
         fprintf(stderr, "hp-generate: error: %s\n", hp_last_error());
         hp_tokenizer_free(tok);
+        return 1;
+    }
+    if (enc != HP_OK) {
+        fprintf(stderr, "hp-generate: error: %s\n", enc_err);
         return 1;
     }
     const hp_model_config_t *cfg = hp_model_config(m);
@@ -132,13 +146,8 @@ int main(int argc, char **argv) {
                         "tokenizer the model was trained with\n", tokpath, hp_tokenizer_vocab_size(tok), cfg->vocab_size);
         return 1;
     }
-    int ctx = cfg->max_seq_len, V = cfg->vocab_size;
-    hp_token_ids_t ids = {0};
-    if (hp_tokenizer_encode(tok, prompt, strlen(prompt), HP_TOKENIZE_ADD_BOS, &ids) != HP_OK) {
-        fprintf(stderr, "hp-generate: error: %s\n", hp_last_error());
-        return 1;
-    }
-    size_t n_prompt = ids.len;
+    /* the sliding window: the built length, the whole context whenever the run can exceed it */
+    int ctx = hp_model_max_seq_len(m), V = cfg->vocab_size;
     int32_t *all = malloc(sizeof(int32_t) * (n_prompt + (size_t)max_new + 1));
     cand_t *cands = malloc(sizeof(cand_t) * (size_t)V);
     if (!all || !cands) return 1;

@@ -36,7 +36,7 @@ run() {   # name model nproc overrides...
       --job.dump_folder="$out" "${common[@]}" "$@" > "$out.log" 2>&1 || { cat "$out.log"; exit 1; }
   local f
   for f in "$out"/metrics.jsonl*; do
-    sed -E 's/, "(tokens_per_s|tflops|mfu_pct|step_time_s|elapsed_s|eta_s|rss_bytes|peak_rss_bytes)": [^,}]*//g' "$f" |
+    sed -E 's/, "(tokens_per_s|tflops|mfu_pct|mfu_sgemm_pct|step_time_s|elapsed_s|eta_s|rss_bytes|peak_rss_bytes)": [^,}]*//g' "$f" |
       sed "s|^|$name $(basename "$f") |"
   done
   echo "$name weights $(sha256sum "$out/weights.safetensors" | cut -c1-64)"

@@ -31,6 +31,9 @@ typedef struct hp_ckpt_train_state {
     hp_dataloader_t dataloader;     /* per-rank blob "dataloader" */
     int64_t *step;                   /* "train_state": step (also the LR schedule position) */
     uint64_t *seed;                  /* "train_state": RNG seed */
+    /* The table the optimizer was built on (its state's layouts; ZeRO-1: the owned entries and
+     * placeholders, hp_parallel_optim_params), in params' order; NULL: params. */
+    hp_param_t *optim_params;
 } hp_ckpt_train_state_t;
 
 typedef struct hp_ckpt_manager *hp_ckpt_manager_t;

@@ -55,12 +55,13 @@ typedef struct hp_config {
         int64_t max_seq_len;
         /* the MoE keys (docs/moe.md): -1 / "default" keep the flavor's */
         int64_t moe_num_experts, moe_top_k, moe_hidden_dim, moe_num_shared_experts, moe_n_dense_layers;
+        int64_t moe_n_expert_groups, moe_n_limited_groups;   /* node-limited routing (HF n_group / topk_group) */
         char moe_score_func[HP_CONFIG_STR_MAX];   /* default | sigmoid | softmax */
         int moe_route_norm, moe_score_before_experts;   /* tristate */
         double moe_route_scale, moe_load_balance_coeff, moe_aux_loss_coeff;
         /* MLA attention's keys (deepseek_v3; docs/moe.md): -1 keeps the flavor's */
         int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
-        double mla_mscale;
+        double mla_mscale, mla_norm_eps, rope_beta_fast, rope_beta_slow;
     } model;
     struct {
         int64_t steps;
@@ -73,6 +74,7 @@ typedef struct hp_config {
         char dtype[HP_CONFIG_STR_MAX];
         char mixed_precision_param[HP_CONFIG_STR_MAX];
         char mixed_precision_reduce[HP_CONFIG_STR_MAX];
+        double memory_limit_gib;     /* 0: this host's MemAvailable / its ranks; < 0: no limit */
     } training;
     struct {
         char name[HP_CONFIG_STR_MAX];
@@ -98,6 +100,7 @@ typedef struct hp_config {
         int64_t expert_parallel_degree;
         int64_t expert_tensor_parallel_degree;
         char fsdp_reshard_after_forward[HP_CONFIG_STR_MAX];
+        int64_t zero_stage;          /* 1: ZeRO-1 over dp_replicate (DDP) */
         bool enable_loss_parallel;
         bool enable_sequence_parallel;
         char pipeline_parallel_schedule[HP_CONFIG_STR_MAX];
@@ -116,6 +119,8 @@ typedef struct hp_config {
     struct {
         char mode[HP_CONFIG_STR_MAX];
         char selective_ac_option[HP_CONFIG_STR_MAX];   /* integer k, or "op" */
+        double memory_budget;                          /* mode memory_budget: [0, 1] */
+        char per_op_sac_force_recompute_mm_shapes_by_fqns[HP_CONFIG_STR_MAX];   /* comma-separated */
     } activation_checkpoint;
     struct {
         bool enable;
@@ -153,6 +158,9 @@ typedef struct hp_config {
         char bin_dtype[HP_CONFIG_STR_MAX];
         double validation_fraction;
         bool loop;
+        char chat_template[HP_CONFIG_STR_MAX];   /* chat data: a known template by name; "" = the folder's */
+        bool pack;                               /* chat data: several samples per row */
+        char sft_truncation[HP_CONFIG_STR_MAX];  /* chat data: truncate | drop | error */
     } data;
     struct {
         char path[HP_CONFIG_STR_MAX];

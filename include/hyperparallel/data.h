@@ -8,7 +8,10 @@
  * as in fortune files, or one per line), JSONL with a string field, and pre-tokenized
  * little-endian uint16/uint32 files (memory-mapped). The tokenizer is reached through a
  * callback (hp_text_encoder_t) so this module does not depend on its internals.
- * Details and the file rules: docs/data.md. */
+ * SFT data (format chat): JSONL conversations rendered with a chat template
+ * (chat_template.h), labels -100 except on assistant tokens, whole samples packed into rows
+ * with their boundaries recorded (hp_dataloader_next_docs).
+ * Details and the file rules: docs/data.md, docs/finetune.md. */
 #ifndef HYPERPARALLEL_DATA_H
 #define HYPERPARALLEL_DATA_H
 
@@ -41,9 +44,27 @@ hp_text_encoder_t hp_text_encoder_bytes(void);
 
 typedef enum hp_data_split { HP_SPLIT_TRAIN = 0, HP_SPLIT_VALIDATION = 1 } hp_data_split_t;
 
+/* The label of a position no loss counts (the loss's HP_IGNORE_INDEX). */
+#define HP_SFT_IGNORE (-100)
+
+typedef struct hp_chat_template *hp_chat_template_t;   /* chat_template.h */
+/* data.sft_truncation: a sample longer than seq_len + 1 tokens */
+typedef enum hp_sft_truncation {
+    HP_SFT_TRUNCATE = 0,   /* keep its first seq_len + 1 tokens */
+    HP_SFT_DROP,           /* skip it */
+    HP_SFT_ERROR,          /* stop, naming its file and line */
+} hp_sft_truncation_t;
+/* SFT (chat format) options of a loader. */
+typedef struct hp_sft_options {
+    hp_chat_template_t chat_template;   /* must outlive the loader */
+    int32_t pad_id;                     /* input id of padding positions (their labels are -100) */
+    bool pack;                          /* several samples per row (else one, padded) */
+    hp_sft_truncation_t truncation;
+} hp_sft_options_t;
+
 typedef struct hp_dataset_options {
     const char *path;             /* a file, or (text/jsonl) a directory: see docs/data.md */
-    const char *format;           /* "auto" | "text" | "jsonl" | "bin"; NULL = auto */
+    const char *format;           /* "auto" | "text" | "jsonl" | "bin" | "chat" (alias "sft"); NULL = auto */
     const char *text_separator;   /* "blank_line" | "percent" | "line"; NULL = blank_line */
     const char *jsonl_field;      /* NULL = "text" */
     const char *bin_dtype;        /* "uint16" | "uint32"; NULL = uint16 */
@@ -66,7 +87,7 @@ void hp_dataset_close(hp_dataset_t ds);
 int64_t hp_dataset_num_documents(hp_dataset_t ds, hp_data_split_t split);
 /* Number of files read (a directory gives several). */
 int hp_dataset_num_files(hp_dataset_t ds);
-/* "text" | "jsonl" | "bin" (after auto detection). */
+/* "text" | "jsonl" | "bin" | "chat" (after auto detection). */
 const char *hp_dataset_format(hp_dataset_t ds);
 /* Text of document i of a split (text and jsonl only). The pointer stays valid until the
  * next call on the same dataset or its close; JSON escapes are decoded. */
@@ -88,11 +109,20 @@ typedef struct hp_dataloader_options {
  * jsonl need one (bin files ignore it). */
 hp_status_t hp_dataloader_create(hp_dataset_t ds, const hp_text_encoder_t *enc, const hp_dataloader_options_t *opts,
                                  hp_dataloader_t *out);
+/* The same with the SFT options chat data needs (sft may be NULL for other formats; it is
+ * copied, its template must outlive the loader). */
+hp_status_t hp_dataloader_create_sft(hp_dataset_t ds, const hp_text_encoder_t *enc, const hp_dataloader_options_t *opts,
+                                     const hp_sft_options_t *sft, hp_dataloader_t *out);
 void hp_dataloader_destroy(hp_dataloader_t dl);
 /* Fills the next batch: inputs (B, T) and labels (B, T), row-major, labels[b][t] =
  * window[b][t+1]. *got = false when a non-looping loader has no further full batch (the
  * partial batch is dropped); the buffers' contents are then unspecified. */
 hp_status_t hp_dataloader_next(hp_dataloader_t dl, int32_t *inputs, int32_t *labels, bool *got);
+/* The same, and positions (B, T): each token's index within its document (0 where a packed
+ * sample starts; padding counts from 0 as one more document), for a document mask. Chat data
+ * only (pretraining windows carry no boundaries: HP_ERR_UNSUPPORTED); positions may be NULL. */
+hp_status_t hp_dataloader_next_docs(hp_dataloader_t dl, int32_t *inputs, int32_t *labels, int32_t *positions,
+                                    bool *got);
 /* Back to the start of the shard with an empty buffer (e.g. before each validation pass). */
 void hp_dataloader_reset(hp_dataloader_t dl);
 int64_t hp_dataloader_epoch(hp_dataloader_t dl);          /* completed passes over the shard */

@@ -78,8 +78,10 @@ typedef struct hp_fsdp *hp_fsdp_t;
  * are DTensors on the SPMD mesh (mesh dims..., tp) with the full global shape: placements
  * (_StridedShard(0, tp), Shard(0)) for TP Shard(0), (Shard(0), Shard(1)) for TP Shard(1),
  * (Shard(0), Replicate()) for replicated ones (HSDP: Replicate() first). Copies this rank's
- * rows of the model's current weights into the sharded buffers, then releases the model's
- * full-size storage and installs the hooks. Collective over the mesh (none at creation, but
+ * rows of the model's current weights into the sharded buffers (an empty model,
+ * hp_model_create_empty, has none: the shards stay zero until hp_model_init_params draws them
+ * or a checkpoint is loaded into hp_fsdp_params), then releases the model's storage
+ * (hp_model_release_storage) and installs the hooks. Collective over the mesh (none at creation, but
  * every rank must call it). Errors: a model already wrapped (fully_shard twice, or DDP), a
  * mesh of other than 1 or 2 dims, a 2-D mesh without names, a scalar parameter, a rank
  * outside the mesh. */
@@ -120,6 +122,48 @@ hp_status_t hp_fsdp_full_grad(hp_fsdp_t f, int i, float *out);
  * both with the ignored parameters held whole, and the transient workspace (gathered
  * parameters / gradients and collective buffers). */
 void hp_fsdp_memory(hp_fsdp_t f, size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes);
+
+/* ---- explicit control (FSDPModule's unshard / reshard / set_modules_to_*_prefetch) --------
+ * FSDP's modules are the model's units: 0 tok_embeddings, 1..L layers.0..L-1, L+1 the root
+ * (norm + output); a unit of the tied group (tok_embeddings+root) controls the group. */
+
+/* FSDPModule.unshard(async_op): all-gathers the unit's group (a no-op when it is unsharded or
+ * gathering); without async_op it also waits and points the model's entries at the gathered
+ * parameters, with async_op hp_fsdp_wait_unshard does (UnshardHandle.wait). The group then
+ * stays unsharded until its post-forward (as reshard_after_forward says), its post-backward or
+ * hp_fsdp_reshard: its pre-forward / pre-backward all-gather is skipped (PyTorch's manual
+ * prefetch). A rotating group takes a slot of the pool (hp_fsdp_num_slots): unsharding more of
+ * them at once than the pool holds is HP_ERR_STATE. */
+hp_status_t hp_fsdp_unshard(hp_fsdp_t f, int unit, int async_op);
+hp_status_t hp_fsdp_wait_unshard(hp_fsdp_t f, int unit);
+/* FSDPModule.reshard(): frees the unit's gathered parameters (SHARDED; a post-forward copy of
+ * reshard_after_forward = k is dropped too). Refused inside the unit's backward. */
+hp_status_t hp_fsdp_reshard(hp_fsdp_t f, int unit);
+int hp_fsdp_is_unsharded(hp_fsdp_t f, int unit);
+/* set_modules_to_forward_prefetch / set_modules_to_backward_prefetch: after unit's all-gather
+ * is copied out in its pre-forward (pre-backward), the all-gathers of `units` start, in list
+ * order (no-ops for groups unsharded or gathering already). The list replaces the implicit
+ * prefetch of that unit (forward: the next unit; backward: the previous one; both only with
+ * overlap); n = 0 prefetches nothing, n < 0 restores the implicit one. The numerics do not
+ * change (bitwise the same results). The rotating pool is re-sized to what the lists hold at
+ * once (set-up time: every group must be sharded). */
+#define HP_FSDP_MAX_PREFETCH 16
+hp_status_t hp_fsdp_set_modules_to_forward_prefetch(hp_fsdp_t f, int unit, const int *units, int n);
+hp_status_t hp_fsdp_set_modules_to_backward_prefetch(hp_fsdp_t f, int unit, const int *units, int n);
+/* Rotating unsharded-parameter slots of the pool (the kept groups, reshard_after_forward False
+ * and the root by default, have buffers of their own). */
+int hp_fsdp_num_slots(hp_fsdp_t f);
+
+/* What hp_fully_shard(model, a mesh of W shard x R replicate ranks, opts) would hold on a rank,
+ * without a mesh or any allocation (the memory plan's FSDP term; `model` may be empty): the
+ * parameter and gradient bytes (hp_fsdp_memory's) and the workspace with the implicit
+ * prefetches; no_sync: backwards run without gradient sync (a pipeline's micro-batches before
+ * the step's last), so every group keeps its unsharded gradients between them. rs_input_bytes
+ * (may be NULL): the largest reduce-scatter input, which the MPI library copies into a temporary
+ * of its own (Open MPI's reduce_scatter_block algorithms) while it runs. */
+hp_status_t hp_fsdp_plan_memory(hp_model_t model, int W, int R, const hp_fsdp_options_t *opts, int no_sync,
+                                size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes,
+                                size_t *rs_input_bytes);
 
 /* Event log (PyTorch's patched unshard / reshard / post_backward in its FSDP tests):
  * "unshard <unit>", "reshard <unit>", "post_backward <unit>" where <unit> is

@@ -59,7 +59,8 @@ hp_status_t hp_tb_read_file(const char *path, hp_tb_event_fn fn, void *ctx);
 hp_status_t hp_memory_rss(int64_t *rss, int64_t *peak_rss);
 /* This rank's float32 GEMM peak (FLOP/s): after a warm-up product, the fastest single GEMM of
  * the default backend's kernel table (backend.h; the CPU: one BLAS sgemm) of n = 256, 512, 768,
- * 1024 over about `seconds` in all; the MFU denominator when no peak is configured. */
+ * 1024 over about `seconds` in all; the second MFU figure (mfu_sgemm_pct) when no peak is
+ * configured. */
 hp_status_t hp_measure_peak_flops(double seconds, double *flops);
 
 /* ---- the metrics processor ------------------------------------------------------------ */
@@ -68,7 +69,7 @@ typedef struct hp_metrics_options {
     int64_t log_freq;          /* log at step 1 and every log_freq steps */
     int64_t total_steps;       /* for the ETA */
     double flops_per_token;    /* model training FLOPs per token (6N + attention); 0: no TFLOP/s, MFU */
-    double peak_flops;         /* per rank; 0 = measure at create (0.5 s GEMM); < 0 = no MFU */
+    double peak_flops;         /* per rank; 0 = measure at create (FMA peak 0.2 s + sgemm peak 0.5 s); < 0 = no MFU */
     int64_t tokens_divisor;    /* ranks sharing one stream of tokens (cp*tp*pp); 0 = 1 */
     const char *tb_dir;        /* NULL or "" = no TensorBoard */
     const char *tb_tag;        /* suffix of the event file name (e.g. "rank0"); may be NULL */
@@ -99,6 +100,7 @@ typedef struct hp_metrics_record {
     double tokens_per_s;     /* per rank: tokens since the last log / time / tokens_divisor */
     double tflops;           /* flops_per_token * tokens_per_s / 1e12 */
     double mfu_pct;          /* 100 * flops_per_token * tokens_per_s / peak; NAN without a peak */
+    double mfu_sgemm_pct;    /* the same against the measured sgemm peak; NAN when the peak is configured */
     double step_time_s;      /* mean over the steps since the last log */
     double elapsed_s;        /* since hp_metrics_create */
     double eta_s;            /* step_time_s * (total_steps - step) */
@@ -109,8 +111,13 @@ typedef struct hp_metrics_record {
 typedef struct hp_metrics *hp_metrics_t;
 hp_status_t hp_metrics_create(const hp_metrics_options_t *opts, hp_metrics_t *out);
 void hp_metrics_destroy(hp_metrics_t m);
-/* The peak FLOP/s used for MFU (configured or measured; <= 0 when MFU is off). */
+/* The peak FLOP/s used for MFU: configured, or measured at create as the f32 FMA peak of the
+ * rank's threads (hp_cpu_fma_peak_flops, nn_kernels.h: what the hardware does, whatever kernels
+ * the BLAS picked); <= 0 when MFU is off. */
 double hp_metrics_peak_flops(hp_metrics_t m);
+/* The sgemm peak measured beside it (hp_measure_peak_flops; 0 when the peak is configured): the
+ * second MFU figure, against what the GEMM library reaches. */
+double hp_metrics_sgemm_peak_flops(hp_metrics_t m);
 /* Tokens this rank loaded for the step (labels.numel()). */
 void hp_metrics_add_tokens(hp_metrics_t m, int64_t ntokens);
 bool hp_metrics_should_log(hp_metrics_t m, int64_t step);

@@ -67,6 +67,10 @@ typedef struct hp_model_config {
     int mla;
     int q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
     float mla_mscale, rope_beta_fast, rope_beta_slow;
+    /* epsilon of MLA's q_norm and kv_norm; 0: norm_eps (TorchTitan's deepseek_v3 builds them
+     * with the model's norm_eps; transformers' DeepseekV3 with a fixed 1e-6, which an HF
+     * config.json gives here). hp_model_mla_norm_eps says which applies. */
+    float mla_norm_eps;
     /* The family's builder (model_builder.h): set by the registry when it resolves a config
      * (hp_model_flavor, hp_hf_read_config; models.h) and kept by copies of it. */
     const struct hp_model_arch *arch;
@@ -90,6 +94,8 @@ int64_t hp_model_active_param_count(const hp_model_config_t *cfg, int exclude_em
  * context; the softmax scale of the attention scores. */
 int hp_model_mla_yarn(const hp_model_config_t *cfg);
 double hp_model_mla_softmax_scale(const hp_model_config_t *cfg);
+/* MLA: the epsilon q_norm and kv_norm use (mla_norm_eps, or norm_eps when that is 0). */
+float hp_model_mla_norm_eps(const hp_model_config_t *cfg);
 /* TorchTitan's formula: 6 * (N - N_emb) + 6 * L * H * 2 * head_dim * seq_len (MLA: H *
  * (qk_nope + qk_rope + v_head) in place of H * 2 * head_dim, TorchTitan's deepseek_v3)
  * (N_emb not subtracted when embeddings are tied); N counts the active parameters of an MoE
@@ -103,6 +109,25 @@ typedef struct hp_model *hp_model_t;
  * hp_model_init_weights or a load writes them. cfg->arch builds the units (an error when
  * NULL: take the config from the registry, models.h). */
 hp_status_t hp_model_create(const hp_model_config_t *cfg, int max_batch, int max_seq_len, hp_model_t *out);
+/* The model described without parameter storage (PyTorch's meta device, HyperParallel's
+ * init_empty_weights; docs/memory.md): the module trees and the parameter entries (FQNs, the
+ * declared shapes and init rules) exist, the entries' data is NULL, nothing of the model's size
+ * is allocated. The parallelisms then place each parameter (tensor / expert parallel shrink the
+ * entries' local shapes, FSDP keeps its shards), and each rank allocates only what it holds:
+ * hp_model_materialize (the model's local storage), or an owner's own storage
+ * (hp_fully_shard, which then calls hp_model_release_storage). Forward refuses an empty model. */
+hp_status_t hp_model_create_empty(const hp_model_config_t *cfg, int max_batch, int max_seq_len, hp_model_t *out);
+/* Allocates (zeroed) storage of the entries' current local sizes in the creation layout
+ * (units contiguous, stacked GEMM members adjacent) and points the entries at it; a no-op for a
+ * model that has storage or whose entries another owner holds. */
+hp_status_t hp_model_materialize(hp_model_t m);
+/* The entries now point at storage another owner allocated (FSDP's shards and gathered
+ * buffers; none may point into the model's): the model frees its own and is no longer empty. */
+hp_status_t hp_model_release_storage(hp_model_t m);
+int hp_model_is_empty(hp_model_t m);
+/* Floats per buffer (values, gradients) the model's storage takes in its current layout (what
+ * hp_model_materialize allocates for an empty model). */
+size_t hp_model_storage_floats(hp_model_t m);
 void hp_model_destroy(hp_model_t m);
 const hp_model_config_t *hp_model_config(hp_model_t m);
 
@@ -110,6 +135,12 @@ const hp_model_config_t *hp_model_config(hp_model_t m);
  * 0.02/sqrt(2*(layer+1)), output trunc_normal dim^-0.5 cut at +-3 sigma, norms ones),
  * drawn from hp_rng keyed by (seed, parameter name, element index). */
 hp_status_t hp_model_init_weights(hp_model_t m, uint64_t seed);
+/* The same draw into `params`, a table of the model's parameters in its order held in any
+ * layout (the model's own entries, or FSDP's sharded ones: hp_fsdp_params): every local element
+ * gets the value the whole tensor has at its global index (the DTensor layout maps local to
+ * global indices, FSDP over TP's _StridedShard included), so every layout starts from bitwise
+ * the weights of the single rank and no rank draws more than it holds. */
+hp_status_t hp_model_init_params(hp_model_t m, hp_param_t *params, uint64_t seed);
 
 int hp_model_num_params(hp_model_t m);
 /* Array of hp_model_num_params entries in a fixed order (embedding, layers in order, norm,
@@ -226,6 +257,9 @@ int hp_model_max_seq_len(hp_model_t m);   /* the creation limit: positions of th
 /* Creates the model for units [u0, u1) of cfg's model (0 <= u0 < u1 <= n_layers + 2). */
 hp_status_t hp_model_create_range(const hp_model_config_t *cfg, int u0, int u1, int max_batch, int max_seq_len,
                                   hp_model_t *out);
+/* The same, empty (hp_model_create_empty). */
+hp_status_t hp_model_create_range_empty(const hp_model_config_t *cfg, int u0, int u1, int max_batch, int max_seq_len,
+                                        hp_model_t *out);
 
 /* A micro-batch context: the saved activations, unit boundaries, logits, loss sums and
  * activation-gradient buffers of one micro-batch, sized once from (max_B, max_T) for the
@@ -240,6 +274,9 @@ hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned fla
 void hp_model_ctx_destroy(hp_model_ctx_t c);
 /* Bytes the context holds (arena + workspace). */
 size_t hp_model_ctx_bytes(hp_model_ctx_t c);
+/* What hp_model_ctx_create(m, max_B, max_T, flags) would allocate, without allocating: the
+ * activation arena's and the workspace's bytes (the memory plan's activations). */
+void hp_model_ctx_size(hp_model_t m, int max_B, int max_T, unsigned flags, size_t *arena_bytes, size_t *work_bytes);
 /* Starts a micro-batch in the context (drops what it held): tokens (B, T) are needed when
  * the range includes unit 0, targets when it includes the head (NULL: logits only); the
  * loss is sum / loss_divisor (the global number of valid targets: docs/architecture.md). pos0:
@@ -281,7 +318,8 @@ hp_act_t *hp_model_ctx_act(hp_model_ctx_t c);
  * and hp_model_param_offset then describe the new layout. Entries pointing elsewhere are left
  * to their owner; when none is left in the model's storage the model holds none:
  * hp_model_zero_grad only zeroes what the model holds, hp_model_memory reports it, and
- * hp_model_init_weights refuses entries it does not hold. */
+ * hp_model_init_weights refuses entries it does not hold. On an empty model
+ * (hp_model_create_empty) nothing moves: the layout follows the entries' new local sizes. */
 hp_status_t hp_model_compact_storage(hp_model_t m);
 int hp_model_max_tokens(hp_model_t m);   /* max_batch * max_seq_len */
 
@@ -299,6 +337,31 @@ int hp_model_profile(hp_model_t m, const char ***names, const double **seconds);
  * are refused afterwards (re-create them); refused between a forward and its backward. */
 hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k);
 int hp_model_activation_checkpoint(hp_model_t m);
+/* The same with a save policy (nn_checkpoint.h): o->every_k picks the blocks (TorchTitan: 1 for
+ * op-level selective AC and for the memory budget), o->policy what each keeps through the forward:
+ * nothing (HP_AC_FULL), TorchTitan's op-level save list (HP_AC_OP) or a knapsack under
+ * o->memory_budget (HP_AC_BUDGET); the replay recomputes the rest and skips the ops whose outputs
+ * were kept, so losses and gradients are bitwise those without checkpointing. A context decides
+ * for its (max_B, max_T) when it is created. hp_model_set_activation_checkpoint(m, k) is this with
+ * every_k k and HP_AC_FULL. */
+hp_status_t hp_model_set_activation_checkpoint_options(hp_model_t m, const hp_ac_options_t *o);
+void hp_model_activation_checkpoint_options(hp_model_t m, hp_ac_options_t *o);
+/* What AC costs per micro-batch context of (B, T) (every context is one micro-batch in flight). */
+typedef struct hp_ac_estimate {
+    size_t act_bytes;          /* the context's activation memory: saved tensors plus recompute regions */
+    size_t kept_bytes;         /* of which: kept through the forward (non-checkpointed units and kept items) */
+    size_t region_bytes;       /* of which: recompute regions (one, or one per block with split_backward) */
+    size_t none_bytes;         /* the same context without checkpointing */
+    double recompute_flops;    /* forward FLOPs the replays run in backward */
+    double checkpointed_flops; /* forward FLOPs of the checkpointed blocks' items (what full AC recomputes) */
+    int n_checkpointed;        /* blocks */
+} hp_ac_estimate_t;
+/* The estimate for options o (not necessarily the model's), the model's module tree (its
+ * parallelisms included: the shards it runs) and (B, T); split_backward: contexts with deferred
+ * weight passes (HP_MODEL_CTX_SPLIT_BACKWARD). A library call for memory plans and planners: it
+ * allocates no activations. */
+hp_status_t hp_model_activation_checkpoint_estimate(hp_model_t m, const hp_ac_options_t *o, int B, int T,
+                                                    int split_backward, hp_ac_estimate_t *out);
 /* Bytes of each arena (parameters, gradients, activations, workspace) for start-up reports. */
 void hp_model_memory(hp_model_t m, size_t *param_bytes, size_t *grad_bytes,
                      size_t *act_bytes, size_t *work_bytes);

@@ -18,9 +18,10 @@ typedef struct hp_parallelize_options {
     const hp_tp_plan_entry_t *tp_plan;
     int n_tp_plan;
     hp_cp_options_t cp;               /* context parallel (cp > 1) */
-    int ac_every_k;                   /* activation checkpointing (hp_apply_ac) */
+    hp_ac_options_t ac;               /* activation checkpointing (hp_apply_ac_options; ac.every_k 0: off) */
     uint64_t seed;                    /* hp_parallel_init_weights */
     hp_fsdp_options_t fsdp;           /* dp_shard x cp > 1 */
+    int zero_stage;                   /* 1: ZeRO-1 over dp_replicate (DDP; hp_apply_zero) */
     hp_pipeline_options_t pp;         /* pp > 1 */
 } hp_parallelize_options_t;
 
@@ -35,8 +36,9 @@ hp_status_t hp_parallelize(hp_parallel_t p, const hp_parallel_dims_t *pd, const 
                            const hp_parallelize_options_t *o);
 /* The decoder LLMs' parallelize (TorchTitan's parallelize_llama), the four families' spec: TP
  * (tp > 1; o->tp_plan, else the family's plan; each part takes the entries it holds), EP (an
- * MoE model with ep > 1 or tp > 1), CP (cp > 1), AC, init, then FSDP / HSDP over dp_shard (x cp)
- * (x dp_replicate) when dp_shard x cp > 1, else DDP over dp_replicate when > 1. The meshes are
+ * MoE model with ep > 1 or tp > 1), CP (cp > 1), AC, then FSDP / HSDP over dp_shard (x cp)
+ * (x dp_replicate) when dp_shard x cp > 1, else DDP over dp_replicate when > 1 (with ZeRO-1 when
+ * o->zero_stage is 1), then init (each rank draws only what it holds). The meshes are
  * slices of meshes->world (adopted by p). */
 hp_status_t hp_parallelize_decoder(hp_parallel_t p, const hp_parallel_dims_t *pd, const hp_parallel_meshes_t *meshes,
                                    const hp_parallelize_options_t *o);

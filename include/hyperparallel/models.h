@@ -76,12 +76,17 @@ int hp_hf_config_diff(const hp_model_config_t *hf, const hp_model_config_t *mc, 
                       char *flags, size_t flags_n);
 
 /* --- model weights file (weights.c) ---------------------------------------------------------
- * Writes the model weights (rank 0 of a replicated model) with the model config in the
+ * Writes the model weights (rank 0 of a replicated model) and each MoE layer's expert_bias
+ * ("layers.N.moe.expert_bias", the routing's selection bias) with the model config in the
  * safetensors metadata, loadable by hp_model_load_weights / hp-generate. */
 hp_status_t hp_model_save_weights(hp_model_t m, const char *path);
 /* Creates a model from a file written by hp_model_save_weights (its family's flavor, then the
- * config in its metadata), or from an HF directory (config from its config.json,
- * hp_hf_read_config; the context is max_seq_len, else max_position_embeddings capped at 4096). */
+ * config in its metadata; expert_bias when the file has it), or from an HF directory (config
+ * from its config.json, hp_hf_read_config; weights and DeepSeek-V3's
+ * e_score_correction_bias through hp_hf_import). The config keeps its context (max_seq_len:
+ * the training sequence length, or max_position_embeddings, which decides MLA's YaRN); the
+ * model is built for max_seq_len positions when > 0 (at most that context), else for the
+ * context (an HF directory's capped at 4096); hp_model_max_seq_len says which. */
 hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_len, hp_model_t *out);
 
 #ifdef __cplusplus

@@ -12,5 +12,6 @@
 #include "nn_moe.h"         /* the mixture-of-experts module and its expert kernels */
 #include "nn_kernels.h"     /* the layers' kernels and their reference twins; ISA paths */
 #include "nn_attention.h"   /* the causal attention kernels */
+#include "nn_checkpoint.h"  /* activation checkpointing: the wrapper, save policies, their costs */
 
 #endif

@@ -5,6 +5,7 @@
 #ifndef HYPERPARALLEL_NN_KERNELS_H
 #define HYPERPARALLEL_NN_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include "status.h"
 
@@ -82,17 +83,53 @@ void hp_ref_rope_apply(float *x, int ld, int B, int T, int n_heads, int head_dim
                        const float *cos_t, const float *sin_t, hp_rope_style_t style, int inverse);
 
 /* ---- ISA paths of the kernels -------------------------------------------------------------- */
-/* Kernels with ISA-specific code (attention today) pick a path at run time from cpuid, so the
- * binary does not depend on -march. AUTO (the default): the best path this CPU supports; the
- * environment variable HP_NN_ISA=portable|avx2, read on first use, sets the start value.
- * Forcing a path lets a test check each one on a machine that has them all. */
-typedef enum { HP_NN_ISA_AUTO = 0, HP_NN_ISA_PORTABLE, HP_NN_ISA_AVX2 } hp_nn_isa_t;
+/* Kernels with ISA-specific code (attention, the RoPE / SwiGLU / cross-entropy / AdamW row
+ * kernels) pick a path at run time from cpuid, so the binary does not depend on -march.
+ * AUTO (the default): the best path this CPU supports (avx512 where it has AVX-512 F, DQ, BW,
+ * VL and CD; avx2 where AVX2 + FMA; portable otherwise); the environment variable
+ * HP_NN_ISA=portable|avx2|avx512, read on first use, sets the start value. Forcing a path
+ * lets a test check each one on a machine that has them all. */
+typedef enum { HP_NN_ISA_AUTO = 0, HP_NN_ISA_PORTABLE, HP_NN_ISA_AVX2, HP_NN_ISA_AVX512 } hp_nn_isa_t;
 /* HP_ERR_UNSUPPORTED if this CPU or build lacks `isa`. Not to be called while kernels run. */
 hp_status_t hp_nn_set_isa(hp_nn_isa_t isa);
 /* The path kernels use now (never AUTO). */
 hp_nn_isa_t hp_nn_isa(void);
-const char *hp_nn_isa_name(hp_nn_isa_t isa);   /* "auto", "portable", "avx2" */
+const char *hp_nn_isa_name(hp_nn_isa_t isa);   /* "auto", "portable", "avx2", "avx512" */
 
+/* ---- the CPU, its GEMM library and its FMA peak --------------------------------------------- */
+/* The widest vector ISA of this CPU that the OS enables: "avx512" (F, DQ, BW, VL, CD), "avx2"
+ * (with FMA), "avx", "sse4.2", "sse2"; "arm64" / "unknown" elsewhere. */
+const char *hp_cpu_isa_name(void);
+
+/* Which GEMM kernels run (every linear's cblas_sgemm). OpenBLAS picks its kernel family from
+ * the CPU's model number at load and falls back to old kernels on models newer than itself;
+ * the library checks the family against the CPU's ISA at load and selects the right one
+ * (src/nn/blas.c, docs/dependencies.md "GEMM library"), unless OPENBLAS_CORETYPE is set. */
+typedef struct {
+    char library[16];          /* "OpenBLAS" */
+    char version[24];          /* "0.3.21" */
+    char core[32];             /* the kernel family in use (openblas_get_corename): "SkylakeX" */
+    char core_isa[16];         /* its ISA, as hp_cpu_isa_name's names ("unknown" off x86-64) */
+    char cpu_isa[16];          /* hp_cpu_isa_name() */
+    char library_choice[32];   /* the family the library chose by itself at load */
+    int dynamic_arch;          /* the build has several families (DYNAMIC_ARCH) */
+    int selected;              /* 1: the family was re-selected at load (library_choice was below the CPU) */
+    int forced;                /* 1: OPENBLAS_CORETYPE is set in the environment (respected as given) */
+    int below_cpu;             /* 1: the kernels in use are below the CPU's ISA: GEMMs run slow */
+} hp_gemm_info_t;
+void hp_gemm_info(hp_gemm_info_t *out);
+/* One line for start-up logs ("GEMM: OpenBLAS 0.3.21, SkylakeX kernels (avx512) on a CPU with
+ * avx512", and why when the family was re-selected or is below the CPU); returns below_cpu. */
+int hp_gemm_describe(char *buf, size_t n);
+
+/* The f32 FMA peak of `threads` cores (FLOP/s), independent of any library: a register-only
+ * loop of independent fused multiply-adds at the CPU's widest vector ISA (zmm with AVX-512,
+ * ymm with AVX2 + FMA, 4-wide vectors otherwise), run on `threads` OpenMP threads at once (<= 0:
+ * omp_get_max_threads(), the threads the kernels use), each timed in its own thread CPU time
+ * (so other load on a shared machine does not lower it); the sum of the threads' rates, the best
+ * of several repetitions within about `seconds`. What every f32 FLOP of a step could at
+ * most reach: the MFU denominator when metrics.peak_flops is not set (metrics.h). */
+hp_status_t hp_cpu_fma_peak_flops(int threads, double seconds, double *flops);
 
 /* ---- kernels: SwiGLU -------------------------------------------------------------------- */
 // out (N, H) = silu(h13[:, :H]) * h13[:, H:], h13 (N, 2H)

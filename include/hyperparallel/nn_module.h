@@ -53,9 +53,66 @@ typedef struct hp_act {
     /* Weight passes may be deferred past later input passes (a split-backward context):
      * checkpoint wrappers keep their recomputed state until the context is reset. */
     int keep_recompute;
+    /* Activation checkpointing (nn_checkpoint.h): the context's save decisions, kept-tensor
+     * table and recompute regions (NULL: no checkpointed module), and while a checkpoint
+     * wrapper runs its block: the region its dropped state goes to, whether this forward is
+     * the backward's replay, and the depth of calls whose whole state is kept. Set by the
+     * wrapper; modules read them through hp_act_save / hp_act_save_out / hp_act_out_kept. */
+    const struct hp_act_ckpt *ckpt;
+    hp_arena_t *region;
+    int replay;
+    int keep_depth;
 } hp_act_t;
 
 typedef struct hp_module hp_module_t;
+
+/* ---- saved tensors under activation checkpointing (docs/nn.md "Activation checkpointing") -
+ * Inside a checkpointed block every tensor a forward saves for backward is an item: kept
+ * through the forward (the main arena) or dropped (a recompute region) and made again by the
+ * backward's replay of the forward, which skips the ops whose outputs were kept. An item is
+ * owned by a module and a slot: slot HP_SAVE_OUT is the module's output (the buffer its parent
+ * allocates for it; a module without a save_items op is one op: when its output is kept, its
+ * whole state is kept with it and the replay skips the call), slots 1 .. HP_SAVE_SLOTS - 1 the
+ * module's own tensors. The kind is TorchTitan's op class, which op-level selective AC saves
+ * or recomputes; the FLOPs are FlopCounterMode's count of the op that makes the item (2 M N K
+ * per GEMM, the SDPA's 4 B H T T d per head-dim of a full attention, 0 for elementwise ops). */
+#define HP_SAVE_SLOTS 8
+#define HP_SAVE_OUT 0
+typedef enum hp_save_kind {
+    HP_SAVE_OTHER = 0,   /* norms, elementwise, copies, gathers, grouped GEMMs: recomputed by op SAC */
+    HP_SAVE_MM,          /* a matmul's output (aten.mm; a fused stacked GEMM is one): every second one recomputed */
+    HP_SAVE_ATTENTION,   /* the SDPA's output and its statistics (log-sum-exp) */
+    HP_SAVE_CHOICE,      /* reductions: max / top-k, the MoE router's choices */
+    HP_SAVE_COMM,        /* outputs of a collective TorchTitan saves (reduce-scatter, all-to-all) */
+} hp_save_kind_t;
+
+typedef struct hp_save_item {
+    const hp_module_t *owner;   /* the module whose decision it is */
+    int slot;                   /* HP_SAVE_OUT or an own slot */
+    hp_save_kind_t kind;
+    size_t bytes;               /* arena bytes the item holds (the output and, for a one-op module, its state) */
+    double flops;               /* forward FLOPs of the op(s) that make it */
+    const hp_param_t *const *mm_w;   /* HP_SAVE_MM: the GEMM's weights (stacked along out), for TorchTitan's */
+    int mm_nw;                       /* force-recompute-by-shape rule (hp_ac_options_t.force_recompute) */
+    const hp_module_t *same_as; /* an alias entry: owner's output decision is same_as's (owner writes it) */
+    int tie;                    /* decided with the item before it (one knapsack item) */
+    int caller_out;             /* the checkpointed module's output: the caller's buffer, not needed by backward */
+} hp_save_item_t;
+
+/* The list a save_items op appends to (hp_save_* below); cap is its capacity: entries past it
+ * are counted in n but not written (the caller retries larger). */
+typedef struct hp_save_list {
+    hp_save_item_t *items;
+    int n, cap;
+    /* the producer of the output of the module being enumerated (hp_save_final), picked up
+     * by the output item its parent appends */
+    int has_final;
+    hp_save_kind_t final_kind;
+    double final_flops;
+    size_t final_bytes;
+    const hp_param_t *const *final_w;
+    int final_nw;
+} hp_save_list_t;
 
 /* How an activation of a micro-batch of B sequences of T positions and C features is split
  * across ranks: each rank holds T / seq positions of every sequence (rows (b, t), t in its
@@ -83,6 +140,12 @@ typedef struct hp_module_ops {
      * child that sees the input (or makes the output) first; the model container reads its
      * units' to size the residual stream and the logits (docs/nn.md, "Activation splits"). */
     int (*act_split)(const hp_module_t *m, int output, hp_act_split_t *s);
+    /* Optional: the items of this module's forward over (B, T) in forward order (its own
+     * tensors, its children's items and outputs; hp_save_own / hp_save_child / hp_save_final),
+     * and in forward: hp_act_save / hp_act_save_out for them, the ops that make a kept item
+     * skipped on the replay. NULL: the module is one op to activation checkpointing (its
+     * parent's item for its output covers its whole state). */
+    void (*save_items)(const hp_module_t *m, int B, int T, hp_save_list_t *list);
 } hp_module_ops_t;
 
 #define HP_MODULE_MAX_CHILDREN 8
@@ -176,7 +239,50 @@ hp_status_t hp_module_replace_child(hp_module_t *parent, hp_module_t *old, hp_mo
 /* m's act_split answer (1 and *s), or 0 when m (or its ops) does not decide it. */
 int hp_module_act_split(const hp_module_t *m, int output, hp_act_split_t *s);
 
-/* Calls through a module's ops table with checks (named errors instead of NULL calls). */
+/* ---- saved tensors (the save_items protocol above) ------------------------------------------
+ * In forward: own item `slot` of m (bytes, one block the module carves), kept or dropped per
+ * the context's decisions; *run = 0 on the replay when it was kept (the pointer is the first
+ * forward's, its contents intact: skip the op that makes it). Outside a checkpointed block:
+ * hp_act_alloc and *run = 1. */
+void *hp_act_save(hp_act_t *act, const hp_module_t *m, int slot, size_t bytes, int *run);
+/* The buffer a parent allocates for child c's output (bytes), per c's output decision: kept in
+ * the main arena or dropped; the same pointer on the replay when kept. */
+void *hp_act_save_out(hp_act_t *act, const hp_module_t *c, size_t bytes);
+/* 1 on the replay when m's output was kept: m (a module with save_items) must not write it. */
+int hp_act_out_kept(const hp_act_t *act, const hp_module_t *m);
+/* Whether slot `slot` of m is kept (the first forward and the replay). */
+int hp_act_save_kept(const hp_act_t *act, const hp_module_t *m, int slot);
+/* Around an own op whose state the op allocates itself (an expert stage): while kept != 0
+ * every allocation goes to the main arena with the item. */
+void hp_act_keep_begin(hp_act_t *act, int kept);
+void hp_act_keep_end(hp_act_t *act, int kept);
+
+/* For save_items ops. An own item of m. */
+void hp_save_own(hp_save_list_t *L, const hp_module_t *m, int slot, hp_save_kind_t kind, size_t bytes, double flops);
+/* An own GEMM output of m with weights w[0 .. nw) (m->params entries). */
+void hp_save_own_mm(hp_save_list_t *L, const hp_module_t *m, int slot, size_t bytes, double flops,
+                    const hp_param_t *const *w, int nw);
+/* Child c's items (its save_items, when it has one) and then its output: out_bytes (the buffer
+ * the caller allocates with hp_act_save_out) plus, for a one-op child, its whole state. kind
+ * and flops describe the op making it unless c declared its own producer (hp_save_final); w /
+ * nw: the GEMM's weights of an MM (NULL: c's stacked linear weights when c is a linear). */
+void hp_save_child(hp_save_list_t *L, const hp_module_t *c, int B, int T, size_t out_bytes, hp_save_kind_t kind,
+                   double flops, const hp_param_t *const *w, int nw);
+/* Child c writes m's own output (wo into the attention's, w2 into the feed-forward's): c's
+ * items, then an alias so that c's output decision is m's, and c (kind, flops, its state) as
+ * the producer of the output item m's parent appends for m. */
+void hp_save_final(hp_save_list_t *L, const hp_module_t *m, const hp_module_t *c, int B, int T, hp_save_kind_t kind,
+                   double flops, const hp_param_t *const *w, int nw);
+/* m writes its own output with its own op (kind, flops, GEMM weights w / nw), as the producer
+ * of the output item m's parent appends (the MoE's combine or shared-expert w2). */
+void hp_save_output(hp_save_list_t *L, hp_save_kind_t kind, double flops, const hp_param_t *const *w, int nw);
+/* Marks the last appended item as decided with the one before it. */
+void hp_save_tie(hp_save_list_t *L);
+
+/* Calls through a module's ops table with checks (named errors instead of NULL calls). Inside
+ * a checkpointed block hp_module_forward also applies the save decision of a module without
+ * save_items: its output kept -> its allocations go to the main arena, and on the replay the
+ * call (hooks included) is skipped. */
 hp_status_t hp_module_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out);
 hp_status_t hp_module_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din);
 hp_status_t hp_module_backward_weight(hp_module_t *m, hp_act_t *act);

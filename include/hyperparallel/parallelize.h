@@ -5,8 +5,8 @@
  * parallelize (src/models/) calls the steps in TorchTitan's order:
  *
  *     hp_pipeline_split (pipeline parallel only)  or  hp_parallel_create
- *     hp_apply_tp -> hp_apply_ep -> hp_apply_cp -> hp_apply_ac -> hp_parallel_init_weights
- *     -> hp_apply_fsdp or hp_apply_ddp -> hp_apply_pp (pipeline parallel only)
+ *     hp_apply_tp -> hp_apply_ep -> hp_apply_cp -> hp_apply_ac -> hp_apply_fsdp or hp_apply_ddp
+ *     (-> hp_apply_zero) -> hp_parallel_init_weights -> hp_apply_pp (pipeline parallel only)
  *
  * and a library user can call the same steps in the same order with the same result (the step
  * functions below are the whole composition: the trainer holds no parallelism of its own). Each
@@ -26,6 +26,7 @@
 #include "cp.h"
 #include "fsdp.h"
 #include "ddp.h"
+#include "zero.h"
 #include "pp_schedule.h"
 #include "parallel_dims.h"
 
@@ -82,9 +83,21 @@ hp_status_t hp_apply_cp(hp_parallel_t p, hp_mesh_t cp_mesh, const hp_cp_options_
 /* Activation checkpointing (TorchTitan semantics): every_k 0 off, 1 every block (mode full),
  * k > 1 the blocks l with (l + 1) % k == 0 (layer-level selective AC). */
 hp_status_t hp_apply_ac(hp_parallel_t p, int every_k);
+/* The same with a save policy (nn_checkpoint.h): op-level selective AC (HP_AC_OP) or a memory
+ * budget (HP_AC_BUDGET) in every checkpointed block; bitwise the losses and gradients without AC. */
+hp_status_t hp_apply_ac_options(hp_parallel_t p, const hp_ac_options_t *o);
+/* What the applied checkpointing costs on this rank per micro-batch of micro_batch sequences
+ * (<= 0: the batch p was created for) of the rows this rank runs (T / cp): activation bytes
+ * and recompute FLOPs summed over the rank's parts (model.h hp_ac_estimate_t). */
+hp_status_t hp_parallel_ac_estimate(hp_parallel_t p, int micro_batch, hp_ac_estimate_t *out);
 
-/* TorchTitan's init, drawn from the counter RNG keyed by (seed, parameter name, global
- * element index): every layout draws bitwise the values the single rank has at each index. */
+/* TorchTitan's init (parallelize, then init_weights), drawn from the counter RNG keyed by
+ * (seed, parameter name, global element index): every layout draws bitwise the values the
+ * single rank has at each index. The last step: the parts' parameters are placed by then, so a
+ * part created empty (hp_model_create_empty, the meta device) allocates only what this rank
+ * holds (hp_model_materialize: TP / EP shards, a stage's units) or FSDP's shards are drawn in
+ * place (hp_fsdp_params), and nothing of the model's full size is ever allocated on a rank
+ * that does not hold it whole. A part with storage is drawn where it lives (any order). */
 hp_status_t hp_parallel_init_weights(hp_parallel_t p, uint64_t seed);
 
 /* fully_shard of every part over dp_mesh ((dp_shard), (dp_replicate, dp_shard), or under
@@ -97,6 +110,19 @@ hp_status_t hp_apply_fsdp(hp_parallel_t p, hp_mesh_t dp_mesh, const hp_fsdp_opti
  * (no pipeline, untied embeddings, no expert parallel), else one SUM all-reduce per held gradient
  * after backward (the finalizer). `o` may be NULL (DDP defaults with sums, not averages). */
 hp_status_t hp_apply_ddp(hp_parallel_t p, hp_comm_t dp_comm, const hp_ddp_options_t *o);
+
+/* ZeRO-1 (ZeroRedundancyOptimizer) over the replicated data-parallel ranks of dp_comm, after
+ * hp_apply_ddp (whole gradients on every rank): the parameters are partitioned by PyTorch's
+ * greedy rule; the optimizer is built on hp_parallel_optim_params (this rank's share, the
+ * others placeholders), so each rank holds the state of its share only; after each optimizer
+ * step hp_parallel_after_optimizer_step broadcasts every parameter from its owner. Results
+ * are bitwise those of DDP (the owner's update is the one every rank would compute). Not with
+ * pipeline stages, experts or FSDP (which shards the state already). */
+hp_status_t hp_apply_zero(hp_parallel_t p, hp_comm_t dp_comm);
+/* The table the optimizer is built on: hp_parallel_params, or ZeRO-1's view of it. */
+hp_param_t *hp_parallel_optim_params(hp_parallel_t p);
+/* After every optimizer step (ZeRO-1's broadcast from the owners; nothing otherwise). */
+hp_status_t hp_parallel_after_optimizer_step(hp_parallel_t p);
 
 /* ---- pipeline parallel (TorchTitan's pipeline_llm) --------------------------------------- */
 
@@ -152,10 +178,11 @@ hp_comm_t hp_parallel_pp_comm(hp_parallel_t p);
 /* Seconds data parallel's collectives kept the step waiting (FSDP or DDP) since creation. */
 double hp_parallel_comm_wait_seconds(hp_parallel_t p);
 
-/* The whole model gathered (collective over world): every parameter's full tensor (FSDP /
- * TP: full_tensor; pipelined: each stage's first rank sends to world rank 0). *full receives a
- * model of the whole config holding them on world rank 0 (NULL elsewhere); *owned says whether
- * the caller destroys it (replicated parameters: the part itself, not owned). */
+/* The whole model gathered (collective over world): every parameter's full tensor (FSDP / TP:
+ * full_tensor, the ranks other than 0 through one parameter-sized scratch; pipelined: each
+ * stage's first rank sends to world rank 0). *full receives a model of the whole config holding
+ * them on world rank 0 (NULL elsewhere); *owned says whether the caller destroys it (replicated
+ * parameters: the part itself, not owned). */
 hp_status_t hp_parallel_gather_full_model(hp_parallel_t p, hp_comm_t world, int seq_len, hp_model_t *full,
                                          int *owned);
 

@@ -48,7 +48,9 @@ typedef enum hp_pp_type {
 enum {
     HP_PP_NO_MB = -1,                /* microbatch of UNSHARD / RESHARD / REDUCE_GRAD */
     HP_PP_MAX_STAGE = (1 << 24) - 1, /* largest stage index an action may name */
-    HP_PP_MAX_MB = 0x7ffffffe,       /* largest microbatch index an action may name */
+    /* largest microbatch index an action may name: 2^20 microbatches per step, as hp-pp-schedule's
+     * --microbatches (the checks allocate per microbatch: a CSV naming 2147483646 would ask 16 GB) */
+    HP_PP_MAX_MB = (1 << 20) - 1,
 };
 
 /* _Action(stage_index, computation_type, microbatch_index[, sub_actions]). A list slot holding

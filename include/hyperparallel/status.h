@@ -93,6 +93,11 @@ void *hp_calloc_checked(size_t n, size_t size, const char *file, int line);
 void *hp_aligned_alloc_checked(size_t bytes, const char *file, int line);
 #define hp_aligned_alloc(bytes) hp_aligned_alloc_checked((bytes), __FILE__, __LINE__)
 void hp_free_aligned(void *p);
+/* Bytes of the aligned allocations alive now and at their peak (process-wide; what the library
+ * holds in tensors, arenas and buffers, as the memory plan predicts it: docs/memory.md).
+ * reset_peak: the peak restarts from the live bytes. */
+void hp_memory_tracked(size_t *live, size_t *peak);
+void hp_memory_tracked_reset_peak(void);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include "comm.h"
 #include "config.h"
+#include "memory_plan.h"
 #include "model.h"
 #include "status.h"
 
@@ -62,6 +63,9 @@ hp_model_t hp_trainer_model(hp_trainer_t t);
 int64_t hp_trainer_current_step(hp_trainer_t t);
 /* Gradient accumulation steps in use. */
 int64_t hp_trainer_grad_accum(hp_trainer_t t);
+/* This rank's memory plan, made before the model was allocated (docs/memory.md): the predicted
+ * peak by term; peak - base - mpi is what the library's allocations (hp_memory_tracked) should reach. */
+const hp_memory_plan_t *hp_trainer_memory_plan(hp_trainer_t t);
 
 #ifdef __cplusplus
 }

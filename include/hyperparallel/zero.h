@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "comm.h"
+#include "mesh.h"
 #include "param.h"
 #include "status.h"
 
@@ -41,6 +42,17 @@ void hp_zero_partition(const int64_t *numel, int n, int world, int *owner);
 /* Local step on the owned params, then each param broadcast (async) from its owner; waits. */
 hp_status_t hp_zero_step(hp_zero_t z, double lr_factor);
 int hp_zero_owner(hp_zero_t z, int i);
+/* ZeRO-1 with the caller's optimizer (the composition's step, hp_apply_zero): the partition
+ * alone, and the table the optimizer is built on (hp_zero_optim_params): the entries this rank
+ * owns, and for the others a placeholder (the name and global shape, no local elements,
+ * Replicate on `mesh`, a mesh over comm's ranks), so every rank's optimizer lists every
+ * parameter in the same order, steps only its share and holds only its share's state, and a
+ * checkpoint saves each state from its owner. After the optimizer's step, hp_zero_sync
+ * broadcasts every parameter from its owner. */
+hp_status_t hp_zero_create_partition(hp_param_t *params, int n_params, hp_comm_t comm, hp_mesh_t mesh,
+                                     hp_zero_t *out);
+hp_param_t *hp_zero_optim_params(hp_zero_t z);
+hp_status_t hp_zero_sync(hp_zero_t z);
 size_t hp_zero_state_bytes(hp_zero_t z);
 
 #ifdef __cplusplus

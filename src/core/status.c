@@ -2,6 +2,7 @@
  * its abort hook, checked allocation, and the one monotonic clock. */
 #include "hyperparallel/status.h"
 
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +133,11 @@ void *hp_calloc_checked(size_t n, size_t size, const char *file, int line) {
     return p;
 }
 
+/* Live and peak bytes of the aligned allocations (the library's tensors, arenas and buffers:
+ * parameters, gradients, optimizer state, activations, collective buffers), as malloc reports
+ * each block's usable size; the memory plan's prediction is checked against them. */
+static size_t g_live_bytes, g_peak_bytes;
+
 void *hp_aligned_alloc_checked(size_t bytes, const char *file, int line) {
     size_t rounded = (bytes + 63) & ~(size_t)63;
     void *p = NULL;
@@ -139,7 +145,24 @@ void *hp_aligned_alloc_checked(size_t bytes, const char *file, int line) {
         hp_error(HP_ERR_OOM, "%s:%d: aligned allocation of %zu bytes failed; reduce the model, batch or sequence size", file, line, bytes);
         return NULL;
     }
+    const size_t live = __atomic_add_fetch(&g_live_bytes, malloc_usable_size(p), __ATOMIC_RELAXED);
+    size_t peak = __atomic_load_n(&g_peak_bytes, __ATOMIC_RELAXED);
+    while (live > peak && !__atomic_compare_exchange_n(&g_peak_bytes, &peak, live, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
     return p;
 }
 
-void hp_free_aligned(void *p) { free(p); }
+void hp_free_aligned(void *p) {
+    if (!p) return;
+    __atomic_sub_fetch(&g_live_bytes, malloc_usable_size(p), __ATOMIC_RELAXED);
+    free(p);
+}
+
+void hp_memory_tracked(size_t *live, size_t *peak) {
+    if (live) *live = __atomic_load_n(&g_live_bytes, __ATOMIC_RELAXED);
+    if (peak) *peak = __atomic_load_n(&g_peak_bytes, __ATOMIC_RELAXED);
+}
+
+void hp_memory_tracked_reset_peak(void) {
+    __atomic_store_n(&g_peak_bytes, __atomic_load_n(&g_live_bytes, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+}

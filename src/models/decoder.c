@@ -219,13 +219,13 @@ static hp_status_t build_mla(hp_model_t m, int l, hp_param_t **P, hp_module_t **
     int n = 0, p = 0;
     if (ql) {
         kids[n++] = new_linear(m, N("wq_a"), &P[p++], 1, d, ql, 0);
-        kids[n++] = new_rmsnorm(m, N("q_norm"), P[p++], ql, c->norm_eps, 0);
+        kids[n++] = new_rmsnorm(m, N("q_norm"), P[p++], ql, hp_model_mla_norm_eps(c), 0);
         kids[n++] = new_linear(m, N("wq_b"), &P[p++], 1, ql, H * qk, 0);
     } else {
         kids[n++] = new_linear(m, N("wq"), &P[p++], 1, d, H * qk, 0);
     }
     kids[n++] = new_linear(m, N("wkv_a"), &P[p++], 1, d, kvl + c->qk_rope_head_dim, 0);
-    kids[n++] = new_rmsnorm(m, N("kv_norm"), P[p++], kvl, c->norm_eps, 0);
+    kids[n++] = new_rmsnorm(m, N("kv_norm"), P[p++], kvl, hp_model_mla_norm_eps(c), 0);
     kids[n++] = new_linear(m, N("wkv_b"), &P[p++], 1, kvl, H * (c->qk_nope_head_dim + c->v_head_dim), 0);
     kids[n++] = new_linear(m, N("wo"), &P[p++], 1, H * c->v_head_dim, d, 1);
     for (int i = 0; i < n; i++)

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <json-c/json.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +27,9 @@ hp_status_t hfj_int(const hfj_t *c, const char *key, int required, int64_t def, 
     json_object *v = hfj_get(c->o, key);
     if (!v) {
         if (required)
-            return hp_error(HP_ERR_FORMAT, "%s: '%s' is missing; expected an integer (every LlamaConfig / Qwen3Config "
-                            "has it); hint: use the config.json saved with the weights", c->path, key);
+            return hp_error(HP_ERR_FORMAT, "%s: '%s' is missing; expected an integer (every %s has it); hint: use the "
+                            "config.json saved with the weights", c->path, key,
+                            c->cls ? c->cls : "transformers config class");
         *out = def;
         return HP_OK;
     }
@@ -79,16 +81,37 @@ hp_status_t hfj_unsupported(const hfj_t *c, const char *key, const char *value, 
                     "\"HF config.json\")", c->path, key, value, expected);
 }
 
+hp_status_t models_hf_rope_object(const hfj_t *c, json_object **r, const char **rkey, const char **type) {
+    json_object *rp = hfj_get(c->o, "rope_parameters"), *rs = hfj_get(c->o, "rope_scaling");
+    *rkey = rp ? "rope_parameters" : "rope_scaling";
+    *r = rp ? rp : rs;
+    *type = "default";
+    /* a bare string ("yarn") names a type without its numbers: refused, not read as no scaling */
+    if (*r && !json_object_is_type(*r, json_type_object))
+        return hp_error(HP_ERR_FORMAT, "%s: '%s' = %.200s: expected an object (or null) such as {\"rope_type\": "
+                        "\"yarn\", \"factor\": 40, ...}, got %s; hint: write the rope parameters out as transformers' "
+                        "save_pretrained does", c->path, *rkey, json_object_to_json_string(*r),
+                        json_type_to_name(json_object_get_type(*r)));
+    if (!*r) return HP_OK;
+    json_object *t = hfj_get(*r, "rope_type");
+    const char *tkey = "rope_type";
+    if (!t) t = hfj_get(*r, "type"), tkey = "type";   /* transformers 4's older spelling */
+    if (!t) return HP_OK;
+    if (!json_object_is_type(t, json_type_string))
+        return hp_error(HP_ERR_FORMAT, "%s: '%s.%s' = %.100s: expected a string such as \"default\", \"llama3\" or "
+                        "\"yarn\", got %s", c->path, *rkey, tkey, json_object_to_json_string(t),
+                        json_type_to_name(json_object_get_type(t)));
+    *type = json_object_get_string(t);
+    return HP_OK;
+}
+
 /* rope_scaling (transformers 4) or rope_parameters (transformers 5): none / "default" or
  * "llama3"; every other type (linear, dynamic, yarn, longrope, ...) changes the frequencies
  * in a way the model does not implement. */
 hp_status_t models_hf_read_rope(const hfj_t *c, hp_model_config_t *mc, int64_t max_pos) {
-    json_object *rp = hfj_get(c->o, "rope_parameters"), *rs = hfj_get(c->o, "rope_scaling");
-    const char *rkey = rp ? "rope_parameters" : "rope_scaling";
-    json_object *r = rp ? rp : rs;
-    if (r && !json_object_is_type(r, json_type_object))
-        return hp_error(HP_ERR_FORMAT, "%s: '%s' expects an object (or null), got %s", c->path, rkey,
-                        json_type_to_name(json_object_get_type(r)));
+    json_object *r;
+    const char *rkey, *type;
+    HP_TRY(models_hf_rope_object(c, &r, &rkey, &type));
     double theta = 10000.0;
     HP_TRY(hfj_num(c, c->o, "rope_theta", 0, theta, 1.0, 1e12, &theta));
     if (r) HP_TRY(hfj_num(c, r, "rope_theta", 0, theta, 1.0, 1e12, &theta));
@@ -102,15 +125,7 @@ hp_status_t models_hf_read_rope(const hfj_t *c, hp_model_config_t *mc, int64_t m
         return hfj_unsupported(c, "partial_rotary_factor", b, "RoPE over the whole head (1.0)");
     }
     mc->rope_scaling = 0;
-    if (!r) return HP_OK;
-    json_object *t = hfj_get(r, "rope_type");
-    if (!t) t = hfj_get(r, "type");
-    const char *type = t && json_object_is_type(t, json_type_string) ? json_object_get_string(t) : NULL;
-    if (!t) type = "default";
-    if (!type)
-        return hp_error(HP_ERR_FORMAT, "%s: '%s.rope_type' expects a string, got %s", c->path, rkey,
-                        json_type_to_name(json_object_get_type(t)));
-    if (!strcmp(type, "default")) return HP_OK;
+    if (!r || !strcmp(type, "default")) return HP_OK;
     if (strcmp(type, "llama3") != 0) {
         char key[64], b[300];
         snprintf(key, sizeof key, "%s.rope_type", rkey);
@@ -119,7 +134,7 @@ hp_status_t models_hf_read_rope(const hfj_t *c, hp_model_config_t *mc, int64_t m
     }
     double f, lo, hi;
     int64_t orig;
-    hfj_t rc = {c->path, r};
+    hfj_t rc = {c->path, r, c->cls};
     HP_TRY(hfj_num(c, r, "factor", 1, 0, 1e-6, 1e6, &f));
     HP_TRY(hfj_num(c, r, "low_freq_factor", 1, 0, 1e-6, 1e6, &lo));
     HP_TRY(hfj_num(c, r, "high_freq_factor", 1, 0, 1e-6, 1e6, &hi));
@@ -201,7 +216,7 @@ hp_status_t hp_hf_read_config(const char *dir, hp_model_config_t *out) {
                         "transformers' save_pretrained writes beside the weights; hint: copy it from the model's "
                         "folder, or describe the model with a flavor and model.* keys", dir);
     json_object *o = json_object_from_file(path);
-    hfj_t c = {path, o};
+    hfj_t c = {path, o, NULL};
     hp_status_t s = HP_OK;
     if (!o || !json_object_is_type(o, json_type_object)) {
         json_object_put(o);
@@ -232,6 +247,12 @@ hp_status_t hp_hf_read_config(const char *dir, hp_model_config_t *out) {
         s = hfj_unsupported(&c, "model_type", b, want);
     }
     const models_hf_family_t *fc = models_hf_family(fam);
+    char cls[96];   /* the config class of the messages: the architecture's, "...ForCausalLM" -> "...Config" */
+    if (fam) {
+        const char *a = fam->hf->architecture, *fcl = strstr(a, "ForCausalLM");
+        snprintf(cls, sizeof cls, "%.*sConfig", (int)(fcl ? fcl - a : (ptrdiff_t)strlen(a)), a);
+        c.cls = cls;
+    }
     hp_model_config_t mc;
     if (s == HP_OK) s = hp_model_flavor(fam->name, "debugmodel", &mc);   /* what HF's config does not say */
     if (s == HP_OK) s = refuse_unsupported(&c, fc->refuse_sliding_window);
@@ -282,14 +303,23 @@ hp_status_t hp_hf_read_config(const char *dir, hp_model_config_t *out) {
 
 /* ---- the comparison ------------------------------------------------------------------------ */
 
-void models_diff_str(models_diff_t *d, const char *hfkey, const char *key, const char *hfv, const char *mcv) {
+void models_diff_add(models_diff_t *d, const char *msg, const char *flags) {
     d->n++;
-    if (d->lm < d->msg_n)
-        d->lm += (size_t)snprintf(d->msg + d->lm, d->msg_n - d->lm, "%sconfig.json '%s' = %s (model.%s = %s)",
-                                  d->n > 1 ? ", " : "", hfkey, hfv, key, mcv);
+    if (d->lm < d->msg_n) d->lm += (size_t)snprintf(d->msg + d->lm, d->msg_n - d->lm, "%s%s", d->n > 1 ? ", " : "", msg);
+    if (flags && flags[0] && d->lf < d->flags_n)
+        d->lf += (size_t)snprintf(d->flags + d->lf, d->flags_n - d->lf, "%s%s", d->lf ? " " : "", flags);
+}
+
+void models_diff_flag(models_diff_t *d, const char *key, const char *value) {
     if (d->lf < d->flags_n)
-        d->lf += (size_t)snprintf(d->flags + d->lf, d->flags_n - d->lf, "%s--model.%s %s", d->n > 1 ? " " : "", key,
-                                  hfv);
+        d->lf += (size_t)snprintf(d->flags + d->lf, d->flags_n - d->lf, "%s--model.%s %s", d->lf ? " " : "", key, value);
+}
+
+void models_diff_str(models_diff_t *d, const char *hfkey, const char *key, const char *hfv, const char *mcv) {
+    char m[512], f[256];
+    snprintf(m, sizeof m, "config.json '%s' = %s (model.%s = %s)", hfkey, hfv, key, mcv);
+    snprintf(f, sizeof f, "--model.%s %s", key, hfv);
+    models_diff_add(d, m, f);
 }
 
 void models_diff_int(models_diff_t *d, const char *hfkey, const char *key, int hf, int mc) {
@@ -321,22 +351,34 @@ int hp_hf_config_diff(const hp_model_config_t *hf, const hp_model_config_t *mc, 
     const hp_model_spec_t *fh = hp_model_spec_find(hf->name), *fm = hp_model_spec_find(mc->name);
     const int same = fh == fm;
     if (!same) {   /* another family: its HF model_type, and the --model flag */
-        d.n++;
-        if (d.lm < msg_n)
-            d.lm += (size_t)snprintf(msg + d.lm, msg_n - d.lm, "%sconfig.json 'model_type' = '%s' (model.name = %s)",
-                                     d.n > 1 ? ", " : "", fh && fh->hf ? fh->hf->model_type : hf->name, mc->name);
-        if (d.lf < flags_n)
-            d.lf += (size_t)snprintf(flags + d.lf, flags_n - d.lf, "%s--model %s", d.n > 1 ? " " : "", hf->name);
+        char m[256], f[64];
+        snprintf(m, sizeof m, "config.json 'model_type' = '%s' (model.name = %s)",
+                 fh && fh->hf ? fh->hf->model_type : hf->name, mc->name);
+        snprintf(f, sizeof f, "--model %s", hf->name);
+        models_diff_add(&d, m, f);
     }
 #define INT_F(hfkey, f) models_diff_int(&d, hfkey, #f, hf->f, mc->f)
 #define FLT_F(hfkey, f) models_diff_float(&d, hfkey, #f, hf->f, mc->f)
 #define BOOL_F(hfkey, f) models_diff_bool(&d, hfkey, #f, hf->f, mc->f)
+    char v[64];
     INT_F("hidden_size", dim);
     INT_F("num_hidden_layers", n_layers);
     INT_F("num_attention_heads", n_heads);
-    INT_F("num_key_value_heads", n_kv_heads);
-    INT_F("head_dim", head_dim);
+    /* MLA derives both from its own sizes (compared by the family); GQA: a new dim or n_heads
+     * re-derives head_dim, n_kv_heads and TorchTitan's FFN width from the flavor's rules, so
+     * the flags name them even where they agree */
+    if (!(hf->mla && mc->mla)) {
+        INT_F("num_key_value_heads", n_kv_heads);
+        INT_F("head_dim", head_dim);
+        const int reshaped = hf->dim != mc->dim || hf->n_heads != mc->n_heads;
+        if (reshaped && hf->n_kv_heads == mc->n_kv_heads)
+            snprintf(v, sizeof v, "%d", hf->n_kv_heads), models_diff_flag(&d, "n_kv_heads", v);
+        if (reshaped && hf->head_dim == mc->head_dim)
+            snprintf(v, sizeof v, "%d", hf->head_dim), models_diff_flag(&d, "head_dim", v);
+    }
     INT_F("intermediate_size", hidden_dim);
+    if (hf->dim != mc->dim && hf->hidden_dim == mc->hidden_dim)
+        snprintf(v, sizeof v, "%d", hf->hidden_dim), models_diff_flag(&d, "hidden_dim", v);
     INT_F("vocab_size", vocab_size);
     FLT_F("rms_norm_eps", norm_eps);
     FLT_F("rope_theta", rope_theta);
@@ -346,6 +388,11 @@ int hp_hf_config_diff(const hp_model_config_t *hf, const hp_model_config_t *mc, 
         FLT_F("rope_scaling.low_freq_factor", rope_low_freq_factor);
         FLT_F("rope_scaling.high_freq_factor", rope_high_freq_factor);
         INT_F("rope_scaling.original_max_position_embeddings", rope_original_max_pos);
+    } else if (hf->rope_scaling) {   /* turned on by the flags: with config.json's numbers */
+        snprintf(v, sizeof v, "%.9g", (double)hf->rope_factor), models_diff_flag(&d, "rope_factor", v);
+        snprintf(v, sizeof v, "%.9g", (double)hf->rope_low_freq_factor), models_diff_flag(&d, "rope_low_freq_factor", v);
+        snprintf(v, sizeof v, "%.9g", (double)hf->rope_high_freq_factor), models_diff_flag(&d, "rope_high_freq_factor", v);
+        snprintf(v, sizeof v, "%d", hf->rope_original_max_pos), models_diff_flag(&d, "rope_original_max_pos", v);
     }
     BOOL_F("tie_word_embeddings", tie_embeddings);
     const models_hf_family_t *fam = models_hf_family(fm);

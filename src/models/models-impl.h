@@ -38,10 +38,12 @@ typedef int models_tp_plan_fn(const hp_model_config_t *c, int sp, int loss_paral
 
 /* ---- hf_config.c: config.json ------------------------------------------------------------ */
 
-/* A config.json being read: its path (for the messages) and the object. */
+/* A config.json being read: its path (for the messages), the object and, once model_type named
+ * the family, its transformers config class ("Qwen3MoeConfig"; NULL before). */
 typedef struct hfj {
     const char *path;
     json_object *o;
+    const char *cls;
 } hfj_t;
 /* A present, non-null value of key in o (NULL when absent or JSON null). */
 json_object *hfj_get(json_object *o, const char *key);
@@ -54,6 +56,11 @@ hp_status_t hfj_num(const hfj_t *c, json_object *o, const char *key, int require
 hp_status_t hfj_bool(const hfj_t *c, const char *key, int def, int *out);
 /* HP_ERR_UNSUPPORTED: key = value is something the model does not have (expected: what it has). */
 hp_status_t hfj_unsupported(const hfj_t *c, const char *key, const char *value, const char *expected);
+/* config.json's RoPE object: rope_parameters (transformers 5) or rope_scaling (4.x), NULL when
+ * neither; *rkey its key, *type its rope_type (or older "type"; "default" when absent). A value
+ * that is not an object (the bare string "yarn") or a rope_type that is not a string is
+ * HP_ERR_FORMAT naming the key. */
+hp_status_t models_hf_rope_object(const hfj_t *c, json_object **r, const char **rkey, const char **type);
 /* rope_theta and rope_scaling / rope_parameters of type "default" or Llama 3.1's "llama3" (a
  * family's `read` when it has no keys of its own). */
 hp_status_t models_hf_read_rope(const hfj_t *c, hp_model_config_t *mc, int64_t max_pos);
@@ -69,6 +76,12 @@ void models_diff_int(models_diff_t *d, const char *hfkey, const char *key, int h
 void models_diff_float(models_diff_t *d, const char *hfkey, const char *key, float hf, float mc);
 void models_diff_bool(models_diff_t *d, const char *hfkey, const char *key, int hf, int mc);
 void models_diff_str(models_diff_t *d, const char *hfkey, const char *key, const char *hf, const char *mc);
+/* One difference in words of its own (msg) and the flags that describe the checkpoint (flags,
+ * e.g. "--model.max_seq_len 256 --model.rope_factor 4"; NULL: none). */
+void models_diff_add(models_diff_t *d, const char *msg, const char *flags);
+/* A flag the checkpoint's description needs although the field agrees (a value the other flags
+ * would otherwise re-derive, as head_dim from a new dim); counts no difference. */
+void models_diff_flag(models_diff_t *d, const char *key, const char *value);
 
 /* The per-layer HF names of the decoder (LlamaForCausalLM's: self_attn.q_proj, mlp.gate_proj,
  * input_layernorm, ..., with Qwen3's q_norm / k_norm and the MoE router mlp.gate), qk set on

@@ -19,6 +19,7 @@ hp_parallelize_options_t hp_parallelize_default_options(void) {
     o.pp.schedule = "1F1B";
     o.pp.microbatch_size = 1;
     o.pp.layers_per_stage = -1;
+    o.ac = hp_ac_default_options();
     return o;
 }
 
@@ -88,8 +89,7 @@ hp_status_t hp_parallelize_decoder(hp_parallel_t p, const hp_parallel_dims_t *pd
     if (mc->moe_experts > 0 && (pd->ep > 1 || pd->tp > 1))
         HP_TRY(hp_apply_ep(p, pd->ep > 1 ? meshes->sparse : NULL, tp_mesh, o->sequence_parallel));
     if (cp_mesh) HP_TRY(hp_apply_cp(p, cp_mesh, &o->cp));
-    HP_TRY(hp_apply_ac(p, o->ac_every_k));
-    HP_TRY(hp_parallel_init_weights(p, o->seed));
+    HP_TRY(hp_apply_ac_options(p, &o->ac));
     if (pd->dp_shard > 1 || pd->cp > 1) {
         hp_mesh_t dp_mesh = NULL;
         HP_TRY(fsdp_mesh(p, pd, meshes, &dp_mesh));
@@ -98,14 +98,19 @@ hp_status_t hp_parallelize_decoder(hp_parallel_t p, const hp_parallel_dims_t *pd
          * all-gather per micro-batch) */
         if (hp_parallel_is_pipelined(p) && fo.reshard_after_forward == HP_FSDP_RESHARD_DEFAULT)
             fo.reshard_after_forward = 0;
-        return hp_apply_fsdp(p, dp_mesh, &fo);
-    }
-    if (hp_parallel_is_pipelined(p) && pd->ep > 1)
+        HP_TRY(hp_apply_fsdp(p, dp_mesh, &fo));
+    } else if (hp_parallel_is_pipelined(p) && pd->ep > 1) {
         return hp_error(HP_ERR_UNSUPPORTED, "parallelism.expert_parallel_degree %d with pipeline_parallel_degree %d "
                         "needs FSDP of the dense parameters inside the stages (data_parallel_shard_degree x "
                         "context_parallel_degree > 1, here %d)", pd->ep, pd->pp, pd->dp_shard * pd->cp);
-    if (pd->dp_replicate > 1) return hp_apply_ddp(p, hp_mesh_get_comm(meshes->batch, 0), NULL);
-    return HP_OK;
+    } else if (pd->dp_replicate > 1) {
+        HP_TRY(hp_apply_ddp(p, hp_mesh_get_comm(meshes->batch, 0), NULL));
+        if (o->zero_stage == 1) HP_TRY(hp_apply_zero(p, hp_mesh_get_comm(meshes->batch, 0)));
+    }
+    /* TorchTitan's order: parallelize, then init_weights. Every parameter is placed now: each
+     * rank allocates (the parts without FSDP) and draws only what it holds, at its global
+     * indices, so every layout starts from the single rank's weights */
+    return hp_parallel_init_weights(p, o->seed);
 }
 
 hp_status_t hp_parallelize_pipeline(const hp_model_config_t *cfg, const hp_parallel_dims_t *pd,

@@ -1,8 +1,8 @@
 /* Model weights file (hp_model_save_weights / hp_model_load_weights): one safetensors file
- * with every parameter in f32 and the model config in its __metadata__, so hp-generate can
- * rebuild the model from the file alone (its family's flavor from the registry, then the
- * metadata's fields), or from an HF directory. Metadata values are range-checked before any
- * allocation; non-finite weights are refused by name. */
+ * with every parameter in f32, each MoE layer's expert_bias, and the model config in its
+ * __metadata__, so hp-generate can rebuild the model from the file alone (its family's flavor
+ * from the registry, then the metadata's fields), or from an HF directory. Metadata values are
+ * range-checked before any allocation; non-finite weights are refused by name. */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -45,15 +45,77 @@ static const meta_field_t meta_moe_fields[] = {
 };
 #define N_META_MOE ((int)(sizeof meta_moe_fields / sizeof meta_moe_fields[0]))
 
+/* The MLA sizes, YaRN and norm eps: written for MLA models only; a file without them keeps the
+ * flavor's (files written before these keys existed). */
+static const meta_field_t meta_mla_fields[] = {
+    META_INT(q_lora_rank, 0, HP_MODEL_MAX_DIM), META_INT(kv_lora_rank, 1, HP_MODEL_MAX_DIM),
+    META_INT(qk_nope_head_dim, 0, 512), META_INT(qk_rope_head_dim, 2, 512), META_INT(v_head_dim, 1, 512),
+    META_FLT(mla_mscale), META_FLT(rope_beta_fast), META_FLT(rope_beta_slow), META_FLT(mla_norm_eps),
+};
+#define N_META_MLA ((int)(sizeof meta_mla_fields / sizeof meta_mla_fields[0]))
+#define N_META_ALL (N_META_FIELDS + N_META_MOE + N_META_MLA)
+
+static const meta_field_t *meta_field(int i) {
+    return i < N_META_FIELDS ? &meta_fields[i]
+           : i < N_META_FIELDS + N_META_MOE ? &meta_moe_fields[i - N_META_FIELDS]
+                                            : &meta_mla_fields[i - N_META_FIELDS - N_META_MOE];
+}
+
+/* Whether the metadata field i applies to the model (the MoE and MLA ones to those models). */
+static int meta_applies(int i, const hp_model_config_t *c) {
+    return i < N_META_FIELDS || (i < N_META_FIELDS + N_META_MOE ? c->moe_experts > 0 : c->mla);
+}
+
+/* The model's parameters, then each MoE layer's expert_bias as "layers.N.moe.expert_bias" (the
+ * trainer's checkpoint name, which the HF adapters map: DeepSeek-V3's
+ * mlp.gate.e_score_correction_bias), viewing the MoE module's own storage: the list that the
+ * weights file and an HF import fill, so the routing keeps its selection bias. *out: caller
+ * frees (hp_calloc'd); *n its length. */
+static hp_status_t state_list(hp_model_t m, hp_param_t **out, int *n) {
+    const int np = hp_model_num_params(m), nm = hp_model_modules(m, NULL, 0);
+    hp_module_t **mods = hp_calloc((size_t)nm + 1, sizeof *mods);
+    hp_param_t *l = hp_calloc((size_t)(np + nm) + 1, sizeof *l);
+    if (!mods || !l) {
+        free(mods);
+        free(l);
+        return HP_ERR_OOM;
+    }
+    memcpy(l, hp_model_params(m), sizeof(hp_param_t) * (size_t)np);
+    hp_model_modules(m, mods, nm);
+    int k = np;
+    hp_status_t s = HP_OK;
+    for (int i = 0; s == HP_OK && i < nm; i++) {
+        if (!hp_module_is_moe(mods[i])) continue;
+        hp_moe_impl_t *M = mods[i]->impl;
+        if (!M->expert_bias) continue;
+        const int64_t shape[1] = {M->c.n_experts};
+        if (snprintf(l[k].name, sizeof l[k].name, "%.*s.expert_bias", (int)(sizeof l[k].name - 13), mods[i]->name) >=
+            (int)sizeof l[k].name)
+            s = hp_error(HP_ERR_STATE, "MoE module '%s': its expert_bias name is too long", mods[i]->name);
+        if (s == HP_OK) s = hp_tensor_init(&l[k].value.local, HP_F32, 1, shape, M->expert_bias);
+        l[k].value.global_shape[0] = M->c.n_experts;
+        k++;
+    }
+    free(mods);
+    if (s != HP_OK) {
+        free(l);
+        return s;
+    }
+    *out = l;
+    *n = k;
+    return HP_OK;
+}
+
 hp_status_t hp_model_save_weights(hp_model_t m, const char *path) {
     const hp_model_config_t *cfg = hp_model_config(m);
-    int np = hp_model_num_params(m);
-    hp_param_t *params = hp_model_params(m);
-    hp_st_entry_t *entries = hp_calloc((size_t)np, sizeof *entries);
-    char (*vals)[64] = hp_calloc(N_META_FIELDS + N_META_MOE, 64);
-    const char **meta = hp_calloc(2 * (N_META_FIELDS + N_META_MOE + 3), sizeof(char *));
+    int np = 0;
+    hp_param_t *params = NULL;
+    HP_TRY(state_list(m, &params, &np));
+    hp_st_entry_t *entries = hp_calloc((size_t)np + 1, sizeof *entries);
+    char (*vals)[64] = hp_calloc(N_META_ALL, 64);
+    const char **meta = hp_calloc(2 * (N_META_ALL + 3), sizeof(char *));
     if (!entries || !vals || !meta) {
-        free(entries); free(vals); free(meta);
+        free(params); free(entries); free(vals); free(meta);
         return HP_ERR_OOM;
     }
     for (int i = 0; i < np; i++) {
@@ -65,9 +127,9 @@ hp_status_t hp_model_save_weights(hp_model_t m, const char *path) {
     meta[k++] = "format"; meta[k++] = "hyperparallel-weights";
     meta[k++] = "model.name"; meta[k++] = cfg->name;
     meta[k++] = "model.flavor"; meta[k++] = cfg->flavor;
-    const int n_fields = N_META_FIELDS + (cfg->moe_experts > 0 ? N_META_MOE : 0);
-    for (int i = 0; i < n_fields; i++) {
-        const meta_field_t *f = i < N_META_FIELDS ? &meta_fields[i] : &meta_moe_fields[i - N_META_FIELDS];
+    for (int i = 0; i < N_META_ALL; i++) {
+        if (!meta_applies(i, cfg)) continue;
+        const meta_field_t *f = meta_field(i);
         const char *base = (const char *)cfg + f->offset;
         if (f->kind == 'i') snprintf(vals[i], 64, "%d", *(const int *)base);
         else snprintf(vals[i], 64, "%.9g", *(const float *)base);
@@ -75,22 +137,32 @@ hp_status_t hp_model_save_weights(hp_model_t m, const char *path) {
         meta[k++] = vals[i];
     }
     hp_status_t s = hp_safetensors_write(path, entries, np, meta, k / 2);
-    free(entries); free(vals); free(meta);
+    free(params); free(entries); free(vals); free(meta);
     return s;
 }
 
-/* An HF directory: the model from its config.json, the weights through hp_hf_import; the
- * context is max_seq_len, else max_position_embeddings capped at 4096 (a KV cache for Llama
- * 3.1's 131072 positions would be tens of GB). */
+/* The positions to build a model for: max_seq_len when given (at most the model's context),
+ * else the context, capped at 4096 for an HF directory when `cap` (its RoPE table and
+ * activations; a context of Llama 3.1's 131072 would cost GBs before any token). */
+static int build_len(int max_seq_len, const hp_model_config_t *cfg, int cap) {
+    if (max_seq_len > 0) return max_seq_len < cfg->max_seq_len ? max_seq_len : cfg->max_seq_len;
+    return cap && cfg->max_seq_len > 4096 ? 4096 : cfg->max_seq_len;
+}
+
+/* An HF directory: the model from its config.json, the weights and each MoE layer's selection
+ * bias through hp_hf_import. The config keeps max_position_embeddings as max_seq_len, the
+ * context that decides DeepSeek-V3's YaRN (hp_model_mla_yarn) and hp-generate's window; the
+ * model is built for build_len positions. */
 static hp_status_t load_hf_dir(const char *dir, int max_batch, int max_seq_len, hp_model_t *out) {
     hp_model_config_t cfg;
     HP_TRY(hp_hf_read_config(dir, &cfg));
-    if (max_seq_len <= 0) max_seq_len = cfg.max_seq_len < 4096 ? cfg.max_seq_len : 4096;
-    cfg.max_seq_len = max_seq_len;
     hp_model_t m = NULL;
-    HP_TRY(hp_model_create(&cfg, max_batch, max_seq_len, &m));
-    hp_status_t s =
-        hp_hf_import(dir, hp_model_hf_adapter(&cfg), &cfg, hp_model_params(m), hp_model_num_params(m), NULL);
+    HP_TRY(hp_model_create(&cfg, max_batch, build_len(max_seq_len, &cfg, 1), &m));
+    hp_param_t *list = NULL;
+    int n = 0;
+    hp_status_t s = state_list(m, &list, &n);
+    if (s == HP_OK) s = hp_hf_import(dir, hp_model_hf_adapter(&cfg), &cfg, list, n, NULL);
+    free(list);
     if (s != HP_OK) {
         hp_model_destroy(m);
         return s;
@@ -114,11 +186,18 @@ hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_l
                                        "format=hyperparallel-weights and model.name/flavor)", path);
     }
     hp_model_config_t cfg;
-    s = hp_model_flavor(name, flavor, &cfg);
-    for (int i = 0; s == HP_OK && i < N_META_FIELDS + N_META_MOE; i++) {
-        const meta_field_t *f = i < N_META_FIELDS ? &meta_fields[i] : &meta_moe_fields[i - N_META_FIELDS];
+    /* a model described by its fields rather than a preset (an HF config.json's, flavor
+     * "config.json"; hp-train with model.flavor = hf): the family's debugmodel, then the
+     * metadata's fields, as hp_hf_read_config builds it */
+    const hp_model_spec_t *fam = hp_model_spec_find(name);
+    hp_model_config_t probe;
+    const int preset = !fam || fam->flavor(flavor, &probe);
+    s = hp_model_flavor(name, preset ? flavor : "debugmodel", &cfg);
+    if (s == HP_OK && !preset) snprintf(cfg.flavor, sizeof cfg.flavor, "%s", flavor);
+    for (int i = 0; s == HP_OK && i < N_META_ALL; i++) {
+        const meta_field_t *f = meta_field(i);
         const char *v = hp_safetensors_metadata(st, f->key);
-        if (!v && i >= N_META_FIELDS) continue;   /* optional: the flavor's MoE settings */
+        if (!v && i >= N_META_FIELDS) continue;   /* optional: the flavor's MoE / MLA settings */
         if (!v) {
             s = hp_error(HP_ERR_FORMAT, "%s: __metadata__ lacks '%s'", path, f->key);
             break;
@@ -136,13 +215,20 @@ hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_l
         }
         if (s != HP_OK) s = HP_ERR_FORMAT;   /* the message stays; a bad file is a format error */
     }
-    if (max_seq_len <= 0) max_seq_len = cfg.max_seq_len;   /* the training context */
-    if (s == HP_OK && max_seq_len > cfg.max_seq_len) cfg.max_seq_len = max_seq_len;
     if (s == HP_OK) s = hp_model_config_validate(&cfg);
     hp_model_t m = NULL;
-    if (s == HP_OK) s = hp_model_create(&cfg, max_batch, max_seq_len, &m);
-    hp_param_t *params = m ? hp_model_params(m) : NULL;
-    for (int i = 0; s == HP_OK && i < hp_model_num_params(m); i++) {
+    /* the training context (cfg.max_seq_len, which decides YaRN) stays; the model is built
+     * for at most it */
+    if (s == HP_OK) s = hp_model_create(&cfg, max_batch, build_len(max_seq_len, &cfg, 0), &m);
+    hp_param_t *params = NULL;
+    int np = 0;
+    if (s == HP_OK) s = state_list(m, &params, &np);
+    for (int i = 0; s == HP_OK && i < np; i++) {
+        const hp_st_info_t *info = NULL;
+        if (i >= hp_model_num_params(m) && hp_safetensors_find(st, params[i].name, &info) != HP_OK) {
+            hp_clear_error();   /* a file from before expert_bias was saved: zeros (such files dropped it) */
+            continue;
+        }
         s = hp_safetensors_read(st, params[i].name, &params[i].value.local, 1);
         int64_t first, bad = s == HP_OK ? hp_tensor_count_nonfinite(&params[i].value.local, &first) : 0;
         if (bad) /* damaged weights would generate garbage with exit 0 */
@@ -155,12 +241,13 @@ hp_status_t hp_model_load_weights(const char *path, int max_batch, int max_seq_l
     for (int k = 0; s == HP_OK && k < hp_safetensors_count(st); k++) {
         const char *tn = hp_safetensors_info(st, k)->name;
         int known = 0;
-        for (int i = 0; !known && i < hp_model_num_params(m); i++) known = !strcmp(tn, params[i].name);
+        for (int i = 0; !known && i < np; i++) known = !strcmp(tn, params[i].name);
         if (!known)
             hp_log(HP_LOG_WARN, "%s: tensor '%s' is not a parameter of the %s/%s model; ignored", path, tn,
                    name, flavor);
     }
     hp_safetensors_close(st);
+    free(params);
     if (s != HP_OK) {
         hp_model_destroy(m);
         return s;

@@ -1,8 +1,8 @@
 /* Tile kernels of the causal flash attention (attention.c), written once over a vector width
  * and instantiated once per ISA path: attention.c includes this file several times, each
  * time with
- *   HP_T_SFX   suffix of the generated names (avx2, generic4, generic1)
- *   HP_T_VW    floats per vector (8: AVX2 ymm; 4: SSE2 / NEON; 1: scalar, any head_dim)
+ *   HP_T_SFX   suffix of the generated names (avx512, avx2, generic4, generic1)
+ *   HP_T_VW    floats per vector (16: AVX-512 zmm; 8: AVX2 ymm; 4: SSE2 / NEON; 1: scalar, any head_dim)
  *   HP_T_NV    vectors per micro-tile column block (1 or 2)
  *   HP_T_MR    rows per micro-tile (4 to 8)
  * optionally HP_T_ATTR (a function attribute: __attribute__((target("avx2,fma")))), HP_T_FMA
@@ -19,7 +19,7 @@
  * (V, and in the backward K, Q, dO) are copied contiguous. Every product of the forward (S^T = K Q^T,
  * O += P V) and backward (S^T, dP^T = V dO^T, dQ += dS K, dV += P^T dO, dK += dS^T Q) goes
  * through one register-blocked micro-kernel of HP_T_MR x (HP_T_NV * HP_T_VW) accumulators
- * (AVX2: 6 x 16 floats = 12 ymm, the Haswell sgemm shape, leaving 4 registers for the B row and
+ * (AVX-512: 8 x 32 floats = 16 zmm of 32; AVX2: 6 x 16 floats = 12 ymm, the Haswell sgemm shape, leaving 4 registers for the B row and
  * the A broadcast, so nothing spills). The causal mask is applied per micro-tile: blocks wholly
  * above the diagonal are not computed, and a row block's key (or query) range stops (starts)
  * at the first masked term. Exp is hp_nn_expf's polynomial, lane-wise. */

@@ -3,8 +3,9 @@
  * probabilities tile by tile. No (T, T) matrix is ever stored. Reference twin: kernels_ref.c.
  *
  * The tile products run in a register-blocked micro-kernel (attention-tiles.h), instantiated
- * per ISA path and chosen at run time (hp_nn_isa, isa.c): AVX2+FMA (head_dim % 8 == 0) and a
- * portable one (4-wide GCC vectors: SSE2 / NEON; scalar for head_dim % 4 != 0). Why not
+ * per ISA path and chosen at run time (hp_nn_isa, isa.c): AVX-512 (16 lanes, 8 x 32 micro-tiles,
+ * head_dim % 16 == 0), AVX2+FMA (head_dim % 8 == 0; also what an AVX-512 CPU runs for other
+ * head_dims) and a portable one (4-wide GCC vectors: SSE2 / NEON; scalar for head_dim % 4 != 0). Why not
  * cblas_sgemm per tile: at these tile shapes (64 x 64 x 16 .. 64 x 64 x 128) OpenBLAS packs
  * both operands and makes a beta pass per call: on one Zen 3 thread 30-37 GFLOP/s for S = Q K^T
  * at head_dim 16 and 40-83 for the others, against 63-88 for this micro-kernel in the same runs
@@ -33,6 +34,18 @@ enum { HP_ATT_DENSE, HP_ATT_QCOLS, HP_ATT_KEND, HP_ATT_KBEG };
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+/* AVX-512: 8 x 32 micro-tiles (16 zmm accumulators, 2 for the B row, 1 broadcast: 19 of 32
+ * registers), 16 query rows' softmax statistics per vector */
+#define HP_ATT_HAVE_AVX512 1
+#define HP_T_SFX avx512
+#define HP_T_VW 16
+#define HP_T_NV 2
+#define HP_T_MR 8
+#define HP_T_ATTR __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512cd,avx2,fma")))
+#define HP_T_FMA 1
+#define HP_T_AVX_TRANSPOSE 1
+#define HP_T_VMAX(a, b) ((VF)_mm512_max_ps((__m512)(a), (__m512)(b)))
+#include "nn/attention-tiles.h"
 #define HP_ATT_HAVE_AVX2 1
 #define HP_T_SFX avx2
 #define HP_T_VW 8
@@ -112,8 +125,12 @@ hp_status_t hp_attention_set_backward(hp_attention_bwd_t mode) {
 
 /* The instantiation for this call: the selected ISA if head_dim fits its vectors. */
 static int att_path(int hd) {
+    const hp_nn_isa_t isa = hp_nn_isa();
+#ifdef HP_ATT_HAVE_AVX512
+    if (isa == HP_NN_ISA_AVX512 && hd % 16 == 0) return 3;
+#endif
 #ifdef HP_ATT_HAVE_AVX2
-    if (hp_nn_isa() == HP_NN_ISA_AVX2 && hd % 8 == 0) return 2;
+    if ((isa == HP_NN_ISA_AVX2 || isa == HP_NN_ISA_AVX512) && hd % 8 == 0) return 2;
 #endif
     return hd % 4 == 0 ? 1 : 0;
 }
@@ -125,6 +142,9 @@ void hp_attention_forward(float *out, float *lse, const float *q, int ldq, const
     hp_att_fwd_tile_fn tile = path == 1 ? fwd_tile_generic4 : fwd_tile_generic1;
 #ifdef HP_ATT_HAVE_AVX2
     if (path == 2) tile = fwd_tile_avx2;
+#endif
+#ifdef HP_ATT_HAVE_AVX512
+    if (path == 3) tile = fwd_tile_avx512;
 #endif
     const long nbh = (long)B * Hq, ntask = nqt * nbh;
     // parallel over (b, head, query tile); each task writes its own out rows and lse entries.
@@ -178,6 +198,9 @@ void hp_attention_backward(float *dq, int lddq, float *dk, int lddk, float *dv, 
     hp_att_bwd_q_fn qf = path == 1 ? bwd_q_generic4 : bwd_q_generic1;
 #ifdef HP_ATT_HAVE_AVX2
     if (path == 2) group = bwd_group_avx2, kvf = bwd_kv_avx2, qf = bwd_q_avx2;
+#endif
+#ifdef HP_ATT_HAVE_AVX512
+    if (path == 3) group = bwd_group_avx512, kvf = bwd_kv_avx512, qf = bwd_q_avx512;
 #endif
     const int nt = T / HP_ATT_BR + (T % HP_ATT_BR != 0);   // query tiles = key tiles (BR == BC)
     const int mode = __atomic_load_n(&bwd_mode, __ATOMIC_RELAXED);

@@ -1,7 +1,8 @@
 /* Composite modules of the Llama-family block: attention (fused wq|wk|wv, qk-norm, RoPE at
  * global positions, a replaceable core, wo), the causal SDPA core (training and KV-cache
  * decode), feed-forward (fused w1|w3, SwiGLU, w2), the transformer block, the head (norm,
- * output) and the activation-checkpoint wrapper. Every kernel goes through act->be. */
+ * output). Every kernel goes through act->be; the saved tensors follow the save_items protocol
+ * (nn_module.h), so activation checkpointing can keep some and replay the rest. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,7 +85,7 @@ static hp_status_t core_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
 }
 
 static const hp_module_ops_t core_ops = {
-    "sdpa", core_act_bytes, NULL, core_forward, core_backward_input, NULL, NULL,
+    "sdpa", core_act_bytes, NULL, core_forward, core_backward_input, NULL, NULL, NULL,
 };
 
 /* A module of m with its ops, name and impl_bytes of zeroed impl; NULL when out of memory. */
@@ -184,6 +185,28 @@ static void rope_qk(hp_act_t *act, const attn_impl_t *A, const attn_dims_t *d, f
     act->be->rope_apply(act->be->ctx, x + d->qd, ld, B, T, d->KV, A->c.head_dim, cs, sn, A->c.style, inverse);
 }
 
+/* Saved-tensor items (save_items): the projection's output, the qk-norm block, the core's output. */
+enum { ATTN_QKR = 1 };
+static size_t fl4(size_t n) { return hp_arena_round(sizeof(float) * n); }
+
+static void attn_save_items(const hp_module_t *m, int B, int T, hp_save_list_t *L) {
+    const attn_impl_t *A = m->impl;
+    const attn_dims_t d = attn_dims(A);
+    const size_t N = (size_t)B * T;
+    /* a replaced core (context parallel) may start from the projection's hooks (the async
+     * exchange): the projection, the qk-norm block and the core are kept or replayed together */
+    const int tied = A_CORE(m)->ops != &core_ops;
+    hp_save_child(L, A_WQKV(m), B, T, fl4(N * d.ld), HP_SAVE_MM, 2.0 * N * A->c.dim * d.ld, NULL, 0);
+    if (A->c.qk_norm) {
+        hp_save_own(L, m, ATTN_QKR, HP_SAVE_OTHER, fl4(N * d.ld) + fl4(N * d.H) + fl4(N * d.KV), 0.0);
+        if (tied) hp_save_tie(L);
+    }
+    // FlopCounterMode's SDPA count: q k^T and p v over every (query, key) pair (no causal discount)
+    hp_save_child(L, A_CORE(m), B, T, fl4(N * d.qd), HP_SAVE_ATTENTION, 4.0 * N * T * d.H * A->c.head_dim, NULL, 0);
+    if (tied) hp_save_tie(L);
+    hp_save_final(L, m, A_WO(m), B, T, HP_SAVE_MM, 2.0 * N * d.qd * A->c.dim, NULL, 0);
+}
+
 static hp_status_t attn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     attn_impl_t *A = m->impl;
     const attn_dims_t d = attn_dims(A);
@@ -191,28 +214,33 @@ static hp_status_t attn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t
     attn_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
     s->B = act->B;
     s->T = act->T;
-    s->qkv = hp_act_alloc(act, sizeof(float) * (size_t)N * ld);
-    s->o = hp_act_alloc(act, sizeof(float) * (size_t)N * qd);
+    s->qkv = hp_act_save_out(act, A_WQKV(m), sizeof(float) * (size_t)N * ld);
+    s->o = hp_act_save_out(act, A_CORE(m), sizeof(float) * (size_t)N * qd);
     hp_tensor_t t_in, t_qkv, t_src, t_o;
     hp_tensor_view2(&t_in, in->data, N, A->c.dim);
     hp_tensor_view2(&t_qkv, s->qkv, N, ld);
-    HP_TRY(hp_module_forward(A_WQKV(m), act, &t_in, &t_qkv));
+    HP_TRY(hp_module_forward(A_WQKV(m), act, &t_in, &t_qkv));   // the replay skips it when qkv was kept
     float *src = s->qkv;
+    int rotate = !hp_act_out_kept(act, A_WQKV(m));   // RoPE rotates its input in place: once
     double t0 = omp_get_wtime();
     if (A->c.qk_norm) {
         const float *qn = hp_param_w(m->params[0]), *kn = hp_param_w(m->params[1]);
-        s->qkr = hp_act_alloc(act, sizeof(float) * (size_t)N * ld);
-        s->rstd_q = hp_act_alloc(act, sizeof(float) * (size_t)N * d.H);
-        s->rstd_k = hp_act_alloc(act, sizeof(float) * (size_t)N * d.KV);
-        act->be->rmsnorm_heads_forward(act->be->ctx, s->qkr, ld, s->rstd_q, s->qkv, ld, qn, N, d.H, hd, A->c.eps);
-        act->be->rmsnorm_heads_forward(act->be->ctx, s->qkr + qd, ld, s->rstd_k, s->qkv + qd, ld, kn, N, d.KV, hd,
-                                       A->c.eps);
-        act->be->copy_rows(act->be->ctx, s->qkr + qd + kd, ld, s->qkv + qd + kd, ld, N, kd);
+        char *blk = hp_act_save(act, m, ATTN_QKR, fl4((size_t)N * ld) + fl4((size_t)N * d.H) + fl4((size_t)N * d.KV),
+                                &rotate);
+        s->qkr = (float *)blk;
+        s->rstd_q = (float *)(blk + fl4((size_t)N * ld));
+        s->rstd_k = (float *)(blk + fl4((size_t)N * ld) + fl4((size_t)N * d.H));
+        if (rotate) {
+            act->be->rmsnorm_heads_forward(act->be->ctx, s->qkr, ld, s->rstd_q, s->qkv, ld, qn, N, d.H, hd, A->c.eps);
+            act->be->rmsnorm_heads_forward(act->be->ctx, s->qkr + qd, ld, s->rstd_k, s->qkv + qd, ld, kn, N, d.KV, hd,
+                                           A->c.eps);
+            act->be->copy_rows(act->be->ctx, s->qkr + qd + kd, ld, s->qkv + qd + kd, ld, N, kd);
+        }
         src = s->qkr;
         prof(act, HP_NN_OP_QK_NORM, t0);
     }
     t0 = omp_get_wtime();
-    rope_qk(act, A, &d, src, act->B, act->T, 0);
+    if (rotate) rope_qk(act, A, &d, src, act->B, act->T, 0);
     prof(act, HP_NN_OP_ROPE, t0);
     if (act->kv) {   // decode: append this chunk's keys and values to the layer's cache rows
         struct hp_model_kv_cache *kc = act->kv;
@@ -284,6 +312,7 @@ static hp_status_t attn_backward_weight(hp_module_t *m, hp_act_t *act) {
 
 static const hp_module_ops_t attn_ops = {
     "attention", attn_act_bytes, attn_scratch, attn_forward, attn_backward_input, attn_backward_weight, NULL,
+    attn_save_items,
 };
 
 hp_status_t hp_attention_new(hp_model_t m, const char *name, const hp_attention_cfg_t *c, hp_module_t *wqkv,
@@ -380,20 +409,31 @@ static size_t ffn_scratch(const hp_module_t *m, int B, int T) {
     return (size_t)B * T * 3 * ffn_hidden(m->impl);
 }
 
+/* Items: the w1|w3 output, the SwiGLU output; w2 writes the module's output. */
+enum { FFN_A = 1 };
+static void ffn_save_items(const hp_module_t *m, int B, int T, hp_save_list_t *L) {
+    const ffn_impl_t *F = m->impl;
+    const size_t N = (size_t)B * T, hid = (size_t)ffn_hidden(F);
+    hp_save_child(L, F_W13(m), B, T, fl4(N * 2 * hid), HP_SAVE_MM, 2.0 * N * F->dim * 2 * hid, NULL, 0);
+    hp_save_own(L, m, FFN_A, HP_SAVE_OTHER, fl4(N * hid), 0.0);
+    hp_save_final(L, m, F_W2(m), B, T, HP_SAVE_MM, 2.0 * N * hid * F->dim, NULL, 0);
+}
+
 static hp_status_t ffn_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     ffn_impl_t *F = m->impl;
     const int N = act->B * act->T, hid = ffn_hidden(F);
     ffn_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
     s->N = N;
-    s->h13 = hp_act_alloc(act, sizeof(float) * (size_t)N * 2 * hid);
-    s->a = hp_act_alloc(act, sizeof(float) * (size_t)N * hid);
+    int run;
+    s->h13 = hp_act_save_out(act, F_W13(m), sizeof(float) * (size_t)N * 2 * hid);
+    s->a = hp_act_save(act, m, FFN_A, sizeof(float) * (size_t)N * hid, &run);
     hp_tensor_t t_in, t_h13, t_a;
     hp_tensor_view2(&t_in, in->data, N, F->dim);
     hp_tensor_view2(&t_h13, s->h13, N, 2 * hid);
     hp_tensor_view2(&t_a, s->a, N, hid);
     HP_TRY(hp_module_forward(F_W13(m), act, &t_in, &t_h13));
     double t0 = omp_get_wtime();
-    act->be->swiglu_forward(act->be->ctx, s->a, s->h13, N, hid);
+    if (run) act->be->swiglu_forward(act->be->ctx, s->a, s->h13, N, hid);
     prof(act, HP_NN_OP_SWIGLU_FWD, t0);
     return hp_module_forward(F_W2(m), act, &t_a, out);   // out += a W2^T (residual)
 }
@@ -423,6 +463,7 @@ static hp_status_t ffn_backward_weight(hp_module_t *m, hp_act_t *act) {
 
 static const hp_module_ops_t ffn_ops = {
     "feed_forward", ffn_act_bytes, ffn_scratch, ffn_forward, ffn_backward_input, ffn_backward_weight, NULL,
+    ffn_save_items,
 };
 
 hp_status_t hp_feed_forward_new(hp_model_t m, const char *name, int dim, int hidden, hp_module_t *w13,
@@ -483,9 +524,9 @@ static hp_status_t block_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_
                         m->name, act->B, act->T, K->dim);
     block_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
     s->N = N;
-    s->xn = hp_act_alloc(act, sizeof(float) * (size_t)N * K->dim);
-    s->h = hp_act_alloc(act, sizeof(float) * (size_t)N * K->dim);
-    s->hn = hp_act_alloc(act, sizeof(float) * (size_t)N * K->dim);
+    s->xn = hp_act_save_out(act, K_ATTN_NORM(m), sizeof(float) * (size_t)N * K->dim);
+    s->h = hp_act_save_out(act, K_ATTN(m), sizeof(float) * (size_t)N * K->dim);
+    s->hn = hp_act_save_out(act, K_FFN_NORM(m), sizeof(float) * (size_t)N * K->dim);
     hp_tensor_t t_x, t_xn, t_h, t_hn, t_out;
     hp_tensor_view2(&t_x, in->data, N, K->dim);
     hp_tensor_view2(&t_xn, s->xn, N, K->dim);
@@ -493,11 +534,24 @@ static hp_status_t block_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_
     hp_tensor_view2(&t_hn, s->hn, N, K->dim);
     hp_tensor_view2(&t_out, out->data, N, K->dim);
     HP_TRY(hp_module_forward(K_ATTN_NORM(m), act, &t_x, &t_xn));
-    memcpy(s->h, in->data, sizeof(float) * (size_t)N * K->dim);
+    // the residual adds fused into wo and w2 accumulate: their buffers start as a copy, unless kept
+    if (!hp_act_out_kept(act, K_ATTN(m))) memcpy(s->h, in->data, sizeof(float) * (size_t)N * K->dim);
     HP_TRY(hp_module_forward(K_ATTN(m), act, &t_xn, &t_h));        // h = x + attn(xn)
     HP_TRY(hp_module_forward(K_FFN_NORM(m), act, &t_h, &t_hn));
-    memcpy(out->data, s->h, sizeof(float) * (size_t)N * K->dim);
+    if (!hp_act_out_kept(act, m)) memcpy(out->data, s->h, sizeof(float) * (size_t)N * K->dim);
     return hp_module_forward(K_FFN(m), act, &t_hn, &t_out);  // out = h + ffn(hn)
+}
+
+/* Items: the attention_norm output, the attention's items and output (h), the ffn_norm output,
+ * the feed-forward's items; the feed-forward writes the block's output. The kinds and FLOPs
+ * given here are those of a child that does not list its own (one op to the policy). */
+static void block_save_items(const hp_module_t *m, int B, int T, hp_save_list_t *L) {
+    const block_impl_t *K = m->impl;
+    const size_t x = fl4((size_t)B * T * K->dim);
+    hp_save_child(L, K_ATTN_NORM(m), B, T, x, HP_SAVE_OTHER, 0.0, NULL, 0);
+    hp_save_child(L, K_ATTN(m), B, T, x, HP_SAVE_MM, 0.0, NULL, 0);
+    hp_save_child(L, K_FFN_NORM(m), B, T, x, HP_SAVE_OTHER, 0.0, NULL, 0);
+    hp_save_final(L, m, K_FFN(m), B, T, HP_SAVE_MM, 0.0, NULL, 0);
 }
 
 static hp_status_t block_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
@@ -552,7 +606,7 @@ static int block_act_split(const hp_module_t *m, int output, hp_act_split_t *s) 
 
 static const hp_module_ops_t block_ops = {
     "transformer_block", block_act_bytes, block_scratch, block_forward, block_backward_input,
-    block_backward_weight, block_act_split,
+    block_backward_weight, block_act_split, block_save_items,
 };
 
 hp_status_t hp_block_new(hp_model_t m, const char *name, int dim, hp_module_t *attention_norm,
@@ -617,7 +671,7 @@ static hp_status_t loss_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
 }
 
 static const hp_module_ops_t loss_ops = {
-    "cross_entropy", hp_loss_act_bytes, NULL, loss_forward, loss_backward_input, NULL, NULL,
+    "cross_entropy", hp_loss_act_bytes, NULL, loss_forward, loss_backward_input, NULL, NULL, NULL,
 };
 
 int hp_module_is_loss(const hp_module_t *m) { return m && m->ops == &loss_ops; }
@@ -686,7 +740,7 @@ static int head_act_split(const hp_module_t *m, int output, hp_act_split_t *s) {
 }
 
 static const hp_module_ops_t head_ops = {
-    "head", head_act_bytes, head_scratch, head_forward, head_backward_input, head_backward_weight, head_act_split,
+    "head", head_act_bytes, head_scratch, head_forward, head_backward_input, head_backward_weight, head_act_split, NULL,
 };
 
 hp_status_t hp_head_new(hp_model_t m, const char *name, int dim, hp_module_t *norm, hp_module_t *output,
@@ -713,89 +767,4 @@ hp_module_t *nn_head_loss(hp_module_t *m) {
         if (l) return l;
     }
     return NULL;
-}
-
-/* ---- activation checkpointing: a wrapper that keeps only its input ----------------------- */
-
-typedef struct ckpt_impl {
-    int dim;
-    /* arena mark before the recomputed state: set by backward_input, used by the
-     * backward_weight right after it (contexts without deferred weight passes) */
-    size_t mark;
-} ckpt_impl_t;
-
-/* The wrapper keeps only the block input, as its slot pointer itself (no arena bytes): a
- * checkpointed block costs the arena its input only, plus one recompute region. */
-static size_t ckpt_act_bytes(const hp_module_t *m, int B, int T) {
-    (void)m; (void)B; (void)T;
-    return 0;
-}
-
-size_t nn_checkpoint_recompute_bytes(const hp_module_t *w, int B, int T) {
-    return w->children[0]->ops->act_bytes(w->children[0], B, T);
-}
-
-static size_t ckpt_scratch(const hp_module_t *m, int B, int T) {
-    const ckpt_impl_t *C = m->impl;
-    const size_t s = child_scratch(m->children[0], B, T), y = (size_t)B * T * C->dim;
-    return s > y ? s : y;
-}
-
-static hp_status_t ckpt_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
-    HP_ASSERT(m->id >= 0 && m->id < act->n_slots);
-    act->slots[m->id] = in->data;
-    const size_t mark = hp_arena_mark(&act->arena);
-    hp_status_t st = hp_module_forward(m->children[0], act, in, out);
-    hp_arena_reset_to(&act->arena, mark);   // the block's saved state is dropped
-    return st;
-}
-
-static hp_status_t ckpt_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
-    ckpt_impl_t *C = m->impl;
-    float *x = hp_act_slot(act, m);
-    const int N = act->B * act->T;
-    /* recompute: the same forward (same kernels and threads, so bitwise the same saved
-     * state and the same collectives in the same order) after this unit's pre_backward
-     * hooks, without the forward hooks. Its output is not needed (the block's backward
-     * reads its saved state), so it lands in the gradient scratch the backward overwrites. */
-    C->mark = hp_arena_mark(&act->arena);
-    hp_tensor_t t_x, t_y;
-    hp_tensor_view2(&t_x, x, N, C->dim);
-    hp_tensor_view2(&t_y, act->grad_scratch, N, C->dim);
-    HP_ASSERT(act->grad_scratch_floats >= (size_t)N * C->dim);
-    HP_TRY(hp_module_forward(m->children[0], act, &t_x, &t_y));
-    return hp_module_backward_input(m->children[0], act, dout, din);
-}
-
-static hp_status_t ckpt_backward_weight(hp_module_t *m, hp_act_t *act) {
-    ckpt_impl_t *C = m->impl;
-    HP_TRY(hp_module_backward_weight(m->children[0], act));
-    /* the recomputed state is the arena's top unless weight passes are deferred (then the
-     * context was sized to keep every recomputed block until it is reset) */
-    if (!act->keep_recompute) hp_arena_reset_to(&act->arena, C->mark);
-    return HP_OK;
-}
-
-static int ckpt_act_split(const hp_module_t *m, int output, hp_act_split_t *s) {
-    return hp_module_act_split(m->children[0], output, s);
-}
-
-static const hp_module_ops_t ckpt_ops = {
-    "checkpoint", ckpt_act_bytes, ckpt_scratch, ckpt_forward, ckpt_backward_input, ckpt_backward_weight,
-    ckpt_act_split,
-};
-
-hp_status_t nn_checkpoint_new(hp_model_t m, hp_module_t *inner, hp_module_t **out) {
-    hp_module_t *w = hp_model_module_new(m, sizeof(ckpt_impl_t));
-    if (!w) return HP_ERR_OOM;
-    void *wi = w->impl;
-    char nm[HP_PARAM_NAME_MAX];
-    snprintf(nm, sizeof(nm), "%s", inner->name);   // TorchTitan's checkpoint_wrapper keeps the FQN
-    hp_module_base_init(w, &ckpt_ops, nm, wi);
-    ckpt_impl_t *C = wi;
-    w->children[0] = inner;
-    C->dim = ((block_impl_t *)inner->impl)->dim;
-    w->children[w->n_children++] = inner;
-    *out = w;
-    return HP_OK;
 }

@@ -1,5 +1,5 @@
 /* Which ISA path the nn kernels take (nn.h, hp_nn_set_isa): the best one the CPU supports
- * (core-cpu.h), or the one a test or HP_NN_ISA=portable|avx2 forces. */
+ * (core-cpu.h), or the one a test or HP_NN_ISA=portable|avx2|avx512 forces. */
 #include <stdlib.h>
 #include <string.h>
 #include "hyperparallel/nn.h"
@@ -16,17 +16,26 @@ static int supported(hp_nn_isa_t isa) {
 #else
         return 0;   // the AVX2 path is compiled on x86-64 only
 #endif
+    case HP_NN_ISA_AVX512:
+#if defined(__x86_64__) && defined(__GNUC__)
+        return (hp_cpu_features() & HP_CPU_AVX512) != 0;
+#else
+        return 0;
+#endif
     default: return 0;
     }
 }
 
-static hp_nn_isa_t best(void) { return supported(HP_NN_ISA_AVX2) ? HP_NN_ISA_AVX2 : HP_NN_ISA_PORTABLE; }
+static hp_nn_isa_t best(void) {
+    return supported(HP_NN_ISA_AVX512) ? HP_NN_ISA_AVX512 : supported(HP_NN_ISA_AVX2) ? HP_NN_ISA_AVX2 : HP_NN_ISA_PORTABLE;
+}
 
 const char *hp_nn_isa_name(hp_nn_isa_t isa) {
     switch (isa) {
     case HP_NN_ISA_AUTO: return "auto";
     case HP_NN_ISA_PORTABLE: return "portable";
     case HP_NN_ISA_AVX2: return "avx2";
+    case HP_NN_ISA_AVX512: return "avx512";
     }
     return "unknown";
 }
@@ -46,11 +55,13 @@ hp_nn_isa_t hp_nn_isa(void) {
     hp_nn_isa_t isa = best();   // racing first calls compute the same value
     const char *env = getenv("HP_NN_ISA");
     if (env && *env && strcmp(env, "auto")) {
-        hp_nn_isa_t want = !strcmp(env, "portable") ? HP_NN_ISA_PORTABLE : !strcmp(env, "avx2") ? HP_NN_ISA_AVX2
-                                                                                               : HP_NN_ISA_AUTO;
+        hp_nn_isa_t want = !strcmp(env, "portable") ? HP_NN_ISA_PORTABLE
+                         : !strcmp(env, "avx2")     ? HP_NN_ISA_AVX2
+                         : !strcmp(env, "avx512")   ? HP_NN_ISA_AVX512
+                                                    : HP_NN_ISA_AUTO;
         // an unknown or unsupported value keeps the best path (a kernel cannot fail here)
         if (want != HP_NN_ISA_AUTO && supported(want)) isa = want;
-        else hp_log(HP_LOG_WARN, "HP_NN_ISA=%s: not a path this CPU has (portable, avx2); using %s", env,
+        else hp_log(HP_LOG_WARN, "HP_NN_ISA=%s: not a path this CPU has (portable, avx2, avx512); using %s", env,
                     hp_nn_isa_name(isa));
     }
     __atomic_store_n(&isa_now, (int)isa, __ATOMIC_RELAXED);

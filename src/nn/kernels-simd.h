@@ -1,11 +1,12 @@
 /* Row kernels of the elementwise nn ops (SwiGLU, the cross-entropy exps, AdamW), written once
  * on GCC vector types of HP_K_VW floats and instantiated per ISA path by kernels_simd.c
- * (AVX2+FMA: 8 lanes under __attribute__((target("avx2,fma"))); portable: 4 lanes, SSE2 / NEON),
+ * (AVX-512: 16 lanes; AVX2+FMA: 8 lanes under __attribute__((target("avx2,fma"))); portable: 4
+ * lanes, SSE2 / NEON),
  * so that the exp is vectorised explicitly rather than by the compiler's choice (GCC 12 -O2
  * left these loops scalar: "control flow in loop"). Parameters:
  *   HP_K_SFX  suffix of the generated names; HP_K_VW lanes; HP_K_ATTR function attribute;
- *   HP_K_SQRT_AVX / HP_K_SQRT_SSE: AVX / SSE intrinsics for the square root (vsqrtps / sqrtps)
- *   and the float-to-double conversion (else per lane).
+ *   HP_K_SQRT_AVX512 / HP_K_SQRT_AVX / HP_K_SQRT_SSE: AVX-512 / AVX / SSE intrinsics for the
+ *   square root (vsqrtps / sqrtps) and the float-to-double conversion (else per lane).
  * Tails (n % VW) run the same arithmetic one lane at a time through a one-lane vector load. */
 
 #define HP_K_CAT_(a, b) a##_##b
@@ -105,7 +106,10 @@ static HP_K_ATTR float HP_K_N(row_max)(const float *z, int n) {
 /* the low and high halves of a float vector as doubles (one register each: a whole-width double
  * vector would live on the stack) */
 HP_K_INL void HP_K_N(cvt_pd)(VF e, VDH *lo, VDH *hi) {
-#if defined(HP_K_SQRT_AVX)
+#if defined(HP_K_SQRT_AVX512)
+    *lo = (VDH)_mm512_cvtps_pd(_mm512_castps512_ps256((__m512)e));
+    *hi = (VDH)_mm512_cvtps_pd((__m256)_mm512_extractf64x4_pd((__m512d)e, 1));
+#elif defined(HP_K_SQRT_AVX)
     *lo = (VDH)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)e));
     *hi = (VDH)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)e, 1));
 #elif defined(HP_K_SQRT_SSE)
@@ -201,7 +205,9 @@ HP_K_INL void HP_K_N(adamw1)(VF *p, VF *m, VF *v, VF g, float decay, float w1, f
     const VF mi = *m + w1 * (g - *m);
     const VF vi = b2 * *v + w2 * g * g;
     VF sq;
-#if defined(HP_K_SQRT_AVX)
+#if defined(HP_K_SQRT_AVX512)
+    sq = (VF)_mm512_sqrt_ps((__m512)vi);   // vsqrtps zmm: correctly rounded, as sqrtf
+#elif defined(HP_K_SQRT_AVX)
     sq = (VF)_mm256_sqrt_ps((__m256)vi);   // vsqrtps: correctly rounded, as sqrtf
 #elif defined(HP_K_SQRT_SSE)
     sq = (VF)_mm_sqrt_ps((__m128)vi);

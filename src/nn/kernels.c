@@ -1,10 +1,9 @@
-/* Optimised CPU kernels of the nn layer: every GEMM through cblas_sgemm (and the CPU backend's
- * one door to BLAS, nn-blas.h), fused elementwise
+/* Optimised CPU kernels of the nn layer: every GEMM through the CPU backend's one door to BLAS
+ * (nn-blas.h, blas.c: one cblas_sgemm call), fused elementwise
  * loops parallel over the index they write (OpenMP), no atomics, fixed reduction orders so
  * results are bitwise reproducible for a given thread count. Reference twins: kernels_ref.c. */
 #include <math.h>
 #include <string.h>
-#include <cblas.h>
 #include <omp.h>
 #include "hyperparallel/nn.h"
 #include "hyperparallel/nn_loss.h"
@@ -14,33 +13,21 @@
 
 /* ---- linear ---------------------------------------------------------------------------- */
 
-/* OpenBLAS extensions (not in every cblas.h). */
-void openblas_set_num_threads(int num_threads);
-int openblas_get_num_threads(void);
-
-void hp_cpu_sgemm(float *c, int ldc, const float *a, int lda, const float *b, int ldb, int M, int N, int K,
-                  int trans_a, int trans_b, float alpha, float beta) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-                alpha, a, lda, b, ldb, beta, c, ldc);
-}
-void hp_cpu_blas_set_num_threads(int n) { openblas_set_num_threads(n); }
-int hp_cpu_blas_get_num_threads(void) { return openblas_get_num_threads(); }
-
 /* C (M, N) = op(A) (M, K) op(B) (K, N) + beta C, row-major, with the M rows split over the
  * OpenMP threads: each thread calls a single-threaded cblas_sgemm on its block. One thread
  * pool (OpenMP) is then active instead of two (OpenMP + OpenBLAS's pthreads) that would
  * spin against each other on a small machine; OpenBLAS's own thread count is restored after.
  * Every element is computed by one call over the whole K, so the result does not depend on
  * the split. */
-static void sgemm_rows(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A, int lda,
-                       const float *B, int ldb, float beta, float *C, int ldc) {
+static void sgemm_rows(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                       float beta, float *C, int ldc) {
     int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
     if (nt <= 1 || M < 32) {
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+        hp_cpu_sgemm(C, ldc, A, lda, B, ldb, M, N, K, ta, tb, 1.0f, beta);
         return;
     }
-    const int blas_threads = openblas_get_num_threads();
-    if (blas_threads != 1) openblas_set_num_threads(1);
+    const int blas_threads = hp_cpu_blas_get_num_threads();
+    if (blas_threads != 1) hp_cpu_blas_set_num_threads(1);
     int chunk = (M + nt - 1) / nt;
     chunk = (chunk + 15) / 16 * 16;   // whole micro-tiles per thread
 #pragma omp parallel num_threads(nt)
@@ -48,12 +35,11 @@ static void sgemm_rows(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int
         int m0 = omp_get_thread_num() * chunk;
         int m1 = m0 + chunk < M ? m0 + chunk : M;
         if (m0 < m1) {
-            const float *Am = ta == CblasNoTrans ? A + (size_t)m0 * lda : A + m0;
-            cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, N, K, 1.0f, Am, lda, B, ldb, beta,
-                        C + (size_t)m0 * ldc, ldc);
+            const float *Am = !ta ? A + (size_t)m0 * lda : A + m0;
+            hp_cpu_sgemm(C + (size_t)m0 * ldc, ldc, Am, lda, B, ldb, m1 - m0, N, K, ta, tb, 1.0f, beta);
         }
     }
-    if (blas_threads != 1) openblas_set_num_threads(blas_threads);   // leave the caller's setting
+    if (blas_threads != 1) hp_cpu_blas_set_num_threads(blas_threads);   // leave the caller's setting
 }
 
 static void add_bias_rows(float *out, const float *bias, int N, int OC) {
@@ -69,26 +55,26 @@ static void add_bias_rows(float *out, const float *bias, int N, int OC) {
 void hp_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
                        int N, int IC, int OC) {
     // out (N, OC) = inp (N, IC) @ weight^T
-    sgemm_rows(CblasNoTrans, CblasTrans, N, OC, IC, inp, IC, weight, IC, 0.0f, out, OC);
+    sgemm_rows(0, 1, N, OC, IC, inp, IC, weight, IC, 0.0f, out, OC);
     add_bias_rows(out, bias, N, OC);
 }
 
 void hp_linear_forward_acc(float *out, const float *inp, const float *weight, const float *bias,
                            int N, int IC, int OC) {
-    sgemm_rows(CblasNoTrans, CblasTrans, N, OC, IC, inp, IC, weight, IC, 1.0f, out, OC);
+    sgemm_rows(0, 1, N, OC, IC, inp, IC, weight, IC, 1.0f, out, OC);
     add_bias_rows(out, bias, N, OC);
 }
 
 void hp_linear_backward_input(float *dinp, const float *dout, const float *weight,
                               int N, int IC, int OC, int accumulate) {
     // dinp (N, IC) = dout (N, OC) @ weight (OC, IC)
-    sgemm_rows(CblasNoTrans, CblasNoTrans, N, IC, OC, dout, OC, weight, IC, accumulate ? 1.0f : 0.0f, dinp, IC);
+    sgemm_rows(0, 0, N, IC, OC, dout, OC, weight, IC, accumulate ? 1.0f : 0.0f, dinp, IC);
 }
 
 void hp_linear_backward_weight(float *dweight, float *dbias, const float *dout, const float *inp,
                                int N, int IC, int OC) {
     // dweight (OC, IC) += dout^T (OC, N) @ inp (N, IC), output channels split over threads
-    sgemm_rows(CblasTrans, CblasNoTrans, OC, IC, N, dout, OC, inp, IC, 1.0f, dweight, IC);
+    sgemm_rows(1, 0, OC, IC, N, dout, OC, inp, IC, 1.0f, dweight, IC);
     if (dbias) {
         // parallel over output channels; each sums its column over rows in order
 #pragma omp parallel for schedule(static)

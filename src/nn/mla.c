@@ -101,6 +101,34 @@ static hp_status_t reduce_over_heads(const mla_impl_t *A, float *dpe, size_t n) 
     return HP_OK;
 }
 
+/* Saved-tensor items (save_items, nn_module.h): the projections' outputs (q path, wkv_a, kv_norm,
+ * wkv_b), the latent copy, the core's [q | k | v] rows (built, padded, RoPE applied), the core's
+ * output and its per-head slice for wo; wo writes the module's output. */
+enum { MLA_KVC = 1, MLA_QKV, MLA_OV };
+
+static void mla_save_items(const hp_module_t *m, int B, int T, hp_save_list_t *L) {
+    const mla_impl_t *A = m->impl;
+    const hp_mla_cfg_t *c = &A->c;
+    const size_t N = (size_t)B * T, H = (size_t)mla_heads(A), qk = c->nope + c->rope, D = c->dim;
+    if (c->q_lora) {
+        hp_save_child(L, M_Q(m, 0), B, T, fl(N * c->q_lora), HP_SAVE_MM, 2.0 * N * D * c->q_lora, NULL, 0);
+        hp_save_child(L, M_Q(m, 1), B, T, fl(N * c->q_lora), HP_SAVE_OTHER, 0.0, NULL, 0);
+        hp_save_child(L, M_Q(m, 2), B, T, fl(N * H * qk), HP_SAVE_MM, 2.0 * N * c->q_lora * H * qk, NULL, 0);
+    } else {
+        hp_save_child(L, M_Q(m, 0), B, T, fl(N * H * qk), HP_SAVE_MM, 2.0 * N * D * H * qk, NULL, 0);
+    }
+    hp_save_child(L, M_WKVA(m), B, T, fl(N * (c->kv_lora + c->rope)), HP_SAVE_MM,
+                  2.0 * N * D * (c->kv_lora + c->rope), NULL, 0);
+    hp_save_own(L, m, MLA_KVC, HP_SAVE_OTHER, fl(N * c->kv_lora), 0.0);
+    hp_save_child(L, M_KVN(m), B, T, fl(N * c->kv_lora), HP_SAVE_OTHER, 0.0, NULL, 0);
+    hp_save_child(L, M_WKVB(m), B, T, fl(N * H * (c->nope + c->v)), HP_SAVE_MM,
+                  2.0 * N * c->kv_lora * H * (c->nope + c->v), NULL, 0);
+    hp_save_own(L, m, MLA_QKV, HP_SAVE_OTHER, fl(N * 3 * H * c->hc), 0.0);
+    hp_save_child(L, M_CORE(m), B, T, fl(N * H * c->hc), HP_SAVE_ATTENTION, 4.0 * N * T * H * c->hc, NULL, 0);
+    hp_save_own(L, m, MLA_OV, HP_SAVE_OTHER, fl(N * H * c->v), 0.0);
+    hp_save_final(L, m, M_WO(m), B, T, HP_SAVE_MM, 2.0 * N * H * c->v * D, NULL, 0);
+}
+
 static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     mla_impl_t *A = m->impl;
     const hp_mla_cfg_t *c = &A->c;
@@ -109,20 +137,22 @@ static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     mla_saved_t *s = hp_act_slot_new(act, m, sizeof(*s));
     s->B = act->B;
     s->T = act->T;
-    s->q = hp_act_alloc(act, sizeof(float) * (size_t)N * H * qk);
-    s->kva = hp_act_alloc(act, sizeof(float) * (size_t)N * lda);
-    s->kvc = hp_act_alloc(act, sizeof(float) * (size_t)N * kvl);
-    s->kvn = hp_act_alloc(act, sizeof(float) * (size_t)N * kvl);
-    s->kvb = hp_act_alloc(act, sizeof(float) * (size_t)N * H * ldb);
-    s->qkv = hp_act_alloc(act, sizeof(float) * (size_t)N * ld3);
-    s->o = hp_act_alloc(act, sizeof(float) * (size_t)N * H * hc);
-    s->ov = hp_act_alloc(act, sizeof(float) * (size_t)N * H * c->v);
+    // the items (mla_save_items): a replay makes only the dropped ones, the children of kept ones skipped
+    int run_kvc, run_qkv, run_ov;
+    s->q = hp_act_save_out(act, M_Q(m, A->nq - 1), sizeof(float) * (size_t)N * H * qk);
+    s->kva = hp_act_save_out(act, M_WKVA(m), sizeof(float) * (size_t)N * lda);
+    s->kvc = hp_act_save(act, m, MLA_KVC, sizeof(float) * (size_t)N * kvl, &run_kvc);
+    s->kvn = hp_act_save_out(act, M_KVN(m), sizeof(float) * (size_t)N * kvl);
+    s->kvb = hp_act_save_out(act, M_WKVB(m), sizeof(float) * (size_t)N * H * ldb);
+    s->qkv = hp_act_save(act, m, MLA_QKV, sizeof(float) * (size_t)N * ld3, &run_qkv);
+    s->o = hp_act_save_out(act, M_CORE(m), sizeof(float) * (size_t)N * H * hc);
+    s->ov = hp_act_save(act, m, MLA_OV, sizeof(float) * (size_t)N * H * c->v, &run_ov);
     hp_tensor_t tx, ta, tb, tq;
     hp_tensor_view2(&tx, in->data, N, c->dim);
     hp_tensor_view2(&tq, s->q, N, (int64_t)H * qk);
     if (c->q_lora) {
-        s->qa = hp_act_alloc(act, sizeof(float) * (size_t)N * c->q_lora);
-        s->qan = hp_act_alloc(act, sizeof(float) * (size_t)N * c->q_lora);
+        s->qa = hp_act_save_out(act, M_Q(m, 0), sizeof(float) * (size_t)N * c->q_lora);
+        s->qan = hp_act_save_out(act, M_Q(m, 1), sizeof(float) * (size_t)N * c->q_lora);
         hp_tensor_view2(&ta, s->qa, N, c->q_lora);
         hp_tensor_view2(&tb, s->qan, N, c->q_lora);
         HP_TRY(hp_module_forward(M_Q(m, 0), act, &tx, &ta));
@@ -133,7 +163,7 @@ static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     }
     hp_tensor_view2(&ta, s->kva, N, lda);
     HP_TRY(hp_module_forward(M_WKVA(m), act, &tx, &ta));
-    act->be->copy_rows(act->be->ctx, s->kvc, kvl, s->kva, lda, N, kvl);
+    if (run_kvc) act->be->copy_rows(act->be->ctx, s->kvc, kvl, s->kva, lda, N, kvl);
     hp_tensor_view2(&ta, s->kvc, N, kvl);
     hp_tensor_view2(&tb, s->kvn, N, kvl);
     HP_TRY(hp_module_forward(M_KVN(m), act, &ta, &tb));
@@ -142,22 +172,24 @@ static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     HP_TRY(hp_module_forward(M_WKVB(m), act, &ta, &tb));
     // core rows: q = alpha [q_nope, q_pe, 0], k = [k_nope, k_pe, 0], v = [v, 0] per head
     const float alpha = A->alpha;
+    if (run_qkv) {
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        float *r = s->qkv + (size_t)n * ld3;
-        const float *q = s->q + (size_t)n * H * qk, *b = s->kvb + (size_t)n * H * ldb, *pe = s->kva + (size_t)n * lda + kvl;
-        for (int h = 0; h < H; h++) {
-            float *qh = r + (size_t)h * hc, *kh = r + (size_t)(H + h) * hc, *vh = r + (size_t)(2 * H + h) * hc;
-            for (int j = 0; j < qk; j++) qh[j] = alpha * q[(size_t)h * qk + j];
-            memcpy(kh, b + (size_t)h * ldb, sizeof(float) * (size_t)c->nope);
-            memcpy(kh + c->nope, pe, sizeof(float) * (size_t)c->rope);
-            memcpy(vh, b + (size_t)h * ldb + c->nope, sizeof(float) * (size_t)c->v);
-            for (int j = qk; j < hc; j++) qh[j] = kh[j] = 0.0f;
-            for (int j = c->v; j < hc; j++) vh[j] = 0.0f;
+        for (int n = 0; n < N; n++) {
+            float *r = s->qkv + (size_t)n * ld3;
+            const float *q = s->q + (size_t)n * H * qk, *b = s->kvb + (size_t)n * H * ldb, *pe = s->kva + (size_t)n * lda + kvl;
+            for (int h = 0; h < H; h++) {
+                float *qh = r + (size_t)h * hc, *kh = r + (size_t)(H + h) * hc, *vh = r + (size_t)(2 * H + h) * hc;
+                for (int j = 0; j < qk; j++) qh[j] = alpha * q[(size_t)h * qk + j];
+                memcpy(kh, b + (size_t)h * ldb, sizeof(float) * (size_t)c->nope);
+                memcpy(kh + c->nope, pe, sizeof(float) * (size_t)c->rope);
+                memcpy(vh, b + (size_t)h * ldb + c->nope, sizeof(float) * (size_t)c->v);
+                for (int j = qk; j < hc; j++) qh[j] = kh[j] = 0.0f;
+                for (int j = c->v; j < hc; j++) vh[j] = 0.0f;
+            }
         }
     }
     double t0 = omp_get_wtime();
-    rope_heads(act, A, s->qkv, ld3, act->B, act->T, 2 * H, hc, c->nope, 0);   // q heads then k heads
+    if (run_qkv) rope_heads(act, A, s->qkv, ld3, act->B, act->T, 2 * H, hc, c->nope, 0);   // q heads then k heads
     if (act->prof) act->prof[HP_NN_OP_ROPE] += omp_get_wtime() - t0;
     if (act->kv) {   // decode: append this chunk's keys and (padded) values to the layer's cache rows
         struct hp_model_kv_cache *kc = act->kv;
@@ -170,7 +202,7 @@ static hp_status_t mla_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     hp_tensor_view2(&ta, s->qkv, N, ld3);
     hp_tensor_view2(&tb, s->o, N, (int64_t)H * hc);
     HP_TRY(hp_module_forward(M_CORE(m), act, &ta, &tb));
-    for (int h = 0; h < H; h++)
+    for (int h = 0; run_ov && h < H; h++)
         act->be->copy_rows(act->be->ctx, s->ov + (size_t)h * c->v, H * c->v, s->o + (size_t)h * hc, H * hc, N, c->v);
     hp_tensor_view2(&ta, s->ov, N, (int64_t)H * c->v);
     return hp_module_forward(M_WO(m), act, &ta, out);   // out += ov Wo^T (residual)
@@ -257,6 +289,7 @@ static hp_status_t mla_backward_weight(hp_module_t *m, hp_act_t *act) {
 
 static const hp_module_ops_t mla_ops = {
     "mla_attention", mla_act_bytes, mla_scratch, mla_forward, mla_backward_input, mla_backward_weight, NULL,
+    mla_save_items,
 };
 
 hp_status_t hp_mla_new(hp_model_t m, const char *name, const hp_mla_cfg_t *c, hp_module_t *const *kids, int n_kids,

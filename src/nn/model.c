@@ -131,12 +131,6 @@ static void param_desc(hp_param_t *p, const hp_param_decl_t *d, float *value, fl
     for (int i = 0; i < d->ndim; i++) p->value.global_shape[i] = p->grad.global_shape[i] = d->shape[i];
 }
 
-static size_t decl_floats(const hp_param_decl_t *d) {
-    size_t n = 1;
-    for (int i = 0; i < d->ndim; i++) n *= (size_t)d->shape[i];
-    return n;
-}
-
 void hp_model_destroy(hp_model_t m) {
     if (!m) return;
     hp_model_ctx_destroy(m->dflt);
@@ -156,12 +150,34 @@ static hp_status_t check_arch(const hp_model_config_t *c) {
                     "&cfg) or hp_hf_read_config (models.h) and change its fields", c->name, c->flavor);
 }
 
-hp_status_t hp_model_create(const hp_model_config_t *cfg, int max_batch, int max_seq_len, hp_model_t *out) {
+static hp_status_t create_range(const hp_model_config_t *cfg_in, int u0, int u1, int max_batch, int max_seq_len,
+                                int empty, hp_model_t *out);
+
+static hp_status_t create_whole(const hp_model_config_t *cfg, int max_batch, int max_seq_len, int empty,
+                                hp_model_t *out) {
     if (!cfg || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_model_create: cfg and out must be non-NULL");
     hp_model_config_t c = *cfg;
     HP_TRY(hp_model_config_validate(&c));
     HP_TRY(check_arch(&c));
-    return hp_model_create_range(&c, 0, c.arch->n_units(&c), max_batch, max_seq_len, out);
+    return create_range(&c, 0, c.arch->n_units(&c), max_batch, max_seq_len, empty, out);
+}
+
+hp_status_t hp_model_create(const hp_model_config_t *cfg, int max_batch, int max_seq_len, hp_model_t *out) {
+    return create_whole(cfg, max_batch, max_seq_len, 0, out);
+}
+
+hp_status_t hp_model_create_empty(const hp_model_config_t *cfg, int max_batch, int max_seq_len, hp_model_t *out) {
+    return create_whole(cfg, max_batch, max_seq_len, 1, out);
+}
+
+hp_status_t hp_model_create_range(const hp_model_config_t *cfg, int u0, int u1, int max_batch, int max_seq_len,
+                                  hp_model_t *out) {
+    return create_range(cfg, u0, u1, max_batch, max_seq_len, 0, out);
+}
+
+hp_status_t hp_model_create_range_empty(const hp_model_config_t *cfg, int u0, int u1, int max_batch, int max_seq_len,
+                                        hp_model_t *out) {
+    return create_range(cfg, u0, u1, max_batch, max_seq_len, 1, out);
 }
 
 int hp_model_describe_params(const hp_model_config_t *cfg_in, int u0, int u1, hp_model_param_desc_t *out, int cap) {
@@ -188,8 +204,34 @@ int hp_model_describe_params(const hp_model_config_t *cfg_in, int u0, int u1, hp
     return n;
 }
 
-hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u1, int max_batch, int max_seq_len,
-                                  hp_model_t *out) {
+/* The storage layout over the entries' current local sizes (the creation rule: units
+ * contiguous in table order, a group's members adjacent in declared order so a fused GEMM reads
+ * them as one stacked matrix, 16-float alignment after each group or lone parameter). At
+ * creation the entries are the declarations; an empty model re-lays them out after a
+ * parallelism shrank their local shapes. */
+static void layout_units(hp_model_t m) {
+    size_t off = 0;
+    for (int u = m->u0; u < m->u1; u++) {
+        const nn_unit_t *U = &m->units[u];
+        unsigned char placed[HP_MODEL_MAX_UNIT_PARAMS] = {0};
+        for (int i = 0; i < U->count; i++) {
+            if (placed[i]) continue;
+            const hp_param_decl_t *d = &m->decl[U->first + i];
+            for (int j = i; j < U->count; j++) {
+                const hp_param_decl_t *e = &m->decl[U->first + j];
+                if (j != i && (d->group == 0 || e->group != d->group)) continue;
+                m->param_off[U->first + j] = off;
+                off += (size_t)hp_tensor_numel(&m->params[U->first + j].value.local);
+                placed[j] = 1;
+            }
+            off = ROUND16(off);
+        }
+    }
+    m->param_floats = off;
+}
+
+static hp_status_t create_range(const hp_model_config_t *cfg_in, int u0, int u1, int max_batch, int max_seq_len,
+                                int empty, hp_model_t *out) {
     if (!cfg_in || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_model_create_range: cfg and out must be non-NULL");
     *out = NULL;
     hp_model_config_t cfg = *cfg_in;
@@ -229,8 +271,8 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
     void *const tables[6] = {&m->units, &m->params, &m->decl, &m->param_off, &m->cos_t, &m->sin_t};
     st = hp_arena_init_tables(&m->tables, "model tables", 6, table_bytes, tables);
     if (st != HP_OK) goto fail;
-    // 2. storage layout: units contiguous, a group's members adjacent (one stacked GEMM)
-    size_t off = 0;
+    // 2. the entries (the declarations' shapes, no storage yet), then the storage layout:
+    // units contiguous, a group's members adjacent (one stacked GEMM)
     int pi = 0;
     for (int u = u0; u < u1; u++) {
         nn_unit_t *U = &m->units[u];
@@ -238,35 +280,16 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
         U->first = pi;
         U->count = arch->declare(c, u, u0 == 0, m->decl + pi);
         HP_ASSERT(U->count <= HP_MODEL_MAX_UNIT_PARAMS);
-        unsigned char placed[HP_MODEL_MAX_UNIT_PARAMS] = {0};
-        for (int i = 0; i < U->count; i++) {
-            if (placed[i]) continue;
-            const hp_param_decl_t *d = &m->decl[pi + i];
-            for (int j = i; j < U->count; j++) {
-                const hp_param_decl_t *e = &m->decl[pi + j];
-                if (j != i && (d->group == 0 || e->group != d->group)) continue;
-                m->param_off[pi + j] = off;
-                off += decl_floats(e);
-                placed[j] = 1;
-            }
-            off = ROUND16(off);
-        }
         pi += U->count;
     }
     m->n_params = np;
-    m->param_floats = m->store_floats = off;
-    m->param_data = hp_aligned_alloc(sizeof(float) * (off ? off : 16));
-    m->grad_data = hp_aligned_alloc(sizeof(float) * (off ? off : 16));
-    if (!m->param_data || !m->grad_data) {
-        st = hp_error(HP_ERR_OOM, "hp_model_create: %s/%s needs %.2f GiB for parameters and as much for "
-                      "gradients; hint: this flavor is for counting and planning, shard it", c->name, c->flavor,
-                      (double)off * 4 / (1 << 30));
-        goto fail;
+    for (int i = 0; i < np; i++) param_desc(&m->params[i], &m->decl[i], NULL, NULL);
+    layout_units(m);
+    m->empty = 1;
+    if (!empty) {   // the whole range's storage now (an empty model allocates its local shards later)
+        st = hp_model_materialize(m);
+        if (st != HP_OK) goto fail;
     }
-    memset(m->param_data, 0, sizeof(float) * off);
-    memset(m->grad_data, 0, sizeof(float) * off);
-    for (int i = 0; i < np; i++)
-        param_desc(&m->params[i], &m->decl[i], m->param_data + m->param_off[i], m->grad_data + m->param_off[i]);
 
     // 3. RoPE tables (positions [0, max_seq_len))
     hp_rope_scaling_t sc = {c->rope_scaling, c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
@@ -287,10 +310,11 @@ hp_status_t hp_model_create_range(const hp_model_config_t *cfg_in, int u0, int u
     for (int i = 0; i < m->n_mods; i++) m->mods[i]->id = i;
     m->n_owned = m->n_mods;
 
-    // 5. the model's own context for (max_batch, max_seq_len)
+    // 5. the model's own context for (max_batch, max_seq_len); an empty model's at its first use
+    // (its modules change with the parallelisms before that)
     m->ctx_batch = max_batch;
     m->ctx_seq_len = max_seq_len;
-    st = hp_model_ctx_create(m, max_batch, max_seq_len, 0, &m->dflt);
+    if (!empty) st = hp_model_ctx_create(m, max_batch, max_seq_len, 0, &m->dflt);
     if (st != HP_OK) goto fail;
     *out = m;
     return HP_OK;
@@ -305,30 +329,101 @@ static int in_storage(hp_model_t m, const hp_param_t *p) {
     return m->param_data && v >= m->param_data && v < m->param_data + m->store_floats;
 }
 
+int hp_model_is_empty(hp_model_t m) { return m->empty; }
+size_t hp_model_storage_floats(hp_model_t m) { return m->param_floats; }
+
+hp_status_t hp_model_materialize(hp_model_t m) {
+    if (!m) return hp_error(HP_ERR_INVALID_ARG, "hp_model_materialize: model is NULL");
+    if (!m->empty) return HP_OK;
+    layout_units(m);   // the local sizes the parallelisms left
+    const size_t n = m->param_floats;
+    float *v = hp_aligned_alloc(sizeof(float) * (n ? n : 16)), *g = hp_aligned_alloc(sizeof(float) * (n ? n : 16));
+    if (!v || !g) {
+        hp_free_aligned(v);
+        hp_free_aligned(g);
+        return hp_error(HP_ERR_OOM, "hp_model_materialize: %s/%s needs %.2f GiB on this rank for its parameters and "
+                        "as much for their gradients; hint: shard it (parallelism.data_parallel_shard_degree, "
+                        "tensor_parallel_degree; docs/memory.md)", m->cfg.name, m->cfg.flavor,
+                        (double)n * 4 / (1 << 30));
+    }
+    memset(v, 0, sizeof(float) * n);
+    memset(g, 0, sizeof(float) * n);
+    for (int i = 0; i < m->n_params; i++) {
+        hp_param_t *p = &m->params[i];
+        p->value.local.data = v + m->param_off[i];
+        p->grad.local.data = g + m->param_off[i];
+    }
+    m->param_data = v;
+    m->grad_data = g;
+    m->store_floats = n;
+    m->empty = 0;
+    return HP_OK;
+}
+
+hp_status_t hp_model_release_storage(hp_model_t m) {
+    if (!m) return hp_error(HP_ERR_INVALID_ARG, "hp_model_release_storage: model is NULL");
+    for (int i = 0; i < m->n_params; i++)
+        if (in_storage(m, &m->params[i]))
+            return hp_error(HP_ERR_STATE, "hp_model_release_storage: parameter '%s' still points into the model's "
+                            "storage; hint: re-point every entry at the new owner's storage first", m->params[i].name);
+    m->empty = 0;
+    return hp_model_compact_storage(m);
+}
+
+/* One parameter drawn (TorchTitan's init rule of its declaration) into `p`, a table entry of
+ * the same parameter in any layout: each local element gets the value the whole tensor has at
+ * its global index (the DTensor layout maps local to global indices, _StridedShard included). */
+static hp_status_t init_param(const hp_param_decl_t *d, hp_param_t *p, uint64_t seed) {
+    hp_tensor_t *t = &p->value.local;
+    const int64_t n = hp_tensor_numel(t);
+    if (n == 0) return HP_OK;   // an empty piece (a trailing FSDP rank of a short dim)
+    if (!t->data)
+        return hp_error(HP_ERR_STATE, "hp_model_init_weights: parameter '%s' has no storage on this rank; hint: "
+                        "hp_model_materialize it (or initialise the table of its owner: FSDP's hp_fsdp_params)",
+                        p->name);
+    if (d->init == HP_PARAM_INIT_ONES) return hp_tensor_fill(t, 1.0);
+    const hp_rng_key_t key = hp_rng_key(seed, p->name);
+    if (!p->value.mesh) return hp_rng_fill(t, key, &d->rng, NULL, NULL);
+    hp_dtensor_mem_t mem = {NULL, t->data, sizeof(float) * (size_t)n};
+    hp_dtensor_t drawn;
+    HP_TRY(hp_dtensor_rand(&drawn, &mem, HP_F32, t->ndim, p->value.global_shape, p->value.mesh, p->value.mesh_ndim,
+                           p->value.placements, key, &d->rng));
+    int same = drawn.local.ndim == t->ndim && drawn.local.data == t->data;
+    for (int a = 0; same && a < t->ndim; a++) same = drawn.local.shape[a] == t->shape[a];
+    int64_t expect = 1;
+    for (int a = t->ndim - 1; same && a >= 0; a--) {   // the drawn piece is contiguous: so must t be
+        same = t->shape[a] <= 1 || t->stride[a] == expect;
+        expect *= t->shape[a];
+    }
+    if (!same)
+        return hp_error(HP_ERR_STATE, "hp_model_init_weights: parameter '%s': its local tensor does not match the "
+                        "piece its DTensor layout gives this rank (or is not contiguous)", p->name);
+    return HP_OK;
+}
+
+hp_status_t hp_model_init_params(hp_model_t m, hp_param_t *params, uint64_t seed) {
+    if (!m || !params) return hp_error(HP_ERR_INVALID_ARG, "hp_model_init_params: model and params are required");
+    for (int i = 0; i < m->n_params; i++) {
+        if (strcmp(params[i].name, m->params[i].name) != 0)
+            return hp_error(HP_ERR_INVALID_ARG, "hp_model_init_params: entry %d is '%s', the model's is '%s'; expected "
+                            "a table in the model's parameter order (hp_fsdp_params keeps it)", i, params[i].name,
+                            m->params[i].name);
+        HP_TRY(init_param(&m->decl[i], &params[i], seed));
+    }
+    return HP_OK;
+}
+
 hp_status_t hp_model_init_weights(hp_model_t m, uint64_t seed) {
+    if (m->empty)
+        return hp_error(HP_ERR_STATE, "hp_model_init_weights: the model was created empty and has no storage yet; "
+                        "hint: hp_model_materialize it first, or let the composition draw it (hp_parallel_init_weights)");
     for (int i = 0; i < m->n_params; i++)
         if (!in_storage(m, &m->params[i]) && hp_tensor_numel(&m->params[i].value.local) > 0)
             return hp_error(HP_ERR_STATE, "hp_model_init_weights: parameter '%s' does not live in the model's storage "
-                            "(an external owner such as FSDP holds it); hint: initialise before fully_shard",
+                            "(an external owner such as FSDP holds it); hint: initialise the owner's table "
+                            "(hp_model_init_params with hp_fsdp_params, as hp_parallel_init_weights does)",
                             m->params[i].name);
-    for (int i = 0; i < m->n_params; i++) {
-        hp_param_t *p = &m->params[i];
-        const hp_param_decl_t *d = &m->decl[i];
-        if (d->init == HP_PARAM_INIT_ONES) {
-            float *w = p->value.local.data;
-            const int64_t n = hp_tensor_numel(&p->value.local);
-            for (int64_t k = 0; k < n; k++) w[k] = 1.0f;
-            continue;
-        }
-        if (p->value.mesh) {   // a shard (tensor parallel): drawn at its global indices
-            int64_t goff[HP_MAX_DIMS];
-            HP_TRY(hp_dtensor_global_offset(&p->value, goff));
-            HP_TRY(hp_rng_fill(&p->value.local, hp_rng_key(seed, p->name), &d->rng, p->value.global_shape, goff));
-            continue;
-        }
-        HP_TRY(hp_rng_fill(&p->value.local, hp_rng_key(seed, p->name), &d->rng, NULL, NULL));
-    }
-    return HP_OK;
+    return hp_model_init_params(m, m->params, seed);
 }
 
 hp_status_t hp_model_zero_grad(hp_model_t m) {
@@ -338,6 +433,10 @@ hp_status_t hp_model_zero_grad(hp_model_t m) {
 
 hp_status_t hp_model_compact_storage(hp_model_t m) {
     if (!m) return hp_error(HP_ERR_INVALID_ARG, "hp_model_compact_storage: model is NULL");
+    if (m->empty) {   // nothing to move: the layout follows the entries' new local sizes
+        layout_units(m);
+        return HP_OK;
+    }
     const int np = m->n_params;
     int *order = hp_calloc((size_t)(np ? np : 1), sizeof(int));
     size_t *off = hp_calloc((size_t)(np ? np : 1), sizeof(size_t));
@@ -430,24 +529,91 @@ hp_status_t hp_model_set_activation_checkpoint(hp_model_t m, int every_k) {
     if (every_k < 0)
         return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_activation_checkpoint: every_k = %d, expected 0 (off), "
                         "1 (every block) or k > 1 (every k-th block)", every_k);
+    hp_ac_options_t o = hp_ac_default_options();
+    o.every_k = every_k;
+    return hp_model_set_activation_checkpoint_options(m, &o);
+}
+
+hp_status_t hp_model_set_activation_checkpoint_options(hp_model_t m, const hp_ac_options_t *o) {
+    if (!m) return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_activation_checkpoint_options: model is NULL");
+    HP_TRY(hp_ac_options_check(o, "hp_model_set_activation_checkpoint_options"));
     if (ctx_pending(m->dflt))
         return hp_error(HP_ERR_STATE, "hp_model_set_activation_checkpoint: a forward is waiting for its "
                         "backward; hint: change checkpointing between steps");
     for (int u = m->u0; u < m->u1; u++) {
         nn_unit_t *U = &m->units[u];
         if (U->kind != HP_MODEL_UNIT_BLOCK) continue;
-        hp_module_t *want = ac_checkpointed(every_k, u - 1) ? U->ac : U->inner;
+        U->ac->children[0] = U->inner;   // the block as it is now (a parallelism may have replaced it)
+        hp_module_t *want = ac_checkpointed(o->every_k, u - 1) ? U->ac : U->inner;
         if (want == U->module) continue;
         HP_TRY(hp_module_move_hooks(want, U->module));   // the unit's hooks stay on its outer module
         U->module->unit = -1;
         want->unit = u;
         U->module = want;
     }
-    m->ac_every = every_k;
+    m->ac = *o;
     return tree_changed(m);
 }
 
-int hp_model_activation_checkpoint(hp_model_t m) { return m->ac_every; }
+int hp_model_activation_checkpoint(hp_model_t m) { return m->ac.every_k; }
+void hp_model_activation_checkpoint_options(hp_model_t m, hp_ac_options_t *o) { *o = m->ac; }
+
+/* The checkpointed blocks' decisions for (B, T) under o into keep (n_mods x HP_SAVE_SLOTS, NULL:
+ * a scratch table), their costs summed, and the context's arena bytes: each unit's state, for a
+ * checkpointed block its kept items; the regions: one per block (split) or the largest. */
+typedef struct ac_sizes {
+    size_t arena, region_max, region_sum, none;
+    double recompute, forward;
+    int n;
+} ac_sizes_t;
+
+static hp_status_t ac_size(hp_model_t m, const hp_ac_options_t *o, int B, int T, unsigned char *keep,
+                           size_t *region_of_unit, size_t *kept_of_unit, ac_sizes_t *z) {
+    memset(z, 0, sizeof(*z));
+    unsigned char *own = NULL;
+    if (!keep && !(keep = own = hp_calloc((size_t)m->n_mods * HP_SAVE_SLOTS, 1))) return HP_ERR_OOM;
+    hp_status_t st = HP_OK;
+    for (int u = m->u0; u < m->u1 && st == HP_OK; u++) {
+        const nn_unit_t *U = &m->units[u];
+        hp_module_t *inner = hp_module_is_checkpoint(U->module) ? U->module->children[0] : U->module;
+        if (U->kind == HP_MODEL_UNIT_BLOCK) U->ac->children[0] = inner;   // o may differ from the installed AC
+        z->none += inner->ops->act_bytes(inner, B, T);
+        if (U->kind != HP_MODEL_UNIT_BLOCK || !ac_checkpointed(o->every_k, u - 1)) {
+            z->arena += inner->ops->act_bytes(inner, B, T);
+            continue;
+        }
+        hp_ac_stats_t s;
+        st = hp_ac_decide(U->ac, o, B, T, keep, m->n_mods, &s);
+        if (st != HP_OK) break;
+        z->arena += s.kept_bytes;
+        z->region_sum += s.region_bytes;
+        if (s.region_bytes > z->region_max) z->region_max = s.region_bytes;
+        z->recompute += s.recompute_flops;
+        z->forward += s.forward_flops;
+        z->n++;
+        if (region_of_unit) region_of_unit[u] = s.region_bytes;
+        if (kept_of_unit) kept_of_unit[u] = s.kept_bytes;
+    }
+    free(own);
+    return st;
+}
+
+hp_status_t hp_model_activation_checkpoint_estimate(hp_model_t m, const hp_ac_options_t *o, int B, int T,
+                                                    int split_backward, hp_ac_estimate_t *out) {
+    if (!m || !out)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_model_activation_checkpoint_estimate: model and out are required");
+    HP_TRY(hp_ac_options_check(o, "hp_model_activation_checkpoint_estimate"));
+    if (B <= 0 || T <= 0)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_model_activation_checkpoint_estimate: (B, T) = (%d, %d), expected "
+                        "positive", B, T);
+    ac_sizes_t z;
+    HP_TRY(ac_size(m, o, B, T, NULL, NULL, NULL, &z));
+    const size_t region = split_backward ? z.region_sum : z.region_max;
+    *out = (hp_ac_estimate_t){.act_bytes = z.arena + region, .kept_bytes = z.arena, .region_bytes = region,
+                              .none_bytes = z.none, .recompute_flops = z.recompute, .checkpointed_flops = z.forward,
+                              .n_checkpointed = z.n};
+    return HP_OK;
+}
 
 /* The model's tree changed: old contexts are refused, the model's own is re-created at its next
  * use (a parallelism replacing many modules re-sizes it once). */
@@ -527,11 +693,110 @@ static int has_head(hp_model_t m) { return m->u1 == m->n_units_total; }
 void hp_model_ctx_destroy(hp_model_ctx_t c) {
     if (!c) return;
     hp_act_free(&c->act);
+    for (int i = 0; i < c->ckpt.n_regions; i++) hp_arena_free(&c->ckpt.regions[i]);
+    free(c->ckpt_mem);
     c->m->be->free(c->m->be->ctx, c->mem);
     free(c);   // and its per-unit tables (hp_model_ctx_create)
 }
 
-size_t hp_model_ctx_bytes(hp_model_ctx_t c) { return c ? c->act.arena.capacity + c->mem_bytes : 0; }
+/* The activation memory of a context: its arena and its recompute regions. */
+static size_t ctx_act_bytes(hp_model_ctx_t c) {
+    size_t n = c->act.arena.capacity;
+    for (int i = 0; i < c->ckpt.n_regions; i++) n += c->ckpt.regions[i].capacity;
+    return n;
+}
+
+size_t hp_model_ctx_bytes(hp_model_ctx_t c) { return c ? ctx_act_bytes(c) + c->mem_bytes : 0; }
+
+/* The context's checkpointing tables (decisions, kept addresses, regions) when blocks are
+ * checkpointed: decisions for (max_B, max_T); one region per block in a split context (its
+ * replay's state stays until the weight pass), else one for all. Returns the arena bytes. */
+static hp_status_t ctx_ckpt(hp_model_t m, hp_model_ctx_t c, int split, size_t *arena) {
+    *arena = 0;
+    int n_ck = 0;
+    for (int u = m->u0; u < m->u1; u++) n_ck += hp_module_is_checkpoint(m->units[u].module);
+    const size_t nm = (size_t)m->n_mods, nu = (size_t)m->n_units_total;
+    const int n_reg = n_ck == 0 ? 0 : split ? n_ck : 1;
+    if (n_ck == 0) {
+        ac_sizes_t z;
+        HP_TRY(ac_size(m, &m->ac, c->max_B, c->max_T, NULL, NULL, NULL, &z));
+        *arena = z.arena;
+        return HP_OK;
+    }
+    // one allocation: regions, kept addresses, kept bytes, per-unit sizes, region indices, decisions
+    const size_t bytes = sizeof(hp_arena_t) * (size_t)n_reg + sizeof(void *) * nm * HP_SAVE_SLOTS +
+                         sizeof(size_t) * (nm + 2 * nu) + sizeof(int) * nm + nm * HP_SAVE_SLOTS;
+    char *p = c->ckpt_mem = hp_calloc(1, bytes);
+    if (!p) return HP_ERR_OOM;
+    hp_arena_t *regions = (hp_arena_t *)p; p += sizeof(hp_arena_t) * (size_t)n_reg;
+    void **kept = (void **)p; p += sizeof(void *) * nm * HP_SAVE_SLOTS;
+    size_t *kept_of = (size_t *)p; p += sizeof(size_t) * nm;
+    size_t *reg_u = (size_t *)p; p += sizeof(size_t) * nu;
+    size_t *kept_u = (size_t *)p; p += sizeof(size_t) * nu;
+    int *region_of = (int *)p; p += sizeof(int) * nm;
+    unsigned char *keep = (unsigned char *)p;
+    ac_sizes_t z;
+    HP_TRY(ac_size(m, &m->ac, c->max_B, c->max_T, keep, reg_u, kept_u, &z));
+    c->ckpt = (hp_act_ckpt_t){.keep = keep, .kept = kept, .regions = regions, .n_regions = 0,
+                              .region_of = region_of, .kept_of = kept_of};
+    for (int u = m->u0, r = 0; u < m->u1; u++) {
+        const hp_module_t *w = m->units[u].module;
+        if (!hp_module_is_checkpoint(w)) continue;
+        region_of[w->id] = split ? r : 0;
+        kept_of[w->id] = kept_u[u];
+        if (split || r == 0) {
+            HP_TRY(hp_arena_init(&regions[r], "recompute region", split ? reg_u[u] : z.region_max));
+            c->ckpt.n_regions = r + 1;
+        }
+        r++;
+    }
+    *arena = z.arena;
+    return HP_OK;
+}
+
+/* A context's workspace for (max_B, max_T) in floats (tokens, targets, unit boundaries, logits
+ * and their gradient, activation gradients, backward scratch); the arena is sized by ac_size. */
+static void ctx_sizes(hp_model_t m, int max_B, int max_T, int split, size_t *ws_out, size_t *scratch_max_out) {
+    const size_t N = (size_t)max_B * max_T, d = m->cfg.dim, V = m->cfg.vocab_size;
+    size_t scratch_max = 0, scratch_sum = 0;
+    for (int u = m->u0; u < m->u1; u++) {
+        const hp_module_t *mod = m->units[u].module;
+        size_t s = mod->ops->grad_scratch_floats ? mod->ops->grad_scratch_floats(mod, max_B, max_T) : 0;
+        s = ROUND16(s);
+        if (s > scratch_max) scratch_max = s;
+        scratch_sum += s;
+    }
+    int lo, hi;
+    ctx_bounds(m, &lo, &hi);
+    const int nb = hi >= lo ? hi - lo + 1 : 0;
+    const size_t xN = ROUND16(N * d), iN = ROUND16(N);
+    size_t ws = 2 * iN + (size_t)nb * xN;                           // tokens, targets (int32 in float slots), x
+    ws += has_head(m) ? 2 * ROUND16(N * V) : 0;                      // logits, dlogits
+    ws += split ? (size_t)nb * xN : 2 * xN;                         // activation gradients
+    ws += split ? scratch_sum : scratch_max;
+    *ws_out = ws;
+    *scratch_max_out = scratch_max;
+}
+
+/* What hp_model_ctx_create would reserve, without reserving it: the arena (each unit's saved
+ * state, a checkpointed block's kept items) and the recompute regions (one per checkpointed block
+ * in a split context, else the largest), each rounded as hp_arena_init rounds it. */
+void hp_model_ctx_size(hp_model_t m, int max_B, int max_T, unsigned flags, size_t *arena_bytes, size_t *work_bytes) {
+    const int split = (flags & HP_MODEL_CTX_SPLIT_BACKWARD) != 0;
+    size_t ws, sm, act = 0;
+    ctx_sizes(m, max_B, max_T, split, &ws, &sm);
+    size_t *reg_u = hp_calloc((size_t)m->n_units_total + 1, sizeof(size_t));
+    ac_sizes_t z;
+    if (reg_u && ac_size(m, &m->ac, max_B, max_T, NULL, reg_u, NULL, &z) == HP_OK) {
+        act = hp_arena_round(z.arena);
+        if (!split) act += hp_arena_round(z.region_max);
+        for (int u = m->u0; split && u < m->u1; u++)
+            if (hp_module_is_checkpoint(m->units[u].module)) act += hp_arena_round(reg_u[u]);
+    }
+    free(reg_u);
+    if (arena_bytes) *arena_bytes = act;
+    if (work_bytes) *work_bytes = sizeof(float) * ws;
+}
 
 hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned flags, hp_model_ctx_t *out) {
     if (!m || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_model_ctx_create: model and out must be non-NULL");
@@ -543,32 +808,12 @@ hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned fla
     if (flags & ~HP_MODEL_CTX_SPLIT_BACKWARD)
         return hp_error(HP_ERR_INVALID_ARG, "hp_model_ctx_create: unknown flags 0x%x", flags & ~HP_MODEL_CTX_SPLIT_BACKWARD);
     const int split = (flags & HP_MODEL_CTX_SPLIT_BACKWARD) != 0, nu = m->n_units_total;
-    const size_t N = (size_t)max_B * max_T, d = m->cfg.dim, V = m->cfg.vocab_size;
-    // sizes first: the arena (saved state of every unit; checkpointed blocks keep only their
-    // input plus one recomputed block, or every one when weight passes are deferred)
-    size_t arena = 0, region = 0, scratch_max = 0, scratch_sum = 0;
-    for (int u = m->u0; u < m->u1; u++) {
-        const hp_module_t *mod = m->units[u].module;
-        arena += mod->ops->act_bytes(mod, max_B, max_T);
-        if (mod->ops->kind && strcmp(mod->ops->kind, "checkpoint") == 0) {
-            size_t r = nn_checkpoint_recompute_bytes(mod, max_B, max_T);
-            if (split) arena += r;
-            else if (r > region) region = r;
-        }
-        size_t s = mod->ops->grad_scratch_floats ? mod->ops->grad_scratch_floats(mod, max_B, max_T) : 0;
-        s = ROUND16(s);
-        if (s > scratch_max) scratch_max = s;
-        scratch_sum += s;
-    }
-    arena += region;
+    size_t ws, scratch_max;
+    ctx_sizes(m, max_B, max_T, split, &ws, &scratch_max);
     int lo, hi;
     ctx_bounds(m, &lo, &hi);
-    const int nb = hi >= lo ? hi - lo + 1 : 0;
+    const size_t N = (size_t)max_B * max_T, d = m->cfg.dim, V = m->cfg.vocab_size;
     const size_t xN = ROUND16(N * d), iN = ROUND16(N);
-    size_t ws = 2 * iN + (size_t)nb * xN;                           // tokens, targets (int32 in float slots), x
-    ws += has_head(m) ? 2 * ROUND16(N * V) : 0;                      // logits, dlogits
-    ws += split ? (size_t)nb * xN : 2 * xN;                         // activation gradients
-    ws += split ? scratch_sum : scratch_max;
     // the context and its per-unit tables (x, g, scratch, scratch_n, state: nu + 1 entries
     // each, widest element first) in one allocation
     const size_t nt = (size_t)nu + 1;
@@ -581,7 +826,9 @@ hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned fla
     c->scratch = c->g + nt;
     c->scratch_n = (size_t *)(c->scratch + nt);
     c->state = (unsigned char *)(c->scratch_n + nt);
-    hp_status_t st = hp_act_init(&c->act, m->n_mods > 0 ? m->n_mods : 1, arena);
+    size_t arena = 0;
+    hp_status_t st = ctx_ckpt(m, c, split, &arena);
+    if (st == HP_OK) st = hp_act_init(&c->act, m->n_mods > 0 ? m->n_mods : 1, arena);
     if (st == HP_OK) {
         c->mem = m->be->alloc(m->be->ctx, sizeof(float) * ws);
         if (!c->mem)
@@ -594,6 +841,7 @@ hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned fla
     }
     c->act.be = m->be;
     c->act.keep_recompute = split;
+    c->act.ckpt = c->ckpt.n_regions > 0 ? &c->ckpt : NULL;
     float *p = c->mem;
     c->tokens = (int32_t *)p; p += iN;
     c->targets = (int32_t *)p; p += iN;
@@ -683,6 +931,10 @@ hp_status_t hp_model_ctx_begin(hp_model_ctx_t c, const int32_t *tokens, const in
             if (targets[n] != HP_IGNORE_INDEX && (targets[n] < 0 || targets[n] >= V))
                 return hp_error(HP_ERR_INVALID_ARG, "%s: target %d at position %d outside [0, %d) and not the "
                                 "ignore index -100", who, targets[n], n, V);
+    if (m->empty)
+        return hp_error(HP_ERR_STATE, "%s: the model was created empty (hp_model_create_empty) and its parameters have "
+                        "no storage yet; hint: hp_model_materialize it and draw its weights (hp_model_init_weights), or "
+                        "let the composition do both (hp_parallel_init_weights)", who);
     hp_act_reset(&c->act);
     c->act.B = B;
     c->act.T = T / ks;
@@ -905,10 +1157,17 @@ int hp_model_profile(hp_model_t m, const char ***names, const double **seconds) 
 
 void hp_model_memory(hp_model_t m, size_t *param_bytes, size_t *grad_bytes, size_t *act_bytes, size_t *work_bytes) {
     const size_t own = sizeof(float) * m->store_floats;
-    hp_model_ctx_t c = NULL;
-    if ((act_bytes || work_bytes) && own_ctx(m, &c) != HP_OK) c = NULL;   // sized before the first step
     if (param_bytes) *param_bytes = own;
     if (grad_bytes) *grad_bytes = own;
-    if (act_bytes) *act_bytes = c ? c->act.arena.capacity : 0;
-    if (work_bytes) *work_bytes = c ? c->mem_bytes : 0;
+    // the model's own context, or what it will take at its first use (a pipeline stage's
+    // model never makes one: the runtime's contexts hold its micro-batches)
+    size_t ab = 0, wb = 0;
+    if (m->dflt) {
+        ab = ctx_act_bytes(m->dflt);
+        wb = m->dflt->mem_bytes;
+    } else {
+        hp_model_ctx_size(m, m->ctx_batch, m->ctx_seq_len, 0, &ab, &wb);
+    }
+    if (act_bytes) *act_bytes = ab;
+    if (work_bytes) *work_bytes = wb;
 }

@@ -34,6 +34,8 @@ int hp_model_mla_yarn(const hp_model_config_t *c) {
     return c->mla && c->max_seq_len > c->rope_original_max_pos;   // TorchTitan: seqlen > original_seq_len
 }
 
+float hp_model_mla_norm_eps(const hp_model_config_t *c) { return c->mla_norm_eps > 0.0f ? c->mla_norm_eps : c->norm_eps; }
+
 double hp_model_mla_softmax_scale(const hp_model_config_t *c) {
     double s = 1.0 / sqrt((double)(c->qk_nope_head_dim + c->qk_rope_head_dim));
     if (hp_model_mla_yarn(c)) {
@@ -68,6 +70,10 @@ static hp_status_t mla_validate(hp_model_config_t *c) {
                         "%g, rope_original_max_pos %d; expected factor > 0, beta_fast > beta_slow > 0, original > 0",
                         c->name, c->flavor, c->rope_factor, c->rope_beta_fast, c->rope_beta_slow,
                         c->rope_original_max_pos);
+    if (!(c->mla_norm_eps >= 0.0f && c->mla_norm_eps <= 1.0f))
+        return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s' (MLA): mla_norm_eps %g, expected 0 (norm_eps, as "
+                        "TorchTitan) or an epsilon in (0, 1] such as 1e-6 (transformers' DeepseekV3)", c->name,
+                        c->flavor, c->mla_norm_eps);
     const int qk = c->qk_nope_head_dim + c->qk_rope_head_dim, hc = qk > c->v_head_dim ? qk : c->v_head_dim;
     c->n_kv_heads = c->n_heads;   // every head has its own k_nope and v; k_pe is shared
     c->head_dim = (hc + 1) & ~1;

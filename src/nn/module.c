@@ -36,12 +36,67 @@ void hp_act_reset(hp_act_t *act) {
     memset(act->slots, 0, sizeof(void *) * (size_t)act->n_slots);
 }
 
-void *hp_act_alloc(hp_act_t *act, size_t bytes) {
-    void *p = hp_arena_alloc(&act->arena, bytes);
-    HP_ASSERT_MSG(p != NULL, "activation arena exhausted (%zu of %zu bytes used, %zu requested): "
-                  "the size table undercounts", act->arena.used, act->arena.capacity, bytes);
+/* Where an allocation goes: inside a checkpointed block the dropped state goes to the block's
+ * recompute region, except while a kept call runs (keep_depth); everything else to the arena. */
+static hp_arena_t *alloc_target(hp_act_t *act) {
+    return act->region && act->keep_depth == 0 ? act->region : &act->arena;
+}
+
+static void *arena_take(hp_arena_t *a, size_t bytes) {
+    void *p = hp_arena_alloc(a, bytes);
+    HP_ASSERT_MSG(p != NULL, "%s arena exhausted (%zu of %zu bytes used, %zu requested): "
+                  "the size table undercounts", a->name, a->used, a->capacity, bytes);
     return p;
 }
+
+void *hp_act_alloc(hp_act_t *act, size_t bytes) { return arena_take(alloc_target(act), bytes); }
+
+/* ---- saved tensors under activation checkpointing ------------------------------------------ */
+
+/* The decision for (m, slot) inside a checkpointed block; 0 elsewhere. */
+static int decided_keep(const hp_act_t *act, const hp_module_t *m, int slot) {
+    const hp_act_ckpt_t *c = act->ckpt;
+    return act->region && c && c->keep && m->id >= 0 && m->id < act->n_slots &&
+           c->keep[(size_t)m->id * HP_SAVE_SLOTS + slot];
+}
+
+static void *save(hp_act_t *act, const hp_module_t *m, int slot, size_t bytes, int *run) {
+    *run = 1;
+    if (!act->region) return hp_act_alloc(act, bytes);
+    const int keep = act->keep_depth > 0 || decided_keep(act, m, slot);
+    if (!keep) return hp_act_alloc(act, bytes);
+    HP_ASSERT(m->id >= 0 && m->id < act->n_slots);
+    void **rec = &act->ckpt->kept[(size_t)m->id * HP_SAVE_SLOTS + slot];
+    if (act->replay) {   // kept by this micro-batch's forward: the same bits at the same address
+        HP_ASSERT_MSG(*rec != NULL, "module '%s' (%s): item %d kept but not saved by the forward", m->name,
+                      m->ops->kind, slot);
+        *run = 0;
+        return *rec;
+    }
+    *rec = arena_take(&act->arena, bytes);
+    return *rec;
+}
+
+void *hp_act_save(hp_act_t *act, const hp_module_t *m, int slot, size_t bytes, int *run) {
+    HP_ASSERT(slot > HP_SAVE_OUT && slot < HP_SAVE_SLOTS);
+    return save(act, m, slot, bytes, run);
+}
+
+void *hp_act_save_out(hp_act_t *act, const hp_module_t *c, size_t bytes) {
+    int run;
+    return save(act, c, HP_SAVE_OUT, bytes, &run);
+}
+
+int hp_act_save_kept(const hp_act_t *act, const hp_module_t *m, int slot) {
+    return act->keep_depth > 0 || decided_keep(act, m, slot);
+}
+
+int hp_act_out_kept(const hp_act_t *act, const hp_module_t *m) {
+    return act->replay && hp_act_save_kept(act, m, HP_SAVE_OUT);
+}
+
+void hp_act_keep_begin(hp_act_t *act, int kept) { act->keep_depth += kept != 0; }
+void hp_act_keep_end(hp_act_t *act, int kept) { act->keep_depth -= kept != 0; }
 
 void *hp_act_slot_new(hp_act_t *act, const hp_module_t *m, size_t bytes) {
     HP_ASSERT(m->id >= 0 && m->id < act->n_slots);
@@ -76,13 +131,26 @@ static hp_status_t run_hooks(hp_module_t *m, hp_hook_kind_t k, hp_act_t *act) {
     return HP_OK;
 }
 
+static hp_status_t forward_call(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
+    HP_TRY(run_hooks(m, HP_HOOK_PRE_FORWARD, act));
+    HP_TRY(m->ops->forward(m, act, in, out));
+    return run_hooks(m, HP_HOOK_POST_FORWARD, act);
+}
+
 hp_status_t hp_module_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     if (!m || !m->ops || !m->ops->forward)
         return hp_error(HP_ERR_INVALID_ARG, "hp_module_forward: module '%s' has no forward",
                         m ? m->name : "(null)");
-    HP_TRY(run_hooks(m, HP_HOOK_PRE_FORWARD, act));
-    HP_TRY(m->ops->forward(m, act, in, out));
-    return run_hooks(m, HP_HOOK_POST_FORWARD, act);
+    /* a one-op module whose output a checkpointed block keeps: its whole state is kept with the
+     * output, and the replay does not run it (its hooks neither: the op is not re-issued) */
+    if (act->region && act->keep_depth == 0 && !m->ops->save_items && decided_keep(act, m, HP_SAVE_OUT)) {
+        if (act->replay) return HP_OK;
+        act->keep_depth++;
+        hp_status_t st = forward_call(m, act, in, out);
+        act->keep_depth--;
+        return st;
+    }
+    return forward_call(m, act, in, out);
 }
 
 hp_status_t hp_module_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
@@ -160,6 +228,104 @@ int hp_module_act_split(const hp_module_t *m, int output, hp_act_split_t *s) {
     return m && m->ops && m->ops->act_split ? m->ops->act_split(m, output, s) : 0;
 }
 
+/* ---- save_items builders ---------------------------------------------------------------------- */
+
+static hp_save_item_t *save_push(hp_save_list_t *L) {
+    hp_save_item_t *it = L->n < L->cap ? &L->items[L->n] : NULL;
+    if (it) memset(it, 0, sizeof(*it));
+    L->n++;
+    return it;
+}
+
+static const hp_module_ops_t linear_ops;
+
+/* The linear under a chain of single-child wrappers (tensor parallel's), or NULL. */
+static const hp_module_t *leaf_linear(const hp_module_t *c) {
+    while (c && c->ops != &linear_ops && c->n_children == 1) c = c->children[0];
+    return c && c->ops == &linear_ops ? c : NULL;
+}
+
+static void default_weights(const hp_module_t *c, hp_save_kind_t kind, const hp_param_t *const **w, int *nw) {
+    if (*w || kind != HP_SAVE_MM) return;
+    const hp_module_t *lin = leaf_linear(c);
+    if (!lin) return;
+    *w = (const hp_param_t *const *)lin->params;
+    *nw = ((const hp_linear_impl_t *)lin->impl)->n_weights;
+}
+
+void hp_save_own(hp_save_list_t *L, const hp_module_t *m, int slot, hp_save_kind_t kind, size_t bytes, double flops) {
+    hp_save_item_t *it = save_push(L);
+    if (it) *it = (hp_save_item_t){.owner = m, .slot = slot, .kind = kind, .bytes = bytes, .flops = flops};
+}
+
+void hp_save_own_mm(hp_save_list_t *L, const hp_module_t *m, int slot, size_t bytes, double flops,
+                    const hp_param_t *const *w, int nw) {
+    hp_save_item_t *it = save_push(L);
+    if (it)
+        *it = (hp_save_item_t){.owner = m, .slot = slot, .kind = HP_SAVE_MM, .bytes = bytes, .flops = flops,
+                               .mm_w = w, .mm_nw = nw};
+}
+
+/* c's items (when it lists them) and the producer of its output: the final child c declared,
+ * else (kind, flops, w) as given; *state: the bytes kept with the output (a one-op module's
+ * whole state, or the final child's). */
+static void child_items(hp_save_list_t *L, const hp_module_t *c, int B, int T, hp_save_kind_t *kind, double *flops,
+                        const hp_param_t *const **w, int *nw, size_t *state) {
+    *state = 0;
+    if (c->ops->save_items) {
+        L->has_final = 0;
+        c->ops->save_items(c, B, T, L);
+        if (L->has_final) {
+            *kind = L->final_kind;
+            *flops = L->final_flops;
+            *state = L->final_bytes;
+            *w = L->final_w;
+            *nw = L->final_nw;
+        }
+        L->has_final = 0;
+    } else {
+        *state = c->ops->act_bytes ? c->ops->act_bytes(c, B, T) : 0;
+    }
+    default_weights(c, *kind, w, nw);
+}
+
+void hp_save_child(hp_save_list_t *L, const hp_module_t *c, int B, int T, size_t out_bytes, hp_save_kind_t kind,
+                   double flops, const hp_param_t *const *w, int nw) {
+    size_t state;
+    child_items(L, c, B, T, &kind, &flops, &w, &nw, &state);
+    hp_save_item_t *it = save_push(L);
+    if (it)
+        *it = (hp_save_item_t){.owner = c, .slot = HP_SAVE_OUT, .kind = kind, .bytes = out_bytes + state,
+                               .flops = flops, .mm_w = kind == HP_SAVE_MM ? w : NULL, .mm_nw = nw};
+}
+
+void hp_save_final(hp_save_list_t *L, const hp_module_t *m, const hp_module_t *c, int B, int T, hp_save_kind_t kind,
+                   double flops, const hp_param_t *const *w, int nw) {
+    size_t state;
+    child_items(L, c, B, T, &kind, &flops, &w, &nw, &state);
+    hp_save_item_t *it = save_push(L);
+    if (it) *it = (hp_save_item_t){.owner = c, .slot = HP_SAVE_OUT, .same_as = m};
+    L->has_final = 1;
+    L->final_kind = kind;
+    L->final_flops = flops;
+    L->final_bytes = state;
+    L->final_w = kind == HP_SAVE_MM ? w : NULL;
+    L->final_nw = nw;
+}
+
+void hp_save_output(hp_save_list_t *L, hp_save_kind_t kind, double flops, const hp_param_t *const *w, int nw) {
+    L->has_final = 1;
+    L->final_kind = kind;
+    L->final_flops = flops;
+    L->final_bytes = 0;
+    L->final_w = kind == HP_SAVE_MM ? w : NULL;
+    L->final_nw = nw;
+}
+
+void hp_save_tie(hp_save_list_t *L) {
+    if (L->n >= 2 && L->n <= L->cap) L->items[L->n - 1].tie = 1;
+}
+
 static hp_status_t check_last_dim(const hp_module_t *m, const char *what, const hp_tensor_t *t, int64_t C) {
     if (!t || !t->data || t->ndim < 1 || t->shape[t->ndim - 1] != C || t->dtype != HP_F32)
         return hp_error(HP_ERR_INVALID_ARG, "%s '%s': %s must be f32 (..., %lld), got ndim %d last dim %lld",
@@ -235,7 +401,7 @@ static hp_status_t linear_backward_weight(hp_module_t *m, hp_act_t *act) {
 }
 
 static const hp_module_ops_t linear_ops = {
-    "linear", linear_act_bytes, NULL, linear_forward, linear_backward_input, linear_backward_weight, NULL,
+    "linear", linear_act_bytes, NULL, linear_forward, linear_backward_input, linear_backward_weight, NULL, NULL,
 };
 
 static void module_base(hp_module_t *m, const hp_module_ops_t *ops, const char *name, void *impl) {
@@ -257,12 +423,13 @@ void hp_linear_module_init(hp_module_t *m, hp_linear_impl_t *impl, const char *n
     impl->out_features = out_features;
     impl->prof_op = HP_NN_OP_LINEAR_FWD;
     impl->n_weights = n_params;
-    // stacked params must be adjacent in memory so that they form one (out, in) matrix
+    // stacked params must be adjacent in memory so that they form one (out, in) matrix (an
+    // empty model's entries have no storage yet: its layout keeps a group's members adjacent)
     int64_t rows = 0;
     const float *w0 = hp_param_w(params[0]), *g0 = hp_param_g(params[0]);
     for (int i = 0; i < n_params; i++) {
-        HP_ASSERT_MSG(hp_param_w(params[i]) == w0 + rows * in_features &&
-                      hp_param_g(params[i]) == g0 + rows * in_features,
+        HP_ASSERT_MSG(!w0 || (hp_param_w(params[i]) == w0 + rows * in_features &&
+                              hp_param_g(params[i]) == g0 + rows * in_features),
                       "linear '%s': stacked parameter '%s' is not adjacent to the previous one",
                       name, params[i]->name);
         rows += params[i]->value.local.shape[0];
@@ -333,7 +500,7 @@ static hp_status_t rmsnorm_backward_weight(hp_module_t *m, hp_act_t *act) {
 
 static const hp_module_ops_t rmsnorm_ops = {
     "rmsnorm", rmsnorm_act_bytes, NULL, rmsnorm_forward, rmsnorm_backward_input, rmsnorm_backward_weight,
-    NULL,
+    NULL, NULL,
 };
 
 void hp_rmsnorm_module_init(hp_module_t *m, hp_rmsnorm_impl_t *impl, const char *name,
@@ -403,7 +570,7 @@ static hp_status_t embedding_backward_weight(hp_module_t *m, hp_act_t *act) {
 
 static const hp_module_ops_t embedding_ops = {
     "embedding", embedding_act_bytes, NULL, embedding_forward, embedding_backward_input,
-    embedding_backward_weight, NULL,
+    embedding_backward_weight, NULL, NULL,
 };
 
 void hp_embedding_module_init(hp_module_t *m, hp_embedding_impl_t *impl, const char *name,

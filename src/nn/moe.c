@@ -60,7 +60,41 @@ static size_t moe_act_bytes(const hp_module_t *m, int B, int T) {
     const size_t Fs = moe_fs(c);
     const size_t experts = M->dispatch ? M->dispatch->act_bytes(M->dispatch_ctx, m, (int)N) : 3 * fl(NK * F);
     return hp_arena_round(sizeof(moe_saved_t)) + fl(N * E) + 2 * fl(N * c->top_k) + fl(E) + fl(E + 1) +
-           2 * fl(NK) + 2 * fl(NK * D) + experts + (Fs ? 3 * fl(N * Fs) : 0);
+           2 * fl(NK) + 2 * fl(NK * D) + hp_arena_round(sizeof(void *)) + experts + (Fs ? 3 * fl(N * Fs) : 0);
+}
+
+/* Saved-tensor items (save_items, nn_module.h): the router's scores (the gate GEMM and its score
+ * function), its choices (top-k ids, gate values, the expert-major permutation: TorchTitan
+ * saves these reductions), the gathered rows, the expert stage (grouped GEMMs, which
+ * TorchTitan's op list recomputes; under expert parallel its all-to-alls, which it saves), the
+ * shared experts' w1 and w3 outputs and their SwiGLU; the combine (or the shared w2) writes
+ * the output. */
+enum { MOE_SCORES = 1, MOE_CHOICES, MOE_XS, MOE_EXPERTS, MOE_SH1, MOE_SH3, MOE_SA };
+
+static size_t choices_bytes(size_t N, size_t K, size_t E) {
+    return 2 * fl(N * K) + fl(E) + fl(E + 1) + 2 * fl(N * K);
+}
+
+static void moe_save_items(const hp_module_t *m, int B, int T, hp_save_list_t *L) {
+    const hp_moe_impl_t *M = m->impl;
+    const hp_moe_config_t *c = &M->c;
+    const size_t N = (size_t)B * T, NK = N * c->top_k, E = c->n_experts, D = c->dim, F = c->hidden;
+    const size_t Fs = moe_fs(c);
+    const hp_param_t *const *P = (const hp_param_t *const *)m->params;
+    hp_save_own_mm(L, m, MOE_SCORES, fl(N * E), 2.0 * N * D * E, &P[0], 1);
+    hp_save_own(L, m, MOE_CHOICES, HP_SAVE_CHOICE, choices_bytes(N, c->top_k, E), 0.0);
+    hp_save_own(L, m, MOE_XS, HP_SAVE_OTHER, fl(NK * D), 0.0);
+    const size_t ex = hp_arena_round(sizeof(void *)) + fl(NK * D) +
+                      (M->dispatch ? M->dispatch->act_bytes(M->dispatch_ctx, m, (int)N) : 3 * fl(NK * F));
+    hp_save_own(L, m, MOE_EXPERTS, M->dispatch ? HP_SAVE_COMM : HP_SAVE_OTHER, ex, 6.0 * NK * D * F);
+    if (Fs) {
+        hp_save_own_mm(L, m, MOE_SH1, fl(N * Fs), 2.0 * N * D * Fs, &P[4], 1);
+        hp_save_own_mm(L, m, MOE_SH3, fl(N * Fs), 2.0 * N * D * Fs, &P[6], 1);
+        hp_save_own(L, m, MOE_SA, HP_SAVE_OTHER, fl(N * Fs), 0.0);
+        hp_save_output(L, HP_SAVE_MM, 2.0 * N * Fs * D, &P[5], 1);
+    } else {
+        hp_save_output(L, HP_SAVE_OTHER, 0.0, NULL, 0);
+    }
 }
 
 static size_t moe_scratch(const hp_module_t *m, int B, int T) {
@@ -91,14 +125,18 @@ static void topk_row(int32_t *idx, const float *v, const unsigned char *allowed,
     }
 }
 
-static void route(const hp_moe_impl_t *M, moe_saved_t *s, const float *logits, int N) {
+/* scores: the score function of the logits (in place when logits == s->scores); choices: the
+ * top-k and gate values from the scores. Either may be kept from the first forward (a replay
+ * under activation checkpointing makes only what was dropped). */
+static void route(const hp_moe_impl_t *M, moe_saved_t *s, const float *logits, int N, int scores, int choices) {
     const hp_moe_config_t *c = &M->c;
     const int E = c->n_experts, K = c->top_k, G = c->n_expert_groups;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *sc = s->scores + (size_t)n * E;
         const float *lg = logits + (size_t)n * E;   // may be sc itself: each lg[e] is read before sc[e] is written
-        if (c->score_fn == HP_MOE_SCORE_SOFTMAX) {
+        if (!scores) {
+        } else if (c->score_fn == HP_MOE_SCORE_SOFTMAX) {
             float mx = lg[0];
             for (int e = 1; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
             double z = 0.0;
@@ -107,6 +145,7 @@ static void route(const hp_moe_impl_t *M, moe_saved_t *s, const float *logits, i
         } else {
             for (int e = 0; e < E; e++) sc[e] = 1.0f / (1.0f + expf(-lg[e]));
         }
+        if (!choices) continue;
         float choice[HP_MOE_MAX_EXPERTS];
         unsigned char allowed[HP_MOE_MAX_EXPERTS];
         for (int e = 0; e < E; e++) choice[e] = sc[e] + (M->expert_bias ? M->expert_bias[e] : 0.0f);
@@ -243,28 +282,35 @@ static hp_status_t moe_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
     memset(s, 0, sizeof(*s));
     s->N = N;
     s->x = x;
-    s->scores = hp_act_alloc(act, sizeof(float) * (size_t)N * E);
-    s->topk = hp_act_alloc(act, sizeof(int32_t) * NK);
-    s->gate = hp_act_alloc(act, sizeof(float) * NK);
-    s->counts = hp_act_alloc(act, sizeof(int32_t) * (size_t)E);
-    s->offsets = hp_act_alloc(act, sizeof(int32_t) * (size_t)(E + 1));
-    s->slot_of = hp_act_alloc(act, sizeof(int32_t) * NK);
-    s->row_of = hp_act_alloc(act, sizeof(int32_t) * NK);
-    s->xs = hp_act_alloc(act, sizeof(float) * NK * D);
-    s->ys = hp_act_alloc(act, sizeof(float) * NK * D);
+    // the items (moe_save_items), each one block; a replay makes only the dropped ones
+    int run_sc, run_ch, run_xs, run_ex;
+    s->scores = hp_act_save(act, m, MOE_SCORES, sizeof(float) * (size_t)N * E, &run_sc);
+    char *ch = hp_act_save(act, m, MOE_CHOICES, choices_bytes((size_t)N, (size_t)K, (size_t)E), &run_ch);
+    s->topk = (int32_t *)ch;
+    s->gate = (float *)(ch += fl(NK));
+    s->counts = (int32_t *)(ch += fl(NK));
+    s->offsets = (int32_t *)(ch += fl((size_t)E));
+    s->slot_of = (int32_t *)(ch += fl((size_t)E + 1));
+    s->row_of = (int32_t *)(ch + fl(NK));
+    s->xs = hp_act_save(act, m, MOE_XS, sizeof(float) * NK * D, &run_xs);
+    const int keep_ex = hp_act_save_kept(act, m, MOE_EXPERTS);
+    char *ex = hp_act_save(act, m, MOE_EXPERTS, hp_arena_round(sizeof(void *)) + fl(NK * D) +
+                           (M->dispatch ? 0 : 3 * fl(NK * (size_t)F)), &run_ex);
+    void **dstate = (void **)ex;   // the expert stage's state of this micro-batch, found again by a replay
+    s->ys = (float *)(ex += hp_arena_round(sizeof(void *)));
     if (!M->dispatch) {
-        s->h1 = hp_act_alloc(act, sizeof(float) * NK * F);
-        s->h3 = hp_act_alloc(act, sizeof(float) * NK * F);
-        s->a = hp_act_alloc(act, sizeof(float) * NK * F);
+        s->h1 = (float *)(ex += fl(NK * D));
+        s->h3 = (float *)(ex += fl(NK * (size_t)F));
+        s->a = (float *)(ex + fl(NK * (size_t)F));
     }
     double t0 = omp_get_wtime();
     // router logits into the scores buffer; route() turns each row into scores in place
-    be->linear_forward(be->ctx, s->scores, x, hp_param_w(P_GATE(m)), NULL, N, D, E, 0);
-    route(M, s, s->scores, N);
-    permute(c, s, N);
-    if (M->tokens_per_expert)   // load-balancing statistic (no gradient)
+    if (run_sc) be->linear_forward(be->ctx, s->scores, x, hp_param_w(P_GATE(m)), NULL, N, D, E, 0);
+    if (run_sc || run_ch) route(M, s, s->scores, N, run_sc, run_ch);
+    if (run_ch) permute(c, s, N);
+    if (M->tokens_per_expert && !act->replay)   // load-balancing statistic (no gradient), once per micro-batch
         for (int e = 0; e < E; e++) M->tokens_per_expert[e] += (float)s->counts[e];
-    if (c->aux_loss_coeff > 0.0f) {   // coeff * E * sum_e f_e p_e (fixed order, double)
+    if (c->aux_loss_coeff > 0.0f && !act->replay) {   // coeff * E * sum_e f_e p_e (fixed order, double)
         double aux = 0.0;
         for (int e = 0; e < E; e++) {
             double p = 0.0;
@@ -273,49 +319,63 @@ static hp_status_t moe_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t 
         }
         M->aux_loss_sum += c->aux_loss_coeff * E * aux;
     }
+    if (run_xs) {
 #pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < (int64_t)NK; j++) {
-        const int slot = s->slot_of[j];
-        const float *xr = x + (size_t)(slot / K) * D;
-        float *dst = s->xs + (size_t)j * D;
-        const float g = c->score_before_experts ? s->gate[slot] : 1.0f;
-        for (int d = 0; d < D; d++) dst[d] = xr[d] * g;
+        for (int64_t j = 0; j < (int64_t)NK; j++) {
+            const int slot = s->slot_of[j];
+            const float *xr = x + (size_t)(slot / K) * D;
+            float *dst = s->xs + (size_t)j * D;
+            const float g = c->score_before_experts ? s->gate[slot] : 1.0f;
+            for (int d = 0; d < D; d++) dst[d] = xr[d] * g;
+        }
     }
     prof(act, HP_NN_OP_MOE_ROUTE, t0);
     t0 = omp_get_wtime();
-    if (M->dispatch) {   // expert parallel: dispatch, local experts, combine back (profiles itself)
-        HP_TRY(M->dispatch->forward(M->dispatch_ctx, m, act, s->ys, s->xs, s->offsets, &s->dstate));
+    if (!run_ex) {
+        s->dstate = *dstate;
+    } else if (M->dispatch) {   // expert parallel: dispatch, local experts, combine back (profiles itself)
+        hp_act_keep_begin(act, keep_ex);   // its state is kept with the item
+        hp_status_t st = M->dispatch->forward(M->dispatch_ctx, m, act, s->ys, s->xs, s->offsets, &s->dstate);
+        hp_act_keep_end(act, keep_ex);
+        HP_TRY(st);
+        *dstate = s->dstate;
     } else {
         hp_moe_experts_forward(be, s->ys, s->h1, s->h3, s->a, s->xs, hp_param_w(P_W1(m)), hp_param_w(P_W2(m)),
                                hp_param_w(P_W3(m)), s->offsets, E, D, F);
         prof(act, HP_NN_OP_MOE_EXPERTS, t0);
     }
+    const int write = !hp_act_out_kept(act, m);   // the replay leaves a kept output alone
     t0 = omp_get_wtime();
     // combine: out[n] += sum_k (gate) ys[row(n, k)], choices in their fixed order
+    if (write) {
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        float *yr = y + (size_t)n * D;
-        for (int k = 0; k < K; k++) {
-            const int slot = n * K + k;
-            const float g = c->score_before_experts ? 1.0f : s->gate[slot];
-            const float *src = s->ys + (size_t)s->row_of[slot] * D;
-            for (int d = 0; d < D; d++) yr[d] += g * src[d];
+        for (int n = 0; n < N; n++) {
+            float *yr = y + (size_t)n * D;
+            for (int k = 0; k < K; k++) {
+                const int slot = n * K + k;
+                const float g = c->score_before_experts ? 1.0f : s->gate[slot];
+                const float *src = s->ys + (size_t)s->row_of[slot] * D;
+                for (int d = 0; d < D; d++) yr[d] += g * src[d];
+            }
         }
     }
     prof(act, HP_NN_OP_MOE_COMBINE, t0);
     if (Fs > 0) {   // shared experts: a dense SwiGLU feed-forward of hidden n_shared * shared_hidden
         t0 = omp_get_wtime();
-        s->sh1 = hp_act_alloc(act, sizeof(float) * (size_t)N * Fs);
-        s->sh3 = hp_act_alloc(act, sizeof(float) * (size_t)N * Fs);
-        s->sa = hp_act_alloc(act, sizeof(float) * (size_t)N * Fs);
-        be->linear_forward(be->ctx, s->sh1, x, hp_param_w(P_SW1(m)), NULL, N, D, Fs, 0);
-        be->linear_forward(be->ctx, s->sh3, x, hp_param_w(P_SW3(m)), NULL, N, D, Fs, 0);
+        int run1, run3, runa;
+        s->sh1 = hp_act_save(act, m, MOE_SH1, sizeof(float) * (size_t)N * Fs, &run1);
+        s->sh3 = hp_act_save(act, m, MOE_SH3, sizeof(float) * (size_t)N * Fs, &run3);
+        s->sa = hp_act_save(act, m, MOE_SA, sizeof(float) * (size_t)N * Fs, &runa);
+        if (run1) be->linear_forward(be->ctx, s->sh1, x, hp_param_w(P_SW1(m)), NULL, N, D, Fs, 0);
+        if (run3) be->linear_forward(be->ctx, s->sh3, x, hp_param_w(P_SW3(m)), NULL, N, D, Fs, 0);
+        if (runa) {
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < (int64_t)N * Fs; i++) {
-            const float g = s->sh1[i];
-            s->sa[i] = g / (1.0f + expf(-g)) * s->sh3[i];
+            for (int64_t i = 0; i < (int64_t)N * Fs; i++) {
+                const float g = s->sh1[i];
+                s->sa[i] = g / (1.0f + expf(-g)) * s->sh3[i];
+            }
         }
-        be->linear_forward(be->ctx, y, s->sa, hp_param_w(P_SW2(m)), NULL, N, Fs, D, 1);   // y += (residual)
+        if (write) be->linear_forward(be->ctx, y, s->sa, hp_param_w(P_SW2(m)), NULL, N, Fs, D, 1);   // y += (residual)
         prof(act, HP_NN_OP_MOE_EXPERTS, t0);
     }
     return HP_OK;
@@ -462,7 +522,7 @@ static hp_status_t moe_backward_weight(hp_module_t *m, hp_act_t *act) {
 }
 
 static const hp_module_ops_t moe_ops = {
-    "moe", moe_act_bytes, moe_scratch, moe_forward, moe_backward_input, moe_backward_weight, NULL,
+    "moe", moe_act_bytes, moe_scratch, moe_forward, moe_backward_input, moe_backward_weight, NULL, moe_save_items,
 };
 
 hp_status_t hp_moe_config_check(const hp_moe_config_t *c, const char *what) {

@@ -19,11 +19,8 @@ hp_status_t nn_sdpa_core_new(hp_model_t m, const char *name, const hp_param_t *q
                              int kv_per, int head_dim, int layer, hp_module_t **out);
 /* The loss child of the head in m's tree (m: the head, or a module above it); NULL if none. */
 hp_module_t *nn_head_loss(hp_module_t *m);
-/* activation-checkpoint wrapper around `inner` (a block). */
+/* activation-checkpoint wrapper around `inner` (a block: (B*T, dim) to (B*T, dim); ac.c). */
 hp_status_t nn_checkpoint_new(hp_model_t m, hp_module_t *inner, hp_module_t **out);
-/* Bytes the wrapper's backward needs on top of its forward: the inner module's saved state
- * plus its recomputed output, for (B, T). */
-size_t nn_checkpoint_recompute_bytes(const hp_module_t *wrapper, int B, int T);
 
 /* ---- the container ------------------------------------------------------------------- */
 
@@ -53,6 +50,11 @@ struct hp_model {
      * points into storage another owner allocated (FSDP). */
     float *param_data, *grad_data;
     size_t store_floats;
+    /* Created without storage (hp_model_create_empty): the entries describe the parameters
+     * (names, shapes, the layouts the parallelisms give them) and point nowhere until
+     * hp_model_materialize allocates the local shards or an owner (FSDP) takes them over
+     * (hp_model_release_storage). */
+    int empty;
     hp_module_t **mods;       /* every module, creation order (ids) */
     int n_mods, cap_mods;
     int n_owned;              /* mods[0 .. n_owned) were created by the model (freed with it) */
@@ -60,7 +62,7 @@ struct hp_model {
     hp_arena_t tables;        /* units, params, decl, param_off, cos_t, sin_t live here */
     const hp_backend_t *be;
     hp_model_ctx_t dflt;      /* the context of the whole-model calls (hp_model_forward); NULL: re-created on use */
-    int ac_every;             /* activation checkpointing: 0 off, k: blocks with (l+1) % k == 0 */
+    hp_ac_options_t ac;       /* activation checkpointing: blocks with (l+1) % ac.every_k == 0, its policy */
     int ac_generation;        /* bumped when AC or the tree changes: contexts sized before are refused */
 };
 
@@ -90,6 +92,10 @@ struct hp_model_ctx {
     unsigned char *state;     /* per unit: 0 none, 1 forward done, 2 input grads done */
     void *mem;                /* the one workspace allocation */
     double prof[HP_NN_OP_COUNT];
+    /* activation checkpointing (act.ckpt points here; NULL tables when no block is checkpointed):
+     * the decisions for (max_B, max_T), the kept items' addresses, the recompute regions */
+    hp_act_ckpt_t ckpt;
+    void *ckpt_mem;
 };
 
 /* The KV cache (kv_cache.c): per layer the keys (after qk-norm and RoPE) and values of

@@ -699,7 +699,7 @@ static hp_status_t core_backward_input(hp_module_t *m, hp_act_t *act, const hp_t
 }
 
 static const hp_module_ops_t cp_core_ops = {
-    "cp_attention", core_act_bytes, NULL, core_forward, core_backward_input, NULL, NULL,
+    "cp_attention", core_act_bytes, NULL, core_forward, core_backward_input, NULL, NULL, NULL,
 };
 
 /* AsyncContextParallel: the q|k|v projection's post-forward hook starts the collective on the

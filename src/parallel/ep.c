@@ -495,15 +495,15 @@ static hp_status_t shard_experts_f(hp_model_t m, int P, int r) {
         hp_dtensor_t *ts[2] = {&p->value, &p->grad};
         for (int k = 0; k < 2; k++) {
             hp_dtensor_t *d = ts[k];
-            float *v = d->local.data;
+            float *v = d->local.data;   // NULL in an empty model: only the layout changes
             if (!is_w2) {   // (E, F, D): F = A
                 const int64_t Fl = A / P;
-                for (int64_t e = 0; e < E; e++)
+                for (int64_t e = 0; v && e < E; e++)
                     memmove(v + (size_t)(e * Fl * Bd), v + (size_t)((e * A + r * Fl) * Bd), sizeof(float) * (size_t)(Fl * Bd));
                 d->local.shape[1] = Fl;
             } else {        // (E, D, F): F = Bd
                 const int64_t Fl = Bd / P;
-                for (int64_t row = 0; row < E * A; row++)
+                for (int64_t row = 0; v && row < E * A; row++)
                     memmove(v + (size_t)(row * Fl), v + (size_t)(row * Bd + r * Fl), sizeof(float) * (size_t)Fl);
                 d->local.shape[2] = Fl;
             }
@@ -554,10 +554,13 @@ hp_status_t hp_ep_parallelize_model(hp_model_t m, hp_mesh_t mesh, hp_ep_t *out) 
         }
         const size_t per = (size_t)(hp_tensor_numel(&p->value.local) / p->value.local.shape[0]);
         float *v = p->value.local.data, *g = p->grad.local.data;
-        memmove(v, v + (size_t)ep->rank * El * per, sizeof(float) * El * per);
-        memmove(g, g + (size_t)ep->rank * El * per, sizeof(float) * El * per);
+        if (v) {   // an empty model's entries have no storage: only their layouts change
+            memmove(v, v + (size_t)ep->rank * El * per, sizeof(float) * El * per);
+            memmove(g, g + (size_t)ep->rank * El * per, sizeof(float) * El * per);
+        }
         set_layout(&p->value, mesh, hp_shard(0), El, v);
         set_layout(&p->grad, mesh, hp_shard(0), El, g);
+        if (!v) p->value.local.shape[0] = p->grad.local.shape[0] = El;
         ep->expert_bytes += sizeof(float) * El * per;
     }
     return ep_finish(m, ep, &ep_dispatch, HP_OK, out);
@@ -596,7 +599,7 @@ hp_status_t hp_ep_parallelize_model_etp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t *
             }
             const size_t per = (size_t)(hp_tensor_numel(&d->local) / d->local.shape[0]);
             float *v = d->local.data;
-            memmove(v, v + (size_t)ep->rank * El * per, sizeof(float) * El * per);
+            if (v) memmove(v, v + (size_t)ep->rank * El * per, sizeof(float) * El * per);
             d->local.shape[0] = El;
         }
     }
@@ -682,14 +685,15 @@ hp_status_t hp_ep_parallelize_model_efsdp(hp_model_t m, hp_mesh_t mesh2, hp_ep_t
             // (FSDP2 over TP's layout: _StridedShard(0, ep) on efsdp, Shard(0) on ep)
             const size_t per = (size_t)(hp_tensor_numel(&d->local) / d->local.shape[0]);
             float *v = d->local.data;
-            memmove(v, v + ((size_t)ep->rank * El + (size_t)(dim1 ? 0 : ep->fs_rank) * Ef) * per,
-                    sizeof(float) * Ef * per);
+            if (v)
+                memmove(v, v + ((size_t)ep->rank * El + (size_t)(dim1 ? 0 : ep->fs_rank) * Ef) * per,
+                        sizeof(float) * Ef * per);
             d->local.shape[0] = Ef;
             d->placements[0] = hp_strided_shard(0, P);
             d->placements[1] = hp_shard(0);
             if (dim1) {   // rows [f c, (f+1) c) of each local expert's dim 1: (Shard(1), Shard(0))
                 const int64_t d1 = d->local.shape[1], cc = d1 / Fs, rest = (int64_t)per / d1;
-                for (int64_t e = 0; e < Ef; e++)   // destinations never pass their sources
+                for (int64_t e = 0; v && e < Ef; e++)   // destinations never pass their sources
                     memmove(v + (size_t)(e * cc * rest), v + (size_t)((e * d1 + ep->fs_rank * cc) * rest),
                             sizeof(float) * (size_t)(cc * rest));
                 d->local.shape[1] = cc;

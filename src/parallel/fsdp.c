@@ -99,23 +99,34 @@ typedef struct group {
     int partial_pending;
     int raf;                 /* 1 reshard, 0 keep, k >= 2 reshard to k */
     int state;
-    int slot;                /* param slot while unsharded or gathering, else -1 */
+    float *own;              /* (span) unsharded params of a group kept from forward into
+                                backward (raf 0: the root, every group under pipelining), else
+                                NULL: a slot of the rotating pool while unsharded */
+    int slot;                /* rotating slot while unsharded or gathering, else -1 */
+    float *full;             /* the unsharded params while unsharded or gathering: own or a slot's */
+    int ag;                  /* all-gather buffer while gathering, else -1 */
     int ag_pending;          /* all-gather issued, copy-out not done */
     int ag_pf;               /* the pending all-gather is over the k group */
     hp_work_t ag_work;
+    int *fwd_pf, n_fwd_pf;   /* explicit prefetch lists (units; set_modules_to_forward_prefetch, */
+    int *bwd_pf, n_bwd_pf;   /* set_modules_to_backward_prefetch); n -1: the implicit one */
 } group_t;
 
 typedef struct pslot {
-    float *full;   /* (max span) unsharded params */
-    void *ag;      /* all-gather output */
-    void *send;    /* param_dtype send buffer */
+    float *full;   /* (max rotating span) unsharded params */
     int busy;
 } pslot_t;
+
+typedef struct agbuf {
+    void *ag;      /* all-gather output (W, S) */
+    void *send;    /* param_dtype send buffer (bf16 params), else NULL */
+    int busy;
+} agbuf_t;
 
 typedef struct red {
     group_t *g;
     int stage;     /* 0 free, 1 reduce-scatter in flight, 2 all-reduce in flight */
-    void *in, *out;
+    void *out;     /* (S) reduce-scatter output (then all-reduced in place under HSDP) */
     hp_work_t work;
 } red_t;
 
@@ -138,9 +149,15 @@ struct hp_fsdp {
     int *pg, *pj;            /* (n_params) param -> group, index in the group */
     hp_param_t *params;      /* sharded params (model order) */
     hp_param_t *mparams;     /* the model's param table */
-    pslot_t *slots;
+    pslot_t *slots;          /* the rotating pool of unsharded-parameter buffers */
     int n_slots;
+    size_t rot_span;         /* floats of each rotating slot: the largest span that rotates */
+    agbuf_t *ags;            /* all-gather buffers: held from the all-gather to its copy-out */
+    int n_ags;
+    int *ag_order, n_ag_order;   /* (n_ags) the held buffers, oldest all-gather first */
     float *gfull;            /* (max span) unsharded grads of the unit in backward */
+    void *red_in;            /* (W, S) reduce-scatter input: one, rebuilt per group (the previous
+                                reduce-scatter is waited before; HSDP's all-reduce runs on out) */
     red_t red[2];
     int red_last;            /* index of the newest in-flight reduction, -1 none */
     size_t max_span, max_S, max_S_pf;
@@ -149,7 +166,8 @@ struct hp_fsdp {
     int rs_premul, ar_premul;
     double pre_div, post_div;
     int sync, all_reduce;
-    size_t ws_bytes;
+    size_t ws_bytes;         /* fixed workspace (kept groups' buffers, gradient and reduction buffers) */
+    size_t pool_bytes;       /* the rotating slots and all-gather buffers */
     int rec;
     int n_events;
     char (*events)[FSDP_EVENT_LEN];
@@ -212,30 +230,73 @@ hp_status_t hp_fsdp_validate_param(const hp_param_t *p) {
 
 /* ---- slots --------------------------------------------------------------------------- */
 
+/* The group's unsharded-parameter buffer: its own (kept groups), or a free rotating slot. */
 static hp_status_t slot_get(hp_fsdp_t f, group_t *g) {
+    if (g->own) {
+        g->full = g->own;
+        return HP_OK;
+    }
     for (int i = 0; i < f->n_slots; i++)
         if (!f->slots[i].busy) {
             f->slots[i].busy = 1;
             g->slot = i;
+            g->full = f->slots[i].full;
             return HP_OK;
         }
-    return hp_error(HP_ERR_STATE, "fully_shard: no free workspace slot for '%s' (%d slots); this is a "
-                    "scheduling bug", g->name, f->n_slots);
+    return hp_error(HP_ERR_STATE, "fully_shard: no free workspace slot for '%s' (%d slots); hint: the prefetch lists "
+                    "(hp_fsdp_set_modules_to_forward_prefetch) size the pool: set them before the first step",
+                    g->name, f->n_slots);
 }
 
 static void slot_put(hp_fsdp_t f, group_t *g) {
     if (g->slot >= 0) f->slots[g->slot].busy = 0;
     g->slot = -1;
+    g->full = NULL;
 }
 
 /* ---- all-gather --------------------------------------------------------------------- */
+
+static hp_status_t wait_unshard(hp_fsdp_t f, group_t *g);
+
+/* A free all-gather buffer; when every one is held by an all-gather in flight, the oldest issued
+ * is waited and copied out first (its group keeps its slot, so only the buffer is freed). */
+static hp_status_t ag_get(hp_fsdp_t f, group_t *g) {
+    for (;;) {
+        for (int i = 0; i < f->n_ags; i++)
+            if (!f->ags[i].busy) {
+                f->ags[i].busy = 1;
+                g->ag = i;
+                return HP_OK;
+            }
+        group_t *old = NULL;
+        for (int u = 0; u < f->n_groups && !old; u++)
+            if (f->g[u].ag_pending && f->g[u].ag == f->ag_order[0]) old = &f->g[u];
+        if (!old) return hp_error(HP_ERR_STATE, "fully_shard: no all-gather buffer for '%s'", g->name);
+        HP_TRY(wait_unshard(f, old));
+    }
+}
+
+static void ag_put(hp_fsdp_t f, group_t *g) {
+    if (g->ag < 0) return;
+    f->ags[g->ag].busy = 0;
+    for (int i = 0, j = 0; i < f->n_ag_order; i++)   // issue order without this buffer
+        if (f->ag_order[i] != g->ag) f->ag_order[j++] = f->ag_order[i];
+    f->n_ag_order--;
+    g->ag = -1;
+}
 
 /* Issues the all-gather of a sharded (or post-forward sharded) group; no-op when it is
  * unsharded or already gathering. */
 static hp_status_t unshard(hp_fsdp_t f, group_t *g) {
     if (g->state == UNSHARDED || g->ag_pending) return HP_OK;
     HP_TRY(slot_get(f, g));
-    pslot_t *s = &f->slots[g->slot];
+    hp_status_t st = ag_get(f, g);
+    if (st != HP_OK) {
+        slot_put(f, g);
+        return st;
+    }
+    f->ag_order[f->n_ag_order++] = g->ag;
+    agbuf_t *s = &f->ags[g->ag];
     const int pf = g->state == SHARDED_POST_FORWARD;
     const float *src = pf ? g->pf_shard : g->shard;
     size_t n = pf ? g->S_pf : g->S;
@@ -258,7 +319,7 @@ static hp_status_t unshard(hp_fsdp_t f, group_t *g) {
 static hp_status_t wait_unshard(hp_fsdp_t f, group_t *g) {
     if (!g->ag_pending) return HP_OK;
     HP_TRY(wait_work(f, &g->ag_work));
-    pslot_t *s = &f->slots[g->slot];
+    const agbuf_t *s = &f->ags[g->ag];
     const int pf = g->ag_pf;
     const int W = pf ? f->k : f->W;
     const size_t S = pf ? g->S_pf : g->S;
@@ -268,7 +329,7 @@ static hp_status_t wait_unshard(hp_fsdp_t f, group_t *g) {
             int64_t chunk = pf ? p->pf_chunk : p->chunk, rows, row0;
             hp_shard_size_and_offset(p->d0, W, r, &rows, &row0);
             size_t off = (size_t)r * S + (pf ? p->pf_off : p->shard_off), cnt = (size_t)(rows * p->rest);
-            float *dst = s->full + p->unit_off + (size_t)(row0 * p->rest);
+            float *dst = g->full + p->unit_off + (size_t)(row0 * p->rest);
             (void)chunk;
             if (f->pdt == HP_BF16) {
                 const uint16_t *b = (const uint16_t *)s->ag + off;
@@ -278,6 +339,7 @@ static hp_status_t wait_unshard(hp_fsdp_t f, group_t *g) {
             }
         }
     g->ag_pending = 0;
+    ag_put(f, g);
     g->state = UNSHARDED;
     return HP_OK;
 }
@@ -297,7 +359,6 @@ static void point_model(hp_fsdp_t f, group_t *g, float *values, float *grads) {
  * rows of the k-group layout (to_pf). */
 static void reshard(hp_fsdp_t f, group_t *g, int to_pf) {
     if (g->state != UNSHARDED) return;
-    pslot_t *s = &f->slots[g->slot];
     if (to_pf) {
         const int kr = f->rank % f->k;
         memset(g->pf_shard, 0, sizeof(float) * g->S_pf);
@@ -305,7 +366,7 @@ static void reshard(hp_fsdp_t f, group_t *g, int to_pf) {
             const fparam_t *p = &g->p[j];
             int64_t rows, row0;
             hp_shard_size_and_offset(p->d0, f->k, kr, &rows, &row0);
-            memcpy(g->pf_shard + p->pf_off, s->full + p->unit_off + (size_t)(row0 * p->rest),
+            memcpy(g->pf_shard + p->pf_off, g->full + p->unit_off + (size_t)(row0 * p->rest),
                    sizeof(float) * (size_t)(rows * p->rest));
         }
     }
@@ -400,11 +461,11 @@ static hp_status_t reduce_grads(hp_fsdp_t f, group_t *g, const float *grads) {
                    pad = (size_t)(p->chunk * p->rest) - cnt;
             const float *src = grads + p->unit_off + (size_t)(row0 * p->rest);
             if (f->rdt == HP_BF16) {
-                uint16_t *b = (uint16_t *)e->in + off;
+                uint16_t *b = (uint16_t *)f->red_in + off;
                 for (size_t i = 0; i < cnt; i++) b[i] = hp_f32_to_bf16(f->pre_div != 1.0 ? src[i] / pre : src[i]);
                 memset(b + cnt, 0, 2 * pad);
             } else {
-                float *b = (float *)e->in + off;
+                float *b = (float *)f->red_in + off;
                 if (f->pre_div != 1.0)
                     for (size_t i = 0; i < cnt; i++) b[i] = src[i] / pre;
                 else
@@ -413,7 +474,7 @@ static hp_status_t reduce_grads(hp_fsdp_t f, group_t *g, const float *grads) {
             }
         }
     hp_work_t *w = f->o.overlap ? &e->work : NULL;
-    TIMED(f, w, hp_reduce_scatter(e->in, e->out, g->S, f->rdt, f->rs_op, f->shard_comm, w));
+    TIMED(f, w, hp_reduce_scatter(f->red_in, e->out, g->S, f->rdt, f->rs_op, f->shard_comm, w));
     e->stage = 1;
     f->red_last = e_i;
     if (!w) {   // blocking: finish now (same arithmetic as the overlapped order)
@@ -430,13 +491,32 @@ static hp_status_t reduce_grads(hp_fsdp_t f, group_t *g, const float *grads) {
 
 static group_t *group_of(hp_fsdp_t f, int unit) { return &f->g[f->ug[unit]]; }
 
-/* The group g unsharded (waited for) and, with overlap, the all-gather of unit next's group
- * started (none when next is outside the model's units) so it runs while g's unit computes;
- * a no-op when that group is already unsharded (the tied group before the root). */
-static hp_status_t unshard_prefetch(hp_fsdp_t f, group_t *g, int next) {
+/* The units whose all-gathers unit u starts after its own copy-out: its explicit list
+ * (set_modules_to_forward_prefetch / _backward_prefetch), else with overlap the implicit one
+ * (forward: the next unit; backward: the previous unit in post-forward order), none outside
+ * the model's units. Returns the count written to out (capacity f->n_units). */
+static int prefetch_list(hp_fsdp_t f, int u, int backward, int *out) {
+    const group_t *g = group_of(f, u);
+    const int n = backward ? g->n_bwd_pf : g->n_fwd_pf;
+    if (n >= 0) {   // explicit (PyTorch: the list replaces the implicit prefetch)
+        if (n) memcpy(out, backward ? g->bwd_pf : g->fwd_pf, sizeof(int) * (size_t)n);
+        return n;
+    }
+    const int next = backward ? u - 1 : u + 1;
+    if (!f->o.overlap || next < f->u0 || next >= f->u1) return 0;
+    out[0] = next;
+    return 1;
+}
+
+/* The group g unsharded (waited for), then the all-gathers of unit u's prefetch list started
+ * so they run while g's unit computes; a no-op for a group already unsharded (the tied group
+ * before the root). */
+static hp_status_t unshard_prefetch(hp_fsdp_t f, group_t *g, int u, int backward) {
     HP_TRY(unshard(f, g));
     HP_TRY(wait_unshard(f, g));
-    if (f->o.overlap && next >= f->u0 && next < f->u1) HP_TRY(unshard(f, group_of(f, next)));
+    int list[HP_FSDP_MAX_PREFETCH];
+    const int n = prefetch_list(f, u, backward, list);
+    for (int i = 0; i < n; i++) HP_TRY(unshard(f, group_of(f, list[i])));
     return HP_OK;
 }
 
@@ -444,8 +524,8 @@ static hp_status_t pre_forward(void *ctx, hp_module_t *mod, hp_act_t *act) {
     (void)act;
     hp_fsdp_t f = ctx;
     group_t *g = group_of(f, mod->unit);
-    HP_TRY(unshard_prefetch(f, g, mod->unit + 1));   // implicit forward prefetch: the next unit
-    point_model(f, g, f->slots[g->slot].full, NULL);
+    HP_TRY(unshard_prefetch(f, g, mod->unit, 0));
+    point_model(f, g, g->full, NULL);
     return HP_OK;
 }
 
@@ -484,13 +564,13 @@ static hp_status_t pre_backward(void *ctx, hp_module_t *mod, hp_act_t *act) {
     hp_fsdp_t f = ctx;
     const int unit = mod->unit;
     group_t *g = group_of(f, unit);
-    HP_TRY(unshard_prefetch(f, g, unit - 1));   // backward prefetch: the previous unit in post-forward order
+    HP_TRY(unshard_prefetch(f, g, unit, 1));
     // the group's first unit in backward: its gradient buffer (once while weight passes of
     // earlier micro-batches are pending: they and this one add into the same buffer)
     if (unit == g->u_hi && g->pending_w++ == 0) HP_TRY(grad_buffer(f, g));
     // a later unit of the group (the embedding of the tied group) accumulates (+=) into the
     // same buffer: both uses of the shared weight add to one gradient
-    point_model(f, g, f->slots[g->slot].full, g->gcur);
+    point_model(f, g, g->full, g->gcur);
     return HP_OK;
 }
 
@@ -573,6 +653,199 @@ static void sharded_layout(hp_fsdp_t f, int nd, const hp_dtensor_t *tpv, hp_dten
             d->placements[nd - 1] = hp_strided_shard(0, (int)hp_mesh_size(tpv->mesh, 0));
     }
     for (int a = 0; a < tpv->local.ndim; a++) d->global_shape[a] = tp ? tpv->global_shape[a] : tpv->local.shape[a];
+}
+
+/* ---- the rotating pools ---------------------------------------------------------------- */
+
+/* Rotating slots held at once by one micro-batch's forward and backward with the prefetch
+ * lists, walked hook by hook (kept groups use their own buffers and are not counted). */
+static int slots_needed(hp_fsdp_t f) {
+    unsigned char *held = hp_calloc((size_t)f->n_groups, 1);
+    int *list = hp_calloc((size_t)HP_FSDP_MAX_PREFETCH, sizeof(int));
+    if (!held || !list) {   // the simulation's scratch only: then every group gets a slot
+        free(held);
+        free(list);
+        return f->n_groups;
+    }
+    int cur = 0, peak = 0;
+#define TAKE(grp)                                                      \
+    do {                                                               \
+        const group_t *g_ = (grp);                                     \
+        if (!g_->own && !held[g_ - f->g]) {                            \
+            held[g_ - f->g] = 1;                                       \
+            if (++cur > peak) peak = cur;                              \
+        }                                                              \
+    } while (0)
+#define DROP(grp)                                                      \
+    do {                                                               \
+        const group_t *g_ = (grp);                                     \
+        if (held[g_ - f->g]) { held[g_ - f->g] = 0; cur--; }           \
+    } while (0)
+    for (int u = f->u0; u < f->u1; u++) {   // forward: reshard after the group's last unit
+        const group_t *g = group_of(f, u);
+        TAKE(g);
+        const int n = prefetch_list(f, u, 0, list);
+        for (int i = 0; i < n; i++) TAKE(group_of(f, list[i]));
+        if (u == g->u_hi && g->raf != 0) DROP(g);
+    }
+    for (int u = f->u1 - 1; u >= f->u0; u--) {   // backward: reshard after the group's last unit
+        const group_t *g = group_of(f, u);
+        TAKE(g);
+        const int n = prefetch_list(f, u, 1, list);
+        for (int i = 0; i < n; i++) TAKE(group_of(f, list[i]));
+        if (u == g->u_lo) DROP(g);
+    }
+#undef TAKE
+#undef DROP
+    free(held);
+    free(list);
+    return peak;
+}
+
+static void free_pools(hp_fsdp_t f) {
+    for (int i = 0; f->slots && i < f->n_slots; i++) hp_free_aligned(f->slots[i].full);
+    for (int i = 0; f->ags && i < f->n_ags; i++) {
+        hp_free_aligned(f->ags[i].ag);
+        hp_free_aligned(f->ags[i].send);
+    }
+    free(f->slots);
+    free(f->ags);
+    free(f->ag_order);
+    f->slots = NULL;
+    f->ags = NULL;
+    f->ag_order = NULL;
+    f->n_slots = f->n_ags = f->n_ag_order = 0;
+    f->pool_bytes = 0;
+}
+
+/* The rotating slots (as many as the prefetch schedule holds at once, each of the largest
+ * rotating span) and the all-gather buffers (one per all-gather a prefetch list keeps in
+ * flight, at least one). Set-up time only: every group is sharded. */
+static hp_status_t alloc_pools(hp_fsdp_t f) {
+    free_pools(f);
+    int lists = 1, list[HP_FSDP_MAX_PREFETCH];
+    for (int u = f->u0; u < f->u1; u++)
+        for (int b = 0; b < 2; b++) {
+            const int n = prefetch_list(f, u, b, list);
+            if (n > lists) lists = n;
+        }
+    f->n_slots = slots_needed(f);
+    f->n_ags = lists;
+    size_t ag_elems = (size_t)f->W * f->max_S;
+    if (f->k && (size_t)f->k * f->max_S_pf > ag_elems) ag_elems = (size_t)f->k * f->max_S_pf;
+    const size_t send_elems = f->max_S > f->max_S_pf ? f->max_S : f->max_S_pf;
+    f->slots = hp_calloc((size_t)f->n_slots + 1, sizeof(pslot_t));
+    f->ags = hp_calloc((size_t)f->n_ags, sizeof(agbuf_t));
+    f->ag_order = hp_calloc((size_t)f->n_ags, sizeof(int));
+    if (!f->slots || !f->ags || !f->ag_order) return HP_ERR_OOM;
+    for (int i = 0; i < f->n_slots; i++) {
+        f->slots[i].full = hp_aligned_alloc(sizeof(float) * (f->rot_span + 1));
+        if (!f->slots[i].full) return HP_ERR_OOM;
+        memset(f->slots[i].full, 0, sizeof(float) * (f->rot_span + 1));
+        f->pool_bytes += sizeof(float) * (f->rot_span + 1);
+    }
+    for (int i = 0; i < f->n_ags; i++) {
+        agbuf_t *a = &f->ags[i];
+        a->ag = hp_aligned_alloc(esize(f->pdt) * (ag_elems + 1));
+        a->send = f->pdt == HP_F32 ? NULL : hp_aligned_alloc(esize(f->pdt) * (send_elems + 1));
+        if (!a->ag || (f->pdt != HP_F32 && !a->send)) return HP_ERR_OOM;
+        f->pool_bytes += esize(f->pdt) * (ag_elems + 1 + (a->send ? send_elems + 1 : 0));
+    }
+    return HP_OK;
+}
+
+hp_status_t hp_fsdp_plan_memory(hp_model_t model, int W, int R, const hp_fsdp_options_t *opts, int no_sync,
+                                size_t *param_bytes, size_t *grad_bytes, size_t *workspace_bytes,
+                                size_t *rs_input_bytes) {
+    if (!model || W < 1 || R < 1)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_fsdp_plan_memory: a model and shard / replicate sizes >= 1 are required");
+    const hp_fsdp_options_t o = opts ? *opts : hp_fsdp_default_options();
+    int mu0, mu1;
+    hp_model_unit_range(model, &mu0, &mu1);
+    const int nu = hp_model_num_units(model);
+    const int tied = hp_model_config(model)->tie_embeddings != 0 && mu0 == 0 && mu1 == nu;
+    int raf = o.reshard_after_forward;
+    if (raf >= 2 && raf >= W) raf = 1;
+    const int k = raf >= 2 ? raf : 0;
+    hp_param_t *mp = hp_model_params(model);
+    int (*const ign)(const hp_param_t *) = o.ignored_params;
+    /* the same groups, layouts and workspace rule as hp_fully_shard, on a handle with no storage */
+    struct hp_fsdp f;
+    memset(&f, 0, sizeof f);
+    f.o = o;
+    f.W = W;
+    f.n_units = nu;
+    f.u0 = mu0;
+    f.u1 = mu1;
+    f.n_groups = nu - tied;
+    f.g = hp_calloc((size_t)f.n_groups, sizeof(group_t));
+    f.ug = hp_calloc((size_t)nu, sizeof(int));
+    if (!f.g || !f.ug) {
+        free(f.g);
+        free(f.ug);
+        return HP_ERR_OOM;
+    }
+    const int root_u = nu - 1;
+    static float own_mark;   /* a kept group's buffer, for the slot count only */
+    size_t shards = 0, ws = 0, ign_floats = 0, max_S_pf = 0;
+    for (int u = 0; u < nu; u++) f.ug[u] = u == root_u && tied ? 0 : u;
+    for (int gi = 0; gi < f.n_groups; gi++) {
+        group_t *g = &f.g[gi];
+        const int units[2] = {gi, root_u}, n2 = tied && gi == 0 ? 2 : 1;
+        g->u_lo = gi;
+        g->u_hi = units[n2 - 1];
+        g->n_fwd_pf = g->n_bwd_pf = -1;
+        g->raf = raf == HP_FSDP_RESHARD_DEFAULT ? (g->u_hi == root_u ? 0 : 1) : raf;
+        if (gi < mu0 || gi >= mu1) continue;   // a pipeline stage holds its units only
+        size_t S = 0, S_pf = 0;
+        for (int q = 0; q < n2; q++) {
+            int first, cnt;
+            size_t uoff, uspan;
+            hp_model_unit_params(model, units[q], &first, &cnt);
+            hp_model_unit_span(model, units[q], &uoff, &uspan);
+            g->span = (g->span + 15) / 16 * 16 + uspan;
+            for (int i = first; i < first + cnt; i++) {
+                const hp_tensor_t *t = &mp[i].value.local;
+                if (ign && ign(&mp[i])) {
+                    ign_floats += (size_t)hp_tensor_numel(t);
+                    continue;
+                }
+                const int64_t d0 = t->shape[0], rest = hp_tensor_numel(t) / (d0 > 0 ? d0 : 1);
+                S += (size_t)((d0 + W - 1) / W * rest);
+                if (k) S_pf += (size_t)((d0 + k - 1) / k * rest);
+            }
+        }
+        g->S = S;
+        shards += S;
+        if (g->span > f.max_span) f.max_span = g->span;
+        if (S > f.max_S) f.max_S = S;
+        if (S_pf > max_S_pf) max_S_pf = S_pf;
+        if (g->raf == 0) {
+            g->own = &own_mark;
+            ws += sizeof(float) * (g->span + 1);
+        } else if (g->span > f.rot_span) {
+            f.rot_span = g->span;
+        }
+        if (n2 == 2) ws += sizeof(float) * g->span;                    // the tied group's gradient
+        if (k && g->raf >= 2) ws += sizeof(float) * S_pf;               // the post-forward copy
+        if (R > 1) ws += sizeof(float) * S;                             // HSDP's partial sums
+        if (no_sync) ws += sizeof(float) * g->span;                    // unsharded gradients kept between backwards
+    }
+    const int n_slots = slots_needed(&f);
+    free(f.g);
+    free(f.ug);
+    const size_t pe = esize(o.mp.param_dtype), re = esize(o.mp.reduce_dtype);
+    size_t ag_elems = (size_t)W * f.max_S;
+    if (k && (size_t)k * max_S_pf > ag_elems) ag_elems = (size_t)k * max_S_pf;
+    const size_t send_elems = f.max_S > max_S_pf ? f.max_S : max_S_pf;
+    ws += (size_t)n_slots * sizeof(float) * (f.rot_span + 1);
+    ws += pe * (ag_elems + 1) + (o.mp.param_dtype == HP_F32 ? 0 : pe * (send_elems + 1));   // one all-gather buffer
+    ws += sizeof(float) * (f.max_span + 1) + re * ((size_t)W * f.max_S + 1) + (R > 1 ? 2 : 1) * re * (f.max_S + 1);
+    if (rs_input_bytes) *rs_input_bytes = W > 1 ? re * (size_t)W * f.max_S : 0;
+    if (param_bytes) *param_bytes = sizeof(float) * (shards + ign_floats);
+    if (grad_bytes) *grad_bytes = sizeof(float) * (shards + ign_floats);
+    if (workspace_bytes) *workspace_bytes = ws;
+    return HP_OK;
 }
 
 hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_options_t *opts, hp_fsdp_t *out) {
@@ -730,6 +1003,7 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
             f->ws_bytes += sizeof(float) * g->span;
         }
         g->slot = -1;
+        g->n_fwd_pf = g->n_bwd_pf = -1;
         const int is_root = g->u_hi == root_u;
         g->raf = raf == HP_FSDP_RESHARD_DEFAULT ? (is_root ? 0 : 1) : raf;
         size_t S = 0, S_pf = 0;
@@ -772,6 +1046,7 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
             g->partial = hp_aligned_alloc(sizeof(float) * (S ? S : 1));
             if (!g->partial) { st = HP_ERR_OOM; goto fail; }
             memset(g->partial, 0, sizeof(float) * S);
+            f->ws_bytes += sizeof(float) * S;
         }
         // copy this rank's rows from the model's weights; sharded DTensor descriptors
         for (int j = 0; j < g->n; j++) {
@@ -779,8 +1054,9 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
             const hp_param_t *q = &mp[p->index];
             int64_t rows, row0;
             hp_shard_size_and_offset(p->d0, W, f->rank, &rows, &row0);
-            memcpy(g->shard + p->shard_off, (const float *)q->value.local.data + row0 * p->rest,
-                   sizeof(float) * (size_t)(rows * p->rest));
+            if (q->value.local.data)   // an empty model's entries have none: the shards are drawn later
+                memcpy(g->shard + p->shard_off, (const float *)q->value.local.data + row0 * p->rest,
+                       sizeof(float) * (size_t)(rows * p->rest));
             hp_param_t *s = &f->params[p->index];
             snprintf(s->name, sizeof(s->name), "%s", q->name);
             hp_dtensor_t *dts[2] = {&s->value, &s->grad};
@@ -799,40 +1075,37 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
         if (S_pf > f->max_S_pf) f->max_S_pf = S_pf;
     }
 
-    // workspace: param slots (current + prefetched + the root kept after forward, or the
-    // tied group kept from the embedding to the root in each pass; every group when some
-    // group is kept), one unsharded grad buffer (plus the tied group's own), two reduction
-    // buffers
-    {
-        int keep = 0;
-        for (int u = 0; u < f->n_groups; u++) keep += f->g[u].raf == 0;
-        f->n_slots = keep > 1 ? f->n_groups : (f->n_groups < 3 ? f->n_groups : 3);
-        if (keep == 1 && f->n_slots < 3 && f->n_groups >= 3) f->n_slots = 3;
-        f->slots = hp_calloc((size_t)f->n_slots, sizeof(pslot_t));
-        if (!f->slots) { st = HP_ERR_OOM; goto fail; }
-        size_t ag_elems = (size_t)W * f->max_S;
-        if (f->k && (size_t)f->k * f->max_S_pf > ag_elems) ag_elems = (size_t)f->k * f->max_S_pf;
-        size_t send_elems = f->max_S > f->max_S_pf ? f->max_S : f->max_S_pf;
-        for (int i = 0; i < f->n_slots; i++) {
-            pslot_t *s = &f->slots[i];
-            s->full = hp_aligned_alloc(sizeof(float) * (f->max_span + 1));
-            s->ag = hp_aligned_alloc(esize(f->pdt) * (ag_elems + 1));
-            s->send = f->pdt == HP_F32 ? NULL : hp_aligned_alloc(esize(f->pdt) * (send_elems + 1));
-            if (!s->full || !s->ag || (f->pdt != HP_F32 && !s->send)) { st = HP_ERR_OOM; goto fail; }
-            memset(s->full, 0, sizeof(float) * (f->max_span + 1));
-            f->ws_bytes += sizeof(float) * f->max_span + esize(f->pdt) * (ag_elems + (s->send ? send_elems : 0));
+    // workspace: the kept groups' own unsharded buffers, the rotating slots and all-gather
+    // buffers (pools sized by the prefetch schedule), one unsharded gradient buffer (plus the
+    // tied group's own), one reduce-scatter input and two outputs
+    for (int u = 0; u < f->n_groups; u++) {
+        group_t *g = &f->g[u];
+        g->ag = -1;
+        if (g->raf != 0) {
+            if (g->span > f->rot_span) f->rot_span = g->span;
+            continue;
         }
-        f->gfull = hp_aligned_alloc(sizeof(float) * (f->max_span + 1));
-        if (!f->gfull) { st = HP_ERR_OOM; goto fail; }
-        memset(f->gfull, 0, sizeof(float) * (f->max_span + 1));
-        f->ws_bytes += sizeof(float) * f->max_span;
-        for (int i = 0; i < 2; i++) {
-            f->red[i].in = hp_aligned_alloc(esize(f->rdt) * ((size_t)W * f->max_S + 1));
-            f->red[i].out = hp_aligned_alloc(esize(f->rdt) * (f->max_S + 1));
-            if (!f->red[i].in || !f->red[i].out) { st = HP_ERR_OOM; goto fail; }
-            f->ws_bytes += esize(f->rdt) * ((size_t)W * f->max_S + f->max_S);
-        }
+        g->own = hp_aligned_alloc(sizeof(float) * (g->span + 1));
+        if (!g->own) { st = HP_ERR_OOM; goto fail; }
+        memset(g->own, 0, sizeof(float) * (g->span + 1));
+        f->ws_bytes += sizeof(float) * (g->span + 1);
     }
+    st = alloc_pools(f);
+    if (st != HP_OK) goto fail;
+    f->gfull = hp_aligned_alloc(sizeof(float) * (f->max_span + 1));
+    f->red_in = hp_aligned_alloc(esize(f->rdt) * ((size_t)W * f->max_S + 1));
+    if (!f->gfull || !f->red_in) { st = HP_ERR_OOM; goto fail; }
+    memset(f->gfull, 0, sizeof(float) * (f->max_span + 1));
+    f->ws_bytes += sizeof(float) * (f->max_span + 1) + esize(f->rdt) * ((size_t)W * f->max_S + 1);
+    // two reductions are in flight only under HSDP (a reduce-scatter and the previous group's
+    // all-reduce, on its output); otherwise the previous reduce-scatter is finished before the
+    // next starts and one output serves both
+    for (int i = 0; i < (R > 1 ? 2 : 1); i++) {
+        f->red[i].out = hp_aligned_alloc(esize(f->rdt) * (f->max_S + 1));
+        if (!f->red[i].out) { st = HP_ERR_OOM; goto fail; }
+        f->ws_bytes += esize(f->rdt) * (f->max_S + 1);
+    }
+    if (R == 1) f->red[1].out = f->red[0].out;
 
     // ignored params move to storage of our own, listed with their own layout
     for (int i = 0; i < np; i++)
@@ -847,8 +1120,13 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
     for (size_t i = 0, off = 0; i < (size_t)np; i++) {
         if (f->pg[i] >= 0) continue;
         const size_t n = (size_t)hp_tensor_numel(&mp[i].value.local);
-        memcpy(f->ign_v + off, mp[i].value.local.data, sizeof(float) * n);
-        memcpy(f->ign_g + off, mp[i].grad.local.data, sizeof(float) * n);
+        if (mp[i].value.local.data) {
+            memcpy(f->ign_v + off, mp[i].value.local.data, sizeof(float) * n);
+            memcpy(f->ign_g + off, mp[i].grad.local.data, sizeof(float) * n);
+        } else {   // an empty model: drawn later, gradients zero
+            memset(f->ign_v + off, 0, sizeof(float) * n);
+            memset(f->ign_g + off, 0, sizeof(float) * n);
+        }
         ign_keep[i] = mp[i];
         ign_keep[i].value.local.data = f->ign_v + off;
         ign_keep[i].grad.local.data = f->ign_g + off;
@@ -862,7 +1140,7 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
         mp[i].grad.local.data = f->pg[i] < 0 ? ign_keep[i].grad.local.data : NULL;
     }
     free(ign_keep);
-    st = hp_model_compact_storage(model);
+    st = hp_model_release_storage(model);
     if (st != HP_OK) goto fail;
     {
         const hp_module_hook_fn h[HP_HOOK_KINDS] = {pre_forward, post_forward, pre_backward, post_backward};
@@ -880,9 +1158,9 @@ void hp_fsdp_destroy(hp_fsdp_t f) {
     if (!f) return;
     for (int i = 0; i < 2; i++) {
         if (f->red[i].work) (void)hp_work_wait(&f->red[i].work);
-        hp_free_aligned(f->red[i].in);
-        hp_free_aligned(f->red[i].out);
+        if (i == 0 || f->red[1].out != f->red[0].out) hp_free_aligned(f->red[i].out);
     }
+    hp_free_aligned(f->red_in);
     if (f->g)
         for (int u = 0; u < f->n_groups; u++) {
             group_t *g = &f->g[u];
@@ -893,14 +1171,12 @@ void hp_fsdp_destroy(hp_fsdp_t f) {
             hp_free_aligned(g->accum);
             hp_free_aligned(g->gown);
             hp_free_aligned(g->partial);
+            hp_free_aligned(g->own);
             free(g->p);
+            free(g->fwd_pf);
+            free(g->bwd_pf);
         }
-    if (f->slots)
-        for (int i = 0; i < f->n_slots; i++) {
-            hp_free_aligned(f->slots[i].full);
-            hp_free_aligned(f->slots[i].ag);
-            hp_free_aligned(f->slots[i].send);
-        }
+    free_pools(f);
     hp_free_aligned(f->gfull);
     hp_free_aligned(f->ign_v);
     hp_free_aligned(f->ign_g);
@@ -910,7 +1186,6 @@ void hp_fsdp_destroy(hp_fsdp_t f) {
         hp_dp_detach_hooks(f->model, f);
         hp_dp_unregister(f->model);
     }
-    free(f->slots);
     hp_arena_free(&f->tables);
     hp_mesh_destroy(f->spmd_mesh);
     free(f);
@@ -983,8 +1258,87 @@ void hp_fsdp_memory(hp_fsdp_t f, size_t *param_bytes, size_t *grad_bytes, size_t
     s += sizeof(float) * f->ign_floats;   /* ignored params: held whole in our storage */
     if (param_bytes) *param_bytes = s;
     if (grad_bytes) *grad_bytes = s;
-    if (workspace_bytes) *workspace_bytes = f->ws_bytes;
+    if (workspace_bytes) *workspace_bytes = f->ws_bytes + f->pool_bytes;
 }
+
+/* ---- explicit control: unshard / reshard, prefetch lists ---------------------------------- */
+
+static hp_status_t unit_group(hp_fsdp_t f, int unit, const char *fn, group_t **g) {
+    if (!f || unit < f->u0 || unit >= f->u1)
+        return hp_error(HP_ERR_INVALID_ARG, "%s: unit %d outside the model's units [%d, %d) (0 tok_embeddings, "
+                        "1..L layers.0..L-1, L+1 the root)", fn, unit, f ? f->u0 : 0, f ? f->u1 : 0);
+    *g = group_of(f, unit);
+    return HP_OK;
+}
+
+hp_status_t hp_fsdp_unshard(hp_fsdp_t f, int unit, int async_op) {
+    group_t *g = NULL;
+    HP_TRY(unit_group(f, unit, "hp_fsdp_unshard", &g));
+    HP_TRY(unshard(f, g));
+    return async_op ? HP_OK : hp_fsdp_wait_unshard(f, unit);
+}
+
+hp_status_t hp_fsdp_wait_unshard(hp_fsdp_t f, int unit) {
+    group_t *g = NULL;
+    HP_TRY(unit_group(f, unit, "hp_fsdp_wait_unshard", &g));
+    if (g->state != UNSHARDED && !g->ag_pending)
+        return hp_error(HP_ERR_STATE, "hp_fsdp_wait_unshard: unit %d ('%s') has no all-gather in flight; hint: "
+                        "hp_fsdp_unshard it first", unit, g->name);
+    HP_TRY(wait_unshard(f, g));
+    point_model(f, g, g->full, NULL);
+    return HP_OK;
+}
+
+hp_status_t hp_fsdp_reshard(hp_fsdp_t f, int unit) {
+    group_t *g = NULL;
+    HP_TRY(unit_group(f, unit, "hp_fsdp_reshard", &g));
+    if (g->gcur || g->pending_w)
+        return hp_error(HP_ERR_STATE, "hp_fsdp_reshard: unit %d ('%s') is inside its backward (its gradients are not "
+                        "reduced yet); hint: reshard between steps", unit, g->name);
+    if (g->ag_pending) HP_TRY(wait_unshard(f, g));
+    if (g->state == UNSHARDED) reshard(f, g, 0);
+    g->state = SHARDED;   // a post-forward copy (reshard_after_forward = k) is dropped too
+    return HP_OK;
+}
+
+int hp_fsdp_is_unsharded(hp_fsdp_t f, int unit) {
+    return f && unit >= f->u0 && unit < f->u1 && group_of(f, unit)->state == UNSHARDED;
+}
+
+static hp_status_t set_prefetch(hp_fsdp_t f, int unit, const int *units, int n, int backward, const char *fn) {
+    group_t *g = NULL;
+    HP_TRY(unit_group(f, unit, fn, &g));
+    if (n > HP_FSDP_MAX_PREFETCH || (n > 0 && !units))
+        return hp_error(HP_ERR_INVALID_ARG, "%s: %d units to prefetch; expected at most %d (HP_FSDP_MAX_PREFETCH) and "
+                        "a list", fn, n, HP_FSDP_MAX_PREFETCH);
+    for (int i = 0; i < n; i++) {
+        group_t *t = NULL;
+        HP_TRY(unit_group(f, units[i], fn, &t));
+    }
+    for (int u = 0; u < f->n_groups; u++)
+        if (f->g[u].state != SHARDED || f->g[u].ag_pending || f->g[u].gcur)
+            return hp_error(HP_ERR_STATE, "%s: unit group '%s' is unsharded or gathering; hint: set the prefetch lists "
+                            "before the first step or between steps (after hp_fsdp_reshard)", fn, f->g[u].name);
+    int *l = n > 0 ? hp_malloc(sizeof(int) * (size_t)n) : NULL;
+    if (n > 0 && !l) return HP_ERR_OOM;
+    if (n > 0) memcpy(l, units, sizeof(int) * (size_t)n);
+    int **dst = backward ? &g->bwd_pf : &g->fwd_pf;
+    free(*dst);
+    *dst = l;
+    *(backward ? &g->n_bwd_pf : &g->n_fwd_pf) = n < 0 ? -1 : n;
+    // the pools follow the schedule: as many slots and all-gather buffers as it holds at once
+    return alloc_pools(f);
+}
+
+hp_status_t hp_fsdp_set_modules_to_forward_prefetch(hp_fsdp_t f, int unit, const int *units, int n) {
+    return set_prefetch(f, unit, units, n, 0, "hp_fsdp_set_modules_to_forward_prefetch");
+}
+
+hp_status_t hp_fsdp_set_modules_to_backward_prefetch(hp_fsdp_t f, int unit, const int *units, int n) {
+    return set_prefetch(f, unit, units, n, 1, "hp_fsdp_set_modules_to_backward_prefetch");
+}
+
+int hp_fsdp_num_slots(hp_fsdp_t f) { return f ? f->n_slots : 0; }
 
 void hp_fsdp_record_events(hp_fsdp_t f, int on) { f->rec = on; }
 int hp_fsdp_num_events(hp_fsdp_t f) { return f->n_events; }

@@ -119,12 +119,6 @@ hp_status_t hp_moe_balancer_create(hp_parallel_t p, hp_comm_t loss_comm, hp_moe_
     return HP_OK;
 }
 
-/* A block the AC wrapper recomputes routes its tokens twice. */
-static int recomputed(const hp_moe_balancer_t b, int layer) {
-    const int k = b->p->ac_every_k;
-    return k > 0 && (layer + 1) % k == 0;
-}
-
 hp_status_t hp_moe_balancer_step(hp_moe_balancer_t b, hp_moe_log_fn log, void *user) {
     hp_parallel_t p = b->p;
     const int E = b->cfg.moe_experts;
@@ -148,7 +142,7 @@ hp_status_t hp_moe_balancer_step(hp_moe_balancer_t b, hp_moe_log_fn log, void *u
         float aux = 0.0f, all = 0.0f;
         for (int i = 0; i < b->n_moe; i++) {
             hp_moe_impl_t *M = b->mods[i]->impl;
-            aux += (float)(recomputed(b, atoi(b->mods[i]->name + 7)) ? 0.5 * M->aux_loss_sum : M->aux_loss_sum);
+            aux += (float)M->aux_loss_sum;   // once per micro-batch: a checkpointed block's replay does not count
             M->aux_loss_sum = 0.0;
         }
         HP_TRY(hp_all_reduce(&aux, &all, 1, HP_F32, HP_SUM, b->loss_comm, NULL));
@@ -165,8 +159,6 @@ hp_status_t hp_moe_balancer_step(hp_moe_balancer_t b, hp_moe_log_fn log, void *u
             if (b->slot[i] == j) bias = ((hp_moe_impl_t *)b->mods[i]->impl)->expert_bias;
         float *c = b->counts + (size_t)j * E;
         const int layer = b->layer[j];
-        if (recomputed(b, layer))
-            for (int e = 0; e < E; e++) c[e] *= 0.5f;
         const double imb = hp_moe_update_expert_bias(bias, c, E, bias ? b->cfg.moe_load_balance_coeff : 0.0f);
         if (!log) continue;
         float mx = c[0], mn = c[0];

@@ -6,6 +6,7 @@
 #include "hyperparallel/parallelize.h"
 #include "hyperparallel/ep.h"
 #include "hyperparallel/pp.h"
+#include "hyperparallel/zero.h"
 
 #define HP_GRAD_MAX_REDUCTIONS 16
 
@@ -40,12 +41,15 @@ struct hp_parallel {
         hp_fsdp_t fsdp;
     } *part;
     hp_ddp_t ddp;                 /* one part only */
+    hp_zero_t zero;               /* ZeRO-1 over the replicated data-parallel ranks (hp_apply_zero) */
+    hp_mesh_t zero_mesh;          /* its placeholders' mesh (adopted) */
     hp_ep_t ep_sp;                /* sequence parallel around MoE (borrowed: ep[0] or ep_tp[0]) */
     hp_mesh_t ep_mesh, etp_mesh;  /* slices of the sparse mesh (adopted) */
     hp_mesh_t ep_rep_mesh;        /* the sparse mesh's dp_replicate (adopted; NULL when 1) */
     hp_mesh_t sp_mesh;            /* the tp mesh under sequence parallel around MoE (borrowed) */
     hp_cp_t cp;                   /* context parallel (one per rank) */
-    int ac_every_k;
+    int ac_every_k;               /* activation checkpointing: which blocks (ac.every_k) */
+    hp_ac_options_t ac;           /* and what each keeps (hp_apply_ac_options) */
     int tp_degree;
     int batch, seq_len, rows;     /* largest (B, T) fed; rows per sequence on this rank (T / cp) */
     int32_t *cp_tokens, *cp_targets;   /* (batch, rows) this rank's rows of a batch (one allocation) */
@@ -73,7 +77,24 @@ hp_status_t hp_pipeline_step(hp_parallel_t p, const int32_t *tokens, const int32
 hp_status_t hp_pipeline_eval(hp_parallel_t p, const int32_t *tokens, const int32_t *targets, double *loss_sum,
                              int64_t *n_valid);
 hp_comm_t hp_pipeline_comm(hp_pipeline_t *pl);
-hp_mesh_t hp_pipeline_world_mesh(hp_pipeline_t *pl);   /* the placeholders' mesh */
+hp_mesh_t hp_pipeline_world_mesh(hp_pipeline_t *pl);
+/* Layer `layer`'s MoE expert_bias in m (E floats), NULL when m holds no such MoE module. */
+float *hp_parallel_moe_bias(hp_model_t m, int layer);   /* the placeholders' mesh */
 hp_status_t hp_pipeline_gather(hp_parallel_t p, hp_comm_t world, hp_model_t full);
 int hp_pipeline_stage_of_part(hp_pipeline_t *pl, int i);
+/* The memory plan's view of a pipeline (no model is built): the split, each stage's pp rank and
+ * the micro-batch contexts it keeps at once under the lowered schedule (split: weight passes
+ * run apart, so its contexts keep every unit's output gradient). */
+typedef struct hp_pipeline_layout {
+    int S, n_microbatches;
+    int unit_lo[HP_PP_MAX_STAGES + 1];
+    int stage_to_rank[HP_PP_MAX_STAGES];
+    int n_ctx[HP_PP_MAX_STAGES];
+    int split[HP_PP_MAX_STAGES];
+} hp_pipeline_layout_t;
+hp_status_t hp_pipeline_plan_layout(const hp_model_config_t *cfg, const hp_parallel_dims_t *pd, int batch,
+                                    const hp_pipeline_options_t *o, hp_pipeline_layout_t *out);
+/* The plan entries whose pattern names a module of m (or a fused module's part): a pipeline
+ * stage takes those it holds. Writes them to mine (capacity n) and returns the count. */
+int hp_parallel_plan_entries_held(hp_model_t m, const hp_tp_plan_entry_t *plan, int n, hp_tp_plan_entry_t *mine);
 #endif

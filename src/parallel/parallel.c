@@ -58,6 +58,7 @@ void hp_parallel_destroy(hp_parallel_t p) {
         hp_ep_destroy(p->part[i].ep_tp);
     }
     hp_ddp_destroy(p->ddp);
+    hp_zero_free(p->zero);
     if (p->owns_parts)
         for (int i = 0; i < p->n_parts; i++) hp_model_destroy(p->parts[i]);
     hp_cp_destroy(p->cp);   /* after the models that use its cores */
@@ -135,6 +136,15 @@ static int part_holds(hp_module_t **mods, int nm, const char *pattern) {
     return 0;
 }
 
+int hp_parallel_plan_entries_held(hp_model_t m, const hp_tp_plan_entry_t *plan, int n, hp_tp_plan_entry_t *mine) {
+    hp_module_t *mods[4096];
+    const int nm = hp_model_modules(m, mods, 4096);
+    int k = 0;
+    for (int e = 0; e < n; e++)
+        if (part_holds(mods, nm < 4096 ? nm : 4096, plan[e].pattern)) mine[k++] = plan[e];
+    return k;
+}
+
 hp_status_t hp_apply_tp(hp_parallel_t p, hp_mesh_t tp_mesh, const hp_tp_plan_entry_t *plan, int n_plan) {
     if (!tp_mesh || hp_mesh_ndim(tp_mesh) != 1)
         return hp_error(HP_ERR_INVALID_ARG, "hp_apply_tp: a 1-D tp mesh is required");
@@ -145,11 +155,7 @@ hp_status_t hp_apply_tp(hp_parallel_t p, hp_mesh_t tp_mesh, const hp_tp_plan_ent
         if (!mine) return HP_ERR_OOM;
         hp_status_t s = HP_OK;
         for (int i = 0; s == HP_OK && i < p->n_parts; i++) {
-            hp_module_t *mods[4096];
-            const int nm = hp_model_modules(p->parts[i], mods, 4096);
-            int k = 0;
-            for (int e = 0; e < n_plan; e++)
-                if (part_holds(mods, nm < 4096 ? nm : 4096, plan[e].pattern)) mine[k++] = plan[e];
+            const int k = hp_parallel_plan_entries_held(p->parts[i], plan, n_plan, mine);
             s = hp_tp_parallelize_model(&p->part[i].tp, p->parts[i], tp_mesh, mine, k);
         }
         free(mine);
@@ -187,13 +193,49 @@ hp_status_t hp_apply_cp(hp_parallel_t p, hp_mesh_t cp_mesh, const hp_cp_options_
 
 hp_status_t hp_apply_ac(hp_parallel_t p, int every_k) {
     if (every_k < 0) return hp_error(HP_ERR_INVALID_ARG, "hp_apply_ac: every_k %d must be >= 0", every_k);
-    for (int i = 0; every_k > 0 && i < p->n_parts; i++) HP_TRY(hp_model_set_activation_checkpoint(p->parts[i], every_k));
-    p->ac_every_k = every_k;
+    hp_ac_options_t o = hp_ac_default_options();
+    o.every_k = every_k;
+    return hp_apply_ac_options(p, &o);
+}
+
+hp_status_t hp_apply_ac_options(hp_parallel_t p, const hp_ac_options_t *o) {
+    HP_TRY(hp_ac_options_check(o, "hp_apply_ac_options"));
+    for (int i = 0; o->every_k > 0 && i < p->n_parts; i++)
+        HP_TRY(hp_model_set_activation_checkpoint_options(p->parts[i], o));
+    p->ac_every_k = o->every_k;
+    p->ac = *o;
+    return HP_OK;
+}
+
+hp_status_t hp_parallel_ac_estimate(hp_parallel_t p, int micro_batch, hp_ac_estimate_t *out) {
+    if (!p || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_parallel_ac_estimate: parallel and out are required");
+    const int B = micro_batch > 0 ? micro_batch : p->batch, T = p->rows > 0 ? p->rows : p->seq_len;
+    memset(out, 0, sizeof(*out));
+    for (int i = 0; i < p->n_parts; i++) {   // every stage part of this rank: one context each in flight
+        hp_ac_estimate_t e;
+        HP_TRY(hp_model_activation_checkpoint_estimate(p->parts[i], &p->ac, B, T, 0, &e));
+        out->act_bytes += e.act_bytes;
+        out->kept_bytes += e.kept_bytes;
+        out->region_bytes += e.region_bytes;
+        out->none_bytes += e.none_bytes;
+        out->recompute_flops += e.recompute_flops;
+        out->checkpointed_flops += e.checkpointed_flops;
+        out->n_checkpointed += e.n_checkpointed;
+    }
     return HP_OK;
 }
 
 hp_status_t hp_parallel_init_weights(hp_parallel_t p, uint64_t seed) {
-    for (int i = 0; i < p->n_parts; i++) HP_TRY(hp_model_init_weights(p->parts[i], seed));
+    for (int i = 0; i < p->n_parts; i++) {
+        hp_model_t m = p->parts[i];
+        hp_param_t *table = hp_model_params(m);
+        if (p->part[i].fsdp) {   // FSDP holds the shards (allocated at their sharded size)
+            table = hp_fsdp_params(p->part[i].fsdp);
+        } else {                 // the model's local storage: TP / EP shards, or the whole part
+            HP_TRY(hp_model_materialize(m));
+        }
+        HP_TRY(hp_model_init_params(m, table, seed));
+    }
     return HP_OK;
 }
 
@@ -227,6 +269,8 @@ static hp_status_t dp_all_reduce(void *ctx, hp_param_t *params, int n) {
 
 hp_status_t hp_apply_ddp(hp_parallel_t p, hp_comm_t dp_comm, const hp_ddp_options_t *o) {
     if (!dp_comm) return hp_error(HP_ERR_INVALID_ARG, "hp_apply_ddp: a data-parallel communicator is required");
+    /* replicated: every rank holds its whole part, and DDP's buckets view the gradients now */
+    for (int i = 0; i < p->n_parts; i++) HP_TRY(hp_model_materialize(p->parts[i]));
     const hp_model_config_t *mc = hp_model_config(p->parts[0]);
     if (!p->pipe && !mc->tie_embeddings && !p->part[0].ep) {
         /* DDP: gradient buckets (1 MiB first, 25 MiB cap) all-reduced (SUM) asynchronously as they
@@ -244,6 +288,29 @@ hp_status_t hp_apply_ddp(hp_parallel_t p, hp_comm_t dp_comm, const hp_ddp_option
     if (!p->grad_work) return HP_ERR_OOM;
     return hp_grad_finalizer_add_reduction(&p->fin, HP_GRAD_PHASE_DATA_PARALLEL, dp_all_reduce, p);
 }
+
+hp_status_t hp_apply_zero(hp_parallel_t p, hp_comm_t dp_comm) {
+    if (!dp_comm) return hp_error(HP_ERR_INVALID_ARG, "hp_apply_zero: a data-parallel communicator is required");
+    if (p->zero) return hp_error(HP_ERR_STATE, "hp_apply_zero: ZeRO-1 is already applied");
+    if (p->pipe || p->n_parts != 1 || p->part[0].fsdp || p->part[0].ep)
+        return hp_error(HP_ERR_UNSUPPORTED, "hp_apply_zero: ZeRO-1 partitions the optimizer state of replicated data "
+                        "parallel (DDP) without pipeline stages or experts; FSDP already shards it; hint: "
+                        "parallelism.zero_stage = 0 with data_parallel_shard_degree > 1");
+    if (!p->ddp && !p->dp_comm)
+        return hp_error(HP_ERR_STATE, "hp_apply_zero: apply replicated data parallel first (hp_apply_ddp): ZeRO-1 "
+                        "steps every rank's share with the whole gradient");
+    HP_TRY(hp_model_materialize(p->parts[0]));
+    HP_TRY(hp_mesh_from_comm(dp_comm, "dp_replicate", &p->zero_mesh));
+    HP_TRY(hp_parallel_adopt_mesh(p, p->zero_mesh));
+    return hp_zero_create_partition(hp_parallel_params(p), hp_parallel_num_params(p), dp_comm, p->zero_mesh,
+                                    &p->zero);
+}
+
+hp_param_t *hp_parallel_optim_params(hp_parallel_t p) {
+    return p->zero ? hp_zero_optim_params(p->zero) : hp_parallel_params(p);
+}
+
+hp_status_t hp_parallel_after_optimizer_step(hp_parallel_t p) { return p->zero ? hp_zero_sync(p->zero) : HP_OK; }
 
 /* ---- running a step ------------------------------------------------------------------------ */
 
@@ -300,6 +367,16 @@ double hp_parallel_comm_wait_seconds(hp_parallel_t p) {
     return p->part[0].fsdp ? hp_fsdp_comm_wait_seconds(p->part[0].fsdp) : p->ddp ? hp_ddp_comm_wait_seconds(p->ddp) : 0.0;
 }
 
+float *hp_parallel_moe_bias(hp_model_t m, int layer) {
+    char name[64];
+    snprintf(name, sizeof name, "layers.%d.moe", layer);
+    hp_module_t *mods[4096];
+    const int n = hp_model_modules(m, mods, 4096);
+    for (int i = 0; i < n && i < 4096; i++)
+        if (hp_module_is_moe(mods[i]) && !strcmp(mods[i]->name, name)) return ((hp_moe_impl_t *)mods[i]->impl)->expert_bias;
+    return NULL;
+}
+
 hp_status_t hp_parallel_gather_full_model(hp_parallel_t p, hp_comm_t world, int seq_len, hp_model_t *full,
                                          int *owned) {
     *full = NULL;
@@ -316,15 +393,35 @@ hp_status_t hp_parallel_gather_full_model(hp_parallel_t p, hp_comm_t world, int 
         if (rank == 0) s = hp_model_create(mc, 1, seq_len, &m);
         s = hp_comm_agree(world, s, NULL);
         if (s == HP_OK) s = hp_pipeline_gather(p, world, m);
-    } else {   /* sharded DTensors: full_tensor (collective) on every rank */
-        s = hp_model_create(mc, 1, seq_len, &m);
+    } else {   /* sharded DTensors: full_tensor (collective) on every rank; only rank 0 keeps them, the
+                * others gather each parameter into one scratch tensor (no rank but the writer holds
+                * the whole model) */
         const hp_param_t *params = hp_parallel_params(p);
-        for (int i = 0; s == HP_OK && i < hp_model_num_params(m); i++) {
-            hp_param_t *fp = &hp_model_params(m)[i];
-            hp_dtensor_mem_t mem = {NULL, fp->value.local.data, sizeof(float) * (size_t)hp_tensor_numel(&fp->value.local)};
+        const int np = hp_parallel_num_params(p);
+        size_t most = 1;
+        for (int i = 0; i < np; i++) {
+            size_t n = 1;
+            for (int a = 0; a < params[i].value.local.ndim; a++) n *= (size_t)params[i].value.global_shape[a];
+            if (n > most) most = n;
+        }
+        float *scratch = NULL;
+        if (rank == 0) s = hp_model_create(mc, 1, seq_len, &m);
+        else if (!(scratch = hp_aligned_alloc(sizeof(float) * most))) s = HP_ERR_OOM;
+        s = hp_comm_agree(world, s, NULL);
+        for (int i = 0; s == HP_OK && i < np; i++) {
+            float *dst = m ? hp_model_params(m)[i].value.local.data : scratch;
+            const size_t cap = m ? (size_t)hp_tensor_numel(&hp_model_params(m)[i].value.local) : most;
+            hp_dtensor_mem_t mem = {NULL, dst, sizeof(float) * cap};
             hp_tensor_t out;
             s = hp_dtensor_full_tensor(&out, NULL, &mem, &params[i].value);
         }
+        /* the MoE layers' expert_bias (state, replicated on every rank) */
+        for (int l = 0; s == HP_OK && l < mc->n_layers; l++) {
+            float *src = hp_model_layer_is_moe(mc, l) ? hp_parallel_moe_bias(p->parts[0], l) : NULL;
+            float *dst = src && m ? hp_parallel_moe_bias(m, l) : NULL;
+            if (src && dst) memcpy(dst, src, sizeof(float) * (size_t)mc->moe_experts);
+        }
+        hp_free_aligned(scratch);
     }
     if (s != HP_OK || rank != 0) {
         hp_model_destroy(m);

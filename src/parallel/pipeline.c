@@ -228,7 +228,8 @@ hp_status_t hp_pipeline_split(const hp_model_config_t *cfg, const hp_parallel_di
         if (pl->stage_to_rank[s] == pl->coord) pl->ids[i++] = s;
     for (int i = 0; st == HP_OK && i < pl->n_local; i++) {
         const int s = pl->ids[i];
-        st = hp_model_create_range(cfg, pl->unit_lo[s], pl->unit_lo[s + 1], pl->mbs, seq_len, &p->parts[i]);
+        /* described only: the stage's parallelize places its parameters, init allocates them */
+        st = hp_model_create_range_empty(cfg, pl->unit_lo[s], pl->unit_lo[s + 1], pl->mbs, seq_len, &p->parts[i]);
     }
     if (st != HP_OK) {
         hp_parallel_destroy(p);
@@ -236,6 +237,52 @@ hp_status_t hp_pipeline_split(const hp_model_config_t *cfg, const hp_parallel_di
     }
     *out = p;
     return HP_OK;
+}
+
+hp_status_t hp_pipeline_plan_layout(const hp_model_config_t *cfg, const hp_parallel_dims_t *pd, int batch,
+                                    const hp_pipeline_options_t *o, hp_pipeline_layout_t *out) {
+    memset(out, 0, sizeof *out);
+    hp_pipeline_t *pl = hp_calloc(1, sizeof *pl);
+    if (!pl) return HP_ERR_OOM;
+    pl->cfg = *cfg;
+    pl->pd = *pd;
+    pl->pp = pd->pp;
+    pl->mbs = o->microbatch_size;
+    hp_status_t st = HP_OK;
+    if (pl->mbs < 1 || batch % pl->mbs != 0)
+        st = hp_error(HP_ERR_INVALID_ARG, "training.local_batch_size %d is not divisible by "
+                      "parallelism.pipeline_parallel_microbatch_size %d", batch, pl->mbs);
+    if (st == HP_OK) {
+        pl->n_mb = batch / pl->mbs;
+        st = split_units(pl, o, cfg->tie_embeddings, cfg->name);
+    }
+    if (st == HP_OK && pl->S > HP_PP_MAX_STAGES) st = hp_error(HP_ERR_UNSUPPORTED, "pipeline: %d stages", pl->S);
+    if (st == HP_OK) {
+        out->S = pl->S;
+        out->n_microbatches = pl->n_mb;
+        for (int s = 0; s <= pl->S; s++) out->unit_lo[s] = pl->unit_lo[s];
+        for (int s = 0; s < pl->S; s++) {
+            const int r = pl->stage_to_rank[s];
+            out->stage_to_rank[s] = r;
+            /* the runtime's rule (pp.c): a context lives from its F to its B or W */
+            int live = 0, peak = 0;
+            for (int i = 0; i < hp_pp_schedule_len(pl->sched, r); i++) {
+                hp_pp_action_t lv[2];
+                const int nlv = hp_pp_action_leaves(hp_pp_schedule_at(pl->sched, r, i), lv);
+                for (int j = 0; j < nlv; j++) {
+                    const hp_pp_action_t *a = &lv[j];
+                    if (a->stage != s) continue;
+                    if (a->type == HP_PP_F || a->type == HP_PP_TRANSPOSE_F) live++;
+                    if (a->type == HP_PP_B || a->type == HP_PP_W || a->type == HP_PP_TRANSPOSE_B) live--;
+                    if (a->type == HP_PP_I || a->type == HP_PP_W) out->split[s] = 1;
+                    if (live > peak) peak = live;
+                }
+            }
+            out->n_ctx[s] = peak > 0 ? peak : 1;
+        }
+    }
+    hp_pipeline_free(pl);
+    return st;
 }
 
 /* pre_backward hook of the runtime: FSDP reduces only after the stage's last backward of the
@@ -405,6 +452,25 @@ hp_status_t hp_pipeline_gather(hp_parallel_t p, hp_comm_t world, hp_model_t full
         }
     }
     free(buf);
+    /* the MoE layers' expert_bias: from the first rank of the stage holding the layer */
+    const int E = pl->cfg.moe_experts;
+    for (int l = 0; s == HP_OK && l < pl->cfg.n_layers; l++) {
+        if (!hp_model_layer_is_moe(&pl->cfg, l)) continue;
+        int st = 0;
+        while (st + 1 < pl->S && pl->unit_lo[st + 1] <= l + 1) st++;
+        const int holder = pl->stage_to_rank[st], tag = 1 + pl->np + l;
+        float *dst = rank == 0 ? hp_parallel_moe_bias(full, l) : NULL;
+        if (pl->coord == holder) {
+            float *src = NULL;
+            for (int k = 0; k < pl->n_local && !src; k++)
+                if (pl->ids[k] == st) src = hp_parallel_moe_bias(p->parts[k], l);
+            if (!src) return hp_error(HP_ERR_STATE, "pipeline: stage %d has no MoE layer %d", st, l);
+            if (sub == 0 && rank != 0) s = hp_send_tag(src, (size_t)E, HP_F32, 0, tag, world, NULL);
+            if (dst) memcpy(dst, src, sizeof(float) * (size_t)E);
+        } else if (dst) {
+            s = hp_recv_tag(dst, (size_t)E, HP_F32, holder * pl->per, tag, world, NULL);
+        }
+    }
     return s;
 }
 

@@ -281,7 +281,8 @@ hp_status_t hp_pp_action_parse(const char *text, const char *what, hp_pp_action_
     if (p < end && *p >= '0' && *p <= '9') {
         mb = read_uint(&p, HP_PP_MAX_MB);
         if (mb == -2)
-            return hp_error(HP_ERR_INVALID_ARG, "%s '%s': microbatch index exceeds %d (HP_PP_MAX_MB)", what, t,
+            return hp_error(HP_ERR_INVALID_ARG, "%s '%s': microbatch index exceeds %d (HP_PP_MAX_MB: at most 2^20 "
+                            "microbatches per step); hint: number the microbatches of one step from 0", what, t,
                             HP_PP_MAX_MB);
     }
     if (p != end)

@@ -58,7 +58,14 @@ struct hp_tp {
     hp_model_t model;
     /* loss_parallel: the module that replaced the model's cross-entropy (the head's child) */
     hp_module_t lp, *lp_parent, *lp_orig;
+    int planning;           /* hp_tp_plan_model: buffers counted, never allocated; no mesh */
 };
+
+/* The memory plan's tensor parallel (memory_plan.c): parallelize_model of an empty model over
+ * k ranks without a mesh (as rank 0): the entries get their TP-local shapes, the wrappers and
+ * loss_parallel take their places (their per-context state counts in the contexts' sizes), and
+ * the buffers are counted (hp_tp_buffer_bytes), not allocated. The model is for sizing only. */
+hp_status_t hp_tp_plan_model(hp_tp_t *out, hp_model_t model, int k, const hp_tp_plan_entry_t *plan, int n_plan);
 
 /* The module kinds TP shards (its ops' kind string), MK_OTHER for composite modules. */
 static inline int module_kind(const hp_module_t *m) {

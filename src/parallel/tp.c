@@ -80,6 +80,11 @@ static void set_param_layout(hp_param_t *p, hp_tp_t tp, hp_placement_t pl, const
 
 static hp_status_t alloc_buf(hp_tp_t tp, float **p, size_t *cap, size_t n) {
     if (n == 0) return HP_OK;
+    if (tp->planning) {   // the memory plan: counted only
+        *cap = n;
+        tp->buf_bytes += sizeof(float) * n;
+        return HP_OK;
+    }
     *p = hp_aligned_alloc(sizeof(float) * n);
     if (!*p) return hp_error(HP_ERR_OOM, "tensor parallel: %zu bytes of buffers", sizeof(float) * n);
     memset(*p, 0, sizeof(float) * n);
@@ -110,9 +115,9 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
         t->out_f = OC;
         float *w = hp_param_w(m->params[0]), *g = hp_param_g(m->params[0]);
         if (s->kind == HP_TP_COLWISE) {
-            // each stacked param: its rows [r*rows/k, (r+1)*rows/k) packed after the previous
-            float *wd = w, *gd = g;
-            const float *ws = w, *gs = g;
+            // each stacked param: its rows [r*rows/k, (r+1)*rows/k) packed after the previous (an
+            // empty model's entries have no storage: only their layouts change)
+            size_t dst = 0, src = 0;
             hp_param_t *p0 = m->params[0];
             if (m->n_params == 1 && p0->value.mesh == tp->mesh) {
                 // a tied weight already sharded by the embedding (qwen3): same rows
@@ -124,14 +129,14 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
             for (int i = 0; i < m->n_params; i++) {
                 hp_param_t *p = m->params[i];
                 const int64_t rows = p->value.global_shape[0], lr = rows / k;
-                memmove(wd, ws + (size_t)(r * lr) * IC, sizeof(float) * (size_t)(lr * IC));
-                memmove(gd, gs + (size_t)(r * lr) * IC, sizeof(float) * (size_t)(lr * IC));
+                if (w) {
+                    memmove(w + dst, w + src + (size_t)(r * lr) * IC, sizeof(float) * (size_t)(lr * IC));
+                    memmove(g + dst, g + src + (size_t)(r * lr) * IC, sizeof(float) * (size_t)(lr * IC));
+                }
                 int64_t ls[2] = {lr, IC};
-                set_param_layout(p, tp, hp_shard(0), ls, wd, gd);
-                wd += lr * IC;
-                gd += lr * IC;
-                ws += rows * IC;
-                gs += rows * IC;
+                set_param_layout(p, tp, hp_shard(0), ls, w ? w + dst : NULL, g ? g + dst : NULL);
+                dst += (size_t)(lr * IC);
+                src += (size_t)(rows * IC);
             }
             t->in_buf_n = is_shard_seq(&s->input_layout) ? (size_t)(R * IC) : 0;   // per context (w_act_bytes)
             HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, is_rep(&s->output_layout) ? (size_t)(R * OC / k) : 0));
@@ -147,7 +152,7 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
         } else {
             // columns [r*IC/k, ...) of every row (stacked params share the column split)
             const int64_t lc = IC / k;
-            for (int64_t o = 0; o < OC; o++) {
+            for (int64_t o = 0; w && o < OC; o++) {
                 memmove(w + (size_t)o * lc, w + (size_t)o * IC + (size_t)(r * lc), sizeof(float) * (size_t)lc);
                 memmove(g + (size_t)o * lc, g + (size_t)o * IC + (size_t)(r * lc), sizeof(float) * (size_t)lc);
             }
@@ -155,7 +160,7 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
             for (int i = 0; i < m->n_params; i++) {
                 hp_param_t *p = m->params[i];
                 int64_t ls[2] = {p->value.global_shape[0], lc};
-                set_param_layout(p, tp, hp_shard(1), ls, w + row0 * lc, g + row0 * lc);
+                set_param_layout(p, tp, hp_shard(1), ls, w ? w + row0 * lc : NULL, g ? g + row0 * lc : NULL);
                 row0 += ls[0];
             }
             t->acc_out = L->accumulate_output;
@@ -180,13 +185,15 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
                                 s->kind == HP_TP_ROWWISE ? "Shard(0)" : "Shard(1)");
         } else if (s->kind == HP_TP_ROWWISE) {
             const int64_t lv = V / k;
-            memmove(E_w, E_w + (size_t)(r * lv) * C, sizeof(float) * (size_t)(lv * C));
-            memmove(E_g, E_g + (size_t)(r * lv) * C, sizeof(float) * (size_t)(lv * C));
+            if (E_w) {
+                memmove(E_w, E_w + (size_t)(r * lv) * C, sizeof(float) * (size_t)(lv * C));
+                memmove(E_g, E_g + (size_t)(r * lv) * C, sizeof(float) * (size_t)(lv * C));
+            }
             int64_t ls[2] = {lv, C};
             set_param_layout(p, tp, hp_shard(0), ls, E_w, E_g);
         } else {
             const int64_t lc = C / k;
-            for (int64_t v = 0; v < V; v++) {
+            for (int64_t v = 0; E_w && v < V; v++) {
                 memmove(E_w + (size_t)v * lc, E_w + (size_t)v * C + (size_t)(r * lc), sizeof(float) * (size_t)lc);
                 memmove(E_g + (size_t)v * lc, E_g + (size_t)v * C + (size_t)(r * lc), sizeof(float) * (size_t)lc);
             }
@@ -448,7 +455,7 @@ static hp_status_t lp_backward_input(hp_module_t *m, hp_act_t *act, const hp_ten
 }
 
 static const hp_module_ops_t lp_ops = {
-    "loss_parallel", hp_loss_act_bytes, NULL, lp_forward, lp_backward_input, NULL, NULL,
+    "loss_parallel", hp_loss_act_bytes, NULL, lp_forward, lp_backward_input, NULL, NULL, NULL,
 };
 
 /* loss_parallel: when the head's output is vocab-sharded (its output projection's style says
@@ -468,6 +475,9 @@ static hp_status_t install_loss_parallel(hp_tp_t tp, hp_module_t **mods, int n) 
     return HP_OK;
 }
 
+static hp_status_t parallelize_model(hp_tp_t tp, hp_model_t model, const hp_tp_plan_entry_t *plan, int n_plan,
+                                     hp_tp_t *out);
+
 hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp_mesh,
                                     const hp_tp_plan_entry_t *plan, int n_plan) {
     if (!out || !model || (!plan && n_plan > 0))
@@ -475,6 +485,27 @@ hp_status_t hp_tp_parallelize_model(hp_tp_t *out, hp_model_t model, hp_mesh_t tp
     *out = NULL;
     hp_tp_t tp;
     HP_TRY(tp_new(&tp, tp_mesh, hp_model_max_tokens(model)));
+    return parallelize_model(tp, model, plan, n_plan, out);
+}
+
+/* The memory plan's layouts stand on a mesh no parallel code reads (an address only). */
+static char planning_mesh_tag;
+
+hp_status_t hp_tp_plan_model(hp_tp_t *out, hp_model_t model, int k, const hp_tp_plan_entry_t *plan, int n_plan) {
+    if (!out || !model || k < 1 || (!plan && n_plan > 0) || !hp_model_is_empty(model))
+        return hp_error(HP_ERR_INVALID_ARG, "hp_tp_plan_model: an empty model, k >= 1 and a plan are required");
+    *out = NULL;
+    hp_tp_t tp = hp_calloc(1, sizeof(*tp));
+    if (!tp) return HP_ERR_OOM;
+    tp->mesh = (hp_mesh_t)(void *)&planning_mesh_tag;
+    tp->k = k;
+    tp->max_rows = hp_model_max_tokens(model);
+    tp->planning = 1;
+    return parallelize_model(tp, model, plan, n_plan, out);
+}
+
+static hp_status_t parallelize_model(hp_tp_t tp, hp_model_t model, const hp_tp_plan_entry_t *plan, int n_plan,
+                                     hp_tp_t *out) {
     const hp_model_config_t *c = hp_model_config(model);
     int n = hp_model_modules(model, NULL, 0);
     hp_module_t **mods = hp_calloc((size_t)n, sizeof(*mods));

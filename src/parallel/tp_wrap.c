@@ -249,7 +249,7 @@ static int w_act_split(const hp_module_t *m, int output, hp_act_split_t *s) {
 
 static const hp_module_ops_t col_linear_ops = {
     "tp_colwise", w_act_bytes, w_scratch, col_linear_forward, col_linear_backward_input, w_backward_weight,
-    w_act_split,
+    w_act_split, NULL,
 };
 
 /* Linear, RowwiseParallel: weight Shard(1), input Shard(-1), output Partial -> Replicate
@@ -302,7 +302,7 @@ static hp_status_t row_linear_backward_input(hp_module_t *m, hp_act_t *act, cons
 
 static const hp_module_ops_t row_linear_ops = {
     "tp_rowwise", w_act_bytes, w_scratch, row_linear_forward, row_linear_backward_input, w_backward_weight,
-    w_act_split,
+    w_act_split, NULL,
 };
 
 /* Embedding, RowwiseParallel: weight Shard(0) (vocab rows [lo, lo + V/k)), input Replicate
@@ -379,7 +379,7 @@ static hp_status_t row_emb_backward_weight(hp_module_t *m, hp_act_t *act) {
 
 static const hp_module_ops_t row_emb_ops = {
     "tp_rowwise", w_act_bytes, w_scratch, row_emb_forward, row_emb_backward_input, row_emb_backward_weight,
-    w_act_split,
+    w_act_split, NULL,
 };
 
 /* Embedding, ColwiseParallel: weight Shard(1), output Shard(-1) (default) or Replicate. */
@@ -411,7 +411,7 @@ static hp_status_t col_emb_backward_input(hp_module_t *m, hp_act_t *act, const h
 
 static const hp_module_ops_t col_emb_ops = {
     "tp_colwise", w_act_bytes, w_scratch, col_emb_forward, col_emb_backward_input, w_backward_weight,
-    w_act_split,
+    w_act_split, NULL,
 };
 
 /* SequenceParallel: runs on the local sequence shard; Replicate params whose grads are
@@ -436,12 +436,20 @@ static int sp_act_split(const hp_module_t *m, int output, hp_act_split_t *s) {
     *s = (hp_act_split_t){((const tp_mod_t *)m->impl)->tp->k, 1};
     return 1;
 }
+/* Activation checkpointing (save_items, nn_module.h): a wrapper that writes its output only
+ * through its module lists the module's items, the module's output being its own, so the
+ * policy sees the ops inside (the gathered input of PrepareModuleInput is not an item: an
+ * all-gather, which TorchTitan's op list recomputes, so the replay gathers again). */
+static void pass_save_items(const hp_module_t *m, int B, int T, hp_save_list_t *L) {
+    hp_save_final(L, m, ((const tp_mod_t *)m->impl)->m, B, T, HP_SAVE_OTHER, 0.0, NULL, 0);
+}
 static const hp_module_ops_t sp_ops = {
     "tp_sequence_parallel", w_act_bytes, w_scratch, pass_forward, pass_backward_input, sp_backward_weight,
-    sp_act_split,
+    sp_act_split, pass_save_items,
 };
 static const hp_module_ops_t np_ops = {
     "tp_no_parallel", w_act_bytes, w_scratch, pass_forward, pass_backward_input, w_backward_weight, NULL,
+    pass_save_items,
 };
 
 /* PrepareModuleInput / Output / InputOutput around any module (the model's attention and
@@ -451,6 +459,19 @@ static const hp_module_ops_t np_ops = {
  * forward comm; the Partial input gradient is all-reduced. Output layout changes: Shard(seq)
  * -> Replicate all-gathers (backward slices), Replicate -> Shard(seq) slices (backward
  * all-gathers). */
+
+static int prep_out_changes(const tp_mod_t *t) {
+    return prep_out(t) && !(t->style.output_layout.kind == t->style.desired_output_layout.kind &&
+                            t->style.output_layout.dim == t->style.desired_output_layout.dim);
+}
+
+/* A wrapper that converts its module's output lists no items: the replay runs it whole (an
+ * output buffer its parent keeps gets the same bits again). Sizes follow w_act_bytes (the
+ * module's at the caller's T). */
+static void prep_save_items(const hp_module_t *m, int B, int T, hp_save_list_t *L) {
+    const tp_mod_t *t = m->impl;
+    if (!prep_out_changes(t)) pass_save_items(m, B, T, L);
+}
 
 static hp_status_t prep_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     tp_mod_t *t = mod_of(m);
@@ -553,6 +574,7 @@ static int prep_act_split(const hp_module_t *m, int output, hp_act_split_t *s) {
 }
 static const hp_module_ops_t prep_ops = {
     "tp_prepare", w_act_bytes, w_scratch, prep_forward, prep_backward_input, w_backward_weight, prep_act_split,
+    prep_save_items,
 };
 
 int hp_tp_is_wrapper_(const hp_module_t *m) {

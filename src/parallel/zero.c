@@ -2,6 +2,7 @@
  * local optimizer step on this rank's share, then every parameter broadcast from its owner.
  * The local optimizer comes in through hp_zero_local_optim_t, so this layer needs no
  * optimizer header. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,7 @@ struct hp_zero {
     hp_zero_local_optim_t lo;   /* the local optimizer's calls (its ctx only used at create) */
     void *opt;                  /* the local optimizer over `mine`; NULL when this rank owns none */
     hp_work_t *work;
+    hp_param_t *view;           /* (n) hp_zero_create_partition: the owned entries, placeholders elsewhere */
 };
 
 void hp_zero_partition(const int64_t *numel, int n, int world, int *owner) {
@@ -80,7 +82,74 @@ void hp_zero_free(hp_zero_t z) {
     free(z->owner);
     free(z->mine);
     free(z->work);
+    free(z->view);
     free(z);
+}
+
+/* A placeholder of p: its global shape, no local elements, Replicate on `mesh` (its data a
+ * dummy: no element is ever read). */
+static float absent_dummy;
+static void placeholder(hp_dtensor_t *d, const hp_dtensor_t *p, hp_mesh_t mesh) {
+    memset(d, 0, sizeof *d);
+    const int nd = p->local.ndim;
+    int64_t shape[HP_MAX_DIMS];
+    for (int a = 0; a < nd; a++) {
+        d->global_shape[a] = p->mesh ? p->global_shape[a] : p->local.shape[a];
+        shape[a] = a == 0 ? 0 : p->local.shape[a];
+    }
+    (void)hp_tensor_init(&d->local, HP_F32, nd, shape, &absent_dummy);
+    d->mesh = mesh;
+    d->mesh_ndim = hp_mesh_ndim(mesh);
+    for (int a = 0; a < d->mesh_ndim; a++) d->placements[a] = hp_replicate();
+}
+
+hp_status_t hp_zero_create_partition(hp_param_t *params, int n_params, hp_comm_t comm, hp_mesh_t mesh,
+                                     hp_zero_t *out) {
+    if (!params || n_params <= 0 || !comm || !mesh || !out || hp_mesh_ndim(mesh) < 1 || !hp_mesh_contains_self(mesh))
+        return hp_error(HP_ERR_INVALID_ARG, "hp_zero_create_partition: params (n > 0), comm, a mesh holding this rank "
+                        "and out are required");
+    *out = NULL;
+    hp_zero_t z = hp_calloc(1, sizeof(*z));
+    if (!z) return HP_ERR_OOM;
+    z->comm = comm;
+    z->n = n_params;
+    z->rank = hp_comm_rank(comm);
+    z->params = params;
+    z->owner = hp_malloc(sizeof(int) * (size_t)n_params);
+    z->work = hp_calloc((size_t)n_params, sizeof(hp_work_t));
+    z->view = hp_calloc((size_t)n_params, sizeof(hp_param_t));
+    int64_t *numel = hp_malloc(sizeof(int64_t) * (size_t)n_params);
+    if (!z->owner || !z->work || !z->view || !numel) {
+        free(numel);
+        hp_zero_free(z);
+        return HP_ERR_OOM;
+    }
+    for (int i = 0; i < n_params; i++) numel[i] = hp_tensor_numel(&params[i].value.local);
+    hp_zero_partition(numel, n_params, hp_comm_size(comm), z->owner);
+    free(numel);
+    for (int i = 0; i < n_params; i++) {
+        hp_param_t *v = &z->view[i];
+        if (z->owner[i] == z->rank) {
+            *v = params[i];
+            continue;
+        }
+        snprintf(v->name, sizeof v->name, "%s", params[i].name);
+        placeholder(&v->value, &params[i].value, mesh);
+        placeholder(&v->grad, &params[i].grad, mesh);
+    }
+    *out = z;
+    return HP_OK;
+}
+
+hp_param_t *hp_zero_optim_params(hp_zero_t z) { return z ? z->view : NULL; }
+
+hp_status_t hp_zero_sync(hp_zero_t z) {
+    for (int i = 0; i < z->n; i++) {
+        hp_tensor_t *v = &z->params[i].value.local;
+        HP_TRY(hp_broadcast(v->data, (size_t)hp_tensor_numel(v), HP_F32, z->owner[i], z->comm, &z->work[i]));
+    }
+    for (int i = 0; i < z->n; i++) HP_TRY(hp_work_wait(&z->work[i]));
+    return HP_OK;
 }
 
 hp_status_t hp_zero_step(hp_zero_t z, double lr_factor) {

@@ -134,7 +134,7 @@ static hp_status_t build_state(const hp_ckpt_train_state_t *s, int model_only, i
         hp_tensor_t view;
         hp_optim_state_at(s->optim, i, &pi, &slot, &view);
         HP_ASSERT(pi >= 0 && pi < s->n_params);
-        b->odt[i] = s->params[pi].value;
+        b->odt[i] = (s->optim_params ? s->optim_params : s->params)[pi].value;
         b->odt[i].local = view;
         b->odt[i].owned = NULL;
         char nm[HP_PARAM_NAME_MAX + 64];

@@ -184,14 +184,18 @@ void hp_config_describe_model(const hp_model_config_t *mc, char *buf, size_t n) 
                   mc->tie_embeddings ? "true" : "false", mc->max_seq_len);
     if (o >= 0 && (size_t)o < n && mc->mla)   /* MLA: head_dim above is the core's padded width */
         o += snprintf(buf + o, n - (size_t)o, ", MLA: q_lora_rank %d, kv_lora_rank %d, qk_nope %d + qk_rope %d, v_head %d, "
-                      "YaRN %s (factor %g, mscale %g, original %d)", mc->q_lora_rank, mc->kv_lora_rank,
-                      mc->qk_nope_head_dim, mc->qk_rope_head_dim, mc->v_head_dim, hp_model_mla_yarn(mc) ? "on" : "off",
-                      mc->rope_factor, mc->mla_mscale, mc->rope_original_max_pos);
+                      "norm eps %g, YaRN %s (factor %g, mscale %g, beta %g / %g, original %d)", mc->q_lora_rank,
+                      mc->kv_lora_rank, mc->qk_nope_head_dim, mc->qk_rope_head_dim, mc->v_head_dim,
+                      hp_model_mla_norm_eps(mc), hp_model_mla_yarn(mc) ? "on" : "off", mc->rope_factor, mc->mla_mscale,
+                      mc->rope_beta_fast, mc->rope_beta_slow, mc->rope_original_max_pos);
     if (o < 0 || (size_t)o >= n || mc->moe_experts == 0) return;   /* the MoE sizes, for MoE models */
-    snprintf(buf + o, n - (size_t)o, ", moe: %d experts top-%d hidden %d, %d shared, %s%s, route_scale %g, %d dense "
-             "layers, load_balance_coeff %g", mc->moe_experts, mc->moe_top_k, mc->moe_hidden, mc->moe_shared_experts,
-             mc->moe_score_fn == HP_MOE_SCORE_SIGMOID ? "sigmoid" : "softmax", mc->moe_route_norm ? " route_norm" : "",
-             mc->moe_route_scale, mc->moe_n_dense_layers, mc->moe_load_balance_coeff);
+    o += snprintf(buf + o, n - (size_t)o, ", moe: %d experts top-%d hidden %d, %d shared, %s%s, route_scale %g, %d dense "
+                  "layers, load_balance_coeff %g", mc->moe_experts, mc->moe_top_k, mc->moe_hidden, mc->moe_shared_experts,
+                  mc->moe_score_fn == HP_MOE_SCORE_SIGMOID ? "sigmoid" : "softmax", mc->moe_route_norm ? " route_norm" : "",
+                  mc->moe_route_scale, mc->moe_n_dense_layers, mc->moe_load_balance_coeff);
+    if (o >= 0 && (size_t)o < n && mc->moe_expert_groups > 1)
+        snprintf(buf + o, n - (size_t)o, ", %d expert groups (%d per token)", mc->moe_expert_groups,
+                 mc->moe_limited_groups);
 }
 
 /* "" when the value came from a model.* key, " (the flavor's)" when from the flavor. */
@@ -229,7 +233,9 @@ static hp_status_t apply_mla_keys(const hp_config_t *c, const hp_model_config_t 
     const struct { const char *key; int64_t v; } k[] = {
         {"q_lora_rank", c->model.q_lora_rank}, {"kv_lora_rank", c->model.kv_lora_rank},
         {"qk_nope_head_dim", c->model.qk_nope_head_dim}, {"qk_rope_head_dim", c->model.qk_rope_head_dim},
-        {"v_head_dim", c->model.v_head_dim}, {"mla_mscale", c->model.mla_mscale != -1 ? 0 : -1}};
+        {"v_head_dim", c->model.v_head_dim}, {"mla_mscale", c->model.mla_mscale != -1 ? 0 : -1},
+        {"mla_norm_eps", c->model.mla_norm_eps != -1 ? 0 : -1}, {"rope_beta_fast", c->model.rope_beta_fast != -1 ? 0 : -1},
+        {"rope_beta_slow", c->model.rope_beta_slow != -1 ? 0 : -1}};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
         if (k[i].v != -1 && !base->mla)
             return hp_error(HP_ERR_INVALID_ARG, "config key 'model.%s' sizes MLA attention, which model.name = %s does "
@@ -249,6 +255,14 @@ static hp_status_t apply_mla_keys(const hp_config_t *c, const hp_model_config_t 
     if (c->model.qk_rope_head_dim != -1) mc->qk_rope_head_dim = (int)c->model.qk_rope_head_dim;
     if (c->model.v_head_dim != -1) mc->v_head_dim = (int)c->model.v_head_dim;
     if (c->model.mla_mscale != -1) mc->mla_mscale = (float)c->model.mla_mscale;
+    if (c->model.mla_norm_eps != -1) mc->mla_norm_eps = (float)c->model.mla_norm_eps;
+    if (c->model.rope_beta_fast != -1) mc->rope_beta_fast = (float)c->model.rope_beta_fast;
+    if (c->model.rope_beta_slow != -1) mc->rope_beta_slow = (float)c->model.rope_beta_slow;
+    if (!(mc->rope_beta_fast > mc->rope_beta_slow))
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.rope_beta_fast' = %g%s must be above model.rope_beta_slow "
+                        "= %g%s (YaRN's correction range runs from beta_fast down to beta_slow rotations); hint: "
+                        "DeepSeek-V3 uses 32 and 1", mc->rope_beta_fast, from_flavor(c->model.rope_beta_fast),
+                        mc->rope_beta_slow, from_flavor(c->model.rope_beta_slow));
     if (mc->qk_rope_head_dim % 2 != 0)
         return hp_error(HP_ERR_INVALID_ARG, "config key 'model.qk_rope_head_dim' = %d must be even: RoPE rotates pairs "
                         "of channels; hint: use %d or %d", mc->qk_rope_head_dim, mc->qk_rope_head_dim - 1,
@@ -310,7 +324,8 @@ static hp_status_t check_moe_keys(const hp_config_t *c, const hp_model_config_t 
                     c->model.moe_num_shared_experts != -1 || c->model.moe_n_dense_layers != -1 ||
                     strcmp(c->model.moe_score_func, "default") != 0 || c->model.moe_route_norm != -1 ||
                     c->model.moe_score_before_experts != -1 || c->model.moe_route_scale != -1 ||
-                    c->model.moe_load_balance_coeff != -1 || c->model.moe_aux_loss_coeff != -1;
+                    c->model.moe_load_balance_coeff != -1 || c->model.moe_aux_loss_coeff != -1 ||
+                    c->model.moe_n_expert_groups != -1 || c->model.moe_n_limited_groups != -1;
     if (base->moe_experts == 0) {
         if (set)
             return hp_error(HP_ERR_INVALID_ARG, "config keys 'model.moe_*' are set but model.name = %s is a dense model; "
@@ -327,9 +342,16 @@ static hp_status_t check_moe_keys(const hp_config_t *c, const hp_model_config_t 
                         "hint: at most n_layers (then no layer is MoE)", mc->moe_n_dense_layers,
                         from_flavor((double)c->model.moe_n_dense_layers), mc->n_layers);
     if (mc->moe_expert_groups > 1 && mc->moe_experts % mc->moe_expert_groups != 0)
-        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.moe_num_experts' = %d is not divisible by the flavor's "
-                        "%d expert groups (node-limited routing); hint: use a multiple of %d", mc->moe_experts,
-                        mc->moe_expert_groups, mc->moe_expert_groups);
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.moe_num_experts' = %d%s is not divisible by "
+                        "model.moe_n_expert_groups = %d%s (node-limited routing); hint: use a multiple of %d, or a "
+                        "divisor of %d expert groups", mc->moe_experts, from_flavor((double)c->model.moe_num_experts),
+                        mc->moe_expert_groups, from_flavor((double)c->model.moe_n_expert_groups), mc->moe_expert_groups,
+                        mc->moe_experts);
+    if (mc->moe_expert_groups > 1 && (mc->moe_limited_groups < 1 || mc->moe_limited_groups > mc->moe_expert_groups))
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'model.moe_n_limited_groups' = %d%s must be in 1 .. "
+                        "model.moe_n_expert_groups = %d%s (the groups a token may use); hint: HF's topk_group",
+                        mc->moe_limited_groups, from_flavor((double)c->model.moe_n_limited_groups),
+                        mc->moe_expert_groups, from_flavor((double)c->model.moe_n_expert_groups));
     if (mc->moe_expert_groups > 1 &&
         (int64_t)mc->moe_limited_groups * (mc->moe_experts / mc->moe_expert_groups) < mc->moe_top_k)
         return hp_error(HP_ERR_INVALID_ARG, "config key 'model.moe_top_k' = %d exceeds the experts of the %d groups a "
@@ -378,6 +400,8 @@ hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const 
     if (c->model.moe_hidden_dim != -1) mc.moe_hidden = (int)c->model.moe_hidden_dim;
     if (c->model.moe_num_shared_experts != -1) mc.moe_shared_experts = (int)c->model.moe_num_shared_experts;
     if (c->model.moe_n_dense_layers != -1) mc.moe_n_dense_layers = (int)c->model.moe_n_dense_layers;
+    if (c->model.moe_n_expert_groups != -1) mc.moe_expert_groups = (int)c->model.moe_n_expert_groups;
+    if (c->model.moe_n_limited_groups != -1) mc.moe_limited_groups = (int)c->model.moe_n_limited_groups;
     if (strcmp(c->model.moe_score_func, "sigmoid") == 0) mc.moe_score_fn = HP_MOE_SCORE_SIGMOID;
     if (strcmp(c->model.moe_score_func, "softmax") == 0) mc.moe_score_fn = HP_MOE_SCORE_SOFTMAX;
     if (c->model.moe_route_norm != -1) mc.moe_route_norm = c->model.moe_route_norm;

@@ -111,6 +111,13 @@ const hp_config_key_t hp_cfg_keys[] = {
            "moe_hidden_dim every token passes); 0 = none; -1 = the flavor's.", "0 = none; -1 (the default) keeps the flavor's"),
     KM_INT(moe_n_dense_layers, 0, HP_MODEL_MAX_LAYERS, "MoE: the first layers keep a dense feed-forward; -1 = the "
            "flavor's.", "0 .. model.n_layers; -1 (the default) keeps the flavor's"),
+    KM_INT(moe_n_expert_groups, 0, HP_MOE_MAX_EXPERTS, "MoE node-limited routing (deepseek_v3; HF n_group): the "
+           "experts form this many groups and each token picks experts of its best moe_n_limited_groups groups only; "
+           "0 = no groups; -1 = the flavor's (671B 8).", "0 (no groups) or a divisor of model.moe_num_experts; -1 (the "
+           "default) keeps the flavor's"),
+    KM_INT(moe_n_limited_groups, 0, HP_MOE_MAX_EXPERTS, "MoE node-limited routing (HF topk_group): the groups a token "
+           "may use, at most moe_n_expert_groups; -1 = the flavor's (671B 4).",
+           "1 .. model.moe_n_expert_groups; -1 (the default) keeps the flavor's"),
     K(model, moe_score_func, ENUM, "default", "default|sigmoid|softmax", NULL,
       "MoE router score function; default = the flavor's (deepseek_v3 671B sigmoid, the debug models softmax)."),
     KM_TRI(moe_route_norm, "MoE: divide the top-k gate values by their sum; default = the flavor's."),
@@ -138,6 +145,15 @@ const hp_config_key_t hp_cfg_keys[] = {
     KM_F32(mla_mscale, 0, 100, "MLA YaRN: the softmax scale gets (0.1 mla_mscale ln(rope_factor) + 1)^2 when "
            "max_seq_len > rope_original_max_pos; -1 = the flavor's (debugmodel 0.7, 671B 1).",
            "a value >= 0 such as 1; -1 (the default) keeps the flavor's"),
+    KM_F32(mla_norm_eps, 0, 1, "MLA: epsilon of q_norm and kv_norm; 0 = model.norm_eps (TorchTitan's deepseek_v3); an "
+           "HF config.json gives 1e-6 (transformers' DeepseekV3 fixes it); -1 = the flavor's (0).",
+           "0 (= model.norm_eps) or an epsilon such as 1e-6; -1 (the default) keeps the flavor's"),
+    KM_F32(rope_beta_fast, FLT_MIN, 1e6, "MLA YaRN: beta_fast, the rotations that bound the extrapolated band of the "
+           "RoPE frequencies (HF rope_parameters.beta_fast); -1 = the flavor's (32).",
+           "a value above model.rope_beta_slow such as 32; -1 (the default) keeps the flavor's"),
+    KM_F32(rope_beta_slow, FLT_MIN, 1e6, "MLA YaRN: beta_slow, the rotations that bound the interpolated band (HF "
+           "rope_parameters.beta_slow); -1 = the flavor's (1).",
+           "a value > 0 below model.rope_beta_fast such as 1; -1 (the default) keeps the flavor's"),
     /* training */
     KI(training, steps, "10000", 1, I64, NULL, "Number of optimizer steps to train."),
     KI(training, seq_len, "2048", 1, HP_MODEL_MAX_SEQ_LEN, NULL, "Tokens per sequence (context length of a training sample)."),
@@ -157,6 +173,10 @@ const hp_config_key_t hp_cfg_keys[] = {
       "Dtype FSDP all-gathers parameters in (compute dtype) when mixed precision is on."),
     K(training, mixed_precision_reduce, ENUM, "float32", "float32|bfloat16", NULL,
       "Dtype FSDP reduces gradients in."),
+    KR(training, memory_limit_gib, FLOAT, "0", NULL, NULL,
+       "Memory per rank (GiB) the memory plan checks its predicted peak against before allocating the model; 0 = "
+       "what the process holds plus this host's MemAvailable divided by its ranks, < 0 = no check (docs/memory.md).",
+       INT64_MIN, INT64_MAX, false),
     /* optimizer */
     K(optimizer, name, ENUM, "adamw", "adamw|sgd|muon", NULL, "Optimizer."),
     KF32(optimizer, lr, "0.0008", NULL, "Peak learning rate (the schedule multiplies it)."),
@@ -189,6 +209,10 @@ const hp_config_key_t hp_cfg_keys[] = {
       "Tensor parallel degree inside experts; 1 or tensor_parallel_degree."),
     K(parallelism, fsdp_reshard_after_forward, ENUM, "default", "default|always|never", NULL,
       "Free gathered parameters after forward: default = always unless pipeline parallel."),
+    KI(parallelism, zero_stage, "0", 0, 1, NULL,
+      "1: ZeRO-1 (ZeroRedundancyOptimizer) under replicated data parallel (DDP): each dp_replicate rank holds the "
+      "optimizer state of its share of the parameters; 0: off (FSDP shards the state already). HyperParallel-C's key, "
+      "not TorchTitan's (docs/fsdp.md, ZeRO-1)."),
     K(parallelism, enable_loss_parallel, BOOL, "true", NULL, NULL,
       "Under TP, compute the cross-entropy on vocab-sharded logits instead of gathering them."),
     K(parallelism, enable_sequence_parallel, BOOL, "true", NULL, NULL,
@@ -227,10 +251,21 @@ const hp_config_key_t hp_cfg_keys[] = {
       "the ring's first transfer) from the fused q/k/v projection's post-forward hook and wait in the attention core; "
       "bitwise the synchronous results."),
     /* activation_checkpoint */
-    K(activation_checkpoint, mode, ENUM, "none", "none|full|selective", NULL,
-      "Recompute activations in backward: none, every block (full) or selected blocks/ops (selective)."),
+    K(activation_checkpoint, mode, ENUM, "none", "none|full|selective|memory_budget", NULL,
+      "Recompute activations in backward: none, every block (full), selected blocks or ops (selective), or what "
+      "a knapsack under memory_budget drops (memory_budget). Losses and gradients are bitwise those of none."),
     K(activation_checkpoint, selective_ac_option, STRING, "2", NULL, NULL,
-      "Selective mode: an integer k checkpoints every k-th transformer block; \"op\" (op-level SAC) is not implemented yet."),
+      "Selective mode: an integer k checkpoints every k-th transformer block (0 = every block); \"op\" is "
+      "TorchTitan's op-level SAC: save matmul outputs except every second one, attention outputs, the MoE "
+      "router's choices; recompute the rest."),
+    {.section = "activation_checkpoint", .key = "memory_budget", .type = HP_CONFIG_FLOAT, .default_value = "0.5",
+     .doc = "Mode memory_budget: the share of each block's activation bytes kept, chosen by a 0-1 knapsack "
+            "maximising the recompute FLOPs saved (torch's partitioner); 0 = full AC, 1 = keep everything.",
+     .offset = OFF(activation_checkpoint.memory_budget), .int_min = INT64_MIN, .int_max = INT64_MAX,
+     .float_min = 0.0, .float_max = 1.0},
+    K(activation_checkpoint, per_op_sac_force_recompute_mm_shapes_by_fqns, STRING, "moe.router.gate", NULL, NULL,
+      "Op-level SAC: comma-separated FQN parts; every matmul with the weight shape of a matching weight is "
+      "recomputed and not counted in the every-second rule (TorchTitan's key; default: the MoE router gate)."),
     /* checkpoint */
     K(checkpoint, enable, BOOL, "false", NULL, NULL, "Save (and resume from) checkpoints."),
     K(checkpoint, folder, STRING, "checkpoint", NULL, NULL,
@@ -260,7 +295,7 @@ const hp_config_key_t hp_cfg_keys[] = {
     K(metrics, jsonl_file, STRING, "", NULL, NULL,
       "Write one JSON object per log step to this file (under job.dump_folder when relative); empty = off."),
     K(metrics, peak_flops, FLOAT, "0", NULL, NULL,
-      "Peak FLOP/s per rank for MFU; 0 = measure a float32 GEMM at start-up; -1 = do not report MFU."),
+      "Peak FLOP/s per rank for MFU; 0 = measure the cores' float32 FMA peak at start-up (and the sgemm peak beside it); -1 = do not report MFU."),
     K(metrics, save_for_all_ranks, BOOL, "false", NULL, NULL,
       "Every rank writes its own metrics files (default: rank 0 only)."),
     K(metrics, enable_color, BOOL, "false", NULL, NULL, "Colour the console metrics line."),
@@ -272,8 +307,9 @@ const hp_config_key_t hp_cfg_keys[] = {
       "Sequences per rank per validation batch; -1 = training.local_batch_size."),
     /* data */
     K(data, path, STRING, "", NULL, NULL, "Training data file (text, JSONL or pre-tokenized binary)."),
-    K(data, format, ENUM, "auto", "auto|text|jsonl|bin", NULL,
-      "File format; auto picks by extension (.jsonl/.json = jsonl, .bin = bin, otherwise text)."),
+    K(data, format, ENUM, "auto", "auto|text|jsonl|bin|chat|sft", NULL,
+      "File format; auto picks by extension (.jsonl/.json = jsonl, .bin = bin, otherwise text); chat (alias sft): "
+      "JSONL conversations for supervised fine-tuning (docs/finetune.md)."),
     K(data, text_separator, ENUM, "blank_line", "blank_line|percent|line", NULL,
       "Text format: documents are separated by blank lines, by lines holding only '%' (fortune files), "
       "or each line is a document."),
@@ -284,6 +320,16 @@ const hp_config_key_t hp_cfg_keys[] = {
       "Fraction of documents (tokens for bin) at the end of the file held out as the validation split."),
     K(data, loop, BOOL, "true", NULL, NULL,
       "Restart from the beginning of the rank's shard when it is exhausted (infinite data)."),
+    /* supervised fine-tuning (data.format=chat): docs/finetune.md */
+    K(data, chat_template, STRING, "", NULL, NULL,
+      "Chat data: the chat template by name (qwen2.5, chatml, qwen3, llama2, llama3, llama3.1, mistral-v0.1, mistral, "
+      "gemma, deepseek_v3); empty = the one of the tokenizer.path model folder, recognised from its text."),
+    K(data, pack, BOOL, "true", NULL, NULL,
+      "Chat data: pack several whole samples into each row (boundaries recorded, padding at the row's end); false = "
+      "one sample per row."),
+    K(data, sft_truncation, ENUM, "truncate", "truncate|drop|error", NULL,
+      "Chat data: a conversation longer than training.seq_len + 1 tokens is cut to that length (truncate), skipped "
+      "(drop) or stops the run naming its file and line (error)."),
     /* tokenizer */
     K(tokenizer, path, STRING, "", NULL, NULL,
       "HF tokenizer.json file; empty = train one from the data at first run and cache it under job.dump_folder."),

@@ -1,6 +1,8 @@
-/* Datasets (text, JSONL, pre-tokenized binary; files memory-mapped and indexed by document
- * at open) and the per-rank dataloader that packs BOS + document + EOS into a token buffer
- * and cuts seq_len + 1 windows from it, with a state blob for exact resumption. */
+/* Datasets (text, JSONL, pre-tokenized binary, SFT conversations; files memory-mapped and
+ * indexed by document at open) and the per-rank dataloader: for pretraining it packs BOS +
+ * document + EOS into a token buffer and cuts seq_len + 1 windows from it; for SFT it renders
+ * each conversation with the chat template, masks all but the assistant tokens and packs whole
+ * samples into rows; a state blob resumes exactly. */
 #include "hyperparallel/data.h"
 
 #include <dirent.h>
@@ -14,11 +16,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hyperparallel/chat_template.h"
 #include "tokenizer-impl.h"   /* hp_tok_utf8_check: name the data file and line of bad text */
 
-enum fmt { FMT_TEXT = 0, FMT_JSONL, FMT_BIN };
+enum fmt { FMT_TEXT = 0, FMT_JSONL, FMT_BIN, FMT_CHAT };
 enum sep { SEP_BLANK = 0, SEP_PERCENT, SEP_LINE };
-static const char *fmt_names_[] = {"text", "jsonl", "bin"};
+static const char *fmt_names_[] = {"text", "jsonl", "bin", "chat"};
 
 typedef struct doc {
     const char *ptr;   /* text: the document; jsonl: the line */
@@ -51,6 +54,7 @@ struct hp_dataloader {
     hp_dataset_t ds;
     hp_text_encoder_t enc;
     hp_dataloader_options_t o;
+    hp_sft_options_t sft;    /* chat data */
     int64_t n_split;         /* documents (tokens) of the split, recorded in the state */
     int64_t begin, end;      /* this rank's shard, absolute indices into docs (tokens) */
     int64_t pos;             /* next document (token) */
@@ -64,6 +68,16 @@ struct hp_dataloader {
      * carry[carry_i]. carry_n == 0 otherwise. */
     int64_t (*carry)[2];     /* absolute [begin, end) of documents (tokens for bin) */
     int carry_n, carry_i;
+    /* SFT (chat format): the sample read but not yet placed in a row (it did not fit) */
+    hp_chat_sample_t smp;
+    hp_chat_render_t rnd;
+    int32_t *s_ids;          /* (s_n,) the rendered conversation's ids */
+    uint8_t *s_mask;         /* (s_n,) 1 = assistant token */
+    size_t s_n, s_cap;
+    bool pending;
+    int64_t pending_doc;     /* its document index */
+    int32_t *p_in, *p_lab;   /* (p_n,) its (input, label) pairs */
+    size_t p_n, p_cap;
 };
 
 /* The range the loader reads now: the current carried range, or its shard. */
@@ -82,6 +96,10 @@ static bool next_range(struct hp_dataloader *dl) {
         free(dl->carry);
         dl->carry = NULL;
         dl->carry_n = dl->carry_i = 0;
+        if (!dl->o.loop) {   /* stay at the end: pos must not fall back into the shard */
+            dl->pos = dl->end;
+            return false;
+        }
     }
     if (!dl->o.loop) return false;
     dl->pos = dl->begin;
@@ -310,6 +328,31 @@ static hp_status_t index_jsonl(hp_dataset_t ds, int64_t *cap, int fi) {
     return HP_OK;
 }
 
+/* SFT lines: every line is parsed and checked at open (roles, contents, an answer to train on). */
+static hp_status_t index_chat(hp_dataset_t ds, int64_t *cap, int fi) {
+    const mapped_file_t *f = &ds->files[fi];
+    const char *p = f->data, *end = f->data + f->size;
+    int64_t line = 1;
+    hp_chat_sample_t s = {0};
+    hp_status_t st = HP_OK;
+    while (p < end && st == HP_OK) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *le = nl ? nl : end;
+        bool blank = true;
+        for (const char *q = p; q < le; q++) blank &= is_space(*q);
+        if (!blank) {
+            char where[HP_CONFIG_STR_MAX + 64];
+            snprintf(where, sizeof where, "%s:%lld: ", f->path, (long long)line);
+            st = hp_chat_sample_parse(p, (size_t)(le - p), where, true, &s);
+            if (st == HP_OK) st = add_doc(ds, cap, p, (size_t)(le - p), fi, line);
+        }
+        p = nl ? nl + 1 : end;
+        line++;
+    }
+    hp_chat_sample_free(&s);
+    return st;
+}
+
 hp_dataset_options_t hp_dataset_options_from_config(const hp_config_t *cfg) {
     return (hp_dataset_options_t){cfg->data.path, cfg->data.format, cfg->data.text_separator, cfg->data.jsonl_field,
                                   cfg->data.bin_dtype, cfg->data.validation_fraction};
@@ -346,8 +389,10 @@ hp_status_t hp_dataset_open(const hp_dataset_options_t *o, hp_dataset_t *out) {
         ds->fmt = FMT_JSONL;
     } else if (strcmp(format, "bin") == 0) {
         ds->fmt = FMT_BIN;
+    } else if (strcmp(format, "chat") == 0 || strcmp(format, "sft") == 0) {
+        ds->fmt = FMT_CHAT;
     } else {
-        st = hp_error(HP_ERR_INVALID_ARG, "data: format '%s' is not one of auto|text|jsonl|bin", format);
+        st = hp_error(HP_ERR_INVALID_ARG, "data: format '%s' is not one of auto|text|jsonl|bin|chat", format);
         goto fail;
     }
     if (strcmp(sep, "blank_line") == 0) ds->sep = SEP_BLANK;
@@ -406,7 +451,9 @@ hp_status_t hp_dataset_open(const hp_dataset_options_t *o, hp_dataset_t *out) {
         ds->n = (int64_t)(f->size / (size_t)ds->bin_width);
     } else {
         for (int i = 0; i < ds->nfiles && st == HP_OK; i++)
-            st = ds->fmt == FMT_TEXT ? index_text(ds, &cap, i) : index_jsonl(ds, &cap, i);
+            st = ds->fmt == FMT_TEXT    ? index_text(ds, &cap, i)
+                 : ds->fmt == FMT_CHAT ? index_chat(ds, &cap, i)
+                                       : index_jsonl(ds, &cap, i);
         if (st != HP_OK) goto fail;
     }
     if (ds->n == 0) {
@@ -455,7 +502,7 @@ const char *hp_dataset_format(hp_dataset_t ds) { return fmt_names_[ds->fmt]; }
 /* Document at an absolute index. */
 static hp_status_t doc_text(hp_dataset_t ds, int64_t idx, const char **text, size_t *len) {
     const doc_t *d = &ds->docs[idx];
-    if (ds->fmt == FMT_TEXT) {
+    if (ds->fmt == FMT_TEXT || ds->fmt == FMT_CHAT) {   /* a chat document is its JSONL line */
         *text = d->ptr;
         *len = d->len;
         return HP_OK;
@@ -496,6 +543,12 @@ hp_status_t hp_dataset_document(hp_dataset_t ds, hp_data_split_t split, int64_t 
 
 hp_status_t hp_dataloader_create(hp_dataset_t ds, const hp_text_encoder_t *enc, const hp_dataloader_options_t *o,
                                  hp_dataloader_t *out) {
+    return hp_dataloader_create_sft(ds, enc, o, NULL, out);
+}
+
+hp_status_t hp_dataloader_create_sft(hp_dataset_t ds, const hp_text_encoder_t *enc, const hp_dataloader_options_t *o,
+                                     const hp_sft_options_t *sft_opts, hp_dataloader_t *out) {
+    const hp_sft_options_t sft = sft_opts ? *sft_opts : (hp_sft_options_t){0};
     if (!ds || !o || !out) return hp_error(HP_ERR_INVALID_ARG, "hp_dataloader_create: NULL argument");
     *out = NULL;
     if (o->seq_len < 1 || o->batch_size < 1)
@@ -506,6 +559,12 @@ hp_status_t hp_dataloader_create(hp_dataset_t ds, const hp_text_encoder_t *enc, 
                         o->dp_world);
     if (ds->fmt != FMT_BIN && (!enc || !enc->encode))
         return hp_error(HP_ERR_INVALID_ARG, "dataloader: %s data needs a text encoder (tokenizer)", fmt_names_[ds->fmt]);
+    if (ds->fmt == FMT_CHAT && !sft.chat_template)
+        return hp_error(HP_ERR_INVALID_ARG, "dataloader: chat (SFT) data needs a chat template (the tokenizer "
+                                            "folder's or data.chat_template)");
+    if (ds->fmt == FMT_CHAT && (sft.pad_id < 0 || (o->vocab_size > 0 && sft.pad_id >= o->vocab_size)))
+        return hp_error(HP_ERR_INVALID_ARG, "dataloader: pad id %d is outside the vocabulary [0, %lld)", sft.pad_id,
+                        (long long)o->vocab_size);
     int64_t n = hp_dataset_num_documents(ds, o->split);
     const char *split = o->split == HP_SPLIT_TRAIN ? "train" : "validation";
     const char *unit = ds->fmt == FMT_BIN ? "tokens" : "documents";
@@ -519,6 +578,7 @@ hp_status_t hp_dataloader_create(hp_dataset_t ds, const hp_text_encoder_t *enc, 
     dl->ds = ds;
     if (enc) dl->enc = *enc;
     dl->o = *o;
+    dl->sft = sft;
     dl->n_split = n;
     /* Contiguous shards as HF datasets' shard(contiguous=True): the first n % W ranks get one more. */
     int64_t div = n / o->dp_world, mod = n % o->dp_world, r = o->dp_rank;
@@ -546,6 +606,12 @@ hp_status_t hp_dataloader_create(hp_dataset_t ds, const hp_text_encoder_t *enc, 
 void hp_dataloader_destroy(hp_dataloader_t dl) {
     if (!dl) return;
     free(dl->carry);
+    hp_chat_sample_free(&dl->smp);
+    hp_chat_render_free(&dl->rnd);
+    free(dl->s_ids);
+    free(dl->s_mask);
+    free(dl->p_in);
+    free(dl->p_lab);
     free(dl->buf);
     free(dl);
 }
@@ -559,6 +625,7 @@ void hp_dataloader_reset(hp_dataloader_t dl) {
     dl->samples = 0;
     dl->epoch_tokens = 0;
     dl->start = dl->end_ = 0;
+    dl->pending = false;
 }
 
 int64_t hp_dataloader_epoch(hp_dataloader_t dl) { return dl->epoch; }
@@ -654,9 +721,119 @@ static int64_t bin_token(hp_dataset_t ds, int64_t i) {
     return (int64_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
 }
 
+/* ---- SFT samples ---------------------------------------------------------------------- */
+
+/* Reads document pos as an SFT sample: rendered, encoded, masked, as (input, label) pairs
+ * (input = ids[:-1], label = ids[1:] where the target is an assistant token, else -100), cut
+ * to seq_len by data.sft_truncation. A sample is kept as pending unless dropped (too long with
+ * `drop`, or no assistant token left within seq_len). */
+static hp_status_t load_sample(hp_dataloader_t dl) {
+    const int64_t doc = dl->pos++;
+    const doc_t *d = &dl->ds->docs[doc];
+    const char *path = dl->ds->files[d->file].path;
+    char where[HP_CONFIG_STR_MAX + 64];
+    snprintf(where, sizeof where, "%s:%lld: ", path, (long long)d->line);
+    HP_TRY(hp_chat_sample_parse(d->ptr, d->len, where, true, &dl->smp));
+    hp_status_t st = hp_chat_template_render(dl->sft.chat_template, dl->smp.m, dl->smp.n, dl->smp.first_trained,
+                                             false, &dl->rnd);
+    if (st != HP_OK) return hp_error_prefix(st, "%s", where);
+    st = hp_chat_tokenize(&dl->rnd, &dl->enc, &dl->s_ids, &dl->s_mask, &dl->s_n, &dl->s_cap);
+    if (st != HP_OK) return encode_error(dl, st, doc, dl->rnd.text, dl->rnd.len);
+    HP_TRY(check_ids(dl, dl->s_ids, dl->s_n, doc));
+    size_t n = dl->s_n > 0 ? dl->s_n - 1 : 0;
+    const size_t T = (size_t)dl->o.seq_len;
+    if (n > T) {
+        if (dl->sft.truncation == HP_SFT_ERROR)
+            return hp_error(HP_ERR_INVALID_ARG,
+                            "%sthe conversation has %zu tokens, more than training.seq_len + 1 = %zu; hint: set "
+                            "data.sft_truncation=truncate (keep the first seq_len + 1 tokens) or drop (skip such "
+                            "samples), or raise training.seq_len",
+                            where, dl->s_n, T + 1);
+        if (dl->sft.truncation == HP_SFT_DROP) return HP_OK;
+        n = T;
+    }
+    if (n > dl->p_cap) {
+        int32_t *a = realloc(dl->p_in, n * sizeof *a), *b = a ? realloc(dl->p_lab, n * sizeof *b) : NULL;
+        if (a) dl->p_in = a;
+        if (b) dl->p_lab = b;
+        if (!a || !b) return hp_error(HP_ERR_OOM, "dataloader: out of memory for a %zu-token sample", n);
+        dl->p_cap = n;
+    }
+    size_t trained = 0;
+    for (size_t j = 0; j < n; j++) {
+        dl->p_in[j] = dl->s_ids[j];
+        dl->p_lab[j] = dl->s_mask[j + 1] ? dl->s_ids[j + 1] : HP_SFT_IGNORE;
+        trained += dl->s_mask[j + 1];
+    }
+    if (trained == 0) return HP_OK;   /* all its answer lies beyond seq_len */
+    dl->p_n = n;
+    dl->pending = true;
+    dl->pending_doc = doc;
+    return HP_OK;
+}
+
+/* One (B, T) batch of SFT rows: whole samples in order, several per row with data.pack, the
+ * rest of a row padded (pad_id, label -100); positions restart at 0 with each sample (and
+ * with the padding), marking the document boundaries. */
+static hp_status_t next_chat(hp_dataloader_t dl, int32_t *inputs, int32_t *labels, int32_t *positions, bool *got) {
+    const int64_t T = dl->o.seq_len;
+    for (int64_t b = 0; b < dl->o.batch_size; b++) {
+        int32_t *in = inputs + b * T, *lab = labels + b * T;   // (T,) each
+        int32_t *pos = positions ? positions + b * T : NULL;   // (T,)
+        int64_t used = 0;
+        for (;;) {
+            if (!dl->pending) {
+                if (dl->pos >= cur_end(dl)) {
+                    bool carried = dl->carry_i < dl->carry_n;
+                    if (!carried && dl->o.loop && dl->epoch_tokens == 0)
+                        return hp_error(HP_ERR_STATE,
+                                        "dataloader: a full pass over rank %d's shard gave no sample with an assistant "
+                                        "token within training.seq_len = %lld; hint: raise training.seq_len or set "
+                                        "data.sft_truncation=truncate",
+                                        dl->o.dp_rank, (long long)T);
+                    if (!next_range(dl)) {
+                        if (used == 0) return HP_OK;
+                        break;
+                    }
+                    continue;
+                }
+                HP_TRY(load_sample(dl));
+                continue;
+            }
+            const int64_t n = (int64_t)dl->p_n;
+            if (used > 0 && used + n > T) break;   /* starts the next row */
+            memcpy(in + used, dl->p_in, (size_t)n * sizeof *in);
+            memcpy(lab + used, dl->p_lab, (size_t)n * sizeof *lab);
+            for (int64_t j = 0; pos && j < n; j++) pos[used + j] = (int32_t)j;
+            used += n;
+            dl->pending = false;
+            dl->epoch_tokens += n;
+            if (!dl->sft.pack || used == T) break;
+        }
+        for (int64_t t = used; t < T; t++) {
+            in[t] = dl->sft.pad_id;
+            lab[t] = HP_SFT_IGNORE;
+            if (pos) pos[t] = (int32_t)(t - used);
+        }
+        dl->samples++;
+    }
+    *got = true;
+    return HP_OK;
+}
+
 hp_status_t hp_dataloader_next(hp_dataloader_t dl, int32_t *inputs, int32_t *labels, bool *got) {
+    return hp_dataloader_next_docs(dl, inputs, labels, NULL, got);
+}
+
+hp_status_t hp_dataloader_next_docs(hp_dataloader_t dl, int32_t *inputs, int32_t *labels, int32_t *positions,
+                                    bool *got) {
     const int64_t T = dl->o.seq_len, W = T + 1;
     *got = false;
+    if (dl->ds->fmt == FMT_CHAT) return next_chat(dl, inputs, labels, positions, got);
+    if (positions)
+        return hp_error(HP_ERR_UNSUPPORTED, "dataloader: %s windows carry no document boundaries (TorchTitan v0.2.2 "
+                                            "packing); only chat (SFT) data records them",
+                        fmt_names_[dl->ds->fmt]);
     for (int64_t b = 0; b < dl->o.batch_size; b++) {
         int32_t *in = inputs + b * T;   // (T,)
         int32_t *lab = labels + b * T;  // (T,)
@@ -748,7 +925,12 @@ hp_status_t hp_dataloader_state_save(hp_dataloader_t dl, void *buf, size_t cap, 
     put_u32(&p, (uint32_t)dl->o.dp_world);
     put_u64(&p, (uint64_t)dl->o.seq_len);
     put_u64(&p, (uint64_t)dl->n_split);
-    put_u64(&p, nc ? 0 : (uint64_t)(dl->pos - dl->begin));   /* carrying: pos is the first range's begin */
+    /* Carrying, pos walks the current carried range (written below as that range's begin);
+     * else the offset in the shard. An SFT sample read but not yet placed is read again on
+     * load: its document lies in the current range (a range is left only with no sample
+     * pending), so the position written is that document. */
+    const int64_t at = dl->pending ? dl->pending_doc : dl->pos;
+    put_u64(&p, nc ? 0 : (uint64_t)(at - dl->begin));
     put_u64(&p, (uint64_t)dl->epoch);
     put_u64(&p, (uint64_t)dl->samples);
     put_u64(&p, (uint64_t)dl->epoch_tokens);
@@ -757,7 +939,7 @@ hp_status_t hp_dataloader_state_save(hp_dataloader_t dl, void *buf, size_t cap, 
     if (nc) {
         put_u64(&p, (uint64_t)nc);
         for (int i = dl->carry_i; i < dl->carry_n; i++) {
-            put_u64(&p, (uint64_t)(i == dl->carry_i ? dl->pos : dl->carry[i][0]));
+            put_u64(&p, (uint64_t)(i == dl->carry_i ? at : dl->carry[i][0]));
             put_u64(&p, (uint64_t)dl->carry[i][1]);
         }
     }

@@ -34,22 +34,33 @@ hp_status_t hp_parallel_dims_from_config(const hp_config_t *cfg, int world_size,
 }
 
 
-/* activation_checkpoint -> hp_model_set_activation_checkpoint's every_k (TorchTitan: full =
- * every block; selective with an integer k = every k-th block; selective "op" = op-level SAC,
- * not implemented). */
-static hp_status_t ac_every_k(const hp_config_t *c, int *every_k) {
+/* activation_checkpoint -> the AC options (TorchTitan: full = every block; selective with an
+ * integer k = every k-th block, with "op" = op-level SAC in every block; memory_budget = torch's
+ * knapsack under memory_budget in every block). */
+static hp_status_t ac_options(const hp_config_t *c, hp_ac_options_t *o) {
     const char *mode = c->activation_checkpoint.mode, *opt = c->activation_checkpoint.selective_ac_option;
-    *every_k = 0;
+    *o = hp_ac_default_options();
+    o->memory_budget = c->activation_checkpoint.memory_budget;
+    const char *force = c->activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns;
+    if (strlen(force) >= sizeof o->force_recompute)
+        return hp_error(HP_ERR_INVALID_ARG, "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns is "
+                        "%zu characters, expected at most %zu", strlen(force), sizeof o->force_recompute - 1);
+    snprintf(o->force_recompute, sizeof o->force_recompute, "%s", force);
     if (strcmp(mode, "none") == 0) return HP_OK;
-    if (strcmp(mode, "full") == 0) { *every_k = 1; return HP_OK; }
+    if (strcmp(mode, "full") == 0) { o->every_k = 1; return HP_OK; }
+    if (strcmp(mode, "memory_budget") == 0) {
+        o->every_k = 1;
+        o->policy = HP_AC_BUDGET;
+        return hp_ac_options_check(o, "activation_checkpoint.memory_budget");
+    }
     if (strcmp(mode, "selective") != 0)
-        return hp_error(HP_ERR_INVALID_ARG, "activation_checkpoint.mode = %s, expected none, full or selective",
-                        mode);
-    if (strcmp(opt, "op") == 0)
-        return hp_error(HP_ERR_UNSUPPORTED,
-                        "activation_checkpoint.selective_ac_option = op (op-level selective AC) is not implemented "
-                        "yet; hint: use an integer k (checkpoint every k-th block) or "
-                        "--activation_checkpoint.mode=full");
+        return hp_error(HP_ERR_INVALID_ARG, "activation_checkpoint.mode = %s, expected none, full, selective or "
+                        "memory_budget", mode);
+    if (strcmp(opt, "op") == 0) {
+        o->every_k = 1;
+        o->policy = HP_AC_OP;
+        return HP_OK;
+    }
     char *end = NULL;
     errno = 0;
     long k = strtol(opt, &end, 10);
@@ -58,7 +69,7 @@ static hp_status_t ac_every_k(const hp_config_t *c, int *every_k) {
                         "activation_checkpoint.selective_ac_option = '%s', expected a non-negative integer k "
                         "(checkpoint every k-th transformer block; 0 = every block, as TorchTitan) or op; hint: e.g. --activation_checkpoint.selective_ac_option=2",
                         opt);
-    *every_k = k == 0 ? 1 : (int)k;   // TorchTitan: `not ac_freq` wraps every block
+    o->every_k = k == 0 ? 1 : (int)k;   // TorchTitan: `not ac_freq` wraps every block
     return HP_OK;
 }
 
@@ -206,15 +217,22 @@ hp_status_t hp_parallelize_options_from_config(const hp_config_t *c, hp_parallel
                                 "parallelism.context_parallel_load_balancer", &o->cp.balancer));
     o->cp.ulysses_degree = (int)c->parallelism.context_parallel_ulysses_degree;
     o->cp.async = c->parallelism.context_parallel_async;
-    HP_TRY(ac_every_k(c, &o->ac_every_k));
+    HP_TRY(ac_options(c, &o->ac));
     o->seed = (uint64_t)c->training.seed;
     o->fsdp = fsdp_options(c);
+    o->zero_stage = (int)c->parallelism.zero_stage;
     hp_pipeline_options_t *pp = &o->pp;
     pp->schedule = c->parallelism.pipeline_parallel_schedule;
     pp->schedule_csv = c->parallelism.pipeline_parallel_schedule_csv;
     pp->module_fqns_per_model_part = c->parallelism.module_fqns_per_model_part;
     pp->microbatch_size = (int)c->parallelism.pipeline_parallel_microbatch_size;
     pp->layers_per_stage = (int)c->parallelism.pipeline_parallel_layers_per_stage;
+    /* TorchTitan divides by it (ceil(layers / layers_per_stage) stages): 0 is no split */
+    if (pp->layers_per_stage == 0)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'parallelism.pipeline_parallel_layers_per_stage' = 0: expected "
+                        "at least 1 transformer layer per virtual stage (the stage count is ceil(layers / "
+                        "layers_per_stage)); hint: -1 (the default) splits the layers evenly by the schedule's stage "
+                        "count");
     pp->first_stage_less_layers = (int)c->parallelism.pipeline_parallel_first_stage_less_layers;
     pp->last_stage_less_layers = (int)c->parallelism.pipeline_parallel_last_stage_less_layers;
     pp->mpipe_transpose_layers = (int)c->parallelism.pipeline_parallel_mpipe_transpose_layers;
@@ -228,8 +246,8 @@ hp_status_t hp_parallel_config_check(const hp_config_t *c, const hp_model_config
                         "training.dtype = %s is not implemented yet (parameters and optimizer state are float32); "
                         "set --training.dtype=float32", c->training.dtype);
     HP_TRY(hp_parallel_dims_check_implemented(pd, HP_TRAINER_IMPLEMENTED));
-    int ac = 0;
-    HP_TRY(ac_every_k(c, &ac));
+    hp_ac_options_t ac;
+    HP_TRY(ac_options(c, &ac));
     HP_TRY(moe_check_layout(c, mc, pd));
     HP_TRY(check_cp_layout(c, mc, pd));
     /* context parallel with an MoE model: each cp rank routes its sequence shard (dispatched
@@ -243,6 +261,14 @@ hp_status_t hp_parallel_config_check(const hp_config_t *c, const hp_model_config
         return hp_error(HP_ERR_UNSUPPORTED, "validation.local_batch_size %d differs from training.local_batch_size %d; "
                         "under pipeline parallel validation runs the training micro-batches; hint: leave "
                         "validation.local_batch_size at -1", val_batch, batch);
+    if (c->parallelism.zero_stage == 1 &&
+        (pd->dp_replicate < 2 || pd->dp_shard * pd->cp > 1 || pd->pp > 1 || mc->moe_experts > 0))
+        return hp_error(HP_ERR_UNSUPPORTED, "parallelism.zero_stage = 1 partitions the optimizer state of replicated "
+                        "data parallel: it needs data_parallel_replicate_degree > 1 (here %d) with "
+                        "data_parallel_shard_degree x context_parallel_degree 1 (here %d; FSDP shards the state "
+                        "already), pipeline_parallel_degree 1 (here %d) and a dense model (model.name %s); hint: "
+                        "--parallelism.zero_stage=0, or FSDP (data_parallel_shard_degree > 1)", pd->dp_replicate,
+                        pd->dp_shard * pd->cp, pd->pp, mc->name);
     if (pd->tp > 1) {
         const int T = (int)c->training.seq_len;
         if (c->parallelism.enable_sequence_parallel && T % pd->tp != 0)

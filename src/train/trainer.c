@@ -22,12 +22,14 @@
 #include "hyperparallel/ckpt_manager.h"
 #include "hyperparallel/data.h"
 #include "hyperparallel/file.h"
+#include "hyperparallel/memory_plan.h"
 #include "hyperparallel/metrics.h"
 #include "hyperparallel/models.h"
 #include "hyperparallel/moe_balance.h"
 #include "hyperparallel/optim.h"
 #include "hyperparallel/parallel_config.h"
 #include "hyperparallel/tokenizer.h"
+#include "hyperparallel/chat_template.h"
 
 struct hp_trainer {
     hp_config_t cfg;
@@ -45,6 +47,7 @@ struct hp_trainer {
     hp_optim_t opt;
     hp_lr_schedule_t lr;
     hp_tokenizer_t tok;
+    hp_chat_template_t chat;    /* chat (SFT) data: the model folder's template */
     hp_token_ids_t scratch;     /* encoder scratch for the data loaders */
     hp_dataset_t ds;
     hp_dataloader_t dl, val_dl;
@@ -57,6 +60,9 @@ struct hp_trainer {
     hp_metrics_paths_t metric_paths;
     hp_ckpt_manager_t ckpt;
     uint64_t ckpt_seed;
+    hp_memory_plan_t plan;      /* this rank's predicted peak (memory plan, before the model exists) */
+    double mem_limit;           /* the bytes it was checked against (0: no check) */
+    char mem_limit_what[160];
 };
 
 /* hp_encode_fn over the tokenizer (documents get BOS/EOS from the data layer). */
@@ -155,7 +161,9 @@ static hp_status_t build_local(hp_trainer_t t, hp_parallelize_options_t *po) {
     HP_TRY(hp_parallelize_options_from_config(c, po));
     if (t->pd.pp > 1) return HP_OK;   /* the pipeline makes its stages */
     const int rows = t->B > t->val_B ? t->B : t->val_B;
-    HP_TRY(hp_model_create(&t->mcfg, rows, t->T, &t->model));
+    /* described only (the meta device): the parallelize places each parameter, then each rank
+     * allocates and draws only its shards */
+    HP_TRY(hp_model_create_empty(&t->mcfg, rows, t->T, &t->model));
     return hp_parallel_create(t->model, rows, t->T, &t->par);
 }
 
@@ -170,10 +178,144 @@ static hp_status_t moe_pre_step(void *user, hp_optim_t opt) {
     return hp_moe_balancer_step(t->moe, hp_metrics_should_log(t->metrics, t->step + 1) ? moe_log : NULL, t);
 }
 
+/* ---- the memory plan (docs/memory.md) ------------------------------------------------------- */
+
+/* The plan's input for this run with another layout / AC / micro-batch (the knobs). */
+static hp_memory_plan_input_t plan_input(hp_trainer_t t, const hp_parallelize_options_t *po, hp_tp_plan_entry_t *plan,
+                                         int cap) {
+    const hp_config_t *c = &t->cfg;
+    hp_memory_plan_input_t in;
+    memset(&in, 0, sizeof in);
+    in.model = &t->mcfg;
+    in.dims = t->pd;
+    if (t->pd.tp > 1) {
+        const hp_model_spec_t *spec = hp_model_spec_find(t->mcfg.name);
+        if (spec && spec->tp_plan) in.n_tp_plan = spec->tp_plan(&t->mcfg, po->sequence_parallel, po->loss_parallel, plan, cap);
+        in.tp_plan = plan;
+    }
+    in.batch = t->B > t->val_B ? t->B : t->val_B;
+    in.seq_len = t->T;
+    in.ac = po->ac;
+    in.fsdp = po->fsdp;
+    in.pp = po->pp;
+    in.optim_states = !strcmp(c->optimizer.name, "adamw") ? 2 : !strcmp(c->optimizer.name, "muon") ? 1
+                      : c->optimizer.momentum != 0 ? 1 : 0;
+    in.zero_stage = po->zero_stage;
+    int64_t rss = 0;
+    if (hp_memory_rss(&rss, NULL) == HP_OK) in.base_bytes = (size_t)rss;
+    int coords[HP_PD_NDIM];
+    hp_parallel_dims_coords(&t->pd, t->rank, coords);
+    in.pp_rank = t->pd.pp > 1 ? coords[HP_PD_PP] : -1;
+    return in;
+}
+
+/* This host's MemAvailable (bytes; 0 when /proc/meminfo does not say). */
+static double mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0.0;
+    char line[256];
+    double kb = 0.0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024.0;
+}
+
+/* Ranks of the world on this host (by host name; collective over world). */
+static hp_status_t ranks_on_host(hp_trainer_t t, int *n) {
+    *n = 1;
+    if (!t->world || t->world_size == 1) return HP_OK;
+    char host[256] = "";
+    (void)gethostname(host, sizeof host - 1);
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = host; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    int64_t mine = (int64_t)h, *all = hp_calloc((size_t)t->world_size, sizeof(int64_t));
+    if (!all) return HP_ERR_OOM;
+    hp_status_t s = hp_all_gather(&mine, all, 1, HP_I64, t->world, NULL);
+    *n = 0;
+    for (int r = 0; s == HP_OK && r < t->world_size; r++) *n += all[r] == mine;
+    free(all);
+    return s;
+}
+
+/* The knobs that would fit, each alone: more FSDP ranks, full AC, smaller micro-batches. */
+static void fitting_knobs(hp_trainer_t t, const hp_parallelize_options_t *po, double limit, char *buf, size_t n) {
+    hp_tp_plan_entry_t plan[64];
+    size_t o = 0;
+    buf[0] = '\0';
+    hp_memory_plan_t p;
+#define FITS(in_) (hp_memory_plan(&(in_), &p) == HP_OK && (double)p.peak <= limit)
+    for (int f = 2; f <= 1024; f *= 2) {   // FSDP over more ranks (the other degrees kept)
+        hp_memory_plan_input_t in = plan_input(t, po, plan, 64);
+        if (f <= in.dims.dp_shard) continue;
+        in.dims.dp_shard = f;
+        in.dims.world_size = t->pd.world_size / t->pd.dp_shard * f;
+        if (FITS(in)) {
+            o += (size_t)snprintf(buf + o, n - o, "%sparallelism.data_parallel_shard_degree=%d on %d ranks (%.2f GiB)",
+                                  o ? "; " : "", f, in.dims.world_size, p.peak / 1073741824.0);
+            break;
+        }
+    }
+    if ((po->ac.every_k != 1 || po->ac.policy != HP_AC_FULL) && o < n) {
+        hp_memory_plan_input_t in = plan_input(t, po, plan, 64);
+        in.ac.every_k = 1;
+        in.ac.policy = HP_AC_FULL;
+        if (FITS(in))
+            o += (size_t)snprintf(buf + o, n - o, "%sactivation_checkpoint.mode=full (%.2f GiB)", o ? "; " : "",
+                                  p.peak / 1073741824.0);
+    }
+    for (int b = t->B / 2; b >= 1 && o < n; b /= 2) {   // smaller micro-batches, the global batch kept
+        hp_memory_plan_input_t in = plan_input(t, po, plan, 64);
+        in.batch = b;
+        if (in.dims.pp > 1) in.pp.microbatch_size = in.pp.microbatch_size < b ? in.pp.microbatch_size : b;
+        if (FITS(in)) {
+            o += (size_t)snprintf(buf + o, n - o, "%straining.local_batch_size=%d with gradient accumulation (%.2f GiB)",
+                                  o ? "; " : "", b, p.peak / 1073741824.0);
+            break;
+        }
+    }
+#undef FITS
+    if (!o) snprintf(buf, n, "none of more FSDP ranks (up to 1024), full activation checkpointing or a micro-batch of one "
+                     "sequence fits alone; hint: combine them, or tensor / pipeline parallel");
+}
+
+/* Before anything of the model's size is allocated: this rank's predicted peak against its
+ * memory (training.memory_limit_gib, or this host's MemAvailable over its ranks). */
+static hp_status_t check_memory_plan(hp_trainer_t t, const hp_parallelize_options_t *po, int n_host) {
+    const hp_config_t *c = &t->cfg;
+    hp_tp_plan_entry_t plan[64];
+    hp_memory_plan_input_t in = plan_input(t, po, plan, 64);
+    HP_TRY(hp_memory_plan(&in, &t->plan));
+    const double gib = 1073741824.0, lim = c->training.memory_limit_gib;
+    if (lim > 0) {
+        t->mem_limit = lim * gib;
+        snprintf(t->mem_limit_what, sizeof t->mem_limit_what, "training.memory_limit_gib = %g", lim);
+    } else if (lim == 0) {
+        const double avail = mem_available();
+        if (avail > 0) {
+            t->mem_limit = (double)in.base_bytes + avail / (n_host > 0 ? n_host : 1);
+            snprintf(t->mem_limit_what, sizeof t->mem_limit_what, "this process's %.2f GiB plus this host's "
+                     "MemAvailable %.2f GiB / %d rank(s) on it; set training.memory_limit_gib to state the limit",
+                     (double)in.base_bytes / gib, avail / gib, n_host);
+        }
+    }
+    if (t->mem_limit <= 0 || (double)t->plan.peak <= t->mem_limit) return HP_OK;
+    char what[1024], knobs[1024];
+    hp_memory_plan_str(&t->plan, what, sizeof what);
+    fitting_knobs(t, po, t->mem_limit, knobs, sizeof knobs);
+    return hp_error(HP_ERR_OOM, "memory plan: rank %d's predicted peak %.2f GiB exceeds the allowed %.2f GiB (%s), so "
+                    "the run stops before allocating the model; predicted %s; knobs that would fit: %s", t->rank,
+                    (double)t->plan.peak / gib, t->mem_limit / gib, t->mem_limit_what, what, knobs);
+}
+
 static hp_status_t build(hp_trainer_t t) {
     const hp_config_t *c = &t->cfg;
     hp_parallelize_options_t po;
     hp_status_t local = build_local(t, &po);
+    HP_TRY(t->world ? hp_comm_agree(t->world, local, NULL) : local);
+    int n_host = 1;
+    HP_TRY(ranks_on_host(t, &n_host));
+    local = check_memory_plan(t, &po, n_host);
     HP_TRY(t->world ? hp_comm_agree(t->world, local, NULL) : local);
     if (t->pd.pp > 1) {   /* TorchTitan's pipelining_fn: split, parallelize each stage, the runtime */
         HP_TRY(hp_parallelize_pipeline(&t->mcfg, &t->pd, &t->meshes, t->world, t->B, t->T, &po, &t->par));
@@ -193,7 +335,8 @@ static hp_status_t build(hp_trainer_t t) {
     oc.eps = c->optimizer.eps;
     if (kind == HP_OPTIM_SGD) oc.momentum = c->optimizer.momentum;
     if (kind == HP_OPTIM_MUON) oc.muon_momentum = c->optimizer.momentum;
-    HP_TRY(hp_optim_create(&oc, hp_parallel_params(t->par), hp_parallel_num_params(t->par), &t->opt));
+    /* the composition's optimizer table: every parameter, or ZeRO-1's share with placeholders */
+    HP_TRY(hp_optim_create(&oc, hp_parallel_optim_params(t->par), hp_parallel_num_params(t->par), &t->opt));
     HP_TRY(hp_moe_balancer_create(t->par, t->loss_comm, &t->moe));
     if (t->moe) HP_TRY(hp_optim_register_step_pre_hook(t->opt, moe_pre_step, t));
     hp_lr_decay_t decay;
@@ -207,7 +350,24 @@ static hp_status_t build(hp_trainer_t t) {
     hp_text_encoder_t enc = {encode_cb, t, hp_tokenizer_bos_id(t->tok), hp_tokenizer_eos_id(t->tok)};
     hp_dataloader_options_t dlo = {HP_SPLIT_TRAIN, t->T, t->B, t->dp_rank, t->dp_size, c->data.loop,
                                    t->mcfg.vocab_size};
-    HP_TRY(hp_dataloader_create(t->ds, &enc, &dlo, &t->dl));
+    hp_sft_options_t sft = {0};
+    if (strcmp(hp_dataset_format(t->ds), "chat") == 0) {   /* SFT: docs/finetune.md */
+        hp_status_t s = hp_chat_template_from_tokenizer(t->tok, c->data.chat_template, &t->chat);
+        if (s != HP_OK) return hp_error_prefix(s, "data.format = chat with tokenizer.path '%s': ", c->tokenizer.path);
+        /* padding positions are masked (-100) and follow the row's samples, so the id only fills
+         * them: the folder's pad token, else EOS, else 0 */
+        int32_t pad = hp_tokenizer_pad_id(t->tok);
+        if (pad < 0) pad = hp_tokenizer_eos_id(t->tok);
+        if (pad < 0) pad = 0;
+        const char *tr = c->data.sft_truncation;
+        sft = (hp_sft_options_t){t->chat, pad, c->data.pack,
+                                     strcmp(tr, "drop") == 0 ? HP_SFT_DROP : strcmp(tr, "error") == 0 ? HP_SFT_ERROR
+                                                                                                      : HP_SFT_TRUNCATE};
+        if (t->rank == 0)
+            hp_log(HP_LOG_INFO, "SFT data: chat template %s (%s), pack %s, pad id %d, loss on assistant tokens only",
+                   hp_chat_template_name(t->chat), hp_chat_template_models(t->chat), c->data.pack ? "on" : "off", pad);
+    }
+    HP_TRY(hp_dataloader_create_sft(t->ds, &enc, &dlo, &sft, &t->dl));
     if (c->validation.enable) {
         if (hp_dataset_num_documents(t->ds, HP_SPLIT_VALIDATION) == 0)
             return hp_error(HP_ERR_INVALID_ARG, "validation.enable = true but the validation split of '%s' is empty; "
@@ -216,7 +376,7 @@ static hp_status_t build(hp_trainer_t t) {
         vo.split = HP_SPLIT_VALIDATION;
         vo.batch_size = t->val_B;
         vo.loop = false;
-        HP_TRY(hp_dataloader_create(t->ds, &enc, &vo, &t->val_dl));
+        HP_TRY(hp_dataloader_create_sft(t->ds, &enc, &vo, &sft, &t->val_dl));
     }
 
     /* one buffer serves the training micro-batches (accum x B rows) and a validation batch
@@ -240,7 +400,7 @@ static hp_status_t build(hp_trainer_t t) {
 /* The state the checkpoint manager saves and restores (with the MoE layers' expert_bias). */
 static hp_ckpt_train_state_t ckpt_state(hp_trainer_t t) {
     hp_ckpt_train_state_t st = {hp_parallel_params(t->par), hp_parallel_num_params(t->par), hp_model_config(t->model),
-                                t->opt, t->dl, &t->step, &t->ckpt_seed};
+                                t->opt, t->dl, &t->step, &t->ckpt_seed, hp_parallel_optim_params(t->par)};
     if (t->moe) st.params = hp_moe_balancer_state(t->moe, &st.n_params);
     return st;
 }
@@ -306,13 +466,42 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
                             "activations %.1f MiB, workspace %.1f MiB",
                pb / 1048576.0, gb / 1048576.0, hp_optim_state_bytes(t->opt) / 1048576.0, ab / 1048576.0,
                wb / 1048576.0);
+        char plan[1024];
+        hp_memory_plan_str(&t->plan, plan, sizeof plan);
+        if (t->mem_limit > 0)
+            hp_log(HP_LOG_INFO, "memory plan (rank 0, before allocating): peak %s; allowed %.2f GiB (%s)", plan,
+                   t->mem_limit / 1073741824.0, t->mem_limit_what);
+        else
+            hp_log(HP_LOG_INFO, "memory plan (rank 0, before allocating): peak %s; no limit (training.memory_limit_gib "
+                   "< 0)", plan);
+        hp_ac_estimate_t ace;   /* what activation checkpointing keeps and recomputes (nn_checkpoint.h) */
+        if (hp_parallel_ac_estimate(t->par, 0, &ace) == HP_OK && ace.n_checkpointed > 0) {
+            char mode[HP_CONFIG_STR_MAX + 32];
+            const char *md = cfg->activation_checkpoint.mode;
+            if (strcmp(md, "selective") == 0) snprintf(mode, sizeof mode, "selective %s", cfg->activation_checkpoint.selective_ac_option);
+            else if (strcmp(md, "memory_budget") == 0) snprintf(mode, sizeof mode, "memory_budget %g", cfg->activation_checkpoint.memory_budget);
+            else snprintf(mode, sizeof mode, "%s", md);
+            hp_log(HP_LOG_INFO, "activation checkpointing %s: %d blocks; activations %.2f MiB per micro-batch (kept "
+                                "%.2f, recompute region %.2f; %.2f without AC); recompute %.4g FLOPs per micro-batch "
+                                "(full AC: %.4g)", mode, ace.n_checkpointed, ace.act_bytes / 1048576.0,
+                   ace.kept_bytes / 1048576.0, ace.region_bytes / 1048576.0, ace.none_bytes / 1048576.0,
+                   ace.recompute_flops, ace.checkpointed_flops);
+        }
+        /* which kernels run: the GEMM library's family against the CPU (loud when below), the nn path */
+        char gemm[512];
+        if (hp_gemm_describe(gemm, sizeof gemm))
+            hp_log(HP_LOG_WARN, "%s", gemm);
+        else
+            hp_log(HP_LOG_INFO, "%s; nn kernels: %s path", gemm, hp_nn_isa_name(hp_nn_isa()));
         /* which figure MFU divides by */
         double peak = hp_metrics_peak_flops(t->metrics);
         if (peak > 0 && cfg->metrics.peak_flops > 0)
             hp_log(HP_LOG_INFO, "mfu: peak %.4g FLOP/s per rank, as configured (metrics.peak_flops)", peak);
         else if (peak > 0)
-            hp_log(HP_LOG_INFO, "mfu: peak %.4g FLOP/s per rank, measured (fastest float32 sgemm at start-up); set "
-                                "metrics.peak_flops to state the figure", peak);
+            hp_log(HP_LOG_INFO, "mfu: peak %.4g FLOP/s per rank, the f32 FMA peak of its %d thread(s) at %s, measured "
+                                "at start-up; beside it the sgemm peak %.4g FLOP/s (mfu's second figure); set "
+                                "metrics.peak_flops to state the figure", peak, omp_get_max_threads(),
+                   hp_cpu_isa_name(), hp_metrics_sgemm_peak_flops(t->metrics));
         else
             hp_log(HP_LOG_INFO, "mfu: not reported (metrics.peak_flops = %g)", cfg->metrics.peak_flops);
     }
@@ -332,6 +521,7 @@ void hp_trainer_destroy(hp_trainer_t t) {
     hp_dataset_close(t->ds);
     hp_token_ids_free(&t->scratch);
     hp_tokenizer_free(t->tok);
+    hp_chat_template_free(t->chat);
     hp_optim_free(t->opt);
     hp_moe_balancer_destroy(t->moe);
     const int own_model = t->par ? !hp_parallel_is_pipelined(t->par) : 1;
@@ -344,6 +534,7 @@ void hp_trainer_destroy(hp_trainer_t t) {
 hp_model_t hp_trainer_model(hp_trainer_t t) { return t->model; }
 int64_t hp_trainer_current_step(hp_trainer_t t) { return t->step; }
 int64_t hp_trainer_grad_accum(hp_trainer_t t) { return t->accum; }
+const hp_memory_plan_t *hp_trainer_memory_plan(hp_trainer_t t) { return &t->plan; }
 
 /* The step's loss: summed over pp (only the last stage holds it), then over the loss mesh. */
 static hp_status_t global_sum(hp_trainer_t t, float *v, int n, float *out) {
@@ -412,6 +603,7 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     double factor = hp_lr_schedule_factor(&t->lr, step - 1);
     const double t_clip = hp_clock_now_seconds();
     HP_TRY(hp_optim_step(t->opt, factor));
+    HP_TRY(hp_parallel_after_optimizer_step(t->par));   /* ZeRO-1: each parameter from its owner */
     const double t_opt = hp_clock_now_seconds();
     t->step = step;
     if (stats) {
@@ -523,6 +715,40 @@ static hp_status_t interrupted(hp_trainer_t t, int sig) {
     return hp_error(HP_ERR_STATE, "interrupted by %s (signal %d) %s; %s", signal_name(sig), sig, what, last);
 }
 
+/* After training, every rank's predicted peak beside the measured ones (collective over world):
+ * the process's peak resident set (VmHWM) and the library's allocations (hp_memory_tracked). */
+static hp_status_t report_memory(hp_trainer_t t) {
+    int64_t rss = 0, hwm = 0;
+    size_t live = 0, tracked = 0;
+    HP_TRY(hp_memory_rss(&rss, &hwm));
+    hp_memory_tracked(&live, &tracked);
+    int64_t mine[4] = {(int64_t)t->plan.peak, hwm, (int64_t)(t->plan.peak - t->plan.base - t->plan.mpi),
+                       (int64_t)tracked};
+    int64_t *all = hp_calloc(4 * (size_t)t->world_size, sizeof(int64_t));
+    if (!all) return HP_ERR_OOM;
+    hp_status_t s = t->world && t->world_size > 1 ? hp_all_gather(mine, all, 4, HP_I64, t->world, NULL) : HP_OK;
+    if (s == HP_OK && (!t->world || t->world_size == 1)) memcpy(all, mine, sizeof mine);
+    if (s == HP_OK && t->rank == 0) {
+        const double gib = 1073741824.0;
+        double worst = 0.0, max_rss = 0.0;
+        for (int r = 0; r < t->world_size; r++) {
+            const double v[4] = {(double)all[4 * r], (double)all[4 * r + 1], (double)all[4 * r + 2],
+                                 (double)all[4 * r + 3]};
+            const double e = (v[0] - v[1]) / v[1];
+            if (fabs(e) > fabs(worst)) worst = e;
+            if (v[1] > max_rss) max_rss = v[1];
+            if (r < 16)
+                hp_log(HP_LOG_INFO, "memory rank %d: predicted peak %.3f GiB, measured peak RSS %.3f GiB (prediction "
+                       "%+.1f%%); library allocations: predicted %.3f GiB, measured peak %.3f GiB (%+.1f%%)", r,
+                       v[0] / gib, v[1] / gib, 100.0 * e, v[2] / gib, v[3] / gib, 100.0 * (v[2] - v[3]) / v[3]);
+        }
+        hp_log(HP_LOG_INFO, "memory: largest measured peak RSS %.3f GiB over %d rank(s); the prediction's worst error "
+               "%+.1f%%", max_rss / gib, t->world_size, 100.0 * worst);
+    }
+    free(all);
+    return s;
+}
+
 /* The step profile: the mean step's phases after the first step, logged by rank 0. */
 static void log_step_phases(const hp_step_stats_t *sum, double metrics_s, int64_t n) {
     if (n <= 0 || sum->seconds <= 0) return;
@@ -566,5 +792,6 @@ hp_status_t hp_trainer_train(hp_trainer_t t) {
         }
     }
     if (t->rank == 0) log_step_phases(&sum, metrics_s, n_prof);
+    HP_TRY(report_memory(t));   /* before the final weights: their gather is not the training's peak */
     return c->job.dump_folder[0] ? save_final_weights(t) : HP_OK;
 }

@@ -37,6 +37,15 @@ static hp_status_t check_moe(const hp_model_config_t *mc, const char *what) {
     if (key)
         return hp_error(HP_ERR_UNSUPPORTED, "HF %s: DeepseekV3ForCausalLM cannot express this deepseek_v3 model's %s; "
                         "hint: set it (the 671B flavor has HF's values), or use the DCP checkpoint", what, key);
+    /* transformers builds q_a_layernorm / kv_a_layernorm with DeepseekV3RMSNorm's default eps
+     * 1e-6 whatever rms_norm_eps says; TorchTitan's flavors use norm_eps (1e-5) */
+    if (mc->mla && hp_model_mla_norm_eps(mc) != 1e-6f)
+        return hp_error(HP_ERR_UNSUPPORTED, "HF %s: DeepseekV3ForCausalLM's q_a_layernorm / kv_a_layernorm use eps 1e-6 "
+                        "whatever rms_norm_eps says, but this deepseek_v3 model's q_norm / kv_norm use %g "
+                        "(model.mla_norm_eps = %g; 0 means model.norm_eps, as TorchTitan's flavors); hint: set "
+                        "model.mla_norm_eps = 1e-6 (hp-ckpt: --model.mla_norm_eps 1e-6) for transformers' numerics (an HF "
+                        "import has it), or keep the DCP checkpoint: in the HF class these norms compute with 1e-6", what,
+                        hp_model_mla_norm_eps(mc), mc->mla_norm_eps);
     return HP_OK;
 }
 
@@ -53,6 +62,10 @@ static hp_status_t read_keys(const hfj_t *c, hp_model_config_t *mc, int64_t maxp
     HP_TRY(hfj_int(c, "moe_intermediate_size", 1, 0, 1, HP_MODEL_MAX_DIM, &mh));
     HP_TRY(hfj_int(c, "n_shared_experts", 0, 1, 1, 64, &sh));
     HP_TRY(hfj_int(c, "first_k_dense_replace", 0, 0, 0, HP_MODEL_MAX_LAYERS, &dense));
+    if (dense > mc->n_layers)   /* named here: the model config would report its own field */
+        return hp_error(HP_ERR_FORMAT, "%s: 'first_k_dense_replace' = %lld exceeds 'num_hidden_layers' = %d: it counts "
+                        "the dense layers before the MoE ones; hint: at most num_hidden_layers (DeepSeek-V3: 3 of 61)",
+                        c->path, (long long)dense, mc->n_layers);
     HP_TRY(hfj_int(c, "n_group", 0, 1, 1, ne, &ng));
     HP_TRY(hfj_int(c, "topk_group", 0, ng, 1, ng, &tg));
     HP_TRY(hfj_bool(c, "norm_topk_prob", 0, &norm));
@@ -90,17 +103,15 @@ static hp_status_t read_keys(const hfj_t *c, hp_model_config_t *mc, int64_t maxp
     mc->qk_rope_head_dim = (int)rope;
     mc->v_head_dim = (int)v;
     mc->n_kv_heads = mc->head_dim = 0;   /* MLA: derived (HF's head_dim is the RoPE width) */
-    json_object *rp = hfj_get(c->o, "rope_parameters"), *rs = hfj_get(c->o, "rope_scaling");
-    const char *rkey = rp ? "rope_parameters" : "rope_scaling";
-    json_object *r = rp ? rp : rs;
+    mc->mla_norm_eps = 1e-6f;   /* DeepseekV3RMSNorm's default: q/kv_a_layernorm are built without rms_norm_eps */
+    json_object *r;
+    const char *rkey, *type;
+    HP_TRY(models_hf_rope_object(c, &r, &rkey, &type));
     double theta = 10000.0;
     HP_TRY(hfj_num(c, c->o, "rope_theta", 0, theta, 1.0, 1e12, &theta));
     if (r) HP_TRY(hfj_num(c, r, "rope_theta", 0, theta, 1.0, 1e12, &theta));
     mc->rope_theta = (float)theta;
     mc->rope_scaling = 0;
-    json_object *t = r ? hfj_get(r, "rope_type") : NULL;
-    if (r && !t) t = hfj_get(r, "type");
-    const char *type = t && json_object_is_type(t, json_type_string) ? json_object_get_string(t) : "default";
     char key[64];
     if (!strcmp(type, "default")) {   /* no YaRN: the model's condition max_seq_len > original is false */
         mc->rope_original_max_pos = (int)maxpos;
@@ -112,9 +123,16 @@ static hp_status_t read_keys(const hfj_t *c, hp_model_config_t *mc, int64_t maxp
         snprintf(b, sizeof b, "'%.200s'", type);
         return hfj_unsupported(c, key, b, "plain RoPE (\"default\") or DeepSeek's \"yarn\"");
     }
-    hfj_t rc = {c->path, r};
+    hfj_t rc = {c->path, r, c->cls};
     double f, bf = 32, bs = 1, ms = 1, msa = 0, af = 0;
     int64_t orig;
+    int truncate = 1;
+    HP_TRY(hfj_bool(&rc, "truncate", 1, &truncate));
+    if (!truncate) {   /* transformers then keeps the correction range unrounded */
+        snprintf(key, sizeof key, "%s.truncate", rkey);
+        return hfj_unsupported(c, key, "false", "YaRN with the correction range rounded to whole dimensions (truncate "
+                               "true, DeepSeek-V3's and TorchTitan's precompute_freqs_cis)");
+    }
     HP_TRY(hfj_num(c, r, "factor", 1, 0, 1e-6, 1e6, &f));
     HP_TRY(hfj_num(c, r, "beta_fast", 0, bf, 1e-6, 1e6, &bf));
     HP_TRY(hfj_num(c, r, "beta_slow", 0, bs, 1e-6, 1e6, &bs));
@@ -152,20 +170,44 @@ static void diff(models_diff_t *d, const hp_model_config_t *hf, const hp_model_c
     INT_KF("moe_intermediate_size", "moe_hidden_dim", moe_hidden);
     INT_KF("n_shared_experts", "moe_num_shared_experts", moe_shared_experts);
     INT_KF("first_k_dense_replace", "moe_n_dense_layers", moe_n_dense_layers);
-    INT_KF("n_group", "moe_n_expert_groups", moe_expert_groups);
-    INT_KF("topk_group", "moe_n_limited_groups", moe_limited_groups);
-    INT_KF("norm_topk_prob", "moe_route_norm", moe_route_norm);
+    /* HF's n_group 1 is no grouping (0 here) */
+    models_diff_int(d, "n_group", "moe_n_expert_groups", hf->moe_expert_groups > 1 ? hf->moe_expert_groups : 0,
+                    mc->moe_expert_groups > 1 ? mc->moe_expert_groups : 0);
+    if (hf->moe_expert_groups > 1) INT_KF("topk_group", "moe_n_limited_groups", moe_limited_groups);
+    models_diff_bool(d, "norm_topk_prob", "moe_route_norm", hf->moe_route_norm, mc->moe_route_norm);
     FLT_F("routed_scaling_factor", moe_route_scale);
-    INT_KF("scoring_func (sigmoid)", "moe_score_func", moe_score_fn);
+    if (hf->moe_score_fn != mc->moe_score_fn)
+        models_diff_str(d, "scoring_func", "moe_score_func", hf->moe_score_fn == HP_MOE_SCORE_SIGMOID ? "sigmoid" : "softmax",
+                        mc->moe_score_fn == HP_MOE_SCORE_SIGMOID ? "sigmoid" : "softmax");
     INT_F("q_lora_rank", q_lora_rank);
     INT_F("kv_lora_rank", kv_lora_rank);
     INT_F("qk_nope_head_dim", qk_nope_head_dim);
     INT_F("qk_rope_head_dim", qk_rope_head_dim);
     INT_F("v_head_dim", v_head_dim);
-    if (hp_model_mla_yarn(hf) != hp_model_mla_yarn(mc)) {
-        models_diff_str(d, "rope_parameters.rope_type", "max_seq_len / rope_original_max_pos",
-                        hp_model_mla_yarn(hf) ? "yarn" : "default", hp_model_mla_yarn(mc) ? "yarn" : "default");
-    } else if (hp_model_mla_yarn(hf)) {
+    models_diff_float(d, "q_a_layernorm / kv_a_layernorm eps (transformers: 1e-6)", "mla_norm_eps",
+                      hp_model_mla_norm_eps(hf), hp_model_mla_norm_eps(mc));
+    const int yh = hp_model_mla_yarn(hf), ym = hp_model_mla_yarn(mc);
+    if (yh != ym) {   /* YaRN applies when max_seq_len > rope_original_max_pos (TorchTitan's rule) */
+        char m[512], f[160];
+        snprintf(m, sizeof m, "config.json 'rope_parameters.rope_type' = %s with max_position_embeddings %d (model YaRN "
+                 "%s: model.max_seq_len %d %s model.rope_original_max_pos %d)", yh ? "yarn" : "default", hf->max_seq_len,
+                 ym ? "on" : "off", mc->max_seq_len, ym ? ">" : "<=", mc->rope_original_max_pos);
+        snprintf(f, sizeof f, "--model.max_seq_len %d", hf->max_seq_len);
+        models_diff_add(d, m, f);
+        if (!yh && hf->rope_original_max_pos != mc->rope_original_max_pos) {
+            char v[32];
+            snprintf(v, sizeof v, "%d", hf->rope_original_max_pos);
+            models_diff_flag(d, "rope_original_max_pos", v);
+        }
+    }
+    /* the context changes no numerics while YaRN's state agrees, but to-hf writes it as
+     * max_position_embeddings (and hp-generate's window is it) */
+    if (yh == ym && hf->max_seq_len != mc->max_seq_len) {
+        char v[32];
+        snprintf(v, sizeof v, "%d", hf->max_seq_len);
+        models_diff_flag(d, "max_seq_len", v);
+    }
+    if (yh) {
         FLT_F("rope_parameters.factor", rope_factor);
         FLT_F("rope_parameters.mscale", mla_mscale);
         FLT_F("rope_parameters.beta_fast", rope_beta_fast);

@@ -26,6 +26,10 @@ static hp_status_t read_keys(const hfj_t *c, hp_model_config_t *mc, int64_t max_
     int64_t ne = 0, k = 0, mh = 0, step = 1;
     int norm = 0;
     /* transformers 5 writes num_local_experts (its attribute map of num_experts), 4.x num_experts */
+    if (!hfj_get(c->o, "num_experts") && !hfj_get(c->o, "num_local_experts"))
+        return hp_error(HP_ERR_FORMAT, "%s: the routed experts per MoE layer are missing: neither 'num_experts' "
+                        "(transformers 4.x) nor 'num_local_experts' (transformers 5) is set; expected an integer (every "
+                        "Qwen3MoeConfig saves one of them); hint: use the config.json saved with the weights", c->path);
     HP_TRY(hfj_int(c, hfj_get(c->o, "num_experts") ? "num_experts" : "num_local_experts", 1, 0, 1, 1 << 16, &ne));
     HP_TRY(hfj_int(c, "num_experts_per_tok", 1, 0, 1, ne, &k));
     HP_TRY(hfj_int(c, "moe_intermediate_size", 1, 0, 1, HP_MODEL_MAX_DIM, &mh));
@@ -50,6 +54,9 @@ static hp_status_t read_keys(const hfj_t *c, hp_model_config_t *mc, int64_t max_
         }
         dense++;
     }
+    if (dense > mc->n_layers)   /* named here: the model config would report its own field */
+        return hp_error(HP_ERR_FORMAT, "%s: 'mlp_only_layers' lists %d layers but 'num_hidden_layers' = %d; hint: list "
+                        "dense layers of the model only", c->path, dense, mc->n_layers);
     mc->moe_experts = (int)ne;
     mc->moe_top_k = (int)k;
     mc->moe_hidden = (int)mh;
@@ -63,7 +70,7 @@ static void diff(models_diff_t *d, const hp_model_config_t *hf, const hp_model_c
     models_diff_int(d, "num_experts", "moe_num_experts", hf->moe_experts, mc->moe_experts);
     models_diff_int(d, "num_experts_per_tok", "moe_top_k", hf->moe_top_k, mc->moe_top_k);
     models_diff_int(d, "moe_intermediate_size", "moe_hidden_dim", hf->moe_hidden, mc->moe_hidden);
-    models_diff_int(d, "norm_topk_prob", "moe_route_norm", hf->moe_route_norm, mc->moe_route_norm);
+    models_diff_bool(d, "norm_topk_prob", "moe_route_norm", hf->moe_route_norm, mc->moe_route_norm);
     models_diff_int(d, "mlp_only_layers (count)", "moe_n_dense_layers", hf->moe_n_dense_layers, mc->moe_n_dense_layers);
 }
 
