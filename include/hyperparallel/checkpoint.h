@@ -157,6 +157,12 @@ hp_status_t hp_dcp_list_steps(const char *folder, int64_t *steps, int cap, int *
  * all data; otherwise only headers are read). HP_OK, or HP_ERR_FORMAT / HP_ERR_IO with a
  * message naming the file (and tensor) with the expected and actual size or checksum. */
 hp_status_t hp_dcp_verify(const char *dir, int checksums);
+/* Reads saved rank `saved_rank`'s copy of the per-rank blob `name` (a data loader's state) into
+ * buf[cap]; *size = its bytes. For state that is resharded by its owner when the world size
+ * changed (every new rank may read any old rank's blob). Checks the recorded checksum when
+ * `verify`. Local (no communication). */
+hp_status_t hp_dcp_load_rank_blob(const char *dir, const char *name, int saved_rank, void *buf, size_t cap,
+                                  size_t *size, int verify);
 /* The newest step-N under `folder` that passes hp_dcp_verify (sizes only). Each newer step
  * that fails is reported with a warning naming what is wrong (and left in place: nothing
  * saved is deleted). *step = -1 when no step is complete (*n_bad counts the failing ones;

@@ -43,6 +43,9 @@ int hp_comm_rank(hp_comm_t comm);
 int hp_comm_size(hp_comm_t comm);
 /* Rank of this process in the world communicator. */
 int hp_comm_world_rank(hp_comm_t comm);
+/* The host a world rank runs on (the launcher's name for it: MPI_Get_processor_name), gathered
+ * at hp_comm_init; "?" out of range or before init. Timeouts name hosts with it. */
+const char *hp_comm_host(int world_rank);
 /* Ranks with equal color form a new communicator, ordered by (key, old rank). color < 0
  * returns *out = NULL (the caller is in no group). Collective over `comm`. */
 hp_status_t hp_comm_split(hp_comm_t comm, int color, int key, hp_comm_t *out);
@@ -70,6 +73,11 @@ const char *hp_comm_get_progress(void);
  * (no second prefix). *failed_rank (may be NULL): that world rank, or -1. A world of one
  * rank returns `status` unchanged. */
 hp_status_t hp_comm_agree(hp_comm_t comm, hp_status_t status, int *failed_rank);
+/* 1 when the backend can keep a job running after one of its ranks is lost (an MPI with
+ * ULFM: MPIX_Comm_shrink / MPIX_Comm_revoke, as Open MPI 5 built with --with-ft=ulfm), the
+ * premise of TorchFT-style continuation; 0 otherwise (Open MPI 4.1). `desc` (may be NULL)
+ * receives the backend library's version line. Callable before hp_comm_init. */
+int hp_comm_survives_failures(char *desc, size_t cap);
 /* Aborts the whole job (all ranks) with a message. */
 _Noreturn void hp_comm_abort(hp_comm_t comm, int code, const char *message);
 

@@ -166,6 +166,9 @@ typedef struct hp_config {
         char path[HP_CONFIG_STR_MAX];
         int64_t vocab_size;
     } tokenizer;
+    struct {
+        bool enable;
+    } fault_tolerance;
 } hp_config_t;
 
 typedef enum hp_config_type {

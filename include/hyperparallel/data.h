@@ -130,13 +130,27 @@ int64_t hp_dataloader_samples(hp_dataloader_t dl);        /* windows yielded so 
 int64_t hp_dataloader_shard_documents(hp_dataloader_t dl);   /* documents (tokens for bin) of this rank */
 
 /* State: little-endian blob with magic "HPDL", version, split, dp rank and world, seq_len,
- * document count of the split, position, epoch, samples and the leftover token buffer.
- * hp_dataloader_state_size is the exact size of the blob save would write now. Loading
- * refuses a blob from another dp rank or world (the dp degree cannot change across a
- * resume, as in TorchTitan), another seq_len, split or dataset size. */
+ * document count of the split, position, epoch, samples and the leftover token buffer (and,
+ * version 2, the carried ranges of a resharded resume, below). hp_dataloader_state_size is the
+ * exact size of the blob save would write now. Loading refuses a blob from another dp rank or
+ * world, another seq_len, split or dataset size. */
 size_t hp_dataloader_state_size(hp_dataloader_t dl);
 hp_status_t hp_dataloader_state_save(hp_dataloader_t dl, void *buf, size_t cap, size_t *n);
 hp_status_t hp_dataloader_state_load(hp_dataloader_t dl, const void *buf, size_t n);
+/* The dp rank and world a state blob was saved by. */
+hp_status_t hp_dataloader_state_peek(const void *buf, size_t n, int *dp_rank, int *dp_world);
+/* Resume with another data-parallel degree (an elastic restart on fewer hosts; TorchTitan
+ * refuses it). blobs[r] / sizes[r]: the state of old dp rank r of n_old. The rule, so that no
+ * window of an interrupted pass is repeated or skipped: every old rank's pass is finished by
+ * exactly one new rank, dp rank q taking old ranks q, q + Q, q + 2Q, ... (Q the new degree):
+ * first their leftover buffered tokens (in that order), then the documents (tokens for bin)
+ * of their shards they had not read yet, range by range (a range's tail shorter than a window
+ * is skipped for bin, as the old rank would have). Then each new rank starts a fresh pass
+ * over its own shard of the new degree, numbered one past the highest old epoch (so does a
+ * rank that took no old rank). samples = the sum over the old ranks it took. Not looping: the
+ * loader ends after the carried ranges. The carried ranges are part of the state (version 2),
+ * so a resharded run can itself be checkpointed and resharded again. docs/data.md. */
+hp_status_t hp_dataloader_state_reshard(hp_dataloader_t dl, const void *const *blobs, const size_t *sizes, int n_old);
 
 #ifdef __cplusplus
 }

@@ -744,8 +744,21 @@ hp_status_t hp_dcp_saver_create(hp_comm_t comm, hp_dcp_saver_t *out) {
 int hp_dcp_saver_pending(hp_dcp_saver_t s) { return s->pending; }
 size_t hp_dcp_saver_staging_bytes(hp_dcp_saver_t s) { return s->staging_cap; }
 
+/* Test hook: HP_DCP_TEST_WRITE_DELAY_MS=D holds every async save in flight D ms before its
+ * writer starts, so that a test can fail a host while a save is running
+ * (tests/test_multihost_failure.c). */
+static void test_write_delay(void) {
+    const char *e = getenv("HP_DCP_TEST_WRITE_DELAY_MS");
+    long ms = e && *e ? atol(e) : 0;
+    if (ms > 0) {
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0) {}
+    }
+}
+
 static void *writer_main(void *arg) {
     hp_dcp_saver_t s = arg;
+    test_write_delay();
     s->status = run_job(&s->job);
     if (s->status != HP_OK) snprintf(s->message, sizeof s->message, "%s", hp_last_error());
     atomic_store(&s->done, 1);

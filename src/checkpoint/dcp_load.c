@@ -330,6 +330,33 @@ static hp_status_t load_local(const char *dir, hp_dcp_state_t *st, int rank, int
     return s;
 }
 
+hp_status_t hp_dcp_load_rank_blob(const char *dir, const char *name, int saved_rank, void *buf, size_t cap, size_t *size,
+                                  int verify) {
+    *size = 0;
+    hp_dcp_metadata_t md;
+    HP_TRY(hp_dcp_metadata_read(dir, &md));
+    const hp_dcp_entry_t *e = hp_dcp_metadata_find(md, name);
+    int world = hp_dcp_metadata_world_size(md);
+    hp_status_t s = HP_OK;
+    if (!e || !e->is_blob || !e->per_rank)
+        s = hp_error(HP_ERR_NOT_FOUND, "checkpoint %s has no per-rank blob '%s'", dir, name);
+    else if (saved_rank < 0 || saved_rank >= world)
+        s = hp_error(HP_ERR_INVALID_ARG, "checkpoint %s: blob '%s': rank %d of a checkpoint saved by %d ranks", dir,
+                     name, saved_rank, world);
+    if (s == HP_OK) {
+        loader_t L;
+        memset(&L, 0, sizeof L);
+        L.dir = dir;
+        L.verify = verify;
+        hp_dcp_blob_t b = {name, buf, 0, cap, 1, 0};
+        s = load_blob(&L, md, e, &b, saved_rank, world);
+        loader_close(&L);
+        if (s == HP_OK) *size = b.size;
+    }
+    hp_dcp_metadata_free(md);
+    return s;
+}
+
 hp_status_t hp_dcp_load(const char *dir, hp_dcp_state_t *st, hp_comm_t comm, const hp_dcp_load_options_t *opt) {
     int rank = comm ? hp_comm_rank(comm) : 0, world = comm ? hp_comm_size(comm) : 1;
     hp_status_t s = load_local(dir, st, rank, world, opt);

@@ -17,7 +17,7 @@ typedef struct wd_slot {
     volatile int in_use;
     uint64_t seq;                   /* odd while a call is in flight; atomic access */
     volatile int kind;
-    volatile int comm_size;
+    hp_comm_t volatile comm;        /* the call's communicator (members and hosts for the message) */
     uint64_t seen_seq;              /* watchdog thread only: last odd seq observed ... */
     double seen_at;                 /* ... and when it was first observed */
 } wd_slot_t;
@@ -57,13 +57,28 @@ extern uint64_t hp_comm_allocs;
 
 /* comm.c */
 void hp_comm_count_op(hp_comm_op_t op, size_t bytes);
-/* Ends the job: `kind` on a communicator of comm_size ranks ran past the timeout. */
-_Noreturn void hp_comm_timeout_abort(int kind, int comm_size, double elapsed);
+/* Ends the job: `kind` on `comm` ran past the timeout. */
+_Noreturn void hp_comm_timeout_abort(int kind, hp_comm_t comm, double elapsed);
 /* Marks this thread's call in flight (begin) and done (end) for the watchdog. */
-void hp_comm_wd_begin(int kind, int comm_size);
+void hp_comm_wd_begin(int kind, hp_comm_t comm);
 void hp_comm_wd_end(void);
 /* A usable communicator, or an error naming `fn`. */
 hp_status_t hp_comm_check(hp_comm_t comm, const char *fn);
+
+/* comm_health.c: host names, the launcher's heartbeat channel (docs/multihost.md) */
+/* Gathers every world rank's host name (collective over the world) and opens the channel to
+ * HP_LAUNCH_ADDR when set. */
+hp_status_t hp_comm_health_init(const hp_comm_backend_t *be, void *world_ctx, int rank, int size);
+void hp_comm_health_fini(void);
+/* Watchdog thread, every tick: sends a heartbeat when due, reads the launcher's answers. */
+void hp_comm_health_tick(double now);
+/* "on hosts h0, h1": the hosts of comm's members. */
+void hp_comm_health_describe(hp_comm_t comm, char *buf, size_t cap);
+/* 1 and "no heartbeat for 3.1 s from ranks 2, 3 on host h1" when the launcher reported
+ * members of comm silent; 0 (buf empty) otherwise. */
+int hp_comm_health_lost(hp_comm_t comm, double now, char *buf, size_t cap);
+/* Tells the launcher that this rank is ending the job, and why. */
+void hp_comm_health_report(const char *text);
 
 /* comm_work.c */
 /* A reset work from this thread's cache (blocking) or the pool. */

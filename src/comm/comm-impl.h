@@ -58,6 +58,11 @@ typedef struct hp_comm_backend {
     hp_status_t (*dup)(void *ctx, void **out_ctx, int *rank, int *size);
     void (*free_ctx)(void *ctx);
     int (*world_rank)(void);
+    /* Every world rank's host name, out[r * stride], cut to stride - 1 bytes (collective
+     * over the world). */
+    hp_status_t (*host_names)(void *world_ctx, char *out, int stride);
+    /* The world rank of each of the communicator's members, out[size]. */
+    hp_status_t (*world_ranks)(void *ctx, int size, int *out);
     /* Ends every process of the job; never returns. */
     void (*abort_job)(void *ctx, int code) __attribute__((noreturn));
 
@@ -116,6 +121,7 @@ struct hp_comm {
     const hp_comm_backend_t *be;
     void *ctx;
     int rank, size, world_rank;
+    int *members;                           /* world rank of each member (NULL for the world) */
     int is_world;
     int pending;                            /* async works not yet completed (progress lock) */
     double premul[HP_COMM_MAX_PREMUL];      /* scalars of PREMUL_SUM ops, id = BUILTIN + i */

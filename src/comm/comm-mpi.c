@@ -3,6 +3,11 @@
  * MPI's message. The fast path (F32 SUM and friends) is one direct MPI call, no copies. */
 #include <limits.h>
 #include <mpi.h>
+#if defined(__has_include)
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>   /* Open MPI's extensions: ULFM's MPIX_ names where it was built in */
+#endif
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +180,49 @@ static int mpi_world_rank(void) {
     MPI_Finalized(&fin);
     if (inited && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &r);
     return r;
+}
+
+static hp_status_t mpi_host_names(void *world_ctx, char *out, int stride) {
+    char name[MPI_MAX_PROCESSOR_NAME + 1] = "";
+    int len = 0;
+    MPI_CHECK(MPI_Get_processor_name(name, &len));
+    char *mine = hp_calloc(1, (size_t)stride);
+    if (!mine) return HP_ERR_OOM;
+    snprintf(mine, (size_t)stride, "%s", name);
+    int rc = MPI_Allgather(mine, stride, MPI_CHAR, out, stride, MPI_CHAR, C(world_ctx));
+    free(mine);
+    MPI_CHECK(rc);
+    return HP_OK;
+}
+
+static hp_status_t mpi_world_ranks(void *ctx, int size, int *out) {
+    MPI_Group g, wg;
+    MPI_CHECK(MPI_Comm_group(C(ctx), &g));
+    MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &wg));
+    int *in = hp_malloc((size_t)size * sizeof *in);
+    if (!in) return HP_ERR_OOM;
+    for (int i = 0; i < size; i++) in[i] = i;
+    int rc = MPI_Group_translate_ranks(g, size, in, wg, out);
+    free(in);
+    MPI_Group_free(&g);
+    MPI_Group_free(&wg);
+    MPI_CHECK(rc);
+    return HP_OK;
+}
+
+int hp_comm_survives_failures(char *desc, size_t cap) {
+    if (desc && cap) {
+        char v[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+        int len = 0;
+        if (MPI_Get_library_version(v, &len) != MPI_SUCCESS) snprintf(v, sizeof v, "unknown MPI");
+        v[strcspn(v, "\n,")] = '\0';
+        snprintf(desc, cap, "%s", v);
+    }
+#if defined(MPIX_ERR_PROC_FAILED)
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 static _Noreturn void mpi_abort_job(void *ctx, int code) {
@@ -887,6 +935,8 @@ const hp_comm_backend_t hp_comm_backend_mpi = {
     .free_ctx = mpi_free_ctx,
     .world_rank = mpi_world_rank,
     .abort_job = mpi_abort_job,
+    .host_names = mpi_host_names,
+    .world_ranks = mpi_world_ranks,
     .all_reduce = mpi_all_reduce,
     .broadcast = mpi_broadcast,
     .reduce = mpi_reduce,

@@ -4,6 +4,7 @@
  * today. Work handles and progress: comm_work.c; the calls: comm_ops.c; agreement:
  * comm_agree.c. */
 #include <errno.h>
+#include <stdint.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "hyperparallel/parse.h"
 #include "comm/comm-front.h"
@@ -103,14 +105,37 @@ void hp_comm_set_timeout(double seconds) {
 
 double hp_comm_get_timeout(void) { return hp_comm_g.timeout; }
 
-_Noreturn void hp_comm_timeout_abort(int kind, int comm_size, double elapsed) {
-    fprintf(stderr, "[rank %d] hp_comm: timeout: %s on a communicator of %d ranks did not "
-            "complete after %.1f s (timeout %.1f s, set by HP_COMM_TIMEOUT or "
-            "hp_comm_set_timeout); another rank probably failed or skipped this call. "
-            "Aborting the job.\n", hp_log_get_rank(), hp_comm_op_name((hp_comm_op_t)kind),
-            comm_size, elapsed, hp_comm_g.timeout);
+/* After the job was told to end (MPI_Abort), a rank must not outlive it: MPI_Abort can wait
+ * for a launcher that cannot reach a lost host ("abort is already in progress"), so a helper
+ * thread ends this process HP_ABORT_GRACE_S later whatever MPI does. */
+#define HP_ABORT_GRACE_S 5
+
+static void *hard_exit_main(void *arg) {
+    struct timespec ts = {HP_ABORT_GRACE_S, 0};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+    _exit((int)(intptr_t)arg);
+}
+
+static _Noreturn void end_job(void *ctx, int code) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, hard_exit_main, (void *)(intptr_t)code) == 0) pthread_detach(t);
+    hp_comm_g.be->abort_job(ctx, code);
+}
+
+_Noreturn void hp_comm_timeout_abort(int kind, hp_comm_t comm, double elapsed) {
+    char hosts[256] = "", lost[512] = "", msg[1200];
+    hp_comm_health_describe(comm, hosts, sizeof hosts);
+    int have_lost = hp_comm_health_lost(comm, hp_clock_now_seconds(), lost, sizeof lost);
+    snprintf(msg, sizeof msg, "timeout: %s on a communicator of %d ranks%s%s%s did not complete after %.1f s "
+             "(timeout %.1f s, set by HP_COMM_TIMEOUT or hp_comm_set_timeout); %s%s",
+             hp_comm_op_name((hp_comm_op_t)kind), comm ? comm->size : 0, hosts[0] ? " (" : "", hosts,
+             hosts[0] ? ")" : "", elapsed, hp_comm_g.timeout, have_lost ? lost : "",
+             have_lost ? ": that host is probably lost (dead, frozen or cut off)"
+                       : "another rank probably failed or skipped this call");
+    fprintf(stderr, "[rank %d] hp_comm: %s. Aborting the job.\n", hp_log_get_rank(), msg);
     fflush(stderr);
-    hp_comm_g.be->abort_job(NULL, 3);
+    hp_comm_health_report(msg);
+    end_job(NULL, 3);
 }
 
 static wd_slot_t *my_slot(void) {
@@ -126,11 +151,11 @@ static wd_slot_t *my_slot(void) {
 
 /* Two stores per call and no clock read: the watchdog notices a sequence number that stays
  * odd (in flight) across ticks and measures from when it first saw it. */
-void hp_comm_wd_begin(int kind, int comm_size) {
+void hp_comm_wd_begin(int kind, hp_comm_t comm) {
     wd_slot_t *s = my_slot();
     if (!s) return;
     s->kind = kind;
-    s->comm_size = comm_size;
+    s->comm = comm;
     __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
 }
 
@@ -142,7 +167,7 @@ static void *wd_main(void *arg) {
     pthread_mutex_lock(&hp_comm_g.wd_lock);
     while (!hp_comm_g.wd_stop) {
         double interval = hp_comm_g.timeout / 20;
-        if (interval > 0.25) interval = 0.25;
+        if (interval > 0.25) interval = 0.25;   /* also the heartbeat period (comm_health.c) */
         if (interval < 0.01) interval = 0.01;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -152,6 +177,7 @@ static void *wd_main(void *arg) {
         pthread_cond_timedwait(&hp_comm_g.wd_cv, &hp_comm_g.wd_lock, &ts);
         if (hp_comm_g.wd_stop) break;
         double now = hp_clock_now_seconds();
+        hp_comm_health_tick(now);
         for (int i = 0; i < HP_WD_SLOTS; i++) {
             wd_slot_t *s = &hp_comm_g.slots[i];
             uint64_t seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
@@ -160,7 +186,7 @@ static void *wd_main(void *arg) {
                 s->seen_seq = seq;
                 s->seen_at = now;
             } else if (now - s->seen_at > hp_comm_g.timeout) {
-                hp_comm_timeout_abort(s->kind, s->comm_size, now - s->seen_at);
+                hp_comm_timeout_abort(s->kind, s->comm, now - s->seen_at);
             }
         }
     }
@@ -174,7 +200,8 @@ static void abort_hook(const char *message, void *ctx) {
     fprintf(stderr, "[rank %d] hp_comm: fatal error, ending every rank of the job with MPI_Abort\n",
             hp_log_get_rank());
     fflush(stderr);
-    if (hp_comm_g.be) hp_comm_g.be->abort_job(NULL, 1);
+    hp_comm_health_report(message ? message : "fatal error");
+    if (hp_comm_g.be) end_job(NULL, 1);
 }
 
 /* A communicator over the backend context ctx (freed when the allocation fails). */
@@ -190,6 +217,16 @@ static hp_status_t comm_new(const hp_comm_backend_t *be, void *ctx, int rank, in
     c->rank = rank;
     c->size = size;
     c->world_rank = world_rank;
+    if (hp_comm_g.initialised) {   /* not the world itself: its members are the identity */
+        hp_status_t st = HP_ERR_OOM;
+        c->members = hp_malloc((size_t)size * sizeof *c->members);
+        if (!c->members || (st = be->world_ranks(ctx, size, c->members)) != HP_OK) {
+            free(c->members);
+            be->free_ctx(ctx);
+            free(c);
+            return st;
+        }
+    }
     *out = c;
     return HP_OK;
 }
@@ -239,6 +276,7 @@ hp_status_t hp_comm_init(int *argc, char ***argv, hp_comm_t *world) {
     hp_comm_g.world = w;
     hp_comm_g.live_comms = 0;
     hp_log_set_rank(rank);
+    HP_TRY(hp_comm_health_init(be, ctx, rank, size));
     hp_set_abort_hook(abort_hook, NULL);
     hp_comm_g.wd_stop = 0;
     if (pthread_create(&hp_comm_g.wd_thread, NULL, wd_main, NULL) != 0)
@@ -273,6 +311,7 @@ hp_status_t hp_comm_finalize(void) {
                 hp_comm_g.progress_thread);
     stop_thread(&hp_comm_g.wd_lock, &hp_comm_g.wd_cv, &hp_comm_g.wd_stop, &hp_comm_g.wd_started, hp_comm_g.wd_thread);
     hp_comm_work_pool_drain();
+    hp_comm_health_fini();
     hp_comm_g.be->free_ctx(hp_comm_g.world->ctx);
     free(hp_comm_g.world);
     hp_comm_g.world = NULL;
@@ -319,7 +358,7 @@ hp_status_t hp_comm_split(hp_comm_t comm, int color, int key, hp_comm_t *out) {
     *out = NULL;
     void *ctx = NULL;
     int rank = -1, size = 0;
-    hp_comm_wd_begin(HP_COMM_BARRIER, comm->size);
+    hp_comm_wd_begin(HP_COMM_BARRIER, comm);
     hp_status_t st = comm->be->split(comm->ctx, color, key, &ctx, &rank, &size);
     hp_comm_wd_end();
     HP_TRY(st);
@@ -334,7 +373,7 @@ hp_status_t hp_comm_dup(hp_comm_t comm, hp_comm_t *out) {
     if (!out) return hp_error(HP_ERR_INVALID_ARG, "hp_comm_dup: out must not be NULL");
     void *ctx = NULL;
     int rank = -1, size = 0;
-    hp_comm_wd_begin(HP_COMM_BARRIER, comm->size);
+    hp_comm_wd_begin(HP_COMM_BARRIER, comm);
     hp_status_t st = comm->be->dup(comm->ctx, &ctx, &rank, &size);
     hp_comm_wd_end();
     HP_TRY(st);
@@ -352,6 +391,7 @@ hp_status_t hp_comm_destroy(hp_comm_t comm) {
                         "communicator (size %d) were not waited (hint: hp_work_wait them first)",
                         comm->pending, comm->size);
     comm->be->free_ctx(comm->ctx);
+    free(comm->members);
     free(comm);
     hp_comm_g.live_comms--;
     return HP_OK;
@@ -361,7 +401,8 @@ _Noreturn void hp_comm_abort(hp_comm_t comm, int code, const char *message) {
     fprintf(stderr, "[rank %d] hp_comm_abort (code %d): %s\n", hp_log_get_rank(), code,
             message ? message : "");
     fflush(stderr);
-    if (hp_comm_g.be) hp_comm_g.be->abort_job(comm ? comm->ctx : NULL, code);
+    hp_comm_health_report(message ? message : "hp_comm_abort");
+    if (hp_comm_g.be) end_job(comm ? comm->ctx : NULL, code);
     exit(code ? code : 1);
 }
 

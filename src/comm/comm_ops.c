@@ -323,7 +323,7 @@ hp_status_t hp_group_end(void) {
     if (--t_group_depth > 0) return HP_OK;
     hp_work_t w = group_take();
     if (!w) return HP_OK;
-    hp_comm_wd_begin(w->d.kind, hp_comm_g.world->size);
+    hp_comm_wd_begin(w->d.kind, hp_comm_g.world);
     hp_status_t st = hp_comm_g.be->p2p(w->p2p, w->p2p_n, &w->req, 0);
     hp_comm_wd_end();
     hp_comm_work_put(w);

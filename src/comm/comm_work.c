@@ -450,7 +450,7 @@ static void *progress_main(void *arg) {
             else hp_comm_g.active_head = q->next;
             if (hp_comm_g.active_tail == q) hp_comm_g.active_tail = prev;
             pthread_mutex_unlock(&hp_comm_g.lock);
-            hp_comm_wd_begin(q->d.kind, q->comm->size);
+            hp_comm_wd_begin(q->d.kind, q->comm);
             hp_status_t st = run_to_completion(q);
             hp_comm_wd_end();
             pthread_mutex_lock(&hp_comm_g.lock);
@@ -495,7 +495,7 @@ hp_status_t hp_comm_dispatch(hp_work_t w, hp_work_t *out) {
         pthread_mutex_unlock(&hp_comm_g.lock);
     }
     if (!out && !must_queue) {
-        hp_comm_wd_begin(w->d.kind, c->size);
+        hp_comm_wd_begin(w->d.kind, c);
         hp_status_t st = run_to_completion(w);
         hp_comm_wd_end();
         if (st == HP_OK) post_process(w);
@@ -520,7 +520,7 @@ hp_status_t hp_comm_dispatch(hp_work_t w, hp_work_t *out) {
     } else if (reduction_class(w) == 1) {
         /* small reduction: the blocking algorithm, completed here (see run_to_completion) */
         pthread_mutex_unlock(&hp_comm_g.lock);
-        hp_comm_wd_begin(w->d.kind, c->size);
+        hp_comm_wd_begin(w->d.kind, c);
         st = run_op(w, 0);
         hp_comm_wd_end();
         if (st != HP_OK) {
@@ -586,7 +586,7 @@ static hp_status_t work_poll(hp_work_t w, int *done) {
     }
     if (!*done) {
         double el = hp_clock_now_seconds() - w->t_start;
-        if (el > hp_comm_g.timeout) hp_comm_timeout_abort(w->d.kind, w->comm->size, el);
+        if (el > hp_comm_g.timeout) hp_comm_timeout_abort(w->d.kind, w->comm, el);
     }
     return HP_OK;
 }
@@ -619,7 +619,7 @@ hp_status_t hp_work_wait(hp_work_t *work) {
             double el = hp_clock_now_seconds() - w->t_start;
             if (el > hp_comm_g.timeout) {
                 pthread_mutex_unlock(&hp_comm_g.lock);
-                hp_comm_timeout_abort(w->d.kind, w->comm->size, el);
+                hp_comm_timeout_abort(w->d.kind, w->comm, el);
             }
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);

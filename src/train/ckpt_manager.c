@@ -251,6 +251,55 @@ hp_status_t hp_ckpt_manager_destroy(hp_ckpt_manager_t m) {
 
 /* ---- load ----------------------------------------------------------------------------------- */
 
+/* Loads the data loader's state saved by saved_world ranks into a run of another world size:
+ * one blob per old data-parallel rank (ranks of one dp rank share the loader's state), then
+ * the same dp degree loads its own rank's state, another degree reshards
+ * (hp_dataloader_state_reshard: every old rank's interrupted pass is finished by one new rank). */
+static hp_status_t reshard_loader(hp_ckpt_manager_t m, const char *dir, hp_dataloader_t dl, int saved_world, size_t cap) {
+    unsigned char *all = hp_malloc((size_t)saved_world * (cap ? cap : 1));
+    const void **by_dp = hp_calloc((size_t)saved_world, sizeof *by_dp);
+    size_t *sizes = hp_calloc((size_t)saved_world, sizeof *sizes), *got = hp_calloc((size_t)saved_world, sizeof *got);
+    hp_status_t s = all && by_dp && sizes && got ? HP_OK : hp_error(HP_ERR_OOM, "checkpoint: out of memory for the "
+                                                                                "data loader's states");
+    int old_dp = -1;
+    for (int r = 0; r < saved_world && s == HP_OK; r++) {
+        unsigned char *p = all + (size_t)r * cap;
+        s = hp_dcp_load_rank_blob(dir, "dataloader", r, p, cap, &got[r], !m->skip_checksums);
+        int dr = -1, dw = -1;
+        if (s == HP_OK) s = hp_dataloader_state_peek(p, got[r], &dr, &dw);
+        if (s == HP_OK && (dw < 1 || dr < 0 || dr >= dw || (old_dp >= 0 && dw != old_dp)))
+            s = hp_error(HP_ERR_FORMAT, "checkpoint %s: the data loader states disagree on the dp degree (rank %d: dp "
+                         "rank %d of %d)", dir, r, dr, dw);
+        if (s != HP_OK) break;
+        old_dp = dw;
+        if (!by_dp[dr]) by_dp[dr] = p, sizes[dr] = got[r];
+    }
+    for (int d = 0; s == HP_OK && d < old_dp; d++)
+        if (!by_dp[d]) s = hp_error(HP_ERR_FORMAT, "checkpoint %s: no data loader state of dp rank %d", dir, d);
+    if (s == HP_OK) {
+        int my_dp = -1, my_world = -1;
+        size_t need = hp_dataloader_state_size(dl);
+        unsigned char *probe = hp_malloc(need ? need : 1);
+        s = probe ? hp_dataloader_state_save(dl, probe, need, &need) : HP_ERR_OOM;
+        if (s == HP_OK) s = hp_dataloader_state_peek(probe, need, &my_dp, &my_world);
+        free(probe);
+        if (s == HP_OK && my_world == old_dp) {
+            s = hp_dataloader_state_load(dl, by_dp[my_dp], sizes[my_dp]);
+        } else if (s == HP_OK) {
+            s = hp_dataloader_state_reshard(dl, by_dp, sizes, old_dp);
+            if (s == HP_OK && m->rank == 0)
+                hp_log(HP_LOG_INFO, "checkpoint: the data loader's state was saved by %d data-parallel rank(s), this "
+                       "run has %d: dp rank q finishes the passes of old ranks q, q + %d, ... first (docs/data.md)",
+                       old_dp, my_world, my_world);
+        }
+    }
+    free(all);
+    free(by_dp);
+    free(sizes);
+    free(got);
+    return s;
+}
+
 static hp_status_t load_dir(hp_ckpt_manager_t m, const char *dir, const hp_ckpt_train_state_t *st, int initial,
                             int64_t *loaded_step) {
     hp_dcp_metadata_t md = NULL;
@@ -264,11 +313,24 @@ static hp_status_t load_dir(hp_ckpt_manager_t m, const char *dir, const hp_ckpt_
             if ((size_t)e->chunks[c].sizes[0] > dl_cap) dl_cap = (size_t)e->chunks[c].sizes[0];
     }
     int64_t md_step = hp_dcp_metadata_step(md);
+    int saved_world = hp_dcp_metadata_world_size(md);
     hp_dcp_metadata_free(md);
+    /* the data loader's per-rank state of another world size (an elastic restart on fewer
+     * hosts): not loaded by DCP, which needs the same world for per-rank blobs, but below by
+     * the loader's own resharding rule */
+    int world = m->comm ? hp_comm_size(m->comm) : 1, dl_excluded = 0;
+    for (int i = 0; i < m->n_exclude; i++) dl_excluded |= !strcmp(m->exclude[i], "dataloader");
+    int reshard_dl = full && e && e->is_blob && st->dataloader && saved_world != world && !dl_excluded;
+    const char *exclude[HP_CONFIG_LIST_MAX + 1];
+    int n_exclude = full ? m->n_exclude : 0;
+    for (int i = 0; i < n_exclude; i++) exclude[i] = m->exclude[i];
+    if (reshard_dl) exclude[n_exclude++] = "dataloader";
     built_t b;
     HP_TRY(build_state(st, !full, -1, dl_cap ? dl_cap : 1, &b));
-    hp_dcp_load_options_t o = {full, 1, m->exclude, full ? m->n_exclude : 0, m->skip_checksums};
+    hp_dcp_load_options_t o = {full, 1, exclude, n_exclude, m->skip_checksums};
     s = hp_dcp_load(dir, &b.st, m->comm, &o);
+    if (s == HP_OK && reshard_dl) s = agree(m->comm, reshard_loader(m, dir, st->dataloader, saved_world, dl_cap),
+                                             "checkpoint: resharding the data loader's state");
     if (s == HP_OK && !full) {
         /* model-only: every parameter must be there */
         char miss[512] = "";

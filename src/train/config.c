@@ -2,6 +2,7 @@
  * key's range and the cross-key rules, and the model: a flavor plus the model.* overrides
  * (resolve, describe). Keys and value parsing: config_keys.c; YAML: config_yaml.c; command
  * line: config_args.c; printing: config_print.c. */
+#include "hyperparallel/comm.h"
 #include "hyperparallel/config.h"
 #include "hyperparallel/model.h"
 #include "hyperparallel/models.h"   /* the registry: flavors; model.flavor = hf reads an HF config.json */
@@ -15,6 +16,7 @@
 #include <strings.h>
 #include <yaml.h>
 
+#include "hyperparallel/comm.h"
 #include "train/config-impl.h"
 
 /* ---- checks ------------------------------------------------------------------------------ */
@@ -96,6 +98,21 @@ hp_status_t hp_config_validate(const hp_config_t *c) {
             if (v < -1 || v > 1)
                 return hp_error(HP_ERR_INVALID_ARG, "%s = %d: expected -1 (default), 0 (false) or 1 (true)", what, v);
         }
+    }
+    if (c->fault_tolerance.enable) {
+        char mpi[256];
+        int ulfm = hp_comm_survives_failures(mpi, sizeof mpi);
+        /* without ULFM a lost rank ends the whole job: there is nothing to continue with */
+        return hp_error(HP_ERR_UNSUPPORTED,
+                        "config key 'fault_tolerance.enable' = true: %s (this build's MPI: %s); hint: set it to false "
+                        "and run hp-train "
+                        "--max-restarts N, which restarts from the last complete checkpoint on the hosts that are "
+                        "left (docs/multihost.md)",
+                        ulfm ? "TorchFT-style continuation of the surviving replica groups is not implemented in "
+                               "this build (the MPI has ULFM, the premise)"
+                             : "continuing past a lost host needs an MPI with ULFM (MPIX_Comm_shrink: Open MPI 5 "
+                               "built with --with-ft=ulfm)",
+                        mpi);
     }
     return check_model_keys(c);
 }

@@ -335,6 +335,12 @@ const hp_config_key_t hp_cfg_keys[] = {
       "HF tokenizer.json file; empty = train one from the data at first run and cache it under job.dump_folder."),
     KI(tokenizer, vocab_size, "2048", 1, HP_MODEL_MAX_VOCAB, NULL,
       "Vocabulary size of a tokenizer trained at first run (ignored when path is set)."),
+    /* fault_tolerance (TorchFT): not implemented; the key exists so that a TorchTitan config
+     * that sets it gets a refusal that points at --max-restarts */
+    K(fault_tolerance, enable, BOOL, "false", NULL, NULL,
+      "TorchFT-style continuation of the surviving replica groups after a lost host: not implemented, true is "
+      "refused by name (it would also need an MPI with ULFM, MPIX_Comm_shrink; docs/multihost.md). hp-train "
+      "--max-restarts restarts from the last checkpoint instead."),
 };
 
 const size_t hp_cfg_n_keys = sizeof(hp_cfg_keys) / sizeof(hp_cfg_keys[0]);

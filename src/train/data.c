@@ -63,6 +63,11 @@ struct hp_dataloader {
     int64_t epoch_tokens;    /* tokens added during the current epoch (loop guard) */
     int32_t *buf;            /* token buffer, live part [start, end_) */
     size_t start, end_, cap;
+    /* After a resume with another dp degree (hp_dataloader_state_reshard): the unread ranges
+     * of the old ranks' interrupted passes, read before this rank's own shard; pos walks
+     * carry[carry_i]. carry_n == 0 otherwise. */
+    int64_t (*carry)[2];     /* absolute [begin, end) of documents (tokens for bin) */
+    int carry_n, carry_i;
     /* SFT (chat format): the sample read but not yet placed in a row (it did not fit) */
     hp_chat_sample_t smp;
     hp_chat_render_t rnd;
@@ -74,6 +79,34 @@ struct hp_dataloader {
     int32_t *p_in, *p_lab;   /* (p_n,) its (input, label) pairs */
     size_t p_n, p_cap;
 };
+
+/* The range the loader reads now: the current carried range, or its shard. */
+static int64_t cur_end(const struct hp_dataloader *dl) {
+    return dl->carry_i < dl->carry_n ? dl->carry[dl->carry_i][1] : dl->end;
+}
+
+/* The current range is exhausted: the next carried range, the start of a fresh pass over the
+ * shard after the last one, or (not looping) the end. Returns false at the end. */
+static bool next_range(struct hp_dataloader *dl) {
+    if (dl->carry_i < dl->carry_n) {
+        if (++dl->carry_i < dl->carry_n) {
+            dl->pos = dl->carry[dl->carry_i][0];
+            return true;
+        }
+        free(dl->carry);
+        dl->carry = NULL;
+        dl->carry_n = dl->carry_i = 0;
+        if (!dl->o.loop) {   /* stay at the end: pos must not fall back into the shard */
+            dl->pos = dl->end;
+            return false;
+        }
+    }
+    if (!dl->o.loop) return false;
+    dl->pos = dl->begin;
+    dl->epoch++;
+    dl->epoch_tokens = 0;
+    return true;
+}
 
 /* ---- encoders ------------------------------------------------------------------------- */
 
@@ -572,6 +605,7 @@ hp_status_t hp_dataloader_create_sft(hp_dataset_t ds, const hp_text_encoder_t *e
 
 void hp_dataloader_destroy(hp_dataloader_t dl) {
     if (!dl) return;
+    free(dl->carry);
     hp_chat_sample_free(&dl->smp);
     hp_chat_render_free(&dl->rnd);
     free(dl->s_ids);
@@ -583,6 +617,9 @@ void hp_dataloader_destroy(hp_dataloader_t dl) {
 }
 
 void hp_dataloader_reset(hp_dataloader_t dl) {
+    free(dl->carry);
+    dl->carry = NULL;
+    dl->carry_n = dl->carry_i = 0;
     dl->pos = dl->begin;
     dl->epoch = 0;
     dl->samples = 0;
@@ -746,20 +783,19 @@ static hp_status_t next_chat(hp_dataloader_t dl, int32_t *inputs, int32_t *label
         int64_t used = 0;
         for (;;) {
             if (!dl->pending) {
-                if (dl->pos >= dl->end) {
-                    if (!dl->o.loop) {
-                        if (used == 0) return HP_OK;
-                        break;
-                    }
-                    if (dl->epoch_tokens == 0)
+                if (dl->pos >= cur_end(dl)) {
+                    bool carried = dl->carry_i < dl->carry_n;
+                    if (!carried && dl->o.loop && dl->epoch_tokens == 0)
                         return hp_error(HP_ERR_STATE,
                                         "dataloader: a full pass over rank %d's shard gave no sample with an assistant "
                                         "token within training.seq_len = %lld; hint: raise training.seq_len or set "
                                         "data.sft_truncation=truncate",
                                         dl->o.dp_rank, (long long)T);
-                    dl->pos = dl->begin;
-                    dl->epoch++;
-                    dl->epoch_tokens = 0;
+                    if (!next_range(dl)) {
+                        if (used == 0) return HP_OK;
+                        break;
+                    }
+                    continue;
                 }
                 HP_TRY(load_sample(dl));
                 continue;
@@ -802,10 +838,11 @@ hp_status_t hp_dataloader_next_docs(hp_dataloader_t dl, int32_t *inputs, int32_t
         int32_t *in = inputs + b * T;   // (T,)
         int32_t *lab = labels + b * T;  // (T,)
         if (dl->ds->fmt == FMT_BIN) {
-            if (dl->pos + W > dl->end) {   /* the shard's tail shorter than a window is skipped */
-                if (!dl->o.loop) return HP_OK;
-                dl->pos = dl->begin;
-                dl->epoch++;
+            while (dl->pos + W > cur_end(dl)) {   /* a range's tail shorter than a window is skipped */
+                bool carried = dl->carry_i < dl->carry_n;
+                if (!next_range(dl)) return HP_OK;
+                if (!carried && dl->pos + W > dl->end)
+                    return hp_error(HP_ERR_STATE, "dataloader: rank %d's shard holds no full window", dl->o.dp_rank);
             }
             for (int64_t t = 0; t < W; t++) {
                 int64_t id = bin_token(dl->ds, dl->pos + t);
@@ -821,14 +858,13 @@ hp_status_t hp_dataloader_next_docs(hp_dataloader_t dl, int32_t *inputs, int32_t
             dl->pos += W;
         } else {
             while ((int64_t)(dl->end_ - dl->start) < W) {
-                if (dl->pos >= dl->end) {
-                    if (!dl->o.loop) return HP_OK;
-                    if (dl->epoch_tokens == 0)
+                if (dl->pos >= cur_end(dl)) {
+                    bool carried = dl->carry_i < dl->carry_n;
+                    if (!carried && dl->o.loop && dl->epoch_tokens == 0)
                         return hp_error(HP_ERR_STATE, "dataloader: a full pass over rank %d's shard gave no tokens",
                                         dl->o.dp_rank);
-                    dl->pos = dl->begin;
-                    dl->epoch++;
-                    dl->epoch_tokens = 0;
+                    if (!next_range(dl)) return HP_OK;
+                    continue;
                 }
                 HP_TRY(append_document(dl));
             }
@@ -846,7 +882,8 @@ hp_status_t hp_dataloader_next_docs(hp_dataloader_t dl, int32_t *inputs, int32_t
 /* ---- state ---------------------------------------------------------------------------- */
 
 #define STATE_MAGIC "HPDL"
-#define STATE_VERSION 1u
+#define STATE_VERSION 1u         /* no carried ranges: the blob of every ordinary run */
+#define STATE_VERSION_CARRY 2u   /* + the carried ranges after the buffer (a resharded resume) */
 #define STATE_HEADER (4 + 4 * 4 + 8 * 7)
 
 static void put_u32(unsigned char **p, uint32_t v) {
@@ -866,10 +903,15 @@ static uint64_t get_u64(const unsigned char **p) {
     return v;
 }
 
-size_t hp_dataloader_state_size(hp_dataloader_t dl) { return STATE_HEADER + 4 * (dl->end_ - dl->start); }
+static size_t carry_left(hp_dataloader_t dl) { return dl->carry_n > dl->carry_i ? (size_t)(dl->carry_n - dl->carry_i) : 0; }
+
+size_t hp_dataloader_state_size(hp_dataloader_t dl) {
+    size_t nc = carry_left(dl);
+    return STATE_HEADER + 4 * (dl->end_ - dl->start) + (nc ? 8 + 16 * nc : 0);
+}
 
 hp_status_t hp_dataloader_state_save(hp_dataloader_t dl, void *buf, size_t cap, size_t *n) {
-    size_t need = hp_dataloader_state_size(dl);
+    size_t need = hp_dataloader_state_size(dl), nc = carry_left(dl);
     if (n) *n = need;
     if (cap < need)
         return hp_error(HP_ERR_INVALID_ARG, "dataloader state: buffer of %zu bytes, need %zu (hp_dataloader_state_size)",
@@ -877,59 +919,210 @@ hp_status_t hp_dataloader_state_save(hp_dataloader_t dl, void *buf, size_t cap, 
     unsigned char *p = buf;
     memcpy(p, STATE_MAGIC, 4);
     p += 4;
-    put_u32(&p, STATE_VERSION);
+    put_u32(&p, nc ? STATE_VERSION_CARRY : STATE_VERSION);
     put_u32(&p, (uint32_t)dl->o.split);
     put_u32(&p, (uint32_t)dl->o.dp_rank);
     put_u32(&p, (uint32_t)dl->o.dp_world);
     put_u64(&p, (uint64_t)dl->o.seq_len);
     put_u64(&p, (uint64_t)dl->n_split);
-    /* an SFT sample read but not yet placed is read again on load */
-    put_u64(&p, (uint64_t)((dl->pending ? dl->pending_doc : dl->pos) - dl->begin));
+    /* Carrying, pos walks the current carried range (written below as that range's begin);
+     * else the offset in the shard. An SFT sample read but not yet placed is read again on
+     * load: its document lies in the current range (a range is left only with no sample
+     * pending), so the position written is that document. */
+    const int64_t at = dl->pending ? dl->pending_doc : dl->pos;
+    put_u64(&p, nc ? 0 : (uint64_t)(at - dl->begin));
     put_u64(&p, (uint64_t)dl->epoch);
     put_u64(&p, (uint64_t)dl->samples);
     put_u64(&p, (uint64_t)dl->epoch_tokens);
     put_u64(&p, (uint64_t)(dl->end_ - dl->start));
     for (size_t i = dl->start; i < dl->end_; i++) put_u32(&p, (uint32_t)dl->buf[i]);
+    if (nc) {
+        put_u64(&p, (uint64_t)nc);
+        for (int i = dl->carry_i; i < dl->carry_n; i++) {
+            put_u64(&p, (uint64_t)(i == dl->carry_i ? at : dl->carry[i][0]));
+            put_u64(&p, (uint64_t)dl->carry[i][1]);
+        }
+    }
     return HP_OK;
 }
 
-hp_status_t hp_dataloader_state_load(hp_dataloader_t dl, const void *buf, size_t n) {
+/* A parsed state blob (pointers into it). */
+typedef struct dl_state {
+    uint32_t split, rank, world;
+    uint64_t seq_len, n_split, pos, epoch, samples, epoch_tokens, nbuf, ncarry;
+    const unsigned char *tokens, *carry;   /* nbuf u32; ncarry (u64 begin, u64 end) */
+} dl_state_t;
+
+/* Parses and checks a blob against this loader's split, seq_len and data size. */
+static hp_status_t parse_state(hp_dataloader_t dl, const void *buf, size_t n, dl_state_t *st) {
     const unsigned char *p = buf;
     if (n < STATE_HEADER || memcmp(p, STATE_MAGIC, 4) != 0)
         return hp_error(HP_ERR_FORMAT, "dataloader state: not a dataloader state blob (%zu bytes, magic missing)", n);
     p += 4;
     uint32_t version = get_u32(&p);
-    if (version != STATE_VERSION)
-        return hp_error(HP_ERR_FORMAT, "dataloader state: version %u, this build reads version %u", version,
-                        STATE_VERSION);
-    uint32_t split = get_u32(&p), rank = get_u32(&p), world = get_u32(&p);
-    uint64_t seq_len = get_u64(&p), n_split = get_u64(&p), pos = get_u64(&p), epoch = get_u64(&p);
-    uint64_t samples = get_u64(&p), epoch_tokens = get_u64(&p), nbuf = get_u64(&p);
-    if (world != (uint32_t)dl->o.dp_world || rank != (uint32_t)dl->o.dp_rank)
-        return hp_error(HP_ERR_INVALID_ARG,
-                        "dataloader state was saved by dp rank %u of %u, this loader is dp rank %d of %d; the "
-                        "data-parallel degree cannot change across a resume",
-                        rank, world, dl->o.dp_rank, dl->o.dp_world);
-    if (split != (uint32_t)dl->o.split || seq_len != (uint64_t)dl->o.seq_len)
+    if (version != STATE_VERSION && version != STATE_VERSION_CARRY)
+        return hp_error(HP_ERR_FORMAT, "dataloader state: version %u, this build reads versions %u and %u", version,
+                        STATE_VERSION, STATE_VERSION_CARRY);
+    st->split = get_u32(&p);
+    st->rank = get_u32(&p);
+    st->world = get_u32(&p);
+    st->seq_len = get_u64(&p);
+    st->n_split = get_u64(&p);
+    st->pos = get_u64(&p);
+    st->epoch = get_u64(&p);
+    st->samples = get_u64(&p);
+    st->epoch_tokens = get_u64(&p);
+    st->nbuf = get_u64(&p);
+    st->tokens = p;
+    st->ncarry = 0;
+    st->carry = NULL;
+    if (st->split != (uint32_t)dl->o.split || st->seq_len != (uint64_t)dl->o.seq_len)
         return hp_error(HP_ERR_INVALID_ARG, "dataloader state: saved for split %u with seq_len %llu, this loader has "
                                             "split %d with seq_len %lld",
-                        split, (unsigned long long)seq_len, (int)dl->o.split, (long long)dl->o.seq_len);
-    if (n_split != (uint64_t)dl->n_split)
+                        st->split, (unsigned long long)st->seq_len, (int)dl->o.split, (long long)dl->o.seq_len);
+    if (st->n_split != (uint64_t)dl->n_split)
         return hp_error(HP_ERR_INVALID_ARG,
                         "dataloader state: saved for a split of %llu documents, the data now has %lld; the data "
                         "changed since the checkpoint",
-                        (unsigned long long)n_split, (long long)dl->n_split);
-    if (pos > (uint64_t)(dl->end - dl->begin) || n != STATE_HEADER + 4 * nbuf)
-        return hp_error(HP_ERR_FORMAT, "dataloader state: corrupt (position %llu of %lld, %llu buffered tokens in %zu bytes)",
-                        (unsigned long long)pos, (long long)(dl->end - dl->begin), (unsigned long long)nbuf, n);
-    dl->start = dl->end_ = 0;
-    dl->pending = false;
-    HP_TRY(reserve(dl, (size_t)nbuf));
-    for (uint64_t i = 0; i < nbuf; i++) dl->buf[i] = (int32_t)get_u32(&p);
-    dl->end_ = (size_t)nbuf;
-    dl->pos = dl->begin + (int64_t)pos;
-    dl->epoch = (int64_t)epoch;
-    dl->samples = (int64_t)samples;
-    dl->epoch_tokens = (int64_t)epoch_tokens;
+                        (unsigned long long)st->n_split, (long long)dl->n_split);
+    size_t body = STATE_HEADER + 4 * (size_t)st->nbuf;
+    if (st->nbuf > n / 4 || st->world < 1 || st->rank >= st->world ||
+        (version == STATE_VERSION ? n != body : n < body + 8))
+        return hp_error(HP_ERR_FORMAT, "dataloader state: corrupt (dp rank %u of %u, %llu buffered tokens in %zu bytes)",
+                        st->rank, st->world, (unsigned long long)st->nbuf, n);
+    if (version == STATE_VERSION_CARRY) {
+        const unsigned char *q = (const unsigned char *)buf + body;
+        st->ncarry = get_u64(&q);
+        st->carry = q;
+        if (st->ncarry < 1 || st->ncarry > (n - body - 8) / 16 || n != body + 8 + 16 * st->ncarry)
+            return hp_error(HP_ERR_FORMAT, "dataloader state: corrupt carried ranges (%llu in %zu bytes)",
+                            (unsigned long long)st->ncarry, n);
+        const unsigned char *c = st->carry;
+        int64_t base = dl->o.split == HP_SPLIT_TRAIN ? 0 : dl->ds->n - dl->ds->n_val;
+        for (uint64_t i = 0; i < st->ncarry; i++) {
+            uint64_t b = get_u64(&c), e = get_u64(&c);
+            if (b > e || (int64_t)b < base || (int64_t)e > base + dl->n_split)
+                return hp_error(HP_ERR_FORMAT, "dataloader state: carried range [%llu, %llu) outside the split",
+                                (unsigned long long)b, (unsigned long long)e);
+        }
+    }
     return HP_OK;
+}
+
+/* The shard of dp rank r of w over the split (as hp_dataloader_create). */
+static void shard_of(hp_dataloader_t dl, int64_t r, int64_t w, int64_t *b, int64_t *e) {
+    int64_t n = dl->n_split, div = n / w, mod = n % w;
+    int64_t base = dl->o.split == HP_SPLIT_TRAIN ? 0 : dl->ds->n - dl->ds->n_val;
+    *b = base + div * r + (r < mod ? r : mod);
+    *e = *b + div + (r < mod ? 1 : 0);
+}
+
+/* Appends a state's carried ranges and buffered tokens to this loader's. */
+static hp_status_t absorb(hp_dataloader_t dl, const dl_state_t *st, int64_t (**carry)[2], int *nc, int *cap) {
+    HP_TRY(reserve(dl, (size_t)st->nbuf));
+    const unsigned char *p = st->tokens;
+    for (uint64_t i = 0; i < st->nbuf; i++) dl->buf[dl->end_++] = (int32_t)get_u32(&p);
+    int64_t b, e;
+    shard_of(dl, st->rank, st->world, &b, &e);
+    int add = st->ncarry ? (int)st->ncarry : 1;
+    if (*nc + add > *cap) {
+        int ncap = 2 * (*nc + add) + 8;
+        int64_t(*g)[2] = realloc(*carry, (size_t)ncap * sizeof **carry);
+        if (!g) return hp_error(HP_ERR_OOM, "dataloader: out of memory for the carried ranges");
+        *carry = g;
+        *cap = ncap;
+    }
+    if (st->ncarry) {   /* it was itself carrying: the rest of its carried ranges is its interrupted pass */
+        const unsigned char *c = st->carry;
+        for (uint64_t i = 0; i < st->ncarry; i++) {
+            (*carry)[*nc][0] = (int64_t)get_u64(&c);
+            (*carry)[*nc][1] = (int64_t)get_u64(&c);
+            (*nc)++;
+        }
+    } else {
+        if (st->pos > (uint64_t)(e - b))
+            return hp_error(HP_ERR_FORMAT, "dataloader state: corrupt (position %llu of a shard of %lld)",
+                            (unsigned long long)st->pos, (long long)(e - b));
+        (*carry)[*nc][0] = b + (int64_t)st->pos;
+        (*carry)[*nc][1] = e;
+        (*nc)++;
+    }
+    return HP_OK;
+}
+
+hp_status_t hp_dataloader_state_load(hp_dataloader_t dl, const void *buf, size_t n) {
+    dl_state_t st;
+    HP_TRY(parse_state(dl, buf, n, &st));
+    if (st.world != (uint32_t)dl->o.dp_world || st.rank != (uint32_t)dl->o.dp_rank)
+        return hp_error(HP_ERR_INVALID_ARG,
+                        "dataloader state was saved by dp rank %u of %u, this loader is dp rank %d of %d; the "
+                        "data-parallel degree cannot change across a resume that loads one state as is "
+                        "(hp_dataloader_state_reshard takes the states of every old rank)",
+                        st.rank, st.world, dl->o.dp_rank, dl->o.dp_world);
+    if (!st.ncarry && st.pos > (uint64_t)(dl->end - dl->begin))
+        return hp_error(HP_ERR_FORMAT, "dataloader state: corrupt (position %llu of %lld)", (unsigned long long)st.pos,
+                        (long long)(dl->end - dl->begin));
+    hp_dataloader_reset(dl);
+    int cap = 0;
+    HP_TRY(absorb(dl, &st, &dl->carry, &dl->carry_n, &cap));   /* the buffer, and the ranges if carrying */
+    if (st.ncarry) {
+        dl->pos = dl->carry[0][0];
+    } else {
+        free(dl->carry);   /* an ordinary state: its own shard, not a carried range */
+        dl->carry = NULL;
+        dl->carry_n = 0;
+        dl->pos = dl->begin + (int64_t)st.pos;
+    }
+    dl->epoch = (int64_t)st.epoch;
+    dl->samples = (int64_t)st.samples;
+    dl->epoch_tokens = (int64_t)st.epoch_tokens;
+    return HP_OK;
+}
+
+hp_status_t hp_dataloader_state_peek(const void *buf, size_t n, int *dp_rank, int *dp_world) {
+    const unsigned char *p = buf;
+    if (n < STATE_HEADER || memcmp(p, STATE_MAGIC, 4) != 0)
+        return hp_error(HP_ERR_FORMAT, "dataloader state: not a dataloader state blob (%zu bytes, magic missing)", n);
+    p += 8;
+    (void)get_u32(&p);
+    *dp_rank = (int)get_u32(&p);
+    *dp_world = (int)get_u32(&p);
+    return HP_OK;
+}
+
+hp_status_t hp_dataloader_state_reshard(hp_dataloader_t dl, const void *const *blobs, const size_t *sizes, int n_old) {
+    if (n_old < 1 || !blobs || !sizes)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_dataloader_state_reshard: expected the states of n_old >= 1 old ranks");
+    dl_state_t *st = hp_calloc((size_t)n_old, sizeof *st);
+    if (!st) return hp_error(HP_ERR_OOM, "dataloader: out of memory");
+    hp_status_t s = HP_OK;
+    uint64_t max_epoch = 0;
+    for (int r = 0; r < n_old && s == HP_OK; r++) {
+        s = parse_state(dl, blobs[r], sizes[r], &st[r]);
+        if (s == HP_OK && (st[r].world != (uint32_t)n_old || st[r].rank != (uint32_t)r))
+            s = hp_error(HP_ERR_INVALID_ARG, "dataloader state %d of %d was saved by dp rank %u of %u", r, n_old,
+                         st[r].rank, st[r].world);
+        if (s == HP_OK && st[r].epoch > max_epoch) max_epoch = st[r].epoch;
+    }
+    if (s == HP_OK) {
+        hp_dataloader_reset(dl);
+        int cap = 0;
+        int64_t samples = 0;
+        /* new rank q takes old ranks q, q + Q, q + 2Q, ...: their buffered tokens (in that
+         * order, first) and then the unread ranges of their interrupted passes */
+        for (int r = dl->o.dp_rank; r < n_old && s == HP_OK; r += dl->o.dp_world) {
+            s = absorb(dl, &st[r], &dl->carry, &dl->carry_n, &cap);
+            samples += (int64_t)st[r].samples;
+        }
+        if (s == HP_OK) {
+            dl->epoch = (int64_t)max_epoch;   /* the fresh pass after the carried ranges is max_epoch + 1 */
+            dl->samples = samples;
+            if (dl->carry_n) dl->pos = dl->carry[0][0];
+            else dl->epoch++;   /* nothing to carry (a new rank beyond the old ones): a fresh pass */
+        } else {
+            hp_dataloader_reset(dl);
+        }
+    }
+    free(st);
+    return s;
 }
