@@ -24,7 +24,7 @@ static hp_status_t encode_cb(void *ctx, const char *text, size_t len, int32_t *i
     static hp_token_ids_t scratch;
     scratch.len = 0;
     HP_TRY(hp_tokenizer_encode((hp_tokenizer_t)ctx, text, len, 0, &scratch));
-    memcpy(ids, scratch.ids, (scratch.len < cap ? scratch.len : cap) * sizeof *ids);
+    if (scratch.len > 0 && cap > 0) memcpy(ids, scratch.ids, (scratch.len < cap ? scratch.len : cap) * sizeof *ids);
     *n = scratch.len;
     return HP_OK;
 }

@@ -45,7 +45,7 @@ static hp_status_t ac_options(const hp_config_t *c, hp_ac_options_t *o) {
     if (strlen(force) >= sizeof o->force_recompute)
         return hp_error(HP_ERR_INVALID_ARG, "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns is "
                         "%zu characters, expected at most %zu", strlen(force), sizeof o->force_recompute - 1);
-    snprintf(o->force_recompute, sizeof o->force_recompute, "%s", force);
+    memcpy(o->force_recompute, force, strlen(force) + 1);   // fits: checked above
     if (strcmp(mode, "none") == 0) return HP_OK;
     if (strcmp(mode, "full") == 0) { o->every_k = 1; return HP_OK; }
     if (strcmp(mode, "memory_budget") == 0) {
