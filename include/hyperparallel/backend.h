@@ -144,6 +144,13 @@ typedef struct hp_backend {
     void (*gemm)(void *ctx, float *c, int ldc, const float *a, int lda, const float *b, int ldb, int M, int N,
                  int K, int trans_a, int trans_b, float alpha, float beta);
 
+    /* bf16 GEMM: c (M, N) f32 = alpha op(a) op(b) + beta c with a and b bf16 (hp_bf16_t), the
+     * gemm slot's conventions. Optional: NULL when the backend has none (hp_backend_has_gemm_bf16;
+     * a caller then widens to f32 with convert and calls gemm). The CPU's: hp_gemm_bf16
+     * (nn_kernels.h), oneDNN's AMX kernels where the CPU has AMX, else widen + sgemm. */
+    void (*gemm_bf16)(void *ctx, float *c, int ldc, const uint16_t *a, int lda, const uint16_t *b, int ldb, int M,
+                      int N, int K, int trans_a, int trans_b, float alpha, float beta);
+
     /* Block attention for context parallel (attention_block.h, whose hp_attn_block_* are the CPU
      * kernels): one query block (Tq rows) against one key/value block (Tk rows) under a mask
      * (hp_attn_mask_t), out (Tq, Hq, hd) (=) and lse (Hq, Tq) (=); the backward given the
@@ -180,6 +187,7 @@ static inline int hp_backend_get_num_threads(const hp_backend_t *be) {
 static inline void hp_backend_synchronize(const hp_backend_t *be) {
     if (be->synchronize) be->synchronize(be->ctx);
 }
+static inline int hp_backend_has_gemm_bf16(const hp_backend_t *be) { return be->gemm_bf16 != NULL; }
 /* gemm_grouped, or its default: one gemm call per non-empty group, in order. */
 static inline void hp_backend_gemm_grouped(const hp_backend_t *be, const hp_gemm_group_t *g, int n, int trans_a,
                                            int trans_b, float alpha, float beta) {

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "status.h"
+#include "dtype.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -130,6 +131,37 @@ int hp_gemm_describe(char *buf, size_t n);
  * of several repetitions within about `seconds`. What every f32 FLOP of a step could at
  * most reach: the MFU denominator when metrics.peak_flops is not set (metrics.h). */
 hp_status_t hp_cpu_fma_peak_flops(int threads, double seconds, double *flops);
+
+/* ---- bfloat16: array conversions and the bf16 GEMM (src/nn/gemm_bf16.c) ------------------ */
+/* n elements f32 -> bf16, round to nearest even, NaN kept quiet (hp_f32_to_bf16 per element),
+ * and bf16 -> f32 (exact); explicit-vector loops on the avx512 / avx2 ISA paths (hp_nn_isa),
+ * bitwise the reference twins hp_ref_convert_* (the scalar rule). */
+void hp_convert_f32_to_bf16(hp_bf16_t *dst, const float *src, int64_t n);
+void hp_convert_bf16_to_f32(float *dst, const hp_bf16_t *src, int64_t n);
+void hp_ref_convert_f32_to_bf16(hp_bf16_t *dst, const float *src, int64_t n);
+void hp_ref_convert_bf16_to_f32(float *dst, const hp_bf16_t *src, int64_t n);
+
+/* c (M, N) f32 = alpha op(a) op(b) + beta c with bf16 a and b, row-major, the gemm slot's
+ * argument conventions (backend.h); beta 0: c is not read. The products of bf16 values are
+ * exact in f32 and summed in f32 on every path (in an order that differs between them), so a
+ * path is within gamma_{K+2} of the magnitudes of the exact sum (tests/test_gemm_bf16.c).
+ * Which implementation runs: oneDNN's dnnl_gemm_bf16bf16f32 (loaded with dlopen) where the CPU
+ * has AMX, measured the fastest there; the f32 path (widen to f32, one OpenBLAS sgemm) elsewhere,
+ * including CPUs with AVX512_BF16 but no AMX, where oneDNN's bf16 kernels were measured slower
+ * than sgemm (docs/performance.md "bf16 GEMM"). HP_GEMM_BF16=auto|onednn|f32 or
+ * hp_gemm_bf16_set_impl forces one (HP_ERR_UNSUPPORTED for oneDNN without it or AVX512_BF16). */
+void hp_gemm_bf16(float *c, int ldc, const hp_bf16_t *a, int lda, const hp_bf16_t *b, int ldb, int M, int N, int K,
+                  int trans_a, int trans_b, float alpha, float beta);
+/* the reference twin: double sums of the exact products, one rounding */
+void hp_ref_gemm_bf16(float *c, int ldc, const hp_bf16_t *a, int lda, const hp_bf16_t *b, int ldb, int M, int N,
+                      int K, int trans_a, int trans_b, float alpha, float beta);
+typedef enum { HP_GEMM_BF16_AUTO = 0, HP_GEMM_BF16_ONEDNN, HP_GEMM_BF16_F32 } hp_gemm_bf16_impl_t;
+hp_status_t hp_gemm_bf16_set_impl(hp_gemm_bf16_impl_t impl);
+hp_gemm_bf16_impl_t hp_gemm_bf16_impl(void);                       /* the one running now (never AUTO) */
+const char *hp_gemm_bf16_impl_name(hp_gemm_bf16_impl_t impl);      /* "auto", "onednn", "f32" */
+/* One line for start-up logs: "bf16 GEMM: oneDNN 2.6.3 dnnl_gemm_bf16bf16f32, amx_bf16 kernels
+ * (CPU: AMX and AVX512_BF16)", or the f32 path and why. */
+int hp_gemm_bf16_describe(char *buf, size_t n);
 
 /* ---- kernels: SwiGLU -------------------------------------------------------------------- */
 // out (N, H) = silu(h13[:, :H]) * h13[:, H:], h13 (N, 2H)

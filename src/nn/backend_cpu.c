@@ -33,7 +33,10 @@ static void cpu_copy_rows(void *ctx, float *dst, int64_t ldd, const float *src, 
 
 static void cpu_convert(void *ctx, void *dst, hp_dtype_t dd, const void *src, hp_dtype_t sd, int64_t n) {
     (void)ctx;
-    hp_convert(dst, dd, src, sd, (size_t)n);
+    // the vector loops compute hp_convert's bits (tests/test_gemm_bf16.c)
+    if (sd == HP_F32 && dd == HP_BF16) hp_convert_f32_to_bf16(dst, src, n);
+    else if (sd == HP_BF16 && dd == HP_F32) hp_convert_bf16_to_f32(dst, src, n);
+    else hp_convert(dst, dd, src, sd, (size_t)n);
 }
 static void cpu_add(void *ctx, float *y, const float *x, int64_t n) { (void)ctx; hp_add_inplace(y, x, n); }
 
@@ -196,6 +199,12 @@ static void cpu_gemm(void *ctx, float *c, int ldc, const float *a, int lda, cons
     hp_cpu_sgemm(c, ldc, a, lda, b, ldb, M, N, K, ta, tb, alpha, beta);
 }
 
+static void cpu_gemm_bf16(void *ctx, float *c, int ldc, const uint16_t *a, int lda, const uint16_t *b, int ldb, int M,
+                          int N, int K, int ta, int tb, float alpha, float beta) {
+    (void)ctx;
+    hp_gemm_bf16(c, ldc, a, lda, b, ldb, M, N, K, ta, tb, alpha, beta);
+}
+
 static void cpu_attn_block_f(void *ctx, float *out, int ldo, float *lse, int ldl, const float *q, int ldq,
                              const float *k, int ldk, const float *v, int ldv, int Tq, int Tk, int Hq, int Hkv, int hd,
                              int mask, float *scratch) {
@@ -255,6 +264,7 @@ static const hp_backend_t cpu_backend = {
     .adamw_update = cpu_adamw,
     .sgd_update = cpu_sgd,
     .gemm = cpu_gemm,
+    .gemm_bf16 = cpu_gemm_bf16,
     .attn_block_forward = cpu_attn_block_f,
     .attn_block_backward = cpu_attn_block_b,
     .attn_block_merge = cpu_attn_block_m,
