@@ -10,6 +10,7 @@ PKGS=(gcc make cmake pkg-config
       libutf8proc-dev                 # tokenizer NFC / NFKC normalizers
       libjson-c-dev                   # tokenizer.json, safetensors headers, checkpoint metadata
       libxxhash-dev                   # XXH3 checksums of checkpoint tensors
+      libdnnl2                        # oneDNN: bf16 GEMMs on AMX CPUs (dlopen; the tests run both paths)
       fortunes)                       # the bundled English demo corpus
 missing=()
 for p in "${PKGS[@]}"; do
