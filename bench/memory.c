@@ -5,7 +5,7 @@
  * the peak of the library's allocations, from hp-train's end-of-run "memory rank" lines. The
  * model: llama3 with dim 1024, 16 layers, 16 heads, 8 KV heads (~200 M parameters), seq 64,
  * global batch 4, 2 steps, 1 thread per rank. Rows: FSDP 1 / 2 / 4, TP 2 x FSDP 2, PP 2 x FSDP 2,
- * each with AC none / full / selective 2, and FSDP 4 starting from a DCP checkpoint and from an
+ * each with AC none / full / selective 2, FSDP 4 also with op-level SAC and memory_budget 0.5, and FSDP 4 starting from a DCP checkpoint and from an
  * HF folder (checkpoint.initial_load_path: each rank reads its shards from the files).
  *   build/bench_memory --tokenizer TOKENIZER.json [--corpus FILE] [--build build] [--rows all|quick]
  *       [--work DIR]
@@ -21,7 +21,7 @@
 typedef struct row {
     const char *layout;
     int np, shard, tp, pp;
-    const char *ac;    /* none | full | selective */
+    const char *ac;    /* none | full | selective (every 2nd block) | op (op-level SAC) | budget (memory_budget 0.5) */
     const char *load;  /* NULL, "dcp" or "hf" */
 } row_t;
 
@@ -57,11 +57,14 @@ static result_t run_row(const row_t *r) {
              "--training.steps=2 --parallelism.data_parallel_replicate_degree=1 "
              "--parallelism.data_parallel_shard_degree=%d --parallelism.tensor_parallel_degree=%d "
              "--parallelism.pipeline_parallel_degree=%d --parallelism.pipeline_parallel_microbatch_size=1 "
-             "--activation_checkpoint.mode=%s --activation_checkpoint.selective_ac_option=2 "
+             "--activation_checkpoint.mode=%s --activation_checkpoint.selective_ac_option=%s "
+             "--activation_checkpoint.memory_budget=0.5 "
              "--tokenizer.path=%s --data.path=%s --validation.enable=false --metrics.log_freq=1 "
              "--metrics.enable_tensorboard=false --checkpoint.enable=false --job.dump_folder= "
              "--job.print_config=false%s 2>&1",
-             g_build, r->np, 4 / (r->shard), r->shard, r->tp, r->pp, r->ac, g_tok, g_corpus, extra);
+             g_build, r->np, 4 / (r->shard), r->shard, r->tp, r->pp,
+             !strcmp(r->ac, "op") ? "selective" : !strcmp(r->ac, "budget") ? "memory_budget" : r->ac,
+             !strcmp(r->ac, "op") ? "op" : "2", g_tok, g_corpus, extra);
     fprintf(stderr, "$ %s\n", cmd);
     FILE *p = popen(cmd, "r");
     if (!p) return res;
@@ -132,7 +135,8 @@ int main(int argc, char **argv) {
         {"FSDP 1 (1 rank)", 1, 1, 1, 1, "selective", NULL}, {"FSDP 2", 2, 2, 1, 1, "none", NULL},
         {"FSDP 2", 2, 2, 1, 1, "full", NULL},             {"FSDP 2", 2, 2, 1, 1, "selective", NULL},
         {"FSDP 4", 4, 4, 1, 1, "none", NULL},             {"FSDP 4", 4, 4, 1, 1, "full", NULL},
-        {"FSDP 4", 4, 4, 1, 1, "selective", NULL},        {"TP 2 x FSDP 2", 4, 2, 2, 1, "none", NULL},
+        {"FSDP 4", 4, 4, 1, 1, "selective", NULL},        {"FSDP 4", 4, 4, 1, 1, "op", NULL},
+        {"FSDP 4", 4, 4, 1, 1, "budget", NULL},           {"TP 2 x FSDP 2", 4, 2, 2, 1, "none", NULL},
         {"TP 2 x FSDP 2", 4, 2, 2, 1, "full", NULL},      {"TP 2 x FSDP 2", 4, 2, 2, 1, "selective", NULL},
         {"PP 2 x FSDP 2", 4, 2, 1, 2, "none", NULL},      {"PP 2 x FSDP 2", 4, 2, 1, 2, "full", NULL},
         {"PP 2 x FSDP 2", 4, 2, 1, 2, "selective", NULL}, {"FSDP 4, load DCP", 4, 4, 1, 1, "none", "dcp"},
@@ -154,7 +158,10 @@ int main(int argc, char **argv) {
         const result_t r = run_row(&all[i]);
         if (i == 0) one = r.rss;
         if (!r.ok) bad++;
-        const char *ac = !strcmp(all[i].ac, "selective") ? "selective 2" : all[i].ac;
+        const char *ac = !strcmp(all[i].ac, "selective") ? "selective 2"
+                         : !strcmp(all[i].ac, "op")     ? "selective op"
+                         : !strcmp(all[i].ac, "budget") ? "memory_budget 0.5"
+                                                        : all[i].ac;
         printf("| %s | %s | %d | %.3f | %.3f | %+.1f%% | %.3f / %.3f | %.3fx |%s\n", all[i].layout, ac, all[i].np,
                r.pred, r.rss, r.worst, r.alloc_pred, r.alloc, one > 0 ? r.rss / one : 0.0, r.ok ? "" : " (run failed)");
         fflush(stdout);
