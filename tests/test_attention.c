@@ -17,6 +17,7 @@
 #include <omp.h>
 #include "hyperparallel/nn.h"
 #include "hp_test.h"
+#include "hp_test_rand.h"
 
 /* Tolerances, |a - b| <= atol + rtol |b| against the double reference:
  * forward: a score sums hd <= 128 f32 products (|q|, |k| <= 1.5, scaled by 1/sqrt(hd): |s| <= 20,
@@ -31,17 +32,7 @@
 #define BWD_ATOL 2e-5
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static float frand(void) {   // uniform in [-1, 1)
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-static float *rnd(size_t n, float scale) {
-    float *p = malloc(sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
-    return p;
-}
+static float *rnd(size_t n, float scale) { return hp_test_rnd(&rng_state, n, scale); }
 
 /* max over i of |a - b| / (atol + rtol |b|); <= 1 means close; a NaN anywhere gives +inf */
 static double close_ratio(const float *a, const float *b, size_t n, double rtol, double atol) {

@@ -11,6 +11,7 @@
 #include "hyperparallel/backend.h"
 #include "hyperparallel/nn.h"
 #include "hp_test.h"
+#include "hp_test_rand.h"
 
 /* Against the double references: a score sums hd <= 32 f32 products of |q|, |k| <= 1 (error
  * <= hd u |s| ~ 2e-6), O sums Tk <= 40 softmax-weighted rows of |v| <= 1 (Tk u ~ 5e-6 of the
@@ -23,17 +24,7 @@
 #define BWD_ATOL 2e-5
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static float frand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-static float *rnd(size_t n) {
-    float *p = malloc(sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) p[i] = frand();
-    return p;
-}
+static float *rnd(size_t n) { return hp_test_rnd(&rng_state, n, 1.0f); }
 
 /* max over elements of |a - b| / (atol + rtol |b|) (<= 1 passes); -inf == -inf counts as equal */
 static double worst(const float *a, const float *b, size_t n, double rtol, double atol) {

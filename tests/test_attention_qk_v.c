@@ -15,6 +15,7 @@
 #include "hyperparallel/backend.h"
 #include "hyperparallel/nn.h"
 #include "hp_test.h"
+#include "hp_test_rand.h"
 
 /* Against the double twin, |a - b| <= atol + rtol |b|: test_attention.c's derivation with a
  * score of hd <= 192 f32 products (random signs: ~1e-5 relative; worst case 2.3e-4 would need
@@ -32,17 +33,7 @@
 #define PAD_ATOL 1e-6
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static float frand(void) {   // uniform in [-1, 1)
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-static float *rnd(size_t n, float scale) {
-    float *p = malloc(sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
-    return p;
-}
+static float *rnd(size_t n, float scale) { return hp_test_rnd(&rng_state, n, scale); }
 static double close_ratio(const float *a, const float *b, size_t n, double rtol, double atol) {
     double worst = 0.0;
     for (size_t i = 0; i < n; i++) {

@@ -12,6 +12,7 @@
 #include "hyperparallel/cp.h"
 #include "hyperparallel/nn.h"
 #include "hp_test_mpi.h"
+#include "hp_test_rand.h"
 
 /* Against the double reference of the whole sequence: each block is an f32 BLAS product as in
  * test_attention_block.c (rtol 1e-4 / atol 1e-5 forward, twice that backward); the lse merge
@@ -23,17 +24,9 @@
 #define BWD_ATOL 2e-5
 
 static uint64_t rng_state;
-static float frand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
 static float *rnd(size_t n, uint64_t seed) {   // the same on every rank
     rng_state = seed;
-    float *p = malloc(sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) p[i] = frand();
-    return p;
+    return hp_test_rnd(&rng_state, n, 1.0f);
 }
 
 static double worst(const float *a, const float *b, size_t n, double rtol, double atol) {

@@ -15,14 +15,10 @@
 #include "hyperparallel/backend.h"
 #include "hyperparallel/nn.h"
 #include "hp_test.h"
+#include "hp_test_rand.h"
 
 static uint64_t rng_state = 0xD1B54A32D192ED03ull;
-static float frand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
+static float frand(void) { return hp_test_frand(&rng_state); }   // uniform in [-1, 1)
 
 /* Each f32 result sums K products in some order (blocked by the BLAS): |error| <= gamma_K
  * sum_k |a||b| with gamma_K = K u / (1 - K u), u = 2^-24; plus the rounding of the beta term.

@@ -21,19 +21,11 @@
 #include "hyperparallel/models.h"
 #include "hyperparallel/nn.h"
 #include "hp_test.h"
+#include "hp_test_rand.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static float frand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-static float *rnd(size_t n, float scale) {
-    float *p = malloc(sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
-    return p;
-}
+static float frand(void) { return hp_test_frand(&rng_state); }   // uniform in [-1, 1)
+static float *rnd(size_t n, float scale) { return hp_test_rnd(&rng_state, n, scale); }
 static float *zeros(size_t n) { return calloc(n, sizeof(float)); }
 static double dot(const float *a, const float *b, size_t n) {
     double s = 0;

@@ -16,19 +16,11 @@
 #include "hyperparallel/nn.h"
 #include "hyperparallel/nn_loss.h"
 #include "hp_test.h"
+#include "hp_test_rand.h"
 
 static uint64_t rng_state = 88172645463325252ull;
-static float frand(void) {   // uniform in [-1, 1)
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-static float *rnd(size_t n, float scale) {
-    float *p = malloc(sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
-    return p;
-}
+static float frand(void) { return hp_test_frand(&rng_state); }   // uniform in [-1, 1)
+static float *rnd(size_t n, float scale) { return hp_test_rnd(&rng_state, n, scale); }
 static float *zeros(size_t n) { return calloc(n, sizeof(float)); }
 
 /* max over i of |a-b| / (atol + rtol |b|); <= 1 means close; a NaN anywhere gives +inf (a
