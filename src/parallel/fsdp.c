@@ -1059,6 +1059,7 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
                        sizeof(float) * (size_t)(rows * p->rest));
             hp_param_t *s = &f->params[p->index];
             snprintf(s->name, sizeof(s->name), "%s", q->name);
+            s->frozen = q->frozen;
             hp_dtensor_t *dts[2] = {&s->value, &s->grad};
             float *data[2] = {g->shard + p->shard_off, g->gshard + p->shard_off};
             for (int k = 0; k < 2; k++) {

@@ -461,3 +461,43 @@ hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const 
     *out = mc;
     return HP_OK;
 }
+
+/* ---- lora ----------------------------------------------------------------------------------- */
+
+hp_status_t hp_config_apply_lora(const hp_config_t *c, hp_model_config_t *mc) {
+    if (!c->lora.enable) return HP_OK;
+    const hp_config_list_t *tm = &c->lora.target_modules;
+    int bits = 0;
+    for (int i = 0; i < tm->n; i++) {
+        const int b = hp_lora_target_bit(tm->items[i]);
+        if (!b)
+            return hp_error(HP_ERR_INVALID_ARG, "config key 'lora.target_modules': '%s' is not a projection LoRA can "
+                            "adapt; expected q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (PEFT's "
+                            "names) or wq, wk, wv, wo, w1, w3, w2", tm->items[i]);
+        bits |= b;
+    }
+    if (!bits)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'lora.target_modules' is empty with lora.enable = true; hint: "
+                        "e.g. q_proj,v_proj (PEFT's default for Llama and Qwen)");
+    /* the layouts tested with LoRA (docs/finetune.md "LoRA"): the data-parallel ones */
+    const struct { const char *key; int64_t v; } deg[] = {
+        {"parallelism.tensor_parallel_degree", c->parallelism.tensor_parallel_degree},
+        {"parallelism.pipeline_parallel_degree", c->parallelism.pipeline_parallel_degree},
+        {"parallelism.context_parallel_degree", c->parallelism.context_parallel_degree},
+        {"parallelism.expert_parallel_degree", c->parallelism.expert_parallel_degree},
+        {"parallelism.zero_stage", c->parallelism.zero_stage + 1},
+    };
+    for (size_t i = 0; i < sizeof deg / sizeof deg[0]; i++)
+        if (deg[i].v > 1)
+            return hp_error(HP_ERR_UNSUPPORTED, "lora.enable = true with %s = %lld: LoRA runs under FSDP, HSDP and DDP "
+                            "only so far (docs/finetune.md \"LoRA\"); hint: use data_parallel_shard_degree / "
+                            "data_parallel_replicate_degree", deg[i].key,
+                            (long long)(i == 4 ? deg[i].v - 1 : deg[i].v));
+    if (strcmp(c->activation_checkpoint.mode, "none") != 0)
+        return hp_error(HP_ERR_UNSUPPORTED, "lora.enable = true with activation_checkpoint.mode = %s: not supported with "
+                        "LoRA yet; hint: activation_checkpoint.mode = none", c->activation_checkpoint.mode);
+    mc->lora_rank = (int)c->lora.rank;
+    mc->lora_alpha = (float)c->lora.alpha;
+    mc->lora_targets = bits;
+    return hp_model_config_validate(mc);
+}
