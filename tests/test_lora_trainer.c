@@ -258,6 +258,53 @@ int main(int argc, char **argv) {
     hp_test_run_on(v, world, world, N, l, n, NULL);
     hp_test_compare_runs("lora ddp 2", N, l, rl, n, rn, LOSS_RTOL, NORM_RTOL);
 
+    /* TP 2 (sequence parallel, as the config's default): every rank reads the single rank's rows
+     * (y.jsonl, batch 2 B); colwise bases shard B's rows, rowwise bases A's columns */
+    *v = *r;
+    v->parallelism.tensor_parallel_degree = 2;
+    snprintf(v->job.dump_folder, sizeof v->job.dump_folder, "%s/tp", dir_);
+    hp_test_run_on(v, world, world, N, l, n, NULL);
+    hp_test_compare_runs("lora tp 2", N, l, rl, n, rn, LOSS_RTOL, NORM_RTOL);
+
+    /* the adapter through each layout's load and save, bitwise: the single rank's PEFT folder loaded
+     * (lora.adapter_path: each rank reads its boxes of the adapters' shards) and saved (gathered)
+     * again before any step */
+    const char *lay[3] = {"fsdp_rt", "tp_rt", "ddp_rt"};
+    for (int k = 0; k < 3; k++) {
+        *v = *c;
+        snprintf(v->data.path, sizeof v->data.path, "%s", x_);
+        v->parallelism.data_parallel_shard_degree = k == 0 ? 2 : 1;
+        v->parallelism.tensor_parallel_degree = k == 1 ? 2 : 1;
+        v->parallelism.data_parallel_replicate_degree = k == 2 ? 2 : 1;
+        snprintf(v->lora.adapter_path, sizeof v->lora.adapter_path, "%s/single/lora_adapter", dir_);
+        snprintf(v->job.dump_folder, sizeof v->job.dump_folder, "%s/%s", dir_, lay[k]);
+        hp_trainer_t t = NULL;
+        HP_CHECK_OK(hp_trainer_create(v, world, &t));
+        char out[700];
+        snprintf(out, sizeof out, "%s/%s/lora_adapter", dir_, lay[k]);
+        int np = 0;
+        hp_param_t *ps = t ? hp_trainer_params(t, &np) : NULL;
+        if (t) {
+            const hp_model_config_t *tmc = hp_model_config(hp_trainer_model(t));
+            HP_CHECK_OK(hp_hf_save_lora(out, hp_model_hf_adapter(tmc), tmc, ps, np, world, ""));
+        }
+        hp_trainer_destroy(t);
+        if (rank_ == 0) {
+            char pa[700], pb[700];
+            snprintf(pa, sizeof pa, "%s/single/lora_adapter/adapter_model.safetensors", dir_);
+            snprintf(pb, sizeof pb, "%s/%s/lora_adapter/adapter_model.safetensors", dir_, lay[k]);
+            char *a = NULL, *b = NULL;
+            size_t na = 0, nb = 0;
+            HP_CHECK_OK(hp_file_read_all(pa, "adapter", (size_t)64 << 20, &a, &na));
+            HP_CHECK_OK(hp_file_read_all(pb, "adapter", (size_t)64 << 20, &b, &nb));
+            HP_CHECK(a && b && na == nb && !memcmp(a, b, na), "%s: the adapter loaded and saved again differs from "
+                     "the single rank's file (%zu vs %zu bytes)", lay[k], na, nb);
+            free(a);
+            free(b);
+        }
+        hp_barrier(world, NULL);
+    }
+
     free(v);
     free(r);
     free(c);

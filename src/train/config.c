@@ -481,7 +481,6 @@ hp_status_t hp_config_apply_lora(const hp_config_t *c, hp_model_config_t *mc) {
                         "e.g. q_proj,v_proj (PEFT's default for Llama and Qwen)");
     /* the layouts tested with LoRA (docs/finetune.md "LoRA"): the data-parallel ones */
     const struct { const char *key; int64_t v; } deg[] = {
-        {"parallelism.tensor_parallel_degree", c->parallelism.tensor_parallel_degree},
         {"parallelism.pipeline_parallel_degree", c->parallelism.pipeline_parallel_degree},
         {"parallelism.context_parallel_degree", c->parallelism.context_parallel_degree},
         {"parallelism.expert_parallel_degree", c->parallelism.expert_parallel_degree},
@@ -489,10 +488,10 @@ hp_status_t hp_config_apply_lora(const hp_config_t *c, hp_model_config_t *mc) {
     };
     for (size_t i = 0; i < sizeof deg / sizeof deg[0]; i++)
         if (deg[i].v > 1)
-            return hp_error(HP_ERR_UNSUPPORTED, "lora.enable = true with %s = %lld: LoRA runs under FSDP, HSDP and DDP "
-                            "only so far (docs/finetune.md \"LoRA\"); hint: use data_parallel_shard_degree / "
-                            "data_parallel_replicate_degree", deg[i].key,
-                            (long long)(i == 4 ? deg[i].v - 1 : deg[i].v));
+            return hp_error(HP_ERR_UNSUPPORTED, "lora.enable = true with %s = %lld: LoRA runs under FSDP, HSDP, DDP and "
+                            "tensor parallel only so far (docs/finetune.md \"LoRA\"); hint: use "
+                            "data_parallel_shard_degree, data_parallel_replicate_degree or tensor_parallel_degree", deg[i].key,
+                            (long long)(i == 3 ? deg[i].v - 1 : deg[i].v));
     if (strcmp(c->activation_checkpoint.mode, "none") != 0)
         return hp_error(HP_ERR_UNSUPPORTED, "lora.enable = true with activation_checkpoint.mode = %s: not supported with "
                         "LoRA yet; hint: activation_checkpoint.mode = none", c->activation_checkpoint.mode);
