@@ -258,6 +258,21 @@ int main(int argc, char **argv) {
     hp_test_run_on(v, world, world, N, l, n, NULL);
     hp_test_compare_runs("lora ddp 2", N, l, rl, n, rn, LOSS_RTOL, NORM_RTOL);
 
+    /* activation checkpointing (full; TorchTitan's op-level selective): bitwise the run without */
+    const char *acm[2][2] = {{"full", "2"}, {"selective", "op"}};
+    for (int k = 0; k < 2; k++) {
+        *v = *r;
+        snprintf(v->activation_checkpoint.mode, sizeof v->activation_checkpoint.mode, "%s", acm[k][0]);
+        snprintf(v->activation_checkpoint.selective_ac_option, sizeof v->activation_checkpoint.selective_ac_option,
+                 "%s", acm[k][1]);
+        snprintf(v->job.dump_folder, sizeof v->job.dump_folder, "%s/ac%d", dir_, k);
+        hp_test_run_on(v, solo, world, N, l, n, NULL);
+        int same = 1;
+        for (int i = 0; i < N; i++) same &= l[i] == rl[i] && n[i] == rn[i];
+        HP_CHECK(same, "lora with activation_checkpoint.mode %s: losses / norms not bitwise the run without AC",
+                 acm[k][0]);
+    }
+
     /* TP 2 (sequence parallel, as the config's default): every rank reads the single rank's rows
      * (y.jsonl, batch 2 B); colwise bases shard B's rows, rowwise bases A's columns */
     *v = *r;

@@ -492,9 +492,6 @@ hp_status_t hp_config_apply_lora(const hp_config_t *c, hp_model_config_t *mc) {
                             "tensor parallel only so far (docs/finetune.md \"LoRA\"); hint: use "
                             "data_parallel_shard_degree, data_parallel_replicate_degree or tensor_parallel_degree", deg[i].key,
                             (long long)(i == 3 ? deg[i].v - 1 : deg[i].v));
-    if (strcmp(c->activation_checkpoint.mode, "none") != 0)
-        return hp_error(HP_ERR_UNSUPPORTED, "lora.enable = true with activation_checkpoint.mode = %s: not supported with "
-                        "LoRA yet; hint: activation_checkpoint.mode = none", c->activation_checkpoint.mode);
     mc->lora_rank = (int)c->lora.rank;
     mc->lora_alpha = (float)c->lora.alpha;
     mc->lora_targets = bits;
