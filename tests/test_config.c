@@ -176,8 +176,8 @@ static void test_examples(void) {
             snprintf(c.lora.target_modules.items[1], HP_CONFIG_STR_MAX, "qkv");
             HP_CHECK_ERR(hp_config_apply_lora(&c, &mc), HP_ERR_INVALID_ARG, "'qkv'");
             snprintf(c.lora.target_modules.items[1], HP_CONFIG_STR_MAX, "wk");
-            c.parallelism.pipeline_parallel_degree = 2;
-            HP_CHECK_ERR(hp_config_apply_lora(&c, &mc), HP_ERR_UNSUPPORTED, "parallelism.pipeline_parallel_degree = 2");
+            c.parallelism.expert_parallel_degree = 2;
+            HP_CHECK_ERR(hp_config_apply_lora(&c, &mc), HP_ERR_UNSUPPORTED, "parallelism.expert_parallel_degree = 2");
         }
     }
 }

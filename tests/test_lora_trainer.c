@@ -281,28 +281,43 @@ int main(int argc, char **argv) {
     hp_test_run_on(v, world, world, N, l, n, NULL);
     hp_test_compare_runs("lora tp 2", N, l, rl, n, rn, LOSS_RTOL, NORM_RTOL);
 
+    /* CP 2 and PP 2: every rank reads the single rank's rows; ZeRO-1 over DDP 2 */
+    const char *more[3] = {"cp", "pp", "zero"};
+    for (int k = 0; k < 3; k++) {
+        *v = k < 2 ? *r : *c;
+        if (k == 0) v->parallelism.context_parallel_degree = 2;
+        if (k == 1) v->parallelism.pipeline_parallel_degree = 2;
+        if (k == 2) {
+            snprintf(v->data.path, sizeof v->data.path, "%s", x_);
+            v->parallelism.data_parallel_shard_degree = 1;
+            v->parallelism.data_parallel_replicate_degree = 2;
+            v->parallelism.zero_stage = 1;
+        }
+        snprintf(v->job.dump_folder, sizeof v->job.dump_folder, "%s/%s", dir_, more[k]);
+        hp_test_run_on(v, world, world, N, l, n, NULL);
+        char w[64];
+        snprintf(w, sizeof w, "lora %s 2", more[k]);
+        hp_test_compare_runs(w, N, l, rl, n, rn, LOSS_RTOL, NORM_RTOL);
+    }
+
     /* the adapter through each layout's load and save, bitwise: the single rank's PEFT folder loaded
      * (lora.adapter_path: each rank reads its boxes of the adapters' shards) and saved (gathered)
      * again before any step */
-    const char *lay[3] = {"fsdp_rt", "tp_rt", "ddp_rt"};
-    for (int k = 0; k < 3; k++) {
+    const char *lay[4] = {"fsdp_rt", "tp_rt", "ddp_rt", "pp_rt"};
+    for (int k = 0; k < 4; k++) {
         *v = *c;
         snprintf(v->data.path, sizeof v->data.path, "%s", x_);
         v->parallelism.data_parallel_shard_degree = k == 0 ? 2 : 1;
         v->parallelism.tensor_parallel_degree = k == 1 ? 2 : 1;
         v->parallelism.data_parallel_replicate_degree = k == 2 ? 2 : 1;
+        v->parallelism.pipeline_parallel_degree = k == 3 ? 2 : 1;
         snprintf(v->lora.adapter_path, sizeof v->lora.adapter_path, "%s/single/lora_adapter", dir_);
         snprintf(v->job.dump_folder, sizeof v->job.dump_folder, "%s/%s", dir_, lay[k]);
         hp_trainer_t t = NULL;
         HP_CHECK_OK(hp_trainer_create(v, world, &t));
         char out[700];
         snprintf(out, sizeof out, "%s/%s/lora_adapter", dir_, lay[k]);
-        int np = 0;
-        hp_param_t *ps = t ? hp_trainer_params(t, &np) : NULL;
-        if (t) {
-            const hp_model_config_t *tmc = hp_model_config(hp_trainer_model(t));
-            HP_CHECK_OK(hp_hf_save_lora(out, hp_model_hf_adapter(tmc), tmc, ps, np, world, ""));
-        }
+        if (t) HP_CHECK_OK(hp_trainer_save_lora(t, out));
         hp_trainer_destroy(t);
         if (rank_ == 0) {
             char pa[700], pb[700];

@@ -244,7 +244,7 @@ hp_status_t hp_config_grad_accum_steps(const hp_config_t *cfg, int64_t dp_degree
  * seq_len. Errors name the model.* key, the value, what is expected and a hint. */
 struct hp_model_config;
 /* The lora.* keys into a resolved model config (rank, alpha, target bits) and the layouts LoRA
- * supports (FSDP, HSDP, DDP, TP, activation checkpointing; not PP, CP, EP or ZeRO yet), named by key. */
+ * supports (every layout of a dense model; expert parallel refused), named by key. */
 hp_status_t hp_config_apply_lora(const hp_config_t *cfg, struct hp_model_config *mc);
 hp_status_t hp_config_resolve_model(const hp_config_t *cfg, int vocab_size, const char *vocab_from, int seq_len,
                                     struct hp_model_config *out);

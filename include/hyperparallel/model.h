@@ -265,6 +265,7 @@ typedef struct hp_model_param_desc {
     char name[HP_PARAM_NAME_MAX];
     int ndim;
     int64_t shape[3];
+    int frozen;   /* hp_param_t.frozen (LoRA's base) */
 } hp_model_param_desc_t;
 int hp_model_describe_params(const hp_model_config_t *cfg, int u0, int u1, hp_model_param_desc_t *out, int cap);
 /* The modules' activation sizes changed (a parallel wrapper saves per-micro-batch state in the

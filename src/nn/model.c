@@ -199,6 +199,7 @@ int hp_model_describe_params(const hp_model_config_t *cfg_in, int u0, int u1, hp
             memcpy(out[n].name, tmp[i].name, sizeof out[n].name);   // both HP_PARAM_NAME_MAX, NUL-terminated
             out[n].name[sizeof out[n].name - 1] = '\0';
             out[n].ndim = tmp[i].ndim;
+            out[n].frozen = tmp[i].frozen;
             memcpy(out[n].shape, tmp[i].shape, sizeof out[n].shape);
         }
     }

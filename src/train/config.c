@@ -480,18 +480,11 @@ hp_status_t hp_config_apply_lora(const hp_config_t *c, hp_model_config_t *mc) {
         return hp_error(HP_ERR_INVALID_ARG, "config key 'lora.target_modules' is empty with lora.enable = true; hint: "
                         "e.g. q_proj,v_proj (PEFT's default for Llama and Qwen)");
     /* the layouts tested with LoRA (docs/finetune.md "LoRA"): the data-parallel ones */
-    const struct { const char *key; int64_t v; } deg[] = {
-        {"parallelism.pipeline_parallel_degree", c->parallelism.pipeline_parallel_degree},
-        {"parallelism.context_parallel_degree", c->parallelism.context_parallel_degree},
-        {"parallelism.expert_parallel_degree", c->parallelism.expert_parallel_degree},
-        {"parallelism.zero_stage", c->parallelism.zero_stage + 1},
-    };
-    for (size_t i = 0; i < sizeof deg / sizeof deg[0]; i++)
-        if (deg[i].v > 1)
-            return hp_error(HP_ERR_UNSUPPORTED, "lora.enable = true with %s = %lld: LoRA runs under FSDP, HSDP, DDP and "
-                            "tensor parallel only so far (docs/finetune.md \"LoRA\"); hint: use "
-                            "data_parallel_shard_degree, data_parallel_replicate_degree or tensor_parallel_degree", deg[i].key,
-                            (long long)(i == 3 ? deg[i].v - 1 : deg[i].v));
+    /* expert parallel needs MoE layers, which LoRA does not adapt (hp_model_config_validate) */
+    if (c->parallelism.expert_parallel_degree > 1)
+        return hp_error(HP_ERR_UNSUPPORTED, "lora.enable = true with parallelism.expert_parallel_degree = %lld: LoRA "
+                        "adapts dense decoders only (docs/finetune.md \"LoRA\"); hint: expert_parallel_degree = 1",
+                        (long long)c->parallelism.expert_parallel_degree);
     mc->lora_rank = (int)c->lora.rank;
     mc->lora_alpha = (float)c->lora.alpha;
     mc->lora_targets = bits;

@@ -432,6 +432,28 @@ static hp_status_t lora_setup(hp_trainer_t t) {
     return HP_OK;
 }
 
+hp_status_t hp_trainer_save_lora(hp_trainer_t t, const char *path) {
+    const hp_config_t *c = &t->cfg;
+    if (!c->lora.enable)
+        return hp_error(HP_ERR_STATE, "hp_trainer_save_lora: the run has no LoRA (lora.enable = false)");
+    const hp_hf_adapter_t *a = hp_model_hf_adapter(&t->mcfg);
+    if (t->pd.pp == 1) {   /* every rank holds its shards of every adapter: gathered to rank 0 */
+        HP_TRY(hp_hf_save_lora(path, a, &t->mcfg, hp_parallel_params(t->par), hp_parallel_num_params(t->par), t->world,
+                               c->checkpoint.initial_load_path));
+    } else {   /* a stage holds its own layers only: the whole model to rank 0, saved there */
+        hp_model_t full = NULL;
+        int owned = 0;
+        hp_status_t s = hp_parallel_gather_full_model(t->par, t->world, t->T, &full, &owned);
+        if (s == HP_OK && t->rank == 0)
+            s = hp_hf_save_lora(path, a, &t->mcfg, hp_model_params(full), hp_model_num_params(full), NULL,
+                                c->checkpoint.initial_load_path);
+        if (owned) hp_model_destroy(full);
+        HP_TRY(hp_comm_agree(t->world, s, NULL));
+    }
+    if (t->rank == 0) hp_log(HP_LOG_INFO, "LoRA adapter (PEFT format) written to %s", path);
+    return HP_OK;
+}
+
 /* lora.save_folder (under job.dump_folder when relative): the adapters in PEFT's format. */
 static hp_status_t save_lora(hp_trainer_t t) {
     const hp_config_t *c = &t->cfg;
@@ -439,10 +461,7 @@ static hp_status_t save_lora(hp_trainer_t t) {
     char path[2 * HP_CONFIG_STR_MAX + 2];
     if (c->lora.save_folder[0] == '/' || !c->job.dump_folder[0]) snprintf(path, sizeof path, "%s", c->lora.save_folder);
     else snprintf(path, sizeof path, "%s/%s", c->job.dump_folder, c->lora.save_folder);
-    HP_TRY(hp_hf_save_lora(path, hp_model_hf_adapter(&t->mcfg), &t->mcfg, hp_parallel_params(t->par),
-                           hp_parallel_num_params(t->par), t->world, c->checkpoint.initial_load_path));
-    if (t->rank == 0) hp_log(HP_LOG_INFO, "LoRA adapter (PEFT format) written to %s", path);
-    return HP_OK;
+    return hp_trainer_save_lora(t, path);
 }
 
 /* Collective (after the start-up agreement): creates the manager and resumes. */
