@@ -1,10 +1,12 @@
-/* LoRA SFT through hp-train's trainer (docs/finetune.md "LoRA"): a small qwen3 HF folder (made
- * here: drawn, exported, with the example's tokenizer) fine-tuned with adapters on all seven
- * projections on the example's conversations. One run of the single rank gives: the loss falls;
- * every frozen parameter is bitwise the folder's after training and has no gradient; the
+/* LoRA SFT through hp-train's trainer (docs/finetune.md "LoRA"): a small qwen3 and a small llama3
+ * HF folder (made here: drawn, exported, with the example's tokenizer) fine-tuned with adapters on
+ * all seven projections on the example's conversations. One run of the single rank gives: the loss
+ * falls; every frozen parameter is bitwise the folder's after training and has no gradient; the
  * optimizer's state is the adapters' alone (its bytes equal an optimizer built on the adapters);
- * the PEFT folder written at the end loads back bitwise. FSDP 2 and DDP 2 equal the single rank
- * of the same global batch within the derived bound; an lr 1% off leaves it. */
+ * the PEFT folder written at the end loads back bitwise. AC (full, op-level) is bitwise the run
+ * without; FSDP 2, DDP 2, TP 2, CP 2, PP 2 and ZeRO-1 equal the single rank of the same global
+ * batch within the derived bound (an lr 1% off leaves it); the PEFT folder loaded and saved
+ * again under FSDP 2, TP 2, DDP 2 and PP 2 is bitwise the same file. */
 // hp-test: ranks 2 timeout 600
 #include <math.h>
 #include <stdio.h>
@@ -63,13 +65,14 @@ static void write_files(int B, int R) {
 
 /* The base folder: qwen3 with the small test dims and the example tokenizer's vocabulary, drawn
  * with seed 11 and exported (config.json, model.safetensors), the tokenizer files beside it. */
-static void make_base(hp_model_config_t *mc) {
-    snprintf(base_, sizeof base_, "%s/base", dir_);
+static void make_base(const char *family, hp_model_config_t *mc) {
+    snprintf(base_, sizeof base_, "%s/base_%s", dir_, family);
     char tokdir[600];
     hp_test_source_path(tokdir, sizeof tokdir, "examples/sft/qwen3");
     hp_tokenizer_t tok = NULL;
     HP_CHECK_OK(hp_tokenizer_load(&tok, tokdir));
-    HP_CHECK_OK(hp_model_flavor("qwen3", "debugmodel", mc));
+    HP_CHECK_OK(hp_model_flavor(family, "debugmodel", mc));
+    mc->multiple_of = 0;   /* llama3: hidden_dim as given */
     mc->dim = 64;
     mc->n_heads = 4;
     mc->n_kv_heads = 2;
@@ -219,7 +222,7 @@ int main(int argc, char **argv) {
     hp_config_t *c = NULL;
     world = hp_test_corpus_init(&argc, &argv, "hp_test_lora_trainer", &rank_, &ws_, &c);
     hp_model_config_t mc;
-    make_base(&mc);
+    make_base("qwen3", &mc);
     lora_config(c);
     const int B = (int)c->training.local_batch_size;
     write_files(B, N * B);
@@ -334,6 +337,19 @@ int main(int argc, char **argv) {
         }
         hp_barrier(world, NULL);
     }
+
+    /* a Llama folder (its q/k rows permuted in HF's layout, lora_B's with them): the single-rank
+     * checks again (loss, frozen weights, gradients, optimizer state, PEFT round trip) */
+    hp_model_config_t mcl;
+    make_base("llama3", &mcl);
+    *v = *r;
+    snprintf(v->model.name, sizeof v->model.name, "llama3");
+    snprintf(v->checkpoint.initial_load_path, sizeof v->checkpoint.initial_load_path, "%s", base_);
+    snprintf(v->tokenizer.path, sizeof v->tokenizer.path, "%s", base_);
+    snprintf(v->job.dump_folder, sizeof v->job.dump_folder, "%s/llama", dir_);
+    single(v, &mcl, solo, l, n);
+    HP_CHECK(l[N - 1] < l[0] && isfinite(l[0]), "llama3 LoRA loss does not fall: %g -> %g", l[0], l[N - 1]);
+    if (rank_ == 0) printf("LoRA llama3 single rank: loss %.4f -> %.4f\n", l[0], l[N - 1]);
 
     free(v);
     free(r);
