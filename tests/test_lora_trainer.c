@@ -246,6 +246,39 @@ int main(int argc, char **argv) {
     hp_test_run_on(v, world, world, N, l, n, NULL);
     hp_test_compare_runs("lora fsdp 2", N, l, rl, n, rn, LOSS_RTOL, NORM_RTOL);
 
+    /* FSDP reduce-scatters the adapters' gradients only: one step's reduce-scatter input on each
+     * rank is every trainable element once (the adapters' dims are even: no padding), f32 */
+    {
+        snprintf(v->job.dump_folder, sizeof v->job.dump_folder, "%s/fsdp_rs", dir_);
+        hp_trainer_t t = NULL;
+        HP_CHECK_OK(hp_trainer_create(v, world, &t));
+        if (t) {
+            int np = 0;
+            hp_param_t *ps = hp_trainer_params(t, &np);
+            uint64_t trainable = 0, all = 0;
+            for (int i = 0; i < np; i++) {
+                uint64_t k = 1;
+                for (int d = 0; d < ps[i].value.local.ndim; d++) k *= (uint64_t)ps[i].value.global_shape[d];
+                all += k;
+                trainable += ps[i].frozen ? 0 : k;
+            }
+            hp_comm_counts_reset();
+            hp_step_stats_t st;
+            HP_CHECK_OK(hp_trainer_step(t, &st));
+            hp_comm_counts_t cc;
+            hp_comm_counts_get(&cc);
+            HP_CHECK(cc.bytes[HP_COMM_REDUCE_SCATTER] == 4 * trainable,
+                     "FSDP reduce-scattered %llu bytes in a step; the adapters' gradients are %llu bytes (all "
+                     "parameters %llu)", (unsigned long long)cc.bytes[HP_COMM_REDUCE_SCATTER],
+                     (unsigned long long)(4 * trainable), (unsigned long long)(4 * all));
+            if (rank_ == 0)
+                printf("FSDP 2: reduce-scatter %llu bytes per step (adapters %llu, all parameters %llu)\n",
+                       (unsigned long long)cc.bytes[HP_COMM_REDUCE_SCATTER], (unsigned long long)(4 * trainable),
+                       (unsigned long long)(4 * all));
+        }
+        hp_trainer_destroy(t);
+    }
+
     /* negative: the same layout with lr 1% off leaves the tolerance */
     v->optimizer.lr *= 1.01;
     snprintf(v->job.dump_folder, sizeof v->job.dump_folder, "%s/fsdp_lr", dir_);   /* a fresh run, not a resume */
@@ -350,6 +383,19 @@ int main(int argc, char **argv) {
     single(v, &mcl, solo, l, n);
     HP_CHECK(l[N - 1] < l[0] && isfinite(l[0]), "llama3 LoRA loss does not fall: %g -> %g", l[0], l[N - 1]);
     if (rank_ == 0) printf("LoRA llama3 single rank: loss %.4f -> %.4f\n", l[0], l[N - 1]);
+    /* DDP 2 with its buckets (llama3's embeddings are untied): the frozen parameters in none */
+    double ll[N], ln[N];
+    memcpy(ll, l, sizeof ll);
+    memcpy(ln, n, sizeof ln);
+    hp_config_t *w = calloc(1, sizeof *w);
+    *w = *v;
+    snprintf(w->data.path, sizeof w->data.path, "%s", x_);
+    w->training.local_batch_size = B;
+    w->parallelism.data_parallel_replicate_degree = 2;
+    snprintf(w->job.dump_folder, sizeof w->job.dump_folder, "%s/llama_ddp", dir_);
+    hp_test_run_on(w, world, world, N, l, n, NULL);
+    hp_test_compare_runs("lora llama3 ddp 2 (buckets)", N, l, ll, n, ln, LOSS_RTOL, NORM_RTOL);
+    free(w);
 
     free(v);
     free(r);

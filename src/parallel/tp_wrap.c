@@ -77,7 +77,7 @@ static hp_status_t need_buf(size_t have, size_t want, const tp_mod_t *t, const c
  * The accumulated value from earlier microbatches is kept aside so only this backward's
  * contribution is summed. */
 static int own_partial(const tp_mod_t *t, const hp_param_t *p) {   /* Replicate over TP: a Partial gradient */
-    return !(p->grad.mesh == t->tp->mesh && p->grad.placements[0].kind == HP_SHARD);
+    return !p->frozen && !(p->grad.mesh == t->tp->mesh && p->grad.placements[0].kind == HP_SHARD);
 }
 static hp_status_t reduce_own_grads(tp_mod_t *t, hp_status_t (*bw)(hp_module_t *, hp_act_t *), hp_act_t *act) {
     hp_module_t *m = t->m;
