@@ -207,6 +207,13 @@ static void single(const hp_config_t *c, const hp_model_config_t *mc, hp_comm_t 
                                   sizeof(float) * (size_t)hp_tensor_numel(&train[i].value.local)),
                      "'%s' differs after the PEFT save -> load", train[i].name);
         }
+        /* an interval checkpoint's adapter (save_folder/step-N) loads too */
+        if (c->checkpoint.interval < N) {
+            char mid[2 * HP_CONFIG_STR_MAX + 40];
+            snprintf(mid, sizeof mid, "%s/step-%lld", saved, (long long)c->checkpoint.interval);
+            HP_CHECK_OK(hp_hf_import_lora(mid, hp_model_hf_adapter(&mcl), &mcl, hp_model_params(ref),
+                                          hp_model_num_params(ref), NULL));
+        }
         free(train);
         hp_model_destroy(ref);
         hp_trainer_destroy(t);
@@ -235,7 +242,9 @@ int main(int argc, char **argv) {
     snprintf(r->data.path, sizeof r->data.path, "%s", y_);
     r->training.local_batch_size = 2 * B;
     snprintf(r->job.dump_folder, sizeof r->job.dump_folder, "%s/single", dir_);
+    r->checkpoint.interval = 3;   /* an adapter folder at step 3 as well */
     single(r, &mc, solo, rl, rn);
+    r->checkpoint.interval = 1000;
     HP_CHECK(rl[N - 1] < rl[0] && isfinite(rl[0]), "LoRA loss does not fall: %g -> %g", rl[0], rl[N - 1]);
     if (rank_ == 0) printf("LoRA single rank: loss %.4f -> %.4f\n", rl[0], rl[N - 1]);
 

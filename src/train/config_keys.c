@@ -348,7 +348,7 @@ const hp_config_key_t hp_cfg_keys[] = {
       "B zeros."),
     K(lora, save_folder, STRING, "lora_adapter", NULL, NULL,
       "The adapter is written in PEFT's format to this folder (under job.dump_folder when relative) at the end of "
-      "training; empty = not written."),
+      "training, and to FOLDER/step-N at each checkpoint.interval step when checkpoint.enable; empty = not written."),
 };
 
 const size_t hp_cfg_n_keys = sizeof(hp_cfg_keys) / sizeof(hp_cfg_keys[0]);

@@ -454,13 +454,19 @@ hp_status_t hp_trainer_save_lora(hp_trainer_t t, const char *path) {
     return HP_OK;
 }
 
-/* lora.save_folder (under job.dump_folder when relative): the adapters in PEFT's format. */
+/* lora.save_folder, under job.dump_folder when relative. */
+static void lora_folder(hp_trainer_t t, char *path, size_t n) {
+    const hp_config_t *c = &t->cfg;
+    if (c->lora.save_folder[0] == '/' || !c->job.dump_folder[0]) snprintf(path, n, "%s", c->lora.save_folder);
+    else snprintf(path, n, "%s/%s", c->job.dump_folder, c->lora.save_folder);
+}
+
+/* The adapters in PEFT's format at the end of training. */
 static hp_status_t save_lora(hp_trainer_t t) {
     const hp_config_t *c = &t->cfg;
     if (!c->lora.enable || !c->lora.save_folder[0]) return HP_OK;
     char path[2 * HP_CONFIG_STR_MAX + 2];
-    if (c->lora.save_folder[0] == '/' || !c->job.dump_folder[0]) snprintf(path, sizeof path, "%s", c->lora.save_folder);
-    else snprintf(path, sizeof path, "%s/%s", c->job.dump_folder, c->lora.save_folder);
+    lora_folder(t, path, sizeof path);
     return hp_trainer_save_lora(t, path);
 }
 
@@ -691,6 +697,16 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     if (t->ckpt) {   /* interval / last-step save, async commit */
         hp_ckpt_train_state_t st = ckpt_state(t);
         HP_TRY(hp_ckpt_manager_maybe_save(t->ckpt, step, t->cfg.training.steps, &st));
+        /* LoRA: the adapter at each interval checkpoint too, as a PEFT folder save_folder/step-N
+         * (HF Trainer's checkpoint-N); the last step's is save_folder itself (hp_trainer_train) */
+        const hp_config_t *c = &t->cfg;
+        if (c->lora.enable && c->lora.save_folder[0] && step % c->checkpoint.interval == 0 && step < c->training.steps) {
+            char path[2 * HP_CONFIG_STR_MAX + 32];
+            lora_folder(t, path, sizeof path);
+            const size_t l = strlen(path);
+            snprintf(path + l, sizeof path - l, "/step-%lld", (long long)step);
+            HP_TRY(hp_trainer_save_lora(t, path));
+        }
         if (stats) stats->ckpt_s = hp_clock_now_seconds() - t_opt;
     }
     return HP_OK;
