@@ -3,7 +3,8 @@
  * all seven projections on the example's conversations. One run of the single rank gives: the loss
  * falls; every frozen parameter is bitwise the folder's after training and has no gradient; the
  * optimizer's state is the adapters' alone (its bytes equal an optimizer built on the adapters);
- * the PEFT folder written at the end loads back bitwise. AC (full, op-level) is bitwise the run
+ * the PEFT folder written at the end (and at the step-3 checkpoint) loads back bitwise; a run
+ * resumed from the step-3 checkpoint continues bitwise. AC (full, op-level) is bitwise the run
  * without; FSDP 2, DDP 2, TP 2, CP 2, PP 2 and ZeRO-1 equal the single rank of the same global
  * batch within the derived bound (an lr 1% off leaves it); the PEFT folder loaded and saved
  * again under FSDP 2, TP 2, DDP 2 and PP 2 is bitwise the same file. */
@@ -245,6 +246,20 @@ int main(int argc, char **argv) {
     r->checkpoint.interval = 3;   /* an adapter folder at step 3 as well */
     single(r, &mc, solo, rl, rn);
     r->checkpoint.interval = 1000;
+
+    /* resume from the single run's step-3 checkpoint (adapters, their optimizer state, the frozen
+     * base, data position): steps 4..6 bitwise the uninterrupted run's */
+    {
+        *v = *r;
+        snprintf(v->checkpoint.folder, sizeof v->checkpoint.folder, "%s/single/checkpoint", dir_);
+        v->checkpoint.load_step = 3;
+        snprintf(v->job.dump_folder, sizeof v->job.dump_folder, "%s/resume", dir_);
+        double rs[N] = {0};
+        if (solo) HP_CHECK(hp_test_run_steps(v, solo, 3, N, rs, "lora resume") == 1, "no trainer");
+        HP_CHECK_OK(hp_broadcast(rs, sizeof rs, HP_U8, 0, world, NULL));
+        for (int i = 3; i < N; i++)
+            HP_CHECK(rs[i] == rl[i], "lora resumed at step 3: step %d loss %.9g, uninterrupted %.9g", i + 1, rs[i], rl[i]);
+    }
     HP_CHECK(rl[N - 1] < rl[0] && isfinite(rl[0]), "LoRA loss does not fall: %g -> %g", rl[0], rl[N - 1]);
     if (rank_ == 0) printf("LoRA single rank: loss %.4f -> %.4f\n", rl[0], rl[N - 1]);
 
