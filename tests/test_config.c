@@ -159,14 +159,26 @@ static void test_full_file(void) {
 }
 
 static void test_examples(void) {
-    const char *names[] = {"llama3_debug.yaml", "qwen3_debug.yaml"};
-    for (int i = 0; i < 2; i++) {
+    const char *names[] = {"llama3_debug.yaml", "qwen3_debug.yaml", "qwen3_lora_sft.yaml"};
+    for (int i = 0; i < 3; i++) {
         char p[1200];
         snprintf(p, sizeof p, "%s/examples/%s", src_dir_, names[i]);
         hp_config_t c;
         hp_config_defaults(&c);
         HP_CHECK_OK(hp_config_load_file(&c, p));
         HP_CHECK_OK(hp_config_validate(&c));
+        if (i == 2) {   /* the LoRA keys: the YAML list, and what hp_config_apply_lora makes of them */
+            HP_CHECK(c.lora.enable && c.lora.rank == 8 && c.lora.target_modules.n == 7, "lora keys of %s", p);
+            hp_model_config_t mc;
+            HP_CHECK_OK(hp_model_flavor("qwen3", "debugmodel", &mc));
+            HP_CHECK_OK(hp_config_apply_lora(&c, &mc));
+            HP_CHECK(mc.lora_rank == 8 && mc.lora_alpha == 16.0f && mc.lora_targets == 0x7f, "lora model fields");
+            snprintf(c.lora.target_modules.items[1], HP_CONFIG_STR_MAX, "qkv");
+            HP_CHECK_ERR(hp_config_apply_lora(&c, &mc), HP_ERR_INVALID_ARG, "'qkv'");
+            snprintf(c.lora.target_modules.items[1], HP_CONFIG_STR_MAX, "wk");
+            c.parallelism.expert_parallel_degree = 2;
+            HP_CHECK_ERR(hp_config_apply_lora(&c, &mc), HP_ERR_UNSUPPORTED, "parallelism.expert_parallel_degree = 2");
+        }
     }
 }
 

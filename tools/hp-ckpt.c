@@ -9,6 +9,7 @@
  *   hp-ckpt from-hf HFDIR OUT [--model M] [--flavor F [--model.KEY V ...]]   the model from config.json;
  *                                             with --flavor it must agree with config.json
  *   hp-ckpt seed OUT --model M --flavor F --vocab V [--seed S] [--model.KEY V ...]   TorchTitan's seed checkpoint
+ *   hp-ckpt merge-lora HFDIR ADAPTER OUT   a PEFT LoRA adapter merged into a plain HF folder (docs/finetune.md)
  * to-hf takes the model shape from the flavor with the model.* overrides of the config
  * (--model.dim 80 ...; hp_config_resolve_model) and the vocabulary from the checkpoint;
  * from-hf takes it from config.json (hp_hf_read_config). */
@@ -43,6 +44,7 @@ static int usage(void) {
             "             [--tokenizer tokenizer.json]   (tokenizer files, generation_config.json, bos/eos/pad ids)\n"
             "       hp-ckpt from-hf HFDIR OUT [--model %s] [--flavor F]   (the model from config.json)\n"
             "       hp-ckpt seed OUT --model %s --flavor F --vocab V [--seed S]\n"
+            "       hp-ckpt merge-lora HFDIR ADAPTER OUT   (W + (lora_alpha/r) B A of a PEFT adapter: a plain HF folder)\n"
             "  to-hf, from-hf and seed take the config's model.* overrides of the flavor as flags,\n"
             "  e.g. --model.dim 80 --model.n_heads=5 --model.qk_norm=true (docs/config.md)\n", fam, fam, fam);
     return 2;
@@ -489,7 +491,7 @@ int main(int argc, char **argv) {
     size_t shard = 0;
     int vocab = 0;
     unsigned long long sd = 0;
-    const char *pos[2];
+    const char *pos[3];
     int npos = 0;
     hp_config_defaults(&model_cfg_);
     for (int i = 2; i < argc; i++) {
@@ -545,14 +547,15 @@ int main(int argc, char **argv) {
         } else if (a[0] == '-' && a[1]) {   /* -x or --x: a flag, never a path */
             hp_flag_unknown_error("hp-ckpt", a, ckpt_flags, N_CKPT_FLAGS);
             return bad_args();
-        } else if (npos < 2) {
+        } else if (npos < (strcmp(cmd, "merge-lora") ? 2 : 3)) {
             pos[npos++] = a;
         } else {
             fprintf(stderr, "hp-ckpt %s: unexpected argument '%s'\n", cmd, a);
             return usage();
         }
     }
-    int want = !strcmp(cmd, "consolidate") || !strcmp(cmd, "to-hf") || !strcmp(cmd, "from-hf") ? 2 : 1;
+    int want = !strcmp(cmd, "merge-lora") ? 3
+               : !strcmp(cmd, "consolidate") || !strcmp(cmd, "to-hf") || !strcmp(cmd, "from-hf") ? 2 : 1;
     if (npos != want) {
         fprintf(stderr, "hp-ckpt %s: expected %d path argument(s), got %d\n", cmd, want, npos);
         return usage();
@@ -584,6 +587,12 @@ int main(int argc, char **argv) {
         return seed(pos[0], model, flavor, vocab, sd);
     }
     if (!strcmp(cmd, "consolidate")) return consolidate(pos[0], pos[1]);
+    if (!strcmp(cmd, "merge-lora")) {   /* docs/finetune.md "LoRA": PEFT's merge_and_unload on the files */
+        hp_status_t s = hp_hf_merge_lora(pos[0], pos[1], pos[2]);
+        if (s != HP_OK) return fail(s);
+        printf("merged the LoRA adapter %s into %s: %s\n", pos[1], pos[0], pos[2]);
+        return 0;
+    }
     if (!strcmp(cmd, "from-hf") || !strcmp(cmd, "to-hf")) {
         if (!strcmp(cmd, "to-hf") && (!model || !flavor)) {
             fprintf(stderr, "hp-ckpt %s: --model and --flavor are required\n", cmd);

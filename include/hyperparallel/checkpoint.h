@@ -231,6 +231,22 @@ hp_status_t hp_hf_export(const char *dir, const hp_hf_adapter_t *a, const struct
                          size_t max_shard_bytes);
 hp_status_t hp_hf_import(const char *dir, const hp_hf_adapter_t *a, const struct hp_model_config *mc,
                          hp_param_t *params, int n_params, hp_comm_t comm);
+/* LoRA adapters in PEFT's format (docs/finetune.md "LoRA"): hp_hf_is_lora_param says whether an
+ * FQN is an adapter ("....lora_a.weight" / "....lora_b.weight"; hp_hf_import skips them, so
+ * they keep their init). hp_hf_save_lora writes DIR/adapter_config.json (r, lora_alpha,
+ * target_modules of mc) and DIR/adapter_model.safetensors (f32, PEFT's keys
+ * "base_model.model.<HF module>.lora_A.weight" (r, in) / "lora_B.weight" (out, r), q/k rows
+ * through the adapter's permutation), gathered to rank 0 (collective over comm). hp_hf_import_lora
+ * loads them back into params (any layout, each rank its boxes) after checking the config
+ * against mc. hp_hf_merge_lora writes out_dir = the HF folder base_dir with every adapted
+ * weight replaced by W + (lora_alpha / r) B A (PEFT's merge_and_unload) in W's dtype, the
+ * other files copied; one rank, one shard file in memory at a time. */
+int hp_hf_is_lora_param(const char *fqn);
+hp_status_t hp_hf_save_lora(const char *dir, const hp_hf_adapter_t *a, const struct hp_model_config *mc,
+                            const hp_param_t *params, int n_params, hp_comm_t comm, const char *base_model);
+hp_status_t hp_hf_import_lora(const char *dir, const hp_hf_adapter_t *a, const struct hp_model_config *mc,
+                              hp_param_t *params, int n_params, hp_comm_t comm);
+hp_status_t hp_hf_merge_lora(const char *base_dir, const char *adapter_dir, const char *out_dir);
 /* Bytes hp_hf_import read on this process (only each rank's boxes: the rows of its shard of
  * every tensor, q/k rows through the permutation) and the bytes of the tensors it loaded, since
  * the last reset; process-wide, as hp_comm_counts_get. */

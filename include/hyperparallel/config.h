@@ -169,6 +169,14 @@ typedef struct hp_config {
     struct {
         bool enable;
     } fault_tolerance;
+    struct {   /* LoRA fine-tuning (docs/finetune.md "LoRA") */
+        bool enable;
+        int64_t rank;
+        double alpha;
+        hp_config_list_t target_modules;           /* PEFT's names (q_proj, ...) or ours (wq, ...) */
+        char adapter_path[HP_CONFIG_STR_MAX];      /* a PEFT folder to start from; "" = A drawn, B zeros */
+        char save_folder[HP_CONFIG_STR_MAX];       /* PEFT folder written at the end (under job.dump_folder) */
+    } lora;
 } hp_config_t;
 
 typedef enum hp_config_type {
@@ -238,6 +246,9 @@ hp_status_t hp_config_grad_accum_steps(const hp_config_t *cfg, int64_t dp_degree
  * seq_len > 0 is the training context: max_seq_len = model.max_seq_len (at least seq_len) or
  * seq_len. Errors name the model.* key, the value, what is expected and a hint. */
 struct hp_model_config;
+/* The lora.* keys into a resolved model config (rank, alpha, target bits) and the layouts LoRA
+ * supports (every layout of a dense model; expert parallel refused), named by key. */
+hp_status_t hp_config_apply_lora(const hp_config_t *cfg, struct hp_model_config *mc);
 hp_status_t hp_config_resolve_model(const hp_config_t *cfg, int vocab_size, const char *vocab_from, int seq_len,
                                     struct hp_model_config *out);
 /* "model.dim=80 model.n_heads=5" for the keys that are set; "" when none. */

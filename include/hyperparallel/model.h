@@ -71,6 +71,13 @@ typedef struct hp_model_config {
      * with the model's norm_eps; transformers' DeepseekV3 with a fixed 1e-6, which an HF
      * config.json gives here). hp_model_mla_norm_eps says which applies. */
     float mla_norm_eps;
+    /* LoRA (docs/finetune.md "LoRA"; PEFT / TorchTitan LoRAConverter): lora_rank > 0 adds to
+     * each targeted linear (lora_targets: HP_LORA_* bits) out += (lora_alpha / lora_rank)
+     * B (A x), A (r, in) Kaiming-uniform, B (out, r) zeros, and freezes every other parameter.
+     * 0: off. Dense GQA decoders only (hp_model_config_validate says so). */
+    int lora_rank;
+    float lora_alpha;
+    int lora_targets;
     /* The family's builder (model_builder.h): set by the registry when it resolves a config
      * (hp_model_flavor, hp_hf_read_config; models.h) and kept by copies of it. */
     const struct hp_model_arch *arch;
@@ -101,6 +108,23 @@ float hp_model_mla_norm_eps(const hp_model_config_t *cfg);
  * (N_emb not subtracted when embeddings are tied); N counts the active parameters of an MoE
  * model (hp_model_active_param_count), as TorchTitan's MoE models. */
 double hp_model_flops_per_token(const hp_model_config_t *cfg, int seq_len);
+
+/* LoRA target modules: our projections, PEFT's target_modules names beside them. */
+enum {
+    HP_LORA_WQ = 1 << 0,   /* q_proj */
+    HP_LORA_WK = 1 << 1,   /* k_proj */
+    HP_LORA_WV = 1 << 2,   /* v_proj */
+    HP_LORA_WO = 1 << 3,   /* o_proj */
+    HP_LORA_W1 = 1 << 4,   /* gate_proj */
+    HP_LORA_W2 = 1 << 5,   /* down_proj */
+    HP_LORA_W3 = 1 << 6,   /* up_proj */
+    HP_LORA_N_TARGETS = 7
+};
+/* Target i (0 .. HP_LORA_N_TARGETS): our module name ("wq") and PEFT's ("q_proj"). */
+const char *hp_lora_target_name(int i);
+const char *hp_lora_target_peft_name(int i);
+/* The bit of a name, ours or PEFT's ("wq" or "q_proj"); 0 when unknown. */
+int hp_lora_target_bit(const char *name);
 
 typedef struct hp_model *hp_model_t;
 
@@ -241,6 +265,7 @@ typedef struct hp_model_param_desc {
     char name[HP_PARAM_NAME_MAX];
     int ndim;
     int64_t shape[3];
+    int frozen;   /* hp_param_t.frozen (LoRA's base) */
 } hp_model_param_desc_t;
 int hp_model_describe_params(const hp_model_config_t *cfg, int u0, int u1, hp_model_param_desc_t *out, int cap);
 /* The modules' activation sizes changed (a parallel wrapper saves per-micro-batch state in the

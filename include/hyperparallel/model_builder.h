@@ -16,7 +16,7 @@ extern "C" {
 
 /* ---- the architecture: declare each unit's parameters, then build its modules ----------- */
 
-enum { HP_PARAM_INIT_RNG = 0, HP_PARAM_INIT_ONES = 1 };
+enum { HP_PARAM_INIT_RNG = 0, HP_PARAM_INIT_ONES = 1, HP_PARAM_INIT_ZEROS = 2 };
 enum { HP_MODEL_UNIT_EMBEDDING = 0, HP_MODEL_UNIT_BLOCK = 1, HP_MODEL_UNIT_HEAD = 2 };
 #define HP_MODEL_MAX_UNIT_PARAMS 32   /* parameters one unit may declare */
 
@@ -31,6 +31,7 @@ typedef struct hp_param_decl {
     int group;                      /* > 0: stored adjacent to the group's other members */
     int init;                       /* HP_PARAM_INIT_* */
     hp_rng_spec_t rng;              /* HP_PARAM_INIT_RNG: the distribution */
+    int frozen;                     /* hp_param_t.frozen (LoRA's base weights) */
 } hp_param_decl_t;
 
 /* What hp_model_create needs from a model family (hp_model_config_t.arch points at it; the
@@ -95,6 +96,14 @@ hp_status_t hp_block_new(hp_model_t m, const char *name, int dim, hp_module_t *a
 /* head: norm then output (logits); in (Nr, dim), out (N, logits columns). */
 hp_status_t hp_head_new(hp_model_t m, const char *name, int dim, hp_module_t *norm, hp_module_t *output,
                         hp_module_t **out);
+
+/* LoRA (PEFT / TorchTitan LoRAConverter; docs/finetune.md "LoRA"): a module in base's place
+ * (same name, base its only child) computing base(x) plus, for each stacked member i of the
+ * linear base with A[i] != NULL, (alpha / rank) B[i] (A[i] x) on that member's output rows;
+ * A[i] (rank, in), B[i] (out_i, rank) are parameter entries of the model (declared by the
+ * family). base's hooks stay on base. */
+hp_status_t hp_lora_new(hp_model_t m, hp_module_t *base, hp_param_t *const *A, hp_param_t *const *B, int rank,
+                        float alpha, hp_module_t **out);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,10 @@ typedef struct hp_param {
     char name[HP_PARAM_NAME_MAX];
     hp_dtensor_t value;   /* f32 master weights (local shard) */
     hp_dtensor_t grad;    /* f32, same layout as value; backward accumulates (+=) */
+    /* PyTorch's requires_grad = False (LoRA's frozen base, docs/finetune.md "LoRA"): the
+     * optimizer keeps no state for it and never changes it, the norm for clipping skips it,
+     * and modules skip its weight gradient (grad stays zero). */
+    int frozen;
 } hp_param_t;
 
 #ifdef __cplusplus

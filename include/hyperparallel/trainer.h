@@ -60,6 +60,13 @@ hp_status_t hp_trainer_train(hp_trainer_t t);
 hp_status_t hp_trainer_validate(hp_trainer_t t, double *loss);
 
 hp_model_t hp_trainer_model(hp_trainer_t t);
+/* The LoRA adapters (lora.enable) as a PEFT folder at path (collective; docs/finetune.md): what
+ * hp_trainer_train writes to lora.save_folder at the end. */
+hp_status_t hp_trainer_save_lora(hp_trainer_t t, const char *path);
+/* The composition's (name, DTensor) table (this rank's shards) and the optimizer. */
+hp_param_t *hp_trainer_params(hp_trainer_t t, int *n);
+struct hp_optim;
+struct hp_optim *hp_trainer_optim(hp_trainer_t t);
 int64_t hp_trainer_current_step(hp_trainer_t t);
 /* Gradient accumulation steps in use. */
 int64_t hp_trainer_grad_accum(hp_trainer_t t);

@@ -509,13 +509,37 @@ static hp_status_t import_experts(const char *dir, const hp_model_config_t *mc, 
     return s;
 }
 
+int hp_hf_is_lora_param(const char *fqn) {
+    size_t n = strlen(fqn);
+    return n > 14 && (!strcmp(fqn + n - 14, ".lora_a.weight") || !strcmp(fqn + n - 14, ".lora_b.weight"));
+}
+
+/* "layers.L.attention.wq.lora_a.weight" -> PEFT's "base_model.model.model.layers.L.self_attn.q_proj.lora_A.weight";
+ * *permute: lora_b of a weight the adapter permutes (its rows are that weight's rows). */
+static hp_status_t lora_hf_name(const hp_hf_adapter_t *a, const char *fqn, char *out, size_t n, int *permute) {
+    char base[HP_PARAM_NAME_MAX], hf[160];
+    const size_t len = strlen(fqn);
+    const int is_b = fqn[len - 8] == 'b';   /* ".lora_b.weight": the 'b' before ".weight" */
+    snprintf(base, sizeof base, "%.*s.weight", (int)(len - 14), fqn);
+    int pm = 0;
+    HP_TRY(hp_hf_map_name(a, HP_HF_TO_HF, base, hf, sizeof hf, &pm));
+    const size_t hl = strlen(hf);
+    if (hl < 7 || strcmp(hf + hl - 7, ".weight") != 0)
+        return hp_error(HP_ERR_INVALID_ARG, "LoRA: HF name '%s' of '%s' does not end in .weight", hf, base);
+    snprintf(out, n, "base_model.model.%.*s.lora_%c.weight", (int)(hl - 7), hf, is_b ? 'B' : 'A');
+    *permute = is_b && pm;
+    return HP_OK;
+}
+
+/* lora 0: the model's parameters from an HF folder (LoRA adapters skipped: they keep their
+ * init); lora 1: only the adapters, from a PEFT folder's adapter_model.safetensors. */
 static hp_status_t import_local(const char *dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
-                                hp_param_t *params, int n_params, int warn) {
-    HP_TRY(check_hf_config(dir, a, mc));
+                                hp_param_t *params, int n_params, int warn, int lora) {
+    if (!lora) HP_TRY(check_hf_config(dir, a, mc));
     char path[4200];
     hp_hf_index_t wm = NULL;   /* hardened parser: every type checked, plain file names */
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    if (access(path, R_OK) == 0) HP_TRY(hp_hf_index_read(path, &wm));
+    if (!lora && access(path, R_OK) == 0) HP_TRY(hp_hf_index_read(path, &wm));
     hp_safetensors_t open_st[32] = {0};
     char open_name[32][256];
     int n_open = 0;
@@ -532,9 +556,11 @@ static hp_status_t import_local(const char *dir, const hp_hf_adapter_t *a, const
             continue;
         }
         if (hp_hf_skips(a, params[i].name)) continue;   /* no HF tensor (Qwen3-MoE): kept */
-        s = hp_hf_map_name(a, HP_HF_TO_HF, params[i].name, hf, sizeof hf, &pm);
+        if (hp_hf_is_lora_param(params[i].name) != lora) continue;
+        s = lora ? lora_hf_name(a, params[i].name, hf, sizeof hf, &pm)
+                 : hp_hf_map_name(a, HP_HF_TO_HF, params[i].name, hf, sizeof hf, &pm);
         if (s != HP_OK) break;
-        const char *fname = "model.safetensors";
+        const char *fname = lora ? "adapter_model.safetensors" : "model.safetensors";
         if (wm) {
             const char *v = hp_hf_index_find(wm, hf);
             if (!v && !strcmp(hf, "lm_head.weight") && (v = hp_hf_index_find(wm, "model.embed_tokens.weight")))
@@ -633,7 +659,7 @@ static hp_status_t import_local(const char *dir, const hp_hf_adapter_t *a, const
     if (s == HP_OK && nmiss)
         s = hp_error(HP_ERR_NOT_FOUND, "HF checkpoint %s lacks %d tensor(s) the %s model needs: %s%s", dir, nmiss, mc->name,
                      missing, nmiss > 6 ? ", ..." : "");
-    if (s == HP_OK && warn) warn_extra_tensors(dir, a, mc, params, n_params, wm, wm ? NULL : open_st[0]);
+    if (s == HP_OK && warn && !lora) warn_extra_tensors(dir, a, mc, params, n_params, wm, wm ? NULL : open_st[0]);
     for (int k = 0; k < n_open; k++) hp_safetensors_close(open_st[k]);
     free(buf);
     hp_hf_index_free(wm);
@@ -644,5 +670,137 @@ hp_status_t hp_hf_import(const char *dir, const hp_hf_adapter_t *a, const hp_mod
                          hp_param_t *params, int n_params, hp_comm_t comm) {
     int warn = !comm || hp_comm_rank(comm) == 0;   /* one warning per job, not per rank */
     HP_TRY(hp_hf_check(a, mc, "import"));   /* the same on every rank */
-    return hp_dcp_agree(comm, import_local(dir, a, mc, params, n_params, warn), "HF import");
+    return hp_dcp_agree(comm, import_local(dir, a, mc, params, n_params, warn, 0), "HF import");
+}
+
+/* ---- LoRA adapters in PEFT's format (docs/finetune.md "LoRA") ---------------------------- */
+
+/* PEFT's adapter_config.json must describe the model's adapters: r, lora_alpha, the target
+ * modules, plain LoRA (no rslora, DoRA or bias). */
+static hp_status_t check_peft_config(const char *dir, const hp_model_config_t *mc) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    char *txt = NULL;
+    size_t len = 0;
+    HP_TRY(hp_file_read_all(path, "PEFT adapter config", (size_t)1 << 20, &txt, &len));
+    json_object *o = json_tokener_parse(txt);
+    free(txt);
+    if (!o || !json_object_is_type(o, json_type_object)) {
+        if (o) json_object_put(o);
+        return hp_error(HP_ERR_FORMAT, "%s: not a JSON object; expected PEFT's adapter_config.json", path);
+    }
+    hp_status_t s = HP_OK;
+    json_object *v;
+    const char *pt = json_object_object_get_ex(o, "peft_type", &v) ? json_object_get_string(v) : "";
+    int r = json_object_object_get_ex(o, "r", &v) ? json_object_get_int(v) : -1;
+    double al = json_object_object_get_ex(o, "lora_alpha", &v) ? json_object_get_double(v) : -1;
+    int rs = json_object_object_get_ex(o, "use_rslora", &v) && json_object_get_boolean(v);
+    int dora = json_object_object_get_ex(o, "use_dora", &v) && json_object_get_boolean(v);
+    const char *bias = json_object_object_get_ex(o, "bias", &v) && v ? json_object_get_string(v) : "none";
+    int targets = 0, bad_target = 0;
+    char badname[64] = "";
+    if (json_object_object_get_ex(o, "target_modules", &v) && json_object_is_type(v, json_type_array)) {
+        for (size_t k = 0; k < json_object_array_length(v); k++) {
+            const char *tn = json_object_get_string(json_object_array_get_idx(v, k));
+            int b = tn ? hp_lora_target_bit(tn) : 0;
+            if (!b && !bad_target++) snprintf(badname, sizeof badname, "%s", tn ? tn : "(null)");
+            targets |= b;
+        }
+    } else {
+        bad_target = 1;
+        snprintf(badname, sizeof badname, "(target_modules is not a list)");
+    }
+    if (strcmp(pt, "LORA") != 0 || rs || dora || strcmp(bias, "none") != 0)
+        s = hp_error(HP_ERR_UNSUPPORTED, "%s: peft_type '%s', use_rslora %d, use_dora %d, bias '%s'; expected plain LoRA "
+                     "(peft_type LORA, no rslora / DoRA, bias none)", path, pt, rs, dora, bias);
+    else if (bad_target)
+        s = hp_error(HP_ERR_UNSUPPORTED, "%s: target module '%s' is none of q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                     "up_proj, down_proj", path, badname);
+    else if (r != mc->lora_rank || (float)al != mc->lora_alpha || targets != mc->lora_targets)
+        s = hp_error(HP_ERR_INVALID_ARG, "%s: r %d, lora_alpha %g, target_modules 0x%x, but the model's LoRA has "
+                     "lora.rank %d, lora.alpha %g, lora.target_modules 0x%x; hint: set the lora.* keys to the adapter's",
+                     path, r, al, (unsigned)targets, mc->lora_rank, (double)mc->lora_alpha, (unsigned)mc->lora_targets);
+    json_object_put(o);
+    return s;
+}
+
+hp_status_t hp_hf_import_lora(const char *dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
+                              hp_param_t *params, int n_params, hp_comm_t comm) {
+    HP_TRY(hp_hf_check(a, mc, "LoRA import"));
+    hp_status_t s = check_peft_config(dir, mc);
+    if (s == HP_OK) s = import_local(dir, a, mc, params, n_params, 0, 1);
+    return hp_dcp_agree(comm, s, "LoRA adapter import");
+}
+
+hp_status_t hp_hf_save_lora(const char *dir, const hp_hf_adapter_t *a, const hp_model_config_t *mc,
+                            const hp_param_t *params, int n_params, hp_comm_t comm, const char *base_model) {
+    const int rank = comm ? hp_comm_rank(comm) : 0;
+    HP_TRY(hp_hf_check(a, mc, "LoRA save"));
+    hp_status_t s = rank == 0 ? hp_file_mkdirs(dir) : HP_OK;
+    HP_TRY(hp_dcp_agree(comm, s, "LoRA save: creating the folder"));
+    int n = 0;
+    for (int i = 0; i < n_params; i++) n += hp_hf_is_lora_param(params[i].name);
+    hp_tensor_t *full = hp_calloc((size_t)n + 1, sizeof *full);
+    void **owned = hp_calloc((size_t)n + 1, sizeof *owned);
+    char (*names)[160] = hp_calloc((size_t)n + 1, sizeof *names);
+    hp_st_entry_t *ents = hp_calloc((size_t)n + 1, sizeof *ents);
+    if (!full || !owned || !names || !ents) s = HP_ERR_OOM;
+    for (int i = 0, k = 0; s == HP_OK && i < n_params; i++) {   /* every rank takes part in the gathers */
+        if (!hp_hf_is_lora_param(params[i].name)) continue;
+        int pm = 0;
+        s = lora_hf_name(a, params[i].name, names[k], sizeof names[k], &pm);
+        if (s == HP_OK) s = full_of(&params[i], &full[k], &owned[k]);
+        if (s == HP_OK && pm) {   /* lora_B of a q / k weight: its rows are the weight's rows */
+            const int64_t rows = full[k].shape[0], cols = full[k].shape[1];
+            float *pb = hp_malloc(sizeof(float) * (size_t)(rows * cols));
+            if (!pb || rows % mc->head_dim || !hp_tensor_is_contiguous(&full[k])) {
+                free(pb);
+                s = pb ? hp_error(HP_ERR_INVALID_ARG, "LoRA save: '%s' is not a contiguous (heads*%d, r) tensor",
+                                  params[i].name, mc->head_dim) : HP_ERR_OOM;
+                break;
+            }
+            hp_hf_permute_rows(pb, full[k].data, rows, sizeof(float) * (size_t)cols, mc->head_dim, 1);
+            free(owned[k]);
+            owned[k] = pb;
+            full[k].data = pb;
+        }
+        ents[k] = (hp_st_entry_t){names[k], &full[k], HP_ST_F32, NULL, 0, NULL};
+        k++;
+    }
+    if (s == HP_OK && rank == 0) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+        const char *meta[2] = {"format", "pt"};
+        s = hp_safetensors_write(path, ents, n, meta, 1);
+        if (s == HP_OK) {   /* PEFT's LoraConfig fields (peft.LoraConfig.from_pretrained reads them) */
+            json_object *o = json_object_new_object(), *tm = json_object_new_array();
+            for (int t = 0; t < HP_LORA_N_TARGETS; t++)
+                if (mc->lora_targets & (1 << t)) json_object_array_add(tm, json_object_new_string(hp_lora_target_peft_name(t)));
+            json_object_object_add(o, "peft_type", json_object_new_string("LORA"));
+            json_object_object_add(o, "task_type", json_object_new_string("CAUSAL_LM"));
+            json_object_object_add(o, "base_model_name_or_path", json_object_new_string(base_model ? base_model : ""));
+            json_object_object_add(o, "r", json_object_new_int(mc->lora_rank));
+            json_object_object_add(o, "lora_alpha", json_object_new_double((double)mc->lora_alpha));
+            json_object_object_add(o, "lora_dropout", json_object_new_double(0.0));
+            json_object_object_add(o, "target_modules", tm);
+            json_object_object_add(o, "bias", json_object_new_string("none"));
+            json_object_object_add(o, "fan_in_fan_out", json_object_new_boolean(0));
+            json_object_object_add(o, "use_rslora", json_object_new_boolean(0));
+            json_object_object_add(o, "use_dora", json_object_new_boolean(0));
+            json_object_object_add(o, "init_lora_weights", json_object_new_boolean(1));
+            json_object_object_add(o, "inference_mode", json_object_new_boolean(1));
+            json_object_object_add(o, "modules_to_save", NULL);
+            const char *txt = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED);
+            snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+            s = hp_file_write_atomic(path, txt, strlen(txt));
+            json_object_put(o);
+        }
+        if (s == HP_OK) s = hp_file_fsync(dir);
+    }
+    for (int k = 0; owned && k < n; k++) free(owned[k]);
+    free(full);
+    free(owned);
+    free(names);
+    free(ents);
+    return hp_dcp_agree(comm, s, "LoRA adapter save");
 }

@@ -113,6 +113,34 @@ static void init_output(hp_param_decl_t *p, int dim) {
     p->rng = (hp_rng_spec_t){HP_RNG_TRUNC_NORMAL, 0.0f, s, -3.0f * s, 3.0f * s};
 }
 
+/* LoRA target i's (in, out) in block l, and its weight's FQN prefix ("layers.l.attention.wq"). */
+static void lora_target(const hp_model_config_t *c, int l, int i, int64_t *in, int64_t *out, char *nm, size_t cap) {
+    const int64_t dm = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim,
+                  hid = c->hidden_dim;
+    const int64_t io[HP_LORA_N_TARGETS][2] = {{dm, qd}, {dm, kd}, {dm, kd}, {qd, dm}, {dm, hid}, {hid, dm}, {dm, hid}};
+    *in = io[i][0];
+    *out = io[i][1];
+    snprintf(nm, cap, "layers.%d.%s.%s", l, i < 4 ? "attention" : "feed_forward", hp_lora_target_name(i));
+}
+
+/* The adapters of block l after its own parameters, in target order (wq wk wv wo w1 w2 w3):
+ * lora_a (r, in) Kaiming-uniform with a = sqrt(5), i.e. U(-1/sqrt(in), 1/sqrt(in)) (PEFT's
+ * reset_lora_parameters), lora_b (out, r) zeros; drawn by name like every parameter. */
+static int declare_lora(const hp_model_config_t *c, int l, hp_param_decl_t *d, int n) {
+    for (int i = 0; c->lora_rank > 0 && i < HP_LORA_N_TARGETS; i++) {
+        if (!(c->lora_targets & (1 << i))) continue;
+        int64_t in, out;
+        char base[HP_PARAM_NAME_MAX - 16], nm[HP_PARAM_NAME_MAX];   // "....lora_a.weight" fits
+        lora_target(c, l, i, &in, &out, base, sizeof base);
+        snprintf(nm, sizeof nm, "%s.lora_a.weight", base);
+        const float b = 1.0f / sqrtf((float)in);
+        decl(d, &n, nm, 2, c->lora_rank, in, 0)->rng = (hp_rng_spec_t){HP_RNG_UNIFORM, -b, b, 0.0f, 0.0f};
+        snprintf(nm, sizeof nm, "%s.lora_b.weight", base);
+        decl(d, &n, nm, 2, out, c->lora_rank, 0)->init = HP_PARAM_INIT_ZEROS;
+    }
+    return n;
+}
+
 static int decoder_declare(const hp_model_config_t *c, int u, int has_embedding, hp_param_decl_t *d) {
     const int64_t dm = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim,
                   hid = c->hidden_dim, V = c->vocab_size;
@@ -179,6 +207,7 @@ static int decoder_declare(const hp_model_config_t *c, int u, int has_embedding,
         decl(d, &n, L("feed_forward.w3.weight"), 2, hid, dm, 2)->rng.p1 = depth;
         init_ones(decl(d, &n, L("ffn_norm.weight"), 1, dm, 0, 0));
 #undef L
+        n = declare_lora(c, l, d, n);
         break;
     }
     default:
@@ -187,6 +216,8 @@ static int decoder_declare(const hp_model_config_t *c, int u, int has_embedding,
         else if (!has_embedding) init_output(decl(d, &n, "tok_embeddings.weight", 2, V, dm, 0), c->dim);
         break;
     }
+    for (int i = 0; c->lora_rank > 0 && i < n; i++)   // LoRA: everything but the adapters is frozen (PEFT)
+        d[i].frozen = !strstr(d[i].name, ".lora_");
     return n;
 }
 
@@ -240,6 +271,27 @@ static hp_status_t build_mla(hp_model_t m, int l, hp_param_t **P, hp_module_t **
     return hp_mla_new(m, nm, &mc, kids, n, out);
 }
 
+/* Replaces linear `mod`, a child of `parent`, by a LoRA module holding it when any of its
+ * members (LoRA targets t[0 .. n)) is targeted (TorchTitan's converter swaps the module in
+ * place); LA: the block's adapters, (lora_a, lora_b) per target in target order. */
+static hp_status_t lora_wrap(hp_model_t m, const hp_model_config_t *c, hp_module_t *parent, hp_module_t *mod,
+                             const int *t, int n, hp_param_t **LA) {
+    if (c->lora_rank <= 0) return HP_OK;
+    hp_param_t *A[4] = {NULL, NULL, NULL, NULL}, *B[4] = {NULL, NULL, NULL, NULL};
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        if (!(c->lora_targets & (1 << t[i]))) continue;
+        const int at = 2 * __builtin_popcount((unsigned)c->lora_targets & ((1u << t[i]) - 1u));
+        A[i] = LA[at];
+        B[i] = LA[at + 1];
+        any = 1;
+    }
+    if (!any) return HP_OK;
+    hp_module_t *w;
+    HP_TRY(hp_lora_new(m, mod, A, B, c->lora_rank, c->lora_alpha, &w));
+    return hp_module_replace_child(parent, mod, w);
+}
+
 static hp_status_t decoder_build(hp_model_t m, int u, hp_param_t **P, int np, hp_module_t **out,
                                  hp_rope_style_t style) {
     const hp_model_config_t *c = hp_model_config(m);
@@ -255,6 +307,9 @@ static hp_status_t decoder_build(hp_model_t m, int u, hp_param_t **P, int np, hp
     }
     case HP_MODEL_UNIT_BLOCK: {
         const int l = u - 1;
+        const int na = c->lora_rank > 0 ? 2 * __builtin_popcount((unsigned)c->lora_targets) : 0;
+        np -= na;   // the adapters follow the block's own parameters (declare_lora)
+        hp_param_t **LA = P + np;
         int k = c->mla ? (c->q_lora_rank ? 7 : 5) : 4 + (c->qk_norm ? 2 : 0);
         hp_param_t *qkv[3] = {P[0], P[1], P[2]}, *wo = P[3];
         hp_param_t *qn = NULL, *kn = NULL;
@@ -276,6 +331,9 @@ static hp_status_t decoder_build(hp_model_t m, int u, hp_param_t **P, int np, hp
             hp_model_rope_tables(m, &cos_t, &sin_t);
             hp_attention_cfg_t ac = {d, H, KV, hd, l, c->qk_norm, c->norm_eps, style, cos_t, sin_t};
             HP_TRY(hp_attention_new(m, N(".attention"), &ac, wqkv, wom, qn, kn, &attention));
+            static const int qkv_t[3] = {0, 1, 2}, o_t[1] = {3};
+            HP_TRY(lora_wrap(m, c, attention, wqkv, qkv_t, 3, LA));
+            HP_TRY(lora_wrap(m, c, attention, wom, o_t, 1, LA));
         }
         hp_module_t *ffn_norm = new_rmsnorm(m, N(".ffn_norm"), fn, d, c->norm_eps, 1);
         if (!ffn_norm) return HP_ERR_OOM;
@@ -299,6 +357,9 @@ static hp_status_t decoder_build(hp_model_t m, int u, hp_param_t **P, int np, hp
         hp_module_t *w2m = new_linear(m, N(".feed_forward.w2"), &w2, 1, hid, d, 1);
         if (!w13m || !w2m) return HP_ERR_OOM;
         HP_TRY(hp_feed_forward_new(m, N(".feed_forward"), d, hid, w13m, w2m, &ffn));
+        static const int w13_t[2] = {4, 6}, w2_t[1] = {5};
+        HP_TRY(lora_wrap(m, c, ffn, w13m, w13_t, 2, LA));
+        HP_TRY(lora_wrap(m, c, ffn, w2m, w2_t, 1, LA));
         HP_TRY(hp_block_new(m, N(""), d, attention_norm, attention, ffn_norm, ffn, &block));
 #undef N
         *out = block;

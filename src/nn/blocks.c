@@ -336,10 +336,12 @@ static hp_status_t attn_backward_weight(hp_module_t *m, hp_act_t *act) {
         const attn_dims_t d = attn_dims(A);
         const int N = s->B * s->T, ld = d.ld, hd = A->c.head_dim;
         double t0 = omp_get_wtime();
-        act->be->rmsnorm_heads_backward_weight(act->be->ctx, hp_param_g(m->params[0]), s->dqkr, ld, s->qkv, ld,
-                                               s->rstd_q, N, d.H, hd);
-        act->be->rmsnorm_heads_backward_weight(act->be->ctx, hp_param_g(m->params[1]), s->dqkr + d.qd, ld,
-                                               s->qkv + d.qd, ld, s->rstd_k, N, d.KV, hd);
+        if (!m->params[0]->frozen)   // requires_grad = False (LoRA's base): no weight gradient
+            act->be->rmsnorm_heads_backward_weight(act->be->ctx, hp_param_g(m->params[0]), s->dqkr, ld, s->qkv, ld,
+                                                   s->rstd_q, N, d.H, hd);
+        if (!m->params[1]->frozen)
+            act->be->rmsnorm_heads_backward_weight(act->be->ctx, hp_param_g(m->params[1]), s->dqkr + d.qd, ld,
+                                                   s->qkv + d.qd, ld, s->rstd_k, N, d.KV, hd);
         prof(act, HP_NN_OP_QK_NORM, t0);
     }
     return HP_OK;

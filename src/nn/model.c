@@ -126,6 +126,7 @@ void hp_model_unit_span(hp_model_t m, int unit, size_t *offset, size_t *floats) 
 static void param_desc(hp_param_t *p, const hp_param_decl_t *d, float *value, float *grad) {
     memset(p, 0, sizeof(*p));
     snprintf(p->name, sizeof(p->name), "%s", d->name);
+    p->frozen = d->frozen;
     hp_tensor_init(&p->value.local, HP_F32, d->ndim, d->shape, value);
     hp_tensor_init(&p->grad.local, HP_F32, d->ndim, d->shape, grad);
     for (int i = 0; i < d->ndim; i++) p->value.global_shape[i] = p->grad.global_shape[i] = d->shape[i];
@@ -198,6 +199,7 @@ int hp_model_describe_params(const hp_model_config_t *cfg_in, int u0, int u1, hp
             memcpy(out[n].name, tmp[i].name, sizeof out[n].name);   // both HP_PARAM_NAME_MAX, NUL-terminated
             out[n].name[sizeof out[n].name - 1] = '\0';
             out[n].ndim = tmp[i].ndim;
+            out[n].frozen = tmp[i].frozen;
             memcpy(out[n].shape, tmp[i].shape, sizeof out[n].shape);
         }
     }
@@ -382,6 +384,7 @@ static hp_status_t init_param(const hp_param_decl_t *d, hp_param_t *p, uint64_t 
                         "hp_model_materialize it (or initialise the table of its owner: FSDP's hp_fsdp_params)",
                         p->name);
     if (d->init == HP_PARAM_INIT_ONES) return hp_tensor_fill(t, 1.0);
+    if (d->init == HP_PARAM_INIT_ZEROS) return hp_tensor_fill(t, 0.0);
     const hp_rng_key_t key = hp_rng_key(seed, p->name);
     if (!p->value.mesh) return hp_rng_fill(t, key, &d->rng, NULL, NULL);
     hp_dtensor_mem_t mem = {NULL, t->data, sizeof(float) * (size_t)n};

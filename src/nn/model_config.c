@@ -132,6 +132,15 @@ hp_status_t hp_model_config_validate(hp_model_config_t *c) {
         return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': moe_experts = %d, expected >= 0 (0: dense)",
                         c->name, c->flavor, c->moe_experts);
     }
+    if (c->lora_rank < 0 || (c->lora_rank > 0 && (!(c->lora_alpha > 0.0f) || c->lora_targets <= 0 ||
+                                                  c->lora_targets >= (1 << HP_LORA_N_TARGETS))))
+        return hp_error(HP_ERR_INVALID_ARG, "model config '%s/%s': LoRA rank %d, alpha %g, targets 0x%x; expected "
+                        "lora.rank >= 0 and, when > 0, lora.alpha > 0 and at least one of lora.target_modules",
+                        c->name, c->flavor, c->lora_rank, c->lora_alpha, (unsigned)c->lora_targets);
+    if (c->lora_rank > 0 && (c->mla || c->moe_experts > 0))
+        return hp_error(HP_ERR_UNSUPPORTED, "model config '%s/%s': LoRA (lora.enable) is implemented for dense GQA "
+                        "decoders (llama3, qwen3); this one has %s; hint: set lora.enable = false",
+                        c->name, c->flavor, c->mla ? "MLA attention" : "MoE layers");
     /* Upper bounds: a dimension from a file or flag beyond them would overflow a product of
      * dims or ask for an absurd allocation instead of failing with a message. */
 #define HP_CFG_MAX(field, lim, why)                                                                          \
@@ -197,4 +206,16 @@ double hp_model_flops_per_token(const hp_model_config_t *c, int seq_len) {
     const double hds = c->mla ? (double)(c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim)
                               : 2.0 * c->head_dim;
     return 6.0 * (double)hp_model_active_param_count(c, 1) + 6.0 * c->n_layers * c->n_heads * hds * (double)seq_len;
+}
+
+static const char *const lora_names[HP_LORA_N_TARGETS][2] = {
+    {"wq", "q_proj"}, {"wk", "k_proj"}, {"wv", "v_proj"}, {"wo", "o_proj"},
+    {"w1", "gate_proj"}, {"w2", "down_proj"}, {"w3", "up_proj"},
+};
+const char *hp_lora_target_name(int i) { return i >= 0 && i < HP_LORA_N_TARGETS ? lora_names[i][0] : "?"; }
+const char *hp_lora_target_peft_name(int i) { return i >= 0 && i < HP_LORA_N_TARGETS ? lora_names[i][1] : "?"; }
+int hp_lora_target_bit(const char *name) {
+    for (int i = 0; i < HP_LORA_N_TARGETS; i++)
+        if (!strcmp(name, lora_names[i][0]) || !strcmp(name, lora_names[i][1])) return 1 << i;
+    return 0;
 }

@@ -393,7 +393,10 @@ static hp_status_t linear_backward_weight(hp_module_t *m, hp_act_t *act) {
     HP_ASSERT_MSG(s->dout != NULL, "linear '%s': backward_weight before backward_input", m->name);
     double t0 = omp_get_wtime();
     float *dbias = L->has_bias ? hp_param_g(m->params[L->n_weights]) : NULL;
-    act->be->linear_backward_weight(act->be->ctx, hp_param_g(m->params[0]), dbias, s->dout, s->inp, (int)s->N,
+    int frozen = !dbias || m->params[L->n_weights]->frozen;   // requires_grad = False: no dW (LoRA's base)
+    for (int i = 0; i < L->n_weights; i++) frozen &= m->params[i]->frozen;
+    if (!frozen)
+        act->be->linear_backward_weight(act->be->ctx, hp_param_g(m->params[0]), dbias, s->dout, s->inp, (int)s->N,
                                     lin_in(m), lin_out(m));
     prof_add(act, L->prof_op + 2, t0);
     s->dout = NULL;
@@ -491,8 +494,9 @@ static hp_status_t rmsnorm_backward_weight(hp_module_t *m, hp_act_t *act) {
     rmsnorm_saved_t *s = hp_act_slot(act, m);
     HP_ASSERT_MSG(s->dout != NULL, "rmsnorm '%s': backward_weight before backward_input", m->name);
     double t0 = omp_get_wtime();
-    act->be->rmsnorm_backward_weight(act->be->ctx, hp_param_g(m->params[0]), s->dout, s->inp, s->rstd,
-                                     (int)s->N, R->dim);
+    if (!m->params[0]->frozen)   // requires_grad = False: no weight gradient
+        act->be->rmsnorm_backward_weight(act->be->ctx, hp_param_g(m->params[0]), s->dout, s->inp, s->rstd,
+                                         (int)s->N, R->dim);
     prof_add(act, HP_NN_OP_RMSNORM_BWD, t0);
     s->dout = NULL;
     return HP_OK;
@@ -561,8 +565,9 @@ static hp_status_t embedding_backward_weight(hp_module_t *m, hp_act_t *act) {
     embedding_saved_t *s = hp_act_slot(act, m);
     HP_ASSERT_MSG(s->dout != NULL, "embedding '%s': backward_weight before backward_input", m->name);
     double t0 = omp_get_wtime();
-    act->be->embedding_backward(act->be->ctx, hp_param_g(m->params[0]), s->dout, s->tokens, (int)s->N, emb_dim(m),
-                                emb_vocab(m));
+    if (!m->params[0]->frozen)   // requires_grad = False: no weight gradient
+        act->be->embedding_backward(act->be->ctx, hp_param_g(m->params[0]), s->dout, s->tokens, (int)s->N,
+                                    emb_dim(m), emb_vocab(m));
     prof_add(act, HP_NN_OP_EMBEDDING, t0);
     s->dout = NULL;
     return HP_OK;

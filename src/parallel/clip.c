@@ -64,7 +64,7 @@ hp_status_t hp_grad_norm(const hp_param_t *params, int n_params, const hp_comm_t
             if (g->placements[d].kind == HP_PARTIAL)
                 return hp_error(HP_ERR_STATE, "grad norm: gradient of '%s' is still Partial on mesh "
                                 "dim %d; reduce gradients before clipping", params[i].name, d);
-        counted[i] = (unsigned char)counts_here(g);
+        counted[i] = (unsigned char)(counts_here(g) && !params[i].frozen);   // requires_grad = False: no grad
         if (counted[i]) total += hp_tensor_numel(&g->local);
     }
     double part[NORM_CHUNKS];

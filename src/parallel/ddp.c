@@ -118,7 +118,8 @@ static hp_status_t ddp_post_backward(void *ctx, hp_module_t *mod, hp_act_t *act)
     if (!d->sync) return HP_OK;
     int first, count;
     hp_model_unit_params(d->model, unit, &first, &count);
-    for (int i = first; i < first + count; i++) d->b[d->bucket_of[i]].ready++;
+    for (int i = first; i < first + count; i++)
+        if (d->bucket_of[i] >= 0) d->b[d->bucket_of[i]].ready++;   // -1: frozen, in no bucket
     HP_TRY(launch_ready(d));
     int u0, u1;
     hp_model_unit_range(d->model, &u0, &u1);
@@ -175,12 +176,30 @@ hp_status_t hp_ddp_create(hp_model_t model, hp_comm_t comm, const hp_ddp_options
     d->o = o;
     d->W = hp_comm_size(comm);
     d->sync = 1;
-    for (int i = 0; i < np; i++) bytes[i] = sizeof(float) * (size_t)hp_tensor_numel(&P[i].value.local);
+    /* buckets over the parameters that require a gradient (PyTorch's DDP): a frozen one (LoRA's
+     * base) is in none (bucket -1) and never all-reduced */
+    int *tr = hp_malloc(sizeof(int) * (size_t)(np ? np : 1)), ntr = 0;
+    if (!tr) {
+        free(bytes);
+        free(d->bucket_of);
+        free(d);
+        hp_dp_unregister(model);
+        return HP_ERR_OOM;
+    }
+    for (int i = 0; i < np; i++)
+        if (!P[i].frozen) {
+            tr[ntr] = i;
+            bytes[ntr++] = sizeof(float) * (size_t)hp_tensor_numel(&P[i].value.local);
+        }
     size_t limits[2] = {o.first_bucket_bytes, o.bucket_cap_bytes};
-    int nb = hp_ddp_bucket_assignment(bytes, NULL, np, limits, 2, d->bucket_of, NULL);
+    int *bo = hp_malloc(sizeof(int) * (size_t)(ntr ? ntr : 1));
+    int nb = bo ? hp_ddp_bucket_assignment(bytes, NULL, ntr, limits, 2, bo, NULL) : 0;
     free(bytes);
     // reverse the bucket order: gradients arrive roughly in reverse parameter order
-    for (int i = 0; i < np; i++) d->bucket_of[i] = nb - 1 - d->bucket_of[i];
+    for (int i = 0; i < np; i++) d->bucket_of[i] = -1;
+    for (int k = 0; bo && k < ntr; k++) d->bucket_of[tr[k]] = nb - 1 - bo[k];
+    free(tr);
+    free(bo);
     d->nb = nb;
     d->b = hp_calloc((size_t)nb, sizeof(bucket_t));
     hp_status_t st = d->b ? HP_OK : HP_ERR_OOM;

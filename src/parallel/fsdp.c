@@ -84,6 +84,8 @@ typedef struct group {
     size_t span;             /* floats of the unsharded group (the unit's span in the model's
                                 flat layout; the tied group: both spans, concatenated) */
     size_t S, S_pf;          /* per-rank flat shard floats (layout W, layout k) */
+    size_t S_t;              /* the trainable prefix of S: frozen params (LoRA's base) are laid out
+                                after every trainable one, and only [0, S_t) is reduce-scattered */
     float *shard, *gshard;   /* (S) padded sharded params / grads: persistent */
     float *pf_shard;         /* (S_pf) SHARDED_POST_FORWARD copy */
     float *accum;            /* (span) unsharded grads kept by backwards without sync */
@@ -385,9 +387,9 @@ static hp_status_t red_finish(hp_fsdp_t f, red_t *e) {
     const float post = (float)f->post_div;
     if (f->rdt != HP_BF16 && f->post_div == 1.0) {   // the common case as a plain loop (vectorised)
         const float *src = e->out;
-        for (size_t i = 0; i < g->S; i++) dst[i] += src[i];
+        for (size_t i = 0; i < g->S_t; i++) dst[i] += src[i];
     } else {
-        for (size_t i = 0; i < g->S; i++) {
+        for (size_t i = 0; i < g->S_t; i++) {
             float v = f->rdt == HP_BF16 ? hp_bf16_to_f32(((const uint16_t *)e->out)[i]) : ((const float *)e->out)[i];
             if (f->post_div != 1.0) v /= post;
             dst[i] += v;
@@ -406,7 +408,7 @@ static hp_status_t red_advance(hp_fsdp_t f, red_t *e) {
         if (f->R > 1 && f->all_reduce) {
             group_t *g = e->g;
             if (g->partial_pending) {   // set_requires_all_reduce(False) outputs join this one
-                for (size_t i = 0; i < g->S; i++) {
+                for (size_t i = 0; i < g->S_t; i++) {
                     if (f->rdt == HP_BF16) {
                         uint16_t *o = e->out;
                         o[i] = hp_f32_to_bf16(hp_bf16_to_f32(o[i]) + g->partial[i]);
@@ -418,7 +420,7 @@ static hp_status_t red_advance(hp_fsdp_t f, red_t *e) {
                 g->partial_pending = 0;
             }
             hp_work_t *w = f->o.overlap ? &e->work : NULL;
-            TIMED(f, w, hp_all_reduce(e->out, e->out, g->S, f->rdt, f->ar_op, f->rep_comm, w));
+            TIMED(f, w, hp_all_reduce(e->out, e->out, g->S_t, f->rdt, f->ar_op, f->rep_comm, w));
             e->stage = 2;
             if (!w) return red_finish(f, e);
             return HP_OK;
@@ -444,6 +446,7 @@ static hp_status_t red_drain(hp_fsdp_t f) {
 
 /* Reduce-scatter of a group's unsharded gradients `grads` (span floats). */
 static hp_status_t reduce_grads(hp_fsdp_t f, group_t *g, const float *grads) {
+    if (g->S_t == 0) return HP_OK;   // every param frozen (LoRA's embedding, head): nothing to reduce
     // the previous reduction moves on (its reduce-scatter is waited here, one unit later)
     int prev = f->red_last;
     if (prev >= 0) HP_TRY(red_advance(f, &f->red[prev]));
@@ -455,9 +458,10 @@ static hp_status_t reduce_grads(hp_fsdp_t f, group_t *g, const float *grads) {
     for (int r = 0; r < f->W; r++)
         for (int j = 0; j < g->n; j++) {
             const fparam_t *p = &g->p[j];
+            if (p->shard_off >= g->S_t) continue;   // frozen: laid out after S_t, never reduced
             int64_t rows, row0;
             hp_shard_size_and_offset(p->d0, f->W, r, &rows, &row0);
-            size_t off = (size_t)r * g->S + p->shard_off, cnt = (size_t)(rows * p->rest),
+            size_t off = (size_t)r * g->S_t + p->shard_off, cnt = (size_t)(rows * p->rest),
                    pad = (size_t)(p->chunk * p->rest) - cnt;
             const float *src = grads + p->unit_off + (size_t)(row0 * p->rest);
             if (f->rdt == HP_BF16) {
@@ -474,7 +478,7 @@ static hp_status_t reduce_grads(hp_fsdp_t f, group_t *g, const float *grads) {
             }
         }
     hp_work_t *w = f->o.overlap ? &e->work : NULL;
-    TIMED(f, w, hp_reduce_scatter(f->red_in, e->out, g->S, f->rdt, f->rs_op, f->shard_comm, w));
+    TIMED(f, w, hp_reduce_scatter(f->red_in, e->out, g->S_t, f->rdt, f->rs_op, f->shard_comm, w));
     e->stage = 1;
     f->red_last = e_i;
     if (!w) {   // blocking: finish now (same arithmetic as the overlapped order)
@@ -1032,6 +1036,22 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
         }
         g->S = S;
         g->S_pf = S_pf;
+        /* frozen params after the trainable ones (same order otherwise: without frozen params
+         * the offsets above stay), so their zero gradients are never reduced */
+        size_t St = 0, Sf = 0;
+        for (int j = 0; j < g->n; j++)
+            if (!mp[g->p[j].index].frozen) St += (size_t)(g->p[j].chunk * g->p[j].rest);
+        if (St < S)
+        {
+            size_t t = 0;
+            for (int j = 0; j < g->n; j++) {
+                fparam_t *p = &g->p[j];
+                const size_t sz = (size_t)(p->chunk * p->rest);
+                if (!mp[p->index].frozen) { p->shard_off = t; t += sz; }
+                else { p->shard_off = St + Sf; Sf += sz; }
+            }
+        }
+        g->S_t = St;
         g->shard = hp_aligned_alloc(sizeof(float) * (S ? S : 1));
         g->gshard = hp_aligned_alloc(sizeof(float) * (S ? S : 1));
         if (!g->shard || !g->gshard) { st = HP_ERR_OOM; goto fail; }
@@ -1059,6 +1079,7 @@ hp_status_t hp_fully_shard(hp_model_t model, hp_mesh_t mesh, const hp_fsdp_optio
                        sizeof(float) * (size_t)(rows * p->rest));
             hp_param_t *s = &f->params[p->index];
             snprintf(s->name, sizeof(s->name), "%s", q->name);
+            s->frozen = q->frozen;
             hp_dtensor_t *dts[2] = {&s->value, &s->grad};
             float *data[2] = {g->shard + p->shard_off, g->gshard + p->shard_off};
             for (int k = 0; k < 2; k++) {

@@ -103,6 +103,7 @@ static hp_status_t plan_part(const hp_memory_plan_input_t *in, const stage_in_t 
             const int64_t d0 = t->shape[0], rest = numel[i] / (d0 > 0 ? d0 : 1);
             numel[i] = (d0 + W - 1) / W * rest;
         }
+        if (P[i].frozen) numel[i] = 0;   // LoRA's frozen base: no optimizer state (optim.c)
     }
     if (W > 1) {
         hp_fsdp_options_t fo = in->fsdp;

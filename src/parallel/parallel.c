@@ -258,6 +258,7 @@ static hp_status_t dp_all_reduce(void *ctx, hp_param_t *params, int n) {
     for (int i = 0; i < n; i++) {
         hp_tensor_t *g = &params[i].grad.local;
         if (hp_tensor_numel(g) == 0) continue;   /* pipeline parallel: held by another stage */
+        if (params[i].frozen) continue;          /* requires_grad = False (LoRA's base): no gradient */
         if (p->dp_expert_skip && hp_ep_is_expert_param(&params[i])) continue;
         HP_TRY(hp_all_reduce(g->data, g->data, (size_t)hp_tensor_numel(g), HP_F32, HP_SUM, p->dp_comm,
                              &p->grad_work[i]));

@@ -352,6 +352,7 @@ static hp_status_t full_table(hp_parallel_t p, hp_mesh_t world) {
         } else {
             HP_TRY(placeholder(&e->value, world, d[i].ndim, d[i].shape, &pl->absent_dummy));
             HP_TRY(placeholder(&e->grad, world, d[i].ndim, d[i].shape, &pl->absent_dummy));
+            e->frozen = d[i].frozen;   // every rank's table says the same (the optimizer's state names)
         }
     }
     free(d);

@@ -70,11 +70,18 @@ hp_status_t hp_tp_plan_model(hp_tp_t *out, hp_model_t model, int k, const hp_tp_
 /* The module kinds TP shards (its ops' kind string), MK_OTHER for composite modules. */
 static inline int module_kind(const hp_module_t *m) {
     const char *k = m->ops && m->ops->kind ? m->ops->kind : "";
-    if (strcmp(k, "linear") == 0) return MK_LINEAR;
+    if (strcmp(k, "linear") == 0 || strcmp(k, "lora") == 0) return MK_LINEAR;   /* LoRA: a linear plus adapters */
     if (strcmp(k, "embedding") == 0) return MK_EMBEDDING;
     if (strcmp(k, "rmsnorm") == 0) return MK_RMSNORM;
     return MK_OTHER;
 }
+
+/* LoRA's module (nn: kind "lora", its linear the only child) is sharded as its linear, the
+ * adapters with it (tp.c apply, docs/finetune.md "LoRA"); tp_lin is the linear that holds the
+ * (stacked) weights and hp_linear_impl_t of a MK_LINEAR module. */
+static inline int is_lora(const hp_module_t *m) { return m && m->ops && m->ops->kind && !strcmp(m->ops->kind, "lora"); }
+static inline hp_module_t *tp_lin(hp_module_t *m) { return is_lora(m) ? m->children[0] : m; }
+static inline const hp_module_t *tp_lin_c(const hp_module_t *m) { return is_lora(m) ? m->children[0] : m; }
 
 static inline int is_shard_seq(const hp_placement_t *p) { return p->kind == HP_SHARD && (p->dim == 0 || p->dim == 1); }
 static inline int is_shard_last(const hp_placement_t *p) { return p->kind == HP_SHARD && p->dim == -1; }

@@ -99,6 +99,47 @@ static void want_scratch(hp_tp_t tp, size_t n) {
     if (n > tp->scratch_n) tp->scratch_n = n;
 }
 
+/* LoRA's adapters sharded with their base (docs/finetune.md "LoRA"). A colwise base (output rows
+ * sharded): A (r, in) Replicate, each B_i (out_i, r) Shard(0) with its member's rows, so the
+ * module's B_i (A_i x) lands on this rank's rows; dA sums over every output row, a partial sum
+ * over the TP ranks. A rowwise base (input columns sharded): A Shard(1) with the base's columns,
+ * B Replicate: A x is then a partial sum that the wrapper's all-reduce (or reduce-scatter)
+ * completes together with the base's partial product (linear), and dB is the partial sum.
+ * The Replicate adapters' gradients are all-reduced after the weight pass (reduce_own_grads). */
+static hp_status_t shard_lora(hp_tp_t tp, tp_mod_t *t, int col) {
+    hp_module_t *m = t->m;
+    const int k = tp->k, r = tp->rank;
+    size_t partial = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        hp_param_t *p = m->params[i];
+        const int is_b = strstr(p->name, ".lora_b.") != NULL;
+        const int64_t R0 = p->value.global_shape[0], C0 = p->value.global_shape[1];
+        float *w = hp_param_w(p), *g = hp_param_g(p);
+        if (col && is_b) {   // rows [r R0/k, (r+1) R0/k)
+            const int64_t lr = R0 / k;
+            if (w) {
+                memmove(w, w + (size_t)(r * lr * C0), sizeof(float) * (size_t)(lr * C0));
+                memmove(g, g + (size_t)(r * lr * C0), sizeof(float) * (size_t)(lr * C0));
+            }
+            int64_t ls[2] = {lr, C0};
+            set_param_layout(p, tp, hp_shard(0), ls, w, g);
+        } else if (!col && !is_b) {   // columns [r C0/k, (r+1) C0/k) of every row
+            const int64_t lc = C0 / k;
+            for (int64_t o = 0; w && o < R0; o++) {
+                memmove(w + (size_t)(o * lc), w + (size_t)(o * C0 + r * lc), sizeof(float) * (size_t)lc);
+                memmove(g + (size_t)(o * lc), g + (size_t)(o * C0 + r * lc), sizeof(float) * (size_t)lc);
+            }
+            int64_t ls[2] = {R0, lc};
+            set_param_layout(p, tp, hp_shard(1), ls, w, g);
+        } else {
+            set_param_layout(p, tp, hp_replicate(), NULL, NULL, NULL);
+            partial += (size_t)hp_tensor_numel(&p->grad.local);
+        }
+    }
+    t->reduce_own_grads = 1;
+    return alloc_buf(tp, &t->gsave, &t->gsave_n, partial);
+}
+
 /* Shards the parameters in place (each shard packed at the start of its old span, its local
  * shape the shard's) and sizes the wrapper's buffers; installing the wrapper in the tree is
  * the caller's. */
@@ -109,25 +150,26 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
     t->tp = tp;
     const int64_t R = tp->max_rows;
     if (t->mk == MK_LINEAR && (s->kind == HP_TP_COLWISE || s->kind == HP_TP_ROWWISE)) {
-        hp_linear_impl_t *L = m->impl;
+        hp_module_t *lin = tp_lin(m);   // the linear (under LoRA's module: its adapters follow below)
+        hp_linear_impl_t *L = lin->impl;
         const int64_t IC = L->in_features, OC = L->out_features;
         t->in_f = IC;
         t->out_f = OC;
-        float *w = hp_param_w(m->params[0]), *g = hp_param_g(m->params[0]);
+        float *w = hp_param_w(lin->params[0]), *g = hp_param_g(lin->params[0]);
         if (s->kind == HP_TP_COLWISE) {
             // each stacked param: its rows [r*rows/k, (r+1)*rows/k) packed after the previous (an
             // empty model's entries have no storage: only their layouts change)
             size_t dst = 0, src = 0;
-            hp_param_t *p0 = m->params[0];
-            if (m->n_params == 1 && p0->value.mesh == tp->mesh) {
+            hp_param_t *p0 = lin->params[0];
+            if (lin->n_params == 1 && p0->value.mesh == tp->mesh) {
                 // a tied weight already sharded by the embedding (qwen3): same rows
                 if (!hp_placement_equal(p0->value.placements[0], hp_shard(0)))
                     return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: tied parameter '%s' would get two "
                                     "placements (linear '%s' needs Shard(0)); hint: shard the embedding rowwise",
                                     p0->name, m->name);
             } else
-            for (int i = 0; i < m->n_params; i++) {
-                hp_param_t *p = m->params[i];
+            for (int i = 0; i < lin->n_params; i++) {
+                hp_param_t *p = lin->params[i];
                 const int64_t rows = p->value.global_shape[0], lr = rows / k;
                 if (w) {
                     memmove(w + dst, w + src + (size_t)(r * lr) * IC, sizeof(float) * (size_t)(lr * IC));
@@ -157,8 +199,8 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
                 memmove(g + (size_t)o * lc, g + (size_t)o * IC + (size_t)(r * lc), sizeof(float) * (size_t)lc);
             }
             int64_t row0 = 0;
-            for (int i = 0; i < m->n_params; i++) {
-                hp_param_t *p = m->params[i];
+            for (int i = 0; i < lin->n_params; i++) {
+                hp_param_t *p = lin->params[i];
                 int64_t ls[2] = {p->value.global_shape[0], lc};
                 set_param_layout(p, tp, hp_shard(1), ls, w ? w + row0 * lc : NULL, g ? g + row0 * lc : NULL);
                 row0 += ls[0];
@@ -169,6 +211,7 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
             HP_TRY(alloc_buf(tp, &t->dout_buf, &t->dout_buf_n, seq ? (size_t)(R * OC) : 0));
             want_scratch(tp, seq ? (size_t)(R * OC) : 0);
         }
+        if (is_lora(m)) HP_TRY(shard_lora(tp, t, s->kind == HP_TP_COLWISE));
     } else if (t->mk == MK_EMBEDDING && (s->kind == HP_TP_COLWISE || s->kind == HP_TP_ROWWISE)) {
         hp_embedding_impl_t *E = m->impl;
         hp_param_t *p = m->params[0];
@@ -226,8 +269,8 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
             int64_t C = 0;
             for (int c = 0; c < m->n_children && !C; c++)
                 if (module_kind(unwrapped(m->children[c])) == MK_LINEAR)
-                    C = ((const hp_linear_impl_t *)unwrapped(m->children[c])->impl)->in_features;
-            if (!C && module_kind(m) == MK_LINEAR) C = ((hp_linear_impl_t *)m->impl)->in_features;
+                    C = ((const hp_linear_impl_t *)tp_lin(unwrapped(m->children[c]))->impl)->in_features;
+            if (!C && module_kind(m) == MK_LINEAR) C = ((hp_linear_impl_t *)tp_lin(m)->impl)->in_features;
             if (!C && m->n_params) C = m->params[0]->value.global_shape[m->params[0]->value.local.ndim - 1];
             if (!C)
                 return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: PrepareModuleInput on '%s': cannot size the "
@@ -240,7 +283,7 @@ static hp_status_t apply(hp_tp_t tp, tp_mod_t *t) {
         if (prep_out(t)) {
             int64_t C = 0;
             // output features: a linear's out_features, else the input size (same-size modules)
-            if (module_kind(m) == MK_LINEAR) C = ((hp_linear_impl_t *)m->impl)->out_features;
+            if (module_kind(m) == MK_LINEAR) C = ((hp_linear_impl_t *)tp_lin(m)->impl)->out_features;
             else if (module_kind(m) == MK_RMSNORM) C = ((hp_rmsnorm_impl_t *)m->impl)->dim;
             if (!C)
                 return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: PrepareModuleOutput on '%s' (kind '%s'): "

@@ -102,9 +102,10 @@ int hp_tp_plan_add(hp_tp_plan_entry_t *plan, int cap, int n, const char *pattern
 static int module_names(const hp_module_t *m, char names[][HP_PARAM_NAME_MAX], int cap) {
     int n = 0;
     snprintf(names[n++], HP_PARAM_NAME_MAX, "%s", m->name);
-    if (module_kind(m) == MK_LINEAR && m->n_params > 1) {
-        for (int i = 0; i < m->n_params && n < cap; i++) {
-            const char *pn = m->params[i]->name;
+    const hp_module_t *lin = tp_lin_c(m);   /* LoRA's module answers to its linear's parts */
+    if (module_kind(m) == MK_LINEAR && lin->n_params > 1) {
+        for (int i = 0; i < lin->n_params && n < cap; i++) {
+            const char *pn = lin->params[i]->name;
             size_t len = strlen(pn);
             if (len > 7 && strcmp(pn + len - 7, ".weight") == 0) len -= 7;
             snprintf(names[n++], HP_PARAM_NAME_MAX, "%.*s", (int)len, pn);
@@ -194,10 +195,11 @@ hp_status_t hp_tp_check_pair_(hp_tp_t tp, hp_module_t *m, const hp_tp_style_t *s
     // divisibility
     char dv[256];
     if (mk == MK_LINEAR && (s->kind == HP_TP_COLWISE || s->kind == HP_TP_ROWWISE)) {
-        const hp_linear_impl_t *L = m->impl;
+        const hp_module_t *lin = tp_lin_c(m);
+        const hp_linear_impl_t *L = lin->impl;
         if (s->kind == HP_TP_COLWISE) {
-            for (int i = 0; i < m->n_params; i++) {
-                const hp_param_t *p = m->params[i];
+            for (int i = 0; i < lin->n_params; i++) {
+                const hp_param_t *p = lin->params[i];
                 if (L->has_bias && i == L->n_weights) continue;
                 if (p->value.local.shape[0] % k != 0)
                     return hp_error(HP_ERR_INVALID_ARG, "tensor parallel: ColwiseParallel on '%s': parameter '%s' has "
@@ -237,6 +239,7 @@ hp_status_t hp_tp_resolve_plan_(hp_module_t **mods, hp_module_t **parents, int n
         styles[i] = NULL;
         entry_of[i] = -1;
         if (hp_tp_is_wrapper_(mods[i])) continue;
+        if (is_lora(parents[i])) continue;   /* LoRA's linear: the style applies to the LoRA module */
         char names[HP_MODULE_MAX_PARAMS + 1][HP_PARAM_NAME_MAX];
         int nn = module_names(mods[i], names, HP_MODULE_MAX_PARAMS + 1);
         const hp_tp_style_t *got[HP_MODULE_MAX_PARAMS + 1] = {0};

@@ -76,10 +76,14 @@ static hp_status_t need_buf(size_t have, size_t want, const tp_mod_t *t, const c
 /* Parameter grads of module m: all-reduced over TP (Replicate params whose work is sharded).
  * The accumulated value from earlier microbatches is kept aside so only this backward's
  * contribution is summed. */
+static int own_partial(const tp_mod_t *t, const hp_param_t *p) {   /* Replicate over TP: a Partial gradient */
+    return !p->frozen && !(p->grad.mesh == t->tp->mesh && p->grad.placements[0].kind == HP_SHARD);
+}
 static hp_status_t reduce_own_grads(tp_mod_t *t, hp_status_t (*bw)(hp_module_t *, hp_act_t *), hp_act_t *act) {
     hp_module_t *m = t->m;
     size_t off = 0;
     for (int i = 0; i < m->n_params; i++) {
+        if (!own_partial(t, m->params[i])) continue;   // LoRA's B of a colwise base, A of a rowwise one
         hp_tensor_t *g = &m->params[i]->grad.local;
         size_t n = (size_t)hp_tensor_numel(g);
         memcpy(t->gsave + off, g->data, sizeof(float) * n);
@@ -89,6 +93,7 @@ static hp_status_t reduce_own_grads(tp_mod_t *t, hp_status_t (*bw)(hp_module_t *
     HP_TRY(bw(t->m, act));
     off = 0;
     for (int i = 0; i < m->n_params; i++) {
+        if (!own_partial(t, m->params[i])) continue;
         hp_tensor_t *g = &m->params[i]->grad.local;
         size_t n = (size_t)hp_tensor_numel(g);
         float *gd = g->data;
@@ -101,11 +106,12 @@ static hp_status_t reduce_own_grads(tp_mod_t *t, hp_status_t (*bw)(hp_module_t *
 
 /* The wrapped module's sizes as it runs them: its weights' local shapes (the shards apply()
  * laid out). A linear: in features, (stacked) out features; an embedding: rows, columns. */
-static int64_t lin_in(const tp_mod_t *t) { return t->m->params[0]->value.local.shape[1]; }
+static int64_t lin_in(const tp_mod_t *t) { return tp_lin(t->m)->params[0]->value.local.shape[1]; }
 static int64_t lin_out(const tp_mod_t *t) {
-    const hp_linear_impl_t *L = t->m->impl;
+    const hp_module_t *lin = tp_lin(t->m);
+    const hp_linear_impl_t *L = lin->impl;
     int64_t rows = 0;
-    for (int i = 0; i < L->n_weights; i++) rows += t->m->params[i]->value.local.shape[0];
+    for (int i = 0; i < L->n_weights; i++) rows += lin->params[i]->value.local.shape[0];
     return rows;
 }
 static int64_t emb_rows(const tp_mod_t *t) { return t->m->params[0]->value.local.shape[0]; }
@@ -195,7 +201,7 @@ static hp_status_t col_linear_forward(hp_module_t *m, hp_act_t *act, const hp_te
 static hp_status_t col_linear_backward_input(hp_module_t *m, hp_act_t *act, const hp_tensor_t *dout, hp_tensor_t *din) {
     tp_mod_t *t = mod_of(m);
     hp_tp_t tp = t->tp;
-    const hp_linear_impl_t *L = t->m->impl;
+    const hp_linear_impl_t *L = tp_lin(t->m)->impl;
     const int64_t IC = lin_in(t), OC = lin_out(t);
     int64_t rows = hp_tensor_rows(dout);
     hp_tensor_t dy = *dout, dx;
@@ -366,7 +372,7 @@ static hp_status_t row_emb_backward_weight(hp_module_t *m, hp_act_t *act) {
     HP_ASSERT_MSG(sv && sv->edout != NULL, "embedding '%s': backward_weight before backward_input", m->name);
     const int64_t C = EC, lo = t->vocab_lo, hi = lo + EV;
     // in token order per row (as the single-rank kernel: each vocab row sums its tokens in order)
-    for (int64_t n = 0; n < sv->ntok; n++) {
+    for (int64_t n = 0; !t->m->params[0]->frozen && n < sv->ntok; n++) {   // frozen: no gradient (LoRA)
         int32_t v = sv->tok[n];
         if (v < lo || v >= hi) continue;
         float *dw = hp_param_g(t->m->params[0]) + (size_t)(v - lo) * C;

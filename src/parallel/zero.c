@@ -129,6 +129,7 @@ hp_status_t hp_zero_create_partition(hp_param_t *params, int n_params, hp_comm_t
             continue;
         }
         snprintf(v->name, sizeof v->name, "%s", params[i].name);
+        v->frozen = params[i].frozen;
         placeholder(&v->value, &params[i].value, mesh);
         placeholder(&v->grad, &params[i].grad, mesh);
     }

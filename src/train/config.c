@@ -478,3 +478,32 @@ hp_status_t hp_config_resolve_model(const hp_config_t *c, int vocab_size, const 
     *out = mc;
     return HP_OK;
 }
+
+/* ---- lora ----------------------------------------------------------------------------------- */
+
+hp_status_t hp_config_apply_lora(const hp_config_t *c, hp_model_config_t *mc) {
+    if (!c->lora.enable) return HP_OK;
+    const hp_config_list_t *tm = &c->lora.target_modules;
+    int bits = 0;
+    for (int i = 0; i < tm->n; i++) {
+        const int b = hp_lora_target_bit(tm->items[i]);
+        if (!b)
+            return hp_error(HP_ERR_INVALID_ARG, "config key 'lora.target_modules': '%s' is not a projection LoRA can "
+                            "adapt; expected q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (PEFT's "
+                            "names) or wq, wk, wv, wo, w1, w3, w2", tm->items[i]);
+        bits |= b;
+    }
+    if (!bits)
+        return hp_error(HP_ERR_INVALID_ARG, "config key 'lora.target_modules' is empty with lora.enable = true; hint: "
+                        "e.g. q_proj,v_proj (PEFT's default for Llama and Qwen)");
+    /* the layouts tested with LoRA (docs/finetune.md "LoRA"): the data-parallel ones */
+    /* expert parallel needs MoE layers, which LoRA does not adapt (hp_model_config_validate) */
+    if (c->parallelism.expert_parallel_degree > 1)
+        return hp_error(HP_ERR_UNSUPPORTED, "lora.enable = true with parallelism.expert_parallel_degree = %lld: LoRA "
+                        "adapts dense decoders only (docs/finetune.md \"LoRA\"); hint: expert_parallel_degree = 1",
+                        (long long)c->parallelism.expert_parallel_degree);
+    mc->lora_rank = (int)c->lora.rank;
+    mc->lora_alpha = (float)c->lora.alpha;
+    mc->lora_targets = bits;
+    return hp_model_config_validate(mc);
+}

@@ -341,6 +341,20 @@ const hp_config_key_t hp_cfg_keys[] = {
       "TorchFT-style continuation of the surviving replica groups after a lost host: not implemented, true is "
       "refused by name (it would also need an MPI with ULFM, MPIX_Comm_shrink; docs/multihost.md). hp-train "
       "--max-restarts restarts from the last checkpoint instead."),
+    /* lora */
+    K(lora, enable, BOOL, "false", NULL, NULL,
+      "LoRA fine-tuning: adapters on lora.target_modules, every other parameter frozen (docs/finetune.md)."),
+    KI(lora, rank, "8", 1, 4096, NULL, "LoRA rank r (PEFT's r)."),
+    KF32(lora, alpha, "16", NULL, "LoRA alpha; the update is scaled by alpha / rank (PEFT's lora_alpha)."),
+    K(lora, target_modules, LIST, "q_proj,v_proj", NULL, NULL,
+      "Projections that get adapters: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj (PEFT's names) or "
+      "wq wk wv wo w1 w3 w2."),
+    K(lora, adapter_path, STRING, "", NULL, NULL,
+      "A PEFT adapter folder (adapter_config.json + adapter_model.safetensors) to start from; empty = A Kaiming-uniform, "
+      "B zeros."),
+    K(lora, save_folder, STRING, "lora_adapter", NULL, NULL,
+      "The adapter is written in PEFT's format to this folder (under job.dump_folder when relative) at the end of "
+      "training, and to FOLDER/step-N at each checkpoint.interval step when checkpoint.enable; empty = not written."),
 };
 
 const size_t hp_cfg_n_keys = sizeof(hp_cfg_keys) / sizeof(hp_cfg_keys[0]);

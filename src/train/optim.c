@@ -15,7 +15,7 @@
 #include "hyperparallel/dtensor.h"
 #include "hyperparallel/mesh.h"
 
-typedef enum { UPD_ADAMW = 0, UPD_SGD, UPD_MUON } upd_t;
+typedef enum { UPD_ADAMW = 0, UPD_SGD, UPD_MUON, UPD_NONE /* frozen: no state, never changed */ } upd_t;
 
 /* Where a Muon parameter's whole matrix is. */
 typedef enum {
@@ -260,6 +260,7 @@ hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, in
         case HP_OPTIM_SGD: ps->upd = UPD_SGD; break;
         default: ps->upd = hp_optim_muon_applies(p) ? UPD_MUON : UPD_ADAMW; break;
         }
+        if (p->frozen) ps->upd = UPD_NONE;   // torch.optim is built on the trainable parameters only
         if (ps->upd == UPD_MUON) {
             s = muon_where(p, &ps->where);
             if (s != HP_OK) break;
@@ -286,7 +287,7 @@ hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, in
         if (ps->upd == UPD_ADAMW) {
             bytes += 2 * nb;
             o->n_states += 2;
-        } else if (ps->upd == UPD_MUON || cfg->momentum != 0) {
+        } else if (ps->upd == UPD_MUON || (ps->upd == UPD_SGD && cfg->momentum != 0)) {
             bytes += nb;
             o->n_states += 1;
         }
@@ -303,7 +304,7 @@ hp_status_t hp_optim_create(const hp_optim_config_t *cfg, hp_param_t *params, in
         if (ps->upd == UPD_ADAMW) {
             ps->s0 = hp_arena_alloc(&o->arena, nb);
             ps->s1 = hp_arena_alloc(&o->arena, nb);
-        } else if (ps->upd == UPD_MUON || cfg->momentum != 0) {
+        } else if (ps->upd == UPD_MUON || (ps->upd == UPD_SGD && cfg->momentum != 0)) {
             ps->s0 = hp_arena_alloc(&o->arena, nb);
         }
         if (ps->upd == UPD_MUON && ps->where == MUON_GATHER) {
@@ -496,6 +497,8 @@ static void step_segment(int i, int64_t lo, int64_t hi, void *vctx) {
         break;
     case UPD_MUON:
         break;   /* whole-matrix update, done after the elementwise pass */
+    case UPD_NONE:
+        break;   /* frozen (requires_grad = False) */
     }
 }
 

@@ -157,6 +157,7 @@ static hp_status_t build_local(hp_trainer_t t, hp_parallelize_options_t *po) {
     char tok_what[HP_CONFIG_STR_MAX + 32];
     snprintf(tok_what, sizeof tok_what, "tokenizer.path '%s'", c->tokenizer.path);
     HP_TRY(hp_config_resolve_model(c, hp_tokenizer_vocab_size(t->tok), tok_what, t->T, &t->mcfg));
+    HP_TRY(hp_config_apply_lora(c, &t->mcfg));   /* adapters declared with the model (docs/finetune.md) */
     HP_TRY(hp_parallel_config_check(c, &t->mcfg, &t->pd, t->B, t->val_B));
     HP_TRY(hp_parallelize_options_from_config(c, po));
     if (t->pd.pp > 1) return HP_OK;   /* the pipeline makes its stages */
@@ -405,6 +406,70 @@ static hp_ckpt_train_state_t ckpt_state(hp_trainer_t t) {
     return st;
 }
 
+/* LoRA (collective): a fresh run starts from lora.adapter_path when set (a resumed one has its
+ * adapters from the checkpoint); the trainable share is logged. */
+static hp_status_t lora_setup(hp_trainer_t t) {
+    const hp_config_t *c = &t->cfg;
+    if (!c->lora.enable) return HP_OK;
+    hp_param_t *ps = hp_parallel_params(t->par);
+    const int n = hp_parallel_num_params(t->par);
+    if (c->lora.adapter_path[0] && t->step == 0)
+        HP_TRY(hp_hf_import_lora(c->lora.adapter_path, hp_model_hf_adapter(&t->mcfg), &t->mcfg, ps, n, t->world));
+    if (t->rank == 0) {
+        int64_t train = 0, all = 0;
+        for (int i = 0; i < n; i++) {
+            int64_t k = 1;
+            for (int d = 0; d < ps[i].value.local.ndim; d++)
+                k *= ps[i].value.mesh ? ps[i].value.global_shape[d] : ps[i].value.local.shape[d];
+            all += k;
+            train += ps[i].frozen ? 0 : k;
+        }
+        hp_log(HP_LOG_INFO, "LoRA: rank %d, alpha %g, %d target bits 0x%x; trainable %lld of %lld parameters (%.3f%%)%s%s",
+               t->mcfg.lora_rank, (double)t->mcfg.lora_alpha, __builtin_popcount((unsigned)t->mcfg.lora_targets),
+               (unsigned)t->mcfg.lora_targets, (long long)train, (long long)all, 100.0 * (double)train / (double)all,
+               c->lora.adapter_path[0] ? ", adapters from " : "", c->lora.adapter_path);
+    }
+    return HP_OK;
+}
+
+hp_status_t hp_trainer_save_lora(hp_trainer_t t, const char *path) {
+    const hp_config_t *c = &t->cfg;
+    if (!c->lora.enable)
+        return hp_error(HP_ERR_STATE, "hp_trainer_save_lora: the run has no LoRA (lora.enable = false)");
+    const hp_hf_adapter_t *a = hp_model_hf_adapter(&t->mcfg);
+    if (t->pd.pp == 1) {   /* every rank holds its shards of every adapter: gathered to rank 0 */
+        HP_TRY(hp_hf_save_lora(path, a, &t->mcfg, hp_parallel_params(t->par), hp_parallel_num_params(t->par), t->world,
+                               c->checkpoint.initial_load_path));
+    } else {   /* a stage holds its own layers only: the whole model to rank 0, saved there */
+        hp_model_t full = NULL;
+        int owned = 0;
+        hp_status_t s = hp_parallel_gather_full_model(t->par, t->world, t->T, &full, &owned);
+        if (s == HP_OK && t->rank == 0)
+            s = hp_hf_save_lora(path, a, &t->mcfg, hp_model_params(full), hp_model_num_params(full), NULL,
+                                c->checkpoint.initial_load_path);
+        if (owned) hp_model_destroy(full);
+        HP_TRY(hp_comm_agree(t->world, s, NULL));
+    }
+    if (t->rank == 0) hp_log(HP_LOG_INFO, "LoRA adapter (PEFT format) written to %s", path);
+    return HP_OK;
+}
+
+/* lora.save_folder, under job.dump_folder when relative. */
+static void lora_folder(hp_trainer_t t, char *path, size_t n) {
+    const hp_config_t *c = &t->cfg;
+    if (c->lora.save_folder[0] == '/' || !c->job.dump_folder[0]) snprintf(path, n, "%s", c->lora.save_folder);
+    else snprintf(path, n, "%s/%s", c->job.dump_folder, c->lora.save_folder);
+}
+
+/* The adapters in PEFT's format at the end of training. */
+static hp_status_t save_lora(hp_trainer_t t) {
+    const hp_config_t *c = &t->cfg;
+    if (!c->lora.enable || !c->lora.save_folder[0]) return HP_OK;
+    char path[2 * HP_CONFIG_STR_MAX + 2];
+    lora_folder(t, path, sizeof path);
+    return hp_trainer_save_lora(t, path);
+}
+
 /* Collective (after the start-up agreement): creates the manager and resumes. */
 static hp_status_t ckpt_setup(hp_trainer_t t) {
     if (!t->cfg.checkpoint.enable) return HP_OK;
@@ -441,6 +506,7 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
     /* every rank learns whether any failed, with the failing rank's message (rank 0 prints it) */
     s = hp_comm_agree(world, s, NULL);
     if (s == HP_OK) s = hp_comm_agree(world, ckpt_setup(t), NULL);   /* resume */
+    if (s == HP_OK) s = lora_setup(t);   /* collective */
     if (s == HP_OK) s = hp_pipeline_log_layout(t->par, world);
     if (s != HP_OK) {
         char msg[2048];
@@ -532,6 +598,12 @@ void hp_trainer_destroy(hp_trainer_t t) {
 }
 
 hp_model_t hp_trainer_model(hp_trainer_t t) { return t->model; }
+hp_param_t *hp_trainer_params(hp_trainer_t t, int *n) {
+    *n = hp_parallel_num_params(t->par);
+    return hp_parallel_params(t->par);
+}
+hp_optim_t hp_trainer_optim(hp_trainer_t t) { return t->opt; }
+
 int64_t hp_trainer_current_step(hp_trainer_t t) { return t->step; }
 int64_t hp_trainer_grad_accum(hp_trainer_t t) { return t->accum; }
 const hp_memory_plan_t *hp_trainer_memory_plan(hp_trainer_t t) { return &t->plan; }
@@ -625,6 +697,16 @@ hp_status_t hp_trainer_step(hp_trainer_t t, hp_step_stats_t *stats) {
     if (t->ckpt) {   /* interval / last-step save, async commit */
         hp_ckpt_train_state_t st = ckpt_state(t);
         HP_TRY(hp_ckpt_manager_maybe_save(t->ckpt, step, t->cfg.training.steps, &st));
+        /* LoRA: the adapter at each interval checkpoint too, as a PEFT folder save_folder/step-N
+         * (HF Trainer's checkpoint-N); the last step's is save_folder itself (hp_trainer_train) */
+        const hp_config_t *c = &t->cfg;
+        if (c->lora.enable && c->lora.save_folder[0] && step % c->checkpoint.interval == 0 && step < c->training.steps) {
+            char path[2 * HP_CONFIG_STR_MAX + 32];
+            lora_folder(t, path, sizeof path);
+            const size_t l = strlen(path);
+            snprintf(path + l, sizeof path - l, "/step-%lld", (long long)step);
+            HP_TRY(hp_trainer_save_lora(t, path));
+        }
         if (stats) stats->ckpt_s = hp_clock_now_seconds() - t_opt;
     }
     return HP_OK;
@@ -793,5 +875,6 @@ hp_status_t hp_trainer_train(hp_trainer_t t) {
     }
     if (t->rank == 0) log_step_phases(&sum, metrics_s, n_prof);
     HP_TRY(report_memory(t));   /* before the final weights: their gather is not the training's peak */
+    HP_TRY(save_lora(t));
     return c->job.dump_folder[0] ? save_final_weights(t) : HP_OK;
 }
