@@ -125,7 +125,7 @@ static double gemm_case(void (*gemm)(float *, int, const hp_bf16_t *, int, const
 static void slot_gemm(float *c, int ldc, const hp_bf16_t *a, int lda, const hp_bf16_t *b, int ldb, int M, int N,
                       int K, int ta, int tb, float alpha, float beta) {
     const hp_backend_t *be = hp_backend_cpu();
-    be->gemm_bf16(be->ctx, c, ldc, a, lda, b, ldb, M, N, K, ta, tb, alpha, beta);
+    be->gemm_bf16(be->ctx, c, ldc, a, lda, b, ldb, M, N, K, ta, tb, alpha, beta, NULL, 0);
 }
 
 static void check_gemm(const char *what, void (*gemm)(float *, int, const hp_bf16_t *, int, const hp_bf16_t *, int,
