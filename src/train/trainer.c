@@ -202,6 +202,7 @@ static hp_memory_plan_input_t plan_input(hp_trainer_t t, const hp_parallelize_op
     in.optim_states = !strcmp(c->optimizer.name, "adamw") ? 2 : !strcmp(c->optimizer.name, "muon") ? 1
                       : c->optimizer.momentum != 0 ? 1 : 0;
     in.zero_stage = po->zero_stage;
+    in.bf16_compute = strcmp(c->training.dtype, "bfloat16") == 0;
     int64_t rss = 0;
     if (hp_memory_rss(&rss, NULL) == HP_OK) in.base_bytes = (size_t)rss;
     int coords[HP_PD_NDIM];
