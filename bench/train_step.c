@@ -8,8 +8,10 @@
  * (bench/train_step_torch.py). It prints the CPU model, the nn kernels' ISA path (hp_nn_isa,
  * chosen from cpuid at run time) and the GEMM kernels in use (hp_gemm_describe: the OpenBLAS
  * family against the CPU's ISA, a WARNING when below), so a result says what it ran on.
+ * --dtype bfloat16 runs the linears' GEMMs in bf16 (hp_model_set_compute_dtype; training.dtype),
+ * the row PyTorch's CPU autocast bf16 step (train_step_torch.py --autocast) is compared with.
  *   bench_train_step [--model llama3] [--flavor debugmodel] [--batch 8] [--seq 256]
- *                    [--steps 5] [--warmup 2] [--threads 2] */
+ *                    [--steps 5] [--warmup 2] [--threads 2] [--dtype float32|bfloat16] */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -129,7 +131,7 @@ static double arith_peak(int kind) { (void)kind; return 0.0; }
     } while (0)
 
 int main(int argc, char **argv) {
-    const char *model = "llama3", *flavor = "debugmodel";
+    const char *model = "llama3", *flavor = "debugmodel", *dtype = "float32";
     int B = 8, T = 256, steps = 5, warmup = 2, threads = 2;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model = argv[i + 1];
@@ -139,6 +141,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--warmup")) warmup = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--dtype")) dtype = argv[i + 1];
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -159,6 +162,12 @@ int main(int argc, char **argv) {
     hp_model_t m;
     CHECK(hp_model_create(&cfg, B, T, &m));
     CHECK(hp_model_init_weights(m, 0));
+    const int bf16 = !strcmp(dtype, "bfloat16");
+    if (!bf16 && strcmp(dtype, "float32")) {
+        fprintf(stderr, "--dtype %s: expected float32 or bfloat16\n", dtype);
+        return 2;
+    }
+    if (bf16) CHECK(hp_model_set_compute_dtype(m, HP_BF16));
     hp_optim_config_t oc = hp_optim_default(HP_OPTIM_ADAMW);   // TorchTitan's defaults
     oc.lr = 8e-4;
     oc.beta2 = 0.95;
@@ -236,6 +245,10 @@ int main(int argc, char **argv) {
         char gemm[512];
         const int below = hp_gemm_describe(gemm, sizeof gemm);
         printf("%s%s\n", below ? "WARNING: " : "", gemm);
+        if (bf16) {
+            hp_gemm_bf16_describe(gemm, sizeof gemm);
+            printf("dtype bfloat16: the linears' GEMMs in bf16 (f32 sums), all else f32; %s\n", gemm);
+        }
         printf("RESULT env isa %s openblas_core %s cpu_isa %s gemm_below_cpu %d\n", hp_nn_isa_name(hp_nn_isa()),
                core ? core : "?", hp_cpu_isa_name(), below);
     }

@@ -18,8 +18,14 @@ AOTAutograd, as TorchTitan's compile option does; the optimizer stays eager); th
 happens in the warm-up steps, which are not timed (at least 2 are run). The RESULT line then
 reads "RESULT torch_compile". Every run also prints the CPU model and ATen's CPU capability
 (ATEN_CPU_CAPABILITY=avx2 forces the AVX2 kernels on an AVX-512 machine).
+
+With --autocast the forward and the loss run under torch.autocast("cpu", dtype=torch.bfloat16)
+(the matmuls in bf16 through oneDNN, parameters and optimizer f32), and an interleaved
+hyperparallel step runs with hp_model_set_compute_dtype(bf16) (training.dtype=bfloat16); the
+RESULT lines then read "RESULT torch_autocast" / "RESULT hp_interleaved".
 """
 import argparse
+import contextlib
 import ctypes
 import math
 import statistics
@@ -120,7 +126,7 @@ class OptimConfig(ctypes.Structure):
 class HpStep:
     """hyperparallel's full step (zero_grad, forward, backward, clip 1.0, AdamW) through ctypes."""
 
-    def __init__(self, lib_path, B, T, tokens, targets):
+    def __init__(self, lib_path, B, T, tokens, targets, bf16=False):
         L = self.L = ctypes.CDLL(lib_path)
         L.hp_last_error.restype = ctypes.c_char_p
         L.hp_model_params.restype = ctypes.c_void_p
@@ -130,6 +136,8 @@ class HpStep:
         self.check(L.hp_model_flavor(b"llama3", b"debugmodel", self.cfg))
         self.check(L.hp_model_create(self.cfg, B, T, ctypes.byref(self.m)))
         self.check(L.hp_model_init_weights(self.m, ctypes.c_uint64(0)))
+        if bf16:
+            self.check(L.hp_model_set_compute_dtype(self.m, 1))  # HP_BF16 (dtype.h)
         oc = L.hp_optim_default(0)
         oc.lr, oc.beta2, oc.weight_decay = 8e-4, 0.95, 0.1
         self.params = ctypes.c_void_p(L.hp_model_params(self.m))
@@ -163,6 +171,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
+    ap.add_argument("--autocast", action="store_true", help="forward and loss under CPU autocast bf16")
     ap.add_argument("--interleave", default=None, help="path of libhyperparallel.so: alternate its steps with PyTorch's")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -182,7 +191,8 @@ def main():
     targets = torch.roll(tokens, -1, 1)
     targets[:, -1] = -100
     valid = int((targets != -100).sum())
-    hp = HpStep(a.interleave, B, T, tokens, targets) if a.interleave else None
+    hp = HpStep(a.interleave, B, T, tokens, targets, a.autocast) if a.interleave else None
+    ac = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if a.autocast else contextlib.nullcontext
     times, hp_times = [], []
     for s in range(a.warmup + a.steps):
         if hp:
@@ -192,8 +202,9 @@ def main():
                 hp_times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         opt.zero_grad()
-        logits = step_model(tokens)
-        loss = F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1), ignore_index=-100, reduction="sum") / valid
+        with ac():
+            logits = step_model(tokens)
+            loss = F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1), ignore_index=-100, reduction="sum") / valid
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -206,7 +217,7 @@ def main():
     tps = B * T / med
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown")
     print(f"cpu: {cpu}; ATen CPU capability: {torch.backends.cpu.get_cpu_capability()}; "
-          f"mode: {'torch.compile (inductor)' if a.compile else 'eager'}")
+          f"mode: {'torch.compile (inductor)' if a.compile else 'eager'}{', autocast bf16' if a.autocast else ''}")
     print(f"torch {torch.__version__}: llama3 debugmodel B={B} T={T}, {a.threads} threads, {nparams} params, "
           f"{fpt / 1e6:.1f} MFLOP/token; median step {med * 1e3:.1f} ms over {a.steps} steps; loss {loss.item():.4f}")
     best = min(times)
@@ -222,12 +233,14 @@ def main():
         # they saw the same load): the speed-up least disturbed by a shared machine
         r = sorted(t / h for t, h in zip(times, hp_times))
         q = lambda f: r[min(len(r) - 1, int(f * len(r)))]
-        print(f"paired steps: hyperparallel speed-up over {'torch.compile' if a.compile else 'PyTorch eager'} "
+        peer = "PyTorch autocast bf16" if a.autocast else "torch.compile" if a.compile else "PyTorch eager"
+        print(f"paired steps: hyperparallel speed-up over {peer} "
               f"median {statistics.median(r):.2f}x, quartiles {q(0.25):.2f}-{q(0.75):.2f}, range {r[0]:.2f}-{r[-1]:.2f} "
               f"over {len(r)} pairs")
         print(f"RESULT paired_ratio median {statistics.median(r):.3f} q1 {q(0.25):.3f} q3 {q(0.75):.3f} "
               f"min {r[0]:.3f} max {r[-1]:.3f} n {len(r)}")
-    print(f"RESULT {'torch_compile' if a.compile else 'torch'} tokens_per_s {tps:.1f} gflops {fpt * tps / 1e9:.2f} step_ms {med * 1e3:.1f} "
+    label = "torch_autocast" if a.autocast else "torch_compile" if a.compile else "torch"
+    print(f"RESULT {label} tokens_per_s {tps:.1f} gflops {fpt * tps / 1e9:.2f} step_ms {med * 1e3:.1f} "
           f"best_tokens_per_s {B * T / best:.1f} best_gflops {fpt * B * T / best / 1e9:.2f} best_step_ms {best * 1e3:.1f} "
           f"mm_peak_gflops {peak:.1f}")
 

@@ -125,7 +125,20 @@ static double gemm_case(void (*gemm)(float *, int, const hp_bf16_t *, int, const
 static void slot_gemm(float *c, int ldc, const hp_bf16_t *a, int lda, const hp_bf16_t *b, int ldb, int M, int N,
                       int K, int ta, int tb, float alpha, float beta) {
     const hp_backend_t *be = hp_backend_cpu();
-    be->gemm_bf16(be->ctx, c, ldc, a, lda, b, ldb, M, N, K, ta, tb, alpha, beta);
+    be->gemm_bf16(be->ctx, c, ldc, a, lda, b, ldb, M, N, K, ta, tb, alpha, beta, NULL, 0);
+}
+
+/* The slot with the caller's workspace of exactly hp_gemm_bf16_ws_floats floats (the training
+ * step's way: no allocation in the call), its last float a guard the call must not touch. */
+static void slot_gemm_ws(float *c, int ldc, const hp_bf16_t *a, int lda, const hp_bf16_t *b, int ldb, int M, int N,
+                         int K, int ta, int tb, float alpha, float beta) {
+    const hp_backend_t *be = hp_backend_cpu();
+    const size_t n = hp_gemm_bf16_ws_floats(M, N, K, ta, tb);
+    float *ws = malloc(sizeof(float) * (n + 1));
+    ws[n] = 12345.0f;
+    be->gemm_bf16(be->ctx, c, ldc, a, lda, b, ldb, M, N, K, ta, tb, alpha, beta, ws, n);
+    HP_CHECK(ws[n] == 12345.0f, "gemm_bf16 wrote past its %zu-float workspace (M %d N %d K %d)", n, M, N, K);
+    free(ws);
 }
 
 static void check_gemm(const char *what, void (*gemm)(float *, int, const hp_bf16_t *, int, const hp_bf16_t *, int,
@@ -168,11 +181,13 @@ int main(void) {
     HP_CHECK_OK(hp_gemm_bf16_set_impl(HP_GEMM_BF16_F32));
     check_gemm("f32 path", hp_gemm_bf16);
     check_gemm("f32 path via the table", slot_gemm);
+    check_gemm("f32 path via the table, caller's workspace", slot_gemm_ws);
     if (hp_gemm_bf16_set_impl(HP_GEMM_BF16_ONEDNN) == HP_OK) {
         hp_gemm_bf16_describe(line, sizeof line);
         printf("%s\n", line);
         check_gemm("oneDNN", hp_gemm_bf16);
         check_gemm("oneDNN via the table", slot_gemm);
+        check_gemm("oneDNN via the table, caller's workspace", slot_gemm_ws);
     } else {
         printf("oneDNN bf16 GEMM not available here (no libdnnl2 or no AVX512_BF16): only the f32 path checked\n");
     }

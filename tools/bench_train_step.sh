@@ -18,6 +18,9 @@
 # MFU is shown against two peaks measured by bench_train_step in the same run: the cores' f32
 # FMA peak (hp_cpu_fma_peak_flops: the hardware, whatever kernels a library picked) and the
 # sgemm peak (what OpenBLAS's cblas_sgemm reaches on squares).
+# Each round also runs the bfloat16 pair (BF16=0 skips it): hyperparallel with --dtype bfloat16
+# (training.dtype=bfloat16: the linears' GEMMs in bf16) against PyTorch eager under CPU autocast
+# bf16 (--autocast), and one interleaved run alternates the two steps in one process.
 #   tools/bench_train_step.sh [BUILD_DIR] [extra args, e.g. --steps 5 --batch 8 --seq 256]
 #   SEQ=2048 ROUNDS=1 tools/bench_train_step.sh build
 #   BASE_BUILD=/path/to/base/build tools/bench_train_step.sh build
@@ -32,6 +35,7 @@ PY=${PYTHON:-/opt/torchvenv/bin/python}
 THREADS=${THREADS:-2}
 ROUNDS=${ROUNDS:-2}
 COMPILE=${COMPILE:-1}
+BF16=${BF16:-1}
 ARGS=(--batch "${BATCH:-8}" --seq "${SEQ:-256}" --threads "$THREADS" "$@")
 if [ ! -x "$BUILD/bench_train_step" ]; then
     echo "error: $BUILD/bench_train_step not found; build first: cmake --build $BUILD --target bench_train_step" >&2
@@ -56,6 +60,16 @@ for r in $(seq 1 "$ROUNDS"); do
         PC_OUT=$("$PY" "$ROOT/bench/train_step_torch.py" "${ARGS[@]}" --compile)
         echo "$PC_OUT"
         PC_ALL="${PC_ALL:-}"$'\n'"$(echo "$PC_OUT" | grep '^RESULT torch_compile')"
+    fi
+    if [ "$BF16" != 0 ]; then
+        echo "== round $r/$ROUNDS hyperparallel bf16: $BUILD/bench_train_step ${ARGS[*]} --dtype bfloat16"
+        HB_OUT=$("$BUILD/bench_train_step" "${ARGS[@]}" --dtype bfloat16)
+        echo "$HB_OUT" | grep -E '^RESULT hp|step time|dtype|loss' || true
+        HB_ALL="${HB_ALL:-}"$'\n'"$(echo "$HB_OUT" | grep '^RESULT hp')"
+        echo "== round $r/$ROUNDS PyTorch autocast bf16: $PY $ROOT/bench/train_step_torch.py ${ARGS[*]} --autocast"
+        PA_OUT=$("$PY" "$ROOT/bench/train_step_torch.py" "${ARGS[@]}" --autocast)
+        echo "$PA_OUT"
+        PA_ALL="${PA_ALL:-}"$'\n'"$(echo "$PA_OUT" | grep '^RESULT torch_autocast')"
     fi
     if [ -n "${BASE_BUILD:-}" ]; then
         echo "== round $r/$ROUNDS base build: $BASE_BUILD/bench_train_step ${ARGS[*]}"
@@ -93,9 +107,22 @@ printf '%-30s %14s %14s %14s\n' "  tokens/s" "$hp_btps" "$pt_btps" "$pc_btps"
 printf '%-30s %14s %14s %14s\n' "  GFLOP/s" "$hp_bgf" "$pt_bgf" "$pc_bgf"
 printf '%-30s %14s %14s %14s\n' "  MFU vs sgemm peak (%)" "$(pct "$hp_bgf")" "$(pct "$pt_bgf")" "$(pct "$pc_bgf")"
 printf '%-30s %14s %14s %14s\n' "  MFU vs f32 FMA peak (%)" "$(pctf "$hp_bgf")" "$(pctf "$pt_bgf")" "$(pctf "$pc_bgf")"
-# bfloat16: the comparison with PyTorch's CPU autocast (bf16) belongs to the bf16 compute work
-# (issue 27); this row stays empty until hyperparallel computes in bf16 (training.dtype=bfloat16)
-printf '%-30s %14s %14s %14s\n' "bf16 (autocast) step" "not run" "not run" "not run"
+# bfloat16: hyperparallel --dtype bfloat16 against PyTorch eager under CPU autocast bf16 (last
+# round's medians, best steps over all rounds)
+if [ "$BF16" != 0 ]; then
+    read -r hb_tps hb_ms <<<"$(echo "$HB_ALL" | awk '/RESULT/ {t=$4; m=$12} END {print t, m}')"
+    read -r hb_btps hb_bms <<<"$(echo "$HB_ALL" | awk '/RESULT/ && (b=="" || $18<b) {b=$18; t=$14} END {print t, b}')"
+    read -r pa_tps pa_ms <<<"$(echo "$PA_ALL" | awk '/RESULT/ {t=$4; m=$8} END {print t, m}')"
+    read -r pa_btps pa_bms <<<"$(echo "$PA_ALL" | awk '/RESULT/ && (b=="" || $14<b) {b=$14; t=$10} END {print t, b}')"
+    printf '%-30s %14s %14s\n' "bf16" "hp bfloat16" "torch autocast"
+    printf '%-30s %14s %14s\n' "  median step, last round (ms)" "$hb_ms" "$pa_ms"
+    printf '%-30s %14s %14s\n' "  tokens/s" "$hb_tps" "$pa_tps"
+    printf '%-30s %14s %14s\n' "  best step (ms)" "$hb_bms" "$pa_bms"
+    printf '%-30s %14s %14s\n' "  tokens/s" "$hb_btps" "$pa_btps"
+    echo "bf16 speed-up over PyTorch autocast: median $(awk -v a="$hb_tps" -v b="$pa_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$hb_btps" -v b="$pa_btps" 'BEGIN{printf "%.2fx", a/b}'); hyperparallel bf16 / its f32: median $(awk -v a="$hb_tps" -v b="$hp_tps" 'BEGIN{printf "%.2fx", a/b}')"
+else
+    printf '%-30s %14s %14s %14s\n' "bf16 (autocast) step" "not run" "not run" "not run"
+fi
 if [ -n "${BASE_BUILD:-}" ]; then
     read -r b_tps b_ms <<<"$(echo "$BASE_ALL" | awk '/RESULT/ {t=$4; m=$12} END {print t, m}')"
     read -r b_btps b_bms <<<"$(echo "$BASE_ALL" | awk '/RESULT/ && (b=="" || $18<b) {b=$18; t=$14} END {print t, b}')"
@@ -122,6 +149,7 @@ paired() {   # label A_LINES B_LINES field: ratio of field $4 (tokens/s, median 
 }
 paired "PyTorch eager" "$HP_ALL" "$PT_ALL"
 [ "$COMPILE" != 0 ] && paired "torch.compile" "$HP_ALL" "$PC_ALL"
+[ "$BF16" != 0 ] && paired "PyTorch autocast bf16 (both bf16)" "$HB_ALL" "$PA_ALL"
 if [ "$COMPILE" != 0 ]; then
     echo "speed-up over torch.compile: median $(awk -v a="$hp_tps" -v b="$pc_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$hp_btps" -v b="$pc_btps" 'BEGIN{printf "%.2fx", a/b}')"
 fi
@@ -163,6 +191,16 @@ if [ -f "$BUILD/libhyperparallel.so" ]; then
         read -r c_pt_tps c_pt_btps <<<"$(echo "$IC_OUT" | awk '/^RESULT torch_compile/ {print $4, $10}')"
         echo "speed-up over torch.compile (interleaved): median $(awk -v a="$c_hp_tps" -v b="$c_pt_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$c_hp_btps" -v b="$c_pt_btps" 'BEGIN{printf "%.2fx", a/b}')"
         echo "$IC_OUT" | grep '^paired steps' || true
+    fi
+    if [ "$BF16" != 0 ]; then
+        echo
+        echo "== interleaved bf16: $PY $ROOT/bench/train_step_torch.py ${ARGS[*]} --interleave $BUILD/libhyperparallel.so --autocast"
+        IB_OUT=$("$PY" "$ROOT/bench/train_step_torch.py" "${ARGS[@]}" ${IL_STEPS:+--steps "$IL_STEPS"} --interleave "$BUILD/libhyperparallel.so" --autocast)
+        echo "$IB_OUT"
+        read -r b_hp_tps b_hp_btps <<<"$(echo "$IB_OUT" | awk '/^RESULT hp_interleaved/ {print $4, $10}')"
+        read -r b_pt_tps b_pt_btps <<<"$(echo "$IB_OUT" | awk '/^RESULT torch_autocast/ {print $4, $10}')"
+        echo "bf16 speed-up over PyTorch autocast (interleaved): median $(awk -v a="$b_hp_tps" -v b="$b_pt_tps" 'BEGIN{printf "%.2fx", a/b}'), best $(awk -v a="$b_hp_btps" -v b="$b_pt_btps" 'BEGIN{printf "%.2fx", a/b}')"
+        echo "$IB_OUT" | grep '^paired steps' || true
     fi
     echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 fi

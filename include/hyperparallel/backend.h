@@ -147,9 +147,12 @@ typedef struct hp_backend {
     /* bf16 GEMM: c (M, N) f32 = alpha op(a) op(b) + beta c with a and b bf16 (hp_bf16_t), the
      * gemm slot's conventions. Optional: NULL when the backend has none (hp_backend_has_gemm_bf16;
      * a caller then widens to f32 with convert and calls gemm). The CPU's: hp_gemm_bf16
-     * (nn_kernels.h), oneDNN's AMX kernels where the CPU has AMX, else widen + sgemm. */
+     * (nn_kernels.h), oneDNN's AMX kernels where the CPU has AMX, else widen + sgemm. ws: the
+     * caller's scratch of ws_floats floats (at least hp_gemm_bf16_ws_floats(M, N, K, ta, tb), which
+     * is 0 where no implementation needs one), so a step allocates nothing; NULL: the call
+     * allocates what it needs (callers outside the training step). */
     void (*gemm_bf16)(void *ctx, float *c, int ldc, const uint16_t *a, int lda, const uint16_t *b, int ldb, int M,
-                      int N, int K, int trans_a, int trans_b, float alpha, float beta);
+                      int N, int K, int trans_a, int trans_b, float alpha, float beta, float *ws, size_t ws_floats);
 
     /* Block attention for context parallel (attention_block.h, whose hp_attn_block_* are the CPU
      * kernels): one query block (Tq rows) against one key/value block (Tk rows) under a mask

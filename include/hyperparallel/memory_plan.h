@@ -35,6 +35,7 @@ typedef struct hp_memory_plan_input {
     int optim_states;                     /* f32 state tensors per parameter: AdamW 2, SGD with momentum 1 */
     int zero_stage;                       /* 1: the optimizer state of the largest ZeRO-1 share */
     size_t base_bytes;                    /* the process before the model (resident: libraries, MPI, tokenizer) */
+    int bf16_compute;                     /* training.dtype=bfloat16: each context's bf16 workspace (hp_model_set_compute_dtype) */
     int pp_rank;                          /* pp > 1: the pipeline rank to plan; -1 the one with the largest peak */
 } hp_memory_plan_input_t;
 

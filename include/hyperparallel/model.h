@@ -272,6 +272,15 @@ int hp_model_describe_params(const hp_model_config_t *cfg, int u0, int u1, hp_mo
  * context's arena: tensor parallel's gathered inputs): the model's own context is re-created
  * and contexts created before are refused afterwards (re-create them). */
 hp_status_t hp_model_refresh_contexts(hp_model_t m);
+/* The compute dtype of the linear layers' GEMMs (training.dtype; docs/nn.md "bf16 compute"):
+ * HP_F32 (the default) or HP_BF16, under which every linear (attention and feed-forward
+ * projections, the output head) rounds its GEMM operands to bf16 and multiplies them with the
+ * backend's gemm_bf16 (f32 sums); master weights, gradients, activations and every other op stay
+ * f32. Contexts are re-created (those made before are refused), each with a bf16 workspace for
+ * the model's largest linear. HP_ERR_UNSUPPORTED for MoE models, linears with a bias, a backend
+ * without gemm_bf16. */
+hp_status_t hp_model_set_compute_dtype(hp_model_t m, hp_dtype_t dtype);
+hp_dtype_t hp_model_compute_dtype(hp_model_t m);
 /* The largest micro-batch (B sequences of T rows) the model's own context (hp_model_forward /
  * hp_model_backward) is sized for: the creation limits by default; 0 keeps a value. A caller
  * that feeds shorter rows (a context-parallel rank's T/cp of each sequence: hp_cp_apply sets

@@ -152,6 +152,14 @@ void hp_ref_convert_bf16_to_f32(float *dst, const hp_bf16_t *src, int64_t n);
  * hp_gemm_bf16_set_impl forces one (HP_ERR_UNSUPPORTED for oneDNN without it or AVX512_BF16). */
 void hp_gemm_bf16(float *c, int ldc, const hp_bf16_t *a, int lda, const hp_bf16_t *b, int ldb, int M, int N, int K,
                   int trans_a, int trans_b, float alpha, float beta);
+/* The same with the caller's scratch ws of ws_floats floats (the f32 path widens op(a) and op(b)
+ * into it; oneDNN needs none), so the training step allocates nothing; ws NULL: allocated per
+ * call as hp_gemm_bf16 does. ws_floats below what the path needs is an invariant failure. */
+void hp_gemm_bf16_ws(float *c, int ldc, const hp_bf16_t *a, int lda, const hp_bf16_t *b, int ldb, int M, int N, int K,
+                     int trans_a, int trans_b, float alpha, float beta, float *ws, size_t ws_floats);
+/* Floats of scratch any implementation needs for these sizes (the f32 path's M K + K N + 1):
+ * a caller sizes its workspace once, so a later hp_gemm_bf16_set_impl cannot outgrow it. */
+size_t hp_gemm_bf16_ws_floats(int M, int N, int K, int trans_a, int trans_b);
 /* the reference twin: double sums of the exact products, one rounding */
 void hp_ref_gemm_bf16(float *c, int ldc, const hp_bf16_t *a, int lda, const hp_bf16_t *b, int ldb, int M, int N,
                       int K, int trans_a, int trans_b, float alpha, float beta);

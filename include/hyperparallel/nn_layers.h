@@ -35,6 +35,10 @@ typedef struct hp_linear_impl {
 void hp_linear_module_init(hp_module_t *m, hp_linear_impl_t *impl, const char *name,
                            hp_param_t **params, int n_params, hp_param_t *bias,
                            int in_features, int out_features);
+/* Bytes of bf16 workspace (hp_act_t.bf16_ws) a linear module needs for `rows` input rows under
+ * bf16 compute (the largest of its three GEMMs: both operands in bf16 and the bf16 GEMM's
+ * scratch), from its weights' local shapes now; 0 for a module that is not a linear. */
+size_t hp_linear_bf16_ws_bytes(const hp_module_t *m, int64_t rows);
 
 typedef struct hp_rmsnorm_impl {
     int dim;

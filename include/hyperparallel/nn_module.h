@@ -62,6 +62,13 @@ typedef struct hp_act {
     hp_arena_t *region;
     int replay;
     int keep_depth;
+    /* The linear layers' compute dtype (hp_model_set_compute_dtype; docs/nn.md "bf16 compute"):
+     * HP_F32 (0, the default) or HP_BF16: a linear rounds its GEMM's inputs and weights to bf16
+     * into bf16_ws (bf16_ws_bytes, the context's workspace, sized for every linear of the model
+     * by hp_linear_bf16_ws_bytes) and runs the backend's gemm_bf16 (f32 sums); all else is f32. */
+    hp_dtype_t compute_dtype;
+    void *bf16_ws;
+    size_t bf16_ws_bytes;
 } hp_act_t;
 
 typedef struct hp_module hp_module_t;

@@ -33,10 +33,20 @@ static void cpu_copy_rows(void *ctx, float *dst, int64_t ldd, const float *src, 
 
 static void cpu_convert(void *ctx, void *dst, hp_dtype_t dd, const void *src, hp_dtype_t sd, int64_t n) {
     (void)ctx;
-    // the vector loops compute hp_convert's bits (tests/test_gemm_bf16.c)
-    if (sd == HP_F32 && dd == HP_BF16) hp_convert_f32_to_bf16(dst, src, n);
-    else if (sd == HP_BF16 && dd == HP_F32) hp_convert_bf16_to_f32(dst, src, n);
-    else hp_convert(dst, dd, src, sd, (size_t)n);
+    // the vector loops compute hp_convert's bits (tests/test_gemm_bf16.c); elementwise, so
+    // chunks in parallel (bf16 compute converts whole activations) give the same bits
+    if ((sd == HP_F32 && dd == HP_BF16) || (sd == HP_BF16 && dd == HP_F32)) {
+        enum { CHUNK = 65536 };
+        const int64_t nch = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(static) if (nch > 1)
+        for (int64_t c = 0; c < nch; c++) {
+            const int64_t i0 = c * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
+            if (sd == HP_F32) hp_convert_f32_to_bf16((hp_bf16_t *)dst + i0, (const float *)src + i0, len);
+            else hp_convert_bf16_to_f32((float *)dst + i0, (const hp_bf16_t *)src + i0, len);
+        }
+    } else {
+        hp_convert(dst, dd, src, sd, (size_t)n);
+    }
 }
 static void cpu_add(void *ctx, float *y, const float *x, int64_t n) { (void)ctx; hp_add_inplace(y, x, n); }
 
@@ -200,9 +210,9 @@ static void cpu_gemm(void *ctx, float *c, int ldc, const float *a, int lda, cons
 }
 
 static void cpu_gemm_bf16(void *ctx, float *c, int ldc, const uint16_t *a, int lda, const uint16_t *b, int ldb, int M,
-                          int N, int K, int ta, int tb, float alpha, float beta) {
+                          int N, int K, int ta, int tb, float alpha, float beta, float *ws, size_t ws_floats) {
     (void)ctx;
-    hp_gemm_bf16(c, ldc, a, lda, b, ldb, M, N, K, ta, tb, alpha, beta);
+    hp_gemm_bf16_ws(c, ldc, a, lda, b, ldb, M, N, K, ta, tb, alpha, beta, ws, ws_floats);
 }
 
 static void cpu_attn_block_f(void *ctx, float *out, int ldo, float *lse, int ldl, const float *q, int ldq,

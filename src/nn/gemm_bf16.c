@@ -240,22 +240,32 @@ int hp_gemm_bf16_describe(char *buf, size_t n) {
     return snprintf(buf, n, "bf16 GEMM: f32 path (widen to f32, OpenBLAS sgemm; %s; CPU: %s)", why, cpu);
 }
 
-/* The f32 path: widen op(a) and op(b) as stored (rows of their stored width) into one scratch
- * buffer, one sgemm. Allocates M K + K N floats per call (the model's step does not call it yet). */
+size_t hp_gemm_bf16_ws_floats(int M, int N, int K, int ta, int tb) {
+    (void)ta;
+    (void)tb;   // op(a) is M x K and op(b) K x N whichever way they are stored
+    return (size_t)M * K + (size_t)K * N + 1;
+}
+
+/* The f32 path: widen op(a) and op(b) as stored (rows of their stored width) into the caller's
+ * scratch (or, without one, a buffer allocated for this call), one sgemm. */
 static void gemm_bf16_f32(float *c, int ldc, const hp_bf16_t *a, int lda, const hp_bf16_t *b, int ldb, int M, int N,
-                          int K, int ta, int tb, float alpha, float beta) {
+                          int K, int ta, int tb, float alpha, float beta, float *ws, size_t ws_floats) {
     const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-    float *w = hp_malloc(sizeof(float) * ((size_t)ar * ac + (size_t)br * bc + 1));
+    const size_t need = hp_gemm_bf16_ws_floats(M, N, K, ta, tb);
+    float *w = ws;
+    if (w) HP_ASSERT_MSG(ws_floats >= need, "hp_gemm_bf16_ws: %zu floats of scratch, the f32 path needs %zu (M %d N %d "
+                         "K %d; size it with hp_gemm_bf16_ws_floats)", ws_floats, need, M, N, K);
+    else w = hp_malloc(sizeof(float) * need);
     HP_ASSERT_MSG(w != NULL, "hp_gemm_bf16: no memory for %d x %d x %d f32 scratch", M, N, K);
     float *fa = w, *fb = w + (size_t)ar * ac;
     for (int r = 0; r < ar; r++) hp_convert_bf16_to_f32(fa + (size_t)r * ac, a + (size_t)r * lda, ac);
     for (int r = 0; r < br; r++) hp_convert_bf16_to_f32(fb + (size_t)r * bc, b + (size_t)r * ldb, bc);
     hp_cpu_sgemm(c, ldc, fa, ac > 0 ? ac : 1, fb, bc > 0 ? bc : 1, M, N, K, ta, tb, alpha, beta);
-    free(w);
+    if (w != ws) free(w);
 }
 
-void hp_gemm_bf16(float *c, int ldc, const hp_bf16_t *a, int lda, const hp_bf16_t *b, int ldb, int M, int N, int K,
-                  int trans_a, int trans_b, float alpha, float beta) {
+void hp_gemm_bf16_ws(float *c, int ldc, const hp_bf16_t *a, int lda, const hp_bf16_t *b, int ldb, int M, int N,
+                     int K, int trans_a, int trans_b, float alpha, float beta, float *ws, size_t ws_floats) {
     if (M <= 0 || N <= 0) return;
     if (hp_gemm_bf16_impl() == HP_GEMM_BF16_ONEDNN && K > 0) {
         const int st = dn.fn(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -263,5 +273,10 @@ void hp_gemm_bf16(float *c, int ldc, const hp_bf16_t *a, int lda, const hp_bf16_
                       M, N, K, lda, ldb, ldc);
         return;
     }
-    gemm_bf16_f32(c, ldc, a, lda, b, ldb, M, N, K, trans_a, trans_b, alpha, beta);
+    gemm_bf16_f32(c, ldc, a, lda, b, ldb, M, N, K, trans_a, trans_b, alpha, beta, ws, ws_floats);
+}
+
+void hp_gemm_bf16(float *c, int ldc, const hp_bf16_t *a, int lda, const hp_bf16_t *b, int ldb, int M, int N, int K,
+                  int trans_a, int trans_b, float alpha, float beta) {
+    hp_gemm_bf16_ws(c, ldc, a, lda, b, ldb, M, N, K, trans_a, trans_b, alpha, beta, NULL, 0);
 }

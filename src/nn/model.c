@@ -634,6 +634,35 @@ static hp_status_t own_ctx(hp_model_t m, hp_model_ctx_t *out) {
     return HP_OK;
 }
 
+hp_status_t hp_model_set_compute_dtype(hp_model_t m, hp_dtype_t dtype) {
+    if (!m) return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_compute_dtype: model is NULL");
+    if (dtype != HP_F32 && dtype != HP_BF16)
+        return hp_error(HP_ERR_INVALID_ARG, "hp_model_set_compute_dtype: dtype %s; expected float32 or bfloat16 "
+                        "(training.dtype)", hp_dtype_name(dtype));
+    if (dtype == m->compute_dtype) return HP_OK;
+    if (dtype == HP_BF16) {
+        if (!hp_backend_has_gemm_bf16(m->be))
+            return hp_error(HP_ERR_UNSUPPORTED, "training.dtype=bfloat16: backend '%s' has no gemm_bf16 slot; hint: "
+                            "set training.dtype=float32", m->be->name);
+        // the MoE layers' experts and router call the backend's f32 GEMMs directly (moe.c)
+        if (m->cfg.moe_experts > 0)
+            return hp_error(HP_ERR_UNSUPPORTED, "training.dtype=bfloat16 with the MoE model %s is not implemented "
+                            "(its experts' grouped GEMMs are float32 only); hint: set training.dtype=float32",
+                            m->cfg.name);
+        for (int i = 0; i < m->n_mods; i++) {
+            const hp_module_t *mod = m->mods[i];
+            if (hp_linear_bf16_ws_bytes(mod, 1) && ((const hp_linear_impl_t *)mod->impl)->has_bias)
+                return hp_error(HP_ERR_UNSUPPORTED, "training.dtype=bfloat16: linear '%s' has a bias, which bf16 "
+                                "compute does not implement; hint: set training.dtype=float32", mod->name);
+        }
+    }
+    if (ctx_pending(m->dflt))
+        return hp_error(HP_ERR_STATE, "hp_model_set_compute_dtype: a forward is waiting for its backward");
+    m->compute_dtype = dtype;
+    return tree_changed(m);   // contexts made before lack (or needlessly hold) the bf16 workspace
+}
+hp_dtype_t hp_model_compute_dtype(hp_model_t m) { return m ? m->compute_dtype : HP_F32; }
+
 hp_status_t hp_model_refresh_contexts(hp_model_t m) {
     if (!m) return hp_error(HP_ERR_INVALID_ARG, "hp_model_refresh_contexts: model is NULL");
     if (ctx_pending(m->dflt))
@@ -757,6 +786,18 @@ static hp_status_t ctx_ckpt(hp_model_t m, hp_model_ctx_t c, int split, size_t *a
     return HP_OK;
 }
 
+/* bf16 compute: the largest bf16 workspace of the model's linears for N rows (a tensor-parallel
+ * linear that gathers sequence-sharded rows runs at most the micro-batch's N), 0 under f32. */
+static size_t bf16_ws_bytes(hp_model_t m, size_t N) {
+    size_t mx = 0;
+    if (m->compute_dtype != HP_BF16) return 0;
+    for (int i = 0; i < m->n_mods; i++) {
+        const size_t b = hp_linear_bf16_ws_bytes(m->mods[i], (int64_t)N);
+        if (b > mx) mx = b;
+    }
+    return mx;
+}
+
 /* A context's workspace for (max_B, max_T) in floats (tokens, targets, unit boundaries, logits
  * and their gradient, activation gradients, backward scratch); the arena is sized by ac_size. */
 static void ctx_sizes(hp_model_t m, int max_B, int max_T, int split, size_t *ws_out, size_t *scratch_max_out) {
@@ -777,6 +818,7 @@ static void ctx_sizes(hp_model_t m, int max_B, int max_T, int split, size_t *ws_
     ws += has_head(m) ? 2 * ROUND16(N * V) : 0;                      // logits, dlogits
     ws += split ? (size_t)nb * xN : 2 * xN;                         // activation gradients
     ws += split ? scratch_sum : scratch_max;
+    ws += ROUND16(bf16_ws_bytes(m, N) / sizeof(float) + 1);
     *ws_out = ws;
     *scratch_max_out = scratch_max;
 }
@@ -867,6 +909,12 @@ hp_status_t hp_model_ctx_create(hp_model_t m, int max_B, int max_T, unsigned fla
         c->gbuf[1] = p; p += xN;
         for (int u = m->u0; u < m->u1; u++) { c->scratch[u] = p; c->scratch_n[u] = scratch_max; }
         p += scratch_max;
+    }
+    c->act.compute_dtype = m->compute_dtype;
+    if (m->compute_dtype == HP_BF16) {
+        c->act.bf16_ws = p;
+        c->act.bf16_ws_bytes = bf16_ws_bytes(m, N);
+        p += ROUND16(c->act.bf16_ws_bytes / sizeof(float) + 1);
     }
     HP_ASSERT((size_t)(p - (float *)c->mem) <= ws);
     c->mem_bytes = sizeof(float) * ws;

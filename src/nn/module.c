@@ -355,6 +355,60 @@ static int lin_out(const hp_module_t *m) {
     return (int)rows;
 }
 
+/* ---- bf16 compute (training.dtype=bfloat16; docs/nn.md "bf16 compute") ----------------------
+ * One GEMM c (M, Nn) = op(a) op(b) + beta c of a linear with a (na floats) and b (nb floats)
+ * rounded to bf16 (round to nearest even: the backend's convert) into the context's workspace
+ * and multiplied by the backend's gemm_bf16 (exact products, f32 sums), its scratch the rest of
+ * the workspace: PyTorch CPU autocast's matmul (bf16 operands, f32 accumulation), except that
+ * the f32 result is kept, not rounded to bf16. The weights are rounded at each use (forward and
+ * backward-input), not kept as a bf16 copy: they change after every optimizer step and exist
+ * unsharded only between FSDP's all-gather and reshard, so a per-use rounding is right for every
+ * layout with no second parameter buffer; it costs OC IC conversions against N OC IC
+ * multiply-adds (1/N of the GEMM). */
+static size_t bf16_round(size_t elems) { return (elems + 31) / 32 * 32; }   // 64-byte regions
+
+static size_t lin_bf16_call_bytes(size_t na, size_t nb, int M, int Nn, int K, int ta, int tb) {
+    return 2 * (bf16_round(na) + bf16_round(nb)) + sizeof(float) * hp_gemm_bf16_ws_floats(M, Nn, K, ta, tb);
+}
+
+size_t hp_linear_bf16_ws_bytes(const hp_module_t *m, int64_t rows) {
+    if (!m || m->ops != &linear_ops) return 0;
+    const size_t N = (size_t)rows, IC = (size_t)lin_in(m), OC = (size_t)lin_out(m);
+    const int n = (int)rows, ic = (int)IC, oc = (int)OC;
+    size_t f = lin_bf16_call_bytes(N * IC, OC * IC, n, oc, ic, 0, 1);   // forward
+    size_t bi = lin_bf16_call_bytes(N * OC, OC * IC, n, ic, oc, 0, 0);  // backward input
+    size_t bw = lin_bf16_call_bytes(N * OC, N * IC, oc, ic, n, 1, 0);   // backward weight
+    size_t mx = f > bi ? f : bi;
+    return mx > bw ? mx : bw;
+}
+
+static hp_status_t lin_bf16_check(const hp_module_t *m, const hp_act_t *act) {
+    const hp_linear_impl_t *L = m->impl;
+    if (L->has_bias || !hp_backend_has_gemm_bf16(act->be))
+        return hp_error(HP_ERR_UNSUPPORTED, "linear '%s': bf16 compute (training.dtype=bfloat16) %s; hint: set "
+                        "training.dtype=float32", m->name,
+                        L->has_bias ? "of a linear with a bias is not implemented" : "needs a backend with gemm_bf16");
+    return HP_OK;
+}
+
+static hp_status_t lin_bf16_gemm(const hp_module_t *m, hp_act_t *act, float *c, int ldc, const float *a, size_t na,
+                                 int lda, const float *b, size_t nb, int ldb, int M, int Nn, int K, int ta, int tb,
+                                 float beta) {
+    const size_t need = lin_bf16_call_bytes(na, nb, M, Nn, K, ta, tb);
+    if (!act->bf16_ws || need > act->bf16_ws_bytes)
+        return hp_error(HP_ERR_STATE, "linear '%s': bf16 compute needs %zu bytes of workspace for %d x %d x %d, the "
+                        "context has %zu; hint: create the context after hp_model_set_compute_dtype", m->name, need,
+                        M, Nn, K, act->bf16_ws_bytes);
+    const hp_backend_t *be = act->be;
+    uint16_t *ab = act->bf16_ws, *bb = ab + bf16_round(na);
+    float *ws = (float *)(bb + bf16_round(nb));
+    be->convert(be->ctx, ab, HP_BF16, a, HP_F32, (int64_t)na);
+    be->convert(be->ctx, bb, HP_BF16, b, HP_F32, (int64_t)nb);
+    be->gemm_bf16(be->ctx, c, ldc, ab, lda, bb, ldb, M, Nn, K, ta, tb, 1.0f, beta, ws,
+                  (act->bf16_ws_bytes - 2 * (bf16_round(na) + bf16_round(nb))) / sizeof(float));
+    return HP_OK;
+}
+
 static hp_status_t linear_forward(hp_module_t *m, hp_act_t *act, const hp_tensor_t *in, hp_tensor_t *out) {
     hp_linear_impl_t *L = m->impl;
     const int IC = lin_in(m), OC = lin_out(m);
@@ -365,8 +419,14 @@ static hp_status_t linear_forward(hp_module_t *m, hp_act_t *act, const hp_tensor
     s->N = hp_tensor_rows(in);
     double t0 = omp_get_wtime();
     const float *bias = L->has_bias ? hp_param_w(m->params[L->n_weights]) : NULL;
-    act->be->linear_forward(act->be->ctx, out->data, in->data, hp_param_w(m->params[0]), bias, (int)s->N, IC, OC,
-                            L->accumulate_output);
+    if (act->compute_dtype == HP_BF16) {   // out (N, OC) (=|+=) bf16(inp) bf16(W)^T
+        HP_TRY(lin_bf16_check(m, act));
+        HP_TRY(lin_bf16_gemm(m, act, out->data, OC, in->data, (size_t)s->N * IC, IC, hp_param_w(m->params[0]),
+                             (size_t)OC * IC, IC, (int)s->N, OC, IC, 0, 1, L->accumulate_output ? 1.0f : 0.0f));
+    } else {
+        act->be->linear_forward(act->be->ctx, out->data, in->data, hp_param_w(m->params[0]), bias, (int)s->N, IC, OC,
+                                L->accumulate_output);
+    }
     prof_add(act, L->prof_op, t0);
     return HP_OK;
 }
@@ -380,8 +440,12 @@ static hp_status_t linear_backward_input(hp_module_t *m, hp_act_t *act, const hp
     if (din) {
         HP_TRY(check_last_dim(m, "din", din, IC));
         double t0 = omp_get_wtime();
-        act->be->linear_backward_input(act->be->ctx, din->data, dout->data, hp_param_w(m->params[0]), (int)s->N, IC,
-                                       OC, L->accumulate_input_grad);
+        if (act->compute_dtype == HP_BF16)   // din (N, IC) (=|+=) bf16(dout) bf16(W)
+            HP_TRY(lin_bf16_gemm(m, act, din->data, IC, dout->data, (size_t)s->N * OC, OC, hp_param_w(m->params[0]),
+                                 (size_t)OC * IC, IC, (int)s->N, IC, OC, 0, 0, L->accumulate_input_grad ? 1.0f : 0.0f));
+        else
+            act->be->linear_backward_input(act->be->ctx, din->data, dout->data, hp_param_w(m->params[0]), (int)s->N,
+                                           IC, OC, L->accumulate_input_grad);
         prof_add(act, L->prof_op + 1, t0);
     }
     return HP_OK;
@@ -395,9 +459,14 @@ static hp_status_t linear_backward_weight(hp_module_t *m, hp_act_t *act) {
     float *dbias = L->has_bias ? hp_param_g(m->params[L->n_weights]) : NULL;
     int frozen = !dbias || m->params[L->n_weights]->frozen;   // requires_grad = False: no dW (LoRA's base)
     for (int i = 0; i < L->n_weights; i++) frozen &= m->params[i]->frozen;
-    if (!frozen)
+    if (!frozen && act->compute_dtype == HP_BF16) {   // dW (OC, IC) += bf16(dout)^T bf16(inp)
+        const int IC = lin_in(m), OC = lin_out(m);
+        HP_TRY(lin_bf16_gemm(m, act, hp_param_g(m->params[0]), IC, s->dout, (size_t)s->N * OC, OC, s->inp,
+                             (size_t)s->N * IC, IC, OC, IC, (int)s->N, 1, 0, 1.0f));
+    } else if (!frozen) {
         act->be->linear_backward_weight(act->be->ctx, hp_param_g(m->params[0]), dbias, s->dout, s->inp, (int)s->N,
-                                    lin_in(m), lin_out(m));
+                                        lin_in(m), lin_out(m));
+    }
     prof_add(act, L->prof_op + 2, t0);
     s->dout = NULL;
     return HP_OK;

@@ -73,6 +73,7 @@ struct hp_model {
     hp_model_ctx_t dflt;      /* the context of the whole-model calls (hp_model_forward); NULL: re-created on use */
     hp_ac_options_t ac;       /* activation checkpointing: blocks with (l+1) % ac.every_k == 0, its policy */
     int ac_generation;        /* bumped when AC or the tree changes: contexts sized before are refused */
+    hp_dtype_t compute_dtype; /* the linears' GEMMs (hp_model_set_compute_dtype): HP_F32 or HP_BF16 */
 };
 
 /* The micro-batch context: the module protocol's activation context plus the unit

@@ -72,6 +72,7 @@ static hp_status_t plan_part(const hp_memory_plan_input_t *in, const stage_in_t 
     }
     if (st == HP_OK && mc->moe_experts > 0 && (pd->ep > 1 || pd->tp > 1)) place_experts(m, pd);
     if (st == HP_OK && in->ac.every_k > 0) st = hp_model_set_activation_checkpoint_options(m, &in->ac);
+    if (st == HP_OK && in->bf16_compute) st = hp_model_set_compute_dtype(m, HP_BF16);
     if (st == HP_OK) st = hp_model_compact_storage(m);   // the layout of the local sizes
     if (st != HP_OK) goto done;
     /* contexts: the model's own (B, T/cp), or the pipeline runtime's pool of micro-batches */

@@ -168,7 +168,7 @@ const hp_config_key_t hp_cfg_keys[] = {
       "Seed of the counter-based RNG (parameter init, dropout-free sampling); the same on every rank."),
     K(training, deterministic, BOOL, "false", NULL, NULL,
       "Pin thread counts: OpenMP dynamic adjustment off, OpenBLAS threads = OpenMP threads (reduction orders are always fixed)."),
-    K(training, dtype, ENUM, "float32", "float32|bfloat16", NULL, "Dtype of the parameters and optimizer state."),
+    K(training, dtype, ENUM, "float32", "float32|bfloat16", NULL, "Compute dtype of the linear layers' GEMMs. bfloat16: their inputs and weights are rounded to bf16 and multiplied with float32 sums (CPU autocast's matmuls); parameters, gradients, optimizer state, activations and all other ops stay float32, so activation memory is not halved. Runs at 1 rank, under FSDP and TP; refused with pipeline, context, expert or replicate parallelism and for MoE models (docs/nn.md, bf16 compute)."),
     K(training, mixed_precision_param, ENUM, "bfloat16", "bfloat16|float32", NULL,
       "Dtype FSDP all-gathers parameters in (compute dtype) when mixed precision is on."),
     K(training, mixed_precision_reduce, ENUM, "float32", "float32|bfloat16", NULL,

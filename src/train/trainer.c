@@ -165,6 +165,7 @@ static hp_status_t build_local(hp_trainer_t t, hp_parallelize_options_t *po) {
     /* described only (the meta device): the parallelize places each parameter, then each rank
      * allocates and draws only its shards */
     HP_TRY(hp_model_create_empty(&t->mcfg, rows, t->T, &t->model));
+    if (strcmp(c->training.dtype, "bfloat16") == 0) HP_TRY(hp_model_set_compute_dtype(t->model, HP_BF16));
     return hp_parallel_create(t->model, rows, t->T, &t->par);
 }
 
@@ -202,6 +203,7 @@ static hp_memory_plan_input_t plan_input(hp_trainer_t t, const hp_parallelize_op
     in.optim_states = !strcmp(c->optimizer.name, "adamw") ? 2 : !strcmp(c->optimizer.name, "muon") ? 1
                       : c->optimizer.momentum != 0 ? 1 : 0;
     in.zero_stage = po->zero_stage;
+    in.bf16_compute = strcmp(c->training.dtype, "bfloat16") == 0;
     int64_t rss = 0;
     if (hp_memory_rss(&rss, NULL) == HP_OK) in.base_bytes = (size_t)rss;
     int coords[HP_PD_NDIM];
@@ -559,6 +561,10 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
             hp_log(HP_LOG_WARN, "%s", gemm);
         else
             hp_log(HP_LOG_INFO, "%s; nn kernels: %s path", gemm, hp_nn_isa_name(hp_nn_isa()));
+        if (strcmp(cfg->training.dtype, "bfloat16") == 0) {
+            hp_gemm_bf16_describe(gemm, sizeof gemm);
+            hp_log(HP_LOG_INFO, "training.dtype bfloat16: the linears' GEMMs in bf16 (f32 sums); %s", gemm);
+        }
         /* which figure MFU divides by */
         double peak = hp_metrics_peak_flops(t->metrics);
         if (peak > 0 && cfg->metrics.peak_flops > 0)
