@@ -61,7 +61,7 @@ double hp_plan_gemm_rate(const hp_plan_calib_t *c, double M, double N, double K)
 double hp_plan_coll_seconds(const hp_plan_calib_t *c, hp_plan_coll_t op, int ranks, double bytes);
 
 /* ---- communication volume of one step ----------------------------------------------------- */
-/* What rank 0 sends per training step (hp_trainer_step: data counts, forward / backward over
+/* What a rank sends per training step (hp_trainer_step: data counts, forward / backward over
  * every micro-batch, the gradient reduction, loss and norm), per counter op, exactly as
  * hp_comm_counts_get counts it; exact = 0 when a part is an estimate (see docs/planner.md). */
 typedef struct hp_plan_comm {
@@ -73,9 +73,11 @@ typedef struct hp_plan_comm {
     double overlappable_s, blocking_s;
 } hp_plan_comm_t;
 
-/* cfg: the layout to evaluate (its parallelism / training keys); mc resolved. */
+/* cfg: the layout to evaluate (its parallelism / training keys); mc resolved; rank: the world
+ * rank whose traffic to count (they differ only where a rank's share does: ZeRO-1's broadcasts
+ * from their owners); calib may be NULL (no seconds). */
 hp_status_t hp_plan_comm_predict(const hp_config_t *cfg, const hp_model_config_t *mc, const hp_parallel_dims_t *pd,
-                                 const hp_plan_calib_t *calib, hp_plan_comm_t *out);
+                                 int rank, const hp_plan_calib_t *calib, hp_plan_comm_t *out);
 
 /* ---- the search --------------------------------------------------------------------------- */
 typedef struct hp_plan_layout {
@@ -104,7 +106,7 @@ typedef struct hp_plan_result {
     int n;
     int n_enumerated, n_refused, n_over_memory;
     double smallest_peak;       /* of the valid layouts (bytes), for the refusal */
-    char smallest_what[256];
+    char smallest_what[512];
 } hp_plan_result_t;
 
 /* Enumerates dp_replicate x dp_shard x cp x tp (sequence parallel on / off) x pp (GPipe, 1F1B,

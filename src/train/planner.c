@@ -93,7 +93,7 @@ static hp_status_t param_numels(const hp_model_config_t *mc, int B, int T, int64
 }
 
 hp_status_t hp_plan_comm_predict(const hp_config_t *cfg, const hp_model_config_t *mc, const hp_parallel_dims_t *pd,
-                                 const hp_plan_calib_t *cal, hp_plan_comm_t *out) {
+                                 int rank, const hp_plan_calib_t *cal, hp_plan_comm_t *out) {
     memset(out, 0, sizeof *out);
     out->exact = 1;
     const int B = (int)cfg->training.local_batch_size, T = (int)cfg->training.seq_len;
@@ -226,9 +226,11 @@ hp_status_t hp_plan_comm_predict(const hp_config_t *cfg, const hp_model_config_t
             int *owner = malloc(sizeof *owner * (size_t)(np > 0 ? np : 1));
             if (!owner) { free(numel); free(bytes); free(bucket_of); return HP_ERR_OOM; }
             hp_zero_partition(numel, np, R, owner);
+            int coords[HP_PD_NDIM];
+            hp_parallel_dims_coords(pd, rank, coords);
             uint64_t mine = 0;
             for (int i = 0; i < np; i++)
-                if (owner[i] == 0) mine += 4 * (uint64_t)numel[i];
+                if (owner[i] == coords[HP_PD_DP_REPLICATE]) mine += 4 * (uint64_t)numel[i];
             add(out, HP_COMM_BROADCAST, (uint64_t)np, mine);
             blocking += coll_time(cal, HP_PLAN_BROADCAST, R, (uint64_t)np, total);
             free(owner);
@@ -489,7 +491,7 @@ static void consider(const hp_config_t *base, const hp_model_config_t *mc, const
         r->n_over_memory++;
         return;
     }
-    if (hp_plan_comm_predict(&c, mc, &pd, o->calib, &l->comm) != HP_OK) {
+    if (hp_plan_comm_predict(&c, mc, &pd, 0, o->calib, &l->comm) != HP_OK) {
         r->n_refused++;
         return;
     }
