@@ -24,7 +24,8 @@ static void usage(FILE *f) {
             "  --calibration FILE     the calibration (default $HP_PLAN_CALIBRATION or\n"
             "                         ~/.cache/hyperparallel/calibration.txt)\n"
             "  --calibrate            measure this machine's rates and write the calibration\n"
-            "  --quick                shorter measurements (seconds; noisier)\n");
+            "  --quick                shorter measurements (seconds; noisier)\n"
+            "  --breakdown            each layout's compute by part and its communication seconds\n");
 }
 
 static int int_arg(const char *flag, const char *v, int *out) {
@@ -38,7 +39,7 @@ static int int_arg(const char *flag, const char *v, int *out) {
 }
 
 int main(int argc, char **argv) {
-    int world_n = 0, top = 10, per_host = 0, calibrate = 0, quick = 0;
+    int world_n = 0, top = 10, per_host = 0, calibrate = 0, quick = 0, breakdown = 0;
     double limit_gib = 0;
     const char *calib_path = NULL;
     char default_path[1024];
@@ -71,6 +72,7 @@ int main(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--calibrate")) calibrate = 1;
         else if (!strcmp(a, "--quick")) quick = 1;
+        else if (!strcmp(a, "--breakdown")) breakdown = 1;
         else {
             fprintf(stderr, "hp-plan: error: unknown argument '%s'\n", a);
             usage(stderr);
@@ -153,6 +155,11 @@ int main(int argc, char **argv) {
         printf("%-4d %9.2f %10.0f %9.3f %9.2f %9.2f %9.2f  %s\n", i + 1, l->step_s * 1e3, l->tokens_per_s,
                l->mem.peak / 1073741824.0, l->compute_s * 1e3, l->exposed_comm_s * 1e3, l->bubble_s * 1e3,
                hp_plan_overrides(l, ov, sizeof ov));
+        if (breakdown)
+            printf("     compute %.2f ms = GEMM %.2f + attention %.2f + row kernels %.2f + AC recompute %.2f + optimizer "
+                   "%.2f; communication per step: overlappable %.2f ms, blocking %.2f ms\n", l->compute_s * 1e3,
+                   l->gemm_s * 1e3, l->attn_s * 1e3, l->row_s * 1e3, l->recompute_s * 1e3, l->optim_s * 1e3,
+                   l->comm.overlappable_s * 1e3, l->comm.blocking_s * 1e3);
     }
     hp_plan_result_free(&r);
     free(cfg);

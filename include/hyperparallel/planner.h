@@ -91,6 +91,9 @@ typedef struct hp_plan_layout {
     hp_memory_plan_t mem;       /* the largest rank's */
     hp_plan_comm_t comm;
     double compute_s, exposed_comm_s, bubble_s, step_s, tokens_per_s;
+    /* compute_s by part: the linears' GEMMs, attention, the row kernels, AC's recompute, the
+     * optimizer's sweep */
+    double gemm_s, attn_s, row_s, recompute_s, optim_s;
 } hp_plan_layout_t;
 
 typedef struct hp_plan_options {

@@ -500,6 +500,8 @@ static void consider(const hp_config_t *base, const hp_model_config_t *mc, const
     if (speed > 1.0) speed = 1.0;
     const compute_est_t ce = compute_estimate(o->calib, mc, l, (int)c.training.seq_len, speed, l->mem.params);
     l->compute_s = ce.total_s;
+    l->gemm_s = ce.gemm_s, l->attn_s = ce.attn_s, l->row_s = ce.row_s, l->recompute_s = ce.recompute_s;
+    l->optim_s = ce.optim_s;
     /* exposed communication: blocking collectives in full; FSDP's and DDP's overlap with the
      * forward / backward compute (prefetched all-gathers, asynchronous reduce-scatters and DDP
      * buckets), except what does not fit under it and, at least, the first gather and the last
