@@ -1,15 +1,16 @@
-/* The auto-parallel planner (docs/planner.md) on the llama3 debug model, 2 ranks:
+/* The auto-parallel planner (docs/planner.md) on the llama3 debug model, 2 and 4 ranks:
  * 1. the communication the planner predicts for one step equals, per collective kind, the calls
- *    and bytes hp_comm_counts_get counts in the trainer's second step, exactly (FSDP 2, FSDP 2
- *    with gradient accumulation 2, TP 2 with and without sequence parallel, DDP 2, DDP 2 with
- *    ZeRO-1). Negative: the FSDP 2 prediction does not match the DDP 2 run.
+ *    and bytes hp_comm_counts_get counts in the trainer's second step, exactly (2 ranks: FSDP 2,
+ *    FSDP 2 with gradient accumulation 2, TP 2 with and without sequence parallel, DDP 2, DDP 2
+ *    with ZeRO-1; 4 ranks: HSDP 2 x 2, FSDP 4, DDP 4). Negative: the FSDP prediction does not
+ *    match the DDP run.
  * 2. every layout hp_plan_search proposes for 2 and 8 ranks passes the trainer's layout rules
  *    (hp_parallel_config_check) and its memory plan is under the limit, which drops some; a
  *    limit below every layout's peak proposes none.
- * 3. parallelism.auto = true trains 2 steps on 2 ranks with the planned layout; with a limit no
+ * 3. parallelism.auto = true trains 2 steps on the job's ranks with the planned layout; with a limit no
  *    layout fits it stops up front (HP_ERR_OOM) naming the smallest predicted peak.
  * The calibration is measured once here (quick) into a temporary file. */
-// hp-test: ranks 2 timeout 600
+// hp-test: ranks 2 4 timeout 600
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,7 @@
 
 typedef struct row {
     const char *what;
-    int rep, shard, tp, sp, zero, accum;
+    int rep, shard, tp, sp, zero, accum;   /* rep x shard x tp ranks */
 } row_t;
 
 /* The counts of the trainer's second step (the first pays for nothing extra in the counters, but
@@ -60,8 +61,8 @@ int main(int argc, char **argv) {
     int rank, ws;
     hp_config_t *base;
     hp_comm_t world = hp_test_corpus_init(&argc, &argv, "hp_test_planner", &rank, &ws, &base);
-    if (ws != 2) {
-        if (rank == 0) printf("SKIP: needs 2 ranks\n");
+    if (ws != 2 && ws != 4) {
+        if (rank == 0) printf("SKIP: needs 2 or 4 ranks\n");
         free(base);
         return hp_test_corpus_finish(world, "test_planner");
     }
@@ -73,6 +74,8 @@ int main(int argc, char **argv) {
         {"FSDP 2", 1, 2, 1, 0, 0, 1},       {"FSDP 2, accumulation 2", 1, 2, 1, 0, 0, 2},
         {"TP 2", 1, 1, 2, 0, 0, 1},         {"TP 2, SP", 1, 1, 2, 1, 0, 1},
         {"DDP 2", 2, 1, 1, 0, 0, 1},        {"DDP 2, ZeRO-1", 2, 1, 1, 0, 1, 1},
+        {"HSDP 2 x 2", 2, 2, 1, 0, 0, 1},   {"FSDP 4", 1, 4, 1, 0, 0, 1},
+        {"DDP 4", 4, 1, 1, 0, 0, 1},
     };
     hp_model_config_t mc;
     HP_CHECK_OK(hp_plan_resolve_model(base, &mc));
@@ -82,6 +85,7 @@ int main(int argc, char **argv) {
     memset(&ddp_meas, 0, sizeof ddp_meas);
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         const row_t *r = &rows[i];
+        if (r->rep * r->shard * r->tp != ws) continue;
         hp_config_t c = *base;
         c.parallelism.data_parallel_replicate_degree = r->rep;
         c.parallelism.data_parallel_shard_degree = r->shard;
@@ -98,10 +102,10 @@ int main(int argc, char **argv) {
         HP_CHECK(pred.exact, "%s: the planner marks its prediction as an estimate", r->what);
         HP_CHECK(same(&pred, &meas), "%s: predicted communication differs from the counted one", r->what);
         if (rank == 0) print_counts(r->what, &pred, &meas);
-        if (i == 0) fsdp_pred = pred;
-        if (i == 4) ddp_meas = meas;
+        if (i == 0 || i == 7) fsdp_pred = pred;
+        if (i == 4 || i == 8) ddp_meas = meas;
     }
-    HP_CHECK(!same(&fsdp_pred, &ddp_meas), "negative: the FSDP 2 prediction must not match the DDP 2 run");
+    HP_CHECK(!same(&fsdp_pred, &ddp_meas), "negative: the FSDP %d prediction must not match the DDP %d run", ws, ws);
 
     /* the calibration, measured here (quick) and shared through HP_PLAN_CALIBRATION */
     char cal_path[400];
@@ -112,8 +116,9 @@ int main(int argc, char **argv) {
     hp_barrier(world, NULL);
     hp_plan_calib_t loaded;
     HP_CHECK_OK(hp_plan_calib_load(cal_path, &loaded));
-    HP_CHECK(loaded.coll_ranks[0] == 2 && loaded.alpha[HP_PLAN_ALL_REDUCE][0] > 0 && loaded.row_bytes_per_s > 0,
-             "the calibration file round-trips the 2-rank collectives and the row rate");
+    HP_CHECK(loaded.coll_ranks[0] == 2 && loaded.alpha[HP_PLAN_ALL_REDUCE][0] > 0 && loaded.row_bytes_per_s > 0 &&
+             (ws < 4 || (loaded.coll_ranks[1] == 4 && loaded.beta[HP_PLAN_REDUCE_SCATTER][1] > 0)),
+             "the calibration file round-trips the collectives of 2 (and 4) ranks and the row rate");
     setenv("HP_PLAN_CALIBRATION", cal_path, 1);
 
     /* 2. the search: every proposal passes the trainer's rules and fits */
@@ -189,7 +194,7 @@ int main(int argc, char **argv) {
         const hp_status_t s = hp_trainer_create(&c, world, &t);
         HP_CHECK(s == HP_ERR_OOM && !t, "parallelism.auto with no fitting layout refuses (got %s)", hp_status_string(s));
         const char *msg = hp_last_error();
-        static const char *const needles[] = {"parallelism.auto = true", "fits 0.00 GiB per rank",
+        static const char *const needles[] = {"parallelism.auto = true", "GiB per rank",
                                               "smallest predicted peak", "training.memory_limit_gib"};
         for (size_t k = 0; k < sizeof needles / sizeof needles[0]; k++)
             HP_CHECK(strstr(msg, needles[k]) != NULL, "the refusal names '%s': %s", needles[k], msg);

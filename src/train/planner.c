@@ -163,7 +163,8 @@ hp_status_t hp_plan_comm_predict(const hp_config_t *cfg, const hp_model_config_t
     /* FSDP / HSDP (fsdp.c): each group all-gathered before its forward and, when resharded after
      * forward (Default: every group but the root's; not under pipelining), again before its
      * backward; its gradients reduce-scattered once per backward (every micro-batch without
-     * pipelining; under pipelining once per step), all-reduced over the replicas under HSDP. */
+     * pipelining; under pipelining once per step) and under HSDP the shard all-reduced over the
+     * replicas as often. */
     if (fsdp) {
         double *S = NULL, tot = 0;
         int nu = 0;
@@ -193,8 +194,8 @@ hp_status_t hp_plan_comm_predict(const hp_config_t *cfg, const hp_model_config_t
         overl += coll_time(cal, HP_PLAN_ALL_GATHER, W, (uint64_t)llround(ag_calls * p_ag), (uint64_t)llround(ag_b * p_ag)) +
                  coll_time(cal, HP_PLAN_REDUCE_SCATTER, W, (uint64_t)llround(rs_calls * p_rs),
                            (uint64_t)llround(rs_b * p_rs));
+        if (tp > 1) out->exact = 0;   /* the TP-local shard sizes are estimated (fsdp_groups) */
         if (R > 1) {
-            out->exact = 0;   /* HSDP's all-reduce: not checked against the counters yet */
             add(out, HP_COMM_ALL_REDUCE, (uint64_t)llround(rs_calls * p_rs), (uint64_t)llround(ar_b * p_rs));
             overl += coll_time(cal, HP_PLAN_ALL_REDUCE, R, (uint64_t)llround(rs_calls * p_rs),
                                (uint64_t)llround(ar_b * p_rs));
