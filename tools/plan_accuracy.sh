@@ -38,7 +38,7 @@ while IFS='|' read -r W PAT; do
   # shellcheck disable=SC2086
   "${MPIRUN[@]}" -np "$W" "$BUILD/hp-train" "${COMMON[@]}" --training.global_batch_size=$G $ov \
       --data.path="$files" --data.format=text --data.text_separator=percent --validation.enable=false \
-      --training.steps=8 --metrics.log_freq=1 --metrics.jsonl_file="$j" --metrics.peak_flops=-1 \
+      --training.steps=8 --metrics.log_freq=1 --metrics.jsonl_file="$j" --metrics.peak_flops=-1 --metrics.enable_tensorboard=false \
       --training.memory_limit_gib=-1 </dev/null >"$j.log" 2>&1 || { echo "$W run failed: $ov (see $j.log)"; continue; }
   [ "$round" -lt "$ROUNDS" ] && continue
   meas=$(cat "${j%.r*.jsonl}".r*.jsonl | grep '"step_time_s"' | python3 -c '
