@@ -28,6 +28,7 @@ static const struct { const char *header; int layer; } headers[] = {
     {"fsdp.h", PARALLEL}, {"ep.h", PARALLEL}, {"ddp.h", PARALLEL}, {"tp.h", PARALLEL}, {"zero.h", PARALLEL}, {"pp_schedule.h", PARALLEL}, {"pp.h", PARALLEL}, {"cp.h", PARALLEL},
     {"parallel_dims.h", PARALLEL}, {"parallelize.h", PARALLEL}, {"clip.h", PARALLEL}, {"moe_balance.h", PARALLEL},
     {"memory_plan.h", PARALLEL},
+    {"planner.h", TRAIN},
     {"safetensors.h", CHECKPOINT}, {"checkpoint.h", CHECKPOINT}, {"weights.h", CHECKPOINT},
     {"model_parallelize.h", MODELS}, {"models.h", MODELS},
     {"config.h", TRAIN}, {"parallel_config.h", TRAIN}, {"data.h", TRAIN}, {"tokenizer.h", TRAIN}, {"chat_template.h", TRAIN},

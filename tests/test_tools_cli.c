@@ -52,6 +52,16 @@ static void write_file(const char *name, const char *text) {
     fclose(f);
 }
 
+static void test_plan(void) {
+    /* hp-plan: a bad world, a missing calibration (names the command that makes it), a broken one */
+    EXPECT("hp-plan", "--world 0", 2, "--world expects an integer in [1");
+    EXPECT("hp-plan", "--model.name llama3", 2, "--world N is required");
+    EXPECT("hp-plan", "--world 2 --calibration nothere.txt", 2, "mpirun -np 8 hp-plan --calibrate");
+    write_file("badcal.txt", "hyperparallel planner calibration 1\ncores 2\n");
+    EXPECT("hp-plan", "--world 2 --calibration badcal.txt", 2, "incomplete (0 of 64 GEMM rates");
+    EXPECT("hp-plan", "--world 2 --bogus", 2, "unknown argument '--bogus'");
+}
+
 static void test_ckpt(void) {
     /* unknown flags: suggestion, nothing written (before: --dtyp was ignored, f32 written) */
     EXPECT("hp-ckpt", "seed out1 --model llama3 --flavor debugmodel --vocab 64 --sed 3", 2,
@@ -198,6 +208,7 @@ int main(void) {
     test_ckpt();
     test_generate();
     test_train();
+    test_plan();
     test_tokenizer();
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", ROOT);

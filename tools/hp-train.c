@@ -141,8 +141,10 @@ static int run_launcher(launch_args_t *la, const hp_config_t *cfg, int nargs, ch
         /* the layout on the new world, refused by name before anything starts */
         hp_parallel_dims_t pd;
         int64_t accum = 0;
-        s = hp_parallel_dims_from_config(cfg, world, &pd);
-        if (s == HP_OK) s = hp_config_grad_accum_steps(cfg, hp_parallel_dims_dp(&pd), &accum);
+        /* parallelism.auto: the restarted job plans its layout for the new world itself */
+        s = cfg->parallelism.auto_layout ? HP_OK : hp_parallel_dims_from_config(cfg, world, &pd);
+        if (s == HP_OK && !cfg->parallelism.auto_layout)
+            s = hp_config_grad_accum_steps(cfg, hp_parallel_dims_dp(&pd), &accum);
         if (s != HP_OK) {
             fprintf(stderr, "hp-train: not restarting: on the %d rank(s) left, %s\n", world, hp_last_error());
             break;

@@ -101,6 +101,7 @@ typedef struct hp_config {
         int64_t expert_tensor_parallel_degree;
         char fsdp_reshard_after_forward[HP_CONFIG_STR_MAX];
         int64_t zero_stage;          /* 1: ZeRO-1 over dp_replicate (DDP) */
+        bool auto_layout;            /* key `auto`: the planner chooses the layout (docs/planner.md) */
         bool enable_loss_parallel;
         bool enable_sequence_parallel;
         char pipeline_parallel_schedule[HP_CONFIG_STR_MAX];

@@ -47,6 +47,7 @@
 #include "config.h"
 #include "parallel_dims.h"
 #include "parallel_config.h"
+#include "planner.h"
 #include "data.h"
 #include "chat_template.h"
 #include "metrics.h"

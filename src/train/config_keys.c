@@ -213,6 +213,15 @@ const hp_config_key_t hp_cfg_keys[] = {
       "1: ZeRO-1 (ZeroRedundancyOptimizer) under replicated data parallel (DDP): each dp_replicate rank holds the "
       "optimizer state of its share of the parameters; 0: off (FSDP shards the state already). HyperParallel-C's key, "
       "not TorchTitan's (docs/fsdp.md, ZeRO-1)."),
+    /* `auto` is a C keyword: the field is auto_layout */
+    {.section = "parallelism", .key = "auto", .type = HP_CONFIG_BOOL, .default_value = "false",
+     .doc = "Let the planner choose the layout for the world size (docs/planner.md): every layout the trainer "
+            "supports is checked by its rules and the memory plan against training.memory_limit_gib, and the one "
+            "with the smallest predicted step time (the planner's calibration) replaces the parallelism / "
+            "activation_checkpoint keys; the run stops with the smallest predicted peak when none fits. "
+            "HyperParallel-C's key (HyperParallel's SAPP).",
+     .offset = OFF(parallelism.auto_layout), .int_min = INT64_MIN, .int_max = INT64_MAX,
+     .float_min = -HUGE_VAL, .float_max = HUGE_VAL},
     K(parallelism, enable_loss_parallel, BOOL, "true", NULL, NULL,
       "Under TP, compute the cross-entropy on vocab-sharded logits instead of gathering them."),
     K(parallelism, enable_sequence_parallel, BOOL, "true", NULL, NULL,

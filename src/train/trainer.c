@@ -28,6 +28,7 @@
 #include "hyperparallel/moe_balance.h"
 #include "hyperparallel/optim.h"
 #include "hyperparallel/parallel_config.h"
+#include "hyperparallel/planner.h"
 #include "hyperparallel/tokenizer.h"
 #include "hyperparallel/chat_template.h"
 
@@ -487,6 +488,63 @@ static hp_status_t ckpt_setup(hp_trainer_t t) {
     return HP_OK;
 }
 
+/* parallelism.auto (docs/planner.md): rank 0 plans the layout of this world (the planner's
+ * calibration, measured now over the world when there is none), every rank applies it to its
+ * copy of the config. Collective over world. */
+static hp_status_t auto_layout(hp_trainer_t t) {
+    hp_config_t *c = &t->cfg;
+    char path[1024];
+    hp_plan_calib_default_path(path, sizeof path);
+    hp_plan_calib_t cal;
+    int have = t->rank == 0 && hp_plan_calib_load(path, &cal) == HP_OK;
+    if (t->world_size > 1) HP_TRY(hp_broadcast(&have, 1, HP_I32, 0, t->world, NULL));
+    if (!have) {
+        if (t->rank == 0)
+            hp_log(HP_LOG_INFO, "parallelism.auto: no planner calibration at %s; measuring this machine (quick)", path);
+        HP_TRY(hp_plan_calibrate(t->world, 1, &cal));
+        if (t->rank == 0 && hp_plan_calib_save(&cal, path) != HP_OK)
+            hp_log(HP_LOG_WARN, "parallelism.auto: %s (the calibration is used for this run only)", hp_last_error());
+    }
+    int n_host = 1;
+    HP_TRY(ranks_on_host(t, &n_host));
+    hp_plan_layout_t best;
+    memset(&best, 0, sizeof best);
+    hp_status_t s = HP_OK;
+    if (t->rank == 0) {
+        hp_model_config_t mc;
+        s = hp_plan_resolve_model(c, &mc);
+        int64_t rss = 0;
+        (void)hp_memory_rss(&rss, NULL);
+        double limit = c->training.memory_limit_gib > 0 ? c->training.memory_limit_gib * 1073741824.0 : 0.0;
+        if (c->training.memory_limit_gib == 0) limit = (double)rss + mem_available() / n_host;
+        hp_plan_options_t o = {t->world_size, limit, (size_t)rss, n_host, &cal};
+        hp_plan_result_t r;
+        memset(&r, 0, sizeof r);
+        if (s == HP_OK) s = hp_plan_search(c, &mc, &o, &r);
+        if (s == HP_OK && r.n == 0)
+            s = hp_error(HP_ERR_OOM, "parallelism.auto = true: none of the %d layouts of %d ranks fits %.2f GiB per rank "
+                         "(%s; %d refused by the layout rules, %d over the limit); the smallest predicted peak is %.2f GiB "
+                         "(%s); hint: more ranks, a smaller training.local_batch_size or training.seq_len, or a larger "
+                         "training.memory_limit_gib", r.n_enumerated, t->world_size, limit / 1073741824.0,
+                         c->training.memory_limit_gib > 0 ? "training.memory_limit_gib" : "this host's MemAvailable over its ranks",
+                         r.n_refused, r.n_over_memory, r.smallest_peak / 1073741824.0, r.smallest_what);
+        if (s == HP_OK) {
+            best = r.layouts[0];
+            char ov[1024];
+            hp_log(HP_LOG_INFO, "parallelism.auto: %d layouts of %d ranks, %d fit; chose %s (predicted step %.1f ms = "
+                   "compute %.1f + exposed communication %.1f + bubble %.1f; peak %.3f GiB per rank)", r.n_enumerated,
+                   t->world_size, r.n, hp_plan_overrides(&best, ov, sizeof ov), best.step_s * 1e3, best.compute_s * 1e3,
+                   best.exposed_comm_s * 1e3, best.bubble_s * 1e3, best.mem.peak / 1073741824.0);
+        }
+        hp_plan_result_free(&r);
+    }
+    HP_TRY(t->world_size > 1 ? hp_comm_agree(t->world, s, NULL) : s);
+    if (t->world_size > 1) HP_TRY(hp_broadcast(&best, sizeof best, HP_U8, 0, t->world, NULL));
+    if (c->training.global_batch_size <= 0) c->training.global_batch_size = c->training.local_batch_size * t->world_size;
+    hp_plan_apply(c, &best);
+    return HP_OK;
+}
+
 hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_trainer_t *out) {
     *out = NULL;
     hp_trainer_t t = hp_calloc(1, sizeof *t);
@@ -495,8 +553,10 @@ hp_status_t hp_trainer_create(const hp_config_t *cfg, hp_comm_t world, hp_traine
     t->world = world;
     t->rank = hp_comm_rank(world);
     t->world_size = hp_comm_size(world);
+    hp_status_t s = cfg->parallelism.auto_layout ? auto_layout(t) : HP_OK;
+    cfg = &t->cfg;   /* the planned layout from here on */
     /* ParallelDims first (pure arithmetic, identical on every rank), then the meshes. */
-    hp_status_t s = hp_parallel_dims_from_config(cfg, t->world_size, &t->pd);
+    if (s == HP_OK) s = hp_parallel_dims_from_config(cfg, t->world_size, &t->pd);
     if (s == HP_OK) s = hp_parallel_dims_build_mesh(&t->pd, world, &t->meshes);
     if (s == HP_OK) {
         t->dp_comm = hp_mesh_get_comm(t->meshes.batch, 0);
