@@ -176,6 +176,34 @@ static inline int hp_test_run_steps(const hp_config_t *c, hp_comm_t comm, int fr
     return 1;
 }
 
+/* Two SFT data files under dir_ from the example's first 2 R conversations (examples/sft/chat.jsonl):
+ * x = them in order (dp rank r's shard of 2 ranks = its half), y = the same interleaved in blocks
+ * of B (step k: rank 0's B samples, then rank 1's), so a 1-rank run on y sees each step's global
+ * batch in the 2-rank run's order. Written by rank 0; every rank returns after it. */
+static inline void hp_test_sft_files(hp_comm_t world, int B, int R, char *x_path, char *y_path, size_t cap) {
+    snprintf(x_path, cap, "%s/x.jsonl", dir_);
+    snprintf(y_path, cap, "%s/y.jsonl", dir_);
+    if (hp_comm_rank(world) == 0) {
+        char src[600];
+        hp_test_source_path(src, sizeof src, "examples/sft/chat.jsonl");
+        FILE *f = fopen(src, "r");
+        HP_CHECK(f != NULL, "cannot read %s", src);
+        static char lines[512][512];
+        int n = 0;
+        while (f && n < 2 * R && fgets(lines[n], sizeof lines[n], f)) n++;
+        if (f) fclose(f);
+        HP_CHECK(n == 2 * R, "examples/sft/chat.jsonl has %d lines, need %d", n, 2 * R);
+        FILE *x = fopen(x_path, "w"), *y = fopen(y_path, "w");
+        for (int i = 0; i < n; i++) fputs(lines[i], x);
+        for (int k = 0; k < R / B; k++)
+            for (int r = 0; r < 2; r++)
+                for (int b = 0; b < B; b++) fputs(lines[r * R + k * B + b], y);
+        fclose(x);
+        fclose(y);
+    }
+    hp_barrier(world, NULL);
+}
+
 /* A communicator of world's ranks 0 .. k-1 (NULL on the other ranks). */
 static inline hp_comm_t hp_test_first_ranks(hp_comm_t world, int k) {
     hp_comm_t sub = NULL;

@@ -38,32 +38,6 @@ static hp_comm_t world;
 static int rank_, ws_;
 static char base_[300], x_[300], y_[300];
 
-/* x.jsonl: the example's first 2 R samples (dp rank r's shard = its half); y.jsonl: the same
- * interleaved in blocks of B (step k: rank 0's B samples, then rank 1's), as test_sft_trainer. */
-static void write_files(int B, int R) {
-    snprintf(x_, sizeof x_, "%s/x.jsonl", dir_);
-    snprintf(y_, sizeof y_, "%s/y.jsonl", dir_);
-    if (rank_ == 0) {
-        char src[600];
-        hp_test_source_path(src, sizeof src, "examples/sft/chat.jsonl");
-        FILE *f = fopen(src, "r");
-        HP_CHECK(f != NULL, "cannot read %s", src);
-        static char lines[512][512];
-        int n = 0;
-        while (f && n < 2 * R && fgets(lines[n], sizeof lines[n], f)) n++;
-        if (f) fclose(f);
-        HP_CHECK(n == 2 * R, "examples/sft/chat.jsonl has %d lines, need %d", n, 2 * R);
-        FILE *x = fopen(x_, "w"), *y = fopen(y_, "w");
-        for (int i = 0; i < n; i++) fputs(lines[i], x);
-        for (int k = 0; k < R / B; k++)
-            for (int r = 0; r < 2; r++)
-                for (int b = 0; b < B; b++) fputs(lines[r * R + k * B + b], y);
-        fclose(x);
-        fclose(y);
-    }
-    hp_barrier(world, NULL);
-}
-
 /* The base folder: qwen3 with the small test dims and the example tokenizer's vocabulary, drawn
  * with seed 11 and exported (config.json, model.safetensors), the tokenizer files beside it. */
 static void make_base(const char *family, hp_model_config_t *mc) {
@@ -233,7 +207,7 @@ int main(int argc, char **argv) {
     make_base("qwen3", &mc);
     lora_config(c);
     const int B = (int)c->training.local_batch_size;
-    write_files(B, N * B);
+    hp_test_sft_files(world, B, N * B, x_, y_, sizeof x_);
     hp_comm_t solo = hp_test_first_ranks(world, 1);
     double rl[N], rn[N], l[N], n[N];
 

@@ -31,32 +31,6 @@ static hp_comm_t world;
 static int rank_, ws_;
 static char x_[300], y_[300];
 
-/* x.jsonl: the example's first 2 R samples in order (dp rank r's shard = its half); y.jsonl:
- * the same samples interleaved in blocks of B (step k: rank 0's B samples, then rank 1's). */
-static void write_files(int B, int R) {
-    snprintf(x_, sizeof x_, "%s/x.jsonl", dir_);
-    snprintf(y_, sizeof y_, "%s/y.jsonl", dir_);
-    if (rank_ == 0) {
-        char src[600];
-        hp_test_source_path(src, sizeof src, "examples/sft/chat.jsonl");
-        FILE *f = fopen(src, "r");
-        HP_CHECK(f != NULL, "cannot read %s", src);
-        static char lines[512][512];
-        int n = 0;
-        while (f && n < 2 * R && fgets(lines[n], sizeof lines[n], f)) n++;
-        if (f) fclose(f);
-        HP_CHECK(n == 2 * R, "examples/sft/chat.jsonl has %d lines, need %d", n, 2 * R);
-        FILE *x = fopen(x_, "w"), *y = fopen(y_, "w");
-        for (int i = 0; i < n; i++) fputs(lines[i], x);
-        for (int k = 0; k < R / B; k++)
-            for (int r = 0; r < 2; r++)
-                for (int b = 0; b < B; b++) fputs(lines[r * R + k * B + b], y);
-        fclose(x);
-        fclose(y);
-    }
-    hp_barrier(world, NULL);
-}
-
 static void sft_config(hp_config_t *c) {
     hp_test_small_config(c, 1, "qwen3", 2);
     c->parallelism.data_parallel_replicate_degree = 1;
@@ -111,7 +85,7 @@ int main(int argc, char **argv) {
 
     /* FSDP 2, one sample per row: the single rank of the global batch reads y.jsonl */
     const int B = (int)c->training.local_batch_size;
-    write_files(B, N * B);
+    hp_test_sft_files(world, B, N * B, x_, y_, sizeof x_);
     *v = *r;
     v->data.pack = false;
     snprintf(v->data.path, sizeof v->data.path, "%s", y_);
