@@ -18,6 +18,7 @@
 
 #include "hp_test.h"
 #include "hp_test_tokenizer.h"
+#include "hyperparallel/file.h"
 
 typedef struct hp_test_job {
     pid_t pid;
@@ -167,21 +168,10 @@ static inline int hp_test_procs_gone(const char *needle, double secs) {
  * root: root/corpus.txt, root/tokenizer.json, root/cfg.yaml. extra: more YAML (sections after
  * the ones written here, e.g. "checkpoint:\n  enable: true\n"). */
 static inline void hp_test_launch_setup(const char *root, const char *extra, char *cfg, size_t cap) {
-    static const char *const sent[] = {"the quick brown fox jumps over the lazy dog", "all that glitters is not gold",
-                                       "the early bird catches the worm", "actions speak louder than words"};
     char corpus[700], tok[700];
-    snprintf(corpus, sizeof corpus, "%s/corpus.txt", root);
-    snprintf(tok, sizeof tok, "%s/tokenizer.json", root);
-    static char text[1 << 16];
-    size_t tl = 0;
-    for (int d = 0; d < 300; d++)
-        tl += (size_t)snprintf(text + tl, sizeof text - tl, "%s %s.\n%%\n", sent[(d * d + d / 5) % 4], sent[(d + 1) % 4]);
-    FILE *f = fopen(corpus, "w");
-    HP_ASSERT(f && fwrite(text, 1, tl, f) == tl);
-    fclose(f);
-    hp_test_train_tokenizer_vocab(text, tl, 300, tok);
+    hp_test_short_corpus(root, corpus, tok, sizeof corpus);
     snprintf(cfg, cap, "%s/cfg.yaml", root);
-    f = fopen(cfg, "w");
+    FILE *f = fopen(cfg, "w");
     HP_ASSERT(f);
     fprintf(f, "job:\n  print_config: false\nmodel:\n  name: llama3\n  flavor: debugmodel\n  dim: 64\n  n_layers: 2\n"
                "  n_heads: 4\n  n_kv_heads: 2\ntraining:\n  seq_len: 32\n  local_batch_size: 2\n  seed: 1\n"
@@ -191,21 +181,10 @@ static inline void hp_test_launch_setup(const char *root, const char *extra, cha
     fclose(f);
 }
 
-/* Reads a whole file into a malloc'd buffer (*n bytes), or NULL. */
+/* A whole file (NUL-terminated, *n bytes) through the library's reader, or NULL. */
 static inline char *hp_test_slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) b[sz] = '\0', *n = (size_t)sz;
-    return b;
+    char *b = NULL;
+    return hp_file_read_all(path, "test file", (size_t)1 << 30, &b, n) == HP_OK ? b : NULL;
 }
 
 /* The "step", "loss" and "grad_norm" fields of a metrics JSONL, one line per step, into out. */

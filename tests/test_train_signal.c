@@ -108,21 +108,10 @@ int main(void) {
     if (!hp_test_built_program(TRAIN, sizeof TRAIN, "hp-train")) return 0;
     HP_ASSERT(mkdtemp(ROOT));
     /* a small corpus, its tokenizer and a config that saves every 2 steps */
-    static const char *const sent[] = {"the quick brown fox jumps over the lazy dog", "all that glitters is not gold",
-                                       "the early bird catches the worm", "actions speak louder than words"};
     char corpus[700], tok[700];
-    snprintf(corpus, sizeof corpus, "%s/corpus.txt", ROOT);
-    snprintf(tok, sizeof tok, "%s/tokenizer.json", ROOT);
-    static char text[1 << 16];
-    size_t tl = 0;
-    for (int d = 0; d < 300; d++)
-        tl += (size_t)snprintf(text + tl, sizeof text - tl, "%s %s.\n%%\n", sent[(d * d + d / 5) % 4], sent[(d + 1) % 4]);
-    FILE *f = fopen(corpus, "w");
-    HP_ASSERT(f && fwrite(text, 1, tl, f) == tl);
-    fclose(f);
-    hp_test_train_tokenizer_vocab(text, tl, 300, tok);
+    hp_test_short_corpus(ROOT, corpus, tok, sizeof corpus);
     snprintf(CFG, sizeof CFG, "%s/cfg.yaml", ROOT);
-    f = fopen(CFG, "w");
+    FILE *f = fopen(CFG, "w");
     HP_ASSERT(f);
     fprintf(f, "job:\n  print_config: false\nmodel:\n  name: llama3\n  flavor: debugmodel\n"
                "training:\n  steps: 100000\n  seq_len: 32\n  local_batch_size: 2\n  seed: 1\n"
